@@ -64,7 +64,7 @@ class KernelFit:
         return self.overhead_s + self.s_per_unit * units
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # hashed by identity: profiles key the cost caches
 class CalibrationProfile:
     gpu: str
     source: Literal["measured", "derived", "roofline"]

@@ -1,0 +1,262 @@
+"""KV-cache methods: one frozen object per method describing its KV format and which kernels it runs.
+
+A method answers, for a model: how many bytes one token's KV takes on the wire and in decode
+memory (codes, FP16 mins and scales, stored sums, outliers, the FP16 V tail), which attention
+kernel prefill and decode run (a key into the calibration profile), what it does after prefill
+(quantize, entropy-encode) and on arrival (entropy-decode, dequantize once), and how many extra
+ALU operations the homomorphic correction costs. `phases.py` turns that into seconds; adding a
+method means adding one class here.
+
+Sources: `../shared/docs/hack_method.md` (HACK's format, SE/RQE, correction-cost formulas); the
+KVQuant paper (arXiv 2401.18079: 1% dense-and-sparse outliers stored as FP16 value + index);
+CacheGen (arXiv 2310.07240: quantize, then arithmetic-code the symbols for the wire).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import ClassVar
+from statistics import NormalDist
+
+from .specs import FP16_BYTES, ModelSpec
+
+FP16_META_BYTES = 2 * FP16_BYTES       # one min and one scale per partition, FP16 each
+KVQUANT_OUTLIER_BYTES = 6.0            # FP16 value + 32-bit column index (CSR), per outlier
+KVQUANT_META_BYTES_PER_VECTOR = 4.0    # FP16 scale + zero point per token (V) or channel (K)
+
+
+def code_bytes(bits: int) -> float:
+    return bits / 8.0
+
+
+def sum_bytes(bits: int, partition: int) -> int:
+    """Bytes of one stored code sum: bits + ceil(log2 partition) bits, in uint8 or int16."""
+    return 1 if bits + math.ceil(math.log2(partition)) <= 8 else 2
+
+
+@lru_cache(maxsize=None)
+def gaussian_code_entropy_bits(bits: int, partition: int) -> float:
+    """Entropy (bits/symbol) of b-bit min/max codes of a Gaussian partition of `partition` values.
+
+    The partition's range is set by its expected extreme (Blom's approximation to the expected
+    maximum of n normals); codes are nearest-rounded onto 2**bits evenly spaced levels. This is the
+    best an ideal arithmetic coder does on such codes, and the wire-size assumption for CacheGen
+    when its `entropy_ratio` is not given (real KV is heavier-tailed; delta coding across tokens
+    could do better): a derivation, not a fit.
+    """
+    nd = NormalDist()
+    m = nd.inv_cdf((partition - 0.375) / (partition + 0.25))
+    levels = 2**bits
+    step = 2 * m / (levels - 1)
+    edges = [-math.inf] + [-m + (k + 0.5) * step for k in range(levels - 1)] + [math.inf]
+    probs = [nd.cdf(b) - nd.cdf(a) for a, b in zip(edges[:-1], edges[1:])]
+    return -sum(p * math.log2(p) for p in probs if p > 0)
+
+
+@dataclass(frozen=True)
+class KVMethod:
+    """Base: uncompressed FP16 KV (the vLLM-style disaggregated baseline)."""
+
+    name: str = "baseline"
+
+    # Work after prefill on the prefill GPU: None, "quantize" (profile kernel quantize.kv: b-bit
+    # codes, metadata, sums) or "cast" (an elementwise FP16 -> FP8 pass, memory-bound).
+    encode: ClassVar[str | None] = None
+    entropy_coded: ClassVar[bool] = False
+
+    @property
+    def prefill_attention(self) -> str:
+        """Profile kernel key under prefill_attn.*."""
+        return "fp16"
+
+    @property
+    def decode_attention(self) -> str:
+        """Profile kernel key under decode_attn.*."""
+        return "fp16"
+
+    @property
+    def dequantize_on_arrival(self) -> bool:
+        """Decoded (entropy decode + dequantize to FP16) once when the KV reaches the decode GPU."""
+        return False
+
+    def wire_bytes_per_element(self) -> float:
+        return FP16_BYTES
+
+    def memory_bytes_per_element(self) -> float:
+        return FP16_BYTES
+
+    def wire_bytes_per_token(self, model: ModelSpec) -> float:
+        """KV bytes one prompt token sends prefill -> decode, all layers, K and V."""
+        return self.wire_bytes_per_element() * model.kv_elements_per_token_per_layer * model.layers
+
+    def memory_bytes_per_token(self, model: ModelSpec) -> float:
+        return self.memory_bytes_per_element() * model.kv_elements_per_token_per_layer * model.layers
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        """Fixed per-request decode memory beyond the per-token format (e.g. an FP16 tail block)."""
+        return 0.0
+
+    # Homomorphic correction: extra ALU ops per query head per decode iteration: fixed + per ctx token.
+    def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+    def prefill_approximation_ops_per_pair(self) -> float:
+        """Extra ALU ops per (query, key) pair per head in prefill attention (homomorphic correction)."""
+        return 0.0
+
+    @property
+    def per_iteration_dequant(self) -> bool:
+        return self.decode_attention.startswith("dequant")
+
+
+@dataclass(frozen=True)
+class FP8(KVMethod):
+    """FP8 (e4m3) KV: 1 byte per element, one per-tensor scale (negligible); cast after prefill."""
+
+    name: str = "fp8"
+    encode: ClassVar[str | None] = "cast"
+
+    @property
+    def decode_attention(self) -> str:
+        return "fp8"
+
+    def wire_bytes_per_element(self) -> float:
+        return 1.0
+
+    def memory_bytes_per_element(self) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class KVQuant(KVMethod):
+    """KVQuant-style 2-bit KV (per-channel K, per-token V) with a fraction of FP16 outliers;
+    attention runs in FP16, so every decode iteration dequantizes the whole stored KV."""
+
+    name: str = "kvquant"
+    bits: int = 2
+    outlier_fraction: float = 0.01
+    dequant_kernel: str = "unfused"
+    encode: ClassVar[str | None] = "quantize"
+
+    @property
+    def decode_attention(self) -> str:
+        return f"dequant_{self.dequant_kernel}"
+
+    def wire_bytes_per_element(self) -> float:
+        return (
+            code_bytes(self.bits)
+            + self.outlier_fraction * KVQUANT_OUTLIER_BYTES
+            + KVQUANT_META_BYTES_PER_VECTOR / 128.0   # one scale+zero per 128-element vector
+        )
+
+    memory_bytes_per_element = wire_bytes_per_element
+
+
+@dataclass(frozen=True)
+class CacheGen(KVMethod):
+    """CacheGen: b-bit quantized KV, arithmetic-coded on the wire (encode after prefill, decode on
+    arrival). decode_mode='decompress_once' restores FP16 on arrival (FP16 memory and attention);
+    'dequantize_per_iteration' keeps b-bit codes in memory and dequantizes every iteration."""
+
+    name: str = "cachegen"
+    bits: int = 2
+    partition: int = 64
+    decode_mode: str = "decompress_once"
+    dequant_kernel: str = "unfused"
+    entropy_ratio: float | None = None    # coded bits / raw code bits; None: Gaussian-entropy derivation
+    encode: ClassVar[str | None] = "quantize"
+    entropy_coded: ClassVar[bool] = True
+
+    @property
+    def coded_ratio(self) -> float:
+        if self.entropy_ratio is not None:
+            return self.entropy_ratio
+        return gaussian_code_entropy_bits(self.bits, self.partition) / self.bits
+
+    @property
+    def decode_attention(self) -> str:
+        return "fp16" if self.decode_mode == "decompress_once" else f"dequant_{self.dequant_kernel}"
+
+    @property
+    def dequantize_on_arrival(self) -> bool:
+        return self.decode_mode == "decompress_once"
+
+    def _quantized_bytes_per_element(self) -> float:
+        return code_bytes(self.bits) + FP16_META_BYTES / self.partition
+
+    def wire_bytes_per_element(self) -> float:
+        return code_bytes(self.bits) * self.coded_ratio + FP16_META_BYTES / self.partition
+
+    def memory_bytes_per_element(self) -> float:
+        if self.decode_mode == "decompress_once":
+            return FP16_BYTES
+        return self._quantized_bytes_per_element()
+
+
+@dataclass(frozen=True)
+class HACK(KVMethod):
+    """HACK: 2-bit asymmetric partitioned KV, attention computed homomorphically on INT8 codes.
+
+    SE stores each partition's code sum (b + ceil(log2 Π) bits); RQE keeps the last, partly
+    filled V block (< Π tokens) in FP16 and reserves room for it per request."""
+
+    name: str = "hack"
+    bits: int = 2
+    partition: int = 64
+    stochastic_rounding: bool = True
+    summation_elimination: bool = True
+    requantization_elimination: bool = True
+    encode: ClassVar[str | None] = "quantize"
+
+    @property
+    def prefill_attention(self) -> str:
+        return "hack"
+
+    @property
+    def decode_attention(self) -> str:
+        if not self.summation_elimination:
+            return "hack_no_se"
+        if not self.requantization_elimination:
+            return "hack_no_rqe"
+        return "hack"
+
+    def _bytes_per_element(self) -> float:
+        sums = sum_bytes(self.bits, self.partition) if self.summation_elimination else 0
+        return code_bytes(self.bits) + (FP16_META_BYTES + sums) / self.partition
+
+    wire_bytes_per_element = _bytes_per_element
+    memory_bytes_per_element = _bytes_per_element
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        if not self.requantization_elimination:
+            return 0.0
+        # Up to Π V tokens per layer held in FP16 instead of codes.
+        v_elements = self.partition * model.kv_dim * model.layers
+        return v_elements * (FP16_BYTES - self._bytes_per_element())
+
+    def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
+        """Decode correction ops per query head per iteration, split (fixed, per context token).
+
+        With SE ≈ 10(d_h + L); without SE the sums are recomputed: + 2·d_h·L (hack_method.md)."""
+        d = model.head_dim
+        per_token = 10.0 + (0.0 if self.summation_elimination else 2.0 * d)
+        return (10.0 * d, per_token)
+
+    def prefill_approximation_ops_per_pair(self) -> float:
+        # For an M×Z by Z×N product the correction is ≈ 9MN + MZ + NZ; Q·Kᵀ and P·V each
+        # contribute ≈ 10 ops per (query, key) pair when L ≫ d_h.
+        return 20.0
+
+
+def make_method(name: str, **params) -> KVMethod:
+    """Build a method object from its scenario name and parameters."""
+    classes = {"baseline": KVMethod, "fp8": FP8, "kvquant": KVQuant, "cachegen": CacheGen, "hack": HACK}
+    if name == "hack_no_se":
+        params.setdefault("summation_elimination", False)
+        return HACK(name=params.pop("label", name), **params)
+    if name == "hack_no_rqe":
+        params.setdefault("requantization_elimination", False)
+        return HACK(name=params.pop("label", name), **params)
+    cls = classes[name]
+    return cls(name=params.pop("label", name), **params)

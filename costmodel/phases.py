@@ -1,0 +1,258 @@
+"""Per-phase costs of one model replica: prefill of a batch, one decode iteration, transfer, memory.
+
+What is modelled (per GPU of a replica laid out as TP × PP):
+* GEMMs (QKV, O, MLP, LM head) as a roofline: max(FLOPs / achieved matmul rate, bytes / achieved
+  memory bandwidth) plus one launch overhead; weights are read once per GEMM.
+* Attention by the calibration profile's kernel fits, in the profile's canonical units.
+* Tensor-parallel all-reduce after attention and after the MLP: ring, 2(tp-1)/tp of the
+  activation bytes over the per-GPU intra-node bandwidth, plus a per-step latency.
+* Pipeline parallelism: a batch visits every stage in turn; a replica accepts the next prefill
+  batch after the bottleneck stage (`stage_s`), the batch is done after `latency_s`.
+* Decode iteration time for a batch of size B with total context S is exactly
+  ``fixed(B) + per_ctx * S``: weights and per-launch overheads do not depend on context, and
+  every attention kernel is linear in the KV it visits. The simulator relies on this to advance
+  many iterations in closed form.
+* The HACK correction ("approximation") is priced from its op count (hack_method.md) at the
+  CUDA-core rate and split out of the attention kernel's measured time, never added on top.
+* Memory: weights / (tp·pp) per GPU, an activation reserve for the largest batch, a runtime
+  reserve (CUDA context, library workspaces), the rest for KV up to `gpu_memory_utilization`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .calibration import CalibrationProfile
+from .methods import KVMethod
+from .roofline import alu_instr_per_s
+from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
+
+ALLREDUCE_STEP_LATENCY_S = 8e-6      # one ring step's fixed cost (NCCL small-message latency, PCIe/NVLink)
+RUNTIME_RESERVE_BYTES = 1.5 * GIB    # CUDA context + cuBLAS/NCCL workspaces per GPU (vLLM's observed overhead)
+ACTIVATION_BYTES_PER_TOKEN_FACTOR = 8   # peak live activations ≈ 8 hidden-sized FP16 rows per batched token
+ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
+                                         # range update, renormalise, bit I/O); an assumption, stated as such
+
+
+class ModelDoesNotFit(ValueError):
+    """The model's weights leave no room for KV on this pool's GPUs."""
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    stage_s: float          # the replica is busy this long before it can take the next batch
+    latency_s: float        # first token of the batch is ready this long after the batch starts
+    approximation_s: float  # part of latency_s spent on the homomorphic correction
+    encode_s: float         # quantize / entropy-encode after the forward pass (replica busy too)
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    """One decode iteration costs fixed_s + per_ctx_s * (sum of the batch's context tokens),
+    split into decode, dequantize and approximation parts with the same linear form."""
+
+    decode_fixed_s: float
+    decode_per_ctx_s: float
+    dequant_per_ctx_s: float
+    approx_fixed_s: float
+    approx_per_ctx_s: float
+
+    @property
+    def fixed_s(self) -> float:
+        return self.decode_fixed_s + self.approx_fixed_s
+
+    @property
+    def per_ctx_s(self) -> float:
+        return self.decode_per_ctx_s + self.dequant_per_ctx_s + self.approx_per_ctx_s
+
+    def time_s(self, total_ctx_tokens: float) -> float:
+        return self.fixed_s + self.per_ctx_s * total_ctx_tokens
+
+
+@dataclass(frozen=True)
+class ReplicaCostModel:
+    """All costs of one replica (model × GPU × parallelism × KV method × profile)."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    parallel: Parallelism
+    method: KVMethod
+    profile: CalibrationProfile
+    gpu_memory_utilization: float = 0.9
+    max_batch_tokens: int = 16384
+
+    # ---- layout -------------------------------------------------------------------------
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        return math.ceil(self.model.kv_heads / self.parallel.tensor)
+
+    @property
+    def q_heads_per_gpu(self) -> float:
+        return self.model.heads / self.parallel.tensor
+
+    @property
+    def kv_replication(self) -> float:
+        """KV copies across TP ranks: >1 when tp exceeds the KV heads."""
+        return self.kv_heads_per_gpu * self.parallel.tensor / self.model.kv_heads
+
+    # ---- building blocks ----------------------------------------------------------------
+    def gemm_s(self, m: int, n: float, k: float, dtype_bytes: float = FP16_BYTES) -> float:
+        flops = 2.0 * m * n * k
+        bytes_ = dtype_bytes * (n * k + m * k + m * n)
+        p = self.profile
+        return p.launch_overhead_s + max(flops / (p.matmul_fp16_tflops * 1e12), bytes_ / (p.memory_gbps * 1e9))
+
+    def allreduce_s(self, tokens: int) -> float:
+        tp = self.parallel.tensor
+        if tp == 1:
+            return 0.0
+        bytes_ = tokens * self.model.hidden_size * FP16_BYTES
+        return 2 * (tp - 1) * ALLREDUCE_STEP_LATENCY_S + 2 * (tp - 1) / tp * bytes_ / (self.parallel.intra_node_gb_per_s * 1e9)
+
+    def _dense_layer_s(self, tokens: int) -> float:
+        """QKV, O, MLP GEMMs and the two all-reduces of one layer on one GPU."""
+        m, tp = self.model, self.parallel.tensor
+        t = self.gemm_s(tokens, (m.q_dim + 2 * m.kv_dim) / tp, m.hidden_size)
+        t += self.gemm_s(tokens, m.hidden_size, m.q_dim / tp)
+        if m.mlp == "gated":
+            t += self.gemm_s(tokens, 2 * m.intermediate_size / tp, m.hidden_size)
+        else:
+            t += self.gemm_s(tokens, m.intermediate_size / tp, m.hidden_size)
+        t += self.gemm_s(tokens, m.hidden_size, m.intermediate_size / tp)
+        return t + 2 * self.allreduce_s(tokens)
+
+    def _lm_head_s(self, rows: int) -> float:
+        return self.gemm_s(rows, self.model.vocab_size / self.parallel.tensor, self.model.hidden_size)
+
+    def _stage_hop_s(self, tokens: int) -> float:
+        if self.parallel.pipeline == 1:
+            return 0.0
+        return tokens * self.model.hidden_size * FP16_BYTES * 8 / (self.parallel.inter_stage_gbps * 1e9)
+
+    def _kv_elements_per_token_per_gpu_layer(self) -> int:
+        return 2 * self.kv_heads_per_gpu * self.model.head_dim
+
+    # ---- prefill ------------------------------------------------------------------------
+    def prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
+        return _prefill_cached(self, prompt_tokens)
+
+    def _prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
+        m, p = self.model, self.profile
+        tokens = sum(prompt_tokens)
+        pairs = sum(L * (L + 1) / 2 for L in prompt_tokens)
+        attn_flops = 4.0 * self.q_heads_per_gpu * m.head_dim * pairs
+        attn_s = p.kernel(f"prefill_attn.{self.method.prefill_attention}").time_s(attn_flops)
+        approx_s = min(attn_s, self.q_heads_per_gpu * pairs * self.method.prefill_approximation_ops_per_pair()
+                       / alu_instr_per_s(self.gpu))
+        layer_s = self._dense_layer_s(tokens) + attn_s
+        stages = self.parallel.pipeline
+        layers_per_stage = math.ceil(m.layers / stages)
+        stage_s = layers_per_stage * layer_s + self._lm_head_s(len(prompt_tokens)) / stages
+        latency_s = m.layers * layer_s + self._lm_head_s(len(prompt_tokens)) + (stages - 1) * self._stage_hop_s(tokens)
+        encode_s = m.layers / stages * self._encode_layer_s(tokens)
+        return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s)
+
+    def _encode_layer_s(self, tokens: int) -> float:
+        """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
+        enc = self.method.encode
+        if enc is None:
+            return 0.0
+        elements = tokens * self._kv_elements_per_token_per_gpu_layer()
+        p = self.profile
+        if enc == "cast":   # read FP16, write FP8
+            return p.launch_overhead_s + elements * 3.0 / (p.memory_gbps * 1e9)
+        t = p.kernel("quantize.kv").time_s(elements)
+        if self.method.entropy_coded:
+            t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
+        return t
+
+    # ---- arrival at decode ----------------------------------------------------------------
+    def on_arrival_s(self, prompt_tokens: int) -> float:
+        """Work on the decode GPU when a request's KV arrives (CacheGen: decode to FP16 once)."""
+        if not self.method.dequantize_on_arrival:
+            return 0.0
+        elements = prompt_tokens * self._kv_elements_per_token_per_gpu_layer()
+        t = self.profile.kernel("dequantize.kv").time_s(elements)
+        t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
+        return self.model.layers / self.parallel.pipeline * t
+
+    # ---- decode ---------------------------------------------------------------------------
+    def iteration(self, batch_size: int) -> IterationCost:
+        return _iteration_cached(self, batch_size)
+
+    def _iteration(self, batch_size: int) -> IterationCost:
+        m, p, L = self.model, self.profile, self.model.layers
+        attn = p.kernel(f"decode_attn.{self.method.decode_attention}")
+        fp16 = p.kernel("decode_attn.fp16")
+        units_per_ctx = self._kv_elements_per_token_per_gpu_layer()
+        attn_per_ctx = attn.s_per_unit * units_per_ctx
+        dequant_per_ctx = 0.0
+        if self.method.per_iteration_dequant:
+            dequant_per_ctx = max(0.0, attn_per_ctx - fp16.s_per_unit * units_per_ctx)
+        fixed_ops, per_ctx_ops = self.method.approximation_ops(m)
+        alu = alu_instr_per_s(self.gpu)
+        approx_per_ctx = min(attn_per_ctx - dequant_per_ctx, self.q_heads_per_gpu * per_ctx_ops / alu)
+        approx_fixed = self.q_heads_per_gpu * batch_size * fixed_ops / alu
+        decode_fixed = (L * (self._dense_layer_s(batch_size) + attn.overhead_s)
+                        + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
+        return IterationCost(
+            decode_fixed_s=decode_fixed,
+            decode_per_ctx_s=L * (attn_per_ctx - dequant_per_ctx - approx_per_ctx),
+            dequant_per_ctx_s=L * dequant_per_ctx,
+            approx_fixed_s=L * approx_fixed,
+            approx_per_ctx_s=L * approx_per_ctx,
+        )
+
+    # ---- transfer and memory --------------------------------------------------------------
+    def wire_bytes(self, prompt_tokens: int) -> float:
+        return prompt_tokens * self.method.wire_bytes_per_token(self.model)
+
+    def kv_memory_bytes(self, context_tokens: int) -> float:
+        """Decode memory one request holds at `context_tokens` (across the replica's GPUs)."""
+        m = self.model
+        return self.kv_replication * (context_tokens * self.method.memory_bytes_per_token(m)
+                                      + self.method.memory_reserve_bytes_per_request(m))
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.model.params * FP16_BYTES / self.parallel.gpus
+
+    @property
+    def activation_reserve_bytes_per_gpu(self) -> float:
+        m = self.model
+        return self.max_batch_tokens * FP16_BYTES * (ACTIVATION_BYTES_PER_TOKEN_FACTOR * m.hidden_size
+                                                     + 2 * m.intermediate_size / self.parallel.tensor)
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        """KV bytes the whole replica can hold (all its GPUs), in `kv_memory_bytes` terms."""
+        per_gpu = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
+                   - self.activation_reserve_bytes_per_gpu - RUNTIME_RESERVE_BYTES)
+        return per_gpu * self.parallel.gpus
+
+    def check_fits(self, pool: str) -> None:
+        cap = self.kv_capacity_bytes
+        if cap <= 0:
+            need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES) / GIB
+            have = self.gpu.memory_bytes * self.gpu_memory_utilization / GIB
+            raise ModelDoesNotFit(
+                f"{self.model.key} does not fit the {pool} pool: needs {need:.1f} GiB per GPU for weights and "
+                f"reserves, {self.gpu.key} offers {have:.1f} GiB at gpu_memory_utilization={self.gpu_memory_utilization} "
+                f"(tensor={self.parallel.tensor}, pipeline={self.parallel.pipeline})"
+            )
+
+    def memory_bytes_per_replica(self, kv_bytes: float) -> float:
+        """Total GPU memory in use on the replica with `kv_bytes` of KV resident."""
+        fixed = self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES
+        return fixed * self.parallel.gpus + kv_bytes
+
+
+@lru_cache(maxsize=65536)
+def _prefill_cached(rc: ReplicaCostModel, prompt_tokens: tuple[int, ...]) -> PrefillCost:
+    return rc._prefill(prompt_tokens)
+
+
+@lru_cache(maxsize=65536)
+def _iteration_cached(rc: ReplicaCostModel, batch_size: int) -> IterationCost:
+    return rc._iteration(batch_size)

@@ -1,0 +1,91 @@
+"""Frozen hardware and model descriptions the cost model computes with.
+
+These are plain dataclasses so `costmodel/` stays free of pydantic, YAML and I/O; `catalog/` builds
+them from the data files and the scenario may override any field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+GIB = 2**30
+FP16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    key: str
+    name: str
+    arch: str
+    memory_bytes: float
+    memory_bandwidth_gb_per_s: float
+    fp16_tensor_tflops: float
+    int8_tensor_tops: float | None      # None: no INT8 tensor cores (V100)
+    fp8_tensor_tflops: float | None     # None: no FP8 tensor cores (before Ada/Hopper)
+    fp4_tensor_tflops: float | None
+    fp32_tflops: float
+    int8_dp4a_tops: float
+    pcie_gb_per_s: float
+    compute_capability: str = "8.0"
+
+    @property
+    def has_int8_tensor_cores(self) -> bool:
+        return self.int8_tensor_tops is not None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    key: str
+    name: str
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    mlp: str = "gated"              # gated: 3 matrices (SwiGLU); plain: 2 (GELU)
+    parallel_attention: bool = False
+    max_context_tokens: int = 131072
+
+    @property
+    def kv_elements_per_token_per_layer(self) -> int:
+        """K and V elements one token adds to one layer's cache: 2 * kv_heads * head_dim."""
+        return 2 * self.kv_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_weight_params(self) -> int:
+        attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        mlp = (3 if self.mlp == "gated" else 2) * self.hidden_size * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        # Input embedding and LM head (counted twice: the models in the catalog are untied).
+        return 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_weight_params + self.embedding_params
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one model replica is laid over GPUs: tensor parallel inside a stage, pipeline across stages."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    intra_node_gb_per_s: float = 24.0    # per-GPU bandwidth for the TP all-reduce
+    inter_stage_gbps: float = 10.0       # link between pipeline stages (bits/s), for activations
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline

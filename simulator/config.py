@@ -1,0 +1,447 @@
+"""The scenario: a strict, frozen pydantic v2 description of one cluster, workload and method set.
+
+A scenario is YAML. Hardware, models and workloads are catalog presets referenced by key
+(``model: llama-3.1-70b``) or a mapping with ``preset:`` plus fields that override it inline.
+Methods are a list of names or mappings, discriminated by ``name``. Every field has a
+description and bounds; unknown fields are errors. `load_scenario` turns any problem into a
+`ScenarioError` whose message is one line naming the file and the field.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import catalog
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be run; the message is one line, naming file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _catalog_entry(kind: str, key: Any) -> dict:
+    """catalog.entry, with its error as a ValueError so pydantic reports the field's location."""
+    try:
+        return catalog.entry(kind, str(key))
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+
+
+def _with_preset(kind: str, value: Any, *, drop: tuple[str, ...] = ("key", "sources", "notes")) -> Any:
+    """`key` or `{preset: key, **overrides}` -> the catalog entry merged with the overrides."""
+    if isinstance(value, str):
+        value = {"preset": value}
+    if isinstance(value, dict) and "preset" in value:
+        base = _catalog_entry(kind, value["preset"])
+        merged = {k: v for k, v in base.items() if k not in drop}
+        merged.update(value)
+        return merged
+    return value
+
+
+# ---- model ------------------------------------------------------------------------------
+class ModelConfig(_Strict):
+    preset: str | None = Field(None, description="catalog/data/models.yaml key the fields came from")
+    name: str = Field(description="display name")
+    layers: int = Field(gt=0, description="transformer layers")
+    hidden_size: int = Field(gt=0, description="model width")
+    heads: int = Field(gt=0, description="query heads")
+    kv_heads: int = Field(gt=0, description="KV heads (GQA)")
+    head_dim: int = Field(gt=0, description="dimension per head")
+    intermediate_size: int = Field(gt=0, description="MLP inner width")
+    vocab_size: int = Field(gt=0, description="vocabulary size (LM head width)")
+    mlp: Literal["gated", "plain"] = Field("gated", description="gated: SwiGLU, 3 matrices; plain: 2 matrices")
+    parallel_attention: bool = Field(False, description="attention and MLP in parallel (Falcon)")
+    qkv_bias: bool = Field(False, description="QKV projections have a bias (negligible cost)")
+    tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+    max_context_tokens: int = Field(gt=0, description="longest prompt + output the model supports")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, v: Any) -> Any:
+        return _with_preset("models", v)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelConfig":
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+
+# ---- hardware pools ---------------------------------------------------------------------
+class GPUConfig(_Strict):
+    preset: str | None = Field(None, description="catalog/data/gpus.yaml key the fields came from")
+    name: str
+    arch: str
+    compute_capability: str
+    memory_gb: float = Field(gt=0, description="GPU memory, GB = 1e9 bytes")
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    fp16_tensor_tflops: float = Field(gt=0, description="dense FP16 tensor rate, FP32 accumulate")
+    int8_tensor_tops: float | None = Field(None, gt=0, description="dense INT8 tensor rate; null: none")
+    fp8_tensor_tflops: float | None = Field(None, gt=0, description="dense FP8 tensor rate; null: none")
+    fp4_tensor_tflops: float | None = Field(None, gt=0, description="dense FP4 tensor rate; null: none")
+    fp32_tflops: float = Field(gt=0)
+    int8_dp4a_tops: float = Field(gt=0, description="INT8 dot rate on CUDA cores")
+    sms: int = Field(gt=0)
+    l2_bytes: int = Field(gt=0)
+    pcie_gb_per_s: float = Field(gt=0, description="achievable host<->device per direction")
+    nvlink_gb_per_s: float | None = Field(None, gt=0)
+    tdp_w: float = Field(gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, v: Any) -> Any:
+        return _with_preset("gpus", v)
+
+
+class PoolConfig(_Strict):
+    instance: str | None = Field(None, description="catalog/data/instances.yaml key; sets the GPU, GPUs per "
+                                 "instance, network, host memory, intra-node bandwidth and price")
+    gpu: GPUConfig | None = Field(None, description="GPU preset key or mapping; defaults to the instance's GPU")
+    tensor_parallel: int = Field(1, ge=1, description="GPUs per pipeline stage (within one instance)")
+    pipeline_parallel: int = Field(1, ge=1, description="pipeline stages per replica (may span instances)")
+    replicas: int = Field(1, ge=1, description="model replicas in the pool")
+    max_batch_requests: int = Field(256, ge=1, description="most requests in one batch")
+    max_batch_tokens: int = Field(16384, ge=1, description="prefill: most prompt tokens per batch (a longer "
+                                  "prompt runs alone); also sizes the activation reserve")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's memory that "
+                                          "weights, activations and KV may use (vLLM's gpu_memory_utilization)")
+    host_memory_gib: float | None = Field(None, gt=0, description="host memory per replica for KV parked while "
+                                          "no decode replica has room; default: the instances' memory / 2")
+    intra_node_gb_per_s: float | None = Field(None, gt=0, description="per-GPU bandwidth of the TP all-reduce; "
+                                              "default: the instance's")
+    price_usd_per_hour: float | None = Field(None, ge=0, description="per instance; default: the instance's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _instance_gpu(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("instance") is not None and v.get("gpu") is None:
+            v = dict(v)
+            v["gpu"] = _catalog_entry("instances", v["instance"])["gpu"]
+        return v
+
+    @field_validator("instance")
+    @classmethod
+    def _known_instance(cls, v: str | None) -> str | None:
+        if v is not None:
+            _catalog_entry("instances", v)
+        return v
+
+    @model_validator(mode="after")
+    def _layout(self) -> "PoolConfig":
+        if self.gpu is None:
+            raise ValueError("give an instance or a gpu")
+        if self.instance is not None:
+            per = catalog.entry("instances", self.instance)["gpus"]
+            if self.tensor_parallel > per:
+                raise ValueError(f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}")
+        return self
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def instance_entry(self) -> dict | None:
+        return None if self.instance is None else catalog.entry("instances", self.instance)
+
+    @property
+    def instances_per_replica(self) -> int:
+        inst = self.instance_entry()
+        return 1 if inst is None else math.ceil(self.gpus_per_replica / inst["gpus"])
+
+
+# ---- network ----------------------------------------------------------------------------
+class LinkConfig(_Strict):
+    name: str = Field(description="label in outputs")
+    prefill_replicas: list[int] = Field(min_length=1, description="prefill replicas whose transfers use this link")
+    decode_replicas: list[int] = Field(min_length=1, description="decode replicas this link reaches")
+    bandwidth_gbps: float | None = Field(None, gt=0, description="line rate; default: network.bandwidth_gbps")
+
+
+class NetworkConfig(_Strict):
+    bandwidth_gbps: float | None = Field(None, gt=0, description="line rate of each prefill replica's link, "
+                                         "gigabits/s; default: the prefill instance's network")
+    latency_s: float = Field(1e-4, ge=0, description="one-way latency added to each transfer")
+    efficiency: float = Field(0.9, gt=0, le=1, description="achievable fraction of line rate for bulk transfers "
+                              "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)")
+    per_flow_gbps: float | None = Field(None, gt=0, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
+                                        "outside a placement group, 10 inside)")
+    stream_layers: bool = Field(False, description="send each layer's KV as soon as it is prefilled, so the "
+                                "transfer overlaps the rest of prefill")
+    links: list[LinkConfig] | None = Field(None, description="explicit topology; default: one link per prefill "
+                                           "replica reaching every decode replica")
+
+
+# ---- workload ---------------------------------------------------------------------------
+class FixedLength(_Strict):
+    kind: Literal["fixed"]
+    tokens: int = Field(ge=1)
+
+
+class UniformLength(_Strict):
+    kind: Literal["uniform"]
+    min_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "UniformLength":
+        if self.max_tokens < self.min_tokens:
+            raise ValueError("max_tokens must be >= min_tokens")
+        return self
+
+
+class LognormalLength(_Strict):
+    kind: Literal["lognormal"]
+    mean_tokens: float = Field(gt=0, description="mean before truncation")
+    cv: float = Field(gt=0, description="coefficient of variation before truncation")
+    min_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "LognormalLength":
+        if self.max_tokens < self.min_tokens:
+            raise ValueError("max_tokens must be >= min_tokens")
+        return self
+
+
+LengthDist = Annotated[Union[FixedLength, UniformLength, LognormalLength], Field(discriminator="kind")]
+
+
+class PoissonArrivals(_Strict):
+    kind: Literal["poisson"]
+    rate_rps: float = Field(gt=0, description="mean requests per second")
+
+
+class BurstyArrivals(_Strict):
+    kind: Literal["bursty"]
+    rate_rps: float = Field(gt=0, description="mean requests per second")
+    cv: float = Field(2.0, gt=1, description="coefficient of variation of gaps (gamma); 1 would be Poisson")
+
+
+class TraceArrivals(_Strict):
+    kind: Literal["trace"]
+
+
+Arrivals = Annotated[Union[PoissonArrivals, BurstyArrivals, TraceArrivals], Field(discriminator="kind")]
+
+
+class WorkloadConfig(_Strict):
+    dataset: str | None = Field(None, description="catalog/data/workloads.yaml key for the length distributions")
+    input_tokens: LengthDist | None = Field(None, description="prompt length distribution (overrides dataset)")
+    output_tokens: LengthDist | None = Field(None, description="output length distribution (overrides dataset)")
+    trace_csv: str | None = Field(None, description="CSV with prompt_tokens, output_tokens and (for trace "
+                                  "arrivals) arrival_s columns, relative to the scenario file")
+    arrival: Arrivals = Field(description="arrival process")
+    requests: int = Field(ge=1, description="requests to simulate (a trace is cycled or cut to this)")
+    seed: int = Field(0, ge=0, description="seed of the one random generator of the run")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("dataset") is not None:
+            e = _catalog_entry("workloads", v["dataset"])
+            v = dict(v)
+            v.setdefault("input_tokens", e["input_tokens"])
+            v.setdefault("output_tokens", e["output_tokens"])
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> "WorkloadConfig":
+        if self.trace_csv is None and (self.input_tokens is None or self.output_tokens is None):
+            raise ValueError("give a dataset, input_tokens and output_tokens, or a trace_csv")
+        if self.arrival.kind == "trace" and self.trace_csv is None:
+            raise ValueError("trace arrivals need a trace_csv")
+        return self
+
+
+# ---- methods ----------------------------------------------------------------------------
+class _Method(_Strict):
+    label: str | None = Field(None, description="name in outputs (default: the method name)")
+
+    @property
+    def output_name(self) -> str:
+        return self.label or self.name  # type: ignore[attr-defined]
+
+
+class BaselineMethod(_Method):
+    name: Literal["baseline"] = Field(description="uncompressed FP16 KV")
+
+
+class FP8Method(_Method):
+    name: Literal["fp8"] = Field(description="FP8 e4m3 KV")
+
+
+class KVQuantMethod(_Method):
+    name: Literal["kvquant"] = Field(description="2-bit KV with FP16 outliers; dequantize every iteration")
+    bits: Literal[2, 3, 4] = 2
+    outlier_fraction: float = Field(0.01, ge=0, lt=1, description="dense-and-sparse FP16 outliers")
+    dequant_kernel: Literal["unfused", "fused"] = Field("unfused", description="unfused: dequantize to FP16 "
+                                                        "memory then attend (what HACK compared); fused: in registers")
+
+
+class CacheGenMethod(_Method):
+    name: Literal["cachegen"] = Field(description="quantized, entropy-coded KV on the wire")
+    bits: Literal[2, 3, 4] = 2
+    partition: int = Field(64, ge=16, description="elements per min/scale group")
+    decode_mode: Literal["decompress_once", "dequantize_per_iteration"] = Field(
+        "decompress_once", description="restore FP16 on arrival, or keep codes and dequantize every iteration")
+    dequant_kernel: Literal["unfused", "fused"] = "unfused"
+    entropy_ratio: float | None = Field(None, gt=0, le=1, description="coded bits / raw code bits; null: "
+                                        "derived from the entropy of Gaussian codes")
+
+
+class HackMethod(_Method):
+    name: Literal["hack", "hack_no_se", "hack_no_rqe"] = Field(description="HACK homomorphic attention (or an ablation)")
+    bits: Literal[2, 4, 8] = 2
+    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16")
+    stochastic_rounding: bool = True
+    summation_elimination: bool = Field(True, description="store code sums (SE)")
+    requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ablation_defaults(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            v = dict(v)
+            if v.get("name") == "hack_no_se":
+                v.setdefault("summation_elimination", False)
+            if v.get("name") == "hack_no_rqe":
+                v.setdefault("requantization_elimination", False)
+        return v
+
+    @field_validator("partition")
+    @classmethod
+    def _multiple_of_16(cls, v: int) -> int:
+        if v % 16:
+            raise ValueError("partition must be a multiple of 16")
+        return v
+
+
+MethodConfig = Annotated[Union[BaselineMethod, FP8Method, KVQuantMethod, CacheGenMethod, HackMethod],
+                         Field(discriminator="name")]
+
+
+class CalibrationConfig(_Strict):
+    prefill_profile: str = Field("auto", description="'auto' (the committed profile for the GPU, else roofline), "
+                                 "'roofline', or a path to a profile.json")
+    decode_profile: str = Field("auto", description="as prefill_profile, for the decode pool")
+
+
+class Scenario(_Strict):
+    name: str = Field(description="scenario name, used in outputs")
+    description: str = Field("", description="what this scenario represents")
+    model: ModelConfig
+    prefill: PoolConfig
+    decode: PoolConfig
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    workload: WorkloadConfig
+    methods: list[MethodConfig] = Field(min_length=1)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _method_names(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": m} if isinstance(m, str) else m for m in v]
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        names = [m.output_name for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"methods: duplicate output names {names}; give each a distinct label")
+        if self.network.links is not None:
+            for link in self.network.links:
+                for r in link.prefill_replicas:
+                    if not 0 <= r < self.prefill.replicas:
+                        raise ValueError(f"network.links[{link.name}]: prefill replica {r} does not exist")
+                for r in link.decode_replicas:
+                    if not 0 <= r < self.decode.replicas:
+                        raise ValueError(f"network.links[{link.name}]: decode replica {r} does not exist")
+        if self.network.bandwidth_gbps is None and self.prefill.instance is None:
+            raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
+        return self
+
+
+# ---- loading ----------------------------------------------------------------------------
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node: Any = tree
+    for k in keys[:-1]:
+        if isinstance(node, list):
+            node = node[int(k)]
+        else:
+            if not isinstance(node.get(k), (dict, list)):
+                node[k] = {} if node.get(k) is None else node[k]
+            node = node[k]
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`path.to.field=value` pairs; values parsed as YAML (so `10`, `true`, `[a, b]` work)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ScenarioError(f"--set {item!r}: expected path.to.field=value")
+        path, value = item.split("=", 1)
+        try:
+            _set_path(raw, path.strip(), yaml.safe_load(value))
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
+            raise ScenarioError(f"--set {item!r}: cannot set {path}: {e}") from None
+    return raw
+
+
+def _format_error(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = len(err.errors()) - 1
+    tail = f" (and {more} more)" if more else ""
+    return f"{source}: {loc or 'scenario'}: {msg}{tail}"
+
+
+_UNION_TAGS = {"fixed", "uniform", "lognormal", "poisson", "bursty", "trace", "baseline", "fp8", "kvquant",
+               "cachegen", "hack", "hack_no_se", "hack_no_rqe"}
+
+
+def parse_scenario(raw: Any, source: str) -> Scenario:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: scenario: expected a mapping at the top level")
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(_format_error(source, e)) from None
+    except KeyError as e:   # an unknown preset key raised by a before-validator outside pydantic's wrapping
+        raise ScenarioError(f"{source}: {e.args[0]}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"{path}:{where} not valid YAML") from None
+    if isinstance(raw, dict) and overrides:
+        raw = apply_overrides(raw, overrides)
+    scenario = parse_scenario(raw, str(path))
+    wl = scenario.workload
+    if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
+        resolved = str((path.parent / wl.trace_csv).resolve())
+        scenario = scenario.model_copy(update={"workload": wl.model_copy(update={"trace_csv": resolved})})
+    return scenario

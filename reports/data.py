@@ -1,0 +1,114 @@
+"""Reading a finished run's files (the contract of ``cli.py simulate --out DIR``) into one object.
+
+The report reads files and DataFrames only; it never imports the simulator (style rule 7), so a
+report can be rebuilt from a saved run directory on any machine with pandas and plotly.
+
+Files (all optional but ``summary.json``; a missing one leaves its section with a note):
+
+- ``summary.json``   per-method statistics: completed, jct_s/ttft_s/tpot_s {mean,p50,p90,p99},
+  breakdown_s (nine parts, seconds), peak_decode_memory_bytes, kv_bytes_per_token {wire,memory},
+  throughput_rps.
+- ``requests.csv``   one row per request per method (latencies in seconds, sizes in bytes).
+- ``memory.csv``     step function of decode memory: method, replica, time_s, used_bytes, capacity_bytes.
+- ``links.csv``      step function of link use: method, link, time_s, active_flows, throughput_gbps
+  [, capacity_gbps].
+- ``scenario.json``  the resolved scenario, free-form nested JSON.
+- ``profiles.json``  which calibration profile priced prefill and decode, and optional accuracy rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# Display order of the methods the project knows; others follow alphabetically.
+KNOWN_METHODS = (
+    "baseline", "cachegen", "kvquant", "fp8", "fp4", "hack", "hack_no_se", "hack_no_rqe",
+    "pqcache", "hcattention",
+)
+BASELINE = "baseline"
+
+# The nine parts of a request's JCT, in the order they happen.
+BREAKDOWN_PARTS = (
+    "prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
+    "decode_queue", "decode", "dequantize", "approximation",
+)
+
+
+def order_methods(methods) -> list[str]:
+    """Baseline first, then the known methods in the project's order, then the rest by name."""
+    methods = list(dict.fromkeys(methods))
+    rank = {m: i for i, m in enumerate(KNOWN_METHODS)}
+    return sorted(methods, key=lambda m: (rank.get(m, len(rank)), m))
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything a report shows, as plain dicts and DataFrames."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    requests: pd.DataFrame | None = None
+    memory: pd.DataFrame | None = None
+    links: pd.DataFrame | None = None
+    scenario: dict[str, Any] | None = None
+    profiles: dict[str, Any] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("scenario") or (self.scenario or {}).get("name") or self.run_dir.name)
+
+    @property
+    def methods(self) -> list[str]:
+        found = list(self.summary.get("methods", {}))
+        if not found and self.requests is not None and "method" in self.requests:
+            found = list(self.requests["method"].unique())
+        return order_methods(found)
+
+    @property
+    def baseline(self) -> str | None:
+        return BASELINE if BASELINE in self.methods else None
+
+
+def _read_csv(path: Path, required: tuple[str, ...], notes: list[str]) -> pd.DataFrame | None:
+    if not path.is_file():
+        notes.append(f"{path.name} not found: its figure is left out.")
+        return None
+    df = pd.read_csv(path)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        notes.append(f"{path.name} lacks column(s) {', '.join(missing)}: its figure is left out.")
+        return None
+    if "method" in df.columns:
+        df["method"] = df["method"].astype(str)
+    return df
+
+
+def _read_json(path: Path, notes: list[str]) -> dict | None:
+    if not path.is_file():
+        notes.append(f"{path.name} not found.")
+        return None
+    return json.loads(path.read_text())
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Load a run directory; only ``summary.json`` is required."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path} not found: is {run_dir} the --out folder of a simulate run?")
+    notes: list[str] = []
+    summary = json.loads(summary_path.read_text())
+    summary.setdefault("methods", {})
+    requests = _read_csv(run_dir / "requests.csv", ("method", "jct_s", "ttft_s", "tpot_s"), notes)
+    memory = _read_csv(run_dir / "memory.csv", ("method", "replica", "time_s", "used_bytes", "capacity_bytes"), notes)
+    links = _read_csv(run_dir / "links.csv", ("method", "link", "time_s", "throughput_gbps"), notes)
+    if links is not None:
+        links["link"] = links["link"].astype(str)
+    scenario = _read_json(run_dir / "scenario.json", notes)
+    profiles = _read_json(run_dir / "profiles.json", notes)
+    return RunData(run_dir, summary, requests, memory, links, scenario, profiles, tuple(notes))

@@ -1,0 +1,114 @@
+"""Colours, labels and unit formatting shared by every figure and table of the report.
+
+A method keeps one colour in every figure, so a reader learns it once. HACK and its ablations are
+shades of one red; the baseline is grey.
+"""
+from __future__ import annotations
+
+import math
+
+from .data import BREAKDOWN_PARTS
+
+METHOD_COLOURS = {
+    "baseline": "#6b7280",
+    "cachegen": "#f59e0b",
+    "kvquant": "#8b5cf6",
+    "fp8": "#0ea5e9",
+    "fp4": "#14b8a6",
+    "hack": "#dc2626",
+    "hack_no_se": "#f87171",
+    "hack_no_rqe": "#991b1b",
+    "pqcache": "#16a34a",
+    "hcattention": "#2563eb",
+}
+# For methods the report does not know yet, in order of appearance.
+FALLBACK_COLOURS = ("#a16207", "#0f766e", "#7c3aed", "#db2777", "#4d7c0f", "#1e40af", "#9a3412", "#475569")
+
+METHOD_LABELS = {
+    "baseline": "Baseline (FP16)",
+    "cachegen": "CacheGen",
+    "kvquant": "KVQuant",
+    "fp8": "FP8",
+    "fp4": "FP4",
+    "hack": "HACK",
+    "hack_no_se": "HACK w/o SE",
+    "hack_no_rqe": "HACK w/o RQE",
+    "pqcache": "PQCache",
+    "hcattention": "HCAttention",
+}
+
+# Phases in related hues: prefill blues, transfer ambers, decode violets, approximation pink.
+PART_COLOURS = {
+    "prefill_queue": "#bfdbfe",
+    "prefill": "#3b82f6",
+    "quantize": "#1e3a8a",
+    "transfer_queue": "#fde68a",
+    "transfer": "#f59e0b",
+    "decode_queue": "#ddd6fe",
+    "decode": "#8b5cf6",
+    "dequantize": "#5b21b6",
+    "approximation": "#ec4899",
+}
+PART_LABELS = {p: p.replace("_", " ").capitalize() for p in BREAKDOWN_PARTS}
+
+FONT = "Inter, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
+
+
+def method_colours(methods: list[str]) -> dict[str, str]:
+    out, spare = {}, iter(FALLBACK_COLOURS * (1 + len(methods) // len(FALLBACK_COLOURS)))
+    for m in methods:
+        out[m] = METHOD_COLOURS.get(m) or next(spare)
+    return out
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def fmt_seconds(x: float | None) -> str:
+    """Seconds with a unit that keeps three significant digits readable."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    ax = abs(x)
+    if ax >= 100:
+        return f"{x:,.0f} s"
+    if ax >= 1:
+        return f"{x:.3g} s"
+    if ax >= 1e-3:
+        return f"{x * 1e3:.3g} ms"
+    if ax == 0:
+        return "0 s"
+    return f"{x * 1e6:.3g} µs"
+
+
+def fmt_bytes(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.4g} B"
+
+
+def fmt_pct(x: float | None, signed: bool = True) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if signed and abs(x) < 0.05:
+        return "0.0%"
+    return f"{x:+.1f}%" if signed else f"{x:.1f}%"
+
+
+def base_layout(title: str, **kw) -> dict:
+    """Layout every figure starts from: white template, same font, title left."""
+    layout = dict(
+        template="plotly_white",
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=17)),
+        font=dict(family=FONT, size=13, color="#1f2937"),
+        margin=dict(l=70, r=30, t=70, b=60),
+        hoverlabel=dict(font=dict(family=FONT, size=12)),
+        # Right of the plot, top-aligned: never collides with the title or subplot titles.
+        legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.01, title=None,
+                    bgcolor="rgba(255,255,255,0.85)"),
+    )
+    layout.update(kw)
+    return layout

@@ -1,0 +1,85 @@
+"""Tables of the report as DataFrames (pure): per-method statistics and reductions vs the baseline.
+
+A reduction is ``(baseline - method) / baseline * 100``: positive means the method is smaller
+(faster, fewer bytes) than the baseline. Throughput is the one row where larger is better; its row
+is the gain ``(method - baseline) / baseline * 100``, so positive is better there too.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .data import RunData
+
+# (row label, path into a method's summary, kind): kind picks the unit for display.
+METRICS = (
+    ("JCT mean", ("jct_s", "mean"), "s"),
+    ("JCT p90", ("jct_s", "p90"), "s"),
+    ("TTFT mean", ("ttft_s", "mean"), "s"),
+    ("TTFT p90", ("ttft_s", "p90"), "s"),
+    ("TPOT mean", ("tpot_s", "mean"), "s"),
+    ("TPOT p90", ("tpot_s", "p90"), "s"),
+    ("KV bytes/token on the wire", ("kv_bytes_per_token", "wire"), "bytes"),
+    ("KV bytes/token in memory", ("kv_bytes_per_token", "memory"), "bytes"),
+    ("Peak decode memory", ("peak_decode_memory_bytes",), "bytes"),
+    ("Throughput (gain)", ("throughput_rps",), "rps"),
+)
+HIGHER_IS_BETTER = {"Throughput (gain)"}
+
+
+def _get(stats: dict, path: tuple[str, ...]) -> float:
+    v = stats
+    for k in path:
+        if not isinstance(v, dict) or k not in v or v[k] is None:
+            return math.nan
+        v = v[k]
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def metric_values(run: RunData) -> pd.DataFrame:
+    """Absolute values: one row per metric of METRICS, one column per method (seconds, bytes, req/s)."""
+    data = {m: [_get(run.summary["methods"].get(m) or {}, path) for _, path, _ in METRICS] for m in run.methods}
+    return pd.DataFrame(data, index=[label for label, _, _ in METRICS], columns=run.methods)
+
+
+def reductions_table(run: RunData) -> pd.DataFrame | None:
+    """Percent reduction of each metric against the baseline, one column per non-baseline method.
+
+    None when the run has no baseline. A metric the baseline lacks (or has as 0) is NaN.
+    """
+    if run.baseline is None:
+        return None
+    values = metric_values(run)
+    base = values[run.baseline]
+    out = {}
+    for m in run.methods:
+        if m == run.baseline:
+            continue
+        col = []
+        for label in values.index:
+            b, v = base[label], values.at[label, m]
+            if not (b and math.isfinite(b) and math.isfinite(v)):
+                col.append(math.nan)
+            elif label in HIGHER_IS_BETTER:
+                col.append((v - b) / b * 100)
+            else:
+                col.append((b - v) / b * 100)
+        out[m] = col
+    return pd.DataFrame(out, index=values.index, columns=[m for m in run.methods if m != run.baseline])
+
+
+def latency_table(run: RunData) -> pd.DataFrame:
+    """Per method: completed requests and mean/p50/p90/p99 of JCT, TTFT, TPOT (seconds)."""
+    rows = {}
+    for m in run.methods:
+        s = run.summary["methods"].get(m) or {}
+        row = {"completed": _get(s, ("completed",)), "throughput_rps": _get(s, ("throughput_rps",))}
+        for metric in ("jct_s", "ttft_s", "tpot_s"):
+            for q in ("mean", "p50", "p90", "p99"):
+                row[f"{metric.removesuffix('_s')} {q}"] = _get(s, (metric, q))
+        rows[m] = row
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -6,7 +6,7 @@
 """
 from .data import RunData, load_run
 from .figures import make_figures
-from .html import build_report
+from .html import build_report, figures_from_html
 from .static import export_static
 from .tables import reductions_table
 
@@ -16,4 +16,4 @@ def report_figures(run_dir) -> dict:
     return make_figures(load_run(run_dir))
 
 
-__all__ = ["RunData", "build_report", "export_static", "load_run", "make_figures", "reductions_table", "report_figures"]
+__all__ = ["RunData", "build_report", "figures_from_html", "export_static", "load_run", "make_figures", "reductions_table", "report_figures"]

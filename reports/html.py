@@ -190,10 +190,10 @@ def _reductions_html(run: RunData) -> str:
             if math.isnan(v):
                 cells.append('<td class="na">–</td>')
                 continue
+            cls = "pos" if v >= 0.05 else ("neg" if v <= -0.05 else "")
             # Tint grows with the size of the change, capped at 80%.
             a = min(abs(v), 80) / 80 * 0.35 if cls else 0.0
             bg = f"rgba(22,163,74,{a:.3f})" if v > 0 else f"rgba(220,38,38,{a:.3f})"
-            cls = "pos" if v >= 0.05 else ("neg" if v <= -0.05 else "")
             tip = f"{method_label(m)}: {_fmt(kinds[label], values.at[label, m])}"
             cells.append(f'<td class="{cls}" style="background:{bg}" title="{_esc(tip)}">{fmt_pct(v)}</td>')
         base_v = _fmt(kinds[label], values.at[label, run.baseline])
@@ -333,3 +333,33 @@ def build_report(run_dir: str | Path, *, progress: Progress | None = None) -> Pa
     out.write_text(render_html(run, figures, notes), encoding="utf-8")
     tick(2)
     return out
+
+
+def _decode_arrays(node):
+    """plotly.py writes numpy arrays as {"dtype", "bdata"[, "shape"]}: turn them back into arrays."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(node, dict):
+        if set(node) >= {"dtype", "bdata"} and set(node) <= {"dtype", "bdata", "shape"}:
+            arr = np.frombuffer(base64.b64decode(node["bdata"]), dtype=np.dtype(node["dtype"]))
+            if "shape" in node:
+                shape = node["shape"]
+                arr = arr.reshape([int(x) for x in (shape.split(",") if isinstance(shape, str) else shape)])
+            return arr
+        return {k: _decode_arrays(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_decode_arrays(v) for v in node]
+    return node
+
+
+def figures_from_html(path: str | Path) -> dict[str, dict]:
+    """Read back every figure embedded in a report.html: name -> {"data": [...], "layout": {...}}."""
+    import re
+
+    text = Path(path).read_text(encoding="utf-8")
+    m = re.search(rf'<script type="application/json" id="{FIGURES_SCRIPT_ID}">(.*?)</script>', text, re.S)
+    if m is None:
+        raise ValueError(f"{path}: no embedded figures (is it a hacksim report?)")
+    return _decode_arrays(json.loads(m.group(1)))

@@ -42,7 +42,7 @@ def write_fake_run(out: str | Path, n_requests: int = 40, methods=tuple(METHODS)
     batch = rng.uniform(0.8, 1.3, n_requests)   # decode batch size varies the time per token
     reqs, mem_rows, link_rows, summary = [], [], [], {}
     for method in methods:
-        wire_f, mem_f, q_s, dq_s, dec_f = METHODS[method]
+        wire_f, mem_f, q_s, dq_s, dec_f = METHODS.get(method, (0.3, 0.3, 0.005, 0.0, 0.9))
         kv_wire = prompt * KV_BYTES_PER_TOKEN * wire_f
         kv_mem = (prompt + output) * KV_BYTES_PER_TOKEN * mem_f
         t = {

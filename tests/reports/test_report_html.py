@@ -1,0 +1,227 @@
+"""The HTML report from a small run: every figure is there, readable back, with units; tables are right."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from report_fake_run import write_fake_run
+from reports import build_report, figures_from_html, load_run, make_figures, reductions_table
+from reports.data import BREAKDOWN_PARTS, order_methods
+from reports.figures import MAX_POINTS, ecdf, thin_step, window_mean_step
+from reports.style import method_label
+
+ALL_FIGURES = ["jct_breakdown", "cdf_jct", "cdf_ttft", "cdf_tpot", "decode_memory", "link_utilisation", "accuracy_tradeoff"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_fake_run(tmp_path_factory.mktemp("run"), n_requests=40)
+
+
+@pytest.fixture(scope="module")
+def report(run_dir):
+    return build_report(run_dir)
+
+
+def test_report_holds_every_figure_with_its_div(report):
+    html = report.read_text()
+    figs = figures_from_html(report)
+    assert list(figs) == ALL_FIGURES
+    for name in ALL_FIGURES:
+        assert f'id="fig-{name}"' in html
+        assert figs[name]["data"], name
+        assert figs[name]["layout"]["title"]["text"]
+
+
+def test_embedded_figures_match_the_figures_dict(run_dir, report):
+    live = make_figures(load_run(run_dir))
+    embedded = figures_from_html(report)
+    assert list(live) == list(embedded)
+    for name, fig in live.items():
+        assert [t.name for t in fig.data] == [t.get("name") for t in embedded[name]["data"]]
+
+
+def test_report_is_self_contained_and_offline(report):
+    html = report.read_text()
+    assert html.count("<script") == 3          # plotly.js, figure JSON, render script
+    assert 'src="http' not in html and "<link" not in html
+    assert html.count("Plotly.newPlot(el") == 1
+
+
+def test_breakdown_has_nine_parts_per_method_in_order(report):
+    fig = figures_from_html(report)["jct_breakdown"]
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert len(bars) == len(BREAKDOWN_PARTS)
+    expected = [method_label(m) for m in order_methods(json.loads((report.parent / "summary.json").read_text())["methods"])]
+    assert list(bars[0]["x"]) == expected and expected[0] == method_label("baseline")
+    assert all(" s" in t["hovertemplate"] for t in bars)
+    assert "(s)" in fig["layout"]["yaxis"]["title"]["text"]
+
+
+def test_cdfs_have_one_trace_per_method_and_units(run_dir, report):
+    figs = figures_from_html(report)
+    methods = load_run(run_dir).methods
+    for name, unit in (("cdf_jct", "(s)"), ("cdf_ttft", "(s)"), ("cdf_tpot", "(ms)")):
+        f = figs[name]
+        assert [t["name"] for t in f["data"]] == [method_label(m) for m in methods]
+        assert unit in f["layout"]["xaxis"]["title"]["text"]
+        for t in f["data"]:
+            y = np.asarray(t["y"])
+            assert np.all(np.diff(y) > 0) and math.isclose(y[-1], 1.0)
+
+
+def test_same_method_same_colour_everywhere(report):
+    figs = figures_from_html(report)
+    colours: dict[str, set] = {}
+    for name in ("cdf_jct", "cdf_ttft", "cdf_tpot", "decode_memory", "link_utilisation"):
+        for t in figs[name]["data"]:
+            if t.get("name") != "capacity":
+                colours.setdefault(t["name"], set()).add(t["line"]["color"])
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({next(iter(c)) for c in colours.values()}) == len(colours)
+
+
+def test_memory_and_links_draw_capacity(report):
+    figs = figures_from_html(report)
+    mem = figs["decode_memory"]
+    caps = [t for t in mem["data"] if t["name"] == "capacity"]
+    assert len(caps) == 2 and math.isclose(float(caps[0]["y"][0]), 22.0)      # GiB, one per replica
+    assert "GiB" in mem["data"][0]["hovertemplate"]
+    links = figs["link_utilisation"]
+    lcaps = [t for t in links["data"] if t["name"] == "capacity"]
+    assert len(lcaps) == 4 and float(lcaps[0]["y"][0]) == 10.0                  # from scenario.network
+    assert all("Gbps" in t["hovertemplate"] for t in links["data"])
+    peak = max(float(np.max(t["y"])) for t in links["data"] if t["name"] != "capacity")
+    assert 0 < peak <= 10.0
+
+
+def test_link_capacity_column_wins(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=10, links_capacity_column=True)
+    sc = json.loads((d / "scenario.json").read_text())
+    sc["network"] = {"topology": "full_bipartite"}          # no rate in the scenario at all
+    (d / "scenario.json").write_text(json.dumps(sc))
+    fig = make_figures(load_run(d))["link_utilisation"]
+    assert [float(t.y[0]) for t in fig.data if t.name == "capacity"] == [10.0] * 4
+
+
+def test_reductions_table_against_summary(run_dir):
+    run = load_run(run_dir)
+    red = reductions_table(run)
+    s = run.summary["methods"]
+    b, h = s["baseline"]["jct_s"]["mean"], s["hack"]["jct_s"]["mean"]
+    assert math.isclose(red.at["JCT mean", "hack"], (b - h) / b * 100)
+    assert math.isclose(red.at["KV bytes/token on the wire", "hack"], 86.0)
+    assert "baseline" not in red.columns
+    b, h = s["baseline"]["throughput_rps"], s["hack"]["throughput_rps"]
+    assert math.isclose(red.at["Throughput (gain)", "hack"], (h - b) / b * 100)
+
+
+def test_report_shows_tables_profile_and_scenario(report):
+    html = report.read_text()
+    for needle in ('id="table-reductions"', 'id="table-methods"', 'id="table-profiles"', 'class="badge derived"',
+                   "a10g_10gbps", "llama-3.1-8b", "<details", "Calibration profile"):
+        assert needle in html, needle
+
+
+def test_accuracy_tradeoff_pairs_hack_partition_with_speed(run_dir, report):
+    fig = figures_from_html(report)["accuracy_tradeoff"]
+    right = [t for t in fig["data"] if t.get("xaxis") == "x2"]
+    by_name = {t["name"]: t for t in right}
+    assert set(by_name) == {"HACK", "HACK w/o SE", "HACK w/o RQE", "KVQuant"}
+    # The scenario gives HACK Π=64, so exactly its Π=64 row is paired with its mean JCT.
+    hack = by_name["HACK"]
+    assert len(hack["x"]) == 1 and math.isclose(float(hack["x"][0]), 0.021)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert math.isclose(float(hack["y"][0]), summary["methods"]["hack"]["jct_s"]["mean"])
+
+
+def test_no_accuracy_rows_says_so(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=8, accuracy=False)
+    html = build_report(d).read_text()
+    assert "accuracy_tradeoff" not in figures_from_html(d / "report.html")
+    assert "no accuracy rows" in html
+
+
+def test_minimal_run_without_baseline_or_tables(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=8, methods=("hack", "fp8", "newmethod"))
+    for name in ("requests.csv", "memory.csv", "links.csv", "scenario.json", "profiles.json"):
+        (d / name).unlink()
+    html = build_report(d).read_text()
+    assert list(figures_from_html(d / "report.html")) == ["jct_breakdown"]
+    assert "no <code>baseline</code> method" in html and "requests.csv not found" in html
+    assert list(load_run(d).methods) == ["fp8", "hack", "newmethod"]
+
+
+def test_missing_summary_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="summary.json"):
+        build_report(tmp_path)
+
+
+def test_same_run_same_bytes_and_progress(run_dir, report):
+    calls = []
+    again = build_report(run_dir, progress=lambda done, total, label: calls.append((done, total)))
+    assert again.read_bytes() == report.read_bytes()
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_method_order_baseline_first_unknown_last():
+    assert order_methods(["zeta", "hack", "hcattention", "baseline", "hack_no_rqe", "alpha", "cachegen", "fp8"]) == [
+        "baseline", "cachegen", "fp8", "hack", "hack_no_rqe", "hcattention", "alpha", "zeta"]
+
+
+def test_thin_step_keeps_extremes_and_size():
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(1.0, 100_000))
+    y = rng.normal(size=100_000).cumsum()
+    tt, yy = thin_step(t, y)
+    assert len(tt) <= MAX_POINTS + 1 and np.all(np.diff(tt) > 0)
+    assert yy.max() == y.max() and yy.min() == y.min() and tt[0] == t[0] and tt[-1] == t[-1]
+    assert thin_step(t[:10], y[:10])[0].tolist() == t[:10].tolist()
+
+
+def test_ecdf_thins_on_the_curve():
+    x = np.random.default_rng(1).exponential(size=50_000)
+    xs, ys = ecdf(x, max_points=1000)
+    assert len(xs) <= 1000 and ys[-1] == 1.0 and xs[-1] == x.max() and xs[0] == x.min()
+    s = np.sort(x)
+    assert np.allclose(ys, (np.searchsorted(s, xs, side="right")) / len(x))
+
+
+def test_window_mean_of_a_step():
+    # 0 until t=1, then 10 Gbps until t=3, then 0: windows [0,2) and [2,4) each average 5.
+    got = window_mean_step([0.0, 1.0, 3.0], [0.0, 10.0, 0.0], [0.0, 2.0, 4.0])
+    assert got.tolist() == [5.0, 5.0]
+
+
+def test_large_series_are_thinned_in_the_page(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=10)
+    n = 30_000
+    t = np.arange(n, dtype=float) * 0.01
+    big = pd.DataFrame({"method": "baseline", "replica": 0, "time_s": t,
+                        "used_bytes": (15 + np.sin(t)) * 2**30, "capacity_bytes": 22 * 2**30})
+    big.to_csv(d / "memory.csv", index=False)
+    build_report(d)
+    mem = figures_from_html(d / "report.html")["decode_memory"]
+    assert max(len(tr["x"]) for tr in mem["data"]) <= MAX_POINTS + 2
+    assert (d / "report.html").stat().st_size < 6_000_000
+
+
+def test_reports_never_imports_the_simulator():
+    for path in (REPO / "reports").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                assert name.split(".")[0] not in {"simulator", "costmodel", "cli", "simpy"}, (path, name)
+    code = "import sys, reports; bad = [m for m in ('simulator', 'costmodel', 'simpy') if m in sys.modules]; assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -9,11 +9,11 @@ SCENARIO ?= scenarios/a10g_10gbps.yaml
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --config-settings editable_mode=compat -e .
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.core-installed
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --config-settings editable_mode=compat -e '.[test]'
 	bash scripts/install_test_system_deps.sh
 	touch $@
 

@@ -1,0 +1,193 @@
+"""hacksim command line: thin wrappers that load a scenario, call the library, and write outputs.
+
+    python cli.py simulate scenarios/a10g_10gbps.yaml --out out/a10g
+    python cli.py schema
+    python cli.py report out/a10g
+    python cli.py calibrate --out profiles/mygpu
+
+Bad input exits with code 2 and one line on stderr naming the file and the field; nothing is
+written. The same scenario and seed give byte-identical outputs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines).")
+
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _json_default(o):
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    raise TypeError(type(o))
+
+
+def _clean(o):
+    """NaN -> null so summary.json is strict JSON."""
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_clean(v) for v in o]
+    return o
+
+
+def write_outputs(result, out: Path) -> None:
+    """Write every output into a temporary folder, then move the files into `out` together."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
+    try:
+        (tmp / "summary.json").write_text(json.dumps(_clean(result.summary), indent=2) + "\n")
+        result.requests.to_csv(tmp / "requests.csv", index=False)
+        result.memory.to_csv(tmp / "memory.csv", index=False)
+        result.links.to_csv(tmp / "links.csv", index=False)
+        (tmp / "scenario.json").write_text(json.dumps(result.scenario.model_dump(mode="json"), indent=2) + "\n")
+        (tmp / "profiles.json").write_text(json.dumps(_clean(result.profiles()), indent=2) + "\n")
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def format_table(summary: dict) -> str:
+    methods = summary["methods"]
+    base = methods.get("baseline")
+    head = (f"{'method':<12} {'done':>5} {'JCT mean':>9} {'p90':>8} {'TTFT':>8} {'TPOT ms':>8} {'transfer':>9} "
+            f"{'dequant':>8} {'approx':>7} {'KV B/tok':>9} {'peak GiB':>9} {'JCT vs base':>11}")
+    lines = [f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}", head,
+             "-" * len(head)]
+    for name, m in methods.items():
+        b = m["breakdown_s"]
+        vs = ""
+        if base is not None and name != "baseline":
+            vs = f"{100 * (m['jct_s']['mean'] / base['jct_s']['mean'] - 1):+.1f}%"
+        lines.append(
+            f"{name:<12} {m['completed']:>5} {m['jct_s']['mean']:>8.2f}s {m['jct_s']['p90']:>7.2f}s "
+            f"{m['ttft_s']['mean']:>7.2f}s {1e3 * m['tpot_s']['mean']:>8.1f} {b['transfer']:>8.2f}s "
+            f"{b['dequantize']:>7.3f}s {b['approximation']:>6.3f}s {m['kv_bytes_per_token']['wire']:>9.0f} "
+            f"{m['peak_decode_memory_bytes'] / 2**30:>9.1f} {vs:>11}")
+    return "\n".join(lines)
+
+
+@app.command()
+def simulate(
+    scenario: Path = typer.Argument(..., help="scenario YAML"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write summary.json, requests.csv, memory.csv, links.csv, "
+                                       "scenario.json, profiles.json and report.html here"),
+    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated subset of the scenario's methods"),
+    requests: Optional[int] = typer.Option(None, "--requests", help="override workload.requests"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="override workload.seed"),
+    set_: List[str] = typer.Option([], "--set", help="path.to.field=value (repeatable), e.g. network.bandwidth_gbps=25"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="calibration profile.json for both pools "
+                                           "(default: the scenario's calibration settings)"),
+    report: bool = typer.Option(True, "--report/--no-report", help="also write report.html with --out"),
+) -> None:
+    """Simulate every KV method of SCENARIO and print the comparison."""
+    from simulator.config import ScenarioError, load_scenario
+    from simulator.run import run_scenario
+
+    overrides = list(set_)
+    if requests is not None:
+        overrides.append(f"workload.requests={requests}")
+    if seed is not None:
+        overrides.append(f"workload.seed={seed}")
+    if profile is not None:
+        overrides += [f"calibration.prefill_profile={profile}", f"calibration.decode_profile={profile}"]
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    try:
+        cfg = load_scenario(scenario, overrides)
+        with _progress(len(chosen) if chosen else len(cfg.methods), "simulating") as tick:
+            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=tick)
+    except ScenarioError as e:
+        fail(str(e))
+    typer.echo(format_table(result.summary))
+    if out is not None:
+        write_outputs(result, out)
+        written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
+        if report:
+            path = _build_report(out)
+            if path is not None:
+                written += f", {path.name}"
+        typer.echo(written)
+
+
+def _build_report(out: Path) -> Optional[Path]:
+    try:
+        from reports import build_report
+    except ImportError:
+        return None
+    return build_report(out)
+
+
+class _progress:
+    """A terminal progress bar on stderr, shown only when stderr is a terminal."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.bar = total, label, None
+
+    def __enter__(self):
+        if sys.stderr.isatty():
+            self.bar = typer.progressbar(length=self.total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        return self.tick
+
+    def tick(self, _name: str = "") -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
+
+
+@app.command()
+def schema() -> None:
+    """Print the scenario JSON Schema."""
+    from simulator.config import Scenario
+
+    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="a folder written by simulate --out")) -> None:
+    """Rebuild RUN_DIR/report.html from the saved tables."""
+    if not (run_dir / "summary.json").exists():
+        fail(f"{run_dir}: no summary.json (run simulate --out {run_dir} first)")
+    path = _build_report(run_dir)
+    if path is None:
+        fail("reports package unavailable")
+    typer.echo(f"wrote {path}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def calibrate(ctx: typer.Context) -> None:
+    """Profile the kernels on this machine's GPU and write a calibration profile (needs torch, Triton, a GPU).
+
+    Arguments are passed to `python -m kernels_calibration.profile` (e.g. --out DIR, --quick)."""
+    try:
+        from kernels_calibration.profile import main as profile_main
+    except ImportError as e:
+        fail(f"calibrate needs the kernel extras (pip install -e '.[kernels]'): {e}")
+    raise typer.Exit(profile_main(list(ctx.args)))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,91 @@
+"""A network link whose bandwidth is shared by concurrent transfers (max-min fair, per-flow caps).
+
+The link is a fluid processor-sharing server: between changes of its flow set every flow drains
+at a constant rate, so the next event is simply the earliest completion. Each change (a flow
+starts or ends) recomputes rates by water-filling: flows capped below the fair share keep their
+cap, the rest split what is left equally. One SimPy timeout per change; stale timeouts are
+ignored through a version counter. A streaming flow (layer-by-layer KV) also carries the time
+before which it cannot finish, because the last layer's KV does not exist before prefill ends.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import simpy
+
+EPS_BYTES = 1e-3
+
+
+class Flow:
+    __slots__ = ("rid", "remaining_bytes", "cap_bytes_per_s", "not_before_s", "on_done", "rate")
+
+    def __init__(self, rid: int, bytes_: float, cap_bytes_per_s: float, not_before_s: float,
+                 on_done: Callable[[int, float], None]):
+        self.rid = rid
+        self.remaining_bytes = bytes_
+        self.cap_bytes_per_s = cap_bytes_per_s
+        self.not_before_s = not_before_s
+        self.on_done = on_done
+        self.rate = 0.0
+
+
+class Link:
+    def __init__(self, env: simpy.Environment, name: str, capacity_bytes_per_s: float, latency_s: float,
+                 log: list | None = None):
+        self.env = env
+        self.name = name
+        self.capacity = capacity_bytes_per_s
+        self.latency_s = latency_s
+        self.flows: list[Flow] = []
+        self.waiting: list[Flow] = []     # done draining, held until not_before_s
+        self._last_s = 0.0
+        self._version = 0
+        self.log = log                    # (time_s, active_flows, throughput_bytes_per_s)
+
+    def start(self, rid: int, bytes_: float, cap_bytes_per_s: float, on_done: Callable[[int, float], None],
+              not_before_s: float = 0.0) -> None:
+        """Begin a transfer; `on_done(rid, time_s)` runs when its last byte has arrived."""
+        self._advance()
+        self.flows.append(Flow(rid, bytes_, cap_bytes_per_s, not_before_s, on_done))
+        self._reschedule()
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last_s
+        if dt > 0:
+            for f in self.flows:
+                f.remaining_bytes -= f.rate * dt
+        self._last_s = self.env.now
+
+    def _rates(self) -> None:
+        flows = sorted(self.flows, key=lambda f: f.cap_bytes_per_s)
+        left, n = self.capacity, len(flows)
+        for i, f in enumerate(flows):
+            share = left / (n - i)
+            f.rate = min(f.cap_bytes_per_s, share)
+            left -= f.rate
+
+    def _reschedule(self) -> None:
+        self._rates()
+        self._version += 1
+        if self.log is not None:
+            self.log.append((self.env.now, len(self.flows), sum(f.rate for f in self.flows)))
+        if not self.flows:
+            return
+        dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in self.flows)
+        version = self._version
+        self.env.timeout(dt).callbacks.append(lambda _e: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        self._advance()
+        done = [f for f in self.flows if f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate]
+        self.flows = [f for f in self.flows if f.remaining_bytes > EPS_BYTES + 1e-9 * f.rate]
+        self._reschedule()
+        now = self.env.now
+        for f in done:
+            finish = max(now, f.not_before_s) + self.latency_s
+            if finish <= now:
+                f.on_done(f.rid, now)
+            else:
+                self.env.timeout(finish - now).callbacks.append(lambda _e, f=f, t=finish: f.on_done(f.rid, t))

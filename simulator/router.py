@@ -1,0 +1,103 @@
+"""The router: picks prefill and decode replicas and starts KV transfers.
+
+* Arrival: the prefill replica with the fewest outstanding prompt tokens (queued + in service);
+  ties go to the lowest index.
+* KV ready (after encode; at prefill start when layers are streamed): requests wait in one FIFO
+  for decode memory. The head goes to the reachable decode replica with room and the smallest
+  reserved fraction of its KV capacity; while the head fits nowhere, everyone behind it waits too
+  (strict FIFO, no overtaking). That wait is the KV parked in prefill host memory.
+* Admission reserves decode memory and starts the transfer on the link joining the two replicas.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .decode import DecodeReplica
+    from .link import Link
+    from .prefill import PrefillReplica
+    from .run import MethodRun
+
+
+class Router:
+    def __init__(self, run: "MethodRun", prefill: list["PrefillReplica"], decode: list["DecodeReplica"],
+                 links: dict[tuple[int, int], "Link"], flow_cap_bytes_per_s: float, stream_layers: bool,
+                 layers: int):
+        self.run = run
+        self.prefill = prefill
+        self.decode = decode
+        self.links = links
+        self.reachable = {p: [d for d in range(len(decode)) if (p, d) in links] for p in range(len(prefill))}
+        self.flow_cap = flow_cap_bytes_per_s
+        self.stream_layers = stream_layers
+        self.layers = layers
+        self.pending: deque[int] = deque()
+
+    def on_arrival(self, rid: int) -> None:
+        best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
+        best.enqueue(rid)
+
+    def on_prefill_started(self, batch: list[int], replica: "PrefillReplica", start_s: float, ready_s: float) -> None:
+        if self.stream_layers:
+            self._ready(batch)
+
+    def on_kv_ready(self, batch: list[int], replica: "PrefillReplica") -> None:
+        if not self.stream_layers:
+            self._ready(batch)
+        else:
+            self.try_admit()   # a streamed request admitted late now transfers at full rate
+
+    def _ready(self, batch: list[int]) -> None:
+        run = self.run
+        for rid in batch:
+            if run.output[rid] <= 1:
+                # The prefill's token is the whole output: no KV moves, no decode.
+                run.finish_without_decode(rid)
+                self.prefill[run.prefill_replica[rid]].release_parked(run.wire_bytes[rid])
+            else:
+                self.pending.append(rid)
+        self.try_admit()
+
+    def on_memory_freed(self) -> None:
+        self.try_admit()
+
+    def try_admit(self) -> None:
+        run = self.run
+        while self.pending:
+            rid = self.pending[0]
+            p = run.prefill_replica[rid]
+            need = run.kv_bytes[rid]
+            best = None
+            for d in self.reachable[p]:
+                rep = self.decode[d]
+                if rep.has_room(need) and (best is None or rep.reserved_bytes / rep.capacity_bytes
+                                           < best.reserved_bytes / best.capacity_bytes):
+                    best = rep
+            if best is None:
+                return
+            self.pending.popleft()
+            best.reserve(need)
+            self._transfer(rid, p, best)
+
+    def _transfer(self, rid: int, p: int, rep: "DecodeReplica") -> None:
+        run = self.run
+        link = self.links[(p, rep.index)]
+        now = link.env.now
+        run.decode_replica[rid] = rep.index
+        run.transfer_start[rid] = now
+        bytes_ = run.wire_bytes[rid]
+        cap = self.flow_cap
+        not_before = 0.0
+        ready = run.encode_end[rid]
+        if self.stream_layers and now < ready:
+            # Layers are produced at bytes / (ready - now); the last layer cannot leave before it exists.
+            cap = min(cap, bytes_ / (ready - now))
+            not_before = ready + bytes_ / self.layers / self.flow_cap
+
+        def done(r: int, t: float, rep=rep, p=p) -> None:
+            run.transfer_end[r] = t
+            self.prefill[p].release_parked(run.wire_bytes[r])
+            rep.arrive(r)
+
+        link.start(rid, bytes_, cap, done, not_before_s=not_before)

@@ -1,0 +1,350 @@
+"""Run a scenario: build the cost models and entities per method, simulate, and collect records.
+
+`run_scenario(scenario)` is the one entry point the CLI, sweeps and tests use. Each method gets a
+fresh SimPy environment over the same requests. Records are plain lists during the run and become
+pandas DataFrames at the end; nothing is printed or written here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from costmodel.calibration import CalibrationProfile, load_profile
+from costmodel.methods import KVMethod, make_method
+from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
+from costmodel.roofline import roofline_profile
+from costmodel.specs import GB, GIB, GPUSpec, ModelSpec, Parallelism
+from costmodel.transfer import flow_rate_bytes_per_s
+
+from .config import GPUConfig, PoolConfig, Scenario, ScenarioError
+from .decode import DecodeReplica
+from .link import Link
+from .prefill import PrefillReplica
+from .router import Router
+from .workload import Requests, make_requests
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "kernels_calibration" / "profiles"
+BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
+                   "decode", "dequantize", "approximation")
+
+
+# ---- resolving the scenario into cost-model objects --------------------------------------------
+def model_spec(s: Scenario) -> ModelSpec:
+    m = s.model
+    return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
+                     kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                     vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
+                     max_context_tokens=m.max_context_tokens)
+
+
+def gpu_spec(g: GPUConfig) -> GPUSpec:
+    return GPUSpec(key=g.preset or g.name, name=g.name, arch=g.arch, memory_bytes=g.memory_gb * GB,
+                   memory_bandwidth_gb_per_s=g.memory_bandwidth_gb_per_s, fp16_tensor_tflops=g.fp16_tensor_tflops,
+                   int8_tensor_tops=g.int8_tensor_tops, fp8_tensor_tflops=g.fp8_tensor_tflops,
+                   fp4_tensor_tflops=g.fp4_tensor_tflops, fp32_tflops=g.fp32_tflops,
+                   int8_dp4a_tops=g.int8_dp4a_tops, pcie_gb_per_s=g.pcie_gb_per_s,
+                   compute_capability=g.compute_capability)
+
+
+def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:
+    inst = pool.instance_entry()
+    intra = pool.intra_node_gb_per_s or (inst or {}).get("intra_node_gb_per_s") or pool.gpu.pcie_gb_per_s
+    return Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel, intra_node_gb_per_s=intra,
+                       inter_stage_gbps=(inst or {}).get("network_gbps") or network_gbps)
+
+
+def resolve_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
+    if choice == "roofline":
+        return roofline_profile(gpu)
+    if choice == "auto":
+        path = PROFILES_DIR / gpu.key / "profile.json"
+        return load_profile(path) if path.exists() else roofline_profile(gpu)
+    try:
+        return load_profile(choice)
+    except (OSError, ValueError, KeyError) as e:
+        raise ScenarioError(f"{source}: calibration.{field_name}: cannot read profile {choice}: {e}") from None
+
+
+def network_gbps(s: Scenario) -> float:
+    if s.network.bandwidth_gbps is not None:
+        return s.network.bandwidth_gbps
+    return float(s.prefill.instance_entry()["network_gbps"])
+
+
+def host_memory_bytes(pool: PoolConfig) -> float:
+    if pool.host_memory_gib is not None:
+        return pool.host_memory_gib * GIB
+    inst = pool.instance_entry()
+    if inst is None:
+        return 64 * GIB
+    return inst["host_memory_gib"] / 2 * GIB * pool.instances_per_replica
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Everything a method run needs, resolved once per scenario."""
+
+    scenario: Scenario
+    model: ModelSpec
+    prefill_gpu: GPUSpec
+    decode_gpu: GPUSpec
+    prefill_parallel: Parallelism
+    decode_parallel: Parallelism
+    prefill_profile: CalibrationProfile
+    decode_profile: CalibrationProfile
+    network_gbps: float
+
+    def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
+        s = self.scenario
+        pre = ReplicaCostModel(self.model, self.prefill_gpu, self.prefill_parallel, method, self.prefill_profile,
+                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens)
+        dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
+                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens)
+        return pre, dec
+
+
+def resolve(s: Scenario, source: str = "scenario") -> Resolved:
+    net = network_gbps(s)
+    pg, dg = gpu_spec(s.prefill.gpu), gpu_spec(s.decode.gpu)
+    return Resolved(
+        scenario=s, model=model_spec(s), prefill_gpu=pg, decode_gpu=dg,
+        prefill_parallel=parallelism(s.prefill, net), decode_parallel=parallelism(s.decode, net),
+        prefill_profile=resolve_profile(s.calibration.prefill_profile, pg, source, "prefill_profile"),
+        decode_profile=resolve_profile(s.calibration.decode_profile, dg, source, "decode_profile"),
+        network_gbps=net,
+    )
+
+
+def method_of(cfg) -> KVMethod:
+    params = cfg.model_dump(exclude={"name", "label"})
+    return make_method(cfg.name, label=cfg.output_name, **params)
+
+
+# ---- one method's run ---------------------------------------------------------------------------
+class MethodRun:
+    """Per-request records of one method (lists indexed by request id) and the entities."""
+
+    def __init__(self, res: Resolved, method: KVMethod, reqs: Requests, source: str):
+        s = res.scenario
+        self.method = method
+        self.env = env = simpy.Environment()
+        n = len(reqs)
+        self.n = n
+        self.prompt = reqs.prompt_tokens.tolist()
+        self.output = reqs.output_tokens.tolist()
+        self.arrival = reqs.arrival_s.tolist()
+        pre_cost, dec_cost = res.costs(method)
+        for pool, rc in (("prefill", pre_cost), ("decode", dec_cost)):
+            try:
+                rc.check_fits(pool)
+            except ModelDoesNotFit as e:
+                raise ScenarioError(f"{source}: {pool}: {e}") from None
+        self.pre_cost, self.dec_cost = pre_cost, dec_cost
+        self.wire_bytes = [pre_cost.wire_bytes(p) for p in self.prompt]
+        self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        too_big = max(self.kv_bytes)
+        if too_big > dec_cost.kv_capacity_bytes:
+            i = self.kv_bytes.index(too_big)
+            raise ScenarioError(
+                f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.name}), more than a "
+                f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
+        nan = math.nan
+        for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
+                     "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "snap_decode",
+                     "snap_dequant", "snap_approx"):
+            setattr(self, name, [nan] * n)
+        self.prefill_replica = [-1] * n
+        self.decode_replica = [-1] * n
+        self.completed = 0
+        self.memory_log: list = []
+        self.link_logs: dict[str, list] = {}
+
+        host = host_memory_bytes(s.prefill)
+        self.prefill_replicas = [PrefillReplica(env, i, pre_cost, s.prefill.max_batch_requests,
+                                                s.prefill.max_batch_tokens, host, self)
+                                 for i in range(s.prefill.replicas)]
+        self.decode_replicas = [DecodeReplica(env, i, dec_cost, s.decode.max_batch_requests, self, self.memory_log)
+                                for i in range(s.decode.replicas)]
+        net = s.network
+        links: dict[tuple[int, int], Link] = {}
+        specs = net.links or [
+            _default_link(p, s.decode.replicas) for p in range(s.prefill.replicas)]
+        for spec in specs:
+            bw = spec.bandwidth_gbps or res.network_gbps
+            log: list = []
+            link = Link(env, spec.name, bw * net.efficiency * 1e9 / 8, net.latency_s, log)
+            self.link_logs[spec.name] = log
+            self.link_capacity_gbps = getattr(self, "link_capacity_gbps", {})
+            self.link_capacity_gbps[spec.name] = bw * net.efficiency
+            for p in spec.prefill_replicas:
+                for d in spec.decode_replicas:
+                    links.setdefault((p, d), link)
+        for p in range(s.prefill.replicas):
+            if not any((p, d) in links for d in range(s.decode.replicas)):
+                raise ScenarioError(f"{source}: network.links: prefill replica {p} reaches no decode replica")
+        cap = flow_rate_bytes_per_s(res.network_gbps, net.efficiency, net.per_flow_gbps)
+        cap = cap if net.per_flow_gbps is not None else math.inf
+        self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, cap, net.stream_layers,
+                             res.model.layers)
+        self.host_memory_bytes = host
+        if max(self.wire_bytes) > host:
+            raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV ({max(self.wire_bytes) / GIB:.2f}"
+                                f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
+
+    def finish_without_decode(self, rid: int) -> None:
+        t = self.encode_end[rid]
+        self.transfer_start[rid] = self.transfer_end[rid] = self.decode_join[rid] = self.finish[rid] = t
+        self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = 0.0
+        self.completed += 1
+
+    def _arrivals(self):
+        env, router = self.env, self.router
+        last = 0.0
+        for rid, t in enumerate(self.arrival):
+            if t > last:
+                yield env.timeout(t - last)
+                last = t
+            router.on_arrival(rid)
+
+    def simulate(self) -> None:
+        self.env.process(self._arrivals())
+        self.env.run()
+        if self.completed != self.n:
+            raise RuntimeError(f"{self.method.name}: {self.n - self.completed} requests never finished")
+
+    # ---- results ----------------------------------------------------------------------------------
+    def requests_frame(self) -> pd.DataFrame:
+        a = lambda xs: np.asarray(xs, dtype=np.float64)  # noqa: E731
+        arrival, pstart, pend, eend = a(self.arrival), a(self.prefill_start), a(self.prefill_end), a(self.encode_end)
+        tstart, tend, join, finish = a(self.transfer_start), a(self.transfer_end), a(self.decode_join), a(self.finish)
+        t_start_eff = np.maximum(tstart, eend)
+        t_end_eff = np.maximum(tend, eend)
+        approx_pre = a(self.approx_prefill)
+        dequant, approx_dec = a(self.dequant_s), a(self.approx_decode)
+        output = np.asarray(self.output, dtype=np.int64)
+        df = pd.DataFrame({
+            "method": self.method.name,
+            "request_id": np.arange(self.n),
+            "prompt_tokens": np.asarray(self.prompt, dtype=np.int64),
+            "output_tokens": output,
+            "prefill_replica": self.prefill_replica,
+            "decode_replica": self.decode_replica,
+            "arrival_s": arrival, "prefill_start_s": pstart, "prefill_end_s": pend, "quantize_end_s": eend,
+            "transfer_start_s": tstart, "transfer_end_s": tend, "decode_start_s": join,
+            "first_token_s": pend, "finish_s": finish,
+        })
+        df["jct_s"] = finish - arrival
+        df["ttft_s"] = pend - arrival
+        with np.errstate(invalid="ignore", divide="ignore"):
+            df["tpot_s"] = np.where(output > 1, (finish - pend) / (output - 1), np.nan)
+        df["prefill_queue_s"] = pstart - arrival
+        df["prefill_s"] = (pend - pstart) - approx_pre
+        df["quantize_s"] = eend - pend
+        df["transfer_queue_s"] = t_start_eff - eend
+        df["transfer_s"] = t_end_eff - t_start_eff
+        df["decode_queue_s"] = join - t_end_eff
+        df["decode_s"] = (finish - join) - dequant - approx_dec
+        df["dequantize_s"] = dequant
+        df["approximation_s"] = approx_pre + approx_dec
+        df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
+        df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
+        return df
+
+    def memory_frame(self) -> pd.DataFrame:
+        cap = self.dec_cost.kv_capacity_bytes
+        rows = [(self.method.name, r, t, used, cap) for (t, r, used) in self.memory_log]
+        return pd.DataFrame(rows, columns=["method", "replica", "time_s", "used_bytes", "capacity_bytes"])
+
+    def links_frame(self) -> pd.DataFrame:
+        rows = [(self.method.name, name, t, flows, rate * 8 / 1e9, self.link_capacity_gbps[name])
+                for name, log in self.link_logs.items() for (t, flows, rate) in log]
+        return pd.DataFrame(rows, columns=["method", "link", "time_s", "active_flows", "throughput_gbps",
+                                           "capacity_gbps"])
+
+
+def _default_link(p: int, decode_replicas: int):
+    from .config import LinkConfig
+    return LinkConfig(name=f"p{p}", prefill_replicas=[p], decode_replicas=list(range(decode_replicas)))
+
+
+# ---- the whole scenario ------------------------------------------------------------------------
+def _quantiles(x: np.ndarray) -> dict[str, float]:
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
+    method, model = run.method, run.dec_cost.model
+    span = float(df["finish_s"].max() - df["arrival_s"].min())
+    peak_kv = max((used for (_, _, used) in run.memory_log), default=0.0)
+    return {
+        "completed": int(run.completed),
+        "jct_s": _quantiles(df["jct_s"].to_numpy()),
+        "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
+        "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
+        "breakdown_s": {part: float(df[f"{part}_s"].mean()) for part in BREAKDOWN_PARTS},
+        "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
+        "peak_decode_kv_bytes": float(peak_kv),
+        "decode_kv_capacity_bytes": float(run.dec_cost.kv_capacity_bytes),
+        "kv_bytes_per_token": {"wire": float(method.wire_bytes_per_token(model)),
+                               "memory": float(method.memory_bytes_per_token(model))},
+        "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
+    }
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    resolved: Resolved
+    summary: dict
+    requests: pd.DataFrame
+    memory: pd.DataFrame
+    links: pd.DataFrame
+    runs: dict[str, MethodRun] = field(default_factory=dict, repr=False)
+
+    def profiles(self) -> dict:
+        def one(p: CalibrationProfile) -> dict:
+            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": p.path}
+        out = {"prefill": one(self.resolved.prefill_profile), "decode": one(self.resolved.decode_profile)}
+        acc = PROFILES_DIR / self.resolved.decode_profile.gpu / "accuracy.csv"
+        if self.resolved.decode_profile.source != "roofline" and acc.exists():
+            out["accuracy"] = pd.read_csv(acc).to_dict(orient="records")
+        return out
+
+
+def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | None = None,
+                 progress: Callable[[str], None] | None = None, keep_runs: bool = False) -> ScenarioResult:
+    """Simulate every method of the scenario over the same requests."""
+    res = resolve(s, source)
+    reqs = make_requests(s)
+    chosen = [m for m in s.methods if methods is None or m.output_name in methods]
+    if methods is not None:
+        unknown = sorted(set(methods) - {m.output_name for m in s.methods})
+        if unknown:
+            raise ScenarioError(f"{source}: --methods: {', '.join(unknown)} not in the scenario's methods "
+                                f"({', '.join(m.output_name for m in s.methods)})")
+    summaries, frames, mems, lks, runs = {}, [], [], [], {}
+    for cfg in chosen:
+        run = MethodRun(res, method_of(cfg), reqs, source)
+        run.simulate()
+        df = run.requests_frame()
+        summaries[run.method.name] = summarize(run, df)
+        frames.append(df)
+        mems.append(run.memory_frame())
+        lks.append(run.links_frame())
+        if keep_runs:
+            runs[run.method.name] = run
+        if progress is not None:
+            progress(run.method.name)
+    summary = {"scenario": s.name, "seed": s.workload.seed, "requests": len(reqs), "methods": summaries}
+    return ScenarioResult(s, res, summary, pd.concat(frames, ignore_index=True), pd.concat(mems, ignore_index=True),
+                          pd.concat(lks, ignore_index=True), runs)

@@ -1,0 +1,102 @@
+"""Requests of a run: arrival times and prompt/output lengths, drawn from one seeded generator.
+
+Every method of a scenario sees the same requests (drawn once), so differences between methods
+are the methods', not the sampler's. Lengths are truncated by resampling, not clipping, so a
+truncated lognormal keeps its shape inside [min, max].
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .config import (BurstyArrivals, FixedLength, LognormalLength, PoissonArrivals, Scenario, ScenarioError,
+                     UniformLength, WorkloadConfig)
+
+
+@dataclass(frozen=True)
+class Requests:
+    arrival_s: np.ndarray        # (N,) float64, non-decreasing
+    prompt_tokens: np.ndarray    # (N,) int64
+    output_tokens: np.ndarray    # (N,) int64, >= 1
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(dist, FixedLength):
+        return np.full(n, dist.tokens, dtype=np.int64)
+    if isinstance(dist, UniformLength):
+        return rng.integers(dist.min_tokens, dist.max_tokens + 1, size=n, dtype=np.int64)
+    if isinstance(dist, LognormalLength):
+        sigma2 = math.log1p(dist.cv**2)
+        mu = math.log(dist.mean_tokens) - sigma2 / 2
+        out = np.empty(n, dtype=np.int64)
+        filled = 0
+        for _ in range(1000):
+            draw = np.rint(rng.lognormal(mu, math.sqrt(sigma2), size=2 * (n - filled) + 16)).astype(np.int64)
+            keep = draw[(draw >= dist.min_tokens) & (draw <= dist.max_tokens)][: n - filled]
+            out[filled: filled + len(keep)] = keep
+            filled += len(keep)
+            if filled == n:
+                return out
+        raise ScenarioError("workload: the length distribution puts almost no mass inside [min_tokens, max_tokens]")
+    raise TypeError(dist)
+
+
+def sample_gaps(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(arrival, PoissonArrivals):
+        return rng.exponential(1.0 / arrival.rate_rps, size=n)
+    if isinstance(arrival, BurstyArrivals):
+        shape = 1.0 / arrival.cv**2        # gamma gaps with the given mean and coefficient of variation
+        return rng.gamma(shape, 1.0 / (arrival.rate_rps * shape), size=n)
+    raise TypeError(arrival)
+
+
+def read_trace(path: str) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ScenarioError(f"workload.trace_csv: no such file {path}") from None
+    for col in ("prompt_tokens", "output_tokens"):
+        if col not in df.columns:
+            raise ScenarioError(f"workload.trace_csv: {path} has no column {col!r}")
+    return df
+
+
+def make_requests(scenario: Scenario) -> Requests:
+    wl: WorkloadConfig = scenario.workload
+    n = wl.requests
+    rng = np.random.default_rng(wl.seed)
+    if wl.trace_csv is not None:
+        df = read_trace(wl.trace_csv)
+        idx = np.arange(n) % len(df)
+        prompt = df["prompt_tokens"].to_numpy(np.int64)[idx]
+        output = df["output_tokens"].to_numpy(np.int64)[idx]
+        if wl.arrival.kind == "trace":
+            if "arrival_s" not in df.columns:
+                raise ScenarioError(f"workload.trace_csv: trace arrivals need an arrival_s column in {wl.trace_csv}")
+            base = df["arrival_s"].to_numpy(np.float64)
+            span = base.max() - base.min() if len(base) > 1 else 0.0
+            period = span + (span / max(len(base) - 1, 1))
+            arrival = base[idx] + (np.arange(n) // len(df)) * period
+        else:
+            arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
+    else:
+        prompt = sample_lengths(wl.input_tokens, n, rng)
+        output = sample_lengths(wl.output_tokens, n, rng)
+        arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
+    if (prompt < 1).any() or (output < 1).any():
+        raise ScenarioError("workload: every request needs prompt_tokens >= 1 and output_tokens >= 1")
+    too_long = prompt + output > scenario.model.max_context_tokens
+    if too_long.any():
+        i = int(np.argmax(too_long))
+        raise ScenarioError(
+            f"workload: request {i} needs {prompt[i] + output[i]} tokens of context, more than "
+            f"model.max_context_tokens={scenario.model.max_context_tokens}")
+    order = np.argsort(arrival, kind="stable")
+    return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
+                    output_tokens=output[order])

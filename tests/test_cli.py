@@ -1,0 +1,112 @@
+"""The command line: every scenario runs, bad input fails cleanly, outputs are reproducible."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.config import load_scenario
+from simulator.run import run_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_runs_at_reduced_size(path):
+    s = load_scenario(path, ["workload.requests=25"])
+    result = run_scenario(s, source=str(path))
+    for name, m in result.summary["methods"].items():
+        assert m["completed"] == 25, name
+        assert m["jct_s"]["mean"] > 0
+        assert sum(m["breakdown_s"].values()) == pytest.approx(m["jct_s"]["mean"], rel=1e-9)
+
+
+def test_simulate_writes_outputs_and_is_byte_reproducible(tmp_path):
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "30", "--out", out, "--no-report",
+                "--set", "network.bandwidth_gbps=25")
+        assert r.returncode == 0, r.stderr
+        assert "hack" in r.stdout and "baseline" in r.stdout
+        outs.append(out)
+    names = ["summary.json", "requests.csv", "memory.csv", "links.csv", "scenario.json", "profiles.json"]
+    for name in names:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    summary = json.loads((outs[0] / "summary.json").read_text())
+    assert set(summary["methods"]) == {"baseline", "cachegen", "kvquant", "fp8", "hack"}
+    m = summary["methods"]["hack"]
+    assert set(m) >= {"completed", "jct_s", "ttft_s", "tpot_s", "breakdown_s", "peak_decode_memory_bytes",
+                      "kv_bytes_per_token", "throughput_rps"}
+    assert set(m["jct_s"]) == {"mean", "p50", "p90", "p99"}
+    assert set(m["breakdown_s"]) == {"prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
+                                     "decode_queue", "decode", "dequantize", "approximation"}
+    assert json.loads((outs[0] / "scenario.json").read_text())["network"]["bandwidth_gbps"] == 25
+
+
+def test_methods_option_selects_and_rejects(tmp_path):
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "baseline,hack")
+    assert r.returncode == 0, r.stderr
+    assert "kvquant" not in r.stdout
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "pqcache")
+    assert r.returncode == 2 and "pqcache" in r.stderr
+
+
+def _bad(tmp_path, mutate):
+    raw = yaml.safe_load((ROOT / "scenarios" / "a10g_10gbps.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda r: r["network"].update(bandwidht_gbps=10), "network.bandwidht_gbps"),
+    (lambda r: r["network"].update(bandwidth_gbps=-10), "network.bandwidth_gbps"),
+    (lambda r: r["decode"].update(gpu="a99"), "decode.gpu"),
+    (lambda r: r["prefill"].update(instance="g4dn.12xlarge", pipeline_parallel=1), "prefill"),
+    (lambda r: r["workload"]["arrival"].update(kind="sometimes"), "workload.arrival"),
+    (lambda r: r.update(methods=["baseline", {"name": "hack", "partition": 50}]), "methods.1.partition"),
+], ids=["unknown-field", "negative-bandwidth", "unknown-gpu", "does-not-fit", "unknown-arrival", "bad-partition"])
+def test_bad_scenarios_fail_with_one_line(tmp_path, mutate, field):
+    path = _bad(tmp_path, mutate)
+    out = tmp_path / "out"
+    r = cli("simulate", path, "--requests", "5", "--out", out)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert str(path) in lines[0] and field in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_missing_file_and_bad_set(tmp_path):
+    r = cli("simulate", tmp_path / "nope.yaml")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--set", "network.bandwidth_gbps")
+    assert r.returncode == 2 and "--set" in r.stderr
+
+
+def test_schema_is_json_schema():
+    r = cli("schema")
+    assert r.returncode == 0
+    schema = json.loads(r.stdout)
+    assert schema["additionalProperties"] is False
+    assert {"model", "prefill", "decode", "network", "workload", "methods"} <= set(schema["properties"])
+
+
+def test_costmodel_imports_no_simpy():
+    code = ("import sys, costmodel.phases, costmodel.methods, costmodel.roofline, costmodel.transfer; "
+            "assert 'simpy' not in sys.modules and 'pydantic' not in sys.modules, sorted(sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,258 @@
+"""HACK decode attention: one new token per request over a ragged 2-bit quantized KV cache.
+
+Split-K (flash-decoding): grid (B * H_kv, splits); each program takes the G = H_q / H_kv query heads
+of one KV head (GQA, padded to 16 rows for the tensor-core dots) over `tokens_per_split` tokens,
+one V block (PI tokens) per iteration, and writes a partial (O, log-sum-exp); a small combine
+kernel merges the splits.  The split owning the end of the cache also multiplies the FP16 V tail
+(RQE).  mode "hack": homomorphic INT8 dots with correction terms (hack_core.py); mode "dequant":
+the same loop but codes are dequantized to FP16 in registers and meet FP16 Q and P (KIVI-style
+fused dequantize-then-attend baseline).
+
+Work of one decode step (per KV element visited: Q.K and P.V for G query heads):
+  flops = 4 * G * sum(lens) * H_kv * D;  bytes = cache.nbytes_visited() + Q and O.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import use_asm
+from .hack_core import dequant_pv, dequant_scores, hack_pv, hack_scores, q_quantize
+from .kv_cache import QuantKVCache, dequantize_cache_ref
+
+
+@triton.jit
+def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
+                         qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
+                         USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
+                         USE_ASM: tl.constexpr):
+    W: tl.constexpr = D // 4
+    NP: tl.constexpr = D // PI
+    GPP: tl.constexpr = PI // W
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    h = bh % HKV
+    L = tl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = tl.minimum(start + TPS, LV)
+    g = tl.arange(0, G_PAD)
+    gmask = g < G
+    j = tl.arange(0, W)
+    qrow = (b * HKV + h) * G + g                      # [G_PAD] query-head rows of Q [B, HQ, D]
+    qp = Q + qrow[:, None] * D + j[None, :]
+    q0 = tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32)       # [G_PAD, W] channels 0..W-1
+    q1 = tl.load(qp + W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(qp + 2 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q3 = tl.load(qp + 3 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    tok0 = bh.to(tl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    ksm = KSM + tok0 * NP
+    vc = VC + tok0 * W
+    moff = bh.to(tl.int64) * NBLK * D
+    vmn = VMN + moff
+    vsc = VSC + moff
+    vsm = VSM + moff
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    o0 = tl.zeros([G_PAD, W], tl.float32)
+    o1 = tl.zeros([G_PAD, W], tl.float32)
+    o2 = tl.zeros([G_PAD, W], tl.float32)
+    o3 = tl.zeros([G_PAD, W], tl.float32)
+    if MODE == 0:
+        qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
+            q0, q1, q2, q3, qk_scale, PI, GPP)
+    else:
+        qh0 = (q0 * qk_scale).to(tl.float16)
+        qh1 = (q1 * qk_scale).to(tl.float16)
+        qh2 = (q2 * qk_scale).to(tl.float16)
+        qh3 = (q3 * qk_scale).to(tl.float16)
+    for s0 in range(start, end, PI):
+        tok = s0 + tl.arange(0, PI)
+        tmask = tok < end
+        if MODE == 0:
+            s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                            kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM)
+        else:
+            s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        if MODE == 0:
+            o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
+                                           s0 // PI, W, D, USE_SE, USE_ASM)
+        else:
+            o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok, tmask,
+                                        s0 // PI, W, D, USE_ASM)
+            lsum = tl.sum(p, 1)
+        l_i = l_i * alpha + lsum
+        m_i = m_new
+    if HAS_TAIL:
+        # RQE: the last < PI tokens have quantized K but FP16 V; the last split multiplies them.
+        if (split == NSPLIT - 1) & (L > LV):
+            tok = LV + tl.arange(0, PI)
+            tmask = tok < L
+            if MODE == 0:
+                s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                                kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM)
+            else:
+                s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            p16 = p.to(tl.float16)
+            tr = tl.arange(0, PI)
+            vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
+            tm = (tr < L - LV)[:, None]
+            o0 = tl.dot(p16, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
+            o1 = tl.dot(p16, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
+            o2 = tl.dot(p16, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
+            o3 = tl.dot(p16, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    prow = qrow.to(tl.int64) * NSPLIT + split
+    tl.store(LSEP + prow, lse, mask=gmask)
+    op = OP + prow[:, None] * D + j[None, :]
+    tl.store(op, o0 * inv_l[:, None], mask=gmask[:, None])
+    tl.store(op + W, o1 * inv_l[:, None], mask=gmask[:, None])
+    tl.store(op + 2 * W, o2 * inv_l[:, None], mask=gmask[:, None])
+    tl.store(op + 3 * W, o3 * inv_l[:, None], mask=gmask[:, None])
+
+
+@triton.jit
+def combine_splits_kernel(OP, LSEP, OUT, NSPLIT, D: tl.constexpr, S_PAD: tl.constexpr):
+    # OP [R, NSPLIT, D] fp32 normalized partial outputs, LSEP [R, NSPLIT] log2-sum-exp; OUT [R, D]
+    r = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, S_PAD)
+    smask = s < NSPLIT
+    lse = tl.load(LSEP + r * NSPLIT + s, mask=smask, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.where(smask, tl.exp2(lse - mx), 0.0)
+    d = tl.arange(0, D)
+    o = tl.load(OP + (r * NSPLIT + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    tl.store(OUT + r * D + d, out.to(OUT.dtype.element_ty))
+
+
+_N_SM: dict[int, int] = {}
+
+
+def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: torch.device) -> int:
+    """Enough programs for ~4 per SM, but at least 4 blocks of work per split."""
+    if device.type == "cuda":
+        idx = device.index or 0
+        if idx not in _N_SM:
+            _N_SM[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        n_sm = _N_SM[idx]
+    else:
+        n_sm = 4
+    want = triton.cdiv(4 * n_sm, batch * kv_heads)
+    return max(1, min(want, triton.cdiv(max_len, 4 * block)))
+
+
+def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tensor:
+    """Allocate partials, launch (callable taking OP, LSEP), combine. q [B, HQ, D]."""
+    b, hq, d = q.shape
+    op = torch.empty((b * hq, splits, d), dtype=torch.float32, device=q.device)
+    lsep = torch.empty((b * hq, splits), dtype=torch.float32, device=q.device)
+    kernel_launch(op, lsep)
+    out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
+    combine_splits_kernel[(b * hq,)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits),
+                                     num_warps=4)
+    return out
+
+
+def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
+                     splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
+                     num_stages: int = 3) -> torch.Tensor:
+    """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
+
+    max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
+    b, hkv, lmax, d = cache.shape
+    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    if cache.bits != 2 or d % 128:
+        raise ValueError("HACK attention kernels take 2-bit codes and head_dim a multiple of 128")
+    pi = cache.partition
+    if pi % (d // 4):
+        raise ValueError(f"partition {pi} must be a multiple of head_dim/4 = {d // 4}")
+    g = q.shape[1] // hkv
+    max_len = lmax if max_len is None else max_len
+    splits = splits or default_splits(b, hkv, max_len, pi, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), pi) * pi
+    splits = triton.cdiv(max_len, tps)
+    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
+    q = q.contiguous()
+
+    def launch(op, lsep):
+        _quant_decode_kernel[(b * hkv, splits)](
+            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
+            cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
+            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
+            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PI=pi, USE_SE=use_se,
+            HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q),
+            num_warps=num_warps, num_stages=num_stages)
+
+    return run_split_decode(launch, q, splits)
+
+
+# ----------------------------------------------------------------------------- references
+def attn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
+    """Exact float64 attention of q [B, HQ, D] over k, v [B, HKV, L, D] (first lens[b] tokens)."""
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty((b, hq, d), dtype=torch.float64)
+    for i in range(b):
+        n = int(lens[i])
+        kk = k[i, :, :n].double().cpu().repeat_interleave(hq // hkv, 0)  # (HQ, n, D)
+        vv = v[i, :, :n].double().cpu().repeat_interleave(hq // hkv, 0)
+        s = torch.einsum("hd,hnd->hn", q[i].double().cpu(), kk) / math.sqrt(d)
+        out[i] = torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv)
+    return out
+
+
+def hack_attn_decode_ref(q: torch.Tensor, cache: QuantKVCache) -> torch.Tensor:
+    """What HACK computes, in float64: Q rounded to 8 bits per partition, the cache's K and V
+    (dequantized; FP16 tail where RQE), P rounded to multiples of 1/255 of the row max."""
+    k, v = dequantize_cache_ref(cache)
+    pi = cache.partition
+    qf = q.double().cpu()
+    qp = qf.reshape(*qf.shape[:-1], -1, pi)
+    mn, mx = qp.amin(-1, keepdim=True), qp.amax(-1, keepdim=True)
+    s = (mx - mn) / 255
+    code = torch.where(s > 0, torch.floor((qp - mn) / torch.where(s > 0, s, 1) + 0.5), 0 * qp).clamp(0, 255)
+    qd = (code * s + mn).reshape(qf.shape)
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty((b, hq, d), dtype=torch.float64)
+    lens = cache.lens.cpu()
+    for i in range(b):
+        n = int(lens[i])
+        kk = k[i, :, :n].double().repeat_interleave(hq // hkv, 0)
+        vv = v[i, :, :n].double().repeat_interleave(hq // hkv, 0)
+        sc = torch.einsum("hd,hnd->hn", qd[i], kk) / math.sqrt(d)
+        p = torch.exp(sc - sc.amax(-1, keepdim=True))
+        p = torch.floor(p * 255 + 0.5) / 255
+        out[i] = torch.einsum("hn,hnd->hd", p, vv) / p.sum(-1, keepdim=True)
+    return out
+
+
+def decode_flops(batch_tokens: int, q_heads: int, head_dim: int) -> float:
+    """Q.K and P.V multiply-adds for every query head over every visited token."""
+    return 4.0 * batch_tokens * q_heads * head_dim

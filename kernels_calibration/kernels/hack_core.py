@@ -1,0 +1,211 @@
+"""Triton building blocks shared by HACK decode and prefill attention (2-bit K/V, D = 4 * W).
+
+Homomorphic products (HACK, arXiv 2502.03589, eq. for one partition of length PI):
+  sum a*b ~= s_a s_b sum a'b' + s_a m_b sum a' + m_a s_b sum b' + PI m_a m_b
+Q rows are quantized in-kernel to 8 bits per partition (asymmetric; q'' = code - 128 is INT8 and
+m~ = m + 128 s absorbs the shift).  K codes (0..3) meet INT8 q'' in INT8 tensor-core dots, one dot
+per channel group of W = D / 4 channels (the four bit planes of one packed byte tile); groups are
+summed in INT32 when a partition spans several groups (PI = 64, 128).
+P (softmax numerator, in [0, 1] after the running max is subtracted) uses the fixed scale 1/255:
+u = round(255 p) in 0..255, p'' = u - 128 INT8, so sum p v = (1/255) (s_v (sum p''v' + 128 sum v')
++ m_v sum u): the stored V code sums (SE) give sum v', or the kernel sums the codes (no SE).
+Scores are in the log2 domain (qk_scale = log2(e) / sqrt(D) folded into the Q coefficients).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import unpack_codes
+
+
+@triton.jit
+def q_group_minmax(q0, q1, q2, q3, GPP: tl.constexpr):
+    """Per-row min/max of each group's partition (GPP groups per partition)."""
+    n0 = tl.min(q0, 1)
+    n1 = tl.min(q1, 1)
+    n2 = tl.min(q2, 1)
+    n3 = tl.min(q3, 1)
+    x0 = tl.max(q0, 1)
+    x1 = tl.max(q1, 1)
+    x2 = tl.max(q2, 1)
+    x3 = tl.max(q3, 1)
+    if GPP == 2:
+        n0 = tl.minimum(n0, n1)
+        n1 = n0
+        n2 = tl.minimum(n2, n3)
+        n3 = n2
+        x0 = tl.maximum(x0, x1)
+        x1 = x0
+        x2 = tl.maximum(x2, x3)
+        x3 = x2
+    if GPP == 4:
+        n0 = tl.minimum(tl.minimum(n0, n1), tl.minimum(n2, n3))
+        n1 = n0
+        n2 = n0
+        n3 = n0
+        x0 = tl.maximum(tl.maximum(x0, x1), tl.maximum(x2, x3))
+        x1 = x0
+        x2 = x0
+        x3 = x0
+    return n0, x0, n1, x1, n2, x2, n3, x3
+
+
+@triton.jit
+def q_quant_group(q, mn, mx, qk_scale):
+    """8-bit asymmetric: returns (q'' int8 [R, W], a = s*qk_scale, b = m~*qk_scale, sum q'' [R])."""
+    s = (mx - mn) / 255.0
+    inv = tl.where(s > 0, 1.0 / s, 0.0)
+    code = tl.floor((q - mn[:, None]) * inv[:, None] + 0.5)
+    code = tl.minimum(tl.maximum(code, 0.0), 255.0) - 128.0
+    return code.to(tl.int8), s * qk_scale, (mn + 128.0 * s) * qk_scale, tl.sum(code, 1)
+
+
+@triton.jit
+def q_quantize(q0, q1, q2, q3, qk_scale, PI: tl.constexpr, GPP: tl.constexpr):
+    """Quantize the four channel groups of Q rows; returns int8 groups and per-group coefficients
+    a (times I), b (times sum k'), c (times m_k) of their partition."""
+    n0, x0, n1, x1, n2, x2, n3, x3 = q_group_minmax(q0, q1, q2, q3, GPP)
+    qi0, a0, b0, s0 = q_quant_group(q0, n0, x0, qk_scale)
+    qi1, a1, b1, s1 = q_quant_group(q1, n1, x1, qk_scale)
+    qi2, a2, b2, s2 = q_quant_group(q2, n2, x2, qk_scale)
+    qi3, a3, b3, s3 = q_quant_group(q3, n3, x3, qk_scale)
+    if GPP == 2:
+        s0 = s0 + s1
+        s1 = s0
+        s2 = s2 + s3
+        s3 = s2
+    if GPP == 4:
+        s0 = s0 + s1 + s2 + s3
+        s1 = s0
+        s2 = s0
+        s3 = s0
+    c0 = a0 * s0 + PI * b0
+    c1 = a1 * s1 + PI * b1
+    c2 = a2 * s2 + PI * b2
+    c3 = a3 * s3 + PI * b3
+    return qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3
+
+
+@triton.jit
+def _k_term(i, a, b, c, KMN, KSC, KSM, ksum_codes, tok, tmask, p, NP: tl.constexpr, USE_SE: tl.constexpr):
+    sk = tl.load(KSC + tok * NP + p, mask=tmask, other=0.0).to(tl.float32)
+    mk = tl.load(KMN + tok * NP + p, mask=tmask, other=0.0).to(tl.float32)
+    if USE_SE:
+        ks = tl.load(KSM + tok * NP + p, mask=tmask, other=0).to(tl.float32)
+    else:
+        ks = ksum_codes.to(tl.float32)
+    return (a[:, None] * i.to(tl.float32) + b[:, None] * ks[None, :]) * sk[None, :] + c[:, None] * mk[None, :]
+
+
+@triton.jit
+def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                KC, KMN, KSC, KSM, tok, tmask,
+                W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """Scores [R, BN] (log2 domain) of quantized Q rows against BN tokens of 2-bit K.
+    KC, KMN, KSC, KSM point at token 0 of this (request, kv head)."""
+    j = tl.arange(0, W)
+    kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN] uint8
+    k0 = unpack_codes(kb, 0, 2, USE_ASM)
+    k1 = unpack_codes(kb, 2, 2, USE_ASM)
+    k2 = unpack_codes(kb, 4, 2, USE_ASM)
+    k3 = unpack_codes(kb, 6, 2, USE_ASM)
+    i0 = tl.dot(qi0, k0, out_dtype=tl.int32)  # [R, BN]
+    i1 = tl.dot(qi1, k1, out_dtype=tl.int32)
+    i2 = tl.dot(qi2, k2, out_dtype=tl.int32)
+    i3 = tl.dot(qi3, k3, out_dtype=tl.int32)
+    if USE_SE:
+        z0 = 0
+        z1 = 0
+        z2 = 0
+        z3 = 0
+    else:
+        z0 = tl.sum(k0.to(tl.int32), 0)
+        z1 = tl.sum(k1.to(tl.int32), 0)
+        z2 = tl.sum(k2.to(tl.int32), 0)
+        z3 = tl.sum(k3.to(tl.int32), 0)
+    if GPP == 1:
+        s = _k_term(i0, a0, b0, c0, KMN, KSC, KSM, z0, tok, tmask, 0, NP, USE_SE)
+        s += _k_term(i1, a1, b1, c1, KMN, KSC, KSM, z1, tok, tmask, 1, NP, USE_SE)
+        s += _k_term(i2, a2, b2, c2, KMN, KSC, KSM, z2, tok, tmask, 2, NP, USE_SE)
+        s += _k_term(i3, a3, b3, c3, KMN, KSC, KSM, z3, tok, tmask, 3, NP, USE_SE)
+    elif GPP == 2:
+        s = _k_term(i0 + i1, a0, b0, c0, KMN, KSC, KSM, z0 + z1, tok, tmask, 0, NP, USE_SE)
+        s += _k_term(i2 + i3, a2, b2, c2, KMN, KSC, KSM, z2 + z3, tok, tmask, 1, NP, USE_SE)
+    else:
+        s = _k_term(i0 + i1 + i2 + i3, a0, b0, c0, KMN, KSC, KSM, z0 + z1 + z2 + z3, tok, tmask, 0, NP,
+                    USE_SE)
+    return s
+
+
+@triton.jit
+def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr):
+    acc = tl.dot(p8, vc, out_dtype=tl.int32)  # [R, W]
+    sv = tl.load(VSC + moff).to(tl.float32)
+    mv = tl.load(VMN + moff).to(tl.float32)
+    if USE_SE:
+        vs = tl.load(VSM + moff).to(tl.float32)
+    else:
+        vs = tl.sum(vc.to(tl.int32), 0).to(tl.float32)
+    upd = sv[None, :] * (acc.to(tl.float32) + 128.0 * vs[None, :]) + mv[None, :] * usum[:, None]
+    return o * alpha[:, None] + upd * (1.0 / 255.0)
+
+
+@triton.jit
+def hack_pv(o0, o1, o2, o3, p, alpha, VC, VMN, VSC, VSM, tok, tmask, blk,
+            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr):
+    """o_c <- alpha o_c + P V for one V block (all BN tokens in block `blk`).  Returns the four
+    accumulators and the row sums of the quantized P (for the softmax denominator)."""
+    u = tl.floor(p * 255.0 + 0.5)
+    usum = tl.sum(u, 1)
+    p8 = (u - 128.0).to(tl.int8)
+    j = tl.arange(0, W)
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
+    mo = blk * D + j
+    o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, USE_SE)
+    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, USE_SE)
+    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, USE_SE)
+    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, USE_SE)
+    return o0, o1, o2, o3, usum * (1.0 / 255.0)
+
+
+@triton.jit
+def dequant_scores(q0, q1, q2, q3, KC, KMN, KSC, tok, tmask,
+                   W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_ASM: tl.constexpr):
+    """Fused dequantize-then-attend (KIVI-style): K codes -> FP16 in registers, FP16 dots.
+    q_c are FP16 [R, W] already multiplied by qk_scale."""
+    j = tl.arange(0, W)
+    kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN]
+    s = tl.dot(q0, _deq_k(unpack_codes(kb, 0, 2, USE_ASM), KMN, KSC, tok, tmask, 0 // GPP, NP))
+    s = tl.dot(q1, _deq_k(unpack_codes(kb, 2, 2, USE_ASM), KMN, KSC, tok, tmask, 1 // GPP, NP), s)
+    s = tl.dot(q2, _deq_k(unpack_codes(kb, 4, 2, USE_ASM), KMN, KSC, tok, tmask, 2 // GPP, NP), s)
+    s = tl.dot(q3, _deq_k(unpack_codes(kb, 6, 2, USE_ASM), KMN, KSC, tok, tmask, 3 // GPP, NP), s)
+    return s
+
+
+@triton.jit
+def _deq_k(code, KMN, KSC, tok, tmask, p, NP: tl.constexpr):
+    sk = tl.load(KSC + tok * NP + p, mask=tmask, other=0.0)
+    mk = tl.load(KMN + tok * NP + p, mask=tmask, other=0.0)
+    return code.to(tl.float16) * sk[None, :] + mk[None, :]
+
+
+@triton.jit
+def dequant_pv(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk,
+               W: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr):
+    j = tl.arange(0, W)
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
+    mo = blk * D + j
+    o0 = tl.dot(p16, _deq_v(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo), o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W), o3 * alpha[:, None])
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def _deq_v(code, VMN, VSC, moff):
+    sv = tl.load(VSC + moff)
+    mv = tl.load(VMN + moff)
+    return code.to(tl.float16) * sv[None, :] + mv[None, :]

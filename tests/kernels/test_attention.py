@@ -1,0 +1,107 @@
+"""Attention kernels against float64 references, at sizes that do not divide the blocks.
+
+Tolerances are relative to each kernel's own low-precision error: FP16 kernels against exact
+attention (a few 1e-4 expected), FP8 against exact attention on the FP8-rounded K/V, HACK against
+exact attention on the dequantized cache, bounded by 2x the error of the float64 HACK reference
+(which rounds Q and P the way the kernel does) plus 2e-3.
+"""
+import pytest
+import torch
+
+from kernels_calibration.kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
+from kernels_calibration.kernels.attn_prefill import attn_prefill_ref, fa_attn_prefill
+from kernels_calibration.kernels.dequant_attn_decode import dequant_attn_decode
+from kernels_calibration.kernels.hack_attn_decode import (attn_decode_ref, hack_attn_decode,
+                                                          hack_attn_decode_ref)
+from kernels_calibration.kernels.hack_attn_prefill import hack_attn_prefill, hack_attn_prefill_ref
+from kernels_calibration.kernels.kv_cache import append_token, build_cache, dequantize_cache_ref
+
+from kernel_test_helpers import DEVICE, randn, rel_err
+
+B, HKV, G, D = 2, 2, 4, 128
+
+
+def _kv(seq, lens):
+    k, v = randn(B, HKV, seq, D), randn(B, HKV, seq, D)
+    return k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+
+def test_fp16_decode_matches_exact_and_sdpa():
+    torch.manual_seed(1)
+    k, v, lens = _kv(150, [150, 150])
+    q = randn(B, HKV * G, D)
+    out = fp_attn_decode(q, k, v, lens, splits=3, block_n=32)
+    assert rel_err(out, attn_decode_ref(q, k, v, lens)) < 2e-3
+    if DEVICE == "cuda":
+        assert rel_err(out, sdpa_decode(q, k, v)) < 2e-3
+
+
+def test_fp16_decode_ragged():
+    torch.manual_seed(2)
+    k, v, lens = _kv(150, [150, 61])
+    q = randn(B, HKV * G, D)
+    assert rel_err(fp_attn_decode(q, k, v, lens, splits=2, block_n=32), attn_decode_ref(q, k, v, lens)) < 2e-3
+
+
+def test_fp8_decode():
+    torch.manual_seed(3)
+    k, v, lens = _kv(130, [130, 77])
+    q = randn(B, HKV * G, D)
+    k8, ks = to_fp8(k)
+    v8, vs = to_fp8(v)
+    out = fp_attn_decode(q, k8, v8, lens, ks, vs, splits=2, block_n=32)
+    ref = attn_decode_ref(q, k8.float() * ks, v8.float() * vs, lens)
+    assert rel_err(out, ref) < 2e-3
+
+
+@pytest.mark.parametrize("partition,rqe", [(32, True), (64, True), (128, True), (64, False)])
+def test_hack_decode(partition, rqe):
+    torch.manual_seed(partition + rqe)
+    k, v, lens = _kv(200, [200 - 41, 197])  # ragged, tails of 31 / 5 (PI=32), partial blocks
+    q = randn(B, HKV * G, D)
+    cache = build_cache(k, v, lens, partition, 2, rqe=rqe, stochastic=True, seed=5)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_decode_ref(q, kd, vd, lens)
+    ref_err = rel_err(hack_attn_decode_ref(q, cache), exact)
+    for use_se in (True, False):
+        out = hack_attn_decode(q, cache, use_se=use_se, splits=3)
+        assert rel_err(out, exact) < 2 * ref_err + 2e-3
+    # the fused dequantize baseline is FP16 arithmetic on the same cache
+    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3), exact) < 2e-3
+    assert rel_err(dequant_attn_decode(q, cache, fused=False, splits=2), exact) < 2e-3
+    # and the quantized result is close to, but not equal to, FP16 attention
+    assert rel_err(out, attn_decode_ref(q, k, v, lens)) > 10 * rel_err(out, exact)
+
+
+def test_hack_decode_after_append_crosses_block():
+    torch.manual_seed(9)
+    k, v, lens = _kv(128, [62, 30])
+    q = randn(B, HKV * G, D)
+    cache = build_cache(k, v, lens, 32, 2, rqe=True, stochastic=False)
+    for _ in range(3):
+        cache = append_token(cache, randn(B, HKV, D), randn(B, HKV, D), stochastic=False)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_decode_ref(q, kd, vd, cache.lens)
+    out = hack_attn_decode(q, cache, splits=2)
+    assert rel_err(out, exact) < 2 * rel_err(hack_attn_decode_ref(q, cache), exact) + 2e-3
+
+
+def test_fa_prefill():
+    torch.manual_seed(4)
+    q, k, v = randn(1, 4, 100, D), randn(1, 2, 100, D), randn(1, 2, 100, D)
+    out = fa_attn_prefill(q, k, v, block_m=32, block_n=16, num_warps=4)
+    assert rel_err(out, attn_prefill_ref(q, k, v)) < 2e-3
+
+
+@pytest.mark.parametrize("partition", [32, 64])
+def test_hack_prefill(partition):
+    torch.manual_seed(partition + 5)
+    seq = 100
+    q, k, v = randn(1, 4, seq, D), randn(1, 2, seq, D), randn(1, 2, seq, D)
+    cache = build_cache(k, v, torch.tensor([seq]), partition, 2, rqe=False, stochastic=True, seed=1)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_prefill_ref(q, kd, vd)
+    ref_err = rel_err(hack_attn_prefill_ref(q, cache), exact)
+    for use_se in (True, False):
+        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4)
+        assert rel_err(out, exact) < 2 * ref_err + 2e-3

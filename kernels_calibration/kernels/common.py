@@ -44,8 +44,9 @@ if interpreting():
 
 
 def use_asm(t: torch.Tensor) -> bool:
-    """Packed inline-PTX unpack is only valid when compiling for a real NVIDIA GPU."""
-    return t.is_cuda and not interpreting()
+    """Packed inline-PTX unpack is only valid when compiling for a real NVIDIA GPU
+    (HACKSIM_NO_ASM=1 turns it off to measure the plain per-element unpack)."""
+    return t.is_cuda and not interpreting() and os.environ.get("HACKSIM_NO_ASM", "0") != "1"
 
 
 def codes_per_byte(bits: int) -> int:

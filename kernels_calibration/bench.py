@@ -1,0 +1,103 @@
+"""Speed benchmark at the issue's shapes (batch 8, 64 query heads, 8 KV heads, head_dim 128).
+
+    python -m kernels_calibration.bench --out DIR [--quick]
+
+Writes DIR/bench_attention.csv (columns kernel, phase, batch, context_len, q_heads, kv_heads,
+head_dim, partition, bits, time_us, achieved_gbps, achieved_tflops, then byte_floor_us,
+compute_floor_us, units, config) and DIR/peaks.json.  The floors use this run's measured copy
+bandwidth and GEMM rates (INT8 for hack rows, FP16 otherwise).  Targets (issue 3) are printed
+beside the figures; nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+from .measure import DECODE_KERNELS, measure_decode, measure_peaks, measure_prefill, provenance
+
+B, HQ, HKV, D = 8, 64, 8, 128
+COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "head_dim", "partition", "bits",
+           "time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "units", "config"]
+
+
+def hack_configs(ctx: int, tune: bool) -> dict:
+    """Narrow tuning keyed on the shape: splits around the default, pipelining depth."""
+    if not tune:
+        return {}
+    base = max(1, (4 * 132 + B * HKV - 1) // (B * HKV))
+    cands = [{"splits": s, "num_stages": st} for s in (base, 2 * base) for st in (2, 3, 4)]
+    cands = [c for c in cands if c["splits"] * 256 <= ctx + 1] or [{}]
+    return {"hack": cands}
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run(out: Path, quick: bool = False) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    peaks = measure_peaks()
+    prov = provenance()
+    (out / "peaks.json").write_text(json.dumps({"peaks": peaks, "provenance": prov}, indent=1))
+    print("peaks", json.dumps(peaks), flush=True)
+    rows = []
+    ctxs = (1024, 32768) if quick else (1024, 4096, 16384, 32768)
+    for ctx in ctxs:
+        ms = measure_decode(DECODE_KERNELS, B, ctx, HQ, HKV, D, 64, configs=hack_configs(ctx, ctx in (1024, 32768)))
+        rows += [m.row(peaks) for m in ms]
+        for m in ms:
+            print(f"decode ctx={ctx:6d} {m.kernel:16s} {m.time_s * 1e6:9.1f} us  {m.config}", flush=True)
+        write_csv(rows, out / "bench_attention.csv")
+    for pi in (32, 128):
+        ms = measure_decode(("hack", "hack_no_se", "dequant_fused"), B, 32768, HQ, HKV, D, pi)
+        rows += [m.row(peaks) for m in ms]
+        for m in ms:
+            print(f"decode ctx=32768 pi={pi} {m.kernel:16s} {m.time_s * 1e6:9.1f} us", flush=True)
+    write_csv(rows, out / "bench_attention.csv")
+    for seq in ((16384,) if quick else (4096, 16384)):
+        ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64,
+                             configs={"fp16_triton": {}, "hack": {}})
+        rows += [m.row(peaks) for m in ms]
+        for m in ms:
+            print(f"prefill L={seq} {m.kernel:16s} {m.time_s * 1e6:9.1f} us {m.flops / m.time_s / 1e12:6.1f} TFLOP/s",
+                  flush=True)
+    write_csv(rows, out / "bench_attention.csv")
+    summarize(rows)
+    return rows
+
+
+def summarize(rows: list[dict]) -> None:
+    def t(kernel, phase, ctx, pi=None):
+        for r in rows:
+            if r["kernel"] == kernel and r["phase"] == phase and int(r["context_len"]) == ctx and \
+                    (pi is None or int(r["partition"]) in (pi, 0)):
+                return float(r["time_us"])
+        return float("nan")
+    sd32, h32 = t("torch_sdpa_fp16", "decode", 32768), t("hack", "decode", 32768, 64)
+    print(f"TARGET hack decode 32K >= 4x SDPA: sdpa {sd32:.1f} us, hack {h32:.1f} us -> {sd32 / h32:.2f}x")
+    print(f"TARGET hack decode 1K <= SDPA: sdpa {t('torch_sdpa_fp16', 'decode', 1024):.1f} us, "
+          f"hack {t('hack', 'decode', 1024, 64):.1f} us")
+    fa, hp = t("fp16_triton", "prefill", 16384), t("hack", "prefill", 16384, 64)
+    print(f"TARGET hack prefill 16K >= 1.3x FP16 Triton FA: fa {fa:.0f} us, hack {hp:.0f} us -> {fa / hp:.2f}x")
+    best16 = min(sd32, t("fp16_triton", "decode", 32768))
+    df = t("dequant_fused", "decode", 32768, 64)
+    print(f"TARGET fused dequant 32K >= 2x FP16: fp16 {best16:.1f} us, fused {df:.1f} us -> {best16 / df:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    run(args.out, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

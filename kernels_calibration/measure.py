@@ -1,0 +1,318 @@
+"""Timing of every kernel at one shape, shared by the benchmark (bench.py) and the sweep (profile.py).
+
+Method (the device notes' METHOD.md): warm up (compiles, autotune), then time. Decode steps are
+captured in a CUDA graph that runs the step over `n_rot` independent input sets (so the data read
+per replay is >= 256 MB, well over the 60 MB L2, as in a real model where each layer reads its own
+cache) and the median replay time is divided by n_rot.  Prefill and GEMMs are long launches timed
+with triton.testing.do_bench (median).  Inputs are random normal, never zeros.
+
+A decode step for the quantized variants (hack*, dequant_*) includes appending the new token to
+the 2-bit cache (append_token) because that is part of what HACK's attn_decode does; the FP16/FP8
+rows time attention only (their append is a plain copy of 2 * H_kv * D values).
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+import torch
+import triton
+
+from .kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
+from .kernels.attn_prefill import fa_attn_prefill, prefill_flops
+from .kernels.dequant_attn_decode import dequantize_bytes, dequantize_cache
+from .kernels.hack_attn_decode import default_splits, hack_attn_decode
+from .kernels.hack_attn_prefill import hack_attn_prefill
+from .kernels.kv_cache import append_token, build_cache
+from .kernels.quantize import quantize_bytes, quantize_k, quantize_v
+
+DECODE_KERNELS = ("hack", "hack_no_se", "hack_no_rqe", "fp16_triton", "torch_sdpa_fp16", "dequant_fused",
+                  "dequant_unfused", "fp8")
+PREFILL_KERNELS = ("hack", "fp16_triton", "torch_sdpa_fp16")
+ROT_BYTES = 256 * 2**20
+
+
+def provenance() -> dict:
+    info = {"torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if torch.cuda.is_available():
+        info["gpu_name"] = torch.cuda.get_device_name()
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = "unknown"
+    rev = os.environ.get("HACKSIM_GIT_REV")
+    if not rev:
+        try:
+            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            rev = ""
+    info["git_rev"] = rev or "unknown"
+    return info
+
+
+def time_graph(step, n_rot: int, replays: int = 30) -> float:
+    """Median seconds of one step; step(i) runs on input set i."""
+    for i in range(n_rot):  # compile + warm
+        step(i)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(n_rot):
+            step(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n_rot):
+            step(i)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    times.sort()
+    return times[len(times) // 2] / n_rot
+
+
+def time_bench(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e-3
+
+
+@dataclass
+class Measurement:
+    kernel: str
+    phase: str
+    batch: int
+    context_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    partition: int
+    bits: int
+    time_s: float
+    bytes_moved: float
+    flops: float
+    units: float
+    config: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def row(self, peaks: dict) -> dict:
+        t = self.time_s
+        int_ops = self.kernel.startswith("hack")
+        rate = peaks["int8_tops"] if int_ops else peaks["fp16_tflops"]
+        return {
+            "kernel": self.kernel, "phase": self.phase, "batch": self.batch, "context_len": self.context_len,
+            "q_heads": self.q_heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+            "partition": self.partition, "bits": self.bits, "time_us": round(t * 1e6, 3),
+            "achieved_gbps": round(self.bytes_moved / t / 1e9, 1),
+            "achieved_tflops": round(self.flops / t / 1e12, 2),
+            "byte_floor_us": round(self.bytes_moved / (peaks["memory_gbps"] * 1e9) * 1e6, 3),
+            "compute_floor_us": round(self.flops / (rate * 1e12) * 1e6, 3),
+            "units": self.units, "config": self.config, **self.extra,
+        }
+
+
+def _n_rot(bytes_per_set: float, cap: int = 64) -> int:
+    return int(max(1, min(cap, math.ceil(ROT_BYTES / max(bytes_per_set, 1)))))
+
+
+def hack_cache_bytes(batch: int, ctx: int, kv_heads: int, d: int, pi: int) -> float:
+    sb = 1 if 3 * pi <= 255 else 2
+    per_tok = 2 * d * 2 / 8 + (d / pi) * (4 + sb) + d * (4 + sb) / pi
+    return batch * kv_heads * ctx * per_tok
+
+
+def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
+                   pi: int = 64, configs: dict | None = None, seed: int = 0) -> list[Measurement]:
+    """Time the named decode kernels at one shape (every request holds ctx tokens before the step).
+    configs: kernel -> dict(splits=, num_warps=, num_stages=) overrides."""
+    configs = configs or {}
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    cap = triton.cdiv(ctx + 1, pi) * pi
+    fp16_set = 2 * batch * kv_heads * cap * d * 2
+    n16 = _n_rot(fp16_set, 16)
+    nq = _n_rot(hack_cache_bytes(batch, cap, kv_heads, d, pi), 64)
+    kvs = [(torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16),
+            torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16))
+           for _ in range(n16)]
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    lens1 = lens + 1
+    q = torch.randn(batch, q_heads, d, device=dev, generator=gen, dtype=torch.float16)
+    kn = torch.randn(batch, kv_heads, d, device=dev, generator=gen, dtype=torch.float16)
+    vn = torch.randn_like(kn)
+    flops = 4.0 * batch * (ctx + 1) * q_heads * d
+    units = float(batch * (ctx + 1) * kv_heads * d * 2)
+    qo_bytes = 4.0 * batch * q_heads * d
+    shape = dict(phase="decode", batch=batch, context_len=ctx, q_heads=q_heads, kv_heads=kv_heads, head_dim=d)
+    out: list[Measurement] = []
+    caches: dict[bool, list] = {}
+
+    def get_caches(rqe: bool):
+        if rqe not in caches:
+            lst = []
+            for i in range(nq):
+                k, v = kvs[i % n16]
+                lst.append(build_cache(k, v, lens, pi, 2, rqe=rqe, stochastic=True, seed=seed + i))
+            caches[rqe] = lst
+        return caches[rqe]
+
+    def _decode_one(name, cfg):
+        if name == "torch_sdpa_fp16":
+            ks = [(k[:, :, :ctx + 1], v[:, :, :ctx + 1]) for k, v in kvs]
+            t = time_graph(lambda i: sdpa_decode(q, *ks[i % n16]), n16)
+            return (Measurement(name, **shape, partition=0, bits=16, time_s=t,
+                                   bytes_moved=2 * units + qo_bytes, flops=flops, units=units, config="sdpa"))
+        elif name in ("fp16_triton", "fp8"):
+            if name == "fp8":
+                sets = [(*to_fp8(k), *to_fp8(v)) for k, v in kvs]
+                sets = [(a, c, s1, s2) for a, s1, c, s2 in sets]
+                eb = 1
+            else:
+                sets = [(k, v, 1.0, 1.0) for k, v in kvs]
+                eb = 2
+            cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, cfg.get("block_n", 64), q.device))
+
+            def step(i, sets=sets, cfg=cfg):
+                k, v, ks_, vs_ = sets[i % n16]
+                fp_attn_decode(q, k, v, lens1, ks_, vs_, max_len=ctx + 1, **cfg)
+            t = time_graph(step, n16)
+            return (Measurement(name, **shape, partition=0, bits=8 * eb, time_s=t,
+                                   bytes_moved=eb * units + qo_bytes, flops=flops, units=units, config=str(cfg)))
+        else:
+            rqe = name != "hack_no_rqe"
+            cs = get_caches(rqe)
+            mode = "dequant" if name.startswith("dequant") else "hack"
+            use_se = name != "hack_no_se"
+            cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, pi, q.device))
+            cb = hack_cache_bytes(batch, ctx + 1, kv_heads, d, pi)
+            if name == "dequant_unfused":
+                scratch = (torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
+                           torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16))
+                fcfg = {k_: v_ for k_, v_ in cfg.items() if k_ != "block_n"}
+
+                def step(i, cs=cs, fcfg=fcfg, scratch=scratch):
+                    c = append_token(cs[i % nq], kn, vn)
+                    ko, vo = dequantize_cache(c, scratch, max_len=ctx + 1)
+                    fp_attn_decode(q, ko, vo, c.lens, max_len=ctx + 1, **fcfg)
+                t = time_graph(step, nq)
+                bm = dequantize_bytes(int(units), pi) + 2 * units + qo_bytes
+            else:
+                def step(i, cs=cs, cfg=cfg, mode=mode, use_se=use_se):
+                    c = append_token(cs[i % nq], kn, vn)
+                    hack_attn_decode(q, c, use_se=use_se, mode=mode, max_len=ctx + 1, **cfg)
+                t = time_graph(step, nq)
+                bm = cb + qo_bytes
+            return (Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm,
+                                   flops=flops, units=units, config=str(cfg)))
+
+    for name in kernels:
+        tried = configs.get(name, [{}])
+        tried = tried if isinstance(tried, list) else [tried]
+        best = None
+        for cfg in tried:
+            m = _decode_one(name, dict(cfg))
+            if best is None or m.time_s < best.time_s:
+                best = m
+            if len(tried) > 1:
+                print(f"    tune {name} ctx={ctx} {m.config}: {m.time_s * 1e6:.1f} us", flush=True)
+        out.append(best)
+    del kvs, caches
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_prefill(kernels, batch: int, seq: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
+                    pi: int = 64, configs: dict | None = None, seed: int = 0) -> list[Measurement]:
+    configs = configs or {}
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(batch, q_heads, seq, d, device=dev, generator=gen, dtype=torch.float16)
+    k = torch.randn(batch, kv_heads, seq, d, device=dev, generator=gen, dtype=torch.float16)
+    v = torch.randn(batch, kv_heads, seq, d, device=dev, generator=gen, dtype=torch.float16)
+    flops = prefill_flops([seq] * batch, q_heads, d)
+    shape = dict(phase="prefill", batch=batch, context_len=seq, q_heads=q_heads, kv_heads=kv_heads, head_dim=d)
+    out = []
+    for name in kernels:
+        cfg = dict(configs.get(name, {}))
+        if name == "torch_sdpa_fp16":
+            t = time_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                     enable_gqa=True))
+            bm = 2.0 * (2 * q.numel() + 2 * k.numel())
+            out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
+                                   units=flops, config="sdpa"))
+        elif name == "fp16_triton":
+            t = time_bench(lambda: fa_attn_prefill(q, k, v, **cfg))
+            bm = 2.0 * (2 * q.numel() + 2 * k.numel())
+            out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
+                                   units=flops, config=str(cfg)))
+        elif name in ("hack", "hack_no_se"):
+            cache = build_cache(k, v, torch.full((batch,), seq, dtype=torch.int32, device=dev), pi, 2,
+                                rqe=False, stochastic=True, seed=seed)
+            t = time_bench(lambda: hack_attn_prefill(q, cache, use_se=name == "hack", **cfg))
+            bm = 2.0 * 2 * q.numel() + hack_cache_bytes(batch, seq, kv_heads, d, pi)
+            out.append(Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm, flops=flops,
+                                   units=flops, config=str(cfg)))
+    return out
+
+
+def measure_quant(batch: int, seq: int, kv_heads: int = 8, d: int = 128, pi: int = 64) -> list[Measurement]:
+    """quantize.kv (K rows + V blocks, stochastic) and dequantize.kv (cache -> FP16 in memory)."""
+    dev = "cuda"
+    k = torch.randn(batch, kv_heads, seq, d, device=dev, dtype=torch.float16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), seq, dtype=torch.int32, device=dev)
+    n = 2 * k.numel()
+    shape = dict(batch=batch, context_len=seq, q_heads=0, kv_heads=kv_heads, head_dim=d, partition=pi, bits=2)
+    tq = time_bench(lambda: (quantize_k(k, pi, 2, True, 1), quantize_v(v, lens, pi, 2, True, 2)))
+    cache = build_cache(k, v, lens, pi, 2, rqe=True, stochastic=True)
+    scratch = (torch.empty_like(k), torch.empty_like(v))
+    td = time_bench(lambda: dequantize_cache(cache, scratch))
+    return [Measurement("quantize", phase="quantize", **shape, time_s=tq, bytes_moved=quantize_bytes(n, pi),
+                        flops=0.0, units=float(n)),
+            Measurement("dequantize", phase="dequantize", **shape, time_s=td,
+                        bytes_moved=dequantize_bytes(n, pi), flops=0.0, units=float(n))]
+
+
+def measure_peaks() -> dict:
+    """Device copy GB/s (read + write), FP16/INT8/FP8 GEMM rates at 8192^3, launch overhead."""
+    dev = "cuda"
+    n = 8192
+    src = torch.randn(2**28, device=dev, dtype=torch.float32)  # 1 GiB
+    dst = torch.empty_like(src)
+    t_copy = time_bench(lambda: dst.copy_(src))
+    mem_gbps = 2 * src.numel() * 4 / t_copy / 1e9
+    del src, dst
+    a = torch.randn(n, n, device=dev, dtype=torch.float16)
+    b = torch.randn(n, n, device=dev, dtype=torch.float16)
+    t16 = time_bench(lambda: a @ b)
+    ai = torch.randint(-128, 127, (n, n), device=dev, dtype=torch.int8)
+    bi = torch.randint(-128, 127, (n, n), device=dev, dtype=torch.int8)
+    try:
+        t8 = time_bench(lambda: torch._int_mm(ai, bi))
+        int8 = 2 * n**3 / t8 / 1e12
+    except RuntimeError:
+        int8 = None
+    try:
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()
+        one = torch.ones((), device=dev)
+        tf8 = time_bench(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.float16))
+        fp8 = 2 * n**3 / tf8 / 1e12
+    except (RuntimeError, TypeError):
+        fp8 = None
+    x = torch.zeros(1, device=dev)
+    t_launch = time_bench(lambda: x.add_(1.0), warmup_ms=10, rep_ms=50)
+    return {"memory_gbps": mem_gbps, "fp16_tflops": 2 * n**3 / t16 / 1e12, "int8_tops": int8,
+            "fp8_tflops": fp8, "launch_overhead_s": t_launch}

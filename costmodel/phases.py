@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+
+import numpy as np
 
 from .calibration import CalibrationProfile
 from .methods import KVMethod
@@ -70,9 +71,13 @@ class IterationCost:
         return self.fixed_s + self.per_ctx_s * total_ctx_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReplicaCostModel:
-    """All costs of one replica (model × GPU × parallelism × KV method × profile)."""
+    """All costs of one replica (model × GPU × parallelism × KV method × profile).
+
+    Results are memoised per instance (prefill by batch, iterations by batch size, dense layers by
+    token count): the simulator asks the same questions many times. Identity-hashed on purpose.
+    """
 
     model: ModelSpec
     gpu: GPUSpec
@@ -81,6 +86,9 @@ class ReplicaCostModel:
     profile: CalibrationProfile
     gpu_memory_utilization: float = 0.9
     max_batch_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -97,11 +105,15 @@ class ReplicaCostModel:
         return self.kv_heads_per_gpu * self.parallel.tensor / self.model.kv_heads
 
     # ---- building blocks ----------------------------------------------------------------
-    def gemm_s(self, m: int, n: float, k: float, dtype_bytes: float = FP16_BYTES) -> float:
+    def gemm_s(self, m, n: float, k: float, dtype_bytes: float = FP16_BYTES):
+        """Roofline time of an (m × k) @ (k × n) GEMM; m may be a numpy array of row counts."""
         flops = 2.0 * m * n * k
         bytes_ = dtype_bytes * (n * k + m * k + m * n)
         p = self.profile
-        return p.launch_overhead_s + max(flops / (p.matmul_fp16_tflops * 1e12), bytes_ / (p.memory_gbps * 1e9))
+        compute_s, memory_s = flops / (p.matmul_fp16_tflops * 1e12), bytes_ / (p.memory_gbps * 1e9)
+        if isinstance(compute_s, float):
+            return p.launch_overhead_s + max(compute_s, memory_s)
+        return p.launch_overhead_s + np.maximum(compute_s, memory_s)
 
     def allreduce_s(self, tokens: int) -> float:
         tp = self.parallel.tensor
@@ -111,7 +123,20 @@ class ReplicaCostModel:
         return 2 * (tp - 1) * ALLREDUCE_STEP_LATENCY_S + 2 * (tp - 1) / tp * bytes_ / (self.parallel.intra_node_gb_per_s * 1e9)
 
     def _dense_layer_s(self, tokens: int) -> float:
-        """QKV, O, MLP GEMMs and the two all-reduces of one layer on one GPU."""
+        """QKV, O, MLP GEMMs and the two all-reduces of one layer on one GPU.
+
+        Looked up in a table over token counts, built with numpy in doublings as needed."""
+        table = self._memo["dense"].get("table")
+        if table is None or tokens >= len(table):
+            size = max(1024, 1 << int(tokens).bit_length())
+            table = self._memo["dense"]["table"] = self._dense_layer_table(size)
+        return float(table[tokens])
+
+    def _dense_layer_table(self, size: int):
+        return self._dense_layer_uncached_s(np.arange(size, dtype=np.float64))
+
+    def _dense_layer_uncached_s(self, tokens):
+        """Works on a scalar or a numpy array of token counts."""
         m, tp = self.model, self.parallel.tensor
         t = self.gemm_s(tokens, (m.q_dim + 2 * m.kv_dim) / tp, m.hidden_size)
         t += self.gemm_s(tokens, m.hidden_size, m.q_dim / tp)
@@ -135,7 +160,11 @@ class ReplicaCostModel:
 
     # ---- prefill ------------------------------------------------------------------------
     def prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
-        return _prefill_cached(self, prompt_tokens)
+        memo = self._memo["prefill"]
+        c = memo.get(prompt_tokens)
+        if c is None:
+            c = memo[prompt_tokens] = self._prefill(prompt_tokens)
+        return c
 
     def _prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
         m, p = self.model, self.profile
@@ -179,7 +208,11 @@ class ReplicaCostModel:
 
     # ---- decode ---------------------------------------------------------------------------
     def iteration(self, batch_size: int) -> IterationCost:
-        return _iteration_cached(self, batch_size)
+        memo = self._memo["iteration"]
+        c = memo.get(batch_size)
+        if c is None:
+            c = memo[batch_size] = self._iteration(batch_size)
+        return c
 
     def _iteration(self, batch_size: int) -> IterationCost:
         m, p, L = self.model, self.profile, self.model.layers
@@ -246,13 +279,3 @@ class ReplicaCostModel:
         """Total GPU memory in use on the replica with `kv_bytes` of KV resident."""
         fixed = self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES
         return fixed * self.parallel.gpus + kv_bytes
-
-
-@lru_cache(maxsize=65536)
-def _prefill_cached(rc: ReplicaCostModel, prompt_tokens: tuple[int, ...]) -> PrefillCost:
-    return rc._prefill(prompt_tokens)
-
-
-@lru_cache(maxsize=65536)
-def _iteration_cached(rc: ReplicaCostModel, batch_size: int) -> IterationCost:
-    return rc._iteration(batch_size)

@@ -9,7 +9,9 @@ Between changes of batch membership every iteration costs ``fixed(B) + per_ctx *
 batch's total context grows by B each iteration (S_k = C + B·k at replica iteration k), so n
 iterations take ``n·fixed + per_ctx·(n·C + B·(n·k + n(n-1)/2))``: one SimPy event per change of
 membership, none per token. Per-request decode/dequantize/approximation times are the replica's
-running sums of those parts between the request's join and finish (a snapshot at join).
+running sums of those parts between the request's join and finish (a snapshot at join). The replica is a small state
+machine driven by SimPy timeouts: a segment timer, replaced by an earlier one when a request
+arrives mid-segment (it joins at the end of the iteration in progress).
 """
 from __future__ import annotations
 
@@ -64,9 +66,10 @@ class DecodeReplica:
         self.batch = 0                       # B
         self.ctx_offset = 0.0                # C = Σ (ctx_at_join - join_iteration)
         self.cum = [0.0, 0.0, 0.0]           # running decode, dequantize, approximation seconds
-        self._wake: simpy.Event = env.event()
-        self._waiting = False
-        env.process(self._loop())
+        self._seg: tuple | None = None       # running segment: (start_s, cost, iterations, on-arrival s)
+        self._cut = False                    # the segment was cut short for a joining request
+        self._version = 0                    # timers of superseded segments are ignored
+        self._on_arrival = cost.method.dequantize_on_arrival
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float) -> bool:
@@ -78,52 +81,92 @@ class DecodeReplica:
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 
-    def arrive(self, rid: int, _time_s: float | None = None) -> None:
+    def arrive(self, rid: int) -> None:
         """The request's KV is here; it joins at the next iteration boundary."""
         self.joining.append(rid)
-        if self._waiting and not self._wake.triggered:
-            self._wake.succeed()
+        if self._seg is None:
+            self._start_segment()
+        elif not self._cut:
+            # Cut the running segment at the end of the iteration in progress.
+            start_s, cost, n, pending_s = self._seg
+            elapsed = self.env.now - start_s
+            done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch,
+                                     self.iteration)
+            m = min(n, done + 1)
+            boundary_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, m, self.ctx_offset, self.batch,
+                                                   self.iteration)
+            self._seg = (start_s, cost, m, pending_s)
+            self._cut = True
+            self._schedule(max(0.0, start_s + boundary_s - self.env.now))
 
     # ---- the batch ----------------------------------------------------------------------------
-    def _admit_joining(self) -> None:
+    def _schedule(self, delay_s: float) -> None:
+        self._version += 1
+        version = self._version
+        self.env.timeout(delay_s).callbacks.append(lambda _e: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return          # superseded by a cut
+        _, cost, n, _ = self._seg
+        self._advance(n, cost)
+        self._finish_due()
+        self._start_segment()
+
+    def _start_segment(self) -> None:
+        pending_s = self._admit_joining()
+        if not self.batch:
+            self._seg = None
+            return
+        cost = self.cost.iteration(self.batch)
+        n = self.finish_heap[0][0] - self.iteration
+        seg_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, self.ctx_offset, self.batch,
+                                          self.iteration)
+        self._seg = (self.env.now, cost, n, pending_s)
+        self._cut = False
+        self._schedule(seg_s)
+
+    def _admit_joining(self) -> float:
+        """Join the waiting requests; returns the on-arrival work the next iteration carries."""
         run, k = self.run, self.iteration
         arrival_s = 0.0
+        now = self.env.now
         for rid in self.joining:
-            run.decode_join[rid] = self.env.now
+            run.decode_join[rid] = now
             run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid] = self.cum
-            ctx0 = int(run.prompt[rid]) + 1
-            self.ctx_offset += ctx0 - k
+            prompt = run.prompt[rid]
+            self.ctx_offset += prompt + 1 - k
             self.batch += 1
-            heapq.heappush(self.finish_heap, (k + int(run.output[rid]) - 1, rid))
-            arrival_s += self.cost.on_arrival_s(int(run.prompt[rid]))
+            heapq.heappush(self.finish_heap, (k + run.output[rid] - 1, rid))
+            if self._on_arrival:
+                arrival_s += self.cost.on_arrival_s(prompt)
         self.joining.clear()
-        if arrival_s > 0:
-            # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
-            # everyone in the batch waits for it, so it counts as dequantization for all of them.
-            self.cum[1] += arrival_s
-            self._pending_s = arrival_s
-        else:
-            self._pending_s = 0.0
+        # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
+        # everyone in the batch waits for it, so it counts as dequantization for all of them.
+        self.cum[1] += arrival_s
+        return arrival_s
 
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
-        self.cum[1] += segment_sum_s(0.0, cost.dequant_per_ctx_s, n, c, b, k)
-        self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
+        if cost.dequant_per_ctx_s:
+            self.cum[1] += segment_sum_s(0.0, cost.dequant_per_ctx_s, n, c, b, k)
+        if cost.approx_fixed_s or cost.approx_per_ctx_s:
+            self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
         self.iteration += n
 
     def _finish_due(self) -> None:
         run, now = self.run, self.env.now
         freed = 0.0
-        while self.finish_heap and self.finish_heap[0][0] <= self.iteration:
-            _, rid = heapq.heappop(self.finish_heap)
+        heap = self.finish_heap
+        while heap and heap[0][0] <= self.iteration:
+            _, rid = heapq.heappop(heap)
             run.finish[rid] = now
             run.decode_s[rid] = self.cum[0] - run.snap_decode[rid]
             run.dequant_s[rid] = self.cum[1] - run.snap_dequant[rid]
             run.approx_decode[rid] = self.cum[2] - run.snap_approx[rid]
-            ctx_final = int(run.prompt[rid]) + int(run.output[rid])
             # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
-            self.ctx_offset -= ctx_final - self.iteration
+            self.ctx_offset -= run.prompt[rid] + run.output[rid] - self.iteration
             self.batch -= 1
             self.slots_used -= 1
             self.reserved_bytes -= run.kv_bytes[rid]
@@ -133,34 +176,3 @@ class DecodeReplica:
             if self.memory_log is not None:
                 self.memory_log.append((now, self.index, self.reserved_bytes))
             run.router.on_memory_freed()
-
-    def _loop(self):
-        env = self.env
-        while True:
-            if not self.batch and not self.joining:
-                self._waiting = True
-                self._wake = env.event()
-                yield self._wake
-                self._waiting = False
-            self._admit_joining()
-            cost = self.cost.iteration(self.batch)
-            n = self.finish_heap[0][0] - self.iteration
-            seg_s = self._pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, self.ctx_offset, self.batch,
-                                                    self.iteration)
-            start = env.now
-            self._waiting = True
-            self._wake = env.event()
-            yield env.timeout(seg_s) | self._wake
-            self._waiting = False
-            elapsed = env.now - start
-            if elapsed < seg_s and self.joining:
-                # A request arrived mid-segment: run to the end of the iteration in progress.
-                done = iterations_within(cost, max(0.0, elapsed - self._pending_s), self.ctx_offset, self.batch,
-                                         self.iteration)
-                n = min(n, done + 1)
-                boundary_s = self._pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, self.ctx_offset,
-                                                             self.batch, self.iteration)
-                if boundary_s > elapsed:
-                    yield env.timeout(boundary_s - elapsed)
-            self._advance(n, cost)
-            self._finish_due()

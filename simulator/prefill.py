@@ -1,6 +1,6 @@
 """A prefill replica: FCFS batching of prompts, pipelined stages, quantization after the forward pass.
 
-One process per replica. A batch takes queued requests in arrival order while it stays within
+A small state machine driven by SimPy timeouts (no process per request). A batch takes queued requests in arrival order while it stays within
 `max_batch_requests` and `max_batch_tokens` (a prompt longer than the token limit runs alone).
 The replica is busy for the bottleneck stage plus the encode (quantize / entropy-code) step;
 the batch's first tokens appear `latency_s` after it starts (all pipeline stages). KV waiting
@@ -33,64 +33,69 @@ class PrefillReplica:
         self.queue: deque[int] = deque()
         self.outstanding_tokens = 0          # queued + in service: the router's load measure
         self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
-        self._wake: simpy.Event = env.event()
-        self._space: simpy.Event = env.event()
         self._idle = True
-        env.process(self._loop())
 
     def enqueue(self, rid: int) -> None:
+        """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
         self.queue.append(rid)
-        self.outstanding_tokens += int(self.run.prompt[rid])
-        if self._idle and not self._wake.triggered:
-            self._wake.succeed()
+        self.outstanding_tokens += self.run.prompt[rid]
+
+    def kick(self) -> None:
+        if self._idle:
+            self._try_start()
 
     def release_parked(self, bytes_: float) -> None:
         self.parked_bytes -= bytes_
-        if not self._space.triggered:
-            self._space.succeed()
+        if self._idle and self.queue:
+            self._try_start()
 
     def _take_batch(self) -> list[int]:
         prompt = self.run.prompt
         batch = [self.queue.popleft()]
-        tokens = int(prompt[batch[0]])
+        tokens = prompt[batch[0]]
         while self.queue and len(batch) < self.max_batch_requests:
-            nxt = int(prompt[self.queue[0]])
+            nxt = prompt[self.queue[0]]
             if tokens + nxt > self.max_batch_tokens:
                 break
             batch.append(self.queue.popleft())
             tokens += nxt
         return batch
 
-    def _loop(self):
-        env, run = self.env, self.run
-        while True:
-            if not self.queue:
-                self._idle = True
-                self._wake = env.event()
-                yield self._wake
-                self._idle = False
-            # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
-            head_bytes = run.wire_bytes[self.queue[0]]
-            while self.parked_bytes > 0 and self.parked_bytes + head_bytes > self.host_memory_bytes:
-                self._space = env.event()
-                yield self._space
-            batch = self._take_batch()
-            cost = self.cost.prefill(tuple(int(run.prompt[r]) for r in batch))
-            start = env.now
-            prefill_end = start + cost.latency_s
-            encode_end = prefill_end + cost.encode_s
-            for rid in batch:
-                run.prefill_replica[rid] = self.index
-                run.prefill_start[rid] = start
-                run.prefill_end[rid] = prefill_end
-                run.encode_end[rid] = encode_end
-                run.approx_prefill[rid] = cost.approximation_s
-                self.parked_bytes += run.wire_bytes[rid]
-            run.router.on_prefill_started(batch, self, start, encode_end)
-            env.timeout(encode_end - start).callbacks.append(lambda _e, b=batch: self._done(b))
-            yield env.timeout(cost.stage_s + cost.encode_s)
+    def _try_start(self) -> None:
+        run, env = self.run, self.env
+        if not self.queue:
+            self._idle = True
+            return
+        # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
+        if self.parked_bytes > 0 and self.parked_bytes + run.wire_bytes[self.queue[0]] > self.host_memory_bytes:
+            self._idle = True
+            return
+        self._idle = False
+        batch = self._take_batch()
+        cost = self.cost.prefill(tuple(run.prompt[r] for r in batch))
+        start = env.now
+        prefill_end = start + cost.latency_s
+        encode_end = prefill_end + cost.encode_s
+        for rid in batch:
+            run.prefill_replica[rid] = self.index
+            run.prefill_start[rid] = start
+            run.prefill_end[rid] = prefill_end
+            run.encode_end[rid] = encode_end
+            run.approx_prefill[rid] = cost.approximation_s
+            self.parked_bytes += run.wire_bytes[rid]
+        run.router.on_prefill_started(batch, self, start, encode_end)
+        busy_s = cost.stage_s + cost.encode_s
+        if busy_s == encode_end - start:      # one stage: the batch is done when the replica is free
+            env.timeout(busy_s).callbacks.append(lambda _e: self._done_then_next(batch))
+        else:
+            env.timeout(encode_end - start).callbacks.append(lambda _e: self._done(batch))
+            env.timeout(busy_s).callbacks.append(lambda _e: self._try_start())
+
+    def _done_then_next(self, batch: list[int]) -> None:
+        self._done(batch)
+        self._try_start()
 
     def _done(self, batch: list[int]) -> None:
         for rid in batch:
-            self.outstanding_tokens -= int(self.run.prompt[rid])
+            self.outstanding_tokens -= self.run.prompt[rid]
         self.run.router.on_kv_ready(batch, self)

@@ -34,9 +34,21 @@ class Router:
         self.layers = layers
         self.pending: deque[int] = deque()
 
-    def on_arrival(self, rid: int) -> None:
-        best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
-        best.enqueue(rid)
+    def on_arrivals(self, rids: list[int]) -> None:
+        """Requests arriving at one instant are all queued before any prefill batch starts, so they
+        can share a batch; then idle replicas start in index order."""
+        if len(rids) == 1:
+            best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
+            best.enqueue(rids[0])
+            best.kick()
+            return
+        touched = []
+        for rid in rids:
+            best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
+            best.enqueue(rid)
+            touched.append(best)
+        for rep in sorted(set(touched), key=lambda r: r.index):
+            rep.kick()
 
     def on_prefill_started(self, batch: list[int], replica: "PrefillReplica", start_s: float, ready_s: float) -> None:
         if self.stream_layers:

@@ -203,17 +203,20 @@ class MethodRun:
         self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = 0.0
         self.completed += 1
 
-    def _arrivals(self):
-        env, router = self.env, self.router
-        last = 0.0
-        for rid, t in enumerate(self.arrival):
-            if t > last:
-                yield env.timeout(t - last)
-                last = t
-            router.on_arrival(rid)
+    def _arrive(self, rid: int) -> None:
+        """Route every request arriving now, then set a timer for the next arrival."""
+        arrival, n = self.arrival, self.n
+        now = arrival[rid]
+        first = rid
+        while rid < n and arrival[rid] <= now:
+            rid += 1
+        self.router.on_arrivals(list(range(first, rid)))
+        if rid < n:
+            self.env.timeout(arrival[rid] - now).callbacks.append(lambda _e, r=rid: self._arrive(r))
 
     def simulate(self) -> None:
-        self.env.process(self._arrivals())
+        if self.n:
+            self.env.timeout(self.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
         self.env.run()
         if self.completed != self.n:
             raise RuntimeError(f"{self.method.name}: {self.n - self.completed} requests never finished")

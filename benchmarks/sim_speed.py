@@ -1,0 +1,71 @@
+"""Simulator speed: simulated requests per wall-second, start-up time and peak memory.
+
+    python benchmarks/sim_speed.py [--requests 100000] [--method hack] [--scenario scenarios/a10g_10gbps.yaml]
+
+Start-up is the wall time from interpreter start to a validated scenario with its requests drawn
+and cost models built (imports included); the event loop is timed separately. Results are printed
+and, with --json, written for committing (benchmarks/results/).
+"""
+from __future__ import annotations
+
+import time
+
+T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from simulator.config import load_scenario  # noqa: E402
+from simulator.run import MethodRun, method_of, resolve, summarize  # noqa: E402
+from simulator.workload import make_requests  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", default="scenarios/a10g_10gbps.yaml")
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--method", default="hack")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    s = load_scenario(args.scenario, [f"workload.requests={args.requests}"])
+    res = resolve(s, args.scenario)
+    reqs = make_requests(s)
+    cfg = next(m for m in s.methods if m.output_name == args.method)
+    run = MethodRun(res, method_of(cfg), reqs, args.scenario)
+    startup_s = time.perf_counter() - T0
+
+    t = time.perf_counter()
+    run.simulate()
+    loop_s = time.perf_counter() - t
+    t = time.perf_counter()
+    df = run.requests_frame()
+    summary = summarize(run, df)
+    collect_s = time.perf_counter() - t
+    peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    out = {
+        "scenario": args.scenario, "method": args.method, "requests": args.requests,
+        "startup_s": round(startup_s, 3), "event_loop_s": round(loop_s, 3), "collect_s": round(collect_s, 3),
+        "requests_per_s": round(args.requests / loop_s),
+        "requests_per_s_end_to_end": round(args.requests / (loop_s + collect_s)),
+        "peak_rss_bytes": peak_rss_bytes, "events": next(run.env._eid),
+        "simulated_span_s": round(float(df["finish_s"].max()), 1),
+        "mean_jct_s": round(summary["jct_s"]["mean"], 3),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    print(json.dumps(out, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -70,6 +70,28 @@ class RunData:
         return order_methods(found)
 
     @property
+    def method_configs(self) -> dict[str, dict]:
+        """Scenario method entries by output name (its ``label``, else its ``name``)."""
+        cfg = (self.scenario or {}).get("methods")
+        if isinstance(cfg, dict):
+            entries = [dict(v, name=v.get("name", k)) if isinstance(v, dict) else {"name": k} for k, v in cfg.items()]
+        elif isinstance(cfg, list):
+            entries = [e for e in cfg if isinstance(e, dict)]
+        else:
+            entries = []
+        out = {}
+        for e in entries:
+            key = e.get("label") or e.get("name") or e.get("method") or e.get("kind")
+            if key is not None:
+                out[str(key)] = e
+        return out
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Output name -> method kind (e.g. a labelled "hack_pi32" -> "hack"), where the scenario says."""
+        return {k: str(e.get("name") or e.get("method") or e.get("kind") or k) for k, e in self.method_configs.items()}
+
+    @property
     def baseline(self) -> str | None:
         return BASELINE if BASELINE in self.methods else None
 

@@ -111,7 +111,7 @@ def fig_breakdown(run: RunData) -> go.Figure | None:
 def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_points: int = MAX_POINTS) -> go.Figure | None:
     if run.requests is None or column not in run.requests:
         return None
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     fig = go.Figure()
     short = title.split("(")[-1].rstrip(")")
     for m in run.methods:
@@ -125,6 +125,10 @@ def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_
         )
     if not fig.data:
         return None
+    pooled = run.requests[column].to_numpy(float) * scale
+    pooled = pooled[np.isfinite(pooled) & (pooled > 0)]
+    # A long tail (p99 > 4x median) squeezes the body of every curve against the axis: use log x.
+    log_x = len(pooled) > 0 and np.percentile(pooled, 99) > 4 * np.percentile(pooled, 50)
     # Bottom-right inside the axes: a CDF is near 100% there, so the corner is empty.
     fig.update_layout(base_layout(f"CDF of {title[0].lower() + title[1:]}", height=430,
                                   xaxis_title=f"{short} ({unit})", yaxis_title="fraction of requests",
@@ -133,9 +137,24 @@ def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_
                                               font=dict(size=11)),
                                   margin=dict(l=60, r=20, t=60, b=55)))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    if log_x:
+        ticks = _ticks_125(float(pooled.min()), float(pooled.max()))
+        fig.update_xaxes(type="log", title_text=f"{short} ({unit}, log scale)", tickvals=ticks,
+                         ticktext=[f"{v:g}" for v in ticks])
     for q in (0.5, 0.9):
         fig.add_hline(y=q, line=dict(color="#9ca3af", width=1, dash="dot"))
     return fig
+
+
+def _ticks_125(lo: float, hi: float) -> list[float]:
+    """1-2-5 tick values spanning [lo, hi] (log axes label only decades or odd digits otherwise)."""
+    out = []
+    for e in range(int(math.floor(math.log10(lo))), int(math.ceil(math.log10(hi))) + 1):
+        out += [d * 10.0 ** e for d in (1, 2, 5)]
+    inside = [v for v in out if lo <= v <= hi]
+    below = [v for v in out if v < lo][-1:]
+    above = [v for v in out if v > hi][:1]
+    return [float(f"{v:.6g}") for v in below + inside + above]
 
 
 def _busiest(df: pd.DataFrame, key: str, value: str, limit: int) -> list:
@@ -151,17 +170,34 @@ def _natural(key) -> tuple:
 
 
 def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
+    """Step lines of memory in use per decode replica, methods coloured, capacity dashed.
+
+    When the capacity is far above every method's peak (> 2x), drawing it would flatten the
+    curves against zero, so the axis stops above the peak and the capacity is stated in the
+    panel's title instead.
+    """
     mem = run.memory
     if mem is None or mem.empty:
         return None
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     replicas = _busiest(mem, "replica", "used_bytes", MAX_PANELS)
-    fig = make_subplots(rows=len(replicas), cols=1, shared_xaxes=True, vertical_spacing=0.06 if len(replicas) > 1 else 0,
-                        subplot_titles=[f"decode replica d{r}" if str(r).isdigit() else f"decode replica {r}" for r in replicas])
-    t_end = float(mem["time_s"].max())
+    t0, t_end = float(mem["time_s"].min()), float(mem["time_s"].max())
+    titles, caps, peaks = [], {}, {}
+    for r in replicas:
+        sub = mem[mem["replica"] == r]
+        caps[r], peaks[r] = float(sub["capacity_bytes"].max()), float(sub["used_bytes"].max())
+        name = f"decode replica d{r}" if str(r).isdigit() else f"decode replica {r}"
+        cap, peak = caps[r], peaks[r]
+        if cap > 0 and peak > 0 and cap > 2 * peak:
+            name += f" · peak {peak / GIB:.3g} GiB = {peak / cap:.1%} of its {cap / GIB:.4g} GiB capacity (off scale)"
+        elif cap > 0:
+            name += f" · capacity {cap / GIB:.4g} GiB"
+        titles.append(name)
+    fig = make_subplots(rows=len(replicas), cols=1, shared_xaxes=True,
+                        vertical_spacing=0.08 if len(replicas) > 1 else 0, subplot_titles=titles)
     for row, r in enumerate(replicas, start=1):
         sub = mem[mem["replica"] == r]
-        cap = float(sub["capacity_bytes"].max())
+        cap, peak = caps[r], peaks[r]
         for m in run.methods:
             s = sub[sub["method"] == m].sort_values("time_s", kind="stable")
             if s.empty:
@@ -170,22 +206,25 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
             t, y = np.append(t, t_end), np.append(y, y[-1])  # hold the last value to the run's end
             fig.add_scatter(
                 x=t, y=y / GIB, name=method_label(m), legendgroup=m, showlegend=row == 1, mode="lines",
-                line=dict(color=colours[m], width=1.8, shape="hv"), customdata=y / cap * 100 if cap > 0 else None,
+                line=dict(color=colours[m], width=1.6, shape="hv"), customdata=y / cap * 100 if cap > 0 else None,
                 hovertemplate=(f"<b>{method_label(m)}</b> · replica {r}<br>t = %{{x:.4g}} s<br>"
-                               f"used = %{{y:.3f}} GiB" + (f" (%{{customdata:.1f}}% of {cap / GIB:.3g} GiB)" if cap > 0 else "")
+                               f"used = %{{y:.3f}} GiB" + (f" (%{{customdata:.2f}}% of {cap / GIB:.4g} GiB)" if cap > 0 else "")
                                + "<extra></extra>"),
                 row=row, col=1,
             )
-        if cap > 0:
+        if cap > 0 and cap <= 2 * peak:
             fig.add_scatter(
-                x=[float(mem["time_s"].min()), t_end], y=[cap / GIB] * 2, mode="lines", name="capacity",
-                legendgroup="capacity", showlegend=row == 1, line=dict(color="#111827", width=1.5, dash="dash"),
-                hovertemplate=f"capacity of replica {r}: {cap / GIB:.3g} GiB<extra></extra>", row=row, col=1,
+                x=[t0, t_end], y=[cap / GIB] * 2, mode="lines", name="capacity",
+                legendgroup="capacity", showlegend=row == 1 or "capacity" not in {d.name for d in fig.data},
+                line=dict(color="#111827", width=1.5, dash="dash"),
+                hovertemplate=f"capacity of replica {r}: {cap / GIB:.4g} GiB<extra></extra>", row=row, col=1,
             )
-        fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
+            fig.update_yaxes(range=[0, cap / GIB * 1.06], row=row, col=1)
+        else:
+            fig.update_yaxes(range=[0, max(peak, 1.0) / GIB * 1.12], row=row, col=1)
+        fig.update_yaxes(title_text="GiB", row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(replicas), col=1)
-    fig.update_layout(base_layout("Decode memory in use over time, per replica (KV cache + weights vs capacity)",
-                                  height=170 + 230 * len(replicas)))
+    fig.update_layout(base_layout("Decode memory in use over time, per replica", height=170 + 230 * len(replicas)))
     return fig
 
 
@@ -259,7 +298,7 @@ def window_mean_step(t, y, edges) -> np.ndarray:
     return np.where(width > 0, np.diff(F) / np.where(width > 0, width, 1), 0.0)
 
 
-LINK_WINDOWS = 150   # windows over the run for link throughput
+LINK_WINDOWS = 120   # windows over the run for link throughput
 
 
 def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
@@ -267,7 +306,7 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
     links = run.links
     if links is None or links.empty:
         return None
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     caps = link_capacities(run)
     shown = _busiest(links, "link", "throughput_gbps", MAX_PANELS)
     t0, t_end = float(links["time_s"].min()), float(links["time_s"].max())
@@ -296,7 +335,7 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
                 extra += "<br>mean active flows: %{customdata[1]:.2f}"
             fig.add_scatter(
                 x=mid, y=gbps, name=method_label(m), legendgroup=m, showlegend=row == 1, mode="lines",
-                line=dict(color=colours[m], width=1.8),
+                line=dict(color=colours[m], width=1.5),
                 customdata=np.stack(custom, axis=-1),
                 hovertemplate=(f"<b>{method_label(m)}</b> · {k}<br>t = %{{x:.4g}} s ± {window_s / 2:.3g} s"
                                f"<br>mean throughput = %{{y:.4g}} Gbps{extra}<extra></extra>"),
@@ -316,18 +355,11 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
 
 
 def _method_partition(run: RunData, method: str) -> int | None:
-    """The partition size Π the scenario gave a method, if it says (key partition / partition_size / pi)."""
-    cfg = (run.scenario or {}).get("methods")
-    entries = []
-    if isinstance(cfg, dict):
-        entries = [dict(v, name=k) if isinstance(v, dict) else {"name": k} for k, v in cfg.items()]
-    elif isinstance(cfg, list):
-        entries = [e for e in cfg if isinstance(e, dict)]
-    for e in entries:
-        if str(e.get("name", e.get("method", e.get("kind")))) == method:
-            for key in ("partition", "partition_size", "partition_elements", "pi"):
-                if isinstance(e.get(key), (int, float)):
-                    return int(e[key])
+    """The partition size Π the scenario gave a method, if it says (partition / partition_size / pi)."""
+    e = run.method_configs.get(method, {})
+    for key in ("partition", "partition_size", "partition_elements", "pi"):
+        if isinstance(e.get(key), (int, float)) and not isinstance(e.get(key), bool):
+            return int(e[key])
     return None
 
 
@@ -345,24 +377,30 @@ def accuracy_rows(run: RunData) -> pd.DataFrame | None:
 
 
 def match_accuracy(run: RunData, acc: pd.DataFrame) -> pd.DataFrame:
-    """Pair accuracy rows with methods: kernel == method (or the longest method name it starts
-    with), restricted to the method's partition size when the scenario names one."""
+    """Pair accuracy rows with methods: kernel (or its part after the last ".") == the method's
+    output name or kind, else the longest method name it starts with ("hack_attn" -> hack);
+    restricted to the method's partition size when the scenario names one."""
     methods = sorted(run.methods, key=len, reverse=True)
+    kinds = run.kinds
     out = []
     for _, row in acc.iterrows():
-        kernel = str(row["kernel"])
-        m = kernel if kernel in run.methods else next((x for x in methods if kernel.startswith(x + "_") or kernel.startswith(x + ".")), None)
-        if m is None:
-            continue
-        part = _method_partition(run, m)
-        if part is not None and pd.notna(row["partition"]) and int(row["partition"]) != part:
-            continue
-        stats = run.summary["methods"].get(m) or {}
-        jct = (stats.get("jct_s") or {}).get("mean")
-        if jct is None:
-            continue
-        decode = (stats.get("breakdown_s") or {}).get("decode")
-        out.append(dict(row, method=m, jct_mean_s=float(jct), decode_mean_s=None if decode is None else float(decode)))
+        # A kernel key "decode_attn.hack" names its variant after the dot.
+        kernel = str(row["kernel"]).rsplit(".", 1)[-1]
+        # A kernel pairs with the methods named after it, or labelled variants of that kind.
+        candidates = [m for m in run.methods if m == kernel or kinds.get(m) == kernel]
+        if not candidates:
+            prefix = next((x for x in methods if kernel.startswith(x + "_")), None)
+            candidates = [prefix] if prefix else []
+        for m in candidates:
+            part = _method_partition(run, m)
+            if part is not None and pd.notna(row["partition"]) and int(row["partition"]) != part:
+                continue
+            stats = run.summary["methods"].get(m) or {}
+            jct = (stats.get("jct_s") or {}).get("mean")
+            if jct is None:
+                continue
+            decode = (stats.get("breakdown_s") or {}).get("decode")
+            out.append(dict(row, method=m, jct_mean_s=float(jct), decode_mean_s=None if decode is None else float(decode)))
     return pd.DataFrame(out)
 
 
@@ -378,7 +416,7 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
     if acc is None:
         return None
     matched = match_accuracy(run, acc)
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     two = not matched.empty
     fig = make_subplots(rows=1, cols=2 if two else 1, horizontal_spacing=0.1,
                         subplot_titles=["relative error by partition size Π"] + (["accuracy vs speed"] if two else []))
@@ -433,7 +471,11 @@ def make_figures(run: RunData, max_points: int = MAX_POINTS) -> dict[str, go.Fig
     figs["decode_memory"] = fig_memory(run, max_points)
     figs["link_utilisation"] = fig_links(run)
     figs["accuracy_tradeoff"] = fig_tradeoff(run)
-    return {k: v for k, v in figs.items() if v is not None}
+    out = {k: v for k, v in figs.items() if v is not None}
+    for fig in out.values():
+        fig.update_xaxes(automargin=True)
+        fig.update_yaxes(automargin=True)
+    return out
 
 
 def figure_notes(run: RunData) -> dict[str, str]:

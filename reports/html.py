@@ -38,7 +38,8 @@ body { margin:0; background:var(--bg); color:var(--ink);
        font:14px/1.5 Inter,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif; }
 header { background:linear-gradient(120deg,#111827,#1f2937 60%,#3f1d1d); color:#f9fafb; padding:28px 40px 22px; }
 header h1 { margin:0 0 4px; font-size:26px; font-weight:650; letter-spacing:-.01em; }
-header .sub { color:#d1d5db; font-size:13px; }
+header .sub { color:#9ca3af; font-size:12.5px; }
+header .desc { color:#e5e7eb; font-size:15px; margin-bottom:4px; }
 header .sub code { color:#fca5a5; }
 .tiles { display:grid; grid-template-columns:repeat(auto-fit,minmax(150px,1fr)); gap:12px; margin-top:18px; }
 .tile { background:rgba(255,255,255,.07); border:1px solid rgba(255,255,255,.12); border-radius:10px; padding:10px 14px; }
@@ -102,8 +103,8 @@ FIGURE_SECTIONS = (
      "top is the total.", ("jct_breakdown",)),
     ("distributions", "Latency distributions", "Empirical CDFs over every completed request; dotted lines mark the "
      "median and the 90th percentile.", ("cdf_jct", "cdf_ttft", "cdf_tpot")),
-    ("memory", "Decode memory", "Memory in use on each decode replica (model weights plus KV caches), with the "
-     "replica's capacity dashed.", ("decode_memory",)),
+    ("memory", "Decode memory", "Memory in use on each decode replica over the run, as the simulator recorded it, "
+     "against the replica's capacity.", ("decode_memory",)),
     ("links", "Link utilisation", "Throughput of KV transfers on each prefill→decode link, with the link's "
      "capacity dashed.", ("link_utilisation",)),
     ("tradeoff", "Accuracy/speed trade-off", "Relative error of the compressed attention kernels, from the "
@@ -160,12 +161,17 @@ def _header(run: RunData) -> str:
             red = (row[base] - row[best]) / row[base] * 100
             detail, good = f"{who}: {fmt_pct(-red)} vs baseline", red > 0
         tiles.append(_tile(title, _fmt(kind, row[best]), detail, good))
-    prof = (run.profiles or {}).get("decode") or {}
-    if prof:
-        src = prof.get("source", "unknown")
-        tiles.append(_tile("Decode calibration", f"{prof.get('gpu', '?')} · {src}",
-                           f"from {prof['derived_from']}" if prof.get("derived_from") else ""))
-    return (f'<header><h1>{_esc(run.name)}</h1><div class="sub">hacksim report · run folder '
+    profs = {role: (run.profiles or {}).get(role) for role in ("prefill", "decode")}
+    profs = {k: v for k, v in profs.items() if isinstance(v, dict)}
+    if profs:
+        sources = sorted({str(p.get("source", "unknown")) for p in profs.values()})
+        detail = ", ".join(f"{role} {p.get('gpu', '?')}" + (f" from {p['derived_from']}" if p.get("derived_from") else "")
+                           for role, p in profs.items())
+        tiles.append(_tile("Calibration", " / ".join(sources), detail,
+                           None if sources == ["measured"] else False if "roofline" in sources else None))
+    desc = (run.scenario or {}).get("description")
+    desc_html = f'<div class="desc">{_esc(desc)}</div>' if desc else ""
+    return (f'<header><h1>{_esc(run.name)}</h1>{desc_html}<div class="sub">hacksim report · run folder '
             f'<code>{_esc(run.run_dir.name)}</code> · {len(methods)} method(s)'
             f'{" · baseline: " + method_label(base) if base else " · no baseline in this run"}</div>'
             f'<div class="tiles">{"".join(tiles)}</div></header>')
@@ -173,7 +179,7 @@ def _header(run: RunData) -> str:
 
 def _reductions_html(run: RunData) -> str:
     red = reductions_table(run)
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     if red is None:
         return ('<div class="note">This run has no <code>baseline</code> method, so there are no reductions to '
                 'compute; the absolute values are in the next table.</div>')
@@ -205,7 +211,7 @@ def _reductions_html(run: RunData) -> str:
 def _latency_html(run: RunData) -> str:
     lat = latency_table(run)
     values = metric_values(run)
-    colours = method_colours(run.methods)
+    colours = method_colours(run.methods, run.kinds)
     qs = ("mean", "p50", "p90", "p99")
     groups = (("jct", "JCT"), ("ttft", "TTFT"), ("tpot", "TPOT"))
     top = ('<tr><th rowspan="2">method</th><th rowspan="2">completed</th><th rowspan="2">throughput</th>'
@@ -246,16 +252,29 @@ def _profile_html(run: RunData) -> str:
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def _short(v) -> str:
+def _scalar(v) -> bool:
+    return isinstance(v, (str, int, float, bool))
+
+
+def _short(v, limit: int = 8) -> str:
+    """One line for a scenario entry: scalars as k=v, nested objects by their name or preset."""
     if isinstance(v, dict):
-        for k in ("name", "gpu", "kind", "dataset"):
-            if isinstance(v.get(k), (str, int, float)):
-                rest = [f"{kk}={vv}" for kk, vv in v.items() if kk != k and isinstance(vv, (str, int, float, bool))][:4]
-                return f"{v[k]}" + (f" ({', '.join(rest)})" if rest else "")
-        return ", ".join(f"{kk}={vv}" for kk, vv in v.items() if isinstance(vv, (str, int, float, bool)))[:160] or "…"
+        head = next((v[k] for k in ("name", "kind", "dataset") if _scalar(v.get(k))), None)
+        parts = []
+        for k, x in v.items():
+            if x is None or (k in ("name", "kind", "dataset") and x == head):
+                continue
+            if _scalar(x):
+                parts.append(f"{k}={x}")
+            elif isinstance(x, dict):
+                name = next((x[kk] for kk in ("name", "preset", "kind") if _scalar(x.get(kk))), None)
+                if name is not None:
+                    parts.append(f"{k}={name}")
+        text = ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
+        return f"{head} ({text})" if head is not None and text else str(head) if head is not None else text or "…"
     if isinstance(v, list):
-        names = [str(x.get("name", x.get("method", "…"))) if isinstance(x, dict) else str(x) for x in v]
-        return ", ".join(names)[:160]
+        names = [str(x.get("label") or x.get("name") or x.get("method") or "…") if isinstance(x, dict) else str(x) for x in v]
+        return ", ".join(names)
     return str(v)
 
 

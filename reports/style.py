@@ -54,10 +54,19 @@ PART_LABELS = {p: p.replace("_", " ").capitalize() for p in BREAKDOWN_PARTS}
 FONT = "Inter, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
 
 
-def method_colours(methods: list[str]) -> dict[str, str]:
+def method_colours(methods: list[str], kinds: dict[str, str] | None = None) -> dict[str, str]:
+    """A colour per method: its own, else its kind's (a labelled variant) if still free, else a spare."""
+    kinds = kinds or {}
     out, spare = {}, iter(FALLBACK_COLOURS * (1 + len(methods) // len(FALLBACK_COLOURS)))
+    taken = {METHOD_COLOURS[m] for m in methods if m in METHOD_COLOURS}
     for m in methods:
-        out[m] = METHOD_COLOURS.get(m) or next(spare)
+        colour = METHOD_COLOURS.get(m)
+        if colour is None:
+            colour = METHOD_COLOURS.get(kinds.get(m, ""))
+            if colour is None or colour in taken:
+                colour = next(spare)
+            taken.add(colour)
+        out[m] = colour
     return out
 
 

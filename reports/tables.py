@@ -23,9 +23,11 @@ METRICS = (
     ("KV bytes/token on the wire", ("kv_bytes_per_token", "wire"), "bytes"),
     ("KV bytes/token in memory", ("kv_bytes_per_token", "memory"), "bytes"),
     ("Peak decode memory", ("peak_decode_memory_bytes",), "bytes"),
+    ("Peak decode KV cache", ("peak_decode_kv_bytes",), "bytes"),
     ("Throughput (gain)", ("throughput_rps",), "rps"),
 )
 HIGHER_IS_BETTER = {"Throughput (gain)"}
+ALWAYS_SHOWN = [label for label, _, _ in METRICS if label != "Peak decode KV cache"]
 
 
 def _get(stats: dict, path: tuple[str, ...]) -> float:
@@ -41,9 +43,13 @@ def _get(stats: dict, path: tuple[str, ...]) -> float:
 
 
 def metric_values(run: RunData) -> pd.DataFrame:
-    """Absolute values: one row per metric of METRICS, one column per method (seconds, bytes, req/s)."""
+    """Absolute values: one row per metric of METRICS, one column per method (seconds, bytes, req/s).
+
+    A metric no method reports (e.g. peak_decode_kv_bytes from an older run) is left out.
+    """
     data = {m: [_get(run.summary["methods"].get(m) or {}, path) for _, path, _ in METRICS] for m in run.methods}
-    return pd.DataFrame(data, index=[label for label, _, _ in METRICS], columns=run.methods)
+    df = pd.DataFrame(data, index=[label for label, _, _ in METRICS], columns=run.methods, dtype=float)
+    return df[df.notna().any(axis=1) | df.index.isin(ALWAYS_SHOWN)]
 
 
 def reductions_table(run: RunData) -> pd.DataFrame | None:

@@ -225,3 +225,62 @@ def test_reports_never_imports_the_simulator():
                 assert name.split(".")[0] not in {"simulator", "costmodel", "cli", "simpy"}, (path, name)
     code = "import sys, reports; bad = [m for m in ('simulator', 'costmodel', 'simpy') if m in sys.modules]; assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def _edit_json(path, fn):
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def test_labelled_variants_pair_with_their_partition(tmp_path):
+    """Two HACK variants told apart by label: each pairs with its own Π's accuracy row, and each keeps one colour."""
+    d = write_fake_run(tmp_path, n_requests=10, methods=("baseline", "hack"))
+
+    def add_variant(summary):
+        summary["methods"]["hack_pi32"] = dict(summary["methods"]["hack"], jct_s={"mean": 1.5, "p50": 1, "p90": 2, "p99": 3})
+    _edit_json(d / "summary.json", add_variant)
+    _edit_json(d / "scenario.json", lambda sc: sc.update(methods=[
+        {"name": "baseline", "label": None}, {"name": "hack", "label": None, "partition": 64},
+        {"name": "hack", "label": "hack_pi32", "partition": 32}]))
+    _edit_json(d / "profiles.json", lambda p: p.update(accuracy=[
+        {"kernel": "decode_attn.hack", "partition": q, "bits": 2, "rounding": "stochastic", "inputs": "gaussian",
+         "rel_error": e} for q, e in ((32, 0.01), (64, 0.02), (128, 0.04))]))
+    run = load_run(d)
+    assert run.methods == ["baseline", "hack", "hack_pi32"] and run.kinds["hack_pi32"] == "hack"
+    fig = make_figures(run)["accuracy_tradeoff"]
+    right = {t.name: t for t in fig.data if t.xaxis == "x2"}
+    assert list(right["HACK"].x) == [0.02] and list(right["hack_pi32"].x) == [0.01]
+    assert list(right["hack_pi32"].y) == [1.5]
+    assert right["HACK"].marker.color == "#dc2626" and right["hack_pi32"].marker.color not in ("#dc2626", "#6b7280")
+
+
+def test_far_capacity_is_stated_not_drawn(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=10)
+    mem = pd.read_csv(d / "memory.csv")
+    mem["used_bytes"] -= 15 * 2**30 - 2**30          # KV only: ~1-3 GiB
+    mem["capacity_bytes"] = 375 * 2**30
+    mem.to_csv(d / "memory.csv", index=False)
+    fig = make_figures(load_run(d))["decode_memory"]
+    assert not [t for t in fig.data if t.name == "capacity"]
+    titles = [a.text for a in fig.layout.annotations]
+    assert all("off scale" in t and "375 GiB" in t for t in titles), titles
+    peak = mem["used_bytes"].max() / 2**30
+    assert fig.layout.yaxis.range[1] == pytest.approx(peak * 1.12)
+
+
+def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=40)
+    assert "Peak decode KV cache" not in reductions_table(load_run(d)).index
+    req = pd.read_csv(d / "requests.csv")
+    req.loc[req["request_id"] == 0, "tpot_s"] = 5.0            # one request 100x slower per token
+    req.to_csv(d / "requests.csv", index=False)
+
+    def add_kv(summary):
+        for i, s in enumerate(summary["methods"].values()):
+            s["peak_decode_kv_bytes"] = 2**30 * (4 - i * 0.5)
+    _edit_json(d / "summary.json", add_kv)
+    run = load_run(d)
+    figs = make_figures(run)
+    assert figs["cdf_tpot"].layout.xaxis.type == "log" and figs["cdf_jct"].layout.xaxis.type != "log"
+    assert reductions_table(run).at["Peak decode KV cache", "cachegen"] == pytest.approx(12.5)

@@ -284,3 +284,11 @@ def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
     figs = make_figures(run)
     assert figs["cdf_tpot"].layout.xaxis.type == "log" and figs["cdf_jct"].layout.xaxis.type != "log"
     assert reductions_table(run).at["Peak decode KV cache", "cachegen"] == pytest.approx(12.5)
+
+
+def test_module_entry_point(tmp_path, capsys):
+    from reports.__main__ import main
+    d = write_fake_run(tmp_path / "run", n_requests=5)
+    assert main([str(d)]) == 0 and (d / "report.html").is_file()
+    assert main([str(tmp_path / "nowhere")]) == 1
+    assert "summary.json not found" in capsys.readouterr().err

@@ -1,0 +1,29 @@
+"""``python -m reports RUN_DIR [--static png svg]``: rebuild report.html (and static images) from a run folder."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import build_report, export_static
+from .static import StaticExportError
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split(":", 1)[1].strip())
+    ap.add_argument("run_dir", help="a folder written by `cli.py simulate --out`")
+    ap.add_argument("--static", nargs="*", metavar="FORMAT",
+                    help="also write RUN_DIR/figures/*.FORMAT (default png svg); needs kaleido and Chromium")
+    args = ap.parse_args(argv)
+    try:
+        print(f"wrote {build_report(args.run_dir)}")
+        if args.static is not None:
+            paths = export_static(args.run_dir, tuple(args.static) or ("png", "svg"))
+            print(f"wrote {len(paths)} image(s) under {paths[0].parent if paths else args.run_dir}")
+    except (FileNotFoundError, StaticExportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

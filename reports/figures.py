@@ -102,9 +102,9 @@ def fig_breakdown(run: RunData) -> go.Figure | None:
     )
     fig.update_layout(base_layout(
         "Where a request's time goes: mean JCT in nine parts",
-        barmode="stack", height=460, yaxis_title="mean time per request (s)", xaxis_title=None,
-        legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0, title=None, traceorder="normal"),
-        margin=dict(l=70, r=30, t=60, b=110),
+        barmode="stack", yaxis_title="mean time per request (s)", xaxis_title=None,
+        legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0, title=None, traceorder="normal"),
+        margin=dict(l=70, r=30, t=60, b=70), height=440,
     ))
     fig.update_yaxes(range=[0, float(total.max()) * 1.14 or 1])
     return fig
@@ -137,7 +137,9 @@ def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_
                                   legend=dict(orientation="v", yanchor="bottom", y=0.03, xanchor="right", x=0.99,
                                               bgcolor="rgba(255,255,255,0.85)", bordercolor="#e5e7eb", borderwidth=1,
                                               font=dict(size=11)),
-                                  margin=dict(l=60, r=20, t=60, b=55)))
+                                  margin=dict(l=60, r=20, t=75, b=55)))
+    # Title just above the axes, clear of the mode bar in the top-right corner of a narrow figure.
+    fig.update_layout(title=dict(yref="paper", y=1, yanchor="bottom", pad=dict(b=12)))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     if log_x:
         ticks = _ticks_125(float(pooled.min()), float(pooled.max()))

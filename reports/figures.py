@@ -225,7 +225,8 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
             )
             fig.update_yaxes(range=[0, cap / GIB * 1.06], row=row, col=1)
         else:
-            fig.update_yaxes(range=[0, max(peak, 1.0) / GIB * 1.12], row=row, col=1)
+            top = peak if peak > 0 else (cap if cap > 0 else GIB)
+            fig.update_yaxes(range=[0, top / GIB * 1.12], row=row, col=1)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(replicas), col=1)
     fig.update_layout(base_layout("Decode memory in use over time, per replica", height=170 + 230 * len(replicas)))

@@ -292,3 +292,15 @@ def test_module_entry_point(tmp_path, capsys):
     assert main([str(d)]) == 0 and (d / "report.html").is_file()
     assert main([str(tmp_path / "nowhere")]) == 1
     assert "summary.json not found" in capsys.readouterr().err
+
+
+def test_degenerate_series_still_draw(tmp_path):
+    d = write_fake_run(tmp_path, n_requests=6)
+    pd.DataFrame({"method": ["baseline"], "replica": [0], "time_s": [0.0], "used_bytes": [0], "capacity_bytes": [2**30]}
+                 ).to_csv(d / "memory.csv", index=False)
+    pd.DataFrame({"method": ["baseline"], "link": ["p0"], "time_s": [0.0], "active_flows": [0], "throughput_gbps": [0.0]}
+                 ).to_csv(d / "links.csv", index=False)
+    figs = make_figures(load_run(d))
+    assert figs["decode_memory"].layout.yaxis.range[1] > 0
+    assert [float(v) for v in figs["link_utilisation"].data[0].y] == [0.0] * len(figs["link_utilisation"].data[0].y)
+    build_report(d)

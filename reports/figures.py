@@ -508,7 +508,8 @@ def figure_notes(run: RunData) -> dict[str, str]:
     acc = accuracy_rows(run)
     if acc is None:
         notes["accuracy_tradeoff"] = ("The calibration profile has no accuracy rows, so there is no accuracy/speed "
-                                      "trade-off to show. Profiles measured by kernels_calibration carry them.")
+                                      "trade-off to show. Runs whose decode profile is measured or derived carry them "
+                                      "(kernels_calibration/profiles/<gpu>/accuracy.csv); roofline profiles do not.")
     elif match_accuracy(run, acc).empty:
         notes["accuracy_tradeoff"] = ("No accuracy row's kernel matches a simulated method, so only the relative "
                                       "errors are shown, without speed.")

@@ -9,7 +9,8 @@ method means adding one class here.
 
 Sources: `../shared/docs/hack_method.md` (HACK's format, SE/RQE, correction-cost formulas); the
 KVQuant paper (arXiv 2401.18079: 1% dense-and-sparse outliers stored as FP16 value + index);
-CacheGen (arXiv 2310.07240: quantize, then arithmetic-code the symbols for the wire).
+CacheGen (arXiv 2310.07240: quantize, then arithmetic-code the symbols for the wire); PQCache
+(arXiv 2407.12820) and HCAttention (Neurocomputing 2026) as described in hack_method.md.
 """
 from __future__ import annotations
 
@@ -55,6 +56,21 @@ def gaussian_code_entropy_bits(bits: int, partition: int) -> float:
 
 
 @dataclass(frozen=True)
+class DecodeEnv:
+    """What a method needs to price one decode layer on one GPU of a replica."""
+
+    profile: object                 # CalibrationProfile
+    model: ModelSpec
+    kv_units_per_token: int         # K and V elements per context token on this GPU (profile units)
+    q_heads_per_gpu: float
+    alu_instr_per_s: float
+    pcie_bytes_per_s: float
+    memory_bytes_per_s: float
+    has_fp8: bool
+    has_fp4: bool
+
+
+@dataclass(frozen=True)
 class KVMethod:
     """Base: uncompressed FP16 KV (the vLLM-style disaggregated baseline)."""
 
@@ -94,8 +110,34 @@ class KVMethod:
         return self.memory_bytes_per_element() * model.kv_elements_per_token_per_layer * model.layers
 
     def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
-        """Fixed per-request decode memory beyond the per-token format (e.g. an FP16 tail block)."""
+        """Fixed per-request decode GPU memory beyond the per-token format (e.g. an FP16 tail block)."""
         return 0.0
+
+    def wire_fixed_bytes(self, model: ModelSpec) -> float:
+        """Bytes sent once per request besides the per-token KV (e.g. PQ centroids)."""
+        return 0.0
+
+    def host_bytes_per_token(self, model: ModelSpec) -> float:
+        """Decode-side host (CPU) memory one token's KV occupies, for methods that offload."""
+        return 0.0
+
+    def check_decode_gpu(self, gpu) -> str | None:
+        """Why this method cannot run on the decode GPU, or None."""
+        return None
+
+    def decode_layer_terms(self, env: "DecodeEnv") -> tuple[dict[str, float], dict[str, float]]:
+        """Seconds of one decode layer on one GPU, split into breakdown parts, as
+        (per request in the batch, per context token). Parts: decode, dequantize, approximation,
+        and fetch (host -> GPU over PCIe; reported as a sub-part of decode)."""
+        prof, u = env.profile, env.kv_units_per_token
+        attn_per_ctx = prof.kernel(f"decode_attn.{self.decode_attention}").s_per_unit * u
+        dequant = 0.0
+        if self.per_iteration_dequant:
+            dequant = max(0.0, attn_per_ctx - prof.kernel("decode_attn.fp16").s_per_unit * u)
+        fixed_ops, per_ctx_ops = self.approximation_ops(env.model)
+        approx = min(attn_per_ctx - dequant, env.q_heads_per_gpu * per_ctx_ops / env.alu_instr_per_s)
+        return ({"approximation": env.q_heads_per_gpu * fixed_ops / env.alu_instr_per_s},
+                {"decode": attn_per_ctx - dequant - approx, "dequantize": dequant, "approximation": approx})
 
     # Homomorphic correction: extra ALU ops per query head per decode iteration: fixed + per ctx token.
     def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
@@ -249,9 +291,139 @@ class HACK(KVMethod):
         return 20.0
 
 
+@dataclass(frozen=True)
+class FP4(KVMethod):
+    """FP4 (NVFP4-style e2m1 with an FP8 scale per 16 elements) KV: 0.5625 bytes per element.
+
+    Native on GPUs with FP4 tensor cores (Blackwell). Elsewhere `emulate=True` prices software
+    dequantization in registers (unpack + convert + scale, like the fused 2-bit path) as
+    `dequantize`; `emulate=False` refuses such a GPU."""
+
+    name: str = "fp4"
+    emulate: bool = True
+    encode: ClassVar[str | None] = "cast"
+
+    def wire_bytes_per_element(self) -> float:
+        return 0.5 + 1.0 / 16
+
+    memory_bytes_per_element = wire_bytes_per_element
+
+    def check_decode_gpu(self, gpu) -> str | None:
+        if gpu.fp4_tensor_tflops is None and not self.emulate:
+            return (f"fp4 needs FP4 tensor cores (Blackwell); {gpu.key} has none: set emulate: true to price "
+                    f"software dequantization")
+        return None
+
+    def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
+        from .roofline import DEQUANT_INSTR_PER_ELEMENT, FP8_CONVERT_INSTR_PER_ELEMENT
+        u = env.kv_units_per_token
+        read = self.memory_bytes_per_element() / env.memory_bytes_per_s
+        native = max(read, FP8_CONVERT_INSTR_PER_ELEMENT / env.alu_instr_per_s)
+        if env.has_fp4:
+            return {}, {"decode": native * u}
+        emulated = max(read, DEQUANT_INSTR_PER_ELEMENT / env.alu_instr_per_s)
+        return {}, {"decode": native * u, "dequantize": (emulated - native) * u}
+
+
+@dataclass(frozen=True)
+class PQCache(KVMethod):
+    """PQCache: full FP16 KV in decode host memory; keys product-quantized (m sub-spaces, 2^b
+    centroids each, K-Means on the prefill host's CPUs, overlapped with GPU prefill up to an
+    iteration cap). Each decode iteration scores all tokens from the codes on the GPU, fetches
+    the top-k tokens' K and V over PCIe through a GPU block cache (`cache_hit_rate`), and attends
+    over them plus the initial and recent ("local") tokens kept on the GPU.
+
+    The wire carries the FP16 KV (the decode side needs all of it in host memory), the codes and
+    the centroids: PQCache saves decode GPU memory, not transfer bytes."""
+
+    name: str = "pqcache"
+    subspaces: int = 2
+    bits: int = 8
+    top_k_fraction: float = 0.2
+    local_tokens: int = 256
+    cache_tokens: int = 2048
+    cache_hit_rate: float = 0.5
+    kmeans_max_iterations: int = 100
+    encode: ClassVar[str | None] = "pq"
+
+    def code_bytes_per_token(self, model: ModelSpec) -> float:
+        return model.layers * model.kv_heads * self.subspaces * self.bits / 8
+
+    def wire_bytes_per_token(self, model: ModelSpec) -> float:
+        return FP16_BYTES * model.kv_elements_per_token_per_layer * model.layers + self.code_bytes_per_token(model)
+
+    def wire_fixed_bytes(self, model: ModelSpec) -> float:
+        # Centroids: per layer and KV head, 2^b centroids of d_h/m dims in each of m sub-spaces.
+        return model.layers * model.kv_heads * 2**self.bits * model.head_dim * FP16_BYTES
+
+    def memory_bytes_per_token(self, model: ModelSpec) -> float:
+        return self.code_bytes_per_token(model)
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        fp16_token = FP16_BYTES * model.kv_elements_per_token_per_layer * model.layers
+        return (self.local_tokens + self.cache_tokens) * fp16_token + self.wire_fixed_bytes(model)
+
+    def host_bytes_per_token(self, model: ModelSpec) -> float:
+        return FP16_BYTES * model.kv_elements_per_token_per_layer * model.layers
+
+    def kmeans_flops_per_token_iteration(self, model: ModelSpec) -> float:
+        """One K-Means iteration: every key against every centroid of its sub-space (2 FLOPs/MAC)."""
+        return 2.0 * model.layers * model.kv_heads * 2**self.bits * model.head_dim
+
+    def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
+        prof, u = env.profile, env.kv_units_per_token
+        kv_heads = u / (2 * env.model.head_dim)
+        fp16 = prof.kernel("decode_attn.fp16").s_per_unit
+        # Scoring: read m b-bit codes per token per KV head, m table lookups+adds per query head,
+        # then a top-k pass over FP32 scores (write + read).
+        score = max(kv_heads * (self.subspaces * self.bits / 8 + 8) / env.memory_bytes_per_s,
+                    env.q_heads_per_gpu * self.subspaces * 2 / env.alu_instr_per_s)
+        fetch = self.top_k_fraction * (1 - self.cache_hit_rate) * u * FP16_BYTES / env.pcie_bytes_per_s
+        return ({"decode": fp16 * u * self.local_tokens},
+                {"decode": fp16 * u * self.top_k_fraction + fetch, "approximation": score, "fetch": fetch})
+
+
+@dataclass(frozen=True)
+class HCAttention(KVMethod):
+    """HCAttention: keys quantized (key_bits, one min/scale per `partition`) and kept on the GPU to
+    score every token; values in decode host memory, a `gpu_kv_budget` fraction of them (the most
+    important) also on the GPU. Each iteration the values of `fetch_fraction` of the tokens are
+    needed; `value_hit_rate` of those are already on the GPU, the rest cross PCIe.
+
+    The prefill side quantizes the keys, so the wire carries quantized K and FP16 V."""
+
+    name: str = "hcattention"
+    key_bits: int = 4
+    partition: int = 64
+    gpu_kv_budget: float = 0.25
+    fetch_fraction: float = 0.1
+    value_hit_rate: float = 0.8
+    encode: ClassVar[str | None] = "quantize_keys"
+
+    def _key_bytes_per_element(self) -> float:
+        return code_bytes(self.key_bits) + FP16_META_BYTES / self.partition
+
+    def wire_bytes_per_element(self) -> float:
+        return (self._key_bytes_per_element() + FP16_BYTES) / 2
+
+    def memory_bytes_per_element(self) -> float:
+        return (self._key_bytes_per_element() + self.gpu_kv_budget * FP16_BYTES) / 2
+
+    def host_bytes_per_token(self, model: ModelSpec) -> float:
+        return FP16_BYTES * model.kv_elements_per_token_per_layer * model.layers / 2
+
+    def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
+        prof, u = env.profile, env.kv_units_per_token
+        score = prof.kernel("decode_attn.dequant_fused").s_per_unit * u / 2        # quantized K, every token
+        pv = prof.kernel("decode_attn.fp16").s_per_unit * u / 2 * self.fetch_fraction
+        fetch = self.fetch_fraction * (1 - self.value_hit_rate) * (u / 2) * FP16_BYTES / env.pcie_bytes_per_s
+        return {}, {"decode": pv + fetch, "approximation": score, "fetch": fetch}
+
+
 def make_method(name: str, **params) -> KVMethod:
     """Build a method object from its scenario name and parameters."""
-    classes = {"baseline": KVMethod, "fp8": FP8, "kvquant": KVQuant, "cachegen": CacheGen, "hack": HACK}
+    classes = {"baseline": KVMethod, "fp8": FP8, "fp4": FP4, "kvquant": KVQuant, "cachegen": CacheGen, "hack": HACK,
+               "pqcache": PQCache, "hcattention": HCAttention}
     if name == "hack_no_se":
         params.setdefault("summation_elimination", False)
         return HACK(name=params.pop("label", name), **params)

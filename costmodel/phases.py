@@ -25,13 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .calibration import CalibrationProfile
-from .methods import KVMethod
+from .methods import DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
 ALLREDUCE_STEP_LATENCY_S = 8e-6      # one ring step's fixed cost (NCCL small-message latency, PCIe/NVLink)
 RUNTIME_RESERVE_BYTES = 1.5 * GIB    # CUDA context + cuBLAS/NCCL workspaces per GPU (vLLM's observed overhead)
 ACTIVATION_BYTES_PER_TOKEN_FACTOR = 8   # peak live activations ≈ 8 hidden-sized FP16 rows per batched token
+CPU_FLOPS_PER_VCPU = 20e9             # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
+                                      # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
                                          # range update, renormalise, bit I/O); an assumption, stated as such
 
@@ -58,6 +60,8 @@ class IterationCost:
     dequant_per_ctx_s: float
     approx_fixed_s: float
     approx_per_ctx_s: float
+    fetch_fixed_s: float = 0.0      # host -> GPU fetches (offload methods): included in decode_*, kept
+    fetch_per_ctx_s: float = 0.0    # apart so reports can show them
 
     @property
     def fixed_s(self) -> float:
@@ -86,6 +90,7 @@ class ReplicaCostModel:
     profile: CalibrationProfile
     gpu_memory_utilization: float = 0.9
     max_batch_tokens: int = 16384
+    host_vcpus: int = 0             # CPUs of the replica's hosts (PQCache's K-Means runs there)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -180,6 +185,8 @@ class ReplicaCostModel:
         stage_s = layers_per_stage * layer_s + self._lm_head_s(len(prompt_tokens)) / stages
         latency_s = m.layers * layer_s + self._lm_head_s(len(prompt_tokens)) + (stages - 1) * self._stage_hop_s(tokens)
         encode_s = m.layers / stages * self._encode_layer_s(tokens)
+        if self.method.encode == "pq":
+            encode_s = self._pq_construction_excess_s(tokens, latency_s)
         return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s)
 
     def _encode_layer_s(self, tokens: int) -> float:
@@ -189,12 +196,30 @@ class ReplicaCostModel:
             return 0.0
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
-        if enc == "cast":   # read FP16, write FP8
+        if enc == "cast":   # read FP16, write FP8 / FP4
             return p.launch_overhead_s + elements * 3.0 / (p.memory_gbps * 1e9)
+        if enc == "quantize_keys":
+            return p.kernel("quantize.kv").time_s(elements / 2)
         t = p.kernel("quantize.kv").time_s(elements)
         if self.method.entropy_coded:
             t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
         return t
+
+    def kmeans_iteration_s(self, tokens: int) -> float:
+        """One K-Means iteration over the batch's keys on the replica's host CPUs."""
+        if self.host_vcpus <= 0:
+            raise ModelDoesNotFit(f"{self.method.name} clusters keys on the host CPUs, but the pool has no vCPUs "
+                                  f"(give it an instance)")
+        return tokens * self.method.kmeans_flops_per_token_iteration(self.model) / (self.host_vcpus * CPU_FLOPS_PER_VCPU)
+
+    def pq_iterations(self, tokens: int, gpu_latency_s: float) -> int:
+        """PQCache's adaptive cap: as many iterations as fit in the GPU prefill time, at least one."""
+        return max(1, min(self.method.kmeans_max_iterations, int(gpu_latency_s / self.kmeans_iteration_s(tokens))))
+
+    def _pq_construction_excess_s(self, tokens: int, gpu_latency_s: float) -> float:
+        """K-Means runs beside the GPU prefill; only what outlasts it delays the request."""
+        total = self.pq_iterations(tokens, gpu_latency_s) * self.kmeans_iteration_s(tokens)
+        return max(0.0, total - gpu_latency_s)
 
     # ---- arrival at decode ----------------------------------------------------------------
     def on_arrival_s(self, prompt_tokens: int) -> float:
@@ -214,32 +239,36 @@ class ReplicaCostModel:
             c = memo[batch_size] = self._iteration(batch_size)
         return c
 
+    def decode_env(self) -> DecodeEnv:
+        g, p = self.gpu, self.profile
+        return DecodeEnv(profile=p, model=self.model, kv_units_per_token=self._kv_elements_per_token_per_gpu_layer(),
+                         q_heads_per_gpu=self.q_heads_per_gpu, alu_instr_per_s=alu_instr_per_s(g),
+                         pcie_bytes_per_s=g.pcie_gb_per_s * 1e9, memory_bytes_per_s=p.memory_gbps * 1e9,
+                         has_fp8=g.fp8_tensor_tflops is not None, has_fp4=g.fp4_tensor_tflops is not None)
+
     def _iteration(self, batch_size: int) -> IterationCost:
         m, p, L = self.model, self.profile, self.model.layers
-        attn = p.kernel(f"decode_attn.{self.method.decode_attention}")
-        fp16 = p.kernel("decode_attn.fp16")
-        units_per_ctx = self._kv_elements_per_token_per_gpu_layer()
-        attn_per_ctx = attn.s_per_unit * units_per_ctx
-        dequant_per_ctx = 0.0
-        if self.method.per_iteration_dequant:
-            dequant_per_ctx = max(0.0, attn_per_ctx - fp16.s_per_unit * units_per_ctx)
-        fixed_ops, per_ctx_ops = self.method.approximation_ops(m)
-        alu = alu_instr_per_s(self.gpu)
-        approx_per_ctx = min(attn_per_ctx - dequant_per_ctx, self.q_heads_per_gpu * per_ctx_ops / alu)
-        approx_fixed = self.q_heads_per_gpu * batch_size * fixed_ops / alu
-        decode_fixed = (L * (self._dense_layer_s(batch_size) + attn.overhead_s)
+        per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
+        launch_s = p.kernel(f"decode_attn.{self.method.decode_attention}").overhead_s
+        decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
                         + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
         return IterationCost(
             decode_fixed_s=decode_fixed,
-            decode_per_ctx_s=L * (attn_per_ctx - dequant_per_ctx - approx_per_ctx),
-            dequant_per_ctx_s=L * dequant_per_ctx,
-            approx_fixed_s=L * approx_fixed,
-            approx_per_ctx_s=L * approx_per_ctx,
+            decode_per_ctx_s=L * per_ctx.get("decode", 0.0),
+            dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0),
+            approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0),
+            approx_per_ctx_s=L * per_ctx.get("approximation", 0.0),
+            fetch_fixed_s=L * batch_size * per_req.get("fetch", 0.0),
+            fetch_per_ctx_s=L * per_ctx.get("fetch", 0.0),
         )
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:
-        return prompt_tokens * self.method.wire_bytes_per_token(self.model)
+        return prompt_tokens * self.method.wire_bytes_per_token(self.model) + self.method.wire_fixed_bytes(self.model)
+
+    def host_kv_bytes(self, context_tokens: int) -> float:
+        """Decode host memory one request holds (offload methods)."""
+        return context_tokens * self.method.host_bytes_per_token(self.model)
 
     def kv_memory_bytes(self, context_tokens: int) -> float:
         """Decode memory one request holds at `context_tokens` (across the replica's GPUs)."""

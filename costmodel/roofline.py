@@ -26,7 +26,8 @@ from .specs import GPUSpec
 
 DEQUANT_INSTR_PER_ELEMENT = 4.47e-13 * 33.5e12   # ≈15, from the H200 fused-dequant probe
 HACK_INSTR_PER_ELEMENT = 3.43e-13 * 33.5e12      # ≈11.5, from the H200 INT8 homomorphic probe
-FP8_CONVERT_INSTR_PER_ELEMENT = 2.0              # fp8 -> fp16 convert + pack, per element
+FP8_CONVERT_INSTR_PER_ELEMENT = 2.0              # fp8 -> fp16 convert + pack, per element (hardware cvt)
+FP8_SOFTWARE_CONVERT_INSTR_PER_ELEMENT = 6.0     # no FP8 hardware (before Ada/Hopper): shift, mask, bias, pack
 QUANTIZE_INSTR_PER_ELEMENT = 2.0 * DEQUANT_INSTR_PER_ELEMENT  # min/max, scale, round, pack, sum
 ROOFLINE_ATTENTION_EFFICIENCY = 0.6
 ROOFLINE_ALU_EFFICIENCY = 1.0     # folded into the measured instruction counts above
@@ -63,7 +64,8 @@ def roofline_profile(gpu: GPUSpec) -> CalibrationProfile:
     o = ROOFLINE_LAUNCH_OVERHEAD_S
     kernels = {
         "decode_attn.fp16": KernelFit(o, fp16_decode),
-        "decode_attn.fp8": KernelFit(o, per_elem(1.0, FP8_CONVERT_INSTR_PER_ELEMENT)),
+        "decode_attn.fp8": KernelFit(o, per_elem(1.0, FP8_CONVERT_INSTR_PER_ELEMENT if gpu.fp8_tensor_tflops
+                                                 else FP8_SOFTWARE_CONVERT_INSTR_PER_ELEMENT)),
         "decode_attn.dequant_fused": KernelFit(o, per_elem(QUANT_BYTES_PER_ELEMENT, DEQUANT_INSTR_PER_ELEMENT)),
         "decode_attn.dequant_unfused": KernelFit(2 * o, dequant + fp16_decode),
         "decode_attn.hack": KernelFit(o, hack_decode),

@@ -113,8 +113,9 @@ class PoolConfig(_Strict):
                                   "prompt runs alone); also sizes the activation reserve")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's memory that "
                                           "weights, activations and KV may use (vLLM's gpu_memory_utilization)")
-    host_memory_gib: float | None = Field(None, gt=0, description="host memory per replica for KV parked while "
-                                          "no decode replica has room; default: the instances' memory / 2")
+    host_memory_gib: float | None = Field(None, gt=0, description="host memory per replica for KV: on prefill, KV "
+                                          "parked while no decode replica has room; on decode, KV offloaded by "
+                                          "PQCache/HCAttention; default: half the replica's instances' memory")
     intra_node_gb_per_s: float | None = Field(None, gt=0, description="per-GPU bandwidth of the TP all-reduce; "
                                               "default: the instance's")
     price_usd_per_hour: float | None = Field(None, ge=0, description="per instance; default: the instance's")
@@ -297,6 +298,32 @@ class CacheGenMethod(_Method):
                                         "derived from the entropy of Gaussian codes")
 
 
+class FP4Method(_Method):
+    name: Literal["fp4"] = Field(description="FP4 (e2m1, FP8 scale per 16) KV")
+    emulate: bool = Field(True, description="on GPUs without FP4 tensor cores, price software dequantization "
+                          "(false: refuse such GPUs)")
+
+
+class PQCacheMethod(_Method):
+    name: Literal["pqcache"] = Field(description="KV in decode host memory, PQ-scored top-k fetched over PCIe")
+    subspaces: int = Field(2, ge=1, description="m: PQ sub-spaces per key")
+    bits: int = Field(8, ge=1, le=12, description="b: 2^b centroids per sub-space")
+    top_k_fraction: float = Field(0.2, gt=0, le=1, description="fraction of context tokens attended each iteration")
+    local_tokens: int = Field(256, ge=0, description="initial + recent tokens kept on the GPU")
+    cache_tokens: int = Field(2048, ge=0, description="GPU block cache per request, in tokens")
+    cache_hit_rate: float = Field(0.5, ge=0, le=1, description="fraction of top-k tokens found in the GPU cache")
+    kmeans_max_iterations: int = Field(100, ge=1, description="upper bound of the adaptive K-Means cap T_max")
+
+
+class HCAttentionMethod(_Method):
+    name: Literal["hcattention"] = Field(description="quantized keys on GPU, values in host memory")
+    key_bits: Literal[2, 4, 8] = 4
+    partition: int = Field(64, ge=16, description="key elements per min/scale group")
+    gpu_kv_budget: float = Field(0.25, gt=0, le=1, description="fraction of values also kept on the GPU")
+    fetch_fraction: float = Field(0.1, gt=0, le=1, description="fraction of tokens whose values each iteration needs")
+    value_hit_rate: float = Field(0.8, ge=0, le=1, description="fraction of needed values already on the GPU")
+
+
 class HackMethod(_Method):
     name: Literal["hack", "hack_no_se", "hack_no_rqe"] = Field(description="HACK homomorphic attention (or an ablation)")
     bits: Literal[2, 4, 8] = 2
@@ -324,7 +351,8 @@ class HackMethod(_Method):
         return v
 
 
-MethodConfig = Annotated[Union[BaselineMethod, FP8Method, KVQuantMethod, CacheGenMethod, HackMethod],
+MethodConfig = Annotated[Union[BaselineMethod, FP8Method, FP4Method, KVQuantMethod, CacheGenMethod, HackMethod,
+                               PQCacheMethod, HCAttentionMethod],
                          Field(discriminator="name")]
 
 
@@ -413,7 +441,7 @@ def _format_error(source: str, err: ValidationError) -> str:
 
 
 _UNION_TAGS = {"fixed", "uniform", "lognormal", "poisson", "bursty", "trace", "baseline", "fp8", "kvquant",
-               "cachegen", "hack", "hack_no_se", "hack_no_rqe"}
+               "cachegen", "hack", "hack_no_se", "hack_no_rqe", "fp4", "pqcache", "hcattention"}
 
 
 def parse_scenario(raw: Any, source: str) -> Scenario:

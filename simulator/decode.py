@@ -50,7 +50,7 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
 
 class DecodeReplica:
     def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
-                 run: "MethodRun", memory_log: list | None):
+                 run: "MethodRun", memory_log: list | None, host_capacity_bytes: float = float("inf")):
         self.env = env
         self.index = index
         self.cost = cost
@@ -58,6 +58,8 @@ class DecodeReplica:
         self.max_batch_requests = max_batch_requests
         self.run = run
         self.reserved_bytes = 0.0
+        self.host_capacity_bytes = host_capacity_bytes   # offloaded KV (PQCache, HCAttention)
+        self.host_reserved_bytes = 0.0
         self.slots_used = 0                  # admitted (reserved) requests, joined or not
         self.memory_log = memory_log         # (time_s, replica, used_bytes)
         self.joining: list[int] = []         # KV arrived, waiting for the next boundary
@@ -65,18 +67,20 @@ class DecodeReplica:
         self.iteration = 0                   # replica iteration counter k
         self.batch = 0                       # B
         self.ctx_offset = 0.0                # C = Σ (ctx_at_join - join_iteration)
-        self.cum = [0.0, 0.0, 0.0]           # running decode, dequantize, approximation seconds
+        self.cum = [0.0, 0.0, 0.0, 0.0]      # running decode, dequantize, approximation, fetch seconds
         self._seg: tuple | None = None       # running segment: (start_s, cost, iterations, on-arrival s)
         self._cut = False                    # the segment was cut short for a joining request
         self._version = 0                    # timers of superseded segments are ignored
         self._on_arrival = cost.method.dequantize_on_arrival
 
     # ---- admission (called by the router) ---------------------------------------------------
-    def has_room(self, kv_bytes: float) -> bool:
-        return self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
+    def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
+        return (self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
+                and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes)
 
-    def reserve(self, kv_bytes: float) -> None:
+    def reserve(self, kv_bytes: float, host_bytes: float = 0.0) -> None:
         self.reserved_bytes += kv_bytes
+        self.host_reserved_bytes += host_bytes
         self.slots_used += 1
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
@@ -133,7 +137,7 @@ class DecodeReplica:
         now = self.env.now
         for rid in self.joining:
             run.decode_join[rid] = now
-            run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid] = self.cum
+            run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid], run.snap_fetch[rid] = self.cum
             prompt = run.prompt[rid]
             self.ctx_offset += prompt + 1 - k
             self.batch += 1
@@ -153,6 +157,8 @@ class DecodeReplica:
             self.cum[1] += segment_sum_s(0.0, cost.dequant_per_ctx_s, n, c, b, k)
         if cost.approx_fixed_s or cost.approx_per_ctx_s:
             self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
+        if cost.fetch_fixed_s or cost.fetch_per_ctx_s:
+            self.cum[3] += segment_sum_s(cost.fetch_fixed_s, cost.fetch_per_ctx_s, n, c, b, k)
         self.iteration += n
 
     def _finish_due(self) -> None:
@@ -165,11 +171,13 @@ class DecodeReplica:
             run.decode_s[rid] = self.cum[0] - run.snap_decode[rid]
             run.dequant_s[rid] = self.cum[1] - run.snap_dequant[rid]
             run.approx_decode[rid] = self.cum[2] - run.snap_approx[rid]
+            run.fetch_s[rid] = self.cum[3] - run.snap_fetch[rid]
             # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
             self.ctx_offset -= run.prompt[rid] + run.output[rid] - self.iteration
             self.batch -= 1
             self.slots_used -= 1
             self.reserved_bytes -= run.kv_bytes[rid]
+            self.host_reserved_bytes -= run.host_kv_bytes[rid]
             freed += run.kv_bytes[rid]
             run.completed += 1
         if freed:

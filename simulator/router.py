@@ -79,17 +79,17 @@ class Router:
         while self.pending:
             rid = self.pending[0]
             p = run.prefill_replica[rid]
-            need = run.kv_bytes[rid]
+            need, host = run.kv_bytes[rid], run.host_kv_bytes[rid]
             best = None
             for d in self.reachable[p]:
                 rep = self.decode[d]
-                if rep.has_room(need) and (best is None or rep.reserved_bytes / rep.capacity_bytes
+                if rep.has_room(need, host) and (best is None or rep.reserved_bytes / rep.capacity_bytes
                                            < best.reserved_bytes / best.capacity_bytes):
                     best = rep
             if best is None:
                 return
             self.pending.popleft()
-            best.reserve(need)
+            best.reserve(need, host)
             self._transfer(rid, p, best)
 
     def _transfer(self, rid: int, p: int, rep: "DecodeReplica") -> None:

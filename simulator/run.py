@@ -86,6 +86,11 @@ def host_memory_bytes(pool: PoolConfig) -> float:
     return inst["host_memory_gib"] / 2 * GIB * pool.instances_per_replica
 
 
+def vcpus(pool: PoolConfig) -> int:
+    inst = pool.instance_entry()
+    return 0 if inst is None else int(inst["vcpus"]) * pool.instances_per_replica
+
+
 @dataclass(frozen=True)
 class Resolved:
     """Everything a method run needs, resolved once per scenario."""
@@ -103,9 +108,9 @@ class Resolved:
     def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
         s = self.scenario
         pre = ReplicaCostModel(self.model, self.prefill_gpu, self.prefill_parallel, method, self.prefill_profile,
-                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens)
+                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens, vcpus(s.prefill))
         dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
-                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens)
+                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode))
         return pre, dec
 
 
@@ -145,9 +150,21 @@ class MethodRun:
                 rc.check_fits(pool)
             except ModelDoesNotFit as e:
                 raise ScenarioError(f"{source}: {pool}: {e}") from None
+        if method.encode == "pq" and pre_cost.host_vcpus <= 0:
+            raise ScenarioError(f"{source}: prefill.instance: {method.name} clusters keys on the prefill hosts' CPUs; "
+                                f"name an instance so their vCPUs are known")
+        refusal = method.check_decode_gpu(res.decode_gpu)
+        if refusal:
+            raise ScenarioError(f"{source}: methods.{method.name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
         self.wire_bytes = [pre_cost.wire_bytes(p) for p in self.prompt]
         self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        self.host_kv_bytes = [dec_cost.host_kv_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        decode_host = host_memory_bytes(s.decode)
+        if max(self.host_kv_bytes) > decode_host:
+            raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
+                                f"({max(self.host_kv_bytes) / GIB:.2f} GiB) exceeds the decode host memory "
+                                f"({decode_host / GIB:.2f} GiB)")
         too_big = max(self.kv_bytes)
         if too_big > dec_cost.kv_capacity_bytes:
             i = self.kv_bytes.index(too_big)
@@ -156,8 +173,8 @@ class MethodRun:
                 f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
         nan = math.nan
         for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
-                     "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "snap_decode",
-                     "snap_dequant", "snap_approx"):
+                     "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
+                     "snap_decode", "snap_dequant", "snap_approx", "snap_fetch"):
             setattr(self, name, [nan] * n)
         self.prefill_replica = [-1] * n
         self.decode_replica = [-1] * n
@@ -169,7 +186,8 @@ class MethodRun:
         self.prefill_replicas = [PrefillReplica(env, i, pre_cost, s.prefill.max_batch_requests,
                                                 s.prefill.max_batch_tokens, host, self)
                                  for i in range(s.prefill.replicas)]
-        self.decode_replicas = [DecodeReplica(env, i, dec_cost, s.decode.max_batch_requests, self, self.memory_log)
+        self.decode_replicas = [DecodeReplica(env, i, dec_cost, s.decode.max_batch_requests, self, self.memory_log,
+                                              decode_host)
                                 for i in range(s.decode.replicas)]
         net = s.network
         links: dict[tuple[int, int], Link] = {}
@@ -200,7 +218,7 @@ class MethodRun:
     def finish_without_decode(self, rid: int) -> None:
         t = self.encode_end[rid]
         self.transfer_start[rid] = self.transfer_end[rid] = self.decode_join[rid] = self.finish[rid] = t
-        self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = 0.0
+        self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = self.fetch_s[rid] = 0.0
         self.completed += 1
 
     def _arrive(self, rid: int) -> None:
@@ -255,8 +273,10 @@ class MethodRun:
         df["decode_s"] = (finish - join) - dequant - approx_dec
         df["dequantize_s"] = dequant
         df["approximation_s"] = approx_pre + approx_dec
+        df["offload_fetch_s"] = a(self.fetch_s)      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
         df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
         df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
+        df["kv_host_bytes"] = np.asarray(self.host_kv_bytes)
         return df
 
     def memory_frame(self) -> pd.DataFrame:
@@ -295,11 +315,13 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
         "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
         "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
         "breakdown_s": {part: float(df[f"{part}_s"].mean()) for part in BREAKDOWN_PARTS},
+        "offload_fetch_s": float(df["offload_fetch_s"].mean()),
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
         "peak_decode_kv_bytes": float(peak_kv),
         "decode_kv_capacity_bytes": float(run.dec_cost.kv_capacity_bytes),
         "kv_bytes_per_token": {"wire": float(method.wire_bytes_per_token(model)),
-                               "memory": float(method.memory_bytes_per_token(model))},
+                               "memory": float(method.memory_bytes_per_token(model)),
+                               "host": float(method.host_bytes_per_token(model))},
         "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
     }
 

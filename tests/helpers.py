@@ -27,5 +27,5 @@ def scenario(**changes):
         keys = path.split(".")
         for k in keys[:-1]:
             node = node.setdefault(k, {})
-        node[keys[-1]] = value
+        node[keys[-1]] = copy.deepcopy(value)
     return parse_scenario(raw, "test")

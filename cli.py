@@ -167,7 +167,9 @@ def schema() -> None:
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="a folder written by simulate --out")) -> None:
+def report(run_dir: Path = typer.Argument(..., help="a folder written by simulate --out"),
+           static: Optional[str] = typer.Option(None, "--static", help="also write the main figures as images "
+                                                "under RUN_DIR/figures/: png, svg or png,svg (needs '.[images]')")) -> None:
     """Rebuild RUN_DIR/report.html from the saved tables."""
     if not (run_dir / "summary.json").exists():
         fail(f"{run_dir}: no summary.json (run simulate --out {run_dir} first)")
@@ -175,6 +177,15 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
     if path is None:
         fail("reports package unavailable")
     typer.echo(f"wrote {path}")
+    if static:
+        from reports import export_static
+        from reports.static import StaticExportError
+
+        try:
+            paths = export_static(run_dir, formats=tuple(f.strip() for f in static.split(",") if f.strip()))
+        except StaticExportError as e:
+            fail(str(e))
+        typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -372,6 +372,10 @@ class Scenario(_Strict):
     workload: WorkloadConfig
     methods: list[MethodConfig] = Field(min_length=1)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    placement: Literal["separate", "shared_gpu"] = Field(
+        "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
+        "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "
+        "the next decode iteration boundary, one batch per boundary (how realrun measures on one GPU)")
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -393,6 +397,9 @@ class Scenario(_Strict):
                 for r in link.decode_replicas:
                     if not 0 <= r < self.decode.replicas:
                         raise ValueError(f"network.links[{link.name}]: decode replica {r} does not exist")
+        if self.placement == "shared_gpu" and self.prefill.replicas != self.decode.replicas:
+            raise ValueError("placement shared_gpu pairs prefill and decode replicas: give both pools the same "
+                             "number of replicas")
         if self.network.bandwidth_gbps is None and self.prefill.instance is None:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
         return self

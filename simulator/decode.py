@@ -72,6 +72,9 @@ class DecodeReplica:
         self._cut = False                    # the segment was cut short for a joining request
         self._version = 0                    # timers of superseded segments are ignored
         self._on_arrival = cost.method.dequantize_on_arrival
+        self.partner = None                  # the prefill replica sharing this GPU (placement: shared_gpu)
+        self._paused = False                 # the shared GPU is running a prefill batch
+        self._prefill_waiting = False
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
@@ -88,20 +91,41 @@ class DecodeReplica:
     def arrive(self, rid: int) -> None:
         """The request's KV is here; it joins at the next iteration boundary."""
         self.joining.append(rid)
+        if self._paused:
+            return                      # the shared GPU is running a prefill; we resume after it
         if self._seg is None:
             self._start_segment()
         elif not self._cut:
-            # Cut the running segment at the end of the iteration in progress.
-            start_s, cost, n, pending_s = self._seg
-            elapsed = self.env.now - start_s
-            done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch,
-                                     self.iteration)
-            m = min(n, done + 1)
-            boundary_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, m, self.ctx_offset, self.batch,
-                                                   self.iteration)
-            self._seg = (start_s, cost, m, pending_s)
-            self._cut = True
-            self._schedule(max(0.0, start_s + boundary_s - self.env.now))
+            self._cut_at_next_boundary()
+
+    def _cut_at_next_boundary(self) -> None:
+        """End the running segment with the iteration in progress."""
+        start_s, cost, n, pending_s = self._seg
+        elapsed = self.env.now - start_s
+        done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
+        m = min(n, done + 1)
+        boundary_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, m, self.ctx_offset, self.batch,
+                                               self.iteration)
+        self._seg = (start_s, cost, m, pending_s)
+        self._cut = True
+        self._schedule(max(0.0, start_s + boundary_s - self.env.now))
+
+    # ---- a GPU shared with a prefill replica (placement: shared_gpu) ---------------------------
+    def yield_gpu(self) -> bool:
+        """The partner prefill asks for the GPU: True if it may start now; otherwise it gets the GPU at
+        the end of the iteration in progress (prefill first at every boundary)."""
+        if self._seg is None:
+            self._paused = True
+            return True
+        self._prefill_waiting = True
+        if not self._cut:
+            self._cut_at_next_boundary()
+        return False
+
+    def resume_after_prefill(self) -> None:
+        self._paused = False
+        if self._seg is None and (self.batch or self.joining):
+            self._start_segment()
 
     # ---- the batch ----------------------------------------------------------------------------
     def _schedule(self, delay_s: float) -> None:
@@ -115,6 +139,13 @@ class DecodeReplica:
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         self._finish_due()
+        if self._prefill_waiting:
+            self._prefill_waiting = False
+            self._seg = None
+            self._paused = True
+            if self.partner._try_start():
+                return                  # the prefill runs; it resumes us when its batch ends
+            self._paused = False
         self._start_segment()
 
     def _start_segment(self) -> None:

@@ -34,6 +34,7 @@ class PrefillReplica:
         self.outstanding_tokens = 0          # queued + in service: the router's load measure
         self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
         self._idle = True
+        self.partner = None             # the decode replica sharing this GPU (placement: shared_gpu)
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -61,15 +62,19 @@ class PrefillReplica:
             tokens += nxt
         return batch
 
-    def _try_start(self) -> None:
+    def _try_start(self) -> bool:
+        """Start the next batch if there is one and the GPU is ours; True if it started."""
         run, env = self.run, self.env
         if not self.queue:
             self._idle = True
-            return
+            return False
         # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
         if self.parked_bytes > 0 and self.parked_bytes + run.wire_bytes[self.queue[0]] > self.host_memory_bytes:
             self._idle = True
-            return
+            return False
+        if self.partner is not None and not self.partner._paused and not self.partner.yield_gpu():
+            self._idle = True           # the decode partner hands the GPU over at its next boundary
+            return False
         self._idle = False
         batch = self._take_batch()
         cost = self.cost.prefill(tuple(run.prompt[r] for r in batch))
@@ -89,11 +94,17 @@ class PrefillReplica:
             env.timeout(busy_s).callbacks.append(lambda _e: self._done_then_next(batch))
         else:
             env.timeout(encode_end - start).callbacks.append(lambda _e: self._done(batch))
-            env.timeout(busy_s).callbacks.append(lambda _e: self._try_start())
+            env.timeout(busy_s).callbacks.append(lambda _e: self._next())
+        return True
+
+    def _next(self) -> None:
+        if self.partner is not None:
+            self.partner.resume_after_prefill()
+        self._try_start()
 
     def _done_then_next(self, batch: list[int]) -> None:
         self._done(batch)
-        self._try_start()
+        self._next()
 
     def _done(self, batch: list[int]) -> None:
         for rid in batch:

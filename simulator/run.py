@@ -189,6 +189,9 @@ class MethodRun:
         self.decode_replicas = [DecodeReplica(env, i, dec_cost, s.decode.max_batch_requests, self, self.memory_log,
                                               decode_host)
                                 for i in range(s.decode.replicas)]
+        if s.placement == "shared_gpu":
+            for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
+                pre.partner, dec.partner = dec, pre
         net = s.network
         links: dict[tuple[int, int], Link] = {}
         specs = net.links or [

@@ -30,6 +30,7 @@ cluster = st.fixed_dictionaries({
     "network.bandwidth_gbps": st.floats(1.0, 400.0),
     "network.stream_layers": st.booleans(),
     "methods": st.lists(st.sampled_from(METHODS), min_size=1, max_size=2, unique=True),
+    "placement": st.sampled_from(["separate", "shared_gpu"]),
 })
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -38,6 +39,8 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 @SETTINGS
 @given(cluster)
 def test_every_request_completes_exactly_once_within_memory(changes):
+    if changes["placement"] == "shared_gpu":
+        changes["decode.replicas"] = changes["prefill.replicas"]
     s = scenario(**changes)
     result = run_scenario(s, keep_runs=True)
     df = result.requests

@@ -159,3 +159,26 @@ def test_hack_beats_baseline_on_slow_link_and_transfers_fewer_bytes():
     assert summary["hack"]["kv_bytes_per_token"]["wire"] < 0.2 * summary["baseline"]["kv_bytes_per_token"]["wire"]
     assert summary["hack"]["breakdown_s"]["transfer"] < summary["baseline"]["breakdown_s"]["transfer"]
     assert math.isclose(sum(summary["hack"]["breakdown_s"].values()), summary["hack"]["jct_s"]["mean"], rel_tol=1e-9)
+
+
+def test_shared_gpu_prefill_takes_turns_with_decode(tmp_path):
+    """placement: shared_gpu: a prefill that arrives mid-decode waits for the iteration boundary, then the
+    decode pauses for exactly the prefill batch (its forward pass and quantization)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,4096,400\n1.0,2048,8\n")
+    common = {"workload.trace_csv": str(trace), "workload.arrival": {"kind": "trace"}, "workload.requests": 2,
+              "methods": ["hack"]}
+    sep = run_scenario(scenario(**common)).requests.set_index("request_id")
+    shared_result = run_scenario(scenario(placement="shared_gpu", **common), keep_runs=True)
+    shared = shared_result.requests.set_index("request_id")
+    first, second = shared.loc[0], shared.loc[1]
+    assert first.decode_start_s < 1.0 < first.finish_s          # request 1 was decoding when request 2 came
+    assert second.prefill_start_s > 1.0                          # ... so request 2 waited for a boundary
+    assert second.prefill_start_s - 1.0 < 0.1                    # (less than one iteration)
+    pre, _ = resolve(scenario(placement="shared_gpu", **common)).costs(method_of(scenario(**common).methods[0]))
+    busy = pre.prefill((2048,))
+    assert first.finish_s - sep.loc[0].finish_s == pytest.approx(busy.stage_s + busy.encode_s, rel=1e-9)
+    # A lone request is not affected by sharing.
+    lone = {**common, "workload.requests": 1}
+    assert run_scenario(scenario(placement="shared_gpu", **lone)).requests["finish_s"].iloc[0] == pytest.approx(
+        run_scenario(scenario(**lone)).requests["finish_s"].iloc[0], rel=1e-12)

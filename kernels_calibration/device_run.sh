@@ -16,6 +16,8 @@ if [ "$MODE" = "quick" ]; then
 from kernels_calibration.measure import measure_decode
 for m in measure_decode(['hack','dequant_fused'], 8, 32768): print('NO_ASM', m.kernel, round(m.time_s*1e6,1), m.config)
 " 2>&1 | tee -a "$OUT/bench.log"
+elif [ "$MODE" = "exp" ]; then
+  timeout 420 python3 -m kernels_calibration.experiments --out "$OUT/exp" 2>&1 | grep -v "^    tune" | tee "$OUT/exp.log"
 elif [ "$MODE" = "full" ]; then
   timeout 330 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 fi

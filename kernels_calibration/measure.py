@@ -134,9 +134,11 @@ def hack_cache_bytes(batch: int, ctx: int, kv_heads: int, d: int, pi: int) -> fl
 
 
 def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
-                   pi: int = 64, configs: dict | None = None, seed: int = 0) -> list[Measurement]:
+                   pi: int = 64, configs: dict | None = None, seed: int = 0,
+                   return_all: bool = False) -> list[Measurement]:
     """Time the named decode kernels at one shape (every request holds ctx tokens before the step).
-    configs: kernel -> dict(splits=, num_warps=, num_stages=) overrides."""
+    configs: kernel -> dict(splits=, num_warps=, num_stages=, ...) or a list of them (the fastest
+    is kept, or all with return_all)."""
     configs = configs or {}
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -223,11 +225,14 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
         best = None
         for cfg in tried:
             m = _decode_one(name, dict(cfg))
+            if return_all:
+                out.append(m)
             if best is None or m.time_s < best.time_s:
                 best = m
             if len(tried) > 1:
                 print(f"    tune {name} ctx={ctx} {m.config}: {m.time_s * 1e6:.1f} us", flush=True)
-        out.append(best)
+        if not return_all:
+            out.append(best)
     del kvs, caches
     torch.cuda.empty_cache()
     return out
@@ -299,11 +304,13 @@ def measure_peaks() -> dict:
     t16 = time_bench(lambda: a @ b)
     ai = torch.randint(-128, 127, (n, n), device=dev, dtype=torch.int8)
     bi = torch.randint(-128, 127, (n, n), device=dev, dtype=torch.int8)
-    try:
-        t8 = time_bench(lambda: torch._int_mm(ai, bi))
-        int8 = 2 * n**3 / t8 / 1e12
-    except RuntimeError:
-        int8 = None
+    int8 = None
+    for bb in (bi, bi.t().contiguous().t()):  # row-major and column-major B (cuBLASLt IMMA wants the latter)
+        try:
+            t8 = time_bench(lambda: torch._int_mm(ai, bb))
+            int8 = max(int8 or 0.0, 2 * n**3 / t8 / 1e12)
+        except RuntimeError:
+            pass
     try:
         a8 = a.to(torch.float8_e4m3fn)
         b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()

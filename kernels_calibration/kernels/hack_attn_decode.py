@@ -29,7 +29,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
                          qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                          G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
                          USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
-                         USE_ASM: tl.constexpr):
+                         USE_ASM: tl.constexpr, NB: tl.constexpr, SUMROW: tl.constexpr):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -72,32 +72,42 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
     if MODE == 0:
         qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
             q0, q1, q2, q3, qk_scale, PI, GPP)
+        if not USE_SE:
+            if SUMROW >= 0:  # a padding query row of ones: its dot row is the K code sum
+                one = (g == SUMROW)[:, None]
+                qi0 = tl.where(one, 1, qi0).to(tl.int8)
+                qi1 = tl.where(one, 1, qi1).to(tl.int8)
+                qi2 = tl.where(one, 1, qi2).to(tl.int8)
+                qi3 = tl.where(one, 1, qi3).to(tl.int8)
     else:
         qh0 = (q0 * qk_scale).to(tl.float16)
         qh1 = (q1 * qk_scale).to(tl.float16)
         qh2 = (q2 * qk_scale).to(tl.float16)
         qh3 = (q3 * qk_scale).to(tl.float16)
-    for s0 in range(start, end, PI):
-        tok = s0 + tl.arange(0, PI)
-        tmask = tok < end
-        if MODE == 0:
-            s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                            kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM)
-        else:
-            s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
-        s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        if MODE == 0:
-            o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
-                                           s0 // PI, W, D, USE_SE, USE_ASM)
-        else:
-            o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok, tmask,
-                                        s0 // PI, W, D, USE_ASM)
-            lsum = tl.sum(p, 1)
-        l_i = l_i * alpha + lsum
-        m_i = m_new
+    for s00 in range(start, end, PI * NB):
+        for bi in tl.static_range(NB):
+            s0 = s00 + bi * PI
+            if s0 < end:
+                tok = s0 + tl.arange(0, PI)
+                tmask = tok < end
+                if MODE == 0:
+                    s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                                    kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
+                else:
+                    s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
+                s = tl.where(tmask[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                if MODE == 0:
+                    o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
+                                                   s0 // PI, W, D, USE_SE, USE_ASM, SUMROW)
+                else:
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok,
+                                                tmask, s0 // PI, W, D, USE_ASM)
+                    lsum = tl.sum(p, 1)
+                l_i = l_i * alpha + lsum
+                m_i = m_new
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K but FP16 V; the last split multiplies them.
         if (split == NSPLIT - 1) & (L > LV):
@@ -105,7 +115,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             tmask = tok < L
             if MODE == 0:
                 s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                                kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM)
+                                kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
             else:
                 s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
@@ -180,7 +190,7 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
-                     num_stages: int = 3) -> torch.Tensor:
+                     num_stages: int = 3, blocks_per_iter: int = 1) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
@@ -199,14 +209,17 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     splits = triton.cdiv(max_len, tps)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
+    g_pad = max(16, triton.next_power_of_2(g))
+    sumrow = g if g < g_pad else -1  # a padding row computes code sums on the tensor cores (no SE)
 
     def launch(op, lsep):
         _quant_decode_kernel[(b * hkv, splits)](
             q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
             cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
             qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PI=pi, USE_SE=use_se,
-            HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q),
+            G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se,
+            HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), NB=blocks_per_iter,
+            SUMROW=sumrow,
             num_warps=num_warps, num_stages=num_stages)
 
     return run_split_decode(launch, q, splits)

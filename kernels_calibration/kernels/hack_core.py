@@ -102,9 +102,11 @@ def _k_term(i, a, b, c, KMN, KSC, KSM, ksum_codes, tok, tmask, p, NP: tl.constex
 def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
                 KC, KMN, KSC, KSM, tok, tmask,
                 W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                USE_ASM: tl.constexpr, SUMROW: tl.constexpr = -1):
     """Scores [R, BN] (log2 domain) of quantized Q rows against BN tokens of 2-bit K.
-    KC, KMN, KSC, KSM point at token 0 of this (request, kv head)."""
+    KC, KMN, KSC, KSM point at token 0 of this (request, kv head).  Without SE the K code sums
+    come from the tensor cores when SUMROW >= 0 (a padding row of q'' set to ones: its dot row is
+    the per-group code sum), else from a reduction over the unpacked codes."""
     j = tl.arange(0, W)
     kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN] uint8
     k0 = unpack_codes(kb, 0, 2, USE_ASM)
@@ -120,6 +122,12 @@ def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, 
         z1 = 0
         z2 = 0
         z3 = 0
+    elif SUMROW >= 0:
+        rsel = (tl.arange(0, qi0.shape[0]) == SUMROW)[:, None]
+        z0 = tl.sum(tl.where(rsel, i0, 0), 0)
+        z1 = tl.sum(tl.where(rsel, i1, 0), 0)
+        z2 = tl.sum(tl.where(rsel, i2, 0), 0)
+        z3 = tl.sum(tl.where(rsel, i3, 0), 0)
     else:
         z0 = tl.sum(k0.to(tl.int32), 0)
         z1 = tl.sum(k1.to(tl.int32), 0)
@@ -140,12 +148,15 @@ def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, 
 
 
 @triton.jit
-def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr):
+def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
     acc = tl.dot(p8, vc, out_dtype=tl.int32)  # [R, W]
     sv = tl.load(VSC + moff).to(tl.float32)
     mv = tl.load(VMN + moff).to(tl.float32)
     if USE_SE:
         vs = tl.load(VSM + moff).to(tl.float32)
+    elif SUMROW >= 0:
+        rsel = (tl.arange(0, p8.shape[0]) == SUMROW)[:, None]
+        vs = tl.sum(tl.where(rsel, acc, 0), 0).to(tl.float32)
     else:
         vs = tl.sum(vc.to(tl.int32), 0).to(tl.float32)
     upd = sv[None, :] * (acc.to(tl.float32) + 128.0 * vs[None, :]) + mv[None, :] * usum[:, None]
@@ -154,19 +165,25 @@ def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr)
 
 @triton.jit
 def hack_pv(o0, o1, o2, o3, p, alpha, VC, VMN, VSC, VSM, tok, tmask, blk,
-            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr):
+            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+            SUMROW: tl.constexpr = -1):
     """o_c <- alpha o_c + P V for one V block (all BN tokens in block `blk`).  Returns the four
-    accumulators and the row sums of the quantized P (for the softmax denominator)."""
+    accumulators and the row sums of the quantized P (for the softmax denominator).  Without SE
+    and SUMROW >= 0, padding row SUMROW of P'' is set to ones so its dot row is sum v'."""
     u = tl.floor(p * 255.0 + 0.5)
     usum = tl.sum(u, 1)
-    p8 = (u - 128.0).to(tl.int8)
+    p8 = u - 128.0
+    if not USE_SE:
+        if SUMROW >= 0:
+            p8 = tl.where((tl.arange(0, p.shape[0]) == SUMROW)[:, None], 1.0, p8)
+    p8 = p8.to(tl.int8)
     j = tl.arange(0, W)
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
     mo = blk * D + j
-    o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, USE_SE)
-    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, USE_SE)
-    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, USE_SE)
-    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, USE_SE)
+    o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, USE_SE, SUMROW)
+    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, USE_SE, SUMROW)
+    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, USE_SE, SUMROW)
+    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, USE_SE, SUMROW)
     return o0, o1, o2, o3, usum * (1.0 / 255.0)
 
 

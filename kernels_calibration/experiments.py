@@ -1,0 +1,104 @@
+"""Step-by-step speed experiments (launch configs and kernel variants) at the headline shapes.
+
+    python -m kernels_calibration.experiments --out DIR
+
+Each row: what was varied, the time, and a correctness check of that very configuration against
+FP32 attention over the dequantized cache (rel_err; HACK's own Q/P rounding gives ~1e-2).
+The findings and the predictions made before each run are in NOTES.md.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+from .kernels.dequant_attn_decode import dequantize_cache
+from .measure import measure_decode, measure_prefill
+
+B, HQ, HKV, D = 8, 64, 8, 128
+
+
+def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool = True) -> list[float]:
+    from .kernels.hack_attn_decode import hack_attn_decode
+    from .kernels.kv_cache import build_cache
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    k = torch.randn(B, HKV, ctx, D, device="cuda", generator=gen, dtype=torch.float16)
+    v = torch.randn(B, HKV, ctx, D, device="cuda", generator=gen, dtype=torch.float16)
+    q = torch.randn(B, HQ, D, device="cuda", generator=gen, dtype=torch.float16)
+    lens = torch.full((B,), ctx - 7, dtype=torch.int32, device="cuda")
+    cache = build_cache(k, v, lens, pi, 2, rqe=True)
+    kd, vd = dequantize_cache(cache)
+    n = ctx - 7
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None].float(), kd[:, :, :n].float(), vd[:, :, :n].float(), enable_gqa=True)[:, :, 0]
+    errs = []
+    for cfg in cfgs:
+        out = hack_attn_decode(q, cache, use_se=use_se, mode=mode, **cfg).float()
+        errs.append(float((out - ref).norm() / ref.norm()))
+    return errs
+
+
+def run(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def rec(tag, ms, errs=None):
+        for i, m in enumerate(ms):
+            r = {"tag": tag, "kernel": m.kernel, "phase": m.phase, "context_len": m.context_len,
+                 "partition": m.partition, "time_us": round(m.time_s * 1e6, 2), "config": m.config,
+                 "rel_err": "" if errs is None else round(errs[i], 5)}
+            rows.append(r)
+            print(r, flush=True)
+        with (out / "steps.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+    grid = [dict(num_warps=w, blocks_per_iter=nb, splits=s, num_stages=3)
+            for w, nb, s in itertools.product((1, 2, 4), (1, 2), (18, 36))]
+    rec("hack_pi64_grid", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64, configs={"hack": grid},
+                                         return_all=True), _check(32768, 64, grid))
+    for pi in (128, 32):
+        g2 = [dict(num_warps=w, blocks_per_iter=nb, splits=s) for w, nb, s in
+              itertools.product((2, 4), (1, 2) if pi == 32 else (1,), (18, 36))]
+        rec(f"hack_pi{pi}_grid", measure_decode(("hack",), B, 32768, HQ, HKV, D, pi, configs={"hack": g2},
+                                                return_all=True), _check(32768, pi, g2))
+    g3 = [dict(num_warps=w, blocks_per_iter=nb, splits=s) for w, nb, s in itertools.product((2, 4), (1, 2), (18, 36))]
+    rec("hack_no_se_sumrow", measure_decode(("hack_no_se",), B, 32768, HQ, HKV, D, 64, configs={"hack_no_se": g3},
+                                            return_all=True), _check(32768, 64, g3, use_se=False))
+    g4 = [dict(num_warps=w, blocks_per_iter=nb, splits=s) for w, nb, s in
+          itertools.product((2, 4, 8), (1, 2), (18, 36))]
+    rec("dequant_fused_grid", measure_decode(("dequant_fused",), B, 32768, HQ, HKV, D, 64,
+                                             configs={"dequant_fused": g4}, return_all=True),
+        _check(32768, 64, g4, mode="dequant"))
+    g5 = [dict(num_warps=w, splits=s) for w, s in itertools.product((1, 2, 4), (5, 10, 16))]
+    rec("hack_1k", measure_decode(("hack", "hack_no_se"), B, 1024, HQ, HKV, D, 64,
+                                  configs={"hack": g5, "hack_no_se": g5[:3]}, return_all=True))
+    rec("sdpa_1k", measure_decode(("torch_sdpa_fp16", "fp16_triton"), B, 1024, HQ, HKV, D, 64))
+    rec("fp16_32k", measure_decode(("fp16_triton",), B, 32768, HQ, HKV, D, 64,
+                                   configs={"fp16_triton": [dict(splits=s, num_warps=w) for s in (18, 36)
+                                                            for w in (4, 8)]}, return_all=True))
+    for pi in (64, 128):
+        for bm, w in ((128, 8), (128, 4)) if pi == 128 else ((128, 8), (64, 4), (128, 4)):
+            rec("hack_prefill", measure_prefill(("hack",), 1, 16384, HQ, HKV, D, pi,
+                                                configs={"hack": dict(block_m=bm, num_warps=w)}))
+    for cfg in (dict(block_m=128, block_n=64, num_warps=8, num_stages=2),
+                dict(block_m=128, block_n=128, num_warps=8, num_stages=2),
+                dict(block_m=128, block_n=64, num_warps=4, num_stages=3)):
+        rec("fa_prefill", measure_prefill(("fp16_triton",), 1, 16384, HQ, HKV, D, 64, configs={"fp16_triton": cfg}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    run(ap.parse_args(argv).out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Profiling harness: sweep shapes for every kernel and the GEMMs, fit the cost model's profile.
+
+    python -m kernels_calibration.profile --out DIR [--quick]      # on a GPU: measure, then fit
+    python -m kernels_calibration.profile --fit-only DIR/rows.csv --out DIR   # refit, no GPU
+
+Writes DIR/rows.csv (one tidy row per kernel and shape: median time, achieved GB/s and TFLOP/s,
+floors, the launch config, provenance) and DIR/profile.json in the contract of
+costmodel/calibration.py: for each kernel key, time_s = overhead_s + s_per_unit * units, fitted by
+least squares on relative error over the training shapes; heldout_median_error_pct is the median
+|predicted - measured| / measured over shapes kept out of the fit.
+
+Units (fixed by the contract): decode_attn.*: sum_b ctx_b * H_kv * D * 2 KV elements (GQA group 8);
+prefill_attn.*: 4 * H_q * D * sum_b L_b (L_b + 1) / 2 FLOPs; quantize.kv / dequantize.kv: K and V
+elements.  decode_attn.fp16 and prefill_attn.fp16 take, per shape, the faster of torch SDPA and the
+Triton FP16 kernel.  Sweeps cover batch, context length, heads (H_q/H_kv = 8 throughout, plus a
+32/4 check), PI for HACK decode (extra keys decode_attn.hack_pi32/_pi128); head_dim is 128 (the
+HACK kernels need D % 128 == 0) and bits 2 (the HACK format).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DECODE_KEYS = {"hack": "hack", "hack_no_se": "hack_no_se", "hack_no_rqe": "hack_no_rqe", "fp8": "fp8",
+               "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused"}
+
+# (batch, ctx, q_heads, kv_heads, held_out)
+DECODE_SHAPES = [
+    (1, 2048, 64, 8, False), (1, 8192, 64, 8, True), (1, 32768, 64, 8, False),
+    (4, 1024, 64, 8, False), (4, 4096, 64, 8, True), (4, 16384, 64, 8, False),
+    (8, 512, 64, 8, False), (8, 2048, 64, 8, True), (8, 8192, 64, 8, False), (8, 32768, 64, 8, True),
+    (16, 1024, 64, 8, True), (16, 4096, 64, 8, False), (32, 2048, 64, 8, True), (16, 16384, 64, 8, False),
+    (8, 4096, 32, 4, True),
+]
+DECODE_SHAPES_QUICK = [s for i, s in enumerate(DECODE_SHAPES) if i % 2 == 0 or s[4]][:8]
+PI_SHAPES = [(1, 8192, False), (8, 2048, False), (8, 32768, True), (4, 16384, True)]
+PREFILL_SHAPES = [(1, 1024, False), (1, 2048, True), (1, 4096, False), (1, 8192, True), (1, 12288, False),
+                  (2, 4096, True), (4, 2048, False)]
+QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, True), (2, 16384, False),
+                (16, 2048, True), (32, 512, False)]
+
+
+def fit(points: list[tuple[float, float, bool]]) -> dict:
+    """points: (units, time_s, held_out).  Relative-error least squares; overhead clamped >= 0."""
+    train = [(u, t) for u, t, h in points if not h]
+    test = [(u, t) for u, t, h in points if h]
+    if len(train) < 2:
+        train = [(u, t) for u, t, _ in points]
+    a = np.array([[1.0 / t, u / t] for u, t in train])
+    coef, *_ = np.linalg.lstsq(a, np.ones(len(train)), rcond=None)
+    ovh, spu = float(coef[0]), float(coef[1])
+    if ovh < 0 or spu <= 0:
+        ovh = 0.0
+        spu = float(np.median([t / u for u, t in train]))
+    err = [abs(ovh + spu * u - t) / t * 100 for u, t in (test or train)]
+    return {"overhead_s": ovh, "s_per_unit": spu, "heldout_median_error_pct": round(float(np.median(err)), 2),
+            "n_fit": len(train), "n_heldout": len(test)}
+
+
+def measure_all(out: Path, quick: bool) -> list[dict]:
+    import torch  # noqa: F401  (GPU only from here on)
+
+    from .measure import DECODE_KERNELS, measure_decode, measure_peaks, measure_prefill, measure_quant, provenance
+
+    peaks = measure_peaks()
+    prov = provenance()
+    print("peaks", json.dumps(peaks), flush=True)
+    (out / "peaks.json").write_text(json.dumps({"peaks": peaks, "provenance": prov}, indent=1))
+    rows: list[dict] = []
+
+    def add(ms, held, **extra):
+        for m in ms:
+            r = m.row({**peaks, "int8_tops": peaks["int8_tops"] or peaks["fp16_tflops"]})
+            r.update(held_out=held, **extra, **{k: prov.get(k, "") for k in ("gpu_name", "driver", "torch",
+                                                                              "triton", "git_rev", "date")})
+            rows.append(r)
+            print(f"{r['phase']:10s} {r['kernel']:16s} b={r['batch']:3d} ctx={r['context_len']:6d} "
+                  f"hq={r['q_heads']} pi={r['partition']:3d} {r['time_us']:10.1f} us {r['achieved_gbps']:8.0f} GB/s",
+                  flush=True)
+        write_rows(rows, out / "rows.csv")
+
+    for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
+        add(measure_decode(DECODE_KERNELS, b, ctx, hq, hkv, 128, 64), held)
+    for pi in (32, 128):
+        for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
+            add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi), held)
+    for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
+        add(measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), b, seq, 64, 8, 128, 64), held)
+    for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
+        add(measure_quant(b, seq, 8, 128, 64), held)
+    return rows
+
+
+def write_rows(rows: list[dict], path: Path) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def read_rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") -> dict:
+    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"])):
+        best: dict = {}
+        for r in rows:
+            if r["phase"] != phase or r["kernel"] not in kernels:
+                continue
+            if pi is not None and int(r["partition"]) != pi:
+                continue
+            k = key_of(r)
+            if k not in best or float(r["time_us"]) < float(best[k]["time_us"]):
+                best[k] = r
+        return [(float(r["units"]), float(r["time_us"]) * 1e-6, str(r["held_out"]) in ("True", "1", "true"))
+                for r in best.values()]
+
+    kernels: dict = {}
+    for name, key in DECODE_KEYS.items():
+        kernels[f"decode_attn.{key}"] = fit(pts("decode", {name}, 64 if name not in ("fp8",) else None))
+    kernels["decode_attn.fp16"] = fit(pts("decode", {"fp16_triton", "torch_sdpa_fp16"}))
+    for pi in (32, 128):
+        p = pts("decode", {"hack"}, pi)
+        if p:
+            kernels[f"decode_attn.hack_pi{pi}"] = fit(p)
+    kernels["prefill_attn.fp16"] = fit(pts("prefill", {"fp16_triton", "torch_sdpa_fp16"}))
+    kernels["prefill_attn.hack"] = fit(pts("prefill", {"hack"}, 64))
+    kernels["quantize.kv"] = fit(pts("quantize", {"quantize"}))
+    kernels["dequantize.kv"] = fit(pts("dequantize", {"dequantize"}))
+    faster = {}
+    for phase in ("decode", "prefill"):
+        wins = {"fp16_triton": 0, "torch_sdpa_fp16": 0}
+        by: dict = {}
+        for r in rows:
+            if r["phase"] == phase and r["kernel"] in wins:
+                by.setdefault((r["batch"], r["context_len"], r["q_heads"]), []).append(r)
+        for rs in by.values():
+            wins[min(rs, key=lambda r: float(r["time_us"]))["kernel"]] += 1
+        faster[phase] = wins
+    notes = (f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
+             f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
+             "Decode steps of the quantized variants include the append of the new token; they were timed as CUDA "
+             "graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, head_dim 128, "
+             "2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of torch._int_mm "
+             "layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
+    return {
+        "schema_version": 1, "gpu": gpu, "source": "measured", "derived_from": None,
+        "provenance": {**{k: prov.get(k) for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
+                       "notes": notes},
+        "memory_gbps": round(peaks["memory_gbps"], 1),
+        "matmul_fp16_tflops": round(peaks["fp16_tflops"], 1),
+        "matmul_int8_tops": None if peaks.get("int8_tops") is None else round(peaks["int8_tops"], 1),
+        "matmul_fp8_tflops": None if peaks.get("fp8_tflops") is None else round(peaks["fp8_tflops"], 1),
+        "launch_overhead_s": peaks["launch_overhead_s"],
+        "kernels": kernels,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Profile the kernels and fit a calibration profile")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
+    ap.add_argument("--fit-only", type=Path, default=None, help="refit from an existing rows.csv")
+    ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.fit_only:
+        rows = read_rows(args.fit_only)
+        meta = json.loads((args.fit_only.parent / "peaks.json").read_text())
+    else:
+        rows = measure_all(args.out, args.quick)
+        meta = json.loads((args.out / "peaks.json").read_text())
+        rows = read_rows(args.out / "rows.csv")
+    prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)
+    (args.out / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")
+    for k, v in prof["kernels"].items():
+        print(f"fit {k:28s} overhead {v['overhead_s'] * 1e6:7.2f} us  {v['s_per_unit']:.3e} s/unit  "
+              f"held-out median error {v['heldout_median_error_pct']:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

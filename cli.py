@@ -188,6 +188,37 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
         typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
 
 
+@app.command()
+def validate(
+    trace: Path = typer.Argument(..., help="a trace folder (requests.csv, iterations.csv, meta.json) or its requests.csv"),
+    scenario: Path = typer.Option(..., "--scenario", help="the scenario describing the measured system"),
+    method: Optional[str] = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the errors as JSON here"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
+    set_: List[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
+) -> None:
+    """Simulate the configuration of a measured TRACE and report the simulator's errors."""
+    from simulator.config import ScenarioError
+    from simulator.validate import format_validation, validate as run_validate
+
+    try:
+        v = run_validate(trace, scenario, list(set_), method)
+    except ScenarioError as e:
+        fail(str(e))
+    typer.echo(format_validation(v))
+    text = json.dumps(_clean(v), indent=2) + "\n"
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text)
+    if out is not None:
+        from reports.validation import write_validation_report
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.json").write_text(text)
+        write_validation_report(_clean(v), out / "validation.html")
+        typer.echo(f"wrote {out}/validation.json, validation.html")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def calibrate(ctx: typer.Context) -> None:
     """Profile the kernels on this machine's GPU and write a calibration profile (needs torch, Triton, a GPU).

@@ -1,0 +1,145 @@
+"""Score the simulator against a measured trace.
+
+A trace is a folder (or its `requests.csv`) in the format documented in README ("Trace format"):
+per request `arrival_s, prompt_tokens, output_tokens, prefill_start_s, prefill_end_s,
+quantize_end_s, transfer_start_s, transfer_end_s, decode_start_s, first_token_s, finish_s`;
+optionally `iterations.csv` (per decode iteration: `start_s, end_s, batch_size, context_tokens`)
+and `meta.json` (at least `method`). The scenario must describe the measured system; validation
+replays the trace's own arrivals and lengths through it (`workload.trace_csv`), so only the model
+of the system differs, never the workload.
+
+Errors are (simulated − measured) / measured in percent, for the mean and p50/p90/p99 of JCT, TTFT
+and TPOT, for the mean of each breakdown part the trace can resolve (decode is compared as
+decode + dequantize + approximation, which a trace cannot split), and, with `iterations.csv`, for
+the decode iteration time the cost model predicts for each measured batch (batch size and total
+context) — the direct check of the per-iteration model, free of queueing.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .config import ScenarioError, load_scenario
+from .run import method_of, resolve, run_scenario
+
+TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
+                 "transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s")
+MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
+
+
+def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict, Path]:
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    req_path = folder / "requests.csv" if path.is_dir() else path
+    if not req_path.exists():
+        raise ScenarioError(f"{path}: no requests.csv")
+    df = pd.read_csv(req_path)
+    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ScenarioError(f"{req_path}: missing columns {', '.join(missing)}")
+    if "quantize_end_s" not in df.columns:
+        df["quantize_end_s"] = df["prefill_end_s"]
+    it_path = folder / "iterations.csv"
+    iterations = pd.read_csv(it_path) if it_path.exists() else None
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return df.sort_values("arrival_s", kind="stable").reset_index(drop=True), iterations, meta, req_path
+
+
+def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
+    """The breakdown a trace resolves, by the simulator's definitions."""
+    out = pd.DataFrame(index=df.index)
+    t_start = np.maximum(df["transfer_start_s"], df["quantize_end_s"])
+    t_end = np.maximum(df["transfer_end_s"], df["quantize_end_s"])
+    out["prefill_queue"] = df["prefill_start_s"] - df["arrival_s"]
+    out["prefill"] = df["prefill_end_s"] - df["prefill_start_s"]
+    out["quantize"] = df["quantize_end_s"] - df["prefill_end_s"]
+    out["transfer_queue"] = t_start - df["quantize_end_s"]
+    out["transfer"] = t_end - t_start
+    out["decode_queue"] = df["decode_start_s"] - t_end
+    out["decode"] = df["finish_s"] - df["decode_start_s"]
+    out["jct"] = df["finish_s"] - df["arrival_s"]
+    out["ttft"] = df["prefill_end_s"] - df["arrival_s"]
+    out["tpot"] = np.where(df["output_tokens"] > 1, (df["finish_s"] - df["prefill_end_s"]) / (df["output_tokens"] - 1),
+                           np.nan)
+    return out
+
+
+def _stats(x: pd.Series) -> dict[str, float]:
+    x = x.dropna().to_numpy()
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _err_pct(sim: float, meas: float) -> float | None:
+    if not math.isfinite(sim) or not math.isfinite(meas) or abs(meas) < 1e-9:
+        return None
+    return 100.0 * (sim - meas) / meas
+
+
+def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] | None = None,
+             method: str | None = None) -> dict:
+    df, iterations, meta, req_path = load_trace(trace)
+    method = method or meta.get("method")
+    if method is None:
+        raise ScenarioError(f"{trace}: no method in meta.json; pass --method")
+    ov = list(overrides or []) + [f"workload.trace_csv={req_path.resolve()}", "workload.arrival={kind: trace}",
+                                  f"workload.requests={len(df)}"]
+    s = load_scenario(scenario_path, ov)
+    if method not in {m.output_name for m in s.methods}:
+        raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
+    result = run_scenario(s, source=str(scenario_path), methods=[method])
+    sim = result.requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    # Both sides through the same timestamp definitions: the trace cannot split decode into
+    # decode/dequantize/approximation, nor prefill from its homomorphic correction.
+    meas, sim_parts = measured_parts(df), measured_parts(sim)
+    out: dict = {"trace": str(trace), "scenario": str(scenario_path), "method": method, "requests": len(df),
+                 "metrics": {}, "breakdown_s": {}}
+    for metric in ("jct", "ttft", "tpot"):
+        m, p = _stats(meas[metric]), _stats(sim_parts[metric])
+        out["metrics"][f"{metric}_s"] = {"measured": m, "simulated": p}
+        for q in ("mean", "p50", "p90", "p99"):
+            out[f"{metric}_{q}_error_pct"] = _err_pct(p[q], m[q])
+    for part in MEASURABLE_PARTS:
+        m, p = float(meas[part].mean()), float(sim_parts[part].mean())
+        out["breakdown_s"][part] = {"measured": m, "simulated": p}
+        out[f"{part}_mean_error_pct"] = _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
+    if iterations is not None and len(iterations):
+        res = resolve(s, str(scenario_path))
+        cfg = next(m for m in s.methods if m.output_name == method)
+        _, dec = res.costs(method_of(cfg))
+        measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()
+        predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) for b, c in
+                                 zip(iterations["batch_size"], iterations["context_tokens"])])
+        out["iteration_s"] = {"measured_mean": float(measured_it.mean()), "predicted_mean": float(predicted_it.mean()),
+                              "count": int(len(measured_it))}
+        out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
+        rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
+        out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
+    return out
+
+
+def format_validation(v: dict) -> str:
+    lines = [f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}",
+             f"{'metric':<22} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    for metric in ("jct", "ttft", "tpot"):
+        m, p = v["metrics"][f"{metric}_s"]["measured"], v["metrics"][f"{metric}_s"]["simulated"]
+        for q in ("mean", "p50", "p90", "p99"):
+            e = v[f"{metric}_{q}_error_pct"]
+            lines.append(f"{metric + ' ' + q + ' (s)':<22} {m[q]:>10.4f} {p[q]:>10.4f} {_pct(e):>8}")
+    for part, mp in v["breakdown_s"].items():
+        lines.append(f"{part + ' mean (s)':<22} {mp['measured']:>10.4f} {mp['simulated']:>10.4f} "
+                     f"{_pct(v[f'{part}_mean_error_pct']):>8}")
+    if "iteration_s" in v:
+        it = v["iteration_s"]
+        lines.append(f"{'iteration mean (s)':<22} {it['measured_mean']:>10.5f} {it['predicted_mean']:>10.5f} "
+                     f"{_pct(v['iteration_mean_error_pct']):>8}")
+    return "\n".join(lines)
+
+
+def _pct(e: float | None) -> str:
+    return "n/a" if e is None else f"{e:+.1f}%"

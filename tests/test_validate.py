@@ -1,0 +1,71 @@
+"""`validate` replays a trace's workload through a scenario and scores the simulator."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import TINY
+from simulator.config import parse_scenario
+from simulator.run import run_scenario
+from simulator.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup(tmp_path, scale_decode: float = 1.0):
+    raw = copy.deepcopy(TINY)
+    raw["workload"].update(requests=40, arrival={"kind": "poisson", "rate_rps": 3.0},
+                           input_tokens={"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
+                           output_tokens={"kind": "uniform", "min_tokens": 2, "max_tokens": 64})
+    raw["prefill"]["replicas"] = 2
+    raw["methods"] = ["hack"]
+    scen = tmp_path / "scenario.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    df = run_scenario(parse_scenario(raw, "t")).requests
+    # A "measured" trace: the simulator's own timestamps, decode stretched by `scale_decode`.
+    df["finish_s"] = df["decode_start_s"] + (df["finish_s"] - df["decode_start_s"]) * scale_decode
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    cols = ["request_id", "method", "arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s",
+            "prefill_end_s", "quantize_end_s", "transfer_start_s", "transfer_end_s", "decode_start_s",
+            "first_token_s", "finish_s"]
+    df[cols].to_csv(trace / "requests.csv", index=False)
+    (trace / "meta.json").write_text(json.dumps({"method": "hack"}))
+    return trace, scen
+
+
+def test_validate_against_own_trace_is_exact(tmp_path):
+    trace, scen = _setup(tmp_path)
+    v = validate(trace, scen)
+    for key, value in v.items():
+        if key.endswith("_error_pct") and value is not None:
+            assert abs(value) < 1e-6, key
+
+
+def test_validate_sees_a_slower_decode(tmp_path):
+    trace, scen = _setup(tmp_path, scale_decode=1.25)
+    v = validate(trace, scen)
+    assert v["decode_mean_error_pct"] == pytest.approx(100 * (1 / 1.25 - 1), rel=1e-6)
+    assert v["jct_mean_error_pct"] < 0
+    assert abs(v["ttft_mean_error_pct"]) < 1e-6
+
+
+def test_validate_cli_writes_json_and_figure(tmp_path):
+    trace, scen = _setup(tmp_path)
+    out = tmp_path / "val"
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen),
+                        "--json", str(tmp_path / "v.json"), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "jct mean" in r.stdout
+    v = json.loads((tmp_path / "v.json").read_text())
+    assert "jct_mean_error_pct" in v and "ttft_p50_error_pct" in v and "tpot_p99_error_pct" in v
+    assert "Plotly.newPlot" in (out / "validation.html").read_text()
+    bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "requests.csv" in bad.stderr and "Traceback" not in bad.stderr

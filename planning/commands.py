@@ -1,0 +1,148 @@
+"""`sweep` and `plan` on the hacksim CLI: thin wrappers over planning.sweep / planning.plan.
+
+    python cli.py sweep scenarios/sweeps/a10g_bandwidth_methods.yaml --out out/sweeps/bw
+    python cli.py plan scenarios/a10g_10gbps.yaml --rate 0.2 --slo ttft_p99_s=60,tpot_p99_s=0.5,jct_p90_s=60
+
+cli.py calls `register_commands(app)`. Bad input exits 2 with one `error:` line on stderr and
+writes nothing; `--ray` without Ray installed is bad input too. Ctrl-C keeps every finished
+point in the cache, so the same command resumes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _backend(jobs: Optional[int], ray: bool, ray_address: Optional[str]) -> dict:
+    if ray and ray_address:
+        _fail("give --ray (start a local Ray) or --ray-address ADDR (join a cluster), not both")
+    backend = "ray" if (ray or ray_address) else "pool"
+    return {"backend": backend, "jobs": jobs, "ray_address": ray_address}
+
+
+def register_commands(app: typer.Typer) -> None:
+    """Add `sweep` and `plan` to the hacksim typer app."""
+
+    @app.command()
+    def sweep(
+        sweep_file: Path = typer.Argument(..., help="sweep YAML: a base scenario plus axes (see scenarios/sweeps/)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="write results.csv, results.parquet, report.html and "
+                                           "the point cache (.cache/) here; default out/sweeps/<sweep name>"),
+        jobs: Optional[int] = typer.Option(None, "--jobs", help="worker processes (default: one per core)"),
+        ray: bool = typer.Option(False, "--ray", help="run points as Ray tasks on a local Ray started here"),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run points on the Ray cluster at "
+                                                  "ADDR (e.g. ray://head:10001 or auto)"),
+        report: bool = typer.Option(True, "--report/--no-report", help="also write report.html"),
+    ) -> None:
+        """Simulate every point of SWEEP_FILE and write one tidy table (CSV and Parquet) plus a report."""
+        from .executor import Executor, PlanningError
+        from .report import write_report
+        from .sweep import load_sweep, run_sweep, write_table
+
+        try:
+            spec, base = load_sweep(sweep_file)
+            out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
+            with Executor(cache_dir=out_dir / ".cache", label=f"sweep {spec.name}",
+                          **_backend(jobs, ray, ray_address)) as ex:
+                result = run_sweep(spec, base, ex, source=str(sweep_file))
+        except PlanningError as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished points are cached; run the same command to resume", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED)
+        df, st = result.table, result.stats
+        written, note = write_table(df, out_dir)
+        if note:
+            typer.echo(note, err=True)
+        errors = int((df["error"] != "").sum())
+        stats_line = (f"{st.simulated} points simulated, {st.cached} from the cache, {st.wall_s:.1f} s on "
+                      f"{st.workers} {st.backend} worker(s)")
+        if report:
+            written.append(write_report(df, out_dir, name=spec.name, description=spec.description,
+                                        base=str(base), axis_paths=spec.axis_paths(), slo=spec.slo,
+                                        heatmaps=spec.report.heatmaps, stats_line=stats_line))
+        (out_dir / "sweep.json").write_text(json.dumps({
+            "sweep": str(sweep_file), "base": str(base), "spec": spec.model_dump(mode="json"),
+            "points": result.points, "rows": len(df), "errors": errors}, indent=2) + "\n")
+        typer.echo(f"sweep {spec.name}: {result.points} points x methods = {len(df)} rows ({errors} with errors); "
+                   f"{stats_line}")
+        if errors:
+            first = df[df["error"] != ""].iloc[0]
+            typer.echo(f"  first error (point {first['point']}): {first['error']}")
+        typer.echo("wrote " + ", ".join(str(p) for p in written))
+
+    @app.command()
+    def plan(
+        scenario: Path = typer.Argument(..., help="base scenario YAML (model, workload, network, batching)"),
+        rate: float = typer.Option(..., "--rate", help="target arrival rate, requests/s"),
+        slo: str = typer.Option(..., "--slo", help="targets in seconds, e.g. ttft_p99_s=60,tpot_p99_s=0.5,jct_p90_s=60"),
+        candidates: Optional[Path] = typer.Option(None, "--candidates", help="candidates YAML (see "
+                                                  "scenarios/sweeps/plan_candidates.yaml); default: every priced "
+                                                  "catalog instance the model fits, x replicas, x the scenario's "
+                                                  "methods"),
+        requests: Optional[int] = typer.Option(None, "--requests", help="requests per simulation (default: the "
+                                               "scenario's)"),
+        steps: int = typer.Option(8, "--steps", help="most simulations per candidate in the goodput search"),
+        set_: list[str] = typer.Option([], "--set", help="path.to.field=value applied to the base (repeatable)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="write plan.csv (every candidate) and cache points "
+                                           "here, so a rerun is instant"),
+        show: int = typer.Option(12, "--show", help="runners-up to print"),
+        jobs: Optional[int] = typer.Option(None, "--jobs", help="worker processes (default: one per core)"),
+        ray: bool = typer.Option(False, "--ray", help="run simulations as Ray tasks on a local Ray started here"),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run on the Ray cluster at ADDR"),
+    ) -> None:
+        """The cheapest prefill/decode configuration and method meeting the SLOs at RATE, and every candidate's
+        goodput. Exit 1 when no candidate meets them."""
+        import yaml
+
+        from .executor import Executor, PlanningError
+        from .plan import format_plan, load_candidates, run_plan
+        from .sweep import parse_slo
+
+        try:
+            targets = parse_slo(slo)
+            spec = load_candidates(candidates)
+            overrides = {}
+            for item in set_:
+                if "=" not in item:
+                    raise PlanningError(f"--set {item!r}: expected path.to.field=value")
+                k, v = item.split("=", 1)
+                overrides[k.strip()] = yaml.safe_load(v)
+            with Executor(cache_dir=None if out is None else out / ".cache", label="plan",
+                          **_backend(jobs, ray, ray_address)) as ex:
+                result = run_plan(scenario, rate, targets, spec, ex, requests=requests, steps=steps,
+                                  overrides=overrides)
+        except PlanningError as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            typer.echo("interrupted" + (": finished points are cached; rerun to resume" if out else ""), err=True)
+            raise typer.Exit(EXIT_INTERRUPTED)
+        typer.echo(format_plan(result, show=show))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            result.table.to_csv(out / "plan.csv", index=False)
+            typer.echo(f"wrote {out / 'plan.csv'}")
+        if result.answer is None:
+            raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover - a stand-in until cli.py registers the commands
+    app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+    register_commands(app)
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

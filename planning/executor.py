@@ -1,0 +1,316 @@
+"""Run many scenario points: a content-addressed disk cache in front of a process pool or Ray tasks.
+
+A point is one resolved `Scenario`; its key is sha256 of a code-version salt and
+`scenario.model_dump_json()`, so two points that resolve to the same scenario run once, and a
+rerun (an interrupted sweep, or `plan` after `sweep`) reads finished points from
+`DIR/.cache/<key[:2]>/<key>.json` instead of simulating them again. The salt hashes the source
+that decides a point's numbers (simulator, cost model, catalogs, calibration profiles), so editing
+any of them invalidates the cache instead of serving stale results.
+
+Each point runs every method of its scenario separately through `run_scenario`, so one method
+that does not fit (say FP16 KV larger than a decode replica) becomes that method's error without
+losing the others. Workers return only the summaries (a few KB), never request tables.
+
+Backends: `serial` (in this process; for tests and jobs=1), `pool` (concurrent.futures
+ProcessPoolExecutor, the default, one worker per core), `ray` (Ray tasks on a local Ray this
+starts, or on the cluster at `ray_address`; Ray is imported only here, only when asked for).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+# Bumped when the shape of a cached result changes.
+RESULT_VERSION = "1"
+# What decides a point's numbers besides its scenario JSON: instance facts (network, host memory,
+# intra-node bandwidth) and calibration profiles are looked up by key at run time.
+SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/*", "kernels_calibration/profiles/**/*")
+RAY_EXTRA_HINT = "pip install 'hacksim[ray]'"
+
+
+class PlanningError(ValueError):
+    """Bad sweep/plan input or an unavailable backend; the message is one line."""
+
+
+# ---- keys and cache ---------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def code_salt() -> str:
+    h = hashlib.sha256(f"hacksim-point-v{RESULT_VERSION}".encode())
+    files = sorted({p for g in SALT_GLOBS for p in ROOT.glob(g) if p.is_file() and "__pycache__" not in p.parts})
+    for p in files:
+        h.update(str(p.relative_to(ROOT)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def point_key(scenario_json: str) -> str:
+    return hashlib.sha256((code_salt() + "\n" + scenario_json).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One simulation to run: the resolved scenario as JSON, addressed by its key."""
+
+    key: str
+    scenario_json: str
+
+    @classmethod
+    def of(cls, scenario) -> "Task":
+        js = scenario.model_dump_json()
+        return cls(point_key(js), js)
+
+
+class PointCache:
+    """One JSON file per finished point; writes are atomic (temp file + rename), so a kill mid-write
+    leaves either the old state or the whole file."""
+
+    def __init__(self, root: Path | None):
+        self.root = None if root is None else Path(root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict | None:
+        if self.root is None:
+            return None
+        try:
+            return json.loads(self._path(key).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, result: dict) -> None:
+        if self.root is None or result.get("transient"):
+            return
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(result, allow_nan=True, sort_keys=True))
+        os.replace(tmp, path)
+
+
+# ---- the work of one point (runs in a worker) ----------------------------------------------------
+def simulate_point(scenario_json: str) -> dict:
+    """{"requests": n, "methods": {name: {"summary": {...}} | {"error": "one line"}}}.
+
+    A `ScenarioError` (the model or a request's KV does not fit, ...) is deterministic and is cached
+    as the method's error; any other exception marks the result transient so a rerun retries it."""
+    from simulator.config import Scenario, ScenarioError
+    from simulator.run import run_scenario
+
+    s = Scenario.model_validate_json(scenario_json)
+    out: dict = {"requests": s.workload.requests, "methods": {}}
+    for m in s.methods:
+        name = m.output_name
+        try:
+            r = run_scenario(s, source="point", methods=[name])
+            out["methods"][name] = {"summary": r.summary["methods"][name]}
+        except ScenarioError as e:
+            out["methods"][name] = {"error": str(e).removeprefix("point: ")}
+        except Exception as e:  # noqa: BLE001 - a bug in one point must not end the sweep
+            out["methods"][name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+            out["transient"] = True
+    return out
+
+
+def _warm_worker() -> None:
+    """Import the simulator once per worker, not once per point."""
+    import simulator.run  # noqa: F401
+
+
+# ---- progress -------------------------------------------------------------------------------------
+class Progress:
+    """`label  340/1000 points  34%  0:12 elapsed  0:23 left` on stderr, only when it is a terminal."""
+
+    def __init__(self, total: int, label: str, stream=None):
+        self.total, self.label = total, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = total > 0 and self.stream.isatty()
+        self.done = self.cached = self.errors = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def update(self, *, cached: bool = False, error: bool = False) -> None:
+        self.done += 1
+        self.cached += cached
+        self.errors += error
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.1 or self.done == self.total):
+            self._last = now
+            self.stream.write("\r" + self.line(now) + "\x1b[K")
+            self.stream.flush()
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.t0
+        run = self.done - self.cached
+        left = (self.total - self.done) * elapsed / run if run else math.nan
+        extra = ", ".join(p for p in (f"{self.cached} cached" if self.cached else "",
+                                      f"{self.errors} with errors" if self.errors else "") if p)
+        return (f"{self.label} {self.done}/{self.total} points {100 * self.done / self.total:3.0f}%  "
+                f"{_clock(elapsed)} elapsed  {_clock(left)} left" + (f"  ({extra})" if extra else ""))
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _clock(s: float) -> str:
+    if not math.isfinite(s):
+        return "--:--"
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+# ---- backends -------------------------------------------------------------------------------------
+@dataclass
+class Stats:
+    simulated: int = 0     # points actually simulated in this run
+    cached: int = 0        # points read from the cache
+    wall_s: float = 0.0
+    backend: str = ""
+    workers: int = 0
+
+
+class Executor:
+    """Runs batches of tasks; keeps its pool or Ray connection open between batches (plan runs many).
+
+    Use as a context manager. `run(tasks)` returns {key: result} for every task."""
+
+    def __init__(self, backend: str = "pool", jobs: int | None = None, ray_address: str | None = None,
+                 cache_dir: Path | None = None, label: str = "sweep"):
+        if backend not in ("serial", "pool", "ray"):
+            raise PlanningError(f"unknown backend {backend!r}; use serial, pool or ray")
+        if jobs is not None and jobs < 1:
+            raise PlanningError(f"--jobs must be >= 1, got {jobs}")
+        self.backend = backend
+        self.jobs = jobs or os.cpu_count() or 1
+        self.ray_address = ray_address
+        self.cache = PointCache(cache_dir)
+        self.label = label
+        self.stats = Stats(backend=backend)
+        self._pool: cf.ProcessPoolExecutor | None = None
+        self._ray = None
+        self._ray_started = False
+        self._ray_fn = None
+
+    def __enter__(self) -> "Executor":
+        if self.backend == "ray":
+            self._start_ray()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._ray is not None and self._ray_started:
+            self._ray.shutdown()
+        self._ray = None
+
+    # -- Ray --
+    def _start_ray(self) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise PlanningError(f"--ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
+        import logging
+
+        if not ray.is_initialized():
+            if self.ray_address:
+                # Ship this checkout to the cluster's workers (they need the dependencies installed).
+                env = {"working_dir": str(ROOT), "excludes": [".git", ".venv", "out", "**/.cache", "**/__pycache__",
+                                                             "*.parquet", "*.html"]}
+                try:
+                    ray.init(address=self.ray_address, runtime_env=env, logging_level=logging.WARNING,
+                             log_to_driver=False)
+                except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ... all mean "cannot reach it"
+                    raise PlanningError(f"--ray-address {self.ray_address}: cannot connect: "
+                                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            else:
+                env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                                 os.environ.get("PYTHONPATH")]))}}
+                ray.init(num_cpus=self.jobs, runtime_env=env, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False)
+            self._ray_started = True
+        self._ray = ray
+        self._ray_fn = ray.remote(num_cpus=1, max_retries=2)(simulate_point)
+        self.stats.workers = int(ray.cluster_resources().get("CPU", 0))
+
+    # -- dispatch --
+    def run(self, tasks: Iterable[Task], progress: bool = True) -> dict[str, dict]:
+        t0 = time.monotonic()
+        unique: dict[str, Task] = {}
+        for t in tasks:
+            unique.setdefault(t.key, t)
+        results: dict[str, dict] = {}
+        bar = Progress(len(unique), self.label) if progress else Progress(0, self.label)
+        todo = []
+        for key, task in unique.items():
+            hit = self.cache.get(key)
+            if hit is not None:
+                results[key] = hit
+                self.stats.cached += 1
+                bar.update(cached=True, error=_has_error(hit))
+            else:
+                todo.append(task)
+        try:
+            for key, result in self._dispatch(todo):
+                self.cache.put(key, result)
+                results[key] = result
+                self.stats.simulated += 1
+                bar.update(error=_has_error(result))
+        finally:
+            bar.close()
+            self.stats.wall_s += time.monotonic() - t0
+        return results
+
+    def _dispatch(self, todo: list[Task]):
+        if not todo:
+            return
+        if self.backend == "serial" or (self.backend == "pool" and (self.jobs == 1 or len(todo) == 1)):
+            self.stats.workers = max(self.stats.workers, 1)
+            for t in todo:
+                yield t.key, simulate_point(t.scenario_json)
+        elif self.backend == "pool":
+            if self._pool is None:
+                self._pool = cf.ProcessPoolExecutor(max_workers=self.jobs, initializer=_warm_worker)
+                self.stats.workers = self.jobs
+            futures = {self._pool.submit(simulate_point, t.scenario_json): t.key for t in todo}
+            try:
+                for f in cf.as_completed(futures):
+                    yield futures[f], f.result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        else:
+            if self._ray is None:
+                self._start_ray()
+            ray = self._ray
+            refs = {self._ray_fn.remote(t.scenario_json): t.key for t in todo}
+            pending = list(refs)
+            try:
+                while pending:
+                    done, pending = ray.wait(pending, num_returns=min(len(pending), 64), timeout=0.5)
+                    for ref in done:
+                        yield refs[ref], ray.get(ref)
+            except BaseException:
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                raise
+
+
+def _has_error(result: dict) -> bool:
+    return any("error" in m for m in result.get("methods", {}).values()) or "error" in result

@@ -32,12 +32,6 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _json_default(o):
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    raise TypeError(type(o))
-
-
 def _clean(o):
     """NaN -> null so summary.json is strict JSON."""
     if isinstance(o, float) and math.isnan(o):

@@ -94,7 +94,7 @@ class PointCache:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(result, allow_nan=True, sort_keys=True))
+        tmp.write_text(json.dumps(result, allow_nan=True))
         os.replace(tmp, path)
 
 

@@ -403,8 +403,22 @@ def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[s
     for c in INT_COLUMNS:
         if c in df.columns:
             df[c] = df[c].astype("Int64")   # stays integer beside error rows (empty in CSV)
-    cols = [c for c in df.columns if c != "error"] + ["error"]
-    return df[cols]
+    return df[_column_order(list(df.columns))]
+
+
+# Metric columns in reading order; any the simulator adds later follow, sorted by name.
+METRIC_ORDER = ("completed", "throughput_rps", *(f"{q}_{s}_s" for q in ("jct", "ttft", "tpot")
+                                                 for s in ("mean", "p50", "p90", "p99")))
+
+
+def _column_order(cols: list[str]) -> list[str]:
+    """Same order whatever order the summaries' keys arrive in (fresh, cached, pool or Ray)."""
+    first = [c for c in cols if c not in ("meets_slo", "error")]
+    n_fixed = first.index("cost_usd_per_hour") + 1 if "cost_usd_per_hour" in first else len(first)
+    fixed, metrics = first[:n_fixed], first[n_fixed:]
+    known = [c for c in METRIC_ORDER if c in metrics]
+    rest = sorted(c for c in metrics if c not in known)
+    return fixed + known + rest + [c for c in ("meets_slo", "error") if c in cols]
 
 
 # ---- writing ------------------------------------------------------------------------------------------

@@ -181,6 +181,7 @@ class MethodRun:
         self.completed = 0
         self.memory_log: list = []
         self.link_logs: dict[str, list] = {}
+        self.link_capacity_gbps: dict[str, float] = {}
 
         host = host_memory_bytes(s.prefill)
         self.prefill_replicas = [PrefillReplica(env, i, pre_cost, s.prefill.max_batch_requests,
@@ -201,7 +202,6 @@ class MethodRun:
             log: list = []
             link = Link(env, spec.name, bw * net.efficiency * 1e9 / 8, net.latency_s, log)
             self.link_logs[spec.name] = log
-            self.link_capacity_gbps = getattr(self, "link_capacity_gbps", {})
             self.link_capacity_gbps[spec.name] = bw * net.efficiency
             for p in spec.prefill_replicas:
                 for d in spec.decode_replicas:

@@ -1,0 +1,55 @@
+"""python -m realrun --method {baseline,kvquant,hack}[...] --model M --layers N --rate R[...] --link-gbps G
+--requests N --seed S --kv-capacity-gib C --out DIR [--device cpu|cuda]
+
+Several methods and rates may be given: they run one after another in this process on the same
+model (weights built once), one trace folder each under --out, named
+<model>-L<layers>_<G>gbps_<method>_r<rate>.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m realrun", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", nargs="+", required=True, choices=["baseline", "kvquant", "hack"])
+    ap.add_argument("--model", default="llama-3.1-8b", choices=["llama-3.1-8b", "llama-3.1-70b", "tiny"])
+    ap.add_argument("--layers", type=int, default=None, help="layers (default: the preset's)")
+    ap.add_argument("--rate", type=float, nargs="+", required=True, help="Poisson arrival rate(s), requests/s")
+    ap.add_argument("--link-gbps", type=float, required=True)
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-capacity-gib", type=float, default=16.0, help="decode KV capacity (admission)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default=None, choices=["cpu", "cuda"])
+    ap.add_argument("--prompt-range", type=int, nargs=2, default=[1024, 8192], metavar=("MIN", "MAX"))
+    ap.add_argument("--output-range", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
+    ap.add_argument("--prefill-max-batch-requests", type=int, default=1)
+    ap.add_argument("--prefill-max-batch-tokens", type=int, default=16384)
+    ap.add_argument("--max-decode-batch", type=int, default=32)
+    ap.add_argument("--hack-prefill", default="kernel", choices=["kernel", "sdpa"])
+    ap.add_argument("--chunk-mib", type=float, default=4.0, help="link chunk size")
+    ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--time-limit-s", type=float, default=600.0, help="abort a run that does not drain")
+    a = ap.parse_args(argv)
+    import torch  # after argparse: --help stays fast
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported
+    from .runner import run_set
+
+    run_set(a.model, a.layers, a.method, a.rate, a.link_gbps, a.requests, a.seed, a.kv_capacity_gib, a.out,
+            device=device, prefill_max_batch_requests=a.prefill_max_batch_requests,
+            prefill_max_batch_tokens=a.prefill_max_batch_tokens, max_decode_batch=a.max_decode_batch,
+            prompt_range=tuple(a.prompt_range), output_range=tuple(a.output_range), hack_prefill=a.hack_prefill,
+            do_warmup=not a.no_warmup and device == "cuda", chunk_bytes=int(a.chunk_mib * (1 << 20)),
+            time_limit_s=a.time_limit_s, log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

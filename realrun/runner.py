@@ -1,0 +1,131 @@
+"""Run a set of (method, rate) combinations on one model in one process and write their traces.
+
+Before each method's measured runs a warm-up compiles every Triton variant the run can hit (the
+kernels specialise integer arguments on ==1 and %16, and the split-K combine on the split count),
+so no compilation lands inside a measured run: a short unrecorded run over prompts of assorted
+lengths, then one decode step for every split count the split heuristic can choose.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .harness import GIB, Harness, RunConfig
+from .model import RandomLlama, model_shape
+from .trace import write_trace
+from .workload import Request, poisson_workload
+
+
+def environment() -> dict:
+    import triton
+    gpu, driver = "cpu", ""
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name()
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except Exception:
+            driver = "unknown"
+    rev = os.environ.get("HACKSIM_GIT_REV", "")
+    if not rev:
+        try:
+            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                 cwd=Path(__file__).parent).stdout.strip()
+        except Exception:
+            rev = ""
+    return {"gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_rev": rev or "unknown"}
+
+
+def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
+    lo, hi = prompt_range
+    # prompt lengths of every residue the kernels specialise on (%16, block counts ==1 / %16 / other)
+    lens = sorted({min(max(p, lo), hi) for p in (lo, lo + 1, lo + 63, lo + 65, 2 * lo, 2 * lo + 17, (lo + hi) // 2,
+                                               hi - 1, hi, 1000, 1024, 1040)})
+    work = [Request(i, 0.0, p, 3) for i, p in enumerate(lens)]
+    h.run(work)
+    # every split count default_splits can return, with a lone request (the widest split)
+    meth, s = h.method, h.model.shape
+    dev = h.device
+    n_splits = meth.splits(1, meth.cap - 1)
+    z = lambda *shape: torch.zeros(shape, dtype=torch.float16, device=dev)  # noqa: E731
+    rows = torch.zeros(1, dtype=torch.int64, device=dev)
+    for sp in range(1, n_splits + 1):
+        ml = min(sp * 64, meth.cap - 1)
+        lp = torch.tensor([ml - 1], dtype=torch.int32, device=dev)
+        la = torch.tensor([ml], dtype=torch.int32, device=dev)
+        meth.force_splits = sp
+        try:
+            meth.decode_attention(0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim),
+                                  z(1, s.kv_heads, s.head_dim), lp, la, rows, 1, 1, ml)
+        finally:
+            meth.force_splits = None
+    h._sync()
+
+
+def run_set(model_name: str, layers: int | None, methods: list[str], rates: list[float], link_gbps: float,
+            n_requests: int, seed: int, kv_capacity_gib: float, out: Path, device: str = "cuda",
+            prefill_max_batch_requests: int = 1, prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32,
+            prompt_range: tuple[int, int] = (1024, 8192), output_range: tuple[int, int] = (16, 128),
+            hack_prefill: str = "kernel", do_warmup: bool = True, chunk_bytes: int | None = None,
+            time_limit_s: float = 600.0, log=print) -> list[Path]:
+    shape = model_shape(model_name, layers)
+    dev = torch.device(device)
+    model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
+    env = environment()
+    written = []
+    for method in methods:
+        kw = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+        cfg = RunConfig(method=method, link_gbps=link_gbps, kv_capacity_bytes=int(kv_capacity_gib * GIB),
+                        prefill_max_batch_requests=prefill_max_batch_requests,
+                        prefill_max_batch_tokens=prefill_max_batch_tokens, max_decode_batch=max_decode_batch,
+                        max_total_tokens=prompt_range[1] + output_range[1], hack_prefill=hack_prefill, seed=seed,
+                        time_limit_s=time_limit_s, **kw)
+        h = Harness(model, cfg)
+        try:
+            if do_warmup:
+                warmup(h, prompt_range)
+            for rate in rates:
+                work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
+                rows, iters, complete = h.run(work)
+                name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
+                meth = h.method
+                p_mean = sum(r.prompt_tokens for r in work) / len(work)
+                notes = (
+                    f"complete={complete}; one GPU, one process: prefill and decode take turns (one prefill batch "
+                    f"at a decode-iteration boundary, FCFS), see realrun/harness.py; "
+                    f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={max_decode_batch}; "
+                    f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, "
+                    f"Poisson arrivals; link: token-bucket pacer, round-robin {cfg.chunk_bytes} B chunks, "
+                    f"GPU->pinned host->GPU, efficiency 1.0, no added latency; "
+                    f"wire bytes per prompt token (mean prompt) = {meth.wire_bytes(round(p_mean)) / round(p_mean):.1f}; "
+                    f"KV footprint reserved per request = final prompt+output tokens in the method's format "
+                    f"(quantized methods: + a full {meth.pi}-token FP16 V tail); "
+                    f"prefill attention = "
+                    f"{'hack_attn_prefill (prompt KV quantized inside the forward)' if method == 'hack' and hack_prefill == 'kernel' else 'torch SDPA causal'}; "
+                    f"quantize step = {'packing the quantized KV into the send buffer' if method == 'hack' and hack_prefill == 'kernel' else ('quantize_k/quantize_v + packing' if method != 'baseline' else 'packing FP16 KV into the send buffer')}; "
+                    f"decode attention = {dict(baseline='fp_attn_decode', kvquant='append_token + dequantize_cache (unfused, whole cache every iteration) + fp_attn_decode', hack='append_token + hack_attn_decode')[method]}; "
+                    f"peak_memory_bytes = torch.cuda.max_memory_allocated reset at each iteration start "
+                    f"(includes weights, the preallocated decode slot pool of {meth.pool_bytes()} B, and "
+                    f"in-flight send/receive buffers); decode_start_s = start of the first iteration that "
+                    f"includes the request (its KV is copied receive buffer -> slot inside that iteration)")
+                meta = {"method": method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
+                        "link_gbps": link_gbps, "seed": seed, "requests": n_requests,
+                        "kv_capacity_bytes": cfg.kv_capacity_bytes,
+                        "prefill_max_batch_requests": prefill_max_batch_requests, **env, "notes": notes}
+                path = write_trace(Path(out) / name, rows, iters, meta)
+                written.append(path)
+                fin = [r for r in rows if r[12] == r[12]]
+                jct = sum(r[12] - r[2] for r in fin) / max(1, len(fin))
+                span = max((r[12] for r in fin), default=0.0)
+                log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
+                    f"{len(iters)} iterations -> {path}")
+        finally:
+            h.close()
+            del h
+    return written

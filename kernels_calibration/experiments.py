@@ -43,7 +43,7 @@ def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool
     return errs
 
 
-def run(out: Path) -> None:
+def run(out: Path, stage: int = 3) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
 
@@ -59,6 +59,22 @@ def run(out: Path) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 3:
+        for pi in (64, 128):
+            grid = [dict(num_warps=w, prefetch=pf, splits=s) for pf, w, s in
+                    itertools.product((True, False), (2, 4, 8), (36, 72))]
+            rec(f"r3_hack_pi{pi}", measure_decode(("hack",), B, 32768, HQ, HKV, D, pi, configs={"hack": grid},
+                                                  return_all=True), _check(32768, pi, grid))
+        grid = [dict(num_warps=w, prefetch=pf, splits=s) for pf, w, s in
+                itertools.product((True, False), (2, 4), (36, 72))]
+        rec("r3_dequant_fused", measure_decode(("dequant_fused",), B, 32768, HQ, HKV, D, 64,
+                                               configs={"dequant_fused": grid}, return_all=True),
+            _check(32768, 64, grid, mode="dequant"))
+        grid = [dict(num_warps=w, prefetch=pf, splits=s) for pf, w, s in
+                itertools.product((True, False), (2, 4), (10, 20))]
+        rec("r3_hack_1k", measure_decode(("hack",), B, 1024, HQ, HKV, D, 64, configs={"hack": grid},
+                                         return_all=True))
+        return
     grid = [dict(num_warps=w, blocks_per_iter=nb, splits=s, num_stages=3)
             for w, nb, s in itertools.product((1, 2, 4), (1, 2), (18, 36))]
     rec("hack_pi64_grid", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64, configs={"hack": grid},
@@ -96,7 +112,9 @@ def run(out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    run(ap.parse_args(argv).out)
+    ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3)")
+    args = ap.parse_args(argv)
+    run(args.out, args.stage)
     return 0
 
 

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from .common import use_asm
-from .hack_core import dequant_pv, dequant_scores, hack_pv, hack_scores, q_quantize
+from .hack_core import (dequant_pv, dequant_pv_t, dequant_scores, dequant_scores_t, hack_pv, hack_pv_t,
+                        hack_scores, hack_scores_t, load_block, q_quantize)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -29,7 +30,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
                          qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                          G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
                          USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
-                         USE_ASM: tl.constexpr, NB: tl.constexpr, SUMROW: tl.constexpr):
+                         USE_ASM: tl.constexpr, PREFETCH: tl.constexpr, SUMROW: tl.constexpr):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -84,30 +85,58 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
         qh1 = (q1 * qk_scale).to(tl.float16)
         qh2 = (q2 * qk_scale).to(tl.float16)
         qh3 = (q3 * qk_scale).to(tl.float16)
-    for s00 in range(start, end, PI * NB):
-        for bi in tl.static_range(NB):
-            s0 = s00 + bi * PI
-            if s0 < end:
-                tok = s0 + tl.arange(0, PI)
-                tmask = tok < end
-                if MODE == 0:
-                    s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                                    kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
-                else:
-                    s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
-                s = tl.where(tmask[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                if MODE == 0:
-                    o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
-                                                   s0 // PI, W, D, USE_SE, USE_ASM, SUMROW)
-                else:
-                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok,
-                                                tmask, s0 // PI, W, D, USE_ASM)
-                    lsum = tl.sum(p, 1)
-                l_i = l_i * alpha + lsum
-                m_i = m_new
+    if PREFETCH:
+        tok = start + tl.arange(0, PI)
+        tmask = tok < end
+        kb, vb, km, ks, vm, vs = load_block(
+            kc, kmn, ksc, ksm, vc, vmn, vsc, vsm, tok, tmask, start // PI, start < end, W, D, NP, USE_SE)
+        for s0 in range(start, end, PI):
+            tokn = tok + PI
+            tmaskn = tokn < end
+            nkb, nvb, nkm, nks, nvm, nvs = load_block(
+                kc, kmn, ksc, ksm, vc, vmn, vsc, vsm, tokn, tmaskn, s0 // PI + 1, s0 + PI < end, W, D, NP,
+                USE_SE)
+            if MODE == 0:
+                s = hack_scores_t(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                                  kb, km, ks, GPP, USE_SE, USE_ASM, SUMROW)
+            else:
+                s = dequant_scores_t(qh0, qh1, qh2, qh3, kb, km, GPP, USE_ASM)
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            if MODE == 0:
+                o0, o1, o2, o3, lsum = hack_pv_t(o0, o1, o2, o3, p, alpha, vb, vm, vs, USE_SE, USE_ASM, SUMROW)
+            else:
+                o0, o1, o2, o3 = dequant_pv_t(o0, o1, o2, o3, p.to(tl.float16), alpha, vb, vm, USE_ASM)
+                lsum = tl.sum(p, 1)
+            l_i = l_i * alpha + lsum
+            m_i = m_new
+            kb, vb, km, ks, vm, vs = nkb, nvb, nkm, nks, nvm, nvs
+            tok = tokn
+            tmask = tmaskn
+    else:
+        for s0 in range(start, end, PI):
+            tok = s0 + tl.arange(0, PI)
+            tmask = tok < end
+            if MODE == 0:
+                s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
+                                kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
+            else:
+                s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            if MODE == 0:
+                o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
+                                               s0 // PI, W, D, USE_SE, USE_ASM, SUMROW)
+            else:
+                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok, tmask,
+                                            s0 // PI, W, D, USE_ASM)
+                lsum = tl.sum(p, 1)
+            l_i = l_i * alpha + lsum
+            m_i = m_new
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K but FP16 V; the last split multiplies them.
         if (split == NSPLIT - 1) & (L > LV):
@@ -190,7 +219,7 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
-                     num_stages: int = 3, blocks_per_iter: int = 1) -> torch.Tensor:
+                     num_stages: int = 3, prefetch: bool = True) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
@@ -218,7 +247,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
             qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
             G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se,
-            HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), NB=blocks_per_iter,
+            HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), PREFETCH=prefetch,
             SUMROW=sumrow,
             num_warps=num_warps, num_stages=num_stages)
 

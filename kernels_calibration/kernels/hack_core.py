@@ -226,3 +226,154 @@ def _deq_v(code, VMN, VSC, moff):
     sv = tl.load(VSC + moff)
     mv = tl.load(VMN + moff)
     return code.to(tl.float16) * sv[None, :] + mv[None, :]
+
+
+# ----------------------------------------------------------------------------- prefetching path
+# The decode loop software-pipelines by hand: the next block's code bytes and metadata are loaded
+# into registers while the current block is computed (Triton's pipeliner only streams loads that
+# feed a dot directly, and the unpack sits in between).  Metadata are 1-D vectors: K per partition
+# p < NP (up to 4; unused slots repeat slot 0) and V per channel group c.
+@triton.jit
+def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr):
+    if p < NP:
+        r = tl.load(KX + tok * NP + p, mask=tmask, other=0)
+    else:
+        r = tl.load(KX + tok * NP, mask=tmask, other=0)
+    return r
+
+
+@triton.jit
+def load_block(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, tok, tmask, blk, bvalid,
+               W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, LOAD_SUMS: tl.constexpr):
+    j = tl.arange(0, W)
+    kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)   # [W, BN] uint8
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)   # [BN, W] uint8
+    km = (_kvec(KSC, tok, tmask, 0, NP), _kvec(KSC, tok, tmask, 1, NP), _kvec(KSC, tok, tmask, 2, NP),
+          _kvec(KSC, tok, tmask, 3, NP), _kvec(KMN, tok, tmask, 0, NP), _kvec(KMN, tok, tmask, 1, NP),
+          _kvec(KMN, tok, tmask, 2, NP), _kvec(KMN, tok, tmask, 3, NP))
+    vo = blk * D + j
+    vm = (tl.load(VSC + vo, mask=bvalid, other=0.0), tl.load(VSC + vo + W, mask=bvalid, other=0.0),
+          tl.load(VSC + vo + 2 * W, mask=bvalid, other=0.0), tl.load(VSC + vo + 3 * W, mask=bvalid, other=0.0),
+          tl.load(VMN + vo, mask=bvalid, other=0.0), tl.load(VMN + vo + W, mask=bvalid, other=0.0),
+          tl.load(VMN + vo + 2 * W, mask=bvalid, other=0.0), tl.load(VMN + vo + 3 * W, mask=bvalid, other=0.0))
+    if LOAD_SUMS:
+        ks = (_kvec(KSM, tok, tmask, 0, NP), _kvec(KSM, tok, tmask, 1, NP), _kvec(KSM, tok, tmask, 2, NP),
+              _kvec(KSM, tok, tmask, 3, NP))
+        vs = (tl.load(VSM + vo, mask=bvalid, other=0), tl.load(VSM + vo + W, mask=bvalid, other=0),
+              tl.load(VSM + vo + 2 * W, mask=bvalid, other=0), tl.load(VSM + vo + 3 * W, mask=bvalid, other=0))
+    else:
+        ks = (km[0], km[1], km[2], km[3])
+        vs = (vm[0], vm[1], vm[2], vm[3])
+    return kb, vb, km, ks, vm, vs
+
+
+@triton.jit
+def _k_term_t(i, a, b, c, sk, mk, ks, z, USE_SE: tl.constexpr):
+    if USE_SE:
+        kss = ks.to(tl.float32)
+    else:
+        kss = z.to(tl.float32)
+    return ((a[:, None] * i.to(tl.float32) + b[:, None] * kss[None, :]) * sk.to(tl.float32)[None, :]
+            + c[:, None] * mk.to(tl.float32)[None, :])
+
+
+@triton.jit
+def hack_scores_t(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, kb, km, ks,
+                  GPP: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr, SUMROW: tl.constexpr):
+    """hack_scores on a prefetched block (see hack_scores)."""
+    k0 = unpack_codes(kb, 0, 2, USE_ASM)
+    k1 = unpack_codes(kb, 2, 2, USE_ASM)
+    k2 = unpack_codes(kb, 4, 2, USE_ASM)
+    k3 = unpack_codes(kb, 6, 2, USE_ASM)
+    i0 = tl.dot(qi0, k0, out_dtype=tl.int32)
+    i1 = tl.dot(qi1, k1, out_dtype=tl.int32)
+    i2 = tl.dot(qi2, k2, out_dtype=tl.int32)
+    i3 = tl.dot(qi3, k3, out_dtype=tl.int32)
+    if USE_SE:
+        z0 = 0
+        z1 = 0
+        z2 = 0
+        z3 = 0
+    elif SUMROW >= 0:
+        rsel = (tl.arange(0, qi0.shape[0]) == SUMROW)[:, None]
+        z0 = tl.sum(tl.where(rsel, i0, 0), 0)
+        z1 = tl.sum(tl.where(rsel, i1, 0), 0)
+        z2 = tl.sum(tl.where(rsel, i2, 0), 0)
+        z3 = tl.sum(tl.where(rsel, i3, 0), 0)
+    else:
+        z0 = tl.sum(k0.to(tl.int32), 0)
+        z1 = tl.sum(k1.to(tl.int32), 0)
+        z2 = tl.sum(k2.to(tl.int32), 0)
+        z3 = tl.sum(k3.to(tl.int32), 0)
+    if GPP == 1:
+        s = _k_term_t(i0, a0, b0, c0, km[0], km[4], ks[0], z0, USE_SE)
+        s += _k_term_t(i1, a1, b1, c1, km[1], km[5], ks[1], z1, USE_SE)
+        s += _k_term_t(i2, a2, b2, c2, km[2], km[6], ks[2], z2, USE_SE)
+        s += _k_term_t(i3, a3, b3, c3, km[3], km[7], ks[3], z3, USE_SE)
+    elif GPP == 2:
+        s = _k_term_t(i0 + i1, a0, b0, c0, km[0], km[4], ks[0], z0 + z1, USE_SE)
+        s += _k_term_t(i2 + i3, a2, b2, c2, km[1], km[5], ks[1], z2 + z3, USE_SE)
+    else:
+        s = _k_term_t(i0 + i1 + i2 + i3, a0, b0, c0, km[0], km[4], ks[0], z0 + z1 + z2 + z3, USE_SE)
+    return s
+
+
+@triton.jit
+def _v_update_t(o, p8, usum, vc, alpha, sv, mv, vsum, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
+    acc = tl.dot(p8, vc, out_dtype=tl.int32)  # [R, W]
+    if USE_SE:
+        vs = vsum.to(tl.float32)
+    elif SUMROW >= 0:
+        rsel = (tl.arange(0, p8.shape[0]) == SUMROW)[:, None]
+        vs = tl.sum(tl.where(rsel, acc, 0), 0).to(tl.float32)
+    else:
+        vs = tl.sum(vc.to(tl.int32), 0).to(tl.float32)
+    upd = (sv.to(tl.float32)[None, :] * (acc.to(tl.float32) + 128.0 * vs[None, :])
+           + mv.to(tl.float32)[None, :] * usum[:, None])
+    return o * alpha[:, None] + upd * (1.0 / 255.0)
+
+
+@triton.jit
+def hack_pv_t(o0, o1, o2, o3, p, alpha, vb, vm, vs, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+              SUMROW: tl.constexpr):
+    """hack_pv on a prefetched block (see hack_pv)."""
+    u = tl.floor(p * 255.0 + 0.5)
+    usum = tl.sum(u, 1)
+    p8 = u - 128.0
+    if not USE_SE:
+        if SUMROW >= 0:
+            p8 = tl.where((tl.arange(0, p.shape[0]) == SUMROW)[:, None], 1.0, p8)
+    p8 = p8.to(tl.int8)
+    o0 = _v_update_t(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, vm[0], vm[4], vs[0], USE_SE, SUMROW)
+    o1 = _v_update_t(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, vm[1], vm[5], vs[1], USE_SE, SUMROW)
+    o2 = _v_update_t(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, vm[2], vm[6], vs[2], USE_SE, SUMROW)
+    o3 = _v_update_t(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, vm[3], vm[7], vs[3], USE_SE, SUMROW)
+    return o0, o1, o2, o3, usum * (1.0 / 255.0)
+
+
+@triton.jit
+def _deq_t(code, sc, mn):
+    return code.to(tl.float16) * sc[None, :] + mn[None, :]
+
+
+@triton.jit
+def dequant_scores_t(q0, q1, q2, q3, kb, km, GPP: tl.constexpr, USE_ASM: tl.constexpr):
+    s = tl.dot(q0, _deq_t(unpack_codes(kb, 0, 2, USE_ASM), km[0 // GPP], km[4 + 0 // GPP]))
+    s = tl.dot(q1, _deq_t(unpack_codes(kb, 2, 2, USE_ASM), km[1 // GPP], km[4 + 1 // GPP]), s)
+    s = tl.dot(q2, _deq_t(unpack_codes(kb, 4, 2, USE_ASM), km[2 // GPP], km[4 + 2 // GPP]), s)
+    s = tl.dot(q3, _deq_t(unpack_codes(kb, 6, 2, USE_ASM), km[3 // GPP], km[4 + 3 // GPP]), s)
+    return s
+
+
+@triton.jit
+def dequant_pv_t(o0, o1, o2, o3, p16, alpha, vb, vm, USE_ASM: tl.constexpr):
+    o0 = tl.dot(p16, _deq_v2(unpack_codes(vb, 0, 2, USE_ASM), vm[0], vm[4]), o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v2(unpack_codes(vb, 2, 2, USE_ASM), vm[1], vm[5]), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v2(unpack_codes(vb, 4, 2, USE_ASM), vm[2], vm[6]), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v2(unpack_codes(vb, 6, 2, USE_ASM), vm[3], vm[7]), o3 * alpha[:, None])
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def _deq_v2(code, sc, mn):
+    return code.to(tl.float16) * sc[None, :] + mn[None, :]

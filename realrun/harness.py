@@ -99,6 +99,8 @@ class Harness:
 
     def close(self) -> None:
         self.method.pool.clear()
+        self.method._views.clear()
+        self.method.scratch = None
         if self.cuda:
             torch.cuda.empty_cache()
 
@@ -123,12 +125,13 @@ class Harness:
         lens = [b.req.prompt_tokens for b in batch]
         x = m.embed[torch.cat(ids)]                                       # (T, hidden)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        rot = m.rope_tables(pos)
         kept: list[list] = [[] for _ in batch]                            # per request: (k, v, state) per layer
         bounds = [0]
         for n in lens:
             bounds.append(bounds[-1] + n)
         for lw in m.layers:
-            q, k, v = m.qkv(lw, x, pos)                                   # (T, H, D)
+            q, k, v = m.qkv(lw, x, rot)                                   # (T, H, D)
             outs = []
             for i in range(len(batch)):
                 a, b = bounds[i], bounds[i + 1]
@@ -183,14 +186,15 @@ class Harness:
         dense = n == hi
         s = m.shape
         x = m.embed[self.tok_slots[rows_slot]]                            # (n, hidden)
+        rot = m.rope_tables(pos)
         for layer, lw in enumerate(m.layers):
-            q, k, v = m.qkv(lw, x, pos)                                   # (n, HQ|HKV, D)
+            q, k, v = m.qkv(lw, x, rot)                                   # (n, HQ|HKV, D)
             if not dense:
                 qf = torch.zeros((hi, s.q_heads, s.head_dim), dtype=q.dtype, device=dev).index_copy_(0, rows_slot, q)
                 kf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=k.dtype, device=dev).index_copy_(0, rows_slot, k)
                 vf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=v.dtype, device=dev).index_copy_(0, rows_slot, v)
             else:
-                qf, kf, vf = q, k.contiguous(), v.contiguous()
+                qf, kf, vf = q.contiguous(), k.contiguous(), v.contiguous()
             o = meth.decode_attention(layer, qf, kf, vf, lp_d, la_d, rows_slot, hi, n, max_len)
             if self.capture is not None:
                 self.capture_lens = la_d

@@ -86,6 +86,7 @@ class KVMethodBase:
         self.cap = -(-cap_tokens // self.pi) * self.pi   # per-slot token capacity (multiple of Π)
         self.hack_prefill = hack_prefill
         self.pool: dict[str, torch.Tensor] = {}
+        self._views: dict = {}
 
     # ---- format ------------------------------------------------------------------------------
     def parts(self, tokens: int, tail_rows: int | None = None) -> list[tuple[str, torch.dtype, int, int]]:
@@ -216,7 +217,10 @@ class _Quantized(KVMethodBase):
 
     def cache_view(self, layer: int, hi: int, lens):
         kv_cache = _k()[4]
-        pl = {n: t[layer, :hi] for n, t in self.pool.items()}
+        key = (layer, hi)
+        pl = self._views.get(key)
+        if pl is None:   # slicing 9 tensors costs host time every layer; batch sizes repeat
+            pl = self._views[key] = {n: t[layer, :hi] for n, t in self.pool.items()}
         return kv_cache.QuantKVCache(pl["k_codes"], pl["k_min"], pl["k_scale"], pl["k_sum"], pl["v_codes"],
                                      pl["v_min"], pl["v_scale"], pl["v_sum"], pl["v_tail"], lens,
                                      self.pi, BITS, True)

@@ -23,14 +23,22 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
            "time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "units", "config"]
 
 
-def hack_configs(ctx: int, tune: bool) -> dict:
-    """Narrow tuning keyed on the shape: splits around the default, pipelining depth."""
-    if not tune:
-        return {}
-    base = max(1, (4 * 132 + B * HKV - 1) // (B * HKV))
-    cands = [{"splits": s, "num_stages": st} for s in (base, 2 * base) for st in (2, 3, 4)]
-    cands = [c for c in cands if c["splits"] * 256 <= ctx + 1] or [{}]
-    return {"hack": cands}
+def tuned_configs(ctx: int, pi: int = 64) -> dict:
+    """Narrow tuning keyed on the shape: splits (x1, x2 the default heuristic) and warps (2, 4)
+    for every split-K decode kernel; the fastest is reported, all are printed."""
+    from .kernels.hack_attn_decode import default_splits
+
+    s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
+    q = [{"splits": s, "num_warps": w} for s in (s0, 2 * s0) for w in (2, 4)]
+    f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
+    return {"hack": q, "hack_no_se": q, "hack_no_rqe": q, "dequant_fused": q, "fp16_triton": f, "fp8": f,
+            "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda", 0)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -49,20 +57,22 @@ def run(out: Path, quick: bool = False) -> list[dict]:
     rows = []
     ctxs = (1024, 32768) if quick else (1024, 4096, 16384, 32768)
     for ctx in ctxs:
-        ms = measure_decode(DECODE_KERNELS, B, ctx, HQ, HKV, D, 64, configs=hack_configs(ctx, ctx in (1024, 32768)))
+        ms = measure_decode(DECODE_KERNELS, B, ctx, HQ, HKV, D, 64, configs=tuned_configs(ctx))
         rows += [m.row(peaks) for m in ms]
         for m in ms:
             print(f"decode ctx={ctx:6d} {m.kernel:16s} {m.time_s * 1e6:9.1f} us  {m.config}", flush=True)
         write_csv(rows, out / "bench_attention.csv")
     for pi in (32, 128):
-        ms = measure_decode(("hack", "hack_no_se", "dequant_fused"), B, 32768, HQ, HKV, D, pi)
+        ms = measure_decode(("hack", "hack_no_se", "hack_no_rqe", "dequant_fused"), B, 32768, HQ, HKV, D, pi,
+                            configs=tuned_configs(32768, pi))
         rows += [m.row(peaks) for m in ms]
         for m in ms:
             print(f"decode ctx=32768 pi={pi} {m.kernel:16s} {m.time_s * 1e6:9.1f} us", flush=True)
     write_csv(rows, out / "bench_attention.csv")
     for seq in ((16384,) if quick else (4096, 16384)):
-        ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64,
-                             configs={"fp16_triton": {}, "hack": {}})
+        ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64)
+        if seq == 16384:
+            ms += measure_prefill(("hack",), 1, seq, HQ, HKV, D, 128)
         rows += [m.row(peaks) for m in ms]
         for m in ms:
             print(f"prefill L={seq} {m.kernel:16s} {m.time_s * 1e6:9.1f} us {m.flops / m.time_s / 1e12:6.1f} TFLOP/s",

@@ -1,26 +1,22 @@
 #!/usr/bin/env bash
-# One device call: provenance, kernel tests on the GPU, benchmark, (optionally) profile sweep.
-# usage: bash kernels_calibration/device_run.sh GIT_REV MODE   (MODE: quick | full | profile)
+# One device call: provenance, kernel tests on the GPU, benchmark, accuracy, profile sweep.
+# usage: bash kernels_calibration/device_run.sh GIT_REV MODE   (MODE: quick | exp | bench | profile)
 set -u
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="$1"
 MODE="${2:-quick}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/gpu.txt"
-if [ "$MODE" != "profile" ]; then
-  timeout 240 python3 -m pytest tests/kernels -x -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+if [ "$MODE" = "quick" ] || [ "$MODE" = "bench" ]; then
+  timeout 200 python3 -m pytest tests/kernels -x -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 fi
 if [ "$MODE" = "quick" ]; then
   timeout 300 python3 -m kernels_calibration.bench --out "$OUT/bench" --quick 2>&1 | tee "$OUT/bench.log"
-  HACKSIM_NO_ASM=1 timeout 60 python3 -c "
-from kernels_calibration.measure import measure_decode
-for m in measure_decode(['hack','dequant_fused'], 8, 32768): print('NO_ASM', m.kernel, round(m.time_s*1e6,1), m.config)
-" 2>&1 | tee -a "$OUT/bench.log"
 elif [ "$MODE" = "exp" ]; then
-  timeout 420 python3 -m kernels_calibration.experiments --out "$OUT/exp" 2>&1 | grep -v "^    tune" | tee "$OUT/exp.log"
-elif [ "$MODE" = "full" ]; then
-  timeout 330 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
-fi
-if [ "$MODE" = "profile" ] || [ "$MODE" = "full" ]; then
-  timeout 400 python3 -m kernels_calibration.profile --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log"
+  timeout 420 python3 -m kernels_calibration.experiments --out "$OUT/exp" ${EXP_ARGS:-} 2>&1 | grep -v "^    tune" | tee "$OUT/exp.log"
+elif [ "$MODE" = "bench" ]; then
+  timeout 280 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  timeout 90 python3 -m kernels_calibration.accuracy --out "$OUT/bench" 2>&1 | tail -5 | tee -a "$OUT/bench.log"
+elif [ "$MODE" = "profile" ]; then
+  timeout 540 python3 -m kernels_calibration.profile --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log"
 fi

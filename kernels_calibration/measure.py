@@ -224,14 +224,18 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
         tried = tried if isinstance(tried, list) else [tried]
         best = None
         for cfg in tried:
-            m = _decode_one(name, dict(cfg))
+            try:
+                m = _decode_one(name, dict(cfg))
+            except Exception as exc:  # a config that fails to compile or launch is skipped, and said so
+                print(f"    config {name} {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
             if return_all:
                 out.append(m)
             if best is None or m.time_s < best.time_s:
                 best = m
             if len(tried) > 1:
                 print(f"    tune {name} ctx={ctx} {m.config}: {m.time_s * 1e6:.1f} us", flush=True)
-        if not return_all:
+        if not return_all and best is not None:
             out.append(best)
     del kvs, caches
     torch.cuda.empty_cache()

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from .common import use_asm
-from .hack_core import (dequant_pv, dequant_pv_t, dequant_scores, dequant_scores_t, hack_pv, hack_pv_t,
-                        hack_scores, hack_scores_t, load_block, q_quantize)
+from .hack_core import (dequant_pv, dequant_pv_t, dequant_scores, dequant_scores_t, hack_pv_block, hack_pv_t,
+                        hack_scores, hack_scores_t, load_block, q_quantize, quantize_p, split_cols)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -30,7 +30,8 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
                          qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                          G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
                          USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
-                         USE_ASM: tl.constexpr, PREFETCH: tl.constexpr, SUMROW: tl.constexpr):
+                         USE_ASM: tl.constexpr, PREFETCH: tl.constexpr, SUMROW: tl.constexpr,
+                         BN: tl.constexpr):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -116,8 +117,11 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             tok = tokn
             tmask = tmaskn
     else:
-        for s0 in range(start, end, PI):
-            tok = s0 + tl.arange(0, PI)
+        # Tiles of BN tokens (BN = PI, 2 PI or 4 PI): K needs no token blocking (its partitions lie
+        # along D); P is split into PI-column chunks, one P.V product per V block.
+        ones = tl.full([G_PAD], 1.0, tl.float32)
+        for s0 in range(start, end, BN):
+            tok = s0 + tl.arange(0, BN)
             tmask = tok < end
             if MODE == 0:
                 s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
@@ -128,13 +132,62 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
+            blk = s0 // PI
+            t0 = s0 + tl.arange(0, PI)
             if MODE == 0:
-                o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
-                                               s0 // PI, W, D, USE_SE, USE_ASM, SUMROW)
+                p8, usum = quantize_p(p, USE_SE, SUMROW)
+                lsum = usum * (1.0 / 255.0)
+                if BN == PI:
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, vc, vmn, vsc, vsm, t0,
+                                                   t0 < end, blk, True, W, D, USE_SE, USE_ASM, SUMROW)
+                elif BN == 2 * PI:
+                    pa, pb = split_cols(p8)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pa, tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
+                                                   alpha, vc, vmn, vsc, vsm, t0, t0 < end, blk, True,
+                                                   W, D, USE_SE, USE_ASM, SUMROW)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pb, tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
+                                                   ones, vc, vmn, vsc, vsm, t0 + PI, t0 + PI < end, blk + 1,
+                                                   s0 + PI < end, W, D, USE_SE, USE_ASM, SUMROW)
+                else:
+                    pl, pr = split_cols(p8)
+                    pa, pb = split_cols(pl)
+                    pc, pd = split_cols(pr)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pa, tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
+                                                   alpha, vc, vmn, vsc, vsm, t0, t0 < end, blk, True,
+                                                   W, D, USE_SE, USE_ASM, SUMROW)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pb, tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
+                                                   ones, vc, vmn, vsc, vsm, t0 + PI, t0 + PI < end, blk + 1,
+                                                   s0 + PI < end, W, D, USE_SE, USE_ASM, SUMROW)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pc, tl.sum(pc.to(tl.float32), 1) + 128.0 * PI,
+                                                   ones, vc, vmn, vsc, vsm, t0 + 2 * PI, t0 + 2 * PI < end,
+                                                   blk + 2, s0 + 2 * PI < end, W, D, USE_SE, USE_ASM, SUMROW)
+                    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pd, tl.sum(pd.to(tl.float32), 1) + 128.0 * PI,
+                                                   ones, vc, vmn, vsc, vsm, t0 + 3 * PI, t0 + 3 * PI < end,
+                                                   blk + 3, s0 + 3 * PI < end, W, D, USE_SE, USE_ASM, SUMROW)
             else:
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok, tmask,
-                                            s0 // PI, W, D, USE_ASM)
+                p16 = p.to(tl.float16)
                 lsum = tl.sum(p, 1)
+                if BN == PI:
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p16, alpha, vc, vmn, vsc, t0, t0 < end, blk,
+                                                W, D, USE_ASM)
+                elif BN == 2 * PI:
+                    pa, pb = split_cols(p16)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk,
+                                                W, D, USE_ASM)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pb, ones, vc, vmn, vsc, t0 + PI, t0 + PI < end,
+                                                blk + 1, W, D, USE_ASM, s0 + PI < end)
+                else:
+                    pl, pr = split_cols(p16)
+                    pa, pb = split_cols(pl)
+                    pc, pd = split_cols(pr)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk,
+                                                W, D, USE_ASM)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pb, ones, vc, vmn, vsc, t0 + PI, t0 + PI < end,
+                                                blk + 1, W, D, USE_ASM, s0 + PI < end)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pc, ones, vc, vmn, vsc, t0 + 2 * PI,
+                                                t0 + 2 * PI < end, blk + 2, W, D, USE_ASM, s0 + 2 * PI < end)
+                    o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pd, ones, vc, vmn, vsc, t0 + 3 * PI,
+                                                t0 + 3 * PI < end, blk + 3, W, D, USE_ASM, s0 + 3 * PI < end)
             l_i = l_i * alpha + lsum
             m_i = m_new
     if HAS_TAIL:
@@ -193,7 +246,7 @@ _N_SM: dict[int, int] = {}
 
 
 def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: torch.device) -> int:
-    """Enough programs for ~4 per SM, but at least 4 blocks of work per split."""
+    """~16 programs per SM (measured best at 32K, NOTES.md), but at least 2 tiles of work per split."""
     if device.type == "cuda":
         idx = device.index or 0
         if idx not in _N_SM:
@@ -201,8 +254,8 @@ def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: 
         n_sm = _N_SM[idx]
     else:
         n_sm = 4
-    want = triton.cdiv(4 * n_sm, batch * kv_heads)
-    return max(1, min(want, triton.cdiv(max_len, 4 * block)))
+    want = triton.cdiv(16 * n_sm, batch * kv_heads)
+    return max(1, min(want, triton.cdiv(max_len, 2 * block)))
 
 
 def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tensor:
@@ -218,8 +271,8 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 
 
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
-                     splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
-                     num_stages: int = 3, prefetch: bool = True) -> torch.Tensor:
+                     splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
+                     num_stages: int = 3, prefetch: bool = False, block_n: int | None = None) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
@@ -232,9 +285,13 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     if pi % (d // 4):
         raise ValueError(f"partition {pi} must be a multiple of head_dim/4 = {d // 4}")
     g = q.shape[1] // hkv
+    block_n = pi if prefetch else (block_n or max(pi, 128))
+    num_warps = num_warps or (2 if block_n >= 128 and mode == "hack" else 4)
+    if block_n not in (pi, 2 * pi, 4 * pi):
+        raise ValueError(f"block_n {block_n} must be PI, 2 PI or 4 PI")
     max_len = lmax if max_len is None else max_len
-    splits = splits or default_splits(b, hkv, max_len, pi, q.device)
-    tps = triton.cdiv(triton.cdiv(max_len, splits), pi) * pi
+    splits = splits or default_splits(b, hkv, max_len, block_n, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
     splits = triton.cdiv(max_len, tps)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
@@ -248,7 +305,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
             G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se,
             HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), PREFETCH=prefetch,
-            SUMROW=sumrow,
+            SUMROW=sumrow, BN=block_n,
             num_warps=num_warps, num_stages=num_stages)
 
     return run_split_decode(launch, q, splits)

@@ -92,16 +92,19 @@ def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, H
     tl.store(op + 3 * W, (o3 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
 
 
-def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, block_m: int = 128,
-                      num_warps: int = 8, num_stages: int = 2) -> torch.Tensor:
+def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, block_m: int | None = None,
+                      num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
     """q [B, HQ, L, D] fp16; cache holds the same L tokens for every request (rqe=False, so every
     V token is quantized) -> [B, HQ, L, D] fp16."""
     b, hq, seq, d = q.shape
     cb, hkv, lmax, cd = cache.shape
     if cb != b or cd != d or hq % hkv or lmax < seq:
         raise ValueError("q does not match the cache")
-    if cache.rqe or cache.bits != 2 or d % 128 or cache.partition % (d // 4) or block_m % cache.partition:
+    if cache.rqe or cache.bits != 2 or d % 128 or cache.partition % (d // 4) or (block_m or 128) % cache.partition:
         raise ValueError("prefill takes a 2-bit cache without tail, D % 128 == 0, PI | BM")
+    # measured on the H200 at 16K tokens (NOTES.md): BM 64 / 4 warps for PI <= 64, BM 128 / 8 warps for 128
+    block_m = block_m or (64 if cache.partition <= 64 else 128)
+    num_warps = num_warps or (4 if block_m == 64 else 8)
     o = torch.empty_like(q)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     _hack_prefill_kernel[(triton.cdiv(seq, block_m), b * hq)](

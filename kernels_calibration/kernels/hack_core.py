@@ -148,12 +148,12 @@ def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, 
 
 
 @triton.jit
-def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
+def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, bvalid, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
     acc = tl.dot(p8, vc, out_dtype=tl.int32)  # [R, W]
-    sv = tl.load(VSC + moff).to(tl.float32)
-    mv = tl.load(VMN + moff).to(tl.float32)
+    sv = tl.load(VSC + moff, mask=bvalid, other=0.0).to(tl.float32)
+    mv = tl.load(VMN + moff, mask=bvalid, other=0.0).to(tl.float32)
     if USE_SE:
-        vs = tl.load(VSM + moff).to(tl.float32)
+        vs = tl.load(VSM + moff, mask=bvalid, other=0).to(tl.float32)
     elif SUMROW >= 0:
         rsel = (tl.arange(0, p8.shape[0]) == SUMROW)[:, None]
         vs = tl.sum(tl.where(rsel, acc, 0), 0).to(tl.float32)
@@ -164,26 +164,53 @@ def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, USE_SE: tl.constexpr,
 
 
 @triton.jit
-def hack_pv(o0, o1, o2, o3, p, alpha, VC, VMN, VSC, VSM, tok, tmask, blk,
-            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-            SUMROW: tl.constexpr = -1):
-    """o_c <- alpha o_c + P V for one V block (all BN tokens in block `blk`).  Returns the four
-    accumulators and the row sums of the quantized P (for the softmax denominator).  Without SE
-    and SUMROW >= 0, padding row SUMROW of P'' is set to ones so its dot row is sum v'."""
+def hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, VC, VMN, VSC, VSM, tok, tmask, blk, bvalid,
+                  W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+                  SUMROW: tl.constexpr):
+    """o_c <- alpha o_c + P V over one V block: p8 [R, PI] INT8 (u - 128), usum = sum u per row.
+    Metadata loads are masked by bvalid (a block wholly past the end contributes nothing)."""
+    j = tl.arange(0, W)
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [PI, W] uint8
+    mo = blk * D + j
+    o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, bvalid, USE_SE, SUMROW)
+    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, bvalid, USE_SE,
+                   SUMROW)
+    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, bvalid,
+                   USE_SE, SUMROW)
+    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, bvalid,
+                   USE_SE, SUMROW)
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def quantize_p(p, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
+    """P in [0, 1] -> (p'' = round(255 p) - 128 as INT8 [R, N], sum of round(255 p) per row)."""
     u = tl.floor(p * 255.0 + 0.5)
     usum = tl.sum(u, 1)
     p8 = u - 128.0
     if not USE_SE:
         if SUMROW >= 0:
             p8 = tl.where((tl.arange(0, p.shape[0]) == SUMROW)[:, None], 1.0, p8)
-    p8 = p8.to(tl.int8)
-    j = tl.arange(0, W)
-    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
-    mo = blk * D + j
-    o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, USE_SE, SUMROW)
-    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, USE_SE, SUMROW)
-    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, USE_SE, SUMROW)
-    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, USE_SE, SUMROW)
+    return p8.to(tl.int8), usum
+
+
+@triton.jit
+def split_cols(x):
+    """[R, N] -> ([R, N/2] left half, [R, N/2] right half)."""
+    x3 = tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2))
+    return tl.split(tl.permute(x3, (0, 2, 1)))
+
+
+@triton.jit
+def hack_pv(o0, o1, o2, o3, p, alpha, VC, VMN, VSC, VSM, tok, tmask, blk,
+            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+            SUMROW: tl.constexpr = -1):
+    """o_c <- alpha o_c + P V for one V block (all BN tokens in block `blk`).  Returns the four
+    accumulators and the row sums of the quantized P (for the softmax denominator).  Without SE
+    and SUMROW >= 0, padding row SUMROW of P'' is set to ones so its dot row is sum v'."""
+    p8, usum = quantize_p(p, USE_SE, SUMROW)
+    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, VC, VMN, VSC, VSM, tok, tmask, blk, True,
+                                   W, D, USE_SE, USE_ASM, SUMROW)
     return o0, o1, o2, o3, usum * (1.0 / 255.0)
 
 
@@ -210,21 +237,21 @@ def _deq_k(code, KMN, KSC, tok, tmask, p, NP: tl.constexpr):
 
 @triton.jit
 def dequant_pv(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk,
-               W: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr):
+               W: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr, bvalid=True):
     j = tl.arange(0, W)
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
     mo = blk * D + j
-    o0 = tl.dot(p16, _deq_v(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo), o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W), o3 * alpha[:, None])
+    o0 = tl.dot(p16, _deq_v(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo, bvalid), o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W, bvalid), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W, bvalid), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W, bvalid), o3 * alpha[:, None])
     return o0, o1, o2, o3
 
 
 @triton.jit
-def _deq_v(code, VMN, VSC, moff):
-    sv = tl.load(VSC + moff)
-    mv = tl.load(VMN + moff)
+def _deq_v(code, VMN, VSC, moff, bvalid):
+    sv = tl.load(VSC + moff, mask=bvalid, other=0.0)
+    mv = tl.load(VMN + moff, mask=bvalid, other=0.0)
     return code.to(tl.float16) * sv[None, :] + mv[None, :]
 
 

@@ -63,12 +63,14 @@ def test_hack_decode(partition, rqe):
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_decode_ref(q, kd, vd, lens)
     ref_err = rel_err(hack_attn_decode_ref(q, cache), exact)
-    for use_se, prefetch in ((True, True), (False, True), (True, False), (False, False)):
-        out = hack_attn_decode(q, cache, use_se=use_se, splits=3, prefetch=prefetch)
+    for use_se, prefetch, block_n in ((True, False, None), (False, False, None), (True, True, None),
+                                      (False, False, partition)):
+        out = hack_attn_decode(q, cache, use_se=use_se, splits=3, prefetch=prefetch, block_n=block_n)
         assert rel_err(out, exact) < 2 * ref_err + 2e-3
     # the fused dequantize baseline is FP16 arithmetic on the same cache
     assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, prefetch=False), exact) < 2e-3
+    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, prefetch=True), exact) < 2e-3
+    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, block_n=partition), exact) < 2e-3
     assert rel_err(dequant_attn_decode(q, cache, fused=False, splits=2), exact) < 2e-3
     # and the quantized result is close to, but not equal to, FP16 attention
     assert rel_err(out, attn_decode_ref(q, k, v, lens)) > 10 * rel_err(out, exact)

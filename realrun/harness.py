@@ -48,6 +48,7 @@ import torch
 
 from .kvformats import METHODS, KVMethodBase
 from .link import CHUNK_BYTES, Link, Transfer
+from .dense import DenseSteps
 from .model import RandomLlama
 from .workload import Request
 
@@ -84,7 +85,7 @@ class _Req:
 
 
 class Harness:
-    def __init__(self, model: RandomLlama, cfg: RunConfig):
+    def __init__(self, model: RandomLlama, cfg: RunConfig, dense: DenseSteps | None = None):
         if cfg.method not in METHODS:
             raise ValueError(f"unknown method {cfg.method}")
         self.model, self.cfg = model, cfg
@@ -94,7 +95,11 @@ class Harness:
                                                         cfg.max_total_tokens + 1, seed=cfg.seed,
                                                         hack_prefill=cfg.hack_prefill)
         self.method.alloc_pool()
-        self.tok_slots = torch.zeros(cfg.max_decode_batch, dtype=torch.int64, device=self.device)
+        if dense is None or dense.max_n < cfg.max_decode_batch:
+            dense = DenseSteps(model, cfg.max_decode_batch)
+        self.dense = dense
+        self.tok_slots = dense.tok_slots
+        self.host_issue: list[tuple[float, float]] = []   # (host time to issue, wall) per iteration
         self.capture: list | None = None   # check.py: (layer, rows_slot, q, out) per layer, then ("x", x)
 
     def close(self) -> None:
@@ -178,34 +183,32 @@ class Harness:
         lens_attn = [lens_prev[i] + 1 if i in running else 0 for i in range(hi)]
         max_len = max(lens_attn)
         ints = torch.tensor(lens_prev + lens_attn, dtype=torch.int32)
-        longs = torch.tensor(slots + [lens_prev[s] for s in slots], dtype=torch.int64)
-        if self.cuda:
-            ints, longs = ints.pin_memory().to(dev, non_blocking=True), longs.pin_memory().to(dev, non_blocking=True)
+        ints = ints.pin_memory().to(dev, non_blocking=True) if self.cuda else ints
         lp_d, la_d = ints[:hi], ints[hi:]
-        rows_slot, pos = longs[:n], longs[n:]
+        b = self.dense.begin(n, torch.tensor(slots + [lens_prev[s] for s in slots], dtype=torch.int64))
+        rows_slot = b.rows
         dense = n == hi
         s = m.shape
-        x = m.embed[self.tok_slots[rows_slot]]                            # (n, hidden)
-        rot = m.rope_tables(pos)
-        for layer, lw in enumerate(m.layers):
-            q, k, v = m.qkv(lw, x, rot)                                   # (n, HQ|HKV, D)
+        for layer in range(s.layers):
             if not dense:
-                qf = torch.zeros((hi, s.q_heads, s.head_dim), dtype=q.dtype, device=dev).index_copy_(0, rows_slot, q)
-                kf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=k.dtype, device=dev).index_copy_(0, rows_slot, k)
-                vf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=v.dtype, device=dev).index_copy_(0, rows_slot, v)
+                qf = torch.zeros((hi, s.q_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.q)
+                kf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.k)
+                vf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.v)
             else:
-                qf, kf, vf = q.contiguous(), k.contiguous(), v.contiguous()
+                qf, kf, vf = b.q, b.k, b.v
             o = meth.decode_attention(layer, qf, kf, vf, lp_d, la_d, rows_slot, hi, n, max_len)
             if self.capture is not None:
                 self.capture_lens = la_d
-                self.capture.append((layer, rows_slot, qf.clone(), o.clone(), meth.reference_attention(layer, qf, la_d, hi)))
+                self.capture.append((layer, rows_slot.clone(), qf.clone(), o.clone(),
+                                     meth.reference_attention(layer, qf, la_d, hi)))
             if not dense:
                 o = o.index_select(0, rows_slot)
-            x = m.finish_layer(lw, x, o.reshape(n, -1))
-        if self.capture is not None:
-            self.capture.append(("x", rows_slot, x.clone()))
-        self.tok_slots[rows_slot] = m.next_token(x)
+            self.dense.after_attention(b, layer, o)
+        if self.capture is not None:   # b.x: the last layer's output, the LM head's input
+            self.capture.append(("x", rows_slot.clone(), b.x.clone()))
+        t_issued = time.perf_counter() - self.t0
         t_end = self.now()
+        self.host_issue.append((t_issued - t_start, t_end - t_start))
         peak = torch.cuda.max_memory_allocated(dev) if self.cuda else 0
         finished = []
         for sl in slots:

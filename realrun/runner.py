@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .dense import DenseSteps
 from .harness import GIB, Harness, RunConfig
 from .model import RandomLlama, model_shape
 from .trace import write_trace
@@ -79,6 +80,11 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
     env = environment()
     written = []
+    dense = DenseSteps(model, max_decode_batch)
+    if do_warmup:
+        dense.prepare_all()
+        log(f"dense decode segments: {'CUDA graphs' if dense.use_graphs else 'eager'}"
+            + (f" (capture failed: {dense.graph_error})" if dense.graph_error else ""))
     for method in methods:
         kw = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
         cfg = RunConfig(method=method, link_gbps=link_gbps, kv_capacity_bytes=int(kv_capacity_gib * GIB),
@@ -86,12 +92,13 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                         prefill_max_batch_tokens=prefill_max_batch_tokens, max_decode_batch=max_decode_batch,
                         max_total_tokens=prompt_range[1] + output_range[1], hack_prefill=hack_prefill, seed=seed,
                         time_limit_s=time_limit_s, **kw)
-        h = Harness(model, cfg)
+        h = Harness(model, cfg, dense)
         try:
             if do_warmup:
                 warmup(h, prompt_range)
             for rate in rates:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
+                h.host_issue.clear()
                 rows, iters, complete = h.run(work)
                 name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
                 meth = h.method
@@ -109,6 +116,7 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                     f"prefill attention = "
                     f"{'hack_attn_prefill (prompt KV quantized inside the forward)' if method == 'hack' and hack_prefill == 'kernel' else 'torch SDPA causal'}; "
                     f"quantize step = {'packing the quantized KV into the send buffer' if method == 'hack' and hack_prefill == 'kernel' else ('quantize_k/quantize_v + packing' if method != 'baseline' else 'packing FP16 KV into the send buffer')}; "
+                    f"dense decode segments = {'CUDA graphs per batch size' if dense.use_graphs else 'eager'} (realrun/dense.py); "
                     f"decode attention = {dict(baseline='fp_attn_decode', kvquant='append_token + dequantize_cache (unfused, whole cache every iteration) + fp_attn_decode', hack='append_token + hack_attn_decode')[method]}; "
                     f"peak_memory_bytes = torch.cuda.max_memory_allocated reset at each iteration start "
                     f"(includes weights, the preallocated decode slot pool of {meth.pool_bytes()} B, and "
@@ -120,11 +128,14 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                         "prefill_max_batch_requests": prefill_max_batch_requests, **env, "notes": notes}
                 path = write_trace(Path(out) / name, rows, iters, meta)
                 written.append(path)
+                hi_ = h.host_issue or [(0.0, 0.0)]
+                issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
                 fin = [r for r in rows if r[12] == r[12]]
                 jct = sum(r[12] - r[2] for r in fin) / max(1, len(fin))
                 span = max((r[12] for r in fin), default=0.0)
                 log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
-                    f"{len(iters)} iterations -> {path}")
+                    f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
+                    f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}) -> {path}")
         finally:
             h.close()
             del h

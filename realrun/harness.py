@@ -182,9 +182,12 @@ class Harness:
             lens_prev[s] = running[s].stored
         lens_attn = [lens_prev[i] + 1 if i in running else 0 for i in range(hi)]
         max_len = max(lens_attn)
-        ints = torch.tensor(lens_prev + lens_attn, dtype=torch.int32)
+        # both lens vectors start 16-byte aligned: Triton specialises pointers on alignment, and a
+        # misaligned one would compile a new kernel variant in the middle of a measured run
+        off = -(-hi // 4) * 4
+        ints = torch.tensor(lens_prev + [0] * (off - hi) + lens_attn, dtype=torch.int32)
         ints = ints.pin_memory().to(dev, non_blocking=True) if self.cuda else ints
-        lp_d, la_d = ints[:hi], ints[hi:]
+        lp_d, la_d = ints[:hi], ints[off:off + hi]
         b = self.dense.begin(n, torch.tensor(slots + [lens_prev[s] for s in slots], dtype=torch.int64))
         rows_slot = b.rows
         dense = n == hi

@@ -123,7 +123,11 @@ def simulate_point(scenario_json: str) -> dict:
 
 
 def _warm_worker() -> None:
-    """Import the simulator once per worker, not once per point."""
+    """Import the simulator once per worker, not once per point. Ctrl-C reaches the whole process
+    group; only the parent acts on it (it stops the workers), so a worker never dies mid-result."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import simulator.run  # noqa: F401
 
 
@@ -219,6 +223,19 @@ class Executor:
             self._ray.shutdown()
         self._ray = None
 
+    def _kill_pool(self) -> None:
+        """Stop now (Ctrl-C, an error): drop queued points and end the workers instead of waiting for
+        them; finished points are already in the cache."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+
     # -- Ray --
     def _start_ray(self) -> None:
         try:
@@ -292,8 +309,7 @@ class Executor:
                 for f in cf.as_completed(futures):
                     yield futures[f], f.result()
             except BaseException:
-                for f in futures:
-                    f.cancel()
+                self._kill_pool()
                 raise
         else:
             if self._ray is None:

@@ -274,6 +274,7 @@ class PlanResult:
     stats: Any
     simulations: int
     scenario_name: str
+    base_pools: dict[str, tuple] = field(default_factory=dict)   # pool -> (instance, TP, PP, replicas) as given
 
 
 def _probe_task(c: Candidate, rate: float, base_path: Path) -> Task:
@@ -328,7 +329,10 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
     at_rate: dict[int, tuple[dict, list, str, dict]] = {}
     sims = 0
     pending = {i: (rate_rps, tasks0[i]) for i in tasks0}
+    probe = 0
     while pending:
+        probe += 1
+        executor.label = f"plan probe {probe}/{steps}"
         results = executor.run([t for _, t in pending.values()])
         sims += len({t.key for _, t in pending.values()})
         nxt = {}
@@ -369,7 +373,21 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
                                   kind="stable").reset_index(drop=True)
     ok = table[table["meets_slo"]] if len(table) else table
     answer = ok.iloc[0].to_dict() if len(ok) else None
-    return PlanResult(rate_rps, slo, table, answer, notes, executor.stats, sims, base.name)
+    base_pools = {name: (pool.instance, pool.tensor_parallel, pool.pipeline_parallel, pool.replicas)
+                  for name, pool in (("prefill", base.prefill), ("decode", base.decode))}
+    return PlanResult(rate_rps, slo, table, answer, notes, executor.stats, sims, base.name, base_pools)
+
+
+def base_rows(p: PlanResult) -> pd.DataFrame:
+    """The candidates with the scenario's own pools (one per method), if the search space has them."""
+    t = p.table
+    if not len(t) or not p.base_pools:
+        return t.iloc[0:0]
+    keep = pd.Series(True, index=t.index)
+    for pool, (inst, tp, pp, rep) in p.base_pools.items():
+        keep &= (t[f"{pool}_instance"] == (inst or "")) & (t[f"{pool}_tensor_parallel"] == tp) & \
+            (t[f"{pool}_pipeline_parallel"] == pp) & (t[f"{pool}_replicas"] == rep)
+    return t[keep]
 
 
 # ---- the printed answer ------------------------------------------------------------------------------------
@@ -399,7 +417,7 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
     slo = ", ".join(f"{k} <= {v:g} s" for k, v in p.slo.items())
     t = p.table
     lines = [f"plan for {p.scenario_name} at {p.rate_rps:g} req/s; SLOs: {slo}",
-             f"{len(t)} candidates, {p.simulations} simulations ({p.stats.cached} points cached) in "
+             f"{len(t)} candidates, {p.simulations} simulations ({p.stats.cached} of them from the cache) in "
              f"{p.stats.wall_s:.1f} s on {p.stats.workers} {p.stats.backend} worker(s)"]
     for n in p.notes:
         lines.append(f"note: {n}")
@@ -417,6 +435,15 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
         lines += [f"answer: ${a['cost_usd_per_hour']:.2f}/h  prefill {a['prefill']}  decode {a['decode']}  "
                   f"method {a['method']}",
                   f"        at {p.rate_rps:g} req/s: {metrics}; goodput {_goodput(a)} req/s within the SLOs"]
+    own = base_rows(p)
+    if len(own):
+        r0 = own.iloc[0]
+        ok = [f"{r['method']} (goodput {_goodput(r)} req/s)" for _, r in own.iterrows() if r["meets_slo"]]
+        bad = [r["method"] for _, r in own.iterrows() if not r["meets_slo"]]
+        lines.append(f"the scenario's own pools (prefill {r0['prefill']}, decode {r0['decode']}) cost "
+                     f"${r0['cost_usd_per_hour']:.2f}/h; " + (f"meet the SLOs with {', '.join(ok)}"
+                                                            if ok else "miss the SLOs with every method")
+                     + (f"; miss with {', '.join(bad)}" if ok and bad else ""))
     if len(t) > (a is not None):
         lines += ["", "runners-up (by cost per hour; goodput = highest rate within the SLOs, req/s):"]
         idx = 0 if a is None else int(t.index[t["candidate"] == a["candidate"]][0])

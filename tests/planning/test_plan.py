@@ -92,3 +92,9 @@ def test_trace_arrivals_cannot_be_planned(tmp_path, base_file):
     base_file.write_text(text)
     with pytest.raises(PlanningError):
         plan(base_file, 1.0, {"ttft_p99_s": 1})
+
+
+def test_the_scenarios_own_pools_are_reported(base_file):
+    p = plan(base_file, 1.0, {"ttft_p99_s": 1e3}, steps=1, prefill=SLOW_FAST, decode=DECODE, methods=["baseline"])
+    assert "the scenario's own pools (prefill 1x g6e.12xlarge TP1 PP1, decode 1x g6e.12xlarge TP1 PP1) cost " \
+           "$20.99/h; meet the SLOs with baseline" in format_plan(p)

@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import catalog
+from costmodel.phases import ModelDoesNotFit
 from simulator.config import BaselineMethod, ScenarioError
 
 from .executor import Executor, PlanningError, Task
@@ -153,8 +154,8 @@ def _fits(base_raw: dict, base_path: Path, pool: str, choice: PoolChoice) -> str
         (pre if pool == "prefill" else dec).check_fits(pool)
     except ScenarioError as e:
         return str(e).removeprefix("candidate: ")
-    except Exception as e:  # noqa: BLE001 - ModelDoesNotFit and friends
-        return str(e).splitlines()[0]
+    except ModelDoesNotFit as e:
+        return str(e)
     return None
 
 
@@ -322,8 +323,8 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
             notes.append(f"{c.label}: {str(e).removeprefix('candidate: ')}")
             continue
         tasks0[i] = t
-        s = resolve_scenario(c.raw, base_path, "candidate")
-        c.cost_usd_per_hour = cost_usd_per_hour(s) if cost_usd_per_hour(s) is not None else math.nan
+        cost = cost_usd_per_hour(resolve_scenario(c.raw, base_path, "candidate"))
+        c.cost_usd_per_hour = math.nan if cost is None else cost
 
     searches = {i: RateSearch(rate_rps, steps) for i in tasks0}
     at_rate: dict[int, tuple[dict, list, str, dict]] = {}

@@ -422,6 +422,14 @@ def _column_order(cols: list[str]) -> list[str]:
 
 
 # ---- writing ------------------------------------------------------------------------------------------
+def parquet_available() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def write_table(df: pd.DataFrame, out: Path) -> tuple[list[Path], str | None]:
     """results.csv, and results.parquet when pyarrow is installed; returns (written, note)."""
     import os
@@ -432,9 +440,7 @@ def write_table(df: pd.DataFrame, out: Path) -> tuple[list[Path], str | None]:
     df.to_csv(tmp, index=False)
     os.replace(tmp, out / "results.csv")
     written.append(out / "results.csv")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
+    if not parquet_available():
         return written, "results.parquet not written: pyarrow is not installed (pip install pyarrow); wrote CSV only"
     tmp = out / ".results.parquet.tmp"
     _parquet_safe(df).to_parquet(tmp, index=False, engine="pyarrow")

@@ -38,7 +38,7 @@ DECODE_SHAPES = [
     (8, 4096, 32, 4, True),
 ]
 DECODE_SHAPES_QUICK = [s for i, s in enumerate(DECODE_SHAPES) if i % 2 == 0 or s[4]][:8]
-PI_SHAPES = [(1, 8192, False), (8, 2048, False), (8, 32768, True), (4, 16384, True)]
+PI_SHAPES = [(1, 8192, False), (8, 2048, True), (8, 32768, False), (4, 16384, True)]
 PREFILL_SHAPES = [(1, 1024, False), (1, 2048, True), (1, 4096, False), (1, 8192, True), (1, 12288, False),
                   (2, 4096, True), (4, 2048, False)]
 QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, True), (2, 16384, False),

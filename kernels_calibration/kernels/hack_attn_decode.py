@@ -254,7 +254,7 @@ def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: 
         n_sm = _N_SM[idx]
     else:
         n_sm = 4
-    want = triton.cdiv(16 * n_sm, batch * kv_heads)
+    want = min(triton.cdiv(16 * n_sm, batch * kv_heads), 64)  # > 64 splits: the combine costs more than it saves
     return max(1, min(want, triton.cdiv(max_len, 2 * block)))
 
 

@@ -9,9 +9,12 @@
 # ~4 TB/s, see the final report): per request, 8B prefill ~0.12 s (HACK prefill kernel ~0.18 s),
 # baseline KV 0.60 GB = 0.48 s at 10 Gbps, 0.12 s at 40 Gbps; 2-bit KV ~6x less.
 #   8B @ 10 Gbps: the FP16 baseline is link-bound (max ~2.1 req/s): 1.0 (link 48 % busy) and
-#                 1.6 req/s (77 %: it queues); 24 requests per run (~40 s a method).
-#   8B @ 40 Gbps: prefill-bound: 1.5 and 3.0 req/s (HACK prefill ~55 % busy at 3.0).
-#   70B shapes, 8 layers @ 10 Gbps: 2.0 and 3.5 req/s (KV 32 KiB/token: baseline link 42 %).
+#                 1.6 req/s (77 %: it queues); 20 requests per run (~35 s a method).
+#   8B @ 40 Gbps: prefill-bound: 1.5 and 3.0 req/s (HACK prefill ~55 % busy at 3.0); 24 requests.
+#   70B shapes, 8 layers @ 10 Gbps: 2.0 and 3.5 req/s (KV 32 KiB/token: baseline link 42 %); 24.
+# max-decode-batch 24 >= requests per run, so the batch limit never binds; KV capacity 16 GiB.
+# Expected: ~7 min in all (check + Triton compiles ~1.5 min, runs ~5.5 min); per-step timeouts
+# sum to 580 s, so give the device call timeout_s=600.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="${1:-unknown}"
 : "${OUT:?set OUT}"
@@ -39,23 +42,23 @@ step() {  # step TIMEOUT_S LABEL CMD...
 } 2>&1 | tee -a "$LOG"
 
 COMMON=(--seed 1 --kv-capacity-gib 16 --prompt-range 1024 8192 --output-range 16 128
-        --max-decode-batch 32 --prefill-max-batch-requests 1 --time-limit-s 100)
+        --max-decode-batch 24 --prefill-max-batch-requests 1 --time-limit-s 100)
 M8=(--model llama-3.1-8b)
 M70=(--model llama-3.1-70b --layers 8)
 CHECK=(--model llama-3.1-8b --layers 2 --prompts 1000 333 1537)
-N1=24; N=30
+N1=20; N=24
 if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: tiny model, tiny lengths
   COMMON=(--seed 1 --kv-capacity-gib 1 --prompt-range 20 100 --output-range 2 4 --max-decode-batch 8
           --time-limit-s 100 --device cpu)
   M8=(--model tiny); M70=(--model tiny --layers 1); CHECK=(--model tiny --layers 1 --prompts 40 97 130 --device cpu)
   N1=3; N=3
 fi
-step 120 check python3 -m realrun.check "${CHECK[@]}"
-step 190 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
+step 100 check python3 -m realrun.check "${CHECK[@]}"
+step 200 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
   --rate 1.0 1.6 --requests $N1 "${COMMON[@]}" --out "$T"
 step 140 8b-40gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 40 \
   --rate 1.5 3.0 --requests $N "${COMMON[@]}" --out "$T"
-step 120 70b8-10gbps python3 -m realrun --method baseline kvquant hack "${M70[@]}" \
+step 140 70b8-10gbps python3 -m realrun --method baseline kvquant hack "${M70[@]}" \
   --link-gbps 10 --rate 2.0 3.5 --requests $N "${COMMON[@]}" --out "$T"
 echo "== done $(date -u +%T), $SECONDS s" | tee -a "$LOG"
 pack

@@ -133,15 +133,10 @@ class KVMethodBase:
                          n_active: int, max_len: int):
         """q (hi, HQ, D), k_new/v_new (hi, HKV, D) for slots 0..hi-1 (zeros where inactive);
         lens_prev: tokens stored before this step (inactive 0), lens_attn: after (inactive 0);
-        rows_slot: slot index per active row (int64 device).  Returns (hi, HQ, D)."""
+        rows_slot: slot index per active row (int64 device).  Returns (hi, HQ, D).
+        Split counts are the kernels' own heuristics (what the kernel profiles measured), sized by
+        max_len (the longest context in the batch) and the batch tensor's size hi."""
         raise NotImplementedError
-
-    force_splits: int | None = None   # the warm-up pins the split count
-
-    def splits(self, n_active: int, max_len: int) -> int:
-        if self.force_splits:
-            return self.force_splits
-        return _k()[2].default_splits(n_active, self.shape.kv_heads, max_len, 64, self.device)
 
     # reference for the correctness check: float64 attention over the stored KV of slots 0..hi-1
     def reference_attention(self, layer: int, q, lens_attn, hi: int):
@@ -165,8 +160,7 @@ class Baseline(KVMethodBase):
         pos = lens_prev[rows_slot].long()
         kp[rows_slot, :, pos] = k_new[rows_slot]
         vp[rows_slot, :, pos] = v_new[rows_slot]
-        return _k()[0].fp_attn_decode(q, kp, vp, lens_attn, splits=self.splits(n_active, max_len),
-                                      max_len=max_len)
+        return _k()[0].fp_attn_decode(q, kp, vp, lens_attn, max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
         ref = _k()[2].attn_decode_ref
@@ -254,8 +248,7 @@ class KVQuant(_Quantized):
         self.append(layer, k_new, v_new, lens_prev, hi)
         ko, vo = dequant.dequantize_cache(self.cache_view(layer, hi, lens_attn),
                                           out=(self.scratch[0][:hi], self.scratch[1][:hi]), max_len=max_len)
-        return attn_decode.fp_attn_decode(q, ko, vo, lens_attn, splits=self.splits(n_active, max_len),
-                                          max_len=max_len)
+        return attn_decode.fp_attn_decode(q, ko, vo, lens_attn, max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
         return self.exact_attention(layer, q, lens_attn, hi)
@@ -282,8 +275,7 @@ class Hack(_Quantized):
     def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, rows_slot, hi, n_active, max_len):
         hack = _k()[2]
         self.append(layer, k_new, v_new, lens_prev, hi)
-        return hack.hack_attn_decode(q, self.cache_view(layer, hi, lens_attn),
-                                     splits=self.splits(n_active, max_len), max_len=max_len)
+        return hack.hack_attn_decode(q, self.cache_view(layer, hi, lens_attn), max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
         return _k()[2].hack_attn_decode_ref(q, self.cache_view(layer, hi, lens_attn.clamp(min=1)))

@@ -3,7 +3,8 @@
 Before each method's measured runs a warm-up compiles every Triton variant the run can hit (the
 kernels specialise integer arguments on ==1 and %16, and the split-K combine on the split count),
 so no compilation lands inside a measured run: a short unrecorded run over prompts of assorted
-lengths, then one decode step for every split count the split heuristic can choose.
+lengths, then one decode attention call for every context length in steps of 64 (split counts
+are the kernels' own choice, a function of the longest context and the batch size).
 """
 from __future__ import annotations
 
@@ -56,22 +57,17 @@ def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
         h.run(work)
     finally:
         h.cfg = cfg
-    # every split count default_splits can return, with a lone request (the widest split)
+    # every split count the kernels' split heuristics can pick: a lone request, every context
+    # length in steps of 64 (a split count is a function of the longest context and the batch)
     meth, s = h.method, h.model.shape
     dev = h.device
-    n_splits = meth.splits(1, meth.cap - 1)
     z = lambda *shape: torch.zeros(shape, dtype=torch.float16, device=dev)  # noqa: E731
     rows = torch.zeros(1, dtype=torch.int64, device=dev)
-    for sp in range(1, n_splits + 1):
-        ml = min(sp * 64, meth.cap - 1)
+    for ml in range(64, meth.cap, 64):
         lp = torch.tensor([ml - 1], dtype=torch.int32, device=dev)
         la = torch.tensor([ml], dtype=torch.int32, device=dev)
-        meth.force_splits = sp
-        try:
-            meth.decode_attention(0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim),
-                                  z(1, s.kv_heads, s.head_dim), lp, la, rows, 1, 1, ml)
-        finally:
-            meth.force_splits = None
+        meth.decode_attention(0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim),
+                              z(1, s.kv_heads, s.head_dim), lp, la, rows, 1, 1, ml)
     h._sync()
 
 

@@ -136,7 +136,9 @@ def check(model_name: str, layers: int, prompts: list[int], device: str, methods
                 ref = reference_logits(model, ids)
                 got = model.logits(xs[rows.index(r.slot)][None])[0]
                 e = rel_err(got, ref)
-                good = e < 3e-2 and int(got.argmax()) == int(ref.argmax())
+                # argmax may flip only between near-tied logits (within the FP16 error)
+                tie = float(ref.max() - ref[int(got.argmax())]) <= 3 * float((got.float() - ref).abs().max())
+                good = e < 3e-2 and (int(got.argmax()) == int(ref.argmax()) or tie)
                 method_ok &= good
                 log(f"{'ok  ' if good else 'FAIL'} baseline logits vs float32 full forward, request {r.req.request_id} "
                     f"(prompt {r.req.prompt_tokens}, slot {r.slot}): rel err {e:.2e}, argmax "

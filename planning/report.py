@@ -43,7 +43,9 @@ def _esc(x) -> str:
 
 # ---- goodput and the Pareto front ------------------------------------------------------------------------
 def config_columns_of(df: pd.DataFrame, axis_paths: list[str]) -> list[str]:
-    return [p for p in axis_paths if p != RATE_AXIS and p in df.columns] + ["method"]
+    """The axes that make a configuration: all but the arrival rate (goodput is taken over it) and the
+    `methods` list (the `method` column says which method the row is)."""
+    return [p for p in axis_paths if p not in (RATE_AXIS, "methods") and p in df.columns]
 
 
 def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
@@ -54,7 +56,10 @@ def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
     keys = config_columns_of(ok, axis_paths)
     good = ok["throughput_rps"].where(ok["meets_slo"], 0.0) if "meets_slo" in ok.columns else ok["throughput_rps"]
     ok["_goodput"] = good.astype(float)
-    ok["config"] = ok[keys].astype(str).agg(" | ".join, axis=1) if keys else "all"
+    label = ok["method"].astype(str)
+    for k in reversed(keys):
+        label = k + "=" + ok[k].astype(str) + ", " + label
+    ok["config"] = label
     g = ok.groupby("config", sort=False)
     out = pd.DataFrame({"cost_usd_per_hour": g["cost_usd_per_hour"].first(), "goodput_rps": g["_goodput"].max(),
                         "method": g["method"].first(), "rows": g.size()}).reset_index()
@@ -181,8 +186,13 @@ def render(df: pd.DataFrame, *, name: str, description: str, base: str, axis_pat
                      "and are left out of the cost figure")
     if len(conf):
         figures.append(("cost-goodput", cost_goodput_figure(conf, bool(slo))))
-    others_of = lambda *used: [p for p in axis_paths if p not in used and p != "methods"  # noqa: E731
-                               and p in df.columns and df[p].astype(str).nunique() > 1]
+    def others_of(x: str, y: str) -> list[str]:
+        """Axes that still vary inside one (x, y) cell, so the cell is a median over them (an axis linked
+        to x or y does not)."""
+        ok = df[df["error"] == ""] if "error" in df.columns else df
+        cells = ok.astype({x: str, y: str}).groupby([x, y], sort=False)
+        return [p for p in axis_paths if p not in (x, y, "methods") and p in ok.columns
+                and cells[p].nunique().max() > 1]
     for i, (x, y, metric) in enumerate(heatmap_specs(df, axis_paths, heatmaps, slo)):
         if metric not in df.columns:
             notes.append(f"heatmap: no column {metric!r} in the table")
@@ -195,10 +205,16 @@ def render(df: pd.DataFrame, *, name: str, description: str, base: str, axis_pat
     sections = []
     if notes:
         sections.append("".join(f'<div class="note">{_esc(n)}</div>' for n in notes))
+    leads = {"cost-goodput": "One marker per configuration (axis values other than the arrival rate, and method). "
+             + ("Goodput: the highest measured throughput among its rows that meet every SLO, so it moves in the "
+                "steps of the swept rates; `plan` bisects on the rate instead." if slo else
+                "No SLOs in the sweep file, so this is the highest measured throughput.")
+             + " Cost counts instances only (network is not priced)."}
     for fid, fig in figures:
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{fid}",
                           config={"displaylogo": False})
-        sections.append(f"<section>{div}</section>")
+        lead = f'<p class="lead">{_esc(leads[fid])}</p>' if fid in leads else ""
+        sections.append(f"<section>{lead}{div}</section>")
     if len(conf):
         front = conf[pareto_front(conf)].sort_values("cost_usd_per_hour")
         sections.append('<section><h2>Pareto front</h2><p class="lead">Configurations that no other beats on both '

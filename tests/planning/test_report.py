@@ -21,9 +21,10 @@ def _table():
 def test_goodput_is_the_best_throughput_within_the_slos_and_the_front_is_undominated():
     axes = ["prefill.instance", "workload.arrival.rate_rps"]
     conf = configurations(_table(), axes).set_index("config")
-    assert conf["goodput_rps"].to_dict() == {"a | hack": 0.9, "b | hack": 1.8, "c | hack": 1.8, "d | hack": 0.0}
+    assert conf["goodput_rps"].to_dict() == {f"prefill.instance={k}, hack": v
+                                             for k, v in (("a", 0.9), ("b", 1.8), ("c", 1.8), ("d", 0.0))}
     front = pareto_front(conf.reset_index()).to_numpy()
-    assert list(conf.index[front]) == ["a | hack", "b | hack"]
+    assert list(conf.index[front]) == ["prefill.instance=a, hack", "prefill.instance=b, hack"]
 
 
 def test_render_is_deterministic_and_names_its_figures():

@@ -216,17 +216,22 @@ def build_candidates(base_raw: dict, base_path: Path, spec: CandidatesSpec, note
     net = base_raw.get("network")
     if isinstance(net, dict) and net.get("links"):
         notes.append("network.links dropped: an explicit topology names replicas, which candidates change")
+    pairs = [(p, d) for p in pre for d in dec]
+    if base_raw.get("placement") == "shared_gpu":
+        # prefill replica i and decode replica i share GPUs: one layout serves both pools
+        pairs = [(p, p) for p in pre]
+        notes.append("placement shared_gpu: each candidate runs both pools on the prefill option's instances "
+                     "(decode options ignored)")
     out = []
-    for p in pre:
-        for d in dec:
-            for m in methods:
-                raw = copy.deepcopy(base_raw)
-                p.apply(raw, "prefill")
-                d.apply(raw, "decode")
-                raw["methods"] = [copy.deepcopy(m)]
-                if isinstance(raw.get("network"), dict):
-                    raw["network"].pop("links", None)
-                out.append(Candidate(p, d, m, _method_name(m), raw))
+    for p, d in pairs:
+        for m in methods:
+            raw = copy.deepcopy(base_raw)
+            p.apply(raw, "prefill")
+            d.apply(raw, "decode")
+            raw["methods"] = [copy.deepcopy(m)]
+            if isinstance(raw.get("network"), dict):
+                raw["network"].pop("links", None)
+            out.append(Candidate(p, d, m, _method_name(m), raw))
     return out
 
 

@@ -276,14 +276,17 @@ def pool_price_usd_per_hour(pool) -> float | None:
 
 
 def cost_usd_per_hour(s: Scenario) -> float | None:
-    """Σ pools replicas x instances per replica x price per instance; None when a pool has no price."""
-    total = 0.0
+    """Σ pools replicas x instances per replica x price per instance; None when a pool has no price.
+
+    With `placement: shared_gpu` prefill replica i and decode replica i run on the same GPUs, so the
+    instances are paid once: the dearer of the two pools."""
+    costs = []
     for pool in (s.prefill, s.decode):
         price = pool_price_usd_per_hour(pool)
         if price is None:
             return None
-        total += pool.replicas * pool.instances_per_replica * price
-    return total
+        costs.append(pool.replicas * pool.instances_per_replica * price)
+    return max(costs) if getattr(s, "placement", "separate") == "shared_gpu" else sum(costs)
 
 
 def config_columns(s: Scenario) -> dict[str, Any]:

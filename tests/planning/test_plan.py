@@ -98,3 +98,12 @@ def test_the_scenarios_own_pools_are_reported(base_file):
     p = plan(base_file, 1.0, {"ttft_p99_s": 1e3}, steps=1, prefill=SLOW_FAST, decode=DECODE, methods=["baseline"])
     assert "the scenario's own pools (prefill 1x g6e.12xlarge TP1 PP1, decode 1x g6e.12xlarge TP1 PP1) cost " \
            "$20.99/h; meet the SLOs with baseline" in format_plan(p)
+
+
+def test_shared_gpu_placement_pays_for_the_instances_once(base_file):
+    base_file.write_text(base_file.read_text() + "placement: shared_gpu\n")
+    p = plan(base_file, 1.0, {"ttft_p99_s": 1e3}, steps=1, prefill=SLOW_FAST[1:], decode=SLOW_FAST[:1],
+             methods=["baseline"])
+    assert len(p.table) == 1 and p.answer["decode"] == p.answer["prefill"]
+    assert p.answer["cost_usd_per_hour"] == pytest.approx(10.49264)
+    assert any("shared_gpu" in n for n in p.notes)

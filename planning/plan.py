@@ -331,8 +331,10 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
         cost = cost_usd_per_hour(resolve_scenario(c.raw, base_path, "candidate"))
         c.cost_usd_per_hour = math.nan if cost is None else cost
 
+    if not tasks0:
+        raise PlanningError(f"no candidate is a valid scenario; {notes[-1] if notes else ''}".rstrip("; "))
     searches = {i: RateSearch(rate_rps, steps) for i in tasks0}
-    at_rate: dict[int, tuple[dict, list, str, dict]] = {}
+    at_rate: dict[int, tuple[dict, list, str]] = {}     # candidate -> (metrics, SLO misses, error) at R
     sims = 0
     pending = {i: (rate_rps, tasks0[i]) for i in tasks0}
     probe = 0
@@ -345,7 +347,7 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
         for i, (rate, task) in pending.items():
             row, misses, err = _evaluate(results[task.key], candidates[i].method_name, slo)
             if rate == rate_rps and i not in at_rate:
-                at_rate[i] = (row, misses, err, results[task.key])
+                at_rate[i] = (row, misses, err)
             if err:                       # does not run at any rate (fit errors do not depend on it)
                 searches[i].probes.append((rate, False))
                 continue
@@ -357,7 +359,7 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
 
     rows = []
     for i in tasks0:
-        c, (row, misses, err, _) = candidates[i], at_rate[i]
+        c, (row, misses, err) = candidates[i], at_rate[i]
         s = searches[i]
         rows.append({
             "candidate": i, "cost_usd_per_hour": c.cost_usd_per_hour, "method": c.method_name,

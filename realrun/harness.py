@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -193,10 +192,10 @@ class Harness:
         dense = n == hi
         s = m.shape
         for layer in range(s.layers):
-            if not dense:
-                qf = torch.zeros((hi, s.q_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.q)
-                kf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.k)
-                vf = torch.zeros((hi, s.kv_heads, s.head_dim), dtype=torch.float16, device=dev).index_copy_(0, rows_slot, b.v)
+            if not dense:   # a hole in the slots: scatter rows to slots (zeros where no request)
+                qf = b.q.new_zeros((hi, s.q_heads, s.head_dim)).index_copy_(0, rows_slot, b.q)
+                kf = b.k.new_zeros((hi, s.kv_heads, s.head_dim)).index_copy_(0, rows_slot, b.k)
+                vf = b.v.new_zeros((hi, s.kv_heads, s.head_dim)).index_copy_(0, rows_slot, b.v)
             else:
                 qf, kf, vf = b.q, b.k, b.v
             o = meth.decode_attention(layer, qf, kf, vf, lp_d, la_d, rows_slot, hi, n, max_len)

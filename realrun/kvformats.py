@@ -33,8 +33,6 @@ is quantized inside the forward, per layer, because the kernel reads codes — o
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 

@@ -71,6 +71,51 @@ def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
     h._sync()
 
 
+PREFILL_ATTENTION = {"baseline": "torch SDPA causal (flash)", "kvquant": "torch SDPA causal (flash)",
+                     "hack": "hack_attn_prefill (8-bit Q on the 2-bit K/V codes; the prompt's KV is quantized "
+                             "inside the forward, per layer)"}
+QUANTIZE_STEP = {"baseline": "packing the FP16 KV into the flat send buffer",
+                 "kvquant": "quantize_k/quantize_v (2-bit, stochastic rounding) + packing",
+                 "hack": "packing the already quantized KV (codes, min/scale, sums, FP16 V tail)"}
+DECODE_ATTENTION = {"baseline": "fp_attn_decode over ragged FP16 contexts",
+                    "kvquant": "append_token, then dequantize_cache (unfused: the whole cache of every running "
+                               "request to FP16 memory, every iteration), then fp_attn_decode",
+                    "hack": "append_token + hack_attn_decode (INT8 homomorphic, SE, RQE)"}
+
+
+def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill_max_batch_tokens: int) -> str:
+    cfg, meth = h.cfg, h.method
+    p_mean = round(sum(r.prompt_tokens for r in work) / len(work))
+    hack_kernel = cfg.method == "hack" and cfg.hack_prefill == "kernel"
+    prefill = PREFILL_ATTENTION["hack" if hack_kernel else "baseline"]
+    quant = QUANTIZE_STEP[cfg.method] if cfg.method != "hack" or hack_kernel else \
+        "quantize_k/quantize_v (2-bit, stochastic rounding, sums) + packing"
+    graphs = "CUDA graphs per batch size" if h.dense.use_graphs else "eager"
+    if h.dense.graph_error:
+        graphs += f" (graph capture failed: {h.dense.graph_error})"
+    return "; ".join([
+        f"complete={complete}",
+        "one GPU, one process: prefill and decode take turns, one prefill batch (FCFS) at a decode-iteration "
+        "boundary, see realrun/harness.py",
+        f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={cfg.max_decode_batch}",
+        f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, Poisson arrivals "
+        "(numpy default_rng(seed): gaps, then prompts, then outputs)",
+        f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
+        "CUDA stream, efficiency 1.0, no added latency",
+        f"wire bytes per prompt token at the mean prompt ({p_mean}) = {meth.wire_bytes(p_mean) / p_mean:.1f}",
+        f"KV reserved at admission = final prompt+output tokens in the method's format"
+        + (f" + a full {meth.pi}-token FP16 V tail" if meth.quantized else ""),
+        f"prefill attention = {prefill}",
+        f"quantize step (prefill_end_s -> quantize_end_s) = {quant}",
+        f"decode attention = {DECODE_ATTENTION[cfg.method]}",
+        f"dense decode segments = {graphs} (realrun/dense.py)",
+        "peak_memory_bytes = torch.cuda.max_memory_allocated, reset at each iteration's start (weights, the "
+        f"preallocated decode slot pool of {meth.pool_bytes()} B, in-flight send/receive buffers included)",
+        "decode_start_s = start_s of the first iteration that includes the request (its KV is copied from the "
+        "receive buffer into its batch slot inside that iteration)",
+    ])
+
+
 def run_set(model_name: str, layers: int | None, methods: list[str], rates: list[float], link_gbps: float,
             n_requests: int, seed: int, kv_capacity_gib: float, out: Path, device: str = "cuda",
             prefill_max_batch_requests: int = 1, prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32,
@@ -105,25 +150,7 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                 name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
                 meth = h.method
                 p_mean = sum(r.prompt_tokens for r in work) / len(work)
-                notes = (
-                    f"complete={complete}; one GPU, one process: prefill and decode take turns (one prefill batch "
-                    f"at a decode-iteration boundary, FCFS), see realrun/harness.py; "
-                    f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={max_decode_batch}; "
-                    f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, "
-                    f"Poisson arrivals; link: token-bucket pacer, round-robin {cfg.chunk_bytes} B chunks, "
-                    f"GPU->pinned host->GPU, efficiency 1.0, no added latency; "
-                    f"wire bytes per prompt token (mean prompt) = {meth.wire_bytes(round(p_mean)) / round(p_mean):.1f}; "
-                    f"KV footprint reserved per request = final prompt+output tokens in the method's format "
-                    f"(quantized methods: + a full {meth.pi}-token FP16 V tail); "
-                    f"prefill attention = "
-                    f"{'hack_attn_prefill (prompt KV quantized inside the forward)' if method == 'hack' and hack_prefill == 'kernel' else 'torch SDPA causal'}; "
-                    f"quantize step = {'packing the quantized KV into the send buffer' if method == 'hack' and hack_prefill == 'kernel' else ('quantize_k/quantize_v + packing' if method != 'baseline' else 'packing FP16 KV into the send buffer')}; "
-                    f"dense decode segments = {'CUDA graphs per batch size' if dense.use_graphs else 'eager'} (realrun/dense.py); "
-                    f"decode attention = {dict(baseline='fp_attn_decode', kvquant='append_token + dequantize_cache (unfused, whole cache every iteration) + fp_attn_decode', hack='append_token + hack_attn_decode')[method]}; "
-                    f"peak_memory_bytes = torch.cuda.max_memory_allocated reset at each iteration start "
-                    f"(includes weights, the preallocated decode slot pool of {meth.pool_bytes()} B, and "
-                    f"in-flight send/receive buffers); decode_start_s = start of the first iteration that "
-                    f"includes the request (its KV is copied receive buffer -> slot inside that iteration)")
+                notes = _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)
                 meta = {"method": method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
                         "link_gbps": link_gbps, "seed": seed, "requests": n_requests,
                         "kv_capacity_bytes": cfg.kv_capacity_bytes,

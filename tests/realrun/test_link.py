@@ -1,4 +1,5 @@
-"""The emulated link: a lone transfer takes bytes*8/R; concurrent transfers share R fairly; bytes arrive intact."""
+"""The emulated link: a lone transfer takes bytes*8/R; concurrent transfers share R fairly; bytes arrive intact.
+Tolerances: 30 ms absolute for thread wake-up jitter on a loaded 2-core CI machine."""
 import time
 
 import pytest
@@ -35,14 +36,14 @@ def test_lone_transfer_takes_bytes_over_rate():
     n = 8 * MIB
     (tr,), _ = _run([n])
     expect = n * 8 / (RATE_GBPS * 1e9)
-    assert tr.end_s - tr.start_s == pytest.approx(expect, rel=0.04, abs=0.01)
+    assert tr.end_s - tr.start_s == pytest.approx(expect, rel=0.04, abs=0.03)
     assert torch.equal(tr.src, tr.dst)
 
 
 def test_unaligned_size_and_partial_last_chunk():
     n = 3 * MIB + 12345
     (tr,), _ = _run([n])
-    assert tr.end_s - tr.start_s == pytest.approx(n * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.01)
+    assert tr.end_s - tr.start_s == pytest.approx(n * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.03)
     assert torch.equal(tr.src, tr.dst)
 
 
@@ -53,8 +54,8 @@ def test_concurrent_transfers_share_fairly():
     small, large, chunk = 2 * MIB, 6 * MIB, MIB // 4
     (a, b), _ = _run([small, large], chunk=chunk)
     unit = 8 / (RATE_GBPS * 1e9)
-    assert 2 * small * unit - chunk * unit - 0.01 <= a.end_s - a.start_s <= 2 * small * unit + 0.01
-    assert b.end_s - b.start_s == pytest.approx((small + large) * unit, rel=0.05, abs=0.01)
+    assert 2 * small * unit - chunk * unit - 0.03 <= a.end_s - a.start_s <= 2 * small * unit + 0.03
+    assert b.end_s - b.start_s == pytest.approx((small + large) * unit, rel=0.05, abs=0.03)
     assert torch.equal(a.src, a.dst) and torch.equal(b.src, b.dst)
 
 
@@ -70,4 +71,4 @@ def test_idle_link_saves_no_credit():
         link.done.get(timeout=30)
     finally:
         link.close()
-    assert second.end_s - second.start_s == pytest.approx(2 * MIB * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.01)
+    assert second.end_s - second.start_s == pytest.approx(2 * MIB * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.03)

@@ -24,12 +24,13 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
-    """Narrow tuning keyed on the shape: splits (x1, x2 the default heuristic) and warps (2, 4)
-    for every split-K decode kernel; the fastest is reported, all are printed."""
+    """Narrow tuning keyed on the shape: warps (2, 4) and the P.V tile form (masked P over the whole
+    V tile, or P split per V block) for the quantized split-K decode kernels, splits (x1, x2 the
+    default heuristic) for the FP16/FP8 ones; the fastest is reported, all are printed."""
     from .kernels.hack_attn_decode import default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
-    q = [{"splits": s, "num_warps": w} for s in (s0, 2 * s0) for w in (2, 4)]
+    q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": q, "hack_no_se": q, "hack_no_rqe": q, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}

@@ -7,8 +7,8 @@ MODE="${2:-quick}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee -a "$OUT/gpu.txt"
-if [ "$MODE" = "quick" ] || [ "$MODE" = "bench" ]; then
-  timeout 200 python3 -m pytest tests/kernels -x -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+if [ "$MODE" = "quick" ] || [ "$MODE" = "bench" ] || [ "$MODE" = "final" ]; then
+  timeout 120 python3 -m pytest tests/kernels -x -q -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 fi
 if [ "$MODE" = "quick" ]; then
   timeout 300 python3 -m kernels_calibration.bench --out "$OUT/bench" --quick 2>&1 | tee "$OUT/bench.log"
@@ -17,6 +17,9 @@ elif [ "$MODE" = "exp" ]; then
 elif [ "$MODE" = "bench" ]; then
   timeout 280 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
   timeout 90 python3 -m kernels_calibration.accuracy --out "$OUT/bench" 2>&1 | tail -5 | tee -a "$OUT/bench.log"
+elif [ "$MODE" = "final" ]; then
+  timeout 270 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | grep -v "^    tune" | tee "$OUT/bench.log"
+  timeout 170 python3 -m kernels_calibration.profile --out "$OUT/profile" 2>&1 | grep "^fit\|rror" | tee "$OUT/profile.log"
 elif [ "$MODE" = "profile" ]; then
   timeout 540 python3 -m kernels_calibration.profile --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log"
 fi

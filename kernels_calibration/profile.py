@@ -45,6 +45,10 @@ QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, 
                 (16, 2048, True), (32, 512, False)]
 
 
+# narrow per-shape autotune of the quantized decode kernels: the P.V tile form (see hack_core.py)
+QUANT_DECODE_CONFIGS = {k: [{}, {"v_split": True}] for k in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused")}
+
+
 def fit(points: list[tuple[float, float, bool]]) -> dict:
     """points: (units, time_s, held_out).  Relative-error least squares; overhead clamped >= 0."""
     train = [(u, t) for u, t, h in points if not h]
@@ -85,10 +89,10 @@ def measure_all(out: Path, quick: bool) -> list[dict]:
         write_rows(rows, out / "rows.csv")
 
     for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
-        add(measure_decode(DECODE_KERNELS, b, ctx, hq, hkv, 128, 64), held)
+        add(measure_decode(DECODE_KERNELS, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
     for pi in (32, 128):
         for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
-            add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi), held)
+            add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs=QUANT_DECODE_CONFIGS), held)
     for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
         add(measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), b, seq, 64, 8, 128, 64), held)
     for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):

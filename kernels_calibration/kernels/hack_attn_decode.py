@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from .common import use_asm
-from .hack_core import (dequant_pv, dequant_pv_t, dequant_scores, dequant_scores_t, hack_pv_block, hack_pv_t,
-                        hack_scores, hack_scores_t, load_block, q_quantize, quantize_p, split_cols)
+from .hack_core import (dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t, hack_pv_block,
+                        hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, q_quantize, quantize_p,
+                        split_cols)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -31,7 +32,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
                          G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
                          USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
                          USE_ASM: tl.constexpr, PREFETCH: tl.constexpr, SUMROW: tl.constexpr,
-                         BN: tl.constexpr):
+                         BN: tl.constexpr, VSPLIT: tl.constexpr):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -134,7 +135,16 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             p = tl.exp2(s - m_new[:, None])
             blk = s0 // PI
             t0 = s0 + tl.arange(0, PI)
-            if MODE == 0:
+            if MODE == 0 and not VSPLIT:
+                p8, usum = quantize_p(p, USE_SE, SUMROW)
+                lsum = usum * (1.0 / 255.0)
+                o0, o1, o2, o3 = hack_pv_tile(o0, o1, o2, o3, p8, alpha, vc, vmn, vsc, vsm, tok, tmask, blk, end,
+                                              W, D, PI, BN // PI, USE_SE, USE_ASM, SUMROW)
+            elif MODE == 1 and not VSPLIT:
+                lsum = tl.sum(p, 1)
+                o0, o1, o2, o3 = dequant_pv_tile(o0, o1, o2, o3, p.to(tl.float16), alpha, vc, vmn, vsc, tok, tmask,
+                                                 blk, end, W, D, PI, BN // PI, USE_ASM)
+            elif MODE == 0:
                 p8, usum = quantize_p(p, USE_SE, SUMROW)
                 lsum = usum * (1.0 / 255.0)
                 if BN == PI:
@@ -272,7 +282,8 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
-                     num_stages: int = 3, prefetch: bool = False, block_n: int | None = None) -> torch.Tensor:
+                     num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
+                     v_split: bool = False) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
@@ -305,7 +316,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
             G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se,
             HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), PREFETCH=prefetch,
-            SUMROW=sumrow, BN=block_n,
+            SUMROW=sumrow, BN=block_n, VSPLIT=v_split,
             num_warps=num_warps, num_stages=num_stages)
 
     return run_split_decode(launch, q, splits)

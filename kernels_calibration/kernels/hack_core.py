@@ -195,6 +195,70 @@ def quantize_p(p, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
 
 
 @triton.jit
+def hack_pv_tile(o0, o1, o2, o3, p8, alpha, VC, VMN, VSC, VSM, tok, tmask, blk0, end,
+                 W: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, NSUB: tl.constexpr, USE_SE: tl.constexpr,
+                 USE_ASM: tl.constexpr, SUMROW: tl.constexpr):
+    """P.V over a tile of NSUB V blocks without splitting P: for block b, P'' is zeroed outside the
+    block's columns (a zero entry adds nothing to sum p''v') and meets the whole unpacked V tile;
+    the tensor cores do NSUB x the multiply-adds, the CUDA cores no shuffles.  p8 [R, NSUB*PI]."""
+    j = tl.arange(0, W)
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
+    v0 = unpack_codes(vb, 0, 2, USE_ASM)
+    v1 = unpack_codes(vb, 2, 2, USE_ASM)
+    v2 = unpack_codes(vb, 4, 2, USE_ASM)
+    v3 = unpack_codes(vb, 6, 2, USE_ASM)
+    cols = tl.arange(0, NSUB * PI)
+    ones = tl.full([p8.shape[0]], 1.0, tl.float32)
+    for sb in tl.static_range(NSUB):
+        inb = ((cols >= sb * PI) & (cols < (sb + 1) * PI))[None, :]
+        p8b = tl.where(inb, p8, 0).to(tl.int8)
+        usum_b = tl.sum(p8b.to(tl.float32), 1) + 128.0 * PI
+        if sb == 0:
+            a = alpha
+        else:
+            a = ones
+        mo = (blk0 + sb) * D + j
+        bvalid = blk0 * PI + sb * PI < end
+        o0 = _v_update(o0, p8b, usum_b, v0, a, VMN, VSC, VSM, mo, bvalid, USE_SE, SUMROW)
+        o1 = _v_update(o1, p8b, usum_b, v1, a, VMN, VSC, VSM, mo + W, bvalid, USE_SE, SUMROW)
+        o2 = _v_update(o2, p8b, usum_b, v2, a, VMN, VSC, VSM, mo + 2 * W, bvalid, USE_SE, SUMROW)
+        o3 = _v_update(o3, p8b, usum_b, v3, a, VMN, VSC, VSM, mo + 3 * W, bvalid, USE_SE, SUMROW)
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def _deq_v_rows(code, VMN, VSC, mo, rowblk, blk0, end, PI: tl.constexpr, NSUB: tl.constexpr, W: tl.constexpr,
+                D: tl.constexpr):
+    """Dequantize a [BN, W] V tile whose rows lie in NSUB blocks (per-row block scale and min)."""
+    sv = tl.load(VSC + mo, mask=blk0 * PI < end, other=0.0)[None, :]
+    mv = tl.load(VMN + mo, mask=blk0 * PI < end, other=0.0)[None, :]
+    for sb in tl.static_range(1, NSUB):
+        ok = (blk0 + sb) * PI < end
+        sv = tl.where(rowblk[:, None] == sb, tl.load(VSC + mo + sb * D, mask=ok, other=0.0)[None, :], sv)
+        mv = tl.where(rowblk[:, None] == sb, tl.load(VMN + mo + sb * D, mask=ok, other=0.0)[None, :], mv)
+    return code.to(tl.float16) * sv + mv
+
+
+@triton.jit
+def dequant_pv_tile(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk0, end,
+                    W: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, NSUB: tl.constexpr, USE_ASM: tl.constexpr):
+    """Fused-dequant P.V over NSUB V blocks in one dot per channel group (per-row block metadata)."""
+    j = tl.arange(0, W)
+    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
+    rowblk = tl.arange(0, NSUB * PI) // PI
+    mo = blk0 * D + j
+    o0 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo, rowblk, blk0, end, PI, NSUB, W, D),
+                o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W, rowblk, blk0, end, PI, NSUB,
+                                 W, D), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W, rowblk, blk0, end, PI,
+                                 NSUB, W, D), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W, rowblk, blk0, end, PI,
+                                 NSUB, W, D), o3 * alpha[:, None])
+    return o0, o1, o2, o3
+
+
+@triton.jit
 def split_cols(x):
     """[R, N] -> ([R, N/2] left half, [R, N/2] right half)."""
     x3 = tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2))

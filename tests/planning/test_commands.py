@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import typer
 import yaml
-from conftest import write_sweep
+from planning_helpers import write_sweep
 from typer.testing import CliRunner
 
 import planning.sweep as sweep_module

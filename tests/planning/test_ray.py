@@ -6,7 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import write_sweep
+from planning_helpers import write_sweep
 
 from planning.executor import ROOT, Executor
 from planning.sweep import load_sweep, run_sweep

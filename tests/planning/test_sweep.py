@@ -5,7 +5,7 @@ import copy
 
 import pandas as pd
 import pytest
-from conftest import TINY_BASE, write_sweep
+from planning_helpers import TINY_BASE, write_sweep
 
 import planning.executor as executor
 from planning.executor import Executor, PlanningError

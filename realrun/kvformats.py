@@ -213,9 +213,7 @@ class _Quantized(KVMethodBase):
         pl = self._views.get(key)
         if pl is None:   # slicing 9 tensors costs host time every layer; batch sizes repeat
             pl = self._views[key] = {n: t[layer, :hi] for n, t in self.pool.items()}
-        return kv_cache.QuantKVCache(pl["k_codes"], pl["k_min"], pl["k_scale"], pl["k_sum"], pl["v_codes"],
-                                     pl["v_min"], pl["v_scale"], pl["v_sum"], pl["v_tail"], lens,
-                                     self.pi, BITS, True)
+        return kv_cache.QuantKVCache(**pl, lens=lens, partition=self.pi, bits=BITS, rqe=True)
 
     def append(self, layer, k_new, v_new, lens_prev, hi):
         _k()[4].append_token(self.cache_view(layer, hi, lens_prev), k_new, v_new, stochastic=True,

@@ -33,7 +33,7 @@ def _run(sizes, chunk=MIB):
 
 
 def test_lone_transfer_takes_bytes_over_rate():
-    n = 8 * MIB
+    n = 16 * MIB
     (tr,), _ = _run([n])
     expect = n * 8 / (RATE_GBPS * 1e9)
     assert tr.end_s - tr.start_s == pytest.approx(expect, rel=0.04, abs=0.03)

@@ -19,6 +19,19 @@ import torch
 from .model import RandomLlama
 
 
+_PIN_OK = [True]
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """t in page-locked memory (async H2D), or t itself where pinning is refused (then the copy syncs)."""
+    if _PIN_OK[0]:
+        try:
+            return t.pin_memory()
+        except RuntimeError:
+            _PIN_OK[0] = False
+    return t
+
+
 class _Bufs:
     def __init__(self, m: RandomLlama, n: int, dev):
         s = m.shape
@@ -113,7 +126,7 @@ class DenseSteps:
         self.prepare(n)
         b = self.bufs[n]
         if self.dev.type == "cuda":
-            b.longs.copy_(longs_host.pin_memory(), non_blocking=True)
+            b.longs.copy_(pinned(longs_host), non_blocking=True)
         else:
             b.longs.copy_(longs_host)
         self.run_segment(b, 0)

@@ -47,7 +47,7 @@ import torch
 
 from .kvformats import METHODS, KVMethodBase
 from .link import CHUNK_BYTES, Link, Transfer
-from .dense import DenseSteps
+from .dense import DenseSteps, pinned
 from .model import RandomLlama
 from .workload import Request
 
@@ -185,7 +185,7 @@ class Harness:
         # misaligned one would compile a new kernel variant in the middle of a measured run
         off = -(-hi // 4) * 4
         ints = torch.tensor(lens_prev + [0] * (off - hi) + lens_attn, dtype=torch.int32)
-        ints = ints.pin_memory().to(dev, non_blocking=True) if self.cuda else ints
+        ints = pinned(ints).to(dev, non_blocking=True) if self.cuda else ints
         lp_d, la_d = ints[:hi], ints[off:off + hi]
         b = self.dense.begin(n, torch.tensor(slots + [lens_prev[s] for s in slots], dtype=torch.int64))
         rows_slot = b.rows

@@ -52,7 +52,10 @@ class Link:
         self._stop = threading.Event()
         if self.cuda:
             self.stream = torch.cuda.Stream(device)
-            self.staging = torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True)
+            try:
+                self.staging = torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:   # pinning refused: pageable staging (copies then block the link thread only)
+                self.staging = torch.empty(chunk_bytes, dtype=torch.uint8)
         else:
             self.stream = None
             self.staging = torch.empty(chunk_bytes, dtype=torch.uint8)

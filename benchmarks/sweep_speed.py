@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
+    load_before = os.getloadavg()[0]     # other work on the machine shares the cores; recorded beside the time
     spec, base = load_sweep(ROOT / args.sweep)
     t = time.perf_counter()
     points = prepare_points(spec, base, args.sweep)
@@ -85,6 +86,8 @@ def main() -> None:
         "parallel_efficiency": round(bound_s / cold_s, 3),
         "prepare_points_s": round(prepare_s, 3),
         "resume_all_cached_s": round(resume_s, 2),
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
         "git_revision": rev.strip(),
     }

@@ -320,13 +320,19 @@ def _sub_name(key: str, sub: str) -> str:
 
 
 def metric_columns(summary: dict) -> dict[str, Any]:
+    """One method's summary as flat columns (one level of nesting; anything deeper stays JSON text)."""
+    def cell(x: Any) -> Any:
+        if x is None:
+            return math.nan
+        return axis_cell(x)
+
     row: dict[str, Any] = {}
     for key, v in summary.items():
         if isinstance(v, dict):
             for sub, x in v.items():
-                row[_sub_name(key, sub)] = math.nan if x is None else x
+                row[_sub_name(key, sub)] = cell(x)
         else:
-            row[key] = math.nan if v is None else v
+            row[key] = cell(v)
     return row
 
 

@@ -53,12 +53,12 @@ if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: ti
   M8=(--model tiny); M70=(--model tiny --layers 1); CHECK=(--model tiny --layers 1 --prompts 40 97 130 --device cpu)
   N1=3; N=3
 fi
-step 100 check python3 -m realrun.check "${CHECK[@]}"
-step 200 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
+step 90 check python3 -m realrun.check "${CHECK[@]}"
+step 220 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
   --rate 1.0 1.6 --requests $N1 "${COMMON[@]}" --out "$T"
 step 140 8b-40gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 40 \
   --rate 1.5 3.0 --requests $N "${COMMON[@]}" --out "$T"
-step 140 70b8-10gbps python3 -m realrun --method baseline kvquant hack "${M70[@]}" \
+step 130 70b8-10gbps python3 -m realrun --method baseline kvquant hack "${M70[@]}" \
   --link-gbps 10 --rate 2.0 3.5 --requests $N "${COMMON[@]}" --out "$T"
 echo "== done $(date -u +%T), $SECONDS s" | tee -a "$LOG"
 pack

@@ -1,9 +1,9 @@
 """python -m realrun --method {baseline,kvquant,hack}[...] --model M --layers N --rate R[...] --link-gbps G
 --requests N --seed S --kv-capacity-gib C --out DIR [--device cpu|cuda]
 
-Several methods and rates may be given: they run one after another in this process on the same
-model (weights built once), one trace folder each under --out, named
-<model>-L<layers>_<G>gbps_<method>_r<rate>.
+With one method and one rate the trace folder is --out itself.  Several methods and rates may be
+given: they run one after another in this process on the same model (weights built once), one
+trace folder each under --out, named <model>-L<layers>_<G>gbps_<method>_r<rate>.
 """
 from __future__ import annotations
 

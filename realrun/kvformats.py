@@ -254,13 +254,23 @@ class Hack(_Quantized):
     name = "hack"
     send_sums = True
 
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.quantize_events: list = []   # (start, end) CUDA events around build_cache in the forward
+
     def prefill_attention(self, q, k, v):
         if self.hack_prefill == "sdpa":
             return super().prefill_attention(q, k, v)
         _, _, _, hack_prefill, kv_cache, _ = _k()
         p = q.shape[2]
         lens = torch.full((1,), p, dtype=torch.int32, device=q.device)
+        if q.is_cuda:   # the quantize kernels' share of the forward, for the log (events: no sync here)
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
         cache = kv_cache.build_cache(k, v, lens, self.pi, BITS, rqe=False, stochastic=True, seed=self.seed)
+        if q.is_cuda:
+            ev[1].record()
+            self.quantize_events.append(ev)
         o = hack_prefill.hack_attn_prefill(q, cache)
         lv = p // self.pi * self.pi
         state = {"k_codes": cache.k_codes[0], "k_min": cache.k_min[0], "k_scale": cache.k_scale[0],

@@ -146,8 +146,10 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
             for rate in rates:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
                 h.host_issue.clear()
+                getattr(h.method, "quantize_events", []).clear()
                 rows, iters, complete = h.run(work)
                 name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
+                single = len(methods) * len(rates) == 1
                 meth = h.method
                 p_mean = sum(r.prompt_tokens for r in work) / len(work)
                 notes = _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)
@@ -155,13 +157,18 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                         "link_gbps": link_gbps, "seed": seed, "requests": n_requests,
                         "kv_capacity_bytes": cfg.kv_capacity_bytes,
                         "prefill_max_batch_requests": prefill_max_batch_requests, **env, "notes": notes}
-                path = write_trace(Path(out) / name, rows, iters, meta)
+                path = write_trace(Path(out) if single else Path(out) / name, rows, iters, meta)
                 written.append(path)
                 hi_ = h.host_issue or [(0.0, 0.0)]
                 issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
                 fin = [r for r in rows if r[12] == r[12]]
                 jct = sum(r[12] - r[2] for r in fin) / max(1, len(fin))
                 span = max((r[12] for r in fin), default=0.0)
+                qev = getattr(h.method, "quantize_events", [])
+                if qev:
+                    q_s = sum(a.elapsed_time(b) for a, b in qev) / 1e3 / len(work)
+                    log(f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per "
+                        f"request on average (included in prefill_end_s - prefill_start_s)")
                 log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
                     f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
                     f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}) -> {path}")

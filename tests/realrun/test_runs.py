@@ -140,3 +140,16 @@ def test_wire_and_footprint_bytes():
 
 def test_one_decode_step_matches_references():
     assert check("tiny", 2, [40, 97, 130], "cpu", log=lambda s: None)
+
+
+def test_cli_single_run_writes_the_trace_into_out(tmp_path):
+    from realrun.__main__ import main
+
+    out = tmp_path / "trace"
+    assert main(["--method", "baseline", "--model", "tiny", "--layers", "1", "--rate", "50", "--link-gbps", "1",
+                 "--requests", "2", "--seed", "0", "--kv-capacity-gib", "0.5", "--out", str(out), "--device", "cpu",
+                 "--prompt-range", "20", "40", "--output-range", "2", "3"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["method"], meta["model"], meta["layers"], meta["requests"]) == ("baseline", "tiny", 1, 2)
+    assert meta["kv_capacity_bytes"] == (1 << 29)
+    assert len(_read(out / "requests.csv")[1]) == 2

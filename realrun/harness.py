@@ -9,11 +9,15 @@ What shares what (the matching simulator scenario must describe exactly this):
   2. if the prefill queue is not empty, ONE prefill batch runs (the oldest requests, up to
      ``prefill_max_batch_requests`` (default 1) and ``prefill_max_batch_tokens`` prompt tokens;
      the first request always goes), then its quantize (encode) step; the prompt's first token
-     comes out of the prefill (first_token_s = prefill_end_s);
+     comes out of the prefill (first_token_s = prefill_end_s).  For hack with the HACK prefill
+     kernel the quantize kernels run inside the forward (the kernel reads codes), so they are in
+     prefill_end_s - prefill_start_s and the quantize step is only the packing for the wire (the
+     run log prints the quantize kernels' share);
   3. admission, strict FIFO: the oldest prefilled request whose final KV footprint
      (prompt + output tokens, in its method's format, see kvformats.py) fits into
      ``kv_capacity_bytes`` minus what admitted requests hold reserves it and starts its transfer
-     (transfer_start_s); it holds the reservation until it finishes;
+     (transfer_start_s); it holds the reservation until it finishes; transfers in flight share the
+     link fairly;
   4. transfers the link thread finished (transfer_end_s) join the decode batch at this boundary,
      up to ``max_decode_batch`` running requests (continuous batching);
   5. if any request is decoding, ONE decode iteration runs for all of them (decode_start_s of a
@@ -27,6 +31,9 @@ What shares what (the matching simulator scenario must describe exactly this):
   (GPU -> pinned host -> GPU, paced at link_gbps, round-robin chunks); it shares the GPU's copy
   engines and PCIe but no compute.  The sender's KV sits in a flat send buffer on the GPU and
   lands in a flat receive buffer on the same GPU.
+* A decode iteration: the dense part (embedding, norms, QKV/O projections, RoPE, MLP, LM head,
+  argmax) replays CUDA graphs captured per batch size (dense.py); the attention of each layer
+  (append + the method's kernels) runs eagerly between them; one host-device sync at its end.
 * Decode memory: the KV of running requests lives in a preallocated slot pool (the kernels want
   one contiguous [batch, kv_heads, tokens, ...] tensor per layer) sized for max_decode_batch
   requests of the longest prompt + output; ``kv_capacity_bytes`` is enforced by the admission
@@ -45,9 +52,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .dense import DenseSteps, pinned
 from .kvformats import METHODS, KVMethodBase
 from .link import CHUNK_BYTES, Link, Transfer
-from .dense import DenseSteps, pinned
 from .model import RandomLlama
 from .workload import Request
 

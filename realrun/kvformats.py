@@ -20,8 +20,9 @@ T tokens with a full Π-token FP16 V tail reserved (what the simulator's HACK me
 assumes).
 
 Decode attention:
-* baseline: ``fp_attn_decode`` (Triton split-K flash-decoding over ragged FP16 contexts; faster than
-  torch SDPA with padding in the kernel benchmark); the new token's K/V written with index_put.
+* baseline: ``fp_attn_decode`` (Triton split-K flash-decoding over ragged FP16 contexts, no padding;
+  within ~10 % of torch SDPA on equal lengths in the kernel benchmark, while SDPA would have to pad
+  every request to the longest context); the new token's K/V written with index_put.
 * kvquant: ``append_token`` (2-bit K, FP16 V tail), then ``dequantize_cache`` writes the whole
   cache of every running request back to FP16 (unfused: what the HACK paper compared against),
   then ``fp_attn_decode`` on the FP16 copy.  Every iteration.

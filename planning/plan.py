@@ -18,6 +18,9 @@ doubling (or halving) to bracket the threshold, then geometric bisection, `steps
 most. Same seed at every rate: the arrival gaps of a rate are those of another scaled, so the
 search sees one workload at different speeds. All candidates advance one probe per round, so a
 round is one parallel batch on the pool or Ray.
+
+The answer is the cheapest candidate meeting the SLOs at R; at equal cost the one with the higher
+goodput, then the one with the most headroom at R (the smallest worst metric/limit ratio).
 """
 from __future__ import annotations
 
@@ -370,6 +373,8 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
             "misses": "; ".join(f"{k} {v:.3g} > {lim:g}" if k != "completed" else f"{v}/{lim} requests finished"
                                 for k, v, lim in misses),
             "goodput_rps": s.lo, "goodput_bound_rps": s.hi, "probes": len(s.probes),
+            "slo_fraction": max((row.get(k, math.nan) / lim for k, lim in slo.items()), default=math.nan)
+            if row else math.nan,
             **{k: row.get(k, math.nan) for k in slo},
             **{k: row.get(k, math.nan) for k in ("ttft_p99_s", "tpot_p99_s", "jct_p90_s", "jct_mean_s",
                                                  "throughput_rps") if k not in slo},
@@ -377,8 +382,9 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
         })
     table = pd.DataFrame(rows)
     if len(table):
-        table = table.sort_values(["cost_usd_per_hour", "goodput_rps", "candidate"], ascending=[True, False, True],
-                                  kind="stable").reset_index(drop=True)
+        # cheapest first; at equal cost the higher goodput, then the most headroom at R
+        table = table.sort_values(["cost_usd_per_hour", "goodput_rps", "slo_fraction", "candidate"],
+                                  ascending=[True, False, True, True], kind="stable").reset_index(drop=True)
     ok = table[table["meets_slo"]] if len(table) else table
     answer = ok.iloc[0].to_dict() if len(ok) else None
     base_pools = {name: (pool.instance, pool.tensor_parallel, pool.pipeline_parallel, pool.replicas)
@@ -409,8 +415,10 @@ def why_lost(row: dict, answer: dict | None, rate: float) -> str:
     extra = row["cost_usd_per_hour"] - answer["cost_usd_per_hour"]
     if extra > 1e-9:
         return f"meets the SLOs, costs ${extra:.2f}/h more"
-    return "meets the SLOs at the same cost, lower goodput" if row["goodput_rps"] < answer["goodput_rps"] else \
-        "meets the SLOs at the same cost (tie; listed later)"
+    if row["goodput_rps"] < answer["goodput_rps"]:
+        return "meets the SLOs at the same cost, lower goodput"
+    return (f"meets the SLOs at the same cost and goodput, less headroom at {rate:g} req/s (worst metric at "
+            f"{100 * row['slo_fraction']:.0f}% of its limit, answer {100 * answer['slo_fraction']:.0f}%)")
 
 
 def _goodput(row: dict) -> str:
@@ -426,7 +434,8 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
     t = p.table
     lines = [f"plan for {p.scenario_name} at {p.rate_rps:g} req/s; SLOs: {slo}",
              f"{len(t)} candidates, {p.simulations} simulations ({p.stats.cached} of them from the cache) in "
-             f"{p.stats.wall_s:.1f} s on {p.stats.workers} {p.stats.backend} worker(s)"]
+             f"{p.stats.wall_s:.1f} s" + (f" on {p.stats.workers} {p.stats.backend} worker(s)" if p.stats.simulated
+                                           else "")]
     for n in p.notes:
         lines.append(f"note: {n}")
     a = p.answer

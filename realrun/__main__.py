@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-mib", type=float, default=4.0, help="link chunk size")
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--time-limit-s", type=float, default=600.0, help="abort a run that does not drain")
+    ap.add_argument("--keep-going", action="store_true", help="log a method's error and go on with the next")
     a = ap.parse_args(argv)
     import torch  # after argparse: --help stays fast
 
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
             prefill_max_batch_tokens=a.prefill_max_batch_tokens, max_decode_batch=a.max_decode_batch,
             prompt_range=tuple(a.prompt_range), output_range=tuple(a.output_range), hack_prefill=a.hack_prefill,
             do_warmup=not a.no_warmup and device == "cuda", chunk_bytes=int(a.chunk_mib * (1 << 20)),
-            time_limit_s=a.time_limit_s, log=lambda s: print(s, flush=True))
+            time_limit_s=a.time_limit_s, keep_going=a.keep_going, log=lambda s: print(s, flush=True))
     return 0
 
 

@@ -42,14 +42,14 @@ step() {  # step TIMEOUT_S LABEL CMD...
 } 2>&1 | tee -a "$LOG"
 
 COMMON=(--seed 1 --kv-capacity-gib 16 --prompt-range 1024 8192 --output-range 16 128
-        --max-decode-batch 24 --prefill-max-batch-requests 1 --time-limit-s 100)
+        --max-decode-batch 24 --prefill-max-batch-requests 1 --time-limit-s 100 --keep-going)
 M8=(--model llama-3.1-8b)
 M70=(--model llama-3.1-70b --layers 8)
 CHECK=(--model llama-3.1-8b --layers 2 --prompts 1000 333 1537)
 N1=20; N=24
 if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: tiny model, tiny lengths
   COMMON=(--seed 1 --kv-capacity-gib 1 --prompt-range 20 100 --output-range 2 4 --max-decode-batch 8
-          --time-limit-s 100 --device cpu)
+          --time-limit-s 100 --keep-going --device cpu)
   M8=(--model tiny); M70=(--model tiny --layers 1); CHECK=(--model tiny --layers 1 --prompts 40 97 130 --device cpu)
   N1=3; N=3
 fi

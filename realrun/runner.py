@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import subprocess
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,12 +117,39 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
     ])
 
 
+def _one_run(h: Harness, work, path: Path, name: str, env: dict, rate: float, n_requests: int, prompt_range,
+             output_range, prefill_max_batch_requests: int, prefill_max_batch_tokens: int, log) -> Path:
+    shape, cfg = h.model.shape, h.cfg
+    h.host_issue.clear()
+    getattr(h.method, "quantize_events", []).clear()
+    rows, iters, complete = h.run(work)
+    meta = {"method": cfg.method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
+            "link_gbps": cfg.link_gbps, "seed": cfg.seed, "requests": n_requests,
+            "kv_capacity_bytes": cfg.kv_capacity_bytes, "prefill_max_batch_requests": prefill_max_batch_requests,
+            **env, "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)}
+    write_trace(path, rows, iters, meta)
+    hi_ = h.host_issue or [(0.0, 0.0)]
+    issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
+    fin = [r for r in rows if r[12] == r[12]]
+    jct = sum(r[12] - r[2] for r in fin) / max(1, len(fin))
+    span = max((r[12] for r in fin), default=0.0)
+    qev = getattr(h.method, "quantize_events", [])
+    if qev:
+        q_s = sum(a.elapsed_time(b) for a, b in qev) / 1e3 / len(work)
+        log(f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per request "
+            f"on average (included in prefill_end_s - prefill_start_s)")
+    log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
+        f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
+        f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}) -> {path}")
+    return path
+
+
 def run_set(model_name: str, layers: int | None, methods: list[str], rates: list[float], link_gbps: float,
             n_requests: int, seed: int, kv_capacity_gib: float, out: Path, device: str = "cuda",
             prefill_max_batch_requests: int = 1, prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32,
             prompt_range: tuple[int, int] = (1024, 8192), output_range: tuple[int, int] = (16, 128),
             hack_prefill: str = "kernel", do_warmup: bool = True, chunk_bytes: int | None = None,
-            time_limit_s: float = 600.0, log=print) -> list[Path]:
+            time_limit_s: float = 600.0, keep_going: bool = False, log=print) -> list[Path]:
     shape = model_shape(model_name, layers)
     dev = torch.device(device)
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
@@ -139,40 +167,24 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                         prefill_max_batch_tokens=prefill_max_batch_tokens, max_decode_batch=max_decode_batch,
                         max_total_tokens=prompt_range[1] + output_range[1], hack_prefill=hack_prefill, seed=seed,
                         time_limit_s=time_limit_s, **kw)
-        h = Harness(model, cfg, dense)
+        h = None
         try:
+            h = Harness(model, cfg, dense)
             if do_warmup:
                 warmup(h, prompt_range)
             for rate in rates:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
-                h.host_issue.clear()
-                getattr(h.method, "quantize_events", []).clear()
-                rows, iters, complete = h.run(work)
                 name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
-                single = len(methods) * len(rates) == 1
-                meth = h.method
-                p_mean = sum(r.prompt_tokens for r in work) / len(work)
-                notes = _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)
-                meta = {"method": method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
-                        "link_gbps": link_gbps, "seed": seed, "requests": n_requests,
-                        "kv_capacity_bytes": cfg.kv_capacity_bytes,
-                        "prefill_max_batch_requests": prefill_max_batch_requests, **env, "notes": notes}
-                path = write_trace(Path(out) if single else Path(out) / name, rows, iters, meta)
-                written.append(path)
-                hi_ = h.host_issue or [(0.0, 0.0)]
-                issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
-                fin = [r for r in rows if r[12] == r[12]]
-                jct = sum(r[12] - r[2] for r in fin) / max(1, len(fin))
-                span = max((r[12] for r in fin), default=0.0)
-                qev = getattr(h.method, "quantize_events", [])
-                if qev:
-                    q_s = sum(a.elapsed_time(b) for a, b in qev) / 1e3 / len(work)
-                    log(f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per "
-                        f"request on average (included in prefill_end_s - prefill_start_s)")
-                log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
-                    f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
-                    f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}) -> {path}")
+                path = Path(out) if len(methods) * len(rates) == 1 else Path(out) / name
+                written.append(_one_run(h, work, path, name, env, rate, n_requests, prompt_range, output_range,
+                                        prefill_max_batch_requests, prefill_max_batch_tokens, log))
+        except Exception:
+            if not keep_going:
+                raise
+            log(f"ERROR in {shape.name}-L{shape.layers} {method} (continuing with the next method):\n"
+                + traceback.format_exc())
         finally:
-            h.close()
+            if h is not None:
+                h.close()
             del h
     return written

@@ -184,6 +184,9 @@ def render(df: pd.DataFrame, *, name: str, description: str, base: str, axis_pat
     if "cost_usd_per_hour" in conf and conf["cost_usd_per_hour"].isna().any():
         notes.append(f"{int(conf['cost_usd_per_hour'].isna().sum())} configuration(s) have no price per hour "
                      "and are left out of the cost figure")
+    if len(conf) and conf["cost_usd_per_hour"].nunique() == 1:
+        notes.append(f"every configuration costs ${conf['cost_usd_per_hour'].iloc[0]:.2f}/h (no instance axis), so "
+                     "the cost figure has one column")
     if len(conf):
         figures.append(("cost-goodput", cost_goodput_figure(conf, bool(slo))))
     def others_of(x: str, y: str) -> list[str]:

@@ -91,6 +91,7 @@ class ReplicaCostModel:
     gpu_memory_utilization: float = 0.9
     max_batch_tokens: int = 16384
     host_vcpus: int = 0             # CPUs of the replica's hosts (PQCache's K-Means runs there)
+    kv_capacity_override_bytes: float | None = None   # a fixed, pre-allocated KV pool per replica
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -289,12 +290,18 @@ class ReplicaCostModel:
     @property
     def kv_capacity_bytes(self) -> float:
         """KV bytes the whole replica can hold (all its GPUs), in `kv_memory_bytes` terms."""
+        if self.kv_capacity_override_bytes is not None:
+            return self.kv_capacity_override_bytes
         per_gpu = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
                    - self.activation_reserve_bytes_per_gpu - RUNTIME_RESERVE_BYTES)
         return per_gpu * self.parallel.gpus
 
     def check_fits(self, pool: str) -> None:
         cap = self.kv_capacity_bytes
+        free = self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
+        if self.kv_capacity_override_bytes is not None and free * self.parallel.gpus < self.kv_capacity_override_bytes:
+            raise ModelDoesNotFit(f"{pool} kv_capacity_gib={self.kv_capacity_override_bytes / GIB:.2f} does not fit "
+                                  f"beside the weights ({free * self.parallel.gpus / GIB:.2f} GiB free)")
         if cap <= 0:
             need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES) / GIB
             have = self.gpu.memory_bytes * self.gpu_memory_utilization / GIB

@@ -119,6 +119,9 @@ class PoolConfig(_Strict):
     intra_node_gb_per_s: float | None = Field(None, gt=0, description="per-GPU bandwidth of the TP all-reduce; "
                                               "default: the instance's")
     price_usd_per_hour: float | None = Field(None, ge=0, description="per instance; default: the instance's")
+    kv_capacity_gib: float | None = Field(None, gt=0, description="KV memory per replica, replacing the capacity "
+                                          "computed from GPU memory (to describe a system that pre-allocates a "
+                                          "fixed KV pool, as realrun does)")
 
     @model_validator(mode="before")
     @classmethod

@@ -86,6 +86,10 @@ def host_memory_bytes(pool: PoolConfig) -> float:
     return inst["host_memory_gib"] / 2 * GIB * pool.instances_per_replica
 
 
+def _gib_bytes(gib: float | None) -> float | None:
+    return None if gib is None else gib * GIB
+
+
 def vcpus(pool: PoolConfig) -> int:
     inst = pool.instance_entry()
     return 0 if inst is None else int(inst["vcpus"]) * pool.instances_per_replica
@@ -108,9 +112,11 @@ class Resolved:
     def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
         s = self.scenario
         pre = ReplicaCostModel(self.model, self.prefill_gpu, self.prefill_parallel, method, self.prefill_profile,
-                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens, vcpus(s.prefill))
+                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens, vcpus(s.prefill),
+                               _gib_bytes(s.prefill.kv_capacity_gib))
         dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
-                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode))
+                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode),
+                               _gib_bytes(s.decode.kv_capacity_gib))
         return pre, dec
 
 

@@ -13,7 +13,7 @@ from simulator.config import load_scenario
 from simulator.run import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml")) + sorted((ROOT / "scenarios" / "measured").glob("*.yaml"))
 
 
 def cli(*args, cwd=ROOT):

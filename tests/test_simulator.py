@@ -182,3 +182,10 @@ def test_shared_gpu_prefill_takes_turns_with_decode(tmp_path):
     lone = {**common, "workload.requests": 1}
     assert run_scenario(scenario(placement="shared_gpu", **lone)).requests["finish_s"].iloc[0] == pytest.approx(
         run_scenario(scenario(**lone)).requests["finish_s"].iloc[0], rel=1e-12)
+
+
+def test_fixed_kv_pool_replaces_computed_capacity():
+    result = run_scenario(scenario(methods=["baseline"], **{"decode.kv_capacity_gib": 3.0}), keep_runs=True)
+    assert result.runs["baseline"].decode_replicas[0].capacity_bytes == 3.0 * 2**30
+    with pytest.raises(Exception, match="kv_capacity_gib"):
+        run_scenario(scenario(methods=["baseline"], **{"decode.kv_capacity_gib": 500.0}))

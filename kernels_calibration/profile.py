@@ -45,12 +45,18 @@ QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, 
                 (16, 2048, True), (32, 512, False)]
 
 
+REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack",
+                                                "hack_no_se", "hack_no_rqe")]
+                 + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"])
 # narrow per-shape autotune of the quantized decode kernels: the P.V tile form (see hack_core.py)
 QUANT_DECODE_CONFIGS = {k: [{}, {"v_split": True}] for k in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused")}
 
 
-def fit(points: list[tuple[float, float, bool]]) -> dict:
-    """points: (units, time_s, held_out).  Relative-error least squares; overhead clamped >= 0."""
+def fit(points: list[tuple[float, float, bool]]) -> dict | None:
+    """points: (units, time_s, held_out).  Relative-error least squares; overhead clamped >= 0.
+    None when there are no points (the kernel was not measured)."""
+    if not points:
+        return None
     train = [(u, t) for u, t, h in points if not h]
     test = [(u, t) for u, t, h in points if h]
     if len(train) < 2:
@@ -141,6 +147,7 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     kernels["prefill_attn.hack"] = fit(pts("prefill", {"hack"}, 64))
     kernels["quantize.kv"] = fit(pts("quantize", {"quantize"}))
     kernels["dequantize.kv"] = fit(pts("dequantize", {"dequantize"}))
+    kernels = {k: v for k, v in kernels.items() if v is not None}
     faster = {}
     for phase in ("decode", "prefill"):
         wins = {"fp16_triton": 0, "torch_sdpa_fp16": 0}
@@ -186,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads((args.out / "peaks.json").read_text())
         rows = read_rows(args.out / "rows.csv")
     prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)
+    missing = [k for k in REQUIRED_KEYS if k not in prof["kernels"]]
+    if missing:
+        print(f"WARNING: not measured, missing from the profile: {missing}", file=sys.stderr)
     (args.out / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")
     for k, v in prof["kernels"].items():
         print(f"fit {k:28s} overhead {v['overhead_s'] * 1e6:7.2f} us  {v['s_per_unit']:.3e} s/unit  "

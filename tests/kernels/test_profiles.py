@@ -1,0 +1,70 @@
+"""The fitted and derived profiles: the fit recovers a known line, the committed profiles hold every
+kernel key the cost model requires, and the derivation models what sm < 80 GPUs really do."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kernels_calibration.derive import TARGETS, derive
+from kernels_calibration.profile import build_profile, fit
+
+PROFILES = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles"
+REQUIRED = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack", "hack_no_se",
+                                            "hack_no_rqe")]
+            + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"])
+
+
+def test_fit_recovers_line_and_reports_heldout_error():
+    pts = [(u, 5e-6 + 2e-13 * u, i % 3 == 0) for i, u in enumerate([1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9])]
+    f = fit(pts)
+    assert f["overhead_s"] == pytest.approx(5e-6, rel=1e-6)
+    assert f["s_per_unit"] == pytest.approx(2e-13, rel=1e-6)
+    assert f["heldout_median_error_pct"] < 1e-6
+    # a 10% bump on the held-out points shows up as ~10% error
+    bumped = [(u, t * (1.1 if h else 1.0), h) for u, t, h in pts]
+    assert fit(bumped)["heldout_median_error_pct"] == pytest.approx(100 * 0.1 / 1.1, abs=0.1)
+
+
+def test_build_profile_picks_faster_fp16_per_shape():
+    rows = []
+    for ctx, t_sdpa, t_tri in ((1024, 20.0, 15.0), (4096, 40.0, 45.0), (16384, 130.0, 140.0)):
+        for k, t in (("torch_sdpa_fp16", t_sdpa), ("fp16_triton", t_tri)):
+            rows.append({"phase": "decode", "kernel": k, "batch": "8", "context_len": str(ctx), "q_heads": "64",
+                         "partition": "0", "units": str(8 * ctx * 8 * 128 * 2), "time_us": str(t), "held_out": "False"})
+    peaks = {"memory_gbps": 4000.0, "fp16_tflops": 700.0, "int8_tops": 900.0, "fp8_tflops": None,
+             "launch_overhead_s": 5e-6}
+    prof = build_profile(rows, peaks, {"git_rev": "x"})
+    f = prof["kernels"]["decode_attn.fp16"]
+    for ctx, t in ((1024, 15.0), (4096, 40.0), (16384, 130.0)):
+        pred = (f["overhead_s"] + f["s_per_unit"] * 8 * ctx * 8 * 128 * 2) * 1e6
+        assert pred == pytest.approx(t, rel=0.15)
+    assert '"fp16_triton": 1' in prof["provenance"]["notes"]
+
+
+@pytest.mark.parametrize("key", ("h200",) + TARGETS)
+def test_committed_profiles_hold_the_contract(key):
+    prof = json.loads((PROFILES / key / "profile.json").read_text())
+    assert prof["schema_version"] == 1 and prof["gpu"] == key
+    assert prof["source"] == ("measured" if key == "h200" else "derived")
+    assert prof["derived_from"] == (None if key == "h200" else "h200")
+    for k in REQUIRED:
+        fit_ = prof["kernels"][k]
+        assert fit_["overhead_s"] >= 0 and fit_["s_per_unit"] > 0
+    assert prof["memory_gbps"] > 0 and prof["matmul_fp16_tflops"] > 0
+    assert prof["provenance"]["notes"]
+
+
+def test_derivation_models_sm_below_80():
+    src = json.loads((PROFILES / "h200" / "profile.json").read_text())
+    v100, a100 = derive(src, "v100"), derive(src, "a100_40gb")
+    assert v100["matmul_int8_tops"] is None
+    assert "FMA" in v100["provenance"]["notes"]
+    units = 5.4e8
+    t = {g: {k: p["kernels"][k]["s_per_unit"] * units for k in ("decode_attn.hack", "decode_attn.fp16")}
+         for g, p in (("v100", v100), ("a100", a100))}
+    # HACK's INT8 dots on V100 run on CUDA cores: slower than FP16 there, faster than FP16 on A100
+    assert t["v100"]["decode_attn.hack"] > t["v100"]["decode_attn.fp16"]
+    assert t["a100"]["decode_attn.hack"] < t["a100"]["decode_attn.fp16"]
+    # memory-bound kernels scale with bandwidth
+    assert (a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
+            == pytest.approx(src["memory_gbps"] / a100["memory_gbps"], rel=1e-3))

@@ -1,12 +1,20 @@
 """HACK decode attention: one new token per request over a ragged 2-bit quantized KV cache.
 
 Split-K (flash-decoding): grid (B * H_kv, splits); each program takes the G = H_q / H_kv query heads
-of one KV head (GQA, padded to 16 rows for the tensor-core dots) over `tokens_per_split` tokens,
-one V block (PI tokens) per iteration, and writes a partial (O, log-sum-exp); a small combine
-kernel merges the splits.  The split owning the end of the cache also multiplies the FP16 V tail
-(RQE).  mode "hack": homomorphic INT8 dots with correction terms (hack_core.py); mode "dequant":
-the same loop but codes are dequantized to FP16 in registers and meet FP16 Q and P (KIVI-style
-fused dequantize-then-attend baseline).
+of one KV head (GQA, padded to 16 rows for the tensor-core dots) over `tokens_per_split` tokens and
+writes a partial (O, log2-sum-exp); a small combine kernel merges the splits.  The split owning the
+end of the cache also multiplies the FP16 V tail (RQE).  mode "hack": homomorphic INT8 dots with
+correction terms (hack_core.py); mode "dequant": the same loop with codes dequantized to FP16 in
+registers meeting FP16 Q and P (KIVI-style fused dequantize-then-attend baseline).
+
+Loop forms (all tested; defaults are the fastest measured on the H200, NOTES.md):
+  * default: tiles of block_n = max(PI, 128) tokens; K needs no token blocking (its partitions lie
+    along head_dim); P is split into PI-column chunks, one P.V product per V block (v_split=True),
+    or masked per block against the whole V tile (v_split=False);
+  * prefetch=True: one V block per iteration, next block's bytes and metadata loaded into registers
+    ahead (slower on the H200: 255 registers).
+Without SE (use_se=False) the K and V code sums come from the tensor cores: a padding query row
+(and P row) of ones makes its dot row the code sum.
 
 Work of one decode step (per KV element visited: Q.K and P.V for G query heads):
   flops = 4 * G * sum(lens) * H_kv * D;  bytes = cache.nbytes_visited() + Q and O.

@@ -43,8 +43,9 @@ from .executor import Executor, PlanningError, Task
 from .sweep import (build_raw, config_columns, cost_usd_per_hour, metric_columns, read_base, resolve_scenario,
                     slo_misses)
 
-# Pool keys that describe one instance type; dropped when a candidate names another instance.
-INSTANCE_SPECIFIC = ("gpu", "price_usd_per_hour", "intra_node_gb_per_s", "host_memory_gib")
+# Pool keys that describe one instance type (a fixed KV pool is sized for its GPUs); dropped when a
+# candidate names another instance.
+INSTANCE_SPECIFIC = ("gpu", "price_usd_per_hour", "intra_node_gb_per_s", "host_memory_gib", "kv_capacity_gib")
 
 
 # ---- the candidates file ----------------------------------------------------------------------------

@@ -219,10 +219,16 @@ def calibrate(ctx: typer.Context) -> None:
 
     Arguments are passed to `python -m kernels_calibration.profile` (e.g. --out DIR, --quick)."""
     try:
+        import torch
+
         from kernels_calibration.profile import main as profile_main
     except ImportError as e:
         fail(f"calibrate needs the kernel extras (pip install -e '.[kernels]'): {e}")
-    raise typer.Exit(profile_main(list(ctx.args)))
+    args = list(ctx.args)
+    if not torch.cuda.is_available() and not any(a in ("-h", "--help") or a.startswith("--fit-only") for a in args):
+        fail("calibrate profiles kernels on a CUDA GPU and this machine has none (torch.cuda.is_available() is "
+             "False); --fit-only ROWS.csv refits a profile from measured rows without one")
+    raise typer.Exit(profile_main(args))
 
 
 if __name__ == "__main__":

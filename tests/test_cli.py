@@ -110,3 +110,32 @@ def test_costmodel_imports_no_simpy():
             "assert 'simpy' not in sys.modules and 'pydantic' not in sys.modules, sorted(sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+def test_calibrate_refits_measured_rows_and_costmodel_reads_it(tmp_path):
+    from costmodel.calibration import DECODE_VARIANTS, PREFILL_VARIANTS, load_profile
+
+    r = cli("calibrate", "--out", tmp_path / "cal", "--fit-only",
+            "kernels_calibration/profiles/h200/profile_rows.csv", "--gpu", "h200")
+    assert r.returncode == 0, r.stderr
+    prof = load_profile(tmp_path / "cal" / "profile.json")
+    for v in DECODE_VARIANTS:
+        assert prof.kernel(f"decode_attn.{v}").s_per_unit > 0
+    for v in PREFILL_VARIANTS:
+        assert prof.kernel(f"prefill_attn.{v}").s_per_unit > 0
+    committed = load_profile(ROOT / "kernels_calibration" / "profiles" / "h200" / "profile.json")
+    assert prof.kernel("decode_attn.hack").s_per_unit == pytest.approx(committed.kernel("decode_attn.hack").s_per_unit)
+
+
+def test_calibrate_without_gpu_fails_cleanly(tmp_path):
+    r = cli("calibrate", "--out", tmp_path / "cal")
+    assert r.returncode == 2 and "CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_simulate_profile_option_uses_the_given_profile(tmp_path):
+    out = tmp_path / "o"
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--no-report", "--out", out,
+            "--profile", "kernels_calibration/profiles/h200/profile.json")
+    assert r.returncode == 0, r.stderr
+    profiles = json.loads((out / "profiles.json").read_text())
+    assert profiles["prefill"]["source"] == "measured" and profiles["prefill"]["gpu"] == "h200"

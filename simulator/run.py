@@ -29,7 +29,8 @@ from .prefill import PrefillReplica
 from .router import Router
 from .workload import Requests, make_requests
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "kernels_calibration" / "profiles"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = REPO_ROOT / "kernels_calibration" / "profiles"
 BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
                    "decode", "dequantize", "approximation")
 
@@ -347,11 +348,19 @@ class ScenarioResult:
 
     def profiles(self) -> dict:
         def one(p: CalibrationProfile) -> dict:
-            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": p.path}
+            path = p.path
+            if path is not None and Path(path).resolve().is_relative_to(REPO_ROOT):
+                path = str(Path(path).resolve().relative_to(REPO_ROOT))   # outputs stay the same across checkouts
+            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path}
         out = {"prefill": one(self.resolved.prefill_profile), "decode": one(self.resolved.decode_profile)}
-        acc = PROFILES_DIR / self.resolved.decode_profile.gpu / "accuracy.csv"
-        if self.resolved.decode_profile.source != "roofline" and acc.exists():
-            out["accuracy"] = pd.read_csv(acc).to_dict(orient="records")
+        # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
+        prof = self.resolved.decode_profile
+        for gpu in (prof.gpu, prof.derived_from):
+            acc = PROFILES_DIR / str(gpu) / "accuracy.csv"
+            if prof.source != "roofline" and acc.exists():
+                out["accuracy"] = pd.read_csv(acc).to_dict(orient="records")
+                out["accuracy_source"] = str(acc.relative_to(REPO_ROOT))
+                break
         return out
 
 

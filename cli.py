@@ -4,6 +4,9 @@
     python cli.py schema
     python cli.py report out/a10g
     python cli.py calibrate --out profiles/mygpu
+    python cli.py validate TRACE --scenario S
+    python cli.py sweep scenarios/sweeps/a10g_bandwidth_methods.yaml --out out/sweep
+    python cli.py plan scenarios/a10g_10gbps.yaml --rate 0.2 --slo ttft_p99_s=60,tpot_p99_s=0.5,jct_p90_s=60
 
 Bad input exits with code 2 and one line on stderr naming the file and the field; nothing is
 written. The same scenario and seed give byte-identical outputs.
@@ -230,6 +233,10 @@ def calibrate(ctx: typer.Context) -> None:
              "False); --fit-only ROWS.csv refits a profile from measured rows without one")
     raise typer.Exit(profile_main(args))
 
+
+from planning.commands import register_commands  # noqa: E402  (cheap: heavy modules load inside the commands)
+
+register_commands(app)   # sweep, plan
 
 if __name__ == "__main__":
     app()

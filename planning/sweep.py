@@ -36,7 +36,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.config import Scenario, ScenarioError, parse_scenario
+from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml
 
 from .executor import Executor, PlanningError, Task
 
@@ -173,22 +173,13 @@ class SweepSpec(_Strict):
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     """The validated spec and the base scenario's resolved path; errors are one-line PlanningErrors."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PlanningError(f"{path}: no such file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise PlanningError(f"{path}:{f' line {mark.line + 1}' if mark else ''} not valid YAML") from None
+    raw = read_yaml(path, PlanningError)
     if not isinstance(raw, dict):
         raise PlanningError(f"{path}: expected a mapping at the top level")
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-        raise PlanningError(f"{path}: {loc or 'sweep'}: {msg}") from None
+        raise PlanningError(first_error(str(path), e, "sweep")) from None
     base = (path.parent / spec.base).resolve()
     if not base.exists():
         raise PlanningError(f"{path}: base: no such file {base}")

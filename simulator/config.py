@@ -439,17 +439,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def _format_error(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    more = len(err.errors()) - 1
-    tail = f" (and {more} more)" if more else ""
-    return f"{source}: {loc or 'scenario'}: {msg}{tail}"
-
-
 _UNION_TAGS = {"fixed", "uniform", "lognormal", "poisson", "bursty", "trace", "baseline", "fp8", "kvquant",
                "cachegen", "hack", "hack_no_se", "hack_no_rqe", "fp4", "pqcache", "hcattention"}
 
@@ -460,21 +449,36 @@ def parse_scenario(raw: Any, source: str) -> Scenario:
     try:
         return Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(_format_error(source, e)) from None
+        raise ScenarioError(first_error(source, e)) from None
     except KeyError as e:   # an unknown preset key raised by a before-validator outside pydantic's wrapping
         raise ScenarioError(f"{source}: {e.args[0]}") from None
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    path = Path(path)
+def read_yaml(path: Path, error: type[Exception] = ScenarioError) -> Any:
+    """A YAML file's content; a missing file or bad YAML raises `error` with a one-line message."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file") from None
+        raise error(f"{path}: no such file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"{path}:{where} not valid YAML") from None
+        raise error(f"{path}:{where} not valid YAML") from None
+
+
+def first_error(source: str, err: ValidationError, what: str = "scenario") -> str:
+    """One line for a pydantic error: source, dotted field, message (and how many more)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    more = len(err.errors()) - 1
+    tail = f" (and {more} more)" if more else ""
+    return f"{source}: {loc or what}: {msg}{tail}"
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    path = Path(path)
+    raw = read_yaml(path)
     if isinstance(raw, dict) and overrides:
         raw = apply_overrides(raw, overrides)
     scenario = parse_scenario(raw, str(path))

@@ -125,12 +125,16 @@ class KVMethod:
         """Why this method cannot run on the decode GPU, or None."""
         return None
 
+    def decode_kernel(self, profile):
+        """The profile's fit for this method's decode attention kernel."""
+        return profile.kernel(f"decode_attn.{self.decode_attention}")
+
     def decode_layer_terms(self, env: "DecodeEnv") -> tuple[dict[str, float], dict[str, float]]:
         """Seconds of one decode layer on one GPU, split into breakdown parts, as
         (per request in the batch, per context token). Parts: decode, dequantize, approximation,
         and fetch (host -> GPU over PCIe; reported as a sub-part of decode)."""
         prof, u = env.profile, env.kv_units_per_token
-        attn_per_ctx = prof.kernel(f"decode_attn.{self.decode_attention}").s_per_unit * u
+        attn_per_ctx = self.decode_kernel(prof).s_per_unit * u
         dequant = 0.0
         if self.per_iteration_dequant:
             dequant = max(0.0, attn_per_ctx - prof.kernel("decode_attn.fp16").s_per_unit * u)
@@ -262,6 +266,14 @@ class HACK(KVMethod):
         if not self.requantization_elimination:
             return "hack_no_rqe"
         return "hack"
+
+    def decode_kernel(self, profile):
+        """A partition-specific fit (`decode_attn.hack_pi128`) where the profile measured one, else Π=64's."""
+        if self.partition != 64 and self.summation_elimination and self.requantization_elimination:
+            fit = profile.kernels.get(f"decode_attn.hack_pi{self.partition}")
+            if fit is not None:
+                return fit
+        return profile.kernel(f"decode_attn.{self.decode_attention}")
 
     def _bytes_per_element(self) -> float:
         sums = sum_bytes(self.bits, self.partition) if self.summation_elimination else 0

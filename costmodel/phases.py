@@ -250,7 +250,7 @@ class ReplicaCostModel:
     def _iteration(self, batch_size: int) -> IterationCost:
         m, p, L = self.model, self.profile, self.model.layers
         per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
-        launch_s = p.kernel(f"decode_attn.{self.method.decode_attention}").overhead_s
+        launch_s = self.method.decode_kernel(p).overhead_s
         decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
                         + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
         return IterationCost(

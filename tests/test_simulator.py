@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +190,13 @@ def test_fixed_kv_pool_replaces_computed_capacity():
     assert result.runs["baseline"].decode_replicas[0].capacity_bytes == 3.0 * 2**30
     with pytest.raises(Exception, match="kv_capacity_gib"):
         run_scenario(scenario(methods=["baseline"], **{"decode.kv_capacity_gib": 500.0}))
+
+
+def test_hack_partition_uses_its_measured_decode_kernel():
+    from costmodel.calibration import load_profile
+    from costmodel.methods import HACK
+
+    prof = load_profile(Path(__file__).resolve().parent.parent / "kernels_calibration/profiles/h200/profile.json")
+    assert HACK(partition=128).decode_kernel(prof) is prof.kernel("decode_attn.hack_pi128")
+    assert HACK(partition=64).decode_kernel(prof) is prof.kernel("decode_attn.hack")
+    assert HACK(partition=128, summation_elimination=False).decode_kernel(prof) is prof.kernel("decode_attn.hack_no_se")

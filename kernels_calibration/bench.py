@@ -7,6 +7,10 @@ head_dim, partition, bits, time_us, achieved_gbps, achieved_tflops, then byte_fl
 compute_floor_us, units, config) and DIR/peaks.json.  The floors use this run's measured copy
 bandwidth and GEMM rates (INT8 for hack rows, FP16 otherwise).  Targets (issue 3) are printed
 beside the figures; nothing here asserts a time.
+
+DIR/bench_scoring.csv (same columns): the issue-7 scoring kernels at the same heads and batch, per
+context length: pq_score (PQCache, M = 2, 8-bit codes), qk_score (HCAttention, 4-bit keys, PI = 64)
+and torch.topk over the scores with k = ctx / 5 (--no-scoring skips them).
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def run(out: Path, quick: bool = False) -> list[dict]:
+def run(out: Path, quick: bool = False, scoring: bool = True) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     peaks = measure_peaks()
     prov = provenance()
@@ -80,6 +84,22 @@ def run(out: Path, quick: bool = False) -> list[dict]:
                   flush=True)
     write_csv(rows, out / "bench_attention.csv")
     summarize(rows)
+    if scoring:
+        run_scoring(out, peaks, ctxs)
+    return rows
+
+
+def run_scoring(out: Path, peaks: dict, ctxs) -> list[dict]:
+    from .profile import SCORE_CONFIGS, measure_scoring
+
+    rows = []
+    for ctx in ctxs:
+        ms = measure_scoring(("pq_score", "qk_score", "topk"), B, ctx, HQ, HKV, D, configs=SCORE_CONFIGS)
+        rows += [m.row(peaks) for m in ms]
+        for m in ms:
+            gbps = m.bytes_moved / m.time_s / 1e9
+            print(f"score ctx={ctx:6d} {m.kernel:10s} {m.time_s * 1e6:9.1f} us {gbps:7.0f} GB/s  {m.config}", flush=True)
+        write_csv(rows, out / "bench_scoring.csv")
     return rows
 
 
@@ -105,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-scoring", action="store_true", help="skip the scoring kernels (bench_scoring.csv)")
     args = ap.parse_args(argv)
-    run(args.out, args.quick)
+    run(args.out, args.quick, not args.no_scoring)
     return 0
 
 

@@ -18,6 +18,14 @@ How each number is derived (also written into provenance.notes):
     and softmax arithmetic dominates): x H200 issue rate / target issue rate (SMs x boost clock;
     T4 at 70% of boost), but never faster than the target's byte floor;
   - tensor-bound (FP16 prefill): x H200 FP16 GEMM rate / target FP16 GEMM rate.
+  - the scoring kernels (score.pq*, score.quantized_keys*, select.topk; issue 7) are classified by
+    their own H200 fit rather than by a fixed list, because they were added before being measured:
+    bytes per unit (SCORE_BYTES_PER_UNIT, the kernels' formulas at the profiled shapes) / s_per_unit
+    is the H200's achieved GB/s; at >= 60% of the copy bandwidth the kernel is memory-bound and
+    scales by bandwidth, below that it is CUDA-core bound (PQ: the LUT gathers and adds, which run
+    in the SMs' load/store and ALU pipes; quantized keys: unpack, convert and the per-partition
+    scale/min FMAs) and scales by issue rate, floored at the target's byte time. The quantized-key
+    scoring uses tl.dot (G_PAD = 16 MACs per key element), so on sm < 80 it adds the FMA fallback.
 * sm < 80 (T4, V100): Triton lowers tl.dot to FMA on CUDA cores there (no MMA path for these
   architectures in Triton 3.x; catalog: "Triton int8 tl.dot failed on sm70/75", "falls back to FMA
   for compute capability < 80"), so the Triton kernels that use dots (HACK, fused dequant, Triton
@@ -63,6 +71,12 @@ TENSOR_BOUND = {"prefill_attn.fp16"}
 BYTES_PER_UNIT = {"decode_attn.hack": 0.33, "decode_attn.hack_no_se": 0.31, "decode_attn.hack_no_rqe": 0.33,
                   "decode_attn.dequant_fused": 0.33, "decode_attn.hack_pi32": 0.41, "decode_attn.hack_pi128": 0.30,
                   "quantize.kv": 2.33, "prefill_attn.hack": 0.0}
+# Scoring kernels: bytes per unit at the profiled shapes (GQA 8, head_dim 128): PQ M + 4 G (codes,
+# FP32 scores) at M = 2 / 8; quantized keys bits/8 + 4/PI + 4 G / D at 4 / 2 bits, PI = 64;
+# top-k: read 4 B per score, write k = ctx / 5 values (4 B) + indices (8 B) per row.
+SCORE_BYTES_PER_UNIT = {"score.pq": 34.0, "score.pq_m8": 40.0, "score.quantized_keys": 0.8125,
+                        "score.quantized_keys_2bit": 0.5625, "select.topk": 6.4}
+SCORE_MEMORY_BOUND_FRACTION = 0.6   # H200 achieved / copy bandwidth at or above which bandwidth bounds
 USES_TRITON_DOT = {"decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe",
                    "decode_attn.dequant_fused", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
                    "prefill_attn.hack"}
@@ -97,6 +111,18 @@ def derive(src: dict, key: str) -> dict:
         if name in MEMORY_BOUND:
             new = spu * src["memory_gbps"] / out_mem
             how = "memory"
+        elif name in SCORE_BYTES_PER_UNIT:
+            bpu = SCORE_BYTES_PER_UNIT[name]
+            frac = bpu / spu / (src["memory_gbps"] * 1e9)
+            if frac >= SCORE_MEMORY_BOUND_FRACTION:
+                new = spu * src["memory_gbps"] / out_mem
+                how = f"memory (H200 at {frac:.0%} of copy bandwidth)"
+            else:
+                new = max(spu * issue_ratio, bpu / (out_mem * 1e9))
+                how = f"cuda cores (H200 at {frac:.0%} of copy bandwidth)"
+            if sm < 80 and name.startswith("score.quantized_keys"):
+                new += G_PAD / fma_rate
+                how += " + FMA-fallback dots"
         elif name in TENSOR_BOUND:
             new = spu * src["matmul_fp16_tflops"] / out["matmul_fp16_tflops"]
             how = "fp16 tensor"

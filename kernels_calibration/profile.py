@@ -2,6 +2,9 @@
 
     python -m kernels_calibration.profile --out DIR [--quick]      # on a GPU: measure, then fit
     python -m kernels_calibration.profile --fit-only DIR/rows.csv --out DIR   # refit, no GPU
+    python -m kernels_calibration.profile --only score --out DIR   # on a GPU: the scoring kernels only, then
+    python -m kernels_calibration.profile --fit-only kernels_calibration/profiles/h200/profile_rows.csv \
+        DIR/rows.csv --out DIR2                                     # refit the committed rows + the new ones
 
 Writes DIR/rows.csv (one tidy row per kernel and shape: median time, achieved GB/s and TFLOP/s,
 floors, the launch config, provenance) and DIR/profile.json in the contract of
@@ -15,6 +18,17 @@ elements.  decode_attn.fp16 and prefill_attn.fp16 take, per shape, the faster of
 Triton FP16 kernel.  Sweeps cover batch, context length, heads (H_q/H_kv = 8 throughout, plus a
 32/4 check), PI for HACK decode (extra keys decode_attn.hack_pi32/_pi128); head_dim is 128 (the
 HACK kernels need D % 128 == 0) and bits 2 (the HACK format).
+
+Scoring kernels (issue 7; kernels/pq_score.py, kernels/qk_score.py), phase "score", 64 query / 8 KV
+heads, head_dim 128, every request at ctx tokens:
+  score.pq                    PQCache centroid scoring (LUT + code gather), M = 2 sub-spaces, 8-bit
+                              codes (the cost model's defaults); unit = scored tokens x KV heads,
+                              sum_b ctx_b * H_kv.  score.pq_m8: the same at M = 8 (fewer shapes).
+  score.quantized_keys        HCAttention q . dequant(k) over 4-bit keys, PI = 64; unit = key elements
+                              scored, sum_b ctx_b * H_kv * D.  score.quantized_keys_2bit: 2-bit keys.
+  select.topk                 torch.topk over the FP32 scores [B, H_q, ctx] with k = ctx / 5 (PQCache's
+                              default top-k fraction); unit = scores, sum_b ctx_b * H_q.
+Rows record partition = channels per PQ sub-space (D / M) for pq_score and PI for qk_score.
 """
 from __future__ import annotations
 
@@ -45,9 +59,24 @@ QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, 
                 (16, 2048, True), (32, 512, False)]
 
 
+# Scoring kernels: (batch, ctx, held_out); the token axis is the only one that matters to them
+SCORE_SHAPES = [
+    (1, 4096, False), (1, 32768, True), (4, 8192, False), (8, 1024, False), (8, 2048, True), (8, 8192, False),
+    (8, 32768, False), (16, 4096, True), (16, 16384, False), (32, 2048, False), (32, 8192, True),
+]
+SCORE_SHAPES_QUICK = [s for i, s in enumerate(SCORE_SHAPES) if i % 2 == 0 or s[2]][:7]
+SCORE_VARIANT_SHAPES = [(1, 8192, False), (8, 4096, True), (8, 32768, False), (16, 16384, True), (32, 2048, False)]
+# narrow per-shape tuning of the scoring kernels: token block and warps (the fastest is kept)
+SCORE_CONFIGS = {"pq_score": [{"block_t": 128, "num_warps": 4}, {"block_t": 256, "num_warps": 4},
+                              {"block_t": 128, "num_warps": 2}],
+                 "qk_score": [{"block_t": 64, "num_warps": 4}, {"block_t": 128, "num_warps": 4},
+                              {"block_t": 64, "num_warps": 2}]}
+TOPK_FRACTION = 0.2   # PQCache.top_k_fraction default in costmodel/methods.py
+
 REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack",
                                                 "hack_no_se", "hack_no_rqe")]
-                 + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"])
+                 + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"]
+                 + ["score.pq", "score.quantized_keys"])
 # narrow per-shape autotune of the quantized decode kernels: the P.V tile form (see hack_core.py)
 QUANT_DECODE_CONFIGS = {k: [{}, {"v_split": True}] for k in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused")}
 
@@ -72,7 +101,85 @@ def fit(points: list[tuple[float, float, bool]]) -> dict | None:
             "n_fit": len(train), "n_heldout": len(test)}
 
 
-def measure_all(out: Path, quick: bool) -> list[dict]:
+def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
+                    subspaces: int = 2, pq_bits: int = 8, key_bits: int = 4, partition: int = 64,
+                    configs: dict | None = None, seed: int = 0, device: str = "cuda") -> list:
+    """Time the scoring kernels ("pq_score", "qk_score", "topk") at one shape, as measure.py times
+    decode steps: CUDA-graph replays over n_rot input sets (>= 256 MB per replay), median / n_rot.
+    Codes and key metadata are random (uniform codes, positive scales): the kernels' time does not
+    depend on the values.  configs: kernel -> list of wrapper kwargs; the fastest is kept."""
+    import torch
+
+    from .kernels.pq_score import pq_score, pq_score_work
+    from .kernels.qk_score import qk_score, qk_score_work
+    from .measure import Measurement, _n_rot, time_graph
+
+    configs = configs or {}
+    dev = device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    g = q_heads // kv_heads
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, q_heads, d, device=dev, generator=gen, dtype=torch.float16)
+    shape = dict(phase="score", batch=batch, context_len=ctx, q_heads=q_heads, kv_heads=kv_heads, head_dim=d)
+    toks = batch * ctx
+    out = []
+    for name in kernels:
+        if name == "pq_score":
+            c = 2**pq_bits
+            bm, ops = pq_score_work(toks, kv_heads, subspaces, g)
+            n = _n_rot(bm)
+            sets = [(torch.randn(batch, kv_heads, subspaces, c, d // subspaces, device=dev, generator=gen,
+                                 dtype=torch.float16),
+                     torch.randint(0, c, (batch, kv_heads, ctx, subspaces), device=dev, generator=gen,
+                                   dtype=torch.uint8)) for _ in range(n)]
+
+            def step(i, cfg, sets=sets):
+                pq_score(q, *sets[i % len(sets)], lens, **cfg)
+            meta = dict(partition=d // subspaces, bits=pq_bits, bytes_moved=bm, flops=ops,
+                        units=float(toks * kv_heads), extra={"subspaces": subspaces})
+        elif name == "qk_score":
+            w, npart = d * key_bits // 8, d // partition
+            bm, flops = qk_score_work(toks * kv_heads * d, key_bits, partition, g, d)
+            n = _n_rot(bm)
+            sets = [(torch.randint(0, 256, (batch, kv_heads, ctx, w), device=dev, generator=gen, dtype=torch.uint8),
+                     torch.randn(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16),
+                     torch.rand(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16) + 0.01)
+                    for _ in range(n)]
+
+            def step(i, cfg, sets=sets):
+                qk_score(q, *sets[i % len(sets)], lens, partition, key_bits, **cfg)
+            meta = dict(partition=partition, bits=key_bits, bytes_moved=bm, flops=flops,
+                        units=float(toks * kv_heads * d))
+        elif name == "topk":
+            k = max(1, int(TOPK_FRACTION * ctx))
+            units = toks * q_heads
+            bm = 4.0 * units + 12.0 * batch * q_heads * k      # read FP32 scores, write values + int64 indices
+            n = _n_rot(bm, 16)
+            sets = [torch.randn(batch, q_heads, ctx, device=dev, generator=gen) for _ in range(n)]
+
+            def step(i, cfg, sets=sets, k=k):
+                torch.topk(sets[i % len(sets)], k, dim=-1)
+            meta = dict(partition=0, bits=32, bytes_moved=bm, flops=0.0, units=float(units), extra={"top_k": k})
+        else:
+            raise ValueError(f"unknown scoring kernel {name!r}")
+        best = None
+        for cfg in configs.get(name, [{}]):
+            try:
+                t = time_graph(lambda i, cfg=cfg: step(i, cfg), len(sets))
+            except Exception as exc:  # a config that fails to compile or launch is skipped, and said so
+                print(f"    config {name} {cfg} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            if best is None or t < best[0]:
+                best = (t, cfg)
+        if best is not None:
+            out.append(Measurement(name, **shape, time_s=best[0], config=str(best[1]), **meta))
+        del sets
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
     import torch  # noqa: F401  (GPU only from here on)
 
     from .measure import DECODE_KERNELS, measure_decode, measure_peaks, measure_prefill, measure_quant, provenance
@@ -94,6 +201,16 @@ def measure_all(out: Path, quick: bool) -> list[dict]:
                   flush=True)
         write_rows(rows, out / "rows.csv")
 
+    def score_sweep():
+        for b, ctx, held in (SCORE_SHAPES_QUICK if quick else SCORE_SHAPES):
+            add(measure_scoring(("pq_score", "qk_score", "topk"), b, ctx, configs=SCORE_CONFIGS), held)
+        for b, ctx, held in (SCORE_VARIANT_SHAPES[:3] if quick else SCORE_VARIANT_SHAPES):
+            add(measure_scoring(("pq_score",), b, ctx, subspaces=8, configs=SCORE_CONFIGS), held)
+            add(measure_scoring(("qk_score",), b, ctx, key_bits=2, configs=SCORE_CONFIGS), held)
+
+    if only == "score":
+        score_sweep()
+        return rows
     for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
         add(measure_decode(DECODE_KERNELS, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
     for pi in (32, 128):
@@ -103,6 +220,7 @@ def measure_all(out: Path, quick: bool) -> list[dict]:
         add(measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), b, seq, 64, 8, 128, 64), held)
     for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
         add(measure_quant(b, seq, 8, 128, 64), held)
+    score_sweep()
     return rows
 
 
@@ -122,12 +240,14 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") -> dict:
-    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"])):
+    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None):
         best: dict = {}
         for r in rows:
             if r["phase"] != phase or r["kernel"] not in kernels:
                 continue
             if pi is not None and int(r["partition"]) != pi:
+                continue
+            if bits is not None and int(r["bits"]) != bits:
                 continue
             k = key_of(r)
             if k not in best or float(r["time_us"]) < float(best[k]["time_us"]):
@@ -147,6 +267,12 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     kernels["prefill_attn.hack"] = fit(pts("prefill", {"hack"}, 64))
     kernels["quantize.kv"] = fit(pts("quantize", {"quantize"}))
     kernels["dequantize.kv"] = fit(pts("dequantize", {"dequantize"}))
+    # scoring (head_dim 128): pq_score's partition column is D / M channels per sub-space
+    kernels["score.pq"] = fit(pts("score", {"pq_score"}, 64))
+    kernels["score.pq_m8"] = fit(pts("score", {"pq_score"}, 16))
+    kernels["score.quantized_keys"] = fit(pts("score", {"qk_score"}, 64, bits=4))
+    kernels["score.quantized_keys_2bit"] = fit(pts("score", {"qk_score"}, 64, bits=2))
+    kernels["select.topk"] = fit(pts("score", {"topk"}))
     kernels = {k: v for k, v in kernels.items() if v is not None}
     faster = {}
     for phase in ("decode", "prefill"):
@@ -164,6 +290,12 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
              "graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, head_dim 128, "
              "2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of torch._int_mm "
              "layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
+    if any(k.startswith(("score.", "select.")) for k in kernels):
+        notes += (" score.pq: PQ LUT build + code gather, M = 2 sub-spaces (score.pq_m8: M = 8), 8-bit codes, "
+                  "unit sum_b ctx_b * H_kv; score.quantized_keys: q . dequant(k) over 4-bit keys "
+                  "(_2bit: 2-bit), PI = 64, unit sum_b ctx_b * H_kv * D; both write FP32 scores for all 64 "
+                  "query heads (GQA 8). select.topk: torch.topk, k = ctx / 5, unit sum_b ctx_b * H_q. "
+                  "Timed as CUDA graph replays over rotating input sets, like decode.")
     return {
         "schema_version": 1, "gpu": gpu, "source": "measured", "derived_from": None,
         "provenance": {**{k: prov.get(k) for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
@@ -181,15 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Profile the kernels and fit a calibration profile")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
-    ap.add_argument("--fit-only", type=Path, default=None, help="refit from an existing rows.csv")
+    ap.add_argument("--fit-only", type=Path, nargs="+", default=None,
+                    help="refit from existing rows.csv files (concatenated; peaks.json beside the first)")
+    ap.add_argument("--only", choices=("all", "score"), default="all",
+                    help="score: measure only the scoring kernels (merge with older rows via --fit-only)")
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.fit_only:
-        rows = read_rows(args.fit_only)
-        meta = json.loads((args.fit_only.parent / "peaks.json").read_text())
+        rows = [r for path in args.fit_only for r in read_rows(path)]
+        meta = json.loads((args.fit_only[0].parent / "peaks.json").read_text())
     else:
-        rows = measure_all(args.out, args.quick)
+        rows = measure_all(args.out, args.quick, args.only)
         meta = json.loads((args.out / "peaks.json").read_text())
         rows = read_rows(args.out / "rows.csv")
     prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)

@@ -55,6 +55,12 @@ def gaussian_code_entropy_bits(bits: int, partition: int) -> float:
     return -sum(p * math.log2(p) for p in probs if p > 0)
 
 
+def _fit_or(profile, key: str, roofline_s_per_unit: float) -> float:
+    """A kernel's measured seconds per unit where the profile has it, else the roofline estimate."""
+    fit = profile.kernels.get(key)
+    return roofline_s_per_unit if fit is None else fit.s_per_unit
+
+
 @dataclass(frozen=True)
 class DecodeEnv:
     """What a method needs to price one decode layer on one GPU of a replica."""
@@ -385,11 +391,15 @@ class PQCache(KVMethod):
     def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
         prof, u = env.profile, env.kv_units_per_token
         kv_heads = u / (2 * env.model.head_dim)
+        group = env.q_heads_per_gpu / kv_heads
         fp16 = prof.kernel("decode_attn.fp16").s_per_unit
-        # Scoring: read m b-bit codes per token per KV head, m table lookups+adds per query head,
-        # then a top-k pass over FP32 scores (write + read).
-        score = max(kv_heads * (self.subspaces * self.bits / 8 + 8) / env.memory_bytes_per_s,
-                    env.q_heads_per_gpu * self.subspaces * 2 / env.alu_instr_per_s)
+        # Scoring (kernels_calibration/kernels/pq_score.py), per token and KV head: read m b-bit codes and
+        # write FP32 scores for each query head; G·m table gathers and adds. Then top-k over the scores
+        # (read them, write k indices). Measured fits replace these where the profile has them.
+        score_unit = _fit_or(prof, "score.pq", max((self.subspaces * self.bits / 8 + 4 * group) / env.memory_bytes_per_s,
+                                                    2 * group * self.subspaces / env.alu_instr_per_s))
+        topk_unit = _fit_or(prof, "select.topk", (4 + 12 * self.top_k_fraction) / env.memory_bytes_per_s)
+        score = kv_heads * score_unit + env.q_heads_per_gpu * topk_unit
         fetch = self.top_k_fraction * (1 - self.cache_hit_rate) * u * FP16_BYTES / env.pcie_bytes_per_s
         return ({"decode": fp16 * u * self.local_tokens},
                 {"decode": fp16 * u * self.top_k_fraction + fetch, "approximation": score, "fetch": fetch})
@@ -426,7 +436,12 @@ class HCAttention(KVMethod):
 
     def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
         prof, u = env.profile, env.kv_units_per_token
-        score = prof.kernel("decode_attn.dequant_fused").s_per_unit * u / 2        # quantized K, every token
+        group = 2 * env.q_heads_per_gpu * env.model.head_dim / u
+        # Quantized-key scoring (kernels_calibration/kernels/qk_score.py), per key element: its code and
+        # share of min/scale, FP32 scores per query head; unpack + convert + scale on CUDA cores.
+        key_bytes = self._key_bytes_per_element() + 4 * group / env.model.head_dim
+        score = (u / 2) * _fit_or(prof, "score.quantized_keys", max(key_bytes / env.memory_bytes_per_s,
+                                                                    3.5 / env.alu_instr_per_s))
         pv = prof.kernel("decode_attn.fp16").s_per_unit * u / 2 * self.fetch_fraction
         fetch = self.fetch_fraction * (1 - self.value_hit_rate) * (u / 2) * FP16_BYTES / env.pcie_bytes_per_s
         return {}, {"decode": pv + fetch, "approximation": score, "fetch": fetch}

@@ -83,3 +83,21 @@ def test_fp8_priced_by_fp8_hardware():
     per_byte = lambda g: roofline_profile(g).kernel("decode_attn.fp8").s_per_unit * g.memory_bandwidth_gb_per_s  # noqa: E731
     assert per_byte(a100) > per_byte(h100)        # software FP8 conversion on Ampere costs ALU time
     assert FP8().wire_bytes_per_element() == 1.0
+
+
+def test_measured_scoring_fits_replace_the_roofline_estimate():
+    import dataclasses
+
+    from costmodel.calibration import KernelFit
+    from costmodel.phases import ReplicaCostModel
+
+    s = offload_scenario()
+    res = resolve(s)
+    base = roofline_profile(res.decode_gpu)
+    slow = dataclasses.replace(base, kernels={**base.kernels, "score.pq": KernelFit(0.0, 1e-9),
+                                              "score.quantized_keys": KernelFit(0.0, 1e-9)})
+    for name in ("pqcache", "hcattention"):
+        method = make_method(name)
+        costs = [ReplicaCostModel(res.model, res.decode_gpu, res.decode_parallel, method, prof).iteration(4)
+                 for prof in (base, slow)]
+        assert costs[1].approx_per_ctx_s > 10 * costs[0].approx_per_ctx_s

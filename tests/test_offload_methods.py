@@ -100,4 +100,4 @@ def test_measured_scoring_fits_replace_the_roofline_estimate():
         method = make_method(name)
         costs = [ReplicaCostModel(res.model, res.decode_gpu, res.decode_parallel, method, prof).iteration(4)
                  for prof in (base, slow)]
-        assert costs[1].approx_per_ctx_s > 10 * costs[0].approx_per_ctx_s
+        assert costs[1].approx_per_ctx_s > 3 * costs[0].approx_per_ctx_s

@@ -248,7 +248,7 @@ class ReplicaCostModel:
                          has_fp8=g.fp8_tensor_tflops is not None, has_fp4=g.fp4_tensor_tflops is not None)
 
     def _iteration(self, batch_size: int) -> IterationCost:
-        m, p, L = self.model, self.profile, self.model.layers
+        p, L = self.profile, self.model.layers
         per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
         launch_s = self.method.decode_kernel(p).overhead_s
         decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))

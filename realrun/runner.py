@@ -104,7 +104,7 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
         f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
         "CUDA stream, efficiency 1.0, no added latency",
         f"wire bytes per prompt token at the mean prompt ({p_mean}) = {meth.wire_bytes(p_mean) / p_mean:.1f}",
-        f"KV reserved at admission = final prompt+output tokens in the method's format"
+        "KV reserved at admission = final prompt+output tokens in the method's format"
         + (f" + a full {meth.pi}-token FP16 V tail" if meth.quantized else ""),
         f"prefill attention = {prefill}",
         f"quantize step (prefill_end_s -> quantize_end_s) = {quant}",

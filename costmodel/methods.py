@@ -72,7 +72,6 @@ class DecodeEnv:
     alu_instr_per_s: float
     pcie_bytes_per_s: float
     memory_bytes_per_s: float
-    has_fp8: bool
     has_fp4: bool
 
 

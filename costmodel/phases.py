@@ -245,7 +245,7 @@ class ReplicaCostModel:
         return DecodeEnv(profile=p, model=self.model, kv_units_per_token=self._kv_elements_per_token_per_gpu_layer(),
                          q_heads_per_gpu=self.q_heads_per_gpu, alu_instr_per_s=alu_instr_per_s(g),
                          pcie_bytes_per_s=g.pcie_gb_per_s * 1e9, memory_bytes_per_s=p.memory_gbps * 1e9,
-                         has_fp8=g.fp8_tensor_tflops is not None, has_fp4=g.fp4_tensor_tflops is not None)
+                         has_fp4=g.fp4_tensor_tflops is not None)
 
     def _iteration(self, batch_size: int) -> IterationCost:
         p, L = self.profile, self.model.layers

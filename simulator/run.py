@@ -20,7 +20,6 @@ from costmodel.methods import KVMethod, make_method
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.roofline import roofline_profile
 from costmodel.specs import GB, GIB, GPUSpec, ModelSpec, Parallelism
-from costmodel.transfer import flow_rate_bytes_per_s
 
 from .config import GPUConfig, PoolConfig, Scenario, ScenarioError
 from .decode import DecodeReplica
@@ -216,11 +215,10 @@ class MethodRun:
         for p in range(s.prefill.replicas):
             if not any((p, d) in links for d in range(s.decode.replicas)):
                 raise ScenarioError(f"{source}: network.links: prefill replica {p} reaches no decode replica")
-        cap = flow_rate_bytes_per_s(res.network_gbps, net.efficiency, net.per_flow_gbps)
-        cap = cap if net.per_flow_gbps is not None else math.inf
+        # Per-transfer cap only: each Link already enforces its own (possibly link-specific) capacity.
+        cap = math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8
         self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, cap, net.stream_layers,
                              res.model.layers)
-        self.host_memory_bytes = host
         if max(self.wire_bytes) > host:
             raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV ({max(self.wire_bytes) / GIB:.2f}"
                                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .config import ScenarioError, load_scenario
-from .run import method_of, resolve, run_scenario
+from .run import method_of, run_scenario
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
                  "transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s")
@@ -109,7 +109,7 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
         out["breakdown_s"][part] = {"measured": m, "simulated": p}
         out[f"{part}_mean_error_pct"] = _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
     if iterations is not None and len(iterations):
-        res = resolve(s, str(scenario_path))
+        res = result.resolved          # the profiles and specs the simulation just used
         cfg = next(m for m in s.methods if m.output_name == method)
         _, dec = res.costs(method_of(cfg))
         measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()

@@ -32,7 +32,8 @@ step() {  # step TIMEOUT_S LABEL CMD...
   echo "== $label ($(date -u +%T), limit ${lim}s): $*" | tee -a "$LOG"
   local t0=$SECONDS
   timeout "$lim" "$@" 2>&1 | grep -v "RuntimeWarning\|output = op(" | tee -a "$LOG"
-  echo "== $label: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$LOG"
+  LAST_RC=${PIPESTATUS[0]}
+  echo "== $label: exit $LAST_RC after $((SECONDS - t0)) s" | tee -a "$LOG"
   pack
 }
 {
@@ -54,6 +55,15 @@ if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: ti
   N1=3; N=3
 fi
 step 90 check python3 -m realrun.check "${CHECK[@]}"
+# fail fast: the whole harness (CUDA graphs, paced link thread, admission) on 2 layers and 3 short
+# requests per method; if it breaks, stop here rather than spend the call on timeouts
+SMOKE=(--model llama-3.1-8b --layers 2 --prompt-range 256 600 --output-range 4 8)
+[ "${REALRUN_SMOKE:-0}" = 1 ] && SMOKE=(--model tiny --layers 1 --prompt-range 20 60 --output-range 2 3 --device cpu)
+step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
+  --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --out "$WORK/smoke"
+if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != 3 ]; then
+  echo "== smoke failed: stopping" | tee -a "$LOG"; pack; exit 1
+fi
 step 220 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
   --rate 1.0 1.6 --requests $N1 "${COMMON[@]}" --out "$T"
 step 140 8b-40gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 40 \

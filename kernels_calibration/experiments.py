@@ -59,6 +59,34 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 5:  # token-major (transposed) kernel: wgmma + streamed loads; fused split combine
+        from .kernels.hack_attn_decode import default_splits
+
+        for ctx in (32768, 16384, 4096, 1024):
+            for pi in ((64, 128) if ctx == 32768 else (64,)):
+                s0 = default_splits(B, HKV, ctx + 1, pi, torch.device("cuda"))
+                base = [dict(num_warps=2, v_split=True, splits=default_splits(B, HKV, ctx + 1, 128, torch.device("cuda")))]
+                if ctx == 32768:
+                    grid = base + [dict(transposed=True, num_warps=w, num_stages=st, splits=s)
+                                   for w, st, s in itertools.product((4, 8), (2, 3), sorted({s0, 2 * s0}))]
+                else:
+                    grid = base + [dict(transposed=True, splits=s) for s in sorted({max(1, s0 // 2), s0, 2 * s0})]
+                grid.append(dict(transposed=True, splits=s0, fused_combine=False))
+                errs = _check(ctx, pi, grid) if ctx >= 4096 else None
+                rec(f"r9_hack_t_pi{pi}", measure_decode(("hack",), B, ctx, HQ, HKV, D, pi, configs={"hack": grid},
+                                                         return_all=True), errs)
+                if pi == 64 and ctx in (32768, 1024):
+                    g = [dict(num_warps=4, v_split=True)] + [dict(transposed=True, num_warps=w, splits=s)
+                                                            for w in (4, 8) for s in sorted({s0, 2 * s0})]
+                    rec("r9_dequant_t", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
+                                                       configs={"dequant_fused": g}, return_all=True),
+                        _check(ctx, pi, g, mode="dequant") if ctx == 32768 else None)
+                    gn = [dict(transposed=True, num_warps=4, splits=s0)]
+                    rec("r9_hack_no_se_t", measure_decode(("hack_no_se",), B, ctx, HQ, HKV, D, pi,
+                                                          configs={"hack_no_se": gn}, return_all=True),
+                        _check(ctx, pi, gn, use_se=False) if ctx == 32768 else None)
+            rec("r9_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
+        return
     if stage == 4:  # tiles of 128 tokens over PI = 64 / 32 blocks (split P per V block)
         for pi in (64, 32):
             grid = [dict(num_warps=w, splits=s, block_n=bn) for bn in (pi, 128) for w in (2, 4) for s in (33, 66)]
@@ -117,7 +145,8 @@ def run(out: Path, stage: int = 3) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3)")
+    ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
+                    "5: token-major kernel (run 9)")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

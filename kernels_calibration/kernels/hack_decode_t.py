@@ -1,0 +1,332 @@
+"""Transposed ("token-major") HACK decode attention: the token axis is the dots' M dimension.
+
+Why: in hack_attn_decode.py the G = 8 query heads of a KV head are the M side of every dot (padded
+to 16 rows).  M = 16 keeps Triton on mma.sync, with every operand staged through shared memory,
+and the unpack between load and dot stops its pipeliner from streaming the loads (NOTES.md).  Here
+the products are transposed so the many-token side is M:
+    S^T [BN, G_PAD] = K'_c [BN, W] . Q''_c^T [W, G_PAD]          (per channel group c, INT8)
+    O^T [D,  G_PAD] = V'^T [D, BN] . P''^T [BN, G_PAD]            (all D channels in one dot)
+With BN, D >= 64 and 4 warps Triton emits wgmma (`IGMMA`) with the unpacked codes as the A
+operand straight from registers, and streams the code bytes global -> shared (cp.async) ahead of
+use; only the small, loop-invariant Q'' and the per-tile P'' sit in shared memory.
+The arithmetic is HACK's (hack_core.py): the same Q and P rounding, the same correction terms
+with the stored sums (SE) or code sums from a padding column of ones (no SE), and the FP16 V tail
+(RQE); only the orientation changes, so results agree with hack_attn_decode to rounding order.
+
+V^T needs the four bit planes of a byte in four different rows (channels c*W + j): the V tile is
+loaded as [D, BN] with row d reading byte d mod W (four rows per byte: the bytes cross HBM once,
+L1/shared memory four times) and shifted by 2*(d // W).
+
+Split-K with an optional fused combine (FUSED): every program writes its partial (O, log2-sum-exp)
+and bumps a per-(request, KV head) counter; the program that arrives last merges the partials and
+writes the output, then zeroes the counter for the next call.  This saves the combine launch.
+mode "dequant" is the fused dequantize-then-attend baseline in the same transposed form.
+Only PI in {64, 128} (BN = PI: one V block per tile) and head_dim 128.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import unpack_codes, use_asm
+from .hack_core import q_quantize
+from .kv_cache import QuantKVCache
+
+
+@triton.jit
+def _kmeta(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr):
+    return tl.load(KX + tok * NP + p, mask=tmask, other=0).to(tl.float32)
+
+
+@triton.jit
+def _kterm(i, a, b, c, sk, mk, ks):
+    """[BN, G] correction of one K partition: (a i + b ks) sk + c mk (a, b, c per head; sk, mk, ks per token)."""
+    return (a[None, :] * i.to(tl.float32) + b[None, :] * ks[:, None]) * sk[:, None] + c[None, :] * mk[:, None]
+
+
+@triton.jit
+def _colsum(x, col: tl.constexpr):
+    """Column `col` of an int32 [N, G_PAD] tile as a float vector [N] (code sums from a ones column)."""
+    sel = (tl.arange(0, x.shape[1]) == col)[None, :]
+    return tl.sum(tl.where(sel, x, 0), 1).to(tl.float32)
+
+
+@triton.jit
+def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP, OUT, CNT,
+                          qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                          G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
+                          USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
+                          USE_ASM: tl.constexpr, SUMCOL: tl.constexpr, FUSED: tl.constexpr):
+    W: tl.constexpr = D // 4
+    NP: tl.constexpr = D // PI
+    GPP: tl.constexpr = PI // W
+    BN: tl.constexpr = PI
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    h = bh % HKV
+    L = tl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = tl.minimum(start + TPS, LV)
+    g = tl.arange(0, G_PAD)
+    gmask = g < G
+    j = tl.arange(0, W)
+    dd = tl.arange(0, D)
+    qrow = (b * HKV + h) * G + g
+    qp = Q + qrow[:, None] * D + j[None, :]
+    q0 = tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32)        # [G_PAD, W]
+    q1 = tl.load(qp + W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(qp + 2 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q3 = tl.load(qp + 3 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    tok0 = bh.to(tl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    ksm = KSM + tok0 * NP
+    vc = VC + tok0 * W
+    moff = bh.to(tl.int64) * NBLK * D
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    o = tl.zeros([D, G_PAD], tl.float32)                  # O^T
+    vrow = dd % W                                         # V^T row d reads byte d mod W ...
+    vshift = (dd // W) * 2                                # ... at bit offset 2 (d // W)
+    if MODE == 0:
+        qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
+            q0, q1, q2, q3, qk_scale, PI, GPP)
+        if not USE_SE:
+            if SUMCOL >= 0:   # a padding head of ones: its score column is the K code sum
+                one = (g == SUMCOL)[:, None]
+                qi0 = tl.where(one, 1, qi0).to(tl.int8)
+                qi1 = tl.where(one, 1, qi1).to(tl.int8)
+                qi2 = tl.where(one, 1, qi2).to(tl.int8)
+                qi3 = tl.where(one, 1, qi3).to(tl.int8)
+        qt0 = tl.trans(qi0)                               # [W, G_PAD] int8
+        qt1 = tl.trans(qi1)
+        qt2 = tl.trans(qi2)
+        qt3 = tl.trans(qi3)
+    else:
+        qt0 = tl.trans((q0 * qk_scale).to(tl.float16))
+        qt1 = tl.trans((q1 * qk_scale).to(tl.float16))
+        qt2 = tl.trans((q2 * qk_scale).to(tl.float16))
+        qt3 = tl.trans((q3 * qk_scale).to(tl.float16))
+    for s0 in range(start, end, BN):
+        tok = s0 + tl.arange(0, BN)
+        tmask = tok < end
+        kb = tl.load(kc + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)      # [BN, W] u8
+        k0 = unpack_codes(kb, 0, 2, USE_ASM)
+        k1 = unpack_codes(kb, 2, 2, USE_ASM)
+        k2 = unpack_codes(kb, 4, 2, USE_ASM)
+        k3 = unpack_codes(kb, 6, 2, USE_ASM)
+        blk = s0 // PI
+        vb = tl.load(vc + tok[None, :] * W + vrow[:, None], mask=tmask[None, :], other=0)   # [D, BN] u8
+        vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
+        sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
+        mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
+        if MODE == 0:
+            if GPP == 2:
+                i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)   # [BN, G_PAD]
+                i1 = tl.dot(k3, qt3, tl.dot(k2, qt2, out_dtype=tl.int32), out_dtype=tl.int32)
+                if USE_SE:
+                    ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+                    ks1 = _kmeta(ksm, tok, tmask, 1, NP)
+                else:
+                    ks0 = _colsum(i0, SUMCOL)
+                    ks1 = _colsum(i1, SUMCOL)
+                s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
+                s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP), ks1)
+            else:   # GPP == 4: one partition spans the row
+                i0 = tl.dot(k0, qt0, out_dtype=tl.int32)
+                i0 = tl.dot(k1, qt1, i0, out_dtype=tl.int32)
+                i0 = tl.dot(k2, qt2, i0, out_dtype=tl.int32)
+                i0 = tl.dot(k3, qt3, i0, out_dtype=tl.int32)
+                if USE_SE:
+                    ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+                else:
+                    ks0 = _colsum(i0, SUMCOL)
+                s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
+        else:
+            sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
+            mk0 = tl.load(kmn + tok * NP, mask=tmask, other=0.0)[:, None]
+            if GPP == 2:
+                sk1 = tl.load(ksc + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+                mk1 = tl.load(kmn + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+            else:
+                sk1 = sk0
+                mk1 = mk0
+            s = tl.dot(k0.to(tl.float16) * sk0 + mk0, qt0)
+            s = tl.dot(k1.to(tl.float16) * sk0 + mk0, qt1, s)
+            s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
+            s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
+        s = tl.where(tmask[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[None, :])                                                    # [BN, G_PAD]
+        if MODE == 0:
+            u = tl.floor(p * 255.0 + 0.5)
+            usum = tl.sum(u, 0)
+            p8 = u - 128.0
+            if not USE_SE:
+                if SUMCOL >= 0:
+                    p8 = tl.where((g == SUMCOL)[None, :], 1.0, p8)
+            acc = tl.dot(vcode, p8.to(tl.int8), out_dtype=tl.int32)                       # [D, G_PAD]
+            if USE_SE:
+                vs = tl.load(VSM + moff + blk * D + dd).to(tl.float32)
+            else:
+                vs = _colsum(acc, SUMCOL)
+            upd = sv[:, None] * (acc.to(tl.float32) + 128.0 * vs[:, None]) + mv[:, None] * usum[None, :]
+            o = o * alpha[None, :] + upd * (1.0 / 255.0)
+            l_i = l_i * alpha + usum * (1.0 / 255.0)
+        else:
+            vd = vcode.to(tl.float16) * sv[:, None].to(tl.float16) + mv[:, None].to(tl.float16)
+            o = tl.dot(vd, p.to(tl.float16), o * alpha[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if HAS_TAIL:
+        # RQE: the last < PI tokens have quantized K but FP16 V; the last split multiplies them.
+        if (split == NSPLIT - 1) & (L > LV):
+            tok = LV + tl.arange(0, BN)
+            tmask = tok < L
+            kb = tl.load(kc + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)
+            k0 = unpack_codes(kb, 0, 2, USE_ASM)
+            k1 = unpack_codes(kb, 2, 2, USE_ASM)
+            k2 = unpack_codes(kb, 4, 2, USE_ASM)
+            k3 = unpack_codes(kb, 6, 2, USE_ASM)
+            if MODE == 0:
+                if GPP == 2:
+                    i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)
+                    i1 = tl.dot(k3, qt3, tl.dot(k2, qt2, out_dtype=tl.int32), out_dtype=tl.int32)
+                    if USE_SE:
+                        ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+                        ks1 = _kmeta(ksm, tok, tmask, 1, NP)
+                    else:
+                        ks0 = _colsum(i0, SUMCOL)
+                        ks1 = _colsum(i1, SUMCOL)
+                    s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
+                               ks0)
+                    s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP),
+                                ks1)
+                else:
+                    i0 = tl.dot(k0, qt0, out_dtype=tl.int32)
+                    i0 = tl.dot(k1, qt1, i0, out_dtype=tl.int32)
+                    i0 = tl.dot(k2, qt2, i0, out_dtype=tl.int32)
+                    i0 = tl.dot(k3, qt3, i0, out_dtype=tl.int32)
+                    if USE_SE:
+                        ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+                    else:
+                        ks0 = _colsum(i0, SUMCOL)
+                    s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
+                               ks0)
+            else:
+                sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
+                mk0 = tl.load(kmn + tok * NP, mask=tmask, other=0.0)[:, None]
+                if GPP == 2:
+                    sk1 = tl.load(ksc + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+                    mk1 = tl.load(kmn + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+                else:
+                    sk1 = sk0
+                    mk1 = mk0
+                s = tl.dot(k0.to(tl.float16) * sk0 + mk0, qt0)
+                s = tl.dot(k1.to(tl.float16) * sk0 + mk0, qt1, s)
+                s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
+                s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
+            s = tl.where(tmask[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            tr = tl.arange(0, BN)
+            vt = tl.load(VT + (bh.to(tl.int64) * PI + tr)[None, :] * D + dd[:, None],
+                         mask=(tr < L - LV)[None, :], other=0.0)                           # [D, PI] fp16
+            o = tl.dot(vt, p.to(tl.float16), o * alpha[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            m_i = m_new
+    has = l_i > 0
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    o = o / tl.where(has, l_i, 1.0)[None, :]
+    if NSPLIT == 1:
+        tl.store(OUT + qrow[None, :] * D + dd[:, None], o.to(OUT.dtype.element_ty), mask=gmask[None, :])
+    else:
+        prow = qrow.to(tl.int64) * NSPLIT + split
+        tl.store(LSEP + prow, lse, mask=gmask)
+        tl.store(OP + prow[None, :] * D + dd[:, None], o, mask=gmask[None, :])
+        if FUSED:
+            # Last program of this (request, KV head) to finish merges the partials.  The barrier
+            # orders every thread's stores before the (release) atomic; the acquire side reads
+            # the partials from L2 (.cg), not from a possibly stale L1.
+            tl.debug_barrier()
+            done = tl.atomic_add(CNT + bh, 1, sem="acq_rel")
+            if done == NSPLIT - 1:
+                mx = tl.full([G_PAD], float("-inf"), tl.float32)
+                for sp in range(0, NSPLIT):
+                    mx = tl.maximum(mx, tl.load(LSEP + qrow.to(tl.int64) * NSPLIT + sp, mask=gmask,
+                                                other=float("-inf"), cache_modifier=".cg"))
+                mx = tl.where(mx == float("-inf"), 0.0, mx)
+                wsum = tl.zeros([G_PAD], tl.float32)
+                acc_o = tl.zeros([D, G_PAD], tl.float32)
+                for sp in range(0, NSPLIT):
+                    r = qrow.to(tl.int64) * NSPLIT + sp
+                    w = tl.exp2(tl.load(LSEP + r, mask=gmask, other=float("-inf"), cache_modifier=".cg") - mx)
+                    wsum += w
+                    acc_o += w[None, :] * tl.load(OP + r[None, :] * D + dd[:, None], mask=gmask[None, :],
+                                                  other=0.0, cache_modifier=".cg")
+                out = acc_o / tl.maximum(wsum, 1e-30)[None, :]
+                tl.store(OUT + qrow[None, :] * D + dd[:, None], out.to(OUT.dtype.element_ty), mask=gmask[None, :])
+                tl.atomic_xchg(CNT + bh, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 counter per (request, KV head), kept between calls (the kernel re-zeroes it).
+    One buffer per device: calls on different streams at the same time must not share it."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
+                       splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
+                       num_stages: int = 3, fused_combine: bool = True) -> torch.Tensor:
+    """Same contract as hack_attn_decode (q [B, HQ, D] fp16 -> [B, HQ, D] fp16), token-major products."""
+    from .hack_attn_decode import combine_splits_kernel, default_splits
+
+    b, hkv, lmax, d = cache.shape
+    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    if cache.bits != 2 or d != 128:
+        raise ValueError("the token-major kernel takes 2-bit codes and head_dim 128")
+    pi = cache.partition
+    if pi not in (64, 128):
+        raise ValueError(f"the token-major kernel takes partition 64 or 128, got {pi}")
+    g = q.shape[1] // hkv
+    g_pad = max(16, triton.next_power_of_2(g))
+    max_len = lmax if max_len is None else max_len
+    splits = splits or default_splits(b, hkv, max_len, pi, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), pi) * pi
+    splits = triton.cdiv(max_len, tps)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    op = torch.empty((b * q.shape[1], splits, d), dtype=torch.float32, device=q.device)
+    lsep = torch.empty((b * q.shape[1], splits), dtype=torch.float32, device=q.device)
+    cnt = _counters(b * hkv, q.device)
+    _hack_decode_t_kernel[(b * hkv, splits)](
+        q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
+        cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep, out, cnt,
+        1.0 / math.sqrt(d) * 1.4426950408889634, hkv, lmax, cache.v_min.shape[2], tps, splits,
+        G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1,
+        USE_ASM=use_asm(q), SUMCOL=g if g < g_pad else -1, FUSED=fused_combine,
+        num_warps=num_warps, num_stages=num_stages)
+    if splits > 1 and not fused_combine:
+        combine_splits_kernel[(b * q.shape[1],)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits),
+                                                 num_warps=4)
+    return out

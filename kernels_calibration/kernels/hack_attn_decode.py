@@ -291,17 +291,20 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
-                     v_split: bool = True, transposed: bool = False, fused_combine: bool = True) -> torch.Tensor:
+                     v_split: bool = True, transposed: bool = False, fused_combine: bool = True,
+                     v_side: int = 1, pad_heads_to: int = 16) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
     transposed: the token-major kernel of hack_decode_t.py (PI 64 or 128; prefetch, block_n and
-    v_split do not apply there), with the split combine fused into it unless fused_combine=False."""
+    v_split do not apply there), with the split combine fused into it unless fused_combine=False;
+    v_side and pad_heads_to choose its P.V form and head padding (see hack_decode_t.py)."""
     if transposed:
         from .hack_decode_t import hack_attn_decode_t
 
         return hack_attn_decode_t(q, cache, use_se=use_se, mode=mode, splits=splits, max_len=max_len,
-                                  num_warps=num_warps or 4, num_stages=num_stages, fused_combine=fused_combine)
+                                  num_warps=num_warps or 4, num_stages=num_stages, fused_combine=fused_combine,
+                                  v_side=v_side, pad_heads_to=pad_heads_to)
     b, hkv, lmax, d = cache.shape
     if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
         raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .common import unpack_codes, use_asm
-from .hack_core import q_quantize
+from .hack_core import dequant_pv, hack_pv_block, q_quantize
 from .kv_cache import QuantKVCache
 
 
@@ -55,11 +55,45 @@ def _colsum(x, col: tl.constexpr):
 
 
 @triton.jit
+def _ksum(i, ka, kb, SUMCOL: tl.constexpr):
+    """K code sums [BN] of a partition: the ones column of its dot, or (no padding head) summed codes."""
+    if SUMCOL >= 0:
+        r = _colsum(i, SUMCOL)
+    else:
+        r = tl.sum(ka.to(tl.int32) + kb.to(tl.int32), 1).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _vsum(acc, vcode, SUMCOL: tl.constexpr):
+    if SUMCOL >= 0:
+        r = _colsum(acc, SUMCOL)
+    else:
+        r = tl.sum(vcode.to(tl.int32), 1).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _store_o(dst, o, o0, o1, o2, o3, inv_l, gmask, dd, j, W: tl.constexpr, VSIDE: tl.constexpr):
+    """Rows dst[g] (pointer per head) <- normalized output: O^T [D, G_PAD] or four [G_PAD, W] groups."""
+    ty = dst.dtype.element_ty
+    if VSIDE == 0:
+        tl.store(dst[None, :] + dd[:, None], (o * inv_l[None, :]).to(ty), mask=gmask[None, :])
+    else:
+        dp = dst[:, None] + j[None, :]
+        tl.store(dp, (o0 * inv_l[:, None]).to(ty), mask=gmask[:, None])
+        tl.store(dp + W, (o1 * inv_l[:, None]).to(ty), mask=gmask[:, None])
+        tl.store(dp + 2 * W, (o2 * inv_l[:, None]).to(ty), mask=gmask[:, None])
+        tl.store(dp + 3 * W, (o3 * inv_l[:, None]).to(ty), mask=gmask[:, None])
+
+
+@triton.jit
 def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP, OUT, CNT,
                           qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                           G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
                           USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
-                          USE_ASM: tl.constexpr, SUMCOL: tl.constexpr, FUSED: tl.constexpr):
+                          USE_ASM: tl.constexpr, SUMCOL: tl.constexpr, FUSED: tl.constexpr,
+                          VSIDE: tl.constexpr):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -94,7 +128,11 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
     moff = bh.to(tl.int64) * NBLK * D
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    o = tl.zeros([D, G_PAD], tl.float32)                  # O^T
+    o = tl.zeros([D, G_PAD], tl.float32)                  # O^T (VSIDE 0)
+    o0 = tl.zeros([G_PAD, W], tl.float32)                 # O by channel group (VSIDE 1)
+    o1 = tl.zeros([G_PAD, W], tl.float32)
+    o2 = tl.zeros([G_PAD, W], tl.float32)
+    o3 = tl.zeros([G_PAD, W], tl.float32)
     vrow = dd % W                                         # V^T row d reads byte d mod W ...
     vshift = (dd // W) * 2                                # ... at bit offset 2 (d // W)
     if MODE == 0:
@@ -125,10 +163,11 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
         k2 = unpack_codes(kb, 4, 2, USE_ASM)
         k3 = unpack_codes(kb, 6, 2, USE_ASM)
         blk = s0 // PI
-        vb = tl.load(vc + tok[None, :] * W + vrow[:, None], mask=tmask[None, :], other=0)   # [D, BN] u8
-        vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
-        sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
-        mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
+        if VSIDE == 0:
+            vb = tl.load(vc + tok[None, :] * W + vrow[:, None], mask=tmask[None, :], other=0)   # [D, BN] u8
+            vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
+            sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
+            mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
         if MODE == 0:
             if GPP == 2:
                 i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)   # [BN, G_PAD]
@@ -137,8 +176,8 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                     ks0 = _kmeta(ksm, tok, tmask, 0, NP)
                     ks1 = _kmeta(ksm, tok, tmask, 1, NP)
                 else:
-                    ks0 = _colsum(i0, SUMCOL)
-                    ks1 = _colsum(i1, SUMCOL)
+                    ks0 = _ksum(i0, k0, k1, SUMCOL)
+                    ks1 = _ksum(i1, k2, k3, SUMCOL)
                 s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
                 s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP), ks1)
             else:   # GPP == 4: one partition spans the row
@@ -149,7 +188,9 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                 if USE_SE:
                     ks0 = _kmeta(ksm, tok, tmask, 0, NP)
                 else:
-                    ks0 = _colsum(i0, SUMCOL)
+                    ks0 = _ksum(i0, k0, k1, SUMCOL)
+                    if SUMCOL < 0:
+                        ks0 += _ksum(i0, k2, k3, SUMCOL)
                 s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
         else:
             sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
@@ -175,17 +216,26 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
             if not USE_SE:
                 if SUMCOL >= 0:
                     p8 = tl.where((g == SUMCOL)[None, :], 1.0, p8)
-            acc = tl.dot(vcode, p8.to(tl.int8), out_dtype=tl.int32)                       # [D, G_PAD]
-            if USE_SE:
-                vs = tl.load(VSM + moff + blk * D + dd).to(tl.float32)
-            else:
-                vs = _colsum(acc, SUMCOL)
-            upd = sv[:, None] * (acc.to(tl.float32) + 128.0 * vs[:, None]) + mv[:, None] * usum[None, :]
-            o = o * alpha[None, :] + upd * (1.0 / 255.0)
+            if VSIDE == 0:
+                acc = tl.dot(vcode, p8.to(tl.int8), out_dtype=tl.int32)                   # [D, G_PAD]
+                if USE_SE:
+                    vs = tl.load(VSM + moff + blk * D + dd).to(tl.float32)
+                else:
+                    vs = _vsum(acc, vcode, SUMCOL)
+                upd = sv[:, None] * (acc.to(tl.float32) + 128.0 * vs[:, None]) + mv[:, None] * usum[None, :]
+                o = o * alpha[None, :] + upd * (1.0 / 255.0)
+            else:   # head-major P.V on mma.sync (hack_core), V bytes in their natural [BN, W] layout
+                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, tl.trans(p8.to(tl.int8)), usum, alpha,
+                                               vc, VMN + moff, VSC + moff, VSM + moff, tok, tmask, blk, True,
+                                               W, D, USE_SE, USE_ASM, SUMCOL)
             l_i = l_i * alpha + usum * (1.0 / 255.0)
         else:
-            vd = vcode.to(tl.float16) * sv[:, None].to(tl.float16) + mv[:, None].to(tl.float16)
-            o = tl.dot(vd, p.to(tl.float16), o * alpha[None, :])
+            if VSIDE == 0:
+                vd = vcode.to(tl.float16) * sv[:, None].to(tl.float16) + mv[:, None].to(tl.float16)
+                o = tl.dot(vd, p.to(tl.float16), o * alpha[None, :])
+            else:
+                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, tl.trans(p.to(tl.float16)), alpha, vc,
+                                            VMN + moff, VSC + moff, tok, tmask, blk, W, D, USE_ASM)
             l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
     if HAS_TAIL:
@@ -206,8 +256,8 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                         ks0 = _kmeta(ksm, tok, tmask, 0, NP)
                         ks1 = _kmeta(ksm, tok, tmask, 1, NP)
                     else:
-                        ks0 = _colsum(i0, SUMCOL)
-                        ks1 = _colsum(i1, SUMCOL)
+                        ks0 = _ksum(i0, k0, k1, SUMCOL)
+                        ks1 = _ksum(i1, k2, k3, SUMCOL)
                     s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
                                ks0)
                     s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP),
@@ -220,7 +270,9 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                     if USE_SE:
                         ks0 = _kmeta(ksm, tok, tmask, 0, NP)
                     else:
-                        ks0 = _colsum(i0, SUMCOL)
+                        ks0 = _ksum(i0, k0, k1, SUMCOL)
+                        if SUMCOL < 0:
+                            ks0 += _ksum(i0, k2, k3, SUMCOL)
                     s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
                                ks0)
             else:
@@ -241,20 +293,30 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[None, :])
             tr = tl.arange(0, BN)
-            vt = tl.load(VT + (bh.to(tl.int64) * PI + tr)[None, :] * D + dd[:, None],
-                         mask=(tr < L - LV)[None, :], other=0.0)                           # [D, PI] fp16
-            o = tl.dot(vt, p.to(tl.float16), o * alpha[None, :])
+            if VSIDE == 0:
+                vt = tl.load(VT + (bh.to(tl.int64) * PI + tr)[None, :] * D + dd[:, None],
+                             mask=(tr < L - LV)[None, :], other=0.0)                       # [D, PI] fp16
+                o = tl.dot(vt, p.to(tl.float16), o * alpha[None, :])
+            else:
+                pt = tl.trans(p.to(tl.float16))
+                vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
+                tm = (tr < L - LV)[:, None]
+                o0 = tl.dot(pt, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
+                o1 = tl.dot(pt, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
+                o2 = tl.dot(pt, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
+                o3 = tl.dot(pt, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
     has = l_i > 0
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    o = o / tl.where(has, l_i, 1.0)[None, :]
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
     if NSPLIT == 1:
-        tl.store(OUT + qrow[None, :] * D + dd[:, None], o.to(OUT.dtype.element_ty), mask=gmask[None, :])
+        _store_o(OUT + qrow.to(tl.int64) * D, o, o0, o1, o2, o3, inv_l, gmask, dd, j, W, VSIDE)
     else:
         prow = qrow.to(tl.int64) * NSPLIT + split
         tl.store(LSEP + prow, lse, mask=gmask)
-        tl.store(OP + prow[None, :] * D + dd[:, None], o, mask=gmask[None, :])
+        _store_o(OP + prow * D, o, o0, o1, o2, o3, inv_l, gmask, dd, j, W, VSIDE)
+    if NSPLIT > 1:
         if FUSED:
             # Last program of this (request, KV head) to finish merges the partials.  The barrier
             # orders every thread's stores before the (release) atomic; the acquire side reads
@@ -296,7 +358,8 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 
 def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                        splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
-                       num_stages: int = 3, fused_combine: bool = True) -> torch.Tensor:
+                       num_stages: int = 3, fused_combine: bool = True, v_side: int = 1,
+                       pad_heads_to: int = 16) -> torch.Tensor:
     """Same contract as hack_attn_decode (q [B, HQ, D] fp16 -> [B, HQ, D] fp16), token-major products."""
     from .hack_attn_decode import combine_splits_kernel, default_splits
 
@@ -309,7 +372,7 @@ def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True
     if pi not in (64, 128):
         raise ValueError(f"the token-major kernel takes partition 64 or 128, got {pi}")
     g = q.shape[1] // hkv
-    g_pad = max(16, triton.next_power_of_2(g))
+    g_pad = max(pad_heads_to, triton.next_power_of_2(g))   # 8: no padding head (mma.sync, not wgmma)
     max_len = lmax if max_len is None else max_len
     splits = splits or default_splits(b, hkv, max_len, pi, q.device)
     tps = triton.cdiv(triton.cdiv(max_len, splits), pi) * pi
@@ -324,7 +387,7 @@ def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True
         cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep, out, cnt,
         1.0 / math.sqrt(d) * 1.4426950408889634, hkv, lmax, cache.v_min.shape[2], tps, splits,
         G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1,
-        USE_ASM=use_asm(q), SUMCOL=g if g < g_pad else -1, FUSED=fused_combine,
+        USE_ASM=use_asm(q), SUMCOL=g if g < g_pad else -1, FUSED=fused_combine, VSIDE=v_side,
         num_warps=num_warps, num_stages=num_stages)
     if splits > 1 and not fused_combine:
         combine_splits_kernel[(b * q.shape[1],)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits),

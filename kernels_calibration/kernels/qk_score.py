@@ -69,8 +69,8 @@ def _qk_score_kernel(Q, CODES, KMIN, KSCALE, LENS, OUT, sm_scale, HKV, LMAX, TPP
             packed = tl.load(CODES + cbase + tok[:, None] * W + (jc * CW + cw)[None, :],
                              mask=valid[:, None], other=0)                        # [BT, CW] uint8
             for i in tl.static_range(CPB):
-                ch0: tl.constexpr = i * W + jc * CW                               # first channel
-                p: tl.constexpr = ch0 // PI                                       # its partition
+                ch0 = i * W + jc * CW                                             # first channel
+                p = ch0 // PI                                                     # its partition
                 qc = tl.load(Q + qrow[None, :] * D + (ch0 + cw)[:, None], mask=gmask[None, :],
                              other=0.0)                                           # [CW, G_PAD] fp16
                 if BITS == 8:

@@ -101,6 +101,16 @@ def test_hack_decode_token_major(partition, rqe):
     # the fused combine leaves its counters at zero: a second call gives the same output
     a = hack_attn_decode(q, cache, splits=3, transposed=True)
     assert torch.equal(a, hack_attn_decode(q, cache, splits=3, transposed=True))
+    # P.V token-major as well (v_side 0); with 8 heads per KV head and no padding head (8-wide
+    # dots) the no-SE code sums come from the codes themselves
+    q8 = randn(B, HKV * 8, D)
+    exact8 = attn_decode_ref(q8, kd, vd, lens)
+    err8 = rel_err(hack_attn_decode_ref(q8, cache), exact8)
+    for use_se in (True, False):
+        out = hack_attn_decode(q, cache, use_se=use_se, splits=2, transposed=True, v_side=0)
+        assert rel_err(out, exact) < 2 * ref_err + 2e-3
+        out = hack_attn_decode(q8, cache, use_se=use_se, splits=2, transposed=True, v_side=0, pad_heads_to=8)
+        assert rel_err(out, exact8) < 2 * err8 + 2e-3
     with pytest.raises(ValueError, match="partition"):
         hack_attn_decode(q, build_cache(k, v, lens, 32, 2), transposed=True)
 

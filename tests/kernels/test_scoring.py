@@ -223,7 +223,7 @@ def test_profile_harness_scoring_rows_and_merged_refit(tmp_path, monkeypatch):
         return 1e-5
 
     monkeypatch.setattr(measure, "time_graph", fake_time_graph)
-    ms = measure_scoring(("pq_score", "qk_score", "topk"), 1, 70, q_heads=16, kv_heads=2, device="cpu",
+    ms = measure_scoring(("pq_score", "qk_score", "topk"), 1, 70, q_heads=16, kv_heads=2, device=DEVICE,
                          configs={"pq_score": [{"block_t": 32}], "qk_score": [{"block_t": 32}, {"block_t": 64}]})
     assert [m.kernel for m in ms] == ["pq_score", "qk_score", "topk"] and len(calls) == 4
     peaks = {"memory_gbps": 4220.0, "fp16_tflops": 690.0, "int8_tops": 940.0, "fp8_tflops": None}

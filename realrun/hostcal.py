@@ -1,0 +1,99 @@
+"""python -m realrun.hostcal --out FILE.csv: the harness's CPU cost of issuing a decode iteration.
+
+A Python harness issues every decode iteration from the CPU: per layer the attention wrapper calls
+(argument checks, allocations, Triton launches), graph replays of the dense segments, and the
+iteration's bookkeeping.  When that issue time exceeds the GPU time the GPU waits: the iteration
+lasts as long as the CPU takes.  The simulator models this as a per-engine host cost (scenario
+fields decode.host_issue_s_per_iteration and decode.host_issue_s_per_layer, iteration =
+max(GPU time, host time)).  This microbenchmark measures those two numbers for the realrun
+harness, per method, on its own: short models (2 and 6 layers of Llama-3.1-8B shapes; 2 layers of
+70B shapes), 24 requests all arriving at once with short prompts, a link far faster than the GPU,
+and the host issue time of every decode iteration (harness.host_issue: from the iteration's start
+to the last launch, before the synchronising clock read).  Nothing here reads a measured trace.
+
+The same runs record each prefill's duration, in method order baseline, kvquant, hack, baseline:
+a method-order effect on prefill would show as the two baseline passes disagreeing.
+Columns: kind (decode | prefill), method, model, layers, pass, batch_size, tokens, host_issue_s, wall_s.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m realrun.hostcal", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        import os
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from .dense import DenseSteps
+    from .harness import GIB, Harness, RunConfig
+    from .model import RandomLlama, model_shape
+    from .runner import warmup
+    from .workload import Request
+
+    if not torch.cuda.is_available() and not a.smoke:
+        print("hostcal needs a CUDA GPU (it measures the harness's host cost beside a real GPU)", file=sys.stderr)
+        return 2
+    rows = []
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    prompt_range = (512, 1024) if not a.smoke else (40, 90)
+    dev = torch.device("cpu" if a.smoke else "cuda")
+    work = [Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
+            for i in range(a.requests)]
+    sets = ((("llama-3.1-8b", 2, ("baseline", "kvquant", "hack")),
+             ("llama-3.1-8b", 6, ("baseline", "kvquant", "hack", "baseline")),
+             ("llama-3.1-70b", 2, ("baseline", "kvquant", "hack"))) if not a.smoke else
+            (("tiny", 1, ("baseline", "hack", "baseline")),))
+    for model_name, layers, methods in sets:
+        shape = model_shape(model_name, layers)
+        model = RandomLlama(shape, dev, seed=1, max_positions=1200)
+        dense = DenseSteps(model, a.requests)
+        dense.prepare_all()
+        seen: dict[str, int] = {}
+        for method in methods:
+            seen[method] = seen.get(method, 0) + 1
+            cfg = RunConfig(method=method, link_gbps=10000.0, kv_capacity_bytes=16 * GIB,
+                            max_decode_batch=a.requests, max_total_tokens=prompt_range[1] + 64, seed=1)
+            h = Harness(model, cfg, dense)
+            try:
+                warmup(h, prompt_range)
+                h.host_issue.clear()
+                req_rows, iters, _ = h.run(work)
+                for (issue, wall), it in zip(h.host_issue, iters):
+                    rows.append(dict(kind="decode", method=method, model=model_name, layers=layers, **{"pass": seen[method]},
+                                     batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall))
+                for r in req_rows:   # prefill_start_s, prefill_end_s are columns 5 and 6
+                    rows.append(dict(kind="prefill", method=method, model=model_name, layers=layers,
+                                     **{"pass": seen[method]}, batch_size=1, tokens=r[3], host_issue_s="",
+                                     wall_s=r[6] - r[5]))
+            finally:
+                h.close()
+            dec = [r for r in rows if r["kind"] == "decode" and r["method"] == method and r["layers"] == layers
+                   and r["model"] == model_name and r["pass"] == seen[method]]
+            pre = [r for r in rows if r["kind"] == "prefill" and r["method"] == method and r["layers"] == layers
+                   and r["model"] == model_name and r["pass"] == seen[method]]
+            print(f"{model_name} L{layers} {method} pass {seen[method]}: {len(dec)} iterations, host issue "
+                  f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
+                  f"{sum(r['wall_s'] for r in dec) / len(dec) * 1e3:.3f} ms; prefill mean "
+                  f"{sum(r['wall_s'] for r in pre) / len(pre) * 1e3:.2f} ms", flush=True)
+        del dense, model
+        torch.cuda.empty_cache()
+    with a.out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

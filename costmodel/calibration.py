@@ -25,7 +25,11 @@ Decode variants: ``fp16``, ``fp8``, ``dequant_fused``, ``dequant_unfused``, ``ha
 ``hack_no_se``, ``hack_no_rqe``. Prefill variants: ``fp16``, ``hack``.
 
 Dense projections and MLPs (GEMMs) are priced by a roofline over the profile's achieved
-``memory_gbps`` and ``matmul_*`` rates plus ``launch_overhead_s`` per GEMM.
+``memory_gbps`` and ``matmul_*`` rates, scaled by the ``gemm`` efficiencies measured at real layer
+shapes when the profile has them (``dense_bench.py``), plus an overhead per GEMM.  The
+memory-bound elementwise kernels of a layer (norms, RoPE, SiLU and the gate product, residual
+adds) are priced by the ``elementwise`` kernel (unit: bytes read + written) when measured, else
+at the copy bandwidth plus ``launch_overhead_s`` each.
 """
 from __future__ import annotations
 
@@ -64,6 +68,17 @@ class KernelFit:
         return self.overhead_s + self.s_per_unit * units
 
 
+@dataclass(frozen=True)
+class GemmFit:
+    """Dense GEMMs at real layer shapes (kernels_calibration/dense_bench.py):
+    time = overhead_s + max(flops / (matmul_fp16 * compute_efficiency), bytes / (memory * memory_efficiency))."""
+
+    overhead_s: float
+    compute_efficiency: float
+    memory_efficiency: float
+    heldout_median_error_pct: float | None = None
+
+
 @dataclass(frozen=True, eq=False)   # hashed by identity: profiles key the cost caches
 class CalibrationProfile:
     gpu: str
@@ -77,6 +92,7 @@ class CalibrationProfile:
     derived_from: str | None = None
     provenance: dict = field(default_factory=dict)
     path: str | None = None
+    gemm: GemmFit | None = None     # None: GEMMs at the peak rates plus launch_overhead_s (roofline)
 
     def kernel(self, key: str) -> KernelFit:
         try:
@@ -116,4 +132,9 @@ def load_profile(path: str | Path) -> CalibrationProfile:
         derived_from=raw.get("derived_from"),
         provenance=dict(raw.get("provenance", {})),
         path=str(path),
+        gemm=None if raw.get("gemm") is None else GemmFit(
+            overhead_s=float(raw["gemm"]["overhead_s"]),
+            compute_efficiency=float(raw["gemm"]["compute_efficiency"]),
+            memory_efficiency=float(raw["gemm"]["memory_efficiency"]),
+            heldout_median_error_pct=raw["gemm"].get("heldout_median_error_pct")),
     )

@@ -2,16 +2,26 @@
 
 What is modelled (per GPU of a replica laid out as TP × PP):
 * GEMMs (QKV, O, MLP, LM head) as a roofline: max(FLOPs / achieved matmul rate, bytes / achieved
-  memory bandwidth) plus one launch overhead; weights are read once per GEMM.
+  memory bandwidth) plus one launch overhead; weights are read once per GEMM.  With a measured
+  ``gemm`` fit the rates are the ones reached at real layer shapes (weight streaming at decode's
+  few rows, large tiles at prefill's thousands).
+* The elementwise kernels of an unfused (PyTorch-style) Llama layer: two RMSNorms, RoPE (multiply,
+  rotate, multiply-add), SiLU, the gate product and two residual adds: memory-bound, priced per
+  kernel by the profile's ``elementwise`` fit (launch + bytes).
+* Host issue (decode): an engine that issues each iteration from the CPU (a Python loop, eager
+  launches) keeps the GPU waiting when issuing takes longer than the GPU work; an iteration then
+  takes ``max(GPU time, host time)`` with host time = per iteration + per layer + per request,
+  the scenario's decode.host_issue_s_* (0 for an engine that replays CUDA graphs).
 * Attention by the calibration profile's kernel fits, in the profile's canonical units.
 * Tensor-parallel all-reduce after attention and after the MLP: ring, 2(tp-1)/tp of the
   activation bytes over the per-GPU intra-node bandwidth, plus a per-step latency.
 * Pipeline parallelism: a batch visits every stage in turn; a replica accepts the next prefill
   batch after the bottleneck stage (`stage_s`), the batch is done after `latency_s`.
-* Decode iteration time for a batch of size B with total context S is exactly
+* Decode iteration GPU time for a batch of size B with total context S is exactly
   ``fixed(B) + per_ctx * S``: weights and per-launch overheads do not depend on context, and
-  every attention kernel is linear in the KV it visits. The simulator relies on this to advance
-  many iterations in closed form.
+  every attention kernel is linear in the KV it visits; with host issue the iteration is
+  ``max(fixed(B) + per_ctx * S, host(B))``. The simulator relies on this to advance many
+  iterations in closed form.
 * The HACK correction ("approximation") is priced from its op count (hack_method.md) at the
   CUDA-core rate and split out of the attention kernel's measured time, never added on top.
 * Memory: weights / (tp·pp) per GPU, an activation reserve for the largest batch, a runtime
@@ -62,6 +72,7 @@ class IterationCost:
     approx_per_ctx_s: float
     fetch_fixed_s: float = 0.0      # host -> GPU fetches (offload methods): included in decode_*, kept
     fetch_per_ctx_s: float = 0.0    # apart so reports can show them
+    host_s: float = 0.0             # CPU time to issue the iteration: the iteration lasts at least this
 
     @property
     def fixed_s(self) -> float:
@@ -72,7 +83,7 @@ class IterationCost:
         return self.decode_per_ctx_s + self.dequant_per_ctx_s + self.approx_per_ctx_s
 
     def time_s(self, total_ctx_tokens: float) -> float:
-        return self.fixed_s + self.per_ctx_s * total_ctx_tokens
+        return max(self.fixed_s + self.per_ctx_s * total_ctx_tokens, self.host_s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +103,9 @@ class ReplicaCostModel:
     max_batch_tokens: int = 16384
     host_vcpus: int = 0             # CPUs of the replica's hosts (PQCache's K-Means runs there)
     kv_capacity_override_bytes: float | None = None   # a fixed, pre-allocated KV pool per replica
+    host_issue_s_per_iteration: float = 0.0   # CPU issue time of a decode iteration (see the module doc)
+    host_issue_s_per_layer: float = 0.0
+    host_issue_s_per_request: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -115,11 +129,33 @@ class ReplicaCostModel:
         """Roofline time of an (m × k) @ (k × n) GEMM; m may be a numpy array of row counts."""
         flops = 2.0 * m * n * k
         bytes_ = dtype_bytes * (n * k + m * k + m * n)
-        p = self.profile
-        compute_s, memory_s = flops / (p.matmul_fp16_tflops * 1e12), bytes_ / (p.memory_gbps * 1e9)
+        p, g = self.profile, self.profile.gemm
+        ce, me, ov = (1.0, 1.0, p.launch_overhead_s) if g is None else \
+            (g.compute_efficiency, g.memory_efficiency, g.overhead_s)
+        compute_s = flops / (p.matmul_fp16_tflops * 1e12 * ce)
+        memory_s = bytes_ / (p.memory_gbps * 1e9 * me)
         if isinstance(compute_s, float):
-            return p.launch_overhead_s + max(compute_s, memory_s)
-        return p.launch_overhead_s + np.maximum(compute_s, memory_s)
+            return ov + max(compute_s, memory_s)
+        return ov + np.maximum(compute_s, memory_s)
+
+    def elementwise_layer_s(self, tokens):
+        """The layer's memory-bound elementwise kernels on one GPU (tokens may be a numpy array).
+        Bytes read + written per token, FP16: RMSNorm 2h (x2), RoPE on the q and k heads: multiply
+        2r, rotate 2r, multiply-add 3r (r = q + kv dims per GPU), SiLU 2i, gate product 3i, residual
+        add 3h (x2); h hidden, i intermediate per GPU.  Nine kernels."""
+        m, tp, p = self.model, self.parallel.tensor, self.profile
+        h, r = m.hidden_size, (m.q_dim + m.kv_dim) / tp
+        i = m.intermediate_size / tp if m.mlp == "gated" else 0.0
+        bytes_per_token = FP16_BYTES * (2 * 2 * h + 7 * r + (2 * i + 3 * i) + 2 * 3 * h)
+        n_kernels = 9 if m.mlp == "gated" else 7
+        fit = p.kernels.get("elementwise")
+        if fit is None:
+            return n_kernels * p.launch_overhead_s + tokens * bytes_per_token / (p.memory_gbps * 1e9)
+        return n_kernels * fit.overhead_s + fit.s_per_unit * tokens * bytes_per_token
+
+    def host_issue_s(self, batch_size: int) -> float:
+        return (self.host_issue_s_per_iteration + self.model.layers / self.parallel.pipeline * self.host_issue_s_per_layer
+                + batch_size * self.host_issue_s_per_request)
 
     def allreduce_s(self, tokens: int) -> float:
         tp = self.parallel.tensor
@@ -151,7 +187,7 @@ class ReplicaCostModel:
         else:
             t += self.gemm_s(tokens, m.intermediate_size / tp, m.hidden_size)
         t += self.gemm_s(tokens, m.hidden_size, m.intermediate_size / tp)
-        return t + 2 * self.allreduce_s(tokens)
+        return t + self.elementwise_layer_s(tokens) + 2 * self.allreduce_s(tokens)
 
     def _lm_head_s(self, rows: int) -> float:
         return self.gemm_s(rows, self.model.vocab_size / self.parallel.tensor, self.model.hidden_size)
@@ -261,6 +297,7 @@ class ReplicaCostModel:
             approx_per_ctx_s=L * per_ctx.get("approximation", 0.0),
             fetch_fixed_s=L * batch_size * per_req.get("fetch", 0.0),
             fetch_per_ctx_s=L * per_ctx.get("fetch", 0.0),
+            host_s=self.host_issue_s(batch_size),
         )
 
     # ---- transfer and memory --------------------------------------------------------------

@@ -164,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--fit-only", type=Path, default=None, help="refit DIR/dense_rows.csv (no GPU)")
     ap.add_argument("--peaks", type=Path, default=Path(__file__).parent / "profiles/h200/peaks.json")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="write the fit into this profile.json (gemm and kernels.elementwise)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.fit_only:
@@ -179,7 +181,18 @@ def main(argv=None) -> int:
     fit = fit_dense(rows, peaks["memory_gbps"], peaks["fp16_tflops"])
     (a.out / "dense_fit.json").write_text(json.dumps(fit, indent=1) + "\n")
     print(json.dumps(fit, indent=1))
+    if a.merge:
+        merge_into_profile(a.merge, fit)
     return 0
+
+
+def merge_into_profile(path: Path, fit: dict) -> None:
+    prof = json.loads(path.read_text())
+    if "gemm" in fit:
+        prof["gemm"] = fit["gemm"]
+    if "elementwise" in fit:
+        prof["kernels"]["elementwise"] = fit["elementwise"]
+    path.write_text(json.dumps(prof, indent=1) + "\n")
 
 
 if __name__ == "__main__":

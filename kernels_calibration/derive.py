@@ -10,6 +10,8 @@ How each number is derived (also written into provenance.notes):
   FP16 GEMM ~693 of 989 TFLOP/s, INT8 ~939 of 1979 TOPS, FP8 ~1271 of 1979) times the target's
   peak.  T4 is power-capped (70 W): the catalog records cuBLASLt INT8 at 32% of peak, so its
   tensor rates use 32% instead.  V100 has no INT8 tensor cores: matmul_int8_tops is null.
+* gemm (efficiencies at real layer shapes, dense_bench.py) is kept as fractions of the derived peaks;
+  the elementwise kernel scales by bandwidth like the memory-bound kernels.
 * every kernel keeps the H200's overhead_s (launch and pipeline latency) and scales s_per_unit by
   the resource that bounds it on the H200 (measured achieved bytes vs the copy bandwidth):
   - memory-bound (FP16/FP8 decode, unfused dequant, dequantize.kv): x H200 GB/s / target GB/s;
@@ -65,7 +67,7 @@ TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100"
 T4_TENSOR_FRACTION = 0.32      # catalog: cuBLASLt INT8 GEMM 42 of 130 TOPS on T4 (power cap)
 G_PAD = 16                      # query rows per KV head in the decode dots (GQA 8 padded to 16)
 
-MEMORY_BOUND = {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_unfused", "dequantize.kv"}
+MEMORY_BOUND = {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_unfused", "dequantize.kv", "elementwise"}
 TENSOR_BOUND = {"prefill_attn.fp16"}
 # bytes of device memory per unit, for the byte floor of CUDA-core-bound kernels
 BYTES_PER_UNIT = {"decode_attn.hack": 0.33, "decode_attn.hack_no_se": 0.31, "decode_attn.hack_no_rqe": 0.33,
@@ -105,6 +107,9 @@ def derive(src: dict, key: str) -> dict:
         "launch_overhead_s": src["launch_overhead_s"],
         "kernels": {},
     }
+    if src.get("gemm"):   # efficiencies at real layer shapes are fractions of the (derived) peaks: kept
+        out["gemm"] = {**src["gemm"], "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's "
+                                              "derived peaks (unvalidated)"}
     fma_rate = fp32 * 1e12 / 2  # multiply-adds per second on CUDA cores
     for name, fit in src["kernels"].items():
         spu = fit["s_per_unit"]

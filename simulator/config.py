@@ -122,6 +122,13 @@ class PoolConfig(_Strict):
     kv_capacity_gib: float | None = Field(None, gt=0, description="KV memory per replica, replacing the capacity "
                                           "computed from GPU memory (to describe a system that pre-allocates a "
                                           "fixed KV pool, as realrun does)")
+    host_issue_s_per_iteration: float = Field(0.0, ge=0, description="decode: CPU time the engine spends issuing "
+                                              "one iteration, fixed part (an iteration lasts max(GPU time, host "
+                                              "time)); 0 for an engine that replays CUDA graphs")
+    host_issue_s_per_layer: float = Field(0.0, ge=0, description="decode: CPU issue time per layer per iteration "
+                                          "(eager attention launches, graph replays)")
+    host_issue_s_per_request: float = Field(0.0, ge=0, description="decode: CPU issue time per running request per "
+                                            "iteration")
 
     @model_validator(mode="before")
     @classmethod

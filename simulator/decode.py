@@ -8,7 +8,9 @@ KV has arrived, a request joins the batch at the next iteration boundary.
 Between changes of batch membership every iteration costs ``fixed(B) + per_ctx * S_k`` where the
 batch's total context grows by B each iteration (S_k = C + B·k at replica iteration k), so n
 iterations take ``n·fixed + per_ctx·(n·C + B·(n·k + n(n-1)/2))``: one SimPy event per change of
-membership, none per token. Per-request decode/dequantize/approximation times are the replica's
+membership, none per token.  An engine that issues iterations from the CPU makes each one last at
+least host(B) (``IterationCost.host_s``); the host-bound iterations are the segment's first ones
+(GPU time grows with the context), so the segment still has a closed form. Per-request decode/dequantize/approximation times are the replica's
 running sums of those parts between the request's join and finish (a snapshot at join). The replica is a small state
 machine driven by SimPy timeouts: a segment timer, replaced by an earlier one when a request
 arrives mid-segment (it joins at the end of the iteration in progress).
@@ -32,9 +34,26 @@ def segment_sum_s(fixed_s: float, per_ctx_s: float, n: int, c: float, b: int, k:
     return n * fixed_s + per_ctx_s * (n * c + b * (n * k + n * (n - 1) / 2))
 
 
-def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k: int) -> int:
-    """Whole iterations, counted from iteration k, that finish within `elapsed_s` (quadratic in n)."""
+def host_bound_count(cost: IterationCost, n: float, c: float, b: int, k: int) -> float:
+    """How many of iterations k .. k+n-1 wait on the host (GPU time below cost.host_s): the first
+    ones, since the GPU time grows with the context.  n may be math.inf."""
+    h = getattr(cost, "host_s", 0.0)
+    if h <= 0:
+        return 0
     f, p = cost.fixed_s, cost.per_ctx_s
+    if p * b <= 0:
+        return n if f + p * c < h else 0
+    first_gpu_bound = math.ceil((h - f - p * c) / (p * b))   # first j with GPU time >= host time
+    return min(n, max(0, first_gpu_bound - k))
+
+
+def segment_time_s(cost: IterationCost, n: int, c: float, b: int, k: int) -> float:
+    """Wall time of iterations k .. k+n-1: each max(fixed + per_ctx·S_j, host)."""
+    nh = host_bound_count(cost, n, c, b, k)
+    return nh * getattr(cost, "host_s", 0.0) + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n - nh, c, b, k + nh)
+
+
+def _gpu_iterations_within(f: float, p: float, elapsed_s: float, c: float, b: int, k: int) -> int:
     # n·(f + p·(c + b·k)) + p·b·n(n-1)/2 <= elapsed  ->  (p·b/2) n² + (f + p(c + b·k) - p·b/2) n - elapsed <= 0
     a2 = p * b / 2
     a1 = f + p * (c + b * k) - a2
@@ -46,6 +65,19 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
     while n > 0 and segment_sum_s(f, p, n, c, b, k) > elapsed_s * (1 + 1e-12):
         n -= 1
     return n
+
+
+def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k: int) -> int:
+    """Whole iterations, counted from iteration k, that finish within `elapsed_s`."""
+    h = getattr(cost, "host_s", 0.0)
+    nh = host_bound_count(cost, math.inf, c, b, k)
+    if nh > 0:
+        done = int(elapsed_s / h * (1 + 1e-12))
+        if done < nh:
+            return done
+        elapsed_s -= nh * h
+        return int(nh) + _gpu_iterations_within(cost.fixed_s, cost.per_ctx_s, max(0.0, elapsed_s), c, b, k + int(nh))
+    return _gpu_iterations_within(cost.fixed_s, cost.per_ctx_s, elapsed_s, c, b, k)
 
 
 class DecodeReplica:
@@ -104,8 +136,7 @@ class DecodeReplica:
         elapsed = self.env.now - start_s
         done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
         m = min(n, done + 1)
-        boundary_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, m, self.ctx_offset, self.batch,
-                                               self.iteration)
+        boundary_s = pending_s + segment_time_s(cost, m, self.ctx_offset, self.batch, self.iteration)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
         self._schedule(max(0.0, start_s + boundary_s - self.env.now))
@@ -155,8 +186,7 @@ class DecodeReplica:
             return
         cost = self.cost.iteration(self.batch)
         n = self.finish_heap[0][0] - self.iteration
-        seg_s = pending_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, self.ctx_offset, self.batch,
-                                          self.iteration)
+        seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
         self._cut = False
         self._schedule(seg_s)
@@ -184,6 +214,8 @@ class DecodeReplica:
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
+        if cost.host_s:   # iterations waiting on the host: the wait counts as decode time
+            self.cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
         if cost.dequant_per_ctx_s:
             self.cum[1] += segment_sum_s(0.0, cost.dequant_per_ctx_s, n, c, b, k)
         if cost.approx_fixed_s or cost.approx_per_ctx_s:

@@ -154,6 +154,44 @@ def test_closed_form_segment_matches_iteration_by_iteration():
         assert segment_sum_s(f, p, m + 1, c, b, k) > elapsed
 
 
+def test_closed_form_with_host_issue_matches_iteration_by_iteration():
+    """Iterations last max(GPU time, host time): the closed form (host-bound ones first) equals
+    the iteration-by-iteration sum, and iterations_within inverts it, in host-bound, mixed and
+    GPU-bound segments."""
+    from simulator.decode import segment_time_s
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        f, p = rng.uniform(1e-3, 1e-2), rng.uniform(1e-9, 1e-7)
+        c, b, k, n = rng.uniform(1e3, 1e5), int(rng.integers(1, 64)), int(rng.integers(0, 1000)), int(rng.integers(1, 500))
+        gpu = [f + p * (c + b * j) for j in range(k, k + n)]
+        h = float(rng.choice([0.0, rng.uniform(0.5, 1.5) * gpu[len(gpu) // 2], 2 * gpu[-1]]))
+
+        class Cost:
+            fixed_s, per_ctx_s, host_s = f, p, h
+        step = sum(max(g, h) for g in gpu)
+        assert segment_time_s(Cost, n, c, b, k) == pytest.approx(step, rel=1e-9)
+        elapsed = rng.uniform(0, step)
+        m = iterations_within(Cost, elapsed, c, b, k)
+        assert segment_time_s(Cost, m, c, b, k) <= elapsed * (1 + 1e-9)
+        assert segment_time_s(Cost, m + 1, c, b, k) > elapsed * (1 - 1e-9)
+
+
+def test_host_issue_sets_a_floor_under_decode_iterations():
+    """A host-bound engine: every iteration takes the host time, TPOT rises by it, and the wait is
+    counted as decode time (the breakdown still sums to the JCT)."""
+    base = scenario(methods=["baseline"], **{"workload.requests": 20})
+    slow = scenario(methods=["baseline"], **{"workload.requests": 20, "decode.host_issue_s_per_layer": 0.002})
+    a, b = run_scenario(base), run_scenario(slow)
+    ra, rb = a.requests, b.requests
+    layers = a.resolved.model.layers
+    assert (rb["tpot_s"] >= layers * 0.002 * 0.999).all()
+    assert (rb["decode_s"] > ra["decode_s"]).all()
+    from simulator.run import BREAKDOWN_PARTS
+    parts = [f"{part}_s" for part in BREAKDOWN_PARTS]
+    assert np.allclose(rb[parts].sum(axis=1), rb["jct_s"], rtol=1e-9, atol=1e-9)
+
+
 def test_hack_beats_baseline_on_slow_link_and_transfers_fewer_bytes():
     s = scenario(methods=["baseline", "hack"], **{"network.bandwidth_gbps": 5})
     summary = run_scenario(s).summary["methods"]

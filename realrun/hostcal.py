@@ -31,6 +31,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
+    ap.add_argument("--sets", default="llama-3.1-8b:2,6;llama-3.1-70b:2",
+                    help="model:layers,layers;... (each runs baseline, kvquant, hack; the first also baseline again)")
+    ap.add_argument("--profile-first", type=Path, default=None,
+                    help="torch.profiler table of the first set's first method run (CPU and CUDA time) here")
     a = ap.parse_args(argv)
     if a.smoke:
         import os
@@ -50,10 +54,13 @@ def main(argv=None) -> int:
     dev = torch.device("cpu" if a.smoke else "cuda")
     work = [Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
             for i in range(a.requests)]
-    sets = ((("llama-3.1-8b", 2, ("baseline", "kvquant", "hack")),
-             ("llama-3.1-8b", 6, ("baseline", "kvquant", "hack", "baseline")),
-             ("llama-3.1-70b", 2, ("baseline", "kvquant", "hack"))) if not a.smoke else
-            (("tiny", 1, ("baseline", "hack", "baseline")),))
+    sets = []
+    for part in a.sets.split(";"):
+        name, layer_list = part.split(":")
+        for layers in map(int, layer_list.split(",")):
+            sets.append((name, layers, ("baseline", "kvquant", "hack") + (("baseline",) if not sets else ())))
+    if a.smoke:
+        sets = [("tiny", 1, ("baseline", "hack", "baseline"))]
     for model_name, layers, methods in sets:
         shape = model_shape(model_name, layers)
         model = RandomLlama(shape, dev, seed=1, max_positions=1200)
@@ -68,7 +75,17 @@ def main(argv=None) -> int:
             try:
                 warmup(h, prompt_range)
                 h.host_issue.clear()
-                req_rows, iters, _ = h.run(work)
+                if a.profile_first is not None and (model_name, layers, method) == sets[0][:2] + (methods[0],) \
+                        and seen[method] == 1:
+                    from torch.profiler import ProfilerActivity, profile
+                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                    with profile(activities=acts) as prof:
+                        req_rows, iters, _ = h.run(work)
+                    a.profile_first.write_text(
+                        prof.key_averages().table(sort_by="cpu_time_total", row_limit=40) + "\n\n"
+                        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+                else:
+                    req_rows, iters, _ = h.run(work)
                 for (issue, wall), it in zip(h.host_issue, iters):
                     rows.append(dict(kind="decode", method=method, model=model_name, layers=layers, **{"pass": seen[method]},
                                      batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall))

@@ -4,6 +4,7 @@
 # $OUT/realrun_traces.tar.gz (re-packed after each configuration, so a cut-off call still returns
 # what finished) plus $OUT/realrun.log.
 # usage (repository root): bash realrun/device_run.sh GIT_REV
+#   REALRUN_METHODS="baseline" re-records only those methods; REALRUN_SKIP_CHECK=1 skips the check step.
 #
 # Rates (one H200; prompts uniform 1024-8192, outputs 16-128; estimates from ~600 TFLOP/s GEMM and
 # ~4 TB/s, see the final report): per request, 8B prefill ~0.12 s (HACK prefill kernel ~0.18 s),
@@ -54,21 +55,22 @@ if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: ti
   M8=(--model tiny); M70=(--model tiny --layers 1); CHECK=(--model tiny --layers 1 --prompts 40 97 130 --device cpu)
   N1=3; N=3
 fi
-step 90 check python3 -m realrun.check "${CHECK[@]}"
+METHODS=(${REALRUN_METHODS:-baseline kvquant hack})
+[ "${REALRUN_SKIP_CHECK:-0}" = 1 ] || step 90 check python3 -m realrun.check "${CHECK[@]}"
 # fail fast: the whole harness (CUDA graphs, paced link thread, admission) on 2 layers and 3 short
 # requests per method; if it breaks, stop here rather than spend the call on timeouts
 SMOKE=(--model llama-3.1-8b --layers 2 --prompt-range 256 600 --output-range 4 8)
 [ "${REALRUN_SMOKE:-0}" = 1 ] && SMOKE=(--model tiny --layers 1 --prompt-range 20 60 --output-range 2 3 --device cpu)
-step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
+step 60 smoke python3 -m realrun --method "${METHODS[@]}" "${SMOKE[@]}" --link-gbps 10 --rate 4 \
   --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --out "$WORK/smoke"
-if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != 3 ]; then
+if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != "${#METHODS[@]}" ]; then
   echo "== smoke failed: stopping" | tee -a "$LOG"; pack; exit 1
 fi
-step 220 8b-10gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 10 \
+step 220 8b-10gbps python3 -m realrun --method "${METHODS[@]}" "${M8[@]}" --link-gbps 10 \
   --rate 1.0 1.6 --requests $N1 "${COMMON[@]}" --out "$T"
-step 140 8b-40gbps python3 -m realrun --method baseline kvquant hack "${M8[@]}" --link-gbps 40 \
+step 140 8b-40gbps python3 -m realrun --method "${METHODS[@]}" "${M8[@]}" --link-gbps 40 \
   --rate 1.5 3.0 --requests $N "${COMMON[@]}" --out "$T"
-step 130 70b8-10gbps python3 -m realrun --method baseline kvquant hack "${M70[@]}" \
+step 130 70b8-10gbps python3 -m realrun --method "${METHODS[@]}" "${M70[@]}" \
   --link-gbps 10 --rate 2.0 3.5 --requests $N "${COMMON[@]}" --out "$T"
 echo "== done $(date -u +%T), $SECONDS s" | tee -a "$LOG"
 pack

@@ -72,6 +72,22 @@ def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
     h._sync()
 
 
+def prime_prefill_attention(h: Harness, lengths: list[int]) -> None:
+    """One prefill-attention call per prompt length the run will see, outside the measured run.
+    torch SDPA dispatches to cuDNN's fused attention on this GPU, and cuDNN builds an execution
+    plan on the CPU for every new sequence length (~30-60 ms each, cached afterwards): without
+    this, the first method of a process (baseline, in run_set's order) paid one plan build per
+    prefill and the methods after it ran on the cached plans (found with hostcal --profile-first:
+    aten::_cudnn_attention_forward, 29 ms of CPU per call).  Priming gives every method the warm
+    cache a serving engine has for the lengths it has seen."""
+    s, dev = h.model.shape, h.device
+    for p in lengths:
+        q = torch.zeros((1, s.q_heads, p, s.head_dim), dtype=torch.float16, device=dev)
+        kv = torch.zeros((1, s.kv_heads, p, s.head_dim), dtype=torch.float16, device=dev)
+        h.method.prefill_attention(q, kv, kv)
+    h._sync()
+
+
 PREFILL_ATTENTION = {"baseline": "torch SDPA causal (flash)", "kvquant": "torch SDPA causal (flash)",
                      "hack": "hack_attn_prefill (8-bit Q on the 2-bit K/V codes; the prompt's KV is quantized "
                              "inside the forward, per layer)"}
@@ -174,6 +190,8 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                 warmup(h, prompt_range)
             for rate in rates:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
+                if do_warmup:
+                    prime_prefill_attention(h, sorted({r.prompt_tokens for r in work}))
                 name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
                 path = Path(out) if len(methods) * len(rates) == 1 else Path(out) / name
                 written.append(_one_run(h, work, path, name, env, rate, n_requests, prompt_range, output_range,

@@ -13,7 +13,9 @@ to the last launch, before the synchronising clock read).  Nothing here reads a 
 
 The same runs record each prefill's duration, in method order baseline, kvquant, hack, baseline:
 a method-order effect on prefill would show as the two baseline passes disagreeing.
-Columns: kind (decode | prefill), method, model, layers, pass, batch_size, tokens, host_issue_s, wall_s.
+Columns: kind (decode | prefill), method, model, layers, pass, batch_size, tokens, host_issue_s, wall_s,
+start_s, end_s (the gaps between consecutive decode iterations with no prefill between them are the
+harness loop's own time, during which the GPU idles).
 """
 from __future__ import annotations
 
@@ -88,11 +90,12 @@ def main(argv=None) -> int:
                     req_rows, iters, _ = h.run(work)
                 for (issue, wall), it in zip(h.host_issue, iters):
                     rows.append(dict(kind="decode", method=method, model=model_name, layers=layers, **{"pass": seen[method]},
-                                     batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall))
+                                     batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall,
+                                     start_s=it[1], end_s=it[2]))
                 for r in req_rows:   # prefill_start_s, prefill_end_s are columns 5 and 6
                     rows.append(dict(kind="prefill", method=method, model=model_name, layers=layers,
                                      **{"pass": seen[method]}, batch_size=1, tokens=r[3], host_issue_s="",
-                                     wall_s=r[6] - r[5]))
+                                     wall_s=r[6] - r[5], start_s=r[5], end_s=r[6]))
             finally:
                 h.close()
             dec = [r for r in rows if r["kind"] == "decode" and r["method"] == method and r["layers"] == layers

@@ -187,8 +187,11 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
 
 @app.command()
 def validate(
-    trace: Path = typer.Argument(..., help="a trace folder (requests.csv, iterations.csv, meta.json) or its requests.csv"),
-    scenario: Path = typer.Option(..., "--scenario", help="the scenario describing the measured system"),
+    trace: Path = typer.Argument(..., help="a trace folder (requests.csv, iterations.csv, meta.json) or its "
+                                 "requests.csv; or an index.csv (columns trace, scenario: paths relative to the "
+                                 "repository or the index) to validate many traces and print one table"),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="the scenario describing the measured system "
+                                            "(required for one trace)"),
     method: Optional[str] = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the errors as JSON here"),
     out: Optional[Path] = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
@@ -196,8 +199,21 @@ def validate(
 ) -> None:
     """Simulate the configuration of a measured TRACE and report the simulator's errors."""
     from simulator.config import ScenarioError
-    from simulator.validate import format_validation, validate as run_validate
+    from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
 
+    if trace.suffix == ".csv" and trace.name != "requests.csv":
+        try:
+            rows = validate_index(trace, list(set_))
+        except ScenarioError as e:
+            fail(str(e))
+        typer.echo(format_validation_table(rows))
+        text = json.dumps(_clean(rows), indent=2) + "\n"
+        if json_out is not None:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text)
+        return
+    if scenario is None:
+        fail(f"{trace}: --scenario is required to validate one trace")
     try:
         v = run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:

@@ -11,7 +11,9 @@ What is modelled (per GPU of a replica laid out as TP × PP):
 * Host issue (decode): an engine that issues each iteration from the CPU (a Python loop, eager
   launches) keeps the GPU waiting when issuing takes longer than the GPU work; an iteration then
   takes ``max(GPU time, host time)`` with host time = per iteration + per layer + per request,
-  the scenario's decode.host_issue_s_* (0 for an engine that replays CUDA graphs).
+  the scenario's decode.host_issue_s_* (0 for an engine that replays CUDA graphs); CPU work between
+  iterations that the GPU waits for (an engine that synchronises on each iteration's tokens and then
+  schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
 * Attention by the calibration profile's kernel fits, in the profile's canonical units.
 * Tensor-parallel all-reduce after attention and after the MLP: ring, 2(tp-1)/tp of the
   activation bytes over the per-GPU intra-node bandwidth, plus a per-step latency.
@@ -106,6 +108,7 @@ class ReplicaCostModel:
     host_issue_s_per_iteration: float = 0.0   # CPU issue time of a decode iteration (see the module doc)
     host_issue_s_per_layer: float = 0.0
     host_issue_s_per_request: float = 0.0
+    host_serial_s_per_iteration: float = 0.0   # CPU work between iterations while the GPU idles
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -154,8 +157,11 @@ class ReplicaCostModel:
         return n_kernels * fit.overhead_s + fit.s_per_unit * tokens * bytes_per_token
 
     def host_issue_s(self, batch_size: int) -> float:
-        return (self.host_issue_s_per_iteration + self.model.layers / self.parallel.pipeline * self.host_issue_s_per_layer
-                + batch_size * self.host_issue_s_per_request)
+        """The shortest an iteration can take when the CPU issues it: the issue time, then the GPU
+        work issued last (the LM head), which cannot start before it is issued.  0: no host model."""
+        issue = (self.host_issue_s_per_iteration + self.model.layers / self.parallel.pipeline * self.host_issue_s_per_layer
+                 + batch_size * self.host_issue_s_per_request)
+        return issue + self._lm_head_s(batch_size) if issue > 0 else 0.0
 
     def allreduce_s(self, tokens: int) -> float:
         tp = self.parallel.tensor
@@ -289,15 +295,17 @@ class ReplicaCostModel:
         launch_s = self.method.decode_kernel(p).overhead_s
         decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
                         + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
+        host = self.host_issue_s(batch_size)
+        serial = self.host_serial_s_per_iteration   # GPU idle: adds to both the GPU-bound and the host-bound time
         return IterationCost(
-            decode_fixed_s=decode_fixed,
+            decode_fixed_s=decode_fixed + serial,
             decode_per_ctx_s=L * per_ctx.get("decode", 0.0),
             dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0),
             approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0),
             approx_per_ctx_s=L * per_ctx.get("approximation", 0.0),
             fetch_fixed_s=L * batch_size * per_req.get("fetch", 0.0),
             fetch_per_ctx_s=L * per_ctx.get("fetch", 0.0),
-            host_s=self.host_issue_s(batch_size),
+            host_s=host + serial if host > 0 else 0.0,
         )
 
     # ---- transfer and memory --------------------------------------------------------------

@@ -129,6 +129,8 @@ class PoolConfig(_Strict):
                                           "(eager attention launches, graph replays)")
     host_issue_s_per_request: float = Field(0.0, ge=0, description="decode: CPU issue time per running request per "
                                             "iteration")
+    host_serial_s_per_iteration: float = Field(0.0, ge=0, description="decode: CPU time between iterations during "
+                                               "which the GPU idles (sync on the sampled tokens, scheduling)")
 
     @model_validator(mode="before")
     @classmethod

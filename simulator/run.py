@@ -117,7 +117,8 @@ class Resolved:
         dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
                                s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode),
                                _gib_bytes(s.decode.kv_capacity_gib), s.decode.host_issue_s_per_iteration,
-                               s.decode.host_issue_s_per_layer, s.decode.host_issue_s_per_request)
+                               s.decode.host_issue_s_per_layer, s.decode.host_issue_s_per_request,
+                               s.decode.host_serial_s_per_iteration)
         return pre, dec
 
 

@@ -143,3 +143,45 @@ def format_validation(v: dict) -> str:
 
 def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e:+.1f}%"
+
+
+SUMMARY_KEYS = ("jct_mean_error_pct", "ttft_p50_error_pct", "tpot_p50_error_pct", "prefill_mean_error_pct",
+                "transfer_mean_error_pct", "decode_mean_error_pct", "iteration_mean_error_pct")
+
+
+def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
+    """Validate every trace an index lists (columns trace, scenario; relative paths are tried against
+    the current directory, then the index's folder).  One dict per trace: its name, scenario and the
+    SUMMARY_KEYS errors."""
+    index_csv = Path(index_csv)
+    try:
+        idx = pd.read_csv(index_csv)
+    except (OSError, pd.errors.ParserError) as e:
+        raise ScenarioError(f"{index_csv}: cannot read the index ({e})") from None
+    missing = {"trace", "scenario"} - set(idx.columns)
+    if missing:
+        raise ScenarioError(f"{index_csv}: the index needs columns trace and scenario (missing {sorted(missing)})")
+
+    def where(p: str) -> Path:
+        q = Path(p)
+        return q if q.exists() or q.is_absolute() else index_csv.parent / q
+
+    rows = []
+    for t, scen in zip(idx["trace"], idx["scenario"]):
+        v = validate(where(str(t)), where(str(scen)), overrides)
+        rows.append({"trace": str(t), "scenario": str(scen), "method": v["method"], "requests": v["requests"],
+                     **{k: v.get(k) for k in SUMMARY_KEYS}})
+    return rows
+
+
+def format_validation_table(rows: list[dict]) -> str:
+    heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration")
+    w = max(len(r["trace"]) for r in rows)
+    lines = [f"{'trace':{w}s} " + " ".join(f"{h:>9s}" for h in heads), "-" * (w + 10 * len(heads))]
+    for r in rows:
+        lines.append(f"{r['trace']:{w}s} " + " ".join(f"{_pct(r[k]):>9s}" for k in SUMMARY_KEYS))
+    for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
+        vals = [fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
+                for k in SUMMARY_KEYS]
+        lines.append(f"{label:{w}s} " + " ".join(f"{_pct(v):>9s}" for v in vals))
+    return "\n".join(lines)

@@ -134,6 +134,12 @@ class KVMethod:
         """The profile's fit for this method's decode attention kernel."""
         return profile.kernel(f"decode_attn.{self.decode_attention}")
 
+    @property
+    def decode_kernel_includes_append(self) -> bool:
+        """The quantized decode kernels were profiled with the new token's append (quantize K, write the
+        V tail) in the timed step; FP16/FP8 attention was timed without the KV write."""
+        return self.decode_attention.startswith(("hack", "dequant"))
+
     def decode_layer_terms(self, env: "DecodeEnv") -> tuple[dict[str, float], dict[str, float]]:
         """Seconds of one decode layer on one GPU, split into breakdown parts, as
         (per request in the batch, per context token). Parts: decode, dequantize, approximation,

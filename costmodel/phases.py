@@ -109,6 +109,7 @@ class ReplicaCostModel:
     host_issue_s_per_layer: float = 0.0
     host_issue_s_per_request: float = 0.0
     host_serial_s_per_iteration: float = 0.0   # CPU work between iterations while the GPU idles
+    extra_kernels_per_layer: int = 0           # engine-specific small kernels per decode layer (copies, gathers)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -155,6 +156,11 @@ class ReplicaCostModel:
         if fit is None:
             return n_kernels * p.launch_overhead_s + tokens * bytes_per_token / (p.memory_gbps * 1e9)
         return n_kernels * fit.overhead_s + fit.s_per_unit * tokens * bytes_per_token
+
+    def _small_kernel_s(self) -> float:
+        """One tiny memory-bound kernel (a copy or a gather of a few rows): its launch-bound cost."""
+        fit = self.profile.kernels.get("elementwise")
+        return fit.overhead_s if fit is not None else self.profile.launch_overhead_s
 
     def host_issue_s(self, batch_size: int) -> float:
         """The shortest an iteration can take when the CPU issues it: the issue time, then the GPU
@@ -293,6 +299,10 @@ class ReplicaCostModel:
         p, L = self.profile, self.model.layers
         per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
         launch_s = self.method.decode_kernel(p).overhead_s
+        # small kernels besides the attention fit: the new token's KV write where the profiled kernel does
+        # not include it (the quantized kernels were timed with their append), and the engine's own
+        small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer
+        launch_s += small * self._small_kernel_s()
         decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
                         + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
         host = self.host_issue_s(batch_size)

@@ -131,6 +131,9 @@ class PoolConfig(_Strict):
                                             "iteration")
     host_serial_s_per_iteration: float = Field(0.0, ge=0, description="decode: CPU time between iterations during "
                                                "which the GPU idles (sync on the sampled tokens, scheduling)")
+    extra_kernels_per_layer: int = Field(0, ge=0, description="decode: small kernels per layer the engine runs "
+                                         "beyond the model's own (copies into static buffers, gathers), each "
+                                         "priced as one launch-bound kernel")
 
     @model_validator(mode="before")
     @classmethod

@@ -118,7 +118,7 @@ class Resolved:
                                s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode),
                                _gib_bytes(s.decode.kv_capacity_gib), s.decode.host_issue_s_per_iteration,
                                s.decode.host_issue_s_per_layer, s.decode.host_issue_s_per_request,
-                               s.decode.host_serial_s_per_iteration)
+                               s.decode.host_serial_s_per_iteration, s.decode.extra_kernels_per_layer)
         return pre, dec
 
 

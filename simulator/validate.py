@@ -113,7 +113,10 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
         cfg = next(m for m in s.methods if m.output_name == method)
         _, dec = res.costs(method_of(cfg))
         measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()
-        predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) for b, c in
+        # a trace's iteration rows run from one iteration's start to its end: the engine's work between
+        # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows
+        serial = dec.host_serial_s_per_iteration
+        predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) - serial for b, c in
                                  zip(iterations["batch_size"], iterations["context_tokens"])])
         out["iteration_s"] = {"measured_mean": float(measured_it.mean()), "predicted_mean": float(predicted_it.mean()),
                               "count": int(len(measured_it))}

@@ -115,5 +115,40 @@ def main(argv=None) -> int:
     return 0
 
 
+def fit_host(paths) -> dict:
+    """The scenario fields from hostcal CSVs (several machines pooled): iterations without a joining
+    request (the batch did not grow), per (run, method, model, layers) the mean host issue time, then
+    host = fixed + per_layer * layers over the Llama-3.1-8B rows by least squares; the loop gap is
+    the mean over groups of the gaps between consecutive decode iterations with no prefill between
+    (files with start_s/end_s columns only).  The first baseline pass of a file's first set is left
+    out when a second one exists (it ran under the profiler / cold)."""
+    import numpy as np
+    import pandas as pd
+
+    means, gaps = [], []
+    for i, path in enumerate(paths):
+        d = pd.read_csv(path)
+        for key, g in d[d.kind == "decode"].groupby(["method", "model", "layers", "pass"], sort=False):
+            if key[0] == "baseline" and key[3] == 1 and ((d.method == "baseline") & (d.model == key[1])
+                                                         & (d.layers == key[2]) & (d["pass"] == 2)).any():
+                continue
+            b = g.batch_size.to_numpy()
+            grew = np.r_[b[0], np.maximum(0, np.diff(b))] > 0
+            means.append((key[1], key[2], float(g.host_issue_s.to_numpy()[~grew].mean())))
+        if "start_s" in d.columns:
+            for _, g in d.groupby(["method", "model", "layers", "pass"], sort=False):
+                dec = g[g.kind == "decode"].sort_values("start_s")
+                pf = g[g.kind == "prefill"][["start_s", "end_s"]].to_numpy()
+                gg = [b - a for a, b in zip(dec.end_s.to_numpy()[:-1], dec.start_s.to_numpy()[1:])
+                      if not ((pf[:, 0] < b) & (pf[:, 1] > a)).any()]
+                if gg:
+                    gaps.append(float(np.mean(gg)))
+    rows = [(layers, h) for model, layers, h in means if model == "llama-3.1-8b"]
+    a = np.array([[1.0, L] for L, _ in rows])
+    coef, *_ = np.linalg.lstsq(a, np.array([h for _, h in rows]), rcond=None)
+    return {"host_issue_s_per_iteration": float(coef[0]), "host_issue_s_per_layer": float(coef[1]),
+            "host_serial_s_per_iteration": float(np.mean(gaps)) if gaps else None, "groups": len(means)}
+
+
 if __name__ == "__main__":
     sys.exit(main())

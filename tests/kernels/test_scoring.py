@@ -239,7 +239,22 @@ def test_profile_harness_scoring_rows_and_merged_refit(tmp_path, monkeypatch):
             for r in rows:
                 w.writerow({**r, "batch": scale, "units": r["units"] * scale,
                             "time_us": 4.0 + r["units"] * scale * 1e-4, "held_out": i == 2})
-    committed = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles" / "h200" / "profile_rows.csv"
+    # the committed H200 rows without their own scoring rows (measured since), so the fake sweep alone
+    # sets the scoring fits; peaks.json must sit beside the first file
+    h200 = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles" / "h200"
+    old_dir = tmp_path / "committed"
+    old_dir.mkdir()
+    (old_dir / "peaks.json").write_text((h200 / "peaks.json").read_text())
+    with (h200 / "profile_rows.csv").open() as f:
+        reader = csv.DictReader(f)
+        kept = [r for r in reader if r["phase"] != "score"]
+        fields = reader.fieldnames
+    assert kept and len(kept) < sum(1 for _ in (h200 / "profile_rows.csv").open()) - 1
+    committed = old_dir / "profile_rows.csv"
+    with committed.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(kept)
     assert main(["--fit-only", str(committed), str(new), "--out", str(tmp_path / "fit")]) == 0
     prof = __import__("json").loads((tmp_path / "fit" / "profile.json").read_text())
     for key in ("decode_attn.hack", "prefill_attn.fp16", "quantize.kv", "score.pq", "score.quantized_keys",

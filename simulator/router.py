@@ -105,7 +105,8 @@ class Router:
         if self.stream_layers and now < ready:
             # Layers are produced at bytes / (ready - now); the last layer cannot leave before it exists.
             cap = min(cap, bytes_ / (ready - now))
-            not_before = ready + bytes_ / self.layers / self.flow_cap
+            # ... and then takes its own bytes at the flow's rate (never faster than the link itself)
+            not_before = ready + bytes_ / self.layers / min(self.flow_cap, link.capacity)
 
         def done(r: int, t: float, rep=rep, p=p) -> None:
             run.transfer_end[r] = t

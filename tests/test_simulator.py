@@ -122,8 +122,16 @@ def test_stream_layers_overlaps_transfer_with_prefill():
     streamed = run_scenario(scenario(methods=["baseline"], **{"network.stream_layers": True})).requests.iloc[0]
     assert streamed.transfer_start_s < plain.transfer_start_s
     assert streamed.jct_s < plain.jct_s
-    # The last layer's KV still crosses the link after prefill.
-    assert streamed.transfer_end_s > streamed.quantize_end_s
+    # The last layer's KV still crosses the link after prefill, at the link's rate (10 Gbps, no per-flow
+    # cap in this scenario): at least its bytes / the link rate after the KV is ready.
+    layers = run_scenario(scenario(methods=["baseline"])).resolved.model.layers
+    last_layer_s = streamed.kv_wire_bytes / layers / (10e9 / 8)
+    assert streamed.transfer_end_s >= streamed.quantize_end_s + last_layer_s * (1 - 1e-9)
+    # also when the link outruns the prefill (the earlier layers are all across by then)
+    fast = run_scenario(scenario(methods=["baseline"], **{"network.stream_layers": True,
+                                                          "network.bandwidth_gbps": 3200})).requests.iloc[0]
+    last_layer_s = fast.kv_wire_bytes / layers / (3200e9 / 8)
+    assert fast.transfer_end_s - fast.quantize_end_s == pytest.approx(last_layer_s, rel=1e-3)
 
 
 def test_same_seed_same_results_other_seed_differs():

@@ -211,6 +211,13 @@ def validate(
         if json_out is not None:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(text)
+        if out is not None:
+            from reports.validation import write_validation_index_report
+
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "validation.json").write_text(text)
+            write_validation_index_report(_clean(rows), out / "validation.html")
+            typer.echo(f"wrote {out}/validation.json, validation.html")
         return
     if scenario is None:
         fail(f"{trace}: --scenario is required to validate one trace")

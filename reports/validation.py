@@ -54,3 +54,40 @@ def write_validation_report(v: dict, path: str | Path) -> Path:
 <pre>{html.escape(json.dumps(v, indent=2))}</pre></body></html>"""
     path.write_text(page)
     return path
+
+
+INDEX_METRICS = (("jct_mean_error_pct", "JCT mean", "#dc2626"), ("ttft_p50_error_pct", "TTFT p50", "#2563eb"),
+                 ("tpot_p50_error_pct", "TPOT p50", "#16a34a"), ("prefill_mean_error_pct", "prefill", "#9333ea"),
+                 ("transfer_mean_error_pct", "transfer", "#6b7280"))
+
+
+def validation_index_figure(rows: list[dict]) -> go.Figure:
+    """Errors of many traces (simulator.validate.validate_index rows): one group of bars per trace,
+    with the goal bands (mean JCT within 5 %, p50 TTFT/TPOT within 10 %) shaded."""
+    names = [str(r["trace"]).removeprefix("llama-3.1-") for r in rows]
+    fig = go.Figure()
+    for key, label, color in INDEX_METRICS:
+        vals = [r.get(key) for r in rows]
+        fig.add_bar(name=label, x=names, y=vals, marker_color=color,
+                    hovertemplate="%{x}<br>" + label + " error %{y:+.1f}%<extra></extra>")
+    fig.add_hrect(y0=-10, y1=10, fillcolor="#16a34a", opacity=0.08, line_width=0)
+    fig.add_hrect(y0=-5, y1=5, fillcolor="#16a34a", opacity=0.10, line_width=0)
+    fig.update_layout(barmode="group", template="plotly_white", height=560,
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
+                      title=dict(text=f"Simulated vs measured over {len(rows)} traces: (simulated - measured) / "
+                                      "measured; shaded: within 5 % and 10 %", y=0.97),
+                      yaxis_title="error (%)", xaxis_tickangle=-35, margin=dict(b=160, t=100))
+    return fig
+
+
+def write_validation_index_report(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    body = validation_index_figure(rows).to_json()
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>hacksim validation</title>
+<script>{get_plotlyjs()}</script></head><body style="font-family:sans-serif;margin:24px">
+<h1>Validation over {len(rows)} traces</h1><p>shaded: within 5 % and 10 %</p>
+<div id="validation"></div>
+<script>var f={body};Plotly.newPlot("validation",f.data,f.layout,{{responsive:true}});</script>
+<pre>{html.escape(json.dumps(rows, indent=2))}</pre></body></html>"""
+    path.write_text(page)
+    return path

@@ -69,3 +69,25 @@ def test_validate_cli_writes_json_and_figure(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "requests.csv" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_validate_index_table_json_figure_and_bad_index(tmp_path):
+    """An index.csv validates every listed trace: one table with the mean/max rows, JSON rows, the
+    per-trace error figure; a malformed index is one line naming it, exit 2, nothing written."""
+    trace, scen = _setup(tmp_path)
+    idx = tmp_path / "index.csv"
+    idx.write_text(f"trace,scenario\n{trace.name},{scen.name}\n{trace},{scen}\n")   # relative and absolute
+    out = tmp_path / "val"
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", str(tmp_path / "v.json"),
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "mean |error|" in r.stdout and "max |error|" in r.stdout
+    rows = json.loads((tmp_path / "v.json").read_text())
+    assert len(rows) == 2 and all(abs(row["jct_mean_error_pct"]) < 1e-6 for row in rows)   # its own trace
+    assert "Plotly.newPlot" in (out / "validation.html").read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,scen\nx,y\n")
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(bad), "--out", str(tmp_path / "none")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "bad.csv" in r.stderr and "trace" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()

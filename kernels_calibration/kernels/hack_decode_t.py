@@ -1,27 +1,34 @@
-"""Transposed ("token-major") HACK decode attention: the token axis is the dots' M dimension.
+"""Token-major HACK decode attention: the token axis is the score dot's M dimension.
 
 Why: in hack_attn_decode.py the G = 8 query heads of a KV head are the M side of every dot (padded
 to 16 rows).  M = 16 keeps Triton on mma.sync, with every operand staged through shared memory,
 and the unpack between load and dot stops its pipeliner from streaming the loads (NOTES.md).  Here
-the products are transposed so the many-token side is M:
+the score product is transposed so the many-token side is M:
     S^T [BN, G_PAD] = K'_c [BN, W] . Q''_c^T [W, G_PAD]          (per channel group c, INT8)
-    O^T [D,  G_PAD] = V'^T [D, BN] . P''^T [BN, G_PAD]            (all D channels in one dot)
-With BN, D >= 64 and 4 warps Triton emits wgmma (`IGMMA`) with the unpacked codes as the A
-operand straight from registers, and streams the code bytes global -> shared (cp.async) ahead of
-use; only the small, loop-invariant Q'' and the per-tile P'' sit in shared memory.
+With BN >= 64 and 4 warps Triton emits wgmma (`IGMMA`) with the unpacked codes as the A operand
+straight from registers and streams the code bytes global -> shared (cp.async) ahead of use; only
+the small, loop-invariant Q'' sits in shared memory.  P.V has two forms (v_side):
+  1 (default): head-major, O [G_PAD, W] += P'' [G_PAD, BN] . V'_c [BN, W] on mma.sync
+     (hack_core.hack_pv_block), V bytes in their natural [BN, W] layout;
+  0: token-major too, O^T [D, G_PAD] = V'^T [D, BN] . P''^T [BN, G_PAD]: V^T needs the four bit
+     planes of a byte in four rows (channels c*W + j), so row d reads byte d mod W (four rows per
+     byte: HBM once, L1/shared memory four times) and shifts by 2*(d // W).  Padding the heads to 8
+     instead of 16 (pad_heads_to=8: no padding head, 8-wide dots on mma.sync) is allowed here.
 The arithmetic is HACK's (hack_core.py): the same Q and P rounding, the same correction terms
-with the stored sums (SE) or code sums from a padding column of ones (no SE), and the FP16 V tail
-(RQE); only the orientation changes, so results agree with hack_attn_decode to rounding order.
-
-V^T needs the four bit planes of a byte in four different rows (channels c*W + j): the V tile is
-loaded as [D, BN] with row d reading byte d mod W (four rows per byte: the bytes cross HBM once,
-L1/shared memory four times) and shifted by 2*(d // W).
+with the stored sums (SE) or code sums from a padding column of ones (no SE; summed codes when
+there is no padding column), and the FP16 V tail (RQE); only the orientation changes, so results
+agree with hack_attn_decode to rounding order.
 
 Split-K with an optional fused combine (FUSED): every program writes its partial (O, log2-sum-exp)
 and bumps a per-(request, KV head) counter; the program that arrives last merges the partials and
-writes the output, then zeroes the counter for the next call.  This saves the combine launch.
-mode "dequant" is the fused dequantize-then-attend baseline in the same transposed form.
-Only PI in {64, 128} (BN = PI: one V block per tile) and head_dim 128.
+writes the output, then zeroes the counter for the next call (one counter buffer per device: calls
+on different streams at the same time must not share it).  mode "dequant" is the fused
+dequantize-then-attend baseline in the same form.  Only PI in {64, 128} (BN = PI) and head_dim 128.
+
+Measured on the H200 (NOTES.md, run 9, 32K context, batch 8, 64/8 heads): 192 µs vs 203 µs for
+the head-major kernel at PI 64 (the best token-major form: 4 warps, v_side 1, separate combine),
+slower at PI 128 (199 vs 125 µs); the fused combine and v_side 0 were slower everywhere.  The
+head-major kernel stays the default; this one is `hack_attn_decode(..., transposed=True)`.
 """
 from __future__ import annotations
 

@@ -291,13 +291,13 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
-                     v_split: bool = True, transposed: bool = False, fused_combine: bool = True,
+                     v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
                      v_side: int = 1, pad_heads_to: int = 16) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
     transposed: the token-major kernel of hack_decode_t.py (PI 64 or 128; prefetch, block_n and
-    v_split do not apply there), with the split combine fused into it unless fused_combine=False;
+    v_split do not apply there); fused_combine=True merges the splits inside it (measured slower);
     v_side and pad_heads_to choose its P.V form and head padding (see hack_decode_t.py)."""
     if transposed:
         from .hack_decode_t import hack_attn_decode_t

@@ -365,7 +365,7 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 
 def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                        splits: int | None = None, max_len: int | None = None, num_warps: int = 4,
-                       num_stages: int = 3, fused_combine: bool = True, v_side: int = 1,
+                       num_stages: int = 3, fused_combine: bool = False, v_side: int = 1,
                        pad_heads_to: int = 16) -> torch.Tensor:
     """Same contract as hack_attn_decode (q [B, HQ, D] fp16 -> [B, HQ, D] fp16), token-major products."""
     from .hack_attn_decode import combine_splits_kernel, default_splits

@@ -99,8 +99,8 @@ def test_hack_decode_token_major(partition, rqe):
     assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, transposed=True), exact) < 2e-3
     assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=1, transposed=True), exact) < 2e-3
     # the fused combine leaves its counters at zero: a second call gives the same output
-    a = hack_attn_decode(q, cache, splits=3, transposed=True)
-    assert torch.equal(a, hack_attn_decode(q, cache, splits=3, transposed=True))
+    a = hack_attn_decode(q, cache, splits=3, transposed=True, fused_combine=True)
+    assert torch.equal(a, hack_attn_decode(q, cache, splits=3, transposed=True, fused_combine=True))
     # P.V token-major as well (v_side 0); with 8 heads per KV head and no padding head (8-wide
     # dots) the no-SE code sums come from the codes themselves
     q8 = randn(B, HKV * 8, D)

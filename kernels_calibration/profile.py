@@ -6,6 +6,10 @@
     python -m kernels_calibration.profile --fit-only kernels_calibration/profiles/h200/profile_rows.csv \
         DIR/rows.csv --out DIR2                                     # refit the committed rows + the new ones
 
+A full run also measures the layer's GEMMs and elementwise kernels (dense_bench.py) into
+DIR/dense_rows.csv and writes their fit as the profile's `gemm` and `kernels.elementwise`; --fit-only
+picks up a dense_rows.csv lying beside a rows file it is given.
+
 Writes DIR/rows.csv (one tidy row per kernel and shape: median time, achieved GB/s and TFLOP/s,
 floors, the launch config, provenance) and DIR/profile.json in the contract of
 costmodel/calibration.py: for each kernel key, time_s = overhead_s + s_per_unit * units, fitted by
@@ -320,14 +324,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    from .dense_bench import fit_dense
+
     if args.fit_only:
         rows = [r for path in args.fit_only for r in read_rows(path)]
         meta = json.loads((args.fit_only[0].parent / "peaks.json").read_text())
+        dense_paths = [p.parent / "dense_rows.csv" for p in args.fit_only if (p.parent / "dense_rows.csv").exists()]
     else:
         rows = measure_all(args.out, args.quick, args.only)
         meta = json.loads((args.out / "peaks.json").read_text())
         rows = read_rows(args.out / "rows.csv")
+        dense_paths = []
+        if args.only == "all":   # the GEMMs and elementwise kernels of a layer (dense_bench.py)
+            from .dense_bench import measure as measure_dense
+            dense = measure_dense(args.out)
+            write_rows(dense, args.out / "dense_rows.csv")
+            dense_paths = [args.out / "dense_rows.csv"]
     prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)
+    if dense_paths:
+        peaks = meta["peaks"]
+        dense_fit = fit_dense([r for p in dense_paths for r in read_rows(p)], peaks["memory_gbps"],
+                              peaks["fp16_tflops"], peaks.get("launch_overhead_s"))
+        if "gemm" in dense_fit:
+            prof["gemm"] = dense_fit["gemm"]
+        if "elementwise" in dense_fit:
+            prof["kernels"]["elementwise"] = dense_fit["elementwise"]
     missing = [k for k in REQUIRED_KEYS if k not in prof["kernels"]]
     if missing:
         print(f"WARNING: not measured, missing from the profile: {missing}", file=sys.stderr)
@@ -335,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in prof["kernels"].items():
         print(f"fit {k:28s} overhead {v['overhead_s'] * 1e6:7.2f} us  {v['s_per_unit']:.3e} s/unit  "
               f"held-out median error {v['heldout_median_error_pct']:5.1f}%")
+    if "gemm" in prof:
+        g = prof["gemm"]
+        print(f"fit gemm at layer shapes: {g['compute_efficiency']:.0%} of the GEMM rate, {g['memory_efficiency']:.0%} "
+              f"of copy bandwidth, +{g['overhead_s'] * 1e6:.1f} us; held-out median error "
+              f"{g['heldout_median_error_pct']:.1f}%")
     return 0
 
 

@@ -68,3 +68,19 @@ def test_derivation_models_sm_below_80():
     # memory-bound kernels scale with bandwidth
     assert (a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
             == pytest.approx(src["memory_gbps"] / a100["memory_gbps"], rel=1e-3))
+
+
+def test_committed_h200_profile_refits_from_its_committed_rows(tmp_path):
+    """profiles/h200/profile.json is what --fit-only makes of the committed rows (kernels from
+    profile_rows.csv, GEMM and elementwise fits from dense_rows.csv beside it): no hand edits."""
+    import json
+
+    from kernels_calibration.profile import main
+
+    h200 = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles" / "h200"
+    assert main(["--fit-only", str(h200 / "profile_rows.csv"), "--out", str(tmp_path)]) == 0
+    new, old = json.loads((tmp_path / "profile.json").read_text()), json.loads((h200 / "profile.json").read_text())
+    assert new["gemm"] == old["gemm"] and set(new["kernels"]) == set(old["kernels"])
+    for key, fit in old["kernels"].items():
+        assert new["kernels"][key]["s_per_unit"] == pytest.approx(fit["s_per_unit"], rel=1e-9), key
+        assert new["kernels"][key]["overhead_s"] == pytest.approx(fit["overhead_s"], rel=1e-9, abs=1e-15), key

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from .common import use_asm
 from .hack_core import (dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t, hack_pv_block,
-                        hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, q_quantize, quantize_p,
-                        split_cols)
+                        hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, load_q_groups, q_quantize,
+                        quantize_p, split_cols)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -59,11 +59,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
     gmask = g < G
     j = tl.arange(0, W)
     qrow = (b * HKV + h) * G + g                      # [G_PAD] query-head rows of Q [B, HQ, D]
-    qp = Q + qrow[:, None] * D + j[None, :]
-    q0 = tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32)       # [G_PAD, W] channels 0..W-1
-    q1 = tl.load(qp + W, mask=gmask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(qp + 2 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
-    q3 = tl.load(qp + 3 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
     tok0 = bh.to(tl.int64) * LMAX
     kc = KC + tok0 * W
     kmn = KMN + tok0 * NP

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .common import use_asm
-from .hack_core import hack_pv, hack_scores, q_quantize
+from .hack_core import hack_pv, hack_scores, load_q_groups, q_quantize
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -59,11 +59,7 @@ def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, H
     rows = mblk * BM + tl.arange(0, BM)
     rmask = rows < L
     j = tl.arange(0, W)
-    qp = Q + bhq.to(tl.int64) * L * D + rows[:, None] * D + j[None, :]
-    q0 = tl.load(qp, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q1 = tl.load(qp + W, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(qp + 2 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q3 = tl.load(qp + 3 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
+    q0, q1, q2, q3 = load_q_groups(Q + bhq.to(tl.int64) * L * D, rows, rmask, W, D)
     qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
         q0, q1, q2, q3, qk_scale, PI, GPP)
     tok0 = bh.to(tl.int64) * LMAX

@@ -20,6 +20,18 @@ from .common import unpack_codes
 
 
 @triton.jit
+def load_q_groups(Q, qrow, gmask, W: tl.constexpr, D: tl.constexpr):
+    """The four channel groups [R, W] (FP32) of the query rows qrow of Q [rows, D]; masked rows are 0."""
+    j = tl.arange(0, W)
+    qp = Q + qrow[:, None] * D + j[None, :]
+    q0 = tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q1 = tl.load(qp + W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(qp + 2 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q3 = tl.load(qp + 3 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    return q0, q1, q2, q3
+
+
+@triton.jit
 def q_group_minmax(q0, q1, q2, q3, GPP: tl.constexpr):
     """Per-row min/max of each group's partition (GPP groups per partition)."""
     n0 = tl.min(q0, 1)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .common import unpack_codes, use_asm
-from .hack_core import dequant_pv, hack_pv_block, q_quantize
+from .hack_core import dequant_pv, hack_pv_block, load_q_groups, q_quantize
 from .kv_cache import QuantKVCache
 
 
@@ -78,6 +78,65 @@ def _vsum(acc, vcode, SUMCOL: tl.constexpr):
     else:
         r = tl.sum(vcode.to(tl.int32), 1).to(tl.float32)
     return r
+
+
+@triton.jit
+def _scores_t(kc, kmn, ksc, ksm, tok, tmask, j, qt0, qt1, qt2, qt3, a0, b0, c0, a2, b2, c2,
+              W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, MODE: tl.constexpr, USE_SE: tl.constexpr,
+              SUMCOL: tl.constexpr, USE_ASM: tl.constexpr):
+    """S^T [BN, G_PAD] (log2 domain, -inf past tmask) of BN tokens of 2-bit K: homomorphic INT8 dots
+    with the correction terms (MODE 0; a, b, c of partitions 0 and 1, i.e. groups 0 and 2) or the
+    codes dequantized to FP16 against FP16 Q (MODE 1)."""
+    kb = tl.load(kc + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)      # [BN, W] u8
+    k0 = unpack_codes(kb, 0, 2, USE_ASM)
+    k1 = unpack_codes(kb, 2, 2, USE_ASM)
+    k2 = unpack_codes(kb, 4, 2, USE_ASM)
+    k3 = unpack_codes(kb, 6, 2, USE_ASM)
+    if MODE == 0:
+        if GPP == 2:
+            i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)   # [BN, G_PAD]
+            i1 = tl.dot(k3, qt3, tl.dot(k2, qt2, out_dtype=tl.int32), out_dtype=tl.int32)
+            if USE_SE:
+                ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+                ks1 = _kmeta(ksm, tok, tmask, 1, NP)
+            else:
+                ks0 = _ksum(i0, k0, k1, SUMCOL)
+                ks1 = _ksum(i1, k2, k3, SUMCOL)
+            s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
+            s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP), ks1)
+        else:   # GPP == 4: one partition spans the row
+            i0 = tl.dot(k0, qt0, out_dtype=tl.int32)
+            i0 = tl.dot(k1, qt1, i0, out_dtype=tl.int32)
+            i0 = tl.dot(k2, qt2, i0, out_dtype=tl.int32)
+            i0 = tl.dot(k3, qt3, i0, out_dtype=tl.int32)
+            if USE_SE:
+                ks0 = _kmeta(ksm, tok, tmask, 0, NP)
+            else:
+                ks0 = _ksum(i0, k0, k1, SUMCOL)
+                if SUMCOL < 0:
+                    ks0 += _ksum(i0, k2, k3, SUMCOL)
+            s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
+    else:
+        sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
+        mk0 = tl.load(kmn + tok * NP, mask=tmask, other=0.0)[:, None]
+        if GPP == 2:
+            sk1 = tl.load(ksc + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+            mk1 = tl.load(kmn + tok * NP + 1, mask=tmask, other=0.0)[:, None]
+        else:
+            sk1 = sk0
+            mk1 = mk0
+        s = tl.dot(k0.to(tl.float16) * sk0 + mk0, qt0)
+        s = tl.dot(k1.to(tl.float16) * sk0 + mk0, qt1, s)
+        s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
+        s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
+    return tl.where(tmask[:, None], s, float("-inf"))
+
+
+@triton.jit
+def _online_softmax(s, m_i):
+    """Running max over the token axis: (m_new, rescale of the old state, P = exp2(s - m_new))."""
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    return m_new, tl.exp2(m_i - m_new), tl.exp2(s - m_new[None, :])
 
 
 @triton.jit
@@ -121,11 +180,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
     j = tl.arange(0, W)
     dd = tl.arange(0, D)
     qrow = (b * HKV + h) * G + g
-    qp = Q + qrow[:, None] * D + j[None, :]
-    q0 = tl.load(qp, mask=gmask[:, None], other=0.0).to(tl.float32)        # [G_PAD, W]
-    q1 = tl.load(qp + W, mask=gmask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(qp + 2 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
-    q3 = tl.load(qp + 3 * W, mask=gmask[:, None], other=0.0).to(tl.float32)
+    q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
     tok0 = bh.to(tl.int64) * LMAX
     kc = KC + tok0 * W
     kmn = KMN + tok0 * NP
@@ -157,6 +212,12 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
         qt2 = tl.trans(qi2)
         qt3 = tl.trans(qi3)
     else:
+        a0 = tl.zeros([G_PAD], tl.float32)   # no correction terms in FP16 arithmetic
+        b0 = a0
+        c0 = a0
+        a2 = a0
+        b2 = a0
+        c2 = a0
         qt0 = tl.trans((q0 * qk_scale).to(tl.float16))
         qt1 = tl.trans((q1 * qk_scale).to(tl.float16))
         qt2 = tl.trans((q2 * qk_scale).to(tl.float16))
@@ -164,58 +225,15 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
     for s0 in range(start, end, BN):
         tok = s0 + tl.arange(0, BN)
         tmask = tok < end
-        kb = tl.load(kc + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)      # [BN, W] u8
-        k0 = unpack_codes(kb, 0, 2, USE_ASM)
-        k1 = unpack_codes(kb, 2, 2, USE_ASM)
-        k2 = unpack_codes(kb, 4, 2, USE_ASM)
-        k3 = unpack_codes(kb, 6, 2, USE_ASM)
+        s = _scores_t(kc, kmn, ksc, ksm, tok, tmask, j, qt0, qt1, qt2, qt3, a0, b0, c0, a2, b2, c2,
+                      W, NP, GPP, MODE, USE_SE, SUMCOL, USE_ASM)
         blk = s0 // PI
         if VSIDE == 0:
             vb = tl.load(vc + tok[None, :] * W + vrow[:, None], mask=tmask[None, :], other=0)   # [D, BN] u8
             vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
             sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
             mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
-        if MODE == 0:
-            if GPP == 2:
-                i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)   # [BN, G_PAD]
-                i1 = tl.dot(k3, qt3, tl.dot(k2, qt2, out_dtype=tl.int32), out_dtype=tl.int32)
-                if USE_SE:
-                    ks0 = _kmeta(ksm, tok, tmask, 0, NP)
-                    ks1 = _kmeta(ksm, tok, tmask, 1, NP)
-                else:
-                    ks0 = _ksum(i0, k0, k1, SUMCOL)
-                    ks1 = _ksum(i1, k2, k3, SUMCOL)
-                s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
-                s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP), ks1)
-            else:   # GPP == 4: one partition spans the row
-                i0 = tl.dot(k0, qt0, out_dtype=tl.int32)
-                i0 = tl.dot(k1, qt1, i0, out_dtype=tl.int32)
-                i0 = tl.dot(k2, qt2, i0, out_dtype=tl.int32)
-                i0 = tl.dot(k3, qt3, i0, out_dtype=tl.int32)
-                if USE_SE:
-                    ks0 = _kmeta(ksm, tok, tmask, 0, NP)
-                else:
-                    ks0 = _ksum(i0, k0, k1, SUMCOL)
-                    if SUMCOL < 0:
-                        ks0 += _ksum(i0, k2, k3, SUMCOL)
-                s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP), ks0)
-        else:
-            sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
-            mk0 = tl.load(kmn + tok * NP, mask=tmask, other=0.0)[:, None]
-            if GPP == 2:
-                sk1 = tl.load(ksc + tok * NP + 1, mask=tmask, other=0.0)[:, None]
-                mk1 = tl.load(kmn + tok * NP + 1, mask=tmask, other=0.0)[:, None]
-            else:
-                sk1 = sk0
-                mk1 = mk0
-            s = tl.dot(k0.to(tl.float16) * sk0 + mk0, qt0)
-            s = tl.dot(k1.to(tl.float16) * sk0 + mk0, qt1, s)
-            s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
-            s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
-        s = tl.where(tmask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[None, :])                                                    # [BN, G_PAD]
+        m_new, alpha, p = _online_softmax(s, m_i)                                   # p [BN, G_PAD]
         if MODE == 0:
             u = tl.floor(p * 255.0 + 0.5)
             usum = tl.sum(u, 0)
@@ -250,55 +268,9 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
         if (split == NSPLIT - 1) & (L > LV):
             tok = LV + tl.arange(0, BN)
             tmask = tok < L
-            kb = tl.load(kc + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)
-            k0 = unpack_codes(kb, 0, 2, USE_ASM)
-            k1 = unpack_codes(kb, 2, 2, USE_ASM)
-            k2 = unpack_codes(kb, 4, 2, USE_ASM)
-            k3 = unpack_codes(kb, 6, 2, USE_ASM)
-            if MODE == 0:
-                if GPP == 2:
-                    i0 = tl.dot(k1, qt1, tl.dot(k0, qt0, out_dtype=tl.int32), out_dtype=tl.int32)
-                    i1 = tl.dot(k3, qt3, tl.dot(k2, qt2, out_dtype=tl.int32), out_dtype=tl.int32)
-                    if USE_SE:
-                        ks0 = _kmeta(ksm, tok, tmask, 0, NP)
-                        ks1 = _kmeta(ksm, tok, tmask, 1, NP)
-                    else:
-                        ks0 = _ksum(i0, k0, k1, SUMCOL)
-                        ks1 = _ksum(i1, k2, k3, SUMCOL)
-                    s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
-                               ks0)
-                    s += _kterm(i1, a2, b2, c2, _kmeta(ksc, tok, tmask, 1, NP), _kmeta(kmn, tok, tmask, 1, NP),
-                                ks1)
-                else:
-                    i0 = tl.dot(k0, qt0, out_dtype=tl.int32)
-                    i0 = tl.dot(k1, qt1, i0, out_dtype=tl.int32)
-                    i0 = tl.dot(k2, qt2, i0, out_dtype=tl.int32)
-                    i0 = tl.dot(k3, qt3, i0, out_dtype=tl.int32)
-                    if USE_SE:
-                        ks0 = _kmeta(ksm, tok, tmask, 0, NP)
-                    else:
-                        ks0 = _ksum(i0, k0, k1, SUMCOL)
-                        if SUMCOL < 0:
-                            ks0 += _ksum(i0, k2, k3, SUMCOL)
-                    s = _kterm(i0, a0, b0, c0, _kmeta(ksc, tok, tmask, 0, NP), _kmeta(kmn, tok, tmask, 0, NP),
-                               ks0)
-            else:
-                sk0 = tl.load(ksc + tok * NP, mask=tmask, other=0.0)[:, None]
-                mk0 = tl.load(kmn + tok * NP, mask=tmask, other=0.0)[:, None]
-                if GPP == 2:
-                    sk1 = tl.load(ksc + tok * NP + 1, mask=tmask, other=0.0)[:, None]
-                    mk1 = tl.load(kmn + tok * NP + 1, mask=tmask, other=0.0)[:, None]
-                else:
-                    sk1 = sk0
-                    mk1 = mk0
-                s = tl.dot(k0.to(tl.float16) * sk0 + mk0, qt0)
-                s = tl.dot(k1.to(tl.float16) * sk0 + mk0, qt1, s)
-                s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
-                s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
-            s = tl.where(tmask[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[None, :])
+            s = _scores_t(kc, kmn, ksc, ksm, tok, tmask, j, qt0, qt1, qt2, qt3, a0, b0, c0, a2, b2, c2,
+                          W, NP, GPP, MODE, USE_SE, SUMCOL, USE_ASM)
+            m_new, alpha, p = _online_softmax(s, m_i)
             tr = tl.arange(0, BN)
             if VSIDE == 0:
                 vt = tl.load(VT + (bh.to(tl.int64) * PI + tr)[None, :] * D + dd[:, None],
@@ -323,7 +295,6 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
         prow = qrow.to(tl.int64) * NSPLIT + split
         tl.store(LSEP + prow, lse, mask=gmask)
         _store_o(OP + prow * D, o, o0, o1, o2, o3, inv_l, gmask, dd, j, W, VSIDE)
-    if NSPLIT > 1:
         if FUSED:
             # Last program of this (request, KV head) to finish merges the partials.  The barrier
             # orders every thread's stores before the (release) atomic; the acquire side reads

@@ -201,41 +201,24 @@ def validate(
     from simulator.config import ScenarioError
     from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
 
-    if trace.suffix == ".csv" and trace.name != "requests.csv":
-        try:
-            rows = validate_index(trace, list(set_))
-        except ScenarioError as e:
-            fail(str(e))
-        typer.echo(format_validation_table(rows))
-        text = json.dumps(_clean(rows), indent=2) + "\n"
-        if json_out is not None:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(text)
-        if out is not None:
-            from reports.validation import write_validation_index_report
-
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "validation.json").write_text(text)
-            write_validation_index_report(_clean(rows), out / "validation.html")
-            typer.echo(f"wrote {out}/validation.json, validation.html")
-        return
-    if scenario is None:
+    many = trace.suffix == ".csv" and trace.name != "requests.csv"
+    if not many and scenario is None:
         fail(f"{trace}: --scenario is required to validate one trace")
     try:
-        v = run_validate(trace, scenario, list(set_), method)
+        result = validate_index(trace, list(set_)) if many else run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
-    typer.echo(format_validation(v))
-    text = json.dumps(_clean(v), indent=2) + "\n"
+    typer.echo(format_validation_table(result) if many else format_validation(result))
+    text = json.dumps(_clean(result), indent=2) + "\n"
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(text)
     if out is not None:
-        from reports.validation import write_validation_report
+        from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
-        write_validation_report(_clean(v), out / "validation.html")
+        (write_validation_index_report if many else write_validation_report)(_clean(result), out / "validation.html")
         typer.echo(f"wrote {out}/validation.json, validation.html")
 
 

@@ -153,9 +153,8 @@ class ReplicaCostModel:
         bytes_per_token = FP16_BYTES * (2 * 2 * h + 7 * r + (2 * i + 3 * i) + 2 * 3 * h)
         n_kernels = 9 if m.mlp == "gated" else 7
         fit = p.kernels.get("elementwise")
-        if fit is None:
-            return n_kernels * p.launch_overhead_s + tokens * bytes_per_token / (p.memory_gbps * 1e9)
-        return n_kernels * fit.overhead_s + fit.s_per_unit * tokens * bytes_per_token
+        s_per_byte = 1.0 / (p.memory_gbps * 1e9) if fit is None else fit.s_per_unit
+        return n_kernels * self._small_kernel_s() + s_per_byte * tokens * bytes_per_token
 
     def _small_kernel_s(self) -> float:
         """One tiny memory-bound kernel (a copy or a gather of a few rows): its launch-bound cost."""

@@ -26,41 +26,13 @@ import numpy as np
 # (name, hidden, q_dim, kv_dim, mlp, vocab): Llama-3.1 8B and 70B layer shapes
 MODELS = (("8b", 4096, 4096, 1024, 14336, 128256), ("70b", 8192, 8192, 1024, 28672, 128256))
 ROWS = (1, 2, 4, 8, 16, 24, 32, 64, 128, 512, 1024, 2048, 4096, 8192, 16384)
-ROT_BYTES = 256 << 20
-
-
-def _time_graph(fn, n_rot: int, replays: int = 20) -> float:
-    import torch
-    for i in range(n_rot):
-        fn(i)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(n_rot):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n_rot):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3 / n_rot)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def measure(out: Path) -> list[dict]:
     import torch
     import torch.nn.functional as F
+
+    from .measure import _n_rot, time_graph   # graph replays over n_rot input sets (>= 256 MB), median per step
 
     dev = "cuda"
     rows: list[dict] = []
@@ -75,14 +47,14 @@ def measure(out: Path) -> list[dict]:
                   ("lm_head", vocab, h))
         for op, n, k in shapes:
             wbytes = 2 * n * k
-            n_rot = max(1, min(8, -(-ROT_BYTES // wbytes)))
+            n_rot = _n_rot(wbytes, cap=8)
             ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * k ** -0.5 for _ in range(n_rot)]
             for m in ROWS:
                 if op == "lm_head" and m > 64:
                     continue
                 x = torch.randn(m, k, device=dev, dtype=torch.float16)
                 y = torch.empty(m, n, device=dev, dtype=torch.float16)
-                t = _time_graph(lambda i: torch.matmul(x, ws[i].t(), out=y), n_rot)
+                t = time_graph(lambda i: torch.matmul(x, ws[i].t(), out=y), n_rot, replays=20)
                 add("gemm", f"{name}.{op}", m, n, k, 2 * (n * k + m * k + m * n), 2.0 * m * n * k, t)
                 del x, y
             del ws
@@ -104,7 +76,7 @@ def measure(out: Path) -> list[dict]:
                    ("rope_mul", lambda i: qk * rot, 4 * qk.numel()),
                    ("rope_cat", lambda i: torch.cat(qk.chunk(2, -1)[::-1], -1), 4 * qk.numel()))
             for op, fn, nbytes in ops:
-                t = _time_graph(fn, 1, replays=30)
+                t = time_graph(fn, 1)
                 add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
             del xs, gu, g, u, qk, rot, ys
             torch.cuda.empty_cache()
@@ -191,13 +163,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def merge_into_profile(path: Path, fit: dict) -> None:
-    prof = json.loads(path.read_text())
+def apply_dense_fit(prof: dict, fit: dict) -> dict:
+    """Put a fit_dense result into a profile dict: `gemm` and `kernels.elementwise`."""
     if "gemm" in fit:
         prof["gemm"] = fit["gemm"]
     if "elementwise" in fit:
         prof["kernels"]["elementwise"] = fit["elementwise"]
-    path.write_text(json.dumps(prof, indent=1) + "\n")
+    return prof
+
+
+def merge_into_profile(path: Path, fit: dict) -> None:
+    path.write_text(json.dumps(apply_dense_fit(json.loads(path.read_text()), fit), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    from .dense_bench import fit_dense
+    from .dense_bench import apply_dense_fit, fit_dense
 
     if args.fit_only:
         rows = [r for path in args.fit_only for r in read_rows(path)]
@@ -343,12 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)
     if dense_paths:
         peaks = meta["peaks"]
-        dense_fit = fit_dense([r for p in dense_paths for r in read_rows(p)], peaks["memory_gbps"],
-                              peaks["fp16_tflops"], peaks.get("launch_overhead_s"))
-        if "gemm" in dense_fit:
-            prof["gemm"] = dense_fit["gemm"]
-        if "elementwise" in dense_fit:
-            prof["kernels"]["elementwise"] = dense_fit["elementwise"]
+        apply_dense_fit(prof, fit_dense([r for p in dense_paths for r in read_rows(p)], peaks["memory_gbps"],
+                                        peaks["fp16_tflops"], peaks.get("launch_overhead_s")))
     missing = [k for k in REQUIRED_KEYS if k not in prof["kernels"]]
     if missing:
         print(f"WARNING: not measured, missing from the profile: {missing}", file=sys.stderr)

@@ -41,19 +41,22 @@ def validation_figure(v: dict) -> go.Figure:
     return fig
 
 
-def write_validation_report(v: dict, path: str | Path) -> Path:
-    """A self-contained page with the figure and the raw numbers."""
+def _write_page(path: str | Path, heading: str, subtitle: str, fig: go.Figure, data) -> Path:
+    """A self-contained page (plotly.js embedded): heading, figure, the raw numbers."""
     path = Path(path)
-    fig = validation_figure(v)
-    body = fig.to_json()
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>hacksim validation</title>
 <script>{get_plotlyjs()}</script></head><body style="font-family:sans-serif;margin:24px">
-<h1>Validation: {html.escape(str(v['trace']))}</h1><p>scenario {html.escape(str(v['scenario']))}</p>
+<h1>{html.escape(heading)}</h1><p>{html.escape(subtitle)}</p>
 <div id="validation"></div>
-<script>var f={body};Plotly.newPlot("validation",f.data,f.layout,{{responsive:true}});</script>
-<pre>{html.escape(json.dumps(v, indent=2))}</pre></body></html>"""
+<script>var f={fig.to_json()};Plotly.newPlot("validation",f.data,f.layout,{{responsive:true}});</script>
+<pre>{html.escape(json.dumps(data, indent=2))}</pre></body></html>"""
     path.write_text(page)
     return path
+
+
+def write_validation_report(v: dict, path: str | Path) -> Path:
+    """A self-contained page with the figure and the raw numbers."""
+    return _write_page(path, f"Validation: {v['trace']}", f"scenario {v['scenario']}", validation_figure(v), v)
 
 
 INDEX_METRICS = (("jct_mean_error_pct", "JCT mean", "#dc2626"), ("ttft_p50_error_pct", "TTFT p50", "#2563eb"),
@@ -81,13 +84,5 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
 
 
 def write_validation_index_report(rows: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    body = validation_index_figure(rows).to_json()
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>hacksim validation</title>
-<script>{get_plotlyjs()}</script></head><body style="font-family:sans-serif;margin:24px">
-<h1>Validation over {len(rows)} traces</h1><p>shaded: within 5 % and 10 %</p>
-<div id="validation"></div>
-<script>var f={body};Plotly.newPlot("validation",f.data,f.layout,{{responsive:true}});</script>
-<pre>{html.escape(json.dumps(rows, indent=2))}</pre></body></html>"""
-    path.write_text(page)
-    return path
+    return _write_page(path, f"Validation over {len(rows)} traces", "shaded: within 5 % and 10 %",
+                       validation_index_figure(rows), rows)

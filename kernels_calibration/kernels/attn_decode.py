@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import online_softmax
 from .hack_attn_decode import default_splits, run_split_decode
 
 
@@ -45,9 +46,7 @@ def _fp_decode_kernel(Q, K, V, LENS, OP, LSEP, qk_scale, v_scale, HKV, LMAX, TPS
         kt = tl.load(K + base + tok[None, :] * D + d[:, None], mask=tmask[None, :], other=0.0)  # [D, BN]
         s = tl.dot(q, kt.to(tl.float16))
         s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_new, alpha, p = online_softmax(s, m_i)
         v = tl.load(V + base + tok[:, None] * D + d[None, :], mask=tmask[:, None], other=0.0)  # [BN, D]
         o = tl.dot(p.to(tl.float16), v.to(tl.float16), o * alpha[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)

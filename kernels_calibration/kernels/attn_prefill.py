@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import online_softmax
+
 
 @triton.jit
 def _fa_inner(acc, l_i, m_i, q, kbase, vbase, rows, lo, hi, L, D: tl.constexpr, BN: tl.constexpr,
@@ -25,9 +27,7 @@ def _fa_inner(acc, l_i, m_i, q, kbase, vbase, rows, lo, hi, L, D: tl.constexpr, 
         s = tl.dot(q, kt)
         if MASKED:
             s = tl.where((tok[None, :] <= rows[:, None]) & (tok[None, :] < L), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_new, alpha, p = online_softmax(s, m_i)
         v = tl.load(vbase + tok[:, None] * D + d[None, :], mask=tok[:, None] < L, other=0.0)  # [BN, D]
         acc = tl.dot(p.to(tl.float16), v, acc * alpha[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)

@@ -88,3 +88,12 @@ def unpack_codes(packed, SHIFT: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.co
     else:
         out = ((packed >> SHIFT) & ((1 << BITS) - 1)).to(tl.int8)
     return out
+
+
+@triton.jit
+def online_softmax(s, m_i, AXIS: tl.constexpr = 1):
+    """Flash-attention step over a score tile s (log2 domain; masked entries -inf) whose token axis is
+    AXIS: (m_new running max per row of the other axis, alpha = exp2(m_i - m_new) to rescale the
+    state so far, p = exp2(s - m_new))."""
+    m_new = tl.maximum(m_i, tl.max(s, AXIS))
+    return m_new, tl.exp2(m_i - m_new), tl.exp2(s - tl.expand_dims(m_new, AXIS))

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import use_asm
+from .common import online_softmax, use_asm
 from .hack_core import (dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t, hack_pv_block,
                         hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, load_q_groups, q_quantize,
                         quantize_p, split_cols)
@@ -108,9 +108,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             else:
                 s = dequant_scores_t(qh0, qh1, qh2, qh3, kb, km, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_new, alpha, p = online_softmax(s, m_i)
             if MODE == 0:
                 o0, o1, o2, o3, lsum = hack_pv_t(o0, o1, o2, o3, p, alpha, vb, vm, vs, USE_SE, USE_ASM, SUMROW)
             else:
@@ -134,9 +132,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             else:
                 s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_new, alpha, p = online_softmax(s, m_i)
             blk = s0 // PI
             t0 = s0 + tl.arange(0, PI)
             if MODE == 0 and not VSPLIT:
@@ -215,9 +211,7 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             else:
                 s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_new, alpha, p = online_softmax(s, m_i)
             p16 = p.to(tl.float16)
             tr = tl.arange(0, PI)
             vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import use_asm
+from .common import online_softmax, use_asm
 from .hack_core import hack_pv, hack_scores, load_q_groups, q_quantize
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
@@ -34,9 +34,7 @@ def _hack_inner(o0, o1, o2, o3, l_i, m_i, qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0
                         kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM)
         if MASKED:
             s = tl.where((tok[None, :] <= rows[:, None]) & tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_new, alpha, p = online_softmax(s, m_i)
         o0, o1, o2, o3, lsum = hack_pv(o0, o1, o2, o3, p, alpha, vc, vmn, vsc, vsm, tok, tmask,
                                        s0 // PI, W, D, USE_SE, USE_ASM)
         l_i = l_i * alpha + lsum

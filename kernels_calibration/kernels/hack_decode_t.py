@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import unpack_codes, use_asm
+from .common import online_softmax, unpack_codes, use_asm
 from .hack_core import dequant_pv, hack_pv_block, load_q_groups, q_quantize
 from .kv_cache import QuantKVCache
 
@@ -130,13 +130,6 @@ def _scores_t(kc, kmn, ksc, ksm, tok, tmask, j, qt0, qt1, qt2, qt3, a0, b0, c0, 
         s = tl.dot(k2.to(tl.float16) * sk1 + mk1, qt2, s)
         s = tl.dot(k3.to(tl.float16) * sk1 + mk1, qt3, s)
     return tl.where(tmask[:, None], s, float("-inf"))
-
-
-@triton.jit
-def _online_softmax(s, m_i):
-    """Running max over the token axis: (m_new, rescale of the old state, P = exp2(s - m_new))."""
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    return m_new, tl.exp2(m_i - m_new), tl.exp2(s - m_new[None, :])
 
 
 @triton.jit
@@ -233,7 +226,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
             vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
             sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
             mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
-        m_new, alpha, p = _online_softmax(s, m_i)                                   # p [BN, G_PAD]
+        m_new, alpha, p = online_softmax(s, m_i, 0)                                   # p [BN, G_PAD]
         if MODE == 0:
             u = tl.floor(p * 255.0 + 0.5)
             usum = tl.sum(u, 0)
@@ -270,7 +263,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
             tmask = tok < L
             s = _scores_t(kc, kmn, ksc, ksm, tok, tmask, j, qt0, qt1, qt2, qt3, a0, b0, c0, a2, b2, c2,
                           W, NP, GPP, MODE, USE_SE, SUMCOL, USE_ASM)
-            m_new, alpha, p = _online_softmax(s, m_i)
+            m_new, alpha, p = online_softmax(s, m_i, 0)
             tr = tl.arange(0, BN)
             if VSIDE == 0:
                 vt = tl.load(VT + (bh.to(tl.int64) * PI + tr)[None, :] * D + dd[:, None],

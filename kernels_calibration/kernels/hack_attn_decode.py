@@ -30,7 +30,7 @@ import triton.language as tl
 from .common import online_softmax, use_asm
 from .hack_core import (dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t, hack_pv_block,
                         hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, load_q_groups, q_quantize,
-                        quantize_p, split_cols)
+                        quantize_p, split_cols, split_prologue)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -44,21 +44,8 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = bh // HKV
-    h = bh % HKV
-    L = tl.load(LENS + b)
-    if HAS_TAIL:
-        LV = (L // PI) * PI
-    else:
-        LV = L
-    start = split * TPS
-    end = tl.minimum(start + TPS, LV)
-    g = tl.arange(0, G_PAD)
-    gmask = g < G
+    bh, split, L, LV, start, end, g, gmask, qrow = split_prologue(LENS, HKV, TPS, G, G_PAD, PI, HAS_TAIL)
     j = tl.arange(0, W)
-    qrow = (b * HKV + h) * G + g                      # [G_PAD] query-head rows of Q [B, HQ, D]
     q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
     tok0 = bh.to(tl.int64) * LMAX
     kc = KC + tok0 * W

@@ -20,6 +20,27 @@ from .common import unpack_codes
 
 
 @triton.jit
+def split_prologue(LENS, HKV, TPS, G: tl.constexpr, G_PAD: tl.constexpr, PI: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """Split-K decode program (grid (B * H_kv, splits)): its (request, KV head) bh, split, the cache
+    length L, LV = the tokens with quantized V (L rounded down to whole PI blocks when the last
+    partial block is the FP16 tail), the token range [start, end) of this split, and the G_PAD query
+    rows (qrow, mask g < G) of the KV head's GQA group."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    L = tl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = tl.minimum(start + TPS, LV)
+    g = tl.arange(0, G_PAD)
+    qrow = (b * HKV + bh % HKV) * G + g
+    return bh, split, L, LV, start, end, g, g < G, qrow
+
+
+@triton.jit
 def load_q_groups(Q, qrow, gmask, W: tl.constexpr, D: tl.constexpr):
     """The four channel groups [R, W] (FP32) of the query rows qrow of Q [rows, D]; masked rows are 0."""
     j = tl.arange(0, W)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, unpack_codes, use_asm
-from .hack_core import dequant_pv, hack_pv_block, load_q_groups, q_quantize
+from .hack_core import dequant_pv, hack_pv_block, load_q_groups, q_quantize, split_prologue
 from .kv_cache import QuantKVCache
 
 
@@ -157,22 +157,9 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
     BN: tl.constexpr = PI
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = bh // HKV
-    h = bh % HKV
-    L = tl.load(LENS + b)
-    if HAS_TAIL:
-        LV = (L // PI) * PI
-    else:
-        LV = L
-    start = split * TPS
-    end = tl.minimum(start + TPS, LV)
-    g = tl.arange(0, G_PAD)
-    gmask = g < G
+    bh, split, L, LV, start, end, g, gmask, qrow = split_prologue(LENS, HKV, TPS, G, G_PAD, PI, HAS_TAIL)
     j = tl.arange(0, W)
     dd = tl.arange(0, D)
-    qrow = (b * HKV + h) * G + g
     q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
     tok0 = bh.to(tl.int64) * LMAX
     kc = KC + tok0 * W

@@ -67,6 +67,31 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 6:  # row-packed kernel (hack_decode_rp.py): copies of the head group fill the padding rows
+        from .kernels.hack_attn_decode import default_splits
+
+        dev = torch.device("cuda")
+        for ctx in (32768, 16384, 4096, 1024):
+            for pi in ((64, 128, 32) if ctx == 32768 else (64,)):
+                s_old = default_splits(B, HKV, ctx + 1, max(pi, 128), dev)
+                s0 = default_splits(B, HKV, ctx + 1, 2 * pi, dev)
+                base = [dict(num_warps=2 if pi >= 64 else 4, v_split=True, splits=s_old)]
+                ss = sorted({max(1, s0 // 2), s0, min(2 * s0, 128)})
+                sts = (2, 3) if (ctx, pi) == (32768, 64) else (2,)
+                ss = ss if pi == 64 else [s0]
+                grid = base + [dict(row_packed=True, num_warps=w, num_stages=st, splits=s)
+                               for w, st, s in itertools.product((2, 4), sts, ss)]
+                errs = dict(zip(map(str, grid), _check(ctx, pi, grid))) if ctx >= 4096 else None
+                rec(f"r16_hack_rp_pi{pi}", measure_decode(("hack",), B, ctx, HQ, HKV, D, pi, configs={"hack": grid},
+                                                          return_all=True), errs)
+                if pi == 64 and ctx in (32768, 1024):
+                    gn = [dict(num_warps=2, v_split=True, splits=s_old)] + [
+                        dict(row_packed=True, num_warps=w, splits=s0) for w in (2, 4)]
+                    rec("r16_hack_no_se_rp", measure_decode(("hack_no_se",), B, ctx, HQ, HKV, D, pi,
+                                                            configs={"hack_no_se": gn}, return_all=True),
+                        dict(zip(map(str, gn), _check(ctx, pi, gn, use_se=False))) if ctx == 32768 else None)
+            rec("r16_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
+        return
     if stage == 5:  # token-major (transposed) kernel: wgmma + streamed loads; fused split combine
         from .kernels.hack_attn_decode import default_splits
 
@@ -158,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9)")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16)")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

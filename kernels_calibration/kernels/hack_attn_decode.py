@@ -269,13 +269,22 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
-                     v_side: int = 1, pad_heads_to: int = 16) -> torch.Tensor:
+                     v_side: int = 1, pad_heads_to: int = 16, row_packed: bool = False) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
     transposed: the token-major kernel of hack_decode_t.py (PI 64 or 128; prefetch, block_n and
     v_split do not apply there); fused_combine=True merges the splits inside it (measured slower);
-    v_side and pad_heads_to choose its P.V form and head padding (see hack_decode_t.py)."""
+    v_side and pad_heads_to choose its P.V form and head padding (see hack_decode_t.py).
+    row_packed: the row-packed kernel of hack_decode_rp.py (mode "hack", PI 32/64/128, head_dim 128;
+    Q rounded per query head; prefetch, block_n, v_split do not apply)."""
+    if row_packed:
+        from .hack_decode_rp import hack_attn_decode_rp
+
+        if mode != "hack":
+            raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
+        return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len,
+                                   num_warps=num_warps or 2, num_stages=num_stages)
     if transposed:
         from .hack_decode_t import hack_attn_decode_t
 
@@ -332,11 +341,12 @@ def attn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> 
     return out
 
 
-def hack_attn_decode_ref(q: torch.Tensor, cache: QuantKVCache) -> torch.Tensor:
-    """What HACK computes, in float64: Q rounded to 8 bits per partition, the cache's K and V
-    (dequantized; FP16 tail where RQE), P rounded to multiples of 1/255 of the row max."""
+def hack_attn_decode_ref(q: torch.Tensor, cache: QuantKVCache, q_per_head: bool = False) -> torch.Tensor:
+    """What HACK computes, in float64: Q rounded to 8 bits per partition (per query head with
+    q_per_head, as the row-packed kernel does), the cache's K and V (dequantized; FP16 tail where
+    RQE), P rounded to multiples of 1/255 of the row max."""
     k, v = dequantize_cache_ref(cache)
-    pi = cache.partition
+    pi = q.shape[-1] if q_per_head else cache.partition
     qf = q.double().cpu()
     qp = qf.reshape(*qf.shape[:-1], -1, pi)
     mn, mx = qp.amin(-1, keepdim=True), qp.amax(-1, keepdim=True)

@@ -115,6 +115,29 @@ def test_hack_decode_token_major(partition, rqe):
         hack_attn_decode(q, build_cache(k, v, lens, 32, 2), transposed=True)
 
 
+@pytest.mark.parametrize("g,partition,rqe", [(8, 64, True), (8, 128, False), (8, 32, True), (4, 64, True)])
+def test_hack_decode_row_packed(g, partition, rqe):
+    """The row-packed kernel (copies of the head group in the padding rows, one P.V product per
+    tile for all its V blocks, Q rounded per query head): against exact attention over the cache
+    within the HACK reference's own error, and closer to the per-head-Q reference than that error;
+    ragged lengths ending mid-tile and mid-block, SE and no-SE, one and three splits."""
+    torch.manual_seed(100 * g + partition + rqe)
+    k, v, lens = _kv(300, [300 - 41, 283])
+    q = randn(B, HKV * g, D)
+    cache = build_cache(k, v, lens, partition, 2, rqe=rqe, stochastic=True, seed=3)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_decode_ref(q, kd, vd, lens)
+    ref_head = hack_attn_decode_ref(q, cache, q_per_head=True)
+    ref_err = rel_err(ref_head, exact)
+    for use_se in (True, False):
+        for splits in (1, 3):
+            out = hack_attn_decode(q, cache, use_se=use_se, splits=splits, row_packed=True)
+            assert rel_err(out, exact) < 2 * ref_err + 2e-3, (use_se, splits)
+            assert rel_err(out, ref_head) < ref_err, (use_se, splits)
+    with pytest.raises(ValueError, match="row-packed"):
+        hack_attn_decode(q, cache, mode="dequant", row_packed=True)
+
+
 def test_hack_decode_after_append_crosses_block():
     torch.manual_seed(9)
     k, v, lens = _kv(128, [62, 30])
@@ -126,6 +149,8 @@ def test_hack_decode_after_append_crosses_block():
     exact = attn_decode_ref(q, kd, vd, cache.lens)
     out = hack_attn_decode(q, cache, splits=2)
     assert rel_err(out, exact) < 2 * rel_err(hack_attn_decode_ref(q, cache), exact) + 2e-3
+    out = hack_attn_decode(q, cache, splits=2, row_packed=True)
+    assert rel_err(out, exact) < 2 * rel_err(hack_attn_decode_ref(q, cache, q_per_head=True), exact) + 2e-3
 
 
 def test_fa_prefill():

@@ -1,0 +1,372 @@
+"""Row-packed HACK decode attention: the padding rows of the 16-row dots do useful work.
+
+hack_attn_decode.py gives the G = 8 query heads of a KV head a 16-row tile (mma.sync's M = 16), so
+half of every per-element correction, softmax and rounding step runs on padding rows, and a
+128-token tile at PI = 64 takes two P.V products (one per V block) with two [16, D] corrections.
+Here the R = 16 / G copies of the head group fill the rows (row r = head r mod G, copy r div G):
+  * scores are computed once for all rows (the copies repeat them: no extra work, the rows existed);
+  * P.V: a tile is R V blocks (BN = R * PI tokens); copy k keeps only block k's columns of P'', so
+    ONE INT8 product per channel group gives every block's sum in its own rows, and the block's
+    scale, min and sums are applied in one [16, D] pass instead of R;
+  * the copies' partial (O, l) are written as extra splits; the split combine adds them (same m).
+Arithmetic changes that cut per-element CUDA-core work, each exact algebra or HACK-conform rounding:
+  * Q is rounded to 8 bits per query head (one scale and min over head_dim) instead of per K
+    partition: the homomorphic identity holds for any Q partition that covers the K partition, and
+    the per-head scale a factors out of every K partition, so a score is
+        a * [ sum_p sk_p I_p + beta sum_p sk_p ks_p + sum_p gamma_p mk_p ]
+    (I_p the INT32 dot of K partition p, sk/mk/ks its scale, min and stored code sum, beta and gamma
+    per row); a is applied inside the exp2 argument (one FMA) and the token terms are vectors;
+  * P is rounded with one FMA: p * 255 + (1.5 * 2^23 + 128) leaves round(255 p) + 128 in the low
+    byte of the float, which is p'' = round(255 p) - 128 as INT8 (round half to even, not up);
+    the row sums of u = p'' + 128 come from the tensor cores (P'' times a ones tile);
+  * full tiles run without masks; only the last tile of the last split is masked.
+The FP16 V tail (RQE) is multiplied by copy 0 only.  Without SE the code sums come from ones tiles
+on the tensor cores (K: a ones Q tile, V: the per-copy block mask as INT8 rows).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import online_softmax, unpack_codes, use_asm
+from .kv_cache import QuantKVCache
+
+_MAGIC_P = 12582912.0 + 128.0  # 1.5 * 2^23: ulp 1, so the low mantissa byte is the rounded integer
+
+
+@triton.jit
+def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr, MASKED: tl.constexpr):
+    if MASKED:
+        r = tl.load(KX + tok * NP + p, mask=tmask, other=0)
+    else:
+        r = tl.load(KX + tok * NP + p)
+    return r.to(tl.float32)
+
+
+@triton.jit
+def _part_term(x, i, KMN, KSC, KSM, kcs, tok, tmask, p: tl.constexpr, NP: tl.constexpr, beta, gamma,
+               USE_SE: tl.constexpr, MASKED: tl.constexpr):
+    """x + sk_p (I_p + beta ks_p) + gamma_p mk_p for one K partition ([R, BN]; x = 0 for the first).
+    Each term is added to the dot's result in turn so that Triton keeps it in the dot's layout."""
+    sk = _kvec(KSC, tok, tmask, p, NP, MASKED)
+    mk = _kvec(KMN, tok, tmask, p, NP, MASKED)
+    if USE_SE:
+        ks = _kvec(KSM, tok, tmask, p, NP, MASKED)
+        t = i.to(tl.float32) + beta[:, None] * ks[None, :]
+    else:
+        t = i.to(tl.float32) + beta[:, None] * kcs.to(tl.float32)
+    x = x + t * sk[None, :]
+    return x + gamma[:, None] * mk[None, :]
+
+
+@triton.jit
+def _rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
+               W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
+               USE_ASM: tl.constexpr, MASKED: tl.constexpr):
+    """x [R, BN] with log2 score = a * x (see module docstring)."""
+    j = tl.arange(0, W)
+    if MASKED:
+        kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN] uint8
+    else:
+        kb = tl.load(KC + tok[None, :] * W + j[:, None])
+    k0 = unpack_codes(kb, 0, 2, USE_ASM)
+    k1 = unpack_codes(kb, 2, 2, USE_ASM)
+    k2 = unpack_codes(kb, 4, 2, USE_ASM)
+    k3 = unpack_codes(kb, 6, 2, USE_ASM)
+    if GPP == 1:
+        c0 = 0
+        c1 = 0
+        c2 = 0
+        c3 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k0, out_dtype=tl.int32)
+            c1 = tl.dot(ones_q, k1, out_dtype=tl.int32)
+            c2 = tl.dot(ones_q, k2, out_dtype=tl.int32)
+            c3 = tl.dot(ones_q, k3, out_dtype=tl.int32)
+        x = _part_term(0.0, tl.dot(qi0, k0, out_dtype=tl.int32), KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi1, k1, out_dtype=tl.int32), KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm1,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi2, k2, out_dtype=tl.int32), KMN, KSC, KSM, c2, tok, tmask, 2, NP, beta, gm2,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi3, k3, out_dtype=tl.int32), KMN, KSC, KSM, c3, tok, tmask, 3, NP, beta, gm3,
+                       USE_SE, MASKED)
+    elif GPP == 2:
+        i0 = tl.dot(qi1, k1, tl.dot(qi0, k0, out_dtype=tl.int32), out_dtype=tl.int32)
+        i1 = tl.dot(qi3, k3, tl.dot(qi2, k2, out_dtype=tl.int32), out_dtype=tl.int32)
+        c0 = 0
+        c1 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k1, tl.dot(ones_q, k0, out_dtype=tl.int32), out_dtype=tl.int32)
+            c1 = tl.dot(ones_q, k3, tl.dot(ones_q, k2, out_dtype=tl.int32), out_dtype=tl.int32)
+        x = _part_term(0.0, i0, KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0, USE_SE, MASKED)
+        x = _part_term(x, i1, KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm2, USE_SE, MASKED)
+    else:
+        i0 = tl.dot(qi0, k0, out_dtype=tl.int32)
+        i0 = tl.dot(qi1, k1, i0, out_dtype=tl.int32)
+        i0 = tl.dot(qi2, k2, i0, out_dtype=tl.int32)
+        i0 = tl.dot(qi3, k3, i0, out_dtype=tl.int32)
+        c0 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k1, c0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k2, c0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k3, c0, out_dtype=tl.int32)
+        x = _part_term(0.0, i0, KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0, USE_SE, MASKED)
+    return x
+
+
+@triton.jit
+def _sel_rows(copy, vec0, vec1, vec2, vec3, R: tl.constexpr):
+    """[R_rows, W] tile whose rows of copy k hold vec_k."""
+    if R == 1:
+        t = tl.broadcast_to(vec0[None, :], (copy.shape[0], vec0.shape[0]))
+    elif R == 2:
+        t = tl.where((copy == 0)[:, None], vec0[None, :], vec1[None, :])
+    else:
+        t = tl.where((copy == 0)[:, None], vec0[None, :], vec1[None, :])
+        t = tl.where((copy == 2)[:, None], vec2[None, :], t)
+        t = tl.where((copy == 3)[:, None], vec3[None, :], t)
+    return t
+
+
+@triton.jit
+def _vblock(VX, blk, end, off, k: tl.constexpr, R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr,
+            MASKED: tl.constexpr):
+    """Metadata vector of V block blk + k (k < R) for channels off, in its stored dtype."""
+    if k < R:
+        if MASKED:
+            r = tl.load(VX + (blk + k) * D + off, mask=(blk + k) * PI < end, other=0)
+        else:
+            r = tl.load(VX + (blk + k) * D + off)
+    else:
+        r = tl.zeros([off.shape[0]], VX.dtype.element_ty)
+    return r
+
+
+@triton.jit
+def _rp_v_update(o, p8, usum, alpha, vcode, cmask8, copy, VMN, VSC, VSM, blk, end, off,
+                 R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, MASKED: tl.constexpr):
+    """o <- alpha o + sv (P''V' + 128 vs) + mv u for one channel group, each copy's rows against its
+    own V block (o and l are kept times 255: sum p v = (1/255) sum u v)."""
+    acc = tl.dot(p8, vcode, out_dtype=tl.int32)  # [R_rows, W]
+    if USE_SE:
+        vs = _sel_rows(copy, _vblock(VSM, blk, end, off, 0, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 1, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 2, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 3, R, PI, D, MASKED).to(tl.int32), R)
+    else:
+        vs = tl.dot(cmask8, vcode, out_dtype=tl.int32)  # each copy's block code sums
+    a = _sel_rows(copy, _vblock(VSC, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    o = o * alpha[:, None] + a * (acc + vs * 128).to(tl.float32)  # sum u v' = sum p''v' + 128 sum v' (INT32)
+    mv = _sel_rows(copy, _vblock(VMN, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    return o + mv * usum[:, None]
+
+
+@triton.jit
+def _rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+             inblk, cmask8, ones_v, copy, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM,
+             W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, PI: tl.constexpr,
+             R: tl.constexpr, BN: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+             MASKED: tl.constexpr):
+    tok = s0 + tl.arange(0, BN)
+    tmask = tok < end
+    x = _rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
+                   W, NP, GPP, USE_SE, USE_ASM, MASKED)
+    if MASKED:
+        x = tl.where(tmask[None, :], x, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(x, 1) * aq)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(x * aq[:, None] - m_new[:, None])
+    bits = (p * 255.0 + 12583040.0).to(tl.int32, bitcast=True)  # low byte: round(255 p) - 128 (INT8)
+    p8 = tl.where(inblk, bits, 0).to(tl.int8)
+    usum = tl.max(tl.dot(p8, ones_v, out_dtype=tl.int32), 1).to(tl.float32) + 128.0 * PI
+    j = tl.arange(0, W)
+    if MASKED:
+        vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
+    else:
+        vb = tl.load(VC + tok[:, None] * W + j[None, :])
+    blk = s0 // PI
+    o0 = _rp_v_update(o0, p8, usum, alpha, unpack_codes(vb, 0, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j, R, PI, D, USE_SE, MASKED)
+    o1 = _rp_v_update(o1, p8, usum, alpha, unpack_codes(vb, 2, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + W, R, PI, D, USE_SE, MASKED)
+    o2 = _rp_v_update(o2, p8, usum, alpha, unpack_codes(vb, 4, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + 2 * W, R, PI, D, USE_SE, MASKED)
+    o3 = _rp_v_update(o3, p8, usum, alpha, unpack_codes(vb, 6, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + 3 * W, R, PI, D, USE_SE, MASKED)
+    l_i = l_i * alpha + usum
+    return m_new, l_i, o0, o1, o2, o3
+
+
+@triton.jit
+def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
+                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                      G: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
+                      USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, USE_ASM: tl.constexpr):
+    W: tl.constexpr = D // 4
+    NP: tl.constexpr = D // PI
+    GPP: tl.constexpr = PI // W
+    BN: tl.constexpr = R * PI
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    L = tl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = tl.minimum(start + TPS, LV)
+    r = tl.arange(0, RP)
+    copy = r // G
+    rmask = r < G * R
+    qrow = (b * HKV + bh % HKV) * G + r % G
+    # --- Q: 8 bits per query head (one scale/min over head_dim), q'' = code - 128.
+    j = tl.arange(0, W)
+    qp = Q + qrow[:, None] * D + j[None, :]
+    q0 = tl.load(qp, mask=rmask[:, None], other=0.0).to(tl.float32)
+    q1 = tl.load(qp + W, mask=rmask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(qp + 2 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
+    q3 = tl.load(qp + 3 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
+    mn = tl.minimum(tl.minimum(tl.min(q0, 1), tl.min(q1, 1)), tl.minimum(tl.min(q2, 1), tl.min(q3, 1)))
+    mx = tl.maximum(tl.maximum(tl.max(q0, 1), tl.max(q1, 1)), tl.maximum(tl.max(q2, 1), tl.max(q3, 1)))
+    sq = (mx - mn) / 255.0
+    sq = tl.where(sq > 0, sq, 1.0)  # a constant row is exact with any scale (all codes 0)
+    inv = 1.0 / sq
+    c0 = tl.minimum(tl.maximum(tl.floor((q0 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c1 = tl.minimum(tl.maximum(tl.floor((q1 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c2 = tl.minimum(tl.maximum(tl.floor((q2 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c3 = tl.minimum(tl.maximum(tl.floor((q3 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    qi0 = c0.to(tl.int8)
+    qi1 = c1.to(tl.int8)
+    qi2 = c2.to(tl.int8)
+    qi3 = c3.to(tl.int8)
+    aq = sq * qk_scale
+    beta = mn * inv + 128.0
+    gm0 = tl.sum(c0, 1)
+    gm1 = tl.sum(c1, 1)
+    gm2 = tl.sum(c2, 1)
+    gm3 = tl.sum(c3, 1)
+    if GPP == 2:
+        gm0 = gm0 + gm1
+        gm2 = gm2 + gm3
+    if GPP == 4:
+        gm0 = gm0 + gm1 + gm2 + gm3
+    gm0 += PI * beta
+    gm1 += PI * beta
+    gm2 += PI * beta
+    gm3 += PI * beta
+    ones_q = tl.full([RP, W], 1, tl.int8)
+    cols = tl.arange(0, BN)
+    inblk = (cols[None, :] // PI) == copy[:, None]
+    cmask8 = inblk.to(tl.int8)
+    ones_v = tl.full([BN, 16], 1, tl.int8)
+    tok0 = bh.to(tl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    ksm = KSM + tok0 * NP
+    vc = VC + tok0 * W
+    moff = bh.to(tl.int64) * NBLK * D
+    vmn = VMN + moff
+    vsc = VSC + moff
+    vsm = VSM + moff
+    m_i = tl.full([RP], float("-inf"), tl.float32)
+    l_i = tl.zeros([RP], tl.float32)
+    o0 = tl.zeros([RP, W], tl.float32)
+    o1 = tl.zeros([RP, W], tl.float32)
+    o2 = tl.zeros([RP, W], tl.float32)
+    o3 = tl.zeros([RP, W], tl.float32)
+    end_full = start + tl.maximum(end - start, 0) // BN * BN
+    for s0 in range(start, end_full, BN):
+        m_i, l_i, o0, o1, o2, o3 = _rp_tile(
+            s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
+            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, False)
+    if end_full < end:
+        m_i, l_i, o0, o1, o2, o3 = _rp_tile(
+            end_full, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
+            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, True)
+    if HAS_TAIL:
+        # RQE: the last < PI tokens have quantized K but FP16 V; copy 0 of the last split takes them.
+        if (split == NSPLIT - 1) & (L > LV):
+            tok = LV + tl.arange(0, PI)
+            tmask = tok < L
+            x = _rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, kc, kmn, ksc, ksm, tok, tmask,
+                           W, NP, GPP, USE_SE, USE_ASM, True)
+            x = tl.where(tmask[None, :], x, float("-inf"))
+            m_new, alpha, p = online_softmax(x * aq[:, None], m_i)
+            p = tl.where((copy == 0)[:, None], p * 255.0, 0.0)  # o and l are kept times 255
+            p16 = p.to(tl.float16)
+            tr = tl.arange(0, PI)
+            vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
+            tm = (tr < L - LV)[:, None]
+            o0 = tl.dot(p16, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
+            o1 = tl.dot(p16, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
+            o2 = tl.dot(p16, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
+            o3 = tl.dot(p16, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    prow = qrow.to(tl.int64) * (NSPLIT * R) + split * R + copy  # each copy is a split of its own
+    tl.store(LSEP + prow, lse, mask=rmask)
+    op = OP + prow[:, None] * D + j[None, :]
+    tl.store(op, o0 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + W, o1 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + 2 * W, o2 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + 3 * W, o3 * inv_l[:, None], mask=rmask[:, None])
+
+
+def row_copies(g: int) -> tuple[int, int]:
+    """(rows of the dot tile, copies of the head group in it) for G query heads per KV head."""
+    rp = max(16, triton.next_power_of_2(g))
+    return rp, max(1, rp // g)
+
+
+def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
+                        max_len: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16."""
+    from .hack_attn_decode import default_splits, run_split_decode
+
+    b, hkv, lmax, d = cache.shape
+    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    if cache.bits != 2 or d != 128:
+        raise ValueError("the row-packed HACK decode kernel takes 2-bit codes and head_dim 128")
+    pi = cache.partition
+    if pi not in (32, 64, 128):
+        raise ValueError(f"partition {pi} must be 32, 64 or 128")
+    g = q.shape[1] // hkv
+    rp, r = row_copies(g)
+    if r > 4:
+        raise ValueError(f"{g} query heads per KV head: at most 4 copies of the group fit the kernel")
+    bn = r * pi
+    max_len = lmax if max_len is None else max_len
+    splits = splits or default_splits(b, hkv, max_len, bn, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), bn) * bn
+    splits = triton.cdiv(max_len, tps)
+    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
+    q = q.contiguous()
+
+    def launch(op, lsep):
+        _rp_decode_kernel[(b * hkv, splits)](
+            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
+            cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
+            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
+            G=g, RP=rp, R=r, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, USE_ASM=use_asm(q),
+            num_warps=num_warps, num_stages=num_stages)
+
+    return run_split_decode(launch, q, splits * r)

@@ -28,15 +28,19 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
-    """Narrow tuning keyed on the shape: warps (2, 4) and the P.V tile form (masked P over the whole
-    V tile, or P split per V block) for the quantized split-K decode kernels, splits (x1, x2 the
+    """Narrow tuning keyed on the shape: warps (2, 4) and splits (x1/2, x1 the default) for the
+    row-packed HACK kernels (plus the former head-major kernel), warps and the P.V tile form (masked P
+    over the whole V tile, or P split per V block) for fused dequant, splits (x1, x2 the
     default heuristic) for the FP16/FP8 ones; the fastest is reported, all are printed."""
     from .kernels.hack_attn_decode import default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
     q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
+    # HACK: the row-packed kernel (default; warps x splits) and the head-major one it replaced, for comparison
+    h = ([{"splits": s, "num_warps": w, "row_packed": True} for w in (2, 4) for s in sorted({max(1, s0 // 2), s0})]
+         + [{"splits": s0, "num_warps": 2, "v_split": True, "row_packed": False}])
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
-    return {"hack": q, "hack_no_se": q, "hack_no_rqe": q, "dequant_fused": q, "fp16_triton": f, "fp8": f,
+    return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
 
 

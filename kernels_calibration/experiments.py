@@ -75,7 +75,7 @@ def run(out: Path, stage: int = 3) -> None:
             for pi in ((64, 128, 32) if ctx == 32768 else (64,)):
                 s_old = default_splits(B, HKV, ctx + 1, max(pi, 128), dev)
                 s0 = default_splits(B, HKV, ctx + 1, 2 * pi, dev)
-                base = [dict(num_warps=2 if pi >= 64 else 4, v_split=True, splits=s_old)]
+                base = [dict(num_warps=2 if pi >= 64 else 4, v_split=True, splits=s_old, row_packed=False)]
                 ss = sorted({max(1, s0 // 2), s0, min(2 * s0, 128)})
                 sts = (2, 3) if (ctx, pi) == (32768, 64) else (2,)
                 ss = ss if pi == 64 else [s0]
@@ -85,7 +85,7 @@ def run(out: Path, stage: int = 3) -> None:
                 rec(f"r16_hack_rp_pi{pi}", measure_decode(("hack",), B, ctx, HQ, HKV, D, pi, configs={"hack": grid},
                                                           return_all=True), errs)
                 if pi == 64 and ctx in (32768, 1024):
-                    gn = [dict(num_warps=2, v_split=True, splits=s_old)] + [
+                    gn = [dict(num_warps=2, v_split=True, splits=s_old, row_packed=False)] + [
                         dict(row_packed=True, num_warps=w, splits=s0) for w in (2, 4)]
                     rec("r16_hack_no_se_rp", measure_decode(("hack_no_se",), B, ctx, HQ, HKV, D, pi,
                                                             configs={"hack_no_se": gn}, return_all=True),
@@ -98,7 +98,8 @@ def run(out: Path, stage: int = 3) -> None:
         for ctx in (32768, 16384, 4096, 1024):
             for pi in ((64, 128) if ctx == 32768 else (64,)):
                 s0 = default_splits(B, HKV, ctx + 1, pi, torch.device("cuda"))
-                base = [dict(num_warps=2, v_split=True, splits=default_splits(B, HKV, ctx + 1, 128, torch.device("cuda")))]
+                base = [dict(num_warps=2, v_split=True, row_packed=False,
+                             splits=default_splits(B, HKV, ctx + 1, 128, torch.device("cuda")))]
                 if ctx == 32768:
                     grid = base + [dict(transposed=True, num_warps=w, num_stages=st, splits=s)
                                    for w, st, s in itertools.product((4, 8), (2, 3), sorted({s0, 2 * s0}))]
@@ -113,7 +114,7 @@ def run(out: Path, stage: int = 3) -> None:
                 rec(f"r9_hack_t_pi{pi}", measure_decode(("hack",), B, ctx, HQ, HKV, D, pi, configs={"hack": grid},
                                                          return_all=True), errs)
                 if pi == 64 and ctx in (32768, 1024):
-                    g = [dict(num_warps=4, v_split=True)] + [dict(transposed=True, num_warps=w, splits=s)
+                    g = [dict(num_warps=4, v_split=True, row_packed=False)] + [dict(transposed=True, num_warps=w, splits=s)
                                                             for w in (4, 8) for s in sorted({s0, 2 * s0})]
                     rec("r9_dequant_t", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
                                                        configs={"dequant_fused": g}, return_all=True),
@@ -162,7 +163,7 @@ def run(out: Path, stage: int = 3) -> None:
     rec("dequant_fused_grid", measure_decode(("dequant_fused",), B, 32768, HQ, HKV, D, 64,
                                              configs={"dequant_fused": g4}, return_all=True),
         _check(32768, 64, g4, mode="dequant"))
-    g5 = [dict(num_warps=w, splits=s) for w, s in itertools.product((1, 2, 4), (5, 10, 16))]
+    g5 = [dict(num_warps=w, splits=s, row_packed=False) for w, s in itertools.product((1, 2, 4), (5, 10, 16))]
     rec("hack_1k", measure_decode(("hack", "hack_no_se"), B, 1024, HQ, HKV, D, 64,
                                   configs={"hack": g5, "hack_no_se": g5[:3]}, return_all=True))
     rec("sdpa_1k", measure_decode(("torch_sdpa_fp16", "fp16_triton"), B, 1024, HQ, HKV, D, 64))

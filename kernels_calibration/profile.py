@@ -2,7 +2,8 @@
 
     python -m kernels_calibration.profile --out DIR [--quick]      # on a GPU: measure, then fit
     python -m kernels_calibration.profile --fit-only DIR/rows.csv --out DIR   # refit, no GPU
-    python -m kernels_calibration.profile --only score --out DIR   # on a GPU: the scoring kernels only, then
+    python -m kernels_calibration.profile --only score --out DIR   # on a GPU: the scoring kernels only
+    python -m kernels_calibration.profile --only hack --out DIR    # (or the HACK decode kernels only), then
     python -m kernels_calibration.profile --fit-only kernels_calibration/profiles/h200/profile_rows.csv \
         DIR/rows.csv --out DIR2                                     # refit the committed rows + the new ones
 
@@ -81,8 +82,11 @@ REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "
                                                 "hack_no_se", "hack_no_rqe")]
                  + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"]
                  + ["score.pq", "score.quantized_keys"])
-# narrow per-shape autotune of the quantized decode kernels: the P.V tile form (see hack_core.py)
-QUANT_DECODE_CONFIGS = {k: [{}, {"v_split": True}] for k in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused")}
+# narrow per-shape autotune of the quantized decode kernels: warps for the row-packed HACK kernel (its
+# default picks 2 warps above 2K tokens, 4 below), the P.V tile form for fused dequant (see hack_core.py)
+HACK_DECODE_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
+QUANT_DECODE_CONFIGS = {k: [{}, {"num_warps": 4}] for k in HACK_DECODE_KINDS}
+QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"v_split": True}]
 
 
 def fit(points: list[tuple[float, float, bool]]) -> dict | None:
@@ -215,11 +219,14 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
     if only == "score":
         score_sweep()
         return rows
+    kinds = HACK_DECODE_KINDS if only == "hack" else DECODE_KERNELS
     for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
-        add(measure_decode(DECODE_KERNELS, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
+        add(measure_decode(kinds, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
     for pi in (32, 128):
         for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
             add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs=QUANT_DECODE_CONFIGS), held)
+    if only == "hack":
+        return rows
     for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
         add(measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), b, seq, 64, 8, 128, 64), held)
     for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
@@ -319,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
     ap.add_argument("--fit-only", type=Path, nargs="+", default=None,
                     help="refit from existing rows.csv files (concatenated; peaks.json beside the first)")
-    ap.add_argument("--only", choices=("all", "score"), default="all",
-                    help="score: measure only the scoring kernels (merge with older rows via --fit-only)")
+    ap.add_argument("--only", choices=("all", "score", "hack"), default="all",
+                    help="score: measure only the scoring kernels; hack: only the HACK decode kernels "
+                         "(merge with older rows via --fit-only)")
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -336,6 +336,13 @@ def row_copies(g: int) -> tuple[int, int]:
     return rp, max(1, rp // g)
 
 
+def row_packed_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
+    """The shapes this kernel takes: 2-bit codes, head_dim 128, PI 32/64/128, 4-16 query heads per KV head."""
+    b, hkv, _, d = cache.shape
+    g = q.shape[1] // hkv if q.dim() == 3 and q.shape[1] % hkv == 0 else 0
+    return cache.bits == 2 and d == 128 and cache.partition in (32, 64, 128) and 4 <= g <= 16
+
+
 def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                         max_len: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16."""

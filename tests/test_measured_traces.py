@@ -7,7 +7,9 @@ realrun/device_run.sh.  The scenarios in scenarios/measured take every cost from
 kernel profile (kernels, GEMMs at layer shapes, elementwise kernels) and the harness's host cost from
 the realrun.hostcal microbenchmark (runs 12 and 14, no trace involved).  BOUNDS are the absolute
 errors this model achieves, rounded up, plus 2 percentage points: a change that makes any
-prediction worse fails here, and tightening them is how an improvement is recorded.  Achieved
+prediction worse fails here, and tightening them is how an improvement is recorded (the six HACK
+traces were re-recorded with the row-packed decode kernel in session 3, run 19; their bounds are
+that recording's).  Achieved
 figures and their causes: README, "Measured runs".
 """
 from __future__ import annotations
@@ -27,20 +29,20 @@ TRACES = ROOT / "realrun/traces/h200"
 BOUNDS = {
     "llama-3.1-70b-L8_10gbps_baseline_r2": (10, 4, 11),
     "llama-3.1-70b-L8_10gbps_baseline_r3.5": (10, 3, 9),
-    "llama-3.1-70b-L8_10gbps_hack_r2": (11, 7, 16),
-    "llama-3.1-70b-L8_10gbps_hack_r3.5": (18, 8, 21),
+    "llama-3.1-70b-L8_10gbps_hack_r2": (14, 7, 11),
+    "llama-3.1-70b-L8_10gbps_hack_r3.5": (17, 3, 19),
     "llama-3.1-70b-L8_10gbps_kvquant_r2": (13, 3, 11),
     "llama-3.1-70b-L8_10gbps_kvquant_r3.5": (20, 7, 17),
     "llama-3.1-8b-L32_10gbps_baseline_r1": (3, 8, 10),
     "llama-3.1-8b-L32_10gbps_baseline_r1.6": (4, 8, 5),
-    "llama-3.1-8b-L32_10gbps_hack_r1": (10, 14, 6),
-    "llama-3.1-8b-L32_10gbps_hack_r1.6": (18, 7, 26),
+    "llama-3.1-8b-L32_10gbps_hack_r1": (9, 10, 8),
+    "llama-3.1-8b-L32_10gbps_hack_r1.6": (15, 7, 16),
     "llama-3.1-8b-L32_10gbps_kvquant_r1": (27, 10, 32),
     "llama-3.1-8b-L32_10gbps_kvquant_r1.6": (11, 12, 8),
     "llama-3.1-8b-L32_40gbps_baseline_r1.5": (19, 7, 23),
     "llama-3.1-8b-L32_40gbps_baseline_r3": (22, 8, 33),
-    "llama-3.1-8b-L32_40gbps_hack_r1.5": (8, 13, 5),
-    "llama-3.1-8b-L32_40gbps_hack_r3": (18, 22, 23),
+    "llama-3.1-8b-L32_40gbps_hack_r1.5": (14, 13, 13),
+    "llama-3.1-8b-L32_40gbps_hack_r3": (31, 29, 34),
     "llama-3.1-8b-L32_40gbps_kvquant_r1.5": (5, 7, 10),
     "llama-3.1-8b-L32_40gbps_kvquant_r3": (20, 7, 24),
 }

@@ -67,6 +67,29 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 7:  # row-packed kernel: register cap (occupancy) x warps x splits
+        from .kernels.hack_attn_decode import default_splits
+
+        dev = torch.device("cuda")
+        for ctx, pi in ((32768, 64), (1024, 64), (32768, 128)):
+            s0 = default_splits(B, HKV, ctx + 1, 2 * pi, dev)
+            grid = [dict(row_packed=True, num_warps=w, maxnreg=mr, splits=s) for w, mr, s in
+                    ((2, None, s0), (2, 168, s0), (2, 128, s0), (4, None, s0), (4, 128, s0), (4, 128, 2 * s0),
+                     (4, 96, s0))]
+            if ctx == 1024:
+                grid = [g for g in grid if g["splits"] == s0] + [dict(row_packed=True, num_warps=4, maxnreg=128,
+                                                                      splits=max(1, s0 // 2))]
+            if pi == 128:
+                grid = grid[:1] + grid[3:6]
+            kinds = ("hack", "hack_no_se") if pi == 64 else ("hack",)
+            for kind in kinds:
+                errs = (dict(zip(map(str, grid), _check(ctx, pi, grid, use_se=kind == "hack")))
+                        if ctx == 32768 else None)
+                rec(f"r20_{kind}_pi{pi}", measure_decode((kind,), B, ctx, HQ, HKV, D, pi, configs={kind: grid},
+                                                         return_all=True), errs)
+            if pi == 64:
+                rec("r20_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
+        return
     if stage == 6:  # row-packed kernel (hack_decode_rp.py): copies of the head group fill the padding rows
         from .kernels.hack_attn_decode import default_splits
 
@@ -184,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16)")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20)")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

@@ -269,7 +269,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
-                     v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None) -> torch.Tensor:
+                     v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None,
+                     maxnreg: int | None = None) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
@@ -279,7 +280,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     row_packed: the row-packed kernel of hack_decode_rp.py (mode "hack", PI 32/64/128, head_dim 128,
     4-16 query heads per KV head; Q rounded per query head; prefetch, block_n, v_split do not apply).
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
-    transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16)."""
+    transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
+    maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md)."""
     from .hack_decode_rp import hack_attn_decode_rp, row_packed_supported
 
     if row_packed is None:
@@ -290,7 +292,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
         ml = cache.shape[2] if max_len is None else max_len
         return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len,
-                                   num_warps=num_warps or (4 if ml <= 2048 else 2), num_stages=num_stages)
+                                   num_warps=num_warps or (4 if ml <= 2048 else 2), num_stages=num_stages,
+                                   maxnreg=maxnreg)
     if transposed:
         from .hack_decode_t import hack_attn_decode_t
 

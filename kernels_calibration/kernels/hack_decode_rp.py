@@ -344,8 +344,10 @@ def row_packed_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 
 def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
-                        max_len: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
-    """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16."""
+                        max_len: int | None = None, num_warps: int = 4, num_stages: int = 2,
+                        maxnreg: int | None = None) -> torch.Tensor:
+    """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
+    maxnreg caps registers per thread (more programs per SM; ptxas spills beyond the cap)."""
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -374,6 +376,6 @@ def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = Tru
             cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
             qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
             G=g, RP=rp, R=r, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, USE_ASM=use_asm(q),
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
     return run_split_decode(launch, q, splits * r)

@@ -28,17 +28,16 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
-    """Narrow tuning keyed on the shape: warps (2, 4) and splits (x1/2, x1 the default) for the
-    row-packed HACK kernels (plus the former head-major kernel), warps and the P.V tile form (masked P
+    """Narrow tuning keyed on the shape: warps and the register cap (2/128, 4/128, 4/none) for the
+    row-packed HACK kernels (the former head-major kernel: runs 16-17 in NOTES.md), warps and the P.V tile form (masked P
     over the whole V tile, or P split per V block) for fused dequant, splits (x1, x2 the
     default heuristic) for the FP16/FP8 ones; the fastest is reported, all are printed."""
     from .kernels.hack_attn_decode import default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
     q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
-    # HACK: the row-packed kernel (default; warps x splits) and the head-major one it replaced, for comparison
-    h = ([{"splits": s, "num_warps": w, "row_packed": True} for w in (2, 4) for s in sorted({max(1, s0 // 2), s0})]
-         + [{"splits": s0, "num_warps": 2, "v_split": True, "row_packed": False}])
+    # HACK: the row-packed kernel (the default)
+    h = [{"splits": s0, "num_warps": w, "maxnreg": mr, "row_packed": True} for w, mr in ((2, 128), (4, 128), (4, 0))]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
@@ -55,6 +54,48 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+HACK_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
+
+
+def run_hack_only(out: Path, merge: Path) -> list[dict]:
+    """Re-measure the HACK decode rows only and merge them into the table at `merge` (rows of the same
+    kernel, phase, context and PI are replaced): a kernel change without re-running every baseline."""
+    out.mkdir(parents=True, exist_ok=True)
+    peaks = measure_peaks()
+    (out / "peaks.json").write_text(json.dumps({"peaks": peaks, "provenance": provenance()}, indent=1))
+    new = []
+    for ctx in (1024, 4096, 16384, 32768):  # with SDPA, the reference the targets compare against, in the same run
+        new += [m.row(peaks) for m in measure_decode(HACK_KINDS + ("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64,
+                                                     configs=tuned_configs(ctx))]
+    for pi in (32, 128):
+        new += [m.row(peaks) for m in measure_decode(HACK_KINDS, B, 32768, HQ, HKV, D, pi,
+                                                     configs=tuned_configs(32768, pi))]
+    for r in new:
+        print(f"decode ctx={r['context_len']:6d} pi={r['partition']:3d} {r['kernel']:16s} {r['time_us']:9.1f} us  "
+              f"{r['config']}", flush=True)
+    rows = merge_rows(new, merge)
+    write_csv(rows, out / "bench_attention.csv")
+    summarize(rows)
+    return rows
+
+
+def merge_rows(new: list[dict], merge: Path) -> list[dict]:
+    """The table at `merge` with each row of `new` in place of the row of the same kernel, phase,
+    context and PI (rows the table lacks go at the end)."""
+    key = lambda r: (r["kernel"], r["phase"], int(r["context_len"]), int(r["partition"]))  # noqa: E731
+    fresh = {key(r): r for r in new}
+    with merge.open() as f:
+        old = list(csv.DictReader(f))
+    seen = {key(r) for r in old}
+    rows = [fresh.get(key(r), r) for r in old] + [r for r in new if key(r) not in seen]
+    for r in rows:
+        for k in ("time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "units"):
+            r[k] = float(r[k])
+        for k in ("batch", "context_len", "q_heads", "kv_heads", "head_dim", "partition", "bits"):
+            r[k] = int(r[k])
+    return rows
 
 
 def run(out: Path, quick: bool = False, scoring: bool = True) -> list[dict]:
@@ -130,8 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-scoring", action="store_true", help="skip the scoring kernels (bench_scoring.csv)")
+    ap.add_argument("--hack-only", type=Path, default=None, metavar="TABLE",
+                    help="re-measure only the HACK decode rows (and SDPA) and merge them into TABLE")
     args = ap.parse_args(argv)
-    run(args.out, args.quick, not args.no_scoring)
+    if args.hack_only:
+        run_hack_only(args.out, args.hack_only)
+    else:
+        run(args.out, args.quick, not args.no_scoring)
     return 0
 
 

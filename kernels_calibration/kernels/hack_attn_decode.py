@@ -281,7 +281,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     4-16 query heads per KV head; Q rounded per query head; prefetch, block_n, v_split do not apply).
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
-    maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md)."""
+    maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md); None: 128 above
+    2K tokens, none below; 0: no cap."""
     from .hack_decode_rp import hack_attn_decode_rp, row_packed_supported
 
     if row_packed is None:
@@ -290,10 +291,15 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     if row_packed:
         if mode != "hack":
             raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
+        # measured defaults (NOTES.md, runs 16 and 20): above 2K tokens cap registers at 128 (2 programs
+        # more per SM), 2 warps at PI <= 64, 4 at PI 128; short contexts: 4 warps, no cap
         ml = cache.shape[2] if max_len is None else max_len
-        return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len,
-                                   num_warps=num_warps or (4 if ml <= 2048 else 2), num_stages=num_stages,
-                                   maxnreg=maxnreg)
+        if num_warps is None:
+            num_warps = 4 if ml <= 2048 or cache.partition > 64 else 2
+        if maxnreg is None and ml > 2048:
+            maxnreg = 128
+        return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
+                                   num_stages=num_stages, maxnreg=maxnreg or None)
     if transposed:
         from .hack_decode_t import hack_attn_decode_t
 

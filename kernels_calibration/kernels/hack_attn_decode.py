@@ -7,8 +7,11 @@ end of the cache also multiplies the FP16 V tail (RQE).  mode "hack": homomorphi
 correction terms (hack_core.py); mode "dequant": the same loop with codes dequantized to FP16 in
 registers meeting FP16 Q and P (KIVI-style fused dequantize-then-attend baseline).
 
-Loop forms (all tested; defaults are the fastest measured on the H200, NOTES.md):
-  * default: tiles of block_n = max(PI, 128) tokens; K needs no token blocking (its partitions lie
+The default HACK kernel is now the row-packed one (hack_decode_rp.py: the head group's copies fill
+the padding rows; 138.6 vs 194 us at 32K on the H200, NOTES.md session 3); this file's head-major
+kernel runs for mode "dequant", for shapes the row-packed kernel does not take, and on request
+(row_packed=False).  Its loop forms (all tested; NOTES.md):
+  * plain: tiles of block_n = max(PI, 128) tokens; K needs no token blocking (its partitions lie
     along head_dim); P is split into PI-column chunks, one P.V product per V block (v_split=True),
     or masked per block against the whole V tile (v_split=False);
   * prefetch=True: one V block per iteration, next block's bytes and metadata loaded into registers

@@ -28,7 +28,8 @@ dequantize-then-attend baseline in the same form.  Only PI in {64, 128} (BN = PI
 Measured on the H200 (NOTES.md, run 9, 32K context, batch 8, 64/8 heads): 192 µs vs 203 µs for
 the head-major kernel at PI 64 (the best token-major form: 4 warps, v_side 1, separate combine),
 slower at PI 128 (199 vs 125 µs); the fused combine and v_side 0 were slower everywhere.  The
-head-major kernel stays the default; this one is `hack_attn_decode(..., transposed=True)`.
+head-major kernel stayed the default (since replaced by the row-packed kernel, hack_decode_rp.py);
+this one is `hack_attn_decode(..., transposed=True)`.
 """
 from __future__ import annotations
 

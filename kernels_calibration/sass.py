@@ -1,0 +1,139 @@
+"""Offline sm_90 compile of the HACK decode kernels on a machine without a GPU: SASS instruction
+counts of the main loop, per source line, and the register/spill budget.
+
+    python -m kernels_calibration.sass [--kernel rp|head_major] [--pi 64] [--warps 2] [--stages 3]
+                                       [--maxnreg 128] [--no-se] [--lines 25]
+
+Uses Triton's own ptxas, nvdisasm and cuobjdump (shipped with the triton wheel) and the divisibility
+hints a real launch gets, so the code is what the H200 runs.  The loop is the largest backward
+branch; per-line counts come from nvdisasm's line info.  How it was used (NOTES.md, session 3): the
+head-major kernel issues 4,530 warp-instructions per 128 tokens at PI 64, the row-packed one 2,910,
+and the 240 registers per thread at 2 warps were what a register cap then traded for occupancy.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT")
+_ARGS_U8 = ("KC", "VC", "KSM", "VSM")
+_ARGS_SCALAR = {"LENS": "*i32", "OP": "*fp32", "LSEP": "*fp32", "qk_scale": "fp32", "HKV": "i32", "LMAX": "i32",
+                "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32"}
+_DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS")
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_sm90(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    """triton.compile for sm_90 with the decode kernels' signature (pointer dtypes, 16-divisible args)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {**{n: "*fp16" for n in _ARGS_FP16}, **{n: "*u8" for n in _ARGS_U8}, **_ARGS_SCALAR}
+    names = fn.arg_names
+    signature = {n: ("constexpr" if n in consts else sig[n]) for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
+    opts = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def _cubin_file(kernel) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+        return f.name
+
+
+def resources(kernel) -> dict:
+    """REG, STACK, SHARED, LOCAL from cuobjdump --dump-resource-usage."""
+    out = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", _cubin_file(kernel)], capture_output=True,
+                         text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+def loop_profile(kernel) -> tuple[collections.Counter, dict]:
+    """(instructions per 'file:line' in the largest loop, opcode counts per line)."""
+    text = subprocess.run([_tool("nvdisasm"), "-c", "-gi", _cubin_file(kernel)], capture_output=True, text=True,
+                          check=True).stdout
+    labels, instr, pending = {}, [], None
+    for line in text.splitlines():
+        m = re.match(r"\s*\.L_x_(\d+):", line)
+        if m:
+            pending = m.group(1)
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s*(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            if pending is not None:
+                labels[pending], pending = addr, None
+            instr.append((addr, m.group(2).strip()))
+    loops = [(labels[m.group(1)], a) for a, i in instr
+             if (m := re.search(r"BRA.*\.L_x_(\d+)", i)) and m.group(1) in labels and labels[m.group(1)] < a]
+    lo, hi = max(loops, key=lambda x: x[1] - x[0])
+    cnt: collections.Counter = collections.Counter()
+    ops: dict = collections.defaultdict(collections.Counter)
+    cur = "?"
+    for line in text.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if m:
+            cur = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s*(.*?);", line)
+        if m and lo <= int(m.group(1), 16) <= hi:
+            ins = m.group(2).split()
+            op = (ins[1] if ins[0].startswith("@") else ins[0]).split(".")[0]
+            cnt[cur] += 1
+            ops[cur][op] += 1
+    return cnt, ops
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("rp", "head_major"), default="rp")
+    ap.add_argument("--pi", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=2)
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--no-se", action="store_true")
+    ap.add_argument("--lines", type=int, default=25, help="source lines to list (most instructions first)")
+    ap.add_argument("--json", action="store_true", help="one JSON line: resources and warp-instructions per 128 tokens")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        ap.error("compiling needs TRITON_INTERPRET unset (the interpreter's kernels cannot be compiled)")
+    if a.kernel == "rp":
+        from .kernels.hack_decode_rp import _rp_decode_kernel as fn
+        consts = dict(G=8, RP=16, R=2, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, USE_ASM=True)
+        tokens = 2 * a.pi
+    else:
+        from .kernels.hack_attn_decode import _quant_decode_kernel as fn
+        consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=0, USE_ASM=True,
+                      PREFETCH=False, SUMROW=8, BN=max(a.pi, 128), VSPLIT=True)
+        tokens = max(a.pi, 128)
+    k = compile_sm90(fn, consts, a.warps, a.stages, a.maxnreg)
+    cnt, ops = loop_profile(k)
+    total = sum(cnt.values())
+    if a.json:
+        import json
+
+        print(json.dumps({**resources(k), "loop_instructions": total,
+                          "warp_instructions_per_128_tokens": total * a.warps * 128 / tokens}))
+        return 0
+    print(f"{a.kernel} PI {a.pi}, {a.warps} warps, {a.stages} stages, maxnreg {a.maxnreg}: {resources(k)}")
+    print(f"loop: {total} instructions per warp per {tokens}-token tile = "
+          f"{total * a.warps * 128 / tokens:.0f} warp-instructions per 128 tokens")
+    for key, n in cnt.most_common(a.lines):
+        print(f"  {n:5d}  {key:28s} {dict(ops[key].most_common(4))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

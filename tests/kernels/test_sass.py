@@ -1,0 +1,41 @@
+"""The offline sm_90 compile (python -m kernels_calibration.sass, run in a subprocess because the
+kernel tests import the kernels under the Triton interpreter): the row-packed decode kernel's loop
+issues fewer instructions per token than the head-major kernel it replaced (NOTES.md, session 3),
+and the register cap the launcher uses above 2K tokens holds without local-memory arrays."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tools_present() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    b = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return all((b / t).exists() for t in ("ptxas", "nvdisasm", "cuobjdump"))
+
+
+pytestmark = pytest.mark.skipif(not _tools_present(), reason="Triton's NVIDIA tools are not installed")
+
+
+def _sass(*args) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "kernels_calibration.sass", "--json", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_row_packed_loop_is_shorter_than_head_major():
+    rp = _sass("--kernel", "rp", "--pi", "64", "--warps", "2")
+    hm = _sass("--kernel", "head_major", "--pi", "64", "--warps", "2")
+    assert rp["warp_instructions_per_128_tokens"] < 0.75 * hm["warp_instructions_per_128_tokens"], (rp, hm)
+    capped = _sass("--kernel", "rp", "--pi", "64", "--warps", "2", "--maxnreg", "128")
+    assert capped["REG"] <= 128 and capped["LOCAL"] == 0, capped

@@ -84,3 +84,23 @@ def test_committed_h200_profile_refits_from_its_committed_rows(tmp_path):
     for key, fit in old["kernels"].items():
         assert new["kernels"][key]["s_per_unit"] == pytest.approx(fit["s_per_unit"], rel=1e-9), key
         assert new["kernels"][key]["overhead_s"] == pytest.approx(fit["overhead_s"], rel=1e-9, abs=1e-15), key
+
+
+def test_bench_hack_only_merges_rows_in_place(tmp_path):
+    """bench --hack-only: re-measured rows replace the table's rows of the same kernel, phase,
+    context and PI where they stand; rows the table lacks are appended; the rest is untouched."""
+    import csv
+
+    from kernels_calibration.bench import COLUMNS, merge_rows
+
+    table = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles" / "h200" / "bench_attention.csv"
+    old = list(csv.DictReader(table.open()))
+    hack = [r for r in old if r["kernel"] == "hack" and r["phase"] == "decode"]
+    new = [dict(r, time_us=1.5) for r in hack] + [dict(hack[0], context_len=777, time_us=2.5)]
+    rows = merge_rows(new, table)
+    assert len(rows) == len(old) + 1 and set(rows[0]) >= set(COLUMNS)
+    for before, after in zip(old, rows):
+        assert (before["kernel"], before["context_len"], before["partition"]) == \
+            (after["kernel"], str(after["context_len"]), str(after["partition"]))
+        assert after["time_us"] == (1.5 if before in hack else float(before["time_us"]))
+    assert rows[-1]["context_len"] == 777 and rows[-1]["time_us"] == 2.5

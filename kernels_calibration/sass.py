@@ -1,8 +1,10 @@
-"""Offline sm_90 compile of the HACK decode kernels on a machine without a GPU: SASS instruction
+"""Offline sm_90 compile of the HACK attention kernels on a machine without a GPU: SASS instruction
 counts of the main loop, per source line, and the register/spill budget.
 
-    python -m kernels_calibration.sass [--kernel rp|head_major] [--pi 64] [--warps 2] [--stages 3]
-                                       [--maxnreg 128] [--no-se] [--lines 25]
+    python -m kernels_calibration.sass [--kernel rp|head_major|prefill|prefill_rs] [--pi 64] [--warps 2]
+                                       [--stages 3] [--maxnreg 128] [--no-se] [--block-m 64] [--lines 25]
+
+For prefill the count is normalized to 128 token columns of a 64-row query tile.
 
 Uses Triton's own ptxas, nvdisasm and cuobjdump (shipped with the triton wheel) and the divisibility
 hints a real launch gets, so the code is what the H200 runs.  The loop is the largest backward
@@ -20,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 
-_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT")
+_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O")
 _ARGS_U8 = ("KC", "VC", "KSM", "VSM")
 _ARGS_SCALAR = {"LENS": "*i32", "OP": "*fp32", "LSEP": "*fp32", "qk_scale": "fp32", "HKV": "i32", "LMAX": "i32",
-                "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32"}
-_DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS")
+                "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32", "HQ": "i32", "L": "i32"}
+_DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS", "O")
 
 
 def _tool(name: str) -> str:
@@ -42,7 +44,7 @@ def compile_sm90(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: int
     sig = {**{n: "*fp16" for n in _ARGS_FP16}, **{n: "*u8" for n in _ARGS_U8}, **_ARGS_SCALAR}
     names = fn.arg_names
     signature = {n: ("constexpr" if n in consts else sig[n]) for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in _DIV16 if n in names}
     opts = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     return triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
 
@@ -98,7 +100,8 @@ def loop_profile(kernel) -> tuple[collections.Counter, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("rp", "head_major"), default="rp")
+    ap.add_argument("--kernel", choices=("rp", "head_major", "prefill", "prefill_rs"), default="rp")
+    ap.add_argument("--block-m", type=int, default=64, help="prefill: query rows per program")
     ap.add_argument("--pi", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
     ap.add_argument("--stages", type=int, default=3)
@@ -113,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         from .kernels.hack_decode_rp import _rp_decode_kernel as fn
         consts = dict(G=8, RP=16, R=2, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, USE_ASM=True)
         tokens = 2 * a.pi
+    elif a.kernel.startswith("prefill"):
+        from .kernels import hack_attn_prefill as hp
+        fn = hp._hack_prefill_rs_kernel if a.kernel == "prefill_rs" else hp._hack_prefill_kernel
+        consts = dict(G=8, D=128, PI=a.pi, BM=a.block_m, USE_SE=not a.no_se, USE_ASM=True)
+        tokens = a.pi * a.block_m / 64  # a tile is block_m rows x PI tokens: normalized to 64 rows
     else:
         from .kernels.hack_attn_decode import _quant_decode_kernel as fn
         consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=0, USE_ASM=True,
@@ -128,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                           "warp_instructions_per_128_tokens": total * a.warps * 128 / tokens}))
         return 0
     print(f"{a.kernel} PI {a.pi}, {a.warps} warps, {a.stages} stages, maxnreg {a.maxnreg}: {resources(k)}")
-    print(f"loop: {total} instructions per warp per {tokens}-token tile = "
-          f"{total * a.warps * 128 / tokens:.0f} warp-instructions per 128 tokens")
+    unit = "128 tokens" if not a.kernel.startswith("prefill") else "64 query rows x 128 tokens"
+    print(f"loop: {total} instructions per warp per tile = {total * a.warps * 128 / tokens:.0f} "
+          f"warp-instructions per {unit}")
     for key, n in cnt.most_common(a.lines):
         print(f"  {n:5d}  {key:28s} {dict(ops[key].most_common(4))}")
     return 0

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .common import online_softmax, use_asm
 from .hack_core import hack_pv, hack_scores, load_q_groups, q_quantize
+from .hack_decode_rp import _rp_tile, q_round_rows
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -86,10 +87,73 @@ def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, H
     tl.store(op + 3 * W, (o3 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
 
 
+@triton.jit
+def _hack_prefill_rs_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, HQ, HKV, L, LMAX, NBLK,
+                            G: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, BM: tl.constexpr,
+                            USE_SE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Row-scaled variant: the decode row-packed kernel's tile (hack_decode_rp._rp_tile) on BM query
+    rows of one head: Q rounded per row (its scale factored out of the scores), P rounded with one
+    FMA, P row sums on the tensor cores, O and l kept x255, 128 sum v' added in INT32; one V block
+    (PI tokens) per tile; unmasked below the diagonal, causal on it."""
+    W: tl.constexpr = D // 4
+    NP: tl.constexpr = D // PI
+    GPP: tl.constexpr = PI // W
+    mblk = tl.program_id(0)
+    bhq = tl.program_id(1)
+    b = bhq // HQ
+    hq = bhq % HQ
+    bh = b * HKV + hq // G
+    rows = mblk * BM + tl.arange(0, BM)
+    rmask = rows < L
+    j = tl.arange(0, W)
+    q0, q1, q2, q3 = load_q_groups(Q + bhq.to(tl.int64) * L * D, rows, rmask, W, D)
+    qi0, qi1, qi2, qi3, aq, beta, gm0, gm1, gm2, gm3 = q_round_rows(q0, q1, q2, q3, qk_scale, PI, GPP)
+    ones_q = tl.full([BM, W], 1, tl.int8)
+    inblk = tl.full([BM, PI], 1, tl.int1)
+    cmask8 = tl.full([BM, PI], 1, tl.int8)
+    ones_v = tl.full([PI, 16], 1, tl.int8)
+    copy = tl.zeros([BM], tl.int32)
+    tok0 = bh.to(tl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    ksm = KSM + tok0 * NP
+    vc = VC + tok0 * W
+    moff = bh.to(tl.int64) * NBLK * D
+    vmn = VMN + moff
+    vsc = VSC + moff
+    vsm = VSM + moff
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    o0 = tl.zeros([BM, W], tl.float32)
+    o1 = tl.zeros([BM, W], tl.float32)
+    o2 = tl.zeros([BM, W], tl.float32)
+    o3 = tl.zeros([BM, W], tl.float32)
+    lo_diag = mblk * BM
+    for s0 in range(0, lo_diag, PI):
+        m_i, l_i, o0, o1, o2, o3 = _rp_tile(
+            s0, L, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
+            W, D, NP, GPP, PI, 1, PI, USE_SE, USE_ASM, False, rows, False)
+    for s0 in range(lo_diag, tl.minimum(lo_diag + BM, L), PI):
+        m_i, l_i, o0, o1, o2, o3 = _rp_tile(
+            s0, L, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
+            W, D, NP, GPP, PI, 1, PI, USE_SE, USE_ASM, True, rows, True)
+    inv_l = 1.0 / l_i
+    op = O + bhq.to(tl.int64) * L * D + rows[:, None] * D + j[None, :]
+    tl.store(op, (o0 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
+    tl.store(op + W, (o1 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
+    tl.store(op + 2 * W, (o2 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
+    tl.store(op + 3 * W, (o3 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
+
+
 def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, block_m: int | None = None,
-                      num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
+                      num_warps: int | None = None, num_stages: int = 2, row_scaled: bool = False) -> torch.Tensor:
     """q [B, HQ, L, D] fp16; cache holds the same L tokens for every request (rqe=False, so every
-    V token is quantized) -> [B, HQ, L, D] fp16."""
+    V token is quantized) -> [B, HQ, L, D] fp16.  row_scaled: the variant built on the row-packed
+    decode kernel's tile (Q rounded per row; NOTES.md session 3: fewer instructions offline, not yet
+    timed on a GPU, so not the default)."""
     b, hq, seq, d = q.shape
     cb, hkv, lmax, cd = cache.shape
     if cb != b or cd != d or hq % hkv or lmax < seq:
@@ -101,7 +165,8 @@ def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True,
     num_warps = num_warps or (4 if block_m == 64 else 8)
     o = torch.empty_like(q)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
-    _hack_prefill_kernel[(triton.cdiv(seq, block_m), b * hq)](
+    kernel = _hack_prefill_rs_kernel if row_scaled else _hack_prefill_kernel
+    kernel[(triton.cdiv(seq, block_m), b * hq)](
         q.contiguous(), cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
         cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, o, qk_scale, hq, hkv, seq, lmax,
         cache.v_min.shape[2], G=hq // hkv, D=d, PI=cache.partition, BM=block_m, USE_SE=use_se,
@@ -109,10 +174,11 @@ def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True,
     return o
 
 
-def hack_attn_prefill_ref(q: torch.Tensor, cache: QuantKVCache) -> torch.Tensor:
-    """float64: Q rounded to 8 bits per partition, the cache's dequantized K/V, P to 1/255 steps."""
+def hack_attn_prefill_ref(q: torch.Tensor, cache: QuantKVCache, q_per_row: bool = False) -> torch.Tensor:
+    """float64: Q rounded to 8 bits per partition (per row of head_dim with q_per_row, as the
+    row-scaled kernel does), the cache's dequantized K/V, P to 1/255 steps."""
     k, v = dequantize_cache_ref(cache)
-    pi = cache.partition
+    pi = q.shape[-1] if q_per_row else cache.partition
     b, hq, seq, d = q.shape
     qf = q.double().cpu()
     qp = qf.reshape(b, hq, seq, d // pi, pi)

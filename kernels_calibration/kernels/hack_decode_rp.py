@@ -182,12 +182,16 @@ def _rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, 
              inblk, cmask8, ones_v, copy, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM,
              W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, PI: tl.constexpr,
              R: tl.constexpr, BN: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-             MASKED: tl.constexpr):
+             MASKED: tl.constexpr, rows, CAUSAL: tl.constexpr):
+    """One tile of BN tokens from s0 (tokens >= end masked when MASKED; token > row masked when CAUSAL,
+    rows [R_rows] the query positions): the online-softmax state and the four O accumulators."""
     tok = s0 + tl.arange(0, BN)
     tmask = tok < end
     x = _rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
                    W, NP, GPP, USE_SE, USE_ASM, MASKED)
-    if MASKED:
+    if CAUSAL:
+        x = tl.where((tok[None, :] <= rows[:, None]) & tmask[None, :], x, float("-inf"))
+    elif MASKED:
         x = tl.where(tmask[None, :], x, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(x, 1) * aq)
     alpha = tl.exp2(m_i - m_new)
@@ -211,6 +215,38 @@ def _rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, 
                       j + 3 * W, R, PI, D, USE_SE, MASKED)
     l_i = l_i * alpha + usum
     return m_new, l_i, o0, o1, o2, o3
+
+
+@triton.jit
+def q_round_rows(q0, q1, q2, q3, qk_scale, PI: tl.constexpr, GPP: tl.constexpr):
+    """Q rows (four channel groups [R, W], FP32) to 8 bits with one scale and min per row:
+    q'' = code - 128 (INT8 per group); log2 score = aq * x with x as in _rp_scores (aq = scale *
+    qk_scale, beta = min / scale + 128, gm_c = sum of q'' over the K partition of group c + PI beta)."""
+    mn = tl.minimum(tl.minimum(tl.min(q0, 1), tl.min(q1, 1)), tl.minimum(tl.min(q2, 1), tl.min(q3, 1)))
+    mx = tl.maximum(tl.maximum(tl.max(q0, 1), tl.max(q1, 1)), tl.maximum(tl.max(q2, 1), tl.max(q3, 1)))
+    sq = (mx - mn) / 255.0
+    sq = tl.where(sq > 0, sq, 1.0)  # a constant row is exact with any scale (all codes 0)
+    inv = 1.0 / sq
+    c0 = tl.minimum(tl.maximum(tl.floor((q0 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c1 = tl.minimum(tl.maximum(tl.floor((q1 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c2 = tl.minimum(tl.maximum(tl.floor((q2 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c3 = tl.minimum(tl.maximum(tl.floor((q3 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    beta = mn * inv + 128.0
+    gm0 = tl.sum(c0, 1)
+    gm1 = tl.sum(c1, 1)
+    gm2 = tl.sum(c2, 1)
+    gm3 = tl.sum(c3, 1)
+    if GPP == 2:
+        gm0 = gm0 + gm1
+        gm2 = gm2 + gm3
+    if GPP == 4:
+        gm0 = gm0 + gm1 + gm2 + gm3
+    gm0 += PI * beta
+    gm1 += PI * beta
+    gm2 += PI * beta
+    gm3 += PI * beta
+    return (c0.to(tl.int8), c1.to(tl.int8), c2.to(tl.int8), c3.to(tl.int8), sq * qk_scale, beta,
+            gm0, gm1, gm2, gm3)
 
 
 @triton.jit
@@ -243,34 +279,7 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
     q1 = tl.load(qp + W, mask=rmask[:, None], other=0.0).to(tl.float32)
     q2 = tl.load(qp + 2 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
     q3 = tl.load(qp + 3 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
-    mn = tl.minimum(tl.minimum(tl.min(q0, 1), tl.min(q1, 1)), tl.minimum(tl.min(q2, 1), tl.min(q3, 1)))
-    mx = tl.maximum(tl.maximum(tl.max(q0, 1), tl.max(q1, 1)), tl.maximum(tl.max(q2, 1), tl.max(q3, 1)))
-    sq = (mx - mn) / 255.0
-    sq = tl.where(sq > 0, sq, 1.0)  # a constant row is exact with any scale (all codes 0)
-    inv = 1.0 / sq
-    c0 = tl.minimum(tl.maximum(tl.floor((q0 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
-    c1 = tl.minimum(tl.maximum(tl.floor((q1 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
-    c2 = tl.minimum(tl.maximum(tl.floor((q2 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
-    c3 = tl.minimum(tl.maximum(tl.floor((q3 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
-    qi0 = c0.to(tl.int8)
-    qi1 = c1.to(tl.int8)
-    qi2 = c2.to(tl.int8)
-    qi3 = c3.to(tl.int8)
-    aq = sq * qk_scale
-    beta = mn * inv + 128.0
-    gm0 = tl.sum(c0, 1)
-    gm1 = tl.sum(c1, 1)
-    gm2 = tl.sum(c2, 1)
-    gm3 = tl.sum(c3, 1)
-    if GPP == 2:
-        gm0 = gm0 + gm1
-        gm2 = gm2 + gm3
-    if GPP == 4:
-        gm0 = gm0 + gm1 + gm2 + gm3
-    gm0 += PI * beta
-    gm1 += PI * beta
-    gm2 += PI * beta
-    gm3 += PI * beta
+    qi0, qi1, qi2, qi3, aq, beta, gm0, gm1, gm2, gm3 = q_round_rows(q0, q1, q2, q3, qk_scale, PI, GPP)
     ones_q = tl.full([RP, W], 1, tl.int8)
     cols = tl.arange(0, BN)
     inblk = (cols[None, :] // PI) == copy[:, None]
@@ -297,12 +306,12 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
         m_i, l_i, o0, o1, o2, o3 = _rp_tile(
             s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
             inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, False)
+            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, False, copy, False)
     if end_full < end:
         m_i, l_i, o0, o1, o2, o3 = _rp_tile(
             end_full, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
             inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, True)
+            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, True, copy, False)
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K but FP16 V; copy 0 of the last split takes them.
         if (split == NSPLIT - 1) & (L > LV):

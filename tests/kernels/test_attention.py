@@ -172,3 +172,10 @@ def test_hack_prefill(partition):
     for use_se in (True, False):
         out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4)
         assert rel_err(out, exact) < 2 * ref_err + 2e-3
+    # the row-scaled variant (Q rounded per row): its own reference, within that reference's error
+    ref_row = hack_attn_prefill_ref(q, cache, q_per_row=True)
+    row_err = rel_err(ref_row, exact)
+    for use_se in (True, False):
+        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4, row_scaled=True)
+        assert rel_err(out, exact) < 2 * row_err + 2e-3
+        assert rel_err(out, ref_row) < row_err

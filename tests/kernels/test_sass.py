@@ -39,3 +39,9 @@ def test_row_packed_loop_is_shorter_than_head_major():
     assert rp["warp_instructions_per_128_tokens"] < 0.75 * hm["warp_instructions_per_128_tokens"], (rp, hm)
     capped = _sass("--kernel", "rp", "--pi", "64", "--warps", "2", "--maxnreg", "128")
     assert capped["REG"] <= 128 and capped["LOCAL"] == 0, capped
+
+
+def test_row_scaled_prefill_loop_is_shorter():
+    old = _sass("--kernel", "prefill", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
+    new = _sass("--kernel", "prefill_rs", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
+    assert new["warp_instructions_per_128_tokens"] < 0.9 * old["warp_instructions_per_128_tokens"], (new, old)

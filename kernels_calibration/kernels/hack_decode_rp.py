@@ -42,6 +42,7 @@ import triton.language as tl
 from .common import online_softmax, unpack_codes, use_asm
 from .kv_cache import QuantKVCache
 
+
 @triton.jit
 def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr, MASKED: tl.constexpr):
     if MASKED:

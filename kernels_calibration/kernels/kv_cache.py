@@ -92,21 +92,16 @@ def dequantize_cache_ref(cache: QuantKVCache) -> tuple[torch.Tensor, torch.Tenso
 
 
 @triton.jit
-def _append_kernel(KN, VN, LENS, LENS_OUT,
-                   KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT,
-                   H, LMAX, NBLK, seed,
-                   D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr,
-                   RQE: tl.constexpr, STOCHASTIC: tl.constexpr):
-    # KN, VN [B, H, D] fp16: the new token; one program per (b, h).
+def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
+               D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr, RQE: tl.constexpr,
+               STOCHASTIC: tl.constexpr):
+    """Append the new token (KN, VN [B*H, D] fp16, row bh) at position pos of (request, head) bh: its K
+    quantized as its own NP partitions; its V into the FP16 tail (RQE; the block is quantized when the
+    tail fills) or into the requantized partial block (no RQE).  One program per (b, h) calls it (the
+    append kernel, or the fused decode step of hack_decode_rp.py)."""
     NP: tl.constexpr = D // PI
     W: tl.constexpr = D * BITS // 8
-    CPB: tl.constexpr = 8 // BITS
     LEVELS: tl.constexpr = (1 << BITS) - 1
-    bh = tl.program_id(0)
-    b = bh // H
-    pos = tl.load(LENS + b)
-    if bh % H == 0:
-        tl.store(LENS_OUT + b, pos + 1)
     d = tl.arange(0, D)
     row = bh.to(tl.int64) * LMAX + pos
     # --- K: the new token is its own NP partitions.
@@ -155,6 +150,22 @@ def _append_kernel(KN, VN, LENS, LENS_OUT,
         tl.store(VMN + mrow, tl.reshape(mn2, (D,)).to(tl.float16))
         tl.store(VSC + mrow, tl.reshape(sc2, (D,)).to(tl.float16))
         tl.store(VSM + mrow, tl.sum(y2, axis=0).to(VSM.dtype.element_ty))
+
+
+@triton.jit
+def _append_kernel(KN, VN, LENS, LENS_OUT,
+                   KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT,
+                   H, LMAX, NBLK, seed,
+                   D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr,
+                   RQE: tl.constexpr, STOCHASTIC: tl.constexpr):
+    # KN, VN [B, H, D] fp16: the new token; one program per (b, h).
+    bh = tl.program_id(0)
+    b = bh // H
+    pos = tl.load(LENS + b)
+    if bh % H == 0:
+        tl.store(LENS_OUT + b, pos + 1)
+    append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
+               D, PI, BITS, RQE, STOCHASTIC)
 
 
 def append_token(cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor, stochastic: bool = True,

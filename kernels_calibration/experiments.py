@@ -67,7 +67,8 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
-    if stage == 8:  # row-scaled HACK prefill (offline: -17 % instructions at PI 64, -28 % at PI 128) vs the old one
+    if stage == 8:  # row-scaled HACK prefill (offline: -17 % instructions at PI 64, -28 % at PI 128) vs the old one;
+        # then the fused decode step
         for pi, bm, w in ((64, 64, 4), (128, 128, 8)):
             for rs in (False, True):
                 rec(f"r_next_prefill_pi{pi}", measure_prefill(("hack",), 1, 16384, HQ, HKV, D, pi,
@@ -76,6 +77,16 @@ def run(out: Path, stage: int = 3) -> None:
         rec("r_next_fa", measure_prefill(("fp16_triton", "torch_sdpa_fp16"), 1, 16384, HQ, HKV, D, 64,
                                          configs={"fp16_triton": dict(block_m=128, block_n=64, num_warps=8,
                                                                       num_stages=2)}))
+        # the fused decode step (append + attention in one launch, hack_decode_step) vs append_token + attention
+        from .kernels.hack_attn_decode import default_splits
+
+        for ctx in (1024, 4096, 32768):
+            s0 = default_splits(B, HKV, ctx + 1, 128, torch.device("cuda"))
+            grid = [dict(splits=s0), dict(splits=s0, fused_append=True)]
+            if ctx <= 2048:
+                grid += [dict(splits=s0, num_warps=2), dict(splits=s0, num_warps=2, fused_append=True)]
+            rec("r_next_fused_step", measure_decode(("hack", "torch_sdpa_fp16"), B, ctx, HQ, HKV, D, 64,
+                                                    configs={"hack": grid}, return_all=True))
         return
     if stage == 7:  # row-packed kernel: register cap (occupancy) x warps x splits
         from .kernels.hack_attn_decode import default_splits
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill (not yet run)")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step (not yet run)")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

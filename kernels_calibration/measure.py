@@ -211,6 +211,15 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
                     fp_attn_decode(q, ko, vo, c.lens, max_len=ctx + 1, **fcfg)
                 t = time_graph(step, nq)
                 bm = dequantize_bytes(int(units), pi) + 2 * units + qo_bytes
+            elif cfg.get("fused_append"):  # append + attention in one launch (hack_decode_rp.hack_decode_step)
+                from .kernels.hack_decode_rp import hack_decode_step
+
+                scfg = {k_: v_ for k_, v_ in cfg.items() if k_ not in ("fused_append", "row_packed")}
+
+                def step(i, cs=cs, scfg=scfg, use_se=use_se):
+                    hack_decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, **scfg)
+                t = time_graph(step, nq)
+                bm = cb + qo_bytes
             else:
                 def step(i, cs=cs, cfg=cfg, mode=mode, use_se=use_se):
                     c = append_token(cs[i % nq], kn, vn)

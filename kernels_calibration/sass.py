@@ -22,10 +22,11 @@ import subprocess
 import sys
 import tempfile
 
-_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O")
+_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O", "KN", "VN")
 _ARGS_U8 = ("KC", "VC", "KSM", "VSM")
 _ARGS_SCALAR = {"LENS": "*i32", "OP": "*fp32", "LSEP": "*fp32", "qk_scale": "fp32", "HKV": "i32", "LMAX": "i32",
-                "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32", "HQ": "i32", "L": "i32"}
+                "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32", "HQ": "i32", "L": "i32", "LENS_OUT": "*i32",
+                "seed": "i32"}
 _DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS", "O")
 
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int, default=None)
     ap.add_argument("--no-se", action="store_true")
+    ap.add_argument("--append", action="store_true", help="rp: the fused decode step (append + attention)")
     ap.add_argument("--lines", type=int, default=25, help="source lines to list (most instructions first)")
     ap.add_argument("--json", action="store_true", help="one JSON line: resources and warp-instructions per 128 tokens")
     a = ap.parse_args(argv)
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("compiling needs TRITON_INTERPRET unset (the interpreter's kernels cannot be compiled)")
     if a.kernel == "rp":
         from .kernels.hack_decode_rp import _rp_decode_kernel as fn
-        consts = dict(G=8, RP=16, R=2, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, USE_ASM=True)
+        consts = dict(G=8, RP=16, R=2, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, USE_ASM=True,
+                      APPEND=a.append, STOCHASTIC=True)
         tokens = 2 * a.pi
     elif a.kernel.startswith("prefill"):
         from .kernels import hack_attn_prefill as hp

@@ -34,13 +34,14 @@ SM, which the register cap (ptxas spills a little) turns into 8.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
 from .common import online_softmax, unpack_codes, use_asm
-from .kv_cache import QuantKVCache
+from .kv_cache import QuantKVCache, append_one
 
 
 @triton.jit
@@ -252,9 +253,10 @@ def q_round_rows(q0, q1, q2, q3, qk_scale, PI: tl.constexpr, GPP: tl.constexpr):
 
 @triton.jit
 def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
-                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT, KN, VN, LENS_OUT, seed,
                       G: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
-                      USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, USE_ASM: tl.constexpr):
+                      USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, USE_ASM: tl.constexpr,
+                      APPEND: tl.constexpr = False, STOCHASTIC: tl.constexpr = True):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -263,7 +265,20 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
     split = tl.program_id(1)
     b = bh // HKV
     L = tl.load(LENS + b)
-    if HAS_TAIL:
+    if APPEND:
+        # Fused decode step (RQE only): the last split appends the new token (K quantized at position
+        # L, V into the FP16 tail; a tail that fills is quantized into the cache, as append_token does)
+        # and then attends over L + 1 tokens, the tail in FP16 (quantizing after the step's attention).
+        # No other program reads position L or the tail block, so no other program waits for it.
+        LV = (L // PI) * PI
+        if split == NSPLIT - 1:
+            if bh % HKV == 0:
+                tl.store(LENS_OUT + b, L + 1)
+            append_one(KN, VN, L, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
+                       D, PI, 2, True, STOCHASTIC)
+            tl.debug_barrier()  # the new token's K codes and V row, written above, are read below
+        L = L + 1
+    elif HAS_TAIL:
         LV = (L // PI) * PI
     else:
         LV = L
@@ -360,9 +375,10 @@ def row_packed_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                         max_len: int | None = None, num_warps: int = 4, num_stages: int = 2,
-                        maxnreg: int | None = None) -> torch.Tensor:
+                        maxnreg: int | None = None, append: tuple | None = None):
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
-    maxnreg caps registers per thread (more programs per SM; ptxas spills beyond the cap)."""
+    maxnreg caps registers per thread (more programs per SM; ptxas spills beyond the cap).
+    append = (k_new, v_new, seed, stochastic): the fused step (hack_decode_step); returns (out, cache)."""
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -385,12 +401,48 @@ def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = Tru
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
 
+    if append is not None:
+        k_new, v_new, seed, stochastic = append
+        if not cache.rqe:
+            raise ValueError("the fused decode step needs the RQE cache (FP16 V tail)")
+        if k_new.shape != (b, hkv, d) or v_new.shape != (b, hkv, d):
+            raise ValueError(f"k_new/v_new must be {(b, hkv, d)}")
+        lens_out = torch.empty_like(cache.lens)
+        extra = (k_new.contiguous(), v_new.contiguous(), lens_out, seed)
+    else:
+        stochastic = True
+        extra = (q, q, cache.lens, 0)  # unused
+
     def launch(op, lsep):
         _rp_decode_kernel[(b * hkv, splits)](
             q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
             cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
-            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
+            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits, *extra,
             G=g, RP=rp, R=r, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, USE_ASM=use_asm(q),
+            APPEND=append is not None, STOCHASTIC=stochastic,
             num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
-    return run_split_decode(launch, q, splits * r)
+    out = run_split_decode(launch, q, splits * r)
+    if append is not None:
+        return out, replace(cache, lens=extra[2])
+    return out
+
+
+def hack_decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor,
+                     stochastic: bool = True, seed: int = 0, use_se: bool = True, splits: int | None = None,
+                     max_len: int | None = None, num_warps: int | None = None, num_stages: int = 3,
+                     maxnreg: int | None = None) -> tuple[torch.Tensor, QuantKVCache]:
+    """One fused HACK decode step: append (k_new, v_new [B, H_kv, D]) and attend with q [B, H_q, D]
+    over the appended cache in one attention launch (+ the split combine) instead of append_token's
+    extra launch.  Returns (output [B, H_q, D], the cache with lens + 1), the cache identical to
+    append_token's.  The attention differs from append_token + hack_attn_decode only at the step
+    that fills a V block: that block is attended in FP16 (the tail) and quantized for later steps.
+    max_len: an upper bound of the lengths after the append.  Defaults as hack_attn_decode's."""
+    ml = cache.shape[2] if max_len is None else max_len
+    if num_warps is None:
+        num_warps = 4 if ml <= 2048 or cache.partition > 64 else 2
+    if maxnreg is None and ml > 2048:
+        maxnreg = 128
+    return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
+                               num_stages=num_stages, maxnreg=maxnreg or None,
+                               append=(k_new, v_new, seed, stochastic))

@@ -126,9 +126,10 @@ def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, 
     mrow = (bh.to(tl.int64) * NBLK + blk) * D + d          # [D] this block's metadata
     if RQE:
         tl.store(VT + (bh * PI + slot) * D + d, vnew.to(tl.float16))
-        x = tl.load(VT + (bh * PI + t)[:, None] * D + d[None, :], mask=t[:, None] < slot, other=0.0)
-        x = tl.where(t[:, None] == slot, vnew[None, :], x.to(tl.float32))
-        cnt = tl.where(slot == PI - 1, PI, 0)
+        if slot == PI - 1:  # the tail is full: quantize it into the cache (the [PI, D] tile is read only then)
+            x = tl.load(VT + (bh * PI + t)[:, None] * D + d[None, :], mask=t[:, None] < slot, other=0.0)
+            x = tl.where(t[:, None] == slot, vnew[None, :], x.to(tl.float32))
+            _store_block(x, PI, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D, BITS, STOCHASTIC)
     else:
         # Dequantize the partial block, add the token, requantize with the new min and scale.
         byte = tl.load(VC + brow[:, None] * W + (d % W)[None, :], mask=t[:, None] < slot, other=0)
@@ -137,19 +138,26 @@ def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, 
         old_m = tl.load(VMN + mrow, mask=slot > 0, other=0.0).to(tl.float32)
         x = code * old_s[None, :] + old_m[None, :]
         x = tl.where(t[:, None] == slot, vnew[None, :], x)
-        cnt = slot + 1
-    if cnt > 0:
-        tmask = t < cnt
-        mn = tl.min(tl.where(tmask[:, None], x, float("inf")), axis=0)
-        mx = tl.max(tl.where(tmask[:, None], x, float("-inf")), axis=0)
-        offs2 = (brow[:, None] * D + d[None, :]).to(tl.int32) + 7919
-        y2, mn2, sc2 = _quant_codes(x, mn[None, :], mx[None, :], offs2, seed, BITS, STOCHASTIC)
-        y2 = tl.where(tmask[:, None], y2, 0.0)
-        packed2 = _pack_rows(y2, PI, D, BITS)
-        tl.store(VC + brow[:, None] * W + wc[None, :], packed2.to(tl.uint8), mask=tmask[:, None])
-        tl.store(VMN + mrow, tl.reshape(mn2, (D,)).to(tl.float16))
-        tl.store(VSC + mrow, tl.reshape(sc2, (D,)).to(tl.float16))
-        tl.store(VSM + mrow, tl.sum(y2, axis=0).to(VSM.dtype.element_ty))
+        _store_block(x, slot + 1, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D, BITS, STOCHASTIC)
+
+
+@triton.jit
+def _store_block(x, cnt, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D: tl.constexpr, BITS: tl.constexpr,
+                 STOCHASTIC: tl.constexpr):
+    """Quantize the first cnt rows of a V block x [PI, D] per channel and store codes, min, scale, sums."""
+    W: tl.constexpr = D * BITS // 8
+    wc = tl.arange(0, W)
+    tmask = t < cnt
+    mn = tl.min(tl.where(tmask[:, None], x, float("inf")), axis=0)
+    mx = tl.max(tl.where(tmask[:, None], x, float("-inf")), axis=0)
+    offs2 = (brow[:, None] * D + d[None, :]).to(tl.int32) + 7919
+    y2, mn2, sc2 = _quant_codes(x, mn[None, :], mx[None, :], offs2, seed, BITS, STOCHASTIC)
+    y2 = tl.where(tmask[:, None], y2, 0.0)
+    packed2 = _pack_rows(y2, x.shape[0], D, BITS)
+    tl.store(VC + brow[:, None] * W + wc[None, :], packed2.to(tl.uint8), mask=tmask[:, None])
+    tl.store(VMN + mrow, tl.reshape(mn2, (D,)).to(tl.float16))
+    tl.store(VSC + mrow, tl.reshape(sc2, (D,)).to(tl.float16))
+    tl.store(VSM + mrow, tl.sum(y2, axis=0).to(VSM.dtype.element_ty))
 
 
 @triton.jit

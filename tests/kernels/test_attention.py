@@ -138,6 +138,42 @@ def test_hack_decode_row_packed(g, partition, rqe):
         hack_attn_decode(q, cache, mode="dequant", row_packed=True)
 
 
+def test_hack_decode_step_fused_append():
+    """hack_decode_step (append + attention in one launch): the cache equals append_token's, bit for
+    bit; the output equals append_token + hack_attn_decode except at a step that fills a V block, where
+    that block is attended in FP16 (checked against exact attention with that block's FP16 V)."""
+    import dataclasses
+
+    from kernels_calibration.kernels.hack_decode_rp import hack_decode_step
+
+    torch.manual_seed(21)
+    k, v, _ = _kv(200, [1, 1])
+    lens = torch.tensor([62, 126], dtype=torch.int32, device=DEVICE)  # both fill a block at the second step
+    c1 = build_cache(k, v, lens, 64, 2, rqe=True, seed=4)
+    c2 = dataclasses.replace(c1, **{f.name: getattr(c1, f.name).clone() for f in dataclasses.fields(c1)
+                                    if isinstance(getattr(c1, f.name), torch.Tensor)})
+    fields = ("k_codes", "k_min", "k_scale", "k_sum", "v_codes", "v_min", "v_scale", "v_sum", "v_tail", "lens")
+    for step in range(3):
+        q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
+        c1 = append_token(c1, kn, vn, seed=7)
+        o1 = hack_attn_decode(q, c1, splits=2)
+        o2, c2 = hack_decode_step(q, c2, kn, vn, seed=7, splits=2)
+        assert all(torch.equal(getattr(c1, f), getattr(c2, f)) for f in fields), step
+        if step != 1:
+            assert torch.equal(o1, o2), step
+        else:
+            kd, vd = dequantize_cache_ref(c2)
+            for i in range(B):
+                n = int(c2.lens[i])
+                vd[i, :, n - 64:n] = c2.v_tail[i, :, :64].float().cpu()
+            exact = attn_decode_ref(q, kd, vd, c2.lens)
+            ref_err = rel_err(hack_attn_decode_ref(q, c1, q_per_head=True), attn_decode_ref(q, *dequantize_cache_ref(c1),
+                                                                                           c1.lens))
+            assert rel_err(o2, exact) < 2 * ref_err + 2e-3
+    with pytest.raises(ValueError, match="RQE"):
+        hack_decode_step(q, build_cache(k, v, lens, 64, 2, rqe=False), kn, vn)
+
+
 def test_hack_decode_after_append_crosses_block():
     torch.manual_seed(9)
     k, v, lens = _kv(128, [62, 30])

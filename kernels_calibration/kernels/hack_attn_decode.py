@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, use_asm
-from .hack_core import (dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t, hack_pv_block,
-                        hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block, load_q_groups, q_quantize,
-                        quantize_p, split_cols, split_prologue)
+from .hack_core import (cache_ptrs, dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t,
+                        flash_state, hack_pv_block, hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block,
+                        load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -48,24 +48,9 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
     bh, split, L, LV, start, end, g, gmask, qrow = split_prologue(LENS, HKV, TPS, G, G_PAD, PI, HAS_TAIL)
-    j = tl.arange(0, W)
     q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
-    tok0 = bh.to(tl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    ksm = KSM + tok0 * NP
-    vc = VC + tok0 * W
-    moff = bh.to(tl.int64) * NBLK * D
-    vmn = VMN + moff
-    vsc = VSC + moff
-    vsm = VSM + moff
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    o0 = tl.zeros([G_PAD, W], tl.float32)
-    o1 = tl.zeros([G_PAD, W], tl.float32)
-    o2 = tl.zeros([G_PAD, W], tl.float32)
-    o3 = tl.zeros([G_PAD, W], tl.float32)
+    kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
+    m_i, l_i, o0, o1, o2, o3 = flash_state(G_PAD, W)
     if MODE == 0:
         qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
             q0, q1, q2, q3, qk_scale, PI, GPP)
@@ -202,26 +187,10 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
                 s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new, alpha, p = online_softmax(s, m_i)
-            p16 = p.to(tl.float16)
-            tr = tl.arange(0, PI)
-            vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
-            tm = (tr < L - LV)[:, None]
-            o0 = tl.dot(p16, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
-            o1 = tl.dot(p16, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
-            o2 = tl.dot(p16, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
-            o3 = tl.dot(p16, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+            o0, o1, o2, o3 = tail_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, VT, bh, L - LV, PI, D, W)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    prow = qrow.to(tl.int64) * NSPLIT + split
-    tl.store(LSEP + prow, lse, mask=gmask)
-    op = OP + prow[:, None] * D + j[None, :]
-    tl.store(op, o0 * inv_l[:, None], mask=gmask[:, None])
-    tl.store(op + W, o1 * inv_l[:, None], mask=gmask[:, None])
-    tl.store(op + 2 * W, o2 * inv_l[:, None], mask=gmask[:, None])
-    tl.store(op + 3 * W, o3 * inv_l[:, None], mask=gmask[:, None])
+    store_partials(OP, LSEP, qrow.to(tl.int64) * NSPLIT + split, gmask, o0, o1, o2, o3, l_i, m_i, D, W)
 
 
 @triton.jit
@@ -286,7 +255,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md); None: 128 above
     2K tokens, none below; 0: no cap."""
-    from .hack_decode_rp import hack_attn_decode_rp, row_packed_supported
+    from .hack_decode_rp import hack_attn_decode_rp, launch_defaults, row_packed_supported
 
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
@@ -294,15 +263,9 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     if row_packed:
         if mode != "hack":
             raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
-        # measured defaults (NOTES.md, runs 16 and 20): above 2K tokens cap registers at 128 (2 programs
-        # more per SM), 2 warps at PI <= 64, 4 at PI 128; short contexts: 4 warps, no cap
-        ml = cache.shape[2] if max_len is None else max_len
-        if num_warps is None:
-            num_warps = 4 if ml <= 2048 or cache.partition > 64 else 2
-        if maxnreg is None and ml > 2048:
-            maxnreg = 128
+        num_warps, maxnreg = launch_defaults(cache, max_len, num_warps, maxnreg)
         return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
-                                   num_stages=num_stages, maxnreg=maxnreg or None)
+                                   num_stages=num_stages, maxnreg=maxnreg)
     if transposed:
         from .hack_decode_t import hack_attn_decode_t
 

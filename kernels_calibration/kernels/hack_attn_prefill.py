@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, use_asm
-from .hack_core import hack_pv, hack_scores, load_q_groups, q_quantize
+from .hack_core import cache_ptrs, flash_state, hack_pv, hack_scores, load_q_groups, prefill_rows, q_quantize
 from .hack_decode_rp import _rp_tile, q_round_rows
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
@@ -50,37 +50,29 @@ def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, H
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
-    mblk = tl.program_id(0)
-    bhq = tl.program_id(1)
-    b = bhq // HQ
-    hq = bhq % HQ
-    bh = b * HKV + hq // G
-    rows = mblk * BM + tl.arange(0, BM)
-    rmask = rows < L
-    j = tl.arange(0, W)
+    mblk, bhq, bh, rows, rmask = prefill_rows(HQ, HKV, L, G, BM)
     q0, q1, q2, q3 = load_q_groups(Q + bhq.to(tl.int64) * L * D, rows, rmask, W, D)
     qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
         q0, q1, q2, q3, qk_scale, PI, GPP)
-    tok0 = bh.to(tl.int64) * LMAX
-    moff = bh.to(tl.int64) * NBLK * D
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    o0 = tl.zeros([BM, W], tl.float32)
-    o1 = tl.zeros([BM, W], tl.float32)
-    o2 = tl.zeros([BM, W], tl.float32)
-    o3 = tl.zeros([BM, W], tl.float32)
+    kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
+    m_i, l_i, o0, o1, o2, o3 = flash_state(BM, W)
     lo_diag = mblk * BM
     o0, o1, o2, o3, l_i, m_i = _hack_inner(
         o0, o1, o2, o3, l_i, m_i, qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-        KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
-        VMN + moff, VSC + moff, VSM + moff, rows, 0, lo_diag, L, W, D, PI, NP, GPP, USE_SE, USE_ASM, False)
+        kc, kmn, ksc, ksm, vc, vmn, vsc, vsm, rows, 0, lo_diag, L, W, D, PI, NP, GPP, USE_SE, USE_ASM, False)
     o0, o1, o2, o3, l_i, m_i = _hack_inner(
         o0, o1, o2, o3, l_i, m_i, qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-        KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
-        VMN + moff, VSC + moff, VSM + moff, rows, lo_diag, tl.minimum(lo_diag + BM, L), L,
+        kc, kmn, ksc, ksm, vc, vmn, vsc, vsm, rows, lo_diag, tl.minimum(lo_diag + BM, L), L,
         W, D, PI, NP, GPP, USE_SE, USE_ASM, True)
+    _store_rows(O + bhq.to(tl.int64) * L * D, rows, rmask, o0, o1, o2, o3, l_i, D, W)
+
+
+@triton.jit
+def _store_rows(O, rows, rmask, o0, o1, o2, o3, l_i, D: tl.constexpr, W: tl.constexpr):
+    """O/l of the program's query rows, FP16, into one (request, head)'s [L, D] output."""
+    j = tl.arange(0, W)
     inv_l = 1.0 / l_i
-    op = O + bhq.to(tl.int64) * L * D + rows[:, None] * D + j[None, :]
+    op = O + rows[:, None] * D + j[None, :]
     tl.store(op, (o0 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
     tl.store(op + W, (o1 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
     tl.store(op + 2 * W, (o2 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
@@ -98,14 +90,7 @@ def _hack_prefill_rs_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
-    mblk = tl.program_id(0)
-    bhq = tl.program_id(1)
-    b = bhq // HQ
-    hq = bhq % HQ
-    bh = b * HKV + hq // G
-    rows = mblk * BM + tl.arange(0, BM)
-    rmask = rows < L
-    j = tl.arange(0, W)
+    mblk, bhq, bh, rows, rmask = prefill_rows(HQ, HKV, L, G, BM)
     q0, q1, q2, q3 = load_q_groups(Q + bhq.to(tl.int64) * L * D, rows, rmask, W, D)
     qi0, qi1, qi2, qi3, aq, beta, gm0, gm1, gm2, gm3 = q_round_rows(q0, q1, q2, q3, qk_scale, PI, GPP)
     ones_q = tl.full([BM, W], 1, tl.int8)
@@ -113,22 +98,8 @@ def _hack_prefill_rs_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale
     cmask8 = tl.full([BM, PI], 1, tl.int8)
     ones_v = tl.full([PI, 16], 1, tl.int8)
     copy = tl.zeros([BM], tl.int32)
-    tok0 = bh.to(tl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    ksm = KSM + tok0 * NP
-    vc = VC + tok0 * W
-    moff = bh.to(tl.int64) * NBLK * D
-    vmn = VMN + moff
-    vsc = VSC + moff
-    vsm = VSM + moff
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    o0 = tl.zeros([BM, W], tl.float32)
-    o1 = tl.zeros([BM, W], tl.float32)
-    o2 = tl.zeros([BM, W], tl.float32)
-    o3 = tl.zeros([BM, W], tl.float32)
+    kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
+    m_i, l_i, o0, o1, o2, o3 = flash_state(BM, W)
     lo_diag = mblk * BM
     for s0 in range(0, lo_diag, PI):
         m_i, l_i, o0, o1, o2, o3 = _rp_tile(
@@ -140,12 +111,7 @@ def _hack_prefill_rs_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale
             s0, L, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
             inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
             W, D, NP, GPP, PI, 1, PI, USE_SE, USE_ASM, True, rows, True)
-    inv_l = 1.0 / l_i
-    op = O + bhq.to(tl.int64) * L * D + rows[:, None] * D + j[None, :]
-    tl.store(op, (o0 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
-    tl.store(op + W, (o1 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
-    tl.store(op + 2 * W, (o2 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
-    tl.store(op + 3 * W, (o3 * inv_l[:, None]).to(tl.float16), mask=rmask[:, None])
+    _store_rows(O + bhq.to(tl.int64) * L * D, rows, rmask, o0, o1, o2, o3, l_i, D, W)
 
 
 def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, block_m: int | None = None,

@@ -41,6 +41,64 @@ def split_prologue(LENS, HKV, TPS, G: tl.constexpr, G_PAD: tl.constexpr, PI: tl.
 
 
 @triton.jit
+def cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W: tl.constexpr, NP: tl.constexpr,
+               D: tl.constexpr):
+    """The cache arrays of (request, KV head) bh at token 0 (codes, K metadata) and block 0 (V metadata)."""
+    tok0 = bh.to(tl.int64) * LMAX
+    moff = bh.to(tl.int64) * NBLK * D
+    return (KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
+            VMN + moff, VSC + moff, VSM + moff)
+
+
+@triton.jit
+def flash_state(R: tl.constexpr, W: tl.constexpr):
+    """Online-softmax state of R rows: running max, sum, and the four [R, W] output channel groups."""
+    return (tl.full([R], float("-inf"), tl.float32), tl.zeros([R], tl.float32), tl.zeros([R, W], tl.float32),
+            tl.zeros([R, W], tl.float32), tl.zeros([R, W], tl.float32), tl.zeros([R, W], tl.float32))
+
+
+@triton.jit
+def tail_pv(o0, o1, o2, o3, p16, alpha, VT, bh, n, PI: tl.constexpr, D: tl.constexpr, W: tl.constexpr):
+    """o_c <- alpha o_c + P V over the FP16 V tail (RQE) of (request, KV head) bh: p16 [R, PI], n rows valid."""
+    tr = tl.arange(0, PI)
+    j = tl.arange(0, W)
+    vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
+    tm = (tr < n)[:, None]
+    o0 = tl.dot(p16, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
+    o1 = tl.dot(p16, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
+    o2 = tl.dot(p16, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
+    o3 = tl.dot(p16, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def store_partials(OP, LSEP, prow, rmask, o0, o1, o2, o3, l_i, m_i, D: tl.constexpr, W: tl.constexpr):
+    """A split's normalized partial output O/l [rows, D] at partial rows prow and its log2-sum-exp
+    (-inf for a row that saw no token), for combine_splits_kernel."""
+    j = tl.arange(0, W)
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    tl.store(LSEP + prow, lse, mask=rmask)
+    op = OP + prow[:, None] * D + j[None, :]
+    tl.store(op, o0 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + W, o1 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + 2 * W, o2 * inv_l[:, None], mask=rmask[:, None])
+    tl.store(op + 3 * W, o3 * inv_l[:, None], mask=rmask[:, None])
+
+
+@triton.jit
+def prefill_rows(HQ, HKV, L, G: tl.constexpr, BM: tl.constexpr):
+    """Prefill program (grid (cdiv(L, BM), B * H_q)): its (request, query head) bhq, the KV head's bh,
+    and the BM query rows it takes (rows, mask rows < L)."""
+    mblk = tl.program_id(0)
+    bhq = tl.program_id(1)
+    bh = (bhq // HQ) * HKV + (bhq % HQ) // G
+    rows = mblk * BM + tl.arange(0, BM)
+    return mblk, bhq, bh, rows, rows < L
+
+
+@triton.jit
 def load_q_groups(Q, qrow, gmask, W: tl.constexpr, D: tl.constexpr):
     """The four channel groups [R, W] (FP32) of the query rows qrow of Q [rows, D]; masked rows are 0."""
     j = tl.arange(0, W)

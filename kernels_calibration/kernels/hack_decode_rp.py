@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, unpack_codes, use_asm
+from .hack_core import cache_ptrs, flash_state, load_q_groups, store_partials, tail_pv
 from .kv_cache import QuantKVCache, append_one
 
 
@@ -289,34 +290,15 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
     rmask = r < G * R
     qrow = (b * HKV + bh % HKV) * G + r % G
     # --- Q: 8 bits per query head (one scale/min over head_dim), q'' = code - 128.
-    j = tl.arange(0, W)
-    qp = Q + qrow[:, None] * D + j[None, :]
-    q0 = tl.load(qp, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q1 = tl.load(qp + W, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(qp + 2 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
-    q3 = tl.load(qp + 3 * W, mask=rmask[:, None], other=0.0).to(tl.float32)
+    q0, q1, q2, q3 = load_q_groups(Q, qrow, rmask, W, D)
     qi0, qi1, qi2, qi3, aq, beta, gm0, gm1, gm2, gm3 = q_round_rows(q0, q1, q2, q3, qk_scale, PI, GPP)
     ones_q = tl.full([RP, W], 1, tl.int8)
     cols = tl.arange(0, BN)
     inblk = (cols[None, :] // PI) == copy[:, None]
     cmask8 = inblk.to(tl.int8)
     ones_v = tl.full([BN, 16], 1, tl.int8)
-    tok0 = bh.to(tl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    ksm = KSM + tok0 * NP
-    vc = VC + tok0 * W
-    moff = bh.to(tl.int64) * NBLK * D
-    vmn = VMN + moff
-    vsc = VSC + moff
-    vsm = VSM + moff
-    m_i = tl.full([RP], float("-inf"), tl.float32)
-    l_i = tl.zeros([RP], tl.float32)
-    o0 = tl.zeros([RP, W], tl.float32)
-    o1 = tl.zeros([RP, W], tl.float32)
-    o2 = tl.zeros([RP, W], tl.float32)
-    o3 = tl.zeros([RP, W], tl.float32)
+    kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
+    m_i, l_i, o0, o1, o2, o3 = flash_state(RP, W)
     end_full = start + tl.maximum(end - start, 0) // BN * BN
     for s0 in range(start, end_full, BN):
         m_i, l_i, o0, o1, o2, o3 = _rp_tile(
@@ -338,26 +320,12 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
             x = tl.where(tmask[None, :], x, float("-inf"))
             m_new, alpha, p = online_softmax(x * aq[:, None], m_i)
             p = tl.where((copy == 0)[:, None], p * 255.0, 0.0)  # o and l are kept times 255
-            p16 = p.to(tl.float16)
-            tr = tl.arange(0, PI)
-            vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
-            tm = (tr < L - LV)[:, None]
-            o0 = tl.dot(p16, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
-            o1 = tl.dot(p16, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
-            o2 = tl.dot(p16, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
-            o3 = tl.dot(p16, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+            o0, o1, o2, o3 = tail_pv(o0, o1, o2, o3, p.to(tl.float16), alpha, VT, bh, L - LV, PI, D, W)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    prow = qrow.to(tl.int64) * (NSPLIT * R) + split * R + copy  # each copy is a split of its own
-    tl.store(LSEP + prow, lse, mask=rmask)
-    op = OP + prow[:, None] * D + j[None, :]
-    tl.store(op, o0 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(op + W, o1 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(op + 2 * W, o2 * inv_l[:, None], mask=rmask[:, None])
-    tl.store(op + 3 * W, o3 * inv_l[:, None], mask=rmask[:, None])
+    # each copy is a split of its own
+    store_partials(OP, LSEP, qrow.to(tl.int64) * (NSPLIT * R) + split * R + copy, rmask, o0, o1, o2, o3, l_i, m_i,
+                   D, W)
 
 
 def row_copies(g: int) -> tuple[int, int]:
@@ -438,11 +406,18 @@ def hack_decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, 
     append_token's.  The attention differs from append_token + hack_attn_decode only at the step
     that fills a V block: that block is attended in FP16 (the tail) and quantized for later steps.
     max_len: an upper bound of the lengths after the append.  Defaults as hack_attn_decode's."""
+    num_warps, maxnreg = launch_defaults(cache, max_len, num_warps, maxnreg)
+    return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
+                               num_stages=num_stages, maxnreg=maxnreg, append=(k_new, v_new, seed, stochastic))
+
+
+def launch_defaults(cache: QuantKVCache, max_len: int | None, num_warps: int | None,
+                    maxnreg: int | None) -> tuple[int, int | None]:
+    """Measured defaults (NOTES.md, runs 16 and 20): above 2K tokens cap registers at 128 (two programs
+    more per SM), 2 warps at PI <= 64, 4 at PI 128; short contexts: 4 warps, no cap.  maxnreg 0: no cap."""
     ml = cache.shape[2] if max_len is None else max_len
     if num_warps is None:
         num_warps = 4 if ml <= 2048 or cache.partition > 64 else 2
     if maxnreg is None and ml > 2048:
         maxnreg = 128
-    return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
-                               num_stages=num_stages, maxnreg=maxnreg or None,
-                               append=(k_new, v_new, seed, stochastic))
+    return num_warps, maxnreg or None

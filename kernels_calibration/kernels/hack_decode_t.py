@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, unpack_codes, use_asm
-from .hack_core import dequant_pv, hack_pv_block, load_q_groups, q_quantize, split_prologue
+from .hack_core import (cache_ptrs, dequant_pv, hack_pv_block, load_q_groups, q_quantize, split_prologue,
+                        tail_pv)
 from .kv_cache import QuantKVCache
 
 
@@ -162,13 +163,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
     j = tl.arange(0, W)
     dd = tl.arange(0, D)
     q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
-    tok0 = bh.to(tl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    ksm = KSM + tok0 * NP
-    vc = VC + tok0 * W
-    moff = bh.to(tl.int64) * NBLK * D
+    kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     o = tl.zeros([D, G_PAD], tl.float32)                  # O^T (VSIDE 0)
@@ -212,8 +207,8 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
         if VSIDE == 0:
             vb = tl.load(vc + tok[None, :] * W + vrow[:, None], mask=tmask[None, :], other=0)   # [D, BN] u8
             vcode = ((vb >> vshift[:, None].to(tl.uint8)) & 3).to(tl.int8)
-            sv = tl.load(VSC + moff + blk * D + dd).to(tl.float32)
-            mv = tl.load(VMN + moff + blk * D + dd).to(tl.float32)
+            sv = tl.load(vsc + blk * D + dd).to(tl.float32)
+            mv = tl.load(vmn + blk * D + dd).to(tl.float32)
         m_new, alpha, p = online_softmax(s, m_i, 0)                                   # p [BN, G_PAD]
         if MODE == 0:
             u = tl.floor(p * 255.0 + 0.5)
@@ -225,14 +220,14 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
             if VSIDE == 0:
                 acc = tl.dot(vcode, p8.to(tl.int8), out_dtype=tl.int32)                   # [D, G_PAD]
                 if USE_SE:
-                    vs = tl.load(VSM + moff + blk * D + dd).to(tl.float32)
+                    vs = tl.load(vsm + blk * D + dd).to(tl.float32)
                 else:
                     vs = _vsum(acc, vcode, SUMCOL)
                 upd = sv[:, None] * (acc.to(tl.float32) + 128.0 * vs[:, None]) + mv[:, None] * usum[None, :]
                 o = o * alpha[None, :] + upd * (1.0 / 255.0)
             else:   # head-major P.V on mma.sync (hack_core), V bytes in their natural [BN, W] layout
                 o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, tl.trans(p8.to(tl.int8)), usum, alpha,
-                                               vc, VMN + moff, VSC + moff, VSM + moff, tok, tmask, blk, True,
+                                               vc, vmn, vsc, vsm, tok, tmask, blk, True,
                                                W, D, USE_SE, USE_ASM, SUMCOL)
             l_i = l_i * alpha + usum * (1.0 / 255.0)
         else:
@@ -241,7 +236,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                 o = tl.dot(vd, p.to(tl.float16), o * alpha[None, :])
             else:
                 o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, tl.trans(p.to(tl.float16)), alpha, vc,
-                                            VMN + moff, VSC + moff, tok, tmask, blk, W, D, USE_ASM)
+                                            vmn, vsc, tok, tmask, blk, W, D, USE_ASM)
             l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
     if HAS_TAIL:
@@ -258,13 +253,7 @@ def _hack_decode_t_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP,
                              mask=(tr < L - LV)[None, :], other=0.0)                       # [D, PI] fp16
                 o = tl.dot(vt, p.to(tl.float16), o * alpha[None, :])
             else:
-                pt = tl.trans(p.to(tl.float16))
-                vt = VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + j[None, :]
-                tm = (tr < L - LV)[:, None]
-                o0 = tl.dot(pt, tl.load(vt, mask=tm, other=0.0), o0 * alpha[:, None])
-                o1 = tl.dot(pt, tl.load(vt + W, mask=tm, other=0.0), o1 * alpha[:, None])
-                o2 = tl.dot(pt, tl.load(vt + 2 * W, mask=tm, other=0.0), o2 * alpha[:, None])
-                o3 = tl.dot(pt, tl.load(vt + 3 * W, mask=tm, other=0.0), o3 * alpha[:, None])
+                o0, o1, o2, o3 = tail_pv(o0, o1, o2, o3, tl.trans(p.to(tl.float16)), alpha, VT, bh, L - LV, PI, D, W)
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
     has = l_i > 0

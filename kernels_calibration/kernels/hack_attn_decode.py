@@ -34,6 +34,7 @@ from .common import online_softmax, use_asm
 from .hack_core import (cache_ptrs, dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t,
                         flash_state, hack_pv_block, hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block,
                         load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
+from .hack_decode_rp import hack_attn_decode_rp, launch_defaults, row_packed_supported
 from .kv_cache import QuantKVCache, dequantize_cache_ref
 
 
@@ -255,8 +256,6 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md); None: 128 above
     2K tokens, none below; 0: no cap."""
-    from .hack_decode_rp import hack_attn_decode_rp, launch_defaults, row_packed_supported
-
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))

@@ -67,6 +67,27 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 9:  # fused dequant with codes -> FP16 by the 1024 magic number (no I2F; offline -27 to -32 %
+        # instructions per tile): warps x P.V form x register cap x splits, checked per config
+        from .kernels.hack_attn_decode import default_splits
+
+        dev = torch.device("cuda")
+        for ctx, pi in ((32768, 64), (32768, 128), (32768, 32), (1024, 64)):
+            s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), dev)
+            if (ctx, pi) == (32768, 64):
+                grid = [dict(num_warps=w, v_split=vs, maxnreg=mr, splits=s) for w, vs, mr, s in (
+                    (2, False, None, s0), (2, True, None, s0), (4, False, None, s0), (4, True, None, s0),
+                    (4, True, 128, s0), (2, True, 168, s0), (4, False, 168, s0), (4, True, None, 2 * s0),
+                    (2, True, None, 2 * s0), (4, True, 128, 2 * s0))]
+                grid += [dict(num_warps=w, prefetch=True, splits=s0) for w in (2, 4)]
+            else:
+                grid = [dict(num_warps=w, v_split=vs, splits=s0) for w, vs in ((2, True), (4, True), (4, False))]
+            errs = dict(zip(map(str, grid), _check(ctx, pi, grid, mode="dequant"))) if ctx == 32768 else None
+            rec(f"r22_dequant_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
+                                                      configs={"dequant_fused": grid}, return_all=True), errs)
+            if pi == 64:
+                rec("r22_ref", measure_decode(("torch_sdpa_fp16", "fp16_triton"), B, ctx, HQ, HKV, D, 64))
+        return
     if stage == 8:  # row-scaled HACK prefill (offline: -17 % instructions at PI 64, -28 % at PI 128) vs the old one;
         # then the fused decode step
         for pi, bm, w in ((64, 64, 4), (128, 128, 8)):
@@ -228,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step (not yet run)")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step; 9: fused dequant without I2F")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

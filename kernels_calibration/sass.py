@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int, default=None)
     ap.add_argument("--no-se", action="store_true")
+    ap.add_argument("--dequant", action="store_true", help="head_major: mode dequant (fused dequantize-then-attend)")
+    ap.add_argument("--block-n", type=int, default=None, help="head_major: tokens per tile (default max(PI, 128))")
+    ap.add_argument("--v-split", type=int, default=1, help="head_major: 1 = one P.V product per V block")
     ap.add_argument("--append", action="store_true", help="rp: the fused decode step (append + attention)")
     ap.add_argument("--lines", type=int, default=25, help="source lines to list (most instructions first)")
     ap.add_argument("--json", action="store_true", help="one JSON line: resources and warp-instructions per 128 tokens")
@@ -126,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         tokens = a.pi * a.block_m / 64  # a tile is block_m rows x PI tokens: normalized to 64 rows
     else:
         from .kernels.hack_attn_decode import _quant_decode_kernel as fn
-        consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=0, USE_ASM=True,
-                      PREFETCH=False, SUMROW=8, BN=max(a.pi, 128), VSPLIT=True)
-        tokens = max(a.pi, 128)
+        bn = a.block_n or max(a.pi, 128)
+        consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
+                      USE_ASM=True, PREFETCH=False, SUMROW=8, BN=bn, VSPLIT=bool(a.v_split))
+        tokens = bn
     k = compile_sm90(fn, consts, a.warps, a.stages, a.maxnreg)
     cnt, ops = loop_profile(k)
     total = sum(cnt.values())

@@ -254,8 +254,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     4-16 query heads per KV head; Q rounded per query head; prefetch, block_n, v_split do not apply).
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
-    maxnreg: register cap per thread for the row-packed kernel (occupancy; NOTES.md); None: 128 above
-    2K tokens, none below; 0: no cap."""
+    maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
+    tokens, none below; 0 = no cap; head-major kernel: None or 0 = no cap."""
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))
@@ -301,7 +301,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se,
             HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1, USE_ASM=use_asm(q), PREFETCH=prefetch,
             SUMROW=sumrow, BN=block_n, VSPLIT=v_split,
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
     return run_split_decode(launch, q, splits)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import unpack_codes
+from .common import dequant_codes, unpack_codes
 
 
 @triton.jit
@@ -318,8 +318,8 @@ def hack_pv_tile(o0, o1, o2, o3, p8, alpha, VC, VMN, VSC, VSM, tok, tmask, blk0,
 
 
 @triton.jit
-def _deq_v_rows(code, VMN, VSC, mo, rowblk, blk0, end, PI: tl.constexpr, NSUB: tl.constexpr, W: tl.constexpr,
-                D: tl.constexpr):
+def _deq_v_rows(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, VMN, VSC, mo, rowblk, blk0, end, PI: tl.constexpr,
+                NSUB: tl.constexpr, W: tl.constexpr, D: tl.constexpr):
     """Dequantize a [BN, W] V tile whose rows lie in NSUB blocks (per-row block scale and min)."""
     sv = tl.load(VSC + mo, mask=blk0 * PI < end, other=0.0)[None, :]
     mv = tl.load(VMN + mo, mask=blk0 * PI < end, other=0.0)[None, :]
@@ -327,7 +327,7 @@ def _deq_v_rows(code, VMN, VSC, mo, rowblk, blk0, end, PI: tl.constexpr, NSUB: t
         ok = (blk0 + sb) * PI < end
         sv = tl.where(rowblk[:, None] == sb, tl.load(VSC + mo + sb * D, mask=ok, other=0.0)[None, :], sv)
         mv = tl.where(rowblk[:, None] == sb, tl.load(VMN + mo + sb * D, mask=ok, other=0.0)[None, :], mv)
-    return code.to(tl.float16) * sv + mv
+    return dequant_codes(vb, SH, sv, mv, USE_ASM)
 
 
 @triton.jit
@@ -338,13 +338,13 @@ def dequant_pv_tile(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk0, 
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
     rowblk = tl.arange(0, NSUB * PI) // PI
     mo = blk0 * D + j
-    o0 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo, rowblk, blk0, end, PI, NSUB, W, D),
+    o0 = tl.dot(p16, _deq_v_rows(vb, 0, USE_ASM, VMN, VSC, mo, rowblk, blk0, end, PI, NSUB, W, D),
                 o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W, rowblk, blk0, end, PI, NSUB,
+    o1 = tl.dot(p16, _deq_v_rows(vb, 2, USE_ASM, VMN, VSC, mo + W, rowblk, blk0, end, PI, NSUB,
                                  W, D), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W, rowblk, blk0, end, PI,
+    o2 = tl.dot(p16, _deq_v_rows(vb, 4, USE_ASM, VMN, VSC, mo + 2 * W, rowblk, blk0, end, PI,
                                  NSUB, W, D), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v_rows(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W, rowblk, blk0, end, PI,
+    o3 = tl.dot(p16, _deq_v_rows(vb, 6, USE_ASM, VMN, VSC, mo + 3 * W, rowblk, blk0, end, PI,
                                  NSUB, W, D), o3 * alpha[:, None])
     return o0, o1, o2, o3
 
@@ -376,18 +376,18 @@ def dequant_scores(q0, q1, q2, q3, KC, KMN, KSC, tok, tmask,
     q_c are FP16 [R, W] already multiplied by qk_scale."""
     j = tl.arange(0, W)
     kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN]
-    s = tl.dot(q0, _deq_k(unpack_codes(kb, 0, 2, USE_ASM), KMN, KSC, tok, tmask, 0 // GPP, NP))
-    s = tl.dot(q1, _deq_k(unpack_codes(kb, 2, 2, USE_ASM), KMN, KSC, tok, tmask, 1 // GPP, NP), s)
-    s = tl.dot(q2, _deq_k(unpack_codes(kb, 4, 2, USE_ASM), KMN, KSC, tok, tmask, 2 // GPP, NP), s)
-    s = tl.dot(q3, _deq_k(unpack_codes(kb, 6, 2, USE_ASM), KMN, KSC, tok, tmask, 3 // GPP, NP), s)
+    s = tl.dot(q0, _deq_k(kb, 0, USE_ASM, KMN, KSC, tok, tmask, 0 // GPP, NP))
+    s = tl.dot(q1, _deq_k(kb, 2, USE_ASM, KMN, KSC, tok, tmask, 1 // GPP, NP), s)
+    s = tl.dot(q2, _deq_k(kb, 4, USE_ASM, KMN, KSC, tok, tmask, 2 // GPP, NP), s)
+    s = tl.dot(q3, _deq_k(kb, 6, USE_ASM, KMN, KSC, tok, tmask, 3 // GPP, NP), s)
     return s
 
 
 @triton.jit
-def _deq_k(code, KMN, KSC, tok, tmask, p, NP: tl.constexpr):
+def _deq_k(kb, SH: tl.constexpr, USE_ASM: tl.constexpr, KMN, KSC, tok, tmask, p, NP: tl.constexpr):
     sk = tl.load(KSC + tok * NP + p, mask=tmask, other=0.0)
     mk = tl.load(KMN + tok * NP + p, mask=tmask, other=0.0)
-    return code.to(tl.float16) * sk[None, :] + mk[None, :]
+    return dequant_codes(kb, SH, sk[None, :], mk[None, :], USE_ASM)
 
 
 @triton.jit
@@ -396,18 +396,18 @@ def dequant_pv(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk,
     j = tl.arange(0, W)
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
     mo = blk * D + j
-    o0 = tl.dot(p16, _deq_v(unpack_codes(vb, 0, 2, USE_ASM), VMN, VSC, mo, bvalid), o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v(unpack_codes(vb, 2, 2, USE_ASM), VMN, VSC, mo + W, bvalid), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v(unpack_codes(vb, 4, 2, USE_ASM), VMN, VSC, mo + 2 * W, bvalid), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v(unpack_codes(vb, 6, 2, USE_ASM), VMN, VSC, mo + 3 * W, bvalid), o3 * alpha[:, None])
+    o0 = tl.dot(p16, _deq_v(vb, 0, USE_ASM, VMN, VSC, mo, bvalid), o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v(vb, 2, USE_ASM, VMN, VSC, mo + W, bvalid), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v(vb, 4, USE_ASM, VMN, VSC, mo + 2 * W, bvalid), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v(vb, 6, USE_ASM, VMN, VSC, mo + 3 * W, bvalid), o3 * alpha[:, None])
     return o0, o1, o2, o3
 
 
 @triton.jit
-def _deq_v(code, VMN, VSC, moff, bvalid):
+def _deq_v(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, VMN, VSC, moff, bvalid):
     sv = tl.load(VSC + moff, mask=bvalid, other=0.0)
     mv = tl.load(VMN + moff, mask=bvalid, other=0.0)
-    return code.to(tl.float16) * sv[None, :] + mv[None, :]
+    return dequant_codes(vb, SH, sv[None, :], mv[None, :], USE_ASM)
 
 
 # ----------------------------------------------------------------------------- prefetching path
@@ -534,28 +534,28 @@ def hack_pv_t(o0, o1, o2, o3, p, alpha, vb, vm, vs, USE_SE: tl.constexpr, USE_AS
 
 
 @triton.jit
-def _deq_t(code, sc, mn):
-    return code.to(tl.float16) * sc[None, :] + mn[None, :]
+def _deq_t(kb, SH: tl.constexpr, USE_ASM: tl.constexpr, sc, mn):
+    return dequant_codes(kb, SH, sc[None, :], mn[None, :], USE_ASM)
 
 
 @triton.jit
 def dequant_scores_t(q0, q1, q2, q3, kb, km, GPP: tl.constexpr, USE_ASM: tl.constexpr):
-    s = tl.dot(q0, _deq_t(unpack_codes(kb, 0, 2, USE_ASM), km[0 // GPP], km[4 + 0 // GPP]))
-    s = tl.dot(q1, _deq_t(unpack_codes(kb, 2, 2, USE_ASM), km[1 // GPP], km[4 + 1 // GPP]), s)
-    s = tl.dot(q2, _deq_t(unpack_codes(kb, 4, 2, USE_ASM), km[2 // GPP], km[4 + 2 // GPP]), s)
-    s = tl.dot(q3, _deq_t(unpack_codes(kb, 6, 2, USE_ASM), km[3 // GPP], km[4 + 3 // GPP]), s)
+    s = tl.dot(q0, _deq_t(kb, 0, USE_ASM, km[0 // GPP], km[4 + 0 // GPP]))
+    s = tl.dot(q1, _deq_t(kb, 2, USE_ASM, km[1 // GPP], km[4 + 1 // GPP]), s)
+    s = tl.dot(q2, _deq_t(kb, 4, USE_ASM, km[2 // GPP], km[4 + 2 // GPP]), s)
+    s = tl.dot(q3, _deq_t(kb, 6, USE_ASM, km[3 // GPP], km[4 + 3 // GPP]), s)
     return s
 
 
 @triton.jit
 def dequant_pv_t(o0, o1, o2, o3, p16, alpha, vb, vm, USE_ASM: tl.constexpr):
-    o0 = tl.dot(p16, _deq_v2(unpack_codes(vb, 0, 2, USE_ASM), vm[0], vm[4]), o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v2(unpack_codes(vb, 2, 2, USE_ASM), vm[1], vm[5]), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v2(unpack_codes(vb, 4, 2, USE_ASM), vm[2], vm[6]), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v2(unpack_codes(vb, 6, 2, USE_ASM), vm[3], vm[7]), o3 * alpha[:, None])
+    o0 = tl.dot(p16, _deq_v2(vb, 0, USE_ASM, vm[0], vm[4]), o0 * alpha[:, None])
+    o1 = tl.dot(p16, _deq_v2(vb, 2, USE_ASM, vm[1], vm[5]), o1 * alpha[:, None])
+    o2 = tl.dot(p16, _deq_v2(vb, 4, USE_ASM, vm[2], vm[6]), o2 * alpha[:, None])
+    o3 = tl.dot(p16, _deq_v2(vb, 6, USE_ASM, vm[3], vm[7]), o3 * alpha[:, None])
     return o0, o1, o2, o3
 
 
 @triton.jit
-def _deq_v2(code, sc, mn):
-    return code.to(tl.float16) * sc[None, :] + mn[None, :]
+def _deq_v2(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, sc, mn):
+    return dequant_codes(vb, SH, sc[None, :], mn[None, :], USE_ASM)

@@ -28,16 +28,24 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
-    """Narrow tuning keyed on the shape: warps and the register cap (2/128, 4/128, 4/none) for the
-    row-packed HACK kernels (the former head-major kernel: runs 16-17 in NOTES.md), warps and the P.V tile form (masked P
-    over the whole V tile, or P split per V block) for fused dequant, splits (x1, x2 the
-    default heuristic) for the FP16/FP8 ones; the fastest is reported, all are printed."""
-    from .kernels.hack_attn_decode import default_splits
+    """Narrow tuning keyed on the shape, the fastest reported, all printed.  HACK: the decode step
+    (decode_step: append fused into the attention launch up to 2K tokens, else append + row-packed
+    kernel) with its warps and register cap, and the unfused step at short contexts; fused dequant:
+    warps, P.V tile form (masked P over the whole V tile, or P split per V block), register cap and
+    splits around the default; FP16/FP8: splits (x1, x2 the default heuristic)."""
+    from .kernels.hack_attn_decode import FUSED_STEP_MAX_LEN, default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
-    q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
-    # HACK: the row-packed kernel (the default)
-    h = [{"splits": s0, "num_warps": w, "maxnreg": mr, "row_packed": True} for w, mr in ((2, 128), (4, 128), (4, 0))]
+    if ctx + 1 <= FUSED_STEP_MAX_LEN:
+        h = [{"splits": s0}, {"splits": s0, "num_warps": 4}, {"splits": s0, "fused": False},
+             {"splits": s0, "fused": False, "num_warps": 2}]
+        q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
+    else:
+        h = [{"splits": s0, "num_warps": w, "maxnreg": mr} for w, mr in ((2, 128), (4, 128), (4, 0))]
+        # the default (2 warps, P split per V block, 168 registers) first; run 22 measured the rest slower
+        q = [{"splits": s0}, {"splits": s0, "maxnreg": 192}, {"splits": s0, "maxnreg": 0},
+             {"splits": s0, "num_warps": 4}, {"splits": s0, "v_split": False},
+             {"splits": max(1, (3 * s0) // 4)}, {"splits": s0 + s0 // 8}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
@@ -59,22 +67,37 @@ def write_csv(rows: list[dict], path: Path) -> None:
 HACK_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
 
 
-def run_hack_only(out: Path, merge: Path) -> list[dict]:
-    """Re-measure the HACK decode rows only and merge them into the table at `merge` (rows of the same
-    kernel, phase, context and PI are replaced): a kernel change without re-running every baseline."""
+ONLY_GROUPS = {"hack": HACK_KINDS, "dequant": ("dequant_fused",), "prefill": ()}
+
+
+def run_only(out: Path, merge: Path, groups: tuple[str, ...] = ("hack",)) -> list[dict]:
+    """Re-measure some rows only and merge them into the table at `merge` (rows of the same kernel,
+    phase, context and PI are replaced): a kernel change without re-running every baseline.
+    groups: hack (the HACK decode rows), dequant (fused dequant decode), prefill (HACK prefill);
+    the references the targets compare against (SDPA, and the Triton FP16 kernels) are re-measured
+    in the same run."""
     out.mkdir(parents=True, exist_ok=True)
     peaks = measure_peaks()
     (out / "peaks.json").write_text(json.dumps({"peaks": peaks, "provenance": provenance()}, indent=1))
+    kinds = tuple(k for g in groups for k in ONLY_GROUPS[g])
+    refs = ("torch_sdpa_fp16",) + (("fp16_triton",) if "dequant" in groups else ())
     new = []
-    for ctx in (1024, 4096, 16384, 32768):  # with SDPA, the reference the targets compare against, in the same run
-        new += [m.row(peaks) for m in measure_decode(HACK_KINDS + ("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64,
-                                                     configs=tuned_configs(ctx))]
-    for pi in (32, 128):
-        new += [m.row(peaks) for m in measure_decode(HACK_KINDS, B, 32768, HQ, HKV, D, pi,
-                                                     configs=tuned_configs(32768, pi))]
+    if kinds:
+        for ctx in (1024, 4096, 16384, 32768):
+            new += [m.row(peaks) for m in measure_decode(kinds + refs, B, ctx, HQ, HKV, D, 64,
+                                                         configs=tuned_configs(ctx))]
+        for pi in (32, 128):
+            new += [m.row(peaks) for m in measure_decode(kinds, B, 32768, HQ, HKV, D, pi,
+                                                         configs=tuned_configs(32768, pi))]
+    if "prefill" in groups:
+        for seq in (4096, 16384):
+            ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64)
+            if seq == 16384:
+                ms += measure_prefill(("hack",), 1, seq, HQ, HKV, D, 128)
+            new += [m.row(peaks) for m in ms]
     for r in new:
-        print(f"decode ctx={r['context_len']:6d} pi={r['partition']:3d} {r['kernel']:16s} {r['time_us']:9.1f} us  "
-              f"{r['config']}", flush=True)
+        print(f"{r['phase']} ctx={r['context_len']:6d} pi={r['partition']:3d} {r['kernel']:16s} "
+              f"{r['time_us']:9.1f} us  {r['config']}", flush=True)
     rows = merge_rows(new, merge)
     write_csv(rows, out / "bench_attention.csv")
     summarize(rows)
@@ -171,11 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-scoring", action="store_true", help="skip the scoring kernels (bench_scoring.csv)")
-    ap.add_argument("--hack-only", type=Path, default=None, metavar="TABLE",
-                    help="re-measure only the HACK decode rows (and SDPA) and merge them into TABLE")
+    ap.add_argument("--merge", type=Path, default=None, metavar="TABLE",
+                    help="re-measure only the rows of --only and merge them into TABLE")
+    ap.add_argument("--only", default="hack", help="with --merge: comma-separated groups of "
+                    f"{sorted(ONLY_GROUPS)} (default hack)")
+    ap.add_argument("--hack-only", type=Path, default=None, metavar="TABLE", help="= --merge TABLE --only hack")
     args = ap.parse_args(argv)
-    if args.hack_only:
-        run_hack_only(args.out, args.hack_only)
+    if args.hack_only or args.merge:
+        groups = tuple(g.strip() for g in args.only.split(",") if g.strip())
+        bad = [g for g in groups if g not in ONLY_GROUPS]
+        if bad:
+            ap.error(f"--only: unknown group(s) {bad}; choose from {sorted(ONLY_GROUPS)}")
+        run_only(args.out, args.merge or args.hack_only, groups if args.merge else ("hack",))
     else:
         run(args.out, args.quick, not args.no_scoring)
     return 0

@@ -103,9 +103,9 @@ def run(out: Path, stage: int = 3) -> None:
 
         for ctx in (1024, 4096, 32768):
             s0 = default_splits(B, HKV, ctx + 1, 128, torch.device("cuda"))
-            grid = [dict(splits=s0), dict(splits=s0, fused_append=True)]
+            grid = [dict(splits=s0, fused=False), dict(splits=s0, fused=True)]   # run 22: fused_append = fused
             if ctx <= 2048:
-                grid += [dict(splits=s0, num_warps=2), dict(splits=s0, num_warps=2, fused_append=True)]
+                grid += [dict(splits=s0, num_warps=2, fused=False), dict(splits=s0, num_warps=2, fused=True)]
             rec("r_next_fused_step", measure_decode(("hack", "torch_sdpa_fp16"), B, ctx, HQ, HKV, D, 64,
                                                     configs={"hack": grid}, return_all=True))
         return

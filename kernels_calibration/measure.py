@@ -7,8 +7,9 @@ cache) and the median replay time is divided by n_rot.  Prefill and GEMMs are lo
 with triton.testing.do_bench (median).  Inputs are random normal, never zeros.
 
 A decode step for the quantized variants (hack*, dequant_*) includes appending the new token to
-the 2-bit cache (append_token) because that is part of what HACK's attn_decode does; the FP16/FP8
-rows time attention only (their append is a plain copy of 2 * H_kv * D values).
+the 2-bit cache because that is part of what HACK's attn_decode does (HACK: decode_step, which fuses
+the append into the attention launch up to 2K tokens; dequant_*: append_token, then attention); the
+FP16/FP8 rows time attention only (their append is a plain copy of 2 * H_kv * D values).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import triton
 from .kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
 from .kernels.attn_prefill import fa_attn_prefill, prefill_flops
 from .kernels.dequant_attn_decode import dequantize_bytes, dequantize_cache
-from .kernels.hack_attn_decode import default_splits, hack_attn_decode
+from .kernels.hack_attn_decode import decode_step, default_splits, hack_attn_decode
 from .kernels.hack_attn_prefill import hack_attn_prefill
 from .kernels.kv_cache import append_token, build_cache
 from .kernels.quantize import quantize_bytes, quantize_k, quantize_v
@@ -211,13 +212,9 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
                     fp_attn_decode(q, ko, vo, c.lens, max_len=ctx + 1, **fcfg)
                 t = time_graph(step, nq)
                 bm = dequantize_bytes(int(units), pi) + 2 * units + qo_bytes
-            elif cfg.get("fused_append"):  # append + attention in one launch (hack_decode_rp.hack_decode_step)
-                from .kernels.hack_decode_rp import hack_decode_step
-
-                scfg = {k_: v_ for k_, v_ in cfg.items() if k_ not in ("fused_append", "row_packed")}
-
-                def step(i, cs=cs, scfg=scfg, use_se=use_se):
-                    hack_decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, **scfg)
+            elif mode == "hack":  # the decode step: append fused into the attention launch up to 2K tokens
+                def step(i, cs=cs, cfg=cfg, use_se=use_se):
+                    decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, **cfg)
                 t = time_graph(step, nq)
                 bm = cb + qo_bytes
             else:

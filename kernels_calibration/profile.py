@@ -3,9 +3,9 @@
     python -m kernels_calibration.profile --out DIR [--quick]      # on a GPU: measure, then fit
     python -m kernels_calibration.profile --fit-only DIR/rows.csv --out DIR   # refit, no GPU
     python -m kernels_calibration.profile --only score --out DIR   # on a GPU: the scoring kernels only
-    python -m kernels_calibration.profile --only hack --out DIR    # (or the HACK decode kernels only), then
+    python -m kernels_calibration.profile --only hack,dequant --out DIR   # (or some kernels only), then
     python -m kernels_calibration.profile --fit-only kernels_calibration/profiles/h200/profile_rows.csv \
-        DIR/rows.csv --out DIR2                                     # refit the committed rows + the new ones
+        DIR/rows.csv --out DIR2      # refit the committed rows with the new ones in their place (DIR2/rows.csv)
 
 A full run also measures the layer's GEMMs and elementwise kernels (dense_bench.py) into
 DIR/dense_rows.csv and writes their fit as the profile's `gemm` and `kernels.elementwise`; --fit-only
@@ -216,23 +216,46 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
             add(measure_scoring(("pq_score",), b, ctx, subspaces=8, configs=SCORE_CONFIGS), held)
             add(measure_scoring(("qk_score",), b, ctx, key_bits=2, configs=SCORE_CONFIGS), held)
 
-    if only == "score":
+    groups = set(only.split(",")) if only != "all" else {"decode", "hack", "prefill", "quant", "score"}
+    kinds = DECODE_KERNELS if "decode" in groups else (
+        (HACK_DECODE_KINDS if "hack" in groups else ()) + (("dequant_fused",) if "dequant" in groups else ()))
+    if kinds:
+        for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
+            add(measure_decode(kinds, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
+    if "hack" in groups or "decode" in groups:
+        for pi in (32, 128):
+            for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
+                add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs=QUANT_DECODE_CONFIGS), held)
+    if "prefill" in groups:
+        refs = ("fp16_triton", "torch_sdpa_fp16") if only == "all" else ()
+        for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
+            add(measure_prefill(("hack",) + refs, b, seq, 64, 8, 128, 64), held)
+    if "quant" in groups:
+        for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
+            add(measure_quant(b, seq, 8, 128, 64), held)
+    if "score" in groups:
         score_sweep()
-        return rows
-    kinds = HACK_DECODE_KINDS if only == "hack" else DECODE_KERNELS
-    for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
-        add(measure_decode(kinds, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
-    for pi in (32, 128):
-        for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
-            add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs=QUANT_DECODE_CONFIGS), held)
-    if only == "hack":
-        return rows
-    for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
-        add(measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), b, seq, 64, 8, 128, 64), held)
-    for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
-        add(measure_quant(b, seq, 8, 128, 64), held)
-    score_sweep()
     return rows
+
+
+ROW_KEY = ("phase", "kernel", "batch", "context_len", "q_heads", "kv_heads", "head_dim", "partition", "bits")
+
+
+def merge_rows(row_sets: list[list[dict]]) -> list[dict]:
+    """Rows of several rows.csv files, a later file's row replacing an earlier one of the same
+    phase, kernel and shape (ROW_KEY; rows that also differ in other columns, such as the scoring
+    kernels' variants, are told apart by those: every column but the measured ones)."""
+    measured = {"time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "config",
+                "held_out", "gpu_name", "driver", "torch", "triton", "git_rev", "date", "units", "bytes_moved",
+                "flops"}
+    out: dict = {}
+    for rows in row_sets:
+        for r in rows:
+            k = tuple(str(r.get(c, "")) for c in ROW_KEY) + tuple(
+                sorted((c, str(v)) for c, v in r.items() if c not in measured and c not in ROW_KEY))
+            out.pop(k, None)
+            out[k] = r
+    return list(out.values())
 
 
 def write_rows(rows: list[dict], path: Path) -> None:
@@ -326,16 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
     ap.add_argument("--fit-only", type=Path, nargs="+", default=None,
                     help="refit from existing rows.csv files (concatenated; peaks.json beside the first)")
-    ap.add_argument("--only", choices=("all", "score", "hack"), default="all",
-                    help="score: measure only the scoring kernels; hack: only the HACK decode kernels "
-                         "(merge with older rows via --fit-only)")
+    ap.add_argument("--only", default="all",
+                    help="all, or comma-separated groups: decode (every decode kernel), hack (the HACK decode "
+                         "kernels), dequant (fused dequant decode), prefill (HACK prefill), quant, score; "
+                         "merge with older rows via --fit-only OLD NEW (NEW's rows replace OLD's)")
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     from .dense_bench import apply_dense_fit, fit_dense
 
     if args.fit_only:
-        rows = [r for path in args.fit_only for r in read_rows(path)]
+        rows = merge_rows([read_rows(path) for path in args.fit_only])
+        if len(args.fit_only) > 1:
+            write_rows(rows, args.out / "rows.csv")
         meta = json.loads((args.fit_only[0].parent / "peaks.json").read_text())
         dense_paths = [p.parent / "dense_rows.csv" for p in args.fit_only if (p.parent / "dense_rows.csv").exists()]
     else:

@@ -34,8 +34,8 @@ from .common import online_softmax, use_asm
 from .hack_core import (cache_ptrs, dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t,
                         flash_state, hack_pv_block, hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block,
                         load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
-from .hack_decode_rp import hack_attn_decode_rp, launch_defaults, row_packed_supported
-from .kv_cache import QuantKVCache, dequantize_cache_ref
+from .hack_decode_rp import hack_attn_decode_rp, hack_decode_step, launch_defaults, row_packed_supported
+from .kv_cache import QuantKVCache, append_token, dequantize_cache_ref
 
 
 @triton.jit
@@ -255,7 +255,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
-    tokens, none below; 0 = no cap; head-major kernel: None or 0 = no cap."""
+    tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above 2K tokens (and 2 warps);
+    0 = no cap."""
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))
@@ -281,10 +282,14 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
         raise ValueError(f"partition {pi} must be a multiple of head_dim/4 = {d // 4}")
     g = q.shape[1] // hkv
     block_n = pi if prefetch else (block_n or max(pi, 128))
+    max_len = lmax if max_len is None else max_len
+    if mode == "dequant" and max_len > 2048 and not prefetch:
+        # measured (NOTES.md, run 22): 2 warps and a cap of 168 registers (6 programs per SM)
+        num_warps = num_warps or 2
+        maxnreg = DEQUANT_MAXNREG if maxnreg is None else maxnreg
     num_warps = num_warps or (2 if block_n >= 128 and mode == "hack" else 4)
     if block_n not in (pi, 2 * pi, 4 * pi):
         raise ValueError(f"block_n {block_n} must be PI, 2 PI or 4 PI")
-    max_len = lmax if max_len is None else max_len
     splits = splits or default_splits(b, hkv, max_len, block_n, q.device)
     tps = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
     splits = triton.cdiv(max_len, tps)
@@ -304,6 +309,33 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
             num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
 
     return run_split_decode(launch, q, splits)
+
+
+# Longest context (tokens after the append) at which decode_step fuses the append into the attention
+# launch: at 1K the fused step saves a launch (16.3 vs 17.3 us, run 22); at 4K and 32K its last
+# split, which appends, is the slowest program (45.2 vs 36.5 us, 164.1 vs 137.3 us).
+FUSED_STEP_MAX_LEN = 2048
+FUSED_STEP_WARPS = 2      # run 22 at 1K: 16.3 us with 2 warps, 17.7 with 4
+DEQUANT_MAXNREG = 168
+
+
+def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor,
+                use_se: bool = True, fused: bool | None = None, stochastic: bool = True, seed: int = 0,
+                max_len: int | None = None, **kw) -> tuple[torch.Tensor, QuantKVCache]:
+    """One HACK decode step: append (k_new, v_new [B, H_kv, D]) to the cache, then attend with q.
+    fused=None: one launch for both (hack_decode_rp.hack_decode_step) up to FUSED_STEP_MAX_LEN tokens
+    where the row-packed kernel applies, else append_token + hack_attn_decode.  kw: launch options
+    of the chosen path.  Returns (output [B, H_q, D], the cache with lens + 1)."""
+    ml = cache.shape[2] if max_len is None else max_len
+    if fused is None:
+        fused = ml <= FUSED_STEP_MAX_LEN and row_packed_supported(q, cache)
+    if fused:
+        kw = {k: v for k, v in kw.items() if k != "row_packed"}
+        kw.setdefault("num_warps", FUSED_STEP_WARPS)
+        return hack_decode_step(q, cache, k_new, v_new, stochastic=stochastic, seed=seed, use_se=use_se,
+                                max_len=max_len, **kw)
+    c = append_token(cache, k_new, v_new, stochastic=stochastic, seed=seed)
+    return hack_attn_decode(q, c, use_se=use_se, max_len=max_len, **kw), c
 
 
 # ----------------------------------------------------------------------------- references

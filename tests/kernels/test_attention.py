@@ -174,6 +174,42 @@ def test_hack_decode_step_fused_append():
         hack_decode_step(q, build_cache(k, v, lens, 64, 2, rqe=False), kn, vn)
 
 
+def test_decode_step_dispatch(monkeypatch):
+    """decode_step fuses the append into the attention launch up to FUSED_STEP_MAX_LEN tokens and runs
+    append_token + hack_attn_decode beyond; checked at a step that fills a V block, where the two paths'
+    outputs differ (the fused one attends that block in FP16), and at the next step, where they agree."""
+    import dataclasses
+
+    from kernels_calibration.kernels import hack_attn_decode as had
+    from kernels_calibration.kernels.hack_decode_rp import hack_decode_step
+
+    torch.manual_seed(23)
+    k, v, _ = _kv(200, [1, 1])
+    lens = torch.tensor([63, 127], dtype=torch.int32, device=DEVICE)   # the first append fills a block
+
+    def fresh():
+        c = build_cache(k, v, lens, 64, 2, rqe=True, seed=4)
+        return dataclasses.replace(c, **{f.name: getattr(c, f.name).clone() for f in dataclasses.fields(c)
+                                         if isinstance(getattr(c, f.name), torch.Tensor)})
+
+    q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
+    o_fused, c_fused = hack_decode_step(q, fresh(), kn, vn, seed=7, splits=2)
+    c_sep = append_token(fresh(), kn, vn, seed=7)
+    o_sep = hack_attn_decode(q, c_sep, splits=2)
+    assert not torch.equal(o_fused, o_sep)
+    o, c = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2)              # capacity 200 <= 2048: fused
+    assert torch.equal(o, o_fused) and torch.equal(c.lens, c_fused.lens)
+    o, c = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2, fused=False)
+    assert torch.equal(o, o_sep) and torch.equal(c.v_codes, c_sep.v_codes)
+    monkeypatch.setattr(had, "FUSED_STEP_MAX_LEN", 100)
+    o, _ = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2)
+    assert torch.equal(o, o_sep)
+    q2 = randn(B, HKV * 8, D)   # next step: no block fills, both paths give the same output
+    o1, _ = had.decode_step(q2, c_fused, kn, vn, seed=8, splits=2, fused=True)
+    o2, _ = had.decode_step(q2, c_sep, kn, vn, seed=8, splits=2, fused=False)
+    assert torch.equal(o1, o2)
+
+
 def test_hack_decode_after_append_crosses_block():
     torch.manual_seed(9)
     k, v, lens = _kv(128, [62, 30])
@@ -206,9 +242,9 @@ def test_hack_prefill(partition):
     exact = attn_prefill_ref(q, kd, vd)
     ref_err = rel_err(hack_attn_prefill_ref(q, cache), exact)
     for use_se in (True, False):
-        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4)
+        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4, row_scaled=False)
         assert rel_err(out, exact) < 2 * ref_err + 2e-3
-    # the row-scaled variant (Q rounded per row): its own reference, within that reference's error
+    # the row-scaled kernel (the default; Q rounded per row): its own reference, within that reference's error
     ref_row = hack_attn_prefill_ref(q, cache, q_per_row=True)
     row_err = rel_err(ref_row, exact)
     for use_se in (True, False):

@@ -104,3 +104,23 @@ def test_bench_hack_only_merges_rows_in_place(tmp_path):
             (after["kernel"], str(after["context_len"]), str(after["partition"]))
         assert after["time_us"] == (1.5 if before in hack else float(before["time_us"]))
     assert rows[-1]["context_len"] == 777 and rows[-1]["time_us"] == 2.5
+
+
+def test_profile_fit_only_later_rows_replace_earlier(tmp_path):
+    """profile --fit-only OLD NEW: NEW's rows take the place of OLD's rows of the same kernel and shape
+    (a faster or a slower re-measurement alike); rows differing in a variant column stay apart."""
+    import csv
+
+    from kernels_calibration.profile import merge_rows
+
+    path = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles" / "h200" / "profile_rows.csv"
+    old = list(csv.DictReader(path.open()))
+    hack = [r for r in old if r["kernel"] == "hack" and r["phase"] == "decode"]
+    new = [dict(r, time_us=str(float(r["time_us"]) * 3)) for r in hack]   # slower: still replaces
+    rows = merge_rows([old, new])
+    assert len(rows) == len(old)
+    got = {(r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"] for r in rows
+           if r["kernel"] == "hack" and r["phase"] == "decode"}
+    assert got == {(r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"] for r in new}
+    variants = [r for r in old if r["phase"] == "score"]
+    assert len(merge_rows([variants, variants])) == len(variants)

@@ -43,9 +43,12 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
     else:
         h = [{"splits": s0, "num_warps": w, "maxnreg": mr} for w, mr in ((2, 128), (4, 128), (4, 0))]
         # the default (2 warps, P split per V block, 168 registers) first; run 22 measured the rest slower
-        q = [{"splits": s0}, {"splits": s0, "maxnreg": 192}, {"splits": s0, "maxnreg": 0},
-             {"splits": s0, "num_warps": 4}, {"splits": s0, "v_split": False},
-             {"splits": max(1, (3 * s0) // 4)}, {"splits": s0 + s0 // 8}]
+        q = [{"splits": s0}, {"splits": s0, "num_warps": 4}]
+        if pi == 64:
+            q += [{"splits": s0, "maxnreg": 192}, {"splits": s0, "maxnreg": 0}, {"splits": s0, "v_split": False},
+                  {"splits": max(1, (3 * s0) // 4)}, {"splits": s0 + s0 // 8},
+                  {"splits": s0, "num_warps": 1, "block_n": 64, "maxnreg": 0},
+                  {"splits": 2 * s0, "num_warps": 1, "block_n": 64, "maxnreg": 0}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}

@@ -324,11 +324,12 @@ def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new
                 max_len: int | None = None, **kw) -> tuple[torch.Tensor, QuantKVCache]:
     """One HACK decode step: append (k_new, v_new [B, H_kv, D]) to the cache, then attend with q.
     fused=None: one launch for both (hack_decode_rp.hack_decode_step) up to FUSED_STEP_MAX_LEN tokens
-    where the row-packed kernel applies, else append_token + hack_attn_decode.  kw: launch options
+    where the row-packed kernel applies and the cache has the FP16 tail (RQE), else append_token +
+    hack_attn_decode.  kw: launch options
     of the chosen path.  Returns (output [B, H_q, D], the cache with lens + 1)."""
     ml = cache.shape[2] if max_len is None else max_len
     if fused is None:
-        fused = ml <= FUSED_STEP_MAX_LEN and row_packed_supported(q, cache)
+        fused = ml <= FUSED_STEP_MAX_LEN and cache.rqe and row_packed_supported(q, cache)
     if fused:
         kw = {k: v for k, v in kw.items() if k != "row_packed"}
         kw.setdefault("num_warps", FUSED_STEP_WARPS)

@@ -255,8 +255,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
-    tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above 2K tokens (and 2 warps);
-    0 = no cap."""
+    tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above 2K tokens at PI <= 64 (and 2
+    warps); 0 = no cap."""
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))
@@ -284,9 +284,11 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     block_n = pi if prefetch else (block_n or max(pi, 128))
     max_len = lmax if max_len is None else max_len
     if mode == "dequant" and max_len > 2048 and not prefetch:
-        # measured (NOTES.md, run 22): 2 warps and a cap of 168 registers (6 programs per SM)
+        # measured (NOTES.md, runs 22-23): 2 warps; at PI <= 64 a cap of 168 registers (6 programs per
+        # SM; PI 64 160.6 vs 174.1 us, PI 32 178.2 vs 195.3), at PI 128 none (143.0 vs 157.4 us)
         num_warps = num_warps or 2
-        maxnreg = DEQUANT_MAXNREG if maxnreg is None else maxnreg
+        if maxnreg is None and pi <= 64:
+            maxnreg = DEQUANT_MAXNREG
     num_warps = num_warps or (2 if block_n >= 128 and mode == "hack" else 4)
     if block_n not in (pi, 2 * pi, 4 * pi):
         raise ValueError(f"block_n {block_n} must be PI, 2 PI or 4 PI")

@@ -244,15 +244,16 @@ ROW_KEY = ("phase", "kernel", "batch", "context_len", "q_heads", "kv_heads", "he
 def merge_rows(row_sets: list[list[dict]]) -> list[dict]:
     """Rows of several rows.csv files, a later file's row replacing an earlier one of the same
     phase, kernel and shape (ROW_KEY; rows that also differ in other columns, such as the scoring
-    kernels' variants, are told apart by those: every column but the measured ones)."""
+    kernels' variants, are told apart by those: every column but the measured ones; an empty value
+    and a missing column are the same)."""
     measured = {"time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "config",
                 "held_out", "gpu_name", "driver", "torch", "triton", "git_rev", "date", "units", "bytes_moved",
                 "flops"}
     out: dict = {}
     for rows in row_sets:
         for r in rows:
-            k = tuple(str(r.get(c, "")) for c in ROW_KEY) + tuple(
-                sorted((c, str(v)) for c, v in r.items() if c not in measured and c not in ROW_KEY))
+            k = tuple(str(r.get(c, "")) for c in ROW_KEY) + tuple(sorted(
+                (c, str(v)) for c, v in r.items() if c not in measured and c not in ROW_KEY and str(v) != ""))
             out.pop(k, None)
             out[k] = r
     return list(out.values())

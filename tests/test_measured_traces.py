@@ -8,8 +8,8 @@ kernel profile (kernels, GEMMs at layer shapes, elementwise kernels) and the har
 the realrun.hostcal microbenchmark (runs 12 and 14, no trace involved).  BOUNDS are the absolute
 errors this model achieves, rounded up, plus 2 percentage points: a change that makes any
 prediction worse fails here, and tightening them is how an improvement is recorded (the six HACK
-traces were re-recorded with the row-packed decode kernel in session 3, run 19; their bounds are
-that recording's).  Achieved
+traces were re-recorded in session 4, run 25, with the register-capped row-packed decode kernel and
+the row-scaled prefill kernel; their bounds are that recording's).  Achieved
 figures and their causes: README, "Measured runs".
 """
 from __future__ import annotations
@@ -29,20 +29,20 @@ TRACES = ROOT / "realrun/traces/h200"
 BOUNDS = {
     "llama-3.1-70b-L8_10gbps_baseline_r2": (10, 4, 11),
     "llama-3.1-70b-L8_10gbps_baseline_r3.5": (10, 3, 9),
-    "llama-3.1-70b-L8_10gbps_hack_r2": (14, 7, 11),
-    "llama-3.1-70b-L8_10gbps_hack_r3.5": (17, 3, 19),
+    "llama-3.1-70b-L8_10gbps_hack_r2": (11, 3, 9),
+    "llama-3.1-70b-L8_10gbps_hack_r3.5": (13, 5, 13),
     "llama-3.1-70b-L8_10gbps_kvquant_r2": (13, 3, 11),
     "llama-3.1-70b-L8_10gbps_kvquant_r3.5": (20, 7, 17),
     "llama-3.1-8b-L32_10gbps_baseline_r1": (3, 8, 10),
     "llama-3.1-8b-L32_10gbps_baseline_r1.6": (4, 8, 5),
-    "llama-3.1-8b-L32_10gbps_hack_r1": (9, 10, 8),
-    "llama-3.1-8b-L32_10gbps_hack_r1.6": (15, 7, 16),
+    "llama-3.1-8b-L32_10gbps_hack_r1": (5, 11, 5),
+    "llama-3.1-8b-L32_10gbps_hack_r1.6": (3, 8, 7),
     "llama-3.1-8b-L32_10gbps_kvquant_r1": (27, 10, 32),
     "llama-3.1-8b-L32_10gbps_kvquant_r1.6": (11, 12, 8),
     "llama-3.1-8b-L32_40gbps_baseline_r1.5": (19, 7, 23),
     "llama-3.1-8b-L32_40gbps_baseline_r3": (22, 8, 33),
-    "llama-3.1-8b-L32_40gbps_hack_r1.5": (14, 13, 13),
-    "llama-3.1-8b-L32_40gbps_hack_r3": (31, 29, 34),
+    "llama-3.1-8b-L32_40gbps_hack_r1.5": (6, 10, 10),
+    "llama-3.1-8b-L32_40gbps_hack_r3": (9, 23, 13),
     "llama-3.1-8b-L32_40gbps_kvquant_r1.5": (5, 7, 10),
     "llama-3.1-8b-L32_40gbps_kvquant_r3": (20, 7, 24),
 }
@@ -76,10 +76,10 @@ def test_summary_over_all_traces(rows):
     """The headline figures the README quotes (mean absolute errors over the 18 traces)."""
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows.values()) / len(rows)
-    assert mean_abs("jct_mean_error_pct") <= 12.5
-    assert mean_abs("ttft_p50_error_pct") <= 7.0
-    assert mean_abs("tpot_p50_error_pct") <= 15.0
-    assert mean_abs("prefill_mean_error_pct") <= 5.0
+    assert mean_abs("jct_mean_error_pct") <= 10.0      # session 4: 9.3 (12.3 before the HACK re-recording)
+    assert mean_abs("ttft_p50_error_pct") <= 6.0       # 5.5
+    assert mean_abs("tpot_p50_error_pct") <= 12.0      # 11.5
+    assert mean_abs("prefill_mean_error_pct") <= 4.5   # 4.0
 
 
 def test_host_calibration_in_the_scenarios_comes_from_the_microbenchmark():

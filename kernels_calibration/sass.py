@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 
-_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O", "KN", "VN")
+_ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O", "KN", "VN", "OUT")
 _ARGS_U8 = ("KC", "VC", "KSM", "VSM")
 _ARGS_SCALAR = {"LENS": "*i32", "OP": "*fp32", "LSEP": "*fp32", "qk_scale": "fp32", "HKV": "i32", "LMAX": "i32",
                 "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32", "HQ": "i32", "L": "i32", "LENS_OUT": "*i32",
-                "seed": "i32"}
+                "seed": "i32", "CNT": "*i32"}
 _DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS", "O")
 
 
@@ -101,7 +101,7 @@ def loop_profile(kernel) -> tuple[collections.Counter, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("rp", "head_major", "prefill", "prefill_rs"), default="rp")
+    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs"), default="rp")
     ap.add_argument("--block-m", type=int, default=64, help="prefill: query rows per program")
     ap.add_argument("--pi", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         fn = hp._hack_prefill_rs_kernel if a.kernel == "prefill_rs" else hp._hack_prefill_kernel
         consts = dict(G=8, D=128, PI=a.pi, BM=a.block_m, USE_SE=not a.no_se, USE_ASM=True)
         tokens = a.pi * a.block_m / 64  # a tile is block_m rows x PI tokens: normalized to 64 rows
+    elif a.kernel == "token_major":
+        from .kernels.hack_decode_t import _hack_decode_t_kernel as fn
+        consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
+                      USE_ASM=True, SUMCOL=-1, FUSED=False, VSIDE=1)
+        tokens = a.pi
     else:
         from .kernels.hack_attn_decode import _quant_decode_kernel as fn
         bn = a.block_n or max(a.pi, 128)
@@ -139,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         import json
 
+        lut = [ln for ln in k.asm["ttgir"].splitlines() if "elementwise_inline_asm" in ln and "mad.lo.u32" in ln]
         print(json.dumps({**resources(k), "loop_instructions": total,
-                          "warp_instructions_per_128_tokens": total * a.warps * 128 / tokens}))
+                          "warp_instructions_per_128_tokens": total * a.warps * 128 / tokens,
+                          "loop_opcodes": dict(sum(ops.values(), collections.Counter())),
+                          # table-lookup dequantization needs its four codes per register to share a
+                          # table, true in the tensor-core operand layouts (common.dequant_lut)
+                          "lut_ops": len(lut),
+                          "lut_ops_not_in_operand_layout": sum("dot_op" not in ln.split("->")[-1] for ln in lut)}))
         return 0
     print(f"{a.kernel} PI {a.pi}, {a.warps} warps, {a.stages} stages, maxnreg {a.maxnreg}: {resources(k)}")
     unit = "128 tokens" if not a.kernel.startswith("prefill") else "64 query rows x 128 tokens"

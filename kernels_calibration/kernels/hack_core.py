@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import dequant_codes, unpack_codes
+from .common import dequant_codes, dequant_lut, dequant_table, unpack_codes
 
 
 @triton.jit
@@ -387,7 +387,8 @@ def dequant_scores(q0, q1, q2, q3, KC, KMN, KSC, tok, tmask,
 def _deq_k(kb, SH: tl.constexpr, USE_ASM: tl.constexpr, KMN, KSC, tok, tmask, p, NP: tl.constexpr):
     sk = tl.load(KSC + tok * NP + p, mask=tmask, other=0.0)
     mk = tl.load(KMN + tok * NP + p, mask=tmask, other=0.0)
-    return dequant_codes(kb, SH, sk[None, :], mk[None, :], USE_ASM)
+    lo, hi = dequant_table(sk, mk, USE_ASM)
+    return dequant_lut(kb, SH, lo[None, :], hi[None, :], USE_ASM)
 
 
 @triton.jit
@@ -407,7 +408,8 @@ def dequant_pv(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk,
 def _deq_v(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, VMN, VSC, moff, bvalid):
     sv = tl.load(VSC + moff, mask=bvalid, other=0.0)
     mv = tl.load(VMN + moff, mask=bvalid, other=0.0)
-    return dequant_codes(vb, SH, sv[None, :], mv[None, :], USE_ASM)
+    lo, hi = dequant_table(sv, mv, USE_ASM)
+    return dequant_lut(vb, SH, lo[None, :], hi[None, :], USE_ASM)
 
 
 # ----------------------------------------------------------------------------- prefetching path

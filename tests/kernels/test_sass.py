@@ -45,3 +45,17 @@ def test_row_scaled_prefill_loop_is_shorter():
     old = _sass("--kernel", "prefill", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
     new = _sass("--kernel", "prefill_rs", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
     assert new["warp_instructions_per_128_tokens"] < 0.9 * old["warp_instructions_per_128_tokens"], (new, old)
+
+
+def test_fused_dequant_converts_codes_without_i2f_and_looks_up_in_operand_layouts():
+    """Fused dequant turns 2-bit codes into FP16 without integer-to-float conversions (an eighth of the
+    FMA rate on sm_90), and its table lookups (common.dequant_lut: four codes of a register share one
+    table) run only where the compiler placed them in tensor-core operand layouts, where that holds."""
+    hm = _sass("--kernel", "head_major", "--dequant", "--pi", "64", "--warps", "2", "--maxnreg", "168")
+    assert hm["loop_opcodes"].get("I2F", 0) == 0, hm["loop_opcodes"]
+    assert hm["lut_ops"] > 0 and hm["lut_ops_not_in_operand_layout"] == 0, hm
+    for pi, warps in (("32", "2"), ("128", "4")):
+        d = _sass("--kernel", "head_major", "--dequant", "--pi", pi, "--warps", warps)
+        assert d["lut_ops"] > 0 and d["lut_ops_not_in_operand_layout"] == 0, (pi, d)
+    tm = _sass("--kernel", "token_major", "--dequant", "--pi", "64", "--warps", "4")
+    assert tm["lut_ops"] > 0 and tm["lut_ops_not_in_operand_layout"] == 0, tm

@@ -67,6 +67,21 @@ def run(out: Path, stage: int = 3) -> None:
             w.writeheader()
             w.writerows(rows)
 
+    if stage == 10:  # correctness of every fused-dequant config the bench tunes over (table-lookup dequant)
+        from .bench import tuned_configs
+
+        for ctx, pi in ((32768, 64), (32768, 32), (32768, 128), (4096, 64), (1024, 64)):
+            grid = tuned_configs(ctx, pi)["dequant_fused"]
+            for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
+                r = {"tag": "r26_dequant_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
+                     "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)}
+                rows.append(r)
+                print(r, flush=True)
+        with (out / "steps.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return
     if stage == 9:  # fused dequant with codes -> FP16 by the 1024 magic number (no I2F; offline -27 to -32 %
         # instructions per tile): warps x P.V form x register cap x splits, checked per config
         from .kernels.hack_attn_decode import default_splits
@@ -249,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step; 9: fused dequant without I2F")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step; 9: fused dequant without I2F; 10: every bench config of fused dequant checked")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

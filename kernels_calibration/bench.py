@@ -47,6 +47,7 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
         if pi == 64:
             q += [{"splits": s0, "maxnreg": 192}, {"splits": s0, "maxnreg": 0}, {"splits": s0, "v_split": False},
                   {"splits": max(1, (3 * s0) // 4)}, {"splits": s0 + s0 // 8},
+                  {"splits": s0 + s0 // 8, "num_stages": 2}, {"splits": s0 + s0 // 8, "block_n": 64},
                   {"splits": s0, "num_warps": 1, "block_n": 64, "maxnreg": 0},
                   {"splits": 2 * s0, "num_warps": 1, "block_n": 64, "maxnreg": 0}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]

@@ -5,10 +5,11 @@ of one KV head (GQA, padded to 16 rows for the tensor-core dots) over `tokens_pe
 writes a partial (O, log2-sum-exp); a small combine kernel merges the splits.  The split owning the
 end of the cache also multiplies the FP16 V tail (RQE).  mode "hack": homomorphic INT8 dots with
 correction terms (hack_core.py); mode "dequant": the same loop with codes dequantized to FP16 in
-registers meeting FP16 Q and P (KIVI-style fused dequantize-then-attend baseline).
+registers meeting FP16 Q and P (KIVI-style fused dequantize-then-attend baseline; the FP16 values
+come from a per-partition lookup table, common.dequant_lut, with no integer-to-float conversion).
 
 The default HACK kernel is now the row-packed one (hack_decode_rp.py: the head group's copies fill
-the padding rows; 138.6 vs 194 us at 32K on the H200, NOTES.md session 3); this file's head-major
+the padding rows; 135.5 vs 194 us at 32K on the H200, NOTES.md sessions 3-4); this file's head-major
 kernel runs for mode "dequant", for shapes the row-packed kernel does not take, and on request
 (row_packed=False).  Its loop forms (all tested; NOTES.md):
   * plain: tiles of block_n = max(PI, 128) tokens; K needs no token blocking (its partitions lie
@@ -36,6 +37,18 @@ from .hack_core import (cache_ptrs, dequant_pv, dequant_pv_t, dequant_pv_tile, d
                         load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
 from .hack_decode_rp import hack_attn_decode_rp, hack_decode_step, launch_defaults, row_packed_supported
 from .kv_cache import QuantKVCache, append_token, dequantize_cache_ref
+
+
+# Longest context (tokens after the append) at which decode_step fuses the append into the attention
+# launch: at 1K the fused step saves a launch (16.3 vs 17.3 us, run 22); at 4K and 32K its last
+# split, which appends, is the slowest program (45.2 vs 36.5 us, 164.1 vs 137.3 us).
+FUSED_STEP_MAX_LEN = 2048
+FUSED_STEP_WARPS = 2      # run 22 at 1K: 16.3 us with 2 warps, 17.7 with 4
+# Fused dequant above DEQUANT_LONG tokens: 2 warps, and at PI <= 64 a cap of 168 registers (6
+# programs per SM; runs 22-23: PI 64 160.6 vs 174.1 us, PI 32 178.2 vs 195.3; PI 128: none, 143.0
+# vs 157.4 us with the cap)
+DEQUANT_LONG = 2048
+DEQUANT_MAXNREG = 168
 
 
 @triton.jit
@@ -255,8 +268,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     None (default): row-packed wherever it applies and no head-major-only option (prefetch, block_n,
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
-    tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above 2K tokens at PI <= 64 (and 2
-    warps); 0 = no cap."""
+    tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
+    (and 2 warps); 0 = no cap."""
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))
@@ -283,9 +296,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     g = q.shape[1] // hkv
     block_n = pi if prefetch else (block_n or max(pi, 128))
     max_len = lmax if max_len is None else max_len
-    if mode == "dequant" and max_len > 2048 and not prefetch:
-        # measured (NOTES.md, runs 22-23): 2 warps; at PI <= 64 a cap of 168 registers (6 programs per
-        # SM; PI 64 160.6 vs 174.1 us, PI 32 178.2 vs 195.3), at PI 128 none (143.0 vs 157.4 us)
+    if mode == "dequant" and max_len > DEQUANT_LONG and not prefetch:
         num_warps = num_warps or 2
         if maxnreg is None and pi <= 64:
             maxnreg = DEQUANT_MAXNREG
@@ -313,22 +324,14 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     return run_split_decode(launch, q, splits)
 
 
-# Longest context (tokens after the append) at which decode_step fuses the append into the attention
-# launch: at 1K the fused step saves a launch (16.3 vs 17.3 us, run 22); at 4K and 32K its last
-# split, which appends, is the slowest program (45.2 vs 36.5 us, 164.1 vs 137.3 us).
-FUSED_STEP_MAX_LEN = 2048
-FUSED_STEP_WARPS = 2      # run 22 at 1K: 16.3 us with 2 warps, 17.7 with 4
-DEQUANT_MAXNREG = 168
-
-
 def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor,
                 use_se: bool = True, fused: bool | None = None, stochastic: bool = True, seed: int = 0,
                 max_len: int | None = None, **kw) -> tuple[torch.Tensor, QuantKVCache]:
     """One HACK decode step: append (k_new, v_new [B, H_kv, D]) to the cache, then attend with q.
     fused=None: one launch for both (hack_decode_rp.hack_decode_step) up to FUSED_STEP_MAX_LEN tokens
     where the row-packed kernel applies and the cache has the FP16 tail (RQE), else append_token +
-    hack_attn_decode.  kw: launch options
-    of the chosen path.  Returns (output [B, H_q, D], the cache with lens + 1)."""
+    hack_attn_decode.  kw: launch options of the chosen path.  Returns (output [B, H_q, D], the cache
+    with lens + 1)."""
     ml = cache.shape[2] if max_len is None else max_len
     if fused is None:
         fused = ml <= FUSED_STEP_MAX_LEN and cache.rqe and row_packed_supported(q, cache)

@@ -5,10 +5,13 @@ ALU instructions over the GPU's CUDA-core instruction rate (plus the tensor-core
 does matrix work). Every factor below is named and comes from a hardware fact or a measurement
 on the lent H200, never from a paper's end-to-end result:
 
-* `DEQUANT_INSTR_PER_ELEMENT`: dequantizing 2-bit codes to FP16 in registers ran at ≈240 µs for
-  8 × 32K × 8 KV heads × 128 × 2 elements on the H200 (issue 3's probe), i.e. ≈4.5e-13 s per
-  element; at 33.5 T instructions/s (67 FP32 TFLOP/s ÷ 2 per FMA) that is ≈15 instructions.
-* `HACK_INSTR_PER_ELEMENT`: the INT8 homomorphic probe reached ≈184 µs at the same shape: ≈11.5.
+* `DEQUANT_INSTR_PER_ELEMENT`: the fused dequantize-then-attend kernel (kernels_calibration, table
+  lookup in registers) costs 2.95e-13 s per KV element on the H200 (profile fit, session 4; 149 µs
+  for 8 × 32K × 8 KV heads × 128 × 2 elements); at 33.5 T instructions/s (67 FP32 TFLOP/s ÷ 2 per
+  FMA) that is ≈9.9 instruction slots per element.  (Issue 3's first probe, with integer-to-float
+  conversions, took ≈240 µs: ≈15.)
+* `HACK_INSTR_PER_ELEMENT`: the row-packed HACK decode kernel, 2.89e-13 s per element (135.5 µs at
+  the same shape): ≈9.7.  (The first INT8 probe: ≈184 µs, ≈11.5.)
 * `ROOFLINE_ATTENTION_EFFICIENCY`: FlashAttention-2's forward pass reaches 50-73 % of dense
   tensor peak on A100/H100 (Dao, arXiv 2307.08691, fig. 4-6); 0.6 is the middle.
 """
@@ -24,11 +27,12 @@ from .calibration import (
 )
 from .specs import GPUSpec
 
-DEQUANT_INSTR_PER_ELEMENT = 4.47e-13 * 33.5e12   # ≈15, from the H200 fused-dequant probe
-HACK_INSTR_PER_ELEMENT = 3.43e-13 * 33.5e12      # ≈11.5, from the H200 INT8 homomorphic probe
+DEQUANT_INSTR_PER_ELEMENT = 2.95e-13 * 33.5e12   # ≈9.9, the H200 fused-dequant kernel (profile, session 4)
+HACK_INSTR_PER_ELEMENT = 2.89e-13 * 33.5e12      # ≈9.7, the H200 row-packed HACK decode kernel
 FP8_CONVERT_INSTR_PER_ELEMENT = 2.0              # fp8 -> fp16 convert + pack, per element (hardware cvt)
 FP8_SOFTWARE_CONVERT_INSTR_PER_ELEMENT = 6.0     # no FP8 hardware (before Ada/Hopper): shift, mask, bias, pack
-QUANTIZE_INSTR_PER_ELEMENT = 2.0 * DEQUANT_INSTR_PER_ELEMENT  # min/max, scale, round, pack, sum
+QUANTIZE_INSTR_PER_ELEMENT = 30.0   # min/max, scale, round, pack, sum: twice the first dequantize probe (the
+                                    # measured Triton quantize kernel is slower still, ~0.5 TB/s, not optimized)
 ROOFLINE_ATTENTION_EFFICIENCY = 0.6
 ROOFLINE_ALU_EFFICIENCY = 1.0     # folded into the measured instruction counts above
 QUANT_BYTES_PER_ELEMENT = 0.25 + 5.0 / 64   # 2-bit codes + FP16 min/scale + uint8 sum per Π=64

@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
                          "merge with older rows via --fit-only OLD NEW (NEW's rows replace OLD's)")
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
+    groups = {"decode", "hack", "dequant", "prefill", "quant", "score"}
+    bad = sorted(set(args.only.split(",")) - groups) if args.only != "all" else []
+    if bad:
+        ap.error(f"--only: unknown group(s) {bad}; choose 'all' or from {sorted(groups)}")
     args.out.mkdir(parents=True, exist_ok=True)
     from .dense_bench import apply_dense_fit, fit_dense
 

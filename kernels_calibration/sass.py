@@ -1,8 +1,10 @@
 """Offline sm_90 compile of the HACK attention kernels on a machine without a GPU: SASS instruction
 counts of the main loop, per source line, and the register/spill budget.
 
-    python -m kernels_calibration.sass [--kernel rp|head_major|prefill|prefill_rs] [--pi 64] [--warps 2]
-                                       [--stages 3] [--maxnreg 128] [--no-se] [--block-m 64] [--lines 25]
+    python -m kernels_calibration.sass [--kernel rp|head_major|token_major|prefill|prefill_rs] [--pi 64]
+                                       [--warps 2] [--stages 3] [--maxnreg 128] [--no-se] [--append]
+                                       [--dequant] [--block-n 128] [--v-split 1] [--block-m 64]
+                                       [--lines 25] [--json]
 
 For prefill the count is normalized to 128 token columns of a 64-row query tile.
 
@@ -11,6 +13,8 @@ hints a real launch gets, so the code is what the H200 runs.  The loop is the la
 branch; per-line counts come from nvdisasm's line info.  How it was used (NOTES.md, session 3): the
 head-major kernel issues 4,530 warp-instructions per 128 tokens at PI 64, the row-packed one 2,910,
 and the 240 registers per thread at 2 warps were what a register cap then traded for occupancy.
+Session 4: fused dequant (--dequant) from 6,144 to 4,022 without integer-to-float conversions; --json
+also lists the loop's opcodes and whether every table lookup sits in a tensor-core operand layout.
 """
 from __future__ import annotations
 

@@ -125,3 +125,12 @@ def test_profile_fit_only_later_rows_replace_earlier(tmp_path):
     assert got == {(r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"] for r in new}
     variants = [r for r in old if r["phase"] == "score"]
     assert len(merge_rows([variants, variants])) == len(variants)
+
+
+def test_profile_only_rejects_unknown_groups(tmp_path, capsys):
+    from kernels_calibration.profile import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "hack,nope", "--out", str(tmp_path / "p")])
+    assert e.value.code == 2 and "unknown group(s) ['nope']" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

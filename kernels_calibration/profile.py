@@ -321,7 +321,9 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
         faster[phase] = wins
     notes = (f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
              f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
-             "Decode steps of the quantized variants include the append of the new token; they were timed as CUDA "
+             "Decode steps of the quantized variants include the append of the new token (HACK: "
+             "hack_attn_decode.decode_step, which fuses it into the attention launch up to 2K tokens); they were "
+             "timed as CUDA "
              "graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, head_dim 128, "
              "2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of torch._int_mm "
              "layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")

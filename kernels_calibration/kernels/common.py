@@ -118,17 +118,15 @@ def dequant_codes(packed, SHIFT: tl.constexpr, scale, mn, USE_ASM: tl.constexpr)
         sc = tl.broadcast_to(scale.to(tl.float16), packed.shape)
         mm = tl.broadcast_to(mn.to(tl.float16), packed.shape)
         if SHIFT == 0:
-            out = tl.inline_asm_elementwise(_DEQ2_S0, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16,
-                                            is_pure=True, pack=4)
+            asm: tl.constexpr = _DEQ2_S0
         elif SHIFT == 2:
-            out = tl.inline_asm_elementwise(_DEQ2_S2, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16,
-                                            is_pure=True, pack=4)
+            asm: tl.constexpr = _DEQ2_S2
         elif SHIFT == 4:
-            out = tl.inline_asm_elementwise(_DEQ2_S4, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16,
-                                            is_pure=True, pack=4)
+            asm: tl.constexpr = _DEQ2_S4
         else:
-            out = tl.inline_asm_elementwise(_DEQ2_S6, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16,
-                                            is_pure=True, pack=4)
+            asm: tl.constexpr = _DEQ2_S6
+        out = tl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16, is_pure=True,
+                                        pack=4)
     else:  # the same arithmetic per element (code * s is exact in FP32; one rounding to FP16)
         code = ((packed >> SHIFT) & 3).to(tl.float32)
         out = (code * scale.to(tl.float32) + mn.to(tl.float32)).to(tl.float16)
@@ -187,17 +185,15 @@ def dequant_lut(packed, SHIFT: tl.constexpr, tab_lo, tab_hi, USE_ASM: tl.constex
         lo = tl.broadcast_to(tab_lo, packed.shape)
         hi = tl.broadcast_to(tab_hi, packed.shape)
         if SHIFT == 0:
-            out = tl.inline_asm_elementwise(_LUT2_S0, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi],
-                                            dtype=tl.float16, is_pure=True, pack=4)
+            asm: tl.constexpr = _LUT2_S0
         elif SHIFT == 2:
-            out = tl.inline_asm_elementwise(_LUT2_S2, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi],
-                                            dtype=tl.float16, is_pure=True, pack=4)
+            asm: tl.constexpr = _LUT2_S2
         elif SHIFT == 4:
-            out = tl.inline_asm_elementwise(_LUT2_S4, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi],
-                                            dtype=tl.float16, is_pure=True, pack=4)
+            asm: tl.constexpr = _LUT2_S4
         else:
-            out = tl.inline_asm_elementwise(_LUT2_S6, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi],
-                                            dtype=tl.float16, is_pure=True, pack=4)
+            asm: tl.constexpr = _LUT2_S6
+        out = tl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=tl.float16,
+                                        is_pure=True, pack=4)
     else:
         code = ((packed >> SHIFT) & 3).to(tl.int32)
         word = tl.where(code < 2, tab_lo, tab_hi)

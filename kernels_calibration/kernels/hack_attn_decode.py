@@ -286,14 +286,12 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                                   num_warps=num_warps or 4, num_stages=num_stages, fused_combine=fused_combine,
                                   v_side=v_side, pad_heads_to=pad_heads_to)
     b, hkv, lmax, d = cache.shape
-    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    g = cache.query_group(q)
     if cache.bits != 2 or d % 128:
         raise ValueError("HACK attention kernels take 2-bit codes and head_dim a multiple of 128")
     pi = cache.partition
     if pi % (d // 4):
         raise ValueError(f"partition {pi} must be a multiple of head_dim/4 = {d // 4}")
-    g = q.shape[1] // hkv
     block_n = pi if prefetch else (block_n or max(pi, 128))
     max_len = lmax if max_len is None else max_len
     if mode == "dequant" and max_len > DEQUANT_LONG and not prefetch:

@@ -350,14 +350,12 @@ def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = Tru
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
-    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    g = cache.query_group(q)
     if cache.bits != 2 or d != 128:
         raise ValueError("the row-packed HACK decode kernel takes 2-bit codes and head_dim 128")
     pi = cache.partition
     if pi not in (32, 64, 128):
         raise ValueError(f"partition {pi} must be 32, 64 or 128")
-    g = q.shape[1] // hkv
     rp, r = row_copies(g)
     if r > 4:
         raise ValueError(f"{g} query heads per KV head: at most 4 copies of the group fit the kernel")

@@ -312,14 +312,12 @@ def hack_attn_decode_t(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True
     from .hack_attn_decode import combine_splits_kernel, default_splits
 
     b, hkv, lmax, d = cache.shape
-    if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+    g = cache.query_group(q)
     if cache.bits != 2 or d != 128:
         raise ValueError("the token-major kernel takes 2-bit codes and head_dim 128")
     pi = cache.partition
     if pi not in (64, 128):
         raise ValueError(f"the token-major kernel takes partition 64 or 128, got {pi}")
-    g = q.shape[1] // hkv
     g_pad = max(pad_heads_to, triton.next_power_of_2(g))   # 8: no padding head (mma.sync, not wgmma)
     max_len = lmax if max_len is None else max_len
     splits = splits or default_splits(b, hkv, max_len, pi, q.device)

@@ -45,6 +45,14 @@ class QuantKVCache:
         b, h, lmax, w = self.k_codes.shape
         return b, h, lmax, w * 8 // self.bits
 
+    def query_group(self, q) -> int:
+        """Query heads per KV head of a decode query q [B, H_q, D] over this cache; ValueError when q's
+        batch, head_dim or head count does not fit the cache."""
+        b, hkv, lmax, d = self.shape
+        if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv:
+            raise ValueError(f"q {tuple(q.shape)} does not match cache {(b, hkv, lmax, d)}")
+        return q.shape[1] // hkv
+
     def nbytes_visited(self) -> int:
         """Bytes a decode step must read: codes, metadata and sums of lens tokens, plus the tail."""
         b, h, _, d = self.shape

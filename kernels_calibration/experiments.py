@@ -51,21 +51,26 @@ def run(out: Path, stage: int = 3) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
 
+    def add(r):
+        rows.append(r)
+        print(r, flush=True)
+
+    def flush():
+        with (out / "steps.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
     def rec(tag, ms, errs=None):
         for i, m in enumerate(ms):
             if isinstance(errs, dict):   # keyed by the config's str (failed configs drop out of ms)
                 e = errs.get(m.config, "")
             else:
                 e = "" if errs is None else errs[i]
-            r = {"tag": tag, "kernel": m.kernel, "phase": m.phase, "context_len": m.context_len,
+            add({"tag": tag, "kernel": m.kernel, "phase": m.phase, "context_len": m.context_len,
                  "partition": m.partition, "time_us": round(m.time_s * 1e6, 2), "config": m.config,
-                 "rel_err": e if e == "" else round(e, 5)}
-            rows.append(r)
-            print(r, flush=True)
-        with (out / "steps.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+                 "rel_err": e if e == "" else round(e, 5)})
+        flush()
 
     if stage == 10:  # correctness of every fused-dequant config the bench tunes over (table-lookup dequant)
         from .bench import tuned_configs
@@ -73,14 +78,9 @@ def run(out: Path, stage: int = 3) -> None:
         for ctx, pi in ((32768, 64), (32768, 32), (32768, 128), (4096, 64), (1024, 64)):
             grid = tuned_configs(ctx, pi)["dequant_fused"]
             for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
-                r = {"tag": "r26_dequant_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
-                     "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)}
-                rows.append(r)
-                print(r, flush=True)
-        with (out / "steps.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+                add({"tag": "r26_dequant_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
+                     "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
         return
     if stage == 9:  # fused dequant with codes -> FP16 by the 1024 magic number (no I2F; offline -27 to -32 %
         # instructions per tile): warps x P.V form x register cap x splits, checked per config

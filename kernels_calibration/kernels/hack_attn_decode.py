@@ -256,7 +256,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
                      v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None,
-                     maxnreg: int | None = None) -> torch.Tensor:
+                     maxnreg: int | None = None, gluon: bool = False) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
@@ -269,7 +269,15 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     transposed) is asked for: it is the faster kernel on the H200 (NOTES.md, run 16).
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
-    (and 2 warps); 0 = no cap."""
+    (and 2 warps); 0 = no cap.
+    gluon: mode "dequant" on the token-major wgmma kernel of gluon_decode.py (PI 64/128, GQA 8;
+    block_n 64 or 128 tokens per tile; num_warps, v_split, maxnreg do not apply)."""
+    if gluon:
+        if mode != "dequant":
+            raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")
+        from .gluon_decode import dequant_attn_decode_gluon
+
+        return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64)
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))

@@ -1,0 +1,270 @@
+"""Token-major decode attention in Gluon (explicit layouts, Hopper wgmma): fused dequantize-then-attend.
+
+The Triton kernels (hack_core.py) give the 8 query heads of a KV head a 16-row mma.sync tile: half of
+every softmax step runs on padding rows, and every operand goes registers -> shared memory ->
+ldmatrix.  Here the token axis is the wgmma's M (64 tokens per tile, one warpgroup) and the heads are
+N = 8, so nothing is padded:
+  * K: each thread loads 16 code bytes of one token (LDG.128) and turns every 4 of them into FP16 by
+    table lookup (common.dequant_lut: the four codes of a register share the (token, partition)
+    table); the planes go to shared memory as four [64, 32] K tiles, the A operands of
+    S^T = K Q^T (B = Q^T, [32, 8] per channel group, stored once);
+  * softmax over the token axis of the [64, 8] accumulator (the compiler reduces across warps);
+    P^T goes to shared memory as FP16 [64, 8];
+  * V: each thread holds 4 tokens x 4 code bytes; the 4 tokens of a byte column share a (block,
+    channel) table, so each register of 4 codes is one lookup; the planes are stored transposed,
+    V^T [128, 64] with tokens contiguous (K-major A operand), and O^T = V^T P^T accumulates [128, 8].
+The FP16 tail (RQE) is read by the last split like the other kernels do.  Partial outputs and
+log2-sum-exps go to run_split_decode's combine, as for the Triton kernels.
+
+Gluon has no interpreter: the kernel is checked against the same references on the GPU
+(tests/kernels, experiments) and compiled for sm_90 offline in CI (tests/kernels/test_sass.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6
+from .kv_cache import QuantKVCache
+
+NUM_WARPS = 4
+
+
+@gluon.jit
+def _lut(packed, SHIFT: gl.constexpr, lo, hi):
+    """uint8 codes (bit plane SHIFT) -> FP16 by the 4-entry tables lo/hi (int32 tensors of packed's
+    shape and layout; the four codes of each 32-bit register share the table of the first)."""
+    if SHIFT == 0:
+        asm: gl.constexpr = _LUT2_S0
+    elif SHIFT == 2:
+        asm: gl.constexpr = _LUT2_S2
+    elif SHIFT == 4:
+        asm: gl.constexpr = _LUT2_S4
+    else:
+        asm: gl.constexpr = _LUT2_S6
+    return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16,
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _table(scale, mn):
+    """(lo, hi): FP16 values of codes 0,1 | 2,3 for FP16 scale and min (fma.rn.f16x2, one rounding)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
+        " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
+        " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }",
+        "=r,=r,h,h", [scale, mn], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _k_plane(kb, c: gl.constexpr, sk0, mk0, sk1, mk1, k_smem, PI: gl.constexpr):
+    """Plane c of the K codes [BN, 32] -> FP16 into k_smem[c] (channels 32c .. 32c + 31)."""
+    if (32 * c) // PI == 0:
+        lo, hi = _table(sk0, mk0)
+    else:
+        lo, hi = _table(sk1, mk1)
+    lo = gl.broadcast(gl.expand_dims(lo, 1), kb)[0]
+    hi = gl.broadcast(gl.expand_dims(hi, 1), kb)[0]
+    k_smem.index(c).store(_lut(kb, 2 * c, lo, hi))
+
+
+@gluon.jit
+def _v_plane(vb, c: gl.constexpr, VMN, VSC, moff, chan, v_smem):
+    """Plane c of the V codes [BN, 32] (one V block) -> FP16, stored transposed into rows 32c.. of V^T."""
+    sv = gl.load(VSC + moff + 32 * c + chan)
+    mv = gl.load(VMN + moff + 32 * c + chan)
+    lo, hi = _table(sv, mv)
+    lo = gl.broadcast(gl.expand_dims(lo, 0), vb)[0]
+    hi = gl.broadcast(gl.expand_dims(hi, 0), vb)[0]
+    v = _lut(vb, 2 * c, lo, hi)
+    v_smem.slice(32 * c, 32, dim=0).store(gl.permute(v, [1, 0]))
+
+
+@gluon.jit
+def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, q_smem, k_smem, v_smem, p_smem,
+          BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr, TAIL: gl.constexpr):
+    """One tile of BN tokens from s0 (tokens >= end masked).  TAIL: the tokens' V is the FP16 tail
+    (row t - LV of vt_ptr) instead of codes.  Returns the online-softmax state (m_i, l_acc, o)."""
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # 16 code bytes of a token
+    vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])   # 4 tokens x 4 bytes (LDG.32)
+    v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])     # same elements, tokens packed
+    # ---- K codes -> FP16 tiles in shared memory
+    tk = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, k_l))
+    kj = gl.arange(0, W, layout=gl.SliceLayout(0, k_l))
+    kmask = tk < end
+    kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
+    sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
+    mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
+    sk1 = sk0
+    mk1 = mk0
+    if NP > 1:
+        sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
+        mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
+    _k_plane(kb, 0, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 1, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 2, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 3, sk0, mk0, sk1, mk1, k_smem, PI)
+    # ---- V -> FP16 V^T [D, BN] in shared memory, 64 tokens (one V block: PI >= 64) at a time
+    vj = gl.arange(0, W, layout=gl.SliceLayout(0, vld_l))
+    chan = gl.arange(0, W, layout=gl.SliceLayout(0, v_l))
+    for h in gl.static_range(BN // 64):
+        vh = v_smem.slice(64 * h, 64, dim=1)
+        if TAIL:
+            tt = s0 + 64 * h + gl.arange(0, 64, layout=gl.SliceLayout(1, v_l))
+            for c in gl.static_range(4):
+                vv = gl.load(vt_ptr + (tt - LV)[:, None] * D + 32 * c + chan[None, :], mask=(tt < end)[:, None],
+                             other=0.0)
+                vh.slice(32 * c, 32, dim=0).store(gl.permute(vv, [1, 0]))
+        else:
+            tv = s0 + 64 * h + gl.arange(0, 64, layout=gl.SliceLayout(1, vld_l))
+            vb = gl.load(vc + tv[:, None] * W + vj[None, :], mask=(tv < end)[:, None], other=0)
+            vb = gl.convert_layout(vb, v_l)
+            moff = mbase + ((s0 + 64 * h) // PI) * D
+            _v_plane(vb, 0, VMN, VSC, moff, chan, vh)
+            _v_plane(vb, 1, VMN, VSC, moff, chan, vh)
+            _v_plane(vb, 2, VMN, VSC, moff, chan, vh)
+            _v_plane(vb, 3, VMN, VSC, moff, chan, vh)
+    fence_async_shared()
+    gl.thread_barrier()
+    # ---- S^T = K Q^T [BN, G] (log2 domain)
+    s = gl.zeros([BN, G], gl.float32, layout=acc_l)
+    s = warpgroup_mma(k_smem.index(0), q_smem.index(0).permute([1, 0]), s, use_acc=False)
+    s = warpgroup_mma(k_smem.index(1), q_smem.index(1).permute([1, 0]), s)
+    s = warpgroup_mma(k_smem.index(2), q_smem.index(2).permute([1, 0]), s)
+    s = warpgroup_mma(k_smem.index(3), q_smem.index(3).permute([1, 0]), s)
+    srow = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
+    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    # the denominator stays per thread ([BN, G] partial sums of the thread's own tokens): one
+    # reduction at the end instead of one per tile
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    p_smem.store(p.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    # ---- O^T = alpha O^T + V^T P^T [D, G]
+    o = warpgroup_mma(v_smem, p_smem, o * gl.expand_dims(alpha, 0))
+    gl.thread_barrier()   # the next tile overwrites the operands
+    return m_new, l_acc, o
+
+
+@gluon.jit
+def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
+                           qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                           G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
+                           BN: gl.constexpr):
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    gl.static_assert(D == 128)
+    gl.static_assert(G == 8)
+    gl.static_assert(PI >= 64)
+    gl.static_assert(NP <= 2)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)     # [G] per-head vectors
+    q_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    kt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, 32], gl.float16)
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([G, 32], gl.float16)
+    vt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BN], gl.float16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, G], gl.float16)
+
+    bh = gl.program_id(0)
+    split = gl.program_id(1)
+    b = bh // HKV
+    L = gl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = gl.minimum(start + TPS, LV)
+    qrow0 = (b * HKV + bh % HKV) * G
+
+    # ---- Q (times qk_scale, FP16) -> shared memory, one [G, 32] tile per channel group
+    q_smem = gl.allocate_shared_memory(gl.float16, [4, G, 32], q_sl)
+    qh = gl.arange(0, G, layout=gl.SliceLayout(1, q_l))
+    qj = gl.arange(0, 32, layout=gl.SliceLayout(0, q_l))
+    for c in gl.static_range(4):
+        qv = gl.load(Q + (qrow0 + qh)[:, None] * D + 32 * c + qj[None, :]).to(gl.float32) * qk_scale
+        q_smem.index(c).store(qv.to(gl.float16))
+    k_smem = gl.allocate_shared_memory(gl.float16, [4, BN, 32], kt_sl)
+    v_smem = gl.allocate_shared_memory(gl.float16, [D, BN], vt_sl)
+    p_smem = gl.allocate_shared_memory(gl.float16, [BN, G], p_sl)
+
+    tok0 = bh.to(gl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    vc = VC + tok0 * W
+    mbase = bh.to(gl.int64) * NBLK * D
+    vt_ptr = VT + bh.to(gl.int64) * PI * D
+
+    m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
+    l_acc = gl.zeros([BN, G], gl.float32, layout=acc_l)
+    o = gl.zeros([D, G], gl.float32, layout=acc_l)
+    fence_async_shared()
+    gl.thread_barrier()
+    for s0 in range(start, end, BN):
+        m_i, l_acc, o = _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
+                              q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, False)
+    if HAS_TAIL:
+        # RQE: the last < PI tokens have quantized K and FP16 V; the last split takes them
+        if (split == NSPLIT - 1) & (L > LV):
+            for s0 in range(LV, L, BN):
+                m_i, l_acc, o = _tile(s0, L, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
+                                      q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, True)
+    # ---- partials: O / l and log2-sum-exp per head
+    l_i = gl.sum(l_acc, 0)
+    has = l_i > 0
+    inv_l = 1.0 / gl.where(has, l_i, 1.0)
+    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    h = gl.arange(0, G, layout=col_l)
+    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
+    gl.store(LSEP + prow, lse)
+    d = gl.arange(0, D, layout=gl.SliceLayout(1, acc_l))
+    gl.store(OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(d, 1), o * gl.expand_dims(inv_l, 0))
+
+
+def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
+    """The shapes the Gluon kernel takes: 2-bit codes, head_dim 128, PI 64/128, 8 query heads per KV head."""
+    b, hkv, _, d = cache.shape
+    return (cache.bits == 2 and d == 128 and cache.partition in (64, 128) and q.dim() == 3
+            and q.shape[1] == 8 * hkv)
+
+
+def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
+                              max_len: int | None = None, block_n: int = 64) -> torch.Tensor:
+    """Fused dequantize-then-attend decode, token-major on wgmma.  q [B, HQ, D] fp16 (the new token's
+    query, already appended) -> [B, HQ, D] fp16.  splits: default_splits of 4 tiles (about 16 programs per SM)."""
+    from .hack_attn_decode import default_splits, run_split_decode
+
+    b, hkv, lmax, d = cache.shape
+    g = cache.query_group(q)
+    if not gluon_supported(q, cache):
+        raise ValueError("the Gluon decode kernel takes 2-bit codes, head_dim 128, PI 64/128 and 8 query heads "
+                         "per KV head")
+    if block_n not in (64, 128):
+        raise ValueError(f"block_n {block_n} must be 64 or 128")
+    pi = cache.partition
+    max_len = lmax if max_len is None else max_len
+    splits = splits or default_splits(b, hkv, max_len, 4 * block_n, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
+    splits = triton.cdiv(max_len, tps)
+    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
+    q = q.contiguous()
+
+    def launch(op, lsep):
+        _dequant_decode_kernel[(b * hkv, splits)](
+            q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
+            cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
+            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, num_warps=NUM_WARPS)
+
+    return run_split_decode(launch, q, splits)

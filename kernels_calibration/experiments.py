@@ -75,14 +75,14 @@ def run(out: Path, stage: int = 3) -> None:
     if stage == 11:  # fused dequant on the token-major Gluon kernel (gluon_decode.py; wgmma, no padding rows):
         # correctness at ragged lengths with the FP16 tail, then splits x tile size against the Triton kernel
         for ctx, pi in ((32768, 64), (32768, 128), (4096, 64), (1024, 64), (300, 64)):
-            grid = [dict(gluon=True), dict(gluon=True, block_n=128), {}]
+            grid = [dict(gluon=True), {}]
             for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
                 add({"tag": "r29_gluon_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
                      "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
         flush()
         for ctx, pi in ((32768, 64), (32768, 128), (4096, 64), (1024, 64)):
             grid = [dict(gluon=True, splits=s) for s in (8, 11, 16, 22, 33, 44)]
-            grid += [dict(gluon=True, block_n=128, splits=s) for s in (11, 22)] + [{}]
+            grid += [{}]
             rec(f"r29_gluon_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
                                                     configs={"dequant_fused": grid}, return_all=True))
             if pi == 64:

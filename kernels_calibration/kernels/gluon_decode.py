@@ -251,8 +251,9 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
     if not gluon_supported(q, cache):
         raise ValueError("the Gluon decode kernel takes 2-bit codes, head_dim 128, PI 64/128 and 8 query heads "
                          "per KV head")
-    if block_n not in (64, 128):
-        raise ValueError(f"block_n {block_n} must be 64 or 128")
+    if block_n != 64:
+        raise ValueError(f"block_n {block_n}: the Gluon kernel takes 64-token tiles (128 gave wrong results on "
+                         "the H200, run 29)")
     pi = cache.partition
     max_len = lmax if max_len is None else max_len
     splits = splits or default_splits(b, hkv, max_len, 4 * block_n, q.device)

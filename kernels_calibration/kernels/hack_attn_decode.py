@@ -271,7 +271,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
     (and 2 warps); 0 = no cap.
     gluon: mode "dequant" on the token-major wgmma kernel of gluon_decode.py (PI 64/128, GQA 8;
-    block_n 64 or 128 tokens per tile; num_warps, v_split, maxnreg do not apply)."""
+    64-token tiles; num_warps, v_split, maxnreg do not apply)."""
     if gluon:
         if mode != "dequant":
             raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")

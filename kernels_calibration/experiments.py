@@ -75,18 +75,18 @@ def run(out: Path, stage: int = 3) -> None:
     if stage == 11:  # fused dequant on the token-major Gluon kernel (gluon_decode.py; wgmma, no padding rows):
         # correctness at ragged lengths with the FP16 tail, then splits x tile size against the Triton kernel
         for ctx, pi in ((32768, 64), (32768, 128), (4096, 64), (1024, 64), (300, 64)):
-            grid = [dict(gluon=True), {}]
+            grid = [dict(gluon=True, prefetch=True)]
             for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
-                add({"tag": "r29_gluon_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
+                add({"tag": "r31_gluon_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
                      "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
         flush()
         for ctx, pi in ((32768, 64), (32768, 128), (4096, 64), (1024, 64)):
-            grid = [dict(gluon=True, splits=s) for s in (8, 11, 16, 22, 33, 44)]
+            grid = [dict(gluon=True, prefetch=pf, splits=s) for s in (8, 16, 33, 44, 64) for pf in (True, False)]
             grid += [{}]
-            rec(f"r29_gluon_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
+            rec(f"r31_gluon_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
                                                     configs={"dequant_fused": grid}, return_all=True))
             if pi == 64:
-                rec("r29_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
+                rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
     if stage == 10:  # correctness of every fused-dequant config the bench tunes over (table-lookup dequant)
         from .bench import tuned_configs

@@ -27,7 +27,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6
 from .kv_cache import QuantKVCache
@@ -74,10 +74,9 @@ def _k_plane(kb, c: gl.constexpr, sk0, mk0, sk1, mk1, k_smem, PI: gl.constexpr):
 
 
 @gluon.jit
-def _v_plane(vb, c: gl.constexpr, VMN, VSC, moff, chan, v_smem):
-    """Plane c of the V codes [BN, 32] (one V block) -> FP16, stored transposed into rows 32c.. of V^T."""
-    sv = gl.load(VSC + moff + 32 * c + chan)
-    mv = gl.load(VMN + moff + 32 * c + chan)
+def _v_plane(vb, c: gl.constexpr, sv, mv, v_smem):
+    """Plane c of the V codes [BN, 32] (one V block; sv, mv its [32] scales and mins) -> FP16, stored
+    transposed into rows 32c .. 32c + 31 of V^T."""
     lo, hi = _table(sv, mv)
     lo = gl.broadcast(gl.expand_dims(lo, 0), vb)[0]
     hi = gl.broadcast(gl.expand_dims(hi, 0), vb)[0]
@@ -127,11 +126,9 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
             tv = s0 + 64 * h + gl.arange(0, 64, layout=gl.SliceLayout(1, vld_l))
             vb = gl.load(vc + tv[:, None] * W + vj[None, :], mask=(tv < end)[:, None], other=0)
             vb = gl.convert_layout(vb, v_l)
-            moff = mbase + ((s0 + 64 * h) // PI) * D
-            _v_plane(vb, 0, VMN, VSC, moff, chan, vh)
-            _v_plane(vb, 1, VMN, VSC, moff, chan, vh)
-            _v_plane(vb, 2, VMN, VSC, moff, chan, vh)
-            _v_plane(vb, 3, VMN, VSC, moff, chan, vh)
+            moff = mbase + ((s0 + 64 * h) // PI) * D + chan
+            for c in gl.static_range(4):
+                _v_plane(vb, c, gl.load(VSC + moff + 32 * c), gl.load(VMN + moff + 32 * c), vh)
     fence_async_shared()
     gl.thread_barrier()
     # ---- S^T = K Q^T [BN, G] (log2 domain)
@@ -158,10 +155,111 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
 
 
 @gluon.jit
+def _load_codes(s0, end, kc, kmn, ksc, vc, VMN, VSC, mbase, D: gl.constexpr, PI: gl.constexpr):
+    """The global loads of the 64-token tile at s0 (issued one tile ahead of their use): K code bytes
+    [64, 32] and per-token scales/mins, V code bytes [64, 32] and the V block's per-channel scales/mins."""
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
+    vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])
+    v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])
+    tk = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, k_l))
+    kj = gl.arange(0, W, layout=gl.SliceLayout(0, k_l))
+    kmask = tk < end
+    kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
+    sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
+    mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
+    sk1 = sk0
+    mk1 = mk0
+    if NP > 1:
+        sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
+        mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
+    tv = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, vld_l))
+    vj = gl.arange(0, W, layout=gl.SliceLayout(0, vld_l))
+    vb = gl.load(vc + tv[:, None] * W + vj[None, :], mask=(tv < end)[:, None], other=0)
+    chan = gl.arange(0, W, layout=gl.SliceLayout(0, v_l))
+    moff = mbase + (s0 // PI) * D + chan
+    ok = s0 < end
+    sv0 = gl.load(VSC + moff, mask=ok, other=0.0)
+    sv1 = gl.load(VSC + moff + W, mask=ok, other=0.0)
+    sv2 = gl.load(VSC + moff + 2 * W, mask=ok, other=0.0)
+    sv3 = gl.load(VSC + moff + 3 * W, mask=ok, other=0.0)
+    mv0 = gl.load(VMN + moff, mask=ok, other=0.0)
+    mv1 = gl.load(VMN + moff + W, mask=ok, other=0.0)
+    mv2 = gl.load(VMN + moff + 2 * W, mask=ok, other=0.0)
+    mv3 = gl.load(VMN + moff + 3 * W, mask=ok, other=0.0)
+    return kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3
+
+
+@gluon.jit
+def _stage(buf, kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3,
+           kraw, vraw, kmeta, vmeta):
+    """Store a tile's loaded bytes and metadata into slot buf of the shared-memory ring."""
+    kraw.index(buf).store(kb)
+    vraw.index(buf).store(vb)
+    kmeta.index(4 * buf).store(sk0)
+    kmeta.index(4 * buf + 1).store(mk0)
+    kmeta.index(4 * buf + 2).store(sk1)
+    kmeta.index(4 * buf + 3).store(mk1)
+    vmeta.index(8 * buf).store(sv0)
+    vmeta.index(8 * buf + 1).store(sv1)
+    vmeta.index(8 * buf + 2).store(sv2)
+    vmeta.index(8 * buf + 3).store(sv3)
+    vmeta.index(8 * buf + 4).store(mv0)
+    vmeta.index(8 * buf + 5).store(mv1)
+    vmeta.index(8 * buf + 6).store(mv2)
+    vmeta.index(8 * buf + 7).store(mv3)
+
+
+@gluon.jit
+def _tile_pipe(s0, end, m_i, l_acc, o, buf, kraw, vraw, kmeta, vmeta,
+               q_smem, k_smem, v_smem, p_smem, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr):
+    """One 64-token tile from the shared-memory ring (slot buf, filled a tile ahead): K planes to the
+    wgmma tiles, S^T = K Q^T issued asynchronously, the V planes dequantized while it runs, then
+    softmax and O^T += V^T P^T."""
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
+    v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])
+    tok_l: gl.constexpr = gl.SliceLayout(1, k_l)
+    ch_l: gl.constexpr = gl.SliceLayout(0, v_l)
+    kb = kraw.index(buf).load(k_l)
+    sk0 = kmeta.index(4 * buf).load(tok_l)
+    mk0 = kmeta.index(4 * buf + 1).load(tok_l)
+    sk1 = kmeta.index(4 * buf + 2).load(tok_l)
+    mk1 = kmeta.index(4 * buf + 3).load(tok_l)
+    _k_plane(kb, 0, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 1, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 2, sk0, mk0, sk1, mk1, k_smem, PI)
+    _k_plane(kb, 3, sk0, mk0, sk1, mk1, k_smem, PI)
+    fence_async_shared()
+    gl.thread_barrier()
+    s = gl.zeros([64, G], gl.float32, layout=acc_l)
+    s = warpgroup_mma(k_smem.index(0), q_smem.index(0).permute([1, 0]), s, use_acc=False, is_async=True)
+    s = warpgroup_mma(k_smem.index(1), q_smem.index(1).permute([1, 0]), s, is_async=True)
+    s = warpgroup_mma(k_smem.index(2), q_smem.index(2).permute([1, 0]), s, is_async=True)
+    s = warpgroup_mma(k_smem.index(3), q_smem.index(3).permute([1, 0]), s, is_async=True)
+    vb = vraw.index(buf).load(v_l)
+    for c in gl.static_range(4):
+        _v_plane(vb, c, vmeta.index(8 * buf + c).load(ch_l), vmeta.index(8 * buf + 4 + c).load(ch_l), v_smem)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
+    srow = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    p_smem.store(p.to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
+    o = warpgroup_mma(v_smem, p_smem, o * gl.expand_dims(alpha, 0))
+    return m_new, l_acc, o
+
+
+@gluon.jit
 def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
                            qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                            G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                           BN: gl.constexpr):
+                           BN: gl.constexpr, PIPE: gl.constexpr):
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     gl.static_assert(D == 128)
@@ -212,9 +310,33 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     o = gl.zeros([D, G], gl.float32, layout=acc_l)
     fence_async_shared()
     gl.thread_barrier()
-    for s0 in range(start, end, BN):
-        m_i, l_acc, o = _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
-                              q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, False)
+    if PIPE:
+        # a ring of two slots in shared memory: the loads of tile i + 1 are issued at the start of
+        # tile i and stored into the other slot at its end, so their latency hides behind tile i
+        raw_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        vec_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        kraw = gl.allocate_shared_memory(gl.uint8, [2, BN, W], raw_sl)
+        vraw = gl.allocate_shared_memory(gl.uint8, [2, BN, W], raw_sl)
+        kmeta = gl.allocate_shared_memory(gl.float16, [2 * 4, BN], vec_sl)   # slot * 4 + (sk0, mk0, sk1, mk1)
+        vmeta = gl.allocate_shared_memory(gl.float16, [2 * 8, W], vec_sl)    # slot * 8 + (sv0..3, mv0..3)
+        kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3 = _load_codes(
+            start, end, kc, kmn, ksc, vc, VMN, VSC, mbase, D, PI)
+        _stage(0, kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3, kraw, vraw, kmeta, vmeta)
+        gl.thread_barrier()
+        buf = 0
+        for s0 in range(start, end, BN):
+            kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3 = _load_codes(
+                s0 + BN, end, kc, kmn, ksc, vc, VMN, VSC, mbase, D, PI)
+            m_i, l_acc, o = _tile_pipe(s0, end, m_i, l_acc, o, buf, kraw, vraw, kmeta, vmeta,
+                                       q_smem, k_smem, v_smem, p_smem, D, PI, G)
+            buf = 1 - buf
+            _stage(buf, kb, sk0, mk0, sk1, mk1, vb, sv0, sv1, sv2, sv3, mv0, mv1, mv2, mv3,
+                   kraw, vraw, kmeta, vmeta)
+            gl.thread_barrier()   # the next tile overwrites the operands and reads the slot just filled
+    else:
+        for s0 in range(start, end, BN):
+            m_i, l_acc, o = _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
+                                  q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, False)
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K and FP16 V; the last split takes them
         if (split == NSPLIT - 1) & (L > LV):
@@ -241,7 +363,7 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
-                              max_len: int | None = None, block_n: int = 64) -> torch.Tensor:
+                              max_len: int | None = None, block_n: int = 64, pipe: bool = True) -> torch.Tensor:
     """Fused dequantize-then-attend decode, token-major on wgmma.  q [B, HQ, D] fp16 (the new token's
     query, already appended) -> [B, HQ, D] fp16.  splits: default_splits of 4 tiles (about 16 programs per SM)."""
     from .hack_attn_decode import default_splits, run_split_decode
@@ -266,6 +388,6 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
         _dequant_decode_kernel[(b * hkv, splits)](
             q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
             cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, num_warps=NUM_WARPS)
+            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, PIPE=pipe, num_warps=NUM_WARPS)
 
     return run_split_decode(launch, q, splits)

@@ -271,13 +271,15 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
     (and 2 warps); 0 = no cap.
     gluon: mode "dequant" on the token-major wgmma kernel of gluon_decode.py (PI 64/128, GQA 8;
-    64-token tiles; num_warps, v_split, maxnreg do not apply)."""
+    64-token tiles; prefetch: the next tile's loads go through a shared-memory ring; num_warps,
+    v_split, maxnreg do not apply)."""
     if gluon:
         if mode != "dequant":
             raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")
         from .gluon_decode import dequant_attn_decode_gluon
 
-        return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64)
+        return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64,
+                                         pipe=prefetch)
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))

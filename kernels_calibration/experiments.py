@@ -88,6 +88,18 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 12:  # Gluon fused dequant: V tile layout (bank conflicts of the V^T stores) and where the time goes
+        grid = [dict(gluon=True, vlay=v) for v in (0, 1)]
+        for ctx, pi in ((32768, 64), (300, 64)):
+            for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
+                add({"tag": "r32_gluon_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
+                     "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        grid = [dict(gluon=True, vlay=v, splits=s) for v in (0, 1) for s in (8, 33, 64)]
+        grid += [dict(gluon=True, vlay=1, splits=33, diag=d) for d in (1, 2, 3)] + [{}]
+        rec("r32_gluon_pi64", measure_decode(("dequant_fused",), B, 32768, HQ, HKV, D, 64,
+                                            configs={"dequant_fused": grid}, return_all=True))
+        return
     if stage == 10:  # correctness of every fused-dequant config the bench tunes over (table-lookup dequant)
         from .bench import tuned_configs
 

@@ -86,15 +86,23 @@ def _v_plane(vb, c: gl.constexpr, sv, mv, v_smem):
 
 @gluon.jit
 def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, q_smem, k_smem, v_smem, p_smem,
-          BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr, TAIL: gl.constexpr):
+          BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr, TAIL: gl.constexpr,
+          VLAY: gl.constexpr = 0, DIAG: gl.constexpr = 0):
     """One tile of BN tokens from s0 (tokens >= end masked).  TAIL: the tokens' V is the FP16 tail
     (row t - LV of vt_ptr) instead of codes.  Returns the online-softmax state (m_i, l_acc, o)."""
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # 16 code bytes of a token
-    vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])   # 4 tokens x 4 bytes (LDG.32)
-    v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])     # same elements, tokens packed
+    if VLAY == 0:
+        vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])   # 4 tokens x 4 bytes (LDG.32)
+        v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])     # same elements, tokens packed
+    else:
+        # 4 tokens of bytes lane % 8 + 8 k (byte loads): a warp's V^T stores cover 8 consecutive
+        # channel rows, which the 128-byte swizzle spreads over the banks (the [4, 4] tile puts its
+        # rows 4 apart: 4-way bank conflicts)
+        vld_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
+        v_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
     # ---- K codes -> FP16 tiles in shared memory
     tk = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, k_l))
     kj = gl.arange(0, W, layout=gl.SliceLayout(0, k_l))
@@ -107,10 +115,11 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
     if NP > 1:
         sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
         mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
-    _k_plane(kb, 0, sk0, mk0, sk1, mk1, k_smem, PI)
-    _k_plane(kb, 1, sk0, mk0, sk1, mk1, k_smem, PI)
-    _k_plane(kb, 2, sk0, mk0, sk1, mk1, k_smem, PI)
-    _k_plane(kb, 3, sk0, mk0, sk1, mk1, k_smem, PI)
+    if DIAG != 2:   # DIAG (timing only, wrong results): 1 skips the V dequantization, 2 the K one, 3 both
+        _k_plane(kb, 0, sk0, mk0, sk1, mk1, k_smem, PI)
+        _k_plane(kb, 1, sk0, mk0, sk1, mk1, k_smem, PI)
+        _k_plane(kb, 2, sk0, mk0, sk1, mk1, k_smem, PI)
+        _k_plane(kb, 3, sk0, mk0, sk1, mk1, k_smem, PI)
     # ---- V -> FP16 V^T [D, BN] in shared memory, 64 tokens (one V block: PI >= 64) at a time
     vj = gl.arange(0, W, layout=gl.SliceLayout(0, vld_l))
     chan = gl.arange(0, W, layout=gl.SliceLayout(0, v_l))
@@ -125,10 +134,12 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
         else:
             tv = s0 + 64 * h + gl.arange(0, 64, layout=gl.SliceLayout(1, vld_l))
             vb = gl.load(vc + tv[:, None] * W + vj[None, :], mask=(tv < end)[:, None], other=0)
-            vb = gl.convert_layout(vb, v_l)
+            if VLAY == 0:
+                vb = gl.convert_layout(vb, v_l)
             moff = mbase + ((s0 + 64 * h) // PI) * D + chan
-            for c in gl.static_range(4):
-                _v_plane(vb, c, gl.load(VSC + moff + 32 * c), gl.load(VMN + moff + 32 * c), vh)
+            if DIAG % 2 == 0:
+                for c in gl.static_range(4):
+                    _v_plane(vb, c, gl.load(VSC + moff + 32 * c), gl.load(VMN + moff + 32 * c), vh)
     fence_async_shared()
     gl.thread_barrier()
     # ---- S^T = K Q^T [BN, G] (log2 domain)
@@ -259,7 +270,7 @@ def _tile_pipe(s0, end, m_i, l_acc, o, buf, kraw, vraw, kmeta, vmeta,
 def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
                            qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                            G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                           BN: gl.constexpr, PIPE: gl.constexpr):
+                           BN: gl.constexpr, PIPE: gl.constexpr, VLAY: gl.constexpr, DIAG: gl.constexpr):
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     gl.static_assert(D == 128)
@@ -336,13 +347,13 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     else:
         for s0 in range(start, end, BN):
             m_i, l_acc, o = _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
-                                  q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, False)
+                                  q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, False, VLAY, DIAG)
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K and FP16 V; the last split takes them
         if (split == NSPLIT - 1) & (L > LV):
             for s0 in range(LV, L, BN):
                 m_i, l_acc, o = _tile(s0, L, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
-                                      q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, True)
+                                      q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, True, VLAY)
     # ---- partials: O / l and log2-sum-exp per head
     l_i = gl.sum(l_acc, 0)
     has = l_i > 0
@@ -363,7 +374,8 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
-                              max_len: int | None = None, block_n: int = 64, pipe: bool = True) -> torch.Tensor:
+                              max_len: int | None = None, block_n: int = 64, pipe: bool = False,
+                              vlay: int = 1, diag: int = 0) -> torch.Tensor:
     """Fused dequantize-then-attend decode, token-major on wgmma.  q [B, HQ, D] fp16 (the new token's
     query, already appended) -> [B, HQ, D] fp16.  splits: default_splits of 4 tiles (about 16 programs per SM)."""
     from .hack_attn_decode import default_splits, run_split_decode
@@ -388,6 +400,6 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
         _dequant_decode_kernel[(b * hkv, splits)](
             q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
             cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, PIPE=pipe, num_warps=NUM_WARPS)
+            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, PIPE=pipe, VLAY=vlay, DIAG=diag, num_warps=NUM_WARPS)
 
     return run_split_decode(launch, q, splits)

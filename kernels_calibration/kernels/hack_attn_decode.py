@@ -256,7 +256,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
                      v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None,
-                     maxnreg: int | None = None, gluon: bool = False) -> torch.Tensor:
+                     maxnreg: int | None = None, gluon: bool = False, **gluon_kw) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
@@ -272,14 +272,14 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     (and 2 warps); 0 = no cap.
     gluon: mode "dequant" on the token-major wgmma kernel of gluon_decode.py (PI 64/128, GQA 8;
     64-token tiles; prefetch: the next tile's loads go through a shared-memory ring; num_warps,
-    v_split, maxnreg do not apply)."""
+    v_split, maxnreg do not apply; gluon_kw: dequant_attn_decode_gluon's vlay and diag)."""
     if gluon:
         if mode != "dequant":
             raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")
         from .gluon_decode import dequant_attn_decode_gluon
 
         return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64,
-                                         pipe=prefetch)
+                                         pipe=prefetch, **gluon_kw)
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))

@@ -88,6 +88,12 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 13:  # row-packed HACK decode step: split counts around the default (33 at 32K, B 8)
+        for ctx, pi in ((32768, 64), (32768, 128), (16384, 64)):
+            grid = [dict(splits=s) for s in (20, 24, 28, 33, 37, 44, 52)]
+            rec(f"r33_hack_splits_pi{pi}", measure_decode(("hack",), B, ctx, HQ, HKV, D, pi,
+                                                          configs={"hack": grid}, return_all=True))
+        return
     if stage == 12:  # Gluon fused dequant: V tile layout (bank conflicts of the V^T stores) and where the time goes
         grid = [dict(gluon=True, vlay=v) for v in (0, 1)]
         for ctx, pi in ((32768, 64), (300, 64)):

@@ -40,11 +40,16 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sm90(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
-    """triton.compile for sm_90 with the decode kernels' signature (pointer dtypes, 16-divisible args)."""
+def compile_sm90(fn, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None,
+                 gluon: bool = False):
+    """triton.compile for sm_90 with the decode kernels' signature (pointer dtypes, 16-divisible args);
+    gluon: fn is a @gluon.jit kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
 
     sig = {**{n: "*fp16" for n in _ARGS_FP16}, **{n: "*u8" for n in _ARGS_U8}, **_ARGS_SCALAR}
     names = fn.arg_names
@@ -105,7 +110,8 @@ def loop_profile(kernel) -> tuple[collections.Counter, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs"), default="rp")
+    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs", "gluon_dequant"),
+                    default="rp")
     ap.add_argument("--block-m", type=int, default=64, help="prefill: query rows per program")
     ap.add_argument("--pi", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
@@ -136,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
                       USE_ASM=True, SUMCOL=-1, FUSED=False, VSIDE=1)
         tokens = a.pi
+    elif a.kernel == "gluon_dequant":   # token-major fused dequant in Gluon (gluon_decode.py): 4 warps, 64 tokens
+        from .kernels.gluon_decode import _dequant_decode_kernel as fn
+        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, BN=64, PIPE=False, VLAY=0, DIAG=0)
+        a.warps = 4
+        tokens = 64
     else:
         from .kernels.hack_attn_decode import _quant_decode_kernel as fn
         bn = a.block_n or max(a.pi, 128)
         consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
                       USE_ASM=True, PREFETCH=False, SUMROW=8, BN=bn, VSPLIT=bool(a.v_split))
         tokens = bn
-    k = compile_sm90(fn, consts, a.warps, a.stages, a.maxnreg)
+    k = compile_sm90(fn, consts, a.warps, a.stages, a.maxnreg, gluon=a.kernel.startswith("gluon"))
     cnt, ops = loop_profile(k)
     total = sum(cnt.values())
     if a.json:

@@ -375,7 +375,7 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
                               max_len: int | None = None, block_n: int = 64, pipe: bool = False,
-                              vlay: int = 1, diag: int = 0) -> torch.Tensor:
+                              vlay: int = 0, diag: int = 0) -> torch.Tensor:
     """Fused dequantize-then-attend decode, token-major on wgmma.  q [B, HQ, D] fp16 (the new token's
     query, already appended) -> [B, HQ, D] fp16.  splits: default_splits of 4 tiles (about 16 programs per SM)."""
     from .hack_attn_decode import default_splits, run_split_decode

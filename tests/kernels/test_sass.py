@@ -59,3 +59,12 @@ def test_fused_dequant_converts_codes_without_i2f_and_looks_up_in_operand_layout
         assert d["lut_ops"] > 0 and d["lut_ops_not_in_operand_layout"] == 0, (pi, d)
     tm = _sass("--kernel", "token_major", "--dequant", "--pi", "64", "--warps", "4")
     assert tm["lut_ops"] > 0 and tm["lut_ops_not_in_operand_layout"] == 0, tm
+
+
+def test_gluon_dequant_kernel_compiles_to_wgmma_without_local_memory():
+    """The Gluon kernel (no interpreter: this compile is its CI check) issues HGMMA in its loop and
+    keeps everything in registers and shared memory (no spills, no local arrays)."""
+    for pi in (64, 128):
+        r = _sass("--kernel", "gluon_dequant", "--pi", str(pi))
+        assert r["STACK"] == 0 and r["LOCAL"] == 0, r
+        assert r["loop_opcodes"].get("HGMMA", 0) > 0 and r["loop_opcodes"].get("I2F", 0) == 0, r

@@ -1,0 +1,42 @@
+"""The Gluon fused-dequant decode kernel (kernels/gluon_decode.py).  Gluon has no interpreter, so the
+numerical check runs only on a Hopper GPU (tests/kernels on the device); CI compiles it for sm_90
+offline (test_sass.py)."""
+import pytest
+import torch
+
+from kernels_calibration.kernels.hack_attn_decode import attn_decode_ref
+from kernels_calibration.kernels.kv_cache import build_cache, dequantize_cache_ref
+
+from kernel_test_helpers import DEVICE, randn, rel_err
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+                                reason="Gluon kernels need a Hopper GPU (no interpreter)")
+
+B, HKV, G, D = 3, 2, 8, 128
+
+
+@pytest.mark.parametrize("partition,rqe", [(64, True), (128, True), (64, False)])
+def test_gluon_dequant_decode_matches_exact_attention(partition, rqe):
+    from kernels_calibration.kernels.gluon_decode import dequant_attn_decode_gluon
+
+    torch.manual_seed(partition + rqe)
+    lmax = 700
+    lens = torch.tensor([700 - 41, 197, 64], dtype=torch.int32)   # ragged: FP16 tails, one block exactly
+    k, v = randn(B, HKV, lmax, D), randn(B, HKV, lmax, D)
+    q = randn(B, HKV * G, D)
+    cache = build_cache(k, v, lens.to(DEVICE), partition, 2, rqe=rqe, stochastic=True, seed=5)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_decode_ref(q, kd, vd, lens)
+    for splits in (1, 3, 7):   # splits whose ranges end inside a tile, and empty splits
+        for vlay in (0, 1):
+            out = dequant_attn_decode_gluon(q, cache, splits=splits, vlay=vlay)
+            assert rel_err(out, exact) < 2e-3, (splits, vlay)
+
+
+def test_gluon_rejects_shapes_it_does_not_take():
+    from kernels_calibration.kernels.gluon_decode import dequant_attn_decode_gluon
+
+    k, v = randn(1, 2, 64, D), randn(1, 2, 64, D)
+    cache = build_cache(k, v, torch.tensor([64], dtype=torch.int32, device=DEVICE), 32, 2)
+    with pytest.raises(ValueError, match="PI 64/128"):
+        dequant_attn_decode_gluon(randn(1, 16, D), cache)

@@ -88,6 +88,11 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 14:  # Gluon fused dequant: where the time goes (DIAG bit flags, wrong results, timing only)
+        grid = [dict(gluon=True, splits=33, diag=d) for d in (0, 3, 4, 8, 12, 15, 16, 19, 31)] + [{}]
+        rec("r34_gluon_diag", measure_decode(("dequant_fused",), B, 32768, HQ, HKV, D, 64,
+                                            configs={"dequant_fused": grid}, return_all=True))
+        return
     if stage == 13:  # row-packed HACK decode step: split counts around the default (33 at 32K, B 8)
         for ctx, pi in ((32768, 64), (32768, 128), (16384, 64)):
             grid = [dict(splits=s) for s in (20, 24, 28, 33, 37, 44, 52)]

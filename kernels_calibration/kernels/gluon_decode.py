@@ -115,7 +115,9 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
     if NP > 1:
         sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
         mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
-    if DIAG != 2:   # DIAG (timing only, wrong results): 1 skips the V dequantization, 2 the K one, 3 both
+    # DIAG (timing only, wrong results), bit flags: 1 skips the V dequantization, 2 the K one, 4 the
+    # S^T product, 8 the O^T product, 16 the fences and barriers
+    if (DIAG // 2) % 2 == 0:
         _k_plane(kb, 0, sk0, mk0, sk1, mk1, k_smem, PI)
         _k_plane(kb, 1, sk0, mk0, sk1, mk1, k_smem, PI)
         _k_plane(kb, 2, sk0, mk0, sk1, mk1, k_smem, PI)
@@ -140,14 +142,16 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
             if DIAG % 2 == 0:
                 for c in gl.static_range(4):
                     _v_plane(vb, c, gl.load(VSC + moff + 32 * c), gl.load(VMN + moff + 32 * c), vh)
-    fence_async_shared()
-    gl.thread_barrier()
+    if (DIAG // 16) % 2 == 0:
+        fence_async_shared()
+        gl.thread_barrier()
     # ---- S^T = K Q^T [BN, G] (log2 domain)
     s = gl.zeros([BN, G], gl.float32, layout=acc_l)
-    s = warpgroup_mma(k_smem.index(0), q_smem.index(0).permute([1, 0]), s, use_acc=False)
-    s = warpgroup_mma(k_smem.index(1), q_smem.index(1).permute([1, 0]), s)
-    s = warpgroup_mma(k_smem.index(2), q_smem.index(2).permute([1, 0]), s)
-    s = warpgroup_mma(k_smem.index(3), q_smem.index(3).permute([1, 0]), s)
+    if (DIAG // 4) % 2 == 0:
+        s = warpgroup_mma(k_smem.index(0), q_smem.index(0).permute([1, 0]), s, use_acc=False)
+        s = warpgroup_mma(k_smem.index(1), q_smem.index(1).permute([1, 0]), s)
+        s = warpgroup_mma(k_smem.index(2), q_smem.index(2).permute([1, 0]), s)
+        s = warpgroup_mma(k_smem.index(3), q_smem.index(3).permute([1, 0]), s)
     srow = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
     s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 0))
@@ -157,11 +161,15 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
     # reduction at the end instead of one per tile
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     p_smem.store(p.to(gl.float16))
-    fence_async_shared()
-    gl.thread_barrier()
+    if (DIAG // 16) % 2 == 0:
+        fence_async_shared()
+        gl.thread_barrier()
     # ---- O^T = alpha O^T + V^T P^T [D, G]
-    o = warpgroup_mma(v_smem, p_smem, o * gl.expand_dims(alpha, 0))
-    gl.thread_barrier()   # the next tile overwrites the operands
+    o = o * gl.expand_dims(alpha, 0)
+    if (DIAG // 8) % 2 == 0:
+        o = warpgroup_mma(v_smem, p_smem, o)
+    if (DIAG // 16) % 2 == 0:
+        gl.thread_barrier()   # the next tile overwrites the operands
     return m_new, l_acc, o
 
 

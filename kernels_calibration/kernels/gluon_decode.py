@@ -27,6 +27,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6
@@ -383,9 +384,11 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
                               max_len: int | None = None, block_n: int = 64, pipe: bool = False,
-                              vlay: int = 0, diag: int = 0) -> torch.Tensor:
-    """Fused dequantize-then-attend decode, token-major on wgmma.  q [B, HQ, D] fp16 (the new token's
-    query, already appended) -> [B, HQ, D] fp16.  splits: default_splits of 4 tiles (about 16 programs per SM)."""
+                              vlay: int = 0, diag: int = 0, kernel: str = "wgmma") -> torch.Tensor:
+    """Fused dequantize-then-attend decode, token-major.  q [B, HQ, D] fp16 (the new token's query,
+    already appended) -> [B, HQ, D] fp16.  kernel "wgmma": one warpgroup per program, 64-token tiles
+    (block_n), operands through shared memory; "mma": one warp per program, mma.sync, operands in
+    registers, block_n 32 or 64 tokens per tile.  splits: default_splits of 4 tiles."""
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -393,9 +396,13 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
     if not gluon_supported(q, cache):
         raise ValueError("the Gluon decode kernel takes 2-bit codes, head_dim 128, PI 64/128 and 8 query heads "
                          "per KV head")
-    if block_n != 64:
-        raise ValueError(f"block_n {block_n}: the Gluon kernel takes 64-token tiles (128 gave wrong results on "
+    if kernel == "wgmma" and block_n != 64:
+        raise ValueError(f"block_n {block_n}: the wgmma kernel takes 64-token tiles (128 gave wrong results on "
                          "the H200, run 29)")
+    if kernel == "mma" and block_n not in (32, 64):
+        raise ValueError(f"block_n {block_n} must be 32 or 64 for the mma kernel")
+    if kernel not in ("wgmma", "mma"):
+        raise ValueError(f"kernel {kernel!r} must be 'wgmma' or 'mma'")
     pi = cache.partition
     max_len = lmax if max_len is None else max_len
     splits = splits or default_splits(b, hkv, max_len, 4 * block_n, q.device)
@@ -405,9 +412,186 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
     q = q.contiguous()
 
     def launch(op, lsep):
-        _dequant_decode_kernel[(b * hkv, splits)](
-            q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
-            cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n, PIPE=pipe, VLAY=vlay, DIAG=diag, num_warps=NUM_WARPS)
+        args = (q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
+                cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits)
+        if kernel == "mma":
+            _dequant_mma_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BT=block_n,
+                                                   num_warps=1)
+        else:
+            _dequant_decode_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n,
+                                                      PIPE=pipe, VLAY=vlay, DIAG=diag, num_warps=NUM_WARPS)
 
     return run_split_decode(launch, q, splits)
+
+
+# ----------------------------------------------------------------------------- one warp, mma.sync
+# The same attention with mma.sync (m16n8k16) in one warp per program: S^T = K Q^T has the tokens
+# on M and the 8 heads on N = 8, exactly mma.sync's n8 (no padding rows, no wgmma with a tiny N);
+# O^T = V^T P^T per channel group, V^T on M.  Every operand stays in registers: the code bytes are
+# loaded straight into the A operand layout and looked up there, Q^T and P^T are B operands.  In the
+# A layout a 32-bit register of four codes holds two rows (r, r + 8) of two consecutive K elements,
+# so the lookup below takes each pair's table from its own row (_LUT2P).
+_LUT2P_ASM = ("{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
+              " mad.lo.u32 v, u, 0x22, 0x10101010;\n"
+              " prmt.b32 $0, $3, $7, v; shr.b32 w, v, 16; prmt.b32 $1, $5, $9, w; }")
+_LUT2P_S0 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "0"))
+_LUT2P_S2 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "2"))
+_LUT2P_S4 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "4"))
+_LUT2P_S6 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "6"))
+
+
+@gluon.jit
+def _lut_pairs(packed, SHIFT: gl.constexpr, lo, hi):
+    """uint8 codes (bit plane SHIFT) in an mma A-operand layout -> FP16: each pair of elements of a
+    32-bit register (one operand row) uses the table of its first element."""
+    if SHIFT == 0:
+        asm: gl.constexpr = _LUT2P_S0
+    elif SHIFT == 2:
+        asm: gl.constexpr = _LUT2P_S2
+    elif SHIFT == 4:
+        asm: gl.constexpr = _LUT2P_S4
+    else:
+        asm: gl.constexpr = _LUT2P_S6
+    return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16,
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, kmn, ksc, vc, VMN, VSC, vt_ptr,
+              mbase, BT: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, TAIL: gl.constexpr):
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    row_a: gl.constexpr = gl.SliceLayout(1, a_l)
+    col_a: gl.constexpr = gl.SliceLayout(0, a_l)
+    # ---- S^T [BT, 8] = K Q^T, K looked up in the A layout (tokens on M)
+    tk = s0 + gl.arange(0, BT, layout=row_a)
+    kj = gl.arange(0, W, layout=col_a)
+    kmask = tk < end
+    kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
+    sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
+    mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
+    lo0, hi0 = _table(sk0, mk0)
+    lo0 = gl.broadcast(gl.expand_dims(lo0, 1), kb)[0]
+    hi0 = gl.broadcast(gl.expand_dims(hi0, 1), kb)[0]
+    lo1 = lo0
+    hi1 = hi0
+    if NP > 1:
+        sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
+        mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
+        lo1, hi1 = _table(sk1, mk1)
+        lo1 = gl.broadcast(gl.expand_dims(lo1, 1), kb)[0]
+        hi1 = gl.broadcast(gl.expand_dims(hi1, 1), kb)[0]
+    s = gl.zeros([BT, 8], gl.float32, layout=mma)
+    s = mma_v2(_lut_pairs(kb, 0, lo0, hi0), qt0, s)
+    if PI == 64:
+        s = mma_v2(_lut_pairs(kb, 2, lo0, hi0), qt1, s)
+        s = mma_v2(_lut_pairs(kb, 4, lo1, hi1), qt2, s)
+    else:
+        s = mma_v2(_lut_pairs(kb, 2, lo0, hi0), qt1, s)
+        s = mma_v2(_lut_pairs(kb, 4, lo0, hi0), qt2, s)
+    s = mma_v2(_lut_pairs(kb, 6, lo1, hi1), qt3, s)
+    srow = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    pt = gl.convert_layout(p.to(gl.float16), b_l)     # P^T [BT tokens (K), 8 heads (N)]
+    al = gl.expand_dims(alpha, 0)
+    # ---- O^T_c [32, 8] += V^T_c P^T per channel group c (V^T looked up in the A layout)
+    tv = s0 + gl.arange(0, BT, layout=col_a)
+    vr = gl.arange(0, W, layout=row_a)
+    vmask = (tv < end)[None, :]
+    if TAIL:
+        vp = vt_ptr + (tv - LV)[None, :] * D + vr[:, None]
+        o0 = mma_v2(gl.load(vp, mask=vmask, other=0.0), pt, o0 * al)
+        o1 = mma_v2(gl.load(vp + W, mask=vmask, other=0.0), pt, o1 * al)
+        o2 = mma_v2(gl.load(vp + 2 * W, mask=vmask, other=0.0), pt, o2 * al)
+        o3 = mma_v2(gl.load(vp + 3 * W, mask=vmask, other=0.0), pt, o3 * al)
+    else:
+        vb = gl.load(vc + tv[None, :] * W + vr[:, None], mask=vmask, other=0)   # [32 bytes, BT tokens]
+        moff = mbase + (s0 // PI) * D + vr
+        lo, hi = _table(gl.load(VSC + moff), gl.load(VMN + moff))
+        o0 = mma_v2(_lut_pairs(vb, 0, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
+                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o0 * al)
+        lo, hi = _table(gl.load(VSC + moff + W), gl.load(VMN + moff + W))
+        o1 = mma_v2(_lut_pairs(vb, 2, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
+                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o1 * al)
+        lo, hi = _table(gl.load(VSC + moff + 2 * W), gl.load(VMN + moff + 2 * W))
+        o2 = mma_v2(_lut_pairs(vb, 4, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
+                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o2 * al)
+        lo, hi = _table(gl.load(VSC + moff + 3 * W), gl.load(VMN + moff + 3 * W))
+        o3 = mma_v2(_lut_pairs(vb, 6, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
+                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o3 * al)
+    return m_new, l_acc, o0, o1, o2, o3
+
+
+@gluon.jit
+def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
+                        qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                        G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
+                        BT: gl.constexpr):
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    gl.static_assert(D == 128)
+    gl.static_assert(G == 8)
+    gl.static_assert(PI >= BT)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    bh = gl.program_id(0)
+    split = gl.program_id(1)
+    b = bh // HKV
+    L = gl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = gl.minimum(start + TPS, LV)
+    qrow0 = (b * HKV + bh % HKV) * G
+    # Q^T per channel group [32, G] (B operand, times qk_scale, FP16)
+    qk = gl.arange(0, W, layout=gl.SliceLayout(1, b_l))
+    qh = gl.arange(0, G, layout=gl.SliceLayout(0, b_l))
+    qp = Q + (qrow0 + qh)[None, :] * D + qk[:, None]
+    qt0 = (gl.load(qp).to(gl.float32) * qk_scale).to(gl.float16)
+    qt1 = (gl.load(qp + W).to(gl.float32) * qk_scale).to(gl.float16)
+    qt2 = (gl.load(qp + 2 * W).to(gl.float32) * qk_scale).to(gl.float16)
+    qt3 = (gl.load(qp + 3 * W).to(gl.float32) * qk_scale).to(gl.float16)
+    tok0 = bh.to(gl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    vc = VC + tok0 * W
+    mbase = bh.to(gl.int64) * NBLK * D
+    vt_ptr = VT + bh.to(gl.int64) * PI * D
+    m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
+    l_acc = gl.zeros([BT, G], gl.float32, layout=mma)
+    o0 = gl.zeros([W, G], gl.float32, layout=mma)
+    o1 = gl.zeros([W, G], gl.float32, layout=mma)
+    o2 = gl.zeros([W, G], gl.float32, layout=mma)
+    o3 = gl.zeros([W, G], gl.float32, layout=mma)
+    for s0 in range(start, end, BT):
+        m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
+                                               kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, False)
+    if HAS_TAIL:
+        if (split == NSPLIT - 1) & (L > LV):
+            for s0 in range(LV, L, BT):
+                m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, L, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
+                                                       kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, True)
+    l_i = gl.sum(l_acc, 0)
+    has = l_i > 0
+    inv = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
+    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    h = gl.arange(0, G, layout=col_l)
+    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
+    gl.store(LSEP + prow, lse)
+    r = gl.arange(0, W, layout=gl.SliceLayout(1, mma))
+    op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
+    gl.store(op, o0 * inv)
+    gl.store(op + W, o1 * inv)
+    gl.store(op + 2 * W, o2 * inv)
+    gl.store(op + 3 * W, o3 * inv)

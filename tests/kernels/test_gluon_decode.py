@@ -28,9 +28,10 @@ def test_gluon_dequant_decode_matches_exact_attention(partition, rqe):
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_decode_ref(q, kd, vd, lens)
     for splits in (1, 3, 7):   # splits whose ranges end inside a tile, and empty splits
-        for vlay in (0, 1):
-            out = dequant_attn_decode_gluon(q, cache, splits=splits, vlay=vlay)
-            assert rel_err(out, exact) < 2e-3, (splits, vlay)
+        for kw in (dict(vlay=0), dict(vlay=1), dict(pipe=True), dict(kernel="mma", block_n=32),
+                   dict(kernel="mma", block_n=64)):
+            out = dequant_attn_decode_gluon(q, cache, splits=splits, **kw)
+            assert rel_err(out, exact) < 2e-3, (splits, kw)
 
 
 def test_gluon_rejects_shapes_it_does_not_take():

@@ -89,16 +89,19 @@ def run(out: Path, stage: int = 3) -> None:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
     if stage == 15:  # Gluon fused dequant, one warp per program on mma.sync (operands in registers)
-        grid = [dict(gluon=True, kernel="mma", block_n=bt) for bt in (32, 64)]
-        for ctx, pi in ((32768, 64), (32768, 128), (1024, 64), (300, 64)):
+        grid = [dict(gluon=True, kernel="mma", block_n=64, ldasm=True), dict(gluon=True, kernel="mma", block_n=32)]
+        for ctx, pi in ((32768, 64), (32768, 128), (1024, 64), (300, 64), (300, 128)):
             for cfg, e in zip(grid, _check(ctx, pi, grid, mode="dequant")):
-                add({"tag": "r35_mma_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
+                add({"tag": "r36_mma_check", "kernel": "dequant_fused", "phase": "decode", "context_len": ctx,
                      "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
         flush()
         for ctx, pi in ((32768, 64), (32768, 128), (4096, 64), (1024, 64)):
-            grid = [dict(gluon=True, kernel="mma", block_n=bt, splits=s) for bt in (32, 64) for s in (16, 33, 64)]
-            rec(f"r35_mma_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
+            grid = [dict(gluon=True, kernel="mma", block_n=64, ldasm=la, splits=s) for la in (True, False)
+                    for s in (16, 33)]
+            rec(f"r36_mma_pi{pi}", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, pi,
                                                   configs={"dequant_fused": grid + [{}]}, return_all=True))
+            if pi == 64:
+                rec("r36_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
     if stage == 14:  # Gluon fused dequant: where the time goes (DIAG bit flags, wrong results, timing only)
         grid = [dict(gluon=True, splits=33, diag=d) for d in (0, 3, 4, 8, 12, 15, 16, 19, 31)] + [{}]

@@ -384,11 +384,12 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
                               max_len: int | None = None, block_n: int = 64, pipe: bool = False,
-                              vlay: int = 0, diag: int = 0, kernel: str = "wgmma") -> torch.Tensor:
+                              vlay: int = 0, diag: int = 0, kernel: str = "wgmma", ldasm: bool = True) -> torch.Tensor:
     """Fused dequantize-then-attend decode, token-major.  q [B, HQ, D] fp16 (the new token's query,
     already appended) -> [B, HQ, D] fp16.  kernel "wgmma": one warpgroup per program, 64-token tiles
     (block_n), operands through shared memory; "mma": one warp per program, mma.sync, operands in
-    registers, block_n 32 or 64 tokens per tile.  splits: default_splits of 4 tiles."""
+    registers, block_n 32 or 64 tokens per tile; ldasm: code bytes in 16-bit inline-PTX loads (two per
+    four codes) instead of the compiler's byte loads.  splits: default_splits of 4 tiles."""
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -416,7 +417,7 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
                 cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits)
         if kernel == "mma":
             _dequant_mma_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BT=block_n,
-                                                   num_warps=1)
+                                                   LDASM=ldasm, num_warps=1)
         else:
             _dequant_decode_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n,
                                                       PIPE=pipe, VLAY=vlay, DIAG=diag, num_warps=NUM_WARPS)
@@ -456,9 +457,25 @@ def _lut_pairs(packed, SHIFT: gl.constexpr, lo, hi):
                                      is_pure=True, pack=4)
 
 
+# Four code bytes of an A-operand pack (rows r, r + 8 x two consecutive K elements) in two 16-bit
+# loads and one byte permute.  The compiler's loads follow the operand layout's register order, whose
+# neighbours are 32 bytes apart in memory (one byte each); these take the pair that is contiguous.
+# Operands: $1 the pack's first byte offset from $5 (the 64-bit base); the other offsets are unused.
+_LDPACK_ASM = ("{ .reg .u64 a; .reg .b32 x, y; cvt.u64.u32 a, $1; add.u64 a, a, $5;"
+               " ld.global.nc.u16 x, [a]; ld.global.nc.u16 y, [a+DELTA]; prmt.b32 $0, x, y, SEL; }")
+_LDPACK_K = gl.constexpr(_LDPACK_ASM.replace("DELTA", "256").replace("SEL", "0x5410"))  # (t, j..j+1), (t+8, ..)
+_LDPACK_V = gl.constexpr(_LDPACK_ASM.replace("DELTA", "32").replace("SEL", "0x5140"))   # (t, b..b+1), (t+1, ..)
+
+
+@gluon.jit
+def _ld_pack(off, base, ASM: gl.constexpr):
+    return gl.inline_asm_elementwise(ASM, "=r,r,r,r,r,l,l,l,l", [off, base], dtype=gl.uint8, is_pure=True, pack=4)
+
+
 @gluon.jit
 def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, kmn, ksc, vc, VMN, VSC, vt_ptr,
-              mbase, BT: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, TAIL: gl.constexpr):
+              mbase, BT: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, TAIL: gl.constexpr,
+              LDASM: gl.constexpr = False):
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -470,7 +487,15 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
     tk = s0 + gl.arange(0, BT, layout=row_a)
     kj = gl.arange(0, W, layout=col_a)
     kmask = tk < end
-    kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
+    if LDASM:
+        # tokens past `end` are read unmasked (inside the cache's capacity, a multiple of BT); their
+        # scores are -inf below and their V rows meet P = 0
+        r0 = gl.arange(0, BT, layout=row_a)
+        koff = (r0 - (r0 % 16) // 8 * 8)[:, None] * W + (kj - kj % 2)[None, :]
+        kb = _ld_pack(koff, gl.full([BT, W], 0, gl.int64, layout=a_l) + (kc + s0 * W).to(gl.int64, bitcast=True),
+                      _LDPACK_K)
+    else:
+        kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
     sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
     mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
     lo0, hi0 = _table(sk0, mk0)
@@ -505,6 +530,8 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
     tv = s0 + gl.arange(0, BT, layout=col_a)
     vr = gl.arange(0, W, layout=row_a)
     vmask = (tv < end)[None, :]
+    if LDASM:
+        vr = 16 * (vr // 16) + 2 * (vr % 8) + (vr % 16) // 8   # the row -> channel order of the output
     if TAIL:
         vp = vt_ptr + (tv - LV)[None, :] * D + vr[:, None]
         o0 = mma_v2(gl.load(vp, mask=vmask, other=0.0), pt, o0 * al)
@@ -512,7 +539,15 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         o2 = mma_v2(gl.load(vp + 2 * W, mask=vmask, other=0.0), pt, o2 * al)
         o3 = mma_v2(gl.load(vp + 3 * W, mask=vmask, other=0.0), pt, o3 * al)
     else:
-        vb = gl.load(vc + tv[None, :] * W + vr[:, None], mask=vmask, other=0)   # [32 bytes, BT tokens]
+        if LDASM:
+            # row r of V^T holds byte PERM(r) = 16 (r // 16) + 2 (r % 8) + (r % 16) // 8: rows r, r + 8
+            # are adjacent bytes, one 16-bit load per token
+            t0 = gl.arange(0, BT, layout=col_a)
+            voff = (t0 - t0 % 2)[None, :] * W + (vr - vr % 2)[:, None]
+            vb = _ld_pack(voff, gl.full([W, BT], 0, gl.int64, layout=a_l) + (vc + s0 * W).to(gl.int64, bitcast=True),
+                          _LDPACK_V)
+        else:
+            vb = gl.load(vc + tv[None, :] * W + vr[:, None], mask=vmask, other=0)   # [32 bytes, BT tokens]
         moff = mbase + (s0 // PI) * D + vr
         lo, hi = _table(gl.load(VSC + moff), gl.load(VMN + moff))
         o0 = mma_v2(_lut_pairs(vb, 0, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
@@ -533,7 +568,7 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
 def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
                         qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                         G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                        BT: gl.constexpr):
+                        BT: gl.constexpr, LDASM: gl.constexpr = False):
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     gl.static_assert(D == 128)
@@ -576,12 +611,12 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     o3 = gl.zeros([W, G], gl.float32, layout=mma)
     for s0 in range(start, end, BT):
         m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
-                                               kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, False)
+                                               kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, False, LDASM)
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
             for s0 in range(LV, L, BT):
                 m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, L, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
-                                                       kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, True)
+                                                       kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, True, LDASM)
     l_i = gl.sum(l_acc, 0)
     has = l_i > 0
     inv = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
@@ -590,6 +625,8 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
     gl.store(LSEP + prow, lse)
     r = gl.arange(0, W, layout=gl.SliceLayout(1, mma))
+    if LDASM:
+        r = 16 * (r // 16) + 2 * (r % 8) + (r % 16) // 8   # O^T row -> channel (see _mma_tile)
     op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
     gl.store(op, o0 * inv)
     gl.store(op + W, o1 * inv)

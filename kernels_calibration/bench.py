@@ -31,25 +31,19 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
     """Narrow tuning keyed on the shape, the fastest reported, all printed.  HACK: the decode step
     (decode_step: append fused into the attention launch up to 2K tokens, else append + row-packed
     kernel) with its warps and register cap, and the unfused step at short contexts; fused dequant:
-    warps, P.V tile form (masked P over the whole V tile, or P split per V block), register cap and
-    splits around the default; FP16/FP8: splits (x1, x2 the default heuristic)."""
+    the Gluon kernel at two split counts and the Triton kernel; FP16/FP8: splits (x1, x2 the default
+    heuristic)."""
     from .kernels.hack_attn_decode import FUSED_STEP_MAX_LEN, default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
     if ctx + 1 <= FUSED_STEP_MAX_LEN:
         h = [{"splits": s0}, {"splits": s0, "num_warps": 4}, {"splits": s0, "fused": False},
              {"splits": s0, "fused": False, "num_warps": 2}]
-        q = [{"splits": s0, "num_warps": w, "v_split": vs} for w in (2, 4) for vs in (False, True)]
     else:
         h = [{"splits": s0, "num_warps": w, "maxnreg": mr} for w, mr in ((2, 128), (4, 128), (4, 0))]
-        # the default (2 warps, P split per V block, 168 registers) first; run 22 measured the rest slower
-        q = [{"splits": s0}, {"splits": s0, "num_warps": 4}]
-        if pi == 64:
-            q += [{"splits": s0, "maxnreg": 192}, {"splits": s0, "maxnreg": 0}, {"splits": s0, "v_split": False},
-                  {"splits": max(1, (3 * s0) // 4)}, {"splits": s0 + s0 // 8},
-                  {"splits": s0 + s0 // 8, "num_stages": 2}, {"splits": s0 + s0 // 8, "block_n": 64},
-                  {"splits": s0, "num_warps": 1, "block_n": 64, "maxnreg": 0},
-                  {"splits": 2 * s0, "num_warps": 1, "block_n": 64, "maxnreg": 0}]
+    # fused dequant: the Gluon one-warp mma kernel (the default on Hopper; run 36: 121.5 us at 32K, PI 64)
+    # with its default and half the splits, and the Triton kernel with its default (run 27: 149.0 us)
+    q = [{"splits": s0}, {"splits": max(1, s0 // 2)}, {"splits": s0, "gluon": False}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}

@@ -83,10 +83,11 @@ REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "
                  + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"]
                  + ["score.pq", "score.quantized_keys"])
 # narrow per-shape autotune of the quantized decode kernels: warps for the row-packed HACK kernel (its
-# default picks 2 warps above 2K tokens, 4 below), the P.V tile form for fused dequant (see hack_core.py)
+# default picks 2 warps above 2K tokens, 4 below); fused dequant: the Gluon kernel (default on Hopper) or the
+# Triton one, whichever is faster
 HACK_DECODE_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
 QUANT_DECODE_CONFIGS = {k: [{}, {"num_warps": 4}] for k in HACK_DECODE_KINDS}
-QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"v_split": True}]
+QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"gluon": False}]
 
 
 def fit(points: list[tuple[float, float, bool]]) -> dict | None:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import online_softmax, use_asm
+from .common import interpreting, online_softmax, use_asm
 from .hack_core import (cache_ptrs, dequant_pv, dequant_pv_t, dequant_pv_tile, dequant_scores, dequant_scores_t,
                         flash_state, hack_pv_block, hack_pv_t, hack_pv_tile, hack_scores, hack_scores_t, load_block,
                         load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
@@ -239,6 +239,16 @@ def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: 
     return max(1, min(want, triton.cdiv(max_len, 2 * block)))
 
 
+def gluon_applies(q: torch.Tensor, cache: QuantKVCache) -> bool:
+    """The Gluon fused-dequant kernel runs here: a Hopper (or newer) GPU, not the interpreter, and a
+    shape it takes (gluon_decode.gluon_supported)."""
+    if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    from .gluon_decode import gluon_supported
+
+    return gluon_supported(q, cache)
+
+
 def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tensor:
     """Allocate partials, launch (callable taking OP, LSEP), combine. q [B, HQ, D]."""
     b, hq, d = q.shape
@@ -256,7 +266,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
                      num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
                      v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None,
-                     maxnreg: int | None = None, gluon: bool = False, **gluon_kw) -> torch.Tensor:
+                     maxnreg: int | None = None, gluon: bool | None = None, **gluon_kw) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
 
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
@@ -270,14 +280,21 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
     (and 2 warps); 0 = no cap.
-    gluon: mode "dequant" on the token-major wgmma kernel of gluon_decode.py (PI 64/128, GQA 8;
-    64-token tiles; prefetch: the next tile's loads go through a shared-memory ring; num_warps,
-    v_split, maxnreg do not apply; gluon_kw: dequant_attn_decode_gluon's vlay and diag)."""
+    gluon: mode "dequant" on a token-major Gluon kernel of gluon_decode.py (PI 64/128, GQA 8, head_dim
+    128, a Hopper GPU): gluon_kw's kernel "mma" (default: one warp, mma.sync, operands in registers;
+    2.06x SDPA at 32K, run 36) or "wgmma"; block_n tokens per tile (64); prefetch: the wgmma kernel's
+    shared-memory ring; num_warps, v_split, maxnreg do not apply.  None (default): the mma kernel
+    wherever it applies and no Triton-only option (prefetch, block_n, transposed, num_warps, maxnreg)
+    is given; False: the Triton kernel."""
+    if gluon is None:
+        gluon = (mode == "dequant" and not (prefetch or transposed) and block_n is None and num_warps is None
+                 and maxnreg is None and not gluon_kw and gluon_applies(q, cache))
     if gluon:
         if mode != "dequant":
             raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")
         from .gluon_decode import dequant_attn_decode_gluon
 
+        gluon_kw.setdefault("kernel", "mma")
         return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64,
                                          pipe=prefetch, **gluon_kw)
     if row_packed is None:

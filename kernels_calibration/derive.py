@@ -28,6 +28,9 @@ How each number is derived (also written into provenance.notes):
     in the SMs' load/store and ALU pipes; quantized keys: unpack, convert and the per-partition
     scale/min FMAs) and scales by issue rate, floored at the target's byte time. The quantized-key
     scoring uses tl.dot (G_PAD = 16 MACs per key element), so on sm < 80 it adds the FMA fallback.
+* fused dequant: the H200 profile prices the Gluon one-warp mma kernel (gluon_decode.py), which runs
+  on Hopper only; for sm < 90 the Triton kernel's H200 fit (decode_attn.dequant_fused_triton) is
+  the one scaled into decode_attn.dequant_fused.
 * sm < 80 (T4, V100): Triton lowers tl.dot to FMA on CUDA cores there (no MMA path for these
   architectures in Triton 3.x; catalog: "Triton int8 tl.dot failed on sm70/75", "falls back to FMA
   for compute capability < 80"), so the Triton kernels that use dots (HACK, fused dequant, Triton
@@ -66,12 +69,14 @@ PEAKS = {
 TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
 T4_TENSOR_FRACTION = 0.32      # catalog: cuBLASLt INT8 GEMM 42 of 130 TOPS on T4 (power cap)
 G_PAD = 16                      # query rows per KV head in the decode dots (GQA 8 padded to 16)
+GLUON_MIN_SM = 90               # the Gluon fused-dequant kernel (gluon_decode.py) runs on Hopper and later
 
 MEMORY_BOUND = {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_unfused", "dequantize.kv", "elementwise"}
 TENSOR_BOUND = {"prefill_attn.fp16"}
 # bytes of device memory per unit, for the byte floor of CUDA-core-bound kernels
 BYTES_PER_UNIT = {"decode_attn.hack": 0.33, "decode_attn.hack_no_se": 0.31, "decode_attn.hack_no_rqe": 0.33,
-                  "decode_attn.dequant_fused": 0.33, "decode_attn.hack_pi32": 0.41, "decode_attn.hack_pi128": 0.30,
+                  "decode_attn.dequant_fused": 0.33, "decode_attn.dequant_fused_triton": 0.33,
+                  "decode_attn.hack_pi32": 0.41, "decode_attn.hack_pi128": 0.30,
                   "quantize.kv": 2.33, "prefill_attn.hack": 0.0}
 # Scoring kernels: bytes per unit at the profiled shapes (GQA 8, head_dim 128): PQ M + 4 G (codes,
 # FP32 scores) at M = 2 / 8; quantized keys bits/8 + 4/PI + 4 G / D at 4 / 2 bits, PI = 64;
@@ -80,7 +85,7 @@ SCORE_BYTES_PER_UNIT = {"score.pq": 34.0, "score.pq_m8": 40.0, "score.quantized_
                         "score.quantized_keys_2bit": 0.5625, "select.topk": 6.4}
 SCORE_MEMORY_BOUND_FRACTION = 0.6   # H200 achieved / copy bandwidth at or above which bandwidth bounds
 USES_TRITON_DOT = {"decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe",
-                   "decode_attn.dequant_fused", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
+                   "decode_attn.dequant_fused", "decode_attn.dequant_fused_triton", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
                    "prefill_attn.hack"}
 
 
@@ -111,7 +116,13 @@ def derive(src: dict, key: str) -> dict:
         out["gemm"] = {**src["gemm"], "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's "
                                               "derived peaks (unvalidated)"}
     fma_rate = fp32 * 1e12 / 2  # multiply-adds per second on CUDA cores
-    for name, fit in src["kernels"].items():
+    kernels = dict(src["kernels"])
+    if sm < GLUON_MIN_SM and "decode_attn.dequant_fused_triton" in kernels:
+        # the Gluon fused-dequant kernel runs on Hopper only (hack_attn_decode.gluon_applies): before it,
+        # fused dequant is the Triton kernel, so its H200 fit is the one scaled
+        kernels["decode_attn.dequant_fused"] = {**kernels["decode_attn.dequant_fused_triton"],
+                                                "from": "decode_attn.dequant_fused_triton"}
+    for name, fit in kernels.items():
         spu = fit["s_per_unit"]
         if name in MEMORY_BOUND:
             new = spu * src["memory_gbps"] / out_mem
@@ -141,7 +152,7 @@ def derive(src: dict, key: str) -> dict:
                 how += " + FMA-fallback dots"
         out["kernels"][name] = {"overhead_s": fit["overhead_s"], "s_per_unit": new,
                                 "heldout_median_error_pct": fit.get("heldout_median_error_pct"),
-                                "scaled_by": how}
+                                "scaled_by": how + (f" (from the H200 {fit['from']})" if "from" in fit else "")}
     prov = src.get("provenance", {})
     out["provenance"] = {
         "gpu_name": note or key, "driver": None, "torch": prov.get("torch"), "triton": prov.get("triton"),

@@ -46,7 +46,10 @@ from pathlib import Path
 import numpy as np
 
 DECODE_KEYS = {"hack": "hack", "hack_no_se": "hack_no_se", "hack_no_rqe": "hack_no_rqe", "fp8": "fp8",
-               "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused"}
+               "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused",
+               # the Triton fused-dequant kernel on its own (it runs where the Gluon kernel does not: sm < 90,
+               # GQA other than 8, PI 32): what derive.py scales for GPUs before Hopper
+               "dequant_fused_triton": "dequant_fused_triton"}
 
 # (batch, ctx, q_heads, kv_heads, held_out)
 DECODE_SHAPES = [
@@ -323,7 +326,9 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     notes = (f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
              f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
              "Decode steps of the quantized variants include the append of the new token (HACK: "
-             "hack_attn_decode.decode_step, which fuses it into the attention launch up to 2K tokens); they were "
+             "hack_attn_decode.decode_step, which fuses it into the attention launch up to 2K tokens; fused "
+             "dequant: the faster per shape of the Gluon one-warp mma.sync kernel, gluon_decode.py, and the Triton "
+             "kernel); they were "
              "timed as CUDA "
              "graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, head_dim 128, "
              "2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of torch._int_mm "

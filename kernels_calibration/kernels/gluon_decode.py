@@ -632,3 +632,277 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     gl.store(op + W, o1 * inv)
     gl.store(op + 2 * W, o2 * inv)
     gl.store(op + 3 * W, o3 * inv)
+
+
+# ----------------------------------------------------------------------------- HACK on one warp, mma.sync
+# HACK attention (homomorphic INT8 products, as the row-packed kernel computes it: Q rounded to 8 bits
+# per query head, P to multiples of 1/255, O and l kept x255) on the one-warp token-major layout:
+# S^T = K'' Q''^T on INT8 mma (m16n8k32, tokens on M, the 8 heads on N = 8), the per-token score terms
+# applied in the accumulator layout, O^T_c = V''^T_c P''^T per channel group with the per-channel
+# block terms.  PI = 64: a 64-token tile is one V block.  Every operand stays in registers.
+_UNPACK2 = ("and.b32 $0, $1, 0x03030303;", "{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
+            "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }", "{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }")
+_UNPACK2_S0 = gl.constexpr(_UNPACK2[0])
+_UNPACK2_S2 = gl.constexpr(_UNPACK2[1])
+_UNPACK2_S4 = gl.constexpr(_UNPACK2[2])
+_UNPACK2_S6 = gl.constexpr(_UNPACK2[3])
+# eight code bytes of a k_width = 4 A-operand pair of packs (rows r, r + 8 x tokens t .. t + 3) in four
+# 16-bit loads (rows r, r + 8 are adjacent bytes, see PERM) and four byte permutes
+_LDV8_ASM = gl.constexpr(
+    "{ .reg .u64 a; .reg .b32 w0, w1, w2, w3, t0, t1; cvt.u64.u32 a, $2; add.u64 a, a, $10;"
+    " ld.global.nc.u16 w0, [a]; ld.global.nc.u16 w1, [a+32]; ld.global.nc.u16 w2, [a+64];"
+    " ld.global.nc.u16 w3, [a+96]; prmt.b32 t0, w0, w1, 0x5140; prmt.b32 t1, w2, w3, 0x5140;"
+    " prmt.b32 $0, t0, t1, 0x5410; prmt.b32 $1, t0, t1, 0x7632; }")
+
+
+@gluon.jit
+def _unpack2(packed, SHIFT: gl.constexpr):
+    """uint8 tile -> int8 codes of bit plane SHIFT (0..3), 4 per register: shift and mask."""
+    if SHIFT == 0:
+        asm: gl.constexpr = _UNPACK2_S0
+    elif SHIFT == 2:
+        asm: gl.constexpr = _UNPACK2_S2
+    elif SHIFT == 4:
+        asm: gl.constexpr = _UNPACK2_S4
+    else:
+        asm: gl.constexpr = _UNPACK2_S6
+    return gl.inline_asm_elementwise(asm, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _perm(r):
+    """Row r of a [32, .] V^T operand holds code byte 16 (r // 16) + 2 (r % 8) + (r % 16) // 8 (rows r and
+    r + 8 adjacent bytes)."""
+    return 16 * (r // 16) + 2 * (r % 8) + (r % 16) // 8
+
+
+@gluon.jit
+def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
+               kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
+               D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
+               TAIL: gl.constexpr):
+    """One 64-token tile (one V block) from s0; tokens >= end masked (MASKED: also their code bytes
+    read as 0, for the stored-sum identities); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P
+    stays FP32 x255, as the row-packed kernel does."""
+    BT: gl.constexpr = 64
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    a2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    tok_c: gl.constexpr = gl.SliceLayout(1, mma)
+    # ---- K'' [64, 32] per channel group, tokens on M
+    tk = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, a4))
+    kj = gl.arange(0, W, layout=gl.SliceLayout(0, a4))
+    if MASKED:
+        kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=(tk < end)[:, None], other=0)
+    else:
+        kb = gl.load(kc + tk[:, None] * W + kj[None, :])
+    k0 = _unpack2(kb, 0)
+    k1 = _unpack2(kb, 2)
+    k2 = _unpack2(kb, 4)
+    k3 = _unpack2(kb, 6)
+    zi = gl.zeros([BT, 8], gl.int32, layout=mma)
+    i0 = mma_v2(k1, qi1, mma_v2(k0, qi0, zi))
+    i1 = mma_v2(k3, qi3, mma_v2(k2, qi2, zi))
+    srow = s0 + gl.arange(0, BT, layout=tok_c)
+    sk0 = gl.load(ksc + srow * NP).to(gl.float32)
+    mk0 = gl.load(kmn + srow * NP).to(gl.float32)
+    sk1 = gl.load(ksc + srow * NP + 1).to(gl.float32)
+    mk1 = gl.load(kmn + srow * NP + 1).to(gl.float32)
+    if USE_SE:
+        ks0 = gl.expand_dims(gl.load(ksm + srow * NP).to(gl.float32), 1)
+        ks1 = gl.expand_dims(gl.load(ksm + srow * NP + 1).to(gl.float32), 1)
+    else:   # code sums of each token's partitions on the tensor cores (ones as B)
+        ones = gl.full([W, 8], 1, gl.int8, layout=b4)
+        ks0 = mma_v2(k1, ones, mma_v2(k0, ones, zi)).to(gl.float32)
+        ks1 = mma_v2(k3, ones, mma_v2(k2, ones, zi)).to(gl.float32)
+    bt = gl.expand_dims(beta, 0)
+    x = gl.expand_dims(sk0, 1) * (i0.to(gl.float32) + bt * ks0) + gl.expand_dims(gm0, 0) * gl.expand_dims(mk0, 1)
+    x = x + gl.expand_dims(sk1, 1) * (i1.to(gl.float32) + bt * ks1) + gl.expand_dims(gm1, 0) * gl.expand_dims(mk1, 1)
+    s = gl.where(gl.expand_dims(srow < end, 1), x * gl.expand_dims(aq, 0), float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    alpha = gl.exp2(m_i - m_new)
+    al = gl.expand_dims(alpha, 0)
+    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    vr = gl.arange(0, W, layout=gl.SliceLayout(1, a4))
+    ch = _perm(vr)
+    if TAIL:
+        # the FP16 tail (RQE): P unrounded x255 in FP16, V^T_c [32, 64] FP16
+        pf = p * 255.0
+        l_i = l_i * alpha + gl.sum(pf, 0)
+        pt = gl.convert_layout(pf.to(gl.float16), b2)
+        tv = s0 + gl.arange(0, BT, layout=gl.SliceLayout(0, a2))
+        vrow = gl.arange(0, W, layout=gl.SliceLayout(1, a2))
+        vp = vt_ptr + (tv - LV)[None, :] * D + _perm(vrow)[:, None]
+        vm = (tv < end)[None, :]
+        o0 = mma_v2(gl.load(vp, mask=vm, other=0.0), pt, o0 * al)
+        o1 = mma_v2(gl.load(vp + W, mask=vm, other=0.0), pt, o1 * al)
+        o2 = mma_v2(gl.load(vp + 2 * W, mask=vm, other=0.0), pt, o2 * al)
+        o3 = mma_v2(gl.load(vp + 3 * W, mask=vm, other=0.0), pt, o3 * al)
+    else:
+        # P'' = round(255 p) - 128 (INT8, one FMA: the low byte of the float), u = P'' + 128
+        bits = (p * 255.0 + 12583040.0).to(gl.int32, bitcast=True)
+        p8 = bits.to(gl.int8)
+        usum = gl.sum((p8.to(gl.int32) + 128).to(gl.float32), 0)
+        l_i = l_i * alpha + usum
+        pt = gl.convert_layout(p8, b4)
+        tv = gl.arange(0, BT, layout=gl.SliceLayout(0, a4))
+        if MASKED:
+            vb = gl.load(vc + (s0 + tv)[None, :] * W + ch[:, None], mask=(s0 + tv < end)[None, :], other=0)
+        else:
+            voff = (tv - tv % 4)[None, :] * W + (ch - ch % 2)[:, None]
+            vb = gl.inline_asm_elementwise(_LDV8_ASM, "=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+                                           [voff, gl.full([W, BT], 0, gl.int64, layout=a4)
+                                            + (vc + s0 * W).to(gl.int64, bitcast=True)],
+                                           dtype=gl.uint8, is_pure=True, pack=8)
+        moff = mbase + (s0 // PI) * D + gl.convert_layout(ch, tok_c)
+        us = gl.expand_dims(usum, 0)
+        o0 = _hack_v(o0, al, us, _unpack2(vb, 0), pt, VMN, VSC, VSM, moff, USE_SE)
+        o1 = _hack_v(o1, al, us, _unpack2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE)
+        o2 = _hack_v(o2, al, us, _unpack2(vb, 4), pt, VMN, VSC, VSM, moff + 2 * W, USE_SE)
+        o3 = _hack_v(o3, al, us, _unpack2(vb, 6), pt, VMN, VSC, VSM, moff + 3 * W, USE_SE)
+    return m_new, l_i, o0, o1, o2, o3
+
+
+@gluon.jit
+def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr):
+    """o <- alpha o + sv (P''V'' + 128 sum v'') + mv sum u for one channel group (rows = channels moff)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    zi = gl.zeros([vq.shape[0], 8], gl.int32, layout=mma)
+    acc = mma_v2(vq, pt, zi)
+    if USE_SE:
+        vs = gl.expand_dims(gl.load(VSM + moff).to(gl.int32), 1)
+    else:
+        vs = mma_v2(vq, gl.full([vq.shape[1], 8], 1, gl.int8, layout=b4), zi)
+    sv = gl.expand_dims(gl.load(VSC + moff).to(gl.float32), 1)
+    mv = gl.expand_dims(gl.load(VMN + moff).to(gl.float32), 1)
+    return o * al + sv * (acc + vs * 128).to(gl.float32) + mv * us
+
+
+@gluon.jit
+def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
+                     qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
+                     G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
+                     USE_SE: gl.constexpr):
+    BT: gl.constexpr = 64
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    gl.static_assert(D == 128)
+    gl.static_assert(G == 8)
+    gl.static_assert(PI == 64)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    hq_l: gl.constexpr = gl.SliceLayout(0, b4)
+    bh = gl.program_id(0)
+    split = gl.program_id(1)
+    b = bh // HKV
+    L = gl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = gl.minimum(start + TPS, LV)
+    qrow0 = (b * HKV + bh % HKV) * G
+    # ---- Q rounded to 8 bits per query head (q'' = code - 128), as q_round_rows in hack_decode_rp.py
+    qk = gl.arange(0, W, layout=gl.SliceLayout(1, b4))
+    qh = gl.arange(0, G, layout=hq_l)
+    qp = Q + (qrow0 + qh)[None, :] * D + qk[:, None]
+    q0 = gl.load(qp).to(gl.float32)
+    q1 = gl.load(qp + W).to(gl.float32)
+    q2 = gl.load(qp + 2 * W).to(gl.float32)
+    q3 = gl.load(qp + 3 * W).to(gl.float32)
+    mn = gl.minimum(gl.minimum(gl.min(q0, 0), gl.min(q1, 0)), gl.minimum(gl.min(q2, 0), gl.min(q3, 0)))
+    mx = gl.maximum(gl.maximum(gl.max(q0, 0), gl.max(q1, 0)), gl.maximum(gl.max(q2, 0), gl.max(q3, 0)))
+    sq = (mx - mn) / 255.0
+    sq = gl.where(sq > 0, sq, 1.0)
+    inv = gl.expand_dims(1.0 / sq, 0)
+    mn2 = gl.expand_dims(mn, 0)
+    c0 = gl.minimum(gl.maximum(gl.floor((q0 - mn2) * inv + 0.5), 0.0), 255.0) - 128.0
+    c1 = gl.minimum(gl.maximum(gl.floor((q1 - mn2) * inv + 0.5), 0.0), 255.0) - 128.0
+    c2 = gl.minimum(gl.maximum(gl.floor((q2 - mn2) * inv + 0.5), 0.0), 255.0) - 128.0
+    c3 = gl.minimum(gl.maximum(gl.floor((q3 - mn2) * inv + 0.5), 0.0), 255.0) - 128.0
+    beta_q = mn / sq + 128.0
+    gm0 = gl.convert_layout(gl.sum(c0, 0) + gl.sum(c1, 0) + PI * beta_q, col_l)
+    gm1 = gl.convert_layout(gl.sum(c2, 0) + gl.sum(c3, 0) + PI * beta_q, col_l)
+    beta = gl.convert_layout(beta_q, col_l)
+    aq = gl.convert_layout(sq * qk_scale, col_l)
+    qi0 = c0.to(gl.int8)
+    qi1 = c1.to(gl.int8)
+    qi2 = c2.to(gl.int8)
+    qi3 = c3.to(gl.int8)
+    tok0 = bh.to(gl.int64) * LMAX
+    kc = KC + tok0 * W
+    kmn = KMN + tok0 * NP
+    ksc = KSC + tok0 * NP
+    ksm = KSM + tok0 * NP
+    vc = VC + tok0 * W
+    mbase = bh.to(gl.int64) * NBLK * D
+    vt_ptr = VT + bh.to(gl.int64) * PI * D
+    m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
+    l_i = gl.zeros([G], gl.float32, layout=col_l)
+    o0 = gl.zeros([W, G], gl.float32, layout=mma)
+    o1 = gl.zeros([W, G], gl.float32, layout=mma)
+    o2 = gl.zeros([W, G], gl.float32, layout=mma)
+    o3 = gl.zeros([W, G], gl.float32, layout=mma)
+    end_full = start + gl.maximum(end - start, 0) // BT * BT
+    for s0 in range(start, end_full, BT):
+        m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
+                                              gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
+                                              D, PI, USE_SE, False, False)
+    if end_full < end:   # the last partial block of a cache without the FP16 tail
+        m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
+                                              beta, gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
+                                              D, PI, USE_SE, True, False)
+    if HAS_TAIL:
+        if (split == NSPLIT - 1) & (L > LV):
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
+                                                  gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
+                                                  D, PI, USE_SE, True, True)
+    has = l_i > 0
+    inv_l = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
+    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    h = gl.arange(0, G, layout=col_l)
+    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
+    gl.store(LSEP + prow, lse)
+    r = _perm(gl.arange(0, W, layout=gl.SliceLayout(1, mma)))
+    op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
+    gl.store(op, o0 * inv_l)
+    gl.store(op + W, o1 * inv_l)
+    gl.store(op + 2 * W, o2 * inv_l)
+    gl.store(op + 3 * W, o3 * inv_l)
+
+
+def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
+    """The shapes the Gluon HACK kernel takes: 2-bit codes, head_dim 128, PI 64, 8 query heads per KV head."""
+    return gluon_supported(q, cache) and cache.partition == 64
+
+
+def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
+                           max_len: int | None = None) -> torch.Tensor:
+    """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended)."""
+    from .hack_attn_decode import default_splits, run_split_decode
+
+    b, hkv, lmax, d = cache.shape
+    g = cache.query_group(q)
+    if not hack_supported_gluon(q, cache):
+        raise ValueError("the Gluon HACK kernel takes 2-bit codes, head_dim 128, PI 64 and 8 query heads per KV head")
+    max_len = lmax if max_len is None else max_len
+    splits = splits or default_splits(b, hkv, max_len, 256, q.device)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), 64) * 64
+    splits = triton.cdiv(max_len, tps)
+    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
+    q = q.contiguous()
+
+    def launch(op, lsep):
+        _hack_mma_kernel[(b * hkv, splits)](
+            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min, cache.v_scale,
+            cache.v_sum, cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
+            G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, num_warps=1)
+
+    return run_split_decode(launch, q, splits)

@@ -88,6 +88,21 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 16:  # HACK decode on the one-warp Gluon mma kernel vs the row-packed Triton kernel
+        for ctx, pi in ((32768, 64), (1024, 64), (300, 64)):
+            for se in (True, False):
+                grid = [dict(gluon=True), {}]
+                for cfg, e in zip(grid, _check(ctx, pi, grid, mode="hack", use_se=se)):
+                    add({"tag": f"r39_hack_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
+                         "partition": pi, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        for ctx in (32768, 16384, 4096, 1024):
+            grid = [dict(gluon=True, splits=s) for s in (16, 33, 64)] + [{}]
+            rec("r39_hack_gluon", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, ctx, HQ, HKV, D, 64,
+                                                 configs={k: grid for k in ("hack", "hack_no_se", "hack_no_rqe")},
+                                                 return_all=True))
+            rec("r39_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
+        return
     if stage == 15:  # Gluon fused dequant, one warp per program on mma.sync (operands in registers)
         grid = [dict(gluon=True, kernel="mma", block_n=64, ldasm=True), dict(gluon=True, kernel="mma", block_n=32)]
         for ctx, pi in ((32768, 64), (32768, 128), (1024, 64), (300, 64), (300, 128)):

@@ -708,13 +708,24 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     i0 = mma_v2(k1, qi1, mma_v2(k0, qi0, zi))
     i1 = mma_v2(k3, qi3, mma_v2(k2, qi2, zi))
     srow = s0 + gl.arange(0, BT, layout=tok_c)
-    sk0 = gl.load(ksc + srow * NP).to(gl.float32)
-    mk0 = gl.load(kmn + srow * NP).to(gl.float32)
-    sk1 = gl.load(ksc + srow * NP + 1).to(gl.float32)
-    mk1 = gl.load(kmn + srow * NP + 1).to(gl.float32)
+    # per-token (partition 0, partition 1) metadata pairs in one load each: a [64, 2] tile whose rows
+    # sit where the accumulator's rows do (PAIR_L), split into the two partitions
+    pair_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0], [16, 0], [32, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[], block_bases=[], shape=[BT, 2])
+    prow_ = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, pair_l))
+    pcol = gl.arange(0, 2, layout=gl.SliceLayout(0, pair_l))
+    poff = prow_[:, None] * NP + pcol[None, :]
+    sk0, sk1 = gl.split(gl.load(ksc + poff).to(gl.float32))
+    mk0, mk1 = gl.split(gl.load(kmn + poff).to(gl.float32))
+    sk0 = gl.convert_layout(sk0, tok_c)
+    sk1 = gl.convert_layout(sk1, tok_c)
+    mk0 = gl.convert_layout(mk0, tok_c)
+    mk1 = gl.convert_layout(mk1, tok_c)
     if USE_SE:
-        ks0 = gl.expand_dims(gl.load(ksm + srow * NP).to(gl.float32), 1)
-        ks1 = gl.expand_dims(gl.load(ksm + srow * NP + 1).to(gl.float32), 1)
+        ks0, ks1 = gl.split(gl.load(ksm + poff).to(gl.float32))
+        ks0 = gl.expand_dims(gl.convert_layout(ks0, tok_c), 1)
+        ks1 = gl.expand_dims(gl.convert_layout(ks1, tok_c), 1)
     else:   # code sums of each token's partitions on the tensor cores (ones as B)
         ones = gl.full([W, 8], 1, gl.int8, layout=b4)
         ks0 = mma_v2(k1, ones, mma_v2(k0, ones, zi)).to(gl.float32)
@@ -732,7 +743,7 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     if TAIL:
         # the FP16 tail (RQE): P unrounded x255 in FP16, V^T_c [32, 64] FP16
         pf = p * 255.0
-        l_i = l_i * alpha + gl.sum(pf, 0)
+        l_i = l_i * al + gl.expand_dims(gl.sum(pf, 0), 0)
         pt = gl.convert_layout(pf.to(gl.float16), b2)
         tv = s0 + gl.arange(0, BT, layout=gl.SliceLayout(0, a2))
         vrow = gl.arange(0, W, layout=gl.SliceLayout(1, a2))
@@ -746,9 +757,11 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
         # P'' = round(255 p) - 128 (INT8, one FMA: the low byte of the float), u = P'' + 128
         bits = (p * 255.0 + 12583040.0).to(gl.int32, bitcast=True)
         p8 = bits.to(gl.int8)
-        usum = gl.sum((p8.to(gl.int32) + 128).to(gl.float32), 0)
-        l_i = l_i * alpha + usum
         pt = gl.convert_layout(p8, b4)
+        # sum over the tile's tokens of u = P'' + 128 on the tensor cores (ones as A): [32, 8], every row
+        us = (mma_v2(gl.full([W, BT], 1, gl.int8, layout=a4), pt, gl.zeros([W, 8], gl.int32, layout=mma))
+              + 128 * BT).to(gl.float32)
+        l_i = l_i * al + us
         tv = gl.arange(0, BT, layout=gl.SliceLayout(0, a4))
         if MASKED:
             vb = gl.load(vc + (s0 + tv)[None, :] * W + ch[:, None], mask=(s0 + tv < end)[None, :], other=0)
@@ -759,7 +772,6 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
                                             + (vc + s0 * W).to(gl.int64, bitcast=True)],
                                            dtype=gl.uint8, is_pure=True, pack=8)
         moff = mbase + (s0 // PI) * D + gl.convert_layout(ch, tok_c)
-        us = gl.expand_dims(usum, 0)
         o0 = _hack_v(o0, al, us, _unpack2(vb, 0), pt, VMN, VSC, VSM, moff, USE_SE)
         o1 = _hack_v(o1, al, us, _unpack2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE)
         o2 = _hack_v(o2, al, us, _unpack2(vb, 4), pt, VMN, VSC, VSM, moff + 2 * W, USE_SE)
@@ -845,7 +857,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     mbase = bh.to(gl.int64) * NBLK * D
     vt_ptr = VT + bh.to(gl.int64) * PI * D
     m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
-    l_i = gl.zeros([G], gl.float32, layout=col_l)
+    l_i = gl.zeros([W, G], gl.float32, layout=mma)   # the denominator x255, every row the same
     o0 = gl.zeros([W, G], gl.float32, layout=mma)
     o1 = gl.zeros([W, G], gl.float32, layout=mma)
     o2 = gl.zeros([W, G], gl.float32, layout=mma)
@@ -864,6 +876,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
                                                   gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                                                   D, PI, USE_SE, True, True)
+    l_i = gl.max(l_i, 0)
     has = l_i > 0
     inv_l = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
     lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))

@@ -280,7 +280,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
     (and 2 warps); 0 = no cap.
-    gluon: mode "dequant" on a token-major Gluon kernel of gluon_decode.py (PI 64/128, GQA 8, head_dim
+    gluon: mode "hack" (True only): the one-warp Gluon HACK kernel (gluon_decode.py, PI 64, GQA 8);
+    mode "dequant" on a token-major Gluon kernel of gluon_decode.py (PI 64/128, GQA 8, head_dim
     128, a Hopper GPU): gluon_kw's kernel "mma" (default: one warp, mma.sync, operands in registers;
     2.06x SDPA at 32K, run 36) or "wgmma"; block_n tokens per tile (64); prefetch: the wgmma kernel's
     shared-memory ring; num_warps, v_split, maxnreg do not apply.  None (default): the mma kernel
@@ -289,9 +290,11 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     if gluon is None:
         gluon = (mode == "dequant" and not (prefetch or transposed) and block_n is None and num_warps is None
                  and maxnreg is None and not gluon_kw and gluon_applies(q, cache))
+    if gluon and mode == "hack":
+        from .gluon_decode import hack_attn_decode_gluon
+
+        return hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits, max_len=max_len)
     if gluon:
-        if mode != "dequant":
-            raise ValueError("the Gluon decode kernel computes fused dequantize-then-attend only (mode 'dequant')")
         from .gluon_decode import dequant_attn_decode_gluon
 
         gluon_kw.setdefault("kernel", "mma")
@@ -359,7 +362,8 @@ def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new
     with lens + 1)."""
     ml = cache.shape[2] if max_len is None else max_len
     if fused is None:
-        fused = ml <= FUSED_STEP_MAX_LEN and cache.rqe and row_packed_supported(q, cache)
+        fused = (ml <= FUSED_STEP_MAX_LEN and cache.rqe and row_packed_supported(q, cache)
+                 and not kw.get("gluon"))
     if fused:
         kw = {k: v for k, v in kw.items() if k != "row_packed"}
         kw.setdefault("num_warps", FUSED_STEP_WARPS)

@@ -41,3 +41,23 @@ def test_gluon_rejects_shapes_it_does_not_take():
     cache = build_cache(k, v, torch.tensor([64], dtype=torch.int32, device=DEVICE), 32, 2)
     with pytest.raises(ValueError, match="PI 64/128"):
         dequant_attn_decode_gluon(randn(1, 16, D), cache)
+
+
+@pytest.mark.parametrize("rqe,use_se", [(True, True), (True, False), (False, True), (False, False)])
+def test_gluon_hack_decode_matches_hack_reference(rqe, use_se):
+    """HACK on the one-warp kernel: within twice the float64 HACK reference's own error (Q per head)."""
+    from kernels_calibration.kernels.gluon_decode import hack_attn_decode_gluon
+    from kernels_calibration.kernels.hack_attn_decode import hack_attn_decode_ref
+
+    torch.manual_seed(11 + rqe + 2 * use_se)
+    lmax = 700
+    lens = torch.tensor([700 - 41, 197, 64], dtype=torch.int32)
+    k, v = randn(B, HKV, lmax, D), randn(B, HKV, lmax, D)
+    q = randn(B, HKV * G, D)
+    cache = build_cache(k, v, lens.to(DEVICE), 64, 2, rqe=rqe, stochastic=True, seed=5)
+    kd, vd = dequantize_cache_ref(cache)
+    exact = attn_decode_ref(q, kd, vd, lens)
+    ref_err = rel_err(hack_attn_decode_ref(q, cache, q_per_head=True), exact)
+    for splits in (1, 3, 7):
+        out = hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits)
+        assert rel_err(out, exact) < 2 * ref_err + 2e-3, splits

@@ -110,8 +110,10 @@ def loop_profile(kernel) -> tuple[collections.Counter, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs", "gluon_dequant"),
-                    default="rp")
+    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs", "gluon_dequant",
+                                         "gluon_dequant_wgmma", "gluon_hack"), default="rp",
+                    help="gluon_dequant / gluon_hack: the one-warp mma.sync kernels of gluon_decode.py (the main "
+                         "loop, compiled without the FP16 tail); gluon_dequant_wgmma: the warpgroup kernel")
     ap.add_argument("--block-m", type=int, default=64, help="prefill: query rows per program")
     ap.add_argument("--pi", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
@@ -142,10 +144,20 @@ def main(argv: list[str] | None = None) -> int:
         consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
                       USE_ASM=True, SUMCOL=-1, FUSED=False, VSIDE=1)
         tokens = a.pi
-    elif a.kernel == "gluon_dequant":   # token-major fused dequant in Gluon (gluon_decode.py): 4 warps, 64 tokens
+    elif a.kernel == "gluon_dequant_wgmma":   # token-major fused dequant, one warpgroup, 64 tokens
         from .kernels.gluon_decode import _dequant_decode_kernel as fn
         consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, BN=64, PIPE=False, VLAY=0, DIAG=0)
         a.warps = 4
+        tokens = 64
+    elif a.kernel == "gluon_dequant":   # one warp, mma.sync, 64-token tiles (the tail loop left out)
+        from .kernels.gluon_decode import _dequant_mma_kernel as fn
+        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=False, BT=64, LDASM=True)
+        a.warps = 1
+        tokens = 64
+    elif a.kernel == "gluon_hack":   # HACK, one warp, INT8 mma.sync, 64-token tiles (PI 64)
+        from .kernels.gluon_decode import _hack_mma_kernel as fn
+        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, USE_SE=not a.no_se)
+        a.warps = 1
         tokens = 64
     else:
         from .kernels.hack_attn_decode import _quant_decode_kernel as fn

@@ -1,23 +1,34 @@
-"""Token-major decode attention in Gluon (explicit layouts, Hopper wgmma): fused dequantize-then-attend.
+"""Token-major decode attention in Gluon (explicit layouts): fused dequantize-then-attend and HACK.
 
-The Triton kernels (hack_core.py) give the 8 query heads of a KV head a 16-row mma.sync tile: half of
-every softmax step runs on padding rows, and every operand goes registers -> shared memory ->
-ldmatrix.  Here the token axis is the wgmma's M (64 tokens per tile, one warpgroup) and the heads are
-N = 8, so nothing is padded:
-  * K: each thread loads 16 code bytes of one token (LDG.128) and turns every 4 of them into FP16 by
-    table lookup (common.dequant_lut: the four codes of a register share the (token, partition)
-    table); the planes go to shared memory as four [64, 32] K tiles, the A operands of
-    S^T = K Q^T (B = Q^T, [32, 8] per channel group, stored once);
-  * softmax over the token axis of the [64, 8] accumulator (the compiler reduces across warps);
-    P^T goes to shared memory as FP16 [64, 8];
-  * V: each thread holds 4 tokens x 4 code bytes; the 4 tokens of a byte column share a (block,
-    channel) table, so each register of 4 codes is one lookup; the planes are stored transposed,
-    V^T [128, 64] with tokens contiguous (K-major A operand), and O^T = V^T P^T accumulates [128, 8].
-The FP16 tail (RQE) is read by the last split like the other kernels do.  Partial outputs and
-log2-sum-exps go to run_split_decode's combine, as for the Triton kernels.
+The Triton kernels (hack_core.py, hack_decode_rp.py) give the 8 query heads of a KV head a 16-row
+mma.sync tile: half of every softmax step runs on padding rows (or a second copy of the group), and
+operands pass through shared memory where Triton converts layouts.  Here the token axis is the
+product's M and the 8 heads are its N = 8, so nothing is padded.  Three kernels, measured on the H200
+at batch 8, 64/8 heads, head_dim 128, 32K context, PI 64 (NOTES.md, session 5, runs 29-39):
 
-Gluon has no interpreter: the kernel is checked against the same references on the GPU
-(tests/kernels, experiments) and compiled for sm_90 offline in CI (tests/kernels/test_sass.py).
+* ``_dequant_mma_kernel`` (kernel="mma", the default for fused dequant on Hopper): ONE warp per
+  program on mma.sync m16n8k16; S^T = K Q^T with K looked up into the A operand layout in registers
+  (common.dequant_lut's table, one table per row pair: _lut_pairs), O^T = V^T P^T per channel group
+  with V^T looked up the same way, P^T converted to the B layout.  The code bytes of an A-operand
+  register (rows r, r + 8 x two consecutive K elements) come from two 16-bit inline-PTX loads
+  (_ld_pack; V^T rows are permuted so rows r and r + 8 are adjacent bytes).  118.6 us against torch
+  SDPA's 253.6 us (2.14x, run 37); the Triton kernel took 149-152 us.
+* ``_hack_mma_kernel`` (hack_attn_decode(..., gluon=True)): the same layout for HACK: INT8 mma.sync
+  m16n8k32, Q rounded per query head, the score terms applied in the accumulator layout, P'' by the
+  magic-number FMA, P'' row sums and (without SE) code sums on the tensor cores, O and l x255, the
+  FP16 tail (RQE) as the row-packed kernel does.  123.1 us against the row-packed kernel's 136.9
+  (16K: 73.6 vs 83.5; 4K: 27.9 vs 36.5; run 39).  Not yet the default: the profile's HACK rows and
+  the realrun traces were recorded with the row-packed kernel.
+* ``_dequant_decode_kernel`` (kernel="wgmma"): one warpgroup, wgmma m64n8k16 with K and V^T
+  dequantized into shared memory.  198-214 us: slower than the Triton kernel.  Timing with parts
+  switched off (DIAG, run 34) put ~136 us in the dequantization and its shared-memory stores (load
+  latency in the open, shared-memory traffic) and ~45 us in the wgmma chain, whose N = 8 products
+  cost nearly as much as wide ones.  A two-slot shared-memory ring for the next tile's loads
+  (prefetch=True) was slower (more instructions, 128 registers).  Kept as the measured negative result.
+
+Gluon has no interpreter: the kernels are checked against the references on the GPU
+(tests/kernels/test_gluon_decode.py, experiments stages 11-16) and compiled for sm_90 offline in CI
+(tests/kernels/test_sass.py).
 """
 from __future__ import annotations
 

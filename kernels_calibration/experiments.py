@@ -88,6 +88,17 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 17:  # the Gluon HACK kernel's split counts (waves of one-warp programs) at 32K and 8K
+        from .kernels import gluon_decode as gd
+
+        for ctx in (32768, 8192):
+            grid = [dict(gluon=True, splits=s) for s in (8, 12, 16, 24, 33, 48, 64, 96)]
+            rec("r40_hack_gluon_splits", measure_decode(("hack", "hack_no_se"), B, ctx, HQ, HKV, D, 64,
+                                                        configs={"hack": grid, "hack_no_se": grid},
+                                                        return_all=True))
+        for key, k in gd.LAST_KERNEL.items():
+            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        return
     if stage == 16:  # HACK decode on the one-warp Gluon mma kernel vs the row-packed Triton kernel
         for ctx, pi in ((32768, 64), (1024, 64), (300, 64)):
             for se in (True, False):

@@ -45,6 +45,7 @@ from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6
 from .kv_cache import QuantKVCache
 
 NUM_WARPS = 4
+LAST_KERNEL: dict = {}   # the last launched compiled kernel per variant (registers and spills, for experiments)
 
 
 @gluon.jit
@@ -924,7 +925,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     q = q.contiguous()
 
     def launch(op, lsep):
-        _hack_mma_kernel[(b * hkv, splits)](
+        LAST_KERNEL["hack", use_se, cache.rqe] = _hack_mma_kernel[(b * hkv, splits)](
             q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min, cache.v_scale,
             cache.v_sum, cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
             G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, num_warps=1)

@@ -88,6 +88,23 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 18:  # the Gluon HACK kernel with one wave of programs by default (wave_splits)
+        from .kernels import gluon_decode as gd
+
+        for ctx, se in ((32768, True), (32768, False), (300, True)):
+            for cfg, e in zip([dict(gluon=True)], _check(ctx, 64, [dict(gluon=True)], mode="hack", use_se=se)):
+                add({"tag": f"r41_hack_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
+                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        for ctx in (32768, 8192):
+            rec("r41_hack_gluon_wave", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, ctx, HQ, HKV, D, 64,
+                                                      configs={k: [dict(gluon=True), {}] for k in
+                                                               ("hack", "hack_no_se", "hack_no_rqe")},
+                                                      return_all=True))
+        rec("r41_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
+        for key, k in gd.LAST_KERNEL.items():
+            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        return
     if stage == 17:  # the Gluon HACK kernel's split counts (waves of one-warp programs) at 32K and 8K
         from .kernels import gluon_decode as gd
 

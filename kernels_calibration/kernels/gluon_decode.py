@@ -387,6 +387,26 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     gl.store(OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(d, 1), o * gl.expand_dims(inv_l, 0))
 
 
+_SM_COUNT: dict = {}
+
+
+def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args: tuple, constexprs: dict,
+                num_warps: int = 1, tile: int = 64) -> int:
+    """Splits that fill the GPU with exactly one wave of programs: the compiled kernel's registers give
+    the programs per SM (run 40: the HACK kernel at 168 registers fits 12 one-warp programs per SM, and
+    24 splits at batch 8 x 8 KV heads (1,536 programs, one wave) took 103 us where 33 splits (1.33
+    waves) took 133; at 182 registers, 11 per SM, 16 splits 115 us and 24 (1.06 waves) 146).  At least
+    two tiles per split; at most 128 splits."""
+    dev = torch.cuda.current_device()
+    if dev not in _SM_COUNT:
+        _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    k = kernel_fn.warmup(*launch_args, **constexprs, num_warps=num_warps, grid=(1,))
+    regs_per_warp = -(-max(k.n_regs, 1) // 8) * 8 * 32          # allocation: 8 registers per thread at a time
+    per_sm = max(1, min(32, 64 // num_warps, 65536 // regs_per_warp))
+    splits = max(1, (_SM_COUNT[dev] * per_sm) // (batch * kv_heads))
+    return max(1, min(splits, 128, triton.cdiv(max_len, 2 * tile)))
+
+
 def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
     """The shapes the Gluon kernel takes: 2-bit codes, head_dim 128, PI 64/128, 8 query heads per KV head."""
     b, hkv, _, d = cache.shape
@@ -911,23 +931,30 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                            max_len: int | None = None) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended)."""
-    from .hack_attn_decode import default_splits, run_split_decode
+    from .hack_attn_decode import run_split_decode
 
     b, hkv, lmax, d = cache.shape
     g = cache.query_group(q)
     if not hack_supported_gluon(q, cache):
         raise ValueError("the Gluon HACK kernel takes 2-bit codes, head_dim 128, PI 64 and 8 query heads per KV head")
     max_len = lmax if max_len is None else max_len
-    splits = splits or default_splits(b, hkv, max_len, 256, q.device)
-    tps = triton.cdiv(triton.cdiv(max_len, splits), 64) * 64
-    splits = triton.cdiv(max_len, tps)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
+    consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se)
+
+    def args(op, lsep, tps, n):
+        return (q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min,
+                cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax,
+                cache.v_min.shape[2], tps, n)
+
+    if splits is None:   # one wave of programs (wave_splits), from the compiled kernel's registers
+        probe = torch.empty(1, dtype=torch.float32, device=q.device)
+        splits = wave_splits(b, hkv, max_len, _hack_mma_kernel, args(probe, probe, 64 * 3, 3), consts)
+    tps = triton.cdiv(triton.cdiv(max_len, splits), 64) * 64
+    splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
         LAST_KERNEL["hack", use_se, cache.rqe] = _hack_mma_kernel[(b * hkv, splits)](
-            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min, cache.v_scale,
-            cache.v_sum, cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, num_warps=1)
+            *args(op, lsep, tps, splits), **consts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

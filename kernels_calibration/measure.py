@@ -198,8 +198,9 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
             cs = get_caches(rqe)
             mode = "dequant" if name.startswith("dequant") else "hack"
             use_se = name != "hack_no_se"
-            cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, cfg.get("block_n", 128)),
-                                                    q.device))
+            if not cfg.get("gluon"):   # gluon=True: the Gluon kernel's own default (one wave of programs)
+                cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, cfg.get("block_n", 128)),
+                                                        q.device))
             cb = hack_cache_bytes(batch, ctx + 1, kv_heads, d, pi)
             if name == "dequant_unfused":
                 scratch = (torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),

@@ -401,6 +401,7 @@ def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args:
     if dev not in _SM_COUNT:
         _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     k = kernel_fn.warmup(*launch_args, **constexprs, num_warps=num_warps, grid=(1,))
+    k._init_handles()   # loads the module: n_regs comes from the driver
     regs_per_warp = -(-max(k.n_regs, 1) // 8) * 8 * 32          # allocation: 8 registers per thread at a time
     per_sm = max(1, min(32, 64 // num_warps, 65536 // regs_per_warp))
     splits = max(1, (_SM_COUNT[dev] * per_sm) // (batch * kv_heads))

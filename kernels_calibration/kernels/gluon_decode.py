@@ -395,7 +395,7 @@ def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args:
     """Splits that fill the GPU with exactly one wave of programs: the compiled kernel's registers give
     the programs per SM (run 40: the HACK kernel at 168 registers fits 12 one-warp programs per SM, and
     24 splits at batch 8 x 8 KV heads (1,536 programs, one wave) took 103 us where 33 splits (1.33
-    waves) took 133; at 182 registers, 11 per SM, 16 splits 115 us and 24 (1.06 waves) 146).  At least
+    waves) took 133; at 182 registers, 8 per SM, 16 splits 115 us and 24 (1.5 waves) 146).  At least
     two tiles per split; at most 128 splits."""
     dev = torch.cuda.current_device()
     if dev not in _SM_COUNT:
@@ -403,7 +403,10 @@ def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args:
     k = kernel_fn.warmup(*launch_args, **constexprs, num_warps=num_warps, grid=(1,))
     k._init_handles()   # loads the module: n_regs comes from the driver
     regs_per_warp = -(-max(k.n_regs, 1) // 8) * 8 * 32          # allocation: 8 registers per thread at a time
-    per_sm = max(1, min(32, 64 // num_warps, 65536 // regs_per_warp))
+    # a warp's registers come from one of the SM's four 16K-register partitions (run 41: at 182 registers
+    # 11 warps per SM by the SM's total, 8 by the partitions; 22 splits took 157 us, 16 took 115)
+    warps_per_sm = 4 * (16384 // regs_per_warp)
+    per_sm = max(1, min(32, 64 // num_warps, warps_per_sm // num_warps))
     splits = max(1, (_SM_COUNT[dev] * per_sm) // (batch * kv_heads))
     return max(1, min(splits, 128, triton.cdiv(max_len, 2 * tile)))
 

@@ -49,6 +49,61 @@ LAST_KERNEL: dict = {}   # the last launched compiled kernel per variant (regist
 
 
 @gluon.jit
+def _split_range(LENS, HKV, TPS, G: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr):
+    """A split-K decode program's (request, KV head) bh, split, cache length L, LV = the tokens with
+    quantized V (whole PI blocks when the last partial block is the FP16 tail), its token range
+    [start, end) and the first query row of the KV head's group."""
+    bh = gl.program_id(0)
+    split = gl.program_id(1)
+    b = bh // HKV
+    L = gl.load(LENS + b)
+    if HAS_TAIL:
+        LV = (L // PI) * PI
+    else:
+        LV = L
+    start = split * TPS
+    end = gl.minimum(start + TPS, LV)
+    return bh, split, L, LV, start, end, (b * HKV + bh % HKV) * G
+
+
+@gluon.jit
+def _cache_bases(KC, KMN, KSC, KSM, VC, VT, bh, LMAX, NBLK, D: gl.constexpr, PI: gl.constexpr):
+    """The cache arrays of (request, KV head) bh: codes and K metadata at token 0, the V metadata's
+    offset of block 0, and the FP16 tail."""
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    tok0 = bh.to(gl.int64) * LMAX
+    return (KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
+            bh.to(gl.int64) * NBLK * D, VT + bh.to(gl.int64) * PI * D)
+
+
+@gluon.jit
+def _store_lse(LSEP, qrow0, split, NSPLIT, l_i, m_i, G: gl.constexpr):
+    """Store a split's log2-sum-exp per head (-inf where it saw no token); returns the partial rows
+    and 1 / l as a [1, G] row, for combine_splits_kernel."""
+    has = l_i > 0
+    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+    h = gl.arange(0, G, layout=m_i.type.layout)
+    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
+    gl.store(LSEP + prow, lse)
+    return prow, gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
+
+
+@gluon.jit
+def _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D: gl.constexpr, PERM: gl.constexpr):
+    """The four O^T channel groups [D / 4, G] divided by l; PERM: rows in _perm's channel order."""
+    W: gl.constexpr = D // 4
+    r = gl.arange(0, W, layout=gl.SliceLayout(1, o0.type.layout))
+    if PERM:
+        r = _perm(r)
+    op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
+    gl.store(op, o0 * inv_l)
+    gl.store(op + W, o1 * inv_l)
+    gl.store(op + 2 * W, o2 * inv_l)
+    gl.store(op + 3 * W, o3 * inv_l)
+
+
+@gluon.jit
 def _lut(packed, SHIFT: gl.constexpr, lo, hi):
     """uint8 codes (bit plane SHIFT) -> FP16 by the 4-entry tables lo/hi (int32 tensors of packed's
     shape and layout; the four codes of each 32-bit register share the table of the first)."""
@@ -306,17 +361,7 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     vt_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BN], gl.float16)
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, G], gl.float16)
 
-    bh = gl.program_id(0)
-    split = gl.program_id(1)
-    b = bh // HKV
-    L = gl.load(LENS + b)
-    if HAS_TAIL:
-        LV = (L // PI) * PI
-    else:
-        LV = L
-    start = split * TPS
-    end = gl.minimum(start + TPS, LV)
-    qrow0 = (b * HKV + bh % HKV) * G
+    bh, split, L, LV, start, end, qrow0 = _split_range(LENS, HKV, TPS, G, PI, HAS_TAIL)
 
     # ---- Q (times qk_scale, FP16) -> shared memory, one [G, 32] tile per channel group
     q_smem = gl.allocate_shared_memory(gl.float16, [4, G, 32], q_sl)
@@ -329,13 +374,7 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     v_smem = gl.allocate_shared_memory(gl.float16, [D, BN], vt_sl)
     p_smem = gl.allocate_shared_memory(gl.float16, [BN, G], p_sl)
 
-    tok0 = bh.to(gl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    vc = VC + tok0 * W
-    mbase = bh.to(gl.int64) * NBLK * D
-    vt_ptr = VT + bh.to(gl.int64) * PI * D
+    kc, kmn, ksc, ksm, vc, mbase, vt_ptr = _cache_bases(KC, KMN, KSC, KSC, VC, VT, bh, LMAX, NBLK, D, PI)
 
     m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
     l_acc = gl.zeros([BN, G], gl.float32, layout=acc_l)
@@ -376,15 +415,9 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
                 m_i, l_acc, o = _tile(s0, L, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
                                       q_smem, k_smem, v_smem, p_smem, BN, D, PI, G, True, VLAY)
     # ---- partials: O / l and log2-sum-exp per head
-    l_i = gl.sum(l_acc, 0)
-    has = l_i > 0
-    inv_l = 1.0 / gl.where(has, l_i, 1.0)
-    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-    h = gl.arange(0, G, layout=col_l)
-    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
-    gl.store(LSEP + prow, lse)
+    prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.sum(l_acc, 0), m_i, G)
     d = gl.arange(0, D, layout=gl.SliceLayout(1, acc_l))
-    gl.store(OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(d, 1), o * gl.expand_dims(inv_l, 0))
+    gl.store(OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(d, 1), o * inv_l)
 
 
 _SM_COUNT: dict = {}
@@ -567,7 +600,7 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
     vr = gl.arange(0, W, layout=row_a)
     vmask = (tv < end)[None, :]
     if LDASM:
-        vr = 16 * (vr // 16) + 2 * (vr % 8) + (vr % 16) // 8   # the row -> channel order of the output
+        vr = _perm(vr)   # the row -> channel order of the output
     if TAIL:
         vp = vt_ptr + (tv - LV)[None, :] * D + vr[:, None]
         o0 = mma_v2(gl.load(vp, mask=vmask, other=0.0), pt, o0 * al)
@@ -613,17 +646,7 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)
-    bh = gl.program_id(0)
-    split = gl.program_id(1)
-    b = bh // HKV
-    L = gl.load(LENS + b)
-    if HAS_TAIL:
-        LV = (L // PI) * PI
-    else:
-        LV = L
-    start = split * TPS
-    end = gl.minimum(start + TPS, LV)
-    qrow0 = (b * HKV + bh % HKV) * G
+    bh, split, L, LV, start, end, qrow0 = _split_range(LENS, HKV, TPS, G, PI, HAS_TAIL)
     # Q^T per channel group [32, G] (B operand, times qk_scale, FP16)
     qk = gl.arange(0, W, layout=gl.SliceLayout(1, b_l))
     qh = gl.arange(0, G, layout=gl.SliceLayout(0, b_l))
@@ -632,13 +655,7 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     qt1 = (gl.load(qp + W).to(gl.float32) * qk_scale).to(gl.float16)
     qt2 = (gl.load(qp + 2 * W).to(gl.float32) * qk_scale).to(gl.float16)
     qt3 = (gl.load(qp + 3 * W).to(gl.float32) * qk_scale).to(gl.float16)
-    tok0 = bh.to(gl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    vc = VC + tok0 * W
-    mbase = bh.to(gl.int64) * NBLK * D
-    vt_ptr = VT + bh.to(gl.int64) * PI * D
+    kc, kmn, ksc, ksm, vc, mbase, vt_ptr = _cache_bases(KC, KMN, KSC, KSC, VC, VT, bh, LMAX, NBLK, D, PI)
     m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
     l_acc = gl.zeros([BT, G], gl.float32, layout=mma)
     o0 = gl.zeros([W, G], gl.float32, layout=mma)
@@ -653,21 +670,8 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
             for s0 in range(LV, L, BT):
                 m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, L, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
                                                        kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, True, LDASM)
-    l_i = gl.sum(l_acc, 0)
-    has = l_i > 0
-    inv = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
-    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-    h = gl.arange(0, G, layout=col_l)
-    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
-    gl.store(LSEP + prow, lse)
-    r = gl.arange(0, W, layout=gl.SliceLayout(1, mma))
-    if LDASM:
-        r = 16 * (r // 16) + 2 * (r % 8) + (r % 16) // 8   # O^T row -> channel (see _mma_tile)
-    op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
-    gl.store(op, o0 * inv)
-    gl.store(op + W, o1 * inv)
-    gl.store(op + 2 * W, o2 * inv)
-    gl.store(op + 3 * W, o3 * inv)
+    prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.sum(l_acc, 0), m_i, G)
+    _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, LDASM)
 
 
 # ----------------------------------------------------------------------------- HACK on one warp, mma.sync
@@ -846,17 +850,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)
     hq_l: gl.constexpr = gl.SliceLayout(0, b4)
-    bh = gl.program_id(0)
-    split = gl.program_id(1)
-    b = bh // HKV
-    L = gl.load(LENS + b)
-    if HAS_TAIL:
-        LV = (L // PI) * PI
-    else:
-        LV = L
-    start = split * TPS
-    end = gl.minimum(start + TPS, LV)
-    qrow0 = (b * HKV + bh % HKV) * G
+    bh, split, L, LV, start, end, qrow0 = _split_range(LENS, HKV, TPS, G, PI, HAS_TAIL)
     # ---- Q rounded to 8 bits per query head (q'' = code - 128), as q_round_rows in hack_decode_rp.py
     qk = gl.arange(0, W, layout=gl.SliceLayout(1, b4))
     qh = gl.arange(0, G, layout=hq_l)
@@ -884,14 +878,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     qi1 = c1.to(gl.int8)
     qi2 = c2.to(gl.int8)
     qi3 = c3.to(gl.int8)
-    tok0 = bh.to(gl.int64) * LMAX
-    kc = KC + tok0 * W
-    kmn = KMN + tok0 * NP
-    ksc = KSC + tok0 * NP
-    ksm = KSM + tok0 * NP
-    vc = VC + tok0 * W
-    mbase = bh.to(gl.int64) * NBLK * D
-    vt_ptr = VT + bh.to(gl.int64) * PI * D
+    kc, kmn, ksc, ksm, vc, mbase, vt_ptr = _cache_bases(KC, KMN, KSC, KSM, VC, VT, bh, LMAX, NBLK, D, PI)
     m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
     l_i = gl.zeros([W, G], gl.float32, layout=mma)   # the denominator x255, every row the same
     o0 = gl.zeros([W, G], gl.float32, layout=mma)
@@ -912,19 +899,8 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
                                                   gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                                                   D, PI, USE_SE, True, True)
-    l_i = gl.max(l_i, 0)
-    has = l_i > 0
-    inv_l = gl.expand_dims(1.0 / gl.where(has, l_i, 1.0), 0)
-    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-    h = gl.arange(0, G, layout=col_l)
-    prow = (qrow0 + h).to(gl.int64) * NSPLIT + split
-    gl.store(LSEP + prow, lse)
-    r = _perm(gl.arange(0, W, layout=gl.SliceLayout(1, mma)))
-    op = OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(r, 1)
-    gl.store(op, o0 * inv_l)
-    gl.store(op + W, o1 * inv_l)
-    gl.store(op + 2 * W, o2 * inv_l)
-    gl.store(op + 3 * W, o3 * inv_l)
+    prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.max(l_i, 0), m_i, G)
+    _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, True)
 
 
 def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:

@@ -423,25 +423,34 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
 _SM_COUNT: dict = {}
 
 
+def programs_per_sm(n_regs: int, num_warps: int = 1) -> int:
+    """Resident programs per SM (sm_80/sm_90) for a kernel of n_regs registers per thread: registers are
+    allocated 8 per thread at a time, and a warp's come from one of the SM's four 16K-register
+    partitions (run 41: at 182 registers the SM's 64K would fit 11 warps, the partitions fit 8; 22
+    splits took 157 us, 16 took 115); at most 64 warps and 32 programs."""
+    regs_per_warp = -(-max(n_regs, 1) // 8) * 8 * 32
+    warps_per_sm = 4 * (16384 // regs_per_warp)
+    return max(1, min(32, 64 // num_warps, warps_per_sm // num_warps))
+
+
+def one_wave_splits(batch: int, kv_heads: int, max_len: int, n_sm: int, per_sm: int, tile: int = 64) -> int:
+    """Splits per (request, KV head) that make one wave of programs on n_sm SMs (run 40: the HACK kernel
+    at 168 registers fits 12 one-warp programs per SM, and 24 splits at batch 8 x 8 KV heads, 1,536
+    programs, took 103 us where 33 splits, 1.33 waves, took 133); at least two tiles per split and at
+    most 128 splits."""
+    splits = max(1, (n_sm * per_sm) // (batch * kv_heads))
+    return max(1, min(splits, 128, triton.cdiv(max_len, 2 * tile)))
+
+
 def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args: tuple, constexprs: dict,
                 num_warps: int = 1, tile: int = 64) -> int:
-    """Splits that fill the GPU with exactly one wave of programs: the compiled kernel's registers give
-    the programs per SM (run 40: the HACK kernel at 168 registers fits 12 one-warp programs per SM, and
-    24 splits at batch 8 x 8 KV heads (1,536 programs, one wave) took 103 us where 33 splits (1.33
-    waves) took 133; at 182 registers, 8 per SM, 16 splits 115 us and 24 (1.5 waves) 146).  At least
-    two tiles per split; at most 128 splits."""
+    """one_wave_splits for a Gluon kernel, its registers read from the compiled kernel (warmup)."""
     dev = torch.cuda.current_device()
     if dev not in _SM_COUNT:
         _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     k = kernel_fn.warmup(*launch_args, **constexprs, num_warps=num_warps, grid=(1,))
     k._init_handles()   # loads the module: n_regs comes from the driver
-    regs_per_warp = -(-max(k.n_regs, 1) // 8) * 8 * 32          # allocation: 8 registers per thread at a time
-    # a warp's registers come from one of the SM's four 16K-register partitions (run 41: at 182 registers
-    # 11 warps per SM by the SM's total, 8 by the partitions; 22 splits took 157 us, 16 took 115)
-    warps_per_sm = 4 * (16384 // regs_per_warp)
-    per_sm = max(1, min(32, 64 // num_warps, warps_per_sm // num_warps))
-    splits = max(1, (_SM_COUNT[dev] * per_sm) // (batch * kv_heads))
-    return max(1, min(splits, 128, triton.cdiv(max_len, 2 * tile)))
+    return one_wave_splits(batch, kv_heads, max_len, _SM_COUNT[dev], programs_per_sm(k.n_regs, num_warps), tile)
 
 
 def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:

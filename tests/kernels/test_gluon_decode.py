@@ -1,6 +1,6 @@
-"""The Gluon fused-dequant decode kernel (kernels/gluon_decode.py).  Gluon has no interpreter, so the
-numerical check runs only on a Hopper GPU (tests/kernels on the device); CI compiles it for sm_90
-offline (test_sass.py)."""
+"""The Gluon decode kernels (kernels/gluon_decode.py).  Gluon has no interpreter, so the numerical
+checks run only on a Hopper GPU (tests/kernels on the device); CI compiles them for sm_90 offline
+(test_sass.py) and checks the split-count arithmetic here."""
 import pytest
 import torch
 
@@ -9,12 +9,13 @@ from kernels_calibration.kernels.kv_cache import build_cache, dequantize_cache_r
 
 from kernel_test_helpers import DEVICE, randn, rel_err
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
-                                reason="Gluon kernels need a Hopper GPU (no interpreter)")
+needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+                                  reason="Gluon kernels need a Hopper GPU (no interpreter)")
 
 B, HKV, G, D = 3, 2, 8, 128
 
 
+@needs_hopper
 @pytest.mark.parametrize("partition,rqe", [(64, True), (128, True), (64, False)])
 def test_gluon_dequant_decode_matches_exact_attention(partition, rqe):
     from kernels_calibration.kernels.gluon_decode import dequant_attn_decode_gluon
@@ -43,6 +44,7 @@ def test_gluon_rejects_shapes_it_does_not_take():
         dequant_attn_decode_gluon(randn(1, 16, D), cache)
 
 
+@needs_hopper
 @pytest.mark.parametrize("rqe,use_se", [(True, True), (True, False), (False, True), (False, False)])
 def test_gluon_hack_decode_matches_hack_reference(rqe, use_se):
     """HACK on the one-warp kernel: within twice the float64 HACK reference's own error (Q per head)."""
@@ -61,3 +63,16 @@ def test_gluon_hack_decode_matches_hack_reference(rqe, use_se):
     for splits in (1, 3, 7):
         out = hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits)
         assert rel_err(out, exact) < 2 * ref_err + 2e-3, splits
+
+
+def test_one_wave_split_count():
+    """The occupancy arithmetic behind the Gluon HACK kernel's default splits (runs 40-42, H200 132 SMs)."""
+    from kernels_calibration.kernels.gluon_decode import one_wave_splits, programs_per_sm
+
+    assert programs_per_sm(168) == 12     # 5,376 registers per warp: 3 per 16K partition
+    assert programs_per_sm(182) == 8      # 5,888: 2 per partition, though the SM's 64K would hold 11
+    assert programs_per_sm(255) == 8 and programs_per_sm(32) == 32 and programs_per_sm(94, num_warps=4) == 5
+    assert one_wave_splits(8, 8, 32769, 132, 12) == 24    # 1,536 programs <= 1,584 slots
+    assert one_wave_splits(8, 8, 32769, 132, 8) == 16
+    assert one_wave_splits(1, 8, 32769, 132, 12) == 128   # capped
+    assert one_wave_splits(8, 8, 200, 132, 12) == 2       # at least two 64-token tiles per split

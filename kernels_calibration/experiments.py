@@ -363,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--stage", type=int, default=3, help="2: launch-config grid (run 2); 3: prefetch (run 3); 4: 128-token tiles; "
-                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step; 9: fused dequant without I2F; 10: every bench config of fused dequant checked")
+                    "5: token-major kernel (run 9); 6: row-packed kernel (run 16); 7: its register cap (run 20); 8: row-scaled prefill and the fused decode step; 9: fused dequant without I2F; 10: every bench config of fused dequant checked; "
+                    "Gluon kernels (gluon_decode.py, session 5): 11 warpgroup fused dequant; 12 its V layouts; 13 HACK split counts "
+                    "(row-packed); 14 where the warpgroup kernel's time goes; 15 one-warp mma fused dequant; 16 one-warp HACK; "
+                    "17 its split counts; 18/19 its one-wave default")
     args = ap.parse_args(argv)
     run(args.out, args.stage)
     return 0

@@ -60,24 +60,30 @@ def sum_dtype(bits: int, partition: int) -> torch.dtype:
     return torch.uint8 if (2**bits - 1) * partition <= 255 else torch.int16
 
 
+# 2-bit code planes to INT8, 4 bytes per 32-bit register: one shift and one mask give 4 codes (shared
+# with the Gluon kernels, gluon_decode.py)
+UNPACK2_ASM = ("and.b32 $0, $1, 0x03030303;", "{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
+               "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }", "{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }")
+_UNPACK2_S0 = tl.constexpr(UNPACK2_ASM[0])
+_UNPACK2_S2 = tl.constexpr(UNPACK2_ASM[1])
+_UNPACK2_S4 = tl.constexpr(UNPACK2_ASM[2])
+_UNPACK2_S6 = tl.constexpr(UNPACK2_ASM[3])
+
+
 @triton.jit
 def unpack_codes(packed, SHIFT: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
     """uint8 tile -> int8 tile of the codes at bit offset SHIFT (values 0 .. 2^BITS - 1)."""
     if USE_ASM:
-        # 4 bytes per 32-bit register: one shift and one mask give 4 codes.
         if BITS == 2:
             if SHIFT == 0:
-                out = tl.inline_asm_elementwise("and.b32 $0, $1, 0x03030303;", "=r,r", [packed],
-                                                dtype=tl.int8, is_pure=True, pack=4)
+                asm: tl.constexpr = _UNPACK2_S0
             elif SHIFT == 2:
-                out = tl.inline_asm_elementwise("{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
-                                                "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
+                asm: tl.constexpr = _UNPACK2_S2
             elif SHIFT == 4:
-                out = tl.inline_asm_elementwise("{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }",
-                                                "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
+                asm: tl.constexpr = _UNPACK2_S4
             else:
-                out = tl.inline_asm_elementwise("{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }",
-                                                "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
+                asm: tl.constexpr = _UNPACK2_S6
+            out = tl.inline_asm_elementwise(asm, "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
         else:
             if SHIFT == 0:
                 out = tl.inline_asm_elementwise("and.b32 $0, $1, 0x0F0F0F0F;", "=r,r", [packed],
@@ -150,17 +156,21 @@ _LUT2_S4 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "4"))
 _LUT2_S6 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "6"))
 
 
+# the FP16 values of codes 0, 1 | 2, 3 of a (token, partition) or (block, channel): fma(s, (0, 1), m) and
+# fma(s, (2, 3), m) in half2, one rounding each (shared with gluon_decode.py)
+TABLE_ASM = ("{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
+             " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
+             " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }")
+_TABLE_S = tl.constexpr(TABLE_ASM)
+
+
 @triton.jit
 def dequant_table(scale, mn, USE_ASM: tl.constexpr):
     """(lo, hi) int32 tensors holding the FP16 values of codes 0, 1 | 2, 3 for FP16 scale and min
     (any shape): fma(s, (0, 1), m) and fma(s, (2, 3), m) in half2, one rounding each."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
-            " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
-            " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }",
-            "=r,=r,h,h", [scale.to(tl.float16), mn.to(tl.float16)], dtype=(tl.int32, tl.int32), is_pure=True,
-            pack=1)
+        lo, hi = tl.inline_asm_elementwise(_TABLE_S, "=r,=r,h,h", [scale.to(tl.float16), mn.to(tl.float16)],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
     else:
         sf = scale.to(tl.float16).to(tl.float32)
         mf = mn.to(tl.float16).to(tl.float32)

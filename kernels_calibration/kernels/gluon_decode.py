@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6
+from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6, TABLE_ASM, UNPACK2_ASM
 from .kv_cache import QuantKVCache
 
 NUM_WARPS = 4
@@ -121,14 +121,14 @@ def _lut(packed, SHIFT: gl.constexpr, lo, hi):
                                      is_pure=True, pack=4)
 
 
+_TABLE_G = gl.constexpr(TABLE_ASM)
+
+
 @gluon.jit
 def _table(scale, mn):
     """(lo, hi): FP16 values of codes 0,1 | 2,3 for FP16 scale and min (fma.rn.f16x2, one rounding)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
-        " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
-        " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }",
-        "=r,=r,h,h", [scale, mn], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    return gl.inline_asm_elementwise(_TABLE_G, "=r,=r,h,h", [scale, mn], dtype=(gl.int32, gl.int32), is_pure=True,
+                                     pack=1)
 
 
 @gluon.jit
@@ -691,12 +691,10 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
 # S^T = K'' Q''^T on INT8 mma (m16n8k32, tokens on M, the 8 heads on N = 8), the per-token score terms
 # applied in the accumulator layout, O^T_c = V''^T_c P''^T per channel group with the per-channel
 # block terms.  PI = 64: a 64-token tile is one V block.  Every operand stays in registers.
-_UNPACK2 = ("and.b32 $0, $1, 0x03030303;", "{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
-            "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }", "{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }")
-_UNPACK2_S0 = gl.constexpr(_UNPACK2[0])
-_UNPACK2_S2 = gl.constexpr(_UNPACK2[1])
-_UNPACK2_S4 = gl.constexpr(_UNPACK2[2])
-_UNPACK2_S6 = gl.constexpr(_UNPACK2[3])
+_UNPACK2_S0 = gl.constexpr(UNPACK2_ASM[0])
+_UNPACK2_S2 = gl.constexpr(UNPACK2_ASM[1])
+_UNPACK2_S4 = gl.constexpr(UNPACK2_ASM[2])
+_UNPACK2_S6 = gl.constexpr(UNPACK2_ASM[3])
 # eight code bytes of a k_width = 4 A-operand pair of packs (rows r, r + 8 x tokens t .. t + 3) in four
 # 16-bit loads (rows r, r + 8 are adjacent bytes, see PERM) and four byte permutes
 _LDV8_ASM = gl.constexpr(

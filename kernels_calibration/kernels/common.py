@@ -147,13 +147,13 @@ def dequant_codes(packed, SHIFT: tl.constexpr, scale, mn, USE_ASM: tl.constexpr)
 # The four codes of a packed register must share a table: they do in the tensor-core operand
 # layouts (four consecutive K elements of one token; four consecutive tokens of one V block and
 # channel), which is where the kernels use it.
-_LUT2_ASM = ("{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
+LUT2_ASM = ("{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
              " mad.lo.u32 v, u, 0x22, 0x10101010;\n"
              " prmt.b32 $0, $3, $7, v; shr.b32 w, v, 16; prmt.b32 $1, $3, $7, w; }")
-_LUT2_S0 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "0"))
-_LUT2_S2 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "2"))
-_LUT2_S4 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "4"))
-_LUT2_S6 = tl.constexpr(_LUT2_ASM.replace("SHIFT", "6"))
+_LUT2_S0 = tl.constexpr(LUT2_ASM.replace("SHIFT", "0"))
+_LUT2_S2 = tl.constexpr(LUT2_ASM.replace("SHIFT", "2"))
+_LUT2_S4 = tl.constexpr(LUT2_ASM.replace("SHIFT", "4"))
+_LUT2_S6 = tl.constexpr(LUT2_ASM.replace("SHIFT", "6"))
 
 
 # the FP16 values of codes 0, 1 | 2, 3 of a (token, partition) or (block, channel): fma(s, (0, 1), m) and

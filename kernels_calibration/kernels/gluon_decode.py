@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6, TABLE_ASM, UNPACK2_ASM
+from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6, LUT2_ASM, TABLE_ASM, UNPACK2_ASM
 from .kv_cache import QuantKVCache
 
 NUM_WARPS = 4
@@ -105,18 +105,29 @@ def _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D: gl.constexpr, PERM: gl.constex
     gl.store(op + 3 * W, o3 * inv_l)
 
 
+# In an mma A-operand layout a 32-bit register of four codes holds two rows (r, r + 8) of two
+# consecutive K elements: the pairs lookup takes the second pair's table from its own row.
+_LUT2P_ASM = LUT2_ASM.replace("prmt.b32 $1, $3, $7, w", "prmt.b32 $1, $5, $9, w")
+assert _LUT2P_ASM != LUT2_ASM
+_LUT2P_S0 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "0"))
+_LUT2P_S2 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "2"))
+_LUT2P_S4 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "4"))
+_LUT2P_S6 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "6"))
+
+
 @gluon.jit
-def _lut(packed, SHIFT: gl.constexpr, lo, hi):
+def _lut(packed, SHIFT: gl.constexpr, lo, hi, PAIRS: gl.constexpr = False):
     """uint8 codes (bit plane SHIFT) -> FP16 by the 4-entry tables lo/hi (int32 tensors of packed's
-    shape and layout; the four codes of each 32-bit register share the table of the first)."""
+    shape and layout): the four codes of each 32-bit register share the table of the first, or with
+    PAIRS each pair of codes (one mma A-operand row) the table of its first."""
     if SHIFT == 0:
-        asm: gl.constexpr = _LUT2_S0
+        asm: gl.constexpr = _LUT2P_S0 if PAIRS else _LUT2_S0
     elif SHIFT == 2:
-        asm: gl.constexpr = _LUT2_S2
+        asm: gl.constexpr = _LUT2P_S2 if PAIRS else _LUT2_S2
     elif SHIFT == 4:
-        asm: gl.constexpr = _LUT2_S4
+        asm: gl.constexpr = _LUT2P_S4 if PAIRS else _LUT2_S4
     else:
-        asm: gl.constexpr = _LUT2_S6
+        asm: gl.constexpr = _LUT2P_S6 if PAIRS else _LUT2_S6
     return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16,
                                      is_pure=True, pack=4)
 
@@ -509,34 +520,8 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
 # The same attention with mma.sync (m16n8k16) in one warp per program: S^T = K Q^T has the tokens
 # on M and the 8 heads on N = 8, exactly mma.sync's n8 (no padding rows, no wgmma with a tiny N);
 # O^T = V^T P^T per channel group, V^T on M.  Every operand stays in registers: the code bytes are
-# loaded straight into the A operand layout and looked up there, Q^T and P^T are B operands.  In the
-# A layout a 32-bit register of four codes holds two rows (r, r + 8) of two consecutive K elements,
-# so the lookup below takes each pair's table from its own row (_LUT2P).
-_LUT2P_ASM = ("{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
-              " mad.lo.u32 v, u, 0x22, 0x10101010;\n"
-              " prmt.b32 $0, $3, $7, v; shr.b32 w, v, 16; prmt.b32 $1, $5, $9, w; }")
-_LUT2P_S0 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "0"))
-_LUT2P_S2 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "2"))
-_LUT2P_S4 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "4"))
-_LUT2P_S6 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "6"))
-
-
-@gluon.jit
-def _lut_pairs(packed, SHIFT: gl.constexpr, lo, hi):
-    """uint8 codes (bit plane SHIFT) in an mma A-operand layout -> FP16: each pair of elements of a
-    32-bit register (one operand row) uses the table of its first element."""
-    if SHIFT == 0:
-        asm: gl.constexpr = _LUT2P_S0
-    elif SHIFT == 2:
-        asm: gl.constexpr = _LUT2P_S2
-    elif SHIFT == 4:
-        asm: gl.constexpr = _LUT2P_S4
-    else:
-        asm: gl.constexpr = _LUT2P_S6
-    return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16,
-                                     is_pure=True, pack=4)
-
-
+# loaded straight into the A operand layout and looked up there (_lut with PAIRS), Q^T and P^T are
+# B operands.
 # Four code bytes of an A-operand pack (rows r, r + 8 x two consecutive K elements) in two 16-bit
 # loads and one byte permute.  The compiler's loads follow the operand layout's register order, whose
 # neighbours are 32 bytes apart in memory (one byte each); these take the pair that is contiguous.
@@ -545,6 +530,16 @@ _LDPACK_ASM = ("{ .reg .u64 a; .reg .b32 x, y; cvt.u64.u32 a, $1; add.u64 a, a, 
                " ld.global.nc.u16 x, [a]; ld.global.nc.u16 y, [a+DELTA]; prmt.b32 $0, x, y, SEL; }")
 _LDPACK_K = gl.constexpr(_LDPACK_ASM.replace("DELTA", "256").replace("SEL", "0x5410"))  # (t, j..j+1), (t+8, ..)
 _LDPACK_V = gl.constexpr(_LDPACK_ASM.replace("DELTA", "32").replace("SEL", "0x5140"))   # (t, b..b+1), (t+1, ..)
+
+
+@gluon.jit
+def _pairs_pv(o, al, vb, SHIFT: gl.constexpr, VSC, VMN, moff, pt):
+    """o <- al o + V^T_c P^T for the V^T code bytes vb in an A-operand layout (bit plane SHIFT, the
+    channels moff of one V block: their tables looked up per row pair)."""
+    lo, hi = _table(gl.load(VSC + moff), gl.load(VMN + moff))
+    lo = gl.broadcast(gl.expand_dims(lo, 1), vb)[0]
+    hi = gl.broadcast(gl.expand_dims(hi, 1), vb)[0]
+    return mma_v2(_lut(vb, SHIFT, lo, hi, True), pt, o * al)
 
 
 @gluon.jit
@@ -590,14 +585,14 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         lo1 = gl.broadcast(gl.expand_dims(lo1, 1), kb)[0]
         hi1 = gl.broadcast(gl.expand_dims(hi1, 1), kb)[0]
     s = gl.zeros([BT, 8], gl.float32, layout=mma)
-    s = mma_v2(_lut_pairs(kb, 0, lo0, hi0), qt0, s)
+    s = mma_v2(_lut(kb, 0, lo0, hi0, True), qt0, s)
     if PI == 64:
-        s = mma_v2(_lut_pairs(kb, 2, lo0, hi0), qt1, s)
-        s = mma_v2(_lut_pairs(kb, 4, lo1, hi1), qt2, s)
+        s = mma_v2(_lut(kb, 2, lo0, hi0, True), qt1, s)
+        s = mma_v2(_lut(kb, 4, lo1, hi1, True), qt2, s)
     else:
-        s = mma_v2(_lut_pairs(kb, 2, lo0, hi0), qt1, s)
-        s = mma_v2(_lut_pairs(kb, 4, lo0, hi0), qt2, s)
-    s = mma_v2(_lut_pairs(kb, 6, lo1, hi1), qt3, s)
+        s = mma_v2(_lut(kb, 2, lo0, hi0, True), qt1, s)
+        s = mma_v2(_lut(kb, 4, lo0, hi0, True), qt2, s)
+    s = mma_v2(_lut(kb, 6, lo1, hi1, True), qt3, s)
     srow = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
     s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 0))
@@ -629,18 +624,10 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         else:
             vb = gl.load(vc + tv[None, :] * W + vr[:, None], mask=vmask, other=0)   # [32 bytes, BT tokens]
         moff = mbase + (s0 // PI) * D + vr
-        lo, hi = _table(gl.load(VSC + moff), gl.load(VMN + moff))
-        o0 = mma_v2(_lut_pairs(vb, 0, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
-                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o0 * al)
-        lo, hi = _table(gl.load(VSC + moff + W), gl.load(VMN + moff + W))
-        o1 = mma_v2(_lut_pairs(vb, 2, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
-                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o1 * al)
-        lo, hi = _table(gl.load(VSC + moff + 2 * W), gl.load(VMN + moff + 2 * W))
-        o2 = mma_v2(_lut_pairs(vb, 4, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
-                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o2 * al)
-        lo, hi = _table(gl.load(VSC + moff + 3 * W), gl.load(VMN + moff + 3 * W))
-        o3 = mma_v2(_lut_pairs(vb, 6, gl.broadcast(gl.expand_dims(lo, 1), vb)[0],
-                               gl.broadcast(gl.expand_dims(hi, 1), vb)[0]), pt, o3 * al)
+        o0 = _pairs_pv(o0, al, vb, 0, VSC, VMN, moff, pt)
+        o1 = _pairs_pv(o1, al, vb, 2, VSC, VMN, moff + W, pt)
+        o2 = _pairs_pv(o2, al, vb, 4, VSC, VMN, moff + 2 * W, pt)
+        o3 = _pairs_pv(o3, al, vb, 6, VSC, VMN, moff + 3 * W, pt)
     return m_new, l_acc, o0, o1, o2, o3
 
 

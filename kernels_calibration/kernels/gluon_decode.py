@@ -166,25 +166,12 @@ def _v_plane(vb, c: gl.constexpr, sv, mv, v_smem):
 
 
 @gluon.jit
-def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, q_smem, k_smem, v_smem, p_smem,
-          BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr, TAIL: gl.constexpr,
-          VLAY: gl.constexpr = 0, DIAG: gl.constexpr = 0):
-    """One tile of BN tokens from s0 (tokens >= end masked).  TAIL: the tokens' V is the FP16 tail
-    (row t - LV of vt_ptr) instead of codes.  Returns the online-softmax state (m_i, l_acc, o)."""
+def _k_codes(s0, end, kc, kmn, ksc, BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr):
+    """The K code bytes [BN, D / 4] of the tile at s0, 16 bytes of a token per thread, and the tokens'
+    scales and mins per partition (tokens >= end read as 0)."""
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
-    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # 16 code bytes of a token
-    if VLAY == 0:
-        vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])   # 4 tokens x 4 bytes (LDG.32)
-        v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])     # same elements, tokens packed
-    else:
-        # 4 tokens of bytes lane % 8 + 8 k (byte loads): a warp's V^T stores cover 8 consecutive
-        # channel rows, which the 128-byte swizzle spreads over the banks (the [4, 4] tile puts its
-        # rows 4 apart: 4-way bank conflicts)
-        vld_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
-        v_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
-    # ---- K codes -> FP16 tiles in shared memory
+    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
     tk = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, k_l))
     kj = gl.arange(0, W, layout=gl.SliceLayout(0, k_l))
     kmask = tk < end
@@ -196,6 +183,28 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
     if NP > 1:
         sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
         mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
+    return kb, sk0, mk0, sk1, mk1
+
+
+@gluon.jit
+def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, q_smem, k_smem, v_smem, p_smem,
+          BN: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, G: gl.constexpr, TAIL: gl.constexpr,
+          VLAY: gl.constexpr = 0, DIAG: gl.constexpr = 0):
+    """One tile of BN tokens from s0 (tokens >= end masked).  TAIL: the tokens' V is the FP16 tail
+    (row t - LV of vt_ptr) instead of codes.  Returns the online-softmax state (m_i, l_acc, o)."""
+    W: gl.constexpr = D // 4
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    if VLAY == 0:
+        vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])   # 4 tokens x 4 bytes (LDG.32)
+        v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])     # same elements, tokens packed
+    else:
+        # 4 tokens of bytes lane % 8 + 8 k (byte loads): a warp's V^T stores cover 8 consecutive
+        # channel rows, which the 128-byte swizzle spreads over the banks (the [4, 4] tile puts its
+        # rows 4 apart: 4-way bank conflicts)
+        vld_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
+        v_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
+    # ---- K codes -> FP16 tiles in shared memory
+    kb, sk0, mk0, sk1, mk1 = _k_codes(s0, end, kc, kmn, ksc, BN, D, PI)
     # DIAG (timing only, wrong results), bit flags: 1 skips the V dequantization, 2 the K one, 4 the
     # S^T product, 8 the O^T product, 16 the fences and barriers
     if (DIAG // 2) % 2 == 0:
@@ -259,21 +268,9 @@ def _load_codes(s0, end, kc, kmn, ksc, vc, VMN, VSC, mbase, D: gl.constexpr, PI:
     """The global loads of the 64-token tile at s0 (issued one tile ahead of their use): K code bytes
     [64, 32] and per-token scales/mins, V code bytes [64, 32] and the V block's per-channel scales/mins."""
     W: gl.constexpr = D // 4
-    NP: gl.constexpr = D // PI
-    k_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
     vld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])
     v_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [0, 1])
-    tk = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, k_l))
-    kj = gl.arange(0, W, layout=gl.SliceLayout(0, k_l))
-    kmask = tk < end
-    kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=kmask[:, None], other=0)
-    sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
-    mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
-    sk1 = sk0
-    mk1 = mk0
-    if NP > 1:
-        sk1 = gl.load(ksc + tk * NP + 1, mask=kmask, other=0.0)
-        mk1 = gl.load(kmn + tk * NP + 1, mask=kmask, other=0.0)
+    kb, sk0, mk0, sk1, mk1 = _k_codes(s0, end, kc, kmn, ksc, 64, D, PI)
     tv = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, vld_l))
     vj = gl.arange(0, W, layout=gl.SliceLayout(0, vld_l))
     vb = gl.load(vc + tv[:, None] * W + vj[None, :], mask=(tv < end)[:, None], other=0)
@@ -637,7 +634,6 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
                         G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
                         BT: gl.constexpr, LDASM: gl.constexpr = False):
     W: gl.constexpr = D // 4
-    NP: gl.constexpr = D // PI
     gl.static_assert(D == 128)
     gl.static_assert(G == 8)
     gl.static_assert(PI >= BT)
@@ -838,7 +834,6 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
                      USE_SE: gl.constexpr):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
-    NP: gl.constexpr = D // PI
     gl.static_assert(D == 128)
     gl.static_assert(G == 8)
     gl.static_assert(PI == 64)

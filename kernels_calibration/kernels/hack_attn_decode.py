@@ -244,8 +244,10 @@ def gluon_applies(q: torch.Tensor, cache: QuantKVCache) -> bool:
     shape it takes (gluon_decode.gluon_supported)."""
     if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] < 9:
         return False
-    from .gluon_decode import gluon_supported
-
+    try:
+        from .gluon_decode import gluon_supported
+    except ImportError:   # a Triton without Gluon (the kernels extra pins 3.6, which has it)
+        return False
     return gluon_supported(q, cache)
 
 

@@ -453,12 +453,13 @@ def one_wave_splits(batch: int, kv_heads: int, max_len: int, n_sm: int, per_sm: 
 
 
 def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args: tuple, constexprs: dict,
-                num_warps: int = 1, tile: int = 64) -> int:
-    """one_wave_splits for a Gluon kernel, its registers read from the compiled kernel (warmup)."""
+                num_warps: int = 1, tile: int = 64, options: dict | None = None) -> int:
+    """one_wave_splits for a Gluon kernel, its registers read from the compiled kernel (warmup with the
+    launch's compile options, e.g. maxnreg)."""
     dev = torch.cuda.current_device()
     if dev not in _SM_COUNT:
         _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    k = kernel_fn.warmup(*launch_args, **constexprs, num_warps=num_warps, grid=(1,))
+    k = kernel_fn.warmup(*launch_args, **constexprs, **(options or {}), num_warps=num_warps, grid=(1,))
     k._init_handles()   # loads the module: n_regs comes from the driver
     return one_wave_splits(batch, kv_heads, max_len, _SM_COUNT[dev], programs_per_sm(k.n_regs, num_warps), tile)
 
@@ -900,8 +901,10 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
-                           max_len: int | None = None) -> torch.Tensor:
-    """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended)."""
+                           max_len: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
+    """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
+    maxnreg: a register cap (more programs per SM, some spills; offline at 128: 16 programs per SM
+    instead of 12, +6 % loop instructions; not yet timed).  splits default: one wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -912,6 +915,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
     consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se)
+    opts = {"maxnreg": maxnreg} if maxnreg else {}
 
     def args(op, lsep, tps, n):
         return (q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min,
@@ -920,12 +924,12 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
 
     if splits is None:   # one wave of programs (wave_splits), from the compiled kernel's registers
         probe = torch.empty(1, dtype=torch.float32, device=q.device)
-        splits = wave_splits(b, hkv, max_len, _hack_mma_kernel, args(probe, probe, 64 * 3, 3), consts)
+        splits = wave_splits(b, hkv, max_len, _hack_mma_kernel, args(probe, probe, 64 * 3, 3), consts, options=opts)
     tps = triton.cdiv(triton.cdiv(max_len, splits), 64) * 64
     splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
         LAST_KERNEL["hack", use_se, cache.rqe] = _hack_mma_kernel[(b * hkv, splits)](
-            *args(op, lsep, tps, splits), **consts, num_warps=1)
+            *args(op, lsep, tps, splits), **consts, **opts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

@@ -116,6 +116,16 @@ _LUT2P_S6 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "6"))
 
 
 @gluon.jit
+def _softmax_step(s, s0, end, m_i):
+    """Online-softmax step over a score tile s [tokens, heads] (log2 domain) of the tokens from s0,
+    those >= end masked: (m_new, alpha = exp2(m_i - m_new), p) (common.online_softmax's Gluon twin)."""
+    srow = s0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout))
+    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 0))
+    return m_new, gl.exp2(m_i - m_new), gl.exp2(s - gl.expand_dims(m_new, 0))
+
+
+@gluon.jit
 def _lut(packed, SHIFT: gl.constexpr, lo, hi, PAIRS: gl.constexpr = False):
     """uint8 codes (bit plane SHIFT) -> FP16 by the 4-entry tables lo/hi (int32 tensors of packed's
     shape and layout): the four codes of each 32-bit register share the table of the first, or with
@@ -242,11 +252,7 @@ def _tile(s0, end, LV, m_i, l_acc, o, kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase,
         s = warpgroup_mma(k_smem.index(1), q_smem.index(1).permute([1, 0]), s)
         s = warpgroup_mma(k_smem.index(2), q_smem.index(2).permute([1, 0]), s)
         s = warpgroup_mma(k_smem.index(3), q_smem.index(3).permute([1, 0]), s)
-    srow = s0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
-    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    m_new, alpha, p = _softmax_step(s, s0, end, m_i)
     # the denominator stays per thread ([BN, G] partial sums of the thread's own tokens): one
     # reduction at the end instead of one per tile
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
@@ -339,11 +345,7 @@ def _tile_pipe(s0, end, m_i, l_acc, o, buf, kraw, vraw, kmeta, vmeta,
     for c in gl.static_range(4):
         _v_plane(vb, c, vmeta.index(8 * buf + c).load(ch_l), vmeta.index(8 * buf + 4 + c).load(ch_l), v_smem)
     s = warpgroup_mma_wait(num_outstanding=0, deps=[s])
-    srow = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
-    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    m_new, alpha, p = _softmax_step(s, s0, end, m_i)
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     p_smem.store(p.to(gl.float16))
     fence_async_shared()
@@ -583,19 +585,11 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         lo1 = gl.broadcast(gl.expand_dims(lo1, 1), kb)[0]
         hi1 = gl.broadcast(gl.expand_dims(hi1, 1), kb)[0]
     s = gl.zeros([BT, 8], gl.float32, layout=mma)
-    s = mma_v2(_lut(kb, 0, lo0, hi0, True), qt0, s)
-    if PI == 64:
-        s = mma_v2(_lut(kb, 2, lo0, hi0, True), qt1, s)
-        s = mma_v2(_lut(kb, 4, lo1, hi1, True), qt2, s)
-    else:
-        s = mma_v2(_lut(kb, 2, lo0, hi0, True), qt1, s)
-        s = mma_v2(_lut(kb, 4, lo0, hi0, True), qt2, s)
+    s = mma_v2(_lut(kb, 0, lo0, hi0, True), qt0, s)     # planes 0, 1: partition 0; 2, 3: the last
+    s = mma_v2(_lut(kb, 2, lo0, hi0, True), qt1, s)     # (lo1 is lo0 when PI = 128)
+    s = mma_v2(_lut(kb, 4, lo1, hi1, True), qt2, s)
     s = mma_v2(_lut(kb, 6, lo1, hi1, True), qt3, s)
-    srow = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
-    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 0))
+    m_new, alpha, p = _softmax_step(s, s0, end, m_i)
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
     pt = gl.convert_layout(p.to(gl.float16), b_l)     # P^T [BT tokens (K), 8 heads (N)]
     al = gl.expand_dims(alpha, 0)
@@ -740,7 +734,6 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     zi = gl.zeros([BT, 8], gl.int32, layout=mma)
     i0 = mma_v2(k1, qi1, mma_v2(k0, qi0, zi))
     i1 = mma_v2(k3, qi3, mma_v2(k2, qi2, zi))
-    srow = s0 + gl.arange(0, BT, layout=tok_c)
     # per-token (partition 0, partition 1) metadata pairs in one load each: a [64, 2] tile whose rows
     # sit where the accumulator's rows do (PAIR_L), split into the two partitions
     pair_l: gl.constexpr = gl.DistributedLinearLayout(
@@ -766,11 +759,8 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     bt = gl.expand_dims(beta, 0)
     x = gl.expand_dims(sk0, 1) * (i0.to(gl.float32) + bt * ks0) + gl.expand_dims(gm0, 0) * gl.expand_dims(mk0, 1)
     x = x + gl.expand_dims(sk1, 1) * (i1.to(gl.float32) + bt * ks1) + gl.expand_dims(gm1, 0) * gl.expand_dims(mk1, 1)
-    s = gl.where(gl.expand_dims(srow < end, 1), x * gl.expand_dims(aq, 0), float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0))
-    alpha = gl.exp2(m_i - m_new)
+    m_new, alpha, p = _softmax_step(x * gl.expand_dims(aq, 0), s0, end, m_i)
     al = gl.expand_dims(alpha, 0)
-    p = gl.exp2(s - gl.expand_dims(m_new, 0))
     vr = gl.arange(0, W, layout=gl.SliceLayout(1, a4))
     ch = _perm(vr)
     if TAIL:

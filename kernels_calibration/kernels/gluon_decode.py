@@ -432,9 +432,6 @@ def _dequant_decode_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     gl.store(OP + gl.expand_dims(prow, 0) * D + gl.expand_dims(d, 1), o * inv_l)
 
 
-_SM_COUNT: dict = {}
-
-
 def programs_per_sm(n_regs: int, num_warps: int = 1) -> int:
     """Resident programs per SM (sm_80/sm_90) for a kernel of n_regs registers per thread: registers are
     allocated 8 per thread at a time, and a warp's come from one of the SM's four 16K-register
@@ -454,16 +451,23 @@ def one_wave_splits(batch: int, kv_heads: int, max_len: int, n_sm: int, per_sm: 
     return max(1, min(splits, 128, triton.cdiv(max_len, 2 * tile)))
 
 
-def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, launch_args: tuple, constexprs: dict,
+_PER_SM: dict = {}
+
+
+def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, make_args, constexprs: dict,
                 num_warps: int = 1, tile: int = 64, options: dict | None = None) -> int:
     """one_wave_splits for a Gluon kernel, its registers read from the compiled kernel (warmup with the
-    launch's compile options, e.g. maxnreg)."""
+    launch's compile options, e.g. maxnreg; make_args() gives representative launch arguments).  The
+    programs per SM are cached per kernel variant and device, so a decode step pays this once."""
     dev = torch.cuda.current_device()
-    if dev not in _SM_COUNT:
-        _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    k = kernel_fn.warmup(*launch_args, **constexprs, **(options or {}), num_warps=num_warps, grid=(1,))
-    k._init_handles()   # loads the module: n_regs comes from the driver
-    return one_wave_splits(batch, kv_heads, max_len, _SM_COUNT[dev], programs_per_sm(k.n_regs, num_warps), tile)
+    key = (kernel_fn, tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())), num_warps, dev)
+    if key not in _PER_SM:
+        k = kernel_fn.warmup(*make_args(), **constexprs, **(options or {}), num_warps=num_warps, grid=(1,))
+        k._init_handles()   # loads the module: n_regs comes from the driver
+        _PER_SM[key] = (torch.cuda.get_device_properties(dev).multi_processor_count,
+                        programs_per_sm(k.n_regs, num_warps))
+    n_sm, per_sm = _PER_SM[key]
+    return one_wave_splits(batch, kv_heads, max_len, n_sm, per_sm, tile)
 
 
 def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
@@ -913,8 +917,11 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
                 cache.v_min.shape[2], tps, n)
 
     if splits is None:   # one wave of programs (wave_splits), from the compiled kernel's registers
-        probe = torch.empty(1, dtype=torch.float32, device=q.device)
-        splits = wave_splits(b, hkv, max_len, _hack_mma_kernel, args(probe, probe, 64 * 3, 3), consts, options=opts)
+        def probe_args():
+            probe = torch.empty(1, dtype=torch.float32, device=q.device)
+            return args(probe, probe, 64 * 3, 3)
+
+        splits = wave_splits(b, hkv, max_len, _hack_mma_kernel, probe_args, consts, options=opts)
     tps = triton.cdiv(triton.cdiv(max_len, splits), 64) * 64
     splits = triton.cdiv(max_len, tps)
 

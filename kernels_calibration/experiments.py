@@ -88,6 +88,30 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 20:  # the Gluon HACK kernel: register caps, an L1 prefetch of the next tile, two tiles per
+        # iteration (offline: 168/180/182 registers, +0.4 % instructions for the prefetch); crossover with the
+        # row-packed step ({}) at 2K-8K
+        from .kernels import gluon_decode as gd
+
+        grid = [dict(gluon=True), dict(gluon=True, prefetch=1), dict(gluon=True, prefetch=2),
+                dict(gluon=True, unroll=2), dict(gluon=True, maxnreg=128), dict(gluon=True, maxnreg=160),
+                dict(gluon=True, prefetch=1, maxnreg=168), dict(gluon=True, prefetch=1, maxnreg=128)]
+        few = [dict(gluon=True), dict(gluon=True, prefetch=1), dict(gluon=True, maxnreg=128)]
+        for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
+            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
+                add({"tag": f"r44_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
+                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        rec("r44_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
+                                           configs={"hack": grid + [{}], "hack_no_se": few + [{}],
+                                                    "hack_no_rqe": few + [{}]}, return_all=True))
+        rec("r44_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
+        for ctx in (8192, 4096, 2048):
+            rec("r44_hack_ctx", measure_decode(("hack",), B, ctx, HQ, HKV, D, 64, configs={"hack": few + [{}]},
+                                               return_all=True))
+        for key, k in gd.LAST_KERNEL.items():
+            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        return
     if stage in (18, 19):  # the Gluon HACK kernel with one wave of programs by default (wave_splits); 19: 32K only
         from .kernels import gluon_decode as gd
 

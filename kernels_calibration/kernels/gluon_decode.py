@@ -708,13 +708,83 @@ def _perm(r):
 
 
 @gluon.jit
+def _hack_kcodes(s0, end, kc, D: gl.constexpr, MASKED: gl.constexpr):
+    """K code bytes [64, 32] of the 64-token tile from s0, tokens on M; MASKED: tokens >= end read as 0."""
+    BT: gl.constexpr = 64
+    W: gl.constexpr = D // 4
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    tk = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, a4))
+    kj = gl.arange(0, W, layout=gl.SliceLayout(0, a4))
+    if MASKED:
+        kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=(tk < end)[:, None], other=0)
+    else:
+        kb = gl.load(kc + tk[:, None] * W + kj[None, :])
+    return kb
+
+
+@gluon.jit
+def _hack_vcodes(s0, end, vc, D: gl.constexpr, MASKED: gl.constexpr):
+    """V^T code bytes [32, 64] of the tile from s0 (rows in _perm order); MASKED: tokens >= end read as 0."""
+    BT: gl.constexpr = 64
+    W: gl.constexpr = D // 4
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    ch = _perm(gl.arange(0, W, layout=gl.SliceLayout(1, a4)))
+    tv = gl.arange(0, BT, layout=gl.SliceLayout(0, a4))
+    if MASKED:
+        vb = gl.load(vc + (s0 + tv)[None, :] * W + ch[:, None], mask=(s0 + tv < end)[None, :], other=0)
+    else:
+        voff = (tv - tv % 4)[None, :] * W + (ch - ch % 2)[:, None]
+        vb = gl.inline_asm_elementwise(_LDV8_ASM, "=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+                                       [voff, gl.full([W, BT], 0, gl.int64, layout=a4)
+                                        + (vc + s0 * W).to(gl.int64, bitcast=True)],
+                                       dtype=gl.uint8, is_pure=True, pack=8)
+    return vb
+
+
+_PREFETCH_ASM = gl.constexpr("mov.u32 $0, 0; prefetch.global.L1 [$1];")
+
+
+@gluon.jit
+def _prefetch_tile(s0, kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D: gl.constexpr, PI: gl.constexpr,
+                   META: gl.constexpr):
+    """L1 prefetch of the 64-token tile from s0: its K and V code bytes (2 KB each, one 128-byte line
+    per lane) and, META, its K and V metadata (one line per lane for lanes 0..11).  One instruction per
+    lane instead of carrying the next tile's bytes in registers (a loop-carried uint8 tile takes a
+    register per byte: 254 registers, run-free offline compile)."""
+    W: gl.constexpr = D // 4
+    NP: gl.constexpr = D // PI
+    lane_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    ln = gl.arange(0, 32, layout=lane_l)
+    line = (ln % 16).to(gl.int64) * 128
+    kadr = (kc + s0 * W).to(gl.int64, bitcast=True)
+    vadr = (vc + s0 * W).to(gl.int64, bitcast=True)
+    adr = gl.where(ln < 16, kadr, vadr) + line
+    gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l", [adr], dtype=gl.int32, is_pure=False, pack=1)
+    if META:
+        half = (ln % 2).to(gl.int64) * 128
+        moff = mbase + (s0 // PI) * D
+        a0 = gl.where(ln < 2, (kmn + s0 * NP).to(gl.int64, bitcast=True),
+                      gl.where(ln < 4, (ksc + s0 * NP).to(gl.int64, bitcast=True),
+                               gl.where(ln < 6, (VMN + moff).to(gl.int64, bitcast=True),
+                                        (VSC + moff).to(gl.int64, bitcast=True))))
+        a1 = gl.where(ln < 10, a0 + half, gl.where(ln < 11, (ksm + s0 * NP).to(gl.int64, bitcast=True),
+                                                   (VSM + moff).to(gl.int64, bitcast=True)))
+        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l", [gl.where(ln < 12, a1, adr)], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
-               kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
+               kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
-               TAIL: gl.constexpr):
-    """One 64-token tile (one V block) from s0; tokens >= end masked (MASKED: also their code bytes
-    read as 0, for the stored-sum identities); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P
-    stays FP32 x255, as the row-packed kernel does."""
+               TAIL: gl.constexpr, VIN: gl.constexpr):
+    """One 64-token tile (one V block) from s0 with its K code bytes kb (_hack_kcodes); tokens >= end
+    masked (MASKED: also their V code bytes read as 0, for the stored-sum identities); VIN: the V code
+    bytes loaded here, after the softmax (program order, which ptxas keeps: fewer live registers), else
+    vb (_hack_vcodes, loaded ahead); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P stays FP32
+    x255, as the row-packed kernel does."""
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
@@ -725,12 +795,6 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     b2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     tok_c: gl.constexpr = gl.SliceLayout(1, mma)
     # ---- K'' [64, 32] per channel group, tokens on M
-    tk = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, a4))
-    kj = gl.arange(0, W, layout=gl.SliceLayout(0, a4))
-    if MASKED:
-        kb = gl.load(kc + tk[:, None] * W + kj[None, :], mask=(tk < end)[:, None], other=0)
-    else:
-        kb = gl.load(kc + tk[:, None] * W + kj[None, :])
     k0 = _unpack2(kb, 0)
     k1 = _unpack2(kb, 2)
     k2 = _unpack2(kb, 4)
@@ -789,15 +853,8 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
         us = (mma_v2(gl.full([W, BT], 1, gl.int8, layout=a4), pt, gl.zeros([W, 8], gl.int32, layout=mma))
               + 128 * BT).to(gl.float32)
         l_i = l_i * al + us
-        tv = gl.arange(0, BT, layout=gl.SliceLayout(0, a4))
-        if MASKED:
-            vb = gl.load(vc + (s0 + tv)[None, :] * W + ch[:, None], mask=(s0 + tv < end)[None, :], other=0)
-        else:
-            voff = (tv - tv % 4)[None, :] * W + (ch - ch % 2)[:, None]
-            vb = gl.inline_asm_elementwise(_LDV8_ASM, "=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
-                                           [voff, gl.full([W, BT], 0, gl.int64, layout=a4)
-                                            + (vc + s0 * W).to(gl.int64, bitcast=True)],
-                                           dtype=gl.uint8, is_pure=True, pack=8)
+        if VIN:
+            vb = _hack_vcodes(s0, end, vc, D, MASKED)
         moff = mbase + (s0 // PI) * D + gl.convert_layout(ch, tok_c)
         o0 = _hack_v(o0, al, us, _unpack2(vb, 0), pt, VMN, VSC, VSM, moff, USE_SE)
         o1 = _hack_v(o1, al, us, _unpack2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE)
@@ -826,7 +883,7 @@ def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr):
 def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                      G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                     USE_SE: gl.constexpr):
+                     USE_SE: gl.constexpr, UNROLL: gl.constexpr = 1, PREFETCH: gl.constexpr = 0):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -872,19 +929,44 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     o2 = gl.zeros([W, G], gl.float32, layout=mma)
     o3 = gl.zeros([W, G], gl.float32, layout=mma)
     end_full = start + gl.maximum(end - start, 0) // BT * BT
-    for s0 in range(start, end_full, BT):
-        m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
-                                              gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
-                                              D, PI, USE_SE, False, False)
+    if UNROLL == 2:   # two tiles per iteration in one basic block (both tiles' code bytes loaded first)
+        end_two = start + (end_full - start) // (2 * BT) * (2 * BT)
+        for s0 in range(start, end_two, 2 * BT):
+            ka = _hack_kcodes(s0, end, kc, D, False)
+            va = _hack_vcodes(s0, end, vc, D, False)
+            kb = _hack_kcodes(s0 + BT, end, kc, D, False)
+            vb = _hack_vcodes(s0 + BT, end, vc, D, False)
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
+                                                  beta, gm0, gm1, ka, va, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
+                                                  mbase, D, PI, USE_SE, False, False, False)
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0 + BT, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3,
+                                                  aq, beta, gm0, gm1, kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM,
+                                                  vt_ptr, mbase, D, PI, USE_SE, False, False, False)
+        start = end_two
+    if PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
+        last = gl.maximum(end_full - BT, start)
+        for s0 in range(start, end_full, BT):
+            _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D, PI,
+                           PREFETCH == 2)
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
+                                                  beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
+                                                  ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
+                                                  False, True)
+    else:
+        for s0 in range(start, end_full, BT):
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
+                                                  beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
+                                                  ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
+                                                  False, True)
     if end_full < end:   # the last partial block of a cache without the FP16 tail
         m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
-                                              beta, gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
-                                              D, PI, USE_SE, True, False)
+                                              beta, gm0, gm1, _hack_kcodes(end_full, end, kc, D, True), 0, kmn, ksc,
+                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False, True)
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
-                                                  gm0, gm1, kc, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
-                                                  D, PI, USE_SE, True, True)
+                                                  gm0, gm1, _hack_kcodes(LV, L, kc, D, True), 0, kmn, ksc, ksm, vc,
+                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True, True)
     prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.max(l_i, 0), m_i, G)
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, True)
 
@@ -895,10 +977,13 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
-                           max_len: int | None = None, maxnreg: int | None = None) -> torch.Tensor:
+                           max_len: int | None = None, maxnreg: int | None = None, unroll: int = 1,
+                           prefetch: int = 0) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
     maxnreg: a register cap (more programs per SM, some spills; offline at 128: 16 programs per SM
-    instead of 12, +6 % loop instructions; not yet timed).  splits default: one wave (wave_splits)."""
+    instead of 12, +6 % loop instructions).  unroll 2: two tiles per loop iteration; prefetch: an L1
+    prefetch of the next tile's code bytes (1) and metadata (2) before each tile.  splits default: one
+    wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -908,7 +993,9 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     max_len = lmax if max_len is None else max_len
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
-    consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se)
+    if unroll not in (1, 2) or prefetch not in (0, 1, 2):
+        raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2)")
+    consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch)
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
     def args(op, lsep, tps, n):
@@ -926,7 +1013,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
-        LAST_KERNEL["hack", use_se, cache.rqe] = _hack_mma_kernel[(b * hkv, splits)](
+        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg] = _hack_mma_kernel[(b * hkv, splits)](
             *args(op, lsep, tps, splits), **consts, **opts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

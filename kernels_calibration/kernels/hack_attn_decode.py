@@ -295,7 +295,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     if gluon and mode == "hack":
         from .gluon_decode import hack_attn_decode_gluon
 
-        return hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits, max_len=max_len, maxnreg=maxnreg)
+        return hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits, max_len=max_len, maxnreg=maxnreg,
+                                      prefetch=int(prefetch), **gluon_kw)
     if gluon:
         from .gluon_decode import dequant_attn_decode_gluon
 

@@ -88,6 +88,31 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 21:  # run 44's best (prefetch 1, 168 registers: 87.6 us) against deeper caps (96: 20 programs
+        # per SM, offline +10 % loop instructions) and the metadata prefetch under a cap
+        from .kernels import gluon_decode as gd
+
+        def g(p, r):
+            return dict(gluon=True, prefetch=p, maxnreg=r)
+
+        grid = [g(1, 168), g(2, 168), g(1, 160), g(2, 128), g(1, 96), g(0, 96), g(0, 128)]
+        few = [g(1, 168), g(1, 128), g(1, 96), g(0, 128)]
+        for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
+            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
+                add({"tag": f"r45_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
+                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        rec("r45_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
+                                           configs={"hack": grid, "hack_no_se": few, "hack_no_rqe": few},
+                                           return_all=True))
+        rec("r45_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
+        for ctx in (8192, 4096, 2048):
+            rec("r45_hack_ctx", measure_decode(("hack",), B, ctx, HQ, HKV, D, 64,
+                                               configs={"hack": [g(1, 168), g(0, 128), g(1, 96), dict(gluon=True)]},
+                                               return_all=True))
+        for key, k in gd.LAST_KERNEL.items():
+            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        return
     if stage == 20:  # the Gluon HACK kernel: register caps, an L1 prefetch of the next tile, two tiles per
         # iteration (offline: 168/180/182 registers, +0.4 % instructions for the prefetch); crossover with the
         # row-packed step ({}) at 2K-8K

@@ -28,9 +28,9 @@ How each number is derived (also written into provenance.notes):
     in the SMs' load/store and ALU pipes; quantized keys: unpack, convert and the per-partition
     scale/min FMAs) and scales by issue rate, floored at the target's byte time. The quantized-key
     scoring uses tl.dot (G_PAD = 16 MACs per key element), so on sm < 80 it adds the FMA fallback.
-* fused dequant: the H200 profile prices the Gluon one-warp mma kernel (gluon_decode.py), which runs
-  on Hopper only; for sm < 90 the Triton kernel's H200 fit (decode_attn.dequant_fused_triton) is
-  the one scaled into decode_attn.dequant_fused.
+* fused dequant and the HACK decode step (PI 64): the H200 profile prices the Gluon one-warp mma
+  kernels (gluon_decode.py; HACK above 2K tokens), which run on Hopper only; for sm < 90 the Triton
+  kernels' H200 fits (decode_attn.<key>_triton, GLUON_KERNELS) are the ones scaled into <key>.
 * sm < 80 (T4, V100): Triton lowers tl.dot to FMA on CUDA cores there (no MMA path for these
   architectures in Triton 3.x; catalog: "Triton int8 tl.dot failed on sm70/75", "falls back to FMA
   for compute capability < 80"), so the Triton kernels that use dots (HACK, fused dequant, Triton
@@ -69,13 +69,15 @@ PEAKS = {
 TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
 T4_TENSOR_FRACTION = 0.32      # catalog: cuBLASLt INT8 GEMM 42 of 130 TOPS on T4 (power cap)
 G_PAD = 16                      # query rows per KV head in the decode dots (GQA 8 padded to 16)
-GLUON_MIN_SM = 90               # the Gluon fused-dequant kernel (gluon_decode.py) runs on Hopper and later
+GLUON_MIN_SM = 90               # the Gluon kernels (gluon_decode.py) run on Hopper and later
+# profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
+GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 
 MEMORY_BOUND = {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_unfused", "dequantize.kv", "elementwise"}
 TENSOR_BOUND = {"prefill_attn.fp16"}
 # bytes of device memory per unit, for the byte floor of CUDA-core-bound kernels
 BYTES_PER_UNIT = {"decode_attn.hack": 0.33, "decode_attn.hack_no_se": 0.31, "decode_attn.hack_no_rqe": 0.33,
-                  "decode_attn.dequant_fused": 0.33, "decode_attn.dequant_fused_triton": 0.33,
+                  "decode_attn.dequant_fused": 0.33,
                   "decode_attn.hack_pi32": 0.41, "decode_attn.hack_pi128": 0.30,
                   "quantize.kv": 2.33, "prefill_attn.hack": 0.0}
 # Scoring kernels: bytes per unit at the profiled shapes (GQA 8, head_dim 128): PQ M + 4 G (codes,
@@ -85,8 +87,10 @@ SCORE_BYTES_PER_UNIT = {"score.pq": 34.0, "score.pq_m8": 40.0, "score.quantized_
                         "score.quantized_keys_2bit": 0.5625, "select.topk": 6.4}
 SCORE_MEMORY_BOUND_FRACTION = 0.6   # H200 achieved / copy bandwidth at or above which bandwidth bounds
 USES_TRITON_DOT = {"decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe",
-                   "decode_attn.dequant_fused", "decode_attn.dequant_fused_triton", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
+                   "decode_attn.dequant_fused", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
                    "prefill_attn.hack"}
+BYTES_PER_UNIT.update({f"{k}_triton": BYTES_PER_UNIT[k] for k in GLUON_KERNELS})
+USES_TRITON_DOT |= {f"{k}_triton" for k in GLUON_KERNELS}
 
 
 def derive(src: dict, key: str) -> dict:
@@ -117,11 +121,11 @@ def derive(src: dict, key: str) -> dict:
                                               "derived peaks (unvalidated)"}
     fma_rate = fp32 * 1e12 / 2  # multiply-adds per second on CUDA cores
     kernels = dict(src["kernels"])
-    if sm < GLUON_MIN_SM and "decode_attn.dequant_fused_triton" in kernels:
-        # the Gluon fused-dequant kernel runs on Hopper only (hack_attn_decode.gluon_applies): before it,
-        # fused dequant is the Triton kernel, so its H200 fit is the one scaled
-        kernels["decode_attn.dequant_fused"] = {**kernels["decode_attn.dequant_fused_triton"],
-                                                "from": "decode_attn.dequant_fused_triton"}
+    for name in GLUON_KERNELS:
+        if sm < GLUON_MIN_SM and f"{name}_triton" in kernels:
+            # the Gluon kernels run on Hopper only (hack_attn_decode.gluon_applies): before it, fused
+            # dequant and the HACK decode step are the Triton kernels, so their H200 fits are the ones scaled
+            kernels[name] = {**kernels[f"{name}_triton"], "from": f"{name}_triton"}
     for name, fit in kernels.items():
         spu = fit["s_per_unit"]
         if name in MEMORY_BOUND:

@@ -49,7 +49,11 @@ DECODE_KEYS = {"hack": "hack", "hack_no_se": "hack_no_se", "hack_no_rqe": "hack_
                "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused",
                # the Triton fused-dequant kernel on its own (it runs where the Gluon kernel does not: sm < 90,
                # GQA other than 8, PI 32): what derive.py scales for GPUs before Hopper
-               "dequant_fused_triton": "dequant_fused_triton"}
+               "dequant_fused_triton": "dequant_fused_triton",
+               # the row-packed Triton HACK kernel's decode steps (PI 64; the Gluon kernel is the default above
+               # 2K tokens on Hopper): what derive.py scales for GPUs before Hopper
+               "hack_triton": "hack_triton", "hack_no_se_triton": "hack_no_se_triton",
+               "hack_no_rqe_triton": "hack_no_rqe_triton"}
 
 # (batch, ctx, q_heads, kv_heads, held_out)
 DECODE_SHAPES = [
@@ -89,7 +93,9 @@ REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "
 # default picks 2 warps above 2K tokens, 4 below); fused dequant: the Gluon kernel (default on Hopper) or the
 # Triton one, whichever is faster
 HACK_DECODE_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
-QUANT_DECODE_CONFIGS = {k: [{}, {"num_warps": 4}] for k in HACK_DECODE_KINDS}
+# HACK: the decode step's default (above 2K tokens at PI 64 on Hopper the Gluon kernel) and the row-packed
+# kernel with its own defaults (the same below 2K, where the fused row-packed step runs)
+QUANT_DECODE_CONFIGS = {k: [{}, {"gluon": False}] for k in HACK_DECODE_KINDS}
 QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"gluon": False}]
 
 
@@ -229,7 +235,8 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
     if "hack" in groups or "decode" in groups:
         for pi in (32, 128):
             for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
-                add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs=QUANT_DECODE_CONFIGS), held)
+                add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs={"hack": [{}, {"num_warps": 4}]}),
+                    held)
     if "prefill" in groups:
         refs = ("fp16_triton", "torch_sdpa_fp16") if only == "all" else ()
         for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
@@ -326,7 +333,10 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     notes = (f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
              f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
              "Decode steps of the quantized variants include the append of the new token (HACK: "
-             "hack_attn_decode.decode_step, which fuses it into the attention launch up to 2K tokens; fused "
+             "hack_attn_decode.decode_step, which fuses it into the row-packed attention launch up to 2K tokens "
+             "and above that runs the Gluon one-warp kernel at PI 64 (or the row-packed one, whichever is faster "
+             "per shape); decode_attn.hack*_triton: the row-packed kernel alone, which derive.py scales for GPUs "
+             "before Hopper; fused "
              "dequant: the faster per shape of the Gluon one-warp mma.sync kernel, gluon_decode.py, and the Triton "
              "kernel; decode_attn.dequant_fused_triton: the Triton kernel alone, which derive.py scales for GPUs "
              "before Hopper); they were "

@@ -971,6 +971,15 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, True)
 
 
+# the HACK kernel's launch defaults (runs 44-45, 32K, batch 8): the next tile's code bytes prefetched into L1
+# and registers capped at 168 (12 one-warp programs per SM): 87.6 / 91.7 us with stored sums, 90.5 without,
+# 112.3 without the FP16 tail; uncapped 107.8 / 114.8 / 124.4 (168 / 182 / 167 registers); a cap of 128
+# (16 programs per SM) 90.6-90.9 / 89.8-90.9 / 115.3; the prefetch without a cap 128.1 (180 registers: 8
+# programs per SM); 96 registers (20 per SM, 72+ bytes spilled) 107.5-116.0
+HACK_MAXNREG = 168
+HACK_PREFETCH = 1
+
+
 def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
     """The shapes the Gluon HACK kernel takes: 2-bit codes, head_dim 128, PI 64, 8 query heads per KV head."""
     return gluon_supported(q, cache) and cache.partition == 64
@@ -978,12 +987,11 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                            max_len: int | None = None, maxnreg: int | None = None, unroll: int = 1,
-                           prefetch: int = 0) -> torch.Tensor:
+                           prefetch: int = HACK_PREFETCH) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
-    maxnreg: a register cap (more programs per SM, some spills; offline at 128: 16 programs per SM
-    instead of 12, +6 % loop instructions).  unroll 2: two tiles per loop iteration; prefetch: an L1
-    prefetch of the next tile's code bytes (1) and metadata (2) before each tile.  splits default: one
-    wave (wave_splits)."""
+    maxnreg: a register cap (None: HACK_MAXNREG; 0: none).  unroll 2: two tiles per loop iteration;
+    prefetch: an L1 prefetch of the next tile's code bytes (1) and metadata (2) before each tile.
+    splits default: one wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -996,6 +1004,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     if unroll not in (1, 2) or prefetch not in (0, 1, 2):
         raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2)")
     consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch)
+    maxnreg = HACK_MAXNREG if maxnreg is None else maxnreg
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
     def args(op, lsep, tps, n):

@@ -251,6 +251,18 @@ def gluon_applies(q: torch.Tensor, cache: QuantKVCache) -> bool:
     return gluon_supported(q, cache)
 
 
+def gluon_hack_applies(q: torch.Tensor, cache: QuantKVCache, max_len: int | None = None) -> bool:
+    """The Gluon HACK kernel is the default decode kernel here: where the Gluon kernels run
+    (gluon_applies), PI 64, and above FUSED_STEP_MAX_LEN tokens (below, the fused row-packed step of
+    decode_step saves a launch; at 2K the two kernels are even: run 45, 17.0 vs 17.4 us)."""
+    ml = cache.shape[2] if max_len is None else max_len
+    if ml <= FUSED_STEP_MAX_LEN or not gluon_applies(q, cache):
+        return False
+    from .gluon_decode import hack_supported_gluon
+
+    return hack_supported_gluon(q, cache)
+
+
 def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tensor:
     """Allocate partials, launch (callable taking OP, LSEP), combine. q [B, HQ, D]."""
     b, hq, d = q.shape
@@ -265,7 +277,7 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
 
 def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, mode: str = "hack",
                      splits: int | None = None, max_len: int | None = None, num_warps: int | None = None,
-                     num_stages: int = 3, prefetch: bool = False, block_n: int | None = None,
+                     num_stages: int = 3, prefetch: bool | int | None = None, block_n: int | None = None,
                      v_split: bool = True, transposed: bool = False, fused_combine: bool = False,
                      v_side: int = 1, pad_heads_to: int = 16, row_packed: bool | None = None,
                      maxnreg: int | None = None, gluon: bool | None = None, **gluon_kw) -> torch.Tensor:
@@ -282,7 +294,10 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     maxnreg: register cap per thread (occupancy; NOTES.md); row-packed kernel: None = 128 above 2K
     tokens, none below; mode "dequant": None = DEQUANT_MAXNREG above DEQUANT_LONG tokens at PI <= 64
     (and 2 warps); 0 = no cap.
-    gluon: mode "hack" (True only): the one-warp Gluon HACK kernel (gluon_decode.py, PI 64, GQA 8);
+    gluon: mode "hack": the one-warp Gluon HACK kernel (gluon_decode.py, PI 64, GQA 8, a Hopper GPU;
+    gluon_kw unroll; prefetch its L1 prefetch, 0-2; maxnreg its register cap); None (default): that
+    kernel above FUSED_STEP_MAX_LEN tokens (gluon_hack_applies) unless a Triton-only option
+    (transposed, prefetch, block_n, num_warps, row_packed=True) is given, else the row-packed kernel;
     mode "dequant" on a token-major Gluon kernel of gluon_decode.py (PI 64/128, GQA 8, head_dim
     128, a Hopper GPU): gluon_kw's kernel "mma" (default: one warp, mma.sync, operands in registers;
     2.06x SDPA at 32K, run 36) or "wgmma"; block_n tokens per tile (64); prefetch: the wgmma kernel's
@@ -290,19 +305,26 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     wherever it applies and no Triton-only option (prefetch, block_n, transposed, num_warps, maxnreg)
     is given; False: the Triton kernel."""
     if gluon is None:
-        gluon = (mode == "dequant" and not (prefetch or transposed) and block_n is None and num_warps is None
-                 and maxnreg is None and not gluon_kw and gluon_applies(q, cache))
+        if mode == "hack":
+            gluon = (not transposed and prefetch is None and block_n is None and num_warps is None
+                     and not row_packed and gluon_hack_applies(q, cache, max_len))
+        else:
+            gluon = (not (prefetch or transposed) and block_n is None and num_warps is None
+                     and maxnreg is None and not gluon_kw and gluon_applies(q, cache))
     if gluon and mode == "hack":
         from .gluon_decode import hack_attn_decode_gluon
 
+        if prefetch is not None:
+            gluon_kw["prefetch"] = int(prefetch)
         return hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits, max_len=max_len, maxnreg=maxnreg,
-                                      prefetch=int(prefetch), **gluon_kw)
+                                      **gluon_kw)
     if gluon:
         from .gluon_decode import dequant_attn_decode_gluon
 
         gluon_kw.setdefault("kernel", "mma")
         return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64,
-                                         pipe=prefetch, **gluon_kw)
+                                         pipe=bool(prefetch), **gluon_kw)
+    prefetch = bool(prefetch)
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))

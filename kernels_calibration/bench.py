@@ -70,13 +70,13 @@ def write_csv(rows: list[dict], path: Path) -> None:
 HACK_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
 
 
-ONLY_GROUPS = {"hack": HACK_KINDS, "dequant": ("dequant_fused",), "prefill": ()}
+ONLY_GROUPS = {"hack": HACK_KINDS, "hack_pi64": HACK_KINDS, "dequant": ("dequant_fused",), "prefill": ()}
 
 
 def run_only(out: Path, merge: Path, groups: tuple[str, ...] = ("hack",)) -> list[dict]:
     """Re-measure some rows only and merge them into the table at `merge` (rows of the same kernel,
     phase, context and PI are replaced): a kernel change without re-running every baseline.
-    groups: hack (the HACK decode rows), dequant (fused dequant decode), prefill (HACK prefill);
+    groups: hack (the HACK decode rows; hack_pi64: those at PI 64), dequant (fused dequant decode), prefill (HACK prefill);
     the references the targets compare against (SDPA, and the Triton FP16 kernels) are re-measured
     in the same run."""
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def run_only(out: Path, merge: Path, groups: tuple[str, ...] = ("hack",)) -> lis
         for ctx in (1024, 4096, 16384, 32768):
             new += [m.row(peaks) for m in measure_decode(kinds + refs, B, ctx, HQ, HKV, D, 64,
                                                          configs=tuned_configs(ctx))]
-        for pi in (32, 128):
+        for pi in ((32, 128) if groups != ("hack_pi64",) else ()):   # hack_pi64: the PI 64 rows only
             new += [m.row(peaks) for m in measure_decode(kinds, B, 32768, HQ, HKV, D, pi,
                                                          configs=tuned_configs(32768, pi))]
     if "prefill" in groups:

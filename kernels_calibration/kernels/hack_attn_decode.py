@@ -390,7 +390,7 @@ def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new
         fused = (ml <= FUSED_STEP_MAX_LEN and cache.rqe and row_packed_supported(q, cache)
                  and not kw.get("gluon"))
     if fused:
-        kw = {k: v for k, v in kw.items() if k != "row_packed"}
+        kw = {k: v for k, v in kw.items() if k not in ("row_packed", "gluon")}
         kw.setdefault("num_warps", FUSED_STEP_WARPS)
         return hack_decode_step(q, cache, k_new, v_new, stochastic=stochastic, seed=seed, use_se=use_se,
                                 max_len=max_len, **kw)

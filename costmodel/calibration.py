@@ -22,7 +22,9 @@ kernel key                 unit (counted per launch; one launch = one layer on o
 =========================  ====================================================================
 
 Decode variants: ``fp16``, ``fp8``, ``dequant_fused``, ``dequant_unfused``, ``hack``,
-``hack_no_se``, ``hack_no_rqe``. Prefill variants: ``fp16``, ``hack``.
+``hack_no_se``, ``hack_no_rqe``. Prefill variants: ``fp16``, ``hack``. A profile measured where the
+Gluon decode kernels run (Hopper) also has ``<variant>_triton`` for ``dequant_fused`` and the ``hack``
+variants: the Triton kernel that runs for the shapes the Gluon kernel does not take (methods.decode_fit).
 
 Dense projections and MLPs (GEMMs) are priced by a roofline over the profile's achieved
 ``memory_gbps`` and ``matmul_*`` rates, scaled by the ``gemm`` efficiencies measured at real layer

@@ -75,6 +75,30 @@ class DecodeEnv:
     has_fp4: bool
 
 
+# The Gluon decode kernels (kernels_calibration/kernels/gluon_decode.py: gluon_supported and
+# hack_supported_gluon) take 2-bit codes, GQA group 8 and head_dim 128 only; a profile measured where
+# they run (Hopper) prices them under decode_attn.<variant> and keeps the Triton twin that runs
+# everywhere else as decode_attn.<variant>_triton.
+GLUON_DECODE_GROUP = 8
+GLUON_DECODE_HEAD_DIM = 128
+
+
+def gluon_decode_applies(model: ModelSpec, bits: int = 2) -> bool:
+    """Whether the Gluon decode kernels take this model's attention shape (the method's own
+    partition checks aside)."""
+    return (bits == 2 and model.head_dim == GLUON_DECODE_HEAD_DIM
+            and model.heads == GLUON_DECODE_GROUP * model.kv_heads)
+
+
+def decode_fit(profile, key: str, model: ModelSpec | None, gluon_ok: bool = True):
+    """The profile's decode_attn.<key> fit, or its Triton twin (<key>_triton) where the profile has one
+    and the Gluon kernel does not run for this model (gluon_ok False, or the shape it does not take)."""
+    twin = profile.kernels.get(f"decode_attn.{key}_triton")
+    if twin is not None and model is not None and not (gluon_ok and gluon_decode_applies(model)):
+        return twin
+    return profile.kernel(f"decode_attn.{key}")
+
+
 @dataclass(frozen=True)
 class KVMethod:
     """Base: uncompressed FP16 KV (the vLLM-style disaggregated baseline)."""
@@ -130,9 +154,9 @@ class KVMethod:
         """Why this method cannot run on the decode GPU, or None."""
         return None
 
-    def decode_kernel(self, profile):
-        """The profile's fit for this method's decode attention kernel."""
-        return profile.kernel(f"decode_attn.{self.decode_attention}")
+    def decode_kernel(self, profile, model: ModelSpec | None = None):
+        """The profile's fit for this method's decode attention kernel (for `model`'s shape: decode_fit)."""
+        return decode_fit(profile, self.decode_attention, model)
 
     @property
     def decode_kernel_includes_append(self) -> bool:
@@ -145,7 +169,7 @@ class KVMethod:
         (per request in the batch, per context token). Parts: decode, dequantize, approximation,
         and fetch (host -> GPU over PCIe; reported as a sub-part of decode)."""
         prof, u = env.profile, env.kv_units_per_token
-        attn_per_ctx = self.decode_kernel(prof).s_per_unit * u
+        attn_per_ctx = self.decode_kernel(prof, env.model).s_per_unit * u
         dequant = 0.0
         if self.per_iteration_dequant:
             dequant = max(0.0, attn_per_ctx - prof.kernel("decode_attn.fp16").s_per_unit * u)
@@ -278,13 +302,14 @@ class HACK(KVMethod):
             return "hack_no_rqe"
         return "hack"
 
-    def decode_kernel(self, profile):
-        """A partition-specific fit (`decode_attn.hack_pi128`) where the profile measured one, else Π=64's."""
+    def decode_kernel(self, profile, model: ModelSpec | None = None):
+        """A partition-specific fit (`decode_attn.hack_pi128`) where the profile measured one, else Π=64's
+        (the Gluon kernel's at PI 64 where it runs, else the row-packed Triton kernel's: decode_fit)."""
         if self.partition != 64 and self.summation_elimination and self.requantization_elimination:
             fit = profile.kernels.get(f"decode_attn.hack_pi{self.partition}")
             if fit is not None:
                 return fit
-        return profile.kernel(f"decode_attn.{self.decode_attention}")
+        return decode_fit(profile, self.decode_attention, model, gluon_ok=self.partition == 64 and self.bits == 2)
 
     def _bytes_per_element(self) -> float:
         sums = sum_bytes(self.bits, self.partition) if self.summation_elimination else 0

@@ -297,7 +297,7 @@ class ReplicaCostModel:
     def _iteration(self, batch_size: int) -> IterationCost:
         p, L = self.profile, self.model.layers
         per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
-        launch_s = self.method.decode_kernel(p).overhead_s
+        launch_s = self.method.decode_kernel(p, self.model).overhead_s
         # small kernels besides the attention fit: the new token's KV write where the profiled kernel does
         # not include it (the quantized kernels were timed with their append), and the engine's own
         small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer

@@ -238,6 +238,35 @@ def test_fixed_kv_pool_replaces_computed_capacity():
         run_scenario(scenario(methods=["baseline"], **{"decode.kv_capacity_gib": 500.0}))
 
 
+def test_gluon_priced_kernels_fall_back_to_their_triton_twins_where_gluon_does_not_run():
+    """The H200 profile prices HACK's PI-64 decode step and fused dequant on the Gluon kernels, which take
+    GQA 8 and head_dim 128 only; a GQA-4 model (Llama-3.1-8B) runs the Triton kernels, priced by the
+    *_triton fits, and so does HACK at a partition the Gluon kernel does not take."""
+    from costmodel.calibration import load_profile
+    from costmodel.methods import HACK, KVQuant
+    from costmodel.specs import ModelSpec
+
+    prof = load_profile(Path(__file__).resolve().parent.parent / "kernels_calibration/profiles/h200/profile.json")
+
+    def model(heads, kv_heads, head_dim=128):
+        return ModelSpec(key="m", name="m", layers=2, hidden_size=heads * head_dim, heads=heads, kv_heads=kv_heads,
+                         head_dim=head_dim, intermediate_size=4096, vocab_size=1000)
+
+    gqa8, gqa4, d64 = model(64, 8), model(32, 8), model(64, 8, head_dim=64)
+    for key, method in (("hack", HACK()), ("hack_no_se", HACK(summation_elimination=False)),
+                        ("hack_no_rqe", HACK(requantization_elimination=False)),
+                        ("dequant_fused", KVQuant(dequant_kernel="fused"))):
+        assert method.decode_kernel(prof, gqa8) is prof.kernel(f"decode_attn.{key}")
+        assert method.decode_kernel(prof, gqa4) is prof.kernel(f"decode_attn.{key}_triton")
+        assert method.decode_kernel(prof, d64) is prof.kernel(f"decode_attn.{key}_triton")
+    assert HACK(partition=32).decode_kernel(prof, gqa8) is prof.kernel("decode_attn.hack_pi32")
+    assert HACK(partition=32, summation_elimination=False).decode_kernel(prof, gqa8) is prof.kernel(
+        "decode_attn.hack_no_se_triton")
+    # the Gluon kernels are the faster per KV element (runs 37, 47)
+    for key in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused"):
+        assert prof.kernel(f"decode_attn.{key}").s_per_unit < prof.kernel(f"decode_attn.{key}_triton").s_per_unit
+
+
 def test_hack_partition_uses_its_measured_decode_kernel():
     from costmodel.calibration import load_profile
     from costmodel.methods import HACK

@@ -239,15 +239,29 @@ def default_splits(batch: int, kv_heads: int, max_len: int, block: int, device: 
     return max(1, min(want, triton.cdiv(max_len, 2 * block)))
 
 
+_GLUON_DEVICE: dict[int, bool] = {}
+
+
 def gluon_applies(q: torch.Tensor, cache: QuantKVCache) -> bool:
     """The Gluon fused-dequant kernel runs here: a Hopper (or newer) GPU, not the interpreter, and a
-    shape it takes (gluon_decode.gluon_supported)."""
-    if not q.is_cuda or interpreting() or torch.cuda.get_device_capability(q.device)[0] < 9:
+    shape it takes (gluon_decode.gluon_supported).  The device check is cached per device (it is on
+    every decode call's host path)."""
+    if not q.is_cuda or interpreting():
         return False
-    try:
-        from .gluon_decode import gluon_supported
-    except ImportError:   # a Triton without Gluon (the kernels extra pins 3.6, which has it)
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    ok = _GLUON_DEVICE.get(idx)
+    if ok is None:
+        ok = torch.cuda.get_device_capability(idx)[0] >= 9
+        if ok:
+            try:
+                from . import gluon_decode  # noqa: F401
+            except ImportError:   # a Triton without Gluon (the kernels extra pins 3.6, which has it)
+                ok = False
+        _GLUON_DEVICE[idx] = ok
+    if not ok:
         return False
+    from .gluon_decode import gluon_supported
+
     return gluon_supported(q, cache)
 
 

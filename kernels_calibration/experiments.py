@@ -88,6 +88,36 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 22:  # host cost per decode call (the realrun harness is host-bound at 32 layers): launch-side
+        # microseconds of append_token + hack_attn_decode, the Gluon default against the row-packed kernel
+        import time
+
+        from .kernels.hack_attn_decode import hack_attn_decode
+        from .kernels.kv_cache import append_token, build_cache
+
+        for b, hq, ctx in ((4, 64, 4096), (4, 32, 4096), (8, 64, 32768)):
+            gen = torch.Generator(device="cuda").manual_seed(3)
+            k = torch.randn(b, HKV, ctx + 64, D, device="cuda", generator=gen, dtype=torch.float16)
+            lens = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+            cache = build_cache(k, k, lens, 64, 2, rqe=True)
+            q = torch.randn(b, hq, D, device="cuda", generator=gen, dtype=torch.float16)
+            kn = torch.randn(b, HKV, D, device="cuda", generator=gen, dtype=torch.float16)
+            for cfg in ({}, {"gluon": False}):
+                for _ in range(3):
+                    hack_attn_decode(q, append_token(cache, kn, kn), max_len=ctx + 1, **cfg)
+                torch.cuda.synchronize()
+                n = 200
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    hack_attn_decode(q, append_token(cache, kn, kn), max_len=ctx + 1, **cfg)
+                host = (time.perf_counter() - t0) / n
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / n
+                add({"tag": "r49_host", "kernel": f"hack b{b} hq{hq}", "phase": "decode", "context_len": ctx,
+                     "partition": 64, "time_us": round(wall * 1e6, 2), "config": str(cfg),
+                     "rel_err": f"host {host * 1e6:.1f} us per call"})
+        flush()
+        return
     if stage == 21:  # run 44's best (prefetch 1, 168 registers: 87.6 us) against deeper caps (96: 20 programs
         # per SM, offline +10 % loop instructions) and the metadata prefetch under a cap
         from .kernels import gluon_decode as gd

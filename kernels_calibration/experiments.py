@@ -88,6 +88,53 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 23:  # where the Gluon path's extra host time goes (run 49: +49 us per call at batch 4, 4K)
+        import time
+
+        from .kernels import gluon_decode as gd
+        from .kernels import hack_attn_decode as had
+        from .kernels.kv_cache import build_cache
+
+        b, hq, ctx = 4, 64, 4096
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        k = torch.randn(b, HKV, ctx + 64, D, device="cuda", generator=gen, dtype=torch.float16)
+        cache = build_cache(k, k, torch.full((b,), ctx, dtype=torch.int32, device="cuda"), 64, 2, rqe=True)
+        q = torch.randn(b, hq, D, device="cuda", generator=gen, dtype=torch.float16)
+        op = torch.empty((b * hq, 24, D), dtype=torch.float32, device="cuda")
+        lsep = torch.empty((b * hq, 24), dtype=torch.float32, device="cuda")
+        consts = dict(G=8, D=D, PI=64, HAS_TAIL=True, USE_SE=True, UNROLL=1, PREFETCH=1)
+        a = (q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min, cache.v_scale,
+             cache.v_sum, cache.v_tail, cache.lens, op, lsep, 0.1, HKV, cache.shape[2], cache.v_min.shape[2], 192, 22)
+        pa = lambda: a  # noqa: E731
+        cases = {
+            "full default (gluon)": lambda: had.hack_attn_decode(q, cache, max_len=ctx + 1),
+            "full gluon=False": lambda: had.hack_attn_decode(q, cache, max_len=ctx + 1, gluon=False),
+            "gluon fn, splits given": lambda: gd.hack_attn_decode_gluon(q, cache, splits=22, max_len=ctx + 1),
+            "raw gluon launch": lambda: gd._hack_mma_kernel[(b * HKV, 22)](*a, **consts, maxnreg=168, num_warps=1),
+            "raw gluon launch, no maxnreg": lambda: gd._hack_mma_kernel[(b * HKV, 22)](*a, **consts, num_warps=1),
+            "run_split_decode, no kernel": lambda: had.run_split_decode(lambda o, l_: None, q, 22),
+            "wave_splits": lambda: gd.wave_splits(b, HKV, ctx + 1, gd._hack_mma_kernel, pa, consts,
+                                                  options={"maxnreg": 168}),
+            "gluon_hack_applies": lambda: had.gluon_hack_applies(q, cache, ctx + 1),
+            "torch.empty x3": lambda: (torch.empty((b * hq, 22, D), dtype=torch.float32, device="cuda"),
+                                       torch.empty((b * hq, 22), dtype=torch.float32, device="cuda"),
+                                       torch.empty((b, hq, D), dtype=q.dtype, device="cuda")),
+        }
+        for name, fn in cases.items():
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            best = []
+            for rep in range(5):
+                t0 = time.perf_counter()
+                for _ in range(100):
+                    fn()
+                best.append((time.perf_counter() - t0) / 100)
+                torch.cuda.synchronize()
+            add({"tag": "r50_host_parts", "kernel": name, "phase": "decode", "context_len": ctx, "partition": 64,
+                 "time_us": round(min(best) * 1e6, 2), "config": "", "rel_err": f"median {sorted(best)[2] * 1e6:.1f}"})
+        flush()
+        return
     if stage == 22:  # host cost per decode call (the realrun harness is host-bound at 32 layers): launch-side
         # microseconds of append_token + hack_attn_decode, the Gluon default against the row-packed kernel
         import time

@@ -37,11 +37,18 @@ def test_gluon_dequant_decode_matches_exact_attention(partition, rqe):
 
 def test_gluon_rejects_shapes_it_does_not_take():
     from kernels_calibration.kernels.gluon_decode import dequant_attn_decode_gluon
+    from kernels_calibration.kernels.hack_attn_decode import gluon_hack_applies
 
     k, v = randn(1, 2, 64, D), randn(1, 2, 64, D)
     cache = build_cache(k, v, torch.tensor([64], dtype=torch.int32, device=DEVICE), 32, 2)
     with pytest.raises(ValueError, match="PI 64/128"):
         dequant_attn_decode_gluon(randn(1, 16, D), cache)
+    # the HACK default never picks it at PI 32, nor below 2K tokens, nor off the GPU
+    assert not gluon_hack_applies(randn(1, 16, D), cache, 4096)
+    c64 = build_cache(k, v, torch.tensor([64], dtype=torch.int32, device=DEVICE), 64, 2)
+    assert not gluon_hack_applies(randn(1, 16, D), c64, 2048)
+    if not torch.cuda.is_available():
+        assert not gluon_hack_applies(randn(1, 16, D), c64, 4096)
 
 
 @needs_hopper
@@ -63,6 +70,34 @@ def test_gluon_hack_decode_matches_hack_reference(rqe, use_se):
     for splits in (1, 3, 7):
         out = hack_attn_decode_gluon(q, cache, use_se=use_se, splits=splits)
         assert rel_err(out, exact) < 2 * ref_err + 2e-3, splits
+
+
+@needs_hopper
+def test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens():
+    """The default decode step: above FUSED_STEP_MAX_LEN tokens (PI 64, GQA 8, Hopper) append + the Gluon
+    kernel with its launch defaults (prefetch 1, 168 registers), below it the fused row-packed step; the
+    Gluon kernel's other launch variants give the same attention."""
+    from kernels_calibration.kernels import gluon_decode as gd
+    from kernels_calibration.kernels.hack_attn_decode import FUSED_STEP_MAX_LEN, decode_step, hack_attn_decode_ref
+
+    torch.manual_seed(21)
+    lmax = FUSED_STEP_MAX_LEN + 550
+    lens = torch.tensor([lmax - 100, FUSED_STEP_MAX_LEN - 5, 900], dtype=torch.int32)
+    k, v = randn(B, HKV, lmax, D), randn(B, HKV, lmax, D)
+    q, kn, vn = randn(B, HKV * G, D), randn(B, HKV, D), randn(B, HKV, D)
+    cache = build_cache(k, v, lens.to(DEVICE), 64, 2, rqe=True, stochastic=True, seed=5)
+    gd.LAST_KERNEL.clear()
+    out, c2 = decode_step(q, cache, kn, vn, max_len=lmax)
+    assert [key[0] for key in gd.LAST_KERNEL] == ["hack"]   # the Gluon HACK kernel ran, once
+    kd, vd = dequantize_cache_ref(c2)
+    exact = attn_decode_ref(q, kd, vd, c2.lens.cpu())
+    bound = 2 * rel_err(hack_attn_decode_ref(q, c2, q_per_head=True), exact) + 2e-3
+    assert rel_err(out, exact) < bound
+    for kw in (dict(prefetch=0), dict(prefetch=2), dict(unroll=2), dict(maxnreg=128), dict(maxnreg=0)):
+        assert rel_err(gd.hack_attn_decode_gluon(q, c2, max_len=lmax, **kw), exact) < bound, kw
+    gd.LAST_KERNEL.clear()
+    decode_step(q, cache, kn, vn, max_len=FUSED_STEP_MAX_LEN)   # a batch bound by 2K tokens: row-packed
+    assert not gd.LAST_KERNEL
 
 
 def test_one_wave_split_count():

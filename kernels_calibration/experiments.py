@@ -88,6 +88,21 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 24:  # launches for Nsight Compute (no timing): 3 HACK decode steps on the Gluon default at
+        # 32K, batch 8, then 3 fused-dequant calls; ncu picks one launch by name (see NOTES, session 6)
+        from .kernels.hack_attn_decode import hack_attn_decode
+        from .kernels.kv_cache import build_cache
+
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        k = torch.randn(B, HKV, 32768 + 64, D, device="cuda", generator=gen, dtype=torch.float16)
+        cache = build_cache(k, k, torch.full((B,), 32768, dtype=torch.int32, device="cuda"), 64, 2, rqe=True)
+        q = torch.randn(B, HQ, D, device="cuda", generator=gen, dtype=torch.float16)
+        for mode in ("hack", "dequant"):
+            for _ in range(3):
+                hack_attn_decode(q, cache, mode=mode, max_len=32769)
+            torch.cuda.synchronize()
+        print("stage 24 done", flush=True)
+        return
     if stage == 23:  # where the Gluon path's extra host time goes (run 49: +49 us per call at batch 4, 4K)
         import time
 

@@ -88,6 +88,19 @@ def run(out: Path, stage: int = 3) -> None:
             if pi == 64:
                 rec("r31_ref", measure_decode(("torch_sdpa_fp16",), B, ctx, HQ, HKV, D, 64))
         return
+    if stage == 25:  # fused dequant on the Gluon mma kernel with a register cap (run 52: 255 registers, 8
+        # programs per SM; offline at 168: +4 % loop instructions, 12 per SM; at 128: +10 %, 16 per SM)
+        grid = [dict(gluon=True), dict(gluon=True, maxnreg=168), dict(gluon=True, maxnreg=168, splits=24),
+                dict(gluon=True, maxnreg=128), dict(gluon=True, maxnreg=128, splits=16)]
+        for cfg, e in zip(grid, _check(32768, 64, grid, mode="dequant")):
+            add({"tag": "r53_check", "kernel": "dequant_fused", "phase": "decode", "context_len": 32768,
+                 "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        for ctx in (32768, 8192):
+            rec("r53_dequant_cap", measure_decode(("dequant_fused",), B, ctx, HQ, HKV, D, 64,
+                                                  configs={"dequant_fused": grid}, return_all=True))
+        rec("r53_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
+        return
     if stage == 24:  # launches for Nsight Compute (no timing): 3 HACK decode steps on the Gluon default at
         # 32K, batch 8, then 3 fused-dequant calls; ncu picks one launch by name (see NOTES, session 6)
         from .kernels.hack_attn_decode import hack_attn_decode

@@ -479,12 +479,14 @@ def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int | None = None,
                               max_len: int | None = None, block_n: int = 64, pipe: bool = False,
-                              vlay: int = 0, diag: int = 0, kernel: str = "wgmma", ldasm: bool = True) -> torch.Tensor:
+                              vlay: int = 0, diag: int = 0, kernel: str = "wgmma", ldasm: bool = True,
+                              maxnreg: int | None = None) -> torch.Tensor:
     """Fused dequantize-then-attend decode, token-major.  q [B, HQ, D] fp16 (the new token's query,
     already appended) -> [B, HQ, D] fp16.  kernel "wgmma": one warpgroup per program, 64-token tiles
     (block_n), operands through shared memory; "mma": one warp per program, mma.sync, operands in
     registers, block_n 32 or 64 tokens per tile; ldasm: code bytes in 16-bit inline-PTX loads (two per
-    four codes) instead of the compiler's byte loads.  splits: default_splits of 4 tiles."""
+    four codes) instead of the compiler's byte loads; maxnreg: the mma kernel's register cap (uncapped it
+    takes 255 with the FP16 tail: 8 programs per SM, run 52).  splits: default_splits of 4 tiles."""
     from .hack_attn_decode import default_splits, run_split_decode
 
     b, hkv, lmax, d = cache.shape
@@ -512,7 +514,7 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, splits: int 
                 cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits)
         if kernel == "mma":
             _dequant_mma_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BT=block_n,
-                                                   LDASM=ldasm, num_warps=1)
+                                                   LDASM=ldasm, num_warps=1, **({"maxnreg": maxnreg} if maxnreg else {}))
         else:
             _dequant_decode_kernel[(b * hkv, splits)](*args, G=g, D=d, PI=pi, HAS_TAIL=cache.rqe, BN=block_n,
                                                       PIPE=pipe, VLAY=vlay, DIAG=diag, num_warps=NUM_WARPS)

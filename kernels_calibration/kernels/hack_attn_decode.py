@@ -337,7 +337,7 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
 
         gluon_kw.setdefault("kernel", "mma")
         return dequant_attn_decode_gluon(q, cache, splits=splits, max_len=max_len, block_n=block_n or 64,
-                                         pipe=bool(prefetch), **gluon_kw)
+                                         pipe=bool(prefetch), maxnreg=maxnreg, **gluon_kw)
     prefetch = bool(prefetch)
     if row_packed is None:
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None

@@ -40,8 +40,8 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
     if ctx + 1 <= FUSED_STEP_MAX_LEN:
         h = [{"splits": s0}, {"splits": s0, "num_warps": 4}, {"splits": s0, "fused": False},
              {"splits": s0, "fused": False, "num_warps": 2}]
-    elif pi == 64:   # the Gluon HACK kernel (the default here: prefetch 1, 168 registers), its 128-register
-        # variant (runs 44-45: 90.6-90.9 us at 32K) and the row-packed kernel's best (run 23: 2 warps, 128)
+    elif pi == 64 and _hopper():   # the Gluon HACK kernel (the default here: prefetch 1, 168 registers), its
+        # 128-register variant (runs 44-45: 90.6-90.9 us at 32K) and the row-packed kernel's best (run 23)
         h = [{}, {"gluon": True, "prefetch": 0, "maxnreg": 128},
              {"gluon": False, "splits": s0, "num_warps": 2, "maxnreg": 128}]
     else:
@@ -52,6 +52,13 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
+
+
+def _hopper() -> bool:
+    """The Gluon kernels run here (sm_90 or newer)."""
+    import torch
+
+    return torch.cuda.get_device_capability(_device())[0] >= 9
 
 
 def _device():

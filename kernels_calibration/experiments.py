@@ -47,6 +47,14 @@ def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool
     return errs
 
 
+def _print_registers() -> None:
+    """Registers and spills of the Gluon kernels launched so far (gluon_decode.LAST_KERNEL)."""
+    from .kernels import gluon_decode as gd
+
+    for key, k in gd.LAST_KERNEL.items():
+        print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+
+
 def run(out: Path, stage: int = 3) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -193,58 +201,44 @@ def run(out: Path, stage: int = 3) -> None:
                      "rel_err": f"host {host * 1e6:.1f} us per call"})
         flush()
         return
+    def gluon_hack_sweep(tag, grid, few, ctx_grid, rp):
+        """Stages 20-21: the Gluon HACK kernel's launch variants, checked against the reference (32K and
+        ragged lengths, with and without SE), then timed at 32K (all three HACK kernels) and at 2K-8K;
+        rp: the row-packed step ({}) timed beside them."""
+        ref = [{}] if rp else []
+        for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
+            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
+                add({"tag": f"{tag}_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
+                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        flush()
+        rec(f"{tag}_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
+                                              configs={"hack": grid + ref, "hack_no_se": few + ref,
+                                                       "hack_no_rqe": few + ref}, return_all=True))
+        rec(f"{tag}_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
+        for ctx in (8192, 4096, 2048):
+            rec(f"{tag}_hack_ctx", measure_decode(("hack",), B, ctx, HQ, HKV, D, 64, configs={"hack": ctx_grid},
+                                                  return_all=True))
+        _print_registers()
+
     if stage == 21:  # run 44's best (prefetch 1, 168 registers: 87.6 us) against deeper caps (96: 20 programs
         # per SM, offline +10 % loop instructions) and the metadata prefetch under a cap
-        from .kernels import gluon_decode as gd
-
         def g(p, r):
             return dict(gluon=True, prefetch=p, maxnreg=r)
 
-        grid = [g(1, 168), g(2, 168), g(1, 160), g(2, 128), g(1, 96), g(0, 96), g(0, 128)]
-        few = [g(1, 168), g(1, 128), g(1, 96), g(0, 128)]
-        for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
-            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
-                add({"tag": f"r45_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
-                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
-        flush()
-        rec("r45_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
-                                           configs={"hack": grid, "hack_no_se": few, "hack_no_rqe": few},
-                                           return_all=True))
-        rec("r45_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
-        for ctx in (8192, 4096, 2048):
-            rec("r45_hack_ctx", measure_decode(("hack",), B, ctx, HQ, HKV, D, 64,
-                                               configs={"hack": [g(1, 168), g(0, 128), g(1, 96), dict(gluon=True)]},
-                                               return_all=True))
-        for key, k in gd.LAST_KERNEL.items():
-            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        gluon_hack_sweep("r45", [g(1, 168), g(2, 168), g(1, 160), g(2, 128), g(1, 96), g(0, 96), g(0, 128)],
+                         [g(1, 168), g(1, 128), g(1, 96), g(0, 128)],
+                         [g(1, 168), g(0, 128), g(1, 96), dict(gluon=True)], rp=False)
         return
     if stage == 20:  # the Gluon HACK kernel: register caps, an L1 prefetch of the next tile, two tiles per
         # iteration (offline: 168/180/182 registers, +0.4 % instructions for the prefetch); crossover with the
         # row-packed step ({}) at 2K-8K
-        from .kernels import gluon_decode as gd
-
-        grid = [dict(gluon=True), dict(gluon=True, prefetch=1), dict(gluon=True, prefetch=2),
-                dict(gluon=True, unroll=2), dict(gluon=True, maxnreg=128), dict(gluon=True, maxnreg=160),
-                dict(gluon=True, prefetch=1, maxnreg=168), dict(gluon=True, prefetch=1, maxnreg=128)]
         few = [dict(gluon=True), dict(gluon=True, prefetch=1), dict(gluon=True, maxnreg=128)]
-        for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
-            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
-                add({"tag": f"r44_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
-                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
-        flush()
-        rec("r44_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
-                                           configs={"hack": grid + [{}], "hack_no_se": few + [{}],
-                                                    "hack_no_rqe": few + [{}]}, return_all=True))
-        rec("r44_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
-        for ctx in (8192, 4096, 2048):
-            rec("r44_hack_ctx", measure_decode(("hack",), B, ctx, HQ, HKV, D, 64, configs={"hack": few + [{}]},
-                                               return_all=True))
-        for key, k in gd.LAST_KERNEL.items():
-            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        gluon_hack_sweep("r44", [dict(gluon=True), dict(gluon=True, prefetch=1), dict(gluon=True, prefetch=2),
+                                 dict(gluon=True, unroll=2), dict(gluon=True, maxnreg=128),
+                                 dict(gluon=True, maxnreg=160), dict(gluon=True, prefetch=1, maxnreg=168),
+                                 dict(gluon=True, prefetch=1, maxnreg=128)], few, few + [{}], rp=True)
         return
     if stage in (18, 19):  # the Gluon HACK kernel with one wave of programs by default (wave_splits); 19: 32K only
-        from .kernels import gluon_decode as gd
-
         quick_check = stage == 19
 
         for ctx, se in (((32768, False),) if quick_check else ((32768, True), (32768, False), (300, True))):
@@ -258,19 +252,15 @@ def run(out: Path, stage: int = 3) -> None:
                                                                ("hack", "hack_no_se", "hack_no_rqe")},
                                                       return_all=True))
         rec("r41_ref", measure_decode(("torch_sdpa_fp16",), B, 32768, HQ, HKV, D, 64))
-        for key, k in gd.LAST_KERNEL.items():
-            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        _print_registers()
         return
     if stage == 17:  # the Gluon HACK kernel's split counts (waves of one-warp programs) at 32K and 8K
-        from .kernels import gluon_decode as gd
-
         for ctx in (32768, 8192):
             grid = [dict(gluon=True, splits=s) for s in (8, 12, 16, 24, 33, 48, 64, 96)]
             rec("r40_hack_gluon_splits", measure_decode(("hack", "hack_no_se"), B, ctx, HQ, HKV, D, 64,
                                                         configs={"hack": grid, "hack_no_se": grid},
                                                         return_all=True))
-        for key, k in gd.LAST_KERNEL.items():
-            print(f"registers {key}: n_regs {k.n_regs}, n_spills {k.n_spills}", flush=True)
+        _print_registers()
         return
     if stage == 16:  # HACK decode on the one-warp Gluon mma kernel vs the row-packed Triton kernel
         for ctx, pi in ((32768, 64), (1024, 64), (300, 64)):

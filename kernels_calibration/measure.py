@@ -25,7 +25,7 @@ import triton
 from .kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
 from .kernels.attn_prefill import fa_attn_prefill, prefill_flops
 from .kernels.dequant_attn_decode import dequantize_bytes, dequantize_cache
-from .kernels.hack_attn_decode import decode_step, default_splits, gluon_hack_applies, hack_attn_decode
+from .kernels.hack_attn_decode import decode_step, default_splits, gluon_hack_default, hack_attn_decode
 from .kernels.hack_attn_prefill import hack_attn_prefill
 from .kernels.kv_cache import append_token, build_cache
 from .kernels.quantize import quantize_bytes, quantize_k, quantize_v
@@ -201,8 +201,7 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
             # the Gluon HACK kernel (gluon=True, or the default above 2K tokens) keeps its own default
             # splits (one wave of programs); the others are given the default heuristic's
             gluon_hack = mode == "hack" and (cfg.get("gluon") or (
-                cfg.get("gluon") is None and not ({"transposed", "prefetch", "block_n", "num_warps", "row_packed"}
-                                                  & set(cfg)) and gluon_hack_applies(q, cs[0], ctx + 1)))
+                cfg.get("gluon") is None and gluon_hack_default(q, cs[0], ctx + 1, **cfg)))
             if not (gluon_hack or (mode == "dequant" and cfg.get("gluon"))):
                 cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, cfg.get("block_n", 128)),
                                                         q.device))

@@ -277,6 +277,16 @@ def gluon_hack_applies(q: torch.Tensor, cache: QuantKVCache, max_len: int | None
     return hack_supported_gluon(q, cache)
 
 
+def gluon_hack_default(q: torch.Tensor, cache: QuantKVCache, max_len: int | None = None, **opts) -> bool:
+    """Whether hack_attn_decode(mode="hack", gluon=None, **opts) takes the Gluon kernel: it applies
+    (gluon_hack_applies) and no Triton-only option is given (transposed, row_packed=True, prefetch,
+    block_n, num_warps)."""
+    if opts.get("transposed") or opts.get("row_packed") or any(
+            opts.get(k) is not None for k in ("prefetch", "block_n", "num_warps")):
+        return False
+    return gluon_hack_applies(q, cache, max_len)
+
+
 def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tensor:
     """Allocate partials, launch (callable taking OP, LSEP), combine. q [B, HQ, D]."""
     b, hq, d = q.shape
@@ -310,8 +320,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     (and 2 warps); 0 = no cap.
     gluon: mode "hack": the one-warp Gluon HACK kernel (gluon_decode.py, PI 64, GQA 8, a Hopper GPU;
     gluon_kw unroll; prefetch its L1 prefetch, 0-2; maxnreg its register cap); None (default): that
-    kernel above FUSED_STEP_MAX_LEN tokens (gluon_hack_applies) unless a Triton-only option
-    (transposed, prefetch, block_n, num_warps, row_packed=True) is given, else the row-packed kernel;
+    kernel above FUSED_STEP_MAX_LEN tokens unless a Triton-only option is given (gluon_hack_default),
+    else the row-packed kernel;
     mode "dequant" on a token-major Gluon kernel of gluon_decode.py (PI 64/128, GQA 8, head_dim
     128, a Hopper GPU): gluon_kw's kernel "mma" (default: one warp, mma.sync, operands in registers;
     2.06x SDPA at 32K, run 36) or "wgmma"; block_n tokens per tile (64); prefetch: the wgmma kernel's
@@ -320,8 +330,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     is given; False: the Triton kernel."""
     if gluon is None:
         if mode == "hack":
-            gluon = (not transposed and prefetch is None and block_n is None and num_warps is None
-                     and not row_packed and gluon_hack_applies(q, cache, max_len))
+            gluon = gluon_hack_default(q, cache, max_len, transposed=transposed, row_packed=row_packed,
+                                       prefetch=prefetch, block_n=block_n, num_warps=num_warps)
         else:
             gluon = (not (prefetch or transposed) and block_n is None and num_warps is None
                      and maxnreg is None and not gluon_kw and gluon_applies(q, cache))

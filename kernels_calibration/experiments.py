@@ -220,6 +220,14 @@ def run(out: Path, stage: int = 3) -> None:
                                                   return_all=True))
         _print_registers()
 
+    if stage == 26:  # the K code bytes through a shared-memory ring by cp.async (run 54's stall sampling:
+        # 26 % of the samples wait on the first use of the tile's code loads despite the L1 prefetch)
+        def g(ring, p=1, r=168):
+            return dict(gluon=True, ring=ring, prefetch=p, maxnreg=r)
+
+        gluon_hack_sweep("r55", [dict(gluon=True), g(2), g(3), g(4), g(3, 0), g(3, 2), g(3, 1, 128), g(2, 1, 128)],
+                         [dict(gluon=True), g(2), g(3)], [dict(gluon=True), g(2), g(3), g(3, 1, 128)], rp=False)
+        return
     if stage == 21:  # run 44's best (prefetch 1, 168 registers: 87.6 us) against deeper caps (96: 20 programs
         # per SM, offline +10 % loop instructions) and the metadata prefetch under a cap
         def g(p, r):

@@ -40,7 +40,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .common import _LUT2_S0, _LUT2_S2, _LUT2_S4, _LUT2_S6, LUT2_ASM, TABLE_ASM, UNPACK2_ASM
@@ -778,6 +778,20 @@ def _prefetch_tile(s0, kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D: gl.conste
 
 
 @gluon.jit
+def _kring_copy(kring, slot, s0, lim, kc, D: gl.constexpr):
+    """cp.async (LDGSTS, 16 bytes per lane and copy) of the K code bytes [64, 32] of the tile from s0
+    into slot `slot` of the shared-memory ring, as one commit group; a tile at or past lim is not read
+    (its copies are masked off), so every iteration commits one group."""
+    W: gl.constexpr = D // 4
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [1, 1], [1, 0])
+    t = s0 + gl.arange(0, 64, layout=gl.SliceLayout(1, cp_l))
+    j = gl.arange(0, W, layout=gl.SliceLayout(0, cp_l))
+    async_copy.async_copy_global_to_shared(kring.index(slot), kc + t[:, None] * W + j[None, :],
+                                           mask=(t < lim)[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
                kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
@@ -885,7 +899,8 @@ def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr):
 def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                      G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                     USE_SE: gl.constexpr, UNROLL: gl.constexpr = 1, PREFETCH: gl.constexpr = 0):
+                     USE_SE: gl.constexpr, UNROLL: gl.constexpr = 1, PREFETCH: gl.constexpr = 0,
+                     RING: gl.constexpr = 0):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -945,7 +960,26 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
                                                   aq, beta, gm0, gm1, kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM,
                                                   vt_ptr, mbase, D, PI, USE_SE, False, False, False)
         start = end_two
-    if PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
+    if RING > 0:   # K code bytes through a RING-slot shared-memory ring by cp.async, RING - 1 tiles ahead
+        a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        kring = gl.allocate_shared_memory(gl.uint8, [RING, BT, W], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        for i in gl.static_range(RING - 1):
+            _kring_copy(kring, i, start + i * BT, end_full, kc, D)
+        last = gl.maximum(end_full - BT, start)
+        it = 0
+        for s0 in range(start, end_full, BT):
+            _kring_copy(kring, (it + RING - 1) % RING, s0 + (RING - 1) * BT, end_full, kc, D)
+            if PREFETCH > 0:   # the V code bytes (and metadata) of the next tile into L1 as before
+                _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D, PI,
+                               PREFETCH == 2)
+            async_copy.wait_group(RING - 1)
+            kb = kring.index(it % RING).load(a4)
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
+                                                  beta, gm0, gm1, kb, 0, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
+                                                  mbase, D, PI, USE_SE, False, False, True)
+            it += 1
+        async_copy.wait_group(0)
+    elif PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
         last = gl.maximum(end_full - BT, start)
         for s0 in range(start, end_full, BT):
             _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D, PI,
@@ -989,10 +1023,11 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                            max_len: int | None = None, maxnreg: int | None = None, unroll: int = 1,
-                           prefetch: int = HACK_PREFETCH) -> torch.Tensor:
+                           prefetch: int = HACK_PREFETCH, ring: int = 0) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
     maxnreg: a register cap (None: HACK_MAXNREG; 0: none).  unroll 2: two tiles per loop iteration;
-    prefetch: an L1 prefetch of the next tile's code bytes (1) and metadata (2) before each tile.
+    prefetch: an L1 prefetch of the next tile's code bytes (1) and metadata (2) before each tile;
+    ring: the K code bytes through a shared-memory ring of that many slots by cp.async (0: off).
     splits default: one wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
@@ -1003,9 +1038,11 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     max_len = lmax if max_len is None else max_len
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
-    if unroll not in (1, 2) or prefetch not in (0, 1, 2):
-        raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2)")
-    consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch)
+    if unroll not in (1, 2) or prefetch not in (0, 1, 2) or ring not in (0, 2, 3, 4) or (ring and unroll == 2):
+        raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2), ring {ring} (0, 2-4; "
+                         "not with unroll 2)")
+    consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch,
+                  RING=ring)
     maxnreg = HACK_MAXNREG if maxnreg is None else maxnreg
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
@@ -1024,7 +1061,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
-        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg] = _hack_mma_kernel[(b * hkv, splits)](
+        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg, ring] = _hack_mma_kernel[(b * hkv, splits)](
             *args(op, lsep, tps, splits), **consts, **opts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

@@ -49,6 +49,12 @@ def test_gluon_rejects_shapes_it_does_not_take():
     assert not gluon_hack_applies(randn(1, 16, D), c64, 2048)
     if not torch.cuda.is_available():
         assert not gluon_hack_applies(randn(1, 16, D), c64, 4096)
+    # launch options it does not have are refused before any launch (the ring and two-tile loop do not combine)
+    from kernels_calibration.kernels.gluon_decode import hack_attn_decode_gluon
+
+    for kw in (dict(ring=1), dict(ring=5), dict(ring=2, unroll=2), dict(prefetch=3), dict(unroll=3)):
+        with pytest.raises(ValueError, match="ring"):
+            hack_attn_decode_gluon(randn(1, 16, D), c64, **kw)
 
 
 @needs_hopper
@@ -93,7 +99,8 @@ def test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens():
     exact = attn_decode_ref(q, kd, vd, c2.lens.cpu())
     bound = 2 * rel_err(hack_attn_decode_ref(q, c2, q_per_head=True), exact) + 2e-3
     assert rel_err(out, exact) < bound
-    for kw in (dict(prefetch=0), dict(prefetch=2), dict(unroll=2), dict(maxnreg=128), dict(maxnreg=0)):
+    for kw in (dict(prefetch=0), dict(prefetch=2), dict(unroll=2), dict(maxnreg=128), dict(maxnreg=0), dict(ring=2),
+               dict(ring=4, prefetch=0)):
         assert rel_err(gd.hack_attn_decode_gluon(q, c2, max_len=lmax, **kw), exact) < bound, kw
     gd.LAST_KERNEL.clear()
     decode_step(q, cache, kn, vn, max_len=FUSED_STEP_MAX_LEN)   # a batch bound by 2K tokens: row-packed

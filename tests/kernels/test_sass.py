@@ -77,3 +77,10 @@ def test_gluon_kernels_compile_and_their_loops_are_shorter_than_the_triton_kerne
     rp = _sass("--kernel", "rp", "--pi", "64", "--warps", "2", "--maxnreg", "128")
     assert hk["LOCAL"] == 0 and hk["loop_opcodes"].get("IMMA", 0) > 0, hk   # (56 bytes of spill slots with the tail)
     assert hk["warp_instructions_per_128_tokens"] < 0.85 * rp["warp_instructions_per_128_tokens"], (hk, rp)
+    # the K code bytes through the shared-memory ring (ring=3, run 55): cp.async into shared memory and ldmatrix
+    # out of it in the loop, no local memory, and no more loop instructions than the plain kernel
+    ring = _sass("--kernel", "gluon_hack", "--pi", "64", "--ring", "3", "--prefetch", "1", "--maxnreg", "168")
+    plain = _sass("--kernel", "gluon_hack", "--pi", "64", "--prefetch", "1", "--maxnreg", "168")
+    assert ring["LOCAL"] == 0 and ring["loop_opcodes"].get("LDGSTS", 0) > 0 and ring["loop_opcodes"].get("LDSM", 0) > 0
+    assert "LDGSTS" not in plain["loop_opcodes"], plain
+    assert ring["loop_instructions"] <= plain["loop_instructions"], (ring, plain)

@@ -22,7 +22,8 @@ from .measure import measure_decode, measure_prefill
 B, HQ, HKV, D = 8, 64, 8, 128
 
 
-def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool = True) -> list[float]:
+def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool = True,
+           rqe: bool = True) -> list[float]:
     from .kernels.hack_attn_decode import hack_attn_decode
     from .kernels.kv_cache import build_cache
 
@@ -31,7 +32,7 @@ def _check(ctx: int, pi: int, cfgs: list[dict], mode: str = "hack", use_se: bool
     v = torch.randn(B, HKV, ctx, D, device="cuda", generator=gen, dtype=torch.float16)
     q = torch.randn(B, HQ, D, device="cuda", generator=gen, dtype=torch.float16)
     lens = torch.full((B,), ctx - 7, dtype=torch.int32, device="cuda")
-    cache = build_cache(k, v, lens, pi, 2, rqe=True)
+    cache = build_cache(k, v, lens, pi, 2, rqe=rqe)
     kd, vd = dequantize_cache(cache)
     n = ctx - 7
     ref = torch.nn.functional.scaled_dot_product_attention(
@@ -220,6 +221,21 @@ def run(out: Path, stage: int = 3) -> None:
                                                   return_all=True))
         _print_registers()
 
+    if stage == 27:  # fewer V instructions in the Gluon HACK kernel: planes 1-2 unshifted (vun, -24 loop
+        # instructions offline) and the V metadata by channel pairs (vpair, -15); both -39 of 1,151
+        def g(**kw):
+            return dict(gluon=True, **kw)
+
+        both = g(vun=True, vpair=True)
+        for ctx, se, rqe in ((32768, False, True), (1000, False, False), (1000, True, False), (32768, True, False)):
+            for cfg, e in zip([g(), both], _check(ctx, 64, [g(), both], mode="hack", use_se=se, rqe=rqe)):
+                add({"tag": f"r57_check_se{int(se)}_rqe{int(rqe)}", "kernel": "hack", "phase": "decode",
+                     "context_len": ctx, "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        gluon_hack_sweep("r57", [g(), g(vun=True), g(vpair=True), both, g(vun=True, vpair=True, ring=3)],
+                         [g(), both], [g(), both, g(vun=True, vpair=True, ring=3)], rp=False)
+        rec("r57_hack_32k_again", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64,
+                                                 configs={"hack": [both, g()]}, return_all=True))
+        return
     if stage == 26:  # the K code bytes through a shared-memory ring by cp.async (run 54's stall sampling:
         # 26 % of the samples wait on the first use of the tile's code loads despite the L1 prefetch)
         def g(ring, p=1, r=168):

@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-se", action="store_true")
     ap.add_argument("--prefetch", type=int, default=0, choices=(0, 1, 2),
                     help="gluon_hack: L1 prefetch of the next tile's codes (1) and metadata (2)")
+    ap.add_argument("--vun", action="store_true", help="gluon_hack: V planes 1-2 unshifted")
+    ap.add_argument("--vpair", action="store_true", help="gluon_hack: V metadata by channel pairs")
     ap.add_argument("--ring", type=int, default=0, help="gluon_hack: K code bytes through a shared-memory ring (slots)")
     ap.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="gluon_hack: 64-token tiles per loop iteration")
     ap.add_argument("--dequant", action="store_true", help="head_major: mode dequant (fused dequantize-then-attend)")
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.kernel == "gluon_hack":   # HACK, one warp, INT8 mma.sync, 64-token tiles (PI 64)
         from .kernels.gluon_decode import _hack_mma_kernel as fn
         consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, USE_SE=not a.no_se, UNROLL=a.unroll,
-                      PREFETCH=a.prefetch, RING=a.ring)
+                      PREFETCH=a.prefetch, RING=a.ring, VUN=a.vun, VPAIR=a.vpair)
         a.warps = 1
         tokens = 64 * a.unroll
     else:

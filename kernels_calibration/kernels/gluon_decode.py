@@ -795,12 +795,13 @@ def _kring_copy(kring, slot, s0, lim, kc, D: gl.constexpr):
 def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
                kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
-               TAIL: gl.constexpr, VIN: gl.constexpr):
+               TAIL: gl.constexpr, VIN: gl.constexpr, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False):
     """One 64-token tile (one V block) from s0 with its K code bytes kb (_hack_kcodes); tokens >= end
     masked (MASKED: also their V code bytes read as 0, for the stored-sum identities); VIN: the V code
     bytes loaded here, after the softmax (program order, which ptxas keeps: fewer live registers), else
     vb (_hack_vcodes, loaded ahead); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P stays FP32
-    x255, as the row-packed kernel does."""
+    x255, as the row-packed kernel does; VUN: V planes 1 and 2 unshifted (x4, x16; the factor comes off
+    the V scale, _hack_v); VPAIR: the V block's metadata by pairs of channels (_ld_pairs)."""
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
@@ -872,27 +873,72 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
         if VIN:
             vb = _hack_vcodes(s0, end, vc, D, MASKED)
         moff = mbase + (s0 // PI) * D + gl.convert_layout(ch, tok_c)
-        o0 = _hack_v(o0, al, us, _unpack2(vb, 0), pt, VMN, VSC, VSM, moff, USE_SE)
-        o1 = _hack_v(o1, al, us, _unpack2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE)
-        o2 = _hack_v(o2, al, us, _unpack2(vb, 4), pt, VMN, VSC, VSM, moff + 2 * W, USE_SE)
-        o3 = _hack_v(o3, al, us, _unpack2(vb, 6), pt, VMN, VSC, VSM, moff + 3 * W, USE_SE)
+        o0 = _hack_v(o0, al, us, _unpack2(vb, 0), pt, VMN, VSC, VSM, moff, USE_SE, 1, VPAIR)
+        if VUN:
+            o1 = _hack_v(o1, al, us, _mask2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE, 4, VPAIR)
+            o2 = _hack_v(o2, al, us, _mask2(vb, 4), pt, VMN, VSC, VSM, moff + 2 * W, USE_SE, 16, VPAIR)
+        else:
+            o1 = _hack_v(o1, al, us, _unpack2(vb, 2), pt, VMN, VSC, VSM, moff + W, USE_SE, 1, VPAIR)
+            o2 = _hack_v(o2, al, us, _unpack2(vb, 4), pt, VMN, VSC, VSM, moff + 2 * W, USE_SE, 1, VPAIR)
+        o3 = _hack_v(o3, al, us, _unpack2(vb, 6), pt, VMN, VSC, VSM, moff + 3 * W, USE_SE, 1, VPAIR)
     return m_new, l_i, o0, o1, o2, o3
 
 
+_MASK2_S2 = gl.constexpr("and.b32 $0, $1, 0x0C0C0C0C;")
+_MASK2_S4 = gl.constexpr("and.b32 $0, $1, 0x30303030;")
+
+
 @gluon.jit
-def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr):
-    """o <- alpha o + sv (P''V'' + 128 sum v'') + mv sum u for one channel group (rows = channels moff)."""
+def _mask2(packed, SHIFT: gl.constexpr):
+    """uint8 tile -> int8 codes of bit plane SHIFT (2 or 4) left in place: 4 or 16 times the code, one AND."""
+    if SHIFT == 2:
+        asm: gl.constexpr = _MASK2_S2
+    else:
+        asm: gl.constexpr = _MASK2_S4
+    return gl.inline_asm_elementwise(asm, "=r,r", [packed], dtype=gl.int8, is_pure=True, pack=4)
+
+
+_LD2H_ASM = gl.constexpr("ld.global.nc.b32 $0, [$1];")
+_LD2B_ASM = gl.constexpr("ld.global.nc.u16 $0, [$1];")
+
+
+@gluon.jit
+def _ld_pairs(ptr, HALF: gl.constexpr):
+    """gl.load(ptr) for the V operand's rows (SliceLayout(1, mma)): a lane's registers hold rows r, r + 8,
+    whose channels are adjacent (_perm), so one 32-bit load per FP16 pair (HALF) or 16-bit per uint8 pair
+    instead of one load per value."""
+    a = ptr.to(gl.int64, bitcast=True)
+    if HALF:
+        return gl.inline_asm_elementwise(_LD2H_ASM, "=r,l,l", [a], dtype=gl.float16, is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise(_LD2B_ASM, "=h,l,l", [a], dtype=gl.uint8, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr, F: gl.constexpr = 1,
+            VPAIR: gl.constexpr = False):
+    """o <- alpha o + sv (P''V'' + 128 sum v'') + mv sum u for one channel group (rows = channels moff);
+    vq holds F times the codes (F = 4, 16: planes left unshifted), so sv / F scales the product."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     b4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
     zi = gl.zeros([vq.shape[0], 8], gl.int32, layout=mma)
     acc = mma_v2(vq, pt, zi)
     if USE_SE:
-        vs = gl.expand_dims(gl.load(VSM + moff).to(gl.int32), 1)
+        if VPAIR:
+            vs = gl.expand_dims(_ld_pairs(VSM + moff, False).to(gl.int32), 1) * (128 * F)
+        else:
+            vs = gl.expand_dims(gl.load(VSM + moff).to(gl.int32), 1) * (128 * F)
+    else:   # the code sums of vq, F times the codes' already
+        vs = mma_v2(vq, gl.full([vq.shape[1], 8], 1, gl.int8, layout=b4), zi) * 128
+    if VPAIR:
+        sv = _ld_pairs(VSC + moff, True).to(gl.float32)
+        mv = _ld_pairs(VMN + moff, True).to(gl.float32)
     else:
-        vs = mma_v2(vq, gl.full([vq.shape[1], 8], 1, gl.int8, layout=b4), zi)
-    sv = gl.expand_dims(gl.load(VSC + moff).to(gl.float32), 1)
-    mv = gl.expand_dims(gl.load(VMN + moff).to(gl.float32), 1)
-    return o * al + sv * (acc + vs * 128).to(gl.float32) + mv * us
+        sv = gl.load(VSC + moff).to(gl.float32)
+        mv = gl.load(VMN + moff).to(gl.float32)
+    if F != 1:
+        sv = sv * (1.0 / F)
+    return o * al + gl.expand_dims(sv, 1) * (acc + vs).to(gl.float32) + gl.expand_dims(mv, 1) * us
 
 
 @gluon.jit
@@ -900,7 +946,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                      G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
                      USE_SE: gl.constexpr, UNROLL: gl.constexpr = 1, PREFETCH: gl.constexpr = 0,
-                     RING: gl.constexpr = 0):
+                     RING: gl.constexpr = 0, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -955,10 +1001,10 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             vb = _hack_vcodes(s0 + BT, end, vc, D, False)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, ka, va, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
-                                                  mbase, D, PI, USE_SE, False, False, False)
+                                                  mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0 + BT, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3,
                                                   aq, beta, gm0, gm1, kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM,
-                                                  vt_ptr, mbase, D, PI, USE_SE, False, False, False)
+                                                  vt_ptr, mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR)
         start = end_two
     if RING > 0:   # K code bytes through a RING-slot shared-memory ring by cp.async, RING - 1 tiles ahead
         a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -976,7 +1022,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             kb = kring.index(it % RING).load(a4)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, kb, 0, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
-                                                  mbase, D, PI, USE_SE, False, False, True)
+                                                  mbase, D, PI, USE_SE, False, False, True, VUN, VPAIR)
             it += 1
         async_copy.wait_group(0)
     elif PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
@@ -987,22 +1033,22 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
                                                   ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True)
+                                                  False, True, VUN, VPAIR)
     else:
         for s0 in range(start, end_full, BT):
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
                                                   ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True)
+                                                  False, True, VUN, VPAIR)
     if end_full < end:   # the last partial block of a cache without the FP16 tail
         m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                               beta, gm0, gm1, _hack_kcodes(end_full, end, kc, D, True), 0, kmn, ksc,
-                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False, True)
+                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False, True, VUN, VPAIR)
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
                                                   gm0, gm1, _hack_kcodes(LV, L, kc, D, True), 0, kmn, ksc, ksm, vc,
-                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True, True)
+                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True, True, VUN, VPAIR)
     prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.max(l_i, 0), m_i, G)
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, True)
 
@@ -1023,11 +1069,14 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                            max_len: int | None = None, maxnreg: int | None = None, unroll: int = 1,
-                           prefetch: int = HACK_PREFETCH, ring: int = 0) -> torch.Tensor:
+                           prefetch: int = HACK_PREFETCH, ring: int = 0, vun: bool = False,
+                           vpair: bool = False) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
     maxnreg: a register cap (None: HACK_MAXNREG; 0: none).  unroll 2: two tiles per loop iteration;
     prefetch: an L1 prefetch of the next tile's code bytes (1) and metadata (2) before each tile;
-    ring: the K code bytes through a shared-memory ring of that many slots by cp.async (0: off).
+    ring: the K code bytes through a shared-memory ring of that many slots by cp.async (0: off);
+    vun: V planes 1-2 used unshifted (x4, x16, the factor taken off the V scale); vpair: the V block's
+    metadata loaded by pairs of channels.
     splits default: one wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
@@ -1042,7 +1091,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
         raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2), ring {ring} (0, 2-4; "
                          "not with unroll 2)")
     consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch,
-                  RING=ring)
+                  RING=ring, VUN=bool(vun), VPAIR=bool(vpair))
     maxnreg = HACK_MAXNREG if maxnreg is None else maxnreg
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
@@ -1061,7 +1110,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
-        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg, ring] = _hack_mma_kernel[(b * hkv, splits)](
+        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg, ring, bool(vun), bool(vpair)] = _hack_mma_kernel[(b * hkv, splits)](
             *args(op, lsep, tps, splits), **consts, **opts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

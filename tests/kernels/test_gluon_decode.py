@@ -81,7 +81,7 @@ def test_gluon_hack_decode_matches_hack_reference(rqe, use_se):
 @needs_hopper
 def test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens():
     """The default decode step: above FUSED_STEP_MAX_LEN tokens (PI 64, GQA 8, Hopper) append + the Gluon
-    kernel with its launch defaults (prefetch 1, 168 registers), below it the fused row-packed step; the
+    kernel with its launch defaults (prefetch 1, 168 registers, vun, vpair), below it the fused row-packed step; the
     Gluon kernel's other launch variants give the same attention."""
     from kernels_calibration.kernels import gluon_decode as gd
     from kernels_calibration.kernels.hack_attn_decode import FUSED_STEP_MAX_LEN, decode_step, hack_attn_decode_ref
@@ -100,7 +100,7 @@ def test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens():
     bound = 2 * rel_err(hack_attn_decode_ref(q, c2, q_per_head=True), exact) + 2e-3
     assert rel_err(out, exact) < bound
     for kw in (dict(prefetch=0), dict(prefetch=2), dict(unroll=2), dict(maxnreg=128), dict(maxnreg=0), dict(ring=2),
-               dict(ring=4, prefetch=0)):
+               dict(ring=4, prefetch=0), dict(vun=False, vpair=False), dict(vun=False), dict(vpair=False)):
         assert rel_err(gd.hack_attn_decode_gluon(q, c2, max_len=lmax, **kw), exact) < bound, kw
     gd.LAST_KERNEL.clear()
     decode_step(q, cache, kn, vn, max_len=FUSED_STEP_MAX_LEN)   # a batch bound by 2K tokens: row-packed

@@ -84,3 +84,8 @@ def test_gluon_kernels_compile_and_their_loops_are_shorter_than_the_triton_kerne
     assert ring["LOCAL"] == 0 and ring["loop_opcodes"].get("LDGSTS", 0) > 0 and ring["loop_opcodes"].get("LDSM", 0) > 0
     assert "LDGSTS" not in plain["loop_opcodes"], plain
     assert ring["loop_instructions"] <= plain["loop_instructions"], (ring, plain)
+    # the launch default's V path (run 57): planes 1-2 unshifted (no SHF) and the metadata by channel pairs
+    # (fewer loads): fewer loop instructions, still no local memory
+    v = _sass("--kernel", "gluon_hack", "--pi", "64", "--prefetch", "1", "--maxnreg", "168", "--vun", "--vpair")
+    assert v["LOCAL"] == 0 and v["loop_instructions"] < plain["loop_instructions"] - 30, (v, plain)
+    assert v["loop_opcodes"]["LDG"] < plain["loop_opcodes"]["LDG"] and v["loop_opcodes"]["SHF"] < plain["loop_opcodes"]["SHF"]

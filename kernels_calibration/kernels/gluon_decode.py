@@ -17,10 +17,10 @@ at batch 8, 64/8 heads, head_dim 128, 32K context, PI 64 (NOTES.md, session 5, r
   m16n8k32, Q rounded per query head, the score terms applied in the accumulator layout, P'' by the
   magic-number FMA, P'' row sums and (without SE) code sums on the tensor cores, O and l x255, the
   FP16 tail (RQE) as the row-packed kernel does.  With one wave of programs (wave_splits, from the
-  compiled kernel's registers): 107.4 us against the row-packed kernel's 139.3 and SDPA's 253.3
-  (2.36x; run 42); without SE 114.0 vs 142.6, without RQE 124.5 vs 173.1; 8K: 36.5 vs 55.7 (run 41).
-  Not yet the default: the profile's HACK rows and the realrun traces were recorded with the
-  row-packed kernel, and re-measuring both did not fit this session's device time.
+  compiled kernel's registers), an L1 prefetch of the next tile, a 168-register cap (session 6), V
+  planes 1-2 unshifted and the V metadata by channel pairs (session 7): 83.5 us against SDPA's 253.3
+  (3.03x, run 58; the row-packed kernel 137.8 in run 48).  The default HACK kernel above 2K tokens on
+  Hopper at PI 64 and GQA 8 (hack_attn_decode.gluon_hack_default).
 * ``_dequant_decode_kernel`` (kernel="wgmma"): one warpgroup, wgmma m64n8k16 with K and V^T
   dequantized into shared memory.  198-214 us: slower than the Triton kernel.  Timing with parts
   switched off (DIAG, run 34) put ~136 us in the dequantization and its shared-memory stores (load

@@ -221,6 +221,16 @@ def run(out: Path, stage: int = 3) -> None:
                                                   return_all=True))
         _print_registers()
 
+    if stage == 28:  # register caps again with the shorter V path (offline: 1,112 loop instructions at 168
+        # registers / 12 programs per SM; 1,138 at 128 / 16 per SM; 1,191 at 96 / 20 per SM)
+        def g(**kw):
+            return dict(gluon=True, **kw)
+
+        gluon_hack_sweep("r60", [g(), g(maxnreg=128), g(maxnreg=128, ring=3), g(maxnreg=96), g(maxnreg=96, ring=3)],
+                         [g(), g(maxnreg=128)], [g(), g(maxnreg=128), g(maxnreg=128, ring=3)], rp=False)
+        rec("r60_hack_32k_again", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64,
+                                                 configs={"hack": [g(maxnreg=128), g()]}, return_all=True))
+        return
     if stage == 27:  # fewer V instructions in the Gluon HACK kernel: planes 1-2 unshifted (vun, -24 loop
         # instructions offline) and the V metadata by channel pairs (vpair, -15); both -39 of 1,151
         def g(**kw):

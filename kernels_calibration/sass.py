@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-se", action="store_true")
     ap.add_argument("--prefetch", type=int, default=0, choices=(0, 1, 2),
                     help="gluon_hack: L1 prefetch of the next tile's codes (1) and metadata (2)")
+    ap.add_argument("--sfold", action="store_true", help="gluon_hack: softmax without the scaling pass")
     ap.add_argument("--vun", action="store_true", help="gluon_hack: V planes 1-2 unshifted")
     ap.add_argument("--vpair", action="store_true", help="gluon_hack: V metadata by channel pairs")
     ap.add_argument("--ring", type=int, default=0, help="gluon_hack: K code bytes through a shared-memory ring (slots)")
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.kernel == "gluon_hack":   # HACK, one warp, INT8 mma.sync, 64-token tiles (PI 64)
         from .kernels.gluon_decode import _hack_mma_kernel as fn
         consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, USE_SE=not a.no_se, UNROLL=a.unroll,
-                      PREFETCH=a.prefetch, RING=a.ring, VUN=a.vun, VPAIR=a.vpair)
+                      PREFETCH=a.prefetch, RING=a.ring, VUN=a.vun, VPAIR=a.vpair, SFOLD=a.sfold)
         a.warps = 1
         tokens = 64 * a.unroll
     else:

@@ -126,6 +126,18 @@ def _softmax_step(s, s0, end, m_i):
 
 
 @gluon.jit
+def _softmax_scaled(x, aq, s0, end, m_i, MASKED: gl.constexpr):
+    """_softmax_step over the scores x * aq (aq > 0 per head) without forming them: the tile maximum is
+    aq * max x, and x * aq - m is one FMA inside the exp2; MASKED: tokens >= end masked (full tiles
+    skip the select)."""
+    if MASKED:
+        srow = s0 + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, x.type.layout))
+        x = gl.where(gl.expand_dims(srow < end, 1), x, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(x, 0) * aq)
+    return m_new, gl.exp2(m_i - m_new), gl.exp2(x * gl.expand_dims(aq, 0) - gl.expand_dims(m_new, 0))
+
+
+@gluon.jit
 def _lut(packed, SHIFT: gl.constexpr, lo, hi, PAIRS: gl.constexpr = False):
     """uint8 codes (bit plane SHIFT) -> FP16 by the 4-entry tables lo/hi (int32 tensors of packed's
     shape and layout): the four codes of each 32-bit register share the table of the first, or with
@@ -795,13 +807,15 @@ def _kring_copy(kring, slot, s0, lim, kc, D: gl.constexpr):
 def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
                kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
                D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
-               TAIL: gl.constexpr, VIN: gl.constexpr, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False):
+               TAIL: gl.constexpr, VIN: gl.constexpr, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False,
+               SFOLD: gl.constexpr = False):
     """One 64-token tile (one V block) from s0 with its K code bytes kb (_hack_kcodes); tokens >= end
     masked (MASKED: also their V code bytes read as 0, for the stored-sum identities); VIN: the V code
     bytes loaded here, after the softmax (program order, which ptxas keeps: fewer live registers), else
     vb (_hack_vcodes, loaded ahead); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P stays FP32
     x255, as the row-packed kernel does; VUN: V planes 1 and 2 unshifted (x4, x16; the factor comes off
-    the V scale, _hack_v); VPAIR: the V block's metadata by pairs of channels (_ld_pairs)."""
+    the V scale, _hack_v); VPAIR: the V block's metadata by pairs of channels (_ld_pairs); SFOLD: the
+    softmax over x * aq without forming it, and no mask on full tiles (_softmax_scaled)."""
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
@@ -844,7 +858,10 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     bt = gl.expand_dims(beta, 0)
     x = gl.expand_dims(sk0, 1) * (i0.to(gl.float32) + bt * ks0) + gl.expand_dims(gm0, 0) * gl.expand_dims(mk0, 1)
     x = x + gl.expand_dims(sk1, 1) * (i1.to(gl.float32) + bt * ks1) + gl.expand_dims(gm1, 0) * gl.expand_dims(mk1, 1)
-    m_new, alpha, p = _softmax_step(x * gl.expand_dims(aq, 0), s0, end, m_i)
+    if SFOLD:
+        m_new, alpha, p = _softmax_scaled(x, aq, s0, end, m_i, MASKED or TAIL)
+    else:
+        m_new, alpha, p = _softmax_step(x * gl.expand_dims(aq, 0), s0, end, m_i)
     al = gl.expand_dims(alpha, 0)
     vr = gl.arange(0, W, layout=gl.SliceLayout(1, a4))
     ch = _perm(vr)
@@ -946,7 +963,8 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
                      G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
                      USE_SE: gl.constexpr, UNROLL: gl.constexpr = 1, PREFETCH: gl.constexpr = 0,
-                     RING: gl.constexpr = 0, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False):
+                     RING: gl.constexpr = 0, VUN: gl.constexpr = False, VPAIR: gl.constexpr = False,
+                     SFOLD: gl.constexpr = False):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -1001,10 +1019,10 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             vb = _hack_vcodes(s0 + BT, end, vc, D, False)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, ka, va, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
-                                                  mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR)
+                                                  mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR, SFOLD)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0 + BT, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3,
                                                   aq, beta, gm0, gm1, kb, vb, kmn, ksc, ksm, vc, VMN, VSC, VSM,
-                                                  vt_ptr, mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR)
+                                                  vt_ptr, mbase, D, PI, USE_SE, False, False, False, VUN, VPAIR, SFOLD)
         start = end_two
     if RING > 0:   # K code bytes through a RING-slot shared-memory ring by cp.async, RING - 1 tiles ahead
         a4: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -1022,7 +1040,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             kb = kring.index(it % RING).load(a4)
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, kb, 0, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
-                                                  mbase, D, PI, USE_SE, False, False, True, VUN, VPAIR)
+                                                  mbase, D, PI, USE_SE, False, False, True, VUN, VPAIR, SFOLD)
             it += 1
         async_copy.wait_group(0)
     elif PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
@@ -1033,22 +1051,22 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
                                                   ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True, VUN, VPAIR)
+                                                  False, True, VUN, VPAIR, SFOLD)
     else:
         for s0 in range(start, end_full, BT):
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                                   beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
                                                   ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True, VUN, VPAIR)
+                                                  False, True, VUN, VPAIR, SFOLD)
     if end_full < end:   # the last partial block of a cache without the FP16 tail
         m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                               beta, gm0, gm1, _hack_kcodes(end_full, end, kc, D, True), 0, kmn, ksc,
-                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False, True, VUN, VPAIR)
+                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False, True, VUN, VPAIR, SFOLD)
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
             m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
                                                   gm0, gm1, _hack_kcodes(LV, L, kc, D, True), 0, kmn, ksc, ksm, vc,
-                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True, True, VUN, VPAIR)
+                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True, True, VUN, VPAIR, SFOLD)
     prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.max(l_i, 0), m_i, G)
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D, True)
 
@@ -1064,6 +1082,7 @@ HACK_PREFETCH = 1
 # 32K: 84.7 / 81.9 us against 90.2 / 86.9 in the same call, no SE 85.9 vs 90.4, 8K 32.2 vs 33.6)
 HACK_VUN = True
 HACK_VPAIR = True
+HACK_SFOLD = False
 
 
 def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
@@ -1074,13 +1093,14 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
 def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, splits: int | None = None,
                            max_len: int | None = None, maxnreg: int | None = None, unroll: int = 1,
                            prefetch: int = HACK_PREFETCH, ring: int = 0, vun: bool = HACK_VUN,
-                           vpair: bool = HACK_VPAIR) -> torch.Tensor:
+                           vpair: bool = HACK_VPAIR, sfold: bool = HACK_SFOLD) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended).
     maxnreg: a register cap (None: HACK_MAXNREG; 0: none).  unroll 2: two tiles per loop iteration;
     prefetch: an L1 prefetch of the next tile's code bytes (1) and metadata (2) before each tile;
     ring: the K code bytes through a shared-memory ring of that many slots by cp.async (0: off);
     vun: V planes 1-2 used unshifted (x4, x16, the factor taken off the V scale); vpair: the V block's
-    metadata loaded by pairs of channels.
+    metadata loaded by pairs of channels; sfold: the softmax without the score scaling pass and without
+    the mask on full tiles.
     splits default: one wave (wave_splits)."""
     from .hack_attn_decode import run_split_decode
 
@@ -1095,7 +1115,7 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
         raise ValueError(f"unroll {unroll} (1 or 2), prefetch {prefetch} (0, 1 or 2), ring {ring} (0, 2-4; "
                          "not with unroll 2)")
     consts = dict(G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, USE_SE=use_se, UNROLL=unroll, PREFETCH=prefetch,
-                  RING=ring, VUN=bool(vun), VPAIR=bool(vpair))
+                  RING=ring, VUN=bool(vun), VPAIR=bool(vpair), SFOLD=bool(sfold))
     maxnreg = HACK_MAXNREG if maxnreg is None else maxnreg
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
@@ -1114,7 +1134,8 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     splits = triton.cdiv(max_len, tps)
 
     def launch(op, lsep):
-        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg, ring, bool(vun), bool(vpair)] = _hack_mma_kernel[(b * hkv, splits)](
+        LAST_KERNEL["hack", use_se, cache.rqe, unroll, prefetch, maxnreg, ring, bool(vun), bool(vpair),
+                    bool(sfold)] = _hack_mma_kernel[(b * hkv, splits)](
             *args(op, lsep, tps, splits), **consts, **opts, num_warps=1)
 
     return run_split_decode(launch, q, splits)

@@ -328,6 +328,8 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     shared-memory ring; num_warps, v_split, maxnreg do not apply.  None (default): the mma kernel
     wherever it applies and no Triton-only option (prefetch, block_n, transposed, num_warps, maxnreg)
     is given; False: the Triton kernel."""
+    if row_packed and mode != "hack":   # before any dispatch: the same refusal on every device
+        raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
     if gluon is None:
         if mode == "hack":
             gluon = gluon_hack_default(q, cache, max_len, transposed=transposed, row_packed=row_packed,
@@ -353,8 +355,6 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
         row_packed = (mode == "hack" and not transposed and not prefetch and block_n is None
                       and row_packed_supported(q, cache))
     if row_packed:
-        if mode != "hack":
-            raise ValueError("the row-packed kernel computes HACK attention only (mode 'hack')")
         num_warps, maxnreg = launch_defaults(cache, max_len, num_warps, maxnreg)
         return hack_attn_decode_rp(q, cache, use_se=use_se, splits=splits, max_len=max_len, num_warps=num_warps,
                                    num_stages=num_stages, maxnreg=maxnreg)

@@ -1029,35 +1029,26 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
         kring = gl.allocate_shared_memory(gl.uint8, [RING, BT, W], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         for i in gl.static_range(RING - 1):
             _kring_copy(kring, i, start + i * BT, end_full, kc, D)
-        last = gl.maximum(end_full - BT, start)
-        it = 0
-        for s0 in range(start, end_full, BT):
+    last = gl.maximum(end_full - BT, start)
+    it = 0
+    for s0 in range(start, end_full, BT):
+        if RING > 0:
             _kring_copy(kring, (it + RING - 1) % RING, s0 + (RING - 1) * BT, end_full, kc, D)
-            if PREFETCH > 0:   # the V code bytes (and metadata) of the next tile into L1 as before
-                _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D, PI,
-                               PREFETCH == 2)
-            async_copy.wait_group(RING - 1)
-            kb = kring.index(it % RING).load(a4)
-            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
-                                                  beta, gm0, gm1, kb, 0, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr,
-                                                  mbase, D, PI, USE_SE, False, False, True, VUN, VPAIR, SFOLD)
-            it += 1
-        async_copy.wait_group(0)
-    elif PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself) before each tile
-        last = gl.maximum(end_full - BT, start)
-        for s0 in range(start, end_full, BT):
+        if PREFETCH > 0:   # an L1 prefetch of the next tile (the last one's clamped to itself): its code bytes
+            # (with the ring, the V ones) and, PREFETCH 2, its metadata
             _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, kmn, ksc, ksm, VMN, VSC, VSM, mbase, D, PI,
                            PREFETCH == 2)
-            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
-                                                  beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
-                                                  ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True, VUN, VPAIR, SFOLD)
-    else:
-        for s0 in range(start, end_full, BT):
-            m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
-                                                  beta, gm0, gm1, _hack_kcodes(s0, end, kc, D, False), 0, kmn,
-                                                  ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, False,
-                                                  False, True, VUN, VPAIR, SFOLD)
+        if RING > 0:
+            async_copy.wait_group(RING - 1)
+            kb = kring.index(it % RING).load(a4)
+        else:
+            kb = _hack_kcodes(s0, end, kc, D, False)
+        m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
+                                              gm0, gm1, kb, 0, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI,
+                                              USE_SE, False, False, True, VUN, VPAIR, SFOLD)
+        it += 1
+    if RING > 0:
+        async_copy.wait_group(0)
     if end_full < end:   # the last partial block of a cache without the FP16 tail
         m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
                                               beta, gm0, gm1, _hack_kcodes(end_full, end, kc, D, True), 0, kmn, ksc,

@@ -116,11 +116,17 @@ _LUT2P_S6 = gl.constexpr(_LUT2P_ASM.replace("SHIFT", "6"))
 
 
 @gluon.jit
+def _mask_tokens(s, s0, end):
+    """Score tile s [tokens, heads] of the tokens from s0 with those >= end set to -inf."""
+    srow = s0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout))
+    return gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+
+
+@gluon.jit
 def _softmax_step(s, s0, end, m_i):
     """Online-softmax step over a score tile s [tokens, heads] (log2 domain) of the tokens from s0,
     those >= end masked: (m_new, alpha = exp2(m_i - m_new), p) (common.online_softmax's Gluon twin)."""
-    srow = s0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, s.type.layout))
-    s = gl.where(gl.expand_dims(srow < end, 1), s, float("-inf"))
+    s = _mask_tokens(s, s0, end)
     m_new = gl.maximum(m_i, gl.max(s, 0))
     return m_new, gl.exp2(m_i - m_new), gl.exp2(s - gl.expand_dims(m_new, 0))
 
@@ -131,8 +137,7 @@ def _softmax_scaled(x, aq, s0, end, m_i, MASKED: gl.constexpr):
     aq * max x, and x * aq - m is one FMA inside the exp2; MASKED: tokens >= end masked (full tiles
     skip the select)."""
     if MASKED:
-        srow = s0 + gl.arange(0, x.shape[0], layout=gl.SliceLayout(1, x.type.layout))
-        x = gl.where(gl.expand_dims(srow < end, 1), x, float("-inf"))
+        x = _mask_tokens(x, s0, end)
     m_new = gl.maximum(m_i, gl.max(x, 0) * aq)
     return m_new, gl.exp2(m_i - m_new), gl.exp2(x * gl.expand_dims(aq, 0) - gl.expand_dims(m_new, 0))
 
@@ -814,7 +819,7 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     bytes loaded here, after the softmax (program order, which ptxas keeps: fewer live registers), else
     vb (_hack_vcodes, loaded ahead); TAIL: V is the FP16 tail (rows t - LV of vt_ptr) and P stays FP32
     x255, as the row-packed kernel does; VUN: V planes 1 and 2 unshifted (x4, x16; the factor comes off
-    the V scale, _hack_v); VPAIR: the V block's metadata by pairs of channels (_ld_pairs); SFOLD: the
+    the V scale, _hack_v); VPAIR: the V block's metadata by pairs of channels (_vmeta); SFOLD: the
     softmax over x * aq without forming it, and no mask on full tiles (_softmax_scaled)."""
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
@@ -920,10 +925,12 @@ _LD2B_ASM = gl.constexpr("ld.global.nc.u16 $0, [$1];")
 
 
 @gluon.jit
-def _ld_pairs(ptr, HALF: gl.constexpr):
-    """gl.load(ptr) for the V operand's rows (SliceLayout(1, mma)): a lane's registers hold rows r, r + 8,
-    whose channels are adjacent (_perm), so one 32-bit load per FP16 pair (HALF) or 16-bit per uint8 pair
-    instead of one load per value."""
+def _vmeta(ptr, HALF: gl.constexpr, VPAIR: gl.constexpr):
+    """gl.load(ptr) of the V block's metadata for the V operand's rows (SliceLayout(1, mma)); VPAIR: a
+    lane's registers hold rows r, r + 8, whose channels are adjacent (_perm), so one 32-bit load per FP16
+    pair (HALF) or 16-bit per uint8 pair instead of one load per value."""
+    if not VPAIR:
+        return gl.load(ptr)
     a = ptr.to(gl.int64, bitcast=True)
     if HALF:
         return gl.inline_asm_elementwise(_LD2H_ASM, "=r,l,l", [a], dtype=gl.float16, is_pure=True, pack=2)
@@ -941,18 +948,11 @@ def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr, F: gl.
     zi = gl.zeros([vq.shape[0], 8], gl.int32, layout=mma)
     acc = mma_v2(vq, pt, zi)
     if USE_SE:
-        if VPAIR:
-            vs = gl.expand_dims(_ld_pairs(VSM + moff, False).to(gl.int32), 1) * (128 * F)
-        else:
-            vs = gl.expand_dims(gl.load(VSM + moff).to(gl.int32), 1) * (128 * F)
+        vs = gl.expand_dims(_vmeta(VSM + moff, False, VPAIR).to(gl.int32), 1) * (128 * F)
     else:   # the code sums of vq, F times the codes' already
         vs = mma_v2(vq, gl.full([vq.shape[1], 8], 1, gl.int8, layout=b4), zi) * 128
-    if VPAIR:
-        sv = _ld_pairs(VSC + moff, True).to(gl.float32)
-        mv = _ld_pairs(VMN + moff, True).to(gl.float32)
-    else:
-        sv = gl.load(VSC + moff).to(gl.float32)
-        mv = gl.load(VMN + moff).to(gl.float32)
+    sv = _vmeta(VSC + moff, True, VPAIR).to(gl.float32)
+    mv = _vmeta(VMN + moff, True, VPAIR).to(gl.float32)
     if F != 1:
         sv = sv * (1.0 / F)
     return o * al + gl.expand_dims(sv, 1) * (acc + vs).to(gl.float32) + gl.expand_dims(mv, 1) * us

@@ -202,15 +202,30 @@ def run(out: Path, stage: int = 3) -> None:
                      "rel_err": f"host {host * 1e6:.1f} us per call"})
         flush()
         return
+    def hack_check(tag, ctx, cfgs, se, rqe=None):
+        """Rows tagged {tag}_check_se{se}[_rqe{rqe}]: each HACK config's error against the reference
+        (rqe None: the cache with the FP16 tail, no suffix)."""
+        for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se, rqe=rqe is not False)):
+            add({"tag": f"{tag}_check_se{int(se)}" + ("" if rqe is None else f"_rqe{int(rqe)}"), "kernel": "hack",
+                 "phase": "decode", "context_len": ctx, "partition": 64, "time_us": "", "config": str(cfg),
+                 "rel_err": round(e, 5)})
+
+    def hack_check_tail_se(tag, cfgs):
+        """Stages 27 and 29: hack_check without SE and without the FP16 tail (the paths a V change touches
+        that gluon_hack_sweep's checks do not)."""
+        for ctx, se, rqe in ((32768, False, True), (1000, False, False), (1000, True, False), (32768, True, False)):
+            hack_check(tag, ctx, cfgs, se, rqe)
+
+    def gluon(**kw):
+        return dict(gluon=True, **kw)
+
     def gluon_hack_sweep(tag, grid, few, ctx_grid, rp):
         """Stages 20-21: the Gluon HACK kernel's launch variants, checked against the reference (32K and
         ragged lengths, with and without SE), then timed at 32K (all three HACK kernels) and at 2K-8K;
         rp: the row-packed step ({}) timed beside them."""
         ref = [{}] if rp else []
         for ctx, se, cfgs in ((32768, True, grid), (300, True, grid), (32768, False, few), (1000, False, few)):
-            for cfg, e in zip(cfgs, _check(ctx, 64, cfgs, mode="hack", use_se=se)):
-                add({"tag": f"{tag}_check_se{int(se)}", "kernel": "hack", "phase": "decode", "context_len": ctx,
-                     "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+            hack_check(tag, ctx, cfgs, se)
         flush()
         rec(f"{tag}_hack_32k", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
                                               configs={"hack": grid + ref, "hack_no_se": few + ref,
@@ -223,14 +238,9 @@ def run(out: Path, stage: int = 3) -> None:
 
     if stage == 29:  # the softmax without the score-scaling pass and without the mask on full tiles (sfold:
         # offline 1,112 -> 1,072 loop instructions)
-        def g(**kw):
-            return dict(gluon=True, **kw)
-
+        g = gluon
         fold = g(sfold=True)
-        for ctx, se, rqe in ((32768, False, True), (1000, False, False), (1000, True, False), (32768, True, False)):
-            for cfg, e in zip([g(), fold], _check(ctx, 64, [g(), fold], mode="hack", use_se=se, rqe=rqe)):
-                add({"tag": f"r61_check_se{int(se)}_rqe{int(rqe)}", "kernel": "hack", "phase": "decode",
-                     "context_len": ctx, "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        hack_check_tail_se("r61", [g(), fold])
         gluon_hack_sweep("r61", [g(), fold], [g(), fold], [g(), fold], rp=False)
         rec("r61_hack_32k_again", measure_decode(("hack", "hack_no_se", "hack_no_rqe"), B, 32768, HQ, HKV, D, 64,
                                                  configs={k: [fold, g()] for k in ("hack", "hack_no_se", "hack_no_rqe")},
@@ -238,9 +248,7 @@ def run(out: Path, stage: int = 3) -> None:
         return
     if stage == 28:  # register caps again with the shorter V path (offline: 1,112 loop instructions at 168
         # registers / 12 programs per SM; 1,138 at 128 / 16 per SM; 1,191 at 96 / 20 per SM)
-        def g(**kw):
-            return dict(gluon=True, **kw)
-
+        g = gluon
         gluon_hack_sweep("r60", [g(), g(maxnreg=128), g(maxnreg=128, ring=3), g(maxnreg=96), g(maxnreg=96, ring=3)],
                          [g(), g(maxnreg=128)], [g(), g(maxnreg=128), g(maxnreg=128, ring=3)], rp=False)
         rec("r60_hack_32k_again", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64,
@@ -248,14 +256,9 @@ def run(out: Path, stage: int = 3) -> None:
         return
     if stage == 27:  # fewer V instructions in the Gluon HACK kernel: planes 1-2 unshifted (vun, -24 loop
         # instructions offline) and the V metadata by channel pairs (vpair, -15); both -39 of 1,151
-        def g(**kw):
-            return dict(gluon=True, **kw)
-
+        g = gluon
         both = g(vun=True, vpair=True)
-        for ctx, se, rqe in ((32768, False, True), (1000, False, False), (1000, True, False), (32768, True, False)):
-            for cfg, e in zip([g(), both], _check(ctx, 64, [g(), both], mode="hack", use_se=se, rqe=rqe)):
-                add({"tag": f"r57_check_se{int(se)}_rqe{int(rqe)}", "kernel": "hack", "phase": "decode",
-                     "context_len": ctx, "partition": 64, "time_us": "", "config": str(cfg), "rel_err": round(e, 5)})
+        hack_check_tail_se("r57", [g(), both])
         gluon_hack_sweep("r57", [g(), g(vun=True), g(vpair=True), both, g(vun=True, vpair=True, ring=3)],
                          [g(), both], [g(), both, g(vun=True, vpair=True, ring=3)], rp=False)
         rec("r57_hack_32k_again", measure_decode(("hack",), B, 32768, HQ, HKV, D, 64,

@@ -25,11 +25,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _backend(jobs: Optional[int], ray: bool, ray_address: Optional[str]) -> dict:
+def _backend(jobs: Optional[int], ray: bool, ray_address: Optional[str], ray_timeout_s: float) -> dict:
     if ray and ray_address:
         _fail("give --ray (start a local Ray) or --ray-address ADDR (join a cluster), not both")
     backend = "ray" if (ray or ray_address) else "pool"
-    return {"backend": backend, "jobs": jobs, "ray_address": ray_address}
+    return {"backend": backend, "jobs": jobs, "ray_address": ray_address, "connect_timeout_s": ray_timeout_s}
+
+
+RAY_ADDRESS_HELP = ("run on the Ray cluster at ADDR: HOST:PORT of the head (`ray start --head --port=PORT`), "
+                    "ray://HOST:10001 (Ray Client) or auto (the cluster started on this machine)")
+RAY_TIMEOUT_HELP = "seconds to wait for the cluster at --ray-address before giving up"
 
 
 def register_commands(app: typer.Typer) -> None:
@@ -42,8 +47,8 @@ def register_commands(app: typer.Typer) -> None:
                                            "the point cache (.cache/) here; default out/sweeps/<sweep name>"),
         jobs: Optional[int] = typer.Option(None, "--jobs", help="worker processes (default: one per core)"),
         ray: bool = typer.Option(False, "--ray", help="run points as Ray tasks on a local Ray started here"),
-        ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run points on the Ray cluster at "
-                                                  "ADDR (e.g. ray://head:10001 or auto)"),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
+        ray_timeout: float = typer.Option(30.0, "--ray-timeout", help=RAY_TIMEOUT_HELP),
         report: bool = typer.Option(True, "--report/--no-report", help="also write report.html"),
     ) -> None:
         """Simulate every point of SWEEP_FILE and write one tidy table (CSV and Parquet) plus a report."""
@@ -55,7 +60,7 @@ def register_commands(app: typer.Typer) -> None:
             spec, base = load_sweep(sweep_file)
             out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
             with Executor(cache_dir=out_dir / ".cache", label=f"sweep {spec.name}",
-                          **_backend(jobs, ray, ray_address)) as ex:
+                          **_backend(jobs, ray, ray_address, ray_timeout)) as ex:
                 result = run_sweep(spec, base, ex, source=str(sweep_file))
         except PlanningError as e:
             _fail(str(e))
@@ -101,7 +106,8 @@ def register_commands(app: typer.Typer) -> None:
         show: int = typer.Option(12, "--show", help="runners-up to print"),
         jobs: Optional[int] = typer.Option(None, "--jobs", help="worker processes (default: one per core)"),
         ray: bool = typer.Option(False, "--ray", help="run simulations as Ray tasks on a local Ray started here"),
-        ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run on the Ray cluster at ADDR"),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
+        ray_timeout: float = typer.Option(30.0, "--ray-timeout", help=RAY_TIMEOUT_HELP),
     ) -> None:
         """The cheapest prefill/decode configuration and method meeting the SLOs at RATE, and every candidate's
         goodput. Exit 1 when no candidate meets them."""
@@ -121,7 +127,7 @@ def register_commands(app: typer.Typer) -> None:
                 k, v = item.split("=", 1)
                 overrides[k.strip()] = yaml.safe_load(v)
             with Executor(cache_dir=None if out is None else out / ".cache", label="plan",
-                          **_backend(jobs, ray, ray_address)) as ex:
+                          **_backend(jobs, ray, ray_address, ray_timeout)) as ex:
                 result = run_plan(scenario, rate, targets, spec, ex, requests=requests, steps=steps,
                                   overrides=overrides)
         except PlanningError as e:

@@ -13,7 +13,8 @@ losing the others. Workers return only the summaries (a few KB), never request t
 
 Backends: `serial` (in this process; for tests and jobs=1), `pool` (concurrent.futures
 ProcessPoolExecutor, the default, one worker per core), `ray` (Ray tasks on a local Ray this
-starts, or on the cluster at `ray_address`; Ray is imported only here, only when asked for).
+starts, or on the cluster at `ray_address`; `planning/raycluster.py` connects, and Ray is imported
+only there, only when asked for).
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ RESULT_VERSION = "1"
 # What decides a point's numbers besides its scenario JSON: instance facts (network, host memory,
 # intra-node bandwidth) and calibration profiles are looked up by key at run time.
 SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/*", "kernels_calibration/profiles/**/*")
-RAY_EXTRA_HINT = "pip install 'hacksim[ray]'"
 
 
 class PlanningError(ValueError):
@@ -191,7 +191,7 @@ class Executor:
     Use as a context manager. `run(tasks)` returns {key: result} for every task."""
 
     def __init__(self, backend: str = "pool", jobs: int | None = None, ray_address: str | None = None,
-                 cache_dir: Path | None = None, label: str = "sweep"):
+                 cache_dir: Path | None = None, label: str = "sweep", connect_timeout_s: float = 30.0):
         if backend not in ("serial", "pool", "ray"):
             raise PlanningError(f"unknown backend {backend!r}; use serial, pool or ray")
         if jobs is not None and jobs < 1:
@@ -199,6 +199,7 @@ class Executor:
         self.backend = backend
         self.jobs = jobs or os.cpu_count() or 1
         self.ray_address = ray_address
+        self.connect_timeout_s = connect_timeout_s
         self.cache = PointCache(cache_dir)
         self.label = label
         self.stats = Stats(backend=backend)
@@ -238,32 +239,18 @@ class Executor:
 
     # -- Ray --
     def _start_ray(self) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise PlanningError(f"--ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
-        import logging
+        from . import raycluster
 
-        if not ray.is_initialized():
+        ray = raycluster.import_ray(self.ray_address)
+        if not ray.is_initialized():   # else: a Ray the caller started; it is the caller's to stop
             if self.ray_address:
-                # Ship this checkout to the cluster's workers (they need the dependencies installed).
-                env = {"working_dir": str(ROOT), "excludes": [".git", ".venv", "out", "**/.cache", "**/__pycache__",
-                                                             "*.parquet", "*.html"]}
-                try:
-                    ray.init(address=self.ray_address, runtime_env=env, logging_level=logging.WARNING,
-                             log_to_driver=False)
-                except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ... all mean "cannot reach it"
-                    raise PlanningError(f"--ray-address {self.ray_address}: cannot connect: "
-                                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
             else:
-                env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                                                 os.environ.get("PYTHONPATH")]))}}
-                ray.init(num_cpus=self.jobs, runtime_env=env, include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=False)
+                raycluster.start_local(ray, self.jobs)
             self._ray_started = True
         self._ray = ray
-        self._ray_fn = ray.remote(num_cpus=1, max_retries=2)(simulate_point)
-        self.stats.workers = int(ray.cluster_resources().get("CPU", 0))
+        self._ray_fn = self._ray.remote(num_cpus=1, max_retries=2)(simulate_point)
+        self.stats.workers = int(self._ray.cluster_resources().get("CPU", 0))
 
     # -- dispatch --
     def run(self, tasks: Iterable[Task], progress: bool = True) -> dict[str, dict]:

@@ -108,6 +108,24 @@ class CalibrationProfile:
         return f"{self.gpu} ({self.source}{where})"
 
 
+# A catalog measurement (catalog/data/gpus.yaml `measured`) and the profile rate it is compared with.
+MEASURED_QUANTITY_FIELD = {"fp16_gemm_tflops": "matmul_fp16_tflops", "bf16_gemm_tflops": "matmul_fp16_tflops",
+                           "int8_gemm_tops": "matmul_int8_tops", "copy_gb_per_s": "memory_gbps"}
+
+
+def compare_to_measured(profile: CalibrationProfile, measured: list[dict]) -> list[dict]:
+    """How far the profile's rates sit from published measurements of its GPU: one row per measurement,
+    error_pct = (profile - measured) / measured (positive: the profile is faster than the measurement)."""
+    rows = []
+    for m in measured:
+        field_name = MEASURED_QUANTITY_FIELD.get(m["quantity"])
+        value = None if field_name is None else getattr(profile, field_name)
+        rows.append({"quantity": m["quantity"], "measured": m["value"], "profile_field": field_name,
+                     "profile": value, "error_pct": None if value is None else round(100 * (value - m["value"]) / m["value"], 1),
+                     "how": m.get("how"), "source": m.get("source")})
+    return rows
+
+
 def load_profile(path: str | Path) -> CalibrationProfile:
     """Read a profile JSON; a missing kernel key is an error at use, not at load."""
     path = Path(path)

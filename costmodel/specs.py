@@ -26,11 +26,20 @@ class GPUSpec:
     fp32_tflops: float
     int8_dp4a_tops: float
     pcie_gb_per_s: float
+    sms: int                            # streaming multiprocessors
+    boost_clock_ghz: float              # SM clock the FP32 peak is quoted at
+    sustained_clock_ghz: float | None   # SM clock a power-capped part holds under load; None: the boost clock
+    nvlink_gb_per_s: float | None       # per GPU per direction; None: no NVLink
     compute_capability: str = "8.0"
 
     @property
     def has_int8_tensor_cores(self) -> bool:
         return self.int8_tensor_tops is not None
+
+    @property
+    def clock_ghz(self) -> float:
+        """The SM clock clock-bound units run at under load."""
+        return self.sustained_clock_ghz or self.boost_clock_ghz
 
 
 @dataclass(frozen=True)

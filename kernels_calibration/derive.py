@@ -6,10 +6,11 @@ Writes kernels_calibration/profiles/<key>/profile.json (source "derived", derive
 t4, v100, a10g, l4, a6000, a100_40gb, a100_80gb, h100, l40s.
 
 How each number is derived (also written into provenance.notes):
-* memory_gbps, matmul_*: the H200's measured fraction of its datasheet peak (copy 4220 of 4800 GB/s,
-  FP16 GEMM ~693 of 989 TFLOP/s, INT8 ~939 of 1979 TOPS, FP8 ~1271 of 1979) times the target's
-  peak.  T4 is power-capped (70 W): the catalog records cuBLASLt INT8 at 32% of peak, so its
-  tensor rates use 32% instead.  V100 has no INT8 tensor cores: matmul_int8_tops is null.
+* every GPU figure comes from catalog/data/gpus.yaml (catalog_peaks; recorded in the profile under
+  "catalog").  memory_gbps, matmul_*: the H200's measured fraction of its datasheet peak (copy 4220
+  of 4800 GB/s, FP16 GEMM ~693 of 989 TFLOP/s, INT8 ~939 of 1979 TOPS, FP8 ~1271 of 1979) times the
+  target's peak.  A power-capped part (T4, 70 W) runs its clock-bound rates at the catalog's
+  sustained clock over its boost clock.  V100 has no INT8 tensor cores: matmul_int8_tops is null.
 * gemm (efficiencies at real layer shapes, dense_bench.py) is kept as fractions of the derived peaks;
   the elementwise kernel scales by bandwidth like the memory-bound kernels.
 * every kernel keeps the H200's overhead_s (launch and pipeline latency) and scales s_per_unit by
@@ -18,7 +19,7 @@ How each number is derived (also written into provenance.notes):
   - CUDA-core bound (HACK decode variants, fused dequant, HACK prefill, quantize.kv: their
     H200 rates sit far below both the copy bandwidth and the tensor peak; the unpack, correction
     and softmax arithmetic dominates): x H200 issue rate / target issue rate (SMs x boost clock;
-    T4 at 70% of boost), but never faster than the target's byte floor;
+    at the sustained clock where the catalog gives one), but never faster than the target's byte floor;
   - tensor-bound (FP16 prefill): x H200 FP16 GEMM rate / target FP16 GEMM rate.
   - the scoring kernels (score.pq*, score.quantized_keys*, select.topk; issue 7) are classified by
     their own H200 fit rather than by a fixed list, because they were added before being measured:
@@ -45,29 +46,23 @@ import json
 import sys
 from pathlib import Path
 
+import catalog
+
 HERE = Path(__file__).resolve().parent / "profiles"
 
-# Peaks from /work/shared/data/reference_specs.yaml (dense, no sparsity); A6000 is not in the catalog:
-# GA102, 768 GB/s, 154.8 TFLOPS FP16 tensor with FP16 accumulate / 77.4 with FP32 accumulate (GEMMs
-# in inference accumulate in FP32), 309.7 INT8 TOPS, 38.7 FP32 TFLOPS (NVIDIA RTX A6000 datasheet).
-PEAKS = {
-    #            mem GB/s  fp16    int8    fp8     fp32   sm  SMs  boost GHz  note
-    "h200":      (4800.0, 989.4, 1978.9, 1978.9, 66.9, 90, 132, 1.98, ""),
-    "h100":      (3350.0, 989.4, 1978.9, 1978.9, 66.9, 90, 132, 1.98, "H100 SXM5"),
-    "a100_40gb": (1555.0, 312.0, 624.0, None, 19.5, 80, 108, 1.41, "A100 40GB SXM4"),
-    "a100_80gb": (2039.0, 312.0, 624.0, None, 19.5, 80, 108, 1.41, "A100 80GB SXM4"),
-    "a10g":      (600.0, 70.0, 140.0, None, 35.0, 86, 80, 1.71,
-                  "A10G: INT8 140, FP32 ~35 and 80 SMs UNVERIFIED in catalog; boost 1.71 GHz assumed"),
-    "l4":        (300.0, 121.0, 242.5, 242.5, 30.3, 89, 58, 2.04, "L4"),
-    "l40s":      (864.0, 362.05, 733.0, 733.0, 91.6, 89, 142, 2.52, "L40S"),
-    "a6000":     (768.0, 77.4, 309.7, None, 38.7, 86, 84, 1.80,
-                  "RTX A6000 not in catalog: GA102, 768 GB/s, 154.8 FP16 TFLOPS (FP16 acc) / 77.4 (FP32 acc, used), "
-                  "309.7 INT8 TOPS, 38.7 FP32 TFLOPS, 84 SMs at 1.80 GHz, 48 GB (NVIDIA datasheet)"),
-    "t4":        (320.0, 65.0, 130.0, None, 8.1, 75, 40, 1.59, "T4, 70 W cap"),
-    "v100":      (900.0, 125.0, None, None, 15.7, 70, 80, 1.53, "V100 SXM2: no INT8 tensor cores"),
-}
+# Every GPU fact comes from catalog/data/gpus.yaml (with its sources); a derived profile records the
+# catalog figures it used under "catalog" (tests/kernels/test_profiles.py checks them against the catalog).
+PEAK_FIELDS = ("memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "int8_tensor_tops", "fp8_tensor_tflops",
+               "fp32_tflops", "compute_capability", "sms", "boost_clock_ghz", "sustained_clock_ghz")
+
+
+def catalog_peaks(key: str) -> dict:
+    """The catalog figures a derivation uses for one GPU."""
+    e = catalog.entry("gpus", key)
+    return {f: e.get(f) for f in PEAK_FIELDS}
+
+
 TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
-T4_TENSOR_FRACTION = 0.32      # catalog: cuBLASLt INT8 GEMM 42 of 130 TOPS on T4 (power cap)
 G_PAD = 16                      # query rows per KV head in the decode dots (GQA 8 padded to 16)
 GLUON_MIN_SM = 90               # the Gluon kernels (gluon_decode.py) run on Hopper and later
 # profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
@@ -93,33 +88,41 @@ BYTES_PER_UNIT.update({f"{k}_triton": BYTES_PER_UNIT[k] for k in GLUON_KERNELS})
 USES_TRITON_DOT |= {f"{k}_triton" for k in GLUON_KERNELS}
 
 
-def derive(src: dict, key: str) -> dict:
-    mem, fp16, int8, fp8, fp32, sm, n_sm, ghz, note = PEAKS[key]
-    h_mem, h_fp16, h_int8, h_fp8, h_fp32, _, h_sm, h_ghz, _ = PEAKS["h200"]
+def derive(src: dict, key: str, src_key: str = "h200") -> dict:
+    tgt, h = catalog_peaks(key), catalog_peaks(src_key)
+    mem, fp16, int8, fp8 = (tgt[f] for f in ("memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "int8_tensor_tops",
+                                              "fp8_tensor_tflops"))
+    fp32, n_sm = tgt["fp32_tflops"], tgt["sms"]
+    sm = int(float(tgt["compute_capability"]) * 10)
+    # A power-capped part (T4 at 70 W) holds a lower SM clock under load than its boost: every clock-bound
+    # rate (tensor cores, CUDA cores) scales by sustained / boost; memory bandwidth does not.
+    clock = tgt["sustained_clock_ghz"] or tgt["boost_clock_ghz"]
+    clock_frac = clock / tgt["boost_clock_ghz"]
     # CUDA-core instruction issue rate (4 warp-instructions per SM per clock on Volta..Hopper); the
     # HACK kernels mix INT32 unpack, FP32 corrections and conversions, so FP32 peak (doubled on
-    # GA10x/Ada) would flatter the GA10x/Ada parts.  T4 sustains ~70% of boost under its 70 W cap.
-    issue_ratio = (h_sm * h_ghz) / (n_sm * ghz * (0.7 if key == "t4" else 1.0))
-    eff_mem = src["memory_gbps"] / h_mem
-    eff_fp16 = src["matmul_fp16_tflops"] / h_fp16
-    eff_int8 = (src["matmul_int8_tops"] or 0.0) / h_int8
-    eff_fp8 = (src["matmul_fp8_tflops"] or 0.0) / h_fp8
-    tensor_frac16 = T4_TENSOR_FRACTION if key == "t4" else eff_fp16
-    tensor_frac8 = T4_TENSOR_FRACTION if key == "t4" else eff_int8
+    # GA10x/Ada) would flatter the GA10x/Ada parts.
+    issue_ratio = (h["sms"] * h["boost_clock_ghz"]) / (n_sm * clock)
+    eff_mem = src["memory_gbps"] / h["memory_bandwidth_gb_per_s"]
+    eff_fp16 = src["matmul_fp16_tflops"] / h["fp16_tensor_tflops"]
+    eff_int8 = (src["matmul_int8_tops"] or 0.0) / h["int8_tensor_tops"]
+    eff_fp8 = (src["matmul_fp8_tflops"] or 0.0) / h["fp8_tensor_tflops"]
+    tensor_frac16, tensor_frac8 = eff_fp16 * clock_frac, eff_int8 * clock_frac
     out_mem = eff_mem * mem
+    note = catalog.entry("gpus", key)["name"]
     out = {
-        "schema_version": 1, "gpu": key, "source": "derived", "derived_from": "h200",
+        "schema_version": 1, "gpu": key, "source": "derived", "derived_from": src_key,
+        "catalog": {"gpu": tgt, "source_gpu": h},
         "memory_gbps": round(out_mem, 1),
         "matmul_fp16_tflops": round(tensor_frac16 * fp16, 1),
         "matmul_int8_tops": None if int8 is None else round(tensor_frac8 * int8, 1),
-        "matmul_fp8_tflops": None if fp8 is None else round(eff_fp8 * fp8, 1),
+        "matmul_fp8_tflops": None if fp8 is None else round(eff_fp8 * clock_frac * fp8, 1),
         "launch_overhead_s": src["launch_overhead_s"],
         "kernels": {},
     }
     if src.get("gemm"):   # efficiencies at real layer shapes are fractions of the (derived) peaks: kept
         out["gemm"] = {**src["gemm"], "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's "
                                               "derived peaks (unvalidated)"}
-    fma_rate = fp32 * 1e12 / 2  # multiply-adds per second on CUDA cores
+    fma_rate = fp32 * 1e12 / 2 * clock_frac  # multiply-adds per second on CUDA cores
     kernels = dict(src["kernels"])
     for name in GLUON_KERNELS:
         if sm < GLUON_MIN_SM and f"{name}_triton" in kernels:
@@ -171,8 +174,9 @@ def derive(src: dict, key: str) -> dict:
                      "fused-dequant dots add 16 multiply-adds per KV element (decode) or 0.5 per FLOP (prefill) at "
                      "the FP32 FMA rate; FP16 attention is torch SDPA. " if sm < 80 else "")
                   + ("No INT8 tensor cores: matmul_int8_tops is null. " if int8 is None else "")
-                  + ("T4 tensor rates use the catalog's measured 32% of peak (70 W cap). " if key == "t4" else "")
-                  + ("Peaks: " + note + ". " if note else "")
+                  + (f"Power cap: clock-bound rates at the catalog's sustained {clock} GHz of {tgt['boost_clock_ghz']} "
+                     "GHz boost. " if clock_frac < 1 else "")
+                  + "Peaks: catalog/data/gpus.yaml (recorded under 'catalog'). "
                   + "Heldout errors are the H200 fit's; the derivation itself is unvalidated (no such GPU here)."),
     }
     return out

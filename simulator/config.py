@@ -89,16 +89,18 @@ class GPUConfig(_Strict):
     fp4_tensor_tflops: float | None = Field(None, gt=0, description="dense FP4 tensor rate; null: none")
     fp32_tflops: float = Field(gt=0)
     int8_dp4a_tops: float = Field(gt=0, description="INT8 dot rate on CUDA cores")
-    sms: int = Field(gt=0)
-    l2_bytes: int = Field(gt=0)
+    sms: int = Field(gt=0, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates scale with them)")
+    boost_clock_ghz: float = Field(gt=0, description="SM clock the FP32 peak is quoted at")
+    sustained_clock_ghz: float | None = Field(None, gt=0, description="SM clock held under load where a power cap "
+                                              "keeps it below boost; null: the boost clock")
     pcie_gb_per_s: float = Field(gt=0, description="achievable host<->device per direction")
     nvlink_gb_per_s: float | None = Field(None, gt=0)
-    tdp_w: float = Field(gt=0)
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, v: Any) -> Any:
-        return _with_preset("gpus", v)
+        # `measured` holds published measurements with their sources: provenance, compared in profiles.json
+        return _with_preset("gpus", v, drop=("key", "sources", "notes", "measured"))
 
 
 class PoolConfig(_Strict):

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from costmodel.calibration import CalibrationProfile, load_profile
+import catalog
+from costmodel.calibration import CalibrationProfile, compare_to_measured, load_profile
 from costmodel.methods import KVMethod, make_method
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.roofline import roofline_profile
@@ -48,8 +49,9 @@ def gpu_spec(g: GPUConfig) -> GPUSpec:
                    memory_bandwidth_gb_per_s=g.memory_bandwidth_gb_per_s, fp16_tensor_tflops=g.fp16_tensor_tflops,
                    int8_tensor_tops=g.int8_tensor_tops, fp8_tensor_tflops=g.fp8_tensor_tflops,
                    fp4_tensor_tflops=g.fp4_tensor_tflops, fp32_tflops=g.fp32_tflops,
-                   int8_dp4a_tops=g.int8_dp4a_tops, pcie_gb_per_s=g.pcie_gb_per_s,
-                   compute_capability=g.compute_capability)
+                   int8_dp4a_tops=g.int8_dp4a_tops, pcie_gb_per_s=g.pcie_gb_per_s, sms=g.sms,
+                   boost_clock_ghz=g.boost_clock_ghz, sustained_clock_ghz=g.sustained_clock_ghz,
+                   nvlink_gb_per_s=g.nvlink_gb_per_s, compute_capability=g.compute_capability)
 
 
 def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:
@@ -351,7 +353,9 @@ class ScenarioResult:
             path = p.path
             if path is not None and Path(path).resolve().is_relative_to(REPO_ROOT):
                 path = str(Path(path).resolve().relative_to(REPO_ROOT))   # outputs stay the same across checkouts
-            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path}
+            measured = catalog.load("gpus").get(p.gpu, {}).get("measured", [])
+            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path,
+                    "vs_measured": compare_to_measured(p, measured)}
         out = {"prefill": one(self.resolved.prefill_profile), "decode": one(self.resolved.decode_profile)}
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
         prof = self.resolved.decode_profile

@@ -139,3 +139,7 @@ def test_simulate_profile_option_uses_the_given_profile(tmp_path):
     assert r.returncode == 0, r.stderr
     profiles = json.loads((out / "profiles.json").read_text())
     assert profiles["prefill"]["source"] == "measured" and profiles["prefill"]["gpu"] == "h200"
+    # the profile's rates against the catalog's published measurements of its GPU (the H200's own copy and GEMM)
+    rows = {r["quantity"]: r for r in profiles["prefill"]["vs_measured"]}
+    assert rows["copy_gb_per_s"]["profile"] == pytest.approx(4220.4) and abs(rows["copy_gb_per_s"]["error_pct"]) < 0.1
+    assert rows["bf16_gemm_tflops"]["error_pct"] == pytest.approx(100 * (693.4 - 794.5) / 794.5, abs=0.1)

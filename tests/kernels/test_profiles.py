@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_calibration.derive import TARGETS, derive
+from kernels_calibration.derive import TARGETS, catalog_peaks, derive
 from kernels_calibration.profile import build_profile, fit
 
 PROFILES = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles"
@@ -52,6 +52,23 @@ def test_committed_profiles_hold_the_contract(key):
         assert fit_["overhead_s"] >= 0 and fit_["s_per_unit"] > 0
     assert prof["memory_gbps"] > 0 and prof["matmul_fp16_tflops"] > 0
     assert prof["provenance"]["notes"]
+
+
+@pytest.mark.parametrize("key", TARGETS)
+def test_derived_profiles_record_the_catalog_peaks(key):
+    """A derived profile's GPU figures are the catalog's, for its own GPU and for the GPU it was derived from:
+    this fails when catalog/data/gpus.yaml changes and the profiles were not re-derived."""
+    prof = json.loads((PROFILES / key / "profile.json").read_text())
+    assert prof["catalog"]["gpu"] == catalog_peaks(key)
+    assert prof["catalog"]["source_gpu"] == catalog_peaks(prof["derived_from"])
+
+
+@pytest.mark.parametrize("key", TARGETS)
+def test_committed_derived_profiles_are_what_derive_writes(key):
+    """No hand edits: each committed derived profile is derive.py's output from the committed H200 profile."""
+    src = json.loads((PROFILES / "h200" / "profile.json").read_text())
+    committed = json.loads((PROFILES / key / "profile.json").read_text())
+    assert json.loads(json.dumps(derive(src, key))) == committed
 
 
 def test_derivation_models_sm_below_80():

@@ -184,7 +184,7 @@ def test_build_profile_fits_scoring_keys():
 
 
 def test_derive_scales_scoring_keys_by_their_h200_bound():
-    from kernels_calibration.derive import PEAKS, SCORE_BYTES_PER_UNIT, derive
+    from kernels_calibration.derive import SCORE_BYTES_PER_UNIT, catalog_peaks, derive
 
     src = {"memory_gbps": 4220.0, "matmul_fp16_tflops": 690.0, "matmul_int8_tops": 940.0, "matmul_fp8_tflops": 1270.0,
            "launch_overhead_s": 5e-6, "provenance": {}, "kernels": {
@@ -197,8 +197,8 @@ def test_derive_scales_scoring_keys_by_their_h200_bound():
     assert pq["scaled_by"].startswith("memory")
     assert pq["s_per_unit"] == pytest.approx(src["kernels"]["score.pq"]["s_per_unit"] * 4220.0 / a100["memory_gbps"])
     assert qk["scaled_by"].startswith("cuda cores")
-    h, t = PEAKS["h200"], PEAKS["a100_40gb"]
-    issue = (h[6] * h[7]) / (t[6] * t[7])
+    h, t = catalog_peaks("h200"), catalog_peaks("a100_40gb")
+    issue = (h["sms"] * h["boost_clock_ghz"]) / (t["sms"] * t["boost_clock_ghz"])
     assert qk["s_per_unit"] == pytest.approx(max(src["kernels"]["score.quantized_keys"]["s_per_unit"] * issue,
                                                  0.8125 / (a100["memory_gbps"] * 1e9)))
     assert "FMA" in v100["kernels"]["score.quantized_keys"]["scaled_by"]

@@ -17,17 +17,33 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from reports.terminal import JSON_HELP, QUIET_HELP, ProgressBar, Say
+from scenarios import resolve as resolve_example
+
+__version__ = "0.1.0"
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines).")
 
 EXIT_BAD_INPUT = 2
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hacksim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="print the version and exit")) -> None:
+    """Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines)."""
 
 
 def fail(message: str) -> None:
@@ -64,23 +80,27 @@ def write_outputs(result, out: Path) -> None:
 
 
 def format_table(summary: dict) -> str:
+    """The comparison, one row per method; `JCT vs base` is negative where a method takes less time."""
+    from reports.terminal import render, table
+
     methods = summary["methods"]
     base = methods.get("baseline")
-    head = (f"{'method':<12} {'done':>5} {'JCT mean':>9} {'p90':>8} {'TTFT':>8} {'TPOT ms':>8} {'transfer':>9} "
-            f"{'dequant':>8} {'approx':>7} {'KV B/tok':>9} {'peak GiB':>9} {'JCT vs base':>11}")
-    lines = [f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}", head,
-             "-" * len(head)]
+    rows = []
     for name, m in methods.items():
         b = m["breakdown_s"]
         vs = ""
         if base is not None and name != "baseline":
             vs = f"{100 * (m['jct_s']['mean'] / base['jct_s']['mean'] - 1):+.1f}%"
-        lines.append(
-            f"{name:<12} {m['completed']:>5} {m['jct_s']['mean']:>8.2f}s {m['jct_s']['p90']:>7.2f}s "
-            f"{m['ttft_s']['mean']:>7.2f}s {1e3 * m['tpot_s']['mean']:>8.1f} {b['transfer']:>8.2f}s "
-            f"{b['dequantize']:>7.3f}s {b['approximation']:>6.3f}s {m['kv_bytes_per_token']['wire']:>9.0f} "
-            f"{m['peak_decode_memory_bytes'] / 2**30:>9.1f} {vs:>11}")
-    return "\n".join(lines)
+        rows.append([name, f"{m['completed']}", f"{m['jct_s']['mean']:.2f}s", f"{m['jct_s']['p90']:.2f}s",
+                     f"{m['ttft_s']['mean']:.2f}s", f"{1e3 * m['tpot_s']['mean']:.1f}", f"{b['transfer']:.2f}s",
+                     f"{b['dequantize']:.3f}s", f"{b['approximation']:.3f}s",
+                     f"{m['kv_bytes_per_token']['wire']:.0f}", f"{m['peak_decode_memory_bytes'] / 2**30:.1f}", vs])
+    heads = ["method", "done", "JCT mean", "p90", "TTFT", "TPOT ms", "transfer", "dequant", "approx", "KV B/tok",
+             "peak GiB", "JCT vs base"]
+    title = f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}"
+    return render(table(heads, rows, title=title))
+
+
 
 
 @app.command()
@@ -95,6 +115,8 @@ def simulate(
     profile: Optional[Path] = typer.Option(None, "--profile", help="calibration profile.json for both pools "
                                            "(default: the scenario's calibration settings)"),
     report: bool = typer.Option(True, "--report/--no-report", help="also write report.html with --out"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": summary.json's content"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
     from simulator.config import ScenarioError, load_scenario
@@ -108,13 +130,15 @@ def simulate(
     if profile is not None:
         overrides += [f"calibration.prefill_profile={profile}", f"calibration.decode_profile={profile}"]
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    say = Say(as_json, quiet)
+    scenario = resolve_example(scenario)
     try:
         cfg = load_scenario(scenario, overrides)
-        with _progress(len(chosen) if chosen else len(cfg.methods), "simulating") as tick:
-            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=tick)
+        with ProgressBar(0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods") as bar:
+            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=lambda _name: bar.advance())
     except ScenarioError as e:
         fail(str(e))
-    typer.echo(format_table(result.summary))
+    say.result(format_table(result.summary), result.summary)
     if out is not None:
         write_outputs(result, out)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
@@ -122,7 +146,7 @@ def simulate(
             path = _build_report(out)
             if path is not None:
                 written += f", {path.name}"
-        typer.echo(written)
+        say(written)
 
 
 def _build_report(out: Path) -> Optional[Path]:
@@ -133,26 +157,23 @@ def _build_report(out: Path) -> Optional[Path]:
     return build_report(out)
 
 
-class _progress:
-    """A terminal progress bar on stderr, shown only when stderr is a terminal."""
+@app.command("scenarios")
+def list_scenarios() -> None:
+    """List the example scenarios and sweeps shipped with hacksim; any command takes their names."""
+    import yaml
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label, self.bar = total, label, None
+    from reports.terminal import render, table
+    from scenarios import EXAMPLES_DIR, examples
 
-    def __enter__(self):
-        if sys.stderr.isatty():
-            self.bar = typer.progressbar(length=self.total, label=self.label, file=sys.stderr)
-            self.bar.__enter__()
-        return self.tick
-
-    def tick(self, _name: str = "") -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False
+    rows = []
+    for path in examples():
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            doc = {}
+        about = doc.get("description", "") if isinstance(doc, dict) else ""
+        rows.append([path.relative_to(EXAMPLES_DIR).with_suffix("").as_posix(), str(about)])
+    typer.echo(render(table(["name", "description"], rows, title=f"examples in {EXAMPLES_DIR}", left=2)))
 
 
 @app.command()
@@ -193,33 +214,33 @@ def validate(
     scenario: Optional[Path] = typer.Option(None, "--scenario", help="the scenario describing the measured system "
                                             "(required for one trace)"),
     method: Optional[str] = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the errors as JSON here"),
     out: Optional[Path] = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
     set_: List[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": validation.json's content"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Simulate the configuration of a measured TRACE and report the simulator's errors."""
     from simulator.config import ScenarioError
     from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
 
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
+    scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
         fail(f"{trace}: --scenario is required to validate one trace")
     try:
         result = validate_index(trace, list(set_)) if many else run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
-    typer.echo(format_validation_table(result) if many else format_validation(result))
+    say = Say(as_json, quiet)
+    say.result(format_validation_table(result) if many else format_validation(result), result)
     text = json.dumps(_clean(result), indent=2) + "\n"
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text)
     if out is not None:
         from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
         (write_validation_index_report if many else write_validation_report)(_clean(result), out / "validation.html")
-        typer.echo(f"wrote {out}/validation.json, validation.html")
+        say(f"wrote {out}/validation.json, validation.html")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

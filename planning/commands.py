@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from reports.terminal import JSON_HELP, QUIET_HELP
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -56,6 +58,9 @@ def register_commands(app: typer.Typer) -> None:
         from .report import write_report
         from .sweep import load_sweep, run_sweep, write_table
 
+        from scenarios import resolve as resolve_example
+
+        sweep_file = resolve_example(sweep_file)
         try:
             spec, base = load_sweep(sweep_file)
             out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
@@ -108,15 +113,23 @@ def register_commands(app: typer.Typer) -> None:
         ray: bool = typer.Option(False, "--ray", help="run simulations as Ray tasks on a local Ray started here"),
         ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
         ray_timeout: float = typer.Option(30.0, "--ray-timeout", help=RAY_TIMEOUT_HELP),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the answer and every candidate"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     ) -> None:
         """The cheapest prefill/decode configuration and method meeting the SLOs at RATE, and every candidate's
         goodput. Exit 1 when no candidate meets them."""
         import yaml
 
+        from reports.terminal import Say
+
         from .executor import Executor, PlanningError
-        from .plan import format_plan, load_candidates, run_plan
+        from .plan import format_plan, load_candidates, plan_json, run_plan
         from .sweep import parse_slo
 
+        from scenarios import resolve as resolve_example
+
+        scenario = resolve_example(scenario)
+        candidates = None if candidates is None else resolve_example(candidates)
         try:
             targets = parse_slo(slo)
             spec = load_candidates(candidates)
@@ -126,7 +139,7 @@ def register_commands(app: typer.Typer) -> None:
                     raise PlanningError(f"--set {item!r}: expected path.to.field=value")
                 k, v = item.split("=", 1)
                 overrides[k.strip()] = yaml.safe_load(v)
-            with Executor(cache_dir=None if out is None else out / ".cache", label="plan",
+            with Executor(cache_dir=None if out is None else out / ".cache", label="plan", progress=not quiet,
                           **_backend(jobs, ray, ray_address, ray_timeout)) as ex:
                 result = run_plan(scenario, rate, targets, spec, ex, requests=requests, steps=steps,
                                   overrides=overrides)
@@ -135,11 +148,12 @@ def register_commands(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             typer.echo("interrupted" + (": finished points are cached; rerun to resume" if out else ""), err=True)
             raise typer.Exit(EXIT_INTERRUPTED)
-        typer.echo(format_plan(result, show=show))
+        say = Say(as_json, quiet)
+        say.result(format_plan(result, show=show), plan_json(result))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             result.table.to_csv(out / "plan.csv", index=False)
-            typer.echo(f"wrote {out / 'plan.csv'}")
+            say(f"wrote {out / 'plan.csv'}")
         if result.answer is None:
             raise typer.Exit(1)
 

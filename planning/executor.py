@@ -21,9 +21,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
-import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -131,50 +129,6 @@ def _warm_worker() -> None:
     import simulator.run  # noqa: F401
 
 
-# ---- progress -------------------------------------------------------------------------------------
-class Progress:
-    """`label  340/1000 points  34%  0:12 elapsed  0:23 left` on stderr, only when it is a terminal."""
-
-    def __init__(self, total: int, label: str, stream=None):
-        self.total, self.label = total, label
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = total > 0 and self.stream.isatty()
-        self.done = self.cached = self.errors = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-
-    def update(self, *, cached: bool = False, error: bool = False) -> None:
-        self.done += 1
-        self.cached += cached
-        self.errors += error
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or self.done == self.total):
-            self._last = now
-            self.stream.write("\r" + self.line(now) + "\x1b[K")
-            self.stream.flush()
-
-    def line(self, now: float) -> str:
-        elapsed = now - self.t0
-        run = self.done - self.cached
-        left = (self.total - self.done) * elapsed / run if run else math.nan
-        extra = ", ".join(p for p in (f"{self.cached} cached" if self.cached else "",
-                                      f"{self.errors} with errors" if self.errors else "") if p)
-        return (f"{self.label} {self.done}/{self.total} points {100 * self.done / self.total:3.0f}%  "
-                f"{_clock(elapsed)} elapsed  {_clock(left)} left" + (f"  ({extra})" if extra else ""))
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _clock(s: float) -> str:
-    if not math.isfinite(s):
-        return "--:--"
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 # ---- backends -------------------------------------------------------------------------------------
 @dataclass
 class Stats:
@@ -191,7 +145,8 @@ class Executor:
     Use as a context manager. `run(tasks)` returns {key: result} for every task."""
 
     def __init__(self, backend: str = "pool", jobs: int | None = None, ray_address: str | None = None,
-                 cache_dir: Path | None = None, label: str = "sweep", connect_timeout_s: float = 30.0):
+                 cache_dir: Path | None = None, label: str = "sweep", connect_timeout_s: float = 30.0,
+                 progress: bool = True):
         if backend not in ("serial", "pool", "ray"):
             raise PlanningError(f"unknown backend {backend!r}; use serial, pool or ray")
         if jobs is not None and jobs < 1:
@@ -200,6 +155,7 @@ class Executor:
         self.jobs = jobs or os.cpu_count() or 1
         self.ray_address = ray_address
         self.connect_timeout_s = connect_timeout_s
+        self.progress = progress
         self.cache = PointCache(cache_dir)
         self.label = label
         self.stats = Stats(backend=backend)
@@ -253,31 +209,35 @@ class Executor:
         self.stats.workers = int(self._ray.cluster_resources().get("CPU", 0))
 
     # -- dispatch --
-    def run(self, tasks: Iterable[Task], progress: bool = True) -> dict[str, dict]:
+    def run(self, tasks: Iterable[Task], progress: bool | None = None) -> dict[str, dict]:
+        """{key: result} for every task; a progress bar on a terminal unless `progress` (default: the
+        executor's) is False."""
+        from reports.terminal import ProgressBar   # here, not at the top: workers import this module without reports
+
         t0 = time.monotonic()
         unique: dict[str, Task] = {}
         for t in tasks:
             unique.setdefault(t.key, t)
         results: dict[str, dict] = {}
-        bar = Progress(len(unique), self.label) if progress else Progress(0, self.label)
         todo = []
-        for key, task in unique.items():
-            hit = self.cache.get(key)
-            if hit is not None:
-                results[key] = hit
-                self.stats.cached += 1
-                bar.update(cached=True, error=_has_error(hit))
-            else:
-                todo.append(task)
-        try:
-            for key, result in self._dispatch(todo):
-                self.cache.put(key, result)
-                results[key] = result
-                self.stats.simulated += 1
-                bar.update(error=_has_error(result))
-        finally:
-            bar.close()
-            self.stats.wall_s += time.monotonic() - t0
+        with ProgressBar(len(unique) if (self.progress if progress is None else progress) else 0, self.label,
+                         "points") as bar:
+            for key, task in unique.items():
+                hit = self.cache.get(key)
+                if hit is not None:
+                    results[key] = hit
+                    self.stats.cached += 1
+                    bar.advance(cached=True, error=_has_error(hit))
+                else:
+                    todo.append(task)
+            try:
+                for key, result in self._dispatch(todo):
+                    self.cache.put(key, result)
+                    results[key] = result
+                    self.stats.simulated += 1
+                    bar.advance(error=_has_error(result))
+            finally:
+                self.stats.wall_s += time.monotonic() - t0
         return results
 
     def _dispatch(self, todo: list[Task]):

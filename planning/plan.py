@@ -406,6 +406,17 @@ def base_rows(p: PlanResult) -> pd.DataFrame:
 
 
 # ---- the printed answer ------------------------------------------------------------------------------------
+def plan_json(p: PlanResult) -> dict:
+    """The plan as data (`plan --json`): the answer (None when nothing meets the SLOs), every candidate
+    cheapest first with why it lost, and how the search ran."""
+    rows = p.table.to_dict(orient="records")
+    for r in rows:
+        r["why_not"] = "" if p.answer is not None and r["candidate"] == p.answer["candidate"] else \
+            why_lost(r, p.answer, p.rate_rps)
+    return {"scenario": p.scenario_name, "rate_rps": p.rate_rps, "slo": p.slo, "answer": p.answer,
+            "candidates": rows, "notes": p.notes, "simulations": p.simulations}
+
+
 def why_lost(row: dict, answer: dict | None, rate: float) -> str:
     if row["error"]:
         return f"does not run: {row['error']}"

@@ -1,18 +1,28 @@
-"""HTML reports and static figures from a finished run's files (never imports the simulator).
+"""HTML reports, static figures and terminal tables from a finished run's files (never imports the simulator).
 
     from reports import build_report, export_static
     build_report("out/default")                  # -> out/default/report.html
     export_static("out/default")                 # -> out/default/figures/*.png, *.svg
+
+Names load on first use, so `reports.terminal` (rich only) does not pull in plotly.
 """
-from .data import RunData, load_run
-from .figures import make_figures
-from .html import build_report, figures_from_html
-from .static import export_static
-from .tables import reductions_table
+from importlib import import_module
+
+_WHERE = {"RunData": "data", "load_run": "data", "make_figures": "figures", "build_report": "html",
+          "figures_from_html": "html", "export_static": "static", "reductions_table": "tables"}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def report_figures(run_dir) -> dict:
     """The report's figures, name -> plotly Figure, for a run directory."""
+    from .data import load_run
+    from .figures import make_figures
+
     return make_figures(load_run(run_dir))
 
 

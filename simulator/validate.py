@@ -127,21 +127,22 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
 
 
 def format_validation(v: dict) -> str:
-    lines = [f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}",
-             f"{'metric':<22} {'measured':>10} {'simulated':>10} {'error':>8}"]
+    from reports.terminal import render, table
+
+    rows = []
     for metric in ("jct", "ttft", "tpot"):
         m, p = v["metrics"][f"{metric}_s"]["measured"], v["metrics"][f"{metric}_s"]["simulated"]
         for q in ("mean", "p50", "p90", "p99"):
-            e = v[f"{metric}_{q}_error_pct"]
-            lines.append(f"{metric + ' ' + q + ' (s)':<22} {m[q]:>10.4f} {p[q]:>10.4f} {_pct(e):>8}")
+            rows.append([f"{metric} {q} (s)", f"{m[q]:.4f}", f"{p[q]:.4f}", _pct(v[f"{metric}_{q}_error_pct"])])
     for part, mp in v["breakdown_s"].items():
-        lines.append(f"{part + ' mean (s)':<22} {mp['measured']:>10.4f} {mp['simulated']:>10.4f} "
-                     f"{_pct(v[f'{part}_mean_error_pct']):>8}")
+        rows.append([f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}",
+                     _pct(v[f"{part}_mean_error_pct"])])
     if "iteration_s" in v:
         it = v["iteration_s"]
-        lines.append(f"{'iteration mean (s)':<22} {it['measured_mean']:>10.5f} {it['predicted_mean']:>10.5f} "
-                     f"{_pct(v['iteration_mean_error_pct']):>8}")
-    return "\n".join(lines)
+        rows.append(["iteration mean (s)", f"{it['measured_mean']:.5f}", f"{it['predicted_mean']:.5f}",
+                     _pct(v["iteration_mean_error_pct"])])
+    title = f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}"
+    return render(table(["metric", "measured", "simulated", "error"], rows, title=title))
 
 
 def _pct(e: float | None) -> str:
@@ -178,13 +179,13 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
 
 
 def format_validation_table(rows: list[dict]) -> str:
+    from reports.terminal import render, table
+
     heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration")
-    w = max(len(r["trace"]) for r in rows)
-    lines = [f"{'trace':{w}s} " + " ".join(f"{h:>9s}" for h in heads), "-" * (w + 10 * len(heads))]
-    for r in rows:
-        lines.append(f"{r['trace']:{w}s} " + " ".join(f"{_pct(r[k]):>9s}" for k in SUMMARY_KEYS))
+    body = [[r["trace"], *(_pct(r[k]) for k in SUMMARY_KEYS)] for r in rows]
+    summary = []
     for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
         vals = [fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
                 for k in SUMMARY_KEYS]
-        lines.append(f"{label:{w}s} " + " ".join(f"{_pct(v):>9s}" for v in vals))
-    return "\n".join(lines)
+        summary.append([label, *(_pct(v) for v in vals)])
+    return render(table(["trace", *heads], body, footer_rows=summary))

@@ -143,3 +143,45 @@ def test_simulate_profile_option_uses_the_given_profile(tmp_path):
     rows = {r["quantity"]: r for r in profiles["prefill"]["vs_measured"]}
     assert rows["copy_gb_per_s"]["profile"] == pytest.approx(4220.4) and abs(rows["copy_gb_per_s"]["error_pct"]) < 0.1
     assert rows["bf16_gemm_tflops"]["error_pct"] == pytest.approx(100 * (693.4 - 794.5) / 794.5, abs=0.1)
+
+
+def test_version_matches_the_package_metadata():
+    import tomllib
+
+    import cli as cli_module
+
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout == f"hacksim {cli_module.__version__}\n"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "cli.__version__"}
+    assert project["project"]["scripts"]["hacksim"] == "cli:app"
+
+
+def test_json_is_the_summary_and_quiet_prints_nothing(tmp_path):
+    """--json: stdout is summary.json's content, the other lines go to stderr; --quiet: stdout is empty.
+    A shipped example is found by name from any folder."""
+    r = cli("simulate", "a10g_10gbps", "--requests", "12", "--methods", "baseline,hack", "--json", "--out",
+            tmp_path / "o", "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert "wrote" in r.stderr
+    q = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "hack", "--quiet", "--out",
+            tmp_path / "q", "--no-report", cwd=tmp_path)
+    assert q.returncode == 0 and q.stdout == "" and q.stderr == "" and (tmp_path / "q" / "summary.json").is_file()
+
+
+def test_the_table_says_less_time_with_a_minus():
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack")
+    hack = next(line for line in r.stdout.splitlines() if line.startswith("hack"))
+    summary = json.loads(cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods",
+                             "baseline,hack", "--json").stdout)["methods"]
+    change = 100 * (summary["hack"]["jct_s"]["mean"] / summary["baseline"]["jct_s"]["mean"] - 1)
+    assert change < 0 and hack.split()[-1] == f"{change:+.1f}%"
+
+
+def test_scenarios_lists_every_shipped_example():
+    r = cli("scenarios")
+    assert r.returncode == 0
+    shipped = sorted(p.relative_to(ROOT / "scenarios").with_suffix("").as_posix()
+                     for p in (ROOT / "scenarios").rglob("*.yaml"))
+    assert [line.split()[0] for line in r.stdout.splitlines()[3:]] == shipped

@@ -60,11 +60,14 @@ def test_validate_cli_writes_json_and_figure(tmp_path):
     trace, scen = _setup(tmp_path)
     out = tmp_path / "val"
     r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen),
-                        "--json", str(tmp_path / "v.json"), "--out", str(out)], capture_output=True, text=True)
+                        "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "jct mean" in r.stdout
-    v = json.loads((tmp_path / "v.json").read_text())
+    as_json = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen),
+                              "--json"], capture_output=True, text=True)
+    v = json.loads(as_json.stdout)
     assert "jct_mean_error_pct" in v and "ttft_p50_error_pct" in v and "tpot_p99_error_pct" in v
+    assert v == json.loads((out / "validation.json").read_text())
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
     bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
                          capture_output=True, text=True)
@@ -78,11 +81,14 @@ def test_validate_index_table_json_figure_and_bad_index(tmp_path):
     idx = tmp_path / "index.csv"
     idx.write_text(f"trace,scenario\n{trace.name},{scen.name}\n{trace},{scen}\n")   # relative and absolute
     out = tmp_path / "val"
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", str(tmp_path / "v.json"),
-                        "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--out", str(out)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "mean |error|" in r.stdout and "max |error|" in r.stdout
-    rows = json.loads((tmp_path / "v.json").read_text())
+    quiet = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", "--quiet"],
+                           capture_output=True, text=True)
+    rows = json.loads(quiet.stdout)
+    assert quiet.stderr == "" and rows == json.loads((out / "validation.json").read_text())
     assert len(rows) == 2 and all(abs(row["jct_mean_error_pct"]) < 1e-6 for row in rows)   # its own trace
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
     bad = tmp_path / "bad.csv"

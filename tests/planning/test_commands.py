@@ -1,6 +1,7 @@
 """`sweep` and `plan` through the typer app: outputs, one-line errors, the Parquet and Ray fallbacks."""
 from __future__ import annotations
 
+import json
 import sys
 
 import pandas as pd
@@ -87,3 +88,10 @@ def test_plan_prints_the_answer_and_writes_every_candidate(tmp_path, base_file, 
     assert "answer: $20.99/h" in r.stdout and "note: decode: left out h200x1 (no price" in r.stdout
     table = pd.read_csv(tmp_path / "plan" / "plan.csv")
     assert len(table) == 4 and {"goodput_rps", "meets_slo", "cost_usd_per_hour"} <= set(table.columns)
+    again = run("plan", base_file, "--rate", "1", "--slo", "ttft_p99_s=10,jct_p90_s=20", "--candidates", cands,
+                "--steps", "3", "--out", tmp_path / "plan", "--json", "--quiet")
+    assert again.exit_code == 0 and again.stderr == ""
+    plan = json.loads(again.stdout)
+    assert round(plan["answer"]["cost_usd_per_hour"], 2) == 20.99
+    assert len(plan["candidates"]) == 4 and plan["candidates"][0]["candidate"] == plan["answer"]["candidate"]
+    assert all(c["why_not"] for c in plan["candidates"][1:])

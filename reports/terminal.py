@@ -1,0 +1,124 @@
+"""The terminal side of the reports, through rich: one progress bar and one table style.
+
+The progress bar goes to stderr and only when stderr is a terminal, so stdout stays the result (a
+table, or JSON with --json) and a pipe or a log file gets no bar. Tables print plain text when stdout
+is not a terminal, wide enough that no column is cut.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from typing import Iterable, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+PLAIN_WIDTH = 200   # columns for a table printed to a pipe or a file
+JSON_HELP = "print the result as JSON on stdout (other messages go to stderr)"
+QUIET_HELP = "print nothing but errors (and the JSON with --json)"
+
+
+def to_json(obj) -> str:
+    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    def clean(o):
+        if isinstance(o, float):
+            return o if math.isfinite(o) else None
+        if isinstance(o, dict):
+            return {str(k): clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        if hasattr(o, "item") and callable(o.item):   # numpy scalar
+            return clean(o.item())
+        return o
+
+    return json.dumps(clean(obj), indent=2, allow_nan=False)
+
+
+class Say:
+    """Where a command's words go: stdout; stderr when stdout carries JSON (--json); nowhere with --quiet."""
+
+    def __init__(self, as_json: bool, quiet: bool):
+        self.as_json, self.quiet = as_json, quiet
+
+    def __call__(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr if self.as_json else sys.stdout, flush=True)
+
+    def result(self, text: str, obj) -> None:
+        """The command's result: `text` for people, or `obj` as JSON on stdout with --json."""
+        if self.as_json:
+            print(to_json(obj), flush=True)
+        else:
+            self(text)
+
+
+class ProgressBar:
+    """`label ━━━━━━━━╸━━━ 340/1000 points 34% 0:00:12 elapsed 0:00:23 left (3 cached)`.
+
+    A context manager; `advance()` once per finished item. Does nothing unless `stream` (stderr by
+    default) is a terminal and there is something to count."""
+
+    def __init__(self, total: int, label: str, unit: str = "", stream=None):
+        self.console = Console(file=stream if stream is not None else sys.stderr)
+        self.enabled = total > 0 and self.console.is_terminal
+        self.total, self.label, self.unit = total, label, unit
+        self.cached = self.errors = 0
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> "ProgressBar":
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                TaskProgressColumn(), TimeElapsedColumn(), TextColumn("elapsed"), TimeRemainingColumn(),
+                TextColumn("left {task.fields[note]}"), console=self.console)
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=self.total, note="")
+        return self
+
+    def advance(self, *, cached: bool = False, error: bool = False) -> None:
+        self.cached += cached
+        self.errors += error
+        if self._progress is not None:
+            extra = ", ".join(p for p in (f"{self.cached} cached" if self.cached else "",
+                                          f"{self.errors} with errors" if self.errors else "") if p)
+            self._progress.update(self._task, advance=1, note=f"({extra})" if extra else "")
+
+    def __exit__(self, *exc) -> bool:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        return False
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None,
+          footer_rows: Iterable[Sequence[str]] = (), left: int = 1) -> Table:
+    """A rich Table in the house style: the first `left` columns left-aligned, the rest right-aligned
+    (numbers), an optional title above and summary rows under a rule."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i < left else "right", no_wrap=True)
+    rows, footer_rows = list(rows), list(footer_rows)
+    for i, r in enumerate(rows):
+        t.add_row(*r, end_section=bool(footer_rows) and i == len(rows) - 1)
+    for r in footer_rows:
+        t.add_row(*r)
+    return t
+
+
+def render(*renderables, stream=None) -> str:
+    """Text of rich renderables as a terminal of `stream`'s width would show it, or PLAIN_WIDTH wide
+    and without colour when `stream` (stdout by default) is not a terminal."""
+    target = Console(file=stream if stream is not None else sys.stdout)
+    width = target.width if target.is_terminal else PLAIN_WIDTH
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=target.is_terminal, color_system=target.color_system,
+                      highlight=False)
+    for r in renderables:
+        console.print(r)
+    return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())

@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import typer
 
-from reports.terminal import JSON_HELP, QUIET_HELP, ProgressBar, Say
+from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP, ProgressBar, Say
 from scenarios import resolve as resolve_example
 
 __version__ = "0.1.0"
@@ -115,6 +115,7 @@ def simulate(
     profile: Optional[Path] = typer.Option(None, "--profile", help="calibration profile.json for both pools "
                                            "(default: the scenario's calibration settings)"),
     report: bool = typer.Option(True, "--report/--no-report", help="also write report.html with --out"),
+    plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": summary.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -143,18 +144,18 @@ def simulate(
         write_outputs(result, out)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
         if report:
-            path = _build_report(out)
+            path = _build_report(out, plotlyjs)
             if path is not None:
                 written += f", {path.name}"
         say(written)
 
 
-def _build_report(out: Path) -> Optional[Path]:
+def _build_report(out: Path, plotlyjs: Optional[str] = None) -> Optional[Path]:
     try:
         from reports import build_report
     except ImportError:
         return None
-    return build_report(out)
+    return build_report(out, plotlyjs=plotlyjs)
 
 
 @app.command("scenarios")
@@ -186,12 +187,13 @@ def schema() -> None:
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a folder written by simulate --out"),
+           plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
            static: Optional[str] = typer.Option(None, "--static", help="also write the main figures as images "
                                                 "under RUN_DIR/figures/: png, svg or png,svg (needs '.[images]')")) -> None:
     """Rebuild RUN_DIR/report.html from the saved tables."""
     if not (run_dir / "summary.json").exists():
         fail(f"{run_dir}: no summary.json (run simulate --out {run_dir} first)")
-    path = _build_report(run_dir)
+    path = _build_report(run_dir, plotlyjs)
     if path is None:
         fail("reports package unavailable")
     typer.echo(f"wrote {path}")
@@ -216,6 +218,7 @@ def validate(
     method: Optional[str] = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
     out: Optional[Path] = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
     set_: List[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
+    plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": validation.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -239,7 +242,8 @@ def validate(
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
-        (write_validation_index_report if many else write_validation_report)(_clean(result), out / "validation.html")
+        (write_validation_index_report if many else write_validation_report)(_clean(result), out / "validation.html",
+                                                                             plotlyjs=plotlyjs)
         say(f"wrote {out}/validation.json, validation.html")
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from reports.terminal import JSON_HELP, QUIET_HELP
+from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -52,6 +52,7 @@ def register_commands(app: typer.Typer) -> None:
         ray_address: Optional[str] = typer.Option(None, "--ray-address", help=RAY_ADDRESS_HELP),
         ray_timeout: float = typer.Option(30.0, "--ray-timeout", help=RAY_TIMEOUT_HELP),
         report: bool = typer.Option(True, "--report/--no-report", help="also write report.html"),
+        plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     ) -> None:
         """Simulate every point of SWEEP_FILE and write one tidy table (CSV and Parquet) plus a report."""
         from .executor import Executor, PlanningError
@@ -82,7 +83,7 @@ def register_commands(app: typer.Typer) -> None:
         if report:
             written.append(write_report(df, out_dir, name=spec.name, description=spec.description,
                                         base=str(base), axis_paths=spec.axis_paths(), slo=spec.slo,
-                                        heatmaps=spec.report.heatmaps, stats_line=stats_line))
+                                        heatmaps=spec.report.heatmaps, stats_line=stats_line, plotlyjs=plotlyjs))
         (out_dir / "sweep.json").write_text(json.dumps({
             "sweep": str(sweep_file), "base": str(base), "spec": spec.model_dump(mode="json"),
             "points": result.points, "rows": len(df), "errors": errors}, indent=2) + "\n")

@@ -1,6 +1,9 @@
-"""The sweep report: one self-contained HTML page (plotly.js inlined, works offline, no timestamp).
+"""The sweep report: one page of the shared template (reports/page.py; plotly.js embedded unless a
+path or URL is given, works offline, no timestamp).
 
-It reads the sweep table only. Figures:
+It reads the sweep table only. The page opens on its most informative figure: the cost figure when
+configurations differ in cost, else the heatmaps (or lines) of the SLO metrics. Methods keep the
+colours they have in every other report (reports/style.py). Figures:
 - cost per hour against goodput for every configuration, with the Pareto front (no other
   configuration is both cheaper and higher goodput) marked;
 - heatmaps of a metric over two axes, one panel per method, the median over any other axes;
@@ -18,23 +21,12 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-RATE_AXIS = "workload.arrival.rate_rps"
-PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563")
+from reports.page import Page, Section, render_page, write_page
+from reports.style import method_colours, method_label
 
-CSS = """
-body { margin:0; background:#f3f4f6; color:#1f2937; font:14px/1.5 -apple-system,'Segoe UI',Roboto,Arial,sans-serif; }
-header { background:#111827; color:#f9fafb; padding:22px 36px; }
-header h1 { margin:0 0 4px; font-size:24px; } header .sub { color:#9ca3af; font-size:13px; }
-main { max-width:1320px; margin:0 auto; padding:12px 24px 40px; }
-section { background:#fff; border:1px solid #e5e7eb; border-radius:10px; padding:16px 20px; margin:16px 0; }
-section h2 { margin:0 0 4px; font-size:18px; } p.lead { margin:0 0 10px; color:#6b7280; }
-.note { background:#fffbeb; border:1px solid #fde68a; color:#92400e; border-radius:8px; padding:6px 10px; margin:8px 0; }
-table { border-collapse:collapse; font-size:12.5px; } td, th { padding:3px 8px; border-bottom:1px solid #e5e7eb; text-align:right; }
-th { background:#f9fafb; } td.l, th.l { text-align:left; }
-"""
+RATE_AXIS = "workload.arrival.rate_rps"
 
 
 def _esc(x) -> str:
@@ -83,10 +75,11 @@ def cost_goodput_figure(conf: pd.DataFrame, has_slo: bool) -> go.Figure:
     conf = conf[conf["cost_usd_per_hour"].notna()]
     front = pareto_front(conf)
     fig = go.Figure()
-    for k, (method, part) in enumerate(conf.groupby("method", sort=False)):
+    colours = method_colours([str(m) for m in dict.fromkeys(conf["method"])])
+    for method, part in conf.groupby("method", sort=False):
         fig.add_trace(go.Scatter(
-            x=part["cost_usd_per_hour"], y=part["goodput_rps"], mode="markers", name=str(method),
-            marker=dict(size=9, color=PALETTE[k % len(PALETTE)], opacity=0.75),
+            x=part["cost_usd_per_hour"], y=part["goodput_rps"], mode="markers", name=method_label(str(method)),
+            marker=dict(size=9, color=colours[str(method)], opacity=0.75),
             text=part["config"], hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.3g} req/s<extra></extra>"))
     pf = conf[front].sort_values("cost_usd_per_hour")
     fig.add_trace(go.Scatter(
@@ -117,7 +110,8 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[s
     methods = list(dict.fromkeys(ok["method"]))
     cols = min(len(methods), 3) or 1
     rows = max(1, math.ceil(len(methods) / cols))
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=methods or [""], horizontal_spacing=0.08,
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[method_label(str(m)) for m in methods] or [""],
+                        horizontal_spacing=0.08,
                         vertical_spacing=0.16)
     xs, ys = _ordered(ok[x]), _ordered(ok[y])
     lo, hi = (float(ok[metric].min()), float(ok[metric].max())) if len(ok) else (0.0, 1.0)
@@ -142,10 +136,11 @@ def line_figure(df: pd.DataFrame, x: str, metric: str) -> go.Figure:
     ok = df[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
     fig = go.Figure()
     xs = _ordered(ok[x])
-    for k, (m, part) in enumerate(ok.groupby("method", sort=False)):
+    colours = method_colours([str(m) for m in dict.fromkeys(ok["method"])])
+    for m, part in ok.groupby("method", sort=False):
         s = part.groupby(part[x].astype(str))[metric].median().reindex(xs)
-        fig.add_trace(go.Scatter(x=xs, y=s.to_numpy(), mode="lines+markers", name=str(m),
-                                 line=dict(color=PALETTE[k % len(PALETTE)])))
+        fig.add_trace(go.Scatter(x=xs, y=s.to_numpy(), mode="lines+markers", name=method_label(str(m)),
+                                 line=dict(color=colours[str(m)])))
     fig.update_layout(height=400, template="plotly_white", title=f"{metric} against {x}", xaxis_title=x,
                       yaxis_title=metric, xaxis_type="category")
     return fig
@@ -164,7 +159,7 @@ def heatmap_specs(df: pd.DataFrame, axis_paths: list[str], requested, slo: dict)
 
 
 # ---- the page -------------------------------------------------------------------------------------------------
-def _table_html(df: pd.DataFrame, left: set[str]) -> str:
+def _table_html(df: pd.DataFrame, left: set[str], table_id: str) -> str:
     head = "".join(f'<th class="{"l" if c in left else ""}">{_esc(c)}</th>' for c in df.columns)
     body = []
     for r in df.itertuples(index=False):
@@ -173,22 +168,42 @@ def _table_html(df: pd.DataFrame, left: set[str]) -> str:
             txt = f"{v:.4g}" if isinstance(v, float) else v
             cells.append(f'<td class="{"l" if c in left else ""}">{_esc(txt)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return (f'<div class="scroll"><table id="{table_id}" class="compact"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
-def render(df: pd.DataFrame, *, name: str, description: str, base: str, axis_paths: list[str], slo: dict,
-           heatmaps=None, stats_line: str = "") -> str:
-    figures: list[tuple[str, go.Figure]] = []
+def _glance_html(df: pd.DataFrame, conf: pd.DataFrame, slo: dict) -> str:
+    """Per method: rows, rows within the SLOs, the best goodput and what its configuration costs."""
+    ok = df[df["error"] == ""] if "error" in df.columns else df
+    methods = [str(m) for m in dict.fromkeys(df["method"])] if "method" in df.columns else []
+    colours = method_colours(methods)
+    rows = []
+    for m in methods:
+        part = ok[ok["method"].astype(str) == m]
+        meets = int(part["meets_slo"].sum()) if slo and "meets_slo" in part.columns else None
+        best = conf[conf["method"].astype(str) == m].sort_values(["goodput_rps", "cost_usd_per_hour"],
+                                                                  ascending=[False, True]).head(1)
+        good = f"{best['goodput_rps'].iloc[0]:.3g} req/s" if len(best) else "–"
+        cost = best["cost_usd_per_hour"].iloc[0] if len(best) else math.nan
+        rows.append(f'<tr><td><span class="sw" style="background:{colours[m]}"></span>{_esc(method_label(m))}</td>'
+                    f"<td>{len(part)}</td><td>{'–' if meets is None else meets}</td><td>{_esc(good)}</td>"
+                    f"<td>{'–' if pd.isna(cost) else f'${cost:.2f}/h'}</td></tr>")
+    return ('<table class="glance" id="table-glance"><thead><tr><th>method</th><th>rows</th><th>within the SLOs</th>'
+            f'<th>best goodput</th><th>its cost</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def sweep_page(df: pd.DataFrame, *, name: str, description: str, base: str, axis_paths: list[str], slo: dict,
+               heatmaps=None, stats_line: str = "") -> Page:
+    figures: dict[str, go.Figure] = {}
     notes: list[str] = []
     conf = configurations(df, axis_paths)
     if "cost_usd_per_hour" in conf and conf["cost_usd_per_hour"].isna().any():
         notes.append(f"{int(conf['cost_usd_per_hour'].isna().sum())} configuration(s) have no price per hour "
                      "and are left out of the cost figure")
-    if len(conf) and conf["cost_usd_per_hour"].nunique() == 1:
-        notes.append(f"every configuration costs ${conf['cost_usd_per_hour'].iloc[0]:.2f}/h (no instance axis), so "
-                     "the cost figure has one column")
-    if len(conf):
-        figures.append(("cost-goodput", cost_goodput_figure(conf, bool(slo))))
+    flat_cost = bool(len(conf)) and conf["cost_usd_per_hour"].nunique() <= 1
+    cost_notes = (f"every configuration costs ${conf['cost_usd_per_hour'].iloc[0]:.2f}/h (no instance axis), so the "
+                  "cost figure has one column",) if flat_cost else ()
+
     def others_of(x: str, y: str) -> list[str]:
         """Axes that still vary inside one (x, y) cell, so the cell is a median over them (an axis linked
         to x or y does not)."""
@@ -196,57 +211,57 @@ def render(df: pd.DataFrame, *, name: str, description: str, base: str, axis_pat
         cells = ok.astype({x: str, y: str}).groupby([x, y], sort=False)
         return [p for p in axis_paths if p not in (x, y, "methods") and p in ok.columns
                 and cells[p].nunique().max() > 1]
+
+    metric_sections = []
     for i, (x, y, metric) in enumerate(heatmap_specs(df, axis_paths, heatmaps, slo)):
         if metric not in df.columns:
             notes.append(f"heatmap: no column {metric!r} in the table")
             continue
-        if y:
-            figures.append((f"heatmap-{i}", heatmap_figure(df, x, y, metric, others_of(x, y))))
-        else:
-            figures.append((f"line-{i}", line_figure(df, x, metric)))
-    errors = df[df["error"] != ""] if "error" in df.columns else df.iloc[0:0]
-    sections = []
-    if notes:
-        sections.append("".join(f'<div class="note">{_esc(n)}</div>' for n in notes))
-    leads = {"cost-goodput": "One marker per configuration (axis values other than the arrival rate, and method). "
-             + ("Goodput: the highest measured throughput among its rows that meet every SLO, so it moves in the "
-                "steps of the swept rates; `plan` bisects on the rate instead." if slo else
-                "No SLOs in the sweep file, so this is the highest measured throughput.")
-             + " Cost counts instances only (network is not priced)."}
-    for fid, fig in figures:
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{fid}",
-                          config={"displaylogo": False})
-        lead = f'<p class="lead">{_esc(leads[fid])}</p>' if fid in leads else ""
-        sections.append(f"<section>{lead}{div}</section>")
+        fid = f"heatmap-{i}" if y else f"line-{i}"
+        figures[fid] = heatmap_figure(df, x, y, metric, others_of(x, y)) if y else line_figure(df, x, metric)
+        lead = (f"{metric} per cell, one panel per method." if y else f"{metric} against {x}, one line per method.")
+        metric_sections.append(Section(fid, f"{metric} over {x}" + (f" and {y}" if y else ""), lead, (fid,)))
+    cost_sections = []
     if len(conf):
+        figures["cost-goodput"] = cost_goodput_figure(conf, bool(slo))
+        lead = ("One marker per configuration (axis values other than the arrival rate, and method). "
+                + ("Goodput: the highest measured throughput among its rows that meet every SLO, so it moves in the "
+                   "steps of the swept rates; `plan` bisects on the rate instead." if slo else
+                   "No SLOs in the sweep file, so this is the highest measured throughput.")
+                + " Cost counts instances only (network is not priced).")
         front = conf[pareto_front(conf)].sort_values("cost_usd_per_hour")
-        sections.append('<section><h2>Pareto front</h2><p class="lead">Configurations that no other beats on both '
-                        'cost per hour and goodput, cheapest first.</p>'
-                        + _table_html(front[["config", "cost_usd_per_hour", "goodput_rps", "rows"]], {"config"})
-                        + "</section>")
+        cost_sections.append(Section("cost-goodput", "Cost per hour against goodput", lead, ("cost-goodput",),
+                                     notes=cost_notes,
+                                     body_html="<h3>Pareto front</h3><p class='lead'>Configurations that no other "
+                                     "beats on both cost per hour and goodput, cheapest first.</p>"
+                                     + _table_html(front[["config", "cost_usd_per_hour", "goodput_rps", "rows"]],
+                                                   {"config"}, "table-pareto")))
+    # Open on the most informative figure: the cost figure only when costs differ.
+    sections = (metric_sections + cost_sections) if flat_cost else (cost_sections + metric_sections)
+    if notes and sections:
+        sections[0].notes = tuple(notes)
+    elif notes:
+        sections.append(Section("notes", "Notes", notes=tuple(notes)))
+    errors = df[df["error"] != ""] if "error" in df.columns else df.iloc[0:0]
     if len(errors):
         shown = errors[["point", "method", "error"]].head(30)
-        sections.append(f'<section><h2>Points that did not run ({len(errors)} rows)</h2>'
-                        + _table_html(shown, {"method", "error"}) + "</section>")
+        sections.append(Section("errors", f"Points that did not run ({len(errors)} rows)",
+                                body_html=_table_html(shown, {"method", "error"}, "table-errors")))
     slo_txt = ", ".join(f"{k} ≤ {v:g} s" for k, v in slo.items()) or "none"
-    header = (f"<header><h1>Sweep · {_esc(name)}</h1><div class='sub'>{_esc(description)}</div>"
-              f"<div class='sub'>base {_esc(base)} · axes {_esc(', '.join(axis_paths))} · "
-              f"{df['point'].nunique()} points, {len(df)} rows, {len(errors)} with errors · SLOs: {_esc(slo_txt)}"
-              f"{' · ' + _esc(stats_line) if stats_line else ''}</div></header>")
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<title>hacksim sweep · {_esc(name)}</title><style>{CSS}</style>"
-            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>{header}<main>"
-            + "".join(sections) + "</main></body></html>\n")
+    subtitles = (f"base {base} · axes {', '.join(axis_paths)}",
+                 f"{df['point'].nunique()} points, {len(df)} rows, {len(errors)} with errors · SLOs: {slo_txt}"
+                 + (f" · {stats_line}" if stats_line else ""))
+    return Page(title=f"sweep · {name}", heading=f"Sweep · {name}", description=description, subtitles=subtitles,
+                summary_html=_glance_html(df, conf, slo), sections=sections, figures=figures,
+                footer="Made by hacksim sweep from results.csv.")
 
 
-def write_report(df: pd.DataFrame, out: Path, **kw) -> Path:
-    import os
+def render(df: pd.DataFrame, *, plotlyjs: str | None = None, **kw) -> str:
+    return render_page(sweep_page(df, **kw), plotlyjs=plotlyjs)
 
-    path = Path(out) / "report.html"
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render(df, **kw))
-    os.replace(tmp, path)
-    return path
+
+def write_report(df: pd.DataFrame, out: Path, *, plotlyjs: str | None = None, **kw) -> Path:
+    return write_page(sweep_page(df, **kw), Path(out) / "report.html", plotlyjs=plotlyjs)
 
 
 def figure_names(path: Path) -> list[str]:

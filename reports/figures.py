@@ -416,6 +416,10 @@ def _config_label(row) -> str:
     return " ".join(x for x in (part, bits) if x) + (f" ({extra})" if extra else "")
 
 
+LEGEND_LINE_PX = 21        # a legend entry's height at the report's 13 px font
+LEGEND_GROUP_LINES = 2     # a legend group's title and the gap above it, in entries
+
+
 def fig_tradeoff(run: RunData) -> go.Figure | None:
     acc = accuracy_rows(run)
     if acc is None:
@@ -463,7 +467,10 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
         fig.update_xaxes(title_text="relative error (vs FP16, log)", type="log", exponentformat="power", row=1, col=2)
         fig.update_yaxes(title_text="mean JCT (s)", row=1, col=2)
     fig.update_yaxes(nticks=6, row=1, col=1)
-    fig.update_layout(base_layout("Accuracy/speed trade-off of the compressed-KV kernels", height=480,
+    # Tall enough that the legend (one line per entry, a title per group) fits beside the plots unscrolled.
+    entries = len(fig.data) + LEGEND_GROUP_LINES * (1 + two)
+    fig.update_layout(base_layout("Accuracy/speed trade-off of the compressed-KV kernels",
+                                  height=max(480, 90 + 60 + LEGEND_LINE_PX * entries),
                                   margin=dict(l=70, r=30, t=90, b=60)))
     return fig
 

@@ -1,9 +1,10 @@
-"""``build_report(run_dir)``: one self-contained HTML page (plotly.js inlined once, no network).
+"""``build_report(run_dir)``: the simulate report, one page of the shared template (reports/page.py).
 
-All figures travel as one JSON object in ``<script type="application/json" id="hacksim-figures">``
-(name -> plotly figure JSON) and a few lines of script draw each into ``<div id="fig-NAME">``, so the
-page works from a file:// URL offline and tests can read every figure back from the HTML.
-The page has no timestamp: the same run directory gives the same bytes.
+The first screen gives, per method, mean JCT, peak decode memory and the dequantization and
+approximation overhead, each with its change against the baseline; below come the change table,
+per-method statistics, the figures, the calibration profile and the resolved scenario. A change is
+(method − baseline) / baseline, negative where the method takes less time or fewer bytes, as the
+terminal prints it; green marks better, red worse.
 """
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ import math
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
-
 from .data import RunData, load_run
-from .figures import make_figures, figure_notes
+from .figures import figure_notes, make_figures
+from .page import FIGURES_SCRIPT_ID, Page, Section, write_page
 from .style import fmt_bytes, fmt_pct, fmt_seconds, method_colours, method_label
-from .tables import METRICS, latency_table, metric_values, reductions_table
+from .tables import HIGHER_IS_BETTER, METRICS, changes_table, latency_table, metric_values
 
-FIGURES_SCRIPT_ID = "hacksim-figures"
 Progress = Callable[[int, int, str], None]
 
 SOURCE_TEXT = {
@@ -30,72 +27,6 @@ SOURCE_TEXT = {
     "derived": "scaled from a profile measured on another GPU, by the catalog's peak ratios",
     "roofline": "no profile for this GPU: datasheet peaks times named efficiency factors (least certain)",
 }
-
-CSS = """
-:root { --ink:#1f2937; --muted:#6b7280; --line:#e5e7eb; --bg:#f3f4f6; --card:#ffffff; --accent:#dc2626; }
-* { box-sizing: border-box; }
-body { margin:0; background:var(--bg); color:var(--ink);
-       font:14px/1.5 Inter,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif; }
-header { background:linear-gradient(120deg,#111827,#1f2937 60%,#3f1d1d); color:#f9fafb; padding:28px 40px 22px; }
-header h1 { margin:0 0 4px; font-size:26px; font-weight:650; letter-spacing:-.01em; }
-header .sub { color:#9ca3af; font-size:12.5px; }
-header .desc { color:#e5e7eb; font-size:15px; margin-bottom:4px; }
-header .sub code { color:#fca5a5; }
-.tiles { display:grid; grid-template-columns:repeat(auto-fit,minmax(150px,1fr)); gap:12px; margin-top:18px; }
-.tile { background:rgba(255,255,255,.07); border:1px solid rgba(255,255,255,.12); border-radius:10px; padding:10px 14px; }
-.tile .k { font-size:11px; text-transform:uppercase; letter-spacing:.06em; color:#9ca3af; }
-.tile .v { font-size:19px; font-weight:650; margin-top:2px; }
-.tile .d { font-size:12px; color:#d1d5db; }
-.tile .good { color:#86efac; } .tile .bad { color:#fca5a5; }
-nav { position:sticky; top:0; z-index:5; background:#fff; border-bottom:1px solid var(--line); padding:8px 40px;
-      display:flex; gap:18px; flex-wrap:wrap; font-size:13px; }
-nav a { color:var(--muted); text-decoration:none; } nav a:hover { color:var(--accent); }
-main { max-width:1320px; margin:0 auto; padding:20px 24px 40px; }
-section { background:var(--card); border:1px solid var(--line); border-radius:12px; padding:18px 22px; margin:18px 0;
-          box-shadow:0 1px 2px rgba(0,0,0,.03); }
-section h2 { margin:0 0 4px; font-size:18px; font-weight:650; }
-section p.lead { margin:0 0 12px; color:var(--muted); }
-.note { background:#fffbeb; border:1px solid #fde68a; color:#92400e; border-radius:8px; padding:8px 12px; margin:10px 0; }
-.grid3 { display:grid; grid-template-columns:repeat(auto-fit,minmax(380px,1fr)); gap:12px; }
-.figure { width:100%; }
-table { border-collapse:collapse; width:100%; font-variant-numeric:tabular-nums; }
-th, td { padding:6px 10px; border-bottom:1px solid var(--line); text-align:right; white-space:nowrap; }
-th { font-weight:600; font-size:12px; color:#374151; background:#f9fafb; }
-th:first-child, td:first-child { text-align:left; }
-.scroll { overflow-x:auto; }
-table.compact { font-size:13px; } table.compact th, table.compact td { padding:5px 6px; }
-th.grp { text-align:center; border-left:2px solid var(--line); }
-.grp0 { border-left:2px solid var(--line); }
-table.left th, table.left td { text-align:left; }
-.sw { display:inline-block; width:10px; height:10px; border-radius:3px; margin-right:6px; vertical-align:0; }
-td.pos { color:#166534; } td.neg { color:#991b1b; } td.na { color:#9ca3af; }
-.badge { display:inline-block; padding:1px 8px; border-radius:999px; font-size:12px; font-weight:600; }
-.badge.measured { background:#dcfce7; color:#166534; } .badge.derived { background:#fef3c7; color:#92400e; }
-.badge.roofline { background:#fee2e2; color:#991b1b; } .badge.unknown { background:#e5e7eb; color:#374151; }
-details { border:1px solid var(--line); border-radius:8px; margin:8px 0; background:#fafafa; }
-details > summary { cursor:pointer; padding:7px 12px; font-weight:600; }
-details pre { margin:0; padding:10px 14px; border-top:1px solid var(--line); overflow-x:auto; font-size:12.5px;
-              background:#fff; border-radius:0 0 8px 8px; }
-dl.facts { display:grid; grid-template-columns:max-content 1fr; gap:4px 18px; margin:0 0 10px; }
-dl.facts dt { color:var(--muted); } dl.facts dd { margin:0; }
-footer { text-align:center; color:var(--muted); font-size:12px; padding:10px 0 30px; }
-"""
-
-RENDER_JS = """
-(function () {
-  var specs = JSON.parse(document.getElementById('%s').textContent);
-  Object.keys(specs).forEach(function (name) {
-    var el = document.getElementById('fig-' + name);
-    if (!el) { return; }
-    var spec = specs[name];
-    Plotly.newPlot(el, spec.data, spec.layout, {
-      responsive: true, displaylogo: false, displayModeBar: 'hover',
-      toImageButtonOptions: {format: 'png', filename: name, scale: 2}
-    });
-  });
-  document.body.setAttribute('data-figures-drawn', Object.keys(specs).length);
-})();
-""" % FIGURES_SCRIPT_ID
 
 # Page sections: (anchor, heading, lead text, figures in it).
 FIGURE_SECTIONS = (
@@ -116,19 +47,8 @@ def _esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _fig_json(fig) -> str:
-    # "</" inside a <script> would end it; "<\/" is the same JSON string.
-    return pio.to_json(fig, validate=False, pretty=False).replace("</", "<\\/")
-
-
 def _swatch(colour: str) -> str:
     return f'<span class="sw" style="background:{colour}"></span>'
-
-
-def _tile(key: str, value: str, detail: str = "", good: bool | None = None) -> str:
-    cls = "" if good is None else (" good" if good else " bad")
-    return (f'<div class="tile"><div class="k">{_esc(key)}</div><div class="v">{_esc(value)}</div>'
-            f'<div class="d{cls}">{_esc(detail)}</div></div>')
 
 
 def _fmt(kind: str, v: float) -> str:
@@ -137,51 +57,73 @@ def _fmt(kind: str, v: float) -> str:
     return {"s": fmt_seconds, "bytes": fmt_bytes}.get(kind, lambda x: f"{x:.3g} req/s")(v)
 
 
-def _header(run: RunData) -> str:
-    methods = run.methods
-    values = metric_values(run)
-    first = run.summary["methods"].get(methods[0], {}) if methods else {}
-    n_done = first.get("completed")
-    tiles = [_tile("Methods", str(len(methods)), ", ".join(method_label(m) for m in methods[:4])
-                   + ("…" if len(methods) > 4 else "")),
-             _tile("Requests per method", "–" if n_done is None else f"{int(n_done):,}",
-                   f"seed {run.summary.get('seed', '–')}")]
+def _change_cell(change: float, higher_is_better: bool = False, cls: str = "") -> str:
+    if change is None or math.isnan(change):
+        return f'<td class="na {cls}">–</td>'
+    better = change > 0.05 if higher_is_better else change < -0.05
+    worse = change < -0.05 if higher_is_better else change > 0.05
+    tone = " better" if better else " worse" if worse else ""
+    return f'<td class="{cls}{tone}">{fmt_pct(change)}</td>'
+
+
+def _glance_html(run: RunData) -> str:
+    """Per method: mean JCT, peak decode memory, dequantize + approximation per request, and their changes."""
+    colours = method_colours(run.methods, run.kinds)
     base = run.baseline
-    for label, kind, title in (("JCT mean", "s", "Best mean JCT"), ("TTFT p90", "s", "Best p90 TTFT"),
-                               ("KV bytes/token on the wire", "bytes", "Least KV on the wire"),
-                               ("Peak decode memory", "bytes", "Lowest peak decode memory")):
-        row = values.loc[label].dropna() if label in values.index else pd.Series(dtype=float)
-        if row.empty:
-            continue
-        best = row.idxmin()
-        ties = [m for m in row.index if m != best and math.isclose(row[m], row[best], rel_tol=1e-9)]
-        who = method_label(best) + (f" (+{len(ties)} tied)" if ties else "")
-        detail, good = who, None
-        if base is not None and best != base and base in row and row[base] > 0:
-            red = (row[base] - row[best]) / row[base] * 100
-            detail, good = f"{who}: {fmt_pct(-red)} vs baseline", red > 0
-        tiles.append(_tile(title, _fmt(kind, row[best]), detail, good))
+    summary = run.summary["methods"]
+
+    def value(m, *path):
+        v = summary.get(m) or {}
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        return math.nan if v is None else float(v)
+
+    def overhead(m):
+        return value(m, "breakdown_s", "dequantize") + value(m, "breakdown_s", "approximation")
+
+    def change(v, b):
+        return (v - b) / b * 100 if b and math.isfinite(b) and math.isfinite(v) and b > 0 else math.nan
+
+    rows = []
+    for m in run.methods:
+        jct, mem, over = value(m, "jct_s", "mean"), value(m, "peak_decode_memory_bytes"), overhead(m)
+        share = f"{100 * over / jct:.1f}% of JCT" if jct > 0 and math.isfinite(over) else ""
+        vs_base = base is not None and m != base
+        rows.append(
+            f'<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td><td>{_esc(fmt_seconds(jct))}</td>'
+            + (_change_cell(change(jct, value(base, "jct_s", "mean")), cls="d") if vs_base else '<td class="d"></td>')
+            + f"<td>{_esc(fmt_bytes(mem))}</td>"
+            + (_change_cell(change(mem, value(base, "peak_decode_memory_bytes")), cls="d") if vs_base
+               else '<td class="d"></td>')
+            + f'<td>{_esc(fmt_seconds(over))}</td><td class="d">{_esc(share)}</td></tr>')
+    return ('<table class="glance" id="table-glance"><thead><tr><th>method</th><th>JCT mean</th>'
+            '<th>vs baseline</th><th>peak decode memory</th><th>vs baseline</th><th>dequantize + approximation</th>'
+            f'<th>per request</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _subtitles(run: RunData) -> tuple[str, ...]:
+    methods = run.methods
+    first = run.summary["methods"].get(methods[0], {}) if methods else {}
+    done = first.get("completed")
+    line = (f"run folder {run.run_dir.name} · {len(methods)} method(s) · "
+            + ("baseline: " + method_label(run.baseline) if run.baseline else "no baseline in this run")
+            + f" · {'–' if done is None else f'{int(done):,}'} requests per method, seed "
+            + f"{run.summary.get('seed', '–')}")
     profs = {role: (run.profiles or {}).get(role) for role in ("prefill", "decode")}
     profs = {k: v for k, v in profs.items() if isinstance(v, dict)}
-    if profs:
-        sources = sorted({str(p.get("source", "unknown")) for p in profs.values()})
-        detail = ", ".join(f"{role} {p.get('gpu', '?')}" + (f" from {p['derived_from']}" if p.get("derived_from") else "")
-                           for role, p in profs.items())
-        tiles.append(_tile("Calibration", " / ".join(sources), detail,
-                           None if sources == ["measured"] else False if "roofline" in sources else None))
-    desc = (run.scenario or {}).get("description")
-    desc_html = f'<div class="desc">{_esc(desc)}</div>' if desc else ""
-    return (f'<header><h1>{_esc(run.name)}</h1>{desc_html}<div class="sub">hacksim report · run folder '
-            f'<code>{_esc(run.run_dir.name)}</code> · {len(methods)} method(s)'
-            f'{" · baseline: " + method_label(base) if base else " · no baseline in this run"}</div>'
-            f'<div class="tiles">{"".join(tiles)}</div></header>')
+    if not profs:
+        return (line,)
+    cal = "calibration: " + ", ".join(
+        f"{role} {p.get('gpu', '?')} {p.get('source', 'unknown')}"
+        + (f" from {p['derived_from']}" if p.get("derived_from") else "") for role, p in profs.items())
+    return (line, cal)
 
 
-def _reductions_html(run: RunData) -> str:
-    red = reductions_table(run)
+def _changes_html(run: RunData) -> str:
+    red = changes_table(run)
     colours = method_colours(run.methods, run.kinds)
     if red is None:
-        return ('<div class="note">This run has no <code>baseline</code> method, so there are no reductions to '
+        return ('<div class="note">This run has no <code>baseline</code> method, so there are no changes to '
                 'compute; the absolute values are in the next table.</div>')
     if red.empty:
         return '<div class="note">Only the baseline was simulated: nothing to compare.</div>'
@@ -196,15 +138,16 @@ def _reductions_html(run: RunData) -> str:
             if math.isnan(v):
                 cells.append('<td class="na">–</td>')
                 continue
-            cls = "pos" if v >= 0.05 else ("neg" if v <= -0.05 else "")
+            gain = -v if label not in HIGHER_IS_BETTER else v
+            cls = "better" if gain >= 0.05 else ("worse" if gain <= -0.05 else "")
             # Tint grows with the size of the change, capped at 80%.
             a = min(abs(v), 80) / 80 * 0.35 if cls else 0.0
-            bg = f"rgba(22,163,74,{a:.3f})" if v > 0 else f"rgba(220,38,38,{a:.3f})"
+            bg = f"rgba(22,163,74,{a:.3f})" if gain > 0 else f"rgba(220,38,38,{a:.3f})"
             tip = f"{method_label(m)}: {_fmt(kinds[label], values.at[label, m])}"
             cells.append(f'<td class="{cls}" style="background:{bg}" title="{_esc(tip)}">{fmt_pct(v)}</td>')
         base_v = _fmt(kinds[label], values.at[label, run.baseline])
         body.append(f"<tr><td>{_esc(label)}</td><td>{_esc(base_v)}</td>{''.join(cells)}</tr>")
-    return (f'<div class="scroll"><table id="table-reductions"><thead><tr><th>metric</th><th>{_swatch(colours[run.baseline])}'
+    return (f'<div class="scroll"><table id="table-changes"><thead><tr><th>metric</th><th>{_swatch(colours[run.baseline])}'
             f'baseline (absolute)</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
 
 
@@ -290,56 +233,38 @@ def _scenario_html(run: RunData) -> str:
             f'<pre>{_esc(json.dumps(sc, indent=2))}</pre></details>')
 
 
-def _fig_div(name: str, fig) -> str:
-    height = fig.layout.height or 450
-    return f'<div class="figure" id="fig-{name}" style="height:{int(height)}px"></div>'
-
-
-def render_html(run: RunData, figures: dict, notes: dict[str, str]) -> str:
-    """The page as a string, from a loaded run and its figures."""
-    sections, nav = [], []
-
-    def add(anchor, heading, lead, body):
-        nav.append(f'<a href="#{anchor}">{_esc(heading)}</a>')
-        lead_html = f'<p class="lead">{_esc(lead)}</p>' if lead else ""
-        sections.append(f'<section id="{anchor}"><h2>{_esc(heading)}</h2>{lead_html}{body}</section>')
-
-    add("reductions", "Reductions against the baseline",
-        "(baseline − method) / baseline: positive is better (green). Throughput is the gain. Hover a cell for the "
-        "method's absolute value.", _reductions_html(run))
-    add("methods", "Per-method statistics", "Seconds unless marked; bytes in binary units.", _latency_html(run))
+def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
+    """The simulate report as a Page, from a loaded run and its figures."""
+    sections = [
+        Section("changes", "Change against the baseline",
+                "(method − baseline) / baseline: negative is less time or fewer bytes, as the terminal prints it; "
+                "green where the method is better, red where worse (for throughput more is better). Hover a cell "
+                "for the method's absolute value.", body_html=_changes_html(run)),
+        Section("methods", "Per-method statistics", "Seconds unless marked; bytes in binary units.",
+                body_html=_latency_html(run)),
+    ]
     for anchor, heading, lead, names in FIGURE_SECTIONS:
-        divs = [_fig_div(n, figures[n]) for n in names if n in figures]
-        msgs = list(dict.fromkeys(notes[n] for n in names if n in notes))
-        body = "".join(f'<div class="note">{_esc(m)}</div>' for m in msgs)
-        if len(divs) > 1:
-            body += f'<div class="grid3">{"".join(divs)}</div>'
-        else:
-            body += "".join(divs)
-        add(anchor, heading, lead if divs else "", body)
-    add("profile", "Calibration profile", "Which kernel-cost profile priced prefill and decode, and how it was "
-        "obtained.", _profile_html(run))
-    add("scenario", "Scenario", "The resolved scenario this run simulated.", _scenario_html(run))
+        shown = tuple(n for n in names if n in figures)
+        msgs = tuple(dict.fromkeys(notes[n] for n in names if n in notes))
+        sections.append(Section(anchor, heading, lead if shown else "", shown, notes=msgs))
+    sections += [
+        Section("profile", "Calibration profile", "Which kernel-cost profile priced prefill and decode, and how it "
+                "was obtained.", body_html=_profile_html(run)),
+        Section("scenario", "Scenario", "The resolved scenario this run simulated.", body_html=_scenario_html(run)),
+    ]
     if run.notes:
-        add("data-notes", "Data notes", "", "".join(f'<div class="note">{_esc(n)}</div>' for n in run.notes))
-
-    blob = "{" + ",".join(f"{json.dumps(k)}:{_fig_json(f)}" for k, f in figures.items()) + "}"
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<title>hacksim · {_esc(run.name)}</title><style>{CSS}</style>'
-        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-        f'{_header(run)}<nav>{"".join(nav)}</nav><main>{"".join(sections)}</main>'
-        '<footer>Made by hacksim <code>reports</code> from the run folder\'s files; works offline.</footer>'
-        f'<script type="application/json" id="{FIGURES_SCRIPT_ID}">{blob}</script>'
-        f'<script type="text/javascript">{RENDER_JS}</script></body></html>\n'
-    )
+        sections.append(Section("data-notes", "Data notes", notes=tuple(run.notes)))
+    desc = (run.scenario or {}).get("description") or ""
+    return Page(title=run.name, heading=run.name, description=desc, subtitles=_subtitles(run),
+                summary_html=_glance_html(run) if run.methods else "", sections=sections, figures=figures,
+                footer="Made by hacksim reports from the run folder's files.")
 
 
-def build_report(run_dir: str | Path, *, progress: Progress | None = None) -> Path:
+def build_report(run_dir: str | Path, *, progress: Progress | None = None, plotlyjs: str | None = None) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path.
 
-    ``progress``, if given, is called as ``progress(done, total, label)`` after each step.
+    ``progress``, if given, is called as ``progress(done, total, label)`` after each step; ``plotlyjs``
+    (a path or URL) loads plotly.js from there instead of embedding it.
     """
     steps = ("read run files", "build figures", "write report.html")
     tick = (lambda i: progress(i + 1, len(steps), steps[i])) if progress else (lambda i: None)
@@ -348,8 +273,7 @@ def build_report(run_dir: str | Path, *, progress: Progress | None = None) -> Pa
     figures = make_figures(run)
     notes = figure_notes(run)
     tick(1)
-    out = Path(run_dir) / "report.html"
-    out.write_text(render_html(run, figures, notes), encoding="utf-8")
+    out = write_page(report_page(run, figures, notes), Path(run_dir) / "report.html", plotlyjs=plotlyjs)
     tick(2)
     return out
 

@@ -1,7 +1,8 @@
 """Colours, labels and unit formatting shared by every figure and table of the report.
 
-A method keeps one colour in every figure, so a reader learns it once. HACK and its ablations are
-shades of one red; the baseline is grey.
+A method keeps one colour in every figure and every page (simulate, sweep), so a reader learns it
+once. HACK and its ablations are shades of one red; the baseline is grey. Phases have colours of
+their own, none near a method's.
 """
 from __future__ import annotations
 
@@ -37,17 +38,19 @@ METHOD_LABELS = {
     "hcattention": "HCAttention",
 }
 
-# Phases in related hues: prefill blues, transfer ambers, decode violets, approximation pink.
+# Phases in related hues of their own, away from every method colour (a bar's phase is never mistaken
+# for a method): prefill browns, transfer olives, decode steel blues, the two overheads the tool
+# exists to predict darkest (dequantize plum, approximation black).
 PART_COLOURS = {
-    "prefill_queue": "#bfdbfe",
-    "prefill": "#3b82f6",
-    "quantize": "#1e3a8a",
-    "transfer_queue": "#fde68a",
-    "transfer": "#f59e0b",
-    "decode_queue": "#ddd6fe",
-    "decode": "#8b5cf6",
-    "dequantize": "#5b21b6",
-    "approximation": "#ec4899",
+    "prefill_queue": "#ddd0bd",
+    "prefill": "#a0845c",
+    "quantize": "#5c4430",
+    "transfer_queue": "#dde5bf",
+    "transfer": "#8c9a3c",
+    "decode_queue": "#d6e0ee",
+    "decode": "#7a9cc6",
+    "dequantize": "#3b1f4a",
+    "approximation": "#111111",
 }
 PART_LABELS = {p: p.replace("_", " ").capitalize() for p in BREAKDOWN_PARTS}
 

@@ -1,8 +1,8 @@
-"""Tables of the report as DataFrames (pure): per-method statistics and reductions vs the baseline.
+"""Tables of the report as DataFrames (pure): per-method statistics and changes against the baseline.
 
-A reduction is ``(baseline - method) / baseline * 100``: positive means the method is smaller
-(faster, fewer bytes) than the baseline. Throughput is the one row where larger is better; its row
-is the gain ``(method - baseline) / baseline * 100``, so positive is better there too.
+A change is ``(method - baseline) / baseline * 100`` for every metric: negative means the method
+takes less time or fewer bytes than the baseline, the sign the terminal table prints. Throughput is
+the one row where larger is better (HIGHER_IS_BETTER).
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ METRICS = (
     ("KV bytes/token in memory", ("kv_bytes_per_token", "memory"), "bytes"),
     ("Peak decode memory", ("peak_decode_memory_bytes",), "bytes"),
     ("Peak decode KV cache", ("peak_decode_kv_bytes",), "bytes"),
-    ("Throughput (gain)", ("throughput_rps",), "rps"),
+    ("Throughput", ("throughput_rps",), "rps"),
 )
-HIGHER_IS_BETTER = {"Throughput (gain)"}
+HIGHER_IS_BETTER = {"Throughput"}
 ALWAYS_SHOWN = [label for label, _, _ in METRICS if label != "Peak decode KV cache"]
 
 
@@ -52,8 +52,8 @@ def metric_values(run: RunData) -> pd.DataFrame:
     return df[df.notna().any(axis=1) | df.index.isin(ALWAYS_SHOWN)]
 
 
-def reductions_table(run: RunData) -> pd.DataFrame | None:
-    """Percent reduction of each metric against the baseline, one column per non-baseline method.
+def changes_table(run: RunData) -> pd.DataFrame | None:
+    """Percent change of each metric against the baseline, one column per non-baseline method.
 
     None when the run has no baseline. A metric the baseline lacks (or has as 0) is NaN.
     """
@@ -68,12 +68,7 @@ def reductions_table(run: RunData) -> pd.DataFrame | None:
         col = []
         for label in values.index:
             b, v = base[label], values.at[label, m]
-            if not (b and math.isfinite(b) and math.isfinite(v)):
-                col.append(math.nan)
-            elif label in HIGHER_IS_BETTER:
-                col.append((v - b) / b * 100)
-            else:
-                col.append((b - v) / b * 100)
+            col.append((v - b) / b * 100 if b and math.isfinite(b) and math.isfinite(v) else math.nan)
         out[m] = col
     return pd.DataFrame(out, index=values.index, columns=[m for m in run.methods if m != run.baseline])
 

@@ -21,6 +21,8 @@ from rich.table import Table
 PLAIN_WIDTH = 200   # columns for a table printed to a pipe or a file
 JSON_HELP = "print the result as JSON on stdout (other messages go to stderr)"
 QUIET_HELP = "print nothing but errors (and the JSON with --json)"
+PLOTLYJS_HELP = ("load plotly.js in the HTML report from this path (written relative to the page) or URL instead of "
+                 "embedding its 4.8 MB; the default embeds it so the page works offline")
 
 
 def to_json(obj) -> str:

@@ -1,67 +1,126 @@
-"""The validation figure: measured against simulated, per metric, with the error on each bar.
+"""The validation pages: one trace (measured against simulated, per metric, with the error on each
+bar) and many traces (each trace's errors against the 5 % / 10 % bands), in the shared page template.
 
-Reads the dict `simulator.validate.validate` returns (also saved as validation.json); never
-imports the simulator.
+Reads the dicts `simulator.validate.validate` and `validate_index` return (also saved as
+validation.json); never imports the simulator. An error is (simulated − measured) / measured.
 """
 from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
+
+from .page import Page, Section, write_page
+from .style import FONT, PART_COLOURS, fmt_pct, fmt_seconds
 
 QUANTILES = ("mean", "p50", "p90", "p99")
+MEASURED_COLOUR, SIMULATED_COLOUR = "#9ca3af", "#111827"
+# Metrics, not methods: ink for JCT, and the phase colours of what each metric mostly is.
+INDEX_METRICS = (("jct_mean_error_pct", "JCT mean", "#111827"),
+                 ("ttft_p50_error_pct", "TTFT p50", PART_COLOURS["prefill"]),
+                 ("tpot_p50_error_pct", "TPOT p50", PART_COLOURS["decode"]),
+                 ("prefill_mean_error_pct", "prefill", PART_COLOURS["quantize"]),
+                 ("transfer_mean_error_pct", "transfer", PART_COLOURS["transfer"]))
+
+
+def _esc(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _rows(v: dict) -> list[tuple[str, float, float, float | None]]:
+    """(label, measured s, simulated s, error %) for every metric the trace resolves."""
+    rows = []
+    for metric in ("jct", "ttft", "tpot"):
+        for q in QUANTILES:
+            rows.append((f"{metric.upper()} {q}", v["metrics"][f"{metric}_s"]["measured"][q],
+                         v["metrics"][f"{metric}_s"]["simulated"][q], v.get(f"{metric}_{q}_error_pct")))
+    for part, mp in v["breakdown_s"].items():
+        rows.append((f"{part} mean", mp["measured"], mp["simulated"], v.get(f"{part}_mean_error_pct")))
+    if "iteration_s" in v:
+        it = v["iteration_s"]
+        rows.append(("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get("iteration_mean_error_pct")))
+    return rows
 
 
 def validation_figure(v: dict) -> go.Figure:
-    labels, measured, simulated, errors = [], [], [], []
-    for metric in ("jct", "ttft", "tpot"):
-        for q in QUANTILES:
-            labels.append(f"{metric.upper()} {q}")
-            measured.append(v["metrics"][f"{metric}_s"]["measured"][q])
-            simulated.append(v["metrics"][f"{metric}_s"]["simulated"][q])
-            errors.append(v.get(f"{metric}_{q}_error_pct"))
-    for part, mp in v["breakdown_s"].items():
-        labels.append(f"{part} mean")
-        measured.append(mp["measured"])
-        simulated.append(mp["simulated"])
-        errors.append(v.get(f"{part}_mean_error_pct"))
-    text = ["n/a" if e is None else f"{e:+.1f}%" for e in errors]
+    rows = _rows(v)
+    labels = [r[0] for r in rows]
+    text = ["n/a" if r[3] is None else f"{r[3]:+.1f}%" for r in rows]
     fig = go.Figure([
-        go.Bar(name="measured", x=labels, y=measured, marker_color="#6b7280",
+        go.Bar(name="measured", x=labels, y=[r[1] for r in rows], marker_color=MEASURED_COLOUR,
                hovertemplate="%{x}: %{y:.4f} s measured<extra></extra>"),
-        go.Bar(name="simulated", x=labels, y=simulated, marker_color="#dc2626", text=text, textposition="outside",
-               hovertemplate="%{x}: %{y:.4f} s simulated (error %{text})<extra></extra>"),
+        go.Bar(name="simulated", x=labels, y=[r[2] for r in rows], marker_color=SIMULATED_COLOUR, text=text,
+               textposition="outside", hovertemplate="%{x}: %{y:.4f} s simulated (error %{text})<extra></extra>"),
     ])
-    fig.update_layout(barmode="group", template="plotly_white", height=520,
-                      title=f"Simulated vs measured: {html.escape(str(v['method']))}, {v['requests']} requests",
-                      yaxis_title="seconds (log)", yaxis_type="log", legend_orientation="h")
+    fig.update_layout(barmode="group", template="plotly_white", height=520, font=dict(family=FONT, size=13),
+                      title=dict(text=f"Simulated vs measured: {v['method']}, {v['requests']} requests", x=0.01),
+                      yaxis_title="seconds (log)", yaxis_type="log", xaxis_tickangle=-35,
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      margin=dict(l=70, r=30, t=80, b=140))
     return fig
 
 
-def _write_page(path: str | Path, heading: str, subtitle: str, fig: go.Figure, data) -> Path:
-    """A self-contained page (plotly.js embedded): heading, figure, the raw numbers."""
-    path = Path(path)
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>hacksim validation</title>
-<script>{get_plotlyjs()}</script></head><body style="font-family:sans-serif;margin:24px">
-<h1>{html.escape(heading)}</h1><p>{html.escape(subtitle)}</p>
-<div id="validation"></div>
-<script>var f={fig.to_json()};Plotly.newPlot("validation",f.data,f.layout,{{responsive:true}});</script>
-<pre>{html.escape(json.dumps(data, indent=2))}</pre></body></html>"""
-    path.write_text(page)
-    return path
+def _error_cell(e: float | None, goal_pct: float = 10.0) -> str:
+    if e is None or (isinstance(e, float) and math.isnan(e)):
+        return '<td class="na">n/a</td>'
+    tone = "better" if abs(e) <= goal_pct else "worse"
+    return f'<td class="{tone}">{_esc(fmt_pct(e))}</td>'
 
 
-def write_validation_report(v: dict, path: str | Path) -> Path:
-    """A self-contained page with the figure and the raw numbers."""
-    return _write_page(path, f"Validation: {v['trace']}", f"scenario {v['scenario']}", validation_figure(v), v)
+def _metric_table(v: dict) -> str:
+    body = "".join(f"<tr><td>{_esc(label)}</td><td>{_esc(fmt_seconds(m))}</td><td>{_esc(fmt_seconds(p))}</td>"
+                   f"{_error_cell(e)}</tr>" for label, m, p, e in _rows(v))
+    return ('<div class="scroll"><table id="table-validation"><thead><tr><th>metric</th><th>measured</th>'
+            f'<th>simulated</th><th>error</th></tr></thead><tbody>{body}</tbody></table></div>')
 
 
-INDEX_METRICS = (("jct_mean_error_pct", "JCT mean", "#dc2626"), ("ttft_p50_error_pct", "TTFT p50", "#2563eb"),
-                 ("tpot_p50_error_pct", "TPOT p50", "#16a34a"), ("prefill_mean_error_pct", "prefill", "#9333ea"),
-                 ("transfer_mean_error_pct", "transfer", "#6b7280"))
+def _glance(cells: list[tuple[str, str, str]]) -> str:
+    head = "".join(f"<th>{_esc(k)}</th>" for k, _, _ in cells)
+    vals = "".join(f'<td class="{cls}">{_esc(val)}</td>' for _, val, cls in cells)
+    return f'<table class="glance" id="table-glance"><thead><tr>{head}</tr></thead><tbody><tr>{vals}</tr></tbody></table>'
+
+
+def _tone(e: float | None, goal: float) -> str:
+    return "" if e is None else "better" if abs(e) <= goal else "worse"
+
+
+def _scenario_html(scenario: dict | None, path: str) -> str:
+    if not scenario:
+        return f"<p>scenario file <code>{_esc(path)}</code></p>"
+    blocks = "".join(f"<details><summary>{_esc(k)}</summary><pre>{_esc(json.dumps(x, indent=2))}</pre></details>"
+                     for k, x in scenario.items() if isinstance(x, (dict, list)))
+    facts = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(x)}</dd>" for k, x in scenario.items()
+                    if not isinstance(x, (dict, list)))
+    return f'<p>from <code>{_esc(path)}</code>, with the trace\'s own arrivals and lengths</p><dl class="facts">{facts}</dl>{blocks}'
+
+
+def validation_page(v: dict) -> Page:
+    glance = [(f"{m.upper()} {q} error", fmt_pct(v.get(f"{m}_{q}_error_pct")), _tone(v.get(f"{m}_{q}_error_pct"), g))
+              for m, q, g in (("jct", "mean", 5), ("ttft", "p50", 10), ("tpot", "p50", 10))]
+    if "iteration_mean_error_pct" in v:
+        glance.append(("decode iteration error", fmt_pct(v["iteration_mean_error_pct"]),
+                       _tone(v["iteration_mean_error_pct"], 10)))
+    sections = [
+        Section("errors", "Simulated against measured", "Each metric measured on the real system and simulated from "
+                "the same arrivals and lengths; the label is the error, (simulated − measured) / measured.",
+                ("validation",)),
+        Section("table", "Every metric", "Green within 10 % of the measured value, red beyond.",
+                body_html=_metric_table(v)),
+        Section("scenario", "Scenario", "The resolved scenario the simulation ran (click to open a part).",
+                body_html=_scenario_html(v.get("resolved_scenario"), v["scenario"])),
+    ]
+    return Page(title=f"validation · {Path(str(v['trace'])).name}", heading=f"Validation: {Path(str(v['trace'])).name}",
+                description=f"method {v['method']}, {v['requests']} requests",
+                subtitles=(f"trace {v['trace']} · scenario {v['scenario']}",), summary_html=_glance(glance),
+                sections=sections, figures={"validation": validation_figure(v)},
+                footer="Made by hacksim validate from the trace and the scenario.")
+
+
+def write_validation_report(v: dict, path: str | Path, *, plotlyjs: str | None = None) -> Path:
+    return write_page(validation_page(v), path, plotlyjs=plotlyjs)
 
 
 def validation_index_figure(rows: list[dict]) -> go.Figure:
@@ -75,14 +134,44 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
                     hovertemplate="%{x}<br>" + label + " error %{y:+.1f}%<extra></extra>")
     fig.add_hrect(y0=-10, y1=10, fillcolor="#16a34a", opacity=0.08, line_width=0)
     fig.add_hrect(y0=-5, y1=5, fillcolor="#16a34a", opacity=0.10, line_width=0)
-    fig.update_layout(barmode="group", template="plotly_white", height=560,
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-                      title=dict(text=f"Simulated vs measured over {len(rows)} traces: (simulated - measured) / "
-                                      "measured; shaded: within 5 % and 10 %", y=0.97),
-                      yaxis_title="error (%)", xaxis_tickangle=-35, margin=dict(b=160, t=100))
+    fig.update_layout(barmode="group", template="plotly_white", height=560, font=dict(family=FONT, size=13),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      title=dict(text="Error per trace, (simulated − measured) / measured", x=0.01),
+                      yaxis_title="error (%)", xaxis_tickangle=-35, margin=dict(l=70, r=30, t=90, b=170))
     return fig
 
 
-def write_validation_index_report(rows: list[dict], path: str | Path) -> Path:
-    return _write_page(path, f"Validation over {len(rows)} traces", "shaded: within 5 % and 10 %",
-                       validation_index_figure(rows), rows)
+def _index_table(rows: list[dict]) -> str:
+    keys = [k for k, _, _ in INDEX_METRICS]
+    head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS)
+    body = "".join(f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
+                   + "".join(_error_cell(r.get(k), 5 if k == "jct_mean_error_pct" else 10) for k in keys) + "</tr>"
+                   for r in rows)
+    return (f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
+            f'</tr></thead><tbody>{body}</tbody></table></div>')
+
+
+def validation_index_page(rows: list[dict]) -> Page:
+    def mean_abs(key):
+        vals = [abs(r[key]) for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def within(key, goal):
+        return sum(1 for r in rows if r.get(key) is not None and abs(r[key]) <= goal)
+
+    glance = [(f"mean |error| {label}", "–" if mean_abs(k) is None else f"{mean_abs(k):.1f}%", "")
+              for k, label, _ in INDEX_METRICS[:3]]
+    glance.append(("JCT within 5 %", f"{within('jct_mean_error_pct', 5)} of {len(rows)}", ""))
+    sections = [
+        Section("errors", "Error per trace", "Shaded: within 5 % and within 10 % of the measured value.",
+                ("validation_index",)),
+        Section("traces", "Every trace", "JCT green within 5 %, the others within 10 %.", body_html=_index_table(rows)),
+    ]
+    return Page(title=f"validation · {len(rows)} traces", heading=f"Validation over {len(rows)} traces",
+                subtitles=("error = (simulated − measured) / measured",), summary_html=_glance(glance),
+                sections=sections, figures={"validation_index": validation_index_figure(rows)},
+                footer="Made by hacksim validate from the traces and their scenarios.")
+
+
+def write_validation_index_report(rows: list[dict], path: str | Path, *, plotlyjs: str | None = None) -> Path:
+    return write_page(validation_index_page(rows), path, plotlyjs=plotlyjs)

@@ -98,7 +98,7 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
     # decode/dequantize/approximation, nor prefill from its homomorphic correction.
     meas, sim_parts = measured_parts(df), measured_parts(sim)
     out: dict = {"trace": str(trace), "scenario": str(scenario_path), "method": method, "requests": len(df),
-                 "metrics": {}, "breakdown_s": {}}
+                 "metrics": {}, "breakdown_s": {}, "resolved_scenario": s.model_dump(mode="json")}
     for metric in ("jct", "ttft", "tpot"):
         m, p = _stats(meas[metric]), _stats(sim_parts[metric])
         out["metrics"][f"{metric}_s"] = {"measured": m, "simulated": p}

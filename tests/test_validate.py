@@ -97,3 +97,17 @@ def test_validate_index_table_json_figure_and_bad_index(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "bad.csv" in r.stderr and "trace" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
+
+
+def test_validation_page_is_figures_then_a_collapsible_scenario(tmp_path):
+    """The validation page uses the report template: the figure, a table of every metric, the resolved
+    scenario folded into <details>; no screen of raw JSON."""
+    from reports.validation import write_validation_report
+
+    trace, scen = _setup(tmp_path)
+    v = validate(trace, scen)
+    page = write_validation_report(v, tmp_path / "validation.html").read_text()
+    assert page.index('id="fig-validation"') < page.index('id="table-validation"') < page.index('id="scenario"')
+    assert '<nav>' in page and 'class="glance"' in page
+    body = page[page.index("<main>"):page.index("</main>")]
+    assert body.count("<pre>") == body.count("<details>") > 0 and '"jct_mean_error_pct"' not in body

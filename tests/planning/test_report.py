@@ -33,3 +33,31 @@ def test_render_is_deterministic_and_names_its_figures():
     a, b = render(_table(), **kw), render(_table(), **kw)
     assert a == b
     assert 'id="fig-cost-goodput"' in a and 'id="fig-heatmap-0"' in a and "Pareto front" in a
+
+
+def _figure_order(page: str) -> list[str]:
+    import re
+
+    return re.findall(r'id="fig-([a-z0-9-]+)"', page)
+
+
+def test_the_page_opens_on_its_most_informative_figure():
+    """Costs that differ: the cost figure first. One cost for every configuration: the SLO heatmap first."""
+    kw = dict(name="t", description="", base="b.yaml", axis_paths=["prefill.instance", "workload.arrival.rate_rps"],
+              slo={"jct_p90_s": 25.0})
+    assert _figure_order(render(_table(), **kw)) == ["cost-goodput", "heatmap-0"]
+    flat = _table().assign(cost_usd_per_hour=12.0)
+    page = render(flat, **kw)
+    assert _figure_order(page) == ["heatmap-0", "cost-goodput"] and "the cost figure has one column" in page
+
+
+def test_methods_wear_the_colours_of_every_other_report():
+    from planning.report import cost_goodput_figure, line_figure
+    from reports.style import METHOD_COLOURS, method_label
+
+    df = pd.concat([_table().assign(method=m) for m in ("baseline", "cachegen", "hack")], ignore_index=True)
+    conf = configurations(df, ["prefill.instance", "workload.arrival.rate_rps"])
+    for fig in (cost_goodput_figure(conf, True), line_figure(df, "prefill.instance", "jct_p90_s")):
+        shown = {t.name: (t.marker.color if t.mode == "markers" else t.line.color) for t in fig.data
+                 if t.name != "Pareto front"}
+        assert shown == {method_label(m): METHOD_COLOURS[m] for m in ("baseline", "cachegen", "hack")}

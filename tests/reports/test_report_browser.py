@@ -1,10 +1,14 @@
-"""report.html in a real headless Chromium: every figure draws, the console stays silent, the page is not blank."""
+"""Every page hacksim writes, in a real headless Chromium: the simulate report, the sweep report and
+both validation pages draw every figure, the console stays silent, no legend scrolls (a clipped
+legend), a page that loads plotly.js from a path draws too, and the simulate page is not blank."""
 from __future__ import annotations
 
 import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,9 +41,76 @@ def console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO / "realrun" / "traces" / "h200"
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     return build_report(write_fake_run(tmp_path_factory.mktemp("run"), n_requests=40))
+
+
+def sweep_report(folder: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests" / "planning"))
+    import yaml
+    from planning_helpers import TINY_BASE, write_sweep
+
+    from planning.executor import Executor
+    from planning.report import write_report
+    from planning.sweep import load_sweep, run_sweep
+
+    (folder / "base.yaml").write_text(yaml.safe_dump(TINY_BASE, sort_keys=False))
+    spec, base = load_sweep(write_sweep(folder, {"axes": {"network.bandwidth_gbps": [10, 40],
+                                                          "workload.arrival.rate_rps": [0.5, 2.0]},
+                                                 "set": {"workload.requests": 12}, "slo": {"ttft_p99_s": 5}}))
+    with Executor("serial") as ex:
+        df = run_sweep(spec, base, ex).table
+    return write_report(df, folder, name=spec.name, description="browser test", base=str(base),
+                        axis_paths=spec.axis_paths(), slo=spec.slo, heatmaps=None)
+
+
+def validation_reports(folder: Path) -> tuple[Path, Path]:
+    from reports.validation import write_validation_index_report, write_validation_report
+    from simulator.validate import validate, validate_index
+
+    scenario = REPO / "scenarios" / "measured" / "h200_8b_10gbps.yaml"
+    traces = sorted(p for p in TRACES.iterdir() if p.is_dir() and "8b-L32_10gbps" in p.name)[:2]
+    one = write_validation_report(validate(traces[0], scenario), folder / "validation.html")
+    index = folder / "index.csv"
+    index.write_text("trace,scenario\n" + "".join(f"{t},{scenario}\n" for t in traces))
+    many = write_validation_index_report(validate_index(index), folder / "validation_index.html")
+    return one, many
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory, report) -> dict[str, tuple[Path, int]]:
+    """name -> (page, figures it must draw)."""
+    folder = tmp_path_factory.mktemp("pages")
+    one, many = validation_reports(folder)
+    with_path = folder / "by_path"
+    with_path.mkdir()
+    from plotly.offline import get_plotlyjs
+
+    (folder / "plotly.min.js").write_text(get_plotlyjs())
+    shutil.copytree(report.parent, with_path, dirs_exist_ok=True)
+    by_path = build_report(with_path, plotlyjs=str(folder / "plotly.min.js"))
+    return {"simulate": (report, N_FIGURES), "sweep": (sweep_report(folder), 2), "validation": (one, 1),
+            "validation_index": (many, 1), "plotlyjs_by_path": (by_path, N_FIGURES)}
+
+
+@pytest.mark.parametrize("name", ["simulate", "sweep", "validation", "validation_index", "plotlyjs_by_path"])
+def test_each_page_draws_its_figures_silently_with_whole_legends(pages, name, tmp_path):
+    page, expected = pages[name]
+    res = chromium(page, tmp_path, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert console_lines(res.stderr) == []
+    assert f'data-figures-drawn="{expected}"' in res.stdout
+    assert len(re.findall(r'<div class="figure[^"]*js-plotly-plot', res.stdout)) == expected
+    assert res.stdout.count('class="main-svg"') >= 2 * expected
+    scrolling = [h for h in re.findall(r'<rect class="scrollbar"[^>]*height="([0-9.]+)"', res.stdout) if float(h) > 0]
+    assert scrolling == [], f"{name}: a legend scrolls (clipped)"
+    if name == "plotlyjs_by_path":
+        assert 'src="../plotly.min.js"' in page.read_text() and page.stat().st_size < 1_000_000
 
 
 def test_every_figure_draws_without_console_messages(report, tmp_path):

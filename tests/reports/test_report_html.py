@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from report_fake_run import write_fake_run
-from reports import build_report, figures_from_html, load_run, make_figures, reductions_table
+from reports import build_report, changes_table, figures_from_html, load_run, make_figures
 from reports.data import BREAKDOWN_PARTS, order_methods
 from reports.figures import MAX_POINTS, ecdf, thin_step, window_mean_step
 from reports.style import method_label
@@ -113,21 +113,22 @@ def test_link_capacity_column_wins(tmp_path):
     assert [float(t.y[0]) for t in fig.data if t.name == "capacity"] == [10.0] * 4
 
 
-def test_reductions_table_against_summary(run_dir):
+def test_changes_table_against_summary(run_dir):
+    """Negative is less, as the terminal prints: (method - baseline) / baseline for every row."""
     run = load_run(run_dir)
-    red = reductions_table(run)
+    red = changes_table(run)
     s = run.summary["methods"]
     b, h = s["baseline"]["jct_s"]["mean"], s["hack"]["jct_s"]["mean"]
-    assert math.isclose(red.at["JCT mean", "hack"], (b - h) / b * 100)
-    assert math.isclose(red.at["KV bytes/token on the wire", "hack"], 86.0)
+    assert math.isclose(red.at["JCT mean", "hack"], (h - b) / b * 100)
+    assert math.isclose(red.at["KV bytes/token on the wire", "hack"], -86.0)
     assert "baseline" not in red.columns
     b, h = s["baseline"]["throughput_rps"], s["hack"]["throughput_rps"]
-    assert math.isclose(red.at["Throughput (gain)", "hack"], (h - b) / b * 100)
+    assert math.isclose(red.at["Throughput", "hack"], (h - b) / b * 100)
 
 
 def test_report_shows_tables_profile_and_scenario(report):
     html = report.read_text()
-    for needle in ('id="table-reductions"', 'id="table-methods"', 'id="table-profiles"', 'class="badge derived"',
+    for needle in ('id="table-changes"', 'id="table-glance"', 'id="table-methods"', 'id="table-profiles"', 'class="badge derived"',
                    "a10g_10gbps", "llama-3.1-8b", "<details", "Calibration profile"):
         assert needle in html, needle
 
@@ -271,7 +272,7 @@ def test_far_capacity_is_stated_not_drawn(tmp_path):
 
 def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
     d = write_fake_run(tmp_path, n_requests=40)
-    assert "Peak decode KV cache" not in reductions_table(load_run(d)).index
+    assert "Peak decode KV cache" not in changes_table(load_run(d)).index
     req = pd.read_csv(d / "requests.csv")
     req.loc[req["request_id"] == 0, "tpot_s"] = 5.0            # one request 100x slower per token
     req.to_csv(d / "requests.csv", index=False)
@@ -283,7 +284,7 @@ def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
     run = load_run(d)
     figs = make_figures(run)
     assert figs["cdf_tpot"].layout.xaxis.type == "log" and figs["cdf_jct"].layout.xaxis.type != "log"
-    assert reductions_table(run).at["Peak decode KV cache", "cachegen"] == pytest.approx(12.5)
+    assert changes_table(run).at["Peak decode KV cache", "cachegen"] == pytest.approx(-12.5)
 
 
 def test_module_entry_point(tmp_path, capsys):
@@ -304,3 +305,36 @@ def test_degenerate_series_still_draw(tmp_path):
     assert figs["decode_memory"].layout.yaxis.range[1] > 0
     assert [float(v) for v in figs["link_utilisation"].data[0].y] == [0.0] * len(figs["link_utilisation"].data[0].y)
     build_report(d)
+
+
+def test_phase_colours_stay_away_from_method_colours():
+    from reports.style import FALLBACK_COLOURS, METHOD_COLOURS, PART_COLOURS
+
+    def rgb(h):
+        return np.array([int(h[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+
+    methods = [*METHOD_COLOURS.values(), *FALLBACK_COLOURS]
+    for part, colour in PART_COLOURS.items():
+        nearest = min(np.linalg.norm(rgb(colour) - rgb(m)) for m in methods)
+        assert nearest > 60, (part, colour, nearest)
+
+
+def test_first_screen_gives_each_method_jct_memory_and_overhead(run_dir, report):
+    """The header's table: per method mean JCT, peak decode memory and dequantize + approximation, with
+    changes against the baseline signed as the terminal prints them (negative = less)."""
+    import re
+
+    from reports.style import fmt_bytes, fmt_pct, fmt_seconds
+
+    page = report.read_text()
+    header = page[page.index("<header>"):page.index("</header>")]
+    rows = {re.sub(r"<[^>]+>", "", r.split("</td>")[0]): re.findall(r"<td[^>]*>(.*?)</td>", r)
+            for r in re.findall(r"<tr><td>(.*?)</tr>", header)}
+    s = json.loads((run_dir / "summary.json").read_text())["methods"]
+    for m, stats in s.items():
+        cells = rows[method_label(m)]
+        over = stats["breakdown_s"]["dequantize"] + stats["breakdown_s"]["approximation"]
+        assert cells[0] == fmt_seconds(stats["jct_s"]["mean"]) and cells[2] == fmt_bytes(stats["peak_decode_memory_bytes"])
+        assert cells[4] == fmt_seconds(over)
+    b, h = s["baseline"]["jct_s"]["mean"], s["hack"]["jct_s"]["mean"]
+    assert rows["HACK"][1] == fmt_pct((h - b) / b * 100) and (h < b) == rows["HACK"][1].startswith("-")

@@ -317,9 +317,10 @@ def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: Cand
         base = resolve_scenario(build_raw(base_raw, values), base_path, str(base_path))
     except ScenarioError as e:
         raise PlanningError(str(e)) from None
-    if base.workload.arrival.kind not in ("poisson", "bursty"):
+    kind = "a trace" if base.workload.arrival is None else base.workload.arrival.kind
+    if kind not in ("poisson", "bursty"):
         raise PlanningError(f"{base_path}: workload.arrival: plan varies the rate, so it needs poisson or bursty "
-                            f"arrivals, not {base.workload.arrival.kind}")
+                            f"arrivals, not {kind}")
     base_raw = build_raw(base_raw, values)
     notes: list[str] = []
     candidates = build_candidates(base_raw, base_path, spec, notes)

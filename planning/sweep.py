@@ -36,7 +36,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml
+from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml, resolve_workload_files
 
 from .executor import Executor, PlanningError, Task
 
@@ -239,13 +239,8 @@ def build_raw(base_raw: dict, values: dict[str, Any]) -> dict:
 
 
 def resolve_scenario(raw: dict, base_path: Path, source: str) -> Scenario:
-    """parse_scenario plus load_scenario's trace path rule (relative to the base scenario's folder)."""
-    s = parse_scenario(raw, source)
-    wl = s.workload
-    if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
-        resolved = str((base_path.parent / wl.trace_csv).resolve())
-        s = s.model_copy(update={"workload": wl.model_copy(update={"trace_csv": resolved})})
-    return s
+    """parse_scenario plus load_scenario's trace rules (paths relative to the base scenario's folder)."""
+    return resolve_workload_files(parse_scenario(raw, source), base_path.parent, source)
 
 
 def read_base(base_path: Path) -> dict:

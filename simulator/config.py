@@ -250,14 +250,47 @@ class TraceArrivals(_Strict):
 Arrivals = Annotated[Union[PoissonArrivals, BurstyArrivals, TraceArrivals], Field(discriminator="kind")]
 
 
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "vllm_bench", "csv")
+
+
+class TraceConfig(_Strict):
+    """A recorded workload (simulator/traces.py reads each format): its arrivals and lengths replace the
+    arrival process and the length distributions."""
+
+    format: Literal["azure", "burstgpt", "mooncake", "vllm_bench", "csv"] = Field(
+        description="azure: Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens); burstgpt: "
+        "BurstGPT CSV (Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type); mooncake: "
+        "Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids); vllm_bench: a vLLM benchmark result "
+        "JSON (input_lens, output_lens; start_times, else request_rate); csv: arrival_s, prompt_tokens, output_tokens")
+    path: str = Field(description="the trace file, relative to the scenario file")
+    rate_scale: float = Field(1.0, gt=0, description="replay this many times faster: gaps divided by it")
+    start_s: float = Field(0.0, ge=0, description="skip requests arriving earlier than this, in seconds after the "
+                           "trace's first request (before rate_scale)")
+    duration_s: float | None = Field(None, gt=0, description="keep requests arriving within this many seconds "
+                                     "after start_s (before rate_scale); default: to the end")
+    models: list[str] | None = Field(None, min_length=1, description="burstgpt: keep rows of these Model values "
+                                     "(e.g. ChatGPT, GPT-4)")
+    log_types: list[str] | None = Field(None, min_length=1, description="burstgpt: keep rows of these Log Type "
+                                        "values (Conversation log, API log)")
+
+    @model_validator(mode="after")
+    def _filters(self) -> "TraceConfig":
+        if self.format != "burstgpt" and (self.models is not None or self.log_types is not None):
+            raise ValueError(f"models and log_types filter BurstGPT traces only, not format {self.format}")
+        return self
+
+
 class WorkloadConfig(_Strict):
     dataset: str | None = Field(None, description="catalog/data/workloads.yaml key for the length distributions")
     input_tokens: LengthDist | None = Field(None, description="prompt length distribution (overrides dataset)")
     output_tokens: LengthDist | None = Field(None, description="output length distribution (overrides dataset)")
     trace_csv: str | None = Field(None, description="CSV with prompt_tokens, output_tokens and (for trace "
                                   "arrivals) arrival_s columns, relative to the scenario file")
-    arrival: Arrivals = Field(description="arrival process")
-    requests: int = Field(ge=1, description="requests to simulate (a trace is cycled or cut to this)")
+    trace: TraceConfig | None = Field(None, description="a recorded trace whose arrivals and lengths replace "
+                                      "arrival, dataset, input_tokens and output_tokens")
+    arrival: Arrivals | None = Field(None, description="arrival process (not with trace)")
+    requests: int | None = Field(None, ge=1, description="requests to simulate (a trace is cycled or cut to this; "
+                                 "with trace, default: the trace's requests)")
     seed: int = Field(0, ge=0, description="seed of the one random generator of the run")
 
     @model_validator(mode="before")
@@ -272,8 +305,18 @@ class WorkloadConfig(_Strict):
 
     @model_validator(mode="after")
     def _source(self) -> "WorkloadConfig":
+        if self.trace is not None:
+            given = [k for k in ("dataset", "input_tokens", "output_tokens", "trace_csv", "arrival")
+                     if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"trace replaces arrivals and lengths: drop {', '.join(given)}")
+            return self
+        if self.arrival is None:
+            raise ValueError("give an arrival process (or a trace)")
+        if self.requests is None:
+            raise ValueError("give requests (only a trace has a default)")
         if self.trace_csv is None and (self.input_tokens is None or self.output_tokens is None):
-            raise ValueError("give a dataset, input_tokens and output_tokens, or a trace_csv")
+            raise ValueError("give a dataset, input_tokens and output_tokens, a trace_csv, or a trace")
         if self.arrival.kind == "trace" and self.trace_csv is None:
             raise ValueError("trace arrivals need a trace_csv")
         return self
@@ -495,9 +538,25 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     raw = read_yaml(path)
     if isinstance(raw, dict) and overrides:
         raw = apply_overrides(raw, overrides)
-    scenario = parse_scenario(raw, str(path))
+    return resolve_workload_files(parse_scenario(raw, str(path)), path.parent, str(path))
+
+
+def resolve_workload_files(scenario: "Scenario", folder: Path, source: str) -> "Scenario":
+    """Trace paths made absolute against `folder` (the scenario file's), and a trace's request count filled
+    in from the trace itself when the scenario gives none."""
     wl = scenario.workload
+    update: dict = {}
     if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
-        resolved = str((path.parent / wl.trace_csv).resolve())
-        scenario = scenario.model_copy(update={"workload": wl.model_copy(update={"trace_csv": resolved})})
-    return scenario
+        update["trace_csv"] = str((folder / wl.trace_csv).resolve())
+    trace = wl.trace
+    if trace is not None:
+        if not Path(trace.path).is_absolute():
+            trace = trace.model_copy(update={"path": str((folder / trace.path).resolve())})
+            update["trace"] = trace
+        if wl.requests is None:
+            from .traces import load_trace   # reads the file: only here, once the scenario is known to be valid
+
+            update["requests"] = len(load_trace(trace, source))
+    if not update:
+        return scenario
+    return scenario.model_copy(update={"workload": wl.model_copy(update=update)})

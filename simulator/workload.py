@@ -21,6 +21,7 @@ class Requests:
     arrival_s: np.ndarray        # (N,) float64, non-decreasing
     prompt_tokens: np.ndarray    # (N,) int64
     output_tokens: np.ndarray    # (N,) int64, >= 1
+    block_hashes: tuple | None = None   # per request, its prompt's prefix-block hashes (Mooncake traces)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -71,7 +72,18 @@ def make_requests(scenario: Scenario) -> Requests:
     wl: WorkloadConfig = scenario.workload
     n = wl.requests
     rng = np.random.default_rng(wl.seed)
-    if wl.trace_csv is not None:
+    hashes = None
+    if wl.trace is not None:
+        from .traces import load_trace
+
+        trace = load_trace(wl.trace)
+        n = n or len(trace)
+        idx = np.arange(n) % len(trace)
+        prompt, output = trace.prompt_tokens[idx], trace.output_tokens[idx]
+        arrival = trace.arrival_s[idx] + (np.arange(n) // len(trace)) * _period(trace.arrival_s)
+        if trace.block_hashes is not None:
+            hashes = tuple(trace.block_hashes[i] for i in idx)
+    elif wl.trace_csv is not None:
         df = read_trace(wl.trace_csv)
         idx = np.arange(n) % len(df)
         prompt = df["prompt_tokens"].to_numpy(np.int64)[idx]
@@ -80,9 +92,7 @@ def make_requests(scenario: Scenario) -> Requests:
             if "arrival_s" not in df.columns:
                 raise ScenarioError(f"workload.trace_csv: trace arrivals need an arrival_s column in {wl.trace_csv}")
             base = df["arrival_s"].to_numpy(np.float64)
-            span = base.max() - base.min() if len(base) > 1 else 0.0
-            period = span + (span / max(len(base) - 1, 1))
-            arrival = base[idx] + (np.arange(n) // len(df)) * period
+            arrival = base[idx] + (np.arange(n) // len(df)) * _period(base)
         else:
             arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
     else:
@@ -99,4 +109,11 @@ def make_requests(scenario: Scenario) -> Requests:
             f"model.max_context_tokens={scenario.model.max_context_tokens}")
     order = np.argsort(arrival, kind="stable")
     return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
-                    output_tokens=output[order])
+                    output_tokens=output[order],
+                    block_hashes=None if hashes is None else tuple(hashes[i] for i in order))
+
+
+def _period(arrival_s: np.ndarray) -> float:
+    """How far a cycled trace's next pass starts after its first: its span plus one mean gap."""
+    span = arrival_s.max() - arrival_s.min() if len(arrival_s) > 1 else 0.0
+    return span + span / max(len(arrival_s) - 1, 1)

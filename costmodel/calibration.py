@@ -47,9 +47,9 @@ SCHEMA_VERSION = 1
 # Named efficiency factors of the roofline fallback. Each is the fraction of a datasheet peak that
 # well-written code reaches; the values are measured on the lent H200 (DEVELOPERS.md facts), not
 # fitted to any paper's result, and apply to any GPU until a measured or derived profile exists.
-ROOFLINE_MEMORY_EFFICIENCY = 4250.0 / 4800.0   # large D2D copy / HBM datasheet bandwidth
-ROOFLINE_MATMUL_EFFICIENCY = 690.0 / 989.4     # large bf16 GEMM / dense tensor peak
-ROOFLINE_INT8_EFFICIENCY = 940.0 / 1978.9      # torch._int_mm / dense INT8 tensor peak
+ROOFLINE_MEMORY_EFFICIENCY = 4220.4 / 4800.0   # 1 GiB D2D copy / HBM datasheet bandwidth (H200 profile peaks)
+ROOFLINE_MATMUL_EFFICIENCY = 693.4 / 989.4     # 8192^3 GEMM / dense tensor peak (H200 profile peaks); also INT8:
+                                               # kernel_work.unit_rates says why
 ROOFLINE_LAUNCH_OVERHEAD_S = 5e-6              # one kernel launch, CUDA-graph-free
 # Per-element ALU work (integer unpack, convert, scale) runs on CUDA cores, not tensor cores.
 # Ops per KV element: 2-bit unpack (shift, mask), convert to FP16, one FMA with scale and min.
@@ -121,7 +121,8 @@ def compare_to_measured(profile: CalibrationProfile, measured: list[dict]) -> li
         field_name = MEASURED_QUANTITY_FIELD.get(m["quantity"])
         value = None if field_name is None else getattr(profile, field_name)
         rows.append({"quantity": m["quantity"], "measured": m["value"], "profile_field": field_name,
-                     "profile": value, "error_pct": None if value is None else round(100 * (value - m["value"]) / m["value"], 1),
+                     "profile": value,
+                     "error_pct": None if value is None else round(100 * (value - m["value"]) / m["value"], 1),
                      "how": m.get("how"), "source": m.get("source")})
     return rows
 

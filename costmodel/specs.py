@@ -24,9 +24,10 @@ class GPUSpec:
     fp8_tensor_tflops: float | None     # None: no FP8 tensor cores (before Ada/Hopper)
     fp4_tensor_tflops: float | None
     fp32_tflops: float
-    int8_dp4a_tops: float
     pcie_gb_per_s: float
     sms: int                            # streaming multiprocessors
+    warp_schedulers_per_sm: int         # warp instructions issued per SM per clock
+    sfu_ops_per_clock_per_sm: int       # special-function results per SM per clock
     boost_clock_ghz: float              # SM clock the FP32 peak is quoted at
     sustained_clock_ghz: float | None   # SM clock a power-capped part holds under load; None: the boost clock
     nvlink_gb_per_s: float | None       # per GPU per direction; None: no NVLink
@@ -40,6 +41,18 @@ class GPUSpec:
     def clock_ghz(self) -> float:
         """The SM clock clock-bound units run at under load."""
         return self.sustained_clock_ghz or self.boost_clock_ghz
+
+    @classmethod
+    def from_fields(cls, key: str, f: dict) -> "GPUSpec":
+        """From catalog/data/gpus.yaml field names (memory_gb in GB = 1e9 bytes)."""
+        return cls(key=key, name=f["name"], arch=f["arch"], memory_bytes=f["memory_gb"] * GB,
+                   memory_bandwidth_gb_per_s=f["memory_bandwidth_gb_per_s"], fp16_tensor_tflops=f["fp16_tensor_tflops"],
+                   int8_tensor_tops=f.get("int8_tensor_tops"), fp8_tensor_tflops=f.get("fp8_tensor_tflops"),
+                   fp4_tensor_tflops=f.get("fp4_tensor_tflops"), fp32_tflops=f["fp32_tflops"],
+                   pcie_gb_per_s=f["pcie_gb_per_s"], sms=f["sms"], warp_schedulers_per_sm=f["warp_schedulers_per_sm"],
+                   sfu_ops_per_clock_per_sm=f["sfu_ops_per_clock_per_sm"], boost_clock_ghz=f["boost_clock_ghz"],
+                   sustained_clock_ghz=f.get("sustained_clock_ghz"), nvlink_gb_per_s=f.get("nvlink_gb_per_s"),
+                   compute_capability=str(f["compute_capability"]))
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,33 @@
-"""Derived calibration profiles: the measured H200 profile's efficiencies x catalog peaks.
+"""Derived calibration profiles: each kernel's measured H200 time split by the unit that spends it, each
+part repriced at the target GPU's rate for that unit.
 
     python -m kernels_calibration.derive [--src kernels_calibration/profiles/h200/profile.json]
+    python -m kernels_calibration.derive --table      # the README's HACK/FP16 table, nothing written
 
 Writes kernels_calibration/profiles/<key>/profile.json (source "derived", derived_from "h200") for
 t4, v100, a10g, l4, a6000, a100_40gb, a100_80gb, h100, l40s.
 
 How each number is derived (also written into provenance.notes):
-* every GPU figure comes from catalog/data/gpus.yaml (catalog_peaks; recorded in the profile under
-  "catalog").  memory_gbps, matmul_*: the H200's measured fraction of its datasheet peak (copy 4220
-  of 4800 GB/s, FP16 GEMM ~693 of 989 TFLOP/s, INT8 ~939 of 1979 TOPS, FP8 ~1271 of 1979) times the
-  target's peak.  A power-capped part (T4, 70 W) runs its clock-bound rates at the catalog's
-  sustained clock over its boost clock.  V100 has no INT8 tensor cores: matmul_int8_tops is null.
-* gemm (efficiencies at real layer shapes, dense_bench.py) is kept as fractions of the derived peaks;
-  the elementwise kernel scales by bandwidth like the memory-bound kernels.
-* every kernel keeps the H200's overhead_s (launch and pipeline latency) and scales s_per_unit by
-  the resource that bounds it on the H200 (measured achieved bytes vs the copy bandwidth):
-  - memory-bound (FP16/FP8 decode, unfused dequant, dequantize.kv): x H200 GB/s / target GB/s;
-  - CUDA-core bound (HACK decode variants, fused dequant, HACK prefill, quantize.kv: their
-    H200 rates sit far below both the copy bandwidth and the tensor peak; the unpack, correction
-    and softmax arithmetic dominates): x H200 issue rate / target issue rate (SMs x boost clock;
-    at the sustained clock where the catalog gives one), but never faster than the target's byte floor;
-  - tensor-bound (FP16 prefill): x H200 FP16 GEMM rate / target FP16 GEMM rate.
-  - the scoring kernels (score.pq*, score.quantized_keys*, select.topk; issue 7) are classified by
-    their own H200 fit rather than by a fixed list, because they were added before being measured:
-    bytes per unit (SCORE_BYTES_PER_UNIT, the kernels' formulas at the profiled shapes) / s_per_unit
-    is the H200's achieved GB/s; at >= 60% of the copy bandwidth the kernel is memory-bound and
-    scales by bandwidth, below that it is CUDA-core bound (PQ: the LUT gathers and adds, which run
-    in the SMs' load/store and ALU pipes; quantized keys: unpack, convert and the per-partition
-    scale/min FMAs) and scales by issue rate, floored at the target's byte time. The quantized-key
-    scoring uses tl.dot (G_PAD = 16 MACs per key element), so on sm < 80 it adds the FMA fallback.
-* fused dequant and the HACK decode step (PI 64): the H200 profile prices the Gluon one-warp mma
-  kernels (gluon_decode.py; HACK above 2K tokens), which run on Hopper only; for sm < 90 the Triton
-  kernels' H200 fits (decode_attn.<key>_triton, GLUON_KERNELS) are the ones scaled into <key>.
-* sm < 80 (T4, V100): Triton lowers tl.dot to FMA on CUDA cores there (no MMA path for these
-  architectures in Triton 3.x; catalog: "Triton int8 tl.dot failed on sm70/75", "falls back to FMA
-  for compute capability < 80"), so the Triton kernels that use dots (HACK, fused dequant, Triton
-  FP16) pay, per KV element, G_PAD = 16 multiply-adds at the FP32 FMA rate (INT8 does not use DP4A
-  in that path) on top of their scaled CUDA-core work; FP16 attention there is torch SDPA
-  (tensor cores on T4, memory-bound on V100 in decode).
+* every GPU figure comes from catalog/data/gpus.yaml (``catalog_peaks``, recorded under "catalog"; a test
+  fails when they differ from the catalog's).
+* memory_gbps, matmul_*: the H200's measured fraction of its datasheet peak (copy 4220 of 4800 GB/s, FP16
+  GEMM ~693 of 989 TFLOP/s, also for INT8: kernel_work.unit_rates says why; FP8 ~1271 of 1979) times the
+  target's peak; tensor rates at the sustained clock of a power-capped part (T4).  V100 has no INT8
+  tensor cores: matmul_int8_tops is null.
+* gemm (efficiencies at real layer shapes, dense_bench.py) is kept as fractions of the derived peaks.
+* every kernel (costmodel/kernel_work.py): the H200 fit's s_per_unit is split into seconds per unit on
+  HBM, FP16 tensor, INT8 tensor, SFU and CUDA-core ALU: the bytes, tensor and SFU work come from the
+  kernel's formula (kernel_work.WORK) at the H200's unit rates, the ALU gets the rest (its instruction
+  count per unit is recorded).  Each part is multiplied by the ratio of the H200's rate to the target's
+  for its unit: HBM by copy bandwidth, tensor parts by the achieved GEMM rates (INT8 work on the FP16
+  tensor cores where the target has no INT8 ones: exact, see kernel_work), SFU by SMs x 16 x clock, ALU
+  by the issue rate SMs x 4 schedulers x 32 x clock.  overhead_s (launch) is the H200's.  The parts,
+  the work and the dominant unit are written per kernel ("parts_s_per_unit", "work_per_unit", "bound_by").
+* the Gluon decode kernels run on Hopper only: for sm < 90 the Triton kernels' H200 fits
+  (decode_attn.<key>_triton) are the ones split and repriced into <key>.
+* tensor work is priced on tensor cores everywhere: a deployment on T4 or V100 runs a kernel that uses
+  them (as torch SDPA does for FP16 there), not Triton 3.x's FMA fallback for sm < 80.
+* FP8 KV without FP8 hardware (before Ada/Hopper) converts in software: kernel_work's extra instructions.
 """
 from __future__ import annotations
 
@@ -47,13 +37,28 @@ import sys
 from pathlib import Path
 
 import catalog
+from costmodel.kernel_work import (
+    FP8_SOFTWARE_CONVERT_EXTRA_INSTR,
+    UNITS,
+    WORK,
+    alu_instructions,
+    reprice,
+    split,
+    unit_rates,
+)
+from costmodel.specs import GPUSpec
 
 HERE = Path(__file__).resolve().parent / "profiles"
 
 # Every GPU fact comes from catalog/data/gpus.yaml (with its sources); a derived profile records the
 # catalog figures it used under "catalog" (tests/kernels/test_profiles.py checks them against the catalog).
 PEAK_FIELDS = ("memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "int8_tensor_tops", "fp8_tensor_tflops",
-               "fp32_tflops", "compute_capability", "sms", "boost_clock_ghz", "sustained_clock_ghz")
+               "fp32_tflops", "compute_capability", "sms", "warp_schedulers_per_sm", "sfu_ops_per_clock_per_sm",
+               "boost_clock_ghz", "sustained_clock_ghz")
+TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
+GLUON_MIN_SM = 90               # the Gluon kernels (gluon_decode.py) run on Hopper and later
+# profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
+GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 
 
 def catalog_peaks(key: str) -> dict:
@@ -62,140 +67,179 @@ def catalog_peaks(key: str) -> dict:
     return {f: e.get(f) for f in PEAK_FIELDS}
 
 
-TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
-G_PAD = 16                      # query rows per KV head in the decode dots (GQA 8 padded to 16)
-GLUON_MIN_SM = 90               # the Gluon kernels (gluon_decode.py) run on Hopper and later
-# profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
-GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
+def gpu(key: str) -> GPUSpec:
+    return GPUSpec.from_fields(key, catalog.entry("gpus", key))
 
-MEMORY_BOUND = {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_unfused", "dequantize.kv", "elementwise"}
-TENSOR_BOUND = {"prefill_attn.fp16"}
-# bytes of device memory per unit, for the byte floor of CUDA-core-bound kernels
-BYTES_PER_UNIT = {"decode_attn.hack": 0.33, "decode_attn.hack_no_se": 0.31, "decode_attn.hack_no_rqe": 0.33,
-                  "decode_attn.dequant_fused": 0.33,
-                  "decode_attn.hack_pi32": 0.41, "decode_attn.hack_pi128": 0.30,
-                  "quantize.kv": 2.33, "prefill_attn.hack": 0.0}
-# Scoring kernels: bytes per unit at the profiled shapes (GQA 8, head_dim 128): PQ M + 4 G (codes,
-# FP32 scores) at M = 2 / 8; quantized keys bits/8 + 4/PI + 4 G / D at 4 / 2 bits, PI = 64;
-# top-k: read 4 B per score, write k = ctx / 5 values (4 B) + indices (8 B) per row.
-SCORE_BYTES_PER_UNIT = {"score.pq": 34.0, "score.pq_m8": 40.0, "score.quantized_keys": 0.8125,
-                        "score.quantized_keys_2bit": 0.5625, "select.topk": 6.4}
-SCORE_MEMORY_BOUND_FRACTION = 0.6   # H200 achieved / copy bandwidth at or above which bandwidth bounds
-USES_TRITON_DOT = {"decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe",
-                   "decode_attn.dequant_fused", "decode_attn.hack_pi32", "decode_attn.hack_pi128",
-                   "prefill_attn.hack"}
-BYTES_PER_UNIT.update({f"{k}_triton": BYTES_PER_UNIT[k] for k in GLUON_KERNELS})
-USES_TRITON_DOT |= {f"{k}_triton" for k in GLUON_KERNELS}
+
+def efficiencies(src: dict, src_key: str = "h200") -> tuple[float, float]:
+    """The measuring GPU's achieved fractions of its catalog peaks: copy, and FP16 GEMM for every tensor rate
+    (kernel_work.unit_rates says why INT8 takes the FP16 GEMM's fraction)."""
+    h = catalog_peaks(src_key)
+    return src["memory_gbps"] / h["memory_bandwidth_gb_per_s"], src["matmul_fp16_tflops"] / h["fp16_tensor_tflops"]
+
+
+def _rates_json(r) -> dict:
+    return {"hbm_gb_per_s": round(r.hbm / 1e9, 1), "fp16_tensor_tflops": round(r.fp16_tensor / 1e12, 1),
+            "int8_tensor_tops": None if r.int8_tensor is None else round(r.int8_tensor / 1e12, 1),
+            "sfu_tops": round(r.sfu / 1e12, 3), "alu_tinstr_per_s": round(r.alu / 1e12, 2)}
+
+
+def source_fits(src: dict, target_sm: int) -> dict[str, dict]:
+    """The H200 fits that price each kernel on the target (Gluon kernels' Triton twins before Hopper)."""
+    kernels = dict(src["kernels"])
+    for name in GLUON_KERNELS:
+        if target_sm < GLUON_MIN_SM and f"{name}_triton" in kernels:
+            # the Gluon kernels run on Hopper only (hack_attn_decode.gluon_applies): before it, fused
+            # dequant and the HACK decode step are the Triton kernels, so their H200 fits are the ones scaled
+            kernels[name] = {**kernels[f"{name}_triton"], "from": f"{name}_triton"}
+    return kernels
 
 
 def derive(src: dict, key: str, src_key: str = "h200") -> dict:
     tgt, h = catalog_peaks(key), catalog_peaks(src_key)
-    mem, fp16, int8, fp8 = (tgt[f] for f in ("memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "int8_tensor_tops",
-                                              "fp8_tensor_tflops"))
-    fp32, n_sm = tgt["fp32_tflops"], tgt["sms"]
+    t_gpu = gpu(key)
     sm = int(float(tgt["compute_capability"]) * 10)
-    # A power-capped part (T4 at 70 W) holds a lower SM clock under load than its boost: every clock-bound
-    # rate (tensor cores, CUDA cores) scales by sustained / boost; memory bandwidth does not.
-    clock = tgt["sustained_clock_ghz"] or tgt["boost_clock_ghz"]
-    clock_frac = clock / tgt["boost_clock_ghz"]
-    # CUDA-core instruction issue rate (4 warp-instructions per SM per clock on Volta..Hopper); the
-    # HACK kernels mix INT32 unpack, FP32 corrections and conversions, so FP32 peak (doubled on
-    # GA10x/Ada) would flatter the GA10x/Ada parts.
-    issue_ratio = (h["sms"] * h["boost_clock_ghz"]) / (n_sm * clock)
-    eff_mem = src["memory_gbps"] / h["memory_bandwidth_gb_per_s"]
-    eff_fp16 = src["matmul_fp16_tflops"] / h["fp16_tensor_tflops"]
-    eff_int8 = (src["matmul_int8_tops"] or 0.0) / h["int8_tensor_tops"]
+    clock_frac = t_gpu.clock_ghz / t_gpu.boost_clock_ghz
+    eff_mem, eff_tensor = efficiencies(src, src_key)
     eff_fp8 = (src["matmul_fp8_tflops"] or 0.0) / h["fp8_tensor_tflops"]
-    tensor_frac16, tensor_frac8 = eff_fp16 * clock_frac, eff_int8 * clock_frac
-    out_mem = eff_mem * mem
-    note = catalog.entry("gpus", key)["name"]
+    r_src = unit_rates(gpu(src_key), eff_mem, eff_tensor)
+    r_tgt = unit_rates(t_gpu, eff_mem, eff_tensor)
     out = {
         "schema_version": 1, "gpu": key, "source": "derived", "derived_from": src_key,
         "catalog": {"gpu": tgt, "source_gpu": h},
-        "memory_gbps": round(out_mem, 1),
-        "matmul_fp16_tflops": round(tensor_frac16 * fp16, 1),
-        "matmul_int8_tops": None if int8 is None else round(tensor_frac8 * int8, 1),
-        "matmul_fp8_tflops": None if fp8 is None else round(eff_fp8 * clock_frac * fp8, 1),
+        "unit_rates": {"gpu": _rates_json(r_tgt), "source_gpu": _rates_json(r_src)},
+        "memory_gbps": round(r_tgt.hbm / 1e9, 1),
+        "matmul_fp16_tflops": round(r_tgt.fp16_tensor / 1e12, 1),
+        "matmul_int8_tops": None if r_tgt.int8_tensor is None else round(r_tgt.int8_tensor / 1e12, 1),
+        "matmul_fp8_tflops": None if tgt["fp8_tensor_tflops"] is None else
+        round(eff_fp8 * clock_frac * tgt["fp8_tensor_tflops"], 1),
         "launch_overhead_s": src["launch_overhead_s"],
         "kernels": {},
     }
     if src.get("gemm"):   # efficiencies at real layer shapes are fractions of the (derived) peaks: kept
         out["gemm"] = {**src["gemm"], "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's "
                                               "derived peaks (unvalidated)"}
-    fma_rate = fp32 * 1e12 / 2 * clock_frac  # multiply-adds per second on CUDA cores
-    kernels = dict(src["kernels"])
-    for name in GLUON_KERNELS:
-        if sm < GLUON_MIN_SM and f"{name}_triton" in kernels:
-            # the Gluon kernels run on Hopper only (hack_attn_decode.gluon_applies): before it, fused
-            # dequant and the HACK decode step are the Triton kernels, so their H200 fits are the ones scaled
-            kernels[name] = {**kernels[f"{name}_triton"], "from": f"{name}_triton"}
-    for name, fit in kernels.items():
-        spu = fit["s_per_unit"]
-        if name in MEMORY_BOUND:
-            new = spu * src["memory_gbps"] / out_mem
-            how = "memory"
-        elif name in SCORE_BYTES_PER_UNIT:
-            bpu = SCORE_BYTES_PER_UNIT[name]
-            frac = bpu / spu / (src["memory_gbps"] * 1e9)
-            if frac >= SCORE_MEMORY_BOUND_FRACTION:
-                new = spu * src["memory_gbps"] / out_mem
-                how = f"memory (H200 at {frac:.0%} of copy bandwidth)"
-            else:
-                new = max(spu * issue_ratio, bpu / (out_mem * 1e9))
-                how = f"cuda cores (H200 at {frac:.0%} of copy bandwidth)"
-            if sm < 80 and name.startswith("score.quantized_keys"):
-                new += G_PAD / fma_rate
-                how += " + FMA-fallback dots"
-        elif name in TENSOR_BOUND:
-            new = spu * src["matmul_fp16_tflops"] / out["matmul_fp16_tflops"]
-            how = "fp16 tensor"
-        else:
-            new = max(spu * issue_ratio, BYTES_PER_UNIT.get(name, 0.0) / (out_mem * 1e9))
-            how = "cuda cores"
-            if sm < 80 and name in USES_TRITON_DOT:
-                # Triton's dot falls back to FMA: decode G_PAD MACs per KV element; prefill 1/2 MAC per FLOP unit
-                macs = 0.5 if name.startswith("prefill") else G_PAD
-                new += macs / fma_rate
-                how += " + FMA-fallback dots"
-        out["kernels"][name] = {"overhead_s": fit["overhead_s"], "s_per_unit": new,
-                                "heldout_median_error_pct": fit.get("heldout_median_error_pct"),
-                                "scaled_by": how + (f" (from the H200 {fit['from']})" if "from" in fit else "")}
+    for name, fit in source_fits(src, sm).items():
+        work = WORK[fit.get("from", name)]
+        src_parts = split(work, fit["s_per_unit"], r_src)
+        instr = alu_instructions(src_parts, r_src)
+        if name == "decode_attn.fp8" and tgt["fp8_tensor_tflops"] is None:
+            instr += FP8_SOFTWARE_CONVERT_EXTRA_INSTR
+            src_parts = {**src_parts, "alu": instr / r_src.alu}
+        parts = reprice(src_parts, r_src, r_tgt)
+        out["kernels"][name] = {
+            "overhead_s": fit["overhead_s"], "s_per_unit": sum(parts.values()),
+            "heldout_median_error_pct": fit.get("heldout_median_error_pct"),
+            "bound_by": max(parts, key=parts.get),
+            "parts_s_per_unit": {u: parts[u] for u in UNITS},
+            "source_parts_s_per_unit": {u: src_parts[u] for u in UNITS},
+            "work_per_unit": {"hbm_bytes": work.hbm_bytes, "fp16_tensor_flops": work.fp16_tensor_flops,
+                              "int8_tensor_ops": work.int8_tensor_ops, "sfu_ops": work.sfu_ops,
+                              "alu_instr": round(instr, 4), "formula": work.formula},
+            **({"from": f"the H200 {fit['from']}"} if "from" in fit else {}),
+        }
     prov = src.get("provenance", {})
     out["provenance"] = {
-        "gpu_name": note or key, "driver": None, "torch": prov.get("torch"), "triton": prov.get("triton"),
-        "git_rev": prov.get("git_rev"), "date": prov.get("date"),
+        "gpu_name": catalog.entry("gpus", key)["name"], "driver": None, "torch": prov.get("torch"),
+        "triton": prov.get("triton"), "git_rev": prov.get("git_rev"), "date": prov.get("date"),
         "notes": ("Derived by kernels_calibration/derive.py from the measured H200 profile "
-                  f"(git {prov.get('git_rev')}): H200 efficiency x catalog peak for memory/GEMM rates "
-                  f"(memory {eff_mem:.3f}, fp16 {tensor_frac16:.3f}, int8 {tensor_frac8:.3f}); each kernel keeps the "
-                  "H200 overhead_s and scales s_per_unit by its bounding resource (key 'scaled_by': memory "
-                  "bandwidth, FP16 tensor rate, or CUDA-core issue rate = SMs x boost clock, floored at the byte "
-                  f"time; issue-rate ratio H200/target = {issue_ratio:.2f}). "
-                  + ("sm < 80: Triton's tl.dot runs as FMA on CUDA cores (no DP4A, no tensor cores), so HACK and "
-                     "fused-dequant dots add 16 multiply-adds per KV element (decode) or 0.5 per FLOP (prefill) at "
-                     "the FP32 FMA rate; FP16 attention is torch SDPA. " if sm < 80 else "")
-                  + ("No INT8 tensor cores: matmul_int8_tops is null. " if int8 is None else "")
-                  + (f"Power cap: clock-bound rates at the catalog's sustained {clock} GHz of {tgt['boost_clock_ghz']} "
-                     "GHz boost. " if clock_frac < 1 else "")
+                  f"(git {prov.get('git_rev')}): each kernel's H200 s_per_unit split into HBM, FP16 tensor, INT8 "
+                  "tensor, SFU and CUDA-core ALU parts (bytes, tensor and SFU work from its formula in "
+                  "costmodel/kernel_work.py, the ALU the rest), each part repriced at this GPU's rate for its unit "
+                  f"('unit_rates'; H200 efficiencies: copy {eff_mem:.3f}, GEMM {eff_tensor:.3f} for FP16 and INT8 "
+                  "tensor work alike); overhead_s is the H200's. "
+                  + ("No INT8 tensor cores: the homomorphic products are priced on the FP16 tensor cores (exact for "
+                     "2-bit codes and INT8 values with FP32 accumulation); matmul_int8_tops is null. "
+                     if tgt["int8_tensor_tops"] is None else "")
+                  + (f"Power cap: clock-bound rates at the catalog's sustained {t_gpu.clock_ghz} GHz of "
+                     f"{t_gpu.boost_clock_ghz} GHz boost. " if clock_frac < 1 else "")
+                  + ("Before Hopper the HACK and fused-dequant decode kernels are the Triton ones ('from'). "
+                     if sm < GLUON_MIN_SM else "")
                   + "Peaks: catalog/data/gpus.yaml (recorded under 'catalog'). "
                   + "Heldout errors are the H200 fit's; the derivation itself is unvalidated (no such GPU here)."),
     }
     return out
 
 
+# The README table: HACK against FP16 attention at the profiled shapes (64 query / 8 KV heads, head_dim 128).
+TABLE_CONTEXTS = (4096, 32768)
+TABLE_DECODE_BATCH = 8
+
+
+def _time_s(fit: dict, units: float) -> float:
+    return fit["overhead_s"] + fit["s_per_unit"] * units
+
+
+def ratio_rows(profiles: dict[str, dict]) -> list[dict]:
+    """FP16 time / HACK time (> 1: HACK faster) for decode (batch 8) and prefill (one prompt) at 4K and 32K,
+    with the unit that bounds each HACK kernel."""
+    rows = []
+    for key, p in profiles.items():
+        k = p["kernels"]
+        row = {"gpu": key}
+        for ctx in TABLE_CONTEXTS:
+            dec_units = TABLE_DECODE_BATCH * ctx * 8 * 128 * 2
+            pre_units = 4.0 * 64 * 128 * ctx * (ctx + 1) / 2
+            row[f"decode_{ctx}"] = _time_s(k["decode_attn.fp16"], dec_units) / _time_s(k["decode_attn.hack"], dec_units)
+            row[f"prefill_{ctx}"] = (_time_s(k["prefill_attn.fp16"], pre_units)
+                                     / _time_s(k["prefill_attn.hack"], pre_units))
+        for phase in ("decode", "prefill"):
+            fit = k[f"{phase}_attn.hack"]
+            parts = fit.get("parts_s_per_unit")
+            if parts:
+                total = sum(parts.values())
+                row[f"{phase}_hack_parts"] = ", ".join(f"{u} {parts[u] / total:.0%}" for u in UNITS if parts[u] / total >= 0.05)
+        rows.append(row)
+    return rows
+
+
+def print_table(profiles: dict[str, dict]) -> None:
+    print("| GPU | decode 4K | decode 32K | prefill 4K | prefill 32K | HACK decode time by unit (32K) | HACK prefill time by unit |")
+    print("|---|---|---|---|---|---|---|")
+    for r in ratio_rows(profiles):
+        print(f"| {r['gpu']} | {r['decode_4096']:.2f}x | {r['decode_32768']:.2f}x | {r['prefill_4096']:.2f}x | "
+              f"{r['prefill_32768']:.2f}x | {r.get('decode_hack_parts', 'measured')} | {r.get('prefill_hack_parts', 'measured')} |")
+
+
+def reference_parts(src: dict, src_key: str = "h200") -> tuple:
+    """The measuring GPU's unit rates and every kernel's split (seconds per unit by unit): what
+    costmodel/kernel_work.py keeps as REFERENCE_RATES / REFERENCE_PARTS for the roofline."""
+    eff_mem, eff_tensor = efficiencies(src, src_key)
+    rates = unit_rates(gpu(src_key), eff_mem, eff_tensor)
+    parts = {name: split(WORK[name], fit["s_per_unit"], rates) for name, fit in src["kernels"].items()}
+    return rates, parts
+
+
+def print_reference(src: dict) -> None:
+    rates, parts = reference_parts(src)
+    print(f"REFERENCE_RATES = UnitRates(hbm={rates.hbm:.6e}, fp16_tensor={rates.fp16_tensor:.6e}, "
+          f"int8_tensor={rates.int8_tensor:.6e}, sfu={rates.sfu:.6e}, alu={rates.alu:.6e})")
+    print("REFERENCE_PARTS: dict[str, dict[str, float]] = {")
+    for name, p in parts.items():
+        vals = [f'"{u}": {p[u]:.4e}' if p[u] else f'"{u}": 0.0' for u in UNITS]
+        print(f'    "{name}": {{' + ", ".join(vals[:3]) + ",\n" + " " * (len(name) + 8) + ", ".join(vals[3:]) + "},")
+    print("}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Derive calibration profiles for other GPUs from the H200 one")
     ap.add_argument("--src", type=Path, default=HERE / "h200" / "profile.json")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--table", action="store_true", help="print the README's HACK/FP16 table; write nothing")
+    ap.add_argument("--reference", action="store_true",
+                    help="print kernel_work.REFERENCE_RATES / REFERENCE_PARTS for the source profile; write nothing")
     args = ap.parse_args(argv)
     src = json.loads(args.src.read_text())
-    for key in TARGETS:
-        prof = derive(src, key)
-        (args.out / key).mkdir(parents=True, exist_ok=True)
-        (args.out / key / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")
-        h = prof["kernels"]
-        print(f"{key:10s} mem {prof['memory_gbps']:7.0f} GB/s fp16 {prof['matmul_fp16_tflops']:6.1f} "
-              f"decode 32K b8: fp16 {(h['decode_attn.fp16']['overhead_s'] + h['decode_attn.fp16']['s_per_unit'] * 5.4e8) * 1e6:8.0f} us"
-              f" hack {(h['decode_attn.hack']['overhead_s'] + h['decode_attn.hack']['s_per_unit'] * 5.4e8) * 1e6:8.0f} us")
+    if args.reference:
+        print_reference(src)
+        return 0
+    # the H200 split by the same rule (its repricing is the identity) shows which units spend its time
+    profiles = {key: derive(src, key) for key in ("h200",) + TARGETS}
+    if not args.table:
+        for key in TARGETS:
+            (args.out / key).mkdir(parents=True, exist_ok=True)
+            (args.out / key / "profile.json").write_text(json.dumps(profiles[key], indent=1) + "\n")
+    print_table(profiles)
     return 0
 
 

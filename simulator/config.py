@@ -88,8 +88,9 @@ class GPUConfig(_Strict):
     fp8_tensor_tflops: float | None = Field(None, gt=0, description="dense FP8 tensor rate; null: none")
     fp4_tensor_tflops: float | None = Field(None, gt=0, description="dense FP4 tensor rate; null: none")
     fp32_tflops: float = Field(gt=0)
-    int8_dp4a_tops: float = Field(gt=0, description="INT8 dot rate on CUDA cores")
     sms: int = Field(gt=0, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates scale with them)")
+    warp_schedulers_per_sm: int = Field(gt=0, description="warp instructions issued per SM per clock")
+    sfu_ops_per_clock_per_sm: int = Field(gt=0, description="special-function (exp2, rcp) results per SM per clock")
     boost_clock_ghz: float = Field(gt=0, description="SM clock the FP32 peak is quoted at")
     sustained_clock_ghz: float | None = Field(None, gt=0, description="SM clock held under load where a power cap "
                                               "keeps it below boost; null: the boost clock")

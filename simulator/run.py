@@ -20,7 +20,7 @@ from costmodel.calibration import CalibrationProfile, compare_to_measured, load_
 from costmodel.methods import KVMethod, make_method
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.roofline import roofline_profile
-from costmodel.specs import GB, GIB, GPUSpec, ModelSpec, Parallelism
+from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 
 from .config import GPUConfig, PoolConfig, Scenario, ScenarioError
 from .decode import DecodeReplica
@@ -45,13 +45,7 @@ def model_spec(s: Scenario) -> ModelSpec:
 
 
 def gpu_spec(g: GPUConfig) -> GPUSpec:
-    return GPUSpec(key=g.preset or g.name, name=g.name, arch=g.arch, memory_bytes=g.memory_gb * GB,
-                   memory_bandwidth_gb_per_s=g.memory_bandwidth_gb_per_s, fp16_tensor_tflops=g.fp16_tensor_tflops,
-                   int8_tensor_tops=g.int8_tensor_tops, fp8_tensor_tflops=g.fp8_tensor_tflops,
-                   fp4_tensor_tflops=g.fp4_tensor_tflops, fp32_tflops=g.fp32_tflops,
-                   int8_dp4a_tops=g.int8_dp4a_tops, pcie_gb_per_s=g.pcie_gb_per_s, sms=g.sms,
-                   boost_clock_ghz=g.boost_clock_ghz, sustained_clock_ghz=g.sustained_clock_ghz,
-                   nvlink_gb_per_s=g.nvlink_gb_per_s, compute_capability=g.compute_capability)
+    return GPUSpec.from_fields(g.preset or g.name, g.model_dump())
 
 
 def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:

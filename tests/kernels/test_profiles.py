@@ -71,20 +71,112 @@ def test_committed_derived_profiles_are_what_derive_writes(key):
     assert json.loads(json.dumps(derive(src, key))) == committed
 
 
-def test_derivation_models_sm_below_80():
+def test_derivation_splits_each_kernel_by_unit_and_reprices_the_parts():
+    """Each derived kernel is its H200 time split by unit (known bytes, tensor and SFU work; the rest on the
+    ALU), each part moved by the ratio of the two GPUs' rates for that unit; the parts add up."""
+    from costmodel.kernel_work import UNITS, WORK, reprice, split, unit_rates
+    from kernels_calibration.derive import efficiencies, gpu
+
     src = json.loads((PROFILES / "h200" / "profile.json").read_text())
-    v100, a100 = derive(src, "v100"), derive(src, "a100_40gb")
-    assert v100["matmul_int8_tops"] is None
-    assert "FMA" in v100["provenance"]["notes"]
-    units = 5.4e8
-    t = {g: {k: p["kernels"][k]["s_per_unit"] * units for k in ("decode_attn.hack", "decode_attn.fp16")}
-         for g, p in (("v100", v100), ("a100", a100))}
-    # HACK's INT8 dots on V100 run on CUDA cores: slower than FP16 there, faster than FP16 on A100
-    assert t["v100"]["decode_attn.hack"] > t["v100"]["decode_attn.fp16"]
-    assert t["a100"]["decode_attn.hack"] < t["a100"]["decode_attn.fp16"]
+    eff = efficiencies(src)
+    h200, a100 = unit_rates(gpu("h200"), *eff), unit_rates(gpu("a100_80gb"), *eff)
+    prof = derive(src, "a100_80gb")
+    for name, k in prof["kernels"].items():
+        assert sum(k["parts_s_per_unit"].values()) == pytest.approx(k["s_per_unit"], rel=1e-12), name
+        src_name = k["from"].removeprefix("the H200 ") if "from" in k else name
+        if name != "decode_attn.fp8":   # the A100 has no FP8 hardware: software conversion adds ALU work
+            assert sum(k["source_parts_s_per_unit"].values()) == pytest.approx(
+                src["kernels"][src_name]["s_per_unit"], rel=1e-9), name
+        assert k["bound_by"] in UNITS
+    # by hand for the Triton HACK kernel that runs on the A100: bytes at the copy bandwidth, the rest on the ALU
+    h = src["kernels"]["decode_attn.hack_triton"]["s_per_unit"]
+    parts = split(WORK["decode_attn.hack_triton"], h, h200)
+    assert parts["hbm"] == pytest.approx(0.328125 / 4220.4e9, rel=1e-4)
+    assert parts["alu"] == pytest.approx(h - parts["hbm"] - parts["int8_tensor"] - parts["sfu"])
+    want = reprice(parts, h200, a100)
+    assert want["hbm"] == pytest.approx(parts["hbm"] * 4800 / 2039, rel=1e-9)           # bandwidth ratio
+    assert want["alu"] == pytest.approx(parts["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)   # issue-rate ratio
+    assert prof["kernels"]["decode_attn.hack"]["s_per_unit"] == pytest.approx(sum(want.values()))
+    assert prof["kernels"]["decode_attn.hack"]["from"] == "the H200 decode_attn.hack_triton"
+
+
+def test_no_int8_tensor_cores_prices_the_homomorphic_products_on_fp16_tensor_cores():
+    """V100: INT8 work runs at the FP16 tensor rate (exact, kernel_work), not on CUDA cores, so HACK decode
+    is faster than FP16 decode there as on every other GPU (its 6x fewer bytes), and HACK prefill's INT8
+    part costs what an FP16 product of the same shape costs."""
+    src = json.loads((PROFILES / "h200" / "profile.json").read_text())
+    v100 = derive(src, "v100")
+    assert v100["matmul_int8_tops"] is None and "FP16 tensor cores" in v100["provenance"]["notes"]
+    k = v100["kernels"]
+    units = 8 * 32768 * 8 * 128 * 2
+    assert k["decode_attn.hack"]["s_per_unit"] * units < k["decode_attn.fp16"]["s_per_unit"] * units
+    pre = k["prefill_attn.hack"]
+    assert pre["parts_s_per_unit"]["int8_tensor"] == pytest.approx(
+        pre["work_per_unit"]["int8_tensor_ops"] / (v100["unit_rates"]["gpu"]["fp16_tensor_tflops"] * 1e12), rel=1e-3)
     # memory-bound kernels scale with bandwidth
-    assert (a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
-            == pytest.approx(src["memory_gbps"] / a100["memory_gbps"], rel=1e-3))
+    a100 = derive(src, "a100_40gb")
+    ratio = a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
+    assert ratio == pytest.approx(4800 / 1555, rel=0.02)
+
+
+def test_integer_products_are_exact_on_fp16_inputs_with_fp32_accumulation():
+    """The claim behind pricing V100's homomorphic products on FP16 tensor cores: 2-bit codes and INT8 values
+    are exact in FP16, and their dot products over d = 128 (and a PI-token block) are exact in FP32."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q = rng.integers(-128, 128, size=(64, 128))          # INT8 query
+    k = rng.integers(0, 4, size=(128, 512))              # 2-bit K codes
+    p = rng.integers(0, 256, size=(64, 64))              # softmax quantized to 8 bits (unsigned)
+    v = rng.integers(0, 4, size=(64, 128))               # 2-bit V codes, one PI = 64 block
+    extremes = ((np.full((8, 128), -128), np.full((128, 8), 3)), (np.full((8, 64), 255), np.full((64, 8), 3)))
+    for a, b in ((q, k), (p, v)) + extremes:
+        exact = a.astype(np.int64) @ b.astype(np.int64)
+        fp16_in = a.astype(np.float16).astype(np.float32) @ b.astype(np.float16).astype(np.float32)
+        assert np.array_equal(fp16_in.astype(np.int64), exact)
+        assert np.abs(exact).max() < 2**24
+
+
+def test_roofline_prices_kernels_like_the_derivation():
+    """The roofline reprices the same H200 split (kernel_work.REFERENCE_PARTS, which must match the committed
+    H200 profile), so for every catalog GPU it agrees with the derived profile's per-unit costs."""
+    from costmodel.kernel_work import REFERENCE_PARTS, REFERENCE_RATES
+    from costmodel.roofline import roofline_s_per_unit
+    from kernels_calibration.derive import gpu, reference_parts
+
+    src = json.loads((PROFILES / "h200" / "profile.json").read_text())
+    rates, parts = reference_parts(src)
+    for unit in ("hbm", "fp16_tensor", "int8_tensor", "sfu", "alu"):
+        assert getattr(REFERENCE_RATES, unit) == pytest.approx(getattr(rates, unit), rel=1e-5)
+    assert set(REFERENCE_PARTS) == set(parts)
+    for name, p in parts.items():
+        for unit, t in p.items():
+            assert REFERENCE_PARTS[name][unit] == pytest.approx(t, rel=1e-3, abs=1e-30), (name, unit)
+    for key in ("h200",) + TARGETS:
+        prof = derive(src, key) if key != "h200" else src
+        for name, spu in roofline_s_per_unit(gpu(key)).items():
+            assert spu == pytest.approx(prof["kernels"][name]["s_per_unit"], rel=2e-3), (key, name)
+
+
+def test_readme_table_is_what_derive_computes():
+    """The README's HACK/FP16 table is derive.py's output for the committed profiles."""
+    import re
+
+    from kernels_calibration.derive import ratio_rows
+
+    src = json.loads((PROFILES / "h200" / "profile.json").read_text())
+    rows = {r["gpu"]: r for r in ratio_rows({k: derive(src, k) for k in ("h200",) + TARGETS})}
+    readme = (PROFILES.parents[1] / "README.md").read_text()
+    found = 0
+    for line in readme.splitlines():
+        m = re.match(r"\| (\w+) \| ([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \|", line)
+        if m and m.group(1) in rows:
+            r = rows[m.group(1)]
+            got = [float(x) for x in m.groups()[1:]]
+            want = [r["decode_4096"], r["decode_32768"], r["prefill_4096"], r["prefill_32768"]]
+            assert got == pytest.approx([round(w, 2) for w in want], abs=0.006), m.group(1)
+            found += 1
+    assert found == len(rows)
 
 
 def test_committed_h200_profile_refits_from_its_committed_rows(tmp_path):

@@ -183,26 +183,25 @@ def test_build_profile_fits_scoring_keys():
         assert prof["kernels"][key]["overhead_s"] == pytest.approx(4e-6, rel=1e-6)
 
 
-def test_derive_scales_scoring_keys_by_their_h200_bound():
-    from kernels_calibration.derive import SCORE_BYTES_PER_UNIT, catalog_peaks, derive
+def test_derive_scales_scoring_keys_by_their_h200_units():
+    """Scoring kernels are split like every kernel: their bytes at the copy bandwidth (PQ near it, quantized
+    keys far below it), the quantized keys' tl.dot on the tensor cores, the rest on the CUDA cores."""
+    from costmodel.kernel_work import WORK
+    from kernels_calibration.derive import derive
 
-    src = {"memory_gbps": 4220.0, "matmul_fp16_tflops": 690.0, "matmul_int8_tops": 940.0, "matmul_fp8_tflops": 1270.0,
+    src = {"memory_gbps": 4220.4, "matmul_fp16_tflops": 693.4, "matmul_int8_tops": 940.0, "matmul_fp8_tflops": 1270.0,
            "launch_overhead_s": 5e-6, "provenance": {}, "kernels": {
                # PQ at 90% of the copy bandwidth (memory-bound); quantized keys at 20% (CUDA-core bound)
-               "score.pq": {"overhead_s": 4e-6, "s_per_unit": 34.0 / (0.9 * 4220e9)},
-               "score.quantized_keys": {"overhead_s": 4e-6, "s_per_unit": 0.8125 / (0.2 * 4220e9)}}}
-    assert set(src["kernels"]) <= set(SCORE_BYTES_PER_UNIT)
-    a100, v100 = derive(src, "a100_40gb"), derive(src, "v100")
+               "score.pq": {"overhead_s": 4e-6, "s_per_unit": 34.0 / (0.9 * 4220.4e9)},
+               "score.quantized_keys": {"overhead_s": 4e-6, "s_per_unit": 0.8125 / (0.2 * 4220.4e9)}}}
+    assert WORK["score.pq"].hbm_bytes == 34.0 and WORK["score.quantized_keys"].hbm_bytes == 0.8125
+    a100 = derive(src, "a100_40gb")
     pq, qk = a100["kernels"]["score.pq"], a100["kernels"]["score.quantized_keys"]
-    assert pq["scaled_by"].startswith("memory")
-    assert pq["s_per_unit"] == pytest.approx(src["kernels"]["score.pq"]["s_per_unit"] * 4220.0 / a100["memory_gbps"])
-    assert qk["scaled_by"].startswith("cuda cores")
-    h, t = catalog_peaks("h200"), catalog_peaks("a100_40gb")
-    issue = (h["sms"] * h["boost_clock_ghz"]) / (t["sms"] * t["boost_clock_ghz"])
-    assert qk["s_per_unit"] == pytest.approx(max(src["kernels"]["score.quantized_keys"]["s_per_unit"] * issue,
-                                                 0.8125 / (a100["memory_gbps"] * 1e9)))
-    assert "FMA" in v100["kernels"]["score.quantized_keys"]["scaled_by"]
-    assert "FMA" not in v100["kernels"]["score.pq"]["scaled_by"]
+    assert pq["bound_by"] == "hbm" and pq["parts_s_per_unit"]["hbm"] / pq["s_per_unit"] > 0.7
+    assert pq["parts_s_per_unit"]["hbm"] == pytest.approx(34.0 / (1555 * 4220.4 / 4800 * 1e9), rel=1e-6)
+    assert qk["bound_by"] == "alu" and qk["parts_s_per_unit"]["fp16_tensor"] > 0
+    assert qk["parts_s_per_unit"]["alu"] == pytest.approx(
+        qk["source_parts_s_per_unit"]["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)
 
 
 def test_profile_harness_scoring_rows_and_merged_refit(tmp_path, monkeypatch):

@@ -179,10 +179,10 @@ def list_scenarios() -> None:
 
 @app.command()
 def schema() -> None:
-    """Print the scenario JSON Schema."""
-    from simulator.config import Scenario
+    """Print the scenario JSON Schema, shorthand included (shipped as scenarios/schema.json)."""
+    from simulator.schema import input_schema
 
-    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+    typer.echo(json.dumps(input_schema(), indent=2))
 
 
 @app.command()

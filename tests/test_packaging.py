@@ -23,7 +23,7 @@ def test_the_wheel_has_the_command_and_the_examples(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "scenarios").rglob("*.yaml")}
     assert shipped and shipped <= names, sorted(shipped - names)
-    assert {"cli.py", "scenarios/__init__.py", "catalog/data/models.yaml", "reports/templates/page.html.j2",
+    assert {"cli.py", "scenarios/__init__.py", "scenarios/schema.json", "catalog/data/models.yaml", "reports/templates/page.html.j2",
             "reports/templates/page.css",
             "kernels_calibration/profiles/h200/profile.json"} <= names
     assert not any(n.startswith("tests/") for n in names)

@@ -14,7 +14,6 @@ written. The same scenario and seed give byte-identical outputs.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -51,28 +50,19 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def _clean(o):
-    """NaN -> null so summary.json is strict JSON."""
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_clean(v) for v in o]
-    return o
-
-
 def write_outputs(result, out: Path) -> None:
     """Write every output into a temporary folder, then move the files into `out` together."""
+    from simulator.files import strict_json
+
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
     try:
-        (tmp / "summary.json").write_text(json.dumps(_clean(result.summary), indent=2) + "\n")
+        (tmp / "summary.json").write_text(strict_json(result.summary) + "\n")
         result.requests.to_csv(tmp / "requests.csv", index=False)
         result.memory.to_csv(tmp / "memory.csv", index=False)
         result.links.to_csv(tmp / "links.csv", index=False)
-        (tmp / "scenario.json").write_text(json.dumps(result.scenario.model_dump(mode="json"), indent=2) + "\n")
-        (tmp / "profiles.json").write_text(json.dumps(_clean(result.profiles()), indent=2) + "\n")
+        (tmp / "scenario.json").write_text(strict_json(result.scenario.model_dump(mode="json")) + "\n")
+        (tmp / "profiles.json").write_text(strict_json(result.profiles()) + "\n")
         for f in sorted(tmp.iterdir()):
             os.replace(f, out / f.name)
     finally:
@@ -121,6 +111,8 @@ def simulate(
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
     from simulator.config import ScenarioError, load_scenario
+    from simulator.files import check_out_dir
+    from simulator.overload import overload_line
     from simulator.run import run_scenario
 
     overrides = list(set_)
@@ -130,16 +122,23 @@ def simulate(
         overrides.append(f"workload.seed={seed}")
     if profile is not None:
         overrides += [f"calibration.prefill_profile={profile}", f"calibration.decode_profile={profile}"]
-    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    chosen = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
+    if chosen == []:
+        fail(f"--methods {methods!r}: no method names (give e.g. --methods baseline,hack)")
     say = Say(as_json, quiet)
     scenario = resolve_example(scenario)
     try:
+        if out is not None:
+            check_out_dir(out, ScenarioError)
         cfg = load_scenario(scenario, overrides)
         with ProgressBar(0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods") as bar:
             result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=lambda _name: bar.advance())
     except ScenarioError as e:
         fail(str(e))
     say.result(format_table(result.summary), result.summary)
+    warning = overload_line(result.summary)
+    if warning and not quiet:
+        typer.echo(warning, err=True)
     if out is not None:
         write_outputs(result, out)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
@@ -191,18 +190,39 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
            static: Optional[str] = typer.Option(None, "--static", help="also write the main figures as images "
                                                 "under RUN_DIR/figures/: png, svg or png,svg (needs '.[images]')")) -> None:
     """Rebuild RUN_DIR/report.html from the saved tables."""
-    if not (run_dir / "summary.json").exists():
+    from simulator.config import ScenarioError
+    from simulator.files import check_out_dir
+
+    if not (run_dir / "summary.json").is_file():
         fail(f"{run_dir}: no summary.json (run simulate --out {run_dir} first)")
-    path = _build_report(run_dir, plotlyjs)
+    formats = ()
+    if static is not None:
+        from reports.static import FORMATS
+
+        formats = tuple(f.strip().lower() for f in static.split(",") if f.strip())
+        bad = [f for f in formats if f not in FORMATS]
+        if bad or not formats:
+            fail(f"--static {static!r}: {'unknown image format ' + repr(bad[0]) if bad else 'no format'}; "
+                 f"choose from {', '.join(FORMATS)}")
+    try:
+        check_out_dir(run_dir, ScenarioError, "report")
+    except ScenarioError as e:
+        fail(str(e))
+    from reports.data import RunDataError
+
+    try:
+        path = _build_report(run_dir, plotlyjs)
+    except RunDataError as e:
+        fail(str(e))
     if path is None:
         fail("reports package unavailable")
     typer.echo(f"wrote {path}")
-    if static:
+    if formats:
         from reports import export_static
         from reports.static import StaticExportError
 
         try:
-            paths = export_static(run_dir, formats=tuple(f.strip() for f in static.split(",") if f.strip()))
+            paths = export_static(run_dir, formats=formats)
         except StaticExportError as e:
             fail(str(e))
         typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
@@ -224,6 +244,7 @@ def validate(
 ) -> None:
     """Simulate the configuration of a measured TRACE and report the simulator's errors."""
     from simulator.config import ScenarioError
+    from simulator.files import check_out_dir, jsonable, strict_json
     from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
 
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
@@ -231,18 +252,20 @@ def validate(
     if not many and scenario is None:
         fail(f"{trace}: --scenario is required to validate one trace")
     try:
+        if out is not None:
+            check_out_dir(out, ScenarioError)
         result = validate_index(trace, list(set_)) if many else run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
     say = Say(as_json, quiet)
     say.result(format_validation_table(result) if many else format_validation(result), result)
-    text = json.dumps(_clean(result), indent=2) + "\n"
+    text = strict_json(result) + "\n"
     if out is not None:
         from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
-        (write_validation_index_report if many else write_validation_report)(_clean(result), out / "validation.html",
+        (write_validation_index_report if many else write_validation_report)(jsonable(result), out / "validation.html",
                                                                              plotlyjs=plotlyjs)
         say(f"wrote {out}/validation.json, validation.html")
 

@@ -9,7 +9,8 @@ point in the cache, so the same command resumes.
 """
 from __future__ import annotations
 
-import json
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,6 @@ import typer
 from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def _fail(message: str) -> None:
@@ -39,6 +39,28 @@ RAY_ADDRESS_HELP = ("run on the Ray cluster at ADDR: HOST:PORT of the head (`ray
 RAY_TIMEOUT_HELP = "seconds to wait for the cluster at --ray-address before giving up"
 
 
+def _interrupted(e: KeyboardInterrupt, ex, cache: Optional[Path]) -> None:
+    """Say what was kept and how to resume, then exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    from .executor import Interrupted
+
+    signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+    done = 0 if ex is None else ex.stats.simulated
+    if cache is not None:
+        msg = (f"interrupted by {signal.Signals(signum).name}: the {done} point(s) finished in this run are cached "
+               f"in {cache}; run the same command to resume: {_command_line()}")
+    else:
+        msg = f"interrupted by {signal.Signals(signum).name}; give --out DIR to keep finished points for a rerun"
+    typer.echo(msg, err=True)
+    raise typer.Exit(128 + int(signum))
+
+
+def _command_line() -> str:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        argv.insert(0, "python")
+    return shlex.join(argv)
+
+
 def register_commands(app: typer.Typer) -> None:
     """Add `sweep` and `plan` to the hacksim typer app."""
 
@@ -55,24 +77,29 @@ def register_commands(app: typer.Typer) -> None:
         plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     ) -> None:
         """Simulate every point of SWEEP_FILE and write one tidy table (CSV and Parquet) plus a report."""
-        from .executor import Executor, PlanningError
+        from simulator.files import check_out_dir, strict_json
+
+        from .executor import Executor, PlanningError, stop_on_signals
         from .report import write_report
         from .sweep import load_sweep, run_sweep, write_table
 
         from scenarios import resolve as resolve_example
 
         sweep_file = resolve_example(sweep_file)
-        try:
-            spec, base = load_sweep(sweep_file)
-            out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
-            with Executor(cache_dir=out_dir / ".cache", label=f"sweep {spec.name}",
-                          **_backend(jobs, ray, ray_address, ray_timeout)) as ex:
-                result = run_sweep(spec, base, ex, source=str(sweep_file))
-        except PlanningError as e:
-            _fail(str(e))
-        except KeyboardInterrupt:
-            typer.echo("interrupted: finished points are cached; run the same command to resume", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED)
+        ex, out_dir = None, None
+        with stop_on_signals():
+            try:
+                spec, base = load_sweep(sweep_file)
+                out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
+                check_out_dir(out_dir, PlanningError)
+                ex = Executor(cache_dir=out_dir / ".cache", label=f"sweep {spec.name}",
+                              **_backend(jobs, ray, ray_address, ray_timeout))
+                with ex:
+                    result = run_sweep(spec, base, ex, source=str(sweep_file))
+            except PlanningError as e:
+                _fail(str(e))
+            except KeyboardInterrupt as e:
+                _interrupted(e, ex, None if out_dir is None else out_dir / ".cache")
         df, st = result.table, result.stats
         written, note = write_table(df, out_dir)
         if note:
@@ -84,9 +111,9 @@ def register_commands(app: typer.Typer) -> None:
             written.append(write_report(df, out_dir, name=spec.name, description=spec.description,
                                         base=str(base), axis_paths=spec.axis_paths(), slo=spec.slo,
                                         heatmaps=spec.report.heatmaps, stats_line=stats_line, plotlyjs=plotlyjs))
-        (out_dir / "sweep.json").write_text(json.dumps({
-            "sweep": str(sweep_file), "base": str(base), "spec": spec.model_dump(mode="json"),
-            "points": result.points, "rows": len(df), "errors": errors}, indent=2) + "\n")
+        (out_dir / "sweep.json").write_text(strict_json({
+            "sweep": str(sweep_file), "base": str(base), "spec": spec.model_dump(),
+            "points": result.points, "rows": len(df), "errors": errors}) + "\n")
         typer.echo(f"sweep {spec.name}: {result.points} points x methods = {len(df)} rows ({errors} with errors); "
                    f"{stats_line}")
         if errors:
@@ -119,11 +146,11 @@ def register_commands(app: typer.Typer) -> None:
     ) -> None:
         """The cheapest prefill/decode configuration and method meeting the SLOs at RATE, and every candidate's
         goodput. Exit 1 when no candidate meets them."""
-        import yaml
+        from simulator.files import check_out_dir, parse_yaml
 
         from reports.terminal import Say
 
-        from .executor import Executor, PlanningError
+        from .executor import Executor, PlanningError, stop_on_signals
         from .plan import format_plan, load_candidates, plan_json, run_plan
         from .sweep import parse_slo
 
@@ -131,24 +158,28 @@ def register_commands(app: typer.Typer) -> None:
 
         scenario = resolve_example(scenario)
         candidates = None if candidates is None else resolve_example(candidates)
-        try:
-            targets = parse_slo(slo)
-            spec = load_candidates(candidates)
-            overrides = {}
-            for item in set_:
-                if "=" not in item:
-                    raise PlanningError(f"--set {item!r}: expected path.to.field=value")
-                k, v = item.split("=", 1)
-                overrides[k.strip()] = yaml.safe_load(v)
-            with Executor(cache_dir=None if out is None else out / ".cache", label="plan", progress=not quiet,
-                          **_backend(jobs, ray, ray_address, ray_timeout)) as ex:
-                result = run_plan(scenario, rate, targets, spec, ex, requests=requests, steps=steps,
-                                  overrides=overrides)
-        except PlanningError as e:
-            _fail(str(e))
-        except KeyboardInterrupt:
-            typer.echo("interrupted" + (": finished points are cached; rerun to resume" if out else ""), err=True)
-            raise typer.Exit(EXIT_INTERRUPTED)
+        ex = None
+        with stop_on_signals():
+            try:
+                if out is not None:
+                    check_out_dir(out, PlanningError)
+                targets = parse_slo(slo)
+                spec = load_candidates(candidates)
+                overrides = {}
+                for item in set_:
+                    if "=" not in item:
+                        raise PlanningError(f"--set {item!r}: expected path.to.field=value")
+                    k, v = item.split("=", 1)
+                    overrides[k.strip()] = parse_yaml(v, f"--set {item!r}", PlanningError)
+                ex = Executor(cache_dir=None if out is None else out / ".cache", label="plan", progress=not quiet,
+                              **_backend(jobs, ray, ray_address, ray_timeout))
+                with ex:
+                    result = run_plan(scenario, rate, targets, spec, ex, requests=requests, steps=steps,
+                                      overrides=overrides)
+            except PlanningError as e:
+                _fail(str(e))
+            except KeyboardInterrupt as e:
+                _interrupted(e, ex, None if out is None else out / ".cache")
         say = Say(as_json, quiet)
         say.result(format_plan(result, show=show), plan_json(result))
         if out is not None:

@@ -19,14 +19,19 @@ only there, only when asked for).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import json
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
+
+from simulator.files import strict_json, unjson_inf
 
 ROOT = Path(__file__).resolve().parent.parent
 # Bumped when the shape of a cached result changes.
@@ -38,6 +43,46 @@ SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/
 
 class PlanningError(ValueError):
     """Bad sweep/plan input or an unavailable backend; the message is one line."""
+
+
+# ---- stopping on signals ------------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, batch schedulers) or SIGHUP."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Turn the first SIGINT/SIGTERM/SIGHUP into `Interrupted` in the main thread, so the executor ends
+    its workers and the caller says how to resume; later ones are ignored while that cleanup runs (a
+    second Ctrl-C must not tear it apart with a traceback). Outside the main thread, a no-op."""
+    fired: list[int] = []
+
+    def handler(signum, _frame):
+        if not fired:
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    try:
+        old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    except ValueError:          # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # ---- keys and cache ---------------------------------------------------------------------------
@@ -82,7 +127,7 @@ class PointCache:
         if self.root is None:
             return None
         try:
-            return json.loads(self._path(key).read_text())
+            return unjson_inf(json.loads(self._path(key).read_text()))
         except (OSError, ValueError):
             return None
 
@@ -92,7 +137,7 @@ class PointCache:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(result, allow_nan=True))
+        tmp.write_text(strict_json(result, indent=None))
         os.replace(tmp, path)
 
 
@@ -120,13 +165,29 @@ def simulate_point(scenario_json: str) -> dict:
     return out
 
 
-def _warm_worker() -> None:
+def _warm_worker(parent_pid: int) -> None:
     """Import the simulator once per worker, not once per point. Ctrl-C reaches the whole process
-    group; only the parent acts on it (it stops the workers), so a worker never dies mid-result."""
-    import signal
-
+    group; only the parent acts on it (it stops the workers), so a worker never dies mid-result.
+    On Linux a worker is also told to end when the parent dies, even by SIGKILL: no orphans."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent_pid)
     import simulator.run  # noqa: F401
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:      # the parent died before prctl took effect
+        os._exit(1)
 
 
 # ---- backends -------------------------------------------------------------------------------------
@@ -249,7 +310,8 @@ class Executor:
                 yield t.key, simulate_point(t.scenario_json)
         elif self.backend == "pool":
             if self._pool is None:
-                self._pool = cf.ProcessPoolExecutor(max_workers=self.jobs, initializer=_warm_worker)
+                self._pool = cf.ProcessPoolExecutor(max_workers=self.jobs, initializer=_warm_worker,
+                                                    initargs=(os.getpid(),))
                 self.stats.workers = self.jobs
             futures = {self._pool.submit(simulate_point, t.scenario_json): t.key for t in todo}
             try:

@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import catalog
 from costmodel.phases import ModelDoesNotFit
-from simulator.config import BaselineMethod, ScenarioError
+from simulator.config import BaselineMethod, ScenarioError, read_yaml
 
 from .executor import Executor, PlanningError, Task
 from .sweep import (build_raw, config_columns, cost_usd_per_hour, metric_columns, read_base, resolve_scenario,
@@ -76,12 +75,9 @@ def load_candidates(path: str | Path | None) -> CandidatesSpec:
     if path is None:
         return CandidatesSpec()
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise PlanningError(f"{path}: no such file") from None
-    except yaml.YAMLError:
-        raise PlanningError(f"{path}: not valid YAML") from None
+    raw = read_yaml(path, PlanningError, "candidates file") or {}
+    if not isinstance(raw, dict):
+        raise PlanningError(f"{path}: expected a mapping at the top level")
     try:
         return CandidatesSpec.model_validate(raw)
     except ValidationError as e:
@@ -302,8 +298,8 @@ def _evaluate(result: dict, name: str, slo: dict[str, float]) -> tuple[dict, lis
 
 def run_plan(base_path: Path, rate_rps: float, slo: dict[str, float], spec: CandidatesSpec, executor: Executor,
              *, requests: int | None = None, steps: int = 8, overrides: dict[str, Any] | None = None) -> PlanResult:
-    if not rate_rps > 0:
-        raise PlanningError(f"--rate must be > 0 requests/s, got {rate_rps}")
+    if not (rate_rps > 0 and math.isfinite(rate_rps)):
+        raise PlanningError(f"--rate must be > 0 requests/s and finite, got {rate_rps}")
     if not slo:
         raise PlanningError("--slo: give at least one target, e.g. ttft_p99_s=60,tpot_p99_s=0.5")
     if steps < 1:

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml, resolve_workload_files
+from simulator.config import (Scenario, ScenarioError, first_error, parse_scenario, read_yaml, resolve_workload_files,
+                              set_path)
 
 from .executor import Executor, PlanningError, Task
 
@@ -70,11 +71,14 @@ def parse_slo(text: str | dict | None) -> dict[str, float]:
 
 
 def slo_misses(row: dict, slo: dict[str, float]) -> list[tuple[str, float, float]]:
-    """(metric, value, limit) for every target the row misses; a missing value or unfinished
-    requests count as a miss."""
+    """(metric, value, limit) for every target the row misses; a missing value, unfinished requests or
+    an unstable run (a pool's utilisation >= 1: a longer run would miss any latency target) count as a miss."""
     misses = []
     if row.get("completed") is not None and row.get("requests") is not None and row["completed"] < row["requests"]:
         misses.append(("completed", row["completed"], row["requests"]))
+    if isinstance(row.get("stable"), (bool, np.bool_)) and not row["stable"]:
+        util = [float(row[k]) for k in row if k.startswith("utilisation_") and row[k] is not None]
+        misses.append(("utilisation", max((u for u in util if u == u), default=math.inf), 1.0))
     for k, limit in slo.items():
         v = row.get(k)
         if v is None or not (v <= limit):   # NaN misses
@@ -173,7 +177,7 @@ class SweepSpec(_Strict):
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     """The validated spec and the base scenario's resolved path; errors are one-line PlanningErrors."""
     path = Path(path)
-    raw = read_yaml(path, PlanningError)
+    raw = read_yaml(path, PlanningError, "sweep file")
     if not isinstance(raw, dict):
         raise PlanningError(f"{path}: expected a mapping at the top level")
     try:
@@ -189,48 +193,6 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
 
 
 # ---- building one point's scenario ------------------------------------------------------------------
-def set_path(tree: dict, dotted: str, value: Any) -> None:
-    """Set `a.b.0.c` in a raw scenario tree; a preset name on the way becomes a mapping."""
-    keys = dotted.split(".")
-    node: Any = tree
-    for depth, k in enumerate(keys[:-1]):
-        parent_key = keys[depth - 1] if depth else None
-        node = _child(node, k, parent_key, dotted)
-    last = keys[-1]
-    if isinstance(node, list):
-        node[_index(node, last, dotted)] = copy.deepcopy(value)
-    else:
-        node[last] = copy.deepcopy(value)
-
-
-def _index(node: list, k: str, dotted: str) -> int:
-    try:
-        i = int(k)
-        node[i]
-    except (ValueError, IndexError):
-        raise ScenarioError(f"{dotted}: no element {k} in a list of {len(node)}") from None
-    return i
-
-
-def _child(node: Any, k: str, parent_key: str | None, dotted: str) -> Any:
-    if isinstance(node, list):
-        i = _index(node, k, dotted)
-        child = node[i]
-        if isinstance(child, str):
-            node[i] = child = {"name": child} if parent_key == "methods" else {"preset": child}
-        return child
-    if not isinstance(node, dict):
-        raise ScenarioError(f"{dotted}: cannot go into {k!r} of a {type(node).__name__}")
-    child = node.get(k)
-    if child is None:
-        node[k] = child = {}
-    elif isinstance(child, str):
-        node[k] = child = {"preset": child}
-    elif not isinstance(child, (dict, list)):
-        raise ScenarioError(f"{dotted}: {k} is a {type(child).__name__}, not a mapping or list")
-    return child
-
-
 def build_raw(base_raw: dict, values: dict[str, Any]) -> dict:
     raw = copy.deepcopy(base_raw)
     for path in sorted(values, key=lambda p: p.count(".")):   # stable: same depth keeps the given order
@@ -244,10 +206,7 @@ def resolve_scenario(raw: dict, base_path: Path, source: str) -> Scenario:
 
 
 def read_base(base_path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(Path(base_path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise PlanningError(f"{base_path}: cannot read the base scenario: {e}".splitlines()[0]) from None
+    raw = read_yaml(Path(base_path), PlanningError, "base scenario")
     if not isinstance(raw, dict):
         raise PlanningError(f"{base_path}: expected a mapping at the top level")
     return raw
@@ -445,9 +404,11 @@ def write_table(df: pd.DataFrame, out: Path) -> tuple[list[Path], str | None]:
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """Parquet columns have one type: an axis mixing numbers and names becomes text."""
+    """Parquet columns have one type: an axis mixing numbers and names, or holding integers beyond int64,
+    becomes text."""
     df = df.copy()
     for c in df.columns:
-        if df[c].dtype == object and len({type(v) for v in df[c] if v is not None}) > 1:
+        if df[c].dtype == object and (len({type(v) for v in df[c] if v is not None}) > 1 or any(
+                isinstance(v, int) and not -2**63 <= v < 2**63 for v in df[c])):
             df[c] = df[c].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
     return df

@@ -96,11 +96,21 @@ class RunData:
         return BASELINE if BASELINE in self.methods else None
 
 
+class RunDataError(ValueError):
+    """A run folder's file that cannot be read (truncated, not JSON/CSV); the message is one line."""
+
+
 def _read_csv(path: Path, required: tuple[str, ...], notes: list[str]) -> pd.DataFrame | None:
     if not path.is_file():
         notes.append(f"{path.name} not found: its figure is left out.")
         return None
-    df = pd.read_csv(path)
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        notes.append(f"{path.name} is empty: its figure is left out.")
+        return None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+        raise RunDataError(f"{path}: not a readable CSV ({str(e).strip().splitlines()[-1] if str(e) else type(e).__name__})") from None
     missing = [c for c in required if c not in df.columns]
     if missing:
         notes.append(f"{path.name} lacks column(s) {', '.join(missing)}: its figure is left out.")
@@ -114,7 +124,19 @@ def _read_json(path: Path, notes: list[str]) -> dict | None:
     if not path.is_file():
         notes.append(f"{path.name} not found.")
         return None
-    return json.loads(path.read_text())
+    return _json_object(path)
+
+
+def _json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RunDataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg}); is the file complete?") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise RunDataError(f"{path}: cannot read ({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise RunDataError(f"{path}: expected a JSON object")
+    return data
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -124,8 +146,10 @@ def load_run(run_dir: str | Path) -> RunData:
     if not summary_path.is_file():
         raise FileNotFoundError(f"{summary_path} not found: is {run_dir} the --out folder of a simulate run?")
     notes: list[str] = []
-    summary = json.loads(summary_path.read_text())
+    summary = _json_object(summary_path)
     summary.setdefault("methods", {})
+    if not isinstance(summary["methods"], dict) or not all(isinstance(m, dict) for m in summary["methods"].values()):
+        raise RunDataError(f"{summary_path}: methods: expected an object of per-method objects")
     requests = _read_csv(run_dir / "requests.csv", ("method", "jct_s", "ttft_s", "tpot_s"), notes)
     memory = _read_csv(run_dir / "memory.csv", ("method", "replica", "time_s", "used_bytes", "capacity_bytes"), notes)
     links = _read_csv(run_dir / "links.csv", ("method", "link", "time_s", "throughput_gbps"), notes)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from .banners import overload_banner
 from .data import RunData, load_run
 from .figures import figure_notes, make_figures
 from .page import FIGURES_SCRIPT_ID, Page, Section, write_page
@@ -256,8 +257,8 @@ def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
         sections.append(Section("data-notes", "Data notes", notes=tuple(run.notes)))
     desc = (run.scenario or {}).get("description") or ""
     return Page(title=run.name, heading=run.name, description=desc, subtitles=_subtitles(run),
-                summary_html=_glance_html(run) if run.methods else "", sections=sections, figures=figures,
-                footer="Made by hacksim reports from the run folder's files.")
+                summary_html=overload_banner(run.summary) + (_glance_html(run) if run.methods else ""),
+                sections=sections, figures=figures, footer="Made by hacksim reports from the run folder's files.")
 
 
 def build_report(run_dir: str | Path, *, progress: Progress | None = None, plotlyjs: str | None = None) -> Path:

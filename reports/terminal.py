@@ -26,9 +26,12 @@ PLOTLYJS_HELP = ("load plotly.js in the HTML report from this path (written rela
 
 
 def to_json(obj) -> str:
-    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    """Strict JSON as the output files write it (simulator/files.py): NaN becomes null, ±infinity the
+    strings "Infinity" / "-Infinity", numpy scalars plain numbers."""
     def clean(o):
         if isinstance(o, float):
+            if math.isinf(o):
+                return "Infinity" if o > 0 else "-Infinity"
             return o if math.isfinite(o) else None
         if isinstance(o, dict):
             return {str(k): clean(v) for k, v in o.items()}

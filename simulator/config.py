@@ -8,26 +8,46 @@ description and bounds; unknown fields are errors. `load_scenario` turns any pro
 """
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import catalog
+
+from . import files
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot be run; the message is one line, naming file and field."""
 
 
+MAX_REQUESTS = 10**8    # a sanity bound; what fits this machine's memory is checked before a run
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Numbers must be finite unless a field says otherwise (`Unlimited`); JSON spells infinity "Infinity".
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              ser_json_inf_nan="strings")
+
+
+def _read_infinity(v: Any) -> Any:
+    """YAML's .inf arrives as a float; strict JSON (scenario.json, a sweep point) spells it "Infinity"."""
+    if isinstance(v, str) and v.strip().lower().lstrip("+") in ("inf", "infinity", ".inf"):
+        return math.inf
+    return v
+
+
+# A rate where infinity means "no limit" (an infinitely fast link moves KV in no time).
+Unlimited = Annotated[float, Field(allow_inf_nan=True), BeforeValidator(_read_infinity)]
 
 
 def _catalog_entry(kind: str, key: Any) -> dict:
     """catalog.entry, with its error as a ValueError so pydantic reports the field's location."""
+    if not isinstance(key, str):
+        raise ValueError(f"expected a {kind} preset name, got a {type(key).__name__}")
     try:
         return catalog.entry(kind, str(key))
     except KeyError as e:
@@ -50,18 +70,18 @@ def _with_preset(kind: str, value: Any, *, drop: tuple[str, ...] = ("key", "sour
 class ModelConfig(_Strict):
     preset: str | None = Field(None, description="catalog/data/models.yaml key the fields came from")
     name: str = Field(description="display name")
-    layers: int = Field(gt=0, description="transformer layers")
-    hidden_size: int = Field(gt=0, description="model width")
-    heads: int = Field(gt=0, description="query heads")
-    kv_heads: int = Field(gt=0, description="KV heads (GQA)")
-    head_dim: int = Field(gt=0, description="dimension per head")
-    intermediate_size: int = Field(gt=0, description="MLP inner width")
-    vocab_size: int = Field(gt=0, description="vocabulary size (LM head width)")
+    layers: int = Field(gt=0, le=4096, description="transformer layers")
+    hidden_size: int = Field(gt=0, le=2**20, description="model width")
+    heads: int = Field(gt=0, le=2**14, description="query heads")
+    kv_heads: int = Field(gt=0, le=2**14, description="KV heads (GQA)")
+    head_dim: int = Field(gt=0, le=2**14, description="dimension per head")
+    intermediate_size: int = Field(gt=0, le=2**22, description="MLP inner width")
+    vocab_size: int = Field(gt=0, le=2**24, description="vocabulary size (LM head width)")
     mlp: Literal["gated", "plain"] = Field("gated", description="gated: SwiGLU, 3 matrices; plain: 2 matrices")
     parallel_attention: bool = Field(False, description="attention and MLP in parallel (Falcon)")
     qkv_bias: bool = Field(False, description="QKV projections have a bias (negligible cost)")
     tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
-    max_context_tokens: int = Field(gt=0, description="longest prompt + output the model supports")
+    max_context_tokens: int = Field(gt=0, le=2**30, description="longest prompt + output the model supports")
 
     @model_validator(mode="before")
     @classmethod
@@ -81,21 +101,23 @@ class GPUConfig(_Strict):
     name: str
     arch: str
     compute_capability: str
-    memory_gb: float = Field(gt=0, description="GPU memory, GB = 1e9 bytes")
-    memory_bandwidth_gb_per_s: float = Field(gt=0)
-    fp16_tensor_tflops: float = Field(gt=0, description="dense FP16 tensor rate, FP32 accumulate")
-    int8_tensor_tops: float | None = Field(None, gt=0, description="dense INT8 tensor rate; null: none")
-    fp8_tensor_tflops: float | None = Field(None, gt=0, description="dense FP8 tensor rate; null: none")
-    fp4_tensor_tflops: float | None = Field(None, gt=0, description="dense FP4 tensor rate; null: none")
-    fp32_tflops: float = Field(gt=0)
-    sms: int = Field(gt=0, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates scale with them)")
-    warp_schedulers_per_sm: int = Field(gt=0, description="warp instructions issued per SM per clock")
-    sfu_ops_per_clock_per_sm: int = Field(gt=0, description="special-function (exp2, rcp) results per SM per clock")
-    boost_clock_ghz: float = Field(gt=0, description="SM clock the FP32 peak is quoted at")
-    sustained_clock_ghz: float | None = Field(None, gt=0, description="SM clock held under load where a power cap "
-                                              "keeps it below boost; null: the boost clock")
-    pcie_gb_per_s: float = Field(gt=0, description="achievable host<->device per direction")
-    nvlink_gb_per_s: float | None = Field(None, gt=0)
+    memory_gb: float = Field(gt=0, le=1e5, description="GPU memory, GB = 1e9 bytes")
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1e6)
+    fp16_tensor_tflops: float = Field(gt=0, le=1e6, description="dense FP16 tensor rate, FP32 accumulate")
+    int8_tensor_tops: float | None = Field(None, gt=0, le=1e6, description="dense INT8 tensor rate; null: none")
+    fp8_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP8 tensor rate; null: none")
+    fp4_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP4 tensor rate; null: none")
+    fp32_tflops: float = Field(gt=0, le=1e6)
+    sms: int = Field(gt=0, le=2**20, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates "
+                     "scale with them)")
+    warp_schedulers_per_sm: int = Field(gt=0, le=64, description="warp instructions issued per SM per clock")
+    sfu_ops_per_clock_per_sm: int = Field(gt=0, le=4096, description="special-function (exp2, rcp) results per SM "
+                                          "per clock")
+    boost_clock_ghz: float = Field(gt=0, le=100, description="SM clock the FP32 peak is quoted at")
+    sustained_clock_ghz: float | None = Field(None, gt=0, le=100, description="SM clock held under load where a "
+                                              "power cap keeps it below boost; null: the boost clock")
+    pcie_gb_per_s: float = Field(gt=0, le=1e5, description="achievable host<->device per direction")
+    nvlink_gb_per_s: float | None = Field(None, gt=0, le=1e5)
 
     @model_validator(mode="before")
     @classmethod
@@ -108,33 +130,33 @@ class PoolConfig(_Strict):
     instance: str | None = Field(None, description="catalog/data/instances.yaml key; sets the GPU, GPUs per "
                                  "instance, network, host memory, intra-node bandwidth and price")
     gpu: GPUConfig | None = Field(None, description="GPU preset key or mapping; defaults to the instance's GPU")
-    tensor_parallel: int = Field(1, ge=1, description="GPUs per pipeline stage (within one instance)")
-    pipeline_parallel: int = Field(1, ge=1, description="pipeline stages per replica (may span instances)")
-    replicas: int = Field(1, ge=1, description="model replicas in the pool")
-    max_batch_requests: int = Field(256, ge=1, description="most requests in one batch")
-    max_batch_tokens: int = Field(16384, ge=1, description="prefill: most prompt tokens per batch (a longer "
+    tensor_parallel: int = Field(1, ge=1, le=1024, description="GPUs per pipeline stage (within one instance)")
+    pipeline_parallel: int = Field(1, ge=1, le=1024, description="pipeline stages per replica (may span instances)")
+    replicas: int = Field(1, ge=1, le=4096, description="model replicas in the pool")
+    max_batch_requests: int = Field(256, ge=1, le=2**20, description="most requests in one batch")
+    max_batch_tokens: int = Field(16384, ge=1, le=2**30, description="prefill: most prompt tokens per batch (a longer "
                                   "prompt runs alone); also sizes the activation reserve")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's memory that "
                                           "weights, activations and KV may use (vLLM's gpu_memory_utilization)")
-    host_memory_gib: float | None = Field(None, gt=0, description="host memory per replica for KV: on prefill, KV "
+    host_memory_gib: float | None = Field(None, gt=0, le=2**30, description="host memory per replica for KV: on prefill, KV "
                                           "parked while no decode replica has room; on decode, KV offloaded by "
                                           "PQCache/HCAttention; default: half the replica's instances' memory")
-    intra_node_gb_per_s: float | None = Field(None, gt=0, description="per-GPU bandwidth of the TP all-reduce; "
+    intra_node_gb_per_s: float | None = Field(None, gt=0, le=1e6, description="per-GPU bandwidth of the TP all-reduce; "
                                               "default: the instance's")
-    price_usd_per_hour: float | None = Field(None, ge=0, description="per instance; default: the instance's")
-    kv_capacity_gib: float | None = Field(None, gt=0, description="KV memory per replica, replacing the capacity "
+    price_usd_per_hour: float | None = Field(None, ge=0, le=1e6, description="per instance; default: the instance's")
+    kv_capacity_gib: float | None = Field(None, gt=0, le=2**30, description="KV memory per replica, replacing the capacity "
                                           "computed from GPU memory (to describe a system that pre-allocates a "
                                           "fixed KV pool, as realrun does)")
-    host_issue_s_per_iteration: float = Field(0.0, ge=0, description="decode: CPU time the engine spends issuing "
+    host_issue_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time the engine spends issuing "
                                               "one iteration, fixed part (an iteration lasts max(GPU time, host "
                                               "time)); 0 for an engine that replays CUDA graphs")
-    host_issue_s_per_layer: float = Field(0.0, ge=0, description="decode: CPU issue time per layer per iteration "
+    host_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="decode: CPU issue time per layer per iteration "
                                           "(eager attention launches, graph replays)")
-    host_issue_s_per_request: float = Field(0.0, ge=0, description="decode: CPU issue time per running request per "
+    host_issue_s_per_request: float = Field(0.0, ge=0, le=3600, description="decode: CPU issue time per running request per "
                                             "iteration")
-    host_serial_s_per_iteration: float = Field(0.0, ge=0, description="decode: CPU time between iterations during "
+    host_serial_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time between iterations during "
                                                "which the GPU idles (sync on the sampled tokens, scheduling)")
-    extra_kernels_per_layer: int = Field(0, ge=0, description="decode: small kernels per layer the engine runs "
+    extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
                                          "beyond the model's own (copies into static buffers, gathers), each "
                                          "priced as one launch-bound kernel")
 
@@ -179,35 +201,38 @@ class PoolConfig(_Strict):
 # ---- network ----------------------------------------------------------------------------
 class LinkConfig(_Strict):
     name: str = Field(description="label in outputs")
-    prefill_replicas: list[int] = Field(min_length=1, description="prefill replicas whose transfers use this link")
-    decode_replicas: list[int] = Field(min_length=1, description="decode replicas this link reaches")
-    bandwidth_gbps: float | None = Field(None, gt=0, description="line rate; default: network.bandwidth_gbps")
+    prefill_replicas: list[int] = Field(min_length=1, max_length=4096, description="prefill replicas whose "
+                                        "transfers use this link")
+    decode_replicas: list[int] = Field(min_length=1, max_length=4096, description="decode replicas this link reaches")
+    bandwidth_gbps: Unlimited | None = Field(None, gt=0, description="line rate (.inf: KV moves in no time); "
+                                             "default: network.bandwidth_gbps")
 
 
 class NetworkConfig(_Strict):
-    bandwidth_gbps: float | None = Field(None, gt=0, description="line rate of each prefill replica's link, "
-                                         "gigabits/s; default: the prefill instance's network")
-    latency_s: float = Field(1e-4, ge=0, description="one-way latency added to each transfer")
+    bandwidth_gbps: Unlimited | None = Field(None, gt=0, description="line rate of each prefill replica's link, "
+                                             "gigabits/s (.inf: KV moves in no time); default: the prefill "
+                                             "instance's network")
+    latency_s: float = Field(1e-4, ge=0, le=3600, description="one-way latency added to each transfer")
     efficiency: float = Field(0.9, gt=0, le=1, description="achievable fraction of line rate for bulk transfers "
                               "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)")
-    per_flow_gbps: float | None = Field(None, gt=0, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
+    per_flow_gbps: Unlimited | None = Field(None, gt=0, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
                                         "outside a placement group, 10 inside)")
     stream_layers: bool = Field(False, description="send each layer's KV as soon as it is prefilled, so the "
                                 "transfer overlaps the rest of prefill")
-    links: list[LinkConfig] | None = Field(None, description="explicit topology; default: one link per prefill "
-                                           "replica reaching every decode replica")
+    links: list[LinkConfig] | None = Field(None, max_length=4096, description="explicit topology; default: one link "
+                                           "per prefill replica reaching every decode replica")
 
 
 # ---- workload ---------------------------------------------------------------------------
 class FixedLength(_Strict):
     kind: Literal["fixed"]
-    tokens: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=2**30)
 
 
 class UniformLength(_Strict):
     kind: Literal["uniform"]
-    min_tokens: int = Field(ge=1)
-    max_tokens: int = Field(ge=1)
+    min_tokens: int = Field(ge=1, le=2**30)
+    max_tokens: int = Field(ge=1, le=2**30)
 
     @model_validator(mode="after")
     def _order(self) -> "UniformLength":
@@ -218,10 +243,10 @@ class UniformLength(_Strict):
 
 class LognormalLength(_Strict):
     kind: Literal["lognormal"]
-    mean_tokens: float = Field(gt=0, description="mean before truncation")
-    cv: float = Field(gt=0, description="coefficient of variation before truncation")
-    min_tokens: int = Field(ge=1)
-    max_tokens: int = Field(ge=1)
+    mean_tokens: float = Field(gt=0, le=2**30, description="mean before truncation")
+    cv: float = Field(gt=0, le=100, description="coefficient of variation before truncation")
+    min_tokens: int = Field(ge=1, le=2**30)
+    max_tokens: int = Field(ge=1, le=2**30)
 
     @model_validator(mode="after")
     def _order(self) -> "LognormalLength":
@@ -235,13 +260,13 @@ LengthDist = Annotated[Union[FixedLength, UniformLength, LognormalLength], Field
 
 class PoissonArrivals(_Strict):
     kind: Literal["poisson"]
-    rate_rps: float = Field(gt=0, description="mean requests per second")
+    rate_rps: float = Field(ge=1e-6, le=1e6, description="mean requests per second")
 
 
 class BurstyArrivals(_Strict):
     kind: Literal["bursty"]
-    rate_rps: float = Field(gt=0, description="mean requests per second")
-    cv: float = Field(2.0, gt=1, description="coefficient of variation of gaps (gamma); 1 would be Poisson")
+    rate_rps: float = Field(ge=1e-6, le=1e6, description="mean requests per second")
+    cv: float = Field(2.0, gt=1, le=100, description="coefficient of variation of gaps (gamma); 1 would be Poisson")
 
 
 class TraceArrivals(_Strict):
@@ -264,10 +289,10 @@ class TraceConfig(_Strict):
         "Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids); vllm_bench: a vLLM benchmark result "
         "JSON (input_lens, output_lens; start_times, else request_rate); csv: arrival_s, prompt_tokens, output_tokens")
     path: str = Field(description="the trace file, relative to the scenario file")
-    rate_scale: float = Field(1.0, gt=0, description="replay this many times faster: gaps divided by it")
-    start_s: float = Field(0.0, ge=0, description="skip requests arriving earlier than this, in seconds after the "
+    rate_scale: float = Field(1.0, gt=0, le=1e6, description="replay this many times faster: gaps divided by it")
+    start_s: float = Field(0.0, ge=0, le=1e12, description="skip requests arriving earlier than this, in seconds after the "
                            "trace's first request (before rate_scale)")
-    duration_s: float | None = Field(None, gt=0, description="keep requests arriving within this many seconds "
+    duration_s: float | None = Field(None, gt=0, le=1e12, description="keep requests arriving within this many seconds "
                                      "after start_s (before rate_scale); default: to the end")
     models: list[str] | None = Field(None, min_length=1, description="burstgpt: keep rows of these Model values "
                                      "(e.g. ChatGPT, GPT-4)")
@@ -290,9 +315,9 @@ class WorkloadConfig(_Strict):
     trace: TraceConfig | None = Field(None, description="a recorded trace whose arrivals and lengths replace "
                                       "arrival, dataset, input_tokens and output_tokens")
     arrival: Arrivals | None = Field(None, description="arrival process (not with trace)")
-    requests: int | None = Field(None, ge=1, description="requests to simulate (a trace is cycled or cut to this; "
-                                 "with trace, default: the trace's requests)")
-    seed: int = Field(0, ge=0, description="seed of the one random generator of the run")
+    requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="requests to simulate (a trace is cycled "
+                                 "or cut to this; with trace, default: the trace's requests)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the one random generator of the run")
 
     @model_validator(mode="before")
     @classmethod
@@ -351,7 +376,7 @@ class KVQuantMethod(_Method):
 class CacheGenMethod(_Method):
     name: Literal["cachegen"] = Field(description="quantized, entropy-coded KV on the wire")
     bits: Literal[2, 3, 4] = 2
-    partition: int = Field(64, ge=16, description="elements per min/scale group")
+    partition: int = Field(64, ge=16, le=4096, description="elements per min/scale group")
     decode_mode: Literal["decompress_once", "dequantize_per_iteration"] = Field(
         "decompress_once", description="restore FP16 on arrival, or keep codes and dequantize every iteration")
     dequant_kernel: Literal["unfused", "fused"] = "unfused"
@@ -367,19 +392,19 @@ class FP4Method(_Method):
 
 class PQCacheMethod(_Method):
     name: Literal["pqcache"] = Field(description="KV in decode host memory, PQ-scored top-k fetched over PCIe")
-    subspaces: int = Field(2, ge=1, description="m: PQ sub-spaces per key")
+    subspaces: int = Field(2, ge=1, le=1024, description="m: PQ sub-spaces per key")
     bits: int = Field(8, ge=1, le=12, description="b: 2^b centroids per sub-space")
     top_k_fraction: float = Field(0.2, gt=0, le=1, description="fraction of context tokens attended each iteration")
-    local_tokens: int = Field(256, ge=0, description="initial + recent tokens kept on the GPU")
-    cache_tokens: int = Field(2048, ge=0, description="GPU block cache per request, in tokens")
+    local_tokens: int = Field(256, ge=0, le=2**30, description="initial + recent tokens kept on the GPU")
+    cache_tokens: int = Field(2048, ge=0, le=2**30, description="GPU block cache per request, in tokens")
     cache_hit_rate: float = Field(0.5, ge=0, le=1, description="fraction of top-k tokens found in the GPU cache")
-    kmeans_max_iterations: int = Field(100, ge=1, description="upper bound of the adaptive K-Means cap T_max")
+    kmeans_max_iterations: int = Field(100, ge=1, le=10**4, description="upper bound of the adaptive K-Means cap T_max")
 
 
 class HCAttentionMethod(_Method):
     name: Literal["hcattention"] = Field(description="quantized keys on GPU, values in host memory")
     key_bits: Literal[2, 4, 8] = 4
-    partition: int = Field(64, ge=16, description="key elements per min/scale group")
+    partition: int = Field(64, ge=16, le=4096, description="key elements per min/scale group")
     gpu_kv_budget: float = Field(0.25, gt=0, le=1, description="fraction of values also kept on the GPU")
     fetch_fraction: float = Field(0.1, gt=0, le=1, description="fraction of tokens whose values each iteration needs")
     value_hit_rate: float = Field(0.8, ge=0, le=1, description="fraction of needed values already on the GPU")
@@ -431,7 +456,7 @@ class Scenario(_Strict):
     decode: PoolConfig
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     workload: WorkloadConfig
-    methods: list[MethodConfig] = Field(min_length=1)
+    methods: list[MethodConfig] = Field(min_length=1, max_length=64)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     placement: Literal["separate", "shared_gpu"] = Field(
         "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
@@ -467,21 +492,50 @@ class Scenario(_Strict):
 
 
 # ---- loading ----------------------------------------------------------------------------
-def _set_path(tree: dict, dotted: str, value: Any) -> None:
+def set_path(tree: dict, dotted: str, value: Any) -> None:
+    """Set `a.b.0.c` in a raw scenario tree; a preset name on the way becomes a mapping (a method
+    name `{name: ...}`, any other `{preset: ...}`), so its fields can be overridden."""
     keys = dotted.split(".")
+    if not all(k.strip() for k in keys):
+        raise ScenarioError(f"{dotted!r}: empty field name in the path")
     node: Any = tree
-    for k in keys[:-1]:
-        if isinstance(node, list):
-            node = node[int(k)]
-        else:
-            if not isinstance(node.get(k), (dict, list)):
-                node[k] = {} if node.get(k) is None else node[k]
-            node = node[k]
+    for depth, k in enumerate(keys[:-1]):
+        node = _child(node, k, keys[depth - 1] if depth else None, dotted)
     last = keys[-1]
     if isinstance(node, list):
-        node[int(last)] = value
+        node[_index(node, last, dotted)] = copy.deepcopy(value)
+    elif isinstance(node, dict):
+        node[last] = copy.deepcopy(value)
     else:
-        node[last] = value
+        raise ScenarioError(f"{dotted}: cannot set {last!r} in a {type(node).__name__}")
+
+
+def _index(node: list, k: str, dotted: str) -> int:
+    try:
+        i = int(k)
+        node[i]
+    except (ValueError, IndexError):
+        raise ScenarioError(f"{dotted}: no element {k} in a list of {len(node)}") from None
+    return i
+
+
+def _child(node: Any, k: str, parent_key: str | None, dotted: str) -> Any:
+    if isinstance(node, list):
+        i = _index(node, k, dotted)
+        child = node[i]
+        if isinstance(child, str):
+            node[i] = child = {"name": child} if parent_key == "methods" else {"preset": child}
+        return child
+    if not isinstance(node, dict):
+        raise ScenarioError(f"{dotted}: cannot go into {k!r} of a {type(node).__name__}")
+    child = node.get(k)
+    if child is None:
+        node[k] = child = {}
+    elif isinstance(child, str):
+        node[k] = child = {"preset": child}
+    elif not isinstance(child, (dict, list)):
+        raise ScenarioError(f"{dotted}: {k} is a {type(child).__name__}, not a mapping or list")
+    return child
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -490,10 +544,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ScenarioError(f"--set {item!r}: expected path.to.field=value")
         path, value = item.split("=", 1)
+        parsed = files.parse_yaml(value, f"--set {item!r}", ScenarioError)
         try:
-            _set_path(raw, path.strip(), yaml.safe_load(value))
-        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
-            raise ScenarioError(f"--set {item!r}: cannot set {path}: {e}") from None
+            set_path(raw, path.strip(), parsed)
+        except ScenarioError as e:
+            raise ScenarioError(f"--set {item!r}: {e}") from None
     return raw
 
 
@@ -512,16 +567,10 @@ def parse_scenario(raw: Any, source: str) -> Scenario:
         raise ScenarioError(f"{source}: {e.args[0]}") from None
 
 
-def read_yaml(path: Path, error: type[Exception] = ScenarioError) -> Any:
-    """A YAML file's content; a missing file or bad YAML raises `error` with a one-line message."""
-    try:
-        return yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise error(f"{path}:{where} not valid YAML") from None
+def read_yaml(path: Path, error: type[Exception] = ScenarioError, what: str = "scenario file") -> Any:
+    """A YAML file's content; a missing, binary or malformed file, or an alias bomb, raises `error`
+    with a one-line message (see simulator.files)."""
+    return files.read_yaml(path, error, what)
 
 
 def first_error(source: str, err: ValidationError, what: str = "scenario") -> str:
@@ -538,7 +587,10 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     path = Path(path)
     raw = read_yaml(path)
     if isinstance(raw, dict) and overrides:
-        raw = apply_overrides(raw, overrides)
+        try:
+            raw = apply_overrides(raw, overrides)
+        except ScenarioError as e:
+            raise ScenarioError(f"{path}: {e}") from None
     return resolve_workload_files(parse_scenario(raw, str(path)), path.parent, str(path))
 
 

@@ -9,6 +9,7 @@ before which it cannot finish, because the last layer's KV does not exist before
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import simpy
@@ -62,7 +63,14 @@ class Link:
         for i, f in enumerate(flows):
             share = left / (n - i)
             f.rate = min(f.cap_bytes_per_s, share)
-            left -= f.rate
+            if left != math.inf:          # an unlimited link stays unlimited (inf - inf would be NaN)
+                left -= f.rate
+
+    @staticmethod
+    def _drained(f: Flow, now: float) -> bool:
+        """Done: within a nanosecond's bytes of the end, or so close that the clock cannot represent
+        the rest (late in a long run a tiny remainder would otherwise re-arm a zero-length timer forever)."""
+        return f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate or now + f.remaining_bytes / f.rate == now
 
     def _reschedule(self) -> None:
         self._rates()
@@ -79,10 +87,12 @@ class Link:
         if version != self._version:
             return
         self._advance()
-        done = [f for f in self.flows if f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate]
-        self.flows = [f for f in self.flows if f.remaining_bytes > EPS_BYTES + 1e-9 * f.rate]
-        self._reschedule()
         now = self.env.now
+        done, left = [], []
+        for f in self.flows:
+            (done if self._drained(f, now) else left).append(f)
+        self.flows = left
+        self._reschedule()
         for f in done:
             finish = max(now, f.not_before_s) + self.latency_s
             if finish <= now:

@@ -35,6 +35,7 @@ class PrefillReplica:
         self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
         self._idle = True
         self.partner = None             # the decode replica sharing this GPU (placement: shared_gpu)
+        self.busy_s = 0.0               # Σ time a batch held the replica (its load, simulator/overload.py)
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -90,6 +91,7 @@ class PrefillReplica:
             self.parked_bytes += run.wire_bytes[rid]
         run.router.on_prefill_started(batch, self, start, encode_end)
         busy_s = cost.stage_s + cost.encode_s
+        self.busy_s += busy_s
         if busy_s == encode_end - start:      # one stage: the batch is done when the replica is free
             env.timeout(busy_s).callbacks.append(lambda _e: self._done_then_next(batch))
         else:

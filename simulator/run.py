@@ -7,6 +7,7 @@ pandas DataFrames at the end; nothing is printed or written here.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,7 @@ from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 from .config import GPUConfig, PoolConfig, Scenario, ScenarioError
 from .decode import DecodeReplica
 from .link import Link
+from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
 from .router import Router
 from .workload import Requests, make_requests
@@ -329,7 +331,61 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
                                "memory": float(method.memory_bytes_per_token(model)),
                                "host": float(method.host_bytes_per_token(model))},
         "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
+        **_load(run, df),
     }
+
+
+def _load(run: MethodRun, df: pd.DataFrame) -> dict:
+    """Each pool's utilisation and whether the run is stable (simulator/overload.py)."""
+    p = df["prefill_replica"].to_numpy()
+    d = df["decode_replica"].to_numpy()
+    moved = d >= 0
+    link_bytes: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    wire = df["kv_wire_bytes"].to_numpy()
+    for (pi, di), link in run.router.links.items():
+        capacity[link.name] = link.capacity
+        link_bytes[link.name] = link_bytes.get(link.name, 0.0) + float(wire[moved & (p == pi) & (d == di)].sum())
+    held_s = (df["finish_s"].to_numpy() - df["transfer_start_s"].to_numpy())[moved]
+    dec = run.decode_replicas[0]
+    util = utilisation(
+        arrival_s=df["arrival_s"].to_numpy(), prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas),
+        prefill_replicas=len(run.prefill_replicas), link_bytes=link_bytes, link_capacity_bytes_per_s=capacity,
+        held_s=held_s, held_kv_bytes=df["kv_memory_bytes"].to_numpy()[moved],
+        held_host_bytes=df["kv_host_bytes"].to_numpy()[moved], decode_replicas=len(run.decode_replicas),
+        decode_kv_capacity_bytes=dec.capacity_bytes, decode_host_capacity_bytes=dec.host_capacity_bytes,
+        decode_max_batch=dec.max_batch_requests)
+    return {"utilisation": util, "stable": is_stable(util)}
+
+
+# Peak memory of a run grows with its requests: per request while one method runs, plus its rows in the
+# result tables per method (measured: benchmarks/sim_speed.py and scale_1m.py).
+RUN_BYTES_PER_REQUEST = 2200
+RESULT_BYTES_PER_REQUEST_METHOD = 400
+
+
+def machine_memory_bytes() -> float:
+    """Physical memory, or the container's limit when it is lower."""
+    try:
+        total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return math.inf
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, float(limit))
+    except OSError:
+        pass
+    return total
+
+
+def check_memory(requests: int, methods: int, source: str) -> None:
+    """Refuse, before anything is allocated, a run that cannot fit in this machine's memory."""
+    need = requests * (RUN_BYTES_PER_REQUEST + RESULT_BYTES_PER_REQUEST_METHOD * max(methods, 1))
+    have = machine_memory_bytes()
+    if need > 0.8 * have:
+        raise ScenarioError(f"{source}: workload.requests: {requests} requests x {methods} method(s) need about "
+                            f"{need / GIB:.1f} GiB of memory; this machine has {have / GIB:.1f} GiB")
 
 
 @dataclass
@@ -365,14 +421,18 @@ class ScenarioResult:
 def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | None = None,
                  progress: Callable[[str], None] | None = None, keep_runs: bool = False) -> ScenarioResult:
     """Simulate every method of the scenario over the same requests."""
-    res = resolve(s, source)
-    reqs = make_requests(s)
     chosen = [m for m in s.methods if methods is None or m.output_name in methods]
     if methods is not None:
         unknown = sorted(set(methods) - {m.output_name for m in s.methods})
-        if unknown:
-            raise ScenarioError(f"{source}: --methods: {', '.join(unknown)} not in the scenario's methods "
-                                f"({', '.join(m.output_name for m in s.methods)})")
+        if unknown or not chosen:
+            raise ScenarioError(f"{source}: --methods: {', '.join(unknown) or 'no method'} not in the scenario's "
+                                f"methods ({', '.join(m.output_name for m in s.methods)})")
+    check_memory(s.workload.requests, len(chosen), source)
+    res = resolve(s, source)
+    try:
+        reqs = make_requests(s)
+    except ScenarioError as e:
+        raise ScenarioError(f"{source}: {e}") from None
     summaries, frames, mems, lks, runs = {}, [], [], [], {}
     for cfg in chosen:
         run = MethodRun(res, method_of(cfg), reqs, source)

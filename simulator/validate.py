@@ -23,31 +23,42 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import files
 from .config import ScenarioError, load_scenario
 from .run import method_of, run_scenario
+from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, read_csv_table
 
-TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
-                 "transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s")
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
 
 
 def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict, Path]:
+    """The trace's requests (checked row by row, see simulator.trace_rows), its iterations and meta."""
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     req_path = folder / "requests.csv" if path.is_dir() else path
     if not req_path.exists():
         raise ScenarioError(f"{path}: no requests.csv")
-    df = pd.read_csv(req_path)
-    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
-    if missing:
-        raise ScenarioError(f"{req_path}: missing columns {', '.join(missing)}")
+    df = check_trace_rows(read_csv_table(req_path, ScenarioError), str(req_path), MEASURED_TRACE, ScenarioError)
     if "quantize_end_s" not in df.columns:
         df["quantize_end_s"] = df["prefill_end_s"]
     it_path = folder / "iterations.csv"
-    iterations = pd.read_csv(it_path) if it_path.exists() else None
+    iterations = None
+    if it_path.exists():
+        iterations = read_csv_table(it_path, ScenarioError)
+        if len(iterations):
+            iterations = check_trace_rows(iterations, str(it_path), MEASURED_ITERATIONS, ScenarioError)
     meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    return df.sort_values("arrival_s", kind="stable").reset_index(drop=True), iterations, meta, req_path
+    meta = {}
+    if meta_path.exists():
+        try:
+            meta = json.loads(files.read_text(meta_path, ScenarioError, "meta.json"))
+        except json.JSONDecodeError as e:
+            raise ScenarioError(f"{meta_path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(meta, dict):
+            raise ScenarioError(f"{meta_path}: expected a JSON object")
+        if "method" in meta and not isinstance(meta["method"], str):
+            raise ScenarioError(f"{meta_path}: method: expected a method name")
+    return df.reset_index(drop=True), iterations, meta, req_path
 
 
 def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
@@ -71,6 +82,8 @@ def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
 
 def _stats(x: pd.Series) -> dict[str, float]:
     x = x.dropna().to_numpy()
+    if not len(x):
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
     return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
@@ -158,13 +171,15 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
     the current directory, then the index's folder).  One dict per trace: its name, scenario and the
     SUMMARY_KEYS errors."""
     index_csv = Path(index_csv)
-    try:
-        idx = pd.read_csv(index_csv)
-    except (OSError, pd.errors.ParserError) as e:
-        raise ScenarioError(f"{index_csv}: cannot read the index ({e})") from None
+    idx = read_csv_table(index_csv, ScenarioError, "trace index")
     missing = {"trace", "scenario"} - set(idx.columns)
     if missing:
         raise ScenarioError(f"{index_csv}: the index needs columns trace and scenario (missing {sorted(missing)})")
+    if not len(idx):
+        raise ScenarioError(f"{index_csv}: no rows")
+    blank = idx[["trace", "scenario"]].isna().any(axis=1).to_numpy()
+    if blank.any():
+        raise ScenarioError(f"{index_csv} line {int(np.argmax(blank)) + 2}: empty trace or scenario")
 
     def where(p: str) -> Path:
         q = Path(p)

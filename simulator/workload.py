@@ -14,6 +14,7 @@ import pandas as pd
 
 from .config import (BurstyArrivals, FixedLength, LognormalLength, PoissonArrivals, Scenario, ScenarioError,
                      UniformLength, WorkloadConfig)
+from .trace_rows import WORKLOAD_TRACE, WORKLOAD_TRACE_TIMED, check_trace_rows, read_csv_table
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,27 @@ class Requests:
         return len(self.arrival_s)
 
 
-def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
+def lognormal_mass(dist: LognormalLength) -> float:
+    """Probability that a draw, rounded to a whole token count, lands in [min_tokens, max_tokens]."""
+    sigma = math.sqrt(math.log1p(dist.cv**2))
+    mu = math.log(dist.mean_tokens) - sigma**2 / 2
+    cdf = lambda x: 0.5 * math.erfc(-(math.log(x) - mu) / (sigma * math.sqrt(2))) if x > 0 else 0.0  # noqa: E731
+    return cdf(dist.max_tokens + 0.5) - cdf(dist.min_tokens - 0.5)
+
+
+MIN_LOGNORMAL_MASS = 0.01   # below this, resampling would take ~n/mass draws: refuse instead
+
+
+def sample_lengths(dist, n: int, rng: np.random.Generator, what: str = "workload") -> np.ndarray:
     if isinstance(dist, FixedLength):
         return np.full(n, dist.tokens, dtype=np.int64)
     if isinstance(dist, UniformLength):
         return rng.integers(dist.min_tokens, dist.max_tokens + 1, size=n, dtype=np.int64)
     if isinstance(dist, LognormalLength):
+        mass = lognormal_mass(dist)
+        if mass < MIN_LOGNORMAL_MASS:
+            raise ScenarioError(f"{what}: only {mass:.2g} of the lognormal lies inside [min_tokens, max_tokens]; "
+                                f"widen them or move mean_tokens")
         sigma2 = math.log1p(dist.cv**2)
         mu = math.log(dist.mean_tokens) - sigma2 / 2
         out = np.empty(n, dtype=np.int64)
@@ -44,7 +60,7 @@ def sample_lengths(dist, n: int, rng: np.random.Generator) -> np.ndarray:
             filled += len(keep)
             if filled == n:
                 return out
-        raise ScenarioError("workload: the length distribution puts almost no mass inside [min_tokens, max_tokens]")
+        raise ScenarioError(f"{what}: the length distribution puts almost no mass inside [min_tokens, max_tokens]")
     raise TypeError(dist)
 
 
@@ -57,15 +73,11 @@ def sample_gaps(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
     raise TypeError(arrival)
 
 
-def read_trace(path: str) -> pd.DataFrame:
-    try:
-        df = pd.read_csv(path)
-    except FileNotFoundError:
-        raise ScenarioError(f"workload.trace_csv: no such file {path}") from None
-    for col in ("prompt_tokens", "output_tokens"):
-        if col not in df.columns:
-            raise ScenarioError(f"workload.trace_csv: {path} has no column {col!r}")
-    return df
+def read_trace(path: str, timed: bool) -> pd.DataFrame:
+    """The trace's rows, checked (see simulator.trace_rows); `timed`: its arrival_s column is used."""
+    df = read_csv_table(path, ScenarioError)
+    return check_trace_rows(df, f"workload.trace_csv {path}", WORKLOAD_TRACE_TIMED if timed else WORKLOAD_TRACE,
+                            ScenarioError)
 
 
 def make_requests(scenario: Scenario) -> Requests:
@@ -84,20 +96,18 @@ def make_requests(scenario: Scenario) -> Requests:
         if trace.block_hashes is not None:
             hashes = tuple(trace.block_hashes[i] for i in idx)
     elif wl.trace_csv is not None:
-        df = read_trace(wl.trace_csv)
+        df = read_trace(wl.trace_csv, timed=wl.arrival.kind == "trace")
         idx = np.arange(n) % len(df)
         prompt = df["prompt_tokens"].to_numpy(np.int64)[idx]
         output = df["output_tokens"].to_numpy(np.int64)[idx]
         if wl.arrival.kind == "trace":
-            if "arrival_s" not in df.columns:
-                raise ScenarioError(f"workload.trace_csv: trace arrivals need an arrival_s column in {wl.trace_csv}")
             base = df["arrival_s"].to_numpy(np.float64)
             arrival = base[idx] + (np.arange(n) // len(df)) * _period(base)
         else:
             arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
     else:
-        prompt = sample_lengths(wl.input_tokens, n, rng)
-        output = sample_lengths(wl.output_tokens, n, rng)
+        prompt = sample_lengths(wl.input_tokens, n, rng, "workload.input_tokens")
+        output = sample_lengths(wl.output_tokens, n, rng, "workload.output_tokens")
         arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
     if (prompt < 1).any() or (output < 1).any():
         raise ScenarioError("workload: every request needs prompt_tokens >= 1 and output_tokens >= 1")

@@ -1,0 +1,200 @@
+"""Reading the user's files safely and writing strict JSON: the edges where bad input is refused.
+
+Every reader here turns a problem into one exception with a one-line message that names the file
+(and the line, where there is one); the caller picks the exception class (`ScenarioError`,
+`PlanningError`), and the CLI prints it and exits 2.
+
+- Text files must be regular files, at most `MAX_TEXT_BYTES`, in UTF-8: a directory, a FIFO (which
+  would block) or a binary file is refused before it is parsed.
+- YAML is PyYAML's safe loader with aliases bounded: anchors and aliases are legal, but a document
+  whose aliases would expand past `MAX_YAML_NODES` nodes (the "billion laughs" shape), or refer to
+  themselves, is refused before anything expands it; so is nesting deeper than `MAX_YAML_DEPTH`.
+- JSON is written strictly (RFC 8259): NaN becomes null and ±infinity the strings "Infinity" /
+  "-Infinity" (pydantic's `ser_json_inf_nan="strings"` spelling, which the scenario schema reads back
+  for the fields where infinity means something, such as an unlimited bandwidth).
+- `check_out_dir` says before a run whether its output folder can be written, so a long run is
+  never thrown away at the end.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_TEXT_BYTES = 4 * 2**20        # a scenario is ~2 KB; a sweep file a few KB
+MAX_YAML_NODES = 100_000          # after alias expansion; the shipped files have a few hundred
+MAX_YAML_DEPTH = 64               # nesting; the shipped files go 5 deep
+
+
+def read_text(path: str | Path, error: type[Exception], what: str = "file", max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of a regular file no larger than `max_bytes`; else `error` with one line."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{path}: is a directory, not a {what}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{path}: not a regular file") from None
+    if st.st_size > max_bytes:
+        raise error(f"{path}: {st.st_size} bytes, larger than the {max_bytes} a {what} may have") from None
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{path}: line {line}: not a text file (bytes that are not UTF-8)") from None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses documents whose aliases expand past MAX_YAML_NODES or loop."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _AliasBomb(f"nested more than {MAX_YAML_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+class _AliasBomb(yaml.YAMLError):
+    pass
+
+
+def _check_expansion(root) -> None:
+    """Count the nodes of the document as the constructor would expand them (aliases copied), without
+    expanding: one pass over the node graph, memoised per node, iterative (no recursion limit)."""
+    size: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        nid = id(node)
+        if done:
+            active.discard(nid)
+            total = 1 + sum(size[id(c)] for c in _children(node))
+            if total > MAX_YAML_NODES:
+                raise _AliasBomb(f"aliases expand to more than {MAX_YAML_NODES} values")
+            size[nid] = total
+            continue
+        if nid in size:
+            continue
+        if nid in active:
+            raise _AliasBomb("an alias refers to a node that contains it")
+        active.add(nid)
+        stack.append((node, True))
+        for c in _children(node):
+            if id(c) in active:
+                raise _AliasBomb("an alias refers to a node that contains it")
+            if id(c) not in size:
+                stack.append((c, False))
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [x for pair in node.value for x in pair]
+    return []
+
+
+def parse_yaml(text: str, source: str, error: type[Exception]) -> Any:
+    """YAML text -> Python data, aliases bounded; a problem raises `error` naming `source` and the line."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except _AliasBomb as e:
+        raise error(f"{source}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None)
+        raise error(f"{source}:{where} not valid YAML" + (f" ({problem})" if problem else "")) from None
+    except RecursionError:
+        raise error(f"{source}: nested too deeply to read") from None
+
+
+def read_yaml(path: str | Path, error: type[Exception], what: str = "YAML file") -> Any:
+    """A YAML file's content; a missing, binary, huge or malformed file raises `error` with one line."""
+    return parse_yaml(read_text(path, error, what), str(path), error)
+
+
+# ---- strict JSON -----------------------------------------------------------------------------------
+def jsonable(o: Any) -> Any:
+    """NaN -> None, ±inf -> "Infinity"/"-Infinity", numpy scalars -> Python; containers recursively."""
+    if isinstance(o, float) or type(o).__module__ == "numpy" and hasattr(o, "dtype") and o.dtype.kind == "f":
+        o = float(o)
+        if math.isnan(o):
+            return None
+        if math.isinf(o):
+            return "Infinity" if o > 0 else "-Infinity"
+        return o
+    if isinstance(o, dict):
+        return {k: jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [jsonable(v) for v in o]
+    if type(o).__module__ == "numpy" and hasattr(o, "item"):
+        return o.item()
+    return o
+
+
+def strict_json(o: Any, indent: int | None = 2, **kw) -> str:
+    """`json.dumps` that never writes NaN/Infinity tokens (see `jsonable`)."""
+    return json.dumps(jsonable(o), indent=indent, allow_nan=False, **kw)
+
+
+def unjson_inf(o: Any) -> Any:
+    """The inverse of `jsonable` for infinities: "Infinity"/"-Infinity" strings back to floats."""
+    if o == "Infinity":
+        return math.inf
+    if o == "-Infinity":
+        return -math.inf
+    if isinstance(o, dict):
+        return {k: unjson_inf(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [unjson_inf(v) for v in o]
+    return o
+
+
+# ---- output folders --------------------------------------------------------------------------------
+def check_out_dir(path: str | Path, error: type[Exception], option: str = "--out") -> None:
+    """Refuse now, before any work, an output folder that cannot be created or written."""
+    path = given = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise error(f"{option} {given}: {probe} is a broken symbolic link")
+        parent = probe.parent
+        if parent == probe:
+            break
+        probe = parent
+    if not probe.is_dir():
+        what = "is a file, not a folder" if probe == given else f"{probe} is a file, not a folder"
+        raise error(f"{option} {given}: {what}")
+    try:
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise PermissionError
+        os.rmdir(tempfile.mkdtemp(prefix=".hacksim-probe-", dir=probe))   # root passes os.access everywhere
+    except OSError:
+        raise error(f"{option} {given}: {probe} is not writable") from None

@@ -1,0 +1,151 @@
+"""Checking a trace table before anything runs on it: one place for every trace format.
+
+A trace (a workload to replay, a measured run to validate against, or a public format converted
+into a table) is refused with one line naming the file and the line of the first bad row when:
+
+- a required column is missing, or the table has no rows;
+- a time is not a number, not finite or negative (a NaN arrival would stall the event loop);
+- a token count is not a whole number in [minimum, MAX_TOKENS];
+- a row's timestamps are out of order (finish before arrival, transfer end before its start, ...);
+- an id repeats, or the rows are not in arrival order.
+
+`TraceColumns` says which columns a format has and what holds between them; `check_trace_rows`
+applies it to a DataFrame and returns it with those columns as float64 / int64. Line numbers count
+the file's lines: for a CSV with a header, row 0 is line 2 (`first_line=2`, the default); a format
+without a header line (JSON Lines) passes `first_line=1`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+MAX_TOKENS = 10**9      # far above any context length; keeps token counts inside int64 arithmetic
+
+
+@dataclass(frozen=True)
+class TraceColumns:
+    """What a trace table must satisfy."""
+
+    required: tuple[str, ...]                               # columns that must be present
+    times: tuple[str, ...] = ()                             # seconds: finite, >= 0 (checked when present)
+    counts: Mapping[str, int] = field(default_factory=dict)  # column -> least allowed whole number
+    before: tuple[tuple[str, str], ...] = ()                # (a, b): a <= b on every row (both present)
+    unique: str | None = None                               # an id column whose values must not repeat
+    sorted_by: str | None = None                            # rows must be in non-decreasing order of it
+
+
+def read_csv_table(path: str | Path, error: type[Exception], what: str = "trace") -> pd.DataFrame:
+    """A CSV file as a DataFrame; a missing, empty, binary or malformed file raises `error` (one line)."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a directory, not a CSV file")
+    if not path.exists():
+        raise error(f"{path}: no such file")
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise error(f"{path}: empty file (a {what} needs a header line and rows)") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file (bytes that are not UTF-8)") from None
+    except pd.errors.ParserError as e:
+        raise error(f"{path}: not a valid CSV: {str(e).strip().splitlines()[-1]}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e.strerror or e}") from None
+    return df
+
+
+def check_trace_rows(df: pd.DataFrame, source: str, cols: TraceColumns, error: type[Exception],
+                     first_line: int = 2) -> pd.DataFrame:
+    """`df` with its time columns as float64 and count columns as int64, or `error` naming the first
+    bad row as `source line N: ...`."""
+    missing = [c for c in cols.required if c not in df.columns]
+    if missing:
+        raise error(f"{source}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    if len(df) == 0:
+        raise error(f"{source}: no rows")
+    df = df.copy()
+    line = lambda i: f"{source} line {int(i) + first_line}"  # noqa: E731
+
+    def numbers(col: str) -> np.ndarray:
+        raw = df[col]
+        x = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
+        bad = np.isnan(x)
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = raw.iloc[i]
+            shown = "empty or NaN" if pd.isna(v) or str(v).strip() == "" else f"{str(v)[:40]!r} is not a number"
+            raise error(f"{line(i)}: {col}: {shown}")
+        return x
+
+    for col in cols.times:
+        if col not in df.columns:
+            continue
+        x = numbers(col)
+        bad = ~np.isfinite(x) | (x < 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise error(f"{line(i)}: {col}: {_num(x[i])} is not a finite time >= 0 s")
+        df[col] = x
+    for col, least in cols.counts.items():
+        if col not in df.columns:
+            continue
+        x = numbers(col)
+        bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < least) | (x > MAX_TOKENS)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise error(f"{line(i)}: {col}: {_num(x[i])} is not a whole number in [{least}, {MAX_TOKENS}]")
+        df[col] = x.astype(np.int64)
+    for a, b in cols.before:
+        if a not in df.columns or b not in df.columns:
+            continue
+        bad = (df[a] > df[b]).to_numpy()
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise error(f"{line(i)}: {b} ({_num(df[b].iloc[i])}) is before {a} ({_num(df[a].iloc[i])})")
+    if cols.unique is not None and cols.unique in df.columns:
+        dup = df[cols.unique].duplicated().to_numpy()
+        if dup.any():
+            i = int(np.argmax(dup))
+            v = df[cols.unique].iloc[i]
+            j = int(np.argmax((df[cols.unique] == v).to_numpy()))
+            raise error(f"{line(i)}: {cols.unique} {_num(v)} repeats line {j + first_line}")
+    if cols.sorted_by is not None and cols.sorted_by in df.columns:
+        x = df[cols.sorted_by].to_numpy()
+        down = np.flatnonzero(x[1:] < x[:-1])
+        if len(down):
+            i = int(down[0]) + 1
+            raise error(f"{line(i)}: {cols.sorted_by} {_num(x[i])} is earlier than the row above ({_num(x[i - 1])}); "
+                        f"sort the rows by {cols.sorted_by}")
+    return df
+
+
+def _num(v) -> str:
+    """A cell as the user wrote it, near enough: 3, 2.5, -1, inf, 'abc'."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return f"{float(v):.10g}"
+    return repr(str(v)[:40])
+
+
+# The formats the simulator reads itself.
+WORKLOAD_TRACE = TraceColumns(required=("prompt_tokens", "output_tokens"),
+                              counts={"prompt_tokens": 1, "output_tokens": 1})
+WORKLOAD_TRACE_TIMED = TraceColumns(required=("arrival_s", "prompt_tokens", "output_tokens"), times=("arrival_s",),
+                                    counts={"prompt_tokens": 1, "output_tokens": 1}, sorted_by="arrival_s")
+MEASURED_TIMES = ("arrival_s", "prefill_start_s", "prefill_end_s", "quantize_end_s", "transfer_start_s",
+                  "transfer_end_s", "decode_start_s", "first_token_s", "finish_s")
+MEASURED_TRACE = TraceColumns(
+    required=("arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
+              "transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s"),
+    times=MEASURED_TIMES, counts={"prompt_tokens": 1, "output_tokens": 1},
+    before=(("arrival_s", "finish_s"), ("arrival_s", "prefill_start_s"), ("prefill_start_s", "prefill_end_s"),
+            ("prefill_end_s", "quantize_end_s"),
+            ("arrival_s", "transfer_start_s"), ("transfer_start_s", "transfer_end_s"),
+            ("transfer_end_s", "decode_start_s"), ("decode_start_s", "finish_s"), ("prefill_end_s", "finish_s")),
+    unique="request_id", sorted_by="arrival_s")
+MEASURED_ITERATIONS = TraceColumns(required=("start_s", "end_s", "batch_size", "context_tokens"),
+                                   times=("start_s", "end_s"), counts={"batch_size": 1, "context_tokens": 0},
+                                   before=(("start_s", "end_s"),))

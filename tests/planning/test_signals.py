@@ -1,0 +1,104 @@
+"""Stopping a sweep: SIGTERM (kill, timeout, schedulers) and Ctrl-C end every worker process, keep the
+finished points in the cache, say how to resume, and print no traceback; a parent killed outright
+(SIGKILL) takes its workers with it. Orphans are looked for by PID."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == str(pid):
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(predicate, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _start_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, list[int]]:
+    """Two quick points and two that run for minutes, on two workers: returns once the quick ones are
+    cached and both workers are busy with the slow ones."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(ROOT / "scenarios" / "a10g_10gbps.yaml"),
+                                     "set": {"methods": ["baseline"]},
+                                     "axes": {"workload.requests": [20, 21, 100000, 100001]}}))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(sweep), "--out", str(out), "--jobs",
+                             "2", "--no-report"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    cached = lambda: len(list((out / ".cache").glob("*/*.json")))  # noqa: E731
+    try:
+        assert _wait(lambda: cached() >= 2 or proc.poll() is not None, 120), "the quick points never finished"
+        assert proc.poll() is None, proc.communicate()
+        workers = _children(proc.pid)
+        assert len([w for w in workers if _running(w)]) >= 2, workers
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc, out, workers
+
+
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["SIGTERM", "Ctrl-C"])
+def test_signal_ends_workers_keeps_cache_and_says_how_to_resume(tmp_path, sig, to_group):
+    proc, out, workers = _start_sweep(tmp_path)
+    try:
+        (os.killpg if to_group else os.kill)(proc.pid, sig)   # a terminal's Ctrl-C reaches the whole group
+        _, stderr = proc.communicate(timeout=60)
+        gone = _wait(lambda: not any(_running(w) for w in workers), 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        orphans = [w for w in workers if _running(w)]
+        for w in orphans:          # the test's own processes, by PID, if the check below fails
+            os.kill(w, signal.SIGKILL)
+    assert gone and not orphans, f"orphaned workers {orphans}"
+    assert proc.returncode == 128 + sig, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and f"interrupted by {signal.Signals(sig).name}" in lines[0], stderr
+    assert str(out / ".cache") in lines[0] and "run the same command to resume: python " in lines[0]
+    assert len(list((out / ".cache").glob("*/*.json"))) == 2
+    assert not (out / "results.csv").exists()
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    proc, _, workers = _start_sweep(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        assert _wait(lambda: not any(_running(w) for w in workers), 10), f"orphaned workers {workers}"
+    finally:
+        for w in workers:          # the test's own processes, by PID, if the check failed
+            if _running(w):
+                os.kill(w, signal.SIGKILL)
+        proc.communicate(timeout=60)

@@ -40,8 +40,8 @@ def _read_infinity(v: Any) -> Any:
     return v
 
 
-# A rate where infinity means "no limit" (an infinitely fast link moves KV in no time).
-Unlimited = Annotated[float, Field(allow_inf_nan=True), BeforeValidator(_read_infinity)]
+# A rate > 0 where infinity means "no limit" (an infinitely fast link moves KV in no time).
+Unlimited = Annotated[float, Field(gt=0, allow_inf_nan=True), BeforeValidator(_read_infinity)]
 
 
 def _catalog_entry(kind: str, key: Any) -> dict:
@@ -204,18 +204,18 @@ class LinkConfig(_Strict):
     prefill_replicas: list[int] = Field(min_length=1, max_length=4096, description="prefill replicas whose "
                                         "transfers use this link")
     decode_replicas: list[int] = Field(min_length=1, max_length=4096, description="decode replicas this link reaches")
-    bandwidth_gbps: Unlimited | None = Field(None, gt=0, description="line rate (.inf: KV moves in no time); "
+    bandwidth_gbps: Unlimited | None = Field(None, description="line rate (.inf: KV moves in no time); "
                                              "default: network.bandwidth_gbps")
 
 
 class NetworkConfig(_Strict):
-    bandwidth_gbps: Unlimited | None = Field(None, gt=0, description="line rate of each prefill replica's link, "
+    bandwidth_gbps: Unlimited | None = Field(None, description="line rate of each prefill replica's link, "
                                              "gigabits/s (.inf: KV moves in no time); default: the prefill "
                                              "instance's network")
     latency_s: float = Field(1e-4, ge=0, le=3600, description="one-way latency added to each transfer")
     efficiency: float = Field(0.9, gt=0, le=1, description="achievable fraction of line rate for bulk transfers "
                               "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)")
-    per_flow_gbps: Unlimited | None = Field(None, gt=0, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
+    per_flow_gbps: Unlimited | None = Field(None, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
                                         "outside a placement group, 10 inside)")
     stream_layers: bool = Field(False, description="send each layer's KV as soon as it is prefilled, so the "
                                 "transfer overlaps the rest of prefill")

@@ -16,6 +16,7 @@ without a header line (JSON Lines) passes `first_line=1`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -58,68 +59,98 @@ def read_csv_table(path: str | Path, error: type[Exception], what: str = "trace"
     return df
 
 
+class RowChecker:
+    """Column checks that name the first bad row as `SOURCE line N: column: problem`. `lines` gives each
+    row's line in the file (rows may have been filtered); by default row i is line i + first_line.
+    `unit` names the position where a format has no lines (a JSON list: "request")."""
+
+    def __init__(self, source: str, error: type[Exception], *, lines=None, first_line: int = 2, unit: str = "line"):
+        self.source, self.error, self.lines, self.first_line, self.unit = source, error, lines, first_line, unit
+
+    def number(self, i: int) -> int:
+        return int(self.lines[i]) if self.lines is not None else int(i) + self.first_line
+
+    def at(self, i: int) -> str:
+        return f"{self.source} {self.unit} {self.number(i)}"
+
+    def fail(self, i: int, message: str):
+        raise self.error(f"{self.at(i)}: {message}")
+
+    def numbers(self, values, col: str) -> np.ndarray:
+        raw = pd.Series(values)
+        x = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
+        bad = np.isnan(x)
+        if bad.any():
+            i = int(np.argmax(bad))
+            v = raw.iloc[i]
+            self.fail(i, f"{col}: " + ("empty or NaN" if v is None or (isinstance(v, float) and math.isnan(v))
+                                       or str(v).strip() == "" else f"{str(v)[:40]!r} is not a number"))
+        return x
+
+    def times(self, values, col: str) -> np.ndarray:
+        """Seconds: finite and >= 0."""
+        x = self.numbers(values, col)
+        bad = ~np.isfinite(x) | (x < 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            self.fail(i, f"{col}: {_num(x[i])} is not a finite time >= 0 s")
+        return x
+
+    def counts(self, values, col: str, least: int = 1) -> np.ndarray:
+        """Whole numbers in [least, MAX_TOKENS], as int64."""
+        x = self.numbers(values, col)
+        bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < least) | (x > MAX_TOKENS)
+        if bad.any():
+            i = int(np.argmax(bad))
+            self.fail(i, f"{col}: {_num(x[i])} is not a whole number in [{least}, {MAX_TOKENS}]")
+        return x.astype(np.int64)
+
+    def ordered(self, earlier: np.ndarray, later: np.ndarray, col_earlier: str, col_later: str) -> None:
+        bad = np.asarray(earlier > later)
+        if bad.any():
+            i = int(np.argmax(bad))
+            self.fail(i, f"{col_later} ({_num(later[i])}) is before {col_earlier} ({_num(earlier[i])})")
+
+    def unique(self, values, col: str) -> None:
+        v = pd.Series(values).reset_index(drop=True)
+        dup = v.duplicated().to_numpy()
+        if dup.any():
+            i = int(np.argmax(dup))
+            j = int(np.argmax((v == v.iloc[i]).to_numpy()))
+            self.fail(i, f"{col} {_num(v.iloc[i])} repeats {self.unit} {self.number(j)}")
+
+    def sorted(self, values: np.ndarray, col: str) -> None:
+        down = np.flatnonzero(values[1:] < values[:-1])
+        if len(down):
+            i = int(down[0]) + 1
+            self.fail(i, f"{col} {_num(values[i])} is earlier than the row above ({_num(values[i - 1])}); "
+                         f"sort the rows by {col}")
+
+
 def check_trace_rows(df: pd.DataFrame, source: str, cols: TraceColumns, error: type[Exception],
-                     first_line: int = 2) -> pd.DataFrame:
+                     first_line: int = 2, lines=None, unit: str = "line") -> pd.DataFrame:
     """`df` with its time columns as float64 and count columns as int64, or `error` naming the first
-    bad row as `source line N: ...`."""
+    bad row as `source line N: ...` (see RowChecker for `first_line`, `lines`, `unit`)."""
     missing = [c for c in cols.required if c not in df.columns]
     if missing:
         raise error(f"{source}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     if len(df) == 0:
         raise error(f"{source}: no rows")
     df = df.copy()
-    line = lambda i: f"{source} line {int(i) + first_line}"  # noqa: E731
-
-    def numbers(col: str) -> np.ndarray:
-        raw = df[col]
-        x = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
-        bad = np.isnan(x)
-        if bad.any():
-            i = int(np.argmax(bad))
-            v = raw.iloc[i]
-            shown = "empty or NaN" if pd.isna(v) or str(v).strip() == "" else f"{str(v)[:40]!r} is not a number"
-            raise error(f"{line(i)}: {col}: {shown}")
-        return x
-
+    check = RowChecker(source, error, lines=lines, first_line=first_line, unit=unit)
     for col in cols.times:
-        if col not in df.columns:
-            continue
-        x = numbers(col)
-        bad = ~np.isfinite(x) | (x < 0)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise error(f"{line(i)}: {col}: {_num(x[i])} is not a finite time >= 0 s")
-        df[col] = x
+        if col in df.columns:
+            df[col] = check.times(df[col], col)
     for col, least in cols.counts.items():
-        if col not in df.columns:
-            continue
-        x = numbers(col)
-        bad = ~np.isfinite(x) | (x != np.floor(x)) | (x < least) | (x > MAX_TOKENS)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise error(f"{line(i)}: {col}: {_num(x[i])} is not a whole number in [{least}, {MAX_TOKENS}]")
-        df[col] = x.astype(np.int64)
+        if col in df.columns:
+            df[col] = check.counts(df[col], col, least)
     for a, b in cols.before:
-        if a not in df.columns or b not in df.columns:
-            continue
-        bad = (df[a] > df[b]).to_numpy()
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise error(f"{line(i)}: {b} ({_num(df[b].iloc[i])}) is before {a} ({_num(df[a].iloc[i])})")
+        if a in df.columns and b in df.columns:
+            check.ordered(df[a].to_numpy(), df[b].to_numpy(), a, b)
     if cols.unique is not None and cols.unique in df.columns:
-        dup = df[cols.unique].duplicated().to_numpy()
-        if dup.any():
-            i = int(np.argmax(dup))
-            v = df[cols.unique].iloc[i]
-            j = int(np.argmax((df[cols.unique] == v).to_numpy()))
-            raise error(f"{line(i)}: {cols.unique} {_num(v)} repeats line {j + first_line}")
+        check.unique(df[cols.unique], cols.unique)
     if cols.sorted_by is not None and cols.sorted_by in df.columns:
-        x = df[cols.sorted_by].to_numpy()
-        down = np.flatnonzero(x[1:] < x[:-1])
-        if len(down):
-            i = int(down[0]) + 1
-            raise error(f"{line(i)}: {cols.sorted_by} {_num(x[i])} is earlier than the row above ({_num(x[i - 1])}); "
-                        f"sort the rows by {cols.sorted_by}")
+        check.sorted(df[cols.sorted_by].to_numpy(), cols.sorted_by)
     return df
 
 

@@ -16,9 +16,11 @@ it), arrivals from 0. The formats and the columns read:
 Mooncake's `hash_ids` (the prompt's prefix-block hashes) are kept per request (`Trace.block_hashes`)
 for prefix caching. Requests that produced nothing are not requests to serve and are left out:
 BurstGPT's failed rows (0 response tokens) and vLLM's failed requests (a non-empty `errors` entry).
-A row that cannot be a request (a missing or non-finite value, negative tokens, a time before the
-previous row's) is refused with one line naming the file and the row (1-based, as an editor shows
-it, counting the header line of a CSV).
+A row that cannot be a request (a missing or non-finite value, a negative time, tokens that are not
+whole numbers, a prompt without tokens, a time before the previous row's, a repeated request_id) is
+refused with one line naming the file and its line (as an editor shows it, counting a CSV's header
+line; for vLLM's lists, the request's position), by the checks every trace format shares
+(simulator/trace_rows.py).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .config import ScenarioError, TraceConfig
+from .trace_rows import RowChecker
 
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
 
@@ -74,31 +77,16 @@ def _csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return df
 
 
-def _show(v) -> str:
-    v = v.item() if hasattr(v, "item") else v
-    return repr(v) if isinstance(v, str) else str(v)
+def _rows(path: Path, lines: np.ndarray, unit: str = "line") -> RowChecker:
+    return RowChecker(f"workload.trace: {path}:", ScenarioError, lines=lines, unit=unit)
 
 
-def _numbers(path: Path, values, name: str, lines: np.ndarray) -> np.ndarray:
-    arr = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        i = int(np.argmax(bad))
-        _fail(path, f"row {lines[i]}: {name} is {_show(values[i])}, not a finite number")
-    neg = arr < 0
-    if neg.any():
-        i = int(np.argmax(neg))
-        _fail(path, f"row {lines[i]}: {name} is negative ({_show(values[i])})")
-    return arr
+def _numbers(path: Path, values, name: str, lines: np.ndarray, unit: str = "line") -> np.ndarray:
+    return _rows(path, lines, unit).times(values, name)
 
 
-def _tokens(path: Path, values, name: str, lines: np.ndarray) -> np.ndarray:
-    arr = _numbers(path, values, name, lines)
-    frac = arr != np.floor(arr)
-    if frac.any():
-        i = int(np.argmax(frac))
-        _fail(path, f"row {lines[i]}: {name} is {_show(values[i])}, not a whole number of tokens")
-    return arr.astype(np.int64)
+def _tokens(path: Path, values, name: str, lines: np.ndarray, least: int = 0, unit: str = "line") -> np.ndarray:
+    return _rows(path, lines, unit).counts(values, name, least)
 
 
 def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
@@ -107,9 +95,9 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
     stamps = pd.to_datetime(df["TIMESTAMP"], errors="coerce", utc=True, format="mixed")
     if stamps.isna().any():
         i = int(np.argmax(stamps.isna().to_numpy()))
-        _fail(path, f"row {lines[i]}: TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is not a date and time")
+        _fail(path, f"line {lines[i]}: TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is not a date and time")
     time_s = (stamps - stamps.iloc[0]).dt.total_seconds().to_numpy(np.float64) if len(stamps) else np.zeros(0)
-    return _Rows(time_s, _tokens(path, df["ContextTokens"].to_numpy(), "ContextTokens", lines),
+    return _Rows(time_s, _tokens(path, df["ContextTokens"].to_numpy(), "ContextTokens", lines, least=1),
                  _tokens(path, df["GeneratedTokens"].to_numpy(), "GeneratedTokens", lines), lines)
 
 
@@ -126,7 +114,7 @@ def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
             keep &= values.isin(wanted).to_numpy()
     df, lines = df[keep], lines[keep]
     time_s = _numbers(path, df["Timestamp"].to_numpy(), "Timestamp", lines)
-    prompt = _tokens(path, df["Request tokens"].to_numpy(), "Request tokens", lines)
+    prompt = _tokens(path, df["Request tokens"].to_numpy(), "Request tokens", lines, least=1)
     output = _tokens(path, df["Response tokens"].to_numpy(), "Response tokens", lines)
     served = output > 0        # BurstGPT records failed requests with 0 response tokens
     return _Rows(time_s[served], prompt[served], output[served], lines[served])
@@ -147,23 +135,23 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            _fail(path, f"row {n}: not a JSON object")
+            _fail(path, f"line {n}: not a JSON object")
         if not isinstance(row, dict):
-            _fail(path, f"row {n}: not a JSON object")
+            _fail(path, f"line {n}: not a JSON object")
         for key in ("timestamp", "input_length", "output_length"):
             if key not in row:
-                _fail(path, f"row {n}: no {key!r}")
+                _fail(path, f"line {n}: no {key!r}")
         times.append(row["timestamp"])
         prompts.append(row["input_length"])
         outputs.append(row["output_length"])
         h = row.get("hash_ids", [])
         if not isinstance(h, list):
-            _fail(path, f"row {n}: hash_ids is not a list")
+            _fail(path, f"line {n}: hash_ids is not a list")
         hashes.append(tuple(h))
         lines.append(n)
     lines = np.asarray(lines, dtype=np.int64)
     return _Rows(_numbers(path, np.asarray(times, dtype=object), "timestamp", lines) / 1e3,
-                 _tokens(path, np.asarray(prompts, dtype=object), "input_length", lines),
+                 _tokens(path, np.asarray(prompts, dtype=object), "input_length", lines, least=1),
                  _tokens(path, np.asarray(outputs, dtype=object), "output_length", lines), lines, hashes)
 
 
@@ -183,12 +171,12 @@ def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
     lines = np.arange(n) + 1            # the request's position in the lists
     errors = doc.get("errors") or [""] * n
     served = np.array([not e for e in errors], dtype=bool) if len(errors) == n else np.ones(n, dtype=bool)
-    prompt = _tokens(path, np.asarray(doc["input_lens"], dtype=object), "input_lens", lines)
-    output = _tokens(path, np.asarray(doc["output_lens"], dtype=object), "output_lens", lines)
+    prompt = _tokens(path, np.asarray(doc["input_lens"], dtype=object), "input_lens", lines, least=1, unit="request")
+    output = _tokens(path, np.asarray(doc["output_lens"], dtype=object), "output_lens", lines, unit="request")
     if doc.get("start_times") is not None:
         if len(doc["start_times"]) != n:
             _fail(path, f"start_times has {len(doc['start_times'])} entries for {n} requests")
-        start = _numbers(path, np.asarray(doc["start_times"], dtype=object), "start_times", lines)
+        start = _numbers(path, np.asarray(doc["start_times"], dtype=object), "start_times", lines, unit="request")
         time_s = start - start.min() if n else start
     else:
         rate = doc.get("request_rate")
@@ -209,12 +197,9 @@ def _read_csv(path: Path, cfg: TraceConfig) -> _Rows:
     df = _csv(path, ("arrival_s", "prompt_tokens", "output_tokens"))
     lines = np.arange(len(df)) + 2
     if "request_id" in df.columns:
-        dup = df["request_id"].duplicated().to_numpy()
-        if dup.any():
-            i = int(np.argmax(dup))
-            _fail(path, f"row {lines[i]}: request_id {_show(df['request_id'].iloc[i])} appears twice")
+        _rows(path, lines).unique(df["request_id"], "request_id")
     return _Rows(_numbers(path, df["arrival_s"].to_numpy(), "arrival_s", lines),
-                 _tokens(path, df["prompt_tokens"].to_numpy(), "prompt_tokens", lines),
+                 _tokens(path, df["prompt_tokens"].to_numpy(), "prompt_tokens", lines, least=1),
                  _tokens(path, df["output_tokens"].to_numpy(), "output_tokens", lines), lines)
 
 
@@ -227,15 +212,8 @@ def load_trace(cfg: TraceConfig, source: str = "") -> Trace:
     missing, malformed, out of order, or leaves no request."""
     path = Path(cfg.path)
     rows = READERS[cfg.format](path, cfg)
-    back = np.diff(rows.time_s) < 0
-    if back.any():
-        i = int(np.argmax(back)) + 1
-        _fail(path, f"row {rows.line[i]}: arrival {rows.time_s[i]:g} s is before the previous row's "
-                    f"({rows.time_s[i - 1]:g} s): a trace must be sorted by time")
-    empty = (rows.prompt < 1)
-    if empty.any():
-        i = int(np.argmax(empty))
-        _fail(path, f"row {rows.line[i]}: a request needs at least one prompt token")
+    unit = "request" if cfg.format == "vllm_bench" else "line"
+    _rows(path, rows.line, unit).sorted(rows.time_s, "arrival_s")
     t = rows.time_s - (rows.time_s[0] if len(rows.time_s) else 0.0)
     keep = t >= cfg.start_s
     if cfg.duration_s is not None:

@@ -133,16 +133,17 @@ def test_trace_replaces_arrivals_and_lengths(tmp_path):
 
 
 @pytest.mark.parametrize("fmt, name, text, message", [
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,nan,5\n", "row 3: prompt_tokens is nan"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\ninf,10,5\n", "row 3: arrival_s is inf"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,-5\n", "row 2: output_tokens is negative"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n2,10,5\n1,10,5\n", "row 3: arrival 1 s is before"),
+    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,nan,5\n", "line 3: prompt_tokens: empty or NaN"),
+    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\ninf,10,5\n", "line 3: arrival_s: inf is not a finite time"),
+    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,-5\n", "line 2: output_tokens: -5 is not a whole number in [0,"),
+    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n2,10,5\n1,10,5\n",
+     "line 3: arrival_s 1 is earlier than the row above (2)"),
     ("csv", "c.csv", "request_id,arrival_s,prompt_tokens,output_tokens\n7,0,10,5\n7,1,10,5\n",
-     "row 3: request_id 7 appears twice"),
-    ("azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", "row 2: TIMESTAMP 'yesterday'"),
+     "line 3: request_id 7 repeats line 2"),
+    ("azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", "line 2: TIMESTAMP 'yesterday'"),
     ("burstgpt", "b.csv", "Timestamp,Model,Request tokens\n1,ChatGPT,3\n", "no column 'Response tokens'"),
     ("mooncake", "m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n',
-     "row 2: no 'input_length'"),
+     "line 2: no 'input_length'"),
     ("azure", "missing.csv", None, "no such file"),
 ])
 def test_a_bad_trace_is_one_line_naming_file_and_row(tmp_path, fmt, name, text, message):

@@ -439,6 +439,8 @@ def _goodput(row: dict) -> str:
 
 
 def format_plan(p: PlanResult, show: int = 12) -> str:
+    from reports.terminal import render, table
+
     slo = ", ".join(f"{k} <= {v:g} s" for k, v in p.slo.items())
     t = p.table
     lines = [f"plan for {p.scenario_name} at {p.rate_rps:g} req/s; SLOs: {slo}",
@@ -478,12 +480,13 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
         cheaper = list(range(max(0, idx - show // 2), idx)) if a is not None else list(range(min(show, len(t))))
         dearer = [j for j in range(idx + 1, len(t)) if t.iloc[j]["meets_slo"]][: show - len(cheaper)] \
             if a is not None else []
-        head = f"  {'$/h':>7}  {'prefill':<32} {'decode':<32} {'method':<10} {'goodput':>8}  why not"
-        lines.append(head)
+        rows = []
         for j in cheaper + dearer:
             r = t.iloc[j].to_dict()
-            lines.append(f"  {r['cost_usd_per_hour']:>7.2f}  {r['prefill']:<32} {r['decode']:<32} {r['method']:<10} "
-                         f"{_goodput(r):>8}  {why_lost(r, a, p.rate_rps)}")
+            rows.append([f"{r['cost_usd_per_hour']:.2f}", r["prefill"], r["decode"], r["method"], _goodput(r),
+                         why_lost(r, a, p.rate_rps)])
+        lines.append(render(table(["$/h", "prefill", "decode", "method", "goodput", "why not"], rows, left=0,
+                                  right=("$/h", "goodput"))))
         n_cheaper = idx if a is not None else 0
         if a is not None and n_cheaper:
             counts = Counter(k.split(" ")[0] for m in t.iloc[:idx]["misses"] if m for k in m.split("; "))

@@ -102,12 +102,14 @@ class ProgressBar:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None,
-          footer_rows: Iterable[Sequence[str]] = (), left: int = 1) -> Table:
+          footer_rows: Iterable[Sequence[str]] = (), left: int = 1, right: Sequence[str] | None = None) -> Table:
     """A rich Table in the house style: the first `left` columns left-aligned, the rest right-aligned
-    (numbers), an optional title above and summary rows under a rule."""
+    (numbers), or, given `right`, just those columns right-aligned; an optional title above and summary
+    rows under a gap."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < left else "right", no_wrap=True)
+        flush_right = c in right if right is not None else i >= left
+        t.add_column(c, justify="right" if flush_right else "left", no_wrap=True)
     rows, footer_rows = list(rows), list(footer_rows)
     for i, r in enumerate(rows):
         t.add_row(*r, end_section=bool(footer_rows) and i == len(rows) - 1)

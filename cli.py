@@ -52,15 +52,15 @@ def fail(message: str) -> None:
 
 def write_outputs(result, out: Path) -> None:
     """Write every output into a temporary folder, then move the files into `out` together."""
-    from simulator.files import strict_json
+    from simulator.files import strict_json, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
     try:
         (tmp / "summary.json").write_text(strict_json(result.summary) + "\n")
-        result.requests.to_csv(tmp / "requests.csv", index=False)
-        result.memory.to_csv(tmp / "memory.csv", index=False)
-        result.links.to_csv(tmp / "links.csv", index=False)
+        write_csv(result.requests, tmp / "requests.csv")
+        write_csv(result.memory, tmp / "memory.csv")
+        write_csv(result.links, tmp / "links.csv")
         (tmp / "scenario.json").write_text(strict_json(result.scenario.model_dump(mode="json")) + "\n")
         (tmp / "profiles.json").write_text(strict_json(result.profiles()) + "\n")
         for f in sorted(tmp.iterdir()):

@@ -1,4 +1,4 @@
-"""The project's catalogs: GPUs, cloud instances, models and workloads, as data files with sources.
+"""The project's catalogs: GPUs, cloud instances, models, workloads and interconnects, as data files with sources.
 
 `catalog/data/*.yaml` hold the facts (units in field names, a `sources` list and `notes` per
 entry); this module only loads them. Scenarios reference entries by key and may override fields.
@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 DATA_DIR = Path(__file__).parent / "data"
-KINDS = ("gpus", "instances", "models", "workloads")
+KINDS = ("gpus", "instances", "models", "workloads", "interconnects")
 
 
 @lru_cache(maxsize=None)

@@ -15,10 +15,12 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   iterations that the GPU waits for (an engine that synchronises on each iteration's tokens and then
   schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
 * Attention by the calibration profile's kernel fits, in the profile's canonical units.
-* Tensor-parallel all-reduce after attention and after the MLP: ring, 2(tp-1)/tp of the
-  activation bytes over the per-GPU intra-node bandwidth, plus a per-step latency.
-* Pipeline parallelism: a batch visits every stage in turn; a replica accepts the next prefill
-  batch after the bottleneck stage (`stage_s`), the batch is done after `latency_s`.
+* Tensor-parallel all-reduce after attention and after the MLP, by the algorithm an engine uses for
+  that size on that interconnect (one-shot, two-shot or NCCL's ring: costmodel/collectives.py), each
+  a latency plus bytes over a bandwidth with constants fitted to cited measurements.
+* Pipeline parallelism: a batch visits every stage in turn, the activations crossing to the next
+  stage's instance by a send/recv over the network (collectives.sendrecv_s); a replica accepts the
+  next prefill batch after the bottleneck stage (`stage_s`), the batch is done after `latency_s`.
 * Decode iteration GPU time for a batch of size B with total context S is exactly
   ``fixed(B) + per_ctx * S``: weights and per-launch overheads do not depend on context, and
   every attention kernel is linear in the KV it visits; with host issue the iteration is
@@ -36,12 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import collectives
 from .calibration import CalibrationProfile
 from .methods import DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
-ALLREDUCE_STEP_LATENCY_S = 8e-6      # one ring step's fixed cost (NCCL small-message latency, PCIe/NVLink)
 RUNTIME_RESERVE_BYTES = 1.5 * GIB    # CUDA context + cuBLAS/NCCL workspaces per GPU (vLLM's observed overhead)
 ACTIVATION_BYTES_PER_TOKEN_FACTOR = 8   # peak live activations ≈ 8 hidden-sized FP16 rows per batched token
 CPU_FLOPS_PER_VCPU = 20e9             # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
@@ -168,12 +170,13 @@ class ReplicaCostModel:
                  + batch_size * self.host_issue_s_per_request)
         return issue + self._lm_head_s(batch_size) if issue > 0 else 0.0
 
-    def allreduce_s(self, tokens: int) -> float:
-        tp = self.parallel.tensor
-        if tp == 1:
-            return 0.0
+    def allreduce_s(self, tokens):
+        """One all-reduce of `tokens` rows of activations (tokens may be a numpy array)."""
+        par = self.parallel
+        if par.tensor == 1:
+            return tokens * 0.0
         bytes_ = tokens * self.model.hidden_size * FP16_BYTES
-        return 2 * (tp - 1) * ALLREDUCE_STEP_LATENCY_S + 2 * (tp - 1) / tp * bytes_ / (self.parallel.intra_node_gb_per_s * 1e9)
+        return collectives.allreduce_s(bytes_, par.tensor, par.interconnect, par.intra_node_gb_per_s)
 
     def _dense_layer_s(self, tokens: int) -> float:
         """QKV, O, MLP GEMMs and the two all-reduces of one layer on one GPU.
@@ -204,9 +207,11 @@ class ReplicaCostModel:
         return self.gemm_s(rows, self.model.vocab_size / self.parallel.tensor, self.model.hidden_size)
 
     def _stage_hop_s(self, tokens: int) -> float:
-        if self.parallel.pipeline == 1:
+        """The activations of `tokens` rows sent to the next pipeline stage over the network."""
+        par = self.parallel
+        if par.pipeline == 1:
             return 0.0
-        return tokens * self.model.hidden_size * FP16_BYTES * 8 / (self.parallel.inter_stage_gbps * 1e9)
+        return collectives.sendrecv_s(tokens * self.model.hidden_size * FP16_BYTES, par.network, par.inter_stage_gbps / 8)
 
     def _kv_elements_per_token_per_gpu_layer(self) -> int:
         return 2 * self.kv_heads_per_gpu * self.model.head_dim

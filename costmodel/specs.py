@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .collectives import Interconnect
+
 GB = 1e9
 GIB = 2**30
 FP16_BYTES = 2
@@ -105,8 +107,10 @@ class Parallelism:
 
     tensor: int = 1
     pipeline: int = 1
-    intra_node_gb_per_s: float = 24.0    # per-GPU bandwidth for the TP all-reduce
+    intra_node_gb_per_s: float = 24.0    # per-GPU bandwidth per direction of the TP interconnect
     inter_stage_gbps: float = 10.0       # link between pipeline stages (bits/s), for activations
+    interconnect: Interconnect | None = None   # TP all-reduce constants (catalog/data/interconnects.yaml)
+    network: Interconnect | None = None        # send/recv constants between pipeline stages
 
     @property
     def gpus(self) -> int:

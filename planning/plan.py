@@ -44,7 +44,8 @@ from .sweep import (build_raw, config_columns, cost_usd_per_hour, metric_columns
 
 # Pool keys that describe one instance type (a fixed KV pool is sized for its GPUs); dropped when a
 # candidate names another instance.
-INSTANCE_SPECIFIC = ("gpu", "price_usd_per_hour", "intra_node_gb_per_s", "host_memory_gib", "kv_capacity_gib")
+INSTANCE_SPECIFIC = ("gpu", "price_usd_per_hour", "interconnect", "intra_node_gb_per_s", "host_memory_gib",
+                     "kv_capacity_gib")
 
 
 # ---- the candidates file ----------------------------------------------------------------------------

@@ -141,8 +141,12 @@ class PoolConfig(_Strict):
     host_memory_gib: float | None = Field(None, gt=0, le=2**30, description="host memory per replica for KV: on prefill, KV "
                                           "parked while no decode replica has room; on decode, KV offloaded by "
                                           "PQCache/HCAttention; default: half the replica's instances' memory")
-    intra_node_gb_per_s: float | None = Field(None, gt=0, le=1e6, description="per-GPU bandwidth of the TP all-reduce; "
-                                              "default: the instance's")
+    interconnect: Literal["pcie", "nvlink", "nvswitch"] | None = Field(
+        None, description="how the GPUs of a tensor-parallel group reach each other (catalog/data/interconnects.yaml "
+        "gives each one's collective constants); default: the instance's gpu_interconnect, else pcie")
+    intra_node_gb_per_s: float | None = Field(None, gt=0, le=1e6, description="per-GPU bandwidth per direction of "
+                                              "the TP interconnect; default: the instance's, else the GPU's NVLink "
+                                              "(nvlink, nvswitch) or PCIe bandwidth")
     price_usd_per_hour: float | None = Field(None, ge=0, le=1e6, description="per instance; default: the instance's")
     kv_capacity_gib: float | None = Field(None, gt=0, le=2**30, description="KV memory per replica, replacing the capacity "
                                           "computed from GPU memory (to describe a system that pre-allocates a "
@@ -183,7 +187,23 @@ class PoolConfig(_Strict):
             per = catalog.entry("instances", self.instance)["gpus"]
             if self.tensor_parallel > per:
                 raise ValueError(f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}")
+        if (self.interconnect_kind != "pcie" and self.gpu.nvlink_gb_per_s is None and self.intra_node_gb_per_s is None
+                and (self.instance_entry() or {}).get("intra_node_gb_per_s") is None):
+            raise ValueError(f"interconnect {self.interconnect_kind}: {self.gpu.preset or self.gpu.name} has no NVLink "
+                             f"(nvlink_gb_per_s null): give intra_node_gb_per_s")
         return self
+
+    @property
+    def interconnect_kind(self) -> str:
+        """The TP interconnect: the pool's, else its instance's, else PCIe."""
+        return self.interconnect or (self.instance_entry() or {}).get("gpu_interconnect") or "pcie"
+
+    @property
+    def link_gb_per_s(self) -> float:
+        """Per-GPU bandwidth per direction of the TP interconnect."""
+        inst = self.instance_entry() or {}
+        nvlink = self.gpu.nvlink_gb_per_s if self.interconnect_kind != "pcie" else None
+        return self.intra_node_gb_per_s or inst.get("intra_node_gb_per_s") or nvlink or self.gpu.pcie_gb_per_s
 
     @property
     def gpus_per_replica(self) -> int:

@@ -17,6 +17,7 @@ import pandas as pd
 import simpy
 
 import catalog
+from costmodel import collectives
 from costmodel.calibration import CalibrationProfile, compare_to_measured, load_profile
 from costmodel.methods import KVMethod, make_method
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
@@ -52,9 +53,11 @@ def gpu_spec(g: GPUConfig) -> GPUSpec:
 
 def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:
     inst = pool.instance_entry()
-    intra = pool.intra_node_gb_per_s or (inst or {}).get("intra_node_gb_per_s") or pool.gpu.pcie_gb_per_s
-    return Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel, intra_node_gb_per_s=intra,
-                       inter_stage_gbps=(inst or {}).get("network_gbps") or network_gbps)
+    return Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel,
+                       intra_node_gb_per_s=pool.link_gb_per_s,
+                       inter_stage_gbps=(inst or {}).get("network_gbps") or network_gbps,
+                       interconnect=collectives.from_catalog(catalog.entry("interconnects", pool.interconnect_kind)),
+                       network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")))
 
 
 def resolve_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
@@ -407,6 +410,14 @@ class ScenarioResult:
             return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path,
                     "vs_measured": compare_to_measured(p, measured)}
         out = {"prefill": one(self.resolved.prefill_profile), "decode": one(self.resolved.decode_profile)}
+        # the TP all-reduce (and PP send/recv) per pool: which algorithm each message size takes, and its time
+        res, sc = self.resolved, self.scenario
+        out["collectives"] = {
+            "prefill": collectives.report(res.prefill_parallel, res.model.hidden_size,
+                                          sorted({1024, sc.prefill.max_batch_tokens})),
+            "decode": collectives.report(res.decode_parallel, res.model.hidden_size,
+                                         sorted({b for b in (1, 8, 32, 128) if b <= sc.decode.max_batch_requests}
+                                                | {sc.decode.max_batch_requests}))}
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
         prof = self.resolved.decode_profile
         for gpu in (prof.gpu, prof.derived_from):

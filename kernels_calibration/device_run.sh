@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: provenance, kernel tests on the GPU, benchmark, accuracy, profile sweep.
-# usage: bash kernels_calibration/device_run.sh GIT_REV MODE   (MODE: quick | exp | bench | profile)
+# usage: bash kernels_calibration/device_run.sh GIT_REV MODE   (MODE: quick | bench | final | profile)
+# GIT_REV is recorded in every row (the device's copy of the checkout may not carry the history).
 set -u
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="$1"
 MODE="${2:-quick}"
@@ -12,8 +13,6 @@ if [ "$MODE" = "quick" ] || [ "$MODE" = "bench" ] || [ "$MODE" = "final" ]; then
 fi
 if [ "$MODE" = "quick" ]; then
   timeout 300 python3 -m kernels_calibration.bench --out "$OUT/bench" --quick 2>&1 | tee "$OUT/bench.log"
-elif [ "$MODE" = "exp" ]; then
-  timeout 420 python3 -m kernels_calibration.experiments --out "$OUT/exp" ${EXP_ARGS:-} 2>&1 | grep -v "^    tune" | tee "$OUT/exp.log"
 elif [ "$MODE" = "bench" ]; then
   timeout 280 python3 -m kernels_calibration.bench --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
   timeout 90 python3 -m kernels_calibration.accuracy --out "$OUT/bench" 2>&1 | tail -5 | tee -a "$OUT/bench.log"

@@ -5,16 +5,16 @@ realrun/traces/h200 holds 18 traces (Llama-3.1-8B at 10 and 40 Gbps, 8 layers of
 10 Gbps; FP16 baseline, KVQuant-style, HACK; two Poisson rates each), recorded on one H200 by
 realrun/device_run.sh.  The scenarios in scenarios/measured take every cost from the committed
 kernel profile (kernels, GEMMs at layer shapes, elementwise kernels) and the harness's host cost from
-the realrun.hostcal microbenchmark (runs 12 and 14, no trace involved).  BOUNDS are the absolute
-errors this model achieves, rounded up, plus 2 percentage points: a change that makes any
-prediction worse fails here, and tightening them is how an improvement is recorded (the six HACK
-traces were re-recorded in session 4, run 25, with the register-capped row-packed decode kernel and
-the row-scaled prefill kernel; their bounds are that recording's).  The two 70B HACK traces were
-re-recorded in session 6 (run 48) with the Gluon decode kernel, the default above 2K tokens at GQA 8
-(the 8B runs, GQA 4, still run the row-packed kernel and keep run 25's traces); that lease's host was
-slower (smoke run, same code path: host issue 1.20 vs 1.07 ms; 70B median iteration +3 % although the
-attention got faster), so their bounds widened from (11, 3, 9) and (13, 5, 13).  Achieved
-figures and their causes: README, "Measured runs".
+the realrun.hostcal microbenchmark (kernels_calibration/profiles/h200/hostcal_host{1,2}.csv, no
+trace involved).  BOUNDS are the absolute errors this model achieves, rounded up, plus 2 percentage
+points: a change that makes any prediction worse fails here, and tightening them is how an
+improvement is recorded (the six HACK traces were recorded with the register-capped row-packed
+decode kernel and the row-scaled prefill kernel; their bounds are that recording's).  The two 70B
+HACK traces were recorded with the Gluon decode kernel, the default above 2K tokens at GQA 8 (the 8B
+runs, GQA 4, run the row-packed kernel); that lease's host was slower (smoke run, same code path:
+host issue 1.20 vs 1.07 ms; 70B median iteration +3 % although the attention got faster), so their
+bounds are wider than the row-packed recording's (11, 3, 9) and (13, 5, 13).  Achieved figures and
+their causes: README, "Measured runs".
 """
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def test_summary_over_all_traces(rows):
     """The headline figures the README quotes (mean absolute errors over the 18 traces)."""
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows.values()) / len(rows)
-    # session 6 (the 70B HACK traces re-recorded with the Gluon kernel): 9.9, 5.6, 12.2, 4.1; session 4:
-    # 9.3, 5.5, 11.5, 4.0 (JCT 12.3 before that session's HACK re-recording)
+    # with the 70B HACK traces recorded on the Gluon kernel: 9.9, 5.6, 12.2, 4.1 (all on the row-packed
+    # kernel: 9.3, 5.5, 11.5, 4.0)
     assert mean_abs("jct_mean_error_pct") <= 10.5
     assert mean_abs("ttft_p50_error_pct") <= 6.0
     assert mean_abs("tpot_p50_error_pct") <= 12.5
@@ -89,9 +89,9 @@ def test_summary_over_all_traces(rows):
 
 
 def test_host_calibration_in_the_scenarios_comes_from_the_microbenchmark():
-    """The measured scenarios' host-issue fields are the hostcal fit (runs 12 and 14), not trace fits."""
-    runs = ROOT / "kernels_calibration/profiles/h200/runs"
-    fit = fit_host([runs / "run12_hostcal/hostcal2.csv", runs / "run14_hostcal/hostcal3.csv"])
+    """The measured scenarios' host-issue fields are the hostcal fit (two H200 hosts), not trace fits."""
+    h200 = ROOT / "kernels_calibration/profiles/h200"
+    fit = fit_host([h200 / "hostcal_host1.csv", h200 / "hostcal_host2.csv"])
     for scen in (ROOT / "scenarios/measured").glob("*.yaml"):
         dec = yaml.safe_load(scen.read_text())["decode"]
         for key in ("host_issue_s_per_iteration", "host_issue_s_per_layer", "host_serial_s_per_iteration"):

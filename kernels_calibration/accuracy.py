@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .kernels.attn_decode import fp_attn_decode, to_fp8
+from .kernels.dequant_attn_decode import dequant_attn_decode
 from .kernels.hack_attn_decode import hack_attn_decode
 from .kernels.hack_attn_prefill import hack_attn_prefill
 from .kernels.kv_cache import append_token, build_cache
@@ -76,7 +77,7 @@ def run(out: Path) -> list[dict]:
                     if rqe:
                         rows.append(dict(kernel="dequant_fused", partition=pi, bits=2, rounding=rounding,
                                          inputs=kind, phase="decode",
-                                         rel_error=rel(hack_attn_decode(q, c, mode="dequant"), ref)))
+                                         rel_error=rel(dequant_attn_decode(q, c), ref)))
         # prefill, 2048 tokens, batch 1
         seq = 2048
         kp, vp = k[:1, :, :seq].contiguous(), v[:1, :, :seq].contiguous()

@@ -28,27 +28,26 @@ COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "he
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
-    """Narrow tuning keyed on the shape, the fastest reported, all printed.  HACK: the decode step
-    (decode_step: append fused into the row-packed attention launch up to 2K tokens, else append + the
-    Gluon kernel at PI 64, the row-packed one otherwise) with its register cap (and warps), and the
-    unfused step at short contexts; fused dequant:
-    the Gluon kernel at two split counts and the Triton kernel; FP16/FP8: splits (x1, x2 the default
-    heuristic)."""
-    from .kernels.hack_attn_decode import FUSED_STEP_MAX_LEN, default_splits
+    """Narrow tuning keyed on the shape, the fastest reported, all printed (dicts of the families'
+    LaunchConfig fields, kernels/launch.py).  HACK: the decode step (append fused into the row-packed
+    attention launch up to 2K tokens, else append + the Gluon kernel at PI 64 on Hopper, the row-packed
+    one otherwise) with warps and the register cap, and the unfused step at short contexts; fused
+    dequant: the Gluon kernel at two split counts and the Triton kernel; FP16/FP8: splits (x1, x2 the
+    default heuristic)."""
+    from .kernels.dispatch import FUSED_STEP_MAX_LEN
+    from .kernels.split_k import default_splits
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
     if ctx + 1 <= FUSED_STEP_MAX_LEN:
         h = [{"splits": s0}, {"splits": s0, "num_warps": 4}, {"splits": s0, "fused": False},
              {"splits": s0, "fused": False, "num_warps": 2}]
-    elif pi == 64 and _hopper():   # the Gluon HACK kernel (the default here: prefetch 1, 168 registers), its
-        # 128-register variant (runs 44-45: 90.6-90.9 us at 32K) and the row-packed kernel's best (run 23)
-        h = [{}, {"gluon": True, "prefetch": 0, "maxnreg": 128},
-             {"gluon": False, "splits": s0, "num_warps": 2, "maxnreg": 128}]
+    elif pi == 64 and _hopper():   # the Gluon HACK kernel (the default here), its 128-register variant and
+        # the row-packed kernel's best
+        h = [{}, {"kernel": "gluon", "maxnreg": 128},
+             {"kernel": "row_packed", "splits": s0, "num_warps": 2, "maxnreg": 128}]
     else:
         h = [{"splits": s0, "num_warps": w, "maxnreg": mr} for w, mr in ((2, 128), (4, 128), (4, 0))]
-    # fused dequant: the Gluon one-warp mma kernel (the default on Hopper; run 36: 121.5 us at 32K, PI 64)
-    # with its default and half the splits, and the Triton kernel with its default (run 27: 149.0 us)
-    q = [{"splits": s0}, {"splits": max(1, s0 // 2)}, {"splits": s0, "gluon": False}]
+    q = [{"splits": s0}, {"splits": max(1, s0 // 2)}, {"splits": s0, "kernel": "triton"}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
     return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
             "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}

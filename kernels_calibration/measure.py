@@ -22,16 +22,24 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from .kernels import dispatch
 from .kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
 from .kernels.attn_prefill import fa_attn_prefill, prefill_flops
-from .kernels.dequant_attn_decode import dequantize_bytes, dequantize_cache
-from .kernels.hack_attn_decode import decode_step, default_splits, gluon_hack_default, hack_attn_decode
+from .kernels.dequant_attn_decode import dequant_attn_decode, dequantize_bytes, dequantize_cache
+from .kernels.hack_attn_decode import decode_step
 from .kernels.hack_attn_prefill import hack_attn_prefill
 from .kernels.kv_cache import append_token, build_cache
+from .kernels.launch import DequantDecodeConfig, FpDecodeConfig, HackDecodeConfig, PrefillConfig
 from .kernels.quantize import quantize_bytes, quantize_k, quantize_v
+from .kernels.split_k import default_splits
 
 DECODE_KERNELS = ("hack", "hack_no_se", "hack_no_rqe", "fp16_triton", "torch_sdpa_fp16", "dequant_fused",
                   "dequant_unfused", "fp8")
+# The Triton twins of the Hopper defaults (the row-packed HACK step, the Triton fused-dequant kernel):
+# the rows derive.py scales for GPUs where the Gluon kernels do not run.  Each is its base kernel with
+# the Triton kernel pinned.
+TRITON_TWINS = {"hack_triton": ("hack", "row_packed"), "hack_no_se_triton": ("hack_no_se", "row_packed"),
+                "hack_no_rqe_triton": ("hack_no_rqe", "row_packed"), "dequant_fused_triton": ("dequant_fused", "triton")}
 PREFILL_KERNELS = ("hack", "fp16_triton", "torch_sdpa_fp16")
 ROT_BYTES = 256 * 2**20
 
@@ -138,8 +146,8 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
                    pi: int = 64, configs: dict | None = None, seed: int = 0,
                    return_all: bool = False) -> list[Measurement]:
     """Time the named decode kernels at one shape (every request holds ctx tokens before the step).
-    configs: kernel -> dict(splits=, num_warps=, num_stages=, ...) or a list of them (the fastest
-    is kept, or all with return_all)."""
+    configs: kernel -> a dict of the kernel family's LaunchConfig fields (kernels/launch.py), or a list
+    of them (the fastest is kept, or all with return_all)."""
     configs = configs or {}
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -186,46 +194,47 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
                 sets = [(k, v, 1.0, 1.0) for k, v in kvs]
                 eb = 2
             cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, cfg.get("block_n", 64), q.device))
+            fcfg = FpDecodeConfig(**cfg)
 
-            def step(i, sets=sets, cfg=cfg):
+            def step(i, sets=sets, fcfg=fcfg):
                 k, v, ks_, vs_ = sets[i % n16]
-                fp_attn_decode(q, k, v, lens1, ks_, vs_, max_len=ctx + 1, **cfg)
+                fp_attn_decode(q, k, v, lens1, ks_, vs_, max_len=ctx + 1, config=fcfg)
             t = time_graph(step, n16)
             return (Measurement(name, **shape, partition=0, bits=8 * eb, time_s=t,
                                    bytes_moved=eb * units + qo_bytes, flops=flops, units=units, config=str(cfg)))
         else:
-            rqe = name != "hack_no_rqe"
+            base, pinned = TRITON_TWINS.get(name, (name, None))
+            if pinned:
+                cfg["kernel"] = pinned
+            rqe = base != "hack_no_rqe"
             cs = get_caches(rqe)
-            mode = "dequant" if name.startswith("dequant") else "hack"
-            use_se = name != "hack_no_se"
-            # the Gluon HACK kernel (gluon=True, or the default above 2K tokens) keeps its own default
-            # splits (one wave of programs); the others are given the default heuristic's
-            gluon_hack = mode == "hack" and (cfg.get("gluon") or (
-                cfg.get("gluon") is None and gluon_hack_default(q, cs[0], ctx + 1, **cfg)))
-            if not (gluon_hack or (mode == "dequant" and cfg.get("gluon"))):
-                cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, cfg.get("block_n", 128)),
-                                                        q.device))
+            use_se = base != "hack_no_se"
             cb = hack_cache_bytes(batch, ctx + 1, kv_heads, d, pi)
-            if name == "dequant_unfused":
-                scratch = (torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
-                           torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16))
-                fcfg = {k_: v_ for k_, v_ in cfg.items() if k_ != "block_n"}
+            if base.startswith("dequant"):
+                if base == "dequant_unfused":
+                    cfg["kernel"] = "unfused"
+                    scratch = (torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
+                               torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16))
+                else:
+                    scratch = None
+                if cfg.get("kernel") != "gluon":   # the split count recorded in the row's config
+                    cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, 128), q.device))
+                dcfg = DequantDecodeConfig(**cfg)
 
-                def step(i, cs=cs, fcfg=fcfg, scratch=scratch):
+                def step(i, cs=cs, dcfg=dcfg, scratch=scratch):
                     c = append_token(cs[i % nq], kn, vn)
-                    ko, vo = dequantize_cache(c, scratch, max_len=ctx + 1)
-                    fp_attn_decode(q, ko, vo, c.lens, max_len=ctx + 1, **fcfg)
+                    dequant_attn_decode(q, c, max_len=ctx + 1, config=dcfg, scratch=scratch)
                 t = time_graph(step, nq)
-                bm = dequantize_bytes(int(units), pi) + 2 * units + qo_bytes
-            elif mode == "hack":  # the decode step: append fused into the attention launch up to 2K tokens
-                def step(i, cs=cs, cfg=cfg, use_se=use_se):
-                    decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, **cfg)
-                t = time_graph(step, nq)
-                bm = cb + qo_bytes
-            else:
-                def step(i, cs=cs, cfg=cfg, mode=mode, use_se=use_se):
-                    c = append_token(cs[i % nq], kn, vn)
-                    hack_attn_decode(q, c, use_se=use_se, mode=mode, max_len=ctx + 1, **cfg)
+                bm = (dequantize_bytes(int(units), pi) + 2 * units + qo_bytes if base == "dequant_unfused"
+                      else cb + qo_bytes)
+            else:   # the HACK decode step: append fused into the attention launch up to 2K tokens
+                if dispatch.hack_kernel(q, cs[0], ctx + 1, HackDecodeConfig(**cfg)) != "gluon":
+                    # the Gluon kernel keeps its one-wave default; the Triton ones record the heuristic's
+                    cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, 128), q.device))
+                hcfg = HackDecodeConfig(**cfg)
+
+                def step(i, cs=cs, hcfg=hcfg, use_se=use_se):
+                    decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, config=hcfg)
                 t = time_graph(step, nq)
                 bm = cb + qo_bytes
             return (Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm,
@@ -274,14 +283,14 @@ def measure_prefill(kernels, batch: int, seq: int, q_heads: int = 64, kv_heads: 
             out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
                                    units=flops, config="sdpa"))
         elif name == "fp16_triton":
-            t = time_bench(lambda: fa_attn_prefill(q, k, v, **cfg))
+            t = time_bench(lambda: fa_attn_prefill(q, k, v, config=PrefillConfig(**cfg)))
             bm = 2.0 * (2 * q.numel() + 2 * k.numel())
             out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
                                    units=flops, config=str(cfg)))
         elif name in ("hack", "hack_no_se"):
             cache = build_cache(k, v, torch.full((batch,), seq, dtype=torch.int32, device=dev), pi, 2,
                                 rqe=False, stochastic=True, seed=seed)
-            t = time_bench(lambda: hack_attn_prefill(q, cache, use_se=name == "hack", **cfg))
+            t = time_bench(lambda: hack_attn_prefill(q, cache, use_se=name == "hack", config=PrefillConfig(**cfg)))
             bm = 2.0 * 2 * q.numel() + hack_cache_bytes(batch, seq, kv_heads, d, pi)
             out.append(Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm, flops=flops,
                                    units=flops, config=str(cfg)))

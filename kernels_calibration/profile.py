@@ -95,8 +95,8 @@ REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "
 HACK_DECODE_KINDS = ("hack", "hack_no_se", "hack_no_rqe")
 # HACK: the decode step's default (above 2K tokens at PI 64 on Hopper the Gluon kernel) and the row-packed
 # kernel with its own defaults (the same below 2K, where the fused row-packed step runs)
-QUANT_DECODE_CONFIGS = {k: [{}, {"gluon": False}] for k in HACK_DECODE_KINDS}
-QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"gluon": False}]
+QUANT_DECODE_CONFIGS = {k: [{}, {"kernel": "row_packed"}] for k in HACK_DECODE_KINDS}
+QUANT_DECODE_CONFIGS["dequant_fused"] = [{}, {"kernel": "triton"}]
 
 
 def fit(points: list[tuple[float, float, bool]]) -> dict | None:
@@ -128,6 +128,7 @@ def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: 
     depend on the values.  configs: kernel -> list of wrapper kwargs; the fastest is kept."""
     import torch
 
+    from .kernels.launch import ScoreConfig
     from .kernels.pq_score import pq_score, pq_score_work
     from .kernels.qk_score import qk_score, qk_score_work
     from .measure import Measurement, _n_rot, time_graph
@@ -152,7 +153,7 @@ def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: 
                                    dtype=torch.uint8)) for _ in range(n)]
 
             def step(i, cfg, sets=sets):
-                pq_score(q, *sets[i % len(sets)], lens, **cfg)
+                pq_score(q, *sets[i % len(sets)], lens, config=ScoreConfig(**cfg))
             meta = dict(partition=d // subspaces, bits=pq_bits, bytes_moved=bm, flops=ops,
                         units=float(toks * kv_heads), extra={"subspaces": subspaces})
         elif name == "qk_score":
@@ -165,7 +166,7 @@ def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: 
                     for _ in range(n)]
 
             def step(i, cfg, sets=sets):
-                qk_score(q, *sets[i % len(sets)], lens, partition, key_bits, **cfg)
+                qk_score(q, *sets[i % len(sets)], lens, partition, key_bits, config=ScoreConfig(**cfg))
             meta = dict(partition=partition, bits=key_bits, bytes_moved=bm, flops=flops,
                         units=float(toks * kv_heads * d))
         elif name == "topk":

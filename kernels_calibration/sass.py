@@ -1,20 +1,18 @@
 """Offline sm_90 compile of the HACK attention kernels on a machine without a GPU: SASS instruction
 counts of the main loop, per source line, and the register/spill budget.
 
-    python -m kernels_calibration.sass [--kernel rp|head_major|token_major|prefill|prefill_rs] [--pi 64]
+    python -m kernels_calibration.sass [--kernel rp|head_major|prefill|gluon_dequant|gluon_hack] [--pi 64]
                                        [--warps 2] [--stages 3] [--maxnreg 128] [--no-se] [--append]
-                                       [--dequant] [--block-n 128] [--v-split 1] [--block-m 64]
-                                       [--lines 25] [--json]
+                                       [--dequant] [--block-m 64] [--lines 25] [--json]
 
 For prefill the count is normalized to 128 token columns of a 64-row query tile.
 
 Uses Triton's own ptxas, nvdisasm and cuobjdump (shipped with the triton wheel) and the divisibility
 hints a real launch gets, so the code is what the H200 runs.  The loop is the largest backward
-branch; per-line counts come from nvdisasm's line info.  How it was used (NOTES.md, session 3): the
-head-major kernel issues 4,530 warp-instructions per 128 tokens at PI 64, the row-packed one 2,910,
-and the 240 registers per thread at 2 warps were what a register cap then traded for occupancy.
-Session 4: fused dequant (--dequant) from 6,144 to 4,022 without integer-to-float conversions; --json
-also lists the loop's opcodes and whether every table lookup sits in a tensor-core operand layout.
+branch; per-line counts come from nvdisasm's line info.  Every kernel change was compiled here first
+and only the promising ones were timed (DESIGN.md): e.g. the row-packed kernel issues 2,946
+warp-instructions per 128 tokens at PI 64 against the head-major kernel's 4,530.  --json also lists
+the loop's opcodes and whether every table lookup sits in a tensor-core operand layout.
 """
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ _ARGS_FP16 = ("Q", "KMN", "KSC", "VMN", "VSC", "VT", "O", "KN", "VN", "OUT")
 _ARGS_U8 = ("KC", "VC", "KSM", "VSM")
 _ARGS_SCALAR = {"LENS": "*i32", "OP": "*fp32", "LSEP": "*fp32", "qk_scale": "fp32", "HKV": "i32", "LMAX": "i32",
                 "NBLK": "i32", "TPS": "i32", "NSPLIT": "i32", "HQ": "i32", "L": "i32", "LENS_OUT": "*i32",
-                "seed": "i32", "CNT": "*i32"}
+                "seed": "i32"}
 _DIV16 = ("Q", "KC", "KMN", "KSC", "KSM", "VC", "VMN", "VSC", "VSM", "VT", "LENS", "OP", "LSEP", "LMAX", "TPS", "O")
 
 
@@ -110,26 +108,16 @@ def loop_profile(kernel) -> tuple[collections.Counter, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("rp", "head_major", "token_major", "prefill", "prefill_rs", "gluon_dequant",
-                                         "gluon_dequant_wgmma", "gluon_hack"), default="rp",
+    ap.add_argument("--kernel", choices=("rp", "head_major", "prefill", "gluon_dequant", "gluon_hack"), default="rp",
                     help="gluon_dequant / gluon_hack: the one-warp mma.sync kernels of gluon_decode.py (the main "
-                         "loop, compiled without the FP16 tail); gluon_dequant_wgmma: the warpgroup kernel")
+                         "loop; gluon_dequant compiled without the FP16 tail)")
     ap.add_argument("--block-m", type=int, default=64, help="prefill: query rows per program")
     ap.add_argument("--pi", type=int, default=64)
     ap.add_argument("--warps", type=int, default=2)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int, default=None)
     ap.add_argument("--no-se", action="store_true")
-    ap.add_argument("--prefetch", type=int, default=0, choices=(0, 1, 2),
-                    help="gluon_hack: L1 prefetch of the next tile's codes (1) and metadata (2)")
-    ap.add_argument("--sfold", action="store_true", help="gluon_hack: softmax without the scaling pass")
-    ap.add_argument("--vun", action="store_true", help="gluon_hack: V planes 1-2 unshifted")
-    ap.add_argument("--vpair", action="store_true", help="gluon_hack: V metadata by channel pairs")
-    ap.add_argument("--ring", type=int, default=0, help="gluon_hack: K code bytes through a shared-memory ring (slots)")
-    ap.add_argument("--unroll", type=int, default=1, choices=(1, 2), help="gluon_hack: 64-token tiles per loop iteration")
     ap.add_argument("--dequant", action="store_true", help="head_major: mode dequant (fused dequantize-then-attend)")
-    ap.add_argument("--block-n", type=int, default=None, help="head_major: tokens per tile (default max(PI, 128))")
-    ap.add_argument("--v-split", type=int, default=1, help="head_major: 1 = one P.V product per V block")
     ap.add_argument("--append", action="store_true", help="rp: the fused decode step (append + attention)")
     ap.add_argument("--lines", type=int, default=25, help="source lines to list (most instructions first)")
     ap.add_argument("--json", action="store_true", help="one JSON line: resources and warp-instructions per 128 tokens")
@@ -141,37 +129,25 @@ def main(argv: list[str] | None = None) -> int:
         consts = dict(G=8, RP=16, R=2, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, USE_ASM=True,
                       APPEND=a.append, STOCHASTIC=True)
         tokens = 2 * a.pi
-    elif a.kernel.startswith("prefill"):
-        from .kernels import hack_attn_prefill as hp
-        fn = hp._hack_prefill_rs_kernel if a.kernel == "prefill_rs" else hp._hack_prefill_kernel
+    elif a.kernel == "prefill":
+        from .kernels.hack_attn_prefill import _hack_prefill_kernel as fn
         consts = dict(G=8, D=128, PI=a.pi, BM=a.block_m, USE_SE=not a.no_se, USE_ASM=True)
         tokens = a.pi * a.block_m / 64  # a tile is block_m rows x PI tokens: normalized to 64 rows
-    elif a.kernel == "token_major":
-        from .kernels.hack_decode_t import _hack_decode_t_kernel as fn
-        consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
-                      USE_ASM=True, SUMCOL=-1, FUSED=False, VSIDE=1)
-        tokens = a.pi
-    elif a.kernel == "gluon_dequant_wgmma":   # token-major fused dequant, one warpgroup, 64 tokens
-        from .kernels.gluon_decode import _dequant_decode_kernel as fn
-        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, BN=64, PIPE=False, VLAY=0, DIAG=0)
-        a.warps = 4
-        tokens = 64
     elif a.kernel == "gluon_dequant":   # one warp, mma.sync, 64-token tiles (the tail loop left out)
         from .kernels.gluon_decode import _dequant_mma_kernel as fn
-        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=False, BT=64, LDASM=True)
+        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=False)
         a.warps = 1
         tokens = 64
     elif a.kernel == "gluon_hack":   # HACK, one warp, INT8 mma.sync, 64-token tiles (PI 64)
         from .kernels.gluon_decode import _hack_mma_kernel as fn
-        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, USE_SE=not a.no_se, UNROLL=a.unroll,
-                      PREFETCH=a.prefetch, RING=a.ring, VUN=a.vun, VPAIR=a.vpair, SFOLD=a.sfold)
+        consts = dict(G=8, D=128, PI=a.pi, HAS_TAIL=True, USE_SE=not a.no_se)
         a.warps = 1
-        tokens = 64 * a.unroll
+        tokens = 64
     else:
-        from .kernels.hack_attn_decode import _quant_decode_kernel as fn
-        bn = a.block_n or max(a.pi, 128)
+        from .kernels.head_major import _quant_decode_kernel as fn
+        bn = max(a.pi, 128)
         consts = dict(G=8, G_PAD=16, D=128, PI=a.pi, USE_SE=not a.no_se, HAS_TAIL=True, MODE=int(a.dequant),
-                      USE_ASM=True, PREFETCH=False, SUMROW=8, BN=bn, VSPLIT=bool(a.v_split))
+                      USE_ASM=True, SUMROW=8, BN=bn)
         tokens = bn
     k = compile_sm90(fn, consts, a.warps, a.stages, a.maxnreg, gluon=a.kernel.startswith("gluon"))
     cnt, ops = loop_profile(k)
@@ -189,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                           "lut_ops_not_in_operand_layout": sum("dot_op" not in ln.split("->")[-1] for ln in lut)}))
         return 0
     print(f"{a.kernel} PI {a.pi}, {a.warps} warps, {a.stages} stages, maxnreg {a.maxnreg}: {resources(k)}")
-    unit = "128 tokens" if not a.kernel.startswith("prefill") else "64 query rows x 128 tokens"
+    unit = "128 tokens" if a.kernel != "prefill" else "64 query rows x 128 tokens"
     print(f"loop: {total} instructions per warp per tile = {total * a.warps * 128 / tokens:.0f} "
           f"warp-instructions per {unit}")
     for key, n in cnt.most_common(a.lines):

@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax
-from .hack_attn_decode import default_splits, run_split_decode
+from .launch import FpDecodeConfig
+from .split_k import default_splits, run_split_decode, tokens_per_split
 
 
 @triton.jit
@@ -59,26 +60,26 @@ def _fp_decode_kernel(Q, K, V, LENS, OP, LSEP, qk_scale, v_scale, HKV, LMAX, TPS
 
 
 def fp_attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
-                   k_scale: float = 1.0, v_scale: float = 1.0, splits: int | None = None,
-                   max_len: int | None = None, block_n: int = 64, num_warps: int = 4,
-                   num_stages: int = 3) -> torch.Tensor:
-    """q [B, HQ, D] fp16; k, v [B, HKV, Lmax, D] fp16 or float8_e4m3fn (value = stored * scale)."""
+                   k_scale: float = 1.0, v_scale: float = 1.0, max_len: int | None = None,
+                   config: FpDecodeConfig = FpDecodeConfig()) -> torch.Tensor:
+    """q [B, HQ, D] fp16; k, v [B, HKV, Lmax, D] fp16 or float8_e4m3fn (value = stored * scale).
+    max_len: an upper bound of lens (defaults to Lmax) that sizes the splits.  -> [B, HQ, D] fp16."""
     b, hkv, lmax, d = k.shape
     if q.shape[0] != b or q.shape[2] != d or q.shape[1] % hkv or v.shape != k.shape:
         raise ValueError("shape mismatch between q, k, v")
     g = q.shape[1] // hkv
     max_len = lmax if max_len is None else max_len
-    splits = splits or default_splits(b, hkv, max_len, block_n, q.device)
-    tps = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
-    splits = triton.cdiv(max_len, tps)
+    block_n = config.block_n
+    tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device),
+                                   block_n)
     qk_scale = k_scale / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
+    opts = config.options(4, 3)
 
     def launch(op, lsep):
         _fp_decode_kernel[(b * hkv, splits)](
             q, k, v, lens, op, lsep, qk_scale, v_scale, hkv, lmax, tps, splits,
-            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BN=block_n,
-            num_warps=num_warps, num_stages=num_stages)
+            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BN=block_n, **opts)
 
     return run_split_decode(launch, q, splits)
 
@@ -98,3 +99,23 @@ def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 def decode_bytes(batch_tokens: int, kv_heads: int, head_dim: int, elem_bytes: float, q_heads: int,
                  batch: int) -> float:
     return 2.0 * batch_tokens * kv_heads * head_dim * elem_bytes + 4.0 * batch * q_heads * head_dim
+
+
+def decode_flops(batch_tokens: int, q_heads: int, head_dim: int) -> float:
+    """Q.K and P.V multiply-adds for every query head over every visited token."""
+    return 4.0 * batch_tokens * q_heads * head_dim
+
+
+# ----------------------------------------------------------------------------- reference
+def attn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens) -> torch.Tensor:
+    """Exact float64 attention of q [B, HQ, D] over k, v [B, HKV, L, D] (first lens[b] tokens)."""
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty((b, hq, d), dtype=torch.float64)
+    for i in range(b):
+        n = int(lens[i])
+        kk = k[i, :, :n].double().cpu().repeat_interleave(hq // hkv, 0)  # (HQ, n, D)
+        vv = v[i, :, :n].double().cpu().repeat_interleave(hq // hkv, 0)
+        s = torch.einsum("hd,hnd->hn", q[i].double().cpu(), kk) / math.sqrt(d)
+        out[i] = torch.einsum("hn,hnd->hd", torch.softmax(s, -1), vv)
+    return out

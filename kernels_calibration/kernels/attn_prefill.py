@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax
+from .launch import PrefillConfig
 
 
 @triton.jit
@@ -60,9 +61,11 @@ def _fa_prefill_kernel(Q, K, V, O, qk_scale, HQ, HKV, L, LMAX,
     tl.store(O + qoff + rows[:, None] * D + d[None, :], out.to(tl.float16), mask=rows[:, None] < L)
 
 
-def fa_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = 128, block_n: int = 64,
-                    num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
-    """Causal attention. q [B, HQ, L, D], k, v [B, HKV, Lmax >= L, D] fp16 -> [B, HQ, L, D] fp16."""
+def fa_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    config: PrefillConfig = PrefillConfig()) -> torch.Tensor:
+    """Causal attention. q [B, HQ, L, D], k, v [B, HKV, Lmax >= L, D] fp16 -> [B, HQ, L, D] fp16.
+    Defaults: BM 128 query rows, BN 64 tokens, 8 warps, 3 stages."""
+    block_m, block_n = config.block_m or 128, config.block_n
     b, hq, seq, d = q.shape
     hkv, lmax = k.shape[1], k.shape[2]
     if hq % hkv or k.shape[0] != b or lmax < seq or k.shape != v.shape or block_m % block_n:
@@ -71,7 +74,7 @@ def fa_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: 
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     _fa_prefill_kernel[(triton.cdiv(seq, block_m), b * hq)](
         q.contiguous(), k.contiguous(), v.contiguous(), o, qk_scale, hq, hkv, seq, lmax,
-        G=hq // hkv, D=d, BM=block_m, BN=block_n, num_warps=num_warps, num_stages=num_stages)
+        G=hq // hkv, D=d, BM=block_m, BN=block_n, **config.options(8, 3))
     return o
 
 

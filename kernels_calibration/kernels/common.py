@@ -44,9 +44,9 @@ if interpreting():
 
 
 def use_asm(t: torch.Tensor) -> bool:
-    """Packed inline-PTX unpack is only valid when compiling for a real NVIDIA GPU
-    (HACKSIM_NO_ASM=1 turns it off to measure the plain per-element unpack)."""
-    return t.is_cuda and not interpreting() and os.environ.get("HACKSIM_NO_ASM", "0") != "1"
+    """Packed inline PTX is only valid when compiling for a real NVIDIA GPU (the interpreter runs the
+    same arithmetic per element)."""
+    return t.is_cuda and not interpreting()
 
 
 def codes_per_byte(bits: int) -> int:
@@ -96,54 +96,13 @@ def unpack_codes(packed, SHIFT: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.co
     return out
 
 
-# 2-bit codes straight to FP16 without an integer-to-float conversion (I2F runs at 16 per clock per
-# SM on sm_90, an eighth of the FMA rate).  Two code bytes are spread into the 16-bit lanes of a
-# register (prmt, shared by the four bit planes), the code is put in the low mantissa bits of 1024.0
-# (0x6400 | code = 1024 + code; shr + lop3), 1024 is subtracted (exact) and one fma.rn.f16x2 gives
-# s * code + m with a single rounding, the FP16 value a dequantize kernel would write.  pack=4: one
-# 32-bit register of 4 code bytes in, two half2 registers out; about 2 instructions per code.
-# (Folding the 1024 into the min instead, fma(1024 + code, s, m - 1024 s), saves the subtraction
-# but rounds m - 1024 s to FP16: a bias of up to half an ulp of 1024 s per block, measured as a 4x
-# larger error of the attention output in the interpreter tests; not used.)
-_DEQ2_ASM = ("{ .reg .b32 t, z, c; mov.b32 z, 0; mov.b32 c, 0x64006400;\n"
-             " prmt.b32 t, $2, z, 0x4140; shr.b32 t, t, SHIFT; lop3.b32 $0, t, 0x00030003, c, 0xEA;"
-             " sub.f16x2 $0, $0, c; fma.rn.f16x2 $0, $0, $3, $5;\n"
-             " prmt.b32 t, $2, z, 0x4342; shr.b32 t, t, SHIFT; lop3.b32 $1, t, 0x00030003, c, 0xEA;"
-             " sub.f16x2 $1, $1, c; fma.rn.f16x2 $1, $1, $4, $6; }")
-_DEQ2_S0 = tl.constexpr(_DEQ2_ASM.replace("SHIFT", "0"))
-_DEQ2_S2 = tl.constexpr(_DEQ2_ASM.replace("SHIFT", "2"))
-_DEQ2_S4 = tl.constexpr(_DEQ2_ASM.replace("SHIFT", "4"))
-_DEQ2_S6 = tl.constexpr(_DEQ2_ASM.replace("SHIFT", "6"))
-
-
-@triton.jit
-def dequant_codes(packed, SHIFT: tl.constexpr, scale, mn, USE_ASM: tl.constexpr):
-    """uint8 tile of 2-bit code planes -> FP16 scale * code + mn (one rounding) for the codes at bit
-    offset SHIFT; scale and mn FP16, broadcastable to the tile."""
-    if USE_ASM:
-        sc = tl.broadcast_to(scale.to(tl.float16), packed.shape)
-        mm = tl.broadcast_to(mn.to(tl.float16), packed.shape)
-        if SHIFT == 0:
-            asm: tl.constexpr = _DEQ2_S0
-        elif SHIFT == 2:
-            asm: tl.constexpr = _DEQ2_S2
-        elif SHIFT == 4:
-            asm: tl.constexpr = _DEQ2_S4
-        else:
-            asm: tl.constexpr = _DEQ2_S6
-        out = tl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r", [packed, sc, mm], dtype=tl.float16, is_pure=True,
-                                        pack=4)
-    else:  # the same arithmetic per element (code * s is exact in FP32; one rounding to FP16)
-        code = ((packed >> SHIFT) & 3).to(tl.float32)
-        out = (code * scale.to(tl.float32) + mn.to(tl.float32)).to(tl.float16)
-    return out
-
-
-# The same FP16 values by table lookup: the four values m, m + s, m + 2 s, m + 3 s of a (token,
-# partition) or (block, channel) are two registers (dequant_table), and one prmt per two codes picks
-# their bytes.  The selector comes from the codes with one multiply-add: code c in byte i becomes
-# 0x22 c + 0x10, the nibble pair (2c, 2c + 1) that selects value c's two bytes.  Per four codes:
-# shr, and, mad, prmt, shr, prmt (1.5 instructions per code; the fma path above takes about 2).
+# 2-bit codes to FP16 by table lookup, without an integer-to-float conversion (I2F runs at 16 per clock
+# per SM on sm_90, an eighth of the FMA rate): the four values m, m + s, m + 2 s, m + 3 s of a (token,
+# partition) or (block, channel) are two registers (dequant_table, one fma.rn.f16x2 rounding each: the
+# FP16 values a dequantize kernel would write), and one prmt per two codes picks their bytes.  The
+# selector comes from the codes with one multiply-add: code c in byte i becomes 0x22 c + 0x10, the
+# nibble pair (2c, 2c + 1) that selects value c's two bytes.  Per four codes: shr, and, mad, prmt,
+# shr, prmt (1.5 instructions per code).
 # The four codes of a packed register must share a table: they do in the tensor-core operand
 # layouts (four consecutive K elements of one token; four consecutive tokens of one V block and
 # channel), which is where the kernels use it.

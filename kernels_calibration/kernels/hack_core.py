@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import dequant_codes, dequant_lut, dequant_table, unpack_codes
+from .common import dequant_lut, dequant_table, unpack_codes
 
 
 @triton.jit
@@ -286,87 +286,10 @@ def quantize_p(p, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
 
 
 @triton.jit
-def hack_pv_tile(o0, o1, o2, o3, p8, alpha, VC, VMN, VSC, VSM, tok, tmask, blk0, end,
-                 W: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, NSUB: tl.constexpr, USE_SE: tl.constexpr,
-                 USE_ASM: tl.constexpr, SUMROW: tl.constexpr):
-    """P.V over a tile of NSUB V blocks without splitting P: for block b, P'' is zeroed outside the
-    block's columns (a zero entry adds nothing to sum p''v') and meets the whole unpacked V tile;
-    the tensor cores do NSUB x the multiply-adds, the CUDA cores no shuffles.  p8 [R, NSUB*PI]."""
-    j = tl.arange(0, W)
-    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
-    v0 = unpack_codes(vb, 0, 2, USE_ASM)
-    v1 = unpack_codes(vb, 2, 2, USE_ASM)
-    v2 = unpack_codes(vb, 4, 2, USE_ASM)
-    v3 = unpack_codes(vb, 6, 2, USE_ASM)
-    cols = tl.arange(0, NSUB * PI)
-    ones = tl.full([p8.shape[0]], 1.0, tl.float32)
-    for sb in tl.static_range(NSUB):
-        inb = ((cols >= sb * PI) & (cols < (sb + 1) * PI))[None, :]
-        p8b = tl.where(inb, p8, 0).to(tl.int8)
-        usum_b = tl.sum(p8b.to(tl.float32), 1) + 128.0 * PI
-        if sb == 0:
-            a = alpha
-        else:
-            a = ones
-        mo = (blk0 + sb) * D + j
-        bvalid = blk0 * PI + sb * PI < end
-        o0 = _v_update(o0, p8b, usum_b, v0, a, VMN, VSC, VSM, mo, bvalid, USE_SE, SUMROW)
-        o1 = _v_update(o1, p8b, usum_b, v1, a, VMN, VSC, VSM, mo + W, bvalid, USE_SE, SUMROW)
-        o2 = _v_update(o2, p8b, usum_b, v2, a, VMN, VSC, VSM, mo + 2 * W, bvalid, USE_SE, SUMROW)
-        o3 = _v_update(o3, p8b, usum_b, v3, a, VMN, VSC, VSM, mo + 3 * W, bvalid, USE_SE, SUMROW)
-    return o0, o1, o2, o3
-
-
-@triton.jit
-def _deq_v_rows(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, VMN, VSC, mo, rowblk, blk0, end, PI: tl.constexpr,
-                NSUB: tl.constexpr, W: tl.constexpr, D: tl.constexpr):
-    """Dequantize a [BN, W] V tile whose rows lie in NSUB blocks (per-row block scale and min)."""
-    sv = tl.load(VSC + mo, mask=blk0 * PI < end, other=0.0)[None, :]
-    mv = tl.load(VMN + mo, mask=blk0 * PI < end, other=0.0)[None, :]
-    for sb in tl.static_range(1, NSUB):
-        ok = (blk0 + sb) * PI < end
-        sv = tl.where(rowblk[:, None] == sb, tl.load(VSC + mo + sb * D, mask=ok, other=0.0)[None, :], sv)
-        mv = tl.where(rowblk[:, None] == sb, tl.load(VMN + mo + sb * D, mask=ok, other=0.0)[None, :], mv)
-    return dequant_codes(vb, SH, sv, mv, USE_ASM)
-
-
-@triton.jit
-def dequant_pv_tile(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk0, end,
-                    W: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, NSUB: tl.constexpr, USE_ASM: tl.constexpr):
-    """Fused-dequant P.V over NSUB V blocks in one dot per channel group (per-row block metadata)."""
-    j = tl.arange(0, W)
-    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
-    rowblk = tl.arange(0, NSUB * PI) // PI
-    mo = blk0 * D + j
-    o0 = tl.dot(p16, _deq_v_rows(vb, 0, USE_ASM, VMN, VSC, mo, rowblk, blk0, end, PI, NSUB, W, D),
-                o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v_rows(vb, 2, USE_ASM, VMN, VSC, mo + W, rowblk, blk0, end, PI, NSUB,
-                                 W, D), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v_rows(vb, 4, USE_ASM, VMN, VSC, mo + 2 * W, rowblk, blk0, end, PI,
-                                 NSUB, W, D), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v_rows(vb, 6, USE_ASM, VMN, VSC, mo + 3 * W, rowblk, blk0, end, PI,
-                                 NSUB, W, D), o3 * alpha[:, None])
-    return o0, o1, o2, o3
-
-
-@triton.jit
 def split_cols(x):
     """[R, N] -> ([R, N/2] left half, [R, N/2] right half)."""
     x3 = tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2))
     return tl.split(tl.permute(x3, (0, 2, 1)))
-
-
-@triton.jit
-def hack_pv(o0, o1, o2, o3, p, alpha, VC, VMN, VSC, VSM, tok, tmask, blk,
-            W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-            SUMROW: tl.constexpr = -1):
-    """o_c <- alpha o_c + P V for one V block (all BN tokens in block `blk`).  Returns the four
-    accumulators and the row sums of the quantized P (for the softmax denominator).  Without SE
-    and SUMROW >= 0, padding row SUMROW of P'' is set to ones so its dot row is sum v'."""
-    p8, usum = quantize_p(p, USE_SE, SUMROW)
-    o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, VC, VMN, VSC, VSM, tok, tmask, blk, True,
-                                   W, D, USE_SE, USE_ASM, SUMROW)
-    return o0, o1, o2, o3, usum * (1.0 / 255.0)
 
 
 @triton.jit
@@ -412,152 +335,212 @@ def _deq_v(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, VMN, VSC, moff, bvalid):
     return dequant_lut(vb, SH, lo[None, :], hi[None, :], USE_ASM)
 
 
-# ----------------------------------------------------------------------------- prefetching path
-# The decode loop software-pipelines by hand: the next block's code bytes and metadata are loaded
-# into registers while the current block is computed (Triton's pipeliner only streams loads that
-# feed a dot directly, and the unpack sits in between).  Metadata are 1-D vectors: K per partition
-# p < NP (up to 4; unused slots repeat slot 0) and V per channel group c.
+# ----------------------------------------------------------------------------- row-packed tile
+# The tile of the row-packed decode kernel (hack_decode_rp.py), also the row-scaled prefill kernel's
+# (hack_attn_prefill.py): Q rounded per row, P rounded with one FMA, P row sums on the tensor cores,
+# O and l kept x255, 128 sum v' added in INT32 (see hack_decode_rp.py's docstring for the algebra).
 @triton.jit
-def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr):
-    if p < NP:
+def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr, MASKED: tl.constexpr):
+    if MASKED:
         r = tl.load(KX + tok * NP + p, mask=tmask, other=0)
     else:
-        r = tl.load(KX + tok * NP, mask=tmask, other=0)
-    return r
+        r = tl.load(KX + tok * NP + p)
+    return r.to(tl.float32)
 
 
 @triton.jit
-def load_block(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, tok, tmask, blk, bvalid,
-               W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, LOAD_SUMS: tl.constexpr):
-    j = tl.arange(0, W)
-    kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)   # [W, BN] uint8
-    vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)   # [BN, W] uint8
-    km = (_kvec(KSC, tok, tmask, 0, NP), _kvec(KSC, tok, tmask, 1, NP), _kvec(KSC, tok, tmask, 2, NP),
-          _kvec(KSC, tok, tmask, 3, NP), _kvec(KMN, tok, tmask, 0, NP), _kvec(KMN, tok, tmask, 1, NP),
-          _kvec(KMN, tok, tmask, 2, NP), _kvec(KMN, tok, tmask, 3, NP))
-    vo = blk * D + j
-    vm = (tl.load(VSC + vo, mask=bvalid, other=0.0), tl.load(VSC + vo + W, mask=bvalid, other=0.0),
-          tl.load(VSC + vo + 2 * W, mask=bvalid, other=0.0), tl.load(VSC + vo + 3 * W, mask=bvalid, other=0.0),
-          tl.load(VMN + vo, mask=bvalid, other=0.0), tl.load(VMN + vo + W, mask=bvalid, other=0.0),
-          tl.load(VMN + vo + 2 * W, mask=bvalid, other=0.0), tl.load(VMN + vo + 3 * W, mask=bvalid, other=0.0))
-    if LOAD_SUMS:
-        ks = (_kvec(KSM, tok, tmask, 0, NP), _kvec(KSM, tok, tmask, 1, NP), _kvec(KSM, tok, tmask, 2, NP),
-              _kvec(KSM, tok, tmask, 3, NP))
-        vs = (tl.load(VSM + vo, mask=bvalid, other=0), tl.load(VSM + vo + W, mask=bvalid, other=0),
-              tl.load(VSM + vo + 2 * W, mask=bvalid, other=0), tl.load(VSM + vo + 3 * W, mask=bvalid, other=0))
-    else:
-        ks = (km[0], km[1], km[2], km[3])
-        vs = (vm[0], vm[1], vm[2], vm[3])
-    return kb, vb, km, ks, vm, vs
-
-
-@triton.jit
-def _k_term_t(i, a, b, c, sk, mk, ks, z, USE_SE: tl.constexpr):
+def _part_term(x, i, KMN, KSC, KSM, kcs, tok, tmask, p: tl.constexpr, NP: tl.constexpr, beta, gamma,
+               USE_SE: tl.constexpr, MASKED: tl.constexpr):
+    """x + sk_p (I_p + beta ks_p) + gamma_p mk_p for one K partition ([R, BN]; x = 0 for the first).
+    Each term is added to the dot's result in turn so that Triton keeps it in the dot's layout."""
+    sk = _kvec(KSC, tok, tmask, p, NP, MASKED)
+    mk = _kvec(KMN, tok, tmask, p, NP, MASKED)
     if USE_SE:
-        kss = ks.to(tl.float32)
+        ks = _kvec(KSM, tok, tmask, p, NP, MASKED)
+        t = i.to(tl.float32) + beta[:, None] * ks[None, :]
     else:
-        kss = z.to(tl.float32)
-    return ((a[:, None] * i.to(tl.float32) + b[:, None] * kss[None, :]) * sk.to(tl.float32)[None, :]
-            + c[:, None] * mk.to(tl.float32)[None, :])
+        t = i.to(tl.float32) + beta[:, None] * kcs.to(tl.float32)
+    x = x + t * sk[None, :]
+    return x + gamma[:, None] * mk[None, :]
 
 
 @triton.jit
-def hack_scores_t(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, kb, km, ks,
-                  GPP: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr, SUMROW: tl.constexpr):
-    """hack_scores on a prefetched block (see hack_scores)."""
+def rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
+               W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
+               USE_ASM: tl.constexpr, MASKED: tl.constexpr):
+    """x [R, BN] with log2 score = a * x (see module docstring)."""
+    j = tl.arange(0, W)
+    if MASKED:
+        kb = tl.load(KC + tok[None, :] * W + j[:, None], mask=tmask[None, :], other=0)  # [W, BN] uint8
+    else:
+        kb = tl.load(KC + tok[None, :] * W + j[:, None])
     k0 = unpack_codes(kb, 0, 2, USE_ASM)
     k1 = unpack_codes(kb, 2, 2, USE_ASM)
     k2 = unpack_codes(kb, 4, 2, USE_ASM)
     k3 = unpack_codes(kb, 6, 2, USE_ASM)
-    i0 = tl.dot(qi0, k0, out_dtype=tl.int32)
-    i1 = tl.dot(qi1, k1, out_dtype=tl.int32)
-    i2 = tl.dot(qi2, k2, out_dtype=tl.int32)
-    i3 = tl.dot(qi3, k3, out_dtype=tl.int32)
-    if USE_SE:
-        z0 = 0
-        z1 = 0
-        z2 = 0
-        z3 = 0
-    elif SUMROW >= 0:
-        rsel = (tl.arange(0, qi0.shape[0]) == SUMROW)[:, None]
-        z0 = tl.sum(tl.where(rsel, i0, 0), 0)
-        z1 = tl.sum(tl.where(rsel, i1, 0), 0)
-        z2 = tl.sum(tl.where(rsel, i2, 0), 0)
-        z3 = tl.sum(tl.where(rsel, i3, 0), 0)
-    else:
-        z0 = tl.sum(k0.to(tl.int32), 0)
-        z1 = tl.sum(k1.to(tl.int32), 0)
-        z2 = tl.sum(k2.to(tl.int32), 0)
-        z3 = tl.sum(k3.to(tl.int32), 0)
     if GPP == 1:
-        s = _k_term_t(i0, a0, b0, c0, km[0], km[4], ks[0], z0, USE_SE)
-        s += _k_term_t(i1, a1, b1, c1, km[1], km[5], ks[1], z1, USE_SE)
-        s += _k_term_t(i2, a2, b2, c2, km[2], km[6], ks[2], z2, USE_SE)
-        s += _k_term_t(i3, a3, b3, c3, km[3], km[7], ks[3], z3, USE_SE)
+        c0 = 0
+        c1 = 0
+        c2 = 0
+        c3 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k0, out_dtype=tl.int32)
+            c1 = tl.dot(ones_q, k1, out_dtype=tl.int32)
+            c2 = tl.dot(ones_q, k2, out_dtype=tl.int32)
+            c3 = tl.dot(ones_q, k3, out_dtype=tl.int32)
+        x = _part_term(0.0, tl.dot(qi0, k0, out_dtype=tl.int32), KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi1, k1, out_dtype=tl.int32), KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm1,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi2, k2, out_dtype=tl.int32), KMN, KSC, KSM, c2, tok, tmask, 2, NP, beta, gm2,
+                       USE_SE, MASKED)
+        x = _part_term(x, tl.dot(qi3, k3, out_dtype=tl.int32), KMN, KSC, KSM, c3, tok, tmask, 3, NP, beta, gm3,
+                       USE_SE, MASKED)
     elif GPP == 2:
-        s = _k_term_t(i0 + i1, a0, b0, c0, km[0], km[4], ks[0], z0 + z1, USE_SE)
-        s += _k_term_t(i2 + i3, a2, b2, c2, km[1], km[5], ks[1], z2 + z3, USE_SE)
+        i0 = tl.dot(qi1, k1, tl.dot(qi0, k0, out_dtype=tl.int32), out_dtype=tl.int32)
+        i1 = tl.dot(qi3, k3, tl.dot(qi2, k2, out_dtype=tl.int32), out_dtype=tl.int32)
+        c0 = 0
+        c1 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k1, tl.dot(ones_q, k0, out_dtype=tl.int32), out_dtype=tl.int32)
+            c1 = tl.dot(ones_q, k3, tl.dot(ones_q, k2, out_dtype=tl.int32), out_dtype=tl.int32)
+        x = _part_term(0.0, i0, KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0, USE_SE, MASKED)
+        x = _part_term(x, i1, KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm2, USE_SE, MASKED)
     else:
-        s = _k_term_t(i0 + i1 + i2 + i3, a0, b0, c0, km[0], km[4], ks[0], z0 + z1 + z2 + z3, USE_SE)
-    return s
+        i0 = tl.dot(qi0, k0, out_dtype=tl.int32)
+        i0 = tl.dot(qi1, k1, i0, out_dtype=tl.int32)
+        i0 = tl.dot(qi2, k2, i0, out_dtype=tl.int32)
+        i0 = tl.dot(qi3, k3, i0, out_dtype=tl.int32)
+        c0 = 0
+        if not USE_SE:
+            c0 = tl.dot(ones_q, k0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k1, c0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k2, c0, out_dtype=tl.int32)
+            c0 = tl.dot(ones_q, k3, c0, out_dtype=tl.int32)
+        x = _part_term(0.0, i0, KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0, USE_SE, MASKED)
+    return x
 
 
 @triton.jit
-def _v_update_t(o, p8, usum, vc, alpha, sv, mv, vsum, USE_SE: tl.constexpr, SUMROW: tl.constexpr):
-    acc = tl.dot(p8, vc, out_dtype=tl.int32)  # [R, W]
+def _sel_rows(copy, vec0, vec1, vec2, vec3, R: tl.constexpr):
+    """[R_rows, W] tile whose rows of copy k hold vec_k."""
+    if R == 1:
+        t = tl.broadcast_to(vec0[None, :], (copy.shape[0], vec0.shape[0]))
+    elif R == 2:
+        t = tl.where((copy == 0)[:, None], vec0[None, :], vec1[None, :])
+    else:
+        t = tl.where((copy == 0)[:, None], vec0[None, :], vec1[None, :])
+        t = tl.where((copy == 2)[:, None], vec2[None, :], t)
+        t = tl.where((copy == 3)[:, None], vec3[None, :], t)
+    return t
+
+
+@triton.jit
+def _vblock(VX, blk, end, off, k: tl.constexpr, R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr,
+            MASKED: tl.constexpr):
+    """Metadata vector of V block blk + k (k < R) for channels off, in its stored dtype."""
+    if k < R:
+        if MASKED:
+            r = tl.load(VX + (blk + k) * D + off, mask=(blk + k) * PI < end, other=0)
+        else:
+            r = tl.load(VX + (blk + k) * D + off)
+    else:
+        r = tl.zeros([off.shape[0]], VX.dtype.element_ty)
+    return r
+
+
+@triton.jit
+def _rp_v_update(o, p8, usum, alpha, vcode, cmask8, copy, VMN, VSC, VSM, blk, end, off,
+                 R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, MASKED: tl.constexpr):
+    """o <- alpha o + sv (P''V' + 128 vs) + mv u for one channel group, each copy's rows against its
+    own V block (o and l are kept times 255: sum p v = (1/255) sum u v)."""
+    acc = tl.dot(p8, vcode, out_dtype=tl.int32)  # [R_rows, W]
     if USE_SE:
-        vs = vsum.to(tl.float32)
-    elif SUMROW >= 0:
-        rsel = (tl.arange(0, p8.shape[0]) == SUMROW)[:, None]
-        vs = tl.sum(tl.where(rsel, acc, 0), 0).to(tl.float32)
+        vs = _sel_rows(copy, _vblock(VSM, blk, end, off, 0, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 1, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 2, R, PI, D, MASKED).to(tl.int32),
+                       _vblock(VSM, blk, end, off, 3, R, PI, D, MASKED).to(tl.int32), R)
     else:
-        vs = tl.sum(vc.to(tl.int32), 0).to(tl.float32)
-    upd = (sv.to(tl.float32)[None, :] * (acc.to(tl.float32) + 128.0 * vs[None, :])
-           + mv.to(tl.float32)[None, :] * usum[:, None])
-    return o * alpha[:, None] + upd * (1.0 / 255.0)
+        vs = tl.dot(cmask8, vcode, out_dtype=tl.int32)  # each copy's block code sums
+    a = _sel_rows(copy, _vblock(VSC, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+                  _vblock(VSC, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    o = o * alpha[:, None] + a * (acc + vs * 128).to(tl.float32)  # sum u v' = sum p''v' + 128 sum v' (INT32)
+    mv = _sel_rows(copy, _vblock(VMN, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+                   _vblock(VMN, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    return o + mv * usum[:, None]
 
 
 @triton.jit
-def hack_pv_t(o0, o1, o2, o3, p, alpha, vb, vm, vs, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-              SUMROW: tl.constexpr):
-    """hack_pv on a prefetched block (see hack_pv)."""
-    u = tl.floor(p * 255.0 + 0.5)
-    usum = tl.sum(u, 1)
-    p8 = u - 128.0
-    if not USE_SE:
-        if SUMROW >= 0:
-            p8 = tl.where((tl.arange(0, p.shape[0]) == SUMROW)[:, None], 1.0, p8)
-    p8 = p8.to(tl.int8)
-    o0 = _v_update_t(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, vm[0], vm[4], vs[0], USE_SE, SUMROW)
-    o1 = _v_update_t(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, vm[1], vm[5], vs[1], USE_SE, SUMROW)
-    o2 = _v_update_t(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, vm[2], vm[6], vs[2], USE_SE, SUMROW)
-    o3 = _v_update_t(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, vm[3], vm[7], vs[3], USE_SE, SUMROW)
-    return o0, o1, o2, o3, usum * (1.0 / 255.0)
+def rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
+             inblk, cmask8, ones_v, copy, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM,
+             W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, PI: tl.constexpr,
+             R: tl.constexpr, BN: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
+             MASKED: tl.constexpr, rows, CAUSAL: tl.constexpr):
+    """One tile of BN tokens from s0 (tokens >= end masked when MASKED; token > row masked when CAUSAL,
+    rows [R_rows] the query positions): the online-softmax state and the four O accumulators."""
+    tok = s0 + tl.arange(0, BN)
+    tmask = tok < end
+    x = rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
+                   W, NP, GPP, USE_SE, USE_ASM, MASKED)
+    if CAUSAL:
+        x = tl.where((tok[None, :] <= rows[:, None]) & tmask[None, :], x, float("-inf"))
+    elif MASKED:
+        x = tl.where(tmask[None, :], x, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(x, 1) * aq)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(x * aq[:, None] - m_new[:, None])
+    bits = (p * 255.0 + 12583040.0).to(tl.int32, bitcast=True)  # low byte: round(255 p) - 128 (INT8)
+    p8 = tl.where(inblk, bits, 0).to(tl.int8)
+    usum = tl.max(tl.dot(p8, ones_v, out_dtype=tl.int32), 1).to(tl.float32) + 128.0 * PI
+    j = tl.arange(0, W)
+    if MASKED:
+        vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W] uint8
+    else:
+        vb = tl.load(VC + tok[:, None] * W + j[None, :])
+    blk = s0 // PI
+    o0 = _rp_v_update(o0, p8, usum, alpha, unpack_codes(vb, 0, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j, R, PI, D, USE_SE, MASKED)
+    o1 = _rp_v_update(o1, p8, usum, alpha, unpack_codes(vb, 2, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + W, R, PI, D, USE_SE, MASKED)
+    o2 = _rp_v_update(o2, p8, usum, alpha, unpack_codes(vb, 4, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + 2 * W, R, PI, D, USE_SE, MASKED)
+    o3 = _rp_v_update(o3, p8, usum, alpha, unpack_codes(vb, 6, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
+                      j + 3 * W, R, PI, D, USE_SE, MASKED)
+    l_i = l_i * alpha + usum
+    return m_new, l_i, o0, o1, o2, o3
 
 
 @triton.jit
-def _deq_t(kb, SH: tl.constexpr, USE_ASM: tl.constexpr, sc, mn):
-    return dequant_codes(kb, SH, sc[None, :], mn[None, :], USE_ASM)
-
-
-@triton.jit
-def dequant_scores_t(q0, q1, q2, q3, kb, km, GPP: tl.constexpr, USE_ASM: tl.constexpr):
-    s = tl.dot(q0, _deq_t(kb, 0, USE_ASM, km[0 // GPP], km[4 + 0 // GPP]))
-    s = tl.dot(q1, _deq_t(kb, 2, USE_ASM, km[1 // GPP], km[4 + 1 // GPP]), s)
-    s = tl.dot(q2, _deq_t(kb, 4, USE_ASM, km[2 // GPP], km[4 + 2 // GPP]), s)
-    s = tl.dot(q3, _deq_t(kb, 6, USE_ASM, km[3 // GPP], km[4 + 3 // GPP]), s)
-    return s
-
-
-@triton.jit
-def dequant_pv_t(o0, o1, o2, o3, p16, alpha, vb, vm, USE_ASM: tl.constexpr):
-    o0 = tl.dot(p16, _deq_v2(vb, 0, USE_ASM, vm[0], vm[4]), o0 * alpha[:, None])
-    o1 = tl.dot(p16, _deq_v2(vb, 2, USE_ASM, vm[1], vm[5]), o1 * alpha[:, None])
-    o2 = tl.dot(p16, _deq_v2(vb, 4, USE_ASM, vm[2], vm[6]), o2 * alpha[:, None])
-    o3 = tl.dot(p16, _deq_v2(vb, 6, USE_ASM, vm[3], vm[7]), o3 * alpha[:, None])
-    return o0, o1, o2, o3
-
-
-@triton.jit
-def _deq_v2(vb, SH: tl.constexpr, USE_ASM: tl.constexpr, sc, mn):
-    return dequant_codes(vb, SH, sc[None, :], mn[None, :], USE_ASM)
+def q_round_rows(q0, q1, q2, q3, qk_scale, PI: tl.constexpr, GPP: tl.constexpr):
+    """Q rows (four channel groups [R, W], FP32) to 8 bits with one scale and min per row:
+    q'' = code - 128 (INT8 per group); log2 score = aq * x with x as in _rp_scores (aq = scale *
+    qk_scale, beta = min / scale + 128, gm_c = sum of q'' over the K partition of group c + PI beta)."""
+    mn = tl.minimum(tl.minimum(tl.min(q0, 1), tl.min(q1, 1)), tl.minimum(tl.min(q2, 1), tl.min(q3, 1)))
+    mx = tl.maximum(tl.maximum(tl.max(q0, 1), tl.max(q1, 1)), tl.maximum(tl.max(q2, 1), tl.max(q3, 1)))
+    sq = (mx - mn) / 255.0
+    sq = tl.where(sq > 0, sq, 1.0)  # a constant row is exact with any scale (all codes 0)
+    inv = 1.0 / sq
+    c0 = tl.minimum(tl.maximum(tl.floor((q0 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c1 = tl.minimum(tl.maximum(tl.floor((q1 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c2 = tl.minimum(tl.maximum(tl.floor((q2 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    c3 = tl.minimum(tl.maximum(tl.floor((q3 - mn[:, None]) * inv[:, None] + 0.5), 0.0), 255.0) - 128.0
+    beta = mn * inv + 128.0
+    gm0 = tl.sum(c0, 1)
+    gm1 = tl.sum(c1, 1)
+    gm2 = tl.sum(c2, 1)
+    gm3 = tl.sum(c3, 1)
+    if GPP == 2:
+        gm0 = gm0 + gm1
+        gm2 = gm2 + gm3
+    if GPP == 4:
+        gm0 = gm0 + gm1 + gm2 + gm3
+    gm0 += PI * beta
+    gm1 += PI * beta
+    gm2 += PI * beta
+    gm3 += PI * beta
+    return (c0.to(tl.int8), c1.to(tl.int8), c2.to(tl.int8), c3.to(tl.int8), sq * qk_scale, beta,
+            gm0, gm1, gm2, gm3)

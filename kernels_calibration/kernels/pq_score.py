@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import common  # noqa: F401  (patches the CPU interpreter's run-time loop bounds)
+from .launch import ScoreConfig
 
 
 @triton.jit
@@ -108,8 +109,7 @@ def tiles_per_program(n_rows: int, lmax: int, block_t: int, device: torch.device
 
 
 def pq_score(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens: torch.Tensor,
-             sm_scale: float | None = None, top_k: int | None = None, block_t: int = 128,
-             tiles: int | None = None, num_warps: int = 4):
+             sm_scale: float | None = None, top_k: int | None = None, config: ScoreConfig = ScoreConfig()):
     """PQ scores of every context token for every query head.
 
     q [B, H_q, D] fp16; centroids [B, H_kv, M, C, D/M] fp16; codes [B, H_kv, L_max, M] uint8 (< C);
@@ -143,10 +143,10 @@ def pq_score(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens
                                  DS_PAD=ds_pad, BC=bc, num_warps=4)
     scores = torch.empty((b, hq, lmax), dtype=torch.float32, device=q.device)
     if lmax:
-        tiles = tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)
-        tpp = tiles * block_t
+        block_t = config.block_t or 128
+        tpp = (config.tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)) * block_t
         _pq_score_kernel[(b * hkv, triton.cdiv(lmax, tpp))](
-            codes, lut, lens, scores, hkv, lmax, tpp, G=g, G_PAD=g_pad, M=m, C=c, BT=block_t, num_warps=num_warps)
+            codes, lut, lens, scores, hkv, lmax, tpp, G=g, G_PAD=g_pad, M=m, C=c, BT=block_t, **config.options(4, 3))
     if top_k is None:
         return scores
     return scores, torch.topk(scores, top_k, dim=-1).indices

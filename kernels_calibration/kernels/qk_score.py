@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 
 from .common import codes_per_byte, unpack_codes, use_asm
+from .launch import ScoreConfig
 from .pq_score import tiles_per_program
+from .quantize import dequantize_k_ref
 
 
 @triton.jit
@@ -87,7 +89,7 @@ def _qk_score_kernel(Q, CODES, KMIN, KSCALE, LENS, OUT, sm_scale, HKV, LMAX, TPP
 
 def qk_score(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale: torch.Tensor,
              lens: torch.Tensor, partition: int = 64, bits: int = 4, sm_scale: float | None = None,
-             top_k: int | None = None, block_t: int = 64, tiles: int | None = None, num_warps: int = 4):
+             top_k: int | None = None, config: ScoreConfig = ScoreConfig()):
     """Scores of every context token for every query head over quantize_k-format keys.
 
     q [B, H_q, D] fp16; codes [B, H_kv, L_max, D * bits / 8] uint8; k_min, k_scale
@@ -118,12 +120,12 @@ def qk_score(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale:
     q, codes, k_min, k_scale = q.contiguous(), codes.contiguous(), k_min.contiguous(), k_scale.contiguous()
     scores = torch.empty((b, hq, lmax), dtype=torch.float32, device=q.device)
     if lmax:
-        tiles = tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)
-        tpp = tiles * block_t
+        block_t = config.block_t or 64
+        tpp = (config.tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)) * block_t
         _qk_score_kernel[(b * hkv, triton.cdiv(lmax, tpp))](
             q, codes, k_min, k_scale, lens.to(torch.int32), scores, sm_scale, hkv, lmax, tpp,
             G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PI=partition, BITS=bits, BT=block_t,
-            USE_ASM=use_asm(codes) and bits in (2, 4), num_warps=num_warps)
+            USE_ASM=use_asm(codes) and bits in (2, 4), **config.options(4, 3))
     if top_k is None:
         return scores
     return scores, torch.topk(scores, top_k, dim=-1).indices
@@ -134,8 +136,6 @@ def qk_score_ref(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_sc
                  lens: torch.Tensor, partition: int = 64, bits: int = 4, sm_scale: float | None = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q . dequantize_k_ref(k) * sm_scale (GQA by repeating KV heads), -inf past lens."""
-    from .quantize import dequantize_k_ref
-
     b, hq, d = q.shape
     hkv = codes.shape[1]
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import codes_per_byte, sum_dtype
+from .launch import QuantizeConfig
 
 
 @triton.jit
@@ -127,8 +128,10 @@ def _check(x: torch.Tensor, partition: int, bits: int) -> None:
         raise ValueError("head_dim must be a power of two")
 
 
-def quantize_k(k: torch.Tensor, partition: int = 64, bits: int = 2, stochastic: bool = True, seed: int = 0):
-    """Quantize K rows ([..., D] fp16) with partitions of `partition` channels along head_dim.
+def quantize_k(k: torch.Tensor, partition: int = 64, bits: int = 2, stochastic: bool = True, seed: int = 0,
+               config: QuantizeConfig = QuantizeConfig()):
+    """Quantize K rows ([..., D] fp16) with partitions of `partition` channels along head_dim
+    (config.block_r rows per program).
 
     Returns (codes uint8 [..., W], k_min fp16 [..., NP], k_scale fp16 [..., NP], k_sum [..., NP]).
     """
@@ -142,16 +145,16 @@ def quantize_k(k: torch.Tensor, partition: int = 64, bits: int = 2, stochastic: 
     mn = torch.empty((r, npart), dtype=torch.float16, device=k.device)
     sc = torch.empty_like(mn)
     sm = torch.empty((r, npart), dtype=sum_dtype(bits, partition), device=k.device)
-    block_r = 16
+    block_r = config.block_r
     _quantize_rows_kernel[(triton.cdiv(r, block_r),)](
         x, codes, mn, sc, sm, r, seed, D=d, PI=partition, BITS=bits, BLOCK_R=block_r,
-        STOCHASTIC=stochastic, num_warps=4)
+        STOCHASTIC=stochastic, **config.options(4, 3))
     return (codes.reshape(*lead, w), mn.reshape(*lead, npart), sc.reshape(*lead, npart),
             sm.reshape(*lead, npart))
 
 
 def quantize_v(v: torch.Tensor, lens: torch.Tensor | None = None, partition: int = 64, bits: int = 2,
-               stochastic: bool = True, seed: int = 0):
+               stochastic: bool = True, seed: int = 0, config: QuantizeConfig = QuantizeConfig()):
     """Quantize V ([B, H, L, D] fp16) in blocks of `partition` tokens per channel.
 
     Tokens at or past lens[b] are ignored (their codes are left unwritten, zeros where allocated
@@ -170,7 +173,7 @@ def quantize_v(v: torch.Tensor, lens: torch.Tensor | None = None, partition: int
     sm = torch.zeros((b, h, nblk, d), dtype=sum_dtype(bits, partition), device=v.device)
     _quantize_blocks_kernel[(b * h, nblk)](
         v.contiguous(), lens.to(torch.int32), codes, mn, sc, sm, h, seq, nblk, seed,
-        D=d, PI=partition, BITS=bits, STOCHASTIC=stochastic, num_warps=4)
+        D=d, PI=partition, BITS=bits, STOCHASTIC=stochastic, **config.options(4, 3))
     return codes, mn, sc, sm
 
 

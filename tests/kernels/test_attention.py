@@ -8,13 +8,14 @@ exact attention on the dequantized cache, bounded by 2x the error of the float64
 import pytest
 import torch
 
-from kernels_calibration.kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
+from kernels_calibration.kernels.attn_decode import attn_decode_ref, fp_attn_decode, sdpa_decode, to_fp8
 from kernels_calibration.kernels.attn_prefill import attn_prefill_ref, fa_attn_prefill
-from kernels_calibration.kernels.dequant_attn_decode import dequant_attn_decode
-from kernels_calibration.kernels.hack_attn_decode import (attn_decode_ref, hack_attn_decode,
-                                                          hack_attn_decode_ref)
+from kernels_calibration.kernels.dequant_attn_decode import dequant_attn_decode, dequant_attn_decode_ref
+from kernels_calibration.kernels.hack_attn_decode import hack_attn_decode, hack_attn_decode_ref
 from kernels_calibration.kernels.hack_attn_prefill import hack_attn_prefill, hack_attn_prefill_ref
 from kernels_calibration.kernels.kv_cache import append_token, build_cache, dequantize_cache_ref
+from kernels_calibration.kernels.launch import (DequantDecodeConfig, FpDecodeConfig, HackDecodeConfig,
+                                                PrefillConfig)
 
 from kernel_test_helpers import DEVICE, randn, rel_err
 
@@ -30,7 +31,7 @@ def test_fp16_decode_matches_exact_and_sdpa():
     torch.manual_seed(1)
     k, v, lens = _kv(150, [150, 150])
     q = randn(B, HKV * G, D)
-    out = fp_attn_decode(q, k, v, lens, splits=3, block_n=32)
+    out = fp_attn_decode(q, k, v, lens, config=FpDecodeConfig(splits=3, block_n=32))
     assert rel_err(out, attn_decode_ref(q, k, v, lens)) < 2e-3
     if DEVICE == "cuda":
         assert rel_err(out, sdpa_decode(q, k, v)) < 2e-3
@@ -40,7 +41,8 @@ def test_fp16_decode_ragged():
     torch.manual_seed(2)
     k, v, lens = _kv(150, [150, 61])
     q = randn(B, HKV * G, D)
-    assert rel_err(fp_attn_decode(q, k, v, lens, splits=2, block_n=32), attn_decode_ref(q, k, v, lens)) < 2e-3
+    out = fp_attn_decode(q, k, v, lens, config=FpDecodeConfig(splits=2, block_n=32))
+    assert rel_err(out, attn_decode_ref(q, k, v, lens)) < 2e-3
 
 
 def test_fp8_decode():
@@ -49,13 +51,15 @@ def test_fp8_decode():
     q = randn(B, HKV * G, D)
     k8, ks = to_fp8(k)
     v8, vs = to_fp8(v)
-    out = fp_attn_decode(q, k8, v8, lens, ks, vs, splits=2, block_n=32)
+    out = fp_attn_decode(q, k8, v8, lens, ks, vs, config=FpDecodeConfig(splits=2, block_n=32))
     ref = attn_decode_ref(q, k8.float() * ks, v8.float() * vs, lens)
     assert rel_err(out, ref) < 2e-3
 
 
 @pytest.mark.parametrize("partition,rqe", [(32, True), (64, True), (128, True), (64, False)])
 def test_hack_decode(partition, rqe):
+    """The head-major kernel (HACK and fused-dequant modes; tiles of 4, 2 and 1 V blocks at PI 32, 64,
+    128) and the unfused dequantize-then-attend path, against exact attention over the cache."""
     torch.manual_seed(partition + rqe)
     k, v, lens = _kv(200, [200 - 41, 197])  # ragged, tails of 31 / 5 (PI=32), partial blocks
     q = randn(B, HKV * G, D)
@@ -63,56 +67,38 @@ def test_hack_decode(partition, rqe):
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_decode_ref(q, kd, vd, lens)
     ref_err = rel_err(hack_attn_decode_ref(q, cache), exact)
-    for use_se, prefetch, block_n, v_split in ((True, False, None, True), (False, False, None, True),
-                                               (True, True, None, True), (False, False, partition, True),
-                                               (True, False, None, False), (False, False, None, False)):
-        # v_split=False (masked P over the whole V tile) is the non-default P.V form
-        out = hack_attn_decode(q, cache, use_se=use_se, splits=3, prefetch=prefetch, block_n=block_n,
-                               v_split=v_split, row_packed=False)
+    for use_se in (True, False):
+        out = hack_attn_decode(q, cache, use_se=use_se, config=HackDecodeConfig(kernel="head_major", splits=3))
         assert rel_err(out, exact) < 2 * ref_err + 2e-3
-    # the fused dequantize baseline is FP16 arithmetic on the same cache
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, prefetch=True), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, block_n=partition), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, v_split=False), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=False, splits=2), exact) < 2e-3
+    # the dequantize baselines are FP16 arithmetic on the same cache
+    assert torch.equal(dequant_attn_decode_ref(q, cache), exact)
+    for kernel, splits in (("auto", 3), ("triton", 3), ("unfused", 2)):
+        got = dequant_attn_decode(q, cache, config=DequantDecodeConfig(kernel=kernel, splits=splits))
+        assert rel_err(got, exact) < 2e-3, kernel
     # and the quantized result is close to, but not equal to, FP16 attention
     assert rel_err(out, attn_decode_ref(q, k, v, lens)) > 10 * rel_err(out, exact)
 
 
-@pytest.mark.parametrize("partition,rqe", [(64, True), (128, True), (64, False)])
-def test_hack_decode_token_major(partition, rqe):
-    """The transposed (token-major) kernel: both modes, SE and no-SE, one split (direct write),
-    fused split combine (last program merges) and the separate combine kernel; lengths that end
-    mid-block and mid-tile."""
-    torch.manual_seed(10 * partition + rqe)
-    k, v, lens = _kv(300, [300 - 41, 297])
-    q = randn(B, HKV * G, D)
-    cache = build_cache(k, v, lens, partition, 2, rqe=rqe, stochastic=True, seed=7)
+def test_hack_decode_head_major_without_a_padding_row():
+    """16 query heads per KV head fill the 16-row dot: without SE the head-major kernel sums the codes
+    itself (no padding row of ones to take the sums on the tensor cores); head_dim 256 (two channel
+    groups per bit plane) runs on it by default."""
+    torch.manual_seed(12)
+    k, v, lens = _kv(150, [150 - 23, 97])
+    cache = build_cache(k, v, lens, 64, 2, rqe=True, stochastic=True, seed=2)
     kd, vd = dequantize_cache_ref(cache)
-    exact = attn_decode_ref(q, kd, vd, lens)
-    ref_err = rel_err(hack_attn_decode_ref(q, cache), exact)
+    q16 = randn(B, HKV * 16, D)
+    exact = attn_decode_ref(q16, kd, vd, lens)
+    ref_err = rel_err(hack_attn_decode_ref(q16, cache), exact)
     for use_se in (True, False):
-        for splits, fused in ((1, True), (3, True), (2, False)):
-            out = hack_attn_decode(q, cache, use_se=use_se, splits=splits, transposed=True, fused_combine=fused)
-            assert rel_err(out, exact) < 2 * ref_err + 2e-3, (use_se, splits, fused)
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=3, transposed=True), exact) < 2e-3
-    assert rel_err(dequant_attn_decode(q, cache, fused=True, splits=1, transposed=True), exact) < 2e-3
-    # the fused combine leaves its counters at zero: a second call gives the same output
-    a = hack_attn_decode(q, cache, splits=3, transposed=True, fused_combine=True)
-    assert torch.equal(a, hack_attn_decode(q, cache, splits=3, transposed=True, fused_combine=True))
-    # P.V token-major as well (v_side 0); with 8 heads per KV head and no padding head (8-wide
-    # dots) the no-SE code sums come from the codes themselves
-    q8 = randn(B, HKV * 8, D)
-    exact8 = attn_decode_ref(q8, kd, vd, lens)
-    err8 = rel_err(hack_attn_decode_ref(q8, cache), exact8)
-    for use_se in (True, False):
-        out = hack_attn_decode(q, cache, use_se=use_se, splits=2, transposed=True, v_side=0)
-        assert rel_err(out, exact) < 2 * ref_err + 2e-3
-        out = hack_attn_decode(q8, cache, use_se=use_se, splits=2, transposed=True, v_side=0, pad_heads_to=8)
-        assert rel_err(out, exact8) < 2 * err8 + 2e-3
-    with pytest.raises(ValueError, match="partition"):
-        hack_attn_decode(q, build_cache(k, v, lens, 32, 2), transposed=True)
+        out = hack_attn_decode(q16, cache, use_se=use_se, config=HackDecodeConfig(kernel="head_major", splits=2))
+        assert rel_err(out, exact) < 2 * ref_err + 2e-3, use_se
+    k2, v2 = randn(B, HKV, 150, 256), randn(B, HKV, 150, 256)
+    c2 = build_cache(k2, v2, lens, 64, 2, rqe=True, stochastic=True, seed=3)
+    q2 = randn(B, HKV * G, 256)
+    exact2 = attn_decode_ref(q2, *dequantize_cache_ref(c2), lens)
+    out2 = hack_attn_decode(q2, c2, config=HackDecodeConfig(splits=2))
+    assert rel_err(out2, exact2) < 2 * rel_err(hack_attn_decode_ref(q2, c2), exact2) + 2e-3
 
 
 @pytest.mark.parametrize("g,partition,rqe", [(8, 64, True), (8, 128, False), (8, 32, True), (4, 64, True)])
@@ -131,11 +117,9 @@ def test_hack_decode_row_packed(g, partition, rqe):
     ref_err = rel_err(ref_head, exact)
     for use_se in (True, False):
         for splits in (1, 3):
-            out = hack_attn_decode(q, cache, use_se=use_se, splits=splits, row_packed=True)
+            out = hack_attn_decode(q, cache, use_se=use_se, config=HackDecodeConfig(kernel="row_packed", splits=splits))
             assert rel_err(out, exact) < 2 * ref_err + 2e-3, (use_se, splits)
             assert rel_err(out, ref_head) < ref_err, (use_se, splits)
-    with pytest.raises(ValueError, match="row-packed"):
-        hack_attn_decode(q, cache, mode="dequant", row_packed=True)
 
 
 def test_hack_decode_step_fused_append():
@@ -145,6 +129,7 @@ def test_hack_decode_step_fused_append():
     import dataclasses
 
     from kernels_calibration.kernels.hack_decode_rp import hack_decode_step
+    from kernels_calibration.kernels.launch import DecodeConfig
 
     torch.manual_seed(21)
     k, v, _ = _kv(200, [1, 1])
@@ -156,8 +141,8 @@ def test_hack_decode_step_fused_append():
     for step in range(3):
         q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
         c1 = append_token(c1, kn, vn, seed=7)
-        o1 = hack_attn_decode(q, c1, splits=2)
-        o2, c2 = hack_decode_step(q, c2, kn, vn, seed=7, splits=2)
+        o1 = hack_attn_decode(q, c1, config=HackDecodeConfig(splits=2))
+        o2, c2 = hack_decode_step(q, c2, kn, vn, seed=7, config=DecodeConfig(splits=2))
         assert all(torch.equal(getattr(c1, f), getattr(c2, f)) for f in fields), step
         if step != 1:
             assert torch.equal(o1, o2), step
@@ -174,20 +159,37 @@ def test_hack_decode_step_fused_append():
         hack_decode_step(q, build_cache(k, v, lens, 64, 2, rqe=False), kn, vn)
 
 
+def test_launch_config_fields_reach_the_launch():
+    """A LaunchConfig field set by the caller wins over the family default; the defaults are the
+    measured ones (row-packed: 2 warps and 128 registers above 2K tokens at PI 64, 4 warps below)."""
+    from kernels_calibration.kernels.hack_decode_rp import launch_options
+    from kernels_calibration.kernels.launch import DecodeConfig
+
+    k, v, lens = _kv(64, [64, 64])
+    c64 = build_cache(k, v, lens, 64, 2)
+    assert launch_options(c64, 4096, DecodeConfig()) == {"num_warps": 2, "num_stages": 3, "maxnreg": 128}
+    assert launch_options(c64, 1024, DecodeConfig()) == {"num_warps": 4, "num_stages": 3}
+    assert launch_options(c64, 4096, DecodeConfig(maxnreg=0, num_warps=4)) == {"num_warps": 4, "num_stages": 3}
+    c128 = build_cache(k, v, lens, 128, 2)
+    assert launch_options(c128, 4096, DecodeConfig())["num_warps"] == 4
+
+
 def test_decode_step_dispatch(monkeypatch):
     """decode_step fuses the append into the attention launch up to FUSED_STEP_MAX_LEN tokens and runs
     append_token + hack_attn_decode beyond; checked at a step that fills a V block, where the two paths'
     outputs differ (the fused one attends that block in FP16), and at the next step, where they agree."""
     import dataclasses
 
-    from kernels_calibration.kernels import hack_attn_decode as had
+    from kernels_calibration.kernels import dispatch
+    from kernels_calibration.kernels.hack_attn_decode import decode_step
     from kernels_calibration.kernels.hack_decode_rp import hack_decode_step
+    from kernels_calibration.kernels.launch import DecodeConfig
 
     torch.manual_seed(23)
     # the Triton kernels on every device: on Hopper the unfused path above FUSED_STEP_MAX_LEN would take the
     # Gluon kernel, whose outputs agree with the row-packed kernel's but not bit for bit (its dispatch is
     # test_gluon_decode.py's test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens)
-    monkeypatch.setattr(had, "gluon_hack_applies", lambda *a, **kw: False)
+    monkeypatch.setattr(dispatch, "gluon_device", lambda q: False)
     k, v, _ = _kv(200, [1, 1])
     lens = torch.tensor([63, 127], dtype=torch.int32, device=DEVICE)   # the first append fills a block
 
@@ -196,22 +198,52 @@ def test_decode_step_dispatch(monkeypatch):
         return dataclasses.replace(c, **{f.name: getattr(c, f.name).clone() for f in dataclasses.fields(c)
                                          if isinstance(getattr(c, f.name), torch.Tensor)})
 
+    two = HackDecodeConfig(splits=2)
     q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
-    o_fused, c_fused = hack_decode_step(q, fresh(), kn, vn, seed=7, splits=2)
+    o_fused, c_fused = hack_decode_step(q, fresh(), kn, vn, seed=7, config=DecodeConfig(splits=2))
     c_sep = append_token(fresh(), kn, vn, seed=7)
-    o_sep = hack_attn_decode(q, c_sep, splits=2)
+    o_sep = hack_attn_decode(q, c_sep, config=two)
     assert not torch.equal(o_fused, o_sep)
-    o, c = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2)              # capacity 200 <= 2048: fused
+    assert dispatch.fused_step(q, fresh(), None, two)                     # capacity 200 <= 2048: fused
+    o, c = decode_step(q, fresh(), kn, vn, seed=7, config=two)
     assert torch.equal(o, o_fused) and torch.equal(c.lens, c_fused.lens)
-    o, c = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2, fused=False)
+    o, c = decode_step(q, fresh(), kn, vn, seed=7, config=HackDecodeConfig(splits=2, fused=False))
     assert torch.equal(o, o_sep) and torch.equal(c.v_codes, c_sep.v_codes)
-    monkeypatch.setattr(had, "FUSED_STEP_MAX_LEN", 100)
-    o, _ = had.decode_step(q, fresh(), kn, vn, seed=7, splits=2)
+    monkeypatch.setattr(dispatch, "FUSED_STEP_MAX_LEN", 100)
+    assert not dispatch.fused_step(q, fresh(), None, two)
+    o, _ = decode_step(q, fresh(), kn, vn, seed=7, config=two)
     assert torch.equal(o, o_sep)
     q2 = randn(B, HKV * 8, D)   # next step: no block fills, both paths give the same output
-    o1, _ = had.decode_step(q2, c_fused, kn, vn, seed=8, splits=2, fused=True)
-    o2, _ = had.decode_step(q2, c_sep, kn, vn, seed=8, splits=2, fused=False)
+    o1, _ = decode_step(q2, c_fused, kn, vn, seed=8, config=HackDecodeConfig(splits=2, fused=True))
+    o2, _ = decode_step(q2, c_sep, kn, vn, seed=8, config=HackDecodeConfig(splits=2, fused=False))
     assert torch.equal(o1, o2)
+
+
+def test_dispatch_picks_the_measured_kernel(monkeypatch):
+    """dispatch.py, the one place that chooses: on a Hopper GPU (simulated here) the Gluon HACK kernel
+    above FUSED_STEP_MAX_LEN tokens at PI 64 and GQA 8 unless a Triton option is set or a kernel is
+    pinned, the row-packed kernel where it takes the shape, the head-major one elsewhere; fused dequant
+    on the Gluon kernel where it takes the shape and no Triton option is set."""
+    from kernels_calibration.kernels import dispatch
+
+    k, v, lens = _kv(64, [64, 64])
+    c64, c32 = build_cache(k, v, lens, 64, 2), build_cache(k, v, lens, 32, 2)
+    q8, q2 = randn(B, HKV * 8, D), randn(B, HKV * 2, D)
+    auto = HackDecodeConfig()
+    monkeypatch.setattr(dispatch, "gluon_device", lambda q: True)
+    assert dispatch.hack_kernel(q8, c64, 4096, auto) == "gluon"
+    assert dispatch.hack_kernel(q8, c64, dispatch.FUSED_STEP_MAX_LEN, auto) == "row_packed"
+    assert dispatch.hack_kernel(q8, c64, 4096, HackDecodeConfig(num_warps=4)) == "row_packed"
+    assert dispatch.hack_kernel(q8, c32, 4096, auto) == "row_packed"     # the Gluon HACK kernel takes PI 64 only
+    assert dispatch.hack_kernel(q2, c64, 4096, auto) == "head_major"     # 2 query heads per KV head
+    assert dispatch.hack_kernel(q2, c64, 4096, HackDecodeConfig(kernel="gluon")) == "gluon"   # pinned: its refusal
+    assert not dispatch.fused_step(q8, c64, 1024, HackDecodeConfig(kernel="gluon"))
+    assert dispatch.dequant_kernel(q8, c64, DequantDecodeConfig()) == "gluon"
+    assert dispatch.dequant_kernel(q8, c32, DequantDecodeConfig()) == "triton"
+    assert dispatch.dequant_kernel(q8, c64, DequantDecodeConfig(num_warps=2)) == "triton"
+    monkeypatch.setattr(dispatch, "gluon_device", lambda q: False)
+    assert dispatch.hack_kernel(q8, c64, 4096, auto) == "row_packed"
+    assert dispatch.dequant_kernel(q8, c64, DequantDecodeConfig()) == "triton"
 
 
 def test_hack_decode_after_append_crosses_block():
@@ -223,35 +255,32 @@ def test_hack_decode_after_append_crosses_block():
         cache = append_token(cache, randn(B, HKV, D), randn(B, HKV, D), stochastic=False)
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_decode_ref(q, kd, vd, cache.lens)
-    out = hack_attn_decode(q, cache, splits=2, row_packed=False)
+    out = hack_attn_decode(q, cache, config=HackDecodeConfig(kernel="head_major", splits=2))
     assert rel_err(out, exact) < 2 * rel_err(hack_attn_decode_ref(q, cache), exact) + 2e-3
-    out = hack_attn_decode(q, cache, splits=2)  # the row-packed kernel (default)
+    out = hack_attn_decode(q, cache, config=HackDecodeConfig(splits=2))  # the row-packed kernel (default)
     assert rel_err(out, exact) < 2 * rel_err(hack_attn_decode_ref(q, cache, q_per_head=True), exact) + 2e-3
 
 
 def test_fa_prefill():
     torch.manual_seed(4)
     q, k, v = randn(1, 4, 100, D), randn(1, 2, 100, D), randn(1, 2, 100, D)
-    out = fa_attn_prefill(q, k, v, block_m=32, block_n=16, num_warps=4)
+    out = fa_attn_prefill(q, k, v, config=PrefillConfig(block_m=32, block_n=16, num_warps=4))
     assert rel_err(out, attn_prefill_ref(q, k, v)) < 2e-3
 
 
 @pytest.mark.parametrize("partition", [32, 64])
 def test_hack_prefill(partition):
+    """The prefill kernel rounds Q per row: against its own reference, within that reference's error of
+    exact attention over the cache."""
     torch.manual_seed(partition + 5)
     seq = 100
     q, k, v = randn(1, 4, seq, D), randn(1, 2, seq, D), randn(1, 2, seq, D)
     cache = build_cache(k, v, torch.tensor([seq]), partition, 2, rqe=False, stochastic=True, seed=1)
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_prefill_ref(q, kd, vd)
-    ref_err = rel_err(hack_attn_prefill_ref(q, cache), exact)
-    for use_se in (True, False):
-        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4, row_scaled=False)
-        assert rel_err(out, exact) < 2 * ref_err + 2e-3
-    # the row-scaled kernel (the default; Q rounded per row): its own reference, within that reference's error
     ref_row = hack_attn_prefill_ref(q, cache, q_per_row=True)
     row_err = rel_err(ref_row, exact)
     for use_se in (True, False):
-        out = hack_attn_prefill(q, cache, use_se=use_se, block_m=64, num_warps=4, row_scaled=True)
+        out = hack_attn_prefill(q, cache, use_se=use_se, config=PrefillConfig(block_m=64, num_warps=4))
         assert rel_err(out, exact) < 2 * row_err + 2e-3
         assert rel_err(out, ref_row) < row_err

@@ -1,7 +1,7 @@
 """The offline sm_90 compile (python -m kernels_calibration.sass, run in a subprocess because the
 kernel tests import the kernels under the Triton interpreter): the row-packed decode kernel's loop
-issues fewer instructions per token than the head-major kernel it replaced (NOTES.md, session 3),
-and the register cap the launcher uses above 2K tokens holds without local-memory arrays."""
+issues fewer instructions per token than the head-major kernel (DESIGN.md), the register caps the
+launchers use hold without local-memory arrays, and the Gluon kernels (no interpreter) compile."""
 import json
 import os
 import subprocess
@@ -41,10 +41,14 @@ def test_row_packed_loop_is_shorter_than_head_major():
     assert capped["REG"] <= 128 and capped["LOCAL"] == 0, capped
 
 
-def test_row_scaled_prefill_loop_is_shorter():
-    old = _sass("--kernel", "prefill", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
-    new = _sass("--kernel", "prefill_rs", "--pi", "64", "--block-m", "64", "--warps", "4", "--stages", "2")
-    assert new["warp_instructions_per_128_tokens"] < 0.9 * old["warp_instructions_per_128_tokens"], (new, old)
+def test_prefill_kernel_compiles_without_local_memory():
+    """The prefill kernel (the row-packed tile on 64 or 128 query rows) at its launch defaults: INT8
+    tensor-core products in the loop (wgmma or mma.sync, the compiler's choice) and no local memory,
+    also at PI 128 with 128 rows and 8 warps."""
+    for pi, bm, warps in (("64", "64", "4"), ("128", "128", "8")):
+        r = _sass("--kernel", "prefill", "--pi", pi, "--block-m", bm, "--warps", warps, "--stages", "2")
+        assert r["LOCAL"] == 0 and r["STACK"] == 0, (pi, r)
+        assert any(op in r["loop_opcodes"] for op in ("IMMA", "IGMMA")), (pi, r["loop_opcodes"])
 
 
 def test_fused_dequant_converts_codes_without_i2f_and_looks_up_in_operand_layouts():
@@ -57,35 +61,20 @@ def test_fused_dequant_converts_codes_without_i2f_and_looks_up_in_operand_layout
     for pi, warps in (("32", "2"), ("128", "4")):
         d = _sass("--kernel", "head_major", "--dequant", "--pi", pi, "--warps", warps)
         assert d["lut_ops"] > 0 and d["lut_ops_not_in_operand_layout"] == 0, (pi, d)
-    tm = _sass("--kernel", "token_major", "--dequant", "--pi", "64", "--warps", "4")
-    assert tm["lut_ops"] > 0 and tm["lut_ops_not_in_operand_layout"] == 0, tm
 
 
 def test_gluon_kernels_compile_and_their_loops_are_shorter_than_the_triton_kernels():
     """The Gluon kernels (no interpreter: this compile is their CI check) keep their operands in
     registers (no local memory), use the tensor cores in the loop, and issue fewer instructions per
-    token than the Triton kernels they replace or race (NOTES.md, session 5)."""
-    for pi in (64, 128):
-        r = _sass("--kernel", "gluon_dequant_wgmma", "--pi", str(pi))
-        assert r["STACK"] == 0 and r["LOCAL"] == 0, r
-        assert r["loop_opcodes"].get("HGMMA", 0) > 0 and r["loop_opcodes"].get("I2F", 0) == 0, r
+    token than the Triton kernels they race (DESIGN.md)."""
     dq = _sass("--kernel", "gluon_dequant", "--pi", "64")
     tri = _sass("--kernel", "head_major", "--dequant", "--pi", "64", "--warps", "2", "--maxnreg", "168")
     assert dq["LOCAL"] == 0 and dq["loop_opcodes"].get("HMMA", 0) > 0, dq
     assert dq["warp_instructions_per_128_tokens"] < 0.8 * tri["warp_instructions_per_128_tokens"], (dq, tri)
-    hk = _sass("--kernel", "gluon_hack", "--pi", "64")
+    hk = _sass("--kernel", "gluon_hack", "--pi", "64", "--maxnreg", "168")   # the launch default's cap
     rp = _sass("--kernel", "rp", "--pi", "64", "--warps", "2", "--maxnreg", "128")
-    assert hk["LOCAL"] == 0 and hk["loop_opcodes"].get("IMMA", 0) > 0, hk   # (56 bytes of spill slots with the tail)
+    assert hk["REG"] <= 168 and hk["LOCAL"] == 0 and hk["loop_opcodes"].get("IMMA", 0) > 0, hk
     assert hk["warp_instructions_per_128_tokens"] < 0.85 * rp["warp_instructions_per_128_tokens"], (hk, rp)
-    # the K code bytes through the shared-memory ring (ring=3, run 55): cp.async into shared memory and ldmatrix
-    # out of it in the loop, no local memory, and no more loop instructions than the plain kernel
-    ring = _sass("--kernel", "gluon_hack", "--pi", "64", "--ring", "3", "--prefetch", "1", "--maxnreg", "168")
-    plain = _sass("--kernel", "gluon_hack", "--pi", "64", "--prefetch", "1", "--maxnreg", "168")
-    assert ring["LOCAL"] == 0 and ring["loop_opcodes"].get("LDGSTS", 0) > 0 and ring["loop_opcodes"].get("LDSM", 0) > 0
-    assert "LDGSTS" not in plain["loop_opcodes"], plain
-    assert ring["loop_instructions"] <= plain["loop_instructions"], (ring, plain)
-    # the launch default's V path (run 57): planes 1-2 unshifted (no SHF) and the metadata by channel pairs
-    # (fewer loads): fewer loop instructions, still no local memory
-    v = _sass("--kernel", "gluon_hack", "--pi", "64", "--prefetch", "1", "--maxnreg", "168", "--vun", "--vpair")
-    assert v["LOCAL"] == 0 and v["loop_instructions"] < plain["loop_instructions"] - 30, (v, plain)
-    assert v["loop_opcodes"]["LDG"] < plain["loop_opcodes"]["LDG"] and v["loop_opcodes"]["SHF"] < plain["loop_opcodes"]["SHF"]
+    # no longer than the loop DESIGN.md accounts for (1,112 instructions per 64-token tile), with the L1
+    # prefetch of the next tile's code bytes (CCTL) in it
+    assert hk["loop_instructions"] <= 1112 and hk["loop_opcodes"].get("CCTL", 0) > 0, hk

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from kernels_calibration.kernels.launch import ScoreConfig
 from kernels_calibration.kernels.pq_score import pq_reconstruct_ref, pq_score, pq_score_ref, pq_score_work
 from kernels_calibration.kernels.qk_score import qk_score, qk_score_ref, qk_score_work
 from kernels_calibration.kernels.quantize import dequantize_k_ref, quantize_k, unpack_ref
@@ -59,7 +60,7 @@ def _pq_inputs(b, hq, hkv, d, m, bits, lmax, lens, seed):
 def test_pq_score_matches_ref(hq, hkv, d, m, bits, lens, block_t):
     lmax = max(lens) + 5                       # padding past the longest request too
     q, cent, codes, lens_t = _pq_inputs(len(lens), hq, hkv, d, m, bits, lmax, lens, seed=hq * 100 + m)
-    out = pq_score(q, cent, codes, lens_t, block_t=block_t, tiles=2)
+    out = pq_score(q, cent, codes, lens_t, config=ScoreConfig(block_t=block_t, tiles=2))
     assert out.shape == (len(lens), hq, lmax) and out.dtype == torch.float32
     ref64 = pq_score_ref(q.cpu(), cent.cpu(), codes.cpu(), lens_t.cpu(), dtype=torch.float64)
     khat = _group_heads(pq_reconstruct_ref(cent.cpu(), codes.cpu()).double(), hq)
@@ -71,7 +72,7 @@ def test_pq_score_topk_agrees():
     lens = [257, 100]
     q, cent, codes, lens_t = _pq_inputs(2, 8, 2, 128, 4, 8, 257, lens, seed=11)  # 256^4 code words: no ties
     k = 16
-    out, idx = pq_score(q, cent, codes, lens_t, top_k=k, block_t=64)
+    out, idx = pq_score(q, cent, codes, lens_t, top_k=k, config=ScoreConfig(block_t=64))
     ref = pq_score_ref(q.cpu(), cent.cpu(), codes.cpu(), lens_t.cpu(), dtype=torch.float64)
     ref_val, ref_idx = torch.topk(ref, k, dim=-1)
     assert idx.shape == (2, 8, k) and bool((idx.cpu() < lens_t.cpu().long()[:, None, None]).all())
@@ -107,7 +108,7 @@ def test_qk_score_matches_ref(hq, hkv, d, bits, partition, lens, block_t):
     k[:, :, :, :8] += 3.0                      # an offset channel group: min and scale terms both matter
     codes, kmin, kscale, _ = quantize_k(k, partition, bits, stochastic=False)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    out = qk_score(q, codes, kmin, kscale, lens_t, partition, bits, block_t=block_t, tiles=2)
+    out = qk_score(q, codes, kmin, kscale, lens_t, partition, bits, config=ScoreConfig(block_t=block_t, tiles=2))
     assert out.shape == (b, hq, lmax) and out.dtype == torch.float32
     qc, cc, mc, sc = q.cpu(), codes.cpu(), kmin.cpu(), kscale.cpu()
     ref64 = qk_score_ref(qc, cc, mc, sc, lens_t.cpu(), partition, bits, dtype=torch.float64)

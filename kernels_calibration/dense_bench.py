@@ -7,7 +7,8 @@ torch F.linear (cuBLAS, FP16) at the Llama-3.1-8B and -70B layer shapes over row
 and the memory-bound elementwise kernels a PyTorch layer runs besides (RMSNorm, the RoPE
 multiply/concat/addcmul, SiLU, the gate*up product, residual adds, copies), each timed as CUDA
 graph replays (the way the harness runs its decode steps) with rotating weight copies so no
-weight is served from L2.  Writes DIR/dense_rows.csv (kind, op, m, n, k, bytes, flops, time_s) and
+weight is served from L2.  Writes DIR/dense_rows.csv (kind, op, m, n, k, bytes, flops, time_s and the
+provenance columns gpu_name, driver, torch, triton, git_rev, date) and
 DIR/dense_fit.json; `fit_dense` (numpy only, no GPU) turns rows into the profile's fields:
   gemm: time = overhead_s + max(flops / (matmul_fp16 * compute_eff), bytes / (memory * memory_eff))
   elementwise: time = overhead_s + bytes / (memory * elementwise_eff)
@@ -32,13 +33,14 @@ def measure(out: Path) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from .measure import _n_rot, time_graph   # graph replays over n_rot input sets (>= 256 MB), median per step
+    from .measure import _n_rot, provenance, time_graph   # graph replays over n_rot input sets (>= 256 MB)
 
     dev = "cuda"
     rows: list[dict] = []
+    prov = {k: provenance().get(k, "") for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")}
 
     def add(kind, op, m, n, k, bytes_, flops, t):
-        rows.append(dict(kind=kind, op=op, m=m, n=n, k=k, bytes=bytes_, flops=flops, time_s=t))
+        rows.append(dict(kind=kind, op=op, m=m, n=n, k=k, bytes=bytes_, flops=flops, time_s=t, **prov))
         print(f"{kind:11s} {op:14s} m={m:6d} n={n:6d} k={k:6d} {t * 1e6:10.2f} us "
               f"{bytes_ / t / 1e9:8.0f} GB/s {flops / t / 1e12:7.1f} TFLOP/s", flush=True)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -286,7 +287,44 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") -> dict:
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def file_record(path: Path, rows: int | None = None) -> dict:
+    """sha256 (and the row count) of a file the profile was fitted from."""
+    rec: dict = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    if rows is not None:
+        rec["rows"] = rows
+    return rec
+
+
+def command_line(argv: list[str]) -> str:
+    """The profile command with its paths relative to the repository (--out left out: where the
+    profile is written does not change it)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        p = Path(a)
+        if p.exists():
+            try:
+                a = str(p.resolve().relative_to(ROOT))
+            except ValueError:
+                pass
+        out.append(a)
+    return " ".join(["python -m kernels_calibration.profile", *out])
+
+
+def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", command: str | None = None,
+                  fitted_from: dict | None = None) -> dict:
+    """The profile of `rows` (one per kernel and shape) and `peaks`; prov: the peaks measurement's
+    provenance (GPU, driver, versions, git revision, date).  command and fitted_from (file name ->
+    file_record: the rows, dense rows and peaks files, which lie beside a committed profile.json) make
+    the profile's own provenance; every row carries its own revision, summarized in row_revisions."""
     def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None):
         best: dict = {}
         for r in rows:
@@ -336,15 +374,12 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
              "Decode steps of the quantized variants include the append of the new token (HACK: "
              "hack_attn_decode.decode_step, which fuses it into the row-packed attention launch up to 2K tokens "
              "and above that runs the Gluon one-warp kernel at PI 64 (or the row-packed one, whichever is faster "
-             "per shape); decode_attn.hack*_triton: the row-packed kernel alone, which derive.py scales for GPUs "
-             "before Hopper; fused "
-             "dequant: the faster per shape of the Gluon one-warp mma.sync kernel, gluon_decode.py, and the Triton "
-             "kernel; decode_attn.dequant_fused_triton: the Triton kernel alone, which derive.py scales for GPUs "
-             "before Hopper); they were "
-             "timed as CUDA "
-             "graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, head_dim 128, "
-             "2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of torch._int_mm "
-             "layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
+             "per shape); fused dequant: the faster per shape of the Gluon one-warp mma.sync kernel, "
+             "gluon_decode.py, and the Triton kernel); decode_attn.hack*_triton and dequant_fused_triton: the "
+             "Triton kernels alone (measure.TRITON_TWINS), which derive.py scales for GPUs before Hopper. They "
+             "were timed as CUDA graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, "
+             "head_dim 128, 2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of "
+             "torch._int_mm layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
     if any(k.startswith(("score.", "select.")) for k in kernels):
         notes += (" score.pq: PQ LUT build + code gather, M = 2 sub-spaces (score.pq_m8: M = 8), 8-bit codes, "
                   "unit sum_b ctx_b * H_kv; score.quantized_keys: q . dequant(k) over 4-bit keys "
@@ -354,7 +389,9 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     return {
         "schema_version": 1, "gpu": gpu, "source": "measured", "derived_from": None,
         "provenance": {**{k: prov.get(k) for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
-                       "notes": notes},
+                       **({"command": command} if command else {}),
+                       **({"fitted_from": fitted_from} if fitted_from else {}),
+                       "row_revisions": row_revisions(rows), "notes": notes},
         "memory_gbps": round(peaks["memory_gbps"], 1),
         "matmul_fp16_tflops": round(peaks["fp16_tflops"], 1),
         "matmul_int8_tops": None if peaks.get("int8_tops") is None else round(peaks["int8_tops"], 1),
@@ -364,7 +401,18 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200") 
     }
 
 
+def row_revisions(rows: list[dict]) -> dict:
+    """{git revision: the earliest date of a row measured at it} over the rows that carry one."""
+    out: dict = {}
+    for r in rows:
+        rev, date = r.get("git_rev"), str(r.get("date") or "")
+        if rev:
+            out[rev] = min(out.get(rev, date), date)
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description="Profile the kernels and fit a calibration profile")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
@@ -385,21 +433,28 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.fit_only:
         rows = merge_rows([read_rows(path) for path in args.fit_only])
+        rows_path = args.fit_only[0]
         if len(args.fit_only) > 1:
-            write_rows(rows, args.out / "rows.csv")
-        meta = json.loads((args.fit_only[0].parent / "peaks.json").read_text())
+            rows_path = args.out / "rows.csv"
+            write_rows(rows, rows_path)
+        peaks_path = args.fit_only[0].parent / "peaks.json"
+        meta = json.loads(peaks_path.read_text())
         dense_paths = [p.parent / "dense_rows.csv" for p in args.fit_only if (p.parent / "dense_rows.csv").exists()]
     else:
         rows = measure_all(args.out, args.quick, args.only)
         meta = json.loads((args.out / "peaks.json").read_text())
-        rows = read_rows(args.out / "rows.csv")
+        rows_path, peaks_path = args.out / "rows.csv", args.out / "peaks.json"
+        rows = read_rows(rows_path)
         dense_paths = []
         if args.only == "all":   # the GEMMs and elementwise kernels of a layer (dense_bench.py)
             from .dense_bench import measure as measure_dense
             dense = measure_dense(args.out)
             write_rows(dense, args.out / "dense_rows.csv")
             dense_paths = [args.out / "dense_rows.csv"]
-    prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu)
+    fitted_from = {rows_path.name: file_record(rows_path, len(rows)),
+                   **{p.name: file_record(p, len(read_rows(p))) for p in dense_paths},
+                   peaks_path.name: file_record(peaks_path)}
+    prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu, command_line(argv), fitted_from)
     if dense_paths:
         peaks = meta["peaks"]
         apply_dense_fit(prof, fit_dense([r for p in dense_paths for r in read_rows(p)], peaks["memory_gbps"],

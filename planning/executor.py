@@ -1,11 +1,13 @@
 """Run many scenario points: a content-addressed disk cache in front of a process pool or Ray tasks.
 
-A point is one resolved `Scenario`; its key is sha256 of a code-version salt and
-`scenario.model_dump_json()`, so two points that resolve to the same scenario run once, and a
-rerun (an interrupted sweep, or `plan` after `sweep`) reads finished points from
-`DIR/.cache/<key[:2]>/<key>.json` instead of simulating them again. The salt hashes the source
-that decides a point's numbers (simulator, cost model, catalogs, calibration profiles), so editing
-any of them invalidates the cache instead of serving stale results.
+A point is one resolved `Scenario`; its key is sha256 of a code-version salt,
+`scenario.model_dump_json()` and the calibration profiles the scenario is priced with, so two
+points that resolve to the same scenario run once, and a rerun (an interrupted sweep, or `plan`
+after `sweep`) reads finished points from `DIR/.cache/<key[:2]>/<key>.json` instead of simulating
+them again. The salt hashes the source that decides every point's numbers (simulator, cost model,
+catalogs), and each point adds the profile files its prefill and decode pools use, so editing any of
+them invalidates the points they price instead of serving stale results, while a file added under
+`kernels_calibration/profiles/` (or another GPU's profile re-measured) leaves the other points cached.
 
 Each point runs every method of its scenario separately through `run_scenario`, so one method
 that does not fit (say FP16 KV larger than a decode replica) becomes that method's error without
@@ -37,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bumped when the shape of a cached result changes.
 RESULT_VERSION = "1"
 # What decides a point's numbers besides its scenario JSON: instance facts (network, host memory,
-# intra-node bandwidth) and calibration profiles are looked up by key at run time.
-SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/*", "kernels_calibration/profiles/**/*")
+# intra-node bandwidth) are looked up by key at run time; the calibration profiles a point uses are
+# hashed into its own key (profile_files).
+SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/*")
 
 
 class PlanningError(ValueError):
@@ -96,8 +99,24 @@ def code_salt() -> str:
     return h.hexdigest()
 
 
-def point_key(scenario_json: str) -> str:
-    return hashlib.sha256((code_salt() + "\n" + scenario_json).encode()).hexdigest()
+def profile_files(scenario) -> list[Path]:
+    """The calibration profile files the scenario's prefill and decode pools are priced with (none for
+    a roofline profile; a profile that cannot be read is the point's error, so it adds nothing here)."""
+    from simulator.config import ScenarioError
+    from simulator.run import resolve
+
+    try:
+        res = resolve(scenario, "point")
+    except ScenarioError:
+        return []
+    return sorted({Path(p.path) for p in (res.prefill_profile, res.decode_profile) if p.path})
+
+
+def point_key(scenario_json: str, profiles: Iterable[Path] = ()) -> str:
+    h = hashlib.sha256((code_salt() + "\n" + scenario_json).encode())
+    for p in profiles:
+        h.update(b"\n" + p.read_bytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -110,7 +129,7 @@ class Task:
     @classmethod
     def of(cls, scenario) -> "Task":
         js = scenario.model_dump_json()
-        return cls(point_key(js), js)
+        return cls(point_key(js, profile_files(scenario)), js)
 
 
 class PointCache:

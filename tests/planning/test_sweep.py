@@ -151,3 +151,28 @@ def test_the_cache_key_changes_with_the_scenario_not_with_dict_order():
     assert executor.Task.of(a).key == executor.Task.of(parse_scenario(reordered, "b")).key
     c = parse_scenario(build_raw(TINY_BASE, {"workload.seed": 3}), "c")
     assert executor.Task.of(a).key != executor.Task.of(c).key
+
+
+def test_the_cache_key_hashes_the_profiles_a_point_uses_and_no_others(tmp_path):
+    """A point's key covers the calibration profile files its pools are priced with: changing the file a
+    point uses changes its key; a file added beside it, or another GPU's profile, does not (the code salt
+    hashes no profile)."""
+    import shutil
+
+    from simulator.config import parse_scenario
+    from simulator.run import PROFILES_DIR
+
+    assert not any("profiles" in g for g in executor.SALT_GLOBS)
+    auto = parse_scenario(build_raw(TINY_BASE, {"calibration.prefill_profile": "auto",
+                                                "calibration.decode_profile": "auto"}), "auto")
+    gpus = {auto.prefill.gpu.preset, auto.decode.gpu.preset}     # g6e.12xlarge: L40S
+    assert executor.profile_files(auto) == sorted(PROFILES_DIR / g / "profile.json" for g in gpus) != []
+    assert executor.profile_files(parse_scenario(copy.deepcopy(TINY_BASE), "roofline")) == []
+    mine = tmp_path / "profile.json"
+    shutil.copy(PROFILES_DIR / "h200" / "profile.json", mine)
+    s = parse_scenario(build_raw(TINY_BASE, {"calibration.decode_profile": str(mine)}), "mine")
+    key = executor.Task.of(s).key
+    (tmp_path / "rows.csv").write_text("a new log beside the profile\n")
+    assert executor.Task.of(s).key == key
+    mine.write_text(mine.read_text().replace('"gpu": "h200"', '"gpu": "h200" '))
+    assert executor.Task.of(s).key != key

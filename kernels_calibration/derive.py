@@ -89,7 +89,7 @@ def source_fits(src: dict, target_sm: int) -> dict[str, dict]:
     kernels = dict(src["kernels"])
     for name in GLUON_KERNELS:
         if target_sm < GLUON_MIN_SM and f"{name}_triton" in kernels:
-            # the Gluon kernels run on Hopper only (hack_attn_decode.gluon_applies): before it, fused
+            # the Gluon kernels run on Hopper only (kernels/dispatch.py): before it, fused
             # dequant and the HACK decode step are the Triton kernels, so their H200 fits are the ones scaled
             kernels[name] = {**kernels[f"{name}_triton"], "from": f"{name}_triton"}
     return kernels

@@ -3,7 +3,7 @@
 
 With one method and one rate the trace folder is --out itself.  Several methods and rates may be
 given: they run one after another in this process on the same model (weights built once), one
-trace folder each under --out, named <model>-L<layers>_<G>gbps_<method>_r<rate>.
+trace folder each under --out, named <label>_<method>_r<rate> (label: <model>-L<layers>_<G>gbps).
 """
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--time-limit-s", type=float, default=600.0, help="abort a run that does not drain")
     ap.add_argument("--keep-going", action="store_true", help="log a method's error and go on with the next")
+    ap.add_argument("--decode-mode", default="graphs", choices=["graphs", "eager"],
+                    help="graphs: the whole decode step replayed as a CUDA graph per (batch, context) bucket; "
+                         "eager: launch by launch")
+    ap.add_argument("--prefill-host-memory-gib", type=float, default=64.0,
+                    help="prefill back-pressure: KV prefilled and not yet transferred may hold this much")
+    ap.add_argument("--label", default=None, help="trace folder prefix (default <model>-L<layers>_<link>gbps)")
     a = ap.parse_args(argv)
     import torch  # after argparse: --help stays fast
 
@@ -48,7 +54,8 @@ def main(argv=None) -> int:
             prefill_max_batch_tokens=a.prefill_max_batch_tokens, max_decode_batch=a.max_decode_batch,
             prompt_range=tuple(a.prompt_range), output_range=tuple(a.output_range), hack_prefill=a.hack_prefill,
             do_warmup=not a.no_warmup and device == "cuda", chunk_bytes=int(a.chunk_mib * (1 << 20)),
-            time_limit_s=a.time_limit_s, keep_going=a.keep_going, log=lambda s: print(s, flush=True))
+            time_limit_s=a.time_limit_s, keep_going=a.keep_going, decode_mode=a.decode_mode,
+            prefill_host_memory_gib=a.prefill_host_memory_gib, label=a.label, log=lambda s: print(s, flush=True))
     return 0
 
 

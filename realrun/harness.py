@@ -6,7 +6,10 @@ What shares what (the matching simulator scenario must describe exactly this):
   compute kernels.
 * Scheduler loop, one pass per decode-iteration boundary:
   1. requests whose arrival time has passed join the prefill queue (FCFS);
-  2. if the prefill queue is not empty, ONE prefill batch runs (the oldest requests, up to
+  2. if the prefill queue is not empty and its head's KV fits in the prefill side's parked-KV budget
+     (``prefill_host_memory_bytes``: KV prefilled and not yet fully transferred; the head always
+     goes when nothing is parked, as the simulator's prefill back-pressure), ONE prefill batch
+     runs (the oldest requests, up to
      ``prefill_max_batch_requests`` (default 1) and ``prefill_max_batch_tokens`` prompt tokens;
      the first request always goes), then its quantize (encode) step; the prompt's first token
      comes out of the prefill (first_token_s = prefill_end_s).  For hack with the HACK prefill
@@ -21,9 +24,8 @@ What shares what (the matching simulator scenario must describe exactly this):
   4. transfers the link thread finished (transfer_end_s) join the decode batch at this boundary,
      up to ``max_decode_batch`` running requests (continuous batching);
   5. if any request is decoding, ONE decode iteration runs for all of them (decode_start_s of a
-     newly joined request = start_s of that iteration; its received KV is copied from the
-     receive buffer into its batch slot inside that iteration); requests that emitted their last
-     token finish at the iteration's end (finish_s = end_s).
+     newly joined request = start_s of that iteration); requests that emitted their last token
+     finish at the iteration's end (finish_s = end_s).
   With no decode work, no waiting prefill and nothing arrived, the loop sleeps until the next
   arrival or the next finished transfer.  So a waiting prefill delays decode by one prefill batch,
   and a prefill waits at most one decode iteration.
@@ -31,9 +33,13 @@ What shares what (the matching simulator scenario must describe exactly this):
   (GPU -> pinned host -> GPU, paced at link_gbps, round-robin chunks); it shares the GPU's copy
   engines and PCIe but no compute.  The sender's KV sits in a flat send buffer on the GPU and
   lands in a flat receive buffer on the same GPU.
-* A decode iteration: the dense part (embedding, norms, QKV/O projections, RoPE, MLP, LM head,
-  argmax) replays CUDA graphs captured per batch size (dense.py); the attention of each layer
-  (append + the method's kernels) runs eagerly between them; one host-device sync at its end.
+* A decode iteration (step.py): running requests sit in batch slots 0..n-1.  At its start one
+  kernel launch (kvcopy.py) places the joining requests' received KV into the lowest free slots and
+  moves the last running requests into the slots finished ones left, so the slots stay dense; then
+  the lengths and input tokens go to the GPU in one copy, and the whole step (embedding, every
+  layer's projections, the KV method's append and attention, MLP, LM head, argmax) runs as one
+  CUDA-graph replay of its (batch, context) bucket (``decode_mode="graphs"``, what vLLM and SGLang
+  do) or launch by launch (``"eager"``); one host-device sync at its end reads the next tokens.
 * Decode memory: the KV of running requests lives in a preallocated slot pool (the kernels want
   one contiguous [batch, kv_heads, tokens, ...] tensor per layer) sized for max_decode_batch
   requests of the longest prompt + output; ``kv_capacity_bytes`` is enforced by the admission
@@ -52,10 +58,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dense import DenseSteps, pinned
+from . import kvcopy
 from .kvformats import METHODS, KVMethodBase
 from .link import CHUNK_BYTES, Link, Transfer
 from .model import RandomLlama
+from .step import DecodeStep
 from .workload import Request
 
 GIB = 1 << 30
@@ -72,6 +79,8 @@ class RunConfig:
     max_decode_batch: int = 32
     max_total_tokens: int = 8192 + 128       # sizes the pool's per-slot capacity
     hack_prefill: str = "kernel"             # "kernel" (hack_attn_prefill) or "sdpa"
+    decode_mode: str = "graphs"              # "graphs" (the step replayed per bucket) or "eager"
+    prefill_host_memory_bytes: float = 64 * GIB   # parked-KV budget (the simulator's prefill host memory)
     chunk_bytes: int = CHUNK_BYTES
     seed: int = 0
     time_limit_s: float = 600.0              # abort a run that never drains (an unstable rate)
@@ -84,14 +93,15 @@ class _Req:
     footprint: int = 0
     send: torch.Tensor | None = None
     recv: torch.Tensor | None = None
-    first_token: torch.Tensor | None = None
+    tok: int = 0                          # the next input token (the last one generated)
+    wire: int = 0
     slot: int = -1
     stored: int = 0
     generated: int = 0
 
 
 class Harness:
-    def __init__(self, model: RandomLlama, cfg: RunConfig, dense: DenseSteps | None = None):
+    def __init__(self, model: RandomLlama, cfg: RunConfig):
         if cfg.method not in METHODS:
             raise ValueError(f"unknown method {cfg.method}")
         self.model, self.cfg = model, cfg
@@ -101,14 +111,13 @@ class Harness:
                                                         cfg.max_total_tokens + 1, seed=cfg.seed,
                                                         hack_prefill=cfg.hack_prefill)
         self.method.alloc_pool()
-        if dense is None or dense.max_n < cfg.max_decode_batch:
-            dense = DenseSteps(model, cfg.max_decode_batch)
-        self.dense = dense
-        self.tok_slots = dense.tok_slots
+        self.step = DecodeStep(model, self.method, cfg.max_decode_batch, cfg.decode_mode)
+        self.slots: list[_Req | None] = []
         self.host_issue: list[tuple[float, float]] = []   # (host time to issue, wall) per iteration
-        self.capture: list | None = None   # check.py: (layer, rows_slot, q, out) per layer, then ("x", x)
+        self.moves: list[tuple[int, int]] = []            # (joins, compactions) per iteration
 
     def close(self) -> None:
+        self.step.close()
         self.method.pool.clear()
         self.method._views.clear()
         self.method.scratch = None
@@ -162,75 +171,72 @@ class Harness:
             for layer, (k, v, state) in enumerate(kept[i]):
                 meth.encode_layer(views, layer, k, v, state)
             kept[i] = None
-            b.first_token = nxt[i]
         t_q = self.now()
-        for b in batch:
+        toks = nxt.tolist()
+        for i, b in enumerate(batch):
             b.t.update(prefill_start_s=t_start, prefill_end_s=t_end, first_token_s=t_end, quantize_end_s=t_q)
             b.generated = 1
+            b.tok = toks[i]
 
-    def decode_iteration(self, running: dict[int, _Req], joining: list[_Req], free_slots: list[int]):
-        m, meth, dev = self.model, self.method, self.device
+    def place(self, joining: list[_Req]) -> list:
+        """Joins take the lowest free slots; then the last running requests move into the slots still
+        free below them, so slots 0..n-1 hold the n running requests.  Returns the kvcopy segments."""
+        meth, slots = self.method, self.slots
+        holes = [i for i, r in enumerate(slots) if r is None]
+        segs: list = []
+        for r in joining:
+            i = holes.pop(0) if holes else len(slots)
+            if i == len(slots):
+                slots.append(r)
+            else:
+                slots[i] = r
+            r.slot, r.stored = i, r.req.prompt_tokens
+            segs += meth.join_segments(i, r.recv, r.req.prompt_tokens)
+        moved = 0
+        for i in holes:
+            while slots and slots[-1] is None:
+                slots.pop()
+            if i >= len(slots):
+                break
+            r = slots.pop()
+            segs += meth.move_segments(r.slot, i, r.stored)
+            slots[i], r.slot = r, i
+            moved += 1
+        while slots and slots[-1] is None:
+            slots.pop()
+        self.moves.append((len(joining), moved))
+        return segs
+
+    def decode_iteration(self, joining: list[_Req]):
+        m, dev = self.model, self.device
         t_start = self.now()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(dev)
+        segs = self.place(joining)
+        kvcopy.kvcopy(segs, m.shape.layers, m.shape.kv_heads, dev)
         for r in joining:
-            r.slot = heapq.heappop(free_slots)
-            meth.unpack(r.slot, r.recv, r.req.prompt_tokens)
             r.recv = None
-            r.stored = r.req.prompt_tokens
-            self.tok_slots[r.slot] = r.first_token
             r.t["decode_start_s"] = t_start
-            running[r.slot] = r
-        slots = sorted(running)
-        n, hi = len(slots), slots[-1] + 1
-        lens_prev = [0] * hi
-        for s in slots:
-            lens_prev[s] = running[s].stored
-        lens_attn = [lens_prev[i] + 1 if i in running else 0 for i in range(hi)]
-        max_len = max(lens_attn)
-        # both lens vectors start 16-byte aligned: Triton specialises pointers on alignment, and a
-        # misaligned one would compile a new kernel variant in the middle of a measured run
-        off = -(-hi // 4) * 4
-        ints = torch.tensor(lens_prev + [0] * (off - hi) + lens_attn, dtype=torch.int32)
-        ints = pinned(ints).to(dev, non_blocking=True) if self.cuda else ints
-        lp_d, la_d = ints[:hi], ints[off:off + hi]
-        b = self.dense.begin(n, torch.tensor(slots + [lens_prev[s] for s in slots], dtype=torch.int64))
-        rows_slot = b.rows
-        dense = n == hi
-        s = m.shape
-        for layer in range(s.layers):
-            if not dense:   # a hole in the slots: scatter rows to slots (zeros where no request)
-                qf = b.q.new_zeros((hi, s.q_heads, s.head_dim)).index_copy_(0, rows_slot, b.q)
-                kf = b.k.new_zeros((hi, s.kv_heads, s.head_dim)).index_copy_(0, rows_slot, b.k)
-                vf = b.v.new_zeros((hi, s.kv_heads, s.head_dim)).index_copy_(0, rows_slot, b.v)
-            else:
-                qf, kf, vf = b.q, b.k, b.v
-            o = meth.decode_attention(layer, qf, kf, vf, lp_d, la_d, rows_slot, hi, n, max_len)
-            if self.capture is not None:
-                self.capture_lens = la_d
-                self.capture.append((layer, rows_slot.clone(), qf.clone(), o.clone(),
-                                     meth.reference_attention(layer, qf, la_d, hi)))
-            if not dense:
-                o = o.index_select(0, rows_slot)
-            self.dense.after_attention(b, layer, o)
-        if self.capture is not None:   # b.x: the last layer's output, the LM head's input
-            self.capture.append(("x", rows_slot.clone(), b.x.clone()))
+        run = self.slots
+        n = len(run)
+        stored = [r.stored for r in run]
+        self.step.set_inputs([r.tok for r in run], stored)
+        self.step.run(n, max(stored) + 1)
         t_issued = time.perf_counter() - self.t0
         t_end = self.now()
+        toks = self.step.tok_out[:n].tolist()
         self.host_issue.append((t_issued - t_start, t_end - t_start))
         peak = torch.cuda.max_memory_allocated(dev) if self.cuda else 0
         finished = []
-        for sl in slots:
-            r = running[sl]
+        for i, r in enumerate(run):
             r.stored += 1
             r.generated += 1
+            r.tok = toks[i]
             if r.generated >= r.req.output_tokens:
                 r.t["finish_s"] = t_end
                 finished.append(r)
-        for r in finished:
-            del running[r.slot]
-            heapq.heappush(free_slots, r.slot)
-        return (t_start, t_end, n, sum(lens_attn), peak), finished
+                run[i] = None
+        return (t_start, t_end, n, sum(stored) + n, peak), finished
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self, workload: list[Request]):
@@ -252,14 +258,15 @@ class Harness:
         admit_q: collections.deque[_Req] = collections.deque()
         in_flight: dict[int, _Req] = {}
         ready: collections.deque[_Req] = collections.deque()
-        running: dict[int, _Req] = {}
-        free_slots = list(range(cfg.max_decode_batch))
+        self.slots = []
         used_bytes = 0
+        parked = 0     # wire bytes prefilled and not yet fully transferred (prefill back-pressure)
         done: list[_Req] = []
         iterations = []
         complete = True
 
         def take_transfers(block_s: float = 0.0) -> None:
+            nonlocal parked
             while True:
                 try:
                     tr = link.done.get(timeout=block_s) if block_s > 0 else link.done.get_nowait()
@@ -269,7 +276,12 @@ class Harness:
                 r = in_flight.pop(tr.key)
                 r.t["transfer_end_s"] = tr.end_s
                 r.send = None
+                parked -= r.wire
                 ready.append(r)
+
+        def prefill_may_start() -> bool:
+            return bool(prefill_q) and (parked == 0 or parked + meth.wire_bytes(prefill_q[0].req.prompt_tokens)
+                                        <= cfg.prefill_host_memory_bytes)
 
         try:
             while len(done) < len(workload):
@@ -279,7 +291,8 @@ class Harness:
                     break
                 while arrivals and arrivals[0].arrival_s <= now:
                     prefill_q.append(_Req(arrivals.popleft()))
-                if prefill_q:
+                take_transfers()
+                if prefill_may_start():
                     batch, tokens = [], 0
                     while prefill_q and len(batch) < cfg.prefill_max_batch_requests and (
                             not batch or tokens + prefill_q[0].req.prompt_tokens <= cfg.prefill_max_batch_tokens):
@@ -289,6 +302,8 @@ class Harness:
                     self.prefill(batch)
                     for b in batch:
                         b.footprint = meth.footprint_bytes(b.req.prompt_tokens + b.req.output_tokens)
+                        b.wire = b.send.numel()
+                        parked += b.wire
                     admit_q.extend(batch)
                 while admit_q and used_bytes + admit_q[0].footprint <= cfg.kv_capacity_bytes:
                     r = admit_q.popleft()
@@ -300,16 +315,18 @@ class Harness:
                     r.t["transfer_start_s"] = tr.start_s
                 take_transfers()
                 joining = []
-                while ready and len(running) + len(joining) < cfg.max_decode_batch:
+                running = sum(r is not None for r in self.slots)
+                while ready and running + len(joining) < cfg.max_decode_batch:
                     joining.append(ready.popleft())
                 if running or joining:
-                    row, finished = self.decode_iteration(running, joining, free_slots)
+                    row, finished = self.decode_iteration(joining)
                     iterations.append((len(iterations),) + row)
                     for r in finished:
                         used_bytes -= r.footprint
                         done.append(r)
                     continue
-                if prefill_q or (arrivals and arrivals[0].arrival_s <= self.now()):
+                take_transfers()
+                if prefill_may_start() or ready or (arrivals and arrivals[0].arrival_s <= self.now()):
                     continue
                 # idle: wait for the next arrival or the next finished transfer
                 wait = (arrivals[0].arrival_s - self.now()) if arrivals else 0.05
@@ -321,7 +338,8 @@ class Harness:
             link.close()
             sys.setswitchinterval(old_switch)
         rows = []
-        everyone = done + list(running.values()) + list(ready) + list(in_flight.values()) + list(admit_q) + list(prefill_q)
+        everyone = (done + [r for r in self.slots if r is not None] + list(ready) + list(in_flight.values())
+                    + list(admit_q) + list(prefill_q))
         nan = float("nan")
         for r in everyone:
             q = r.req

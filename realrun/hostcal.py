@@ -1,9 +1,11 @@
 """python -m realrun.hostcal --out FILE.csv: the harness's CPU cost of issuing a decode iteration.
 
-A Python harness issues every decode iteration from the CPU: per layer the attention wrapper calls
-(argument checks, allocations, Triton launches), graph replays of the dense segments, and the
+In eager mode a Python harness issues every decode iteration from the CPU: per layer the attention
+wrapper calls (argument checks, allocations, Triton launches) and the dense torch calls, and the
 iteration's bookkeeping.  When that issue time exceeds the GPU time the GPU waits: the iteration
-lasts as long as the CPU takes.  The simulator models this as a per-engine host cost (scenario
+lasts as long as the CPU takes.  With the decode step replayed as CUDA graphs (--decode-mode
+graphs, the default) the issue is one input copy and one graph launch, and what remains is the
+loop's own time between iterations (sync, reading the tokens, bookkeeping).  The simulator models this as a per-engine host cost (scenario
 fields decode.host_issue_s_per_iteration and decode.host_issue_s_per_layer, iteration =
 max(GPU time, host time)).  This microbenchmark measures those two numbers for the realrun
 harness, per method, on its own: short models (2 and 6 layers of Llama-3.1-8B shapes; 2 layers of
@@ -13,7 +15,7 @@ to the last launch, before the synchronising clock read).  Nothing here reads a 
 
 The same runs record each prefill's duration, in method order baseline, kvquant, hack, baseline:
 a method-order effect on prefill would show as the two baseline passes disagreeing.
-Columns: kind (decode | prefill), method, model, layers, pass, batch_size, tokens, host_issue_s, wall_s,
+Columns: kind (decode | prefill), method, model, layers, decode_mode, pass, batch_size, tokens, host_issue_s, wall_s,
 start_s, end_s (the gaps between consecutive decode iterations with no prefill between them are the
 harness loop's own time, during which the GPU idles).
 """
@@ -35,13 +37,13 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
     ap.add_argument("--sets", default="llama-3.1-8b:2,6;llama-3.1-70b:2",
                     help="model:layers,layers;... (each runs baseline, kvquant, hack; the first also baseline again)")
+    ap.add_argument("--decode-mode", default="graphs", choices=["graphs", "eager"])
     ap.add_argument("--profile-first", type=Path, default=None,
                     help="torch.profiler table of the first set's first method run (CPU and CUDA time) here")
     a = ap.parse_args(argv)
     if a.smoke:
         import os
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .dense import DenseSteps
     from .harness import GIB, Harness, RunConfig
     from .model import RandomLlama, model_shape
     from .runner import warmup
@@ -66,16 +68,15 @@ def main(argv=None) -> int:
     for model_name, layers, methods in sets:
         shape = model_shape(model_name, layers)
         model = RandomLlama(shape, dev, seed=1, max_positions=1200)
-        dense = DenseSteps(model, a.requests)
-        dense.prepare_all()
         seen: dict[str, int] = {}
         for method in methods:
             seen[method] = seen.get(method, 0) + 1
             cfg = RunConfig(method=method, link_gbps=10000.0, kv_capacity_bytes=16 * GIB,
-                            max_decode_batch=a.requests, max_total_tokens=prompt_range[1] + 64, seed=1)
-            h = Harness(model, cfg, dense)
+                            max_decode_batch=a.requests, max_total_tokens=prompt_range[1] + 64, seed=1,
+                            decode_mode=a.decode_mode)
+            h = Harness(model, cfg)
             try:
-                warmup(h, prompt_range)
+                warmup(h, prompt_range, (3, 40))
                 h.host_issue.clear()
                 if a.profile_first is not None and (model_name, layers, method) == sets[0][:2] + (methods[0],) \
                         and seen[method] == 1:
@@ -89,12 +90,13 @@ def main(argv=None) -> int:
                 else:
                     req_rows, iters, _ = h.run(work)
                 for (issue, wall), it in zip(h.host_issue, iters):
-                    rows.append(dict(kind="decode", method=method, model=model_name, layers=layers, **{"pass": seen[method]},
+                    rows.append(dict(kind="decode", method=method, model=model_name, layers=layers,
+                                     decode_mode=a.decode_mode, **{"pass": seen[method]},
                                      batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall,
                                      start_s=it[1], end_s=it[2]))
                 for r in req_rows:   # prefill_start_s, prefill_end_s are columns 5 and 6
                     rows.append(dict(kind="prefill", method=method, model=model_name, layers=layers,
-                                     **{"pass": seen[method]}, batch_size=1, tokens=r[3], host_issue_s="",
+                                     decode_mode=a.decode_mode, **{"pass": seen[method]}, batch_size=1, tokens=r[3], host_issue_s="",
                                      wall_s=r[6] - r[5], start_s=r[5], end_s=r[6]))
             finally:
                 h.close()
@@ -106,8 +108,9 @@ def main(argv=None) -> int:
                   f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
                   f"{sum(r['wall_s'] for r in dec) / len(dec) * 1e3:.3f} ms; prefill mean "
                   f"{sum(r['wall_s'] for r in pre) / len(pre) * 1e3:.2f} ms", flush=True)
-        del dense, model
-        torch.cuda.empty_cache()
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     with a.out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

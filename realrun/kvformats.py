@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import kvcopy
 from .model import ModelShape
 
 PARTITION = 64   # HACK's default Π
@@ -121,20 +122,28 @@ class KVMethodBase:
     def pool_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.pool.values())
 
-    def unpack(self, slot: int, recv: torch.Tensor, prompt_tokens: int) -> None:
-        """Copy a received flat buffer into the slot's region of the pool (one copy per part)."""
+    def join_segments(self, slot: int, recv: torch.Tensor, prompt_tokens: int) -> list:
+        """kvcopy segments placing a received flat buffer into the slot's region of the pool."""
+        out = []
         for name, view in self.wire_layout(prompt_tokens).views(recv).items():
-            rows = view.shape[2]
-            if rows:
-                self.pool[name][:, slot, :, :rows].copy_(view)
+            out.append(kvcopy.segment(view, self.pool[name][:, slot], view.shape[2]))
+        return out
 
-    def decode_attention(self, layer: int, q, k_new, v_new, lens_prev, lens_attn, rows_slot, hi: int,
-                         n_active: int, max_len: int):
-        """q (hi, HQ, D), k_new/v_new (hi, HKV, D) for slots 0..hi-1 (zeros where inactive);
-        lens_prev: tokens stored before this step (inactive 0), lens_attn: after (inactive 0);
-        rows_slot: slot index per active row (int64 device).  Returns (hi, HQ, D).
-        Split counts are the kernels' own heuristics (what the kernel profiles measured), sized by
-        max_len (the longest context in the batch) and the batch tensor's size hi."""
+    def move_segments(self, src_slot: int, dst_slot: int, stored: int) -> list:
+        """kvcopy segments moving a running request's KV (stored tokens, its FP16 V tail whole) from
+        one slot to another."""
+        rounded = -(-stored // self.pi) * self.pi
+        out = []
+        for name, _, rows, _ in self.parts(rounded, tail_rows=self.pi, pool=True):
+            out.append(kvcopy.segment(self.pool[name][:, src_slot], self.pool[name][:, dst_slot], rows))
+        return out
+
+    def decode_attention(self, layer: int, q, k_new, v_new, lens_prev, lens_attn, b: int, max_len: int):
+        """q (b, HQ, D), k_new/v_new (b, HKV, D) for slots 0..b-1 (rows past the running requests are
+        padding with both lengths 0); lens_prev: tokens stored before this step, lens_attn: after
+        (int32 device).  Appends the new token at lens_prev, returns the attention (b, HQ, D).
+        max_len bounds lens_attn and sizes the kernels' split-K grids (the kernels' own heuristics:
+        what the kernel profiles measured)."""
         raise NotImplementedError
 
     # reference for the correctness check: float64 attention over the stored KV of slots 0..hi-1
@@ -153,12 +162,16 @@ class Baseline(KVMethodBase):
         views["k"][layer].copy_(k)
         views["v"][layer].copy_(v)
 
-    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, rows_slot, hi, n_active, max_len):
-        kp = self.pool["k"][layer, :hi]   # (hi, HKV, cap, D)
-        vp = self.pool["v"][layer, :hi]
-        pos = lens_prev[rows_slot].long()
-        kp[rows_slot, :, pos] = k_new[rows_slot]
-        vp[rows_slot, :, pos] = v_new[rows_slot]
+    def alloc_pool(self):
+        super().alloc_pool()
+        self.rows = torch.arange(self.slots, device=self.device)
+
+    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):
+        kp = self.pool["k"][layer, :b]   # (b, HKV, cap, D)
+        vp = self.pool["v"][layer, :b]
+        rows, pos = self.rows[:b], lens_prev.long()
+        kp[rows, :, pos] = k_new
+        vp[rows, :, pos] = v_new
         return _k()[0].fp_attn_decode(q, kp, vp, lens_attn, max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
@@ -240,11 +253,11 @@ class KVQuant(_Quantized):
     def pool_bytes(self):
         return super().pool_bytes() + sum(t.numel() * 2 for t in self.scratch)
 
-    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, rows_slot, hi, n_active, max_len):
+    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):
         attn_decode, dequant, *_ = _k()
-        self.append(layer, k_new, v_new, lens_prev, hi)
-        ko, vo = dequant.dequantize_cache(self.cache_view(layer, hi, lens_attn),
-                                          out=(self.scratch[0][:hi], self.scratch[1][:hi]), max_len=max_len)
+        self.append(layer, k_new, v_new, lens_prev, b)
+        ko, vo = dequant.dequantize_cache(self.cache_view(layer, b, lens_attn),
+                                          out=(self.scratch[0][:b], self.scratch[1][:b]), max_len=max_len)
         return attn_decode.fp_attn_decode(q, ko, vo, lens_attn, max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
@@ -279,10 +292,10 @@ class Hack(_Quantized):
                  "v_scale": cache.v_scale[0], "v_sum": cache.v_sum[0], "v_tail": v[0, :, lv:]}
         return o, state
 
-    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, rows_slot, hi, n_active, max_len):
+    def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):
         hack = _k()[2]
-        self.append(layer, k_new, v_new, lens_prev, hi)
-        return hack.hack_attn_decode(q, self.cache_view(layer, hi, lens_attn), max_len=max_len)
+        self.append(layer, k_new, v_new, lens_prev, b)
+        return hack.hack_attn_decode(q, self.cache_view(layer, b, lens_attn), max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
         return _k()[2].hack_attn_decode_ref(q, self.cache_view(layer, hi, lens_attn.clamp(min=1)))

@@ -2,22 +2,25 @@
 
 Before each method's measured runs a warm-up compiles every Triton variant the run can hit (the
 kernels specialise integer arguments on ==1 and %16, and the split-K combine on the split count),
-so no compilation lands inside a measured run: a short unrecorded run over prompts of assorted
-lengths, then one decode attention call for every context length in steps of 64 (split counts
-are the kernels' own choice, a function of the longest context and the batch size).
+so no compilation lands inside a measured run: with decode graphs, every (batch, context) bucket
+the run can reach is captured (which runs each once); then a short unrecorded run over prompts of
+assorted lengths; in eager mode also one decode attention call for every context length in steps
+of 64 (split counts are the kernels' own choice, a function of the longest context and the batch).
 """
 from __future__ import annotations
 
 import datetime
 import os
+import platform
+import shlex
 import subprocess
+import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from .dense import DenseSteps
 from .harness import GIB, Harness, RunConfig
 from .model import RandomLlama, model_shape
 from .trace import write_trace
@@ -42,12 +45,16 @@ def environment() -> dict:
         except Exception:
             rev = ""
     return {"gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_rev": rev or "unknown"}
+            "git_rev": rev or "unknown", "command": " ".join(shlex.quote(a) for a in ["python", "-m", "realrun"]
+                                                             + sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
+            else "realrun.runner.run_set (library call)"}
 
 
-def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
+def warmup(h: Harness, prompt_range: tuple[int, int], output_range: tuple[int, int] = (2, 4), log=None) -> None:
     lo, hi = prompt_range
+    h.step.capture_all(min_ctx=lo + 1, max_ctx=hi + output_range[1], log=log)
     # prompt lengths of every residue the kernels specialise on (%16, block counts ==1 / %16 / other)
     lens = sorted({min(max(p, lo), hi) for p in (lo, lo + 1, lo + 65, 2 * lo, 2 * lo + 17, (lo + hi) // 2,
                                                hi - 1, hi, 1040)})
@@ -58,17 +65,19 @@ def warmup(h: Harness, prompt_range: tuple[int, int]) -> None:
         h.run(work)
     finally:
         h.cfg = cfg
-    # every split count the kernels' split heuristics can pick: a lone request, every context
+    if h.step.mode == "graphs":
+        h._sync()
+        return
+    # eager: every split count the kernels' split heuristics can pick: a lone request, every context
     # length in steps of 64 (a split count is a function of the longest context and the batch)
     meth, s = h.method, h.model.shape
     dev = h.device
     z = lambda *shape: torch.zeros(shape, dtype=torch.float16, device=dev)  # noqa: E731
-    rows = torch.zeros(1, dtype=torch.int64, device=dev)
     for ml in range(64, meth.cap, 64):
         lp = torch.tensor([ml - 1], dtype=torch.int32, device=dev)
         la = torch.tensor([ml], dtype=torch.int32, device=dev)
         meth.decode_attention(0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim),
-                              z(1, s.kv_heads, s.head_dim), lp, la, rows, 1, 1, ml)
+                              z(1, s.kv_heads, s.head_dim), lp, la, 1, ml)
     h._sync()
 
 
@@ -107,14 +116,21 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
     prefill = PREFILL_ATTENTION["hack" if hack_kernel else "baseline"]
     quant = QUANTIZE_STEP[cfg.method] if cfg.method != "hack" or hack_kernel else \
         "quantize_k/quantize_v (2-bit, stochastic rounding, sums) + packing"
-    graphs = "CUDA graphs per batch size" if h.dense.use_graphs else "eager"
-    if h.dense.graph_error:
-        graphs += f" (graph capture failed: {h.dense.graph_error})"
+    st = h.step
+    if st.mode == "graphs":
+        graphs = (f"the whole step (attention included) as one CUDA graph per (batch, context) bucket, "
+                  f"{len(st.graphs)} captured; batch buckets {st.b_sizes}; context buckets (the attention "
+                  f"kernels' max_len) {[c for c in st.c_sizes]}")
+        if not h.cuda:
+            graphs += " (no CUDA: the padded step ran eagerly)"
+    else:
+        graphs = "eager: the step launch by launch at the true batch and longest context"
     return "; ".join([
         f"complete={complete}",
         "one GPU, one process: prefill and decode take turns, one prefill batch (FCFS) at a decode-iteration "
         "boundary, see realrun/harness.py",
-        f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={cfg.max_decode_batch}",
+        f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={cfg.max_decode_batch}; "
+        f"prefill parked-KV budget (prefill back-pressure) {cfg.prefill_host_memory_bytes / GIB:g} GiB",
         f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, Poisson arrivals "
         "(numpy default_rng(seed): gaps, then prompts, then outputs)",
         f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
@@ -125,23 +141,39 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
         f"prefill attention = {prefill}",
         f"quantize step (prefill_end_s -> quantize_end_s) = {quant}",
         f"decode attention = {DECODE_ATTENTION[cfg.method]}",
-        f"dense decode segments = {graphs} (realrun/dense.py)",
+        f"decode step = {graphs} (realrun/step.py)",
+        "batch slots kept dense: joins take the lowest free slots, the last running requests move into "
+        "slots finished ones left; all of an iteration's KV placement in one kernel launch (realrun/kvcopy.py), "
+        f"in the iteration; {sum(j for j, _ in h.moves)} joins, {sum(c for _, c in h.moves)} compactions",
         "peak_memory_bytes = torch.cuda.max_memory_allocated, reset at each iteration's start (weights, the "
-        f"preallocated decode slot pool of {meth.pool_bytes()} B, in-flight send/receive buffers included)",
+        f"preallocated decode slot pool of {meth.pool_bytes()} B, in-flight send/receive buffers, the graphs' "
+        "memory pool included)",
         "decode_start_s = start_s of the first iteration that includes the request (its KV is copied from the "
         "receive buffer into its batch slot inside that iteration)",
+        "host_issue (mean per iteration, from its start to the graph launch or last launch) = "
+        f"{_mean_issue(h) * 1e3:.3f} ms",
     ])
 
 
+def _mean_issue(h: Harness) -> float:
+    return sum(x[0] for x in h.host_issue) / max(1, len(h.host_issue))
+
+
 def _one_run(h: Harness, work, path: Path, name: str, env: dict, rate: float, n_requests: int, prompt_range,
-             output_range, prefill_max_batch_requests: int, prefill_max_batch_tokens: int, log) -> Path:
+             output_range, prefill_max_batch_requests: int, prefill_max_batch_tokens: int, log,
+             pack=None) -> Path:
     shape, cfg = h.model.shape, h.cfg
     h.host_issue.clear()
+    h.moves.clear()
     getattr(h.method, "quantize_events", []).clear()
     rows, iters, complete = h.run(work)
     meta = {"method": cfg.method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
             "link_gbps": cfg.link_gbps, "seed": cfg.seed, "requests": n_requests,
             "kv_capacity_bytes": cfg.kv_capacity_bytes, "prefill_max_batch_requests": prefill_max_batch_requests,
+            "prefill_max_batch_tokens": prefill_max_batch_tokens,
+            "prefill_host_memory_bytes": int(cfg.prefill_host_memory_bytes), "max_decode_batch": cfg.max_decode_batch,
+            "prompt_tokens": list(prompt_range), "output_tokens": list(output_range), "decode_mode": cfg.decode_mode,
+            "placement": "shared_gpu",
             **env, "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)}
     write_trace(path, rows, iters, meta)
     hi_ = h.host_issue or [(0.0, 0.0)]
@@ -154,9 +186,13 @@ def _one_run(h: Harness, work, path: Path, name: str, env: dict, rate: float, n_
         q_s = sum(a.elapsed_time(b) for a, b in qev) / 1e3 / len(work)
         log(f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per request "
             f"on average (included in prefill_end_s - prefill_start_s)")
+    batches = sorted(it[3] for it in iters) or [0]
     log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
         f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
-        f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}) -> {path}")
+        f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}; batch median {batches[len(batches) // 2]}, "
+        f"max {batches[-1]}) -> {path}")
+    if pack is not None:
+        pack()
     return path
 
 
@@ -165,44 +201,47 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
             prefill_max_batch_requests: int = 1, prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32,
             prompt_range: tuple[int, int] = (1024, 8192), output_range: tuple[int, int] = (16, 128),
             hack_prefill: str = "kernel", do_warmup: bool = True, chunk_bytes: int | None = None,
-            time_limit_s: float = 600.0, keep_going: bool = False, log=print) -> list[Path]:
+            time_limit_s: float = 600.0, keep_going: bool = False, decode_mode: str = "graphs",
+            prefill_host_memory_gib: float = 64.0, label: str | None = None, pack=None,
+            log=print) -> list[Path]:
+    """Each method in turn on one model (weights built once): its warm-up, then one run per rate.
+    Trace folders are named <label>_<method>_r<rate> (label: <model>-L<layers>_<link>gbps); with
+    one method and one rate the trace is `out` itself.  pack(): called after each trace is written."""
     shape = model_shape(model_name, layers)
     dev = torch.device(device)
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
     env = environment()
     written = []
-    dense = DenseSteps(model, max_decode_batch)
-    if do_warmup:
-        dense.prepare_all()
-        log(f"dense decode segments: {'CUDA graphs' if dense.use_graphs else 'eager'}"
-            + (f" (capture failed: {dense.graph_error})" if dense.graph_error else ""))
+    label = label or f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps"
     for method in methods:
         kw = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
         cfg = RunConfig(method=method, link_gbps=link_gbps, kv_capacity_bytes=int(kv_capacity_gib * GIB),
                         prefill_max_batch_requests=prefill_max_batch_requests,
                         prefill_max_batch_tokens=prefill_max_batch_tokens, max_decode_batch=max_decode_batch,
                         max_total_tokens=prompt_range[1] + output_range[1], hack_prefill=hack_prefill, seed=seed,
-                        time_limit_s=time_limit_s, **kw)
+                        time_limit_s=time_limit_s, decode_mode=decode_mode,
+                        prefill_host_memory_bytes=prefill_host_memory_gib * GIB, **kw)
         h = None
         try:
-            h = Harness(model, cfg, dense)
+            h = Harness(model, cfg)
             if do_warmup:
-                warmup(h, prompt_range)
+                warmup(h, prompt_range, output_range, log=log)
             for rate in rates:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
                 if do_warmup:
                     prime_prefill_attention(h, sorted({r.prompt_tokens for r in work}))
-                name = f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps_{method}_r{rate:g}"
+                name = f"{label}_{method}_r{rate:g}"
                 path = Path(out) if len(methods) * len(rates) == 1 else Path(out) / name
                 written.append(_one_run(h, work, path, name, env, rate, n_requests, prompt_range, output_range,
-                                        prefill_max_batch_requests, prefill_max_batch_tokens, log))
+                                        prefill_max_batch_requests, prefill_max_batch_tokens, log, pack))
         except Exception:
             if not keep_going:
                 raise
-            log(f"ERROR in {shape.name}-L{shape.layers} {method} (continuing with the next method):\n"
-                + traceback.format_exc())
+            log(f"ERROR in {label} {method} (continuing with the next method):\n" + traceback.format_exc())
         finally:
             if h is not None:
                 h.close()
             del h
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     return written

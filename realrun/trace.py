@@ -12,7 +12,9 @@ REQUEST_COLUMNS = ["request_id", "method", "arrival_s", "prompt_tokens", "output
                    "first_token_s", "finish_s"]
 ITERATION_COLUMNS = ["iteration", "start_s", "end_s", "batch_size", "context_tokens", "peak_memory_bytes"]
 META_KEYS = ["method", "model", "layers", "rate_rps", "link_gbps", "seed", "requests", "kv_capacity_bytes",
-             "prefill_max_batch_requests", "gpu", "driver", "torch", "triton", "date", "git_rev", "notes"]
+             "prefill_max_batch_requests", "prefill_max_batch_tokens", "prefill_host_memory_bytes",
+             "max_decode_batch", "prompt_tokens", "output_tokens", "decode_mode", "placement", "gpu", "driver",
+             "torch", "triton", "python", "date", "git_rev", "command", "notes"]
 
 
 def _fmt(v):

@@ -1,35 +1,48 @@
 #!/usr/bin/env bash
-# The committed real runs, in one device call (one H200): provenance, a decode-step correctness
-# check per method, then 3 configurations x 3 methods x 2 arrival rates.  Everything lands in
-# $OUT/realrun_traces.tar.gz (re-packed after each configuration, so a cut-off call still returns
-# what finished) plus $OUT/realrun.log.
-# usage (repository root): bash realrun/device_run.sh GIT_REV
-#   REALRUN_METHODS="baseline" re-records only those methods; REALRUN_SKIP_CHECK=1 skips the check step.
+# The committed real runs with the decode step as CUDA graphs (realrun/traces/h200_graphs/), in two
+# device calls on one H200: checks first, then the configurations, 150 requests per trace, FP16
+# baseline, KVQuant-style 2-bit and HACK.  Everything lands in $OUT/realrun_traces.tar.gz (re-packed
+# after each configuration and every 20 s, so a cut-off call still returns what finished) plus
+# $OUT/realrun.log and the part's own files.
+# usage (repository root): bash realrun/device_run.sh GIT_REV PART      PART = 8b | 70b
+#   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
-# Rates (one H200; prompts uniform 1024-8192, outputs 16-128; estimates from ~600 TFLOP/s GEMM and
-# ~4 TB/s, see the final report): per request, 8B prefill ~0.12 s (HACK prefill kernel ~0.18 s),
-# baseline KV 0.60 GB = 0.48 s at 10 Gbps, 0.12 s at 40 Gbps; 2-bit KV ~6x less.
-#   8B @ 10 Gbps: the FP16 baseline is link-bound (max ~2.1 req/s): 1.0 (link 48 % busy) and
-#                 1.6 req/s (77 %: it queues); 20 requests per run (~35 s a method).
-#   8B @ 40 Gbps: prefill-bound: 1.5 and 3.0 req/s (HACK prefill ~55 % busy at 3.0); 24 requests.
-#   70B shapes, 8 layers @ 10 Gbps: 2.0 and 3.5 req/s (KV 32 KiB/token: baseline link 42 %); 24.
-# max-decode-batch 24 >= requests per run, so the batch limit never binds; KV capacity 16 GiB.
-# Expected: ~7 min in all (check + Triton compiles ~1.5 min, runs ~5.5 min); per-step timeouts
-# sum to 580 s, so give the device call timeout_s=600.
+# Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
+# workload (same seed, rate and ranges); spans are set by the arrivals (150 / rate) plus the drain.
+#   part 8b:  check (8B and 70B shapes, 2 layers, graph vs eager, ~90 s with Triton compiles),
+#             smoke (~30 s), impl_bench (~40 s),
+#             h200g_8b_mem   r7.5 / r8.5  spans ~27 / ~26 s  (decode memory saturated, KVQuant dequant
+#                                                             ~25 % of JCT, batches to 48-64)
+#             h200g_8b_sat   r9   / r11   spans ~19 / ~16 s  (0.75 / 0.9 of the baseline's ~12.3 req/s)
+#             ~40 s of start-up, capture and priming per configuration: ~510 s in all.
+#   part 70b: check (70B shapes, 2 layers), hostcal --decode-mode graphs (~50 s),
+#             h200g_70b8l_dq      r7.3 / r8.8  spans ~23 / ~20 s  (0.75 / 0.9 of ~9.8 req/s; dequant ~8 %)
+#             h200g_70b8l_1gbps   r8           span ~20 s          (baseline link 80 % busy)
+#             h200g_70b8l_2.5gbps r10          span ~16 s          (baseline link 80 % busy)
+#             h200g_8b_2.5gbps    r7.5         span ~20 s          (last: cut first if time runs out)
+#             ~500 s in all.
+# Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="${1:-unknown}"
+PART="${2:-8b}"
 : "${OUT:?set OUT}"
 mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-575}
 WORK=$(mktemp -d)
 T="$WORK/realrun_traces"
 mkdir -p "$T"
 LOG="$T/realrun.log"
 pack() {
-  cp "$LOG" "$OUT/realrun.log"
-  tar -czf "$OUT/partial.tar.gz" -C "$WORK" realrun_traces && mv "$OUT/partial.tar.gz" "$OUT/realrun_traces.tar.gz"
+  cp "$LOG" "$OUT/realrun.log" 2>/dev/null
+  tar -czf "$OUT/partial.tar.gz" -C "$WORK" realrun_traces 2>/dev/null && mv "$OUT/partial.tar.gz" "$OUT/realrun_traces.tar.gz"
 }
-step() {  # step TIMEOUT_S LABEL CMD...
+(while sleep 20; do pack; done) &
+PACKER=$!
+step() {  # step LIMIT_S LABEL CMD...
   local lim=$1 label=$2; shift 2
+  local left=$((BUDGET_S - SECONDS))
+  [ "$lim" -gt "$left" ] && lim=$left
+  if [ "$lim" -lt 20 ]; then echo "== $label: skipped, ${left} s left" | tee -a "$LOG"; LAST_RC=124; return; fi
   echo "== $label ($(date -u +%T), limit ${lim}s): $*" | tee -a "$LOG"
   local t0=$SECONDS
   timeout "$lim" "$@" 2>&1 | grep -v "RuntimeWarning\|output = op(" | tee -a "$LOG"
@@ -39,38 +52,52 @@ step() {  # step TIMEOUT_S LABEL CMD...
 }
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.total --format=csv
-  python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())"
-  echo "git_rev $HACKSIM_GIT_REV"
+  python3 -c "import torch, triton, numpy, scipy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, 'scipy', scipy.__version__, torch.cuda.get_device_name())"
+  echo "git_rev $HACKSIM_GIT_REV part $PART"
 } 2>&1 | tee -a "$LOG"
 
-COMMON=(--seed 1 --kv-capacity-gib 16 --prompt-range 1024 8192 --output-range 16 128
-        --max-decode-batch 24 --prefill-max-batch-requests 1 --time-limit-s 100 --keep-going)
-M8=(--model llama-3.1-8b)
-M70=(--model llama-3.1-70b --layers 8)
-CHECK=(--model llama-3.1-8b --layers 2 --prompts 1000 333 1537)
-N1=20; N=24
-if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: tiny model, tiny lengths
-  COMMON=(--seed 1 --kv-capacity-gib 1 --prompt-range 20 100 --output-range 2 4 --max-decode-batch 8
-          --time-limit-s 100 --keep-going --device cpu)
-  M8=(--model tiny); M70=(--model tiny --layers 1); CHECK=(--model tiny --layers 1 --prompts 40 97 130 --device cpu)
-  N1=3; N=3
-fi
-METHODS=(${REALRUN_METHODS:-baseline kvquant hack})
-[ "${REALRUN_SKIP_CHECK:-0}" = 1 ] || step 90 check python3 -m realrun.check "${CHECK[@]}"
-# fail fast: the whole harness (CUDA graphs, paced link thread, admission) on 2 layers and 3 short
-# requests per method; if it breaks, stop here rather than spend the call on timeouts
+DEV=(); CHK8=(--model llama-3.1-8b --layers 2 --prompts 1000 333 1537); CHK70=(--model llama-3.1-70b --layers 2 --prompts 2500 333 1537)
 SMOKE=(--model llama-3.1-8b --layers 2 --prompt-range 256 600 --output-range 4 8)
-[ "${REALRUN_SMOKE:-0}" = 1 ] && SMOKE=(--model tiny --layers 1 --prompt-range 20 60 --output-range 2 3 --device cpu)
-step 60 smoke python3 -m realrun --method "${METHODS[@]}" "${SMOKE[@]}" --link-gbps 10 --rate 4 \
-  --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --out "$WORK/smoke"
-if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != "${#METHODS[@]}" ]; then
-  echo "== smoke failed: stopping" | tee -a "$LOG"; pack; exit 1
+M8=(--model llama-3.1-8b); M70=(--model llama-3.1-70b --layers 8)
+N=150; LIMIT_RUN=75
+if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: tiny model, tiny lengths
+  DEV=(--device cpu); CHK8=(--model tiny --layers 1 --prompts 40 97 130); CHK70=("${CHK8[@]}")
+  SMOKE=(--model tiny --layers 1 --prompt-range 20 60 --output-range 2 3)
+  M8=(--model tiny --layers 1); M70=(--model tiny --layers 1); N=3; LIMIT_RUN=100
 fi
-step 220 8b-10gbps python3 -m realrun --method "${METHODS[@]}" "${M8[@]}" --link-gbps 10 \
-  --rate 1.0 1.6 --requests $N1 "${COMMON[@]}" --out "$T"
-step 140 8b-40gbps python3 -m realrun --method "${METHODS[@]}" "${M8[@]}" --link-gbps 40 \
-  --rate 1.5 3.0 --requests $N "${COMMON[@]}" --out "$T"
-step 130 70b8-10gbps python3 -m realrun --method "${METHODS[@]}" "${M70[@]}" \
-  --link-gbps 10 --rate 2.0 3.5 --requests $N "${COMMON[@]}" --out "$T"
+# run LABEL MODEL_ARGS LINK PROMPT OUTPUT KV_GIB PARKED_GIB RATES...
+config() {
+  local label=$1; shift; local -n model=$1; shift
+  local link=$1 p0=$2 p1=$3 o0=$4 o1=$5 kv=$6 parked=$7 lim=$8; shift 8
+  local sm=(--prompt-range "$p0" "$p1" --output-range "$o0" "$o1")
+  [ "${REALRUN_SMOKE:-0}" = 1 ] && sm=(--prompt-range 20 100 --output-range 2 4)
+  step "$lim" "$label" python3 -m realrun --method baseline kvquant hack "${model[@]}" --link-gbps "$link" \
+    --rate "$@" --requests $N --seed 1 --kv-capacity-gib "$kv" --prefill-host-memory-gib "$parked" \
+    "${sm[@]}" --max-decode-batch 64 --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
+    --chunk-mib 1 --label "$label" --out "$T" "${DEV[@]}"
+}
+
+if [ "$PART" = 8b ]; then
+  step 150 check python3 -m realrun.check "${CHK8[@]}" "${DEV[@]}"
+  step 90 check-70b-shape python3 -m realrun.check "${CHK70[@]}" "${DEV[@]}"
+  step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
+    --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --max-decode-batch 8 --out "$WORK/smoke" "${DEV[@]}"
+  if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != 3 ]; then
+    echo "== smoke failed: stopping" | tee -a "$LOG"; kill $PACKER; pack; exit 1
+  fi
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then IMPL=(--smoke --reps 10); else IMPL=(); fi
+  step 80 impl_bench python3 -m kernels_calibration.impl_bench --out "$OUT/implementations.json" "${IMPL[@]}"
+  config h200g_8b_mem M8 50 1024 3072 192 448 8 16 200 7.5 8.5
+  config h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 9 11
+else
+  step 100 check-70b-shape python3 -m realrun.check "${CHK70[@]}" "${DEV[@]}"
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else HC=(--sets "llama-3.1-8b:2,8;llama-3.1-70b:2"); fi
+  step 80 hostcal python3 -m realrun.hostcal --decode-mode graphs --out "$OUT/hostcal_graphs.csv" "${HC[@]}"
+  config h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 160 7.3 8.8
+  config h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 100 8
+  config h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 90 10
+  config h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 100 7.5
+fi
 echo "== done $(date -u +%T), $SECONDS s" | tee -a "$LOG"
+kill $PACKER 2>/dev/null
 pack

@@ -150,7 +150,7 @@ class DecodeStep:
             self._body(b, c)
         torch.cuda.current_stream(self.dev).wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
+        with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
             self._body(b, c)
         torch.cuda.synchronize(self.dev)
         self.graphs[(b, c)] = g

@@ -21,8 +21,11 @@ contexts 1K..32K unless told otherwise):
 Every kernel is fitted as ``time_s = overhead_s + s_per_unit * units`` (costmodel/calibration.py):
 units are K and V elements (sum over the batch of tokens x kv_heads x head_dim x 2) for the KVQuant
 parts, and V elements requantized (batch x kv_heads x PI x head_dim) for the open-block requantize.
-Timing: CUDA events around each part, warm-up first, median of repeats, inputs rotated over enough
-sets that each repeat reads past the L2 (METHOD.md).
+Timing (METHOD.md): warm-up first; ``time_s`` is the median CUDA-graph replay of ten calls over
+rotating input sets (each pass reads past the L2), divided by ten: the GPU's own time, which an
+engine replaying graphs pays; ``eager_time_s`` is the median of CUDA events around single calls
+from Python (a reference implementation run as is: small kernels there are launch-bound).  The fits
+use time_s.
 
 ``python -m kernels_calibration.impl_bench --out FILE.json`` (GPU); ``--smoke`` runs the same code at
 tiny shapes on the CPU (no timing meaning) and checks each path against its float64 reference.
@@ -181,8 +184,11 @@ def check(device) -> float:
 
 
 # ---- timing -------------------------------------------------------------------------------------
-def time_s(fn, reps: int = 30, warmup: int = 5) -> float:
-    """Median seconds of fn() (CUDA events around each call; a host clock on the CPU)."""
+def time_s(fn, reps: int = 30, warmup: int = 3, per_graph: int = 10) -> tuple[float, float]:
+    """(graph_s, eager_s): median seconds of one fn() call as a CUDA-graph replay of per_graph calls
+    (the GPU's own time: what an engine replaying graphs pays) and called one after another from
+    Python with CUDA events around each (a reference implementation's cost, the host's launches
+    included where they outlast the GPU work).  On the CPU both are the host clock of fn()."""
     for _ in range(warmup):
         fn()
     if not torch.cuda.is_available():
@@ -191,14 +197,32 @@ def time_s(fn, reps: int = 30, warmup: int = 5) -> float:
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
+        return statistics.median(ts), statistics.median(ts)
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for a, b in ev:
         a.record()
         fn()
         b.record()
     torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
+    eager = statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_graph):
+            fn()
+    g.replay()
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    graph = statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3 / per_graph
+    del g
+    return graph, eager
 
 
 def _sets(nbytes: int) -> int:
@@ -228,12 +252,12 @@ def bench_kvquant(device, contexts=CONTEXTS, batch=BATCH, q_heads=Q_HEADS, kv_he
             "total": lambda: (lambda r, q: r.total(q))(*nxt()),
         }
         for part, fn in parts.items():
-            t = time_s(fn, reps)
+            t, te = time_s(fn, reps)
             rows.append({"implementation": "kvquant_reference", "kernel": part, "batch": batch, "q_heads": q_heads,
                          "kv_heads": kv_heads, "head_dim": head_dim, "context_tokens": ctx,
-                         "outlier_fraction": outlier_fraction, "units": units, "time_s": t})
-        log(f"kvquant_reference ctx {ctx}: " + ", ".join(f"{r['kernel']} {r['time_s'] * 1e6:.1f} us"
-                                                         for r in rows[-len(parts):]))
+                         "outlier_fraction": outlier_fraction, "units": units, "time_s": t, "eager_time_s": te})
+        log(f"kvquant_reference ctx {ctx}: " + ", ".join(
+            f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-len(parts):]))
         del refs, qs
     return rows
 
@@ -254,9 +278,10 @@ def bench_requantize(device, batches=REQUANT_BATCHES, kv_heads=KV_HEADS, head_di
             it["i"] = (it["i"] + 1) % n
             quantize_v(blocks[it["i"]], None, partition, 2, True, 7)
 
-        t = time_s(req, reps)
+        t, te = time_s(req, reps)
         rows.append({"implementation": "no_rqe_requantize", "kernel": "requantize_block", "batch": b,
-                     "kv_heads": kv_heads, "head_dim": head_dim, "partition": partition, "units": units, "time_s": t})
+                     "kv_heads": kv_heads, "head_dim": head_dim, "partition": partition, "units": units, "time_s": t,
+                     "eager_time_s": te})
         # the append with and without RQE at an open block half full (no RQE: dequantize the block's
         # 32 tokens, add the new one, requantize)
         ctx = append_context
@@ -265,13 +290,13 @@ def bench_requantize(device, batches=REQUANT_BATCHES, kv_heads=KV_HEADS, head_di
         kn = torch.randn((b, kv_heads, head_dim), device=device).half()
         for rqe in (True, False):
             cache = build_cache(k, k, lens, partition, 2, rqe=rqe, stochastic=True, seed=3, capacity=ctx)
-            t = time_s(lambda c=cache: append_token(c, kn, kn, stochastic=True, seed=5), reps)
+            t, te = time_s(lambda c=cache: append_token(c, kn, kn, stochastic=True, seed=5), reps)
             rows.append({"implementation": "no_rqe_requantize", "kernel": "append_rqe" if rqe else "append_no_rqe",
                          "batch": b, "kv_heads": kv_heads, "head_dim": head_dim, "partition": partition,
-                         "context_tokens": ctx, "units": units, "time_s": t})
+                         "context_tokens": ctx, "units": units, "time_s": t, "eager_time_s": te})
         del k, cache
-        log(f"no_rqe_requantize batch {b}: " + ", ".join(f"{r['kernel']} {r['time_s'] * 1e6:.1f} us"
-                                                         for r in rows[-3:]))
+        log(f"no_rqe_requantize batch {b}: " + ", ".join(
+            f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-3:]))
     return rows
 
 

@@ -15,12 +15,13 @@
 #                                                             ~25 % of JCT, batches to 48-64)
 #             h200g_8b_sat   r9   / r11   spans ~19 / ~16 s  (0.75 / 0.9 of the baseline's ~12.3 req/s)
 #             ~40 s of start-up, capture and priming per configuration: ~510 s in all.
-#   part 70b: check (70B shapes, 2 layers), hostcal --decode-mode graphs (~50 s),
+#   part 70b: check (70B shapes, 2 layers), impl_bench (~30 s), hostcal --decode-mode graphs (~40 s),
 #             h200g_70b8l_dq      r7.3 / r8.8  spans ~23 / ~20 s  (0.75 / 0.9 of ~9.8 req/s; dequant ~8 %)
 #             h200g_70b8l_1gbps   r8           span ~20 s          (baseline link 80 % busy)
 #             h200g_70b8l_2.5gbps r10          span ~16 s          (baseline link 80 % busy)
-#             h200g_8b_2.5gbps    r7.5         span ~20 s          (last: cut first if time runs out)
-#             ~500 s in all.
+#             a dry run of --placement separate (issue 22) with both processes on this GPU (~60 s)
+#             h200g_8b_2.5gbps    r7.5         span ~22 s          (last: cut first if time runs out)
+#             ~600 s in all: the budget guard cuts the last configuration if the others run long.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="${1:-unknown}"
@@ -91,12 +92,21 @@ if [ "$PART" = 8b ]; then
   config h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 9 11
 else
   step 100 check-70b-shape python3 -m realrun.check "${CHK70[@]}" "${DEV[@]}"
-  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else HC=(--sets "llama-3.1-8b:2,8;llama-3.1-70b:2"); fi
-  step 80 hostcal python3 -m realrun.hostcal --decode-mode graphs --out "$OUT/hostcal_graphs.csv" "${HC[@]}"
-  config h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 160 7.3 8.8
-  config h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 100 8
-  config h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 90 10
-  config h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 100 7.5
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then IMPL=(--smoke --reps 10); else IMPL=(); fi
+  step 70 impl_bench python3 -m kernels_calibration.impl_bench --out "$OUT/implementations.json" "${IMPL[@]}"
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else HC=(--sets "llama-3.1-8b:2;llama-3.1-70b:2"); fi
+  step 70 hostcal python3 -m realrun.hostcal --decode-mode graphs --out "$OUT/hostcal_graphs.csv" "${HC[@]}"
+  config h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 170 7.3 8.8
+  config h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 110 8
+  config h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 100 10
+  # issue 22 dry run: the separate placement's two processes on this one GPU (not a separate-placement trace)
+  step 60 separate-dry-run python3 -m realrun --placement separate --devices cuda:0 cuda:0 --method baseline hack \
+    "${SMOKE[@]}" --link-gbps 10 --rate 6 --requests 12 --seed 5 --kv-capacity-gib 4 --time-limit-s 40 \
+    --max-decode-batch 8 --out "$T/separate_dry_run" "${DEV[@]}"
+  step 60 separate-dry-run-stream python3 -m realrun --placement separate --devices cuda:0 cuda:0 --method kvquant \
+    "${SMOKE[@]}" --link-gbps 10 --rate 6 --requests 12 --seed 5 --kv-capacity-gib 4 --time-limit-s 40 \
+    --max-decode-batch 8 --stream-layers --out "$T/separate_dry_run/stream_kvquant" "${DEV[@]}"
+  config h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 110 7.5
 fi
 echo "== done $(date -u +%T), $SECONDS s" | tee -a "$LOG"
 kill $PACKER 2>/dev/null

@@ -95,13 +95,17 @@ class _Req:
     recv: torch.Tensor | None = None
     tok: int = 0                          # the next input token (the last one generated)
     wire: int = 0
+    payload: int = 0                      # separate placement: the bytes that travel
     slot: int = -1
     stored: int = 0
     generated: int = 0
 
 
 class Harness:
-    def __init__(self, model: RandomLlama, cfg: RunConfig):
+    """role "both": the one-GPU run (run()); "prefill" / "decode": one side of the separate placement
+    (separate.py), which uses prefill() or decode_iteration() alone (prefill allocates no slot pool)."""
+
+    def __init__(self, model: RandomLlama, cfg: RunConfig, role: str = "both"):
         if cfg.method not in METHODS:
             raise ValueError(f"unknown method {cfg.method}")
         self.model, self.cfg = model, cfg
@@ -110,14 +114,17 @@ class Harness:
         self.method: KVMethodBase = METHODS[cfg.method](model.shape, self.device, cfg.max_decode_batch,
                                                         cfg.max_total_tokens + 1, seed=cfg.seed,
                                                         hack_prefill=cfg.hack_prefill)
-        self.method.alloc_pool()
-        self.step = DecodeStep(model, self.method, cfg.max_decode_batch, cfg.decode_mode)
+        self.role = role
+        if role != "prefill":
+            self.method.alloc_pool()
+        self.step = DecodeStep(model, self.method, cfg.max_decode_batch, cfg.decode_mode) if role != "prefill" else None
         self.slots: list[_Req | None] = []
         self.host_issue: list[tuple[float, float]] = []   # (host time to issue, wall) per iteration
         self.moves: list[tuple[int, int]] = []            # (joins, compactions) per iteration
 
     def close(self) -> None:
-        self.step.close()
+        if self.step is not None:
+            self.step.close()
         self.method.pool.clear()
         self.method._views.clear()
         self.method.scratch = None
@@ -138,11 +145,21 @@ class Harness:
         g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + r.request_id)
         return torch.randint(0, self.model.shape.vocab, (r.prompt_tokens,), generator=g).to(self.device)
 
-    def prefill(self, batch: list[_Req]) -> None:
+    def prefill(self, batch: list[_Req], layer_done=None) -> None:
+        """One prefill batch, then its encode into each request's flat send buffer.  layer_done(r, layer,
+        layout): stream the KV by layers: the send buffers exist before the forward, each layer's KV is
+        encoded right after its attention and layer_done is called (the encode then lies inside
+        prefill_end_s, and quantize_end_s = prefill_end_s)."""
         m, meth = self.model, self.method
         ids = [self._prompt_ids(b.req) for b in batch]
         t_start = self.now()
         lens = [b.req.prompt_tokens for b in batch]
+        layouts = [meth.wire_layout(n) for n in lens]
+        views = []
+        if layer_done is not None:
+            for b, layout in zip(batch, layouts):
+                b.send = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
+                views.append(layout.views(b.send))
         x = m.embed[torch.cat(ids)]                                       # (T, hidden)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         rot = m.rope_tables(pos)
@@ -150,7 +167,7 @@ class Harness:
         bounds = [0]
         for n in lens:
             bounds.append(bounds[-1] + n)
-        for lw in m.layers:
+        for layer, lw in enumerate(m.layers):
             q, k, v = m.qkv(lw, x, rot)                                   # (T, H, D)
             outs = []
             for i in range(len(batch)):
@@ -159,19 +176,25 @@ class Harness:
                 ki = k[a:b].transpose(0, 1)[None].contiguous()            # (1, HKV, P, D)
                 vi = v[a:b].transpose(0, 1)[None].contiguous()
                 o, state = meth.prefill_attention(qi, ki, vi)
-                kept[i].append((ki[0], vi[0], state))
+                if layer_done is not None:
+                    meth.encode_layer(views[i], layer, ki[0], vi[0], state)
+                    layer_done(batch[i], layer, layouts[i])
+                else:
+                    kept[i].append((ki[0], vi[0], state))
                 outs.append(o[0].transpose(0, 1).reshape(b - a, -1))
             x = m.finish_layer(lw, x, torch.cat(outs) if len(outs) > 1 else outs[0])
         nxt = m.next_token(x[[bnd - 1 for bnd in bounds[1:]]])
         t_end = self.now()
-        for i, b in enumerate(batch):
-            layout = meth.wire_layout(b.req.prompt_tokens)
-            b.send = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
-            views = layout.views(b.send)
-            for layer, (k, v, state) in enumerate(kept[i]):
-                meth.encode_layer(views, layer, k, v, state)
-            kept[i] = None
-        t_q = self.now()
+        if layer_done is None:
+            for i, b in enumerate(batch):
+                b.send = torch.empty(layouts[i].nbytes, dtype=torch.uint8, device=self.device)
+                v_i = layouts[i].views(b.send)
+                for layer, (k, v, state) in enumerate(kept[i]):
+                    meth.encode_layer(v_i, layer, k, v, state)
+                kept[i] = None
+            t_q = self.now()
+        else:
+            t_q = t_end
         toks = nxt.tolist()
         for i, b in enumerate(batch):
             b.t.update(prefill_start_s=t_start, prefill_end_s=t_end, first_token_s=t_end, quantize_end_s=t_q)

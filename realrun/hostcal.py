@@ -115,6 +115,7 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    print("scenario fields:", fit_host([a.out]), flush=True)
     return 0
 
 
@@ -124,13 +125,18 @@ def fit_host(paths) -> dict:
     host = fixed + per_layer * layers over the Llama-3.1-8B rows by least squares; the loop gap is
     the mean over groups of the gaps between consecutive decode iterations with no prefill between
     (files with start_s/end_s columns only).  The first baseline pass of a file's first set is left
-    out when a second one exists (it ran under the profiler / cold)."""
+    out when a second one exists (it ran under the profiler / cold).
+    Files of --decode-mode graphs: the CPU work before the one graph launch does not overlap the GPU
+    (the previous iteration ended with a sync), so it adds to the loop gap: host_serial = gap + mean
+    issue, and the issue terms are 0."""
     import numpy as np
     import pandas as pd
 
     means, gaps = [], []
+    graphs = False
     for i, path in enumerate(paths):
         d = pd.read_csv(path)
+        graphs |= "decode_mode" in d.columns and bool((d.decode_mode == "graphs").any())
         for key, g in d[d.kind == "decode"].groupby(["method", "model", "layers", "pass"], sort=False):
             if key[0] == "baseline" and key[3] == 1 and ((d.method == "baseline") & (d.model == key[1])
                                                          & (d.layers == key[2]) & (d["pass"] == 2)).any():
@@ -146,6 +152,11 @@ def fit_host(paths) -> dict:
                       if not ((pf[:, 0] < b) & (pf[:, 1] > a)).any()]
                 if gg:
                     gaps.append(float(np.mean(gg)))
+    if graphs:
+        issue = float(np.mean([h for _, _, h in means]))
+        gap = float(np.mean(gaps)) if gaps else 0.0
+        return {"host_issue_s_per_iteration": 0.0, "host_issue_s_per_layer": 0.0,
+                "host_serial_s_per_iteration": gap + issue, "issue_s": issue, "gap_s": gap, "groups": len(means)}
     rows = [(layers, h) for model, layers, h in means if model == "llama-3.1-8b"]
     a = np.array([[1.0, L] for L, _ in rows])
     coef, *_ = np.linalg.lstsq(a, np.array([h for _, h in rows]), rcond=None)

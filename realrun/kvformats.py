@@ -65,6 +65,15 @@ class WireLayout:
         self.nbytes = off
         self.layers, self.kv_heads = layers, kv_heads
 
+    def layer_ranges(self, layer: int) -> list[tuple[int, int]]:
+        """(byte offset, bytes) of one layer's KV in the flat buffer: one contiguous range per part."""
+        out = []
+        for (_, dt, rows, cols), off in zip(self.parts, self.offsets):
+            n = self.kv_heads * rows * cols * torch.empty((), dtype=dt).element_size()
+            if n:
+                out.append((off + layer * n, n))
+        return out
+
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {}
         for (name, dt, rows, cols), off in zip(self.parts, self.offsets):

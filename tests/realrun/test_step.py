@@ -145,3 +145,33 @@ def test_eager_and_padded_graph_mode_give_the_same_tokens(tmp_path, method):
     for rid in e:
         n = min(len(e[rid]), len(g[rid]))
         assert e[rid][:n] == g[rid][:n]
+
+
+@pytest.mark.parametrize("method,stream", [("baseline", False), ("kvquant", True)])
+def test_separate_placement_two_processes(tmp_path, method, stream):
+    """Two processes on the CPU (a TCP socket on 127.0.0.1): every request finishes once, its times
+    in order, the decode side admits by FIFO within capacity, streamed layers may arrive before the
+    prefill ends, and the trace says where it ran."""
+    import csv
+    import math
+
+    from realrun.separate import run_separate
+
+    path = run_separate("tiny", 1, method, 40.0, 1.0, 4, 3, 1.0, tmp_path / "t", devices=("cpu", "cpu"),
+                        prompt_range=(20, 60), output_range=(2, 3), max_decode_batch=4, chunk_bytes=1 << 12,
+                        time_limit_s=200, warmup=False, stream_layers=stream, log=lambda s: None)
+    rows = list(csv.DictReader(open(path / "requests.csv")))
+    assert sorted(int(r["request_id"]) for r in rows) == [0, 1, 2, 3]
+    order = ["arrival_s", "prefill_start_s", "prefill_end_s", "decode_start_s", "finish_s"]
+    for r in rows:
+        t = [float(r[c]) for c in order]
+        assert all(math.isfinite(x) for x in t) and t == sorted(t)
+        assert float(r["transfer_start_s"]) <= float(r["transfer_end_s"]) <= float(r["decode_start_s"])
+        if stream:   # admitted at prefill start (the request is announced before the forward)
+            assert float(r["transfer_start_s"]) <= float(r["prefill_end_s"])
+        else:
+            assert float(r["transfer_start_s"]) >= float(r["quantize_end_s"])
+    its = list(csv.DictReader(open(path / "iterations.csv")))
+    assert sum(int(i["batch_size"]) for i in its) == sum(int(r["output_tokens"]) - 1 for r in rows)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["placement"] == "separate" and "complete=True" in meta["notes"]

@@ -72,7 +72,16 @@ def main(argv=None) -> int:
                              log=lambda s: print(s, flush=True))
         return 0
     from .runner import run_set
-    return 0
+
+    written = run_set(a.model, a.layers, a.method, a.rate, a.link_gbps, a.requests, a.seed, a.kv_capacity_gib, a.out,
+                      device=device, prefill_max_batch_requests=a.prefill_max_batch_requests,
+                      prefill_max_batch_tokens=a.prefill_max_batch_tokens, max_decode_batch=a.max_decode_batch,
+                      prompt_range=tuple(a.prompt_range), output_range=tuple(a.output_range),
+                      hack_prefill=a.hack_prefill, do_warmup=not a.no_warmup and device == "cuda",
+                      chunk_bytes=int(a.chunk_mib * (1 << 20)), time_limit_s=a.time_limit_s, keep_going=a.keep_going,
+                      decode_mode=a.decode_mode, prefill_host_memory_gib=a.prefill_host_memory_gib, label=a.label,
+                      log=lambda s: print(s, flush=True))
+    return 0 if len(written) == len(a.method) * len(a.rate) else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # baseline, KVQuant-style 2-bit and HACK.  Everything lands in $OUT/realrun_traces.tar.gz (re-packed
 # after each configuration and every 20 s, so a cut-off call still returns what finished) plus
 # $OUT/realrun.log and the part's own files.
-# usage (repository root): bash realrun/device_run.sh GIT_REV PART      PART = 8b | 70b
+# usage (repository root): bash realrun/device_run.sh GIT_REV PART      PART = 8b | 70b | 70b-traces
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -90,6 +90,16 @@ if [ "$PART" = 8b ]; then
   step 80 impl_bench python3 -m kernels_calibration.impl_bench --out "$OUT/implementations.json" "${IMPL[@]}"
   config h200g_8b_mem M8 50 1024 3072 192 448 8 16 200 7.5 8.5
   config h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 9 11
+elif [ "$PART" = 70b-traces ]; then   # part 70b's configurations alone, after a fail-fast smoke run
+  step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
+    --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --max-decode-batch 8 --out "$WORK/smoke" "${DEV[@]}"
+  if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != 3 ]; then
+    echo "== smoke failed: stopping" | tee -a "$LOG"; kill $PACKER; pack; exit 1
+  fi
+  config h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 170 7.3 8.8
+  config h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 110 8
+  config h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 100 10
+  config h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 110 7.5
 else
   step 100 check-70b-shape python3 -m realrun.check "${CHK70[@]}" "${DEV[@]}"
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then IMPL=(--smoke --reps 10); else IMPL=(); fi

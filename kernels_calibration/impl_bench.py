@@ -33,12 +33,10 @@ tiny shapes on the CPU (no timing meaning) and checks each path against its floa
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -258,7 +256,8 @@ def bench_kvquant(device, contexts=CONTEXTS, batch=BATCH, q_heads=Q_HEADS, kv_he
                          "outlier_fraction": outlier_fraction, "units": units, "time_s": t, "eager_time_s": te})
         log(f"kvquant_reference ctx {ctx}: " + ", ".join(
             f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-len(parts):]))
-        del refs, qs
+        refs.clear()
+        qs.clear()
     return rows
 
 
@@ -326,18 +325,8 @@ def fit(rows: list[dict]) -> dict:
 
 
 def provenance(argv) -> dict:
-    import triton
-    gpu, driver = "cpu", ""
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name()
-        try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-        except Exception:
-            driver = "unknown"
-    rev = os.environ.get("HACKSIM_GIT_REV", "unknown")
-    return {"gpu_name": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__,
-            "git_rev": rev, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    from .measure import provenance as base
+    return {"gpu_name": "cpu", "driver": "", **base(),
             "command": "python -m kernels_calibration.impl_bench " + " ".join(argv)}
 
 

@@ -51,7 +51,6 @@ What shares what (the matching simulator scenario must describe exactly this):
 from __future__ import annotations
 
 import collections
-import heapq
 import sys
 import time
 from dataclasses import dataclass, field
@@ -261,6 +260,20 @@ class Harness:
                 run[i] = None
         return (t_start, t_end, n, sum(stored) + n, peak), finished
 
+    def iterate(self, ready: collections.deque, iterations: list) -> list[_Req] | None:
+        """Join what is ready (continuous batching, up to max_decode_batch running requests) and run
+        one decode iteration; its row goes to `iterations`.  Returns the finished requests, or None
+        when nothing is running or joining."""
+        joining = []
+        running = sum(r is not None for r in self.slots)
+        while ready and running + len(joining) < self.cfg.max_decode_batch:
+            joining.append(ready.popleft())
+        if not (running or joining):
+            return None
+        row, finished = self.decode_iteration(joining)
+        iterations.append((len(iterations),) + row)
+        return finished
+
     # ---- the loop ------------------------------------------------------------------------
     def run(self, workload: list[Request]):
         """Returns (request rows, iteration rows, complete) in the trace format's column order."""
@@ -337,13 +350,8 @@ class Harness:
                     link.submit(tr)
                     r.t["transfer_start_s"] = tr.start_s
                 take_transfers()
-                joining = []
-                running = sum(r is not None for r in self.slots)
-                while ready and running + len(joining) < cfg.max_decode_batch:
-                    joining.append(ready.popleft())
-                if running or joining:
-                    row, finished = self.decode_iteration(joining)
-                    iterations.append((len(iterations),) + row)
+                finished = self.iterate(ready, iterations)
+                if finished is not None:
                     for r in finished:
                         used_bytes -= r.footprint
                         done.append(r)

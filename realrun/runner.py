@@ -9,11 +9,8 @@ of 64 (split counts are the kernels' own choice, a function of the longest conte
 """
 from __future__ import annotations
 
-import datetime
-import os
 import platform
 import shlex
-import subprocess
 import sys
 import traceback
 from dataclasses import replace
@@ -28,28 +25,14 @@ from .workload import Request, poisson_workload
 
 
 def environment() -> dict:
-    import triton
-    gpu, driver = "cpu", ""
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name()
-        try:
-            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
-        except Exception:
-            driver = "unknown"
-    rev = os.environ.get("HACKSIM_GIT_REV", "")
-    if not rev:
-        try:
-            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                 cwd=Path(__file__).parent).stdout.strip()
-        except Exception:
-            rev = ""
-    return {"gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_rev": rev or "unknown", "command": " ".join(shlex.quote(a) for a in ["python", "-m", "realrun"]
-                                                             + sys.argv[1:]) if sys.argv[0].endswith("__main__.py")
-            else "realrun.runner.run_set (library call)"}
+    """GPU, driver, versions, date, git revision (kernels_calibration.measure.provenance) and the command."""
+    from kernels_calibration.measure import provenance
+    info = provenance()
+    cmd = (" ".join(shlex.quote(a) for a in ["python", "-m", "realrun"] + sys.argv[1:])
+           if sys.argv[0].endswith("__main__.py") else "realrun.runner.run_set (library call)")
+    return {"gpu": info.get("gpu_name", "cpu"), "driver": info.get("driver", ""), "torch": info["torch"],
+            "triton": info["triton"], "python": platform.python_version(), "date": info["date"],
+            "git_rev": info["git_rev"], "command": cmd}
 
 
 def warmup(h: Harness, prompt_range: tuple[int, int], output_range: tuple[int, int] = (2, 4), log=None) -> None:

@@ -200,10 +200,18 @@ def prefill_main(args: dict, results, sync_q) -> None:
         results.put(("prefill_error", traceback.format_exc()))
 
 
-def _model(args: dict, device: str):
+def _engine(args: dict, role: str) -> Harness:
+    """This process's side of the run on its device (the interpreter for Triton on the CPU)."""
     from .model import RandomLlama, model_shape
+    sys.setswitchinterval(SWITCH_INTERVAL_S)   # the link threads must get the GIL back quickly
+    dev = args[f"{role}_device"]
+    if dev == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        torch.cuda.set_device(torch.device(dev))
     shape = model_shape(args["model"], args["layers"])
-    return RandomLlama(shape, torch.device(device), seed=args["seed"], max_positions=args["max_total_tokens"] + 64)
+    model = RandomLlama(shape, torch.device(dev), seed=args["seed"], max_positions=args["max_total_tokens"] + 64)
+    return Harness(model, _cfg(args), role=role)
 
 
 def _cfg(args: dict) -> RunConfig:
@@ -217,14 +225,8 @@ def _cfg(args: dict) -> RunConfig:
 
 
 def _prefill(args: dict, results, sync_q) -> dict:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)   # the sender thread must get the GIL back quickly
-    if args["prefill_device"] == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    dev = args["prefill_device"]
-    if dev.startswith("cuda"):
-        torch.cuda.set_device(torch.device(dev))
-    model = _model(args, dev)
-    h = Harness(model, _cfg(args), role="prefill")
+    h = _engine(args, "prefill")
+    model = h.model
     cuda = h.cuda
     meth = h.method
     if args["warmup"]:   # compile the prefill and encode kernels, prime cuDNN's plans, outside the run
@@ -376,15 +378,8 @@ def decode_main(args: dict, results, port_q, sync_q) -> None:
 
 
 def _decode(args: dict, port_q, sync_q) -> dict:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    if args["decode_device"] == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    dev = args["decode_device"]
-    if dev.startswith("cuda"):
-        torch.cuda.set_device(torch.device(dev))
-    model = _model(args, dev)
-    cfg = _cfg(args)
-    h = Harness(model, cfg, role="decode")
+    h = _engine(args, "decode")
+    cfg = h.cfg
     if args["warmup"]:   # capture the step's graphs; compile kvcopy and the step once on dummy joins
         lo, hi = args["prompt_range"]
         h.step.capture_all(min_ctx=lo + 1, max_ctx=hi + args["output_range"][1])
@@ -500,13 +495,8 @@ def _decode(args: dict, port_q, sync_q) -> dict:
                 complete = False
                 break
             take_events()
-            joining = []
-            running = sum(x is not None for x in h.slots)
-            while ready and running + len(joining) < cfg.max_decode_batch:
-                joining.append(ready.popleft())
-            if running or joining:
-                row, finished = h.decode_iteration(joining)
-                iterations.append((len(iterations),) + row)
+            finished = h.iterate(ready, iterations)
+            if finished is not None:
                 with lock:
                     for r in finished:
                         used[0] -= r.footprint

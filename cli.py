@@ -71,15 +71,16 @@ def write_outputs(result, out: Path) -> None:
 
 def format_table(summary: dict) -> str:
     """The comparison, one row per method; `JCT vs base` is negative where a method takes less time."""
+    from costmodel.methods import REFERENCE
     from reports.terminal import render, table
 
     methods = summary["methods"]
-    base = methods.get("baseline")
+    base = methods.get(REFERENCE)
     rows = []
     for name, m in methods.items():
         b = m["breakdown_s"]
         vs = ""
-        if base is not None and name != "baseline":
+        if base is not None and name != REFERENCE:
             vs = f"{100 * (m['jct_s']['mean'] / base['jct_s']['mean'] - 1):+.1f}%"
         rows.append([name, f"{m['completed']}", f"{m['jct_s']['mean']:.2f}s", f"{m['jct_s']['p90']:.2f}s",
                      f"{m['ttft_s']['mean']:.2f}s", f"{1e3 * m['tpot_s']['mean']:.1f}", f"{b['transfer']:.2f}s",

@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simulator.config import load_scenario  # noqa: E402
-from simulator.run import MethodRun, method_of, resolve, summarize  # noqa: E402
+from simulator.run import MethodRun, resolve, summarize  # noqa: E402
 from simulator.workload import make_requests  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     res = resolve(s, args.scenario)
     reqs = make_requests(s)
     cfg = next(m for m in s.methods if m.output_name == args.method)
-    run = MethodRun(res, method_of(cfg), reqs, args.scenario)
+    run = MethodRun(res, cfg, reqs, args.scenario)
     startup_s = time.perf_counter() - T0
 
     t = time.perf_counter()

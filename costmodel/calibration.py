@@ -22,7 +22,8 @@ kernel key                 unit (counted per launch; one launch = one layer on o
 =========================  ====================================================================
 
 Decode variants: ``fp16``, ``fp8``, ``dequant_fused``, ``dequant_unfused``, ``hack``,
-``hack_no_se``, ``hack_no_rqe``. Prefill variants: ``fp16``, ``hack``. A profile measured where the
+``hack_no_se``, ``hack_no_rqe``. Prefill variants: ``fp16``, ``hack``. (Each method lists the keys it
+prices with, ``kernel_keys``; ``costmodel.methods.kernel_keys()`` is their union.) A profile measured where the
 Gluon decode kernels run (Hopper) also has ``<variant>_triton`` for ``dequant_fused`` and the ``hack``
 variants: the Triton kernel that runs for the shapes the Gluon kernel does not take (methods.decode_fit).
 
@@ -40,8 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-DECODE_VARIANTS = ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack", "hack_no_se", "hack_no_rqe")
-PREFILL_VARIANTS = ("fp16", "hack")
 SCHEMA_VERSION = 1
 
 # Named efficiency factors of the roofline fallback. Each is the fraction of a datasheet peak that

@@ -261,7 +261,7 @@ class ReplicaCostModel:
     def kmeans_iteration_s(self, tokens: int) -> float:
         """One K-Means iteration over the batch's keys on the replica's host CPUs."""
         if self.host_vcpus <= 0:
-            raise ModelDoesNotFit(f"{self.method.name} clusters keys on the host CPUs, but the pool has no vCPUs "
+            raise ModelDoesNotFit(f"{self.method.output_name} clusters keys on the host CPUs, but the pool has no vCPUs "
                                   f"(give it an instance)")
         return tokens * self.method.kmeans_flops_per_token_iteration(self.model) / (self.host_vcpus * CPU_FLOPS_PER_VCPU)
 

@@ -1,7 +1,8 @@
 """Frozen hardware and model descriptions the cost model computes with.
 
-These are plain dataclasses so `costmodel/` stays free of pydantic, YAML and I/O; `catalog/` builds
-them from the data files and the scenario may override any field.
+These are plain frozen dataclasses (the scenario's pydantic models are resolved into them once), so
+the cost model computes with fixed numbers and no YAML or I/O; `catalog/` holds the data files and
+the scenario may override any field.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ class ModelSpec:
     mlp: str = "gated"              # gated: 3 matrices (SwiGLU); plain: 2 (GELU)
     parallel_attention: bool = False
     max_context_tokens: int = 131072
+    qkv_bias: bool = False          # Q, K and V projections carry a bias vector (Qwen2): weights only
+    tied_embeddings: bool = False   # the LM head is the embedding matrix: stored once
 
     @property
     def kv_elements_per_token_per_layer(self) -> int:
@@ -88,13 +91,15 @@ class ModelSpec:
     @property
     def layer_weight_params(self) -> int:
         attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
         mlp = (3 if self.mlp == "gated" else 2) * self.hidden_size * self.intermediate_size
-        return attn + mlp
+        return attn + bias + mlp
 
     @property
     def embedding_params(self) -> int:
-        # Input embedding and LM head (counted twice: the models in the catalog are untied).
-        return 2 * self.vocab_size * self.hidden_size
+        """Input embedding and LM head: two matrices, or one when they are tied. (The LM head GEMM
+        runs either way; tying saves memory, not time.)"""
+        return (1 if self.tied_embeddings else 2) * self.vocab_size * self.hidden_size
 
     @property
     def params(self) -> int:

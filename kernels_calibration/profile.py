@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel.methods import PQCache, kernel_keys
+
 DECODE_KEYS = {"hack": "hack", "hack_no_se": "hack_no_se", "hack_no_rqe": "hack_no_rqe", "fp8": "fp8",
                "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused",
                # the Triton fused-dequant kernel on its own (it runs where the Gluon kernel does not: sm < 90,
@@ -84,12 +86,10 @@ SCORE_CONFIGS = {"pq_score": [{"block_t": 128, "num_warps": 4}, {"block_t": 256,
                               {"block_t": 128, "num_warps": 2}],
                  "qk_score": [{"block_t": 64, "num_warps": 4}, {"block_t": 128, "num_warps": 4},
                               {"block_t": 64, "num_warps": 2}]}
-TOPK_FRACTION = 0.2   # PQCache.top_k_fraction default in costmodel/methods.py
+TOPK_FRACTION = PQCache.model_fields["top_k_fraction"].default   # the method's default top-k fraction
 
-REQUIRED_KEYS = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack",
-                                                "hack_no_se", "hack_no_rqe")]
-                 + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"]
-                 + ["score.pq", "score.quantized_keys"])
+# Every kernel some method prices with (the method registry), measured or not.
+REQUIRED_KEYS = list(kernel_keys())
 # narrow per-shape autotune of the quantized decode kernels: warps for the row-packed HACK kernel (its
 # default picks 2 warps above 2K tokens, 4 below); fused dequant: the Gluon kernel (default on Hopper) or the
 # Triton one, whichever is faster

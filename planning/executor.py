@@ -41,7 +41,7 @@ RESULT_VERSION = "1"
 # What decides a point's numbers besides its scenario JSON: instance facts (network, host memory,
 # intra-node bandwidth) are looked up by key at run time; the calibration profiles a point uses are
 # hashed into its own key (profile_files).
-SALT_GLOBS = ("simulator/*.py", "costmodel/*.py", "catalog/*.py", "catalog/data/*")
+SALT_GLOBS = ("simulator/**/*.py", "costmodel/**/*.py", "catalog/*.py", "catalog/data/*")
 
 
 class PlanningError(ValueError):

@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import catalog
 from costmodel.phases import ModelDoesNotFit
-from simulator.config import BaselineMethod, ScenarioError, read_yaml
+from costmodel.methods import REFERENCE, reference_method
+from simulator.config import ScenarioError, read_yaml
 
 from .executor import Executor, PlanningError, Task
 from .sweep import (build_raw, config_columns, cost_usd_per_hour, metric_columns, read_base, resolve_scenario,
@@ -144,14 +145,14 @@ def _method_name(m: Any) -> str:
 
 def _fits(base_raw: dict, base_path: Path, pool: str, choice: PoolChoice) -> str | None:
     """None when the weights fit the pool in this layout, else why not (one line)."""
-    from simulator.run import method_of, resolve
+    from simulator.run import resolve
 
     raw = copy.deepcopy(base_raw)
     choice.apply(raw, pool)
-    raw["methods"] = ["baseline"]
+    raw["methods"] = [REFERENCE]
     try:
         s = resolve_scenario(raw, base_path, "candidate")
-        pre, dec = resolve(s, "candidate").costs(method_of(BaselineMethod(name="baseline")))
+        pre, dec = resolve(s, "candidate").costs(reference_method())
         (pre if pool == "prefill" else dec).check_fits(pool)
     except ScenarioError as e:
         return str(e).removeprefix("candidate: ")

@@ -1,7 +1,8 @@
 """Reading a finished run's files (the contract of ``cli.py simulate --out DIR``) into one object.
 
 The report reads files and DataFrames only; it never imports the simulator (style rule 7), so a
-report can be rebuilt from a saved run directory on any machine with pandas and plotly.
+report can be rebuilt from a saved run directory on any machine with pandas and plotly. Method
+labels, colours and order come from the method registry (`costmodel.methods`: pure, no SimPy).
 
 Files (all optional but ``summary.json``; a missing one leaves its section with a note):
 
@@ -24,12 +25,9 @@ from typing import Any
 
 import pandas as pd
 
-# Display order of the methods the project knows; others follow alphabetically.
-KNOWN_METHODS = (
-    "baseline", "cachegen", "kvquant", "fp8", "fp4", "hack", "hack_no_se", "hack_no_rqe",
-    "pqcache", "hcattention",
-)
-BASELINE = "baseline"
+from costmodel import methods as registry
+
+BASELINE = registry.REFERENCE
 
 # The nine parts of a request's JCT, in the order they happen.
 BREAKDOWN_PARTS = (
@@ -39,10 +37,9 @@ BREAKDOWN_PARTS = (
 
 
 def order_methods(methods) -> list[str]:
-    """Baseline first, then the known methods in the project's order, then the rest by name."""
+    """The registry's methods in its display order (baseline first), then the rest by name."""
     methods = list(dict.fromkeys(methods))
-    rank = {m: i for i, m in enumerate(KNOWN_METHODS)}
-    return sorted(methods, key=lambda m: (rank.get(m, len(rank)), m))
+    return sorted(methods, key=lambda m: (registry.display_rank(m), m))
 
 
 @dataclass(frozen=True)

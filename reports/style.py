@@ -1,42 +1,21 @@
 """Colours, labels and unit formatting shared by every figure and table of the report.
 
 A method keeps one colour in every figure and every page (simulate, sweep), so a reader learns it
-once. HACK and its ablations are shades of one red; the baseline is grey. Phases have colours of
-their own, none near a method's.
+once; each method's colour and label live in its module (`costmodel/methods`), read here through
+the registry (HACK and its ablations are shades of one red; the baseline is grey). Phases have
+colours of their own, none near a method's.
 """
 from __future__ import annotations
 
 import math
 
+from costmodel import methods as registry
+
 from .data import BREAKDOWN_PARTS
 
-METHOD_COLOURS = {
-    "baseline": "#6b7280",
-    "cachegen": "#f59e0b",
-    "kvquant": "#8b5cf6",
-    "fp8": "#0ea5e9",
-    "fp4": "#14b8a6",
-    "hack": "#dc2626",
-    "hack_no_se": "#f87171",
-    "hack_no_rqe": "#991b1b",
-    "pqcache": "#16a34a",
-    "hcattention": "#2563eb",
-}
-# For methods the report does not know yet, in order of appearance.
+# For methods the registry does not know (or a labelled variant whose kind's colour is taken), in order
+# of appearance.
 FALLBACK_COLOURS = ("#a16207", "#0f766e", "#7c3aed", "#db2777", "#4d7c0f", "#1e40af", "#9a3412", "#475569")
-
-METHOD_LABELS = {
-    "baseline": "Baseline (FP16)",
-    "cachegen": "CacheGen",
-    "kvquant": "KVQuant",
-    "fp8": "FP8",
-    "fp4": "FP4",
-    "hack": "HACK",
-    "hack_no_se": "HACK w/o SE",
-    "hack_no_rqe": "HACK w/o RQE",
-    "pqcache": "PQCache",
-    "hcattention": "HCAttention",
-}
 
 # Phases in related hues of their own, away from every method colour (a bar's phase is never mistaken
 # for a method): prefill browns, transfer olives, decode steel blues, the two overheads the tool
@@ -61,11 +40,11 @@ def method_colours(methods: list[str], kinds: dict[str, str] | None = None) -> d
     """A colour per method: its own, else its kind's (a labelled variant) if still free, else a spare."""
     kinds = kinds or {}
     out, spare = {}, iter(FALLBACK_COLOURS * (1 + len(methods) // len(FALLBACK_COLOURS)))
-    taken = {METHOD_COLOURS[m] for m in methods if m in METHOD_COLOURS}
+    taken = {c for c in map(registry.colour, methods) if c is not None}
     for m in methods:
-        colour = METHOD_COLOURS.get(m)
+        colour = registry.colour(m)
         if colour is None:
-            colour = METHOD_COLOURS.get(kinds.get(m, ""))
+            colour = registry.colour(kinds.get(m, ""))
             if colour is None or colour in taken:
                 colour = next(spare)
             taken.add(colour)
@@ -74,7 +53,7 @@ def method_colours(methods: list[str], kinds: dict[str, str] | None = None) -> d
 
 
 def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
+    return registry.display_label(method) or method
 
 
 def fmt_seconds(x: float | None) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import catalog
+from costmodel.methods import REGISTRY as METHOD_REGISTRY
+from costmodel.methods import MethodConfig
 
 from . import files
 
@@ -79,8 +81,9 @@ class ModelConfig(_Strict):
     vocab_size: int = Field(gt=0, le=2**24, description="vocabulary size (LM head width)")
     mlp: Literal["gated", "plain"] = Field("gated", description="gated: SwiGLU, 3 matrices; plain: 2 matrices")
     parallel_attention: bool = Field(False, description="attention and MLP in parallel (Falcon)")
-    qkv_bias: bool = Field(False, description="QKV projections have a bias (negligible cost)")
-    tied_embeddings: bool = Field(False, description="LM head shares the embedding matrix")
+    qkv_bias: bool = Field(False, description="Q, K and V projections have a bias vector (counted in the weights)")
+    tied_embeddings: bool = Field(False, description="the LM head shares the embedding matrix (its weights are "
+                                  "stored once)")
     max_context_tokens: int = Field(gt=0, le=2**30, description="longest prompt + output the model supports")
 
     @model_validator(mode="before")
@@ -369,97 +372,8 @@ class WorkloadConfig(_Strict):
 
 
 # ---- methods ----------------------------------------------------------------------------
-class _Method(_Strict):
-    label: str | None = Field(None, description="name in outputs (default: the method name)")
-
-    @property
-    def output_name(self) -> str:
-        return self.label or self.name  # type: ignore[attr-defined]
-
-
-class BaselineMethod(_Method):
-    name: Literal["baseline"] = Field(description="uncompressed FP16 KV")
-
-
-class FP8Method(_Method):
-    name: Literal["fp8"] = Field(description="FP8 e4m3 KV")
-
-
-class KVQuantMethod(_Method):
-    name: Literal["kvquant"] = Field(description="2-bit KV with FP16 outliers; dequantize every iteration")
-    bits: Literal[2, 3, 4] = 2
-    outlier_fraction: float = Field(0.01, ge=0, lt=1, description="dense-and-sparse FP16 outliers")
-    dequant_kernel: Literal["unfused", "fused"] = Field("unfused", description="unfused: dequantize to FP16 "
-                                                        "memory then attend (what HACK compared); fused: in registers")
-
-
-class CacheGenMethod(_Method):
-    name: Literal["cachegen"] = Field(description="quantized, entropy-coded KV on the wire")
-    bits: Literal[2, 3, 4] = 2
-    partition: int = Field(64, ge=16, le=4096, description="elements per min/scale group")
-    decode_mode: Literal["decompress_once", "dequantize_per_iteration"] = Field(
-        "decompress_once", description="restore FP16 on arrival, or keep codes and dequantize every iteration")
-    dequant_kernel: Literal["unfused", "fused"] = "unfused"
-    entropy_ratio: float | None = Field(None, gt=0, le=1, description="coded bits / raw code bits; null: "
-                                        "derived from the entropy of Gaussian codes")
-
-
-class FP4Method(_Method):
-    name: Literal["fp4"] = Field(description="FP4 (e2m1, FP8 scale per 16) KV")
-    emulate: bool = Field(True, description="on GPUs without FP4 tensor cores, price software dequantization "
-                          "(false: refuse such GPUs)")
-
-
-class PQCacheMethod(_Method):
-    name: Literal["pqcache"] = Field(description="KV in decode host memory, PQ-scored top-k fetched over PCIe")
-    subspaces: int = Field(2, ge=1, le=1024, description="m: PQ sub-spaces per key")
-    bits: int = Field(8, ge=1, le=12, description="b: 2^b centroids per sub-space")
-    top_k_fraction: float = Field(0.2, gt=0, le=1, description="fraction of context tokens attended each iteration")
-    local_tokens: int = Field(256, ge=0, le=2**30, description="initial + recent tokens kept on the GPU")
-    cache_tokens: int = Field(2048, ge=0, le=2**30, description="GPU block cache per request, in tokens")
-    cache_hit_rate: float = Field(0.5, ge=0, le=1, description="fraction of top-k tokens found in the GPU cache")
-    kmeans_max_iterations: int = Field(100, ge=1, le=10**4, description="upper bound of the adaptive K-Means cap T_max")
-
-
-class HCAttentionMethod(_Method):
-    name: Literal["hcattention"] = Field(description="quantized keys on GPU, values in host memory")
-    key_bits: Literal[2, 4, 8] = 4
-    partition: int = Field(64, ge=16, le=4096, description="key elements per min/scale group")
-    gpu_kv_budget: float = Field(0.25, gt=0, le=1, description="fraction of values also kept on the GPU")
-    fetch_fraction: float = Field(0.1, gt=0, le=1, description="fraction of tokens whose values each iteration needs")
-    value_hit_rate: float = Field(0.8, ge=0, le=1, description="fraction of needed values already on the GPU")
-
-
-class HackMethod(_Method):
-    name: Literal["hack", "hack_no_se", "hack_no_rqe"] = Field(description="HACK homomorphic attention (or an ablation)")
-    bits: Literal[2, 4, 8] = 2
-    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16")
-    stochastic_rounding: bool = True
-    summation_elimination: bool = Field(True, description="store code sums (SE)")
-    requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _ablation_defaults(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            v = dict(v)
-            if v.get("name") == "hack_no_se":
-                v.setdefault("summation_elimination", False)
-            if v.get("name") == "hack_no_rqe":
-                v.setdefault("requantization_elimination", False)
-        return v
-
-    @field_validator("partition")
-    @classmethod
-    def _multiple_of_16(cls, v: int) -> int:
-        if v % 16:
-            raise ValueError("partition must be a multiple of 16")
-        return v
-
-
-MethodConfig = Annotated[Union[BaselineMethod, FP8Method, FP4Method, KVQuantMethod, CacheGenMethod, HackMethod,
-                               PQCacheMethod, HCAttentionMethod],
-                         Field(discriminator="name")]
+# Each entry of `methods:` is a KV method model from costmodel/methods (one module per method; the
+# union is the registry's), written as a bare name or a mapping with `name:`.
 
 
 class CalibrationConfig(_Strict):
@@ -572,8 +486,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-_UNION_TAGS = {"fixed", "uniform", "lognormal", "poisson", "bursty", "trace", "baseline", "fp8", "kvquant",
-               "cachegen", "hack", "hack_no_se", "hack_no_rqe", "fp4", "pqcache", "hcattention"}
+def _tags(union: Any, field: str) -> set[str]:
+    """The discriminator values of an Annotated discriminated union of models."""
+    return {t for cls in get_args(get_args(union)[0]) for t in get_args(cls.model_fields[field].annotation)}
+
+
+# Discriminator values pydantic puts into an error's location; the one-line message leaves them out.
+_UNION_TAGS = _tags(LengthDist, "kind") | _tags(Arrivals, "kind") | set(METHOD_REGISTRY)
 
 
 def parse_scenario(raw: Any, source: str) -> Scenario:

@@ -19,7 +19,7 @@ import simpy
 import catalog
 from costmodel import collectives
 from costmodel.calibration import CalibrationProfile, compare_to_measured, load_profile
-from costmodel.methods import KVMethod, make_method
+from costmodel.methods import KVMethod
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.roofline import roofline_profile
 from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
@@ -44,7 +44,7 @@ def model_spec(s: Scenario) -> ModelSpec:
     return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
                      kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
                      vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
-                     max_context_tokens=m.max_context_tokens)
+                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings)
 
 
 def gpu_spec(g: GPUConfig) -> GPUSpec:
@@ -135,11 +135,6 @@ def resolve(s: Scenario, source: str = "scenario") -> Resolved:
     )
 
 
-def method_of(cfg) -> KVMethod:
-    params = cfg.model_dump(exclude={"name", "label"})
-    return make_method(cfg.name, label=cfg.output_name, **params)
-
-
 # ---- one method's run ---------------------------------------------------------------------------
 class MethodRun:
     """Per-request records of one method (lists indexed by request id) and the entities."""
@@ -160,11 +155,11 @@ class MethodRun:
             except ModelDoesNotFit as e:
                 raise ScenarioError(f"{source}: {pool}: {e}") from None
         if method.encode == "pq" and pre_cost.host_vcpus <= 0:
-            raise ScenarioError(f"{source}: prefill.instance: {method.name} clusters keys on the prefill hosts' CPUs; "
+            raise ScenarioError(f"{source}: prefill.instance: {method.output_name} clusters keys on the prefill hosts' CPUs; "
                                 f"name an instance so their vCPUs are known")
         refusal = method.check_decode_gpu(res.decode_gpu)
         if refusal:
-            raise ScenarioError(f"{source}: methods.{method.name}: {refusal}")
+            raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
         self.wire_bytes = [pre_cost.wire_bytes(p) for p in self.prompt]
         self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
@@ -178,7 +173,7 @@ class MethodRun:
         if too_big > dec_cost.kv_capacity_bytes:
             i = self.kv_bytes.index(too_big)
             raise ScenarioError(
-                f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.name}), more than a "
+                f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.output_name}), more than a "
                 f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
         nan = math.nan
         for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
@@ -248,7 +243,7 @@ class MethodRun:
             self.env.timeout(self.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
         self.env.run()
         if self.completed != self.n:
-            raise RuntimeError(f"{self.method.name}: {self.n - self.completed} requests never finished")
+            raise RuntimeError(f"{self.method.output_name}: {self.n - self.completed} requests never finished")
 
     # ---- results ----------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
@@ -261,7 +256,7 @@ class MethodRun:
         dequant, approx_dec = a(self.dequant_s), a(self.approx_decode)
         output = np.asarray(self.output, dtype=np.int64)
         df = pd.DataFrame({
-            "method": self.method.name,
+            "method": self.method.output_name,
             "request_id": np.arange(self.n),
             "prompt_tokens": np.asarray(self.prompt, dtype=np.int64),
             "output_tokens": output,
@@ -292,11 +287,11 @@ class MethodRun:
 
     def memory_frame(self) -> pd.DataFrame:
         cap = self.dec_cost.kv_capacity_bytes
-        rows = [(self.method.name, r, t, used, cap) for (t, r, used) in self.memory_log]
+        rows = [(self.method.output_name, r, t, used, cap) for (t, r, used) in self.memory_log]
         return pd.DataFrame(rows, columns=["method", "replica", "time_s", "used_bytes", "capacity_bytes"])
 
     def links_frame(self) -> pd.DataFrame:
-        rows = [(self.method.name, name, t, flows, rate * 8 / 1e9, self.link_capacity_gbps[name])
+        rows = [(self.method.output_name, name, t, flows, rate * 8 / 1e9, self.link_capacity_gbps[name])
                 for name, log in self.link_logs.items() for (t, flows, rate) in log]
         return pd.DataFrame(rows, columns=["method", "link", "time_s", "active_flows", "throughput_gbps",
                                            "capacity_gbps"])
@@ -446,17 +441,17 @@ def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | 
         raise ScenarioError(f"{source}: {e}") from None
     summaries, frames, mems, lks, runs = {}, [], [], [], {}
     for cfg in chosen:
-        run = MethodRun(res, method_of(cfg), reqs, source)
+        run = MethodRun(res, cfg, reqs, source)
         run.simulate()
         df = run.requests_frame()
-        summaries[run.method.name] = summarize(run, df)
+        summaries[run.method.output_name] = summarize(run, df)
         frames.append(df)
         mems.append(run.memory_frame())
         lks.append(run.links_frame())
         if keep_runs:
-            runs[run.method.name] = run
+            runs[run.method.output_name] = run
         if progress is not None:
-            progress(run.method.name)
+            progress(run.method.output_name)
     summary = {"scenario": s.name, "seed": s.workload.seed, "requests": len(reqs), "methods": summaries}
     return ScenarioResult(s, res, summary, pd.concat(frames, ignore_index=True), pd.concat(mems, ignore_index=True),
                           pd.concat(lks, ignore_index=True), runs)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from . import files
 from .config import ScenarioError, load_scenario
-from .run import method_of, run_scenario
+from .run import run_scenario
 from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, read_csv_table
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -124,7 +124,7 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
     if iterations is not None and len(iterations):
         res = result.resolved          # the profiles and specs the simulation just used
         cfg = next(m for m in s.methods if m.output_name == method)
-        _, dec = res.costs(method_of(cfg))
+        _, dec = res.costs(cfg)
         measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()
         # a trace's iteration rows run from one iteration's start to its end: the engine's work between
         # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows

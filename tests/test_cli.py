@@ -1,6 +1,7 @@
 """The command line: every scenario runs, bad input fails cleanly, outputs are reproducible."""
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -106,23 +107,36 @@ def test_schema_is_json_schema():
 
 
 def test_costmodel_imports_no_simpy():
+    """costmodel/ is pure: no SimPy, no YAML, no random numbers (pydantic validates method parameters)."""
     code = ("import sys, costmodel.phases, costmodel.methods, costmodel.roofline, costmodel.transfer; "
-            "assert 'simpy' not in sys.modules and 'pydantic' not in sys.modules, sorted(sys.modules)")
+            "bad = [m for m in ('simpy', 'yaml', 'simulator') if m in sys.modules]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+    for path in (ROOT / "costmodel").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                assert name.split(".")[0] not in {"simpy", "yaml", "random", "simulator", "catalog"}, (path, name)
+                assert not name.startswith("numpy.random"), (path, name)
+            if isinstance(node, ast.Attribute) and node.attr == "random":
+                raise AssertionError(f"{path}: uses .random")
 
 
 def test_calibrate_refits_measured_rows_and_costmodel_reads_it(tmp_path):
-    from costmodel.calibration import DECODE_VARIANTS, PREFILL_VARIANTS, load_profile
+    from costmodel.calibration import load_profile
+    from costmodel.methods import kernel_keys
 
     r = cli("calibrate", "--out", tmp_path / "cal", "--fit-only",
             "kernels_calibration/profiles/h200/profile_rows.csv", "--gpu", "h200")
     assert r.returncode == 0, r.stderr
     prof = load_profile(tmp_path / "cal" / "profile.json")
-    for v in DECODE_VARIANTS:
-        assert prof.kernel(f"decode_attn.{v}").s_per_unit > 0
-    for v in PREFILL_VARIANTS:
-        assert prof.kernel(f"prefill_attn.{v}").s_per_unit > 0
+    keys = kernel_keys()      # every kernel a method prices with, the measured-only scoring fits included
+    assert {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_fused", "decode_attn.dequant_unfused",
+            "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe", "prefill_attn.fp16",
+            "prefill_attn.hack"} <= set(keys)
+    for k in keys:
+        assert prof.kernel(k).s_per_unit > 0, k
     committed = load_profile(ROOT / "kernels_calibration" / "profiles" / "h200" / "profile.json")
     assert prof.kernel("decode_attn.hack").s_per_unit == pytest.approx(committed.kernel("decode_attn.hack").s_per_unit)
 

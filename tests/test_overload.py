@@ -11,7 +11,7 @@ from contract import invoke
 
 from helpers import scenario
 from simulator.overload import arrival_window_s, is_stable, overload_line, utilisation
-from simulator.run import method_of, resolve, run_scenario
+from simulator.run import resolve, run_scenario
 
 FIXED = {"workload.output_tokens": {"kind": "fixed", "tokens": 2},
          "workload.input_tokens": {"kind": "fixed", "tokens": 1024}, "network.bandwidth_gbps": 400}
@@ -19,7 +19,7 @@ FIXED = {"workload.output_tokens": {"kind": "fixed", "tokens": 2},
 
 def _service_s() -> float:
     base = scenario(methods=["baseline"], **FIXED)
-    pre, _ = resolve(base).costs(method_of(base.methods[0]))
+    pre, _ = resolve(base).costs(base.methods[0])
     c = pre.prefill((1024,))
     return c.stage_s + c.encode_s
 

@@ -10,7 +10,7 @@ import pytest
 from costmodel.transfer import transfer_s
 from helpers import scenario
 from simulator.decode import iterations_within, segment_sum_s
-from simulator.run import method_of, resolve, run_scenario
+from simulator.run import resolve, run_scenario
 from simulator.workload import make_requests
 
 PARTS = ["prefill_queue_s", "prefill_s", "quantize_s", "transfer_queue_s", "transfer_s", "decode_queue_s",
@@ -21,7 +21,7 @@ def lone_timeline(s, cfg):
     """The closed-form timeline of the scenario's single request for one method."""
     res = resolve(s)
     reqs = make_requests(s)
-    method = method_of(cfg)
+    method = cfg
     pre, dec = res.costs(method)
     p, o = int(reqs.prompt_tokens[0]), int(reqs.output_tokens[0])
     arrival = float(reqs.arrival_s[0])
@@ -81,7 +81,7 @@ def test_md1_queueing_delay_at_prefill():
                                            "workload.input_tokens": {"kind": "fixed", "tokens": 1024},
                                            "network.bandwidth_gbps": 400})
     res = resolve(base)
-    pre, _ = res.costs(method_of(base.methods[0]))
+    pre, _ = res.costs(base.methods[0])
     service_s = pre.prefill((1024,)).stage_s
     rho = 0.6
     s = scenario(methods=["baseline"], **{"workload.output_tokens": {"kind": "fixed", "tokens": 2},
@@ -222,7 +222,7 @@ def test_shared_gpu_prefill_takes_turns_with_decode(tmp_path):
     assert first.decode_start_s < 1.0 < first.finish_s          # request 1 was decoding when request 2 came
     assert second.prefill_start_s > 1.0                          # ... so request 2 waited for a boundary
     assert second.prefill_start_s - 1.0 < 0.1                    # (less than one iteration)
-    pre, _ = resolve(scenario(placement="shared_gpu", **common)).costs(method_of(scenario(**common).methods[0]))
+    pre, _ = resolve(scenario(placement="shared_gpu", **common)).costs(scenario(**common).methods[0])
     busy = pre.prefill((2048,))
     assert first.finish_s - sep.loc[0].finish_s == pytest.approx(busy.stage_s + busy.encode_s, rel=1e-9)
     # A lone request is not affected by sharing.

@@ -1,0 +1,195 @@
+"""What every KV method is: the base model, the decode-pricing context and the shared format arithmetic.
+
+`KVMethod` is a frozen, strict pydantic model: its fields are the method's scenario parameters
+(with description, default and bounds), its ClassVars the registry metadata (display label,
+report colour, profile kernel keys, post-prefill work), and its methods the KV format and the
+per-phase costs that `costmodel/phases.py` turns into seconds. The defaults here are uncompressed
+FP16 KV; each method module overrides what its format changes. pydantic validates, it does no
+I/O: like the rest of `costmodel/`, nothing here touches SimPy, random numbers, files or YAML.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..calibration import CalibrationProfile, KernelFit
+from ..specs import FP16_BYTES, ModelSpec
+
+FP16_META_BYTES = 2 * FP16_BYTES       # one min and one scale per partition, FP16 each
+
+
+def code_bytes(bits: int) -> float:
+    return bits / 8.0
+
+
+def sum_bytes(bits: int, partition: int) -> int:
+    """Bytes of one stored code sum: bits + ceil(log2 partition) bits, in uint8 or int16."""
+    return 1 if bits + math.ceil(math.log2(partition)) <= 8 else 2
+
+
+def fit_or(profile: CalibrationProfile, key: str, roofline_s_per_unit: float) -> float:
+    """A kernel's measured seconds per unit where the profile has it, else the roofline estimate."""
+    fit = profile.kernels.get(key)
+    return roofline_s_per_unit if fit is None else fit.s_per_unit
+
+
+@dataclass(frozen=True)
+class DecodeEnv:
+    """What a method needs to price one decode layer on one GPU of a replica."""
+
+    profile: CalibrationProfile
+    model: ModelSpec
+    kv_units_per_token: int         # K and V elements per context token on this GPU (profile units)
+    q_heads_per_gpu: float
+    alu_instr_per_s: float
+    pcie_bytes_per_s: float
+    memory_bytes_per_s: float
+    has_fp4: bool
+
+
+# The Gluon decode kernels (kernels_calibration/kernels/gluon_decode.py: gluon_supported and
+# hack_supported_gluon) take 2-bit codes, GQA group 8 and head_dim 128 only; a profile measured where
+# they run (Hopper) prices them under decode_attn.<variant> and keeps the Triton twin that runs
+# everywhere else as decode_attn.<variant>_triton.
+GLUON_DECODE_GROUP = 8
+GLUON_DECODE_HEAD_DIM = 128
+
+
+def gluon_decode_applies(model: ModelSpec, bits: int = 2) -> bool:
+    """Whether the Gluon decode kernels take this model's attention shape (the method's own
+    partition checks aside)."""
+    return (bits == 2 and model.head_dim == GLUON_DECODE_HEAD_DIM
+            and model.heads == GLUON_DECODE_GROUP * model.kv_heads)
+
+
+def decode_fit(profile: CalibrationProfile, key: str, model: ModelSpec | None, gluon_ok: bool = True) -> KernelFit:
+    """The profile's decode_attn.<key> fit, or its Triton twin (<key>_triton) where the profile has one
+    and the Gluon kernel does not run for this model (gluon_ok False, or the shape it does not take)."""
+    twin = profile.kernels.get(f"decode_attn.{key}_triton")
+    if twin is not None and model is not None and not (gluon_ok and gluon_decode_applies(model)):
+        return twin
+    return profile.kernel(f"decode_attn.{key}")
+
+
+def _name_required(schema: dict, cls: type) -> None:
+    """In the scenario schema a method entry must say which method it is: `name` is required there
+    (its default only lets code write `HACK()`)."""
+    schema.get("properties", {}).get("name", {}).pop("default", None)
+    schema["required"] = ["name"] + [r for r in schema.get("required", []) if r != "name"]
+
+
+class KVMethod(BaseModel):
+    """The base of every method: uncompressed FP16 KV priced with the FP16 kernels.
+
+    A subclass narrows `name` to its `Literal` (the scenario's discriminator), adds its
+    parameters as fields and overrides the format and cost methods its KV changes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra=_name_required)
+
+    label: str | None = Field(None, description="name in outputs (default: the method name)")
+    name: str = Field(description="the method")
+
+    # ---- registry metadata ------------------------------------------------------------------
+    display_label: ClassVar[str]            # how reports name the method
+    colour: ClassVar[str]                   # its colour in every figure
+    # Profile kernels its costs read with profile.kernel(key): a roofline profile has every one.
+    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "decode_attn.fp16")
+    # Measured fits that replace a roofline estimate when a profile has them (fit_or).
+    optional_kernel_keys: ClassVar[tuple[str, ...]] = ()
+    # Work after prefill on the prefill GPU: None, "quantize" (profile kernel quantize.kv: b-bit
+    # codes, metadata, sums), "quantize_keys" (K only), "cast" (an elementwise FP16 -> FP8/FP4
+    # pass, memory-bound) or "pq" (K-Means on the prefill hosts' CPUs).
+    encode: ClassVar[str | None] = None
+    entropy_coded: ClassVar[bool] = False
+
+    @property
+    def output_name(self) -> str:
+        """The method's name in every output: its label, else its name."""
+        return self.label or self.name
+
+    # ---- kernels ----------------------------------------------------------------------------
+    @property
+    def prefill_attention(self) -> str:
+        """Profile kernel key under prefill_attn.*."""
+        return "fp16"
+
+    @property
+    def decode_attention(self) -> str:
+        """Profile kernel key under decode_attn.*."""
+        return "fp16"
+
+    @property
+    def dequantize_on_arrival(self) -> bool:
+        """Decoded (entropy decode + dequantize to FP16) once when the KV reaches the decode GPU."""
+        return False
+
+    def decode_kernel(self, profile: CalibrationProfile, model: ModelSpec | None = None) -> KernelFit:
+        """The profile's fit for this method's decode attention kernel (for `model`'s shape: decode_fit)."""
+        return decode_fit(profile, self.decode_attention, model)
+
+    @property
+    def decode_kernel_includes_append(self) -> bool:
+        """The quantized decode kernels were profiled with the new token's append (quantize K, write the
+        V tail) in the timed step; FP16/FP8 attention was timed without the KV write."""
+        return self.decode_attention.startswith(("hack", "dequant"))
+
+    @property
+    def per_iteration_dequant(self) -> bool:
+        return self.decode_attention.startswith("dequant")
+
+    # ---- KV format --------------------------------------------------------------------------
+    def wire_bytes_per_element(self) -> float:
+        return FP16_BYTES
+
+    def memory_bytes_per_element(self) -> float:
+        return FP16_BYTES
+
+    def wire_bytes_per_token(self, model: ModelSpec) -> float:
+        """KV bytes one prompt token sends prefill -> decode, all layers, K and V."""
+        return self.wire_bytes_per_element() * model.kv_elements_per_token_per_layer * model.layers
+
+    def memory_bytes_per_token(self, model: ModelSpec) -> float:
+        return self.memory_bytes_per_element() * model.kv_elements_per_token_per_layer * model.layers
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        """Fixed per-request decode GPU memory beyond the per-token format (e.g. an FP16 tail block)."""
+        return 0.0
+
+    def wire_fixed_bytes(self, model: ModelSpec) -> float:
+        """Bytes sent once per request besides the per-token KV (e.g. PQ centroids)."""
+        return 0.0
+
+    def host_bytes_per_token(self, model: ModelSpec) -> float:
+        """Decode-side host (CPU) memory one token's KV occupies, for methods that offload."""
+        return 0.0
+
+    def check_decode_gpu(self, gpu) -> str | None:
+        """Why this method cannot run on the decode GPU, or None."""
+        return None
+
+    # ---- costs ------------------------------------------------------------------------------
+    def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
+        """Seconds of one decode layer on one GPU, split into breakdown parts, as
+        (per request in the batch, per context token). Parts: decode, dequantize, approximation,
+        and fetch (host -> GPU over PCIe; reported as a sub-part of decode)."""
+        prof, u = env.profile, env.kv_units_per_token
+        attn_per_ctx = self.decode_kernel(prof, env.model).s_per_unit * u
+        dequant = 0.0
+        if self.per_iteration_dequant:
+            dequant = max(0.0, attn_per_ctx - prof.kernel("decode_attn.fp16").s_per_unit * u)
+        fixed_ops, per_ctx_ops = self.approximation_ops(env.model)
+        approx = min(attn_per_ctx - dequant, env.q_heads_per_gpu * per_ctx_ops / env.alu_instr_per_s)
+        return ({"approximation": env.q_heads_per_gpu * fixed_ops / env.alu_instr_per_s},
+                {"decode": attn_per_ctx - dequant - approx, "dequantize": dequant, "approximation": approx})
+
+    def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
+        """Homomorphic correction: extra ALU ops per query head per decode iteration, (fixed, per ctx token)."""
+        return (0.0, 0.0)
+
+    def prefill_approximation_ops_per_pair(self) -> float:
+        """Extra ALU ops per (query, key) pair per head in prefill attention (homomorphic correction)."""
+        return 0.0

@@ -1,0 +1,114 @@
+"""HACK: 2-bit asymmetric partitioned KV, attention computed homomorphically on the codes.
+
+Format (`../shared/docs/hack_method.md`): b-bit codes with one FP16 min and scale per partition of
+Π elements; SE (summation elimination) also stores each partition's code sum in b + ⌈log₂Π⌉ bits
+(uint8, or int16 when that exceeds 8); RQE (requantization elimination) keeps the last, partly
+filled V block (< Π tokens) in FP16 and reserves room for it per request. Prefill and decode
+attention run on INT8 dot products; the homomorphic correction is priced from its op count at the
+CUDA-core rate and split out of the measured kernel time as `approximation`, never added on top.
+
+The ablations are the same method with one elimination off: `hack_no_se` (sums recomputed every
+iteration, + 2·d_h·L correction ops) and `hack_no_rqe` (no FP16 tail; the last block is
+requantized).
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from ..calibration import CalibrationProfile, KernelFit
+from ..specs import FP16_BYTES, ModelSpec
+from .base import FP16_META_BYTES, KVMethod, code_bytes, decode_fit, sum_bytes
+
+
+class HACK(KVMethod):
+    """HACK: partitioned low-bit KV, attention computed homomorphically on INT8 codes (module doc)."""
+
+    name: Literal["hack"] = Field("hack", description="HACK homomorphic attention on 2-bit partitioned KV")
+    bits: Literal[2, 4, 8] = Field(2, description="code width")
+    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16")
+    stochastic_rounding: bool = Field(True, description="stochastic (else nearest) rounding of the codes")
+    summation_elimination: bool = Field(True, description="store code sums (SE)")
+    requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")
+
+    display_label: ClassVar[str] = "HACK"
+    colour: ClassVar[str] = "#dc2626"
+    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.hack", "quantize.kv", "decode_attn.hack",
+                                              "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
+    encode: ClassVar[str | None] = "quantize"
+
+    @field_validator("partition")
+    @classmethod
+    def _multiple_of_16(cls, v: int) -> int:
+        if v % 16:
+            raise ValueError("partition must be a multiple of 16")
+        return v
+
+    @property
+    def prefill_attention(self) -> str:
+        return "hack"
+
+    @property
+    def decode_attention(self) -> str:
+        if not self.summation_elimination:
+            return "hack_no_se"
+        if not self.requantization_elimination:
+            return "hack_no_rqe"
+        return "hack"
+
+    def decode_kernel(self, profile: CalibrationProfile, model: ModelSpec | None = None) -> KernelFit:
+        """A partition-specific fit (`decode_attn.hack_pi128`) where the profile measured one, else Π=64's
+        (the Gluon kernel's at PI 64 where it runs, else the row-packed Triton kernel's: decode_fit)."""
+        if self.partition != 64 and self.summation_elimination and self.requantization_elimination:
+            fit = profile.kernels.get(f"decode_attn.hack_pi{self.partition}")
+            if fit is not None:
+                return fit
+        return decode_fit(profile, self.decode_attention, model, gluon_ok=self.partition == 64 and self.bits == 2)
+
+    def _bytes_per_element(self) -> float:
+        sums = sum_bytes(self.bits, self.partition) if self.summation_elimination else 0
+        return code_bytes(self.bits) + (FP16_META_BYTES + sums) / self.partition
+
+    wire_bytes_per_element = _bytes_per_element
+    memory_bytes_per_element = _bytes_per_element
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        if not self.requantization_elimination:
+            return 0.0
+        # Up to Π V tokens per layer held in FP16 instead of codes.
+        v_elements = self.partition * model.kv_dim * model.layers
+        return v_elements * (FP16_BYTES - self._bytes_per_element())
+
+    def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
+        """Decode correction ops per query head per iteration, split (fixed, per context token).
+
+        With SE ≈ 10(d_h + L); without SE the sums are recomputed: + 2·d_h·L (hack_method.md)."""
+        d = model.head_dim
+        per_token = 10.0 + (0.0 if self.summation_elimination else 2.0 * d)
+        return (10.0 * d, per_token)
+
+    def prefill_approximation_ops_per_pair(self) -> float:
+        # For an M×Z by Z×N product the correction is ≈ 9MN + MZ + NZ; Q·Kᵀ and P·V each
+        # contribute ≈ 10 ops per (query, key) pair when L ≫ d_h.
+        return 20.0
+
+
+class HACKNoSE(HACK):
+    """HACK without summation elimination: no stored sums, recomputed every iteration."""
+
+    name: Literal["hack_no_se"] = Field("hack_no_se", description="HACK without SE (ablation)")
+    summation_elimination: bool = Field(False, description="store code sums (SE)")
+
+    display_label: ClassVar[str] = "HACK w/o SE"
+    colour: ClassVar[str] = "#f87171"
+
+
+class HACKNoRQE(HACK):
+    """HACK without requantization elimination: no FP16 V tail, the last block is requantized."""
+
+    name: Literal["hack_no_rqe"] = Field("hack_no_rqe", description="HACK without RQE (ablation)")
+    requantization_elimination: bool = Field(False, description="keep the last V block in FP16 (RQE)")
+
+    display_label: ClassVar[str] = "HACK w/o RQE"
+    colour: ClassVar[str] = "#991b1b"

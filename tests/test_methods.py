@@ -98,11 +98,14 @@ def test_hand_worked_bytes_per_element():
 
 def test_no_other_product_module_names_a_method():
     """Reports, planning, the simulator, the cost model's other modules and the CLI look methods up in the
-    registry. (Kernel variants in kernels_calibration and the measured harness in realrun name kernels
-    and their own KV formats, not scenario methods.)"""
+    registry. (Kernel variants, e.g. decode_attn.hack_no_se, are kernels, not scenario methods: the modules
+    that describe kernels (kernels_calibration, costmodel's calibration, roofline and kernel_work) and the
+    measured harness in realrun with its own KV formats name them.)"""
     names = set(REGISTRY)
+    kernel_modules = {"calibration.py", "roofline.py", "kernel_work.py"}
     files = [ROOT / "cli.py"] + [p for d in ("costmodel", "simulator", "reports", "planning", "catalog")
-                                 for p in (ROOT / d).rglob("*.py") if "methods" not in p.relative_to(ROOT).parts]
+                                 for p in (ROOT / d).rglob("*.py") if "methods" not in p.relative_to(ROOT).parts
+                                 and not (d == "costmodel" and p.name in kernel_modules)]
     found = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -53,11 +53,12 @@ def test_the_page_opens_on_its_most_informative_figure():
 
 def test_methods_wear_the_colours_of_every_other_report():
     from planning.report import cost_goodput_figure, line_figure
-    from reports.style import METHOD_COLOURS, method_label
+    from costmodel.methods import colour
+    from reports.style import method_label
 
     df = pd.concat([_table().assign(method=m) for m in ("baseline", "cachegen", "hack")], ignore_index=True)
     conf = configurations(df, ["prefill.instance", "workload.arrival.rate_rps"])
     for fig in (cost_goodput_figure(conf, True), line_figure(df, "prefill.instance", "jct_p90_s")):
         shown = {t.name: (t.marker.color if t.mode == "markers" else t.line.color) for t in fig.data
                  if t.name != "Pareto front"}
-        assert shown == {method_label(m): METHOD_COLOURS[m] for m in ("baseline", "cachegen", "hack")}
+        assert shown == {method_label(m): colour(m) for m in ("baseline", "cachegen", "hack")}

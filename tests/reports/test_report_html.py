@@ -313,12 +313,13 @@ def test_degenerate_series_still_draw(tmp_path):
 
 
 def test_phase_colours_stay_away_from_method_colours():
-    from reports.style import FALLBACK_COLOURS, METHOD_COLOURS, PART_COLOURS
+    from costmodel.methods import METHODS
+    from reports.style import FALLBACK_COLOURS, PART_COLOURS
 
     def rgb(h):
         return np.array([int(h[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
 
-    methods = [*METHOD_COLOURS.values(), *FALLBACK_COLOURS]
+    methods = [*(cls.colour for cls in METHODS), *FALLBACK_COLOURS]
     for part, colour in PART_COLOURS.items():
         nearest = min(np.linalg.norm(rgb(colour) - rgb(m)) for m in methods)
         assert nearest > 60, (part, colour, nearest)

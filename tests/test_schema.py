@@ -48,6 +48,8 @@ BASE = yaml.safe_load((ROOT / "scenarios" / "a10g_10gbps.yaml").read_text())
 @pytest.mark.parametrize("change", [
     {"methods": ["baseline", "hack_turbo"]},                                 # no such method
     {"methods": [{"name": "hack", "partition": 0}]},                         # out of bounds
+    {"methods": [{"name": "hack", "partition": 100}]},                       # not a multiple of 16
+    {"methods": [{"partition": 64}]},                                        # which method?
     {"model": "llama-9"},                                                    # no such preset
     {"model": {"preset": "llama-3.1-8b", "layerz": 8}},                      # unknown override
     {"prefill": {**BASE["prefill"], "instance": "g99.large"}},               # no such instance

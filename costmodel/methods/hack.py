@@ -27,7 +27,8 @@ class HACK(KVMethod):
 
     name: Literal["hack"] = Field("hack", description="HACK homomorphic attention on 2-bit partitioned KV")
     bits: Literal[2, 4, 8] = Field(2, description="code width")
-    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16")
+    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16",
+                           json_schema_extra={"multipleOf": 16})
     stochastic_rounding: bool = Field(True, description="stochastic (else nearest) rounding of the codes")
     summation_elimination: bool = Field(True, description="store code sums (SE)")
     requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")

@@ -72,10 +72,10 @@ def test_one_token_allreduce_on_eight_a100s_costs_microseconds_not_a_hundred():
     """The issue's example: Llama-3.1-70B decode at TP 8 on p4de (NVSwitch): one token's activations
     (8192 x 2 B) were priced 2(p-1) x 8 us = 112 us; the one-shot kernel takes ~5 us, NCCL's ring ~33 us."""
     s = scenario(**{"model": "llama-3.1-70b", "decode": {"instance": "p4de.24xlarge", "tensor_parallel": 8}})
-    from simulator.run import method_of, resolve
+    from simulator.run import resolve
 
     res = resolve(s, "test")
-    _, dec = res.costs(method_of(s.methods[0]))
+    _, dec = res.costs(s.methods[0])
     assert res.decode_parallel.interconnect.key == "nvswitch" and res.decode_parallel.intra_node_gb_per_s == 300
     assert 4e-6 < dec.allreduce_s(1) < 7e-6
     assert co.ring_s(16384, 8, res.decode_parallel.interconnect.ring, 300) == pytest.approx(33.7e-6, rel=0.1)

@@ -14,7 +14,8 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   the scenario's decode.host_issue_s_* (0 for an engine that replays CUDA graphs); CPU work between
   iterations that the GPU waits for (an engine that synchronises on each iteration's tokens and then
   schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
-* Attention by the calibration profile's kernel fits, in the profile's canonical units.
+* Attention by the calibration profile's kernel fits, in the profile's canonical units; prefill attention
+  in the form the method picks for each prompt (FP16 FlashAttention, or HACK's homomorphic kernel).
 * Tensor-parallel all-reduce after attention and after the MLP, by the algorithm an engine uses for
   that size on that interconnect (one-shot, two-shot or NCCL's ring: costmodel/collectives.py), each
   a latency plus bytes over a bandwidth with constants fitted to cited measurements.
@@ -40,7 +41,7 @@ import numpy as np
 
 from . import collectives
 from .calibration import CalibrationProfile
-from .methods import DecodeEnv, KVMethod
+from .methods import PREFILL_KERNELS, DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
@@ -62,6 +63,7 @@ class PrefillCost:
     latency_s: float        # first token of the batch is ready this long after the batch starts
     approximation_s: float  # part of latency_s spent on the homomorphic correction
     encode_s: float         # quantize / entropy-encode after the forward pass (replica busy too)
+    forms: tuple[str, ...] = ()   # the prefill attention form each prompt of the batch ran (PREFILL_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -224,14 +226,28 @@ class ReplicaCostModel:
             c = memo[prompt_tokens] = self._prefill(prompt_tokens)
         return c
 
+    def prefill_attention_s(self, prompt_tokens: tuple[int, ...]) -> tuple[float, float, tuple[str, ...]]:
+        """One layer's prefill attention on one GPU for a batch: (seconds, of which homomorphic correction,
+        the form each prompt ran).  Each prompt takes the method's form for its length; the prompts of one
+        form share one launch of that form's kernel."""
+        m, p, method = self.model, self.profile, self.method
+        flops_per_pair = 4.0 * self.q_heads_per_gpu * m.head_dim
+        pairs = [L * (L + 1) / 2 for L in prompt_tokens]
+        forms = tuple(method.prefill_form(p, flops_per_pair * n) for n in pairs)
+        attn_s = approx_s = 0.0
+        for form in dict.fromkeys(forms):
+            form_pairs = sum(n for n, f in zip(pairs, forms) if f == form)
+            t = p.kernel(PREFILL_KERNELS[form]).time_s(flops_per_pair * form_pairs)
+            attn_s += t
+            if form == "homomorphic":
+                approx_s += min(t, self.q_heads_per_gpu * form_pairs * method.prefill_approximation_ops_per_pair()
+                                / alu_instr_per_s(self.gpu))
+        return attn_s, approx_s, forms
+
     def _prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
-        m, p = self.model, self.profile
+        m = self.model
         tokens = sum(prompt_tokens)
-        pairs = sum(L * (L + 1) / 2 for L in prompt_tokens)
-        attn_flops = 4.0 * self.q_heads_per_gpu * m.head_dim * pairs
-        attn_s = p.kernel(f"prefill_attn.{self.method.prefill_attention}").time_s(attn_flops)
-        approx_s = min(attn_s, self.q_heads_per_gpu * pairs * self.method.prefill_approximation_ops_per_pair()
-                       / alu_instr_per_s(self.gpu))
+        attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens)
         layer_s = self._dense_layer_s(tokens) + attn_s
         stages = self.parallel.pipeline
         layers_per_stage = math.ceil(m.layers / stages)
@@ -240,7 +256,8 @@ class ReplicaCostModel:
         encode_s = m.layers / stages * self._encode_layer_s(tokens)
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
-        return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s)
+        return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s,
+                           forms=forms)
 
     def _encode_layer_s(self, tokens: int) -> float:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""

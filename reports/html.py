@@ -152,6 +152,14 @@ def _changes_html(run: RunData) -> str:
             f'baseline (absolute)</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
 
 
+def _forms(stats: dict) -> str:
+    """Which prefill attention ran, as 'fp16 990 · homomorphic 10' (runs written before it was recorded: –)."""
+    forms = stats.get("prefill_attention")
+    if not isinstance(forms, dict) or not forms:
+        return "–"
+    return " · ".join(f"{form} {int(n):,}" for form, n in forms.items())
+
+
 def _latency_html(run: RunData) -> str:
     lat = latency_table(run)
     values = metric_values(run)
@@ -160,7 +168,8 @@ def _latency_html(run: RunData) -> str:
     groups = (("jct", "JCT"), ("ttft", "TTFT"), ("tpot", "TPOT"))
     top = ('<tr><th rowspan="2">method</th><th rowspan="2">completed</th><th rowspan="2">throughput</th>'
            + "".join(f'<th colspan="4" class="grp">{g}</th>' for _, g in groups)
-           + '<th colspan="2" class="grp">KV bytes/token</th><th rowspan="2">peak decode<br>memory</th></tr>')
+           + '<th colspan="2" class="grp">KV bytes/token</th><th rowspan="2">peak decode<br>memory</th>'
+           + '<th rowspan="2">prefill attention<br>(requests per form)</th></tr>')
     sub = "<tr>" + "".join(f'<th class="{"grp0" if q == "mean" else ""}">{q}</th>' for _ in groups for q in qs) \
         + '<th class="grp0">wire</th><th>memory</th></tr>'
     rows = []
@@ -172,6 +181,7 @@ def _latency_html(run: RunData) -> str:
                              for q in qs)
         cells += "".join(f'<td class="{"grp0" if i == 0 else ""}">{_esc(fmt_bytes(values.at[label, m]))}</td>' for i, label in
                          enumerate(("KV bytes/token on the wire", "KV bytes/token in memory", "Peak decode memory")))
+        cells += f"<td>{_esc(_forms(run.summary['methods'].get(m) or {}))}</td>"
         rows.append(f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td>{cells}</tr>")
     return (f'<div class="scroll"><table id="table-methods" class="compact"><thead>{top}{sub}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')

@@ -82,8 +82,9 @@ class PrefillReplica:
         start = env.now
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
-        for rid in batch:
+        for rid, form in zip(batch, cost.forms):
             run.prefill_replica[rid] = self.index
+            run.prefill_form[rid] = form
             run.prefill_start[rid] = start
             run.prefill_end[rid] = prefill_end
             run.encode_end[rid] = encode_end

@@ -181,6 +181,7 @@ class MethodRun:
                      "snap_decode", "snap_dequant", "snap_approx", "snap_fetch"):
             setattr(self, name, [nan] * n)
         self.prefill_replica = [-1] * n
+        self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
         self.decode_replica = [-1] * n
         self.completed = 0
         self.memory_log: list = []
@@ -262,6 +263,7 @@ class MethodRun:
             "output_tokens": output,
             "prefill_replica": self.prefill_replica,
             "decode_replica": self.decode_replica,
+            "prefill_attention": self.prefill_form,
             "arrival_s": arrival, "prefill_start_s": pstart, "prefill_end_s": pend, "quantize_end_s": eend,
             "transfer_start_s": tstart, "transfer_end_s": tend, "decode_start_s": join,
             "first_token_s": pend, "finish_s": finish,
@@ -321,6 +323,7 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
         "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
         "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
         "breakdown_s": {part: float(df[f"{part}_s"].mean()) for part in BREAKDOWN_PARTS},
+        "prefill_attention": {form: int(n) for form, n in sorted(df["prefill_attention"].value_counts().items())},
         "offload_fetch_s": float(df["offload_fetch_s"].mean()),
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
         "peak_decode_kv_bytes": float(peak_kv),

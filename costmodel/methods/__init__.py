@@ -31,7 +31,7 @@ from typing import Annotated, Union, get_args
 
 from pydantic import Field
 
-from .base import DecodeEnv, KVMethod, decode_fit, gluon_decode_applies
+from .base import PREFILL_KERNELS, DecodeEnv, KVMethod, decode_fit, gluon_decode_applies
 from .baseline import Baseline
 from .cachegen import CacheGen, gaussian_code_entropy_bits
 from .fp4 import FP4
@@ -92,7 +92,7 @@ def kernel_keys(optional: bool = True) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-__all__ = ["FP4", "FP8", "HACK", "METHODS", "REFERENCE", "REGISTRY", "Baseline", "CacheGen", "DecodeEnv", "HACKNoRQE",
+__all__ = ["FP4", "FP8", "HACK", "METHODS", "PREFILL_KERNELS", "REFERENCE", "REGISTRY", "Baseline", "CacheGen", "DecodeEnv", "HACKNoRQE",
            "HACKNoSE", "HCAttention", "KVMethod", "KVQuant", "MethodConfig", "PQCache", "colour", "decode_fit",
            "display_label", "display_rank", "gaussian_code_entropy_bits", "gluon_decode_applies", "kernel_keys",
            "make_method", "method_name", "reference_method"]

@@ -20,6 +20,10 @@ from ..specs import FP16_BYTES, ModelSpec
 
 FP16_META_BYTES = 2 * FP16_BYTES       # one min and one scale per partition, FP16 each
 
+# The forms prefill attention can take and the profile kernel that prices each: FlashAttention in FP16
+# (every method; a quantizing method quantizes its KV after it), or the homomorphic kernel on INT8 codes.
+PREFILL_KERNELS = {"fp16": "prefill_attn.fp16", "homomorphic": "prefill_attn.hack"}
+
 
 def code_bytes(bits: int) -> float:
     return bits / 8.0
@@ -112,9 +116,9 @@ class KVMethod(BaseModel):
         return self.label or self.name
 
     # ---- kernels ----------------------------------------------------------------------------
-    @property
-    def prefill_attention(self) -> str:
-        """Profile kernel key under prefill_attn.*."""
+    def prefill_form(self, profile: CalibrationProfile, attn_flops: float) -> str:
+        """Which prefill attention runs for one prompt of `attn_flops` causal attention FLOPs (one launch
+        per layer on one GPU): a key of PREFILL_KERNELS."""
         return "fp16"
 
     @property
@@ -191,5 +195,5 @@ class KVMethod(BaseModel):
         return (0.0, 0.0)
 
     def prefill_approximation_ops_per_pair(self) -> float:
-        """Extra ALU ops per (query, key) pair per head in prefill attention (homomorphic correction)."""
+        """Extra ALU ops per (query, key) pair per head in the homomorphic prefill form (its correction)."""
         return 0.0

@@ -7,6 +7,12 @@ filled V block (< Π tokens) in FP16 and reserves room for it per request. Prefi
 attention run on INT8 dot products; the homomorphic correction is priced from its op count at the
 CUDA-core rate and split out of the measured kernel time as `approximation`, never added on top.
 
+Prefill attention (`prefill_attention`) runs either as FlashAttention in FP16 followed by the quantize
+kernel, as HACK's public implementation does by default, or as the homomorphic kernel on the quantized
+Q/K/V; `auto` takes, per prompt, whichever the pool's calibration profile prices faster (a deployment
+uses the homomorphic form only where it wins). On a GPU without INT8 tensor cores the homomorphic
+products run on the FP16 tensor cores, which is exact (costmodel/kernel_work.py says why).
+
 The ablations are the same method with one elimination off: `hack_no_se` (sums recomputed every
 iteration, + 2·d_h·L correction ops) and `hack_no_rqe` (no FP16 tail; the last block is
 requantized).
@@ -19,7 +25,7 @@ from pydantic import Field, field_validator
 
 from ..calibration import CalibrationProfile, KernelFit
 from ..specs import FP16_BYTES, ModelSpec
-from .base import FP16_META_BYTES, KVMethod, code_bytes, decode_fit, sum_bytes
+from .base import FP16_META_BYTES, PREFILL_KERNELS, KVMethod, code_bytes, decode_fit, sum_bytes
 
 
 class HACK(KVMethod):
@@ -32,10 +38,14 @@ class HACK(KVMethod):
     stochastic_rounding: bool = Field(True, description="stochastic (else nearest) rounding of the codes")
     summation_elimination: bool = Field(True, description="store code sums (SE)")
     requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")
+    prefill_attention: Literal["fp16", "homomorphic", "auto"] = Field(
+        "auto", description="prefill attention: fp16 (FlashAttention in FP16, then the quantize kernel), homomorphic "
+        "(the homomorphic kernel on the quantized Q/K/V), auto (per prompt, whichever the calibration profile "
+        "prices faster on the pool's GPU)")
 
     display_label: ClassVar[str] = "HACK"
     colour: ClassVar[str] = "#dc2626"
-    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.hack", "quantize.kv", "decode_attn.hack",
+    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "decode_attn.hack",
                                               "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
     encode: ClassVar[str | None] = "quantize"
 
@@ -46,9 +56,15 @@ class HACK(KVMethod):
             raise ValueError("partition must be a multiple of 16")
         return v
 
-    @property
-    def prefill_attention(self) -> str:
-        return "hack"
+    def prefill_form(self, profile: CalibrationProfile, attn_flops: float) -> str:
+        """The configured form, or under auto the one whose kernel the profile prices faster for this prompt.
+        Both forms quantize the KV (quantize.kv): the homomorphic kernel reads the codes, the FP16 one is
+        followed by the quantize kernel, so the attention kernels alone decide."""
+        if self.prefill_attention != "auto":
+            return self.prefill_attention
+        fp16 = profile.kernel(PREFILL_KERNELS["fp16"]).time_s(attn_flops)
+        hom = profile.kernel(PREFILL_KERNELS["homomorphic"]).time_s(attn_flops)
+        return "homomorphic" if hom < fp16 else "fp16"
 
     @property
     def decode_attention(self) -> str:

@@ -6,7 +6,10 @@ gives the constants, fitted to cited measurements of isolated collectives, and t
 * one-shot (engines' custom all-reduce): every rank reads every peer's buffer, (p − 1)·n bytes;
 * two-shot: reduce-scatter then all-gather through peer memory, 2(p − 1)/p · n bytes;
 * ring (NCCL): 2(p − 1) steps of a per-step latency and 2(p − 1)/p · n bytes at the bus bandwidth;
-* send/recv (pipeline stages on different instances): a latency and n bytes over the network.
+* send/recv (pipeline stages on different instances): a latency and n bytes over the network;
+* all-to-all (MoE expert parallelism: tokens dispatched to their experts' GPUs and combined back): every
+  rank sends (p − 1)/p of its n-byte buffer to its peers at once, one step of latency and that share of
+  the bytes at the bus bandwidth (nccl-tests' alltoall busbw = algbw · (p − 1)/p).
 
 Which one a message uses follows vLLM's custom all-reduce (csrc/custom_all_reduce.cuh,
 device_communicators/custom_all_reduce.py): the custom kernels need peer-to-peer access between every pair
@@ -45,6 +48,7 @@ class Interconnect:
     two_shot: AlgorithmFit | None = None
     ring: AlgorithmFit | None = None
     sendrecv: AlgorithmFit | None = None
+    alltoall: AlgorithmFit | None = None
 
 
 def _custom_ok(ic: Interconnect, p: int) -> bool:
@@ -96,6 +100,15 @@ def sendrecv_s(n_bytes, ic: Interconnect, link_gb_per_s: float):
     return ic.sendrecv.latency_s + n_bytes / (ic.sendrecv.bus_efficiency * link_gb_per_s * 1e9)
 
 
+def alltoall_s(n_bytes, p: int, ic: Interconnect, link_gb_per_s: float):
+    """Seconds of one all-to-all in which each of p ranks holds an n_bytes buffer, (p − 1)/p of it bound
+    for its peers; n_bytes may be a numpy array."""
+    if p == 1:
+        return n_bytes * 0.0
+    fit = ic.alltoall
+    return fit.latency_s + (p - 1) / p * n_bytes / (fit.bus_efficiency * link_gb_per_s * 1e9)
+
+
 def from_catalog(entry: dict) -> Interconnect:
     """An Interconnect from its catalog/data/interconnects.yaml entry (a plain dict)."""
     def fit(name):
@@ -103,12 +116,13 @@ def from_catalog(entry: dict) -> Interconnect:
         return None if f is None else AlgorithmFit(**f)
     return Interconnect(key=entry["key"], custom_allreduce=bool(entry.get("custom_allreduce")),
                         one_shot=fit("one_shot"), two_shot=fit("two_shot"), ring=fit("ring"),
-                        sendrecv=fit("sendrecv"))
+                        sendrecv=fit("sendrecv"), alltoall=fit("alltoall"))
 
 
-def report(par, hidden_size: int, tokens: list[int], fp16_bytes: int = 2) -> dict:
+def report(par, hidden_size: int, tokens: list[int], active_experts: int = 0, fp16_bytes: int = 2) -> dict:
     """What a replica's collectives cost, for the outputs: its interconnect, and for each token count the
-    all-reduce's message size, the algorithm that size takes and its time (plus the pipeline send/recv)."""
+    all-reduce's message size, the algorithm that size takes and its time (plus the pipeline send/recv, and
+    the MoE dispatch all-to-all under expert parallelism: each rank's tokens/p tokens, k copies each)."""
     ic, p = par.interconnect, par.tensor
     rows = []
     for t in tokens:
@@ -116,6 +130,10 @@ def report(par, hidden_size: int, tokens: list[int], fp16_bytes: int = 2) -> dic
         rows.append({"tokens": t, "bytes": n, "algorithm": allreduce_algorithm(n, p, ic),
                      "time_s": float(allreduce_s(n, p, ic, par.intra_node_gb_per_s))})
     out = {"interconnect": ic.key, "tensor_parallel": p, "link_gb_per_s": par.intra_node_gb_per_s, "allreduce": rows}
+    if getattr(par, "expert_parallel", False) and p > 1 and active_experts:
+        out["alltoall"] = [{"tokens": t, "bytes": t / p * active_experts * hidden_size * fp16_bytes,
+                            "time_s": float(alltoall_s(t / p * active_experts * hidden_size * fp16_bytes, p, ic,
+                                                       par.intra_node_gb_per_s))} for t in tokens]
     if par.pipeline > 1:
         out["pipeline_sendrecv"] = [{"tokens": t, "bytes": t * hidden_size * fp16_bytes, "network_gbps": par.inter_stage_gbps,
                                      "time_s": float(sendrecv_s(t * hidden_size * fp16_bytes, par.network,

@@ -16,6 +16,11 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
 * Attention by the calibration profile's kernel fits, in the profile's canonical units; prefill attention
   in the form the method picks for each prompt (FP16 FlashAttention, or HACK's homomorphic kernel).
+* Mixture of experts (MoE models): a layer's MLP is a router and E experts of which each token uses k;
+  a batch of T tokens reads the weights of the E·(1 − (1 − k/E)^T) experts it touches in expectation
+  under uniform routing (all E at prefill's thousands of tokens, k at batch 1), in one grouped GEMM per
+  projection; the experts are tensor-parallel slices (all-reduce after) or, with expert parallelism,
+  whole experts spread over the TP GPUs with an all-to-all dispatch and combine (`_moe_s`).
 * Tensor-parallel all-reduce after attention and after the MLP, by the algorithm an engine uses for
   that size on that interconnect (one-shot, two-shot or NCCL's ring: costmodel/collectives.py), each
   a latency plus bytes over a bandwidth with constants fitted to cited measurements.
@@ -135,14 +140,17 @@ class ReplicaCostModel:
     # ---- building blocks ----------------------------------------------------------------
     def gemm_s(self, m, n: float, k: float, dtype_bytes: float = FP16_BYTES):
         """Roofline time of an (m × k) @ (k × n) GEMM; m may be a numpy array of row counts."""
-        flops = 2.0 * m * n * k
-        bytes_ = dtype_bytes * (n * k + m * k + m * n)
+        return self._matmul_s(2.0 * m * n * k, dtype_bytes * (n * k + m * k + m * n))
+
+    def _matmul_s(self, flops, bytes_):
+        """One matmul launch doing `flops` and moving `bytes_` (numpy arrays allowed), at the profile's
+        GEMM rates: the larger of the two times plus the launch overhead."""
         p, g = self.profile, self.profile.gemm
         ce, me, ov = (1.0, 1.0, p.launch_overhead_s) if g is None else \
             (g.compute_efficiency, g.memory_efficiency, g.overhead_s)
         compute_s = flops / (p.matmul_fp16_tflops * 1e12 * ce)
         memory_s = bytes_ / (p.memory_gbps * 1e9 * me)
-        if isinstance(compute_s, float):
+        if isinstance(compute_s, float) and isinstance(memory_s, float):
             return ov + max(compute_s, memory_s)
         return ov + np.maximum(compute_s, memory_s)
 
@@ -153,9 +161,16 @@ class ReplicaCostModel:
         add 3h (x2); h hidden, i intermediate per GPU.  Nine kernels."""
         m, tp, p = self.model, self.parallel.tensor, self.profile
         h, r = m.hidden_size, (m.q_dim + m.kv_dim) / tp
-        i = m.intermediate_size / tp if m.mlp == "gated" else 0.0
+        i = m.mlp_width_per_token / tp if m.mlp == "gated" else 0.0
         bytes_per_token = FP16_BYTES * (2 * 2 * h + 7 * r + (2 * i + 3 * i) + 2 * 3 * h)
         n_kernels = 9 if m.mlp == "gated" else 7
+        if m.is_moe:
+            # routing (softmax + top-k), the permutation of each token's k copies into expert order and the
+            # weighted sum back: three more kernels; permute reads and writes k hidden rows, the sum reads
+            # k and writes one
+            k = m.active_experts
+            n_kernels += 3
+            bytes_per_token += FP16_BYTES * (2 * k * h + (k + 1) * h)
         fit = p.kernels.get("elementwise")
         s_per_byte = 1.0 / (p.memory_gbps * 1e9) if fit is None else fit.s_per_unit
         return n_kernels * self._small_kernel_s() + s_per_byte * tokens * bytes_per_token
@@ -198,12 +213,50 @@ class ReplicaCostModel:
         m, tp = self.model, self.parallel.tensor
         t = self.gemm_s(tokens, (m.q_dim + 2 * m.kv_dim) / tp, m.hidden_size)
         t += self.gemm_s(tokens, m.hidden_size, m.q_dim / tp)
+        if m.is_moe:
+            return t + self.elementwise_layer_s(tokens) + self.allreduce_s(tokens) + self._moe_s(tokens)
         if m.mlp == "gated":
             t += self.gemm_s(tokens, 2 * m.intermediate_size / tp, m.hidden_size)
         else:
             t += self.gemm_s(tokens, m.intermediate_size / tp, m.hidden_size)
         t += self.gemm_s(tokens, m.hidden_size, m.intermediate_size / tp)
         return t + self.elementwise_layer_s(tokens) + 2 * self.allreduce_s(tokens)
+
+    def grouped_gemm_s(self, rows, n: float, k: float, groups, dtype_bytes: float = FP16_BYTES):
+        """One grouped GEMM (a fused MoE kernel): `rows` (m × k) rows in all, spread over `groups` weight
+        matrices (k × n) that are each read once; one launch.  rows and groups may be numpy arrays."""
+        return self._matmul_s(2.0 * rows * n * k, dtype_bytes * (groups * n * k + rows * k + rows * n))
+
+    def _moe_s(self, tokens):
+        """The MoE block of one layer on one GPU for `tokens` rows: router, experts, and the collective
+        that brings the experts' outputs back.
+
+        Each token goes to k of E experts; under uniform routing the batch touches
+        E·(1 − (1 − k/E)^T) distinct experts (ModelSpec.distinct_experts), and only their weights are
+        read.  Tensor-parallel experts (default): every GPU holds a 1/tp slice of every expert's inner
+        dimension, runs all T·k rows on the touched experts' slices, and the output is all-reduced.
+        Expert parallelism: every GPU holds E/tp whole experts; the T tokens, split T/tp per GPU after
+        attention (a reduce-scatter and an all-gather around the block, priced as the attention all-reduce
+        already counted), go to their experts' GPUs by an all-to-all and come back by a second one, each
+        rank's buffer its T/tp tokens' k copies of hidden FP16 values.  Per GPU that is, in expectation,
+        T·k/tp rows on the touched experts' 1/tp share: the same weight bytes and FLOPs as the
+        tensor-parallel layout, at full width, traded against the two all-to-alls for the all-reduce.
+        Assumed: balanced routing (the busiest GPU's extra experts are not modelled), no token dropping."""
+        m, par = self.model, self.parallel
+        tp, h, ei, k = par.tensor, m.hidden_size, m.expert_intermediate_size, m.active_experts
+        touched = m.distinct_experts(tokens)
+        if par.expert_parallel and tp > 1:
+            rows, width, groups = tokens * k / tp, ei, touched / tp
+            router = self.gemm_s(tokens / tp, m.experts, h)
+            comm = 2 * collectives.alltoall_s(tokens / tp * k * h * FP16_BYTES, tp, par.interconnect,
+                                              par.intra_node_gb_per_s)
+        else:
+            rows, width, groups = tokens * k, ei / tp, touched
+            router = self.gemm_s(tokens, m.experts, h)
+            comm = self.allreduce_s(tokens)
+        experts = self.grouped_gemm_s(rows, 2 * width, h, groups) + self.grouped_gemm_s(rows, h, width, groups)
+        out = router + experts + comm
+        return float(out) if np.ndim(out) == 0 else out
 
     def _lm_head_s(self, rows: int) -> float:
         return self.gemm_s(rows, self.model.vocab_size / self.parallel.tensor, self.model.hidden_size)
@@ -361,7 +414,7 @@ class ReplicaCostModel:
     def activation_reserve_bytes_per_gpu(self) -> float:
         m = self.model
         return self.max_batch_tokens * FP16_BYTES * (ACTIVATION_BYTES_PER_TOKEN_FACTOR * m.hidden_size
-                                                     + 2 * m.intermediate_size / self.parallel.tensor)
+                                                     + 2 * m.mlp_width_per_token / self.parallel.tensor)
 
     @property
     def kv_capacity_bytes(self) -> float:

@@ -74,6 +74,27 @@ class ModelSpec:
     max_context_tokens: int = 131072
     qkv_bias: bool = False          # Q, K and V projections carry a bias vector (Qwen2): weights only
     tied_embeddings: bool = False   # the LM head is the embedding matrix: stored once
+    experts: int = 0                # routed experts per layer (mixture of experts); 0: a dense MLP
+    active_experts: int = 0         # experts each token is routed to (top-k)
+    expert_intermediate_size: int = 0   # inner width of one expert's gated MLP
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """MLP inner activations one token produces: the dense width, or its experts' widths (MoE)."""
+        return self.active_experts * self.expert_intermediate_size if self.is_moe else self.intermediate_size
+
+    def distinct_experts(self, tokens):
+        """Expected number of distinct experts `tokens` tokens are routed to, per layer, under uniform
+        routing without replacement of k of E experts per token: E·(1 − (1 − k/E)^T) (each expert is
+        missed by one token with probability 1 − k/E, independently across tokens).  tokens may be a
+        numpy array; 0 for a dense model."""
+        if not self.is_moe:
+            return tokens * 0.0
+        return self.experts * (1.0 - (1.0 - self.active_experts / self.experts) ** tokens)
 
     @property
     def kv_elements_per_token_per_layer(self) -> int:
@@ -92,8 +113,19 @@ class ModelSpec:
     def layer_weight_params(self) -> int:
         attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
         bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
-        mlp = (3 if self.mlp == "gated" else 2) * self.hidden_size * self.intermediate_size
-        return attn + bias + mlp
+        return attn + bias + self.mlp_weight_params
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gated MLP (gate, up, down)."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def mlp_weight_params(self) -> int:
+        """One layer's MLP: the dense matrices, or every expert plus the router (hidden x experts)."""
+        if self.is_moe:
+            return self.experts * self.expert_params + self.hidden_size * self.experts
+        return (3 if self.mlp == "gated" else 2) * self.hidden_size * self.intermediate_size
 
     @property
     def embedding_params(self) -> int:
@@ -104,6 +136,12 @@ class ModelSpec:
     @property
     def params(self) -> int:
         return self.layers * self.layer_weight_params + self.embedding_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward pass reads: all but the experts it is not routed to."""
+        idle = (self.experts - self.active_experts) * self.expert_params if self.is_moe else 0
+        return self.params - self.layers * idle
 
 
 @dataclass(frozen=True)
@@ -116,6 +154,7 @@ class Parallelism:
     inter_stage_gbps: float = 10.0       # link between pipeline stages (bits/s), for activations
     interconnect: Interconnect | None = None   # TP all-reduce constants (catalog/data/interconnects.yaml)
     network: Interconnect | None = None        # send/recv constants between pipeline stages
+    expert_parallel: bool = False        # MoE: whole experts spread over the TP GPUs (else each sharded)
 
     @property
     def gpus(self) -> int:

@@ -85,6 +85,12 @@ class ModelConfig(_Strict):
     tied_embeddings: bool = Field(False, description="the LM head shares the embedding matrix (its weights are "
                                   "stored once)")
     max_context_tokens: int = Field(gt=0, le=2**30, description="longest prompt + output the model supports")
+    experts: int = Field(0, ge=0, le=2**16, description="mixture of experts: routed experts per layer, whose "
+                         "gated MLPs replace the dense one (intermediate_size is then unused); 0: a dense model")
+    active_experts: int = Field(0, ge=0, le=2**16, description="mixture of experts: experts each token is routed to "
+                                "(top-k)")
+    expert_intermediate_size: int = Field(0, ge=0, le=2**22, description="mixture of experts: inner width of one "
+                                          "expert's gated MLP")
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +101,13 @@ class ModelConfig(_Strict):
     def _heads(self) -> "ModelConfig":
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.experts or self.active_experts or self.expert_intermediate_size:
+            if not (self.experts >= 2 and 1 <= self.active_experts <= self.experts and self.expert_intermediate_size):
+                raise ValueError(f"a mixture of experts needs experts >= 2, 1 <= active_experts <= experts and "
+                                 f"expert_intermediate_size > 0 (got {self.experts}, {self.active_experts}, "
+                                 f"{self.expert_intermediate_size})")
+            if self.mlp != "gated":
+                raise ValueError("a mixture of experts has gated (SwiGLU) experts: mlp must be gated")
         return self
 
 
@@ -163,6 +176,9 @@ class PoolConfig(_Strict):
                                             "iteration")
     host_serial_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time between iterations during "
                                                "which the GPU idles (sync on the sampled tokens, scheduling)")
+    expert_parallel: bool = Field(False, description="mixture of experts: spread whole experts over the "
+                                  "tensor-parallel GPUs (tokens dispatched to them and combined back by two "
+                                  "all-to-alls per layer) instead of slicing every expert across them")
     extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
                                          "beyond the model's own (copies into static buffers, gathers), each "
                                          "priced as one launch-bound kernel")
@@ -420,6 +436,14 @@ class Scenario(_Strict):
         if self.placement == "shared_gpu" and self.prefill.replicas != self.decode.replicas:
             raise ValueError("placement shared_gpu pairs prefill and decode replicas: give both pools the same "
                              "number of replicas")
+        for pool_name in ("prefill", "decode"):
+            pool = getattr(self, pool_name)
+            if pool.expert_parallel:
+                if not self.model.experts:
+                    raise ValueError(f"{pool_name}.expert_parallel: {self.model.name} is not a mixture of experts")
+                if self.model.experts % pool.tensor_parallel:
+                    raise ValueError(f"{pool_name}.expert_parallel: {self.model.experts} experts do not spread evenly "
+                                     f"over tensor_parallel={pool.tensor_parallel} GPUs")
         if self.network.bandwidth_gbps is None and self.prefill.instance is None:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
         return self

@@ -44,7 +44,9 @@ def model_spec(s: Scenario) -> ModelSpec:
     return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
                      kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
                      vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
-                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings)
+                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings,
+                     experts=m.experts, active_experts=m.active_experts,
+                     expert_intermediate_size=m.expert_intermediate_size)
 
 
 def gpu_spec(g: GPUConfig) -> GPUSpec:
@@ -57,7 +59,8 @@ def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:
                        intra_node_gb_per_s=pool.link_gb_per_s,
                        inter_stage_gbps=(inst or {}).get("network_gbps") or network_gbps,
                        interconnect=collectives.from_catalog(catalog.entry("interconnects", pool.interconnect_kind)),
-                       network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")))
+                       network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
+                       expert_parallel=pool.expert_parallel)
 
 
 def resolve_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
@@ -412,10 +415,10 @@ class ScenarioResult:
         res, sc = self.resolved, self.scenario
         out["collectives"] = {
             "prefill": collectives.report(res.prefill_parallel, res.model.hidden_size,
-                                          sorted({1024, sc.prefill.max_batch_tokens})),
+                                          sorted({1024, sc.prefill.max_batch_tokens}), res.model.active_experts),
             "decode": collectives.report(res.decode_parallel, res.model.hidden_size,
                                          sorted({b for b in (1, 8, 32, 128) if b <= sc.decode.max_batch_requests}
-                                                | {sc.decode.max_batch_requests}))}
+                                                | {sc.decode.max_batch_requests}), res.model.active_experts)}
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
         prof = self.resolved.decode_profile
         for gpu in (prof.gpu, prof.derived_from):

@@ -34,8 +34,9 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   iterations in closed form.
 * The HACK correction ("approximation") is priced from its op count (hack_method.md) at the
   CUDA-core rate and split out of the attention kernel's measured time, never added on top.
-* Memory: weights / (tp·pp) per GPU, an activation reserve for the largest batch, a runtime
-  reserve (CUDA context, library workspaces), the rest for KV up to `gpu_memory_utilization`.
+* Memory as vLLM sizes its KV pool (costmodel/memory.py): gpu_memory_utilization × memory − weights −
+  the activation peak of the profile run at max_batch_tokens − non-torch memory − CUDA graphs, in whole
+  blocks of block_tokens tokens; a request holds whole blocks of its prompt + output tokens.
 """
 from __future__ import annotations
 
@@ -46,12 +47,11 @@ import numpy as np
 
 from . import collectives
 from .calibration import CalibrationProfile
+from .memory import DEFAULT_BLOCK_TOKENS, MemoryBudget, kv_blocks, memory_budget
 from .methods import PREFILL_KERNELS, DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
-RUNTIME_RESERVE_BYTES = 1.5 * GIB    # CUDA context + cuBLAS/NCCL workspaces per GPU (vLLM's observed overhead)
-ACTIVATION_BYTES_PER_TOKEN_FACTOR = 8   # peak live activations ≈ 8 hidden-sized FP16 rows per batched token
 CPU_FLOPS_PER_VCPU = 20e9             # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
                                       # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
@@ -119,6 +119,10 @@ class ReplicaCostModel:
     host_issue_s_per_request: float = 0.0
     host_serial_s_per_iteration: float = 0.0   # CPU work between iterations while the GPU idles
     extra_kernels_per_layer: int = 0           # engine-specific small kernels per decode layer (copies, gathers)
+    max_batch_requests: int = 256              # most requests per batch (vLLM's max_num_seqs): sizes the sampler run
+    block_tokens: int = DEFAULT_BLOCK_TOKENS   # KV tokens per block (vLLM's --block-size)
+    cuda_graph_bytes: float = 0.0              # per GPU, subtracted from the KV pool (costmodel/memory.py)
+    non_torch_override_bytes: float | None = None   # per GPU: replaces the non-torch estimate
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -401,46 +405,57 @@ class ReplicaCostModel:
         return context_tokens * self.method.host_bytes_per_token(self.model)
 
     def kv_memory_bytes(self, context_tokens: int) -> float:
-        """Decode memory one request holds at `context_tokens` (across the replica's GPUs)."""
+        """Decode memory one request holds at `context_tokens` (across the replica's GPUs): whole KV blocks
+        (costmodel/memory.kv_blocks) plus the method's fixed per-request buffer (HACK's FP16 V tail)."""
         m = self.model
-        return self.kv_replication * (context_tokens * self.method.memory_bytes_per_token(m)
-                                      + self.method.memory_reserve_bytes_per_request(m))
+        reserve = self.kv_replication * self.method.memory_reserve_bytes_per_request(m)
+        block = self.block_bytes
+        if block <= 0:
+            return reserve
+        return kv_blocks(context_tokens, self.block_tokens) * block + reserve
+
+    @property
+    def block_bytes(self) -> float:
+        """One block of this method's KV: block_tokens tokens, every layer, across the replica's GPUs."""
+        return self.block_tokens * self.method.memory_bytes_per_token(self.model) * self.kv_replication
 
     @property
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.params * FP16_BYTES / self.parallel.gpus
+        return self.memory.weights_bytes
 
     @property
-    def activation_reserve_bytes_per_gpu(self) -> float:
-        m = self.model
-        return self.max_batch_tokens * FP16_BYTES * (ACTIVATION_BYTES_PER_TOKEN_FACTOR * m.hidden_size
-                                                     + 2 * m.mlp_width_per_token / self.parallel.tensor)
+    def memory(self) -> MemoryBudget:
+        """The replica's GPU memory as the engine divides it (costmodel/memory.py)."""
+        b = self._memo.get("memory")
+        if b is None:
+            b = self._memo["memory"] = memory_budget(
+                self.gpu, self.model, self.parallel, gpu_memory_utilization=self.gpu_memory_utilization,
+                max_batch_tokens=self.max_batch_tokens, max_batch_requests=self.max_batch_requests,
+                block_tokens=self.block_tokens, block_bytes=self.block_bytes, cuda_graph_bytes=self.cuda_graph_bytes,
+                non_torch_override_bytes=self.non_torch_override_bytes, kv_override_bytes=self.kv_capacity_override_bytes)
+        return b
 
     @property
     def kv_capacity_bytes(self) -> float:
-        """KV bytes the whole replica can hold (all its GPUs), in `kv_memory_bytes` terms."""
-        if self.kv_capacity_override_bytes is not None:
-            return self.kv_capacity_override_bytes
-        per_gpu = (self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
-                   - self.activation_reserve_bytes_per_gpu - RUNTIME_RESERVE_BYTES)
-        return per_gpu * self.parallel.gpus
+        """KV bytes the whole replica can hold (all its GPUs), in whole blocks, in `kv_memory_bytes` terms."""
+        return self.memory.kv_capacity_bytes
 
     def check_fits(self, pool: str) -> None:
-        cap = self.kv_capacity_bytes
-        free = self.gpu.memory_bytes * self.gpu_memory_utilization - self.weight_bytes_per_gpu
-        if self.kv_capacity_override_bytes is not None and free * self.parallel.gpus < self.kv_capacity_override_bytes:
-            raise ModelDoesNotFit(f"{pool} kv_capacity_gib={self.kv_capacity_override_bytes / GIB:.2f} does not fit "
-                                  f"beside the weights ({free * self.parallel.gpus / GIB:.2f} GiB free)")
-        if cap <= 0:
-            need = (self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES) / GIB
-            have = self.gpu.memory_bytes * self.gpu_memory_utilization / GIB
+        mem = self.memory
+        gib = lambda b: f"{b / GIB:.2f}"   # noqa: E731
+        if self.kv_capacity_override_bytes is not None:
+            free = (mem.requested_bytes - mem.weights_bytes) * self.parallel.gpus
+            if free < self.kv_capacity_override_bytes:
+                raise ModelDoesNotFit(f"{pool} kv_capacity_gib={gib(self.kv_capacity_override_bytes)} does not fit "
+                                      f"beside the weights ({gib(free)} GiB free)")
+        if mem.kv_pool_bytes <= 0 or (mem.block_bytes > 0 and mem.blocks <= 0):
             raise ModelDoesNotFit(
-                f"{self.model.key} does not fit the {pool} pool: needs {need:.1f} GiB per GPU for weights and "
-                f"reserves, {self.gpu.key} offers {have:.1f} GiB at gpu_memory_utilization={self.gpu_memory_utilization} "
-                f"(tensor={self.parallel.tensor}, pipeline={self.parallel.pipeline})"
-            )
+                f"{self.model.key} does not fit the {pool} pool: {self.gpu.key} offers {gib(mem.requested_bytes)} GiB "
+                f"per GPU at gpu_memory_utilization={self.gpu_memory_utilization}; weights take {gib(mem.weights_bytes)}, "
+                f"the activation peak at max_batch_tokens={self.max_batch_tokens} {gib(mem.activation_peak_bytes)}, "
+                f"non-torch and CUDA graphs {gib(mem.non_torch_bytes + mem.cuda_graph_bytes)}, leaving no whole KV block "
+                f"(tensor={self.parallel.tensor}, pipeline={self.parallel.pipeline})")
 
     def memory_bytes_per_replica(self, kv_bytes: float) -> float:
         """Total GPU memory in use on the replica with `kv_bytes` of KV resident."""
-        fixed = self.weight_bytes_per_gpu + self.activation_reserve_bytes_per_gpu + RUNTIME_RESERVE_BYTES
-        return fixed * self.parallel.gpus + kv_bytes
+        return self.memory.non_kv_bytes * self.parallel.gpus + kv_bytes

@@ -187,6 +187,35 @@ def _latency_html(run: RunData) -> str:
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
+def _memory_terms_html(run: RunData) -> str:
+    """How each method's decode KV pool was sized (summary.json decode_memory; costmodel/memory.py):
+    per GPU, requested − weights − activation peak − non-torch − CUDA graphs, then whole blocks per replica."""
+    rows = []
+    colours = method_colours(run.methods, run.kinds)
+    for m in run.methods:
+        mem = (run.summary["methods"].get(m) or {}).get("decode_memory")
+        if not isinstance(mem, dict):
+            continue
+        fixed = mem.get("fixed_pool_bytes")
+        cells = [fmt_bytes(mem.get(k)) for k in ("requested_bytes", "weights_bytes", "activation_peak_bytes",
+                                                 "non_torch_bytes", "cuda_graph_bytes", "kv_pool_bytes_per_gpu")]
+        rows.append(f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td>"
+                    + "".join(f"<td>{_esc(c)}</td>" for c in cells)
+                    + f"<td>{_esc(mem.get('gpus', '–'))}</td>"
+                    + f"<td>{_esc('fixed ' + fmt_bytes(fixed) if fixed is not None else '–')}</td>"
+                    + f"<td>{_esc(mem.get('block_tokens', '–'))} tokens, {_esc(fmt_bytes(mem.get('block_bytes')))}</td>"
+                    + f"<td>{int(mem.get('blocks', 0)):,}</td><td>{_esc(fmt_bytes(mem.get('kv_capacity_bytes')))}</td></tr>")
+    if not rows:
+        return ""
+    return ('<p class="lead">How the decode KV pool was sized, as vLLM sizes it: per GPU, the requested memory '
+            '(utilization × memory) less the weights, the activation peak of a forward pass at max_batch_tokens, '
+            'non-torch memory and CUDA graphs; the replica holds whole blocks of it.</p>'
+            '<div class="scroll"><table id="table-memory" class="compact"><thead><tr><th>method</th>'
+            '<th>requested</th><th>weights</th><th>activation peak</th><th>non-torch</th><th>CUDA graphs</th>'
+            '<th>KV pool per GPU</th><th>GPUs</th><th>fixed pool</th><th>block</th><th>blocks</th>'
+            f'<th>KV capacity per replica</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
 def _profile_html(run: RunData) -> str:
     prof = run.profiles
     if not prof:
@@ -257,7 +286,8 @@ def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
     for anchor, heading, lead, names in FIGURE_SECTIONS:
         shown = tuple(n for n in names if n in figures)
         msgs = tuple(dict.fromkeys(notes[n] for n in names if n in notes))
-        sections.append(Section(anchor, heading, lead if shown else "", shown, notes=msgs))
+        body = _memory_terms_html(run) if anchor == "memory" else ""
+        sections.append(Section(anchor, heading, lead if shown else "", shown, notes=msgs, body_html=body))
     sections += [
         Section("profile", "Calibration profile", "Which kernel-cost profile priced prefill and decode, and how it "
                 "was obtained.", body_html=_profile_html(run)),

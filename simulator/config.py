@@ -149,11 +149,21 @@ class PoolConfig(_Strict):
     tensor_parallel: int = Field(1, ge=1, le=1024, description="GPUs per pipeline stage (within one instance)")
     pipeline_parallel: int = Field(1, ge=1, le=1024, description="pipeline stages per replica (may span instances)")
     replicas: int = Field(1, ge=1, le=4096, description="model replicas in the pool")
-    max_batch_requests: int = Field(256, ge=1, le=2**20, description="most requests in one batch")
+    max_batch_requests: int = Field(256, ge=1, le=2**20, description="most requests in one batch (vLLM's "
+                                    "max_num_seqs; also sizes the sampler's share of the activation peak)")
     max_batch_tokens: int = Field(16384, ge=1, le=2**30, description="prefill: most prompt tokens per batch (a longer "
-                                  "prompt runs alone); also sizes the activation reserve")
+                                  "prompt runs alone); also the profile run's tokens, which size the activation "
+                                  "peak (vLLM's max_num_batched_tokens)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's memory that "
                                           "weights, activations and KV may use (vLLM's gpu_memory_utilization)")
+    block_tokens: int = Field(16, ge=1, le=2**20, description="KV tokens per block (vLLM's --block-size): the pool "
+                              "is whole blocks and a request holds whole blocks of its prompt + output tokens")
+    cuda_graph_gib: float = Field(0.0, ge=0, le=2**20, description="per GPU, CUDA-graph memory subtracted from the "
+                                  "KV pool (vLLM subtracts its estimate only with "
+                                  "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; llm-d measured -0.45 to +1.03 GiB)")
+    non_torch_gib: float | None = Field(None, ge=0, le=2**20, description="per GPU, memory outside torch's "
+                                        "allocator (CUDA context, NCCL, workspaces); default: 0.13 GiB on one GPU, "
+                                        "0.55 GiB per GPU under tensor parallelism (costmodel/memory.py)")
     host_memory_gib: float | None = Field(None, gt=0, le=2**30, description="host memory per replica for KV: on prefill, KV "
                                           "parked while no decode replica has room; on decode, KV offloaded by "
                                           "PQCache/HCAttention; default: half the replica's instances' memory")

@@ -117,13 +117,20 @@ class Resolved:
         s = self.scenario
         pre = ReplicaCostModel(self.model, self.prefill_gpu, self.prefill_parallel, method, self.prefill_profile,
                                s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens, vcpus(s.prefill),
-                               _gib_bytes(s.prefill.kv_capacity_gib))
+                               _gib_bytes(s.prefill.kv_capacity_gib), **_memory_terms(s.prefill))
         dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
                                s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode),
                                _gib_bytes(s.decode.kv_capacity_gib), s.decode.host_issue_s_per_iteration,
                                s.decode.host_issue_s_per_layer, s.decode.host_issue_s_per_request,
-                               s.decode.host_serial_s_per_iteration, s.decode.extra_kernels_per_layer)
+                               s.decode.host_serial_s_per_iteration, s.decode.extra_kernels_per_layer,
+                               **_memory_terms(s.decode))
         return pre, dec
+
+
+def _memory_terms(pool: PoolConfig) -> dict:
+    """The pool's engine-memory settings, as ReplicaCostModel fields (costmodel/memory.py)."""
+    return {"max_batch_requests": pool.max_batch_requests, "block_tokens": pool.block_tokens,
+            "cuda_graph_bytes": pool.cuda_graph_gib * GIB, "non_torch_override_bytes": _gib_bytes(pool.non_torch_gib)}
 
 
 def resolve(s: Scenario, source: str = "scenario") -> Resolved:
@@ -331,6 +338,7 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
         "peak_decode_kv_bytes": float(peak_kv),
         "decode_kv_capacity_bytes": float(run.dec_cost.kv_capacity_bytes),
+        "decode_memory": run.dec_cost.memory.as_dict(),
         "kv_bytes_per_token": {"wire": float(method.wire_bytes_per_token(model)),
                                "memory": float(method.memory_bytes_per_token(model)),
                                "host": float(method.host_bytes_per_token(model))},

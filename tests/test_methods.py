@@ -129,9 +129,10 @@ def test_tied_embeddings_store_the_lm_head_once_and_qkv_bias_counts_its_vectors(
     tied = resolve(scenario(**kw, **{"model": {"preset": "llama-3.1-8b", "tied_embeddings": True}})).costs(
         make_method("baseline"))[1]
     m = untied.model
-    assert tied.kv_capacity_bytes - untied.kv_capacity_bytes == pytest.approx(m.vocab_size * m.hidden_size * 2)
+    assert tied.memory.kv_pool_bytes - untied.memory.kv_pool_bytes == pytest.approx(m.vocab_size * m.hidden_size * 2)
+    assert tied.memory.blocks > untied.memory.blocks          # whole blocks of it: capacity grows by blocks
     a = run_scenario(scenario(**kw, **{"model": {"preset": "llama-3.1-8b", "qkv_bias": True}})).summary
     b = run_scenario(scenario(**kw)).summary
     bias_bytes = m.layers * (m.q_dim + 2 * m.kv_dim) * 2
-    assert (b["methods"]["baseline"]["decode_kv_capacity_bytes"] - a["methods"]["baseline"]["decode_kv_capacity_bytes"]
-            == pytest.approx(bias_bytes))
+    pool = lambda r: r["methods"]["baseline"]["decode_memory"]["kv_pool_bytes_per_gpu"]   # noqa: E731 (one GPU)
+    assert pool(b) - pool(a) == pytest.approx(bias_bytes)

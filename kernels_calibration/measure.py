@@ -26,7 +26,7 @@ from .kernels import dispatch
 from .kernels.attn_decode import fp_attn_decode, sdpa_decode, to_fp8
 from .kernels.attn_prefill import fa_attn_prefill, prefill_flops
 from .kernels.dequant_attn_decode import dequant_attn_decode, dequantize_bytes, dequantize_cache
-from .kernels.hack_attn_decode import decode_step
+from .kernels.hack_attn_decode import decode_step, hack_attn_decode
 from .kernels.hack_attn_prefill import hack_attn_prefill
 from .kernels.kv_cache import append_token, build_cache
 from .kernels.launch import DequantDecodeConfig, FpDecodeConfig, HackDecodeConfig, PrefillConfig
@@ -144,12 +144,12 @@ def hack_cache_bytes(batch: int, ctx: int, kv_heads: int, d: int, pi: int) -> fl
 
 def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
                    pi: int = 64, configs: dict | None = None, seed: int = 0,
-                   return_all: bool = False) -> list[Measurement]:
+                   return_all: bool = False, device: str = "cuda") -> list[Measurement]:
     """Time the named decode kernels at one shape (every request holds ctx tokens before the step).
     configs: kernel -> a dict of the kernel family's LaunchConfig fields (kernels/launch.py), or a list
     of them (the fastest is kept, or all with return_all)."""
     configs = configs or {}
-    dev = "cuda"
+    dev = device
     gen = torch.Generator(device=dev).manual_seed(seed)
     cap = triton.cdiv(ctx + 1, pi) * pi
     fp16_set = 2 * batch * kv_heads * cap * d * 2
@@ -259,7 +259,8 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
         if not return_all and best is not None:
             out.append(best)
     del kvs, caches
-    torch.cuda.empty_cache()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -348,3 +349,51 @@ def measure_peaks() -> dict:
     t_launch = time_bench(lambda: x.add_(1.0), warmup_ms=10, rep_ms=50)
     return {"memory_gbps": mem_gbps, "fp16_tflops": 2 * n**3 / t16 / 1e12, "int8_tops": int8,
             "fp8_tflops": fp8, "launch_overhead_s": t_launch}
+
+
+def ragged_lens(batch: int, max_len: int) -> list[int]:
+    """Lengths spread evenly over [max_len / 4, max_len - 1] (the new token makes the longest max_len): a
+    continuous batch's contexts under one CUDA-graph bucket whose kernels are sized by max_len."""
+    lo = max(1, max_len // 4)
+    if batch == 1:
+        return [max_len - 1]
+    return [int(round(lo + (max_len - 1 - lo) * i / (batch - 1))) for i in range(batch)]
+
+
+def measure_append_attend(batch: int, max_len: int, q_heads: int, kv_heads: int, d: int = 128, pi: int = 64,
+                          ragged: bool = True, seed: int = 0, device: str = "cuda") -> Measurement:
+    """A real engine's HACK decode attention (realrun/kvformats.Hack.decode_attention): append_token,
+    then hack_attn_decode at max_len (the graph bucket: it sizes the split-K grid) over a cache of
+    max_len tokens' capacity, the lengths `ragged_lens` (ragged) or all max_len - 1.  Timed as measure_decode
+    times decode steps; units are the KV elements attended, sum_b (len_b + 1) * H_kv * D * 2, as
+    decode_attn.* counts them.  Row kernel "hack_append_attend", phase "decode_ragged" (ragged) or
+    "decode_append" (equal lengths): evidence beside the profile's fits, not fitted."""
+    dev = device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    lens_list = ragged_lens(batch, max_len) if ragged else [max_len - 1] * batch
+    cap = triton.cdiv(max_len, pi) * pi
+    lens = torch.tensor(lens_list, dtype=torch.int32, device=dev)
+    nq = _n_rot(hack_cache_bytes(batch, cap, kv_heads, d, pi), 64)
+    caches = []
+    for i in range(nq):
+        k = torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16)
+        caches.append(build_cache(k, torch.randn_like(k), lens, pi, 2, rqe=True, stochastic=True, seed=seed + i))
+        del k
+    q = torch.randn(batch, q_heads, d, device=dev, generator=gen, dtype=torch.float16)
+    kn = torch.randn(batch, kv_heads, d, device=dev, generator=gen, dtype=torch.float16)
+    vn = torch.randn_like(kn)
+
+    def step(i):
+        c = append_token(caches[i % nq], kn, vn, stochastic=True, seed=seed + 2)
+        hack_attn_decode(q, c, max_len=max_len)
+    t = time_graph(step, nq)
+    attended = sum(n + 1 for n in lens_list)
+    units = float(attended * kv_heads * d * 2)
+    del caches
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return Measurement("hack_append_attend", phase="decode_ragged" if ragged else "decode_append", batch=batch,
+                       context_len=max_len, q_heads=q_heads, kv_heads=kv_heads, head_dim=d, partition=pi, bits=2,
+                       time_s=t, bytes_moved=hack_cache_bytes(batch, attended / batch, kv_heads, d, pi),
+                       flops=4.0 * attended * q_heads * d, units=units,
+                       extra={"mean_len": round(attended / batch - 1, 1)})

@@ -17,7 +17,8 @@ costmodel/calibration.py: for each kernel key, time_s = overhead_s + s_per_unit 
 least squares on relative error over the training shapes; heldout_median_error_pct is the median
 |predicted - measured| / measured over shapes kept out of the fit.
 
-Units (fixed by the contract): decode_attn.*: sum_b ctx_b * H_kv * D * 2 KV elements (GQA group 8);
+Units (fixed by the contract): decode_attn.*: sum_b ctx_b * H_kv * D * 2 KV elements (GQA group 8; rows at
+another group g fit decode_attn.<key>_gqa<g>, see GQA4_SHAPES);
 prefill_attn.*: 4 * H_q * D * sum_b L_b (L_b + 1) / 2 FLOPs; quantize.kv / dequantize.kv: K and V
 elements.  decode_attn.fp16 and prefill_attn.fp16 take, per shape, the faster of torch SDPA and the
 Triton FP16 kernel.  Sweeps cover batch, context length, heads (H_q/H_kv = 8 throughout, plus a
@@ -67,6 +68,17 @@ DECODE_SHAPES = [
     (8, 4096, 32, 4, True),
 ]
 DECODE_SHAPES_QUICK = [s for i, s in enumerate(DECODE_SHAPES) if i % 2 == 0 or s[4]][:8]
+# HACK decode at 4 query heads per KV head (Llama-3.1-8B: 32 / 8), where the Gluon kernel does not run and the
+# row-packed kernel packs 4 copies of the head group: fitted as decode_attn.hack_gqa4 (group "gqa4")
+GQA4_HEADS = (32, 8)
+GQA4_SHAPES = [(b, ctx, *GQA4_HEADS, held) for b, ctx, _, _, held in DECODE_SHAPES[:-1]] + [
+    (48, 2048, *GQA4_HEADS, False), (64, 3072, *GQA4_HEADS, True)]
+# An engine's HACK decode attention as it runs in a CUDA-graph bucket (measure.measure_append_attend: the append,
+# then attention sized by the bucket's max_len over ragged lengths, or equal ones): evidence rows beside the fits
+# (phases decode_ragged / decode_append), not fitted; (batch, max_len, q_heads, kv_heads, ragged)
+APPEND_ATTEND_SHAPES = [(8, 2304, 32, 8, True), (24, 2816, 32, 8, True), (40, 3328, 32, 8, True),
+                        (40, 3328, 32, 8, False), (64, 3584, 32, 8, True), (32, 2048, 32, 8, True),
+                        (24, 4608, 64, 8, True), (24, 4608, 64, 8, False)]
 PI_SHAPES = [(1, 8192, False), (8, 2048, True), (8, 32768, False), (4, 16384, True)]
 PREFILL_SHAPES = [(1, 1024, False), (1, 2048, True), (1, 4096, False), (1, 8192, True), (1, 12288, False),
                   (2, 4096, True), (4, 2048, False)]
@@ -228,7 +240,7 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
             add(measure_scoring(("pq_score",), b, ctx, subspaces=8, configs=SCORE_CONFIGS), held)
             add(measure_scoring(("qk_score",), b, ctx, key_bits=2, configs=SCORE_CONFIGS), held)
 
-    groups = set(only.split(",")) if only != "all" else {"decode", "hack", "prefill", "quant", "score"}
+    groups = set(only.split(",")) if only != "all" else {"decode", "hack", "gqa4", "prefill", "quant", "score"}
     kinds = DECODE_KERNELS if "decode" in groups else (
         (HACK_DECODE_KINDS if "hack" in groups else ()) + (("dequant_fused",) if "dequant" in groups else ()))
     if kinds:
@@ -239,6 +251,12 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
             for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
                 add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs={"hack": [{}, {"num_warps": 4}]}),
                     held)
+    if "gqa4" in groups:
+        for b, ctx, hq, hkv, held in (GQA4_SHAPES[::2] if quick else GQA4_SHAPES):
+            add(measure_decode(("hack",), b, ctx, hq, hkv, 128, 64), held)
+        from .measure import measure_append_attend
+        for b, max_len, hq, hkv, ragged in (APPEND_ATTEND_SHAPES[:2] if quick else APPEND_ATTEND_SHAPES):
+            add([measure_append_attend(b, max_len, hq, hkv, ragged=ragged)], True)
     if "prefill" in groups:
         refs = ("fp16_triton", "torch_sdpa_fp16") if only == "all" else ()
         for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
@@ -319,16 +337,30 @@ def command_line(argv: list[str]) -> str:
     return " ".join(["python -m kernels_calibration.profile", *out])
 
 
+PROFILED_GROUP = 8   # query heads per KV head of the contract's decode units (costmodel/calibration.py)
+
+
+def gqa_group(row: dict) -> int:
+    """Query heads per KV head of a row (0 for the kernels without query heads: quantize, dequantize); a row
+    that does not say is at the contract's group."""
+    if not str(row.get("kv_heads") or "").strip() or not str(row.get("q_heads") or "").strip():
+        return PROFILED_GROUP
+    return int(row["q_heads"]) // max(int(row["kv_heads"]), 1)
+
+
 def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", command: str | None = None,
                   fitted_from: dict | None = None) -> dict:
     """The profile of `rows` (one per kernel and shape) and `peaks`; prov: the peaks measurement's
     provenance (GPU, driver, versions, git revision, date).  command and fitted_from (file name ->
     file_record: the rows, dense rows and peaks files, which lie beside a committed profile.json) make
     the profile's own provenance; every row carries its own revision, summarized in row_revisions."""
-    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None):
+    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None,
+            group=None):
         best: dict = {}
         for r in rows:
             if r["phase"] != phase or r["kernel"] not in kernels:
+                continue
+            if group is not None and gqa_group(r) != group:
                 continue
             if pi is not None and int(r["partition"]) != pi:
                 continue
@@ -341,9 +373,14 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", 
                 for r in best.values()]
 
     kernels: dict = {}
+    # the contract's decode units are at GQA group 8; rows at another group g fit decode_attn.<key>_gqa<g>
+    other_groups = sorted({gqa_group(r) for r in rows if r["phase"] == "decode"} - {PROFILED_GROUP})
     for name, key in DECODE_KEYS.items():
-        kernels[f"decode_attn.{key}"] = fit(pts("decode", {name}, 64 if name not in ("fp8",) else None))
-    kernels["decode_attn.fp16"] = fit(pts("decode", {"fp16_triton", "torch_sdpa_fp16"}))
+        pi = 64 if name not in ("fp8",) else None
+        kernels[f"decode_attn.{key}"] = fit(pts("decode", {name}, pi, group=PROFILED_GROUP))
+        for g in other_groups:
+            kernels[f"decode_attn.{key}_gqa{g}"] = fit(pts("decode", {name}, pi, group=g))
+    kernels["decode_attn.fp16"] = fit(pts("decode", {"fp16_triton", "torch_sdpa_fp16"}, group=PROFILED_GROUP))
     for pi in (32, 128):
         p = pts("decode", {"hack"}, pi)
         if p:
@@ -380,6 +417,15 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", 
              "were timed as CUDA graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, "
              "head_dim 128, 2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of "
              "torch._int_mm layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
+    if any("_gqa" in k for k in kernels):
+        notes += (" decode_attn.<key>_gqa<g>: the same decode step at g query heads per KV head (gqa4: 32 query / 8 "
+                  "KV heads, Llama-3.1-8B's attention, where the row-packed Triton kernel runs: the Gluon kernel "
+                  "takes group 8 only).")
+    if any(r["phase"] in ("decode_ragged", "decode_append") for r in rows):
+        notes += (" Rows of phase decode_ragged / decode_append (kernel hack_append_attend, not fitted): an "
+                  "engine's HACK decode attention in a CUDA-graph bucket, append_token then hack_attn_decode sized "
+                  "by the bucket's max_len (context_len), over lengths spread from max_len / 4 to max_len "
+                  "(ragged) or all at max_len (append); units as decode_attn.*.")
     if any(k.startswith(("score.", "select.")) for k in kernels):
         notes += (" score.pq: PQ LUT build + code gather, M = 2 sub-spaces (score.pq_m8: M = 8), 8-bit codes, "
                   "unit sum_b ctx_b * H_kv; score.quantized_keys: q . dequant(k) over 4-bit keys "
@@ -420,11 +466,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="refit from existing rows.csv files (concatenated; peaks.json beside the first)")
     ap.add_argument("--only", default="all",
                     help="all, or comma-separated groups: decode (every decode kernel), hack (the HACK decode "
-                         "kernels), dequant (fused dequant decode), prefill (HACK prefill), quant, score; "
+                         "kernels), gqa4 (HACK decode at 4 query heads per KV head, and an engine's append + attend "
+                         "in a graph bucket), dequant (fused dequant decode), prefill (HACK prefill), quant, score; "
                          "merge with older rows via --fit-only OLD NEW (NEW's rows replace OLD's)")
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
-    groups = {"decode", "hack", "dequant", "prefill", "quant", "score"}
+    groups = {"decode", "hack", "gqa4", "dequant", "prefill", "quant", "score"}
     bad = sorted(set(args.only.split(",")) - groups) if args.only != "all" else []
     if bad:
         ap.error(f"--only: unknown group(s) {bad}; choose 'all' or from {sorted(groups)}")

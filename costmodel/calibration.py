@@ -15,7 +15,8 @@ The units are fixed here, so profiles from any GPU and any harness mean the same
 kernel key                 unit (counted per launch; one launch = one layer on one GPU)
 =========================  ====================================================================
 ``decode_attn.<variant>``  KV elements visited: sum over the batch of ctx_len * kv_heads * head_dim * 2
-                           (K and V). Query heads per KV head (the GQA group) as profiled (8).
+                           (K and V). Query heads per KV head (the GQA group) as profiled (8);
+                           ``decode_attn.<variant>_gqa<g>`` is the same kernel measured at group g.
 ``prefill_attn.<variant>`` causal attention FLOPs: 4 * q_heads * head_dim * sum_b L_b (L_b + 1) / 2
 ``quantize.kv``            K and V elements quantized (2-bit HACK/KVQuant-style, sums included)
 ``dequantize.kv``          K and V elements dequantized to FP16 in memory

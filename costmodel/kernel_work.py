@@ -120,6 +120,12 @@ for _k in ("dequant_fused", "hack", "hack_no_se", "hack_no_rqe"):   # the Triton
         hbm_bytes=_w.hbm_bytes, sfu_ops=_w.sfu_ops, formula=_w.formula.replace("(N = 8)", "(16 rows)"),
         fp16_tensor_flops=_QK_PV if _w.fp16_tensor_flops else 0.0, int8_tensor_ops=_QK_PV if _w.int8_tensor_ops else 0.0)
 
+# the row-packed HACK step at 4 query heads per KV head (Llama-3.1-8B): 4 copies of the group fill the 16 rows
+_w = WORK["decode_attn.hack_triton"]
+WORK["decode_attn.hack_gqa4"] = KernelWork(
+    hbm_bytes=_w.hbm_bytes, int8_tensor_ops=_QK_PV, sfu_ops=_EXP_PER_ELEMENT / 2,
+    formula="codes + min/scale/sum per Π; INT8 products (16 rows: 4 copies of the 4-head group); 4/256 exp")
+
 
 @dataclass(frozen=True)
 class UnitRates:
@@ -196,6 +202,8 @@ REFERENCE_RATES = UnitRates(
 REFERENCE_PARTS: dict[str, dict[str, float]] = {
     "decode_attn.hack": {"hbm": 7.7747e-14, "fp16_tensor": 0.0, "int8_tensor": 1.1537e-14,
                         "sfu": 7.4729e-15, "alu": 4.6717e-14},
+    "decode_attn.hack_gqa4": {"hbm": 7.7747e-14, "fp16_tensor": 0.0, "int8_tensor": 2.3074e-14,
+                             "sfu": 3.7365e-15, "alu": 7.9930e-13},
     "decode_attn.hack_no_se": {"hbm": 7.4045e-14, "fp16_tensor": 0.0, "int8_tensor": 1.1537e-14,
                               "sfu": 7.4729e-15, "alu": 5.8144e-14},
     "decode_attn.hack_no_rqe": {"hbm": 7.7747e-14, "fp16_tensor": 0.0, "int8_tensor": 1.1537e-14,

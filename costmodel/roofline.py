@@ -40,7 +40,7 @@ __all__ = ["DEQUANT_INSTR_PER_ELEMENT", "FP8_CONVERT_INSTR_PER_ELEMENT", "alu_in
 
 ROOFLINE_KERNELS = ("decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_fused", "decode_attn.dequant_unfused",
                     "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe", "prefill_attn.fp16",
-                    "prefill_attn.hack", "quantize.kv", "dequantize.kv")
+                    "prefill_attn.hack", "quantize.kv", "dequantize.kv", "decode_attn.hack_gqa4")
 GLUON_KEYS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 GLUON_MIN_COMPUTE_CAPABILITY = 9.0
 

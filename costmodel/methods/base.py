@@ -70,8 +70,13 @@ def gluon_decode_applies(model: ModelSpec, bits: int = 2) -> bool:
 
 
 def decode_fit(profile: CalibrationProfile, key: str, model: ModelSpec | None, gluon_ok: bool = True) -> KernelFit:
-    """The profile's decode_attn.<key> fit, or its Triton twin (<key>_triton) where the profile has one
-    and the Gluon kernel does not run for this model (gluon_ok False, or the shape it does not take)."""
+    """The profile's decode_attn.<key> fit, measured at GQA group 8: the fit at the model's own group
+    (<key>_gqa<g>) where the profile has one, else the Triton twin (<key>_triton) where the profile has
+    one and the Gluon kernel does not run for this model (gluon_ok False, or the shape it does not take)."""
+    if model is not None and model.heads != GLUON_DECODE_GROUP * model.kv_heads:
+        own = profile.kernels.get(f"decode_attn.{key}_gqa{model.heads // model.kv_heads}")
+        if own is not None:
+            return own
     twin = profile.kernels.get(f"decode_attn.{key}_triton")
     if twin is not None and model is not None and not (gluon_ok and gluon_decode_applies(model)):
         return twin

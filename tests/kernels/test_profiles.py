@@ -289,3 +289,48 @@ def test_profile_only_rejects_unknown_groups(tmp_path, capsys):
         main(["--only", "hack,nope", "--out", str(tmp_path / "p")])
     assert e.value.code == 2 and "unknown group(s) ['nope']" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+def test_rows_at_another_gqa_group_fit_their_own_key():
+    """Decode rows at 4 query heads per KV head fit decode_attn.<key>_gqa4 and leave the group-8 fit
+    (the contract's unit) as the group-8 rows alone make it; rows that time an engine's append + attend
+    (phase decode_ragged) are kept beside the fits, not fitted."""
+    def row(heads, b, ctx, t_us, phase="decode", kernel="hack"):
+        hq, hkv = heads
+        return {"phase": phase, "kernel": kernel, "batch": str(b), "context_len": str(ctx), "q_heads": str(hq),
+                "kv_heads": str(hkv), "partition": "64", "bits": "2", "held_out": "False",
+                "units": str(b * ctx * hkv * 128 * 2), "time_us": str(t_us)}
+    g8 = [row((64, 8), b, c, 10 + 1.5e-7 * b * c * 8 * 256) for b, c in ((1, 2048), (8, 4096), (16, 16384))]
+    g4 = [row((32, 8), b, c, 13 + 9e-7 * b * c * 8 * 256) for b, c in ((1, 2048), (8, 4096), (16, 16384))]
+    ragged = [row((32, 8), 8, 2304, 500.0, phase="decode_ragged", kernel="hack_append_attend")]
+    peaks = {"memory_gbps": 4000.0, "fp16_tflops": 700.0, "int8_tops": 900.0, "fp8_tflops": None,
+             "launch_overhead_s": 5e-6}
+    alone = build_profile(g8, peaks, {"git_rev": "x"})["kernels"]
+    both = build_profile(g8 + g4 + ragged, peaks, {"git_rev": "x"})["kernels"]
+    assert both["decode_attn.hack"] == alone["decode_attn.hack"]
+    assert both["decode_attn.hack_gqa4"]["s_per_unit"] == pytest.approx(9e-13, rel=1e-6)
+    assert both["decode_attn.hack_gqa4"]["overhead_s"] == pytest.approx(13e-6, rel=1e-6)
+    assert not any("ragged" in k or "append" in k for k in both)
+
+
+def test_measure_gqa4_and_append_attend_run_on_the_cpu(monkeypatch):
+    """The device measurement's code path at tiny shapes under the interpreter, the timer replaced: the
+    GQA-4 decode step and an engine's append + attend over ragged lengths produce rows in the contract's
+    units (sum of the attended lengths x KV heads x head_dim x 2)."""
+    from kernels_calibration import measure
+
+    monkeypatch.setattr(measure, "ROT_BYTES", 1)
+    ran = []
+
+    def one_pass(step, n_rot, replays=30):
+        for i in range(n_rot):
+            step(i)
+        ran.append(n_rot)
+        return 1e-5
+    monkeypatch.setattr(measure, "time_graph", one_pass)
+    (m,) = measure.measure_decode(("hack",), 2, 150, 4, 1, 128, 64, device="cpu")
+    assert (m.q_heads, m.kv_heads, m.units) == (4, 1, 2 * 151 * 1 * 128 * 2)
+    r = measure.measure_append_attend(3, 300, 4, 1, ragged=True, device="cpu")
+    assert measure.ragged_lens(3, 300) == [75, 187, 299]
+    assert r.phase == "decode_ragged" and r.units == (76 + 188 + 300) * 128 * 2
+    assert ran == [1, 1]

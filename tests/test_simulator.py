@@ -241,7 +241,8 @@ def test_fixed_kv_pool_replaces_computed_capacity():
 def test_gluon_priced_kernels_fall_back_to_their_triton_twins_where_gluon_does_not_run():
     """The H200 profile prices HACK's PI-64 decode step and fused dequant on the Gluon kernels, which take
     GQA 8 and head_dim 128 only; a GQA-4 model (Llama-3.1-8B) runs the Triton kernels, priced by the
-    *_triton fits, and so does HACK at a partition the Gluon kernel does not take."""
+    *_triton fits, and so does HACK at a partition the Gluon kernel does not take; HACK's step at GQA 4 has
+    a fit of its own (decode_attn.hack_gqa4), which a profile without it replaces by the twin."""
     from costmodel.calibration import load_profile
     from costmodel.methods import HACK, KVQuant
     from costmodel.specs import ModelSpec
@@ -257,11 +258,18 @@ def test_gluon_priced_kernels_fall_back_to_their_triton_twins_where_gluon_does_n
                         ("hack_no_rqe", HACK(requantization_elimination=False)),
                         ("dequant_fused", KVQuant(dequant_kernel="fused"))):
         assert method.decode_kernel(prof, gqa8) is prof.kernel(f"decode_attn.{key}")
-        assert method.decode_kernel(prof, gqa4) is prof.kernel(f"decode_attn.{key}_triton")
+        # measured at the model's own group where the profile has it (HACK's step at GQA 4), else the twin
+        own = prof.kernels.get(f"decode_attn.{key}_gqa4")
+        assert method.decode_kernel(prof, gqa4) is (own or prof.kernel(f"decode_attn.{key}_triton"))
         assert method.decode_kernel(prof, d64) is prof.kernel(f"decode_attn.{key}_triton")
     assert HACK(partition=32).decode_kernel(prof, gqa8) is prof.kernel("decode_attn.hack_pi32")
     assert HACK(partition=32, summation_elimination=False).decode_kernel(prof, gqa8) is prof.kernel(
         "decode_attn.hack_no_se_triton")
+    assert HACK().decode_kernel(prof, gqa4) is prof.kernel("decode_attn.hack_gqa4")
+    from dataclasses import replace
+    from costmodel.methods import decode_fit
+    without = replace(prof, kernels={k: v for k, v in prof.kernels.items() if k != "decode_attn.hack_gqa4"})
+    assert decode_fit(without, "hack", gqa4) is prof.kernel("decode_attn.hack_triton")
     # the Gluon kernels are the faster per KV element (the H200 profile)
     for key in ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused"):
         assert prof.kernel(f"decode_attn.{key}").s_per_unit < prof.kernel(f"decode_attn.{key}_triton").s_per_unit

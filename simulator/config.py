@@ -418,6 +418,12 @@ class Scenario(_Strict):
     workload: WorkloadConfig
     methods: list[MethodConfig] = Field(min_length=1, max_length=64)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    ttft_at: Literal["decode", "prefill"] = Field(
+        "decode", description="where the client's first token comes from. decode: from the decode instance, at the "
+        "end of the first decode iteration the request takes part in after its KV has arrived (vLLM's "
+        "disaggregated serving: the prefill instance's token is discarded and the decode instance recomputes the "
+        "last prompt position, so it runs one iteration per output token); prefill: the prefill instance's token, "
+        "at the end of prefill (decode then runs one iteration per output token after the first)")
     placement: Literal["separate", "shared_gpu"] = Field(
         "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
         "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "

@@ -3,7 +3,10 @@
 Requests are admitted by the router, which reserves their final KV footprint (prompt + output
 tokens in the method's memory format, plus its per-request reserve) against `capacity_bytes`
 before the transfer starts, so memory never exceeds capacity and nothing is preempted. After its
-KV has arrived, a request joins the batch at the next iteration boundary.
+KV has arrived, a request joins the batch at the next iteration boundary and takes part in
+``run.decode_iterations[rid]`` iterations, its context in the first being ``run.join_context[rid]``
+(the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the
+end of that first iteration.
 
 Between changes of batch membership every iteration costs ``fixed(B) + per_ctx * S_k`` where the
 batch's total context grows by B each iteration (S_k = C + B·k at replica iteration k), so n
@@ -180,11 +183,18 @@ class DecodeReplica:
         self._start_segment()
 
     def _start_segment(self) -> None:
+        joined = list(self.joining)
         pending_s = self._admit_joining()
         if not self.batch:
             self._seg = None
             return
         cost = self.cost.iteration(self.batch)
+        if joined and self.run.ttft_at_decode:
+            # the joiners' first token: the end of this segment's first iteration, which always runs whole
+            # (a cut ends a segment at the end of the iteration in progress)
+            first = self.env.now + pending_s + segment_time_s(cost, 1, self.ctx_offset, self.batch, self.iteration)
+            for rid in joined:
+                self.run.first_token[rid] = first
         n = self.finish_heap[0][0] - self.iteration
         seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
@@ -200,9 +210,9 @@ class DecodeReplica:
             run.decode_join[rid] = now
             run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid], run.snap_fetch[rid] = self.cum
             prompt = run.prompt[rid]
-            self.ctx_offset += prompt + 1 - k
+            self.ctx_offset += run.join_context[rid] - k
             self.batch += 1
-            heapq.heappush(self.finish_heap, (k + run.output[rid] - 1, rid))
+            heapq.heappush(self.finish_heap, (k + run.decode_iterations[rid], rid))
             if self._on_arrival:
                 arrival_s += self.cost.on_arrival_s(prompt)
         self.joining.clear()
@@ -236,7 +246,7 @@ class DecodeReplica:
             run.approx_decode[rid] = self.cum[2] - run.snap_approx[rid]
             run.fetch_s[rid] = self.cum[3] - run.snap_fetch[rid]
             # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
-            self.ctx_offset -= run.prompt[rid] + run.output[rid] - self.iteration
+            self.ctx_offset -= run.join_context[rid] + run.decode_iterations[rid] - self.iteration
             self.batch -= 1
             self.slots_used -= 1
             self.reserved_bytes -= run.kv_bytes[rid]

@@ -63,8 +63,8 @@ class Router:
     def _ready(self, batch: list[int]) -> None:
         run = self.run
         for rid in batch:
-            if run.output[rid] <= 1:
-                # The prefill's token is the whole output: no KV moves, no decode.
+            if run.decode_iterations[rid] == 0:
+                # The prefill's token is the whole output (ttft_at prefill, one output token): no KV moves, no decode.
                 run.finish_without_decode(rid)
                 self.prefill[run.prefill_replica[rid]].release_parked(run.wire_bytes[rid])
             else:

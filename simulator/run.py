@@ -172,6 +172,13 @@ class MethodRun:
             raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
         self.wire_bytes = [pre_cost.wire_bytes(p) for p in self.prompt]
+        # Decode iterations per request and its context in the first one (simulator/decode.py).  ttft_at decode:
+        # the decode instance yields every output token, the first from recomputing the last prompt position
+        # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
+        from_decode = s.ttft_at == "decode"
+        self.ttft_at_decode = from_decode
+        self.decode_iterations = [o if from_decode else max(0, o - 1) for o in self.output]
+        self.join_context = [p if from_decode else p + 1 for p in self.prompt]
         self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
         self.host_kv_bytes = [dec_cost.host_kv_bytes(p + o) for p, o in zip(self.prompt, self.output)]
         decode_host = host_memory_bytes(s.decode)
@@ -187,7 +194,7 @@ class MethodRun:
                 f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
         nan = math.nan
         for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
-                     "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
+                     "first_token", "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
                      "snap_decode", "snap_dequant", "snap_approx", "snap_fetch"):
             setattr(self, name, [nan] * n)
         self.prefill_replica = [-1] * n
@@ -260,6 +267,7 @@ class MethodRun:
     def requests_frame(self) -> pd.DataFrame:
         a = lambda xs: np.asarray(xs, dtype=np.float64)  # noqa: E731
         arrival, pstart, pend, eend = a(self.arrival), a(self.prefill_start), a(self.prefill_end), a(self.encode_end)
+        first = a(self.first_token) if self.ttft_at_decode else pend
         tstart, tend, join, finish = a(self.transfer_start), a(self.transfer_end), a(self.decode_join), a(self.finish)
         t_start_eff = np.maximum(tstart, eend)
         t_end_eff = np.maximum(tend, eend)
@@ -276,12 +284,12 @@ class MethodRun:
             "prefill_attention": self.prefill_form,
             "arrival_s": arrival, "prefill_start_s": pstart, "prefill_end_s": pend, "quantize_end_s": eend,
             "transfer_start_s": tstart, "transfer_end_s": tend, "decode_start_s": join,
-            "first_token_s": pend, "finish_s": finish,
+            "first_token_s": first, "finish_s": finish,
         })
         df["jct_s"] = finish - arrival
-        df["ttft_s"] = pend - arrival
+        df["ttft_s"] = first - arrival
         with np.errstate(invalid="ignore", divide="ignore"):
-            df["tpot_s"] = np.where(output > 1, (finish - pend) / (output - 1), np.nan)
+            df["tpot_s"] = np.where(output > 1, (finish - first) / (output - 1), np.nan)
         df["prefill_queue_s"] = pstart - arrival
         df["prefill_s"] = (pend - pstart) - approx_pre
         df["quantize_s"] = eend - pend

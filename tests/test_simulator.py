@@ -32,9 +32,13 @@ def lone_timeline(s, cfg):
     transfer_end = encode_end + transfer_s(pre.wire_bytes(p), net.bandwidth_gbps, net.efficiency, net.per_flow_gbps,
                                            net.latency_s)
     it = dec.iteration(1)
-    n = o - 1
-    finish = transfer_end + dec.on_arrival_s(p) + n * it.fixed_s + it.per_ctx_s * (n * (p + 1) + n * (n - 1) / 2)
-    return [(arrival, "arrive"), (arrival, "prefill_start"), (prefill_end, "first_token"),
+    # ttft_at decode: o iterations from context p, the first token at the end of the first; prefill: o - 1
+    # iterations from context p + 1 after the prefill's token
+    n, c = (o, p) if s.ttft_at == "decode" else (o - 1, p + 1)
+    start = transfer_end + dec.on_arrival_s(p)
+    finish = start + n * it.fixed_s + it.per_ctx_s * (n * c + n * (n - 1) / 2)
+    first_token = start + it.fixed_s + it.per_ctx_s * c if s.ttft_at == "decode" else prefill_end
+    return [(arrival, "arrive"), (arrival, "prefill_start"), (first_token, "first_token"),
             (encode_end, "quantized"), (encode_end, "transfer_start"), (transfer_end, "transfer_end"),
             (transfer_end, "decode_start"), (finish, "finish")]
 
@@ -45,9 +49,10 @@ def simulated_timeline(row):
             (row.transfer_end_s, "transfer_end"), (row.decode_start_s, "decode_start"), (row.finish_s, "finish")]
 
 
+@pytest.mark.parametrize("ttft_at", ["decode", "prefill"])
 @pytest.mark.parametrize("method", ["baseline", "kvquant", "cachegen", "fp8", "hack", "hack_no_se", "hack_no_rqe"])
-def test_single_request_timeline_equals_closed_form(method):
-    s = scenario(methods=[method])
+def test_single_request_timeline_equals_closed_form(method, ttft_at):
+    s = scenario(methods=[method], ttft_at=ttft_at)
     result = run_scenario(s)
     row = next(result.requests.itertuples())
     got = simulated_timeline(row)

@@ -51,6 +51,29 @@ BOUNDS = {
     "llama-3.1-8b-L32_40gbps_kvquant_r3": (20, 7, 24),
 }
 
+# trace: (|mean decode error|, |mean decode-iteration error|) bounds in percent, the same rule: the decode
+# part (join to finish) and the iteration time the cost model predicts for each measured (batch, context)
+DECODE_BOUNDS = {
+    "llama-3.1-70b-L8_10gbps_baseline_r2": (13, 14),
+    "llama-3.1-70b-L8_10gbps_baseline_r3.5": (13, 11),
+    "llama-3.1-70b-L8_10gbps_hack_r2": (16, 14),
+    "llama-3.1-70b-L8_10gbps_hack_r3.5": (24, 19),
+    "llama-3.1-70b-L8_10gbps_kvquant_r2": (15, 12),
+    "llama-3.1-70b-L8_10gbps_kvquant_r3.5": (21, 15),
+    "llama-3.1-8b-L32_10gbps_baseline_r1": (5, 6),
+    "llama-3.1-8b-L32_10gbps_baseline_r1.6": (5, 4),
+    "llama-3.1-8b-L32_10gbps_hack_r1": (8, 13),
+    "llama-3.1-8b-L32_10gbps_hack_r1.6": (5, 3),
+    "llama-3.1-8b-L32_10gbps_kvquant_r1": (30, 23),
+    "llama-3.1-8b-L32_10gbps_kvquant_r1.6": (10, 8),
+    "llama-3.1-8b-L32_40gbps_baseline_r1.5": (26, 30),
+    "llama-3.1-8b-L32_40gbps_baseline_r3": (26, 5),
+    "llama-3.1-8b-L32_40gbps_hack_r1.5": (9, 10),
+    "llama-3.1-8b-L32_40gbps_hack_r3": (7, 14),
+    "llama-3.1-8b-L32_40gbps_kvquant_r1.5": (3, 7),
+    "llama-3.1-8b-L32_40gbps_kvquant_r3": (20, 6),
+}
+
 
 @pytest.fixture(scope="module")
 def rows():
@@ -58,7 +81,7 @@ def rows():
 
 
 def test_every_committed_trace_is_validated(rows):
-    assert set(rows) == set(BOUNDS) and len(BOUNDS) == 18
+    assert set(rows) == set(BOUNDS) == set(DECODE_BOUNDS) and len(BOUNDS) == 18
     # 3 configurations x 3 methods x 2 rates
     assert {r["method"] for r in rows.values()} == {"baseline", "kvquant", "hack"}
     for name in BOUNDS:
@@ -74,6 +97,9 @@ def test_errors_within_what_the_model_achieves(rows, trace):
     assert abs(r["tpot_p50_error_pct"]) <= tpot, r
     # the link is emulated exactly and the prefill is priced from the kernel profile: both stay close
     assert abs(r["transfer_mean_error_pct"]) <= 8 and abs(r["prefill_mean_error_pct"]) <= 8, r
+    decode, iteration = DECODE_BOUNDS[trace]
+    assert abs(r["decode_mean_error_pct"]) <= decode, r
+    assert abs(r["iteration_mean_error_pct"]) <= iteration, r
 
 
 def test_summary_over_all_traces(rows):
@@ -86,6 +112,9 @@ def test_summary_over_all_traces(rows):
     assert mean_abs("ttft_p50_error_pct") <= 6.0
     assert mean_abs("tpot_p50_error_pct") <= 12.5
     assert mean_abs("prefill_mean_error_pct") <= 4.5
+    # decode 11.8 %, decode iteration 9.4 %
+    assert mean_abs("decode_mean_error_pct") <= 13.0
+    assert mean_abs("iteration_mean_error_pct") <= 10.5
 
 
 def test_host_calibration_in_the_scenarios_comes_from_the_microbenchmark():

@@ -82,20 +82,6 @@ def test_bad_method_entries_fail_with_one_line(methods, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_hand_worked_bytes_per_element():
-    """Bytes per K or V element, worked by hand from each format."""
-    assert make_method("baseline").wire_bytes_per_element() == 2.0
-    assert make_method("fp8").memory_bytes_per_element() == 1.0
-    assert make_method("fp4").wire_bytes_per_element() == 0.5625                  # 4 bits + one FP8 scale per 16
-    assert make_method("kvquant").wire_bytes_per_element() == pytest.approx(0.25 + 0.01 * 6 + 4 / 128)
-    assert make_method("hack").wire_bytes_per_element() == 0.25 + (4 + 1) / 64    # codes + min, scale, uint8 sum
-    assert make_method("hack", partition=128).wire_bytes_per_element() == 0.25 + (4 + 2) / 128   # 2 + 7 bits: int16
-    assert make_method("hack_no_se").wire_bytes_per_element() == 0.25 + 4 / 64
-    assert make_method("cachegen", entropy_ratio=0.5).wire_bytes_per_element() == 0.125 + 4 / 64
-    assert make_method("cachegen").memory_bytes_per_element() == 2.0              # decompressed once on arrival
-    assert make_method("hcattention").wire_bytes_per_element() == (0.5 + 4 / 64 + 2.0) / 2
-
-
 def test_no_other_product_module_names_a_method():
     """Reports, planning, the simulator, the cost model's other modules and the CLI look methods up in the
     registry. (Kernel variants, e.g. decode_attn.hack_no_se, are kernels, not scenario methods: the modules

@@ -1,0 +1,335 @@
+"""Expected values worked out by hand from catalog facts and the documented formulas, never by asking the
+cost-model objects under test: bytes per element of every method, an all-reduce at TP 2, a link sharing its
+capacity between a capped and an uncapped flow, and every breakdown part of single requests.
+
+The arithmetic is written out in the comments; where a product of many terms is tedious the test writes the
+formula once here (its own copy, from the docstrings of costmodel/phases.py and costmodel/collectives.py) on
+a synthetic calibration profile of round numbers, so the expected value depends on nothing the simulator
+computes.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import simpy
+from scipy.stats import norm
+
+from costmodel.methods import REGISTRY, make_method
+from helpers import scenario
+from simulator.link import Link
+from simulator.run import run_scenario
+
+# ---- Llama-3.1-8B (catalog/data/models.yaml) -----------------------------------------------------------
+L, H, HEADS, KV_HEADS, D, I, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256
+KV_ELEMENTS_PER_TOKEN = 2 * KV_HEADS * D * L        # K and V, every layer: 2 * 8 * 128 * 32 = 65,536
+FP16_TOKEN_BYTES = 2 * KV_ELEMENTS_PER_TOKEN       # 131,072 B (the catalog's note: "FP16 KV 131072 B/token")
+
+
+# ---- bytes per element, every method in the registry ----------------------------------------------------
+def _cachegen_gaussian_bits(bits: int, partition: int) -> float:
+    """Entropy of b-bit min/max codes of a Gaussian partition, derived here for b = 2: the range is +-m with
+    m = Phi^-1((n - 0.375) / (n + 0.25)) (Blom), 4 levels at -m, -m/3, m/3, m, so the rounding edges are
+    -2m/3, 0, 2m/3 and the two outer codes each take Phi(-2m/3), the two inner ones 1/2 - Phi(-2m/3)."""
+    assert bits == 2
+    m = norm.ppf((partition - 0.375) / (partition + 0.25))
+    outer = norm.cdf(-2 * m / 3)
+    inner = 0.5 - outer
+    return -2 * (outer * math.log2(outer) + inner * math.log2(inner))
+
+
+# (method, parameters) -> (wire bytes per element, decode-memory bytes per element)
+BYTES_PER_ELEMENT = {
+    ("baseline", ()): (2.0, 2.0),                                     # FP16
+    ("fp8", ()): (1.0, 1.0),                                          # e4m3, one per-tensor scale
+    ("fp4", ()): (0.5 + 1 / 16, 0.5 + 1 / 16),                        # 4 bits + an FP8 scale per 16: 0.5625
+    # 2-bit codes 0.25 + 1 % outliers x (FP16 value + int32 index = 6 B) + FP16 scale and zero per 128
+    # elements (4 / 128): 0.25 + 0.06 + 0.03125 = 0.34125
+    ("kvquant", ()): (0.34125, 0.34125),
+    ("kvquant", (("bits", 4), ("outlier_fraction", 0.0))): (0.5 + 4 / 128, 0.5 + 4 / 128),   # 0.53125
+    # entropy-coded 2-bit codes + FP16 min and scale per 64 (4 / 64 = 0.0625); FP16 in memory (decoded once)
+    ("cachegen", (("entropy_ratio", 0.5),)): (0.25 * 0.5 + 0.0625, 2.0),
+    ("cachegen", (("entropy_ratio", 0.5), ("decode_mode", "dequantize_per_iteration"))): (0.1875, 0.25 + 0.0625),
+    ("cachegen", (("bits", 4), ("partition", 128), ("entropy_ratio", 1.0))): (0.5 + 4 / 128, 2.0),
+    # HACK, Pi = 64: 2-bit codes + (FP16 min + FP16 scale + a uint8 code sum: 2 + log2 64 = 8 bits) per 64:
+    # 0.25 + 5 / 64 = 0.328125
+    ("hack", ()): (0.328125, 0.328125),
+    # Pi = 128: the sum needs 2 + 7 = 9 bits, stored as int16: 0.25 + (4 + 2) / 128 = 0.296875
+    ("hack", (("partition", 128),)): (0.296875, 0.296875),
+    # 4-bit codes, Pi = 16: 4 + 4 = 8 bits fit a uint8: 0.5 + 5 / 16 = 0.8125; Pi = 32: 9 bits, int16: 0.6875
+    ("hack", (("bits", 4), ("partition", 16))): (0.8125, 0.8125),
+    ("hack", (("bits", 4), ("partition", 32))): (0.6875, 0.6875),
+    ("hack_no_se", ()): (0.25 + 4 / 64, 0.25 + 4 / 64),               # no stored sums: 0.3125
+    ("hack_no_rqe", ()): (0.328125, 0.328125),                        # the format of HACK (no FP16 tail reserve)
+    # HCAttention: keys 4-bit + FP16 min and scale per 64 (0.5625 B); values FP16 on the wire (2 B), a
+    # quarter of them on the GPU; per element the mean of K and V:
+    # wire (0.5625 + 2) / 2 = 1.28125, memory (0.5625 + 0.25 * 2) / 2 = 0.53125
+    ("hcattention", ()): (1.28125, 0.53125),
+    ("hcattention", (("key_bits", 2), ("partition", 32), ("gpu_kv_budget", 1.0))): (
+        (0.25 + 4 / 32 + 2) / 2, (0.25 + 4 / 32 + 2) / 2),
+    # PQCache moves and keeps FP16 K and V (its per-token codes and centroids: below)
+    ("pqcache", ()): (2.0, 2.0),
+}
+
+
+def test_every_registered_method_has_hand_worked_bytes():
+    assert {name for name, _ in BYTES_PER_ELEMENT} == set(REGISTRY)
+
+
+@pytest.mark.parametrize("key", sorted(BYTES_PER_ELEMENT, key=repr), ids=lambda k: f"{k[0]}{dict(k[1]) or ''}")
+def test_bytes_per_element(key):
+    name, params = key
+    wire, memory = BYTES_PER_ELEMENT[key]
+    m = make_method(name, **dict(params))
+    assert m.wire_bytes_per_element() == pytest.approx(wire, rel=1e-15)
+    assert m.memory_bytes_per_element() == pytest.approx(memory, rel=1e-15)
+
+
+def _model():
+    from catalog import load
+    from costmodel.specs import ModelSpec
+    e = load("models")["llama-3.1-8b"]
+    fields = {k: e[k] for k in ModelSpec.__dataclass_fields__ if k in e and k != "key"}
+    return ModelSpec(key="llama-3.1-8b", **fields)
+
+
+def test_cachegen_default_wire_bytes_follow_the_gaussian_code_entropy():
+    # m = Phi^-1(63.625 / 64.25) = 2.33669; outer codes Phi(-1.55779) = 0.059641 each, inner 0.440359 each;
+    # H = -2 (0.059641 log2 0.059641 + 0.440359 log2 0.440359) = 1.52729 bits of 2: ratio 0.763647
+    bits = _cachegen_gaussian_bits(2, 64)
+    assert bits == pytest.approx(1.52729, abs=1e-5)
+    assert make_method("cachegen").wire_bytes_per_element() == pytest.approx(0.25 * bits / 2 + 0.0625, rel=1e-12)
+
+
+def test_bytes_per_token_and_per_request_on_llama_8b():
+    model = _model()
+    assert model.kv_elements_per_token_per_layer * model.layers == KV_ELEMENTS_PER_TOKEN
+    # per token: the per-element figures times 65,536 elements
+    assert make_method("baseline").wire_bytes_per_token(model) == 131072
+    assert make_method("hack").wire_bytes_per_token(model) == 0.328125 * 65536 == 21504
+    assert make_method("kvquant").memory_bytes_per_token(model) == pytest.approx(0.34125 * 65536)   # 22,364.16
+    # HACK's RQE tail: up to Pi = 64 V tokens per layer in FP16 instead of codes:
+    # 64 x 1024 (kv_dim) x 32 layers x (2 - 0.328125) = 2,097,152 x 1.671875 = 3,506,176 B
+    assert make_method("hack").memory_reserve_bytes_per_request(model) == 3506176
+    assert make_method("hack_no_rqe").memory_reserve_bytes_per_request(model) == 0
+    # PQCache: FP16 K and V on the wire plus the codes, 32 layers x 8 KV heads x 2 sub-spaces x 8 bits = 512 B
+    # per token; once per request the centroids, 32 x 8 x 2^8 x 128 dims x 2 B = 16,777,216 B.  Decode GPU
+    # memory keeps the codes per token and a reserve of (256 local + 2048 cached) FP16 tokens + centroids:
+    # 2304 x 131,072 + 16,777,216 = 318,767,104 B; host memory the FP16 KV
+    pq = make_method("pqcache")
+    assert pq.wire_bytes_per_token(model) == 131072 + 512
+    assert pq.wire_fixed_bytes(model) == 16777216
+    assert pq.memory_bytes_per_token(model) == 512
+    assert pq.memory_reserve_bytes_per_request(model) == 318767104
+    assert pq.host_bytes_per_token(model) == 131072
+    # HCAttention: the FP16 values, half the KV, in host memory: 65,536 B per token
+    assert make_method("hcattention").host_bytes_per_token(model) == 65536
+
+
+# ---- an all-reduce at TP 2 (catalog/data/interconnects.yaml, nvswitch) -------------------------------
+def test_allreduce_at_tp2_by_hand():
+    import catalog
+    from costmodel import collectives as co
+    nvs = co.from_catalog(catalog.load("interconnects")["nvswitch"])
+    link = 300.0        # p4de.24xlarge: 300 GB/s per GPU per direction (catalog/data/instances.yaml)
+    # one token of Llama-3.1-8B's activations: 4096 x 2 B = 8192 B; two GPUs take vLLM's one-shot kernel up to
+    # 8 MiB: 4.86 us + (2 - 1) x 8192 / (0.713 x 300e9) = 4.86e-6 + 3.8298e-8 = 4.89830e-6 s
+    assert co.allreduce_algorithm(8192, 2, nvs) == "one_shot"
+    assert co.allreduce_s(8192.0, 2, nvs, link) == pytest.approx(4.86e-6 + 8192 / (0.713 * 300e9), rel=1e-12)
+    assert co.allreduce_s(8192.0, 2, nvs, link) == pytest.approx(4.89830e-6, rel=1e-5)
+    # a 4096-token prefill batch: 4096 x 8192 = 32 MiB > 8 MiB, NCCL's ring: 5.56 us + 2(2 - 1) x 1.98 us +
+    # 2(2 - 1)/2 x 33,554,432 / (0.822 x 300e9) = 9.52e-6 + 1.360684e-4 = 1.455884e-4 s
+    n = 4096 * 8192
+    assert co.allreduce_algorithm(n, 2, nvs) == "ring"
+    assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(5.56e-6 + 2 * 1.98e-6 + n / (0.822 * 300e9),
+                                                                   rel=1e-12)
+    assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(1.455884e-4, rel=1e-6)
+    # at eight GPUs a 1 MiB message takes the two-shot kernel: 11.45 us + 2 x 7/8 x 1 MiB / (0.624 x 300e9)
+    assert co.allreduce_s(float(2**20), 8, nvs, link) == pytest.approx(
+        11.45e-6 + 2 * 7 / 8 * 2**20 / (0.624 * 300e9), rel=1e-12)
+
+
+# ---- a capped two-flow link -----------------------------------------------------------------------------
+def _finishes(capacity: float, flows: list[tuple[float, float, float]], latency_s: float = 0.0):
+    """Run flows (start_s, bytes, cap_bytes_per_s) on one Link; their arrival times and the link's log."""
+    env, log, done = simpy.Environment(), [], {}
+    link = Link(env, "l", capacity, latency_s, log)
+
+    def starter(rid, start, size, cap):
+        yield env.timeout(start)
+        link.start(rid, size, cap, lambda r, t: done.__setitem__(r, t))
+    for rid, (start, size, cap) in enumerate(flows):
+        env.process(starter(rid, start, size, cap))
+    env.run()
+    return done, log
+
+
+def test_capped_flow_leaves_its_unused_share_to_the_uncapped_one():
+    # 1000 B/s shared by flow 0 capped at 200 B/s and flow 1 uncapped, 1000 B each, both from t = 0.
+    # Water-filling: flow 0 keeps its cap (200 < the fair 500), flow 1 takes the other 800 B/s:
+    # flow 1 done at 1000 / 800 = 1.25 s; flow 0 has 1000 - 250 = 750 B left at its cap: 1.25 + 3.75 = 5.0 s.
+    # (Dropping the leftover would give flow 1 only 500 B/s: done at 2.0 s.)  Latency 0.5 s on top.
+    done, log = _finishes(1000.0, [(0.0, 1000.0, 200.0), (0.0, 1000.0, math.inf)], latency_s=0.5)
+    assert done[1] == pytest.approx(1.25 + 0.5, rel=1e-12)
+    assert done[0] == pytest.approx(5.0 + 0.5, rel=1e-12)
+    # the link runs full while both flow, then at the cap: (time, flows, throughput)
+    assert log[-3][1:] == (2, pytest.approx(1000.0)) and log[-2] == (pytest.approx(1.25), 1, pytest.approx(200.0))
+
+
+def test_three_flows_with_two_caps():
+    # 900 B/s; caps 100 and 500 B/s and one uncapped, 900 B each.  Fair share 300: flow 0 keeps 100, then
+    # (900 - 100) / 2 = 400 < 500, so flows 1 and 2 take 400 each.  Flows 1, 2 done at 900 / 400 = 2.25 s
+    # (flow 0 sent 225); flow 0 alone at its cap: 675 / 100 = 6.75 s more -> 9.0 s.
+    done, _ = _finishes(900.0, [(0.0, 900.0, 100.0), (0.0, 900.0, 500.0), (0.0, 900.0, math.inf)])
+    assert done[1] == pytest.approx(2.25) and done[2] == pytest.approx(2.25) and done[0] == pytest.approx(9.0)
+    # a late uncapped flow next to a capped one: 1000 B/s, flow 0 capped at 600 from 0 (alone: 600 B/s),
+    # flow 1 uncapped from 1 s with 800 B: fair 500 < 600, both 500 B/s; flow 0 had 600 of 2400 B at 1 s, so
+    # 1800 B left; flow 1 done at 1 + 800/500 = 2.6 s (flow 0: 1000 left), flow 0 at its cap: 2.6 + 1000/600
+    done, _ = _finishes(1000.0, [(0.0, 2400.0, 600.0), (1.0, 800.0, math.inf)])
+    assert done[1] == pytest.approx(2.6) and done[0] == pytest.approx(2.6 + 1000 / 600)
+
+
+# ---- each breakdown part of single requests, on a profile of round numbers -------------------------------
+MEM_B_PER_S, MATMUL_FLOP_PER_S, LAUNCH_S = 1000e9, 100e12, 5e-6
+KERNELS = {       # time = overhead_s + s_per_unit * units (units: costmodel/calibration.py)
+    "prefill_attn.fp16": (1e-5, 1e-14),        # per causal-attention FLOP: 100 TFLOP/s
+    "prefill_attn.hack": (2e-5, 2e-14),        # slower, so `auto` runs FP16
+    "quantize.kv": (4e-6, 2e-12),              # per element quantized
+    "dequantize.kv": (4e-6, 3e-12),
+    "decode_attn.fp16": (1e-5, 1e-12),         # per KV element visited
+    "decode_attn.fp8": (1e-5, 5e-13),
+    "decode_attn.hack": (1.2e-5, 4e-13),
+    "decode_attn.hack_no_se": (1.2e-5, 6e-13),
+    "decode_attn.hack_no_rqe": (1.2e-5, 4.5e-13),
+    "decode_attn.dequant_unfused": (2e-5, 2.5e-12),
+    "decode_attn.dequant_fused": (1.5e-5, 1.2e-12),
+}
+A100_ALU_OPS_PER_S = 19.5e12 / 2          # a100_80gb fp32_tflops 19.5, an FMA counted as two operations
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    path.write_text(json.dumps({
+        "schema_version": 1, "gpu": "a100_80gb", "source": "measured", "memory_gbps": MEM_B_PER_S / 1e9,
+        "matmul_fp16_tflops": MATMUL_FLOP_PER_S / 1e12, "matmul_int8_tops": 200.0, "matmul_fp8_tflops": None,
+        "launch_overhead_s": LAUNCH_S,
+        "kernels": {k: {"overhead_s": o, "s_per_unit": s} for k, (o, s) in KERNELS.items()}}))
+    return str(path)
+
+
+def kernel_s(key: str, units: float) -> float:
+    overhead, per_unit = KERNELS[key]
+    return overhead + per_unit * units
+
+
+def gemm_s(m: float, n: float, k: float) -> float:
+    """One FP16 GEMM: a launch + max(2mnk FLOPs at the matmul rate, 2(nk + mk + mn) bytes at the memory rate)."""
+    return LAUNCH_S + max(2 * m * n * k / MATMUL_FLOP_PER_S, 2 * (n * k + m * k + m * n) / MEM_B_PER_S)
+
+
+def dense_layer_s(tokens: int, tp: int, allreduce_s: float) -> float:
+    """QKV, O, gate+up and down GEMMs, nine elementwise kernels and two all-reduces of one layer on one GPU."""
+    q, kv = HEADS * D, KV_HEADS * D
+    gemms = (gemm_s(tokens, (q + 2 * kv) / tp, H) + gemm_s(tokens, H, q / tp)
+             + gemm_s(tokens, 2 * I / tp, H) + gemm_s(tokens, H, I / tp))
+    # bytes read + written per token: RMSNorm 2h twice, RoPE 7r (r = (q + kv) / tp), SiLU 2i + gate 3i
+    # (i = I / tp), two residual adds 3h, x 2 B; at TP 1: 2 x (16384 + 35840 + 71680 + 24576) = 296,960
+    r, i = (q + kv) / tp, I / tp
+    elementwise = 9 * LAUNCH_S + tokens * 2 * (2 * 2 * H + 7 * r + 5 * i + 2 * 3 * H) / MEM_B_PER_S
+    return gemms + elementwise + 2 * allreduce_s
+
+
+def _run(tmp_path, profile_path, method, rows, **changes):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
+    s = scenario(methods=[method], **{"workload.trace_csv": str(trace), "workload.arrival": {"kind": "trace"},
+                                      "workload.requests": len(rows), "calibration.prefill_profile": profile_path,
+                                      "calibration.decode_profile": profile_path, **changes})
+    return run_scenario(s).requests.sort_values("arrival_s").reset_index(drop=True)
+
+
+P, OUT = 4096, 4                    # prompt and output tokens
+CTX_SUM = 4 * P + (0 + 1 + 2 + 3)   # ttft_at decode: four iterations at contexts 4096 .. 4099
+ELEMENTS_PER_LAYER = P * 2 * KV_HEADS * D             # 4096 x 2048 = 8,388,608 K and V elements per layer
+PAIRS = P * (P + 1) / 2                               # causal (query, key) pairs: 8,390,656
+ATTN_FLOPS = 4 * HEADS * D * PAIRS                    # 16,384 per pair: 1.3747e11
+LM_HEAD_1_S = gemm_s(1, VOCAB, H)                     # one row of logits
+
+
+def _prefill_s(attention_s: float) -> float:
+    # 32 layers of the 4096-token dense layer and attention, then the LM head on the prompt's last row
+    return L * (dense_layer_s(P, 1, 0.0) + attention_s) + LM_HEAD_1_S
+
+
+def _check(row, expected: dict, arrival_s: float):
+    assert row.arrival_s == arrival_s
+    for part, value in expected.items():
+        assert getattr(row, f"{part}_s") == pytest.approx(value, rel=1e-9, abs=1e-15), part
+    assert row.jct_s == pytest.approx(sum(expected.values()), rel=1e-12)
+
+
+def test_hack_request_breakdown(tmp_path, profile_path):
+    # Two requests of 4096 prompt and 4 output tokens, the second 1 ms after the first: it waits for the
+    # prefill replica (busy through the first's quantize step), then nothing else overlaps (transfers
+    # take 70 ms, prefill about 1 s).  HACK with the homomorphic prefill kernel.
+    df = _run(tmp_path, profile_path, {"name": "hack", "prefill_attention": "homomorphic"},
+              [(0.0, P, OUT), (0.001, P, OUT)])
+    hom_s = kernel_s("prefill_attn.hack", ATTN_FLOPS)
+    # its correction: 20 ALU ops per pair and query head, capped at the kernel time (it is split out of it)
+    approx_pre = L * min(hom_s, HEADS * PAIRS * 20 / A100_ALU_OPS_PER_S)
+    quantize = L * kernel_s("quantize.kv", ELEMENTS_PER_LAYER)
+    # 4096 tokens x 65,536 elements x 0.328125 B = 88,080,384 B over 10 Gbps at efficiency 1 (1.25e9 B/s)
+    transfer = P * 21504 / 1.25e9
+    # Decode at batch 1, per layer: the kernel's launch (the append is in the timed kernel), per context
+    # token 2048 elements at 4e-13 s of which the correction is 32 heads x 10 ops / ALU rate; per iteration
+    # the correction's fixed 32 heads x 10 x 128 ops.
+    approx_per_ctx = min(4e-13 * 2048, HEADS * 10 / A100_ALU_OPS_PER_S)
+    approx_fixed = HEADS * 10 * D / A100_ALU_OPS_PER_S
+    decode_fixed = L * (dense_layer_s(1, 1, 0.0) + KERNELS["decode_attn.hack"][0]) + LM_HEAD_1_S
+    decode = OUT * decode_fixed + L * (4e-13 * 2048 - approx_per_ctx) * CTX_SUM
+    approx_dec = L * (OUT * approx_fixed + approx_per_ctx * CTX_SUM)
+    prefill = _prefill_s(hom_s)
+    expected = {"prefill_queue": 0.0, "prefill": prefill - approx_pre, "quantize": quantize, "transfer_queue": 0.0,
+                "transfer": transfer, "decode_queue": 0.0, "decode": decode, "dequantize": 0.0,
+                "approximation": approx_pre + approx_dec}
+    assert approx_pre > 0 and approx_dec > 0
+    _check(df.iloc[0], expected, 0.0)
+    second = dict(expected, prefill_queue=prefill + quantize - 0.001)
+    _check(df.iloc[1], second, 0.001)
+    # the auto form picks FP16 on this profile (its kernel is the faster): no prefill correction
+    auto = _run(tmp_path, profile_path, "hack", [(0.0, P, OUT)]).iloc[0]
+    assert auto.prefill_attention == "fp16"
+    _check(auto, dict(expected, prefill=_prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+                      approximation=approx_dec), 0.0)
+
+
+def test_kvquant_request_breakdown(tmp_path, profile_path):
+    df = _run(tmp_path, profile_path, "kvquant", [(0.0, P, OUT)])
+    # unfused dequantize-then-attend at 2.5e-12 s per element against FP16 attention's 1e-12: the
+    # difference, 1.5e-12 x 2048 per context token and layer, is dequantization
+    per_ctx, fp16_per_ctx = 2.5e-12 * 2048, 1e-12 * 2048
+    decode_fixed = L * (dense_layer_s(1, 1, 0.0) + KERNELS["decode_attn.dequant_unfused"][0]) + LM_HEAD_1_S
+    expected = {"prefill_queue": 0.0, "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+                "quantize": L * kernel_s("quantize.kv", ELEMENTS_PER_LAYER), "transfer_queue": 0.0,
+                # 4096 x 65,536 x 0.34125 B = 91,602,944 B at 1.25e9 B/s
+                "transfer": P * 65536 * 0.34125 / 1.25e9, "decode_queue": 0.0,
+                "decode": OUT * decode_fixed + L * fp16_per_ctx * CTX_SUM,
+                "dequantize": L * (per_ctx - fp16_per_ctx) * CTX_SUM, "approximation": 0.0}
+    _check(df.iloc[0], expected, 0.0)
+
+
+def test_baseline_request_breakdown_at_tp2(tmp_path, profile_path):
+    # Decode on two of a p4de.24xlarge's A100s (NVSwitch, 300 GB/s): every layer's two all-reduces of one
+    # token (8192 B) take the one-shot kernel, 4.86 us + 8192 / (0.713 x 300e9) each; the FP16 token write
+    # is one small kernel (a launch) beside the attention kernel; 4 KV heads per GPU: 1024 elements/token.
+    df = _run(tmp_path, profile_path, "baseline", [(0.0, P, OUT)],
+              **{"decode": {"instance": "p4de.24xlarge", "tensor_parallel": 2, "replicas": 1}})
+    allreduce = 4.86e-6 + 8192 / (0.713 * 300e9)
+    decode_fixed = (L * (dense_layer_s(1, 2, allreduce) + KERNELS["decode_attn.fp16"][0] + LAUNCH_S)
+                    + gemm_s(1, VOCAB / 2, H))
+    expected = {"prefill_queue": 0.0, "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+                "quantize": 0.0, "transfer_queue": 0.0, "transfer": P * 131072 / 1.25e9, "decode_queue": 0.0,
+                "decode": OUT * decode_fixed + L * 1e-12 * 1024 * CTX_SUM, "dequantize": 0.0, "approximation": 0.0}
+    _check(df.iloc[0], expected, 0.0)

@@ -276,20 +276,28 @@ class ReplicaCostModel:
         return 2 * self.kv_heads_per_gpu * self.model.head_dim
 
     # ---- prefill ------------------------------------------------------------------------
-    def prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
+    def prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None) -> PrefillCost:
+        """A prefill batch; `cached_tokens[i]` of prompt i's leading tokens already have KV (a prefix-cache
+        hit, or the chunks of the prompt already run): only the rest is computed, attending to them."""
         memo = self._memo["prefill"]
-        c = memo.get(prompt_tokens)
+        key = prompt_tokens if cached_tokens is None else (prompt_tokens, cached_tokens)
+        c = memo.get(key)
         if c is None:
-            c = memo[prompt_tokens] = self._prefill(prompt_tokens)
+            c = memo[key] = self._prefill(prompt_tokens, cached_tokens or (0,) * len(prompt_tokens))
         return c
 
-    def prefill_attention_s(self, prompt_tokens: tuple[int, ...]) -> tuple[float, float, tuple[str, ...]]:
+    def prefill_attention_s(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
+                            ) -> tuple[float, float, tuple[str, ...]]:
         """One layer's prefill attention on one GPU for a batch: (seconds, of which homomorphic correction,
         the form each prompt ran).  Each prompt takes the method's form for its length; the prompts of one
-        form share one launch of that form's kernel."""
+        form share one launch of that form's kernel.  A prompt of L tokens of which c have KV already
+        computes L − c query rows against c + their own causal keys: (L − c)·c + (L − c)(L − c + 1)/2
+        query-key pairs; a prefix kept in a compressed format is first restored to FP16 where the form
+        attends in FP16 (`_cached_to_fp16_s`)."""
         m, p, method = self.model, self.profile, self.method
+        cached_tokens = cached_tokens or (0,) * len(prompt_tokens)
         flops_per_pair = 4.0 * self.q_heads_per_gpu * m.head_dim
-        pairs = [L * (L + 1) / 2 for L in prompt_tokens]
+        pairs = [(L - c) * c + (L - c) * (L - c + 1) / 2 for L, c in zip(prompt_tokens, cached_tokens)]
         forms = tuple(method.prefill_form(p, flops_per_pair * n) for n in pairs)
         attn_s = approx_s = 0.0
         for form in dict.fromkeys(forms):
@@ -299,12 +307,33 @@ class ReplicaCostModel:
             if form == "homomorphic":
                 approx_s += min(t, self.q_heads_per_gpu * form_pairs * method.prefill_approximation_ops_per_pair()
                                 / alu_instr_per_s(self.gpu))
+        restored = sum(c for c, f in zip(cached_tokens, forms) if f == "fp16")
+        if restored:
+            attn_s += self._cached_to_fp16_s(restored)
         return attn_s, approx_s, forms
 
-    def _prefill(self, prompt_tokens: tuple[int, ...]) -> PrefillCost:
+    def _cached_to_fp16_s(self, tokens: int) -> float:
+        """One layer's cached KV of `tokens` tokens restored to FP16 on one GPU for FP16 attention: nothing
+        for FP16 KV, a cast for FP8 / FP4, the dequantize kernel for quantized formats (entropy decoding
+        included where the format is entropy-coded).  PQCache keeps full KV: nothing."""
+        enc = self.method.encode
+        if enc is None or enc == "pq":
+            return 0.0
+        elements = tokens * self._kv_elements_per_token_per_gpu_layer()
+        p = self.profile
+        if enc == "cast":   # read FP8 / FP4, write FP16
+            return p.launch_overhead_s + elements * 3.0 / (p.memory_gbps * 1e9)
+        if enc == "quantize_keys":
+            return p.kernel("dequantize.kv").time_s(elements / 2)
+        t = p.kernel("dequantize.kv").time_s(elements)
+        if self.method.entropy_coded:
+            t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
+        return t
+
+    def _prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...]) -> PrefillCost:
         m = self.model
-        tokens = sum(prompt_tokens)
-        attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens)
+        tokens = sum(prompt_tokens) - sum(cached_tokens)
+        attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens, cached_tokens)
         layer_s = self._dense_layer_s(tokens) + attn_s
         stages = self.parallel.pipeline
         layers_per_stage = math.ceil(m.layers / stages)
@@ -395,6 +424,35 @@ class ReplicaCostModel:
             fetch_per_ctx_s=L * per_ctx.get("fetch", 0.0),
             host_s=host + serial if host > 0 else 0.0,
         )
+
+    def mixed_iteration(self, batch_size: int, chunk_tokens: int, chunk_past_tokens: int, last_chunk: bool
+                        ) -> tuple[IterationCost, PrefillCost]:
+        """One iteration of a colocated replica (chunked prefill): `batch_size` decode rows and one prefill
+        chunk of `chunk_tokens` new tokens attending to `chunk_past_tokens` earlier ones, in one forward
+        pass (the dense layers see B + n rows), then the chunk's KV encoded; the LM head runs for the
+        decode rows and, on the prompt's last chunk, its first token.  Returns the iteration (still
+        fixed + per_ctx · S over the decode rows' context: the chunk only adds to the fixed part) and the
+        chunk's own share (latency_s: what it adds; approximation_s: its homomorphic correction)."""
+        L, stages = self.model.layers, self.parallel.pipeline
+        attn_s, approx_s, forms = self.prefill_attention_s((chunk_past_tokens + chunk_tokens,), (chunk_past_tokens,))
+        head_rows = batch_size + (1 if last_chunk else 0)
+        if batch_size:
+            base = self.iteration(batch_size)
+            added = (L * (self._dense_layer_s(batch_size + chunk_tokens) - self._dense_layer_s(batch_size))
+                     + self._lm_head_s(head_rows) - self._lm_head_s(batch_size))
+        else:
+            base = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)
+            added = L * self._dense_layer_s(chunk_tokens) + (self._lm_head_s(1) if last_chunk else 0.0) \
+                + (stages - 1) * self._stage_hop_s(chunk_tokens) + self.host_serial_s_per_iteration
+        encode_s = L / stages * self._encode_layer_s(chunk_tokens)
+        added += L * attn_s + encode_s
+        it = IterationCost(
+            decode_fixed_s=base.decode_fixed_s + added, decode_per_ctx_s=base.decode_per_ctx_s,
+            dequant_per_ctx_s=base.dequant_per_ctx_s, approx_fixed_s=base.approx_fixed_s,
+            approx_per_ctx_s=base.approx_per_ctx_s, fetch_fixed_s=base.fetch_fixed_s,
+            fetch_per_ctx_s=base.fetch_per_ctx_s, host_s=base.host_s)
+        return it, PrefillCost(stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s,
+                               forms=forms)
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:

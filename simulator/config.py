@@ -355,6 +355,18 @@ class TraceConfig(_Strict):
         return self
 
 
+class PrefixSharing(_Strict):
+    """Synthetic shared prefixes: each request belongs to one of `groups` (drawn uniformly from the run's
+    generator) whose first `shared_tokens` prompt tokens it shares with the rest of its group (a system
+    prompt, a document, an agent's context), identified by hash blocks as a Mooncake trace's are."""
+
+    groups: int = Field(ge=1, le=2**31, description="how many distinct shared prefixes")
+    shared_tokens: int = Field(ge=1, le=2**30, description="prompt tokens every request of a group shares (a shorter "
+                               "prompt shares its whole length)")
+    block_tokens: int = Field(512, ge=1, le=2**20, description="tokens per hash block; only whole blocks are shared "
+                              "(512: the Mooncake traces' hash_ids)")
+
+
 class WorkloadConfig(_Strict):
     dataset: str | None = Field(None, description="catalog/data/workloads.yaml key for the length distributions")
     input_tokens: LengthDist | None = Field(None, description="prompt length distribution (overrides dataset)")
@@ -367,6 +379,8 @@ class WorkloadConfig(_Strict):
     requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="requests to simulate (a trace is cycled "
                                  "or cut to this; with trace, default: the trace's requests)")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the one random generator of the run")
+    prefix_sharing: PrefixSharing | None = Field(None, description="synthetic shared prompt prefixes for prefix "
+                                                 "caching (a Mooncake trace carries its own hash_ids)")
 
     @model_validator(mode="before")
     @classmethod
@@ -380,6 +394,8 @@ class WorkloadConfig(_Strict):
 
     @model_validator(mode="after")
     def _source(self) -> "WorkloadConfig":
+        if self.prefix_sharing is not None and self.trace is not None and self.trace.format == "mooncake":
+            raise ValueError("prefix_sharing: a Mooncake trace carries its own prefix blocks (hash_ids)")
         if self.trace is not None:
             given = [k for k in ("dataset", "input_tokens", "output_tokens", "trace_csv", "arrival")
                      if getattr(self, k) is not None]

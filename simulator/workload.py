@@ -22,10 +22,50 @@ class Requests:
     arrival_s: np.ndarray        # (N,) float64, non-decreasing
     prompt_tokens: np.ndarray    # (N,) int64
     output_tokens: np.ndarray    # (N,) int64, >= 1
-    block_hashes: tuple | None = None   # per request, its prompt's prefix-block hashes (Mooncake traces)
+    block_hashes: "tuple | SharedPrefixBlocks | None" = None   # per request, its prompt's prefix-block hashes
+    hash_block_tokens: int = 512        # tokens per hash block (Mooncake's hash_ids: 512)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
+
+
+class SharedPrefixBlocks:
+    """The hash blocks of `workload.prefix_sharing`'s prompts, made on demand (a tuple per request would
+    take ~40 bytes per block): request i's first min(prompt, shared_tokens) // block_tokens blocks are its
+    group's, numbered group · shared_blocks + j; its other blocks are its own, numbered after every
+    group's."""
+
+    def __init__(self, group: np.ndarray, prompt_tokens: np.ndarray, shared_tokens: int, block_tokens: int,
+                 groups: int):
+        self.group = group.tolist()
+        self.shared_blocks = shared_tokens // block_tokens
+        self.block_tokens = block_tokens
+        prompt = prompt_tokens.tolist()
+        self.own_blocks = [0] * len(prompt)
+        self.first_own = [0] * len(prompt)
+        nxt = groups * self.shared_blocks
+        for i, p in enumerate(prompt):
+            shared = min(self.shared_blocks, p // block_tokens)
+            own = -(-p // block_tokens) - shared
+            self.first_own[i], self.own_blocks[i] = nxt, own
+            nxt += own
+        self._shared = [min(self.shared_blocks, p // block_tokens) for p in prompt]
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def __getitem__(self, i: int) -> list[int]:
+        base = self.group[i] * self.shared_blocks
+        first = self.first_own[i]
+        return [base + j for j in range(self._shared[i])] + list(range(first, first + self.own_blocks[i]))
+
+    def reordered(self, order: np.ndarray) -> "SharedPrefixBlocks":
+        out = object.__new__(SharedPrefixBlocks)
+        out.shared_blocks, out.block_tokens = self.shared_blocks, self.block_tokens
+        for name in ("group", "own_blocks", "first_own", "_shared"):
+            values = getattr(self, name)
+            setattr(out, name, [values[i] for i in order])
+        return out
 
 
 def lognormal_mass(dist: LognormalLength) -> float:
@@ -118,9 +158,18 @@ def make_requests(scenario: Scenario) -> Requests:
             f"workload: request {i} needs {prompt[i] + output[i]} tokens of context, more than "
             f"model.max_context_tokens={scenario.model.max_context_tokens}")
     order = np.argsort(arrival, kind="stable")
+    block_tokens = 512
+    if wl.prefix_sharing is not None:
+        ps = wl.prefix_sharing
+        group = rng.integers(0, ps.groups, size=n)      # drawn last: other workloads' draws are unchanged
+        blocks = SharedPrefixBlocks(group, prompt, ps.shared_tokens, ps.block_tokens, ps.groups)
+        return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
+                        output_tokens=output[order], block_hashes=blocks.reordered(order),
+                        hash_block_tokens=ps.block_tokens)
     return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
                     output_tokens=output[order],
-                    block_hashes=None if hashes is None else tuple(hashes[i] for i in order))
+                    block_hashes=None if hashes is None else tuple(hashes[i] for i in order),
+                    hash_block_tokens=block_tokens)
 
 
 def _period(arrival_s: np.ndarray) -> float:

@@ -83,6 +83,28 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
     return _gpu_iterations_within(cost.fixed_s, cost.per_ctx_s, elapsed_s, c, b, k)
 
 
+def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
+    """The first replica iteration >= k that needs more new KV blocks than `free_blocks` leaves, on-demand
+    allocation (math.inf if the batch never needs one).
+
+    A running request needs one more block every `block_tokens` iterations, at the iterations congruent
+    to its phase (mod block_tokens): one that joined at iteration j with a p-token prompt writes token
+    p + 1 + (k − j) at iteration k and opens a block when p + k − j ≡ 0, i.e. k ≡ j − p.
+    `phase_counts[r]` counts the running requests of phase r.  Every block_tokens iterations the batch
+    takes exactly B = Σ counts blocks, so the (free + 1)-th block is wanted free // B whole cycles on, at
+    the phase that brings the cumulative count within the last cycle past free % B: O(block_tokens),
+    whatever the batch size."""
+    b = sum(phase_counts)
+    if b == 0:
+        return math.inf
+    cycles, left = divmod(free_blocks, b)
+    for d in range(block_tokens):
+        left -= phase_counts[(k + d) % block_tokens]
+        if left < 0:
+            return k + cycles * block_tokens + d
+    raise AssertionError("unreachable: the counts of one cycle sum to the batch")
+
+
 class DecodeReplica:
     def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
                  run: "MethodRun", memory_log: list | None, host_capacity_bytes: float = float("inf")):

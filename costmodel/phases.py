@@ -458,6 +458,11 @@ class ReplicaCostModel:
     def wire_bytes(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.method.wire_bytes_per_token(self.model) + self.method.wire_fixed_bytes(self.model)
 
+    def swap_s(self, kv_bytes: float) -> float:
+        """KV of one request copied between the replica's GPUs and host memory (preemption by swapping), each
+        GPU its share over its own PCIe link, all at once."""
+        return kv_bytes / (self.parallel.gpus * self.gpu.pcie_gb_per_s * 1e9)
+
     def host_kv_bytes(self, context_tokens: int) -> float:
         """Decode host memory one request holds (offload methods)."""
         return context_tokens * self.method.host_bytes_per_token(self.model)

@@ -192,6 +192,12 @@ class PoolConfig(_Strict):
     extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
                                          "beyond the model's own (copies into static buffers, gathers), each "
                                          "priced as one launch-bound kernel")
+    prefix_caching: bool = Field(False, description="keep prompts' KV by prefix block (the workload's hash blocks) "
+                                 "and skip what is cached: on prefill its compute, on decode its transfer "
+                                 "(simulator/prefix_cache.py)")
+    prefix_cache_gib: float | None = Field(None, gt=0, le=2**30, description="with prefix_caching: the cache's "
+                                           "capacity per replica, taken out of the KV pool and counted in the "
+                                           "method's KV bytes (a compressed format caches more prefix)")
 
     @model_validator(mode="before")
     @classmethod
@@ -212,6 +218,8 @@ class PoolConfig(_Strict):
     def _layout(self) -> "PoolConfig":
         if self.gpu is None:
             raise ValueError("give an instance or a gpu")
+        if self.prefix_caching and self.prefix_cache_gib is None:
+            raise ValueError("prefix_caching: give prefix_cache_gib (the cache's capacity per replica)")
         if self.instance is not None:
             per = catalog.entry("instances", self.instance)["gpus"]
             if self.tensor_parallel > per:

@@ -111,7 +111,8 @@ class DecodeReplica:
         self.env = env
         self.index = index
         self.cost = cost
-        self.capacity_bytes = cost.kv_capacity_bytes
+        # a decode prefix cache (simulator/prefix_cache.py) takes its region out of the KV pool
+        self.capacity_bytes = cost.kv_capacity_bytes - (run.prefix.decode_region_bytes if run.prefix else 0.0)
         self.max_batch_requests = max_batch_requests
         self.run = run
         self.reserved_bytes = 0.0

@@ -78,7 +78,8 @@ class PrefillReplica:
             return False
         self._idle = False
         batch = self._take_batch()
-        cost = self.cost.prefill(tuple(run.prompt[r] for r in batch))
+        cached = run.prefix.prefill_start(self.index, batch) if run.prefix is not None else None
+        cost = self.cost.prefill(tuple(run.prompt[r] for r in batch), cached)
         start = env.now
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
@@ -110,6 +111,8 @@ class PrefillReplica:
         self._next()
 
     def _done(self, batch: list[int]) -> None:
+        if self.run.prefix is not None:
+            self.run.prefix.prefill_done(self.index, batch)
         for rid in batch:
             self.outstanding_tokens -= self.run.prompt[rid]
         self.run.router.on_kv_ready(batch, self)

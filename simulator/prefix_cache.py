@@ -127,3 +127,119 @@ class PrefixCache:
         for h in reversed(hashes):
             if h in lru:
                 lru.move_to_end(h)
+
+    def pin(self, hashes: Sequence[int]) -> None:
+        """Pin cached blocks a running request uses (none of them is evicted until `unpin`)."""
+        pins = self._pins
+        for h in hashes:
+            if h in pins:
+                self._pin(h)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+class PrefixCaching:
+    """One method run's prefix caches: one per replica of each pool that caches (`prefill.prefix_caching`,
+    `decode.prefix_caching`), each of `prefix_cache_gib` in the method's memory format, and the per-request
+    cached tokens they gave.
+
+    * Prefill: when a batch starts, each prompt looks up its replica's cache; its cached prefix is not
+      computed (the cost model prices L − c rows attending to the c cached keys, a compressed prefix
+      restored to FP16 where the attention form needs it) and stays pinned until the batch ends, when the
+      prompt's whole blocks are cached.
+    * Decode: when the router admits a request to a decode replica, its prompt looks up that replica's
+      cache; the cached prefix is copied into the request's own blocks there and is not transferred (the
+      wire carries the rest). When the KV has arrived its whole blocks are cached. The cache is a region of
+      `prefix_cache_gib` taken out of the decode replica's KV pool; requests reserve their own blocks in the
+      rest, as without caching.
+    """
+
+    def __init__(self, run, reqs, pre_cost, dec_cost, scenario, source: str):
+        from costmodel.specs import GIB
+
+        from .config import ScenarioError
+
+        self.run = run
+        self.hashes = reqs.block_hashes
+        self.hash_tokens = reqs.hash_block_tokens
+        n = len(reqs)
+        self.prefill_cached = [0] * n          # tokens of each prompt its prefill did not compute
+        self.decode_cached = [0] * n           # tokens of each prompt the transfer did not carry
+        self.sent_bytes = run.wire_bytes       # what each transfer carries (a copy once a decode hit cuts one)
+        self.prefill: list[PrefixCache] = []
+        self.decode: list[PrefixCache] = []
+        self.decode_region_bytes = 0.0
+        for pool, cost, caches in (("prefill", pre_cost, self.prefill), ("decode", dec_cost, self.decode)):
+            cfg = getattr(scenario, pool)
+            if not cfg.prefix_caching:
+                continue
+            gib = cfg.prefix_cache_gib
+            if self.hashes is None:
+                raise ScenarioError(f"{source}: {pool}.prefix_caching: the workload has no prefix blocks (give "
+                                    f"workload.prefix_sharing or a Mooncake trace's hash_ids)")
+            cap = gib * GIB
+            if cap >= cost.kv_capacity_bytes:
+                raise ScenarioError(f"{source}: {pool}.prefix_cache_gib: {gib} GiB is not less than the replica's KV "
+                                    f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {run.method.output_name})")
+            block = self.hash_tokens * cost.method.memory_bytes_per_token(cost.model) * cost.kv_replication
+            caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(cfg.replicas))
+            if pool == "decode":
+                self.decode_region_bytes = cap
+        self.wire_per_token = pre_cost.wire_bytes(1) - pre_cost.wire_bytes(0)
+
+    def _whole_blocks(self, rid: int):
+        return self.hashes[rid][: self.run.prompt[rid] // self.hash_tokens]
+
+    # ---- prefill hooks ------------------------------------------------------------------------
+    def prefill_start(self, replica: int, batch: list[int]) -> tuple[int, ...] | None:
+        """The cached tokens of each prompt of a starting batch (None: this pool does not cache)."""
+        if not self.prefill:
+            return None
+        cache, prompt, out = self.prefill[replica], self.run.prompt, []
+        for rid in batch:
+            hashes = self.hashes[rid]
+            hit = cache.lookup(hashes, prompt[rid])
+            cache.pin(hashes[: -(-hit // self.hash_tokens)])
+            self.prefill_cached[rid] = hit
+            out.append(hit)
+        return tuple(out)
+
+    def prefill_done(self, replica: int, batch: list[int]) -> None:
+        if not self.prefill:
+            return
+        cache = self.prefill[replica]
+        for rid in batch:
+            cache.unpin(self.hashes[rid][: -(-self.prefill_cached[rid] // self.hash_tokens)])
+            cache.insert(self._whole_blocks(rid))
+
+    # ---- decode hooks -------------------------------------------------------------------------
+    def decode_admit(self, rid: int, replica: int) -> None:
+        """A request admitted to a decode replica: its cached prefix there is not sent."""
+        if not self.decode:
+            return
+        hit = self.decode[replica].lookup(self.hashes[rid], self.run.prompt[rid])
+        if hit:
+            if self.sent_bytes is self.run.wire_bytes:
+                self.sent_bytes = list(self.run.wire_bytes)
+            self.decode_cached[rid] = hit
+            self.sent_bytes[rid] = self.run.wire_bytes[rid] - hit * self.wire_per_token
+
+    def decode_arrived(self, rid: int, replica: int) -> None:
+        if self.decode:
+            self.decode[replica].insert(self._whole_blocks(rid))
+
+    # ---- results -----------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """Hit rate per pool: cached prompt tokens / prompt tokens looked up, over the pool's replicas."""
+        out = {}
+        for pool, caches in (("prefill", self.prefill), ("decode", self.decode)):
+            if caches:
+                looked = sum(c.lookup_tokens for c in caches)
+                hit = sum(c.hit_tokens for c in caches)
+                out[pool] = {"hit_rate": hit / looked if looked else 0.0, "hit_tokens": int(hit),
+                             "lookup_tokens": int(looked), "capacity_bytes": float(caches[0].capacity_bytes),
+                             "block_bytes": float(caches[0].block_bytes),
+                             "cached_blocks_at_end": [len(c) for c in caches]}
+        return out

@@ -89,6 +89,8 @@ class Router:
             if best is None:
                 return
             self.pending.popleft()
+            if run.prefix is not None:
+                run.prefix.decode_admit(rid, best.index)
             best.reserve(need, host)
             self._transfer(rid, p, best)
 
@@ -98,7 +100,7 @@ class Router:
         now = link.env.now
         run.decode_replica[rid] = rep.index
         run.transfer_start[rid] = now
-        bytes_ = run.wire_bytes[rid]
+        bytes_ = run.wire_bytes[rid] if run.prefix is None else run.prefix.sent_bytes[rid]
         cap = self.flow_cap
         not_before = 0.0
         ready = run.encode_end[rid]
@@ -111,6 +113,8 @@ class Router:
         def done(r: int, t: float, rep=rep, p=p) -> None:
             run.transfer_end[r] = t
             self.prefill[p].release_parked(run.wire_bytes[r])
+            if run.prefix is not None:
+                run.prefix.decode_arrived(r, rep.index)
             rep.arrive(r)
 
         link.start(rid, bytes_, cap, done, not_before_s=not_before)

@@ -29,6 +29,7 @@ from .decode import DecodeReplica
 from .link import Link
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
+from .prefix_cache import PrefixCaching
 from .router import Router
 from .workload import Requests, make_requests
 
@@ -186,8 +187,10 @@ class MethodRun:
             raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
                                 f"({max(self.host_kv_bytes) / GIB:.2f} GiB) exceeds the decode host memory "
                                 f"({decode_host / GIB:.2f} GiB)")
+        caching = s.prefill.prefix_caching or s.decode.prefix_caching
+        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, s, source) if caching else None
         too_big = max(self.kv_bytes)
-        if too_big > dec_cost.kv_capacity_bytes:
+        if too_big > dec_cost.kv_capacity_bytes - (self.prefix.decode_region_bytes if self.prefix else 0.0):
             i = self.kv_bytes.index(too_big)
             raise ScenarioError(
                 f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.output_name}), more than a "
@@ -303,6 +306,9 @@ class MethodRun:
         df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
         df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
         df["kv_host_bytes"] = np.asarray(self.host_kv_bytes)
+        if self.prefix is not None:
+            df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached, dtype=np.int64)
+            df["decode_cached_tokens"] = np.asarray(self.prefix.decode_cached, dtype=np.int64)
         return df
 
     def memory_frame(self) -> pd.DataFrame:
@@ -352,6 +358,7 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
                                "host": float(method.host_bytes_per_token(model))},
         "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
         **_load(run, df),
+        **({"prefix_cache": run.prefix.summary()} if run.prefix is not None else {}),
     }
 
 

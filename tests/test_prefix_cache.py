@@ -1,12 +1,15 @@
 """Prefix caching: the LRU block cache, shared-prefix workloads, and the prefill of a partly cached prompt."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from helpers import scenario
+from simulator.config import ScenarioError, load_scenario
 from simulator.prefix_cache import PrefixCache
-from simulator.run import resolve
+from simulator.run import resolve, run_scenario
 from simulator.workload import make_requests
 
 
@@ -88,3 +91,86 @@ def test_prefill_of_a_cached_prefix_computes_the_rest_against_it(method):
     assert (part.encode_s < full.encode_s) == (method != "baseline")
     assert part.latency_s < 0.4 * full.latency_s
     assert (pre._cached_to_fp16_s(c) == 0) == (method == "baseline")
+
+
+# ---- prefix caching in the simulator ---------------------------------------------------------
+CACHED = {"prefill.prefix_caching": True, "prefill.prefix_cache_gib": 2, "decode.prefix_caching": True,
+          "decode.prefix_cache_gib": 2}
+
+
+def test_a_request_after_its_group_computes_and_sends_only_the_uncached_rest():
+    """Closed form: two lone requests of one group (4096-token prompts, 3072 shared = 6 hash blocks); the
+    second's prefill is the cost model's for 1024 new tokens against 3072 cached ones and its transfer
+    carries the KV of those 1024 tokens only."""
+    for method in ("baseline", "hack"):
+        s = scenario(**CACHED, **{"workload.requests": 2, "methods": [method],
+                                  "workload.prefix_sharing": {"groups": 1, "shared_tokens": 3072}})
+        r = run_scenario(s)
+        df = r.requests
+        pre, _ = resolve(s).costs(s.methods[0])
+        assert df["prefill_cached_tokens"].tolist() == [0, 3072] and df["decode_cached_tokens"].tolist() == [0, 3072]
+        first, second = df.iloc[0], df.iloc[1]
+        assert first["prefill_end_s"] - first["prefill_start_s"] == pytest.approx(pre.prefill((4096,)).latency_s,
+                                                                                  rel=1e-12)
+        assert second["prefill_end_s"] - second["prefill_start_s"] == pytest.approx(
+            pre.prefill((4096,), (3072,)).latency_s, rel=1e-12)
+        sent = pre.wire_bytes(4096) - 3072 * (pre.wire_bytes(1) - pre.wire_bytes(0))
+        assert second["transfer_s"] == pytest.approx(sent / (10e9 / 8), rel=1e-9)
+        assert first["transfer_s"] == pytest.approx(pre.wire_bytes(4096) / (10e9 / 8), rel=1e-9)
+        pc = r.summary["methods"][method]["prefix_cache"]
+        assert pc["prefill"]["hit_rate"] == pytest.approx(3072 / 8192) == pc["decode"]["hit_rate"]
+        assert pc["prefill"]["block_bytes"] == pytest.approx(512 * pre.method.memory_bytes_per_token(pre.model))
+
+
+def test_md1_queueing_delay_at_a_fully_cached_prefill():
+    """Poisson arrivals, one prefill server whose every prompt after the first is cached but for its last
+    token (deterministic service): mean wait = ρD / (2(1-ρ))."""
+    fixed = {"workload.output_tokens": {"kind": "fixed", "tokens": 2}, "network.bandwidth_gbps": 400,
+             "workload.prefix_sharing": {"groups": 1, "shared_tokens": 4096}, "methods": ["baseline"]}
+    base = scenario(**CACHED, **fixed)
+    service_s = resolve(base).costs(base.methods[0])[0].prefill((4096,), (4095,)).stage_s
+    rho = 0.5
+    s = scenario(**CACHED, **fixed, **{"workload.requests": 20000,
+                                       "workload.arrival": {"kind": "poisson", "rate_rps": rho / service_s}})
+    df = run_scenario(s).requests
+    assert (df["prefill_cached_tokens"].iloc[1:] == 4095).all()
+    assert df["prefill_queue_s"].iloc[1:].mean() == pytest.approx(rho * service_s / (2 * (1 - rho)), rel=0.07)
+
+
+def test_prefix_caching_lowers_prefill_and_transfer_and_a_compressed_cache_hits_more():
+    s = load_scenario("scenarios/prefix_caching.yaml", ["workload.requests=150"])
+    on = run_scenario(s).summary["methods"]
+    off = run_scenario(load_scenario("scenarios/prefix_caching.yaml", [
+        "workload.requests=150", "prefill.prefix_caching=false", "decode.prefix_caching=false"])).summary["methods"]
+    for m in on:
+        assert on[m]["breakdown_s"]["prefill"] < off[m]["breakdown_s"]["prefill"]
+        assert on[m]["breakdown_s"]["transfer"] < off[m]["breakdown_s"]["transfer"]
+        assert "prefix_cache" not in off[m]
+    rate = {m: on[m]["prefix_cache"]["prefill"]["hit_rate"] for m in on}
+    # the same 8 GiB hold 8 of the 32 documents in FP16, 16 in FP8, all of them at 2 bits
+    assert rate["baseline"] < rate["fp8"] < rate["hack"]
+    assert rate["hack"] > 2 * rate["baseline"]
+
+
+def test_mooncake_hash_ids_feed_the_cache(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [1, 2, 3]},
+            {"timestamp": 60000, "input_length": 1200, "output_length": 4, "hash_ids": [1, 2, 9]},
+            {"timestamp": 120000, "input_length": 1100, "output_length": 4, "hash_ids": [5, 2, 3]}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = scenario(**CACHED, **{"workload": {"trace": {"format": "mooncake", "path": str(tmp_path / "m.jsonl")},
+                                                   "requests": 3},
+                              "methods": ["hack"]})
+    df = run_scenario(s).requests
+    assert df["prefill_cached_tokens"].tolist() == [0, 1024, 0]      # blocks 1, 2 (whole blocks only cached)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"prefill.prefix_caching": True}, "prefix_caching: give prefix_cache_gib"),
+    ({**CACHED}, "prefill.prefix_caching: the workload has no prefix blocks"),
+    ({**CACHED, "workload.prefix_sharing": {"groups": 2, "shared_tokens": 512}, "decode.prefix_cache_gib": 1000},
+     "decode.prefix_cache_gib: 1000"),
+])
+def test_bad_prefix_caching_settings_name_the_field(changes, message):
+    with pytest.raises(ScenarioError, match=message):
+        s = scenario(**changes, methods=["baseline"])
+        run_scenario(s)

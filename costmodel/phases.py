@@ -97,7 +97,7 @@ class IterationCost:
         return max(self.fixed_s + self.per_ctx_s * total_ctx_tokens, self.host_s)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class ReplicaCostModel:
     """All costs of one replica (model × GPU × parallelism × KV method × profile).
 

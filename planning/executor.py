@@ -103,13 +103,13 @@ def profile_files(scenario) -> list[Path]:
     """The calibration profile files the scenario's prefill and decode pools are priced with (none for
     a roofline profile; a profile that cannot be read is the point's error, so it adds nothing here)."""
     from simulator.config import ScenarioError
-    from simulator.run import resolve
+    from simulator.resolve import resolve
 
     try:
         res = resolve(scenario, "point")
     except ScenarioError:
         return []
-    return sorted({Path(p.path) for p in (res.prefill_profile, res.decode_profile) if p.path})
+    return sorted({Path(p.path) for p in (res.prefill.profile, res.decode.profile) if p.path})
 
 
 def point_key(scenario_json: str, profiles: Iterable[Path] = ()) -> str:

@@ -145,7 +145,7 @@ def _method_name(m: Any) -> str:
 
 def _fits(base_raw: dict, base_path: Path, pool: str, choice: PoolChoice) -> str | None:
     """None when the weights fit the pool in this layout, else why not (one line)."""
-    from simulator.run import resolve
+    from simulator.resolve import resolve
 
     raw = copy.deepcopy(base_raw)
     choice.apply(raw, pool)

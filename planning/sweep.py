@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.config import (Scenario, ScenarioError, first_error, parse_scenario, read_yaml, resolve_workload_files,
                               set_path)
+from simulator.resolve import instances_per_replica, network_bandwidth_gbps, price_usd_per_hour
 
 from .executor import Executor, PlanningError, Task
 
@@ -213,13 +214,6 @@ def read_base(base_path: Path) -> dict:
 
 
 # ---- cost and table rows ----------------------------------------------------------------------------
-def pool_price_usd_per_hour(pool) -> float | None:
-    if pool.price_usd_per_hour is not None:
-        return pool.price_usd_per_hour
-    inst = pool.instance_entry()
-    return None if inst is None else inst.get("price_usd_per_hour")
-
-
 def cost_usd_per_hour(s: Scenario) -> float | None:
     """Σ pools replicas x instances per replica x price per instance; None when a pool has no price.
 
@@ -227,10 +221,10 @@ def cost_usd_per_hour(s: Scenario) -> float | None:
     instances are paid once: the dearer of the two pools."""
     costs = []
     for pool in (s.prefill, s.decode):
-        price = pool_price_usd_per_hour(pool)
+        price = price_usd_per_hour(pool)
         if price is None:
             return None
-        costs.append(pool.replicas * pool.instances_per_replica * price)
+        costs.append(pool.replicas * instances_per_replica(pool) * price)
     return max(costs) if getattr(s, "placement", "separate") == "shared_gpu" else sum(costs)
 
 
@@ -243,9 +237,8 @@ def config_columns(s: Scenario) -> dict[str, Any]:
         row[f"{name}_tensor_parallel"] = pool.tensor_parallel
         row[f"{name}_pipeline_parallel"] = pool.pipeline_parallel
         row[f"{name}_replicas"] = pool.replicas
-        row[f"{name}_instances"] = pool.replicas * pool.instances_per_replica
-    row["network_bandwidth_gbps"] = s.network.bandwidth_gbps if s.network.bandwidth_gbps is not None else \
-        float(s.prefill.instance_entry()["network_gbps"])
+        row[f"{name}_instances"] = pool.replicas * instances_per_replica(pool)
+    row["network_bandwidth_gbps"] = network_bandwidth_gbps(s)
     row["rate_rps"] = getattr(s.workload.arrival, "rate_rps", math.nan)
     row["requests"] = s.workload.requests
     row["seed"] = s.workload.seed

@@ -224,35 +224,17 @@ class PoolConfig(_Strict):
             per = catalog.entry("instances", self.instance)["gpus"]
             if self.tensor_parallel > per:
                 raise ValueError(f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}")
-        if (self.interconnect_kind != "pcie" and self.gpu.nvlink_gb_per_s is None and self.intra_node_gb_per_s is None
-                and (self.instance_entry() or {}).get("intra_node_gb_per_s") is None):
-            raise ValueError(f"interconnect {self.interconnect_kind}: {self.gpu.preset or self.gpu.name} has no NVLink "
+        # Every catalog instance states its interconnect's bandwidth; a pool given by GPU that names NVLink
+        # needs the GPU's NVLink rate or an explicit one (the defaults themselves: simulator/resolve.py).
+        if (self.instance is None and self.interconnect in ("nvlink", "nvswitch") and self.gpu.nvlink_gb_per_s is None
+                and self.intra_node_gb_per_s is None):
+            raise ValueError(f"interconnect {self.interconnect}: {self.gpu.preset or self.gpu.name} has no NVLink "
                              f"(nvlink_gb_per_s null): give intra_node_gb_per_s")
         return self
 
     @property
-    def interconnect_kind(self) -> str:
-        """The TP interconnect: the pool's, else its instance's, else PCIe."""
-        return self.interconnect or (self.instance_entry() or {}).get("gpu_interconnect") or "pcie"
-
-    @property
-    def link_gb_per_s(self) -> float:
-        """Per-GPU bandwidth per direction of the TP interconnect."""
-        inst = self.instance_entry() or {}
-        nvlink = self.gpu.nvlink_gb_per_s if self.interconnect_kind != "pcie" else None
-        return self.intra_node_gb_per_s or inst.get("intra_node_gb_per_s") or nvlink or self.gpu.pcie_gb_per_s
-
-    @property
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
-
-    def instance_entry(self) -> dict | None:
-        return None if self.instance is None else catalog.entry("instances", self.instance)
-
-    @property
-    def instances_per_replica(self) -> int:
-        inst = self.instance_entry()
-        return 1 if inst is None else math.ceil(self.gpus_per_replica / inst["gpus"])
 
 
 # ---- network ----------------------------------------------------------------------------

@@ -18,132 +18,23 @@ import simpy
 
 import catalog
 from costmodel import collectives
-from costmodel.calibration import CalibrationProfile, compare_to_measured, load_profile
+from costmodel.calibration import CalibrationProfile, compare_to_measured
 from costmodel.methods import KVMethod
-from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
-from costmodel.roofline import roofline_profile
-from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
+from costmodel.phases import ModelDoesNotFit
+from costmodel.specs import GIB
 
-from .config import GPUConfig, PoolConfig, Scenario, ScenarioError
+from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
 from .link import Link
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
+from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
 from .workload import Requests, make_requests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROFILES_DIR = REPO_ROOT / "kernels_calibration" / "profiles"
 BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
                    "decode", "dequantize", "approximation")
-
-
-# ---- resolving the scenario into cost-model objects --------------------------------------------
-def model_spec(s: Scenario) -> ModelSpec:
-    m = s.model
-    return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
-                     kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
-                     vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
-                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings,
-                     experts=m.experts, active_experts=m.active_experts,
-                     expert_intermediate_size=m.expert_intermediate_size)
-
-
-def gpu_spec(g: GPUConfig) -> GPUSpec:
-    return GPUSpec.from_fields(g.preset or g.name, g.model_dump())
-
-
-def parallelism(pool: PoolConfig, network_gbps: float) -> Parallelism:
-    inst = pool.instance_entry()
-    return Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel,
-                       intra_node_gb_per_s=pool.link_gb_per_s,
-                       inter_stage_gbps=(inst or {}).get("network_gbps") or network_gbps,
-                       interconnect=collectives.from_catalog(catalog.entry("interconnects", pool.interconnect_kind)),
-                       network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
-                       expert_parallel=pool.expert_parallel)
-
-
-def resolve_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
-    if choice == "roofline":
-        return roofline_profile(gpu)
-    if choice == "auto":
-        path = PROFILES_DIR / gpu.key / "profile.json"
-        return load_profile(path) if path.exists() else roofline_profile(gpu)
-    try:
-        return load_profile(choice)
-    except (OSError, ValueError, KeyError) as e:
-        raise ScenarioError(f"{source}: calibration.{field_name}: cannot read profile {choice}: {e}") from None
-
-
-def network_gbps(s: Scenario) -> float:
-    if s.network.bandwidth_gbps is not None:
-        return s.network.bandwidth_gbps
-    return float(s.prefill.instance_entry()["network_gbps"])
-
-
-def host_memory_bytes(pool: PoolConfig) -> float:
-    if pool.host_memory_gib is not None:
-        return pool.host_memory_gib * GIB
-    inst = pool.instance_entry()
-    if inst is None:
-        return 64 * GIB
-    return inst["host_memory_gib"] / 2 * GIB * pool.instances_per_replica
-
-
-def _gib_bytes(gib: float | None) -> float | None:
-    return None if gib is None else gib * GIB
-
-
-def vcpus(pool: PoolConfig) -> int:
-    inst = pool.instance_entry()
-    return 0 if inst is None else int(inst["vcpus"]) * pool.instances_per_replica
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """Everything a method run needs, resolved once per scenario."""
-
-    scenario: Scenario
-    model: ModelSpec
-    prefill_gpu: GPUSpec
-    decode_gpu: GPUSpec
-    prefill_parallel: Parallelism
-    decode_parallel: Parallelism
-    prefill_profile: CalibrationProfile
-    decode_profile: CalibrationProfile
-    network_gbps: float
-
-    def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
-        s = self.scenario
-        pre = ReplicaCostModel(self.model, self.prefill_gpu, self.prefill_parallel, method, self.prefill_profile,
-                               s.prefill.gpu_memory_utilization, s.prefill.max_batch_tokens, vcpus(s.prefill),
-                               _gib_bytes(s.prefill.kv_capacity_gib), **_memory_terms(s.prefill))
-        dec = ReplicaCostModel(self.model, self.decode_gpu, self.decode_parallel, method, self.decode_profile,
-                               s.decode.gpu_memory_utilization, s.decode.max_batch_tokens, vcpus(s.decode),
-                               _gib_bytes(s.decode.kv_capacity_gib), s.decode.host_issue_s_per_iteration,
-                               s.decode.host_issue_s_per_layer, s.decode.host_issue_s_per_request,
-                               s.decode.host_serial_s_per_iteration, s.decode.extra_kernels_per_layer,
-                               **_memory_terms(s.decode))
-        return pre, dec
-
-
-def _memory_terms(pool: PoolConfig) -> dict:
-    """The pool's engine-memory settings, as ReplicaCostModel fields (costmodel/memory.py)."""
-    return {"max_batch_requests": pool.max_batch_requests, "block_tokens": pool.block_tokens,
-            "cuda_graph_bytes": pool.cuda_graph_gib * GIB, "non_torch_override_bytes": _gib_bytes(pool.non_torch_gib)}
-
-
-def resolve(s: Scenario, source: str = "scenario") -> Resolved:
-    net = network_gbps(s)
-    pg, dg = gpu_spec(s.prefill.gpu), gpu_spec(s.decode.gpu)
-    return Resolved(
-        scenario=s, model=model_spec(s), prefill_gpu=pg, decode_gpu=dg,
-        prefill_parallel=parallelism(s.prefill, net), decode_parallel=parallelism(s.decode, net),
-        prefill_profile=resolve_profile(s.calibration.prefill_profile, pg, source, "prefill_profile"),
-        decode_profile=resolve_profile(s.calibration.decode_profile, dg, source, "decode_profile"),
-        network_gbps=net,
-    )
 
 
 # ---- one method's run ---------------------------------------------------------------------------
@@ -151,7 +42,6 @@ class MethodRun:
     """Per-request records of one method (lists indexed by request id) and the entities."""
 
     def __init__(self, res: Resolved, method: KVMethod, reqs: Requests, source: str):
-        s = res.scenario
         self.method = method
         self.env = env = simpy.Environment()
         n = len(reqs)
@@ -168,7 +58,7 @@ class MethodRun:
         if method.encode == "pq" and pre_cost.host_vcpus <= 0:
             raise ScenarioError(f"{source}: prefill.instance: {method.output_name} clusters keys on the prefill hosts' CPUs; "
                                 f"name an instance so their vCPUs are known")
-        refusal = method.check_decode_gpu(res.decode_gpu)
+        refusal = method.check_decode_gpu(res.decode.gpu)
         if refusal:
             raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
@@ -176,19 +66,19 @@ class MethodRun:
         # Decode iterations per request and its context in the first one (simulator/decode.py).  ttft_at decode:
         # the decode instance yields every output token, the first from recomputing the last prompt position
         # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
-        from_decode = s.ttft_at == "decode"
+        from_decode = res.scenario.ttft_at == "decode"
         self.ttft_at_decode = from_decode
         self.decode_iterations = [o if from_decode else max(0, o - 1) for o in self.output]
         self.join_context = [p if from_decode else p + 1 for p in self.prompt]
         self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
         self.host_kv_bytes = [dec_cost.host_kv_bytes(p + o) for p, o in zip(self.prompt, self.output)]
-        decode_host = host_memory_bytes(s.decode)
+        decode_host = res.decode.host_memory_bytes
         if max(self.host_kv_bytes) > decode_host:
             raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
                                 f"({max(self.host_kv_bytes) / GIB:.2f} GiB) exceeds the decode host memory "
                                 f"({decode_host / GIB:.2f} GiB)")
-        caching = s.prefill.prefix_caching or s.decode.prefix_caching
-        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, s, source) if caching else None
+        caching = res.scenario.prefill.prefix_caching or res.scenario.decode.prefix_caching
+        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, res.scenario, source) if caching else None
         too_big = max(self.kv_bytes)
         if too_big > dec_cost.kv_capacity_bytes - (self.prefix.decode_region_bytes if self.prefix else 0.0):
             i = self.kv_bytes.index(too_big)
@@ -208,36 +98,26 @@ class MethodRun:
         self.link_logs: dict[str, list] = {}
         self.link_capacity_gbps: dict[str, float] = {}
 
-        host = host_memory_bytes(s.prefill)
-        self.prefill_replicas = [PrefillReplica(env, i, pre_cost, s.prefill.max_batch_requests,
-                                                s.prefill.max_batch_tokens, host, self)
-                                 for i in range(s.prefill.replicas)]
-        self.decode_replicas = [DecodeReplica(env, i, dec_cost, s.decode.max_batch_requests, self, self.memory_log,
+        pre_pool, dec_pool, net = res.prefill, res.decode, res.network
+        host = pre_pool.host_memory_bytes
+        self.prefill_replicas = [PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests,
+                                                pre_pool.max_batch_tokens, host, self)
+                                 for i in range(pre_pool.replicas)]
+        self.decode_replicas = [DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, self, self.memory_log,
                                               decode_host)
-                                for i in range(s.decode.replicas)]
-        if s.placement == "shared_gpu":
+                                for i in range(dec_pool.replicas)]
+        if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
                 pre.partner, dec.partner = dec, pre
-        net = s.network
-        links: dict[tuple[int, int], Link] = {}
-        specs = net.links or [
-            _default_link(p, s.decode.replicas) for p in range(s.prefill.replicas)]
-        for spec in specs:
-            bw = spec.bandwidth_gbps or res.network_gbps
+        link_objs = []
+        for spec in net.links:
             log: list = []
-            link = Link(env, spec.name, bw * net.efficiency * 1e9 / 8, net.latency_s, log)
+            link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
             self.link_logs[spec.name] = log
-            self.link_capacity_gbps[spec.name] = bw * net.efficiency
-            for p in spec.prefill_replicas:
-                for d in spec.decode_replicas:
-                    links.setdefault((p, d), link)
-        for p in range(s.prefill.replicas):
-            if not any((p, d) in links for d in range(s.decode.replicas)):
-                raise ScenarioError(f"{source}: network.links: prefill replica {p} reaches no decode replica")
-        # Per-transfer cap only: each Link already enforces its own (possibly link-specific) capacity.
-        cap = math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8
-        self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, cap, net.stream_layers,
-                             res.model.layers)
+            self.link_capacity_gbps[spec.name] = spec.capacity_gbps
+        links = {pair: link_objs[i] for pair, i in net.routes.items()}
+        self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, net.flow_cap_bytes_per_s,
+                             net.stream_layers, res.model.layers)
         if max(self.wire_bytes) > host:
             raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV ({max(self.wire_bytes) / GIB:.2f}"
                                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
@@ -321,11 +201,6 @@ class MethodRun:
                 for name, log in self.link_logs.items() for (t, flows, rate) in log]
         return pd.DataFrame(rows, columns=["method", "link", "time_s", "active_flows", "throughput_gbps",
                                            "capacity_gbps"])
-
-
-def _default_link(p: int, decode_replicas: int):
-    from .config import LinkConfig
-    return LinkConfig(name=f"p{p}", prefill_replicas=[p], decode_replicas=list(range(decode_replicas)))
 
 
 # ---- the whole scenario ------------------------------------------------------------------------
@@ -433,17 +308,17 @@ class ScenarioResult:
             measured = catalog.load("gpus").get(p.gpu, {}).get("measured", [])
             return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path,
                     "vs_measured": compare_to_measured(p, measured)}
-        out = {"prefill": one(self.resolved.prefill_profile), "decode": one(self.resolved.decode_profile)}
+        out = {"prefill": one(self.resolved.prefill.profile), "decode": one(self.resolved.decode.profile)}
         # the TP all-reduce (and PP send/recv) per pool: which algorithm each message size takes, and its time
-        res, sc = self.resolved, self.scenario
+        res = self.resolved
         out["collectives"] = {
-            "prefill": collectives.report(res.prefill_parallel, res.model.hidden_size,
-                                          sorted({1024, sc.prefill.max_batch_tokens}), res.model.active_experts),
-            "decode": collectives.report(res.decode_parallel, res.model.hidden_size,
-                                         sorted({b for b in (1, 8, 32, 128) if b <= sc.decode.max_batch_requests}
-                                                | {sc.decode.max_batch_requests}), res.model.active_experts)}
+            "prefill": collectives.report(res.prefill.parallel, res.model.hidden_size,
+                                          sorted({1024, res.prefill.max_batch_tokens}), res.model.active_experts),
+            "decode": collectives.report(res.decode.parallel, res.model.hidden_size,
+                                         sorted({b for b in (1, 8, 32, 128) if b <= res.decode.max_batch_requests}
+                                                | {res.decode.max_batch_requests}), res.model.active_experts)}
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
-        prof = self.resolved.decode_profile
+        prof = self.resolved.decode.profile
         for gpu in (prof.gpu, prof.derived_from):
             acc = PROFILES_DIR / str(gpu) / "accuracy.csv"
             if prof.source != "roofline" and acc.exists():

@@ -72,13 +72,13 @@ def test_one_token_allreduce_on_eight_a100s_costs_microseconds_not_a_hundred():
     """The issue's example: Llama-3.1-70B decode at TP 8 on p4de (NVSwitch): one token's activations
     (8192 x 2 B) were priced 2(p-1) x 8 us = 112 us; the one-shot kernel takes ~5 us, NCCL's ring ~33 us."""
     s = scenario(**{"model": "llama-3.1-70b", "decode": {"instance": "p4de.24xlarge", "tensor_parallel": 8}})
-    from simulator.run import resolve
+    from simulator.resolve import resolve
 
     res = resolve(s, "test")
     _, dec = res.costs(s.methods[0])
-    assert res.decode_parallel.interconnect.key == "nvswitch" and res.decode_parallel.intra_node_gb_per_s == 300
+    assert res.decode.parallel.interconnect.key == "nvswitch" and res.decode.parallel.intra_node_gb_per_s == 300
     assert 4e-6 < dec.allreduce_s(1) < 7e-6
-    assert co.ring_s(16384, 8, res.decode_parallel.interconnect.ring, 300) == pytest.approx(33.7e-6, rel=0.1)
+    assert co.ring_s(16384, 8, res.decode.parallel.interconnect.ring, 300) == pytest.approx(33.7e-6, rel=0.1)
 
 
 def test_every_instance_names_a_catalog_interconnect():
@@ -89,7 +89,11 @@ def test_every_instance_names_a_catalog_interconnect():
 
 def test_pool_interconnect_defaults_and_overrides():
     s = scenario(**{"decode": {"gpu": "a100_80gb", "tensor_parallel": 8, "interconnect": "nvswitch"}})
-    assert s.decode.interconnect_kind == "nvswitch" and s.decode.link_gb_per_s == 300   # the GPU's NVLink
-    assert scenario().decode.interconnect_kind == "pcie" and scenario().decode.link_gb_per_s == 24
+    from simulator.resolve import resolve
+
+    par = resolve(s, "test").decode.parallel
+    assert par.interconnect.key == "nvswitch" and par.intra_node_gb_per_s == 300   # the GPU's NVLink
+    par = resolve(scenario(), "test").decode.parallel
+    assert par.interconnect.key == "pcie" and par.intra_node_gb_per_s == 24
     with pytest.raises(ScenarioError, match="interconnect nvlink: l4 has no NVLink"):
         scenario(**{"decode": {"gpu": "l4", "interconnect": "nvlink"}})

@@ -18,7 +18,8 @@ from costmodel.memory import (
 from costmodel.methods import HACK, Baseline
 from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 from helpers import scenario
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 
 
 def model(key: str) -> ModelSpec:

@@ -14,7 +14,8 @@ from costmodel.roofline import roofline_profile
 from costmodel.specs import ModelSpec
 from helpers import scenario
 from simulator.config import Scenario, ScenarioError, parse_scenario
-from simulator.run import gpu_spec, resolve, run_scenario
+from simulator.resolve import gpu_spec, resolve
+from simulator.run import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

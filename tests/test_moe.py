@@ -13,7 +13,8 @@ from costmodel.phases import ReplicaCostModel
 from costmodel.specs import FP16_BYTES, ModelSpec
 from helpers import scenario
 from simulator.config import ScenarioError, load_scenario
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 from test_simulator import lone_timeline, simulated_timeline
 
 MODEL_FIELDS = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size", "mlp",
@@ -75,7 +76,7 @@ def test_moe_layer_at_batch_one_reads_k_experts_and_all_of_them_at_prefill():
     # decode at batch 1 reads the weights of k of E experts: far less than a dense MLP of the same size
     dense = ModelSpec(**{**m.__dict__, "experts": 0, "active_experts": 0, "expert_intermediate_size": 0,
                          "intermediate_size": m.experts * ei})
-    dense_cost = ReplicaCostModel(dense, dec.gpu, dec.parallel, dec.method, dec.profile)
+    dense_cost = ReplicaCostModel(model=dense, gpu=dec.gpu, parallel=dec.parallel, method=dec.method, profile=dec.profile)
     assert dec.iteration(1).fixed_s < 0.5 * dense_cost.iteration(1).fixed_s
 
 
@@ -159,7 +160,8 @@ def test_kv_takes_a_larger_share_of_moe_decode_so_compression_saves_more():
     dense_model = ModelSpec(**{**m.__dict__, "experts": 0, "active_experts": 0, "expert_intermediate_size": 0,
                                "intermediate_size": m.experts * m.expert_intermediate_size})
     def costs(model, method_cost):
-        return ReplicaCostModel(model, method_cost.gpu, method_cost.parallel, method_cost.method, method_cost.profile)
+        return ReplicaCostModel(model=model, gpu=method_cost.gpu, parallel=method_cost.parallel,
+                                method=method_cost.method, profile=method_cost.profile)
 
     b, ctx = 8, 8 * 8192
     share = {}

@@ -7,7 +7,8 @@ from costmodel.methods import FP8, PQCache, make_method
 from costmodel.roofline import roofline_profile
 from helpers import scenario
 from simulator.config import ScenarioError
-from simulator.run import gpu_spec, resolve, run_scenario
+from simulator.resolve import gpu_spec, resolve
+from simulator.run import run_scenario
 
 INSTANCE_POOLS = {"prefill": {"instance": "g5.12xlarge", "tensor_parallel": 1, "replicas": 2,
                               "max_batch_requests": 2, "max_batch_tokens": 8192},
@@ -93,11 +94,12 @@ def test_measured_scoring_fits_replace_the_roofline_estimate():
 
     s = offload_scenario()
     res = resolve(s)
-    base = roofline_profile(res.decode_gpu)
+    base = roofline_profile(res.decode.gpu)
     slow = dataclasses.replace(base, kernels={**base.kernels, "score.pq": KernelFit(0.0, 1e-9),
                                               "score.quantized_keys": KernelFit(0.0, 1e-9)})
     for name in ("pqcache", "hcattention"):
         method = make_method(name)
-        costs = [ReplicaCostModel(res.model, res.decode_gpu, res.decode_parallel, method, prof).iteration(4)
+        costs = [ReplicaCostModel(model=res.model, gpu=res.decode.gpu, parallel=res.decode.parallel, method=method,
+                                  profile=prof).iteration(4)
                  for prof in (base, slow)]
         assert costs[1].approx_per_ctx_s > 3 * costs[0].approx_per_ctx_s

@@ -11,7 +11,8 @@ from contract import invoke
 
 from helpers import scenario
 from simulator.overload import arrival_window_s, is_stable, overload_line, utilisation
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 
 FIXED = {"workload.output_tokens": {"kind": "fixed", "tokens": 2},
          "workload.input_tokens": {"kind": "fixed", "tokens": 1024}, "network.bandwidth_gbps": 400}

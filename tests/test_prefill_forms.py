@@ -10,7 +10,8 @@ import pytest
 from costmodel.calibration import KernelFit
 from costmodel.methods import HACK
 from helpers import scenario
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 
 PROMPT = 4096
 
@@ -20,7 +21,7 @@ def lone_prefill_closed_form(s, form: str) -> tuple[float, float]:
     dense GEMMs and the chosen attention kernel on 4·H·d·L(L+1)/2 FLOPs, then the quantize kernel on its K/V."""
     res = resolve(s)
     pre, _ = res.costs(s.methods[0])
-    m, prof = res.model, res.prefill_profile
+    m, prof = res.model, res.prefill.profile
     flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
     attn = prof.kernel({"fp16": "prefill_attn.fp16", "homomorphic": "prefill_attn.hack"}[form]).time_s(flops)
     layer = pre._dense_layer_s(PROMPT) + attn
@@ -49,7 +50,7 @@ def test_forms_differ_by_the_attention_kernels_only():
             for f in ("fp16", "homomorphic")}
     s = scenario(methods=["hack"])
     res = resolve(s)
-    m, prof = res.model, res.prefill_profile
+    m, prof = res.model, res.prefill.profile
     flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
     gap = m.layers * (prof.kernel("prefill_attn.hack").time_s(flops) - prof.kernel("prefill_attn.fp16").time_s(flops))
     got = (rows["homomorphic"].prefill_end_s - rows["homomorphic"].prefill_start_s) - (
@@ -64,7 +65,7 @@ def test_auto_takes_the_faster_form_per_prompt():
     """A profile whose homomorphic kernel has no launch cost but twice the per-FLOP cost: short prompts run
     homomorphic, long ones FP16, each decided by its own length, in the same batch."""
     s = scenario(methods=["hack"])
-    prof = resolve(s).prefill_profile
+    prof = resolve(s).prefill.profile
     fp16 = KernelFit(overhead_s=1e-3, s_per_unit=1e-15)
     hom = KernelFit(overhead_s=0.0, s_per_unit=2e-15)
     kernels = dict(prof.kernels, **{"prefill_attn.fp16": fp16, "prefill_attn.hack": hom})

@@ -10,7 +10,8 @@ import pytest
 from costmodel.transfer import transfer_s
 from helpers import scenario
 from simulator.decode import iterations_within, segment_sum_s
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 from simulator.workload import make_requests
 
 PARTS = ["prefill_queue_s", "prefill_s", "quantize_s", "transfer_queue_s", "transfer_s", "decode_queue_s",

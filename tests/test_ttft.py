@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from helpers import scenario
-from simulator.run import resolve, run_scenario
+from simulator.resolve import resolve
+from simulator.run import run_scenario
 from simulator.workload import make_requests
 
 

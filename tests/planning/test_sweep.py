@@ -160,7 +160,7 @@ def test_the_cache_key_hashes_the_profiles_a_point_uses_and_no_others(tmp_path):
     import shutil
 
     from simulator.config import parse_scenario
-    from simulator.run import PROFILES_DIR
+    from simulator.resolve import PROFILES_DIR
 
     assert not any("profiles" in g for g in executor.SALT_GLOBS)
     auto = parse_scenario(build_raw(TINY_BASE, {"calibration.prefill_profile": "auto",

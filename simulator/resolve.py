@@ -1,0 +1,293 @@
+"""Resolve a scenario once into typed, unit-named values: catalog entries, defaults, profiles, links, pool layouts.
+
+`resolve(scenario)` is the one place a validated `Scenario` meets the catalog and the calibration
+profiles; everything downstream (cost models, the simulator's entities, planning's cost columns)
+reads the frozen `Resolved` it returns. The defaults it fills in:
+
+* link bandwidth: `network.bandwidth_gbps`, else the prefill instance's line rate;
+* a pool's TP interconnect: `interconnect`, else the instance's `gpu_interconnect`, else PCIe; its
+  bandwidth per GPU and direction: `intra_node_gb_per_s`, else the instance's, else the GPU's NVLink
+  (nvlink, nvswitch) or PCIe rate; its collective constants from catalog/data/interconnects.yaml;
+  the pipeline hop between stages: the instance's network (Ethernet constants), else the link's;
+* host memory per replica (KV parked on prefill, offloaded on decode): `host_memory_gib`, else half
+  the memory of the replica's instances, else 64 GiB; vCPUs per replica: the instances' (0 without);
+* price per instance: the pool's `price_usd_per_hour`, else the catalog's (None: unknown);
+* calibration profile per pool: `auto` (the committed profile for the GPU key, else the roofline),
+  `roofline`, or a path to a profile.json;
+* links: `network.links`, else one link per prefill replica reaching every decode replica; each
+  link carries `bandwidth_gbps x efficiency` (the first link listed joins a pair of replicas);
+  `per_flow_gbps` caps one transfer.
+
+The decode engine's host costs (`host_issue_s_*`, `extra_kernels_per_layer`) apply to the decode
+pool only: prefill batches are one launch sequence each.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import catalog
+from costmodel import collectives
+from costmodel.calibration import CalibrationProfile, load_profile
+from costmodel.methods import KVMethod
+from costmodel.phases import ReplicaCostModel
+from costmodel.roofline import roofline_profile
+from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
+
+from .config import GPUConfig, ModelConfig, PoolConfig, Scenario, ScenarioError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = REPO_ROOT / "kernels_calibration" / "profiles"
+DEFAULT_HOST_MEMORY_BYTES = 64 * GIB     # a pool given by GPU only: no instance to take host memory from
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """A catalog instance (catalog/data/instances.yaml)."""
+
+    key: str
+    gpus: int
+    vcpus: int
+    host_memory_gib: float
+    network_gbps: float
+    gpu_interconnect: str
+    intra_node_gb_per_s: float
+    price_usd_per_hour: float | None
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """The decode engine's CPU work per iteration (all 0: an engine that replays CUDA graphs)."""
+
+    issue_s_per_iteration: float = 0.0
+    issue_s_per_layer: float = 0.0
+    issue_s_per_request: float = 0.0
+    serial_s_per_iteration: float = 0.0
+    extra_kernels_per_layer: int = 0
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """One pool (prefill or decode) resolved: its hardware, layout, limits and profile."""
+
+    name: str                           # "prefill" or "decode"
+    gpu: GPUSpec
+    parallel: Parallelism
+    profile: CalibrationProfile
+    replicas: int
+    instance: InstanceSpec | None
+    instances_per_replica: int
+    max_batch_requests: int
+    max_batch_tokens: int
+    gpu_memory_utilization: float
+    host_memory_bytes: float            # per replica
+    host_vcpus: int                     # per replica
+    kv_capacity_override_bytes: float | None
+    price_usd_per_hour: float | None    # per instance
+    host: HostCosts
+    block_tokens: int                   # KV tokens per block (costmodel/memory.py)
+    cuda_graph_bytes: float             # per GPU
+    non_torch_override_bytes: float | None   # per GPU: replaces the non-torch estimate
+
+    def cost_model(self, model: ModelSpec, method: KVMethod) -> ReplicaCostModel:
+        """The cost model of one replica of this pool running `method`."""
+        h = self.host
+        return ReplicaCostModel(
+            model=model, gpu=self.gpu, parallel=self.parallel, method=method, profile=self.profile,
+            gpu_memory_utilization=self.gpu_memory_utilization, max_batch_tokens=self.max_batch_tokens,
+            host_vcpus=self.host_vcpus, kv_capacity_override_bytes=self.kv_capacity_override_bytes,
+            host_issue_s_per_iteration=h.issue_s_per_iteration, host_issue_s_per_layer=h.issue_s_per_layer,
+            host_issue_s_per_request=h.issue_s_per_request, host_serial_s_per_iteration=h.serial_s_per_iteration,
+            extra_kernels_per_layer=h.extra_kernels_per_layer, max_batch_requests=self.max_batch_requests,
+            block_tokens=self.block_tokens, cuda_graph_bytes=self.cuda_graph_bytes,
+            non_torch_override_bytes=self.non_torch_override_bytes)
+
+
+@dataclass(frozen=True)
+class LinkLayout:
+    """One network link: its capacity after efficiency and the replicas it joins."""
+
+    name: str
+    capacity_gbps: float                # line rate x efficiency
+    latency_s: float
+    prefill_replicas: tuple[int, ...]
+    decode_replicas: tuple[int, ...]
+
+    @property
+    def capacity_bytes_per_s(self) -> float:
+        return self.capacity_gbps * 1e9 / 8
+
+
+@dataclass(frozen=True)
+class NetworkLayout:
+    bandwidth_gbps: float               # the default line rate of a link
+    links: tuple[LinkLayout, ...]
+    routes: dict[tuple[int, int], int]  # (prefill replica, decode replica) -> index into links
+    flow_cap_bytes_per_s: float         # one transfer's cap (math.inf: none)
+    stream_layers: bool
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Everything a method run needs, resolved once per scenario."""
+
+    scenario: Scenario
+    source: str
+    model: ModelSpec
+    prefill: PoolLayout
+    decode: PoolLayout
+    network: NetworkLayout
+    shared_gpu: bool                    # placement shared_gpu: prefill replica i and decode replica i share GPUs
+
+    def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
+        """(prefill, decode) cost models of one replica each."""
+        return self.prefill.cost_model(self.model, method), self.decode.cost_model(self.model, method)
+
+
+# ---- catalog facts ----------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def instance_spec(key: str | None) -> InstanceSpec | None:
+    if key is None:
+        return None
+    e = catalog.entry("instances", key)
+    # numbers as the catalog writes them (an int stays an int in the outputs)
+    return InstanceSpec(key=key, gpus=e["gpus"], vcpus=e["vcpus"], host_memory_gib=e["host_memory_gib"],
+                        network_gbps=e["network_gbps"], gpu_interconnect=e["gpu_interconnect"],
+                        intra_node_gb_per_s=e["intra_node_gb_per_s"], price_usd_per_hour=e.get("price_usd_per_hour"))
+
+
+def instances_per_replica(pool: PoolConfig) -> int:
+    inst = instance_spec(pool.instance)
+    return 1 if inst is None else math.ceil(pool.gpus_per_replica / inst.gpus)
+
+
+def price_usd_per_hour(pool: PoolConfig) -> float | None:
+    """Per instance: the pool's own price, else the catalog's; None when neither is known."""
+    if pool.price_usd_per_hour is not None:
+        return pool.price_usd_per_hour
+    inst = instance_spec(pool.instance)
+    return None if inst is None else inst.price_usd_per_hour
+
+
+def network_bandwidth_gbps(s: Scenario) -> float:
+    """The default link line rate: the scenario's, else the prefill instance's."""
+    if s.network.bandwidth_gbps is not None:
+        return s.network.bandwidth_gbps
+    inst = instance_spec(s.prefill.instance)
+    assert inst is not None     # Scenario refuses a missing bandwidth without a prefill instance
+    return float(inst.network_gbps)
+
+
+def interconnect_kind(pool: PoolConfig) -> str:
+    """The TP interconnect: the pool's, else its instance's, else PCIe."""
+    inst = instance_spec(pool.instance)
+    return pool.interconnect or (inst.gpu_interconnect if inst else None) or "pcie"
+
+
+def interconnect_gb_per_s(pool: PoolConfig) -> float | None:
+    """Per-GPU bandwidth per direction of the TP interconnect (None only for NVLink named on a GPU without
+    it and no bandwidth given, which PoolConfig refuses)."""
+    assert pool.gpu is not None
+    inst = instance_spec(pool.instance)
+    if pool.intra_node_gb_per_s is not None:
+        return pool.intra_node_gb_per_s
+    if inst is not None:
+        return inst.intra_node_gb_per_s
+    if interconnect_kind(pool) == "pcie":
+        return pool.gpu.pcie_gb_per_s
+    return pool.gpu.nvlink_gb_per_s
+
+
+def model_spec(m: ModelConfig) -> ModelSpec:
+    return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
+                     kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                     vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
+                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings,
+                     experts=m.experts, active_experts=m.active_experts,
+                     expert_intermediate_size=m.expert_intermediate_size)
+
+
+def gpu_spec(g: GPUConfig) -> GPUSpec:
+    return GPUSpec.from_fields(g.preset or g.name, g.model_dump())
+
+
+def calibration_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
+    if choice == "roofline":
+        return roofline_profile(gpu)
+    if choice == "auto":
+        path = PROFILES_DIR / gpu.key / "profile.json"
+        return load_profile(path) if path.exists() else roofline_profile(gpu)
+    try:
+        return load_profile(choice)
+    except (OSError, ValueError, KeyError) as e:
+        raise ScenarioError(f"{source}: calibration.{field_name}: cannot read profile {choice}: {e}") from None
+
+
+# ---- the scenario -----------------------------------------------------------------------------------
+def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float, source: str) -> PoolLayout:
+    assert pool.gpu is not None     # PoolConfig fills it from the instance or refuses
+    inst = instance_spec(pool.instance)
+    per = instances_per_replica(pool)
+    gpu = gpu_spec(pool.gpu)
+    kind, link_gb_per_s = interconnect_kind(pool), interconnect_gb_per_s(pool)
+    assert link_gb_per_s is not None    # PoolConfig refuses NVLink without a bandwidth
+    parallel = Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel,
+                           intra_node_gb_per_s=link_gb_per_s,
+                           inter_stage_gbps=(inst.network_gbps if inst else None) or network_gbps,
+                           interconnect=collectives.from_catalog(catalog.entry("interconnects", kind)),
+                           network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
+                           expert_parallel=pool.expert_parallel)
+    if pool.host_memory_gib is not None:
+        host_bytes = pool.host_memory_gib * GIB
+    elif inst is None:
+        host_bytes = DEFAULT_HOST_MEMORY_BYTES
+    else:
+        host_bytes = inst.host_memory_gib / 2 * GIB * per
+    host = HostCosts() if name == "prefill" else HostCosts(
+        issue_s_per_iteration=pool.host_issue_s_per_iteration, issue_s_per_layer=pool.host_issue_s_per_layer,
+        issue_s_per_request=pool.host_issue_s_per_request, serial_s_per_iteration=pool.host_serial_s_per_iteration,
+        extra_kernels_per_layer=pool.extra_kernels_per_layer)
+    return PoolLayout(
+        name=name, gpu=gpu, parallel=parallel,
+        profile=calibration_profile(profile_choice, gpu, source, f"{name}_profile"),
+        replicas=pool.replicas, instance=inst, instances_per_replica=per,
+        max_batch_requests=pool.max_batch_requests, max_batch_tokens=pool.max_batch_tokens,
+        gpu_memory_utilization=pool.gpu_memory_utilization, host_memory_bytes=host_bytes,
+        host_vcpus=0 if inst is None else inst.vcpus * per,
+        kv_capacity_override_bytes=None if pool.kv_capacity_gib is None else pool.kv_capacity_gib * GIB,
+        price_usd_per_hour=price_usd_per_hour(pool), host=host, block_tokens=pool.block_tokens,
+        cuda_graph_bytes=pool.cuda_graph_gib * GIB,
+        non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB)
+
+
+def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:
+    net = s.network
+    if net.links is not None:
+        given = [(k.name, k.bandwidth_gbps, tuple(k.prefill_replicas), tuple(k.decode_replicas)) for k in net.links]
+    else:
+        given = [(f"p{p}", None, (p,), tuple(range(s.decode.replicas))) for p in range(s.prefill.replicas)]
+    links, routes = [], {}
+    for i, (name, bw, pre, dec) in enumerate(given):
+        links.append(LinkLayout(name=name, capacity_gbps=(bw or bandwidth_gbps) * net.efficiency,
+                                latency_s=net.latency_s, prefill_replicas=pre, decode_replicas=dec))
+        for p in pre:
+            for d in dec:
+                routes.setdefault((p, d), i)
+    for p in range(s.prefill.replicas):
+        if not any((p, d) in routes for d in range(s.decode.replicas)):
+            raise ScenarioError(f"{source}: network.links: prefill replica {p} reaches no decode replica")
+    return NetworkLayout(bandwidth_gbps=bandwidth_gbps, links=tuple(links), routes=routes,
+                         flow_cap_bytes_per_s=math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8,
+                         stream_layers=net.stream_layers)
+
+
+def resolve(s: Scenario, source: str = "scenario") -> Resolved:
+    """The scenario as the simulator and the cost model use it; bad input raises ScenarioError."""
+    bw = network_bandwidth_gbps(s)
+    return Resolved(
+        scenario=s, source=source, model=model_spec(s.model),
+        prefill=_pool("prefill", s.prefill, s.calibration.prefill_profile, bw, source),
+        decode=_pool("decode", s.decode, s.calibration.decode_profile, bw, source),
+        network=_network(s, bw, source), shared_gpu=s.placement == "shared_gpu")

@@ -29,10 +29,10 @@ from costmodel import methods as registry
 
 BASELINE = registry.REFERENCE
 
-# The nine parts of a request's JCT, in the order they happen.
+# The ten parts of a request's JCT, in the order they happen (preemption: decode admission on demand).
 BREAKDOWN_PARTS = (
     "prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
-    "decode_queue", "decode", "dequantize", "approximation",
+    "decode_queue", "decode", "dequantize", "approximation", "preemption",
 )
 
 

@@ -19,7 +19,7 @@ FALLBACK_COLOURS = ("#a16207", "#0f766e", "#7c3aed", "#db2777", "#4d7c0f", "#1e4
 
 # Phases in related hues of their own, away from every method colour (a bar's phase is never mistaken
 # for a method): prefill browns, transfer olives, decode steel blues, the two overheads the tool
-# exists to predict darkest (dequantize plum, approximation black).
+# exists to predict darkest (dequantize plum, approximation black), preemption a deep decode blue.
 PART_COLOURS = {
     "prefill_queue": "#ddd0bd",
     "prefill": "#a0845c",
@@ -30,6 +30,7 @@ PART_COLOURS = {
     "decode": "#7a9cc6",
     "dequantize": "#3b1f4a",
     "approximation": "#111111",
+    "preemption": "#0b2545",
 }
 PART_LABELS = {p: p.replace("_", " ").capitalize() for p in BREAKDOWN_PARTS}
 

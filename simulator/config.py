@@ -192,6 +192,13 @@ class PoolConfig(_Strict):
     extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
                                          "beyond the model's own (copies into static buffers, gathers), each "
                                          "priced as one launch-bound kernel")
+    admission: Literal["reserve", "on_demand"] = Field(
+        "on_demand", description="decode: on_demand (vLLM, SGLang) allocates KV blocks as a request's context "
+        "grows and preempts the newest running request when a block is not free; reserve admits a request only "
+        "with its final KV free and never preempts (simulator/admission.py)")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="decode, on_demand: a preempted request's KV is dropped and its prompt + "
+        "generated tokens prefilled again (recompute), or copied to host memory over PCIe and back (swap)")
     prefix_caching: bool = Field(False, description="keep prompts' KV by prefix block (the workload's hash blocks) "
                                  "and skip what is cached: on prefill its compute, on decode its transfer "
                                  "(simulator/prefix_cache.py)")

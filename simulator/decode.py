@@ -28,6 +28,8 @@ import simpy
 
 from costmodel.phases import IterationCost, ReplicaCostModel
 
+from .admission import OnDemandBlocks
+
 if TYPE_CHECKING:
     from .run import MethodRun
 
@@ -83,28 +85,6 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
     return _gpu_iterations_within(cost.fixed_s, cost.per_ctx_s, elapsed_s, c, b, k)
 
 
-def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
-    """The first replica iteration >= k that needs more new KV blocks than `free_blocks` leaves, on-demand
-    allocation (math.inf if the batch never needs one).
-
-    A running request needs one more block every `block_tokens` iterations, at the iterations congruent
-    to its phase (mod block_tokens): one that joined at iteration j with a p-token prompt writes token
-    p + 1 + (k − j) at iteration k and opens a block when p + k − j ≡ 0, i.e. k ≡ j − p.
-    `phase_counts[r]` counts the running requests of phase r.  Every block_tokens iterations the batch
-    takes exactly B = Σ counts blocks, so the (free + 1)-th block is wanted free // B whole cycles on, at
-    the phase that brings the cumulative count within the last cycle past free % B: O(block_tokens),
-    whatever the batch size."""
-    b = sum(phase_counts)
-    if b == 0:
-        return math.inf
-    cycles, left = divmod(free_blocks, b)
-    for d in range(block_tokens):
-        left -= phase_counts[(k + d) % block_tokens]
-        if left < 0:
-            return k + cycles * block_tokens + d
-    raise AssertionError("unreachable: the counts of one cycle sum to the batch")
-
-
 class DecodeReplica:
     def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
                  run: "MethodRun", memory_log: list | None, host_capacity_bytes: float = float("inf")):
@@ -125,7 +105,7 @@ class DecodeReplica:
         self.iteration = 0                   # replica iteration counter k
         self.batch = 0                       # B
         self.ctx_offset = 0.0                # C = Σ (ctx_at_join - join_iteration)
-        self.cum = [0.0, 0.0, 0.0, 0.0]      # running decode, dequantize, approximation, fetch seconds
+        self.cum = [0.0, 0.0, 0.0, 0.0, 0.0]  # running decode, dequantize, approximation, fetch, preemption seconds
         self._seg: tuple | None = None       # running segment: (start_s, cost, iterations, on-arrival s)
         self._cut = False                    # the segment was cut short for a joining request
         self._version = 0                    # timers of superseded segments are ignored
@@ -133,9 +113,15 @@ class DecodeReplica:
         self.partner = None                  # the prefill replica sharing this GPU (placement: shared_gpu)
         self._paused = False                 # the shared GPU is running a prefill batch
         self._prefill_waiting = False
+        # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
+        self.blocks = OnDemandBlocks(self, run.preempt_by_swap) if run.on_demand else None
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
+        if self.blocks is not None:     # on demand: not into the running segment's blocks, nor before the preempted
+            if self.blocks.waiting:
+                return False
+            kv_bytes += self.blocks.planned_bytes
         return (self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
                 and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes)
 
@@ -206,8 +192,9 @@ class DecodeReplica:
         self._start_segment()
 
     def _start_segment(self) -> None:
+        stall_s = self.blocks.boundary() if self.blocks is not None else 0.0
         joined = list(self.joining)
-        pending_s = self._admit_joining()
+        pending_s = self._admit_joining() + stall_s
         if not self.batch:
             self._seg = None
             return
@@ -218,7 +205,11 @@ class DecodeReplica:
             first = self.env.now + pending_s + segment_time_s(cost, 1, self.ctx_offset, self.batch, self.iteration)
             for rid in joined:
                 self.run.first_token[rid] = first
-        n = self.finish_heap[0][0] - self.iteration
+        if self.blocks is None:
+            n = self.finish_heap[0][0] - self.iteration
+        else:   # ... or the first iteration whose new KV blocks do not fit
+            n = int(min(self.blocks.next_finish(), self.blocks.shortage(self.iteration))) - self.iteration
+            self.blocks.plan(self.iteration, n)
         seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
         self._cut = False
@@ -231,11 +222,14 @@ class DecodeReplica:
         now = self.env.now
         for rid in self.joining:
             run.decode_join[rid] = now
-            run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid], run.snap_fetch[rid] = self.cum
+            (run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid], run.snap_fetch[rid],
+             run.snap_preempt[rid]) = self.cum
             prompt = run.prompt[rid]
             self.ctx_offset += run.join_context[rid] - k
             self.batch += 1
             heapq.heappush(self.finish_heap, (k + run.decode_iterations[rid], rid))
+            if self.blocks is not None:
+                self.blocks.join(rid, k, run.join_context[rid], k + run.decode_iterations[rid])
             if self._on_arrival:
                 arrival_s += self.cost.on_arrival_s(prompt)
         self.joining.clear()
@@ -255,26 +249,40 @@ class DecodeReplica:
             self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
         if cost.fetch_fixed_s or cost.fetch_per_ctx_s:
             self.cum[3] += segment_sum_s(cost.fetch_fixed_s, cost.fetch_per_ctx_s, n, c, b, k)
+        if self.blocks is not None:
+            self.blocks.allocate(k + 1, n - 1)
+            if self.memory_log is not None:
+                self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
         self.iteration += n
 
     def _finish_due(self) -> None:
         run, now = self.run, self.env.now
         freed = 0.0
         heap = self.finish_heap
+        blocks = self.blocks
         while heap and heap[0][0] <= self.iteration:
-            _, rid = heapq.heappop(heap)
+            fin, rid = heapq.heappop(heap)
+            if blocks is not None:
+                left = blocks.leave(rid, fin)
+                if left is None:
+                    continue            # the entry of a request preempted since
+                ctx_term, held = left
+            else:
+                # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
+                ctx_term = run.join_context[rid] + run.decode_iterations[rid] - self.iteration
+                held = run.kv_bytes[rid]
             run.finish[rid] = now
             run.decode_s[rid] = self.cum[0] - run.snap_decode[rid]
             run.dequant_s[rid] = self.cum[1] - run.snap_dequant[rid]
             run.approx_decode[rid] = self.cum[2] - run.snap_approx[rid]
             run.fetch_s[rid] = self.cum[3] - run.snap_fetch[rid]
-            # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
-            self.ctx_offset -= run.join_context[rid] + run.decode_iterations[rid] - self.iteration
+            run.preempt_s[rid] += self.cum[4] - run.snap_preempt[rid]
+            self.ctx_offset -= ctx_term
             self.batch -= 1
             self.slots_used -= 1
-            self.reserved_bytes -= run.kv_bytes[rid]
+            self.reserved_bytes -= held
             self.host_reserved_bytes -= run.host_kv_bytes[rid]
-            freed += run.kv_bytes[rid]
+            freed += held
             run.completed += 1
         if freed:
             if self.memory_log is not None:

@@ -79,7 +79,7 @@ class Router:
         while self.pending:
             rid = self.pending[0]
             p = run.prefill_replica[rid]
-            need, host = run.kv_bytes[rid], run.host_kv_bytes[rid]
+            need, host = run.admit_bytes[rid], run.host_kv_bytes[rid]
             best = None
             for d in self.reachable[p]:
                 rep = self.decode[d]

@@ -34,7 +34,7 @@ from .router import Router
 from .workload import Requests, make_requests
 
 BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
-                   "decode", "dequantize", "approximation")
+                   "decode", "dequantize", "approximation", "preemption")
 
 
 # ---- one method's run ---------------------------------------------------------------------------
@@ -66,11 +66,20 @@ class MethodRun:
         # Decode iterations per request and its context in the first one (simulator/decode.py).  ttft_at decode:
         # the decode instance yields every output token, the first from recomputing the last prompt position
         # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
-        from_decode = res.scenario.ttft_at == "decode"
+        sc = res.scenario
+        from_decode = sc.ttft_at == "decode"
         self.ttft_at_decode = from_decode
         self.decode_iterations = [o if from_decode else max(0, o - 1) for o in self.output]
         self.join_context = [p if from_decode else p + 1 for p in self.prompt]
         self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        # decode admission (simulator/admission.py): on_demand takes the blocks of the first decode iteration's
+        # context, reserve the final KV
+        self.on_demand = sc.decode.admission == "on_demand"
+        self.preempt_by_swap = sc.decode.preemption == "swap"
+        self.admit_bytes = ([dec_cost.kv_memory_bytes(c) for c in self.join_context] if self.on_demand
+                            else self.kv_bytes)
+        self.preemptions = [0] * n
+        self.preempt_s = [0.0] * n
         self.host_kv_bytes = [dec_cost.host_kv_bytes(p + o) for p, o in zip(self.prompt, self.output)]
         decode_host = res.decode.host_memory_bytes
         if max(self.host_kv_bytes) > decode_host:
@@ -88,7 +97,7 @@ class MethodRun:
         nan = math.nan
         for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
                      "first_token", "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
-                     "snap_decode", "snap_dequant", "snap_approx", "snap_fetch"):
+                     "snap_decode", "snap_dequant", "snap_approx", "snap_fetch", "snap_preempt"):
             setattr(self, name, [nan] * n)
         self.prefill_replica = [-1] * n
         self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
@@ -179,9 +188,12 @@ class MethodRun:
         df["transfer_queue_s"] = t_start_eff - eend
         df["transfer_s"] = t_end_eff - t_start_eff
         df["decode_queue_s"] = join - t_end_eff
-        df["decode_s"] = (finish - join) - dequant - approx_dec
+        preempt = a(self.preempt_s)
+        df["decode_s"] = (finish - join) - dequant - approx_dec - preempt
         df["dequantize_s"] = dequant
         df["approximation_s"] = approx_pre + approx_dec
+        df["preemption_s"] = preempt          # out of the batch after a preemption, and recompute / swap stalls
+        df["preemptions"] = np.asarray(self.preemptions, dtype=np.int64)
         df["offload_fetch_s"] = a(self.fetch_s)      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
         df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
         df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
@@ -222,6 +234,7 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
         "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
         "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
         "breakdown_s": {part: float(df[f"{part}_s"].mean()) for part in BREAKDOWN_PARTS},
+        "preemptions": int(df["preemptions"].sum()),
         "prefill_attention": {form: int(n) for form, n in sorted(df["prefill_attention"].value_counts().items())},
         "offload_fetch_s": float(df["offload_fetch_s"].mean()),
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),

@@ -51,7 +51,7 @@ def test_simulate_writes_outputs_and_is_byte_reproducible(tmp_path):
                       "kv_bytes_per_token", "throughput_rps"}
     assert set(m["jct_s"]) == {"mean", "p50", "p90", "p99"}
     assert set(m["breakdown_s"]) == {"prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
-                                     "decode_queue", "decode", "dequantize", "approximation"}
+                                     "decode_queue", "decode", "dequantize", "approximation", "preemption"}
     assert json.loads((outs[0] / "scenario.json").read_text())["network"]["bandwidth_gbps"] == 25
 
 

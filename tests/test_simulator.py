@@ -289,28 +289,3 @@ def test_hack_partition_uses_its_measured_decode_kernel():
     assert HACK(partition=128).decode_kernel(prof) is prof.kernel("decode_attn.hack_pi128")
     assert HACK(partition=64).decode_kernel(prof) is prof.kernel("decode_attn.hack")
     assert HACK(partition=128, summation_elimination=False).decode_kernel(prof) is prof.kernel("decode_attn.hack_no_se")
-
-
-def test_first_block_shortage_matches_iteration_by_iteration_allocation():
-    """On-demand blocks: the closed form against allocating every running request's blocks iteration by
-    iteration until the free blocks run out."""
-    from simulator.decode import first_block_shortage
-
-    rng = np.random.default_rng(11)
-    for _ in range(300):
-        bt = int(rng.choice([1, 4, 16]))
-        k0 = int(rng.integers(0, 500))
-        reqs = [(int(rng.integers(0, k0 + 1)), int(rng.integers(1, 5000))) for _ in range(int(rng.integers(0, 40)))]
-        free = int(rng.integers(0, 200))
-        counts = [0] * bt
-        for j, p in reqs:
-            counts[(j - p) % bt] += 1
-        want, left = math.inf, free
-        for k in range(k0, k0 + 100 * bt * (free + 1) + 1):
-            left -= sum(1 for j, p in reqs if (p + k - j) % bt == 0)
-            if left < 0:
-                want = k
-                break
-            if not reqs:
-                break
-        assert first_block_shortage(counts, k0, free, bt) == want

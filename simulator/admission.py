@@ -1,0 +1,201 @@
+"""On-demand KV blocks on a decode replica, with preemption (`decode.admission: on_demand`, the default).
+
+vLLM and SGLang do not reserve a request's final KV when they admit it: they allocate KV blocks of
+`block_tokens` tokens as its context grows, and when a step needs a block that is not free they preempt the
+newest running request (vLLM's scheduler: `self.running.pop()`, the last scheduled) until it fits.
+A preempted request frees its blocks and waits at the head of the replica's queue (the most recently
+preempted first); it comes back, before any new request is admitted to the replica, once its blocks are
+free again, either
+
+* `recompute` (the default; vLLM V1's only mode): its prompt and generated tokens are prefilled again on the
+  decode GPU (all but the last, which its next iteration computes, as after a KV transfer), a prefill the
+  whole batch waits for, or
+* `swap`: its KV went to host memory over PCIe when it was preempted and comes back the same way; the batch
+  waits for both copies (recompute instead when the host memory is full).
+
+A request is admitted (by the router, before its transfer) with the blocks of its first decode iteration's
+context; a request that joined at iteration j with context c in it holds ⌈(c + k − j)/block_tokens⌉ blocks at
+iteration k, one more at each k ≡ j − c + 1 (mod block_tokens). With the running requests counted by that
+phase, the iteration at which the next block would not fit is closed form (`first_block_shortage`), so
+a segment of iterations ends at the next finish or that shortage, whichever is first: one event per batch
+change, none per token.
+
+Time: a preempted request's time out of the batch, and every stall a recompute or swap puts on the batch
+(everyone in it waits), is the breakdown part `preemption`.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from costmodel.memory import kv_blocks
+
+if TYPE_CHECKING:
+    from .decode import DecodeReplica
+
+PREEMPTION = 4      # index of the preemption seconds in DecodeReplica.cum
+
+
+def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
+    """The first replica iteration >= k that needs more new KV blocks than `free_blocks` leaves, on-demand
+    allocation (math.inf if the batch never needs one).
+
+    `phase_counts[r]` counts the running requests that take a new block at the iterations congruent to r
+    (mod block_tokens): each takes one every block_tokens iterations.  Every block_tokens iterations the
+    batch takes exactly B = Σ counts blocks, so the (free + 1)-th block is wanted free // B whole cycles on,
+    at the phase that brings the cumulative count within the last cycle past free % B: O(block_tokens),
+    whatever the batch size."""
+    b = sum(phase_counts)
+    if b == 0:
+        return math.inf
+    cycles, left = divmod(free_blocks, b)
+    for d in range(block_tokens):
+        left -= phase_counts[(k + d) % block_tokens]
+        if left < 0:
+            return k + cycles * block_tokens + d
+    raise AssertionError("unreachable: the counts of one cycle sum to the batch")
+
+
+class OnDemandBlocks:
+    def __init__(self, replica: "DecodeReplica", swap: bool):
+        cost = replica.cost
+        self.rep = replica
+        self.run = replica.run
+        self.swap = swap
+        self.bt = cost.block_tokens
+        self.block_bytes = cost.block_bytes
+        self.reserve_bytes = cost.kv_memory_bytes(0)     # the method's fixed per-request buffer
+        self.counts = [0] * self.bt           # running requests by block phase
+        self.running: dict[int, int] = {}     # rid -> its phase, in join order (the newest last)
+        self.join_iter: dict[int, int] = {}
+        self.join_ctx: dict[int, int] = {}
+        self.fin: dict[int, int] = {}         # rid -> its finish iteration (stale heap entries differ)
+        self.planned_bytes = 0.0              # blocks the running segment will take, promised to it
+        self.waiting: list[tuple] = []        # preempted: (rid, context, iterations left, time, cum, swapped bytes)
+
+    def admit_bytes(self, context: int) -> float:
+        return self.rep.cost.kv_memory_bytes(context)
+
+    def _free_blocks(self) -> int:
+        rep = self.rep
+        return int((rep.capacity_bytes - rep.reserved_bytes) // self.block_bytes) if self.block_bytes > 0 else 2**62
+
+    def held_bytes(self, rid: int, k: int) -> float:
+        """Bytes the running request holds once iteration k's blocks are allocated."""
+        return kv_blocks(self.join_ctx[rid] + k - self.join_iter[rid], self.bt) * self.block_bytes + self.reserve_bytes
+
+    # ---- the batch --------------------------------------------------------------------------
+    def join(self, rid: int, k: int, context: int, finish_iter: int) -> None:
+        phase = (k - context + 1) % self.bt
+        self.counts[phase] += 1
+        self.running[rid] = phase
+        self.join_iter[rid], self.join_ctx[rid], self.fin[rid] = k, context, finish_iter
+
+    def leave(self, rid: int, fin: int) -> tuple[float, float] | None:
+        """A finish-heap entry is due: None if it is stale (the request was preempted), else the request's
+        (context-offset term, bytes held) as it leaves."""
+        if self.fin.get(rid) != fin:
+            return None
+        del self.fin[rid]
+        self.counts[self.running.pop(rid)] -= 1
+        j, c = self.join_iter.pop(rid), self.join_ctx.pop(rid)
+        return c - j, kv_blocks(c + fin - 1 - j, self.bt) * self.block_bytes + self.reserve_bytes
+
+    def next_finish(self) -> int:
+        heap = self.rep.finish_heap
+        while heap and self.fin.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    def shortage(self, k: int) -> float:
+        """The first iteration after k whose new blocks do not fit."""
+        return first_block_shortage(self.counts, k + 1, self._free_blocks(), self.bt)
+
+    def _new_blocks(self, k: int, n: int) -> int:
+        """Blocks the running requests take over iterations k .. k+n-1."""
+        if n <= 0:
+            return 0
+        cycles, rest = divmod(n, self.bt)
+        return cycles * len(self.running) + sum(self.counts[(k + d) % self.bt] for d in range(rest))
+
+    def plan(self, k: int, n: int) -> None:
+        """A segment of iterations k .. k+n-1 starts: the blocks it will take are promised to it (the router
+        admits no request into them meanwhile)."""
+        self.planned_bytes = self._new_blocks(k + 1, n - 1) * self.block_bytes
+
+    def allocate(self, k: int, n: int) -> None:
+        """Iterations k .. k+n-1 ran (each fits, by `shortage` and `plan`): their new blocks are taken."""
+        self.rep.reserved_bytes += self._new_blocks(k, n) * self.block_bytes
+        self.planned_bytes = 0.0
+
+    def boundary(self) -> float:
+        """At the start of iteration k: take its new blocks, preempting the newest running requests while
+        they do not fit, then bring back preempted requests that fit. Returns the stall (seconds) the batch's
+        next iteration carries."""
+        rep, run, k = self.rep, self.run, self.rep.iteration
+        need = self.counts[k % self.bt]
+        free = self._free_blocks()
+        stall = 0.0
+        while need > free and self.running:
+            rid = next(reversed(self.running))
+            if self.running[rid] == k % self.bt:
+                need -= 1
+            held = self.held_bytes(rid, k - 1)
+            free += int(held // self.block_bytes)
+            stall += self._preempt(rid, k, held)
+        rep.reserved_bytes += need * self.block_bytes
+        stall += self._readmit()
+        if stall:
+            rep.cum[PREEMPTION] += stall
+        return stall
+
+    def _preempt(self, rid: int, k: int, held: float) -> float:
+        rep, run = self.rep, self.run
+        j, c = self.join_iter.pop(rid), self.join_ctx.pop(rid)
+        left = self.fin.pop(rid) - k
+        self.counts[self.running.pop(rid)] -= 1
+        rep.batch -= 1
+        rep.ctx_offset -= c - j
+        rep.reserved_bytes -= held
+        run.preemptions[rid] += 1
+        swapped = 0.0
+        if self.swap and rep.host_reserved_bytes + held <= rep.host_capacity_bytes:
+            swapped = held
+            rep.host_reserved_bytes += held
+        self.waiting.append((rid, c + k - j, left, rep.env.now, tuple(rep.cum), swapped))
+        return rep.cost.swap_s(swapped) if swapped else 0.0
+
+    def _readmit(self) -> float:
+        rep, run, k = self.rep, self.run, self.rep.iteration
+        recompute: list[int] = []
+        snaps = (run.snap_decode, run.snap_dequant, run.snap_approx, run.snap_fetch, run.snap_preempt)
+        stall = 0.0
+        back = False
+        while self.waiting:
+            rid, ctx, left, t0, cum0, swapped = self.waiting[-1]
+            need = self.admit_bytes(ctx)
+            if rep.reserved_bytes + need > rep.capacity_bytes:
+                break
+            self.waiting.pop()
+            back = True
+            rep.reserved_bytes += need
+            run.preempt_s[rid] += rep.env.now - t0
+            # the sums of the iterations it sat out do not count as its decode time
+            for i, (now_v, then_v) in enumerate(zip(rep.cum, cum0)):
+                snaps[i][rid] += now_v - then_v
+            if swapped:
+                rep.host_reserved_bytes -= swapped
+                stall += rep.cost.swap_s(swapped)
+            else:
+                recompute.append(max(1, ctx - 1))
+            rep.ctx_offset += ctx - k
+            rep.batch += 1
+            heapq.heappush(rep.finish_heap, (k + left, rid))
+            self.join(rid, k, ctx, k + left)
+        if recompute:
+            c = rep.cost.prefill(tuple(recompute))
+            stall += c.latency_s + c.encode_s
+        if back and not self.waiting:
+            rep.env.timeout(0).callbacks.append(lambda _e: run.router.on_memory_freed())
+        return stall

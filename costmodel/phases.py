@@ -286,6 +286,27 @@ class ReplicaCostModel:
             c = memo[key] = self._prefill(prompt_tokens, cached_tokens or (0,) * len(prompt_tokens))
         return c
 
+    def chunked_prefill(self, prompt_tokens: int, chunk_tokens: int, cached_tokens: int = 0) -> PrefillCost:
+        """One prompt prefilled in chunks of at most `chunk_tokens` new tokens (after `cached_tokens` already
+        there), each a forward pass attending to the earlier ones.  The chunks follow each other through the
+        pipeline stages (a chunk reaches a stage after the previous one has left it, and finds its KV there):
+        latency = the earlier chunks' stage times + the last chunk's latency; the encode of each chunk's KV
+        adds up."""
+        memo = self._memo.setdefault("chunked", {})
+        key = (prompt_tokens, chunk_tokens, cached_tokens)
+        c = memo.get(key)
+        if c is None:
+            parts, done = [], cached_tokens
+            while done < prompt_tokens:
+                n = min(chunk_tokens, prompt_tokens - done)
+                parts.append(self.prefill((done + n,), (done,)))
+                done += n
+            ahead = sum(p.stage_s for p in parts[:-1])
+            c = memo[key] = PrefillCost(stage_s=ahead + parts[-1].stage_s, latency_s=ahead + parts[-1].latency_s,
+                                        approximation_s=sum(p.approximation_s for p in parts),
+                                        encode_s=sum(p.encode_s for p in parts), forms=parts[0].forms)
+        return c
+
     def prefill_attention_s(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
                             ) -> tuple[float, float, tuple[str, ...]]:
         """One layer's prefill attention on one GPU for a batch: (seconds, of which homomorphic correction,
@@ -317,7 +338,7 @@ class ReplicaCostModel:
         for FP16 KV, a cast for FP8 / FP4, the dequantize kernel for quantized formats (entropy decoding
         included where the format is entropy-coded).  PQCache keeps full KV: nothing."""
         enc = self.method.encode
-        if enc is None or enc == "pq":
+        if enc is None or enc == "pq" or self.method.dequantize_on_arrival:   # kept in FP16 (CacheGen decodes once)
             return 0.0
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
@@ -432,7 +453,8 @@ class ReplicaCostModel:
         pass (the dense layers see B + n rows), then the chunk's KV encoded; the LM head runs for the
         decode rows and, on the prompt's last chunk, its first token.  Returns the iteration (still
         fixed + per_ctx · S over the decode rows' context: the chunk only adds to the fixed part) and the
-        chunk's own share (latency_s: what it adds; approximation_s: its homomorphic correction)."""
+        chunk's own share (latency_s: what it adds; approximation_s: its homomorphic correction).  The
+        earlier chunks' KV is read in the memory format, restored to FP16 where the attention form needs it."""
         L, stages = self.model.layers, self.parallel.pipeline
         attn_s, approx_s, forms = self.prefill_attention_s((chunk_past_tokens + chunk_tokens,), (chunk_past_tokens,))
         head_rows = batch_size + (1 if last_chunk else 0)
@@ -444,7 +466,8 @@ class ReplicaCostModel:
             base = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)
             added = L * self._dense_layer_s(chunk_tokens) + (self._lm_head_s(1) if last_chunk else 0.0) \
                 + (stages - 1) * self._stage_hop_s(chunk_tokens) + self.host_serial_s_per_iteration
-        encode_s = L / stages * self._encode_layer_s(chunk_tokens)
+        # the chunk's KV written in the replica's memory format (CacheGen's is FP16: nothing to encode)
+        encode_s = 0.0 if self.method.dequantize_on_arrival else L / stages * self._encode_layer_s(chunk_tokens)
         added += L * attn_s + encode_s
         it = IterationCost(
             decode_fixed_s=base.decode_fixed_s + added, decode_per_ctx_s=base.decode_per_ctx_s,

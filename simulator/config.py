@@ -192,6 +192,10 @@ class PoolConfig(_Strict):
     extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
                                          "beyond the model's own (copies into static buffers, gathers), each "
                                          "priced as one launch-bound kernel")
+    chunk_tokens: int | None = Field(None, ge=1, le=2**30, description="prefill: most prompt tokens per forward "
+                                     "pass (chunked prefill); a longer prompt runs as chunks, each attending to the "
+                                     "earlier ones. With placement colocated, the chunk each iteration carries "
+                                     "(default: max_batch_tokens)")
     admission: Literal["reserve", "on_demand"] = Field(
         "on_demand", description="decode: on_demand (vLLM, SGLang) allocates KV blocks as a request's context "
         "grows and preempts the newest running request when a block is not free; reserve admits a request only "
@@ -437,10 +441,12 @@ class Scenario(_Strict):
         "disaggregated serving: the prefill instance's token is discarded and the decode instance recomputes the "
         "last prompt position, so it runs one iteration per output token); prefill: the prefill instance's token, "
         "at the end of prefill (decode then runs one iteration per output token after the first)")
-    placement: Literal["separate", "shared_gpu"] = Field(
+    placement: Literal["separate", "shared_gpu", "colocated"] = Field(
         "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
         "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "
-        "the next decode iteration boundary, one batch per boundary (how realrun measures on one GPU)")
+        "the next decode iteration boundary, one batch per boundary (how realrun measures on one GPU); "
+        "colocated: every replica of both pools serves both phases, each iteration its decode rows plus one "
+        "chunk of prefill.chunk_tokens of a prompt, no KV transfer (simulator/colocated.py)")
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -462,6 +468,13 @@ class Scenario(_Strict):
                 for r in link.decode_replicas:
                     if not 0 <= r < self.decode.replicas:
                         raise ValueError(f"network.links[{link.name}]: decode replica {r} does not exist")
+        if self.placement == "colocated":
+            p, d = self.prefill, self.decode
+            if (p.gpu, p.tensor_parallel, p.pipeline_parallel) != (d.gpu, d.tensor_parallel, d.pipeline_parallel):
+                raise ValueError("placement colocated runs both phases on every replica of both pools: give them the "
+                                 "same gpu, tensor_parallel and pipeline_parallel")
+            if p.prefix_caching or d.prefix_caching:
+                raise ValueError("placement colocated: prefix caching is modelled for separate pools only")
         if self.placement == "shared_gpu" and self.prefill.replicas != self.decode.replicas:
             raise ValueError("placement shared_gpu pairs prefill and decode replicas: give both pools the same "
                              "number of replicas")

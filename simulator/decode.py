@@ -115,6 +115,7 @@ class DecodeReplica:
         self._prefill_waiting = False
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = OnDemandBlocks(self, run.preempt_by_swap) if run.on_demand else None
+        self.colo = None                     # placement colocated: the prompts this replica prefills (colocated.py)
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
@@ -135,12 +136,25 @@ class DecodeReplica:
     def arrive(self, rid: int) -> None:
         """The request's KV is here; it joins at the next iteration boundary."""
         self.joining.append(rid)
+        self.wake()
+
+    def wake(self) -> None:
+        """Something new waits for the next iteration boundary: start one now if idle, else end the running
+        segment with the iteration in progress."""
         if self._paused:
             return                      # the shared GPU is running a prefill; we resume after it
         if self._seg is None:
             self._start_segment()
         elif not self._cut:
             self._cut_at_next_boundary()
+
+    def release(self, rid: int, kv_bytes: float) -> None:
+        """A request admitted here leaves without decoding (colocated: one output token, from its prefill)."""
+        self.reserved_bytes -= kv_bytes
+        self.host_reserved_bytes -= self.run.host_kv_bytes[rid]
+        self.slots_used -= 1
+        if self.memory_log is not None:
+            self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 
     def _cut_at_next_boundary(self) -> None:
         """End the running segment with the iteration in progress."""
@@ -182,6 +196,8 @@ class DecodeReplica:
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         self._finish_due()
+        if self.colo is not None:
+            self.colo.after_iteration()
         if self._prefill_waiting:
             self._prefill_waiting = False
             self._seg = None
@@ -195,17 +211,22 @@ class DecodeReplica:
         stall_s = self.blocks.boundary() if self.blocks is not None else 0.0
         joined = list(self.joining)
         pending_s = self._admit_joining() + stall_s
-        if not self.batch:
+        chunk_cost = self.colo.next_chunk() if self.colo is not None else None
+        if not self.batch and chunk_cost is None:
             self._seg = None
             return
-        cost = self.cost.iteration(self.batch)
+        cost = chunk_cost or self.cost.iteration(self.batch)
         if joined and self.run.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
             first = self.env.now + pending_s + segment_time_s(cost, 1, self.ctx_offset, self.batch, self.iteration)
             for rid in joined:
                 self.run.first_token[rid] = first
-        if self.blocks is None:
+        if chunk_cost is not None:
+            n = 1                       # an iteration with a prefill chunk (placement colocated)
+            if self.blocks is not None:
+                self.blocks.plan(self.iteration, 1)
+        elif self.blocks is None:
             n = self.finish_heap[0][0] - self.iteration
         else:   # ... or the first iteration whose new KV blocks do not fit
             n = int(min(self.blocks.next_finish(), self.blocks.shortage(self.iteration))) - self.iteration

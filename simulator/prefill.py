@@ -36,6 +36,7 @@ class PrefillReplica:
         self._idle = True
         self.partner = None             # the decode replica sharing this GPU (placement: shared_gpu)
         self.busy_s = 0.0               # Σ time a batch held the replica (its load, simulator/overload.py)
+        self.chunk_tokens = run.chunk_tokens
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -55,9 +56,10 @@ class PrefillReplica:
         prompt = self.run.prompt
         batch = [self.queue.popleft()]
         tokens = prompt[batch[0]]
+        limit = min(self.max_batch_tokens, self.chunk_tokens or self.max_batch_tokens)
         while self.queue and len(batch) < self.max_batch_requests:
             nxt = prompt[self.queue[0]]
-            if tokens + nxt > self.max_batch_tokens:
+            if tokens + nxt > limit:
                 break
             batch.append(self.queue.popleft())
             tokens += nxt
@@ -79,7 +81,11 @@ class PrefillReplica:
         self._idle = False
         batch = self._take_batch()
         cached = run.prefix.prefill_start(self.index, batch) if run.prefix is not None else None
-        cost = self.cost.prefill(tuple(run.prompt[r] for r in batch), cached)
+        if self.chunk_tokens and len(batch) == 1 and run.prompt[batch[0]] > self.chunk_tokens:
+            # prefill.chunk_tokens: a longer prompt runs alone, as chunks back to back
+            cost = self.cost.chunked_prefill(run.prompt[batch[0]], self.chunk_tokens, cached[0] if cached else 0)
+        else:
+            cost = self.cost.prefill(tuple(run.prompt[r] for r in batch), cached)
         start = env.now
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s

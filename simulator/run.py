@@ -23,6 +23,7 @@ from costmodel.methods import KVMethod
 from costmodel.phases import ModelDoesNotFit
 from costmodel.specs import GIB
 
+from . import colocated
 from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
 from .link import Link
@@ -67,7 +68,9 @@ class MethodRun:
         # the decode instance yields every output token, the first from recomputing the last prompt position
         # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
         sc = res.scenario
-        from_decode = sc.ttft_at == "decode"
+        # placement colocated: the last prefill chunk's token is the first (simulator/colocated.py)
+        from_decode = sc.ttft_at == "decode" and sc.placement != "colocated"
+        self.chunk_tokens = sc.prefill.chunk_tokens
         self.ttft_at_decode = from_decode
         self.decode_iterations = [o if from_decode else max(0, o - 1) for o in self.output]
         self.join_context = [p if from_decode else p + 1 for p in self.prompt]
@@ -109,12 +112,16 @@ class MethodRun:
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
-        self.prefill_replicas = [PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests,
-                                                pre_pool.max_batch_tokens, host, self)
-                                 for i in range(pre_pool.replicas)]
+        together = sc.placement == "colocated"     # every GPU of both pools, configured as the decode pool
+        self.prefill_replicas = [] if together else [
+            PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests, pre_pool.max_batch_tokens, host, self)
+            for i in range(pre_pool.replicas)]
         self.decode_replicas = [DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, self, self.memory_log,
                                               decode_host)
-                                for i in range(dec_pool.replicas)]
+                                for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))]
+        if together:
+            self.router = colocated.build(self, self.decode_replicas, sc.prefill.chunk_tokens or pre_pool.max_batch_tokens)
+            return
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
                 pre.partner, dec.partner = dec, pre
@@ -264,8 +271,12 @@ def _load(run: MethodRun, df: pd.DataFrame) -> dict:
     held_s = (df["finish_s"].to_numpy() - df["transfer_start_s"].to_numpy())[moved]
     dec = run.decode_replicas[0]
     util = utilisation(
-        arrival_s=df["arrival_s"].to_numpy(), prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas),
-        prefill_replicas=len(run.prefill_replicas), link_bytes=link_bytes, link_capacity_bytes_per_s=capacity,
+        arrival_s=df["arrival_s"].to_numpy(),
+        # colocated: the prefill chunks' share of every replica's time
+        prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas) + sum(
+            r.colo.busy_s for r in run.decode_replicas if r.colo is not None),
+        prefill_replicas=len(run.prefill_replicas) or len(run.decode_replicas), link_bytes=link_bytes,
+        link_capacity_bytes_per_s=capacity,
         held_s=held_s, held_kv_bytes=df["kv_memory_bytes"].to_numpy()[moved],
         held_host_bytes=df["kv_host_bytes"].to_numpy()[moved], decode_replicas=len(run.decode_replicas),
         decode_kv_capacity_bytes=dec.capacity_bytes, decode_host_capacity_bytes=dec.host_capacity_bytes,

@@ -1,0 +1,121 @@
+"""Colocated serving (`placement: colocated`): every GPU serves both phases, with chunked prefill.
+
+Each replica is a decode replica (simulator/decode.py) that also holds a queue of prompts. While a prompt
+is being prefilled, every iteration is a mixed one: the running decode rows plus one chunk of at most
+`prefill.chunk_tokens` of that prompt's tokens, attending to its earlier chunks, in one forward pass
+(`ReplicaCostModel.mixed_iteration`: the dense layers see B + n rows, the chunk's KV is encoded in the
+method's format, its last chunk yields the first token). One prompt is prefilled at a time, in arrival
+order; between prompts the decode batch advances in closed form as on a decode replica, so events are
+one per chunk and one per batch change, none per token.
+
+There is no transfer: the prompt's KV is written in the replica's own format where it is read. A prompt
+starts once its replica can admit it (the decode admission: on demand, the blocks of its prompt and first
+token; reserve, its final KV), and it joins the decode batch at the end of its last chunk, whose token is
+the client's first, so decode runs one iteration per further output token. The router sends each arrival to
+the replica with the fewest queued prompt tokens. The replicas are the GPUs of both pools:
+`prefill.replicas + decode.replicas` of them, each configured as the decode pool (both pools must name the
+same GPU and parallelism).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .decode import DecodeReplica
+    from .run import MethodRun
+
+
+class ChunkedPrefill:
+    """The prompt queue of one colocated replica and the chunk in progress."""
+
+    def __init__(self, replica: "DecodeReplica", chunk_tokens: int):
+        self.rep = replica
+        self.run = replica.run
+        self.chunk_tokens = chunk_tokens
+        self.queue: deque[int] = deque()
+        self.outstanding_tokens = 0
+        self.current: int | None = None       # the prompt being prefilled
+        self.done_tokens = 0
+        self.chunk: tuple | None = None       # the chunk of the running iteration: (tokens, PrefillCost)
+        self.busy_s = 0.0                     # Σ the chunks' share of the replica's time
+        self._memo: dict = {}
+
+    def enqueue(self, rid: int) -> None:
+        self.queue.append(rid)
+        self.outstanding_tokens += self.run.prompt[rid]
+        self.rep.wake()
+
+    def next_chunk(self):
+        """At an iteration boundary: the mixed iteration's cost if a chunk runs in it, else None."""
+        rep, run = self.rep, self.run
+        if self.current is None:
+            if not self.queue:
+                return None
+            rid = self.queue[0]
+            if not rep.has_room(run.admit_bytes[rid], run.host_kv_bytes[rid]):
+                return None
+            self.queue.popleft()
+            rep.reserve(run.admit_bytes[rid], run.host_kv_bytes[rid])
+            self.current, self.done_tokens = rid, 0
+            run.prefill_start[rid] = rep.env.now
+            run.prefill_replica[rid] = run.decode_replica[rid] = rep.index
+            run.approx_prefill[rid] = 0.0
+        rid = self.current
+        prompt = run.prompt[rid]
+        n = min(self.chunk_tokens, prompt - self.done_tokens)
+        key = (rep.batch, n, self.done_tokens, self.done_tokens + n == prompt)
+        cost = self._memo.get(key)
+        if cost is None:
+            cost = self._memo[key] = rep.cost.mixed_iteration(*key)
+        self.chunk = (n, cost[1])
+        return cost[0]
+
+    def after_iteration(self) -> None:
+        """The iteration that ran the chunk ended: the prompt advances, and after its last chunk it joins the
+        decode batch (or finishes, with one output token)."""
+        if self.chunk is None:
+            return
+        (n, pc), self.chunk = self.chunk, None
+        run, rep, rid = self.run, self.rep, self.current
+        self.busy_s += pc.latency_s
+        run.approx_prefill[rid] += pc.approximation_s
+        self.done_tokens += n
+        if self.done_tokens < run.prompt[rid]:
+            return
+        self.current = None
+        self.outstanding_tokens -= run.prompt[rid]
+        now = rep.env.now
+        run.prefill_end[rid] = run.encode_end[rid] = now
+        run.prefill_form[rid] = pc.forms[0] if pc.forms else ""
+        if run.decode_iterations[rid] == 0:
+            run.finish_without_decode(rid)
+            rep.release(rid, run.admit_bytes[rid])
+        else:
+            run.transfer_start[rid] = run.transfer_end[rid] = now
+            rep.joining.append(rid)
+
+
+class ColocatedRouter:
+    """Arrivals go to the replica with the fewest queued prompt tokens (ties: the lowest index)."""
+
+    def __init__(self, replicas: list["DecodeReplica"]):
+        self.replicas = replicas
+        self.links: dict = {}
+
+    def on_arrivals(self, rids: list[int]) -> None:
+        for rid in rids:
+            best = min(self.replicas, key=lambda r: (r.colo.outstanding_tokens, r.index))
+            best.colo.enqueue(rid)
+
+    def on_memory_freed(self) -> None:
+        for rep in self.replicas:
+            if rep.colo.queue:
+                rep.wake()
+
+
+def build(run: "MethodRun", replicas: list["DecodeReplica"], chunk_tokens: int) -> ColocatedRouter:
+    for rep in replicas:
+        rep.colo = ChunkedPrefill(rep, chunk_tokens)
+        rep._on_arrival = False         # the KV is written here in the memory format: nothing arrives to decode
+    return ColocatedRouter(replicas)

@@ -1,4 +1,5 @@
-"""The project's catalogs: GPUs, cloud instances, models, workloads and interconnects, as data files with sources.
+"""The project's catalogs: GPUs, cloud instances, models, workloads, interconnects and implementation profiles, as
+data files with sources.
 
 `catalog/data/*.yaml` hold the facts (units in field names, a `sources` list and `notes` per
 entry); this module only loads them. Scenarios reference entries by key and may override fields.
@@ -11,7 +12,7 @@ from pathlib import Path
 import yaml
 
 DATA_DIR = Path(__file__).parent / "data"
-KINDS = ("gpus", "instances", "models", "workloads", "interconnects")
+KINDS = ("gpus", "instances", "models", "workloads", "interconnects", "implementations")
 
 
 @lru_cache(maxsize=None)

@@ -81,13 +81,14 @@ class IterationCost:
     dequant_per_ctx_s: float
     approx_fixed_s: float
     approx_per_ctx_s: float
+    dequant_fixed_s: float = 0.0    # per iteration whatever the context (e.g. requantizing each open V block)
     fetch_fixed_s: float = 0.0      # host -> GPU fetches (offload methods): included in decode_*, kept
     fetch_per_ctx_s: float = 0.0    # apart so reports can show them
     host_s: float = 0.0             # CPU time to issue the iteration: the iteration lasts at least this
 
     @property
     def fixed_s(self) -> float:
-        return self.decode_fixed_s + self.approx_fixed_s
+        return self.decode_fixed_s + self.dequant_fixed_s + self.approx_fixed_s
 
     @property
     def per_ctx_s(self) -> float:
@@ -379,8 +380,16 @@ class ReplicaCostModel:
             return p.kernel("quantize.kv").time_s(elements / 2)
         t = p.kernel("quantize.kv").time_s(elements)
         if self.method.entropy_coded:
-            t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
+            t += self._entropy_coding_s("entropy_encode.kv", elements)
         return t
+
+    def _entropy_coding_s(self, key: str, elements: float) -> float:
+        """Arithmetic (de)coding of `elements` symbols on one GPU: the profile's fit where a scenario or an
+        implementation profile gave one, else ENTROPY_CODING_INSTR_PER_ELEMENT at the CUDA-core rate."""
+        fit = self.profile.kernels.get(key)
+        if fit is not None:
+            return fit.time_s(elements)
+        return elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
 
     def kmeans_iteration_s(self, tokens: int) -> float:
         """One K-Means iteration over the batch's keys on the replica's host CPUs."""
@@ -405,7 +414,7 @@ class ReplicaCostModel:
             return 0.0
         elements = prompt_tokens * self._kv_elements_per_token_per_gpu_layer()
         t = self.profile.kernel("dequantize.kv").time_s(elements)
-        t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
+        t += self._entropy_coding_s("entropy_decode.kv", elements)
         return self.model.layers / self.parallel.pipeline * t
 
     # ---- decode ---------------------------------------------------------------------------
@@ -425,7 +434,9 @@ class ReplicaCostModel:
 
     def _iteration(self, batch_size: int) -> IterationCost:
         p, L = self.profile, self.model.layers
-        per_req, per_ctx = self.method.decode_layer_terms(self.decode_env())
+        env = self.decode_env()
+        per_req, per_ctx = self.method.decode_layer_terms(env)
+        per_iter = self.method.decode_layer_fixed_s(env)
         launch_s = self.method.decode_kernel(p, self.model).overhead_s
         # small kernels besides the attention fit: the new token's KV write where the profiled kernel does
         # not include it (the quantized kernels were timed with their append), and the engine's own
@@ -438,6 +449,7 @@ class ReplicaCostModel:
         return IterationCost(
             decode_fixed_s=decode_fixed + serial,
             decode_per_ctx_s=L * per_ctx.get("decode", 0.0),
+            dequant_fixed_s=L * (batch_size * per_req.get("dequantize", 0.0) + per_iter.get("dequantize", 0.0)),
             dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0),
             approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0),
             approx_per_ctx_s=L * per_ctx.get("approximation", 0.0),

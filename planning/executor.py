@@ -101,7 +101,8 @@ def code_salt() -> str:
 
 def profile_files(scenario) -> list[Path]:
     """The calibration profile files the scenario's prefill and decode pools are priced with (none for
-    a roofline profile; a profile that cannot be read is the point's error, so it adds nothing here)."""
+    a roofline profile; a profile that cannot be read is the point's error, so it adds nothing here), and
+    the measurements its methods' implementation profiles read."""
     from simulator.config import ScenarioError
     from simulator.resolve import resolve
 
@@ -109,7 +110,10 @@ def profile_files(scenario) -> list[Path]:
         res = resolve(scenario, "point")
     except ScenarioError:
         return []
-    return sorted({Path(p.path) for p in (res.prefill.profile, res.decode.profile) if p.path})
+    from simulator.implementations import measurement_files
+
+    return sorted({Path(p.path) for p in (res.prefill.profile, res.decode.profile) if p.path}
+                  | set(measurement_files(scenario.methods)))
 
 
 def point_key(scenario_json: str, profiles: Iterable[Path] = ()) -> str:

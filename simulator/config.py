@@ -460,6 +460,11 @@ class Scenario(_Strict):
         names = [m.output_name for m in self.methods]
         if len(set(names)) != len(names):
             raise ValueError(f"methods: duplicate output names {names}; give each a distinct label")
+        from .implementations import implementation_refusal
+        for i, m in enumerate(self.methods):
+            why = implementation_refusal(m)
+            if why:
+                raise ValueError(f"methods.{i}.implementation: {why}")
         if self.network.links is not None:
             for link in self.network.links:
                 for r in link.prefill_replicas:

@@ -264,8 +264,8 @@ class DecodeReplica:
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
         if cost.host_s:   # iterations waiting on the host: the wait counts as decode time
             self.cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
-        if cost.dequant_per_ctx_s:
-            self.cum[1] += segment_sum_s(0.0, cost.dequant_per_ctx_s, n, c, b, k)
+        if cost.dequant_per_ctx_s or cost.dequant_fixed_s:
+            self.cum[1] += segment_sum_s(cost.dequant_fixed_s, cost.dequant_per_ctx_s, n, c, b, k)
         if cost.approx_fixed_s or cost.approx_per_ctx_s:
             self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
         if cost.fetch_fixed_s or cost.fetch_per_ctx_s:

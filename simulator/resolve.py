@@ -13,7 +13,9 @@ reads the frozen `Resolved` it returns. The defaults it fills in:
   the memory of the replica's instances, else 64 GiB; vCPUs per replica: the instances' (0 without);
 * price per instance: the pool's `price_usd_per_hour`, else the catalog's (None: unknown);
 * calibration profile per pool: `auto` (the committed profile for the GPU key, else the roofline),
-  `roofline`, or a path to a profile.json;
+  `roofline`, or a path to a profile.json; per method, its implementation profile's kernel costs
+  (catalog/data/implementations.yaml, repriced for the pool's GPU) and then its own `kernels:` replace
+  the profile's (simulator/implementations.py);
 * links: `network.links`, else one link per prefill replica reaching every decode replica; each
   link carries `bandwidth_gbps x efficiency` (the first link listed joins a pair of replicas);
   `per_flow_gbps` caps one transfer.
@@ -37,6 +39,7 @@ from costmodel.roofline import roofline_profile
 from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 
 from .config import GPUConfig, ModelConfig, PoolConfig, Scenario, ScenarioError
+from .implementations import priced_profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES_DIR = REPO_ROOT / "kernels_calibration" / "profiles"
@@ -92,10 +95,11 @@ class PoolLayout:
     non_torch_override_bytes: float | None   # per GPU: replaces the non-torch estimate
 
     def cost_model(self, model: ModelSpec, method: KVMethod) -> ReplicaCostModel:
-        """The cost model of one replica of this pool running `method`."""
+        """The cost model of one replica of this pool running `method` (priced as its implementation runs)."""
         h = self.host
         return ReplicaCostModel(
-            model=model, gpu=self.gpu, parallel=self.parallel, method=method, profile=self.profile,
+            model=model, gpu=self.gpu, parallel=self.parallel, method=method,
+            profile=priced_profile(self.profile, method, self.gpu),
             gpu_memory_utilization=self.gpu_memory_utilization, max_batch_tokens=self.max_batch_tokens,
             host_vcpus=self.host_vcpus, kv_capacity_override_bytes=self.kv_capacity_override_bytes,
             host_issue_s_per_iteration=h.issue_s_per_iteration, host_issue_s_per_layer=h.issue_s_per_layer,

@@ -341,6 +341,19 @@ class ScenarioResult:
             "decode": collectives.report(res.decode.parallel, res.model.hidden_size,
                                          sorted({b for b in (1, 8, 32, 128) if b <= res.decode.max_batch_requests}
                                                 | {res.decode.max_batch_requests}), res.model.active_experts)}
+        # Kernel costs a method's implementation profile or `kernels:` put in place of the pools' profiles
+        priced = {}
+        for m in self.scenario.methods:
+            if m.implementation is None and not m.kernels:
+                continue
+            pre, dec = res.costs(m)
+            priced[m.output_name] = {
+                "implementation": m.implementation,
+                **{role: {k: {"overhead_s": f[0], "s_per_unit": f[1]}
+                          for k, f in c.profile.provenance.get("kernel_overrides", {}).items()}
+                   for role, c in (("prefill", pre), ("decode", dec))}}
+        if priced:
+            out["method_kernels"] = priced
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
         prof = self.resolved.decode.profile
         for gpu in (prof.gpu, prof.derived_from):

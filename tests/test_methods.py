@@ -63,8 +63,9 @@ def test_scenario_method_syntax_bare_mapping_and_label():
     assert no_rqe.requantization_elimination is False and no_rqe.decode_attention == "hack_no_se"
     assert kvq.bits == 4 and kvq.decode_attention == "dequant_unfused"
     # the dump keeps the field order the outputs (scenario.json) have always had: label, name, parameters
-    assert list(pi128.model_dump()) == ["label", "name", "bits", "partition", "stochastic_rounding",
-                                        "summation_elimination", "requantization_elimination", "prefill_attention"]
+    assert list(pi128.model_dump()) == ["label", "name", "implementation", "kernels", "bits", "partition",
+                                        "stochastic_rounding", "summation_elimination", "requantization_elimination",
+                                        "prefill_attention"]
     assert no_se.model_dump()["summation_elimination"] is False
 
 

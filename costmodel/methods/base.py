@@ -10,10 +10,10 @@ I/O: like the rest of `costmodel/`, nothing here touches SimPy, random numbers, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..calibration import CalibrationProfile, KernelFit
 from ..specs import FP16_BYTES, ModelSpec
@@ -62,6 +62,16 @@ GLUON_DECODE_GROUP = 8
 GLUON_DECODE_HEAD_DIM = 128
 
 
+DEQUANTIZE_ROLE = ("per-iteration dequantization to FP16 before FP16 attention, unit: K and V elements visited; "
+                   "its cost is added to the profile's FP16 decode attention")
+
+
+def dequantize_role_fits(profile: CalibrationProfile, decode_key: str, fit: KernelFit) -> dict[str, KernelFit]:
+    """The `dequantize` role: the method's decode kernel becomes FP16 attention plus this dequantization."""
+    fp16 = profile.kernel("decode_attn.fp16")
+    return {f"decode_attn.{decode_key}": KernelFit(fp16.overhead_s + fit.overhead_s, fp16.s_per_unit + fit.s_per_unit)}
+
+
 def gluon_decode_applies(model: ModelSpec, bits: int = 2) -> bool:
     """Whether the Gluon decode kernels take this model's attention shape (the method's own
     partition checks aside)."""
@@ -83,6 +93,19 @@ def decode_fit(profile: CalibrationProfile, key: str, model: ModelSpec | None, g
     return profile.kernel(f"decode_attn.{key}")
 
 
+class KernelCost(BaseModel):
+    """One kernel's cost as a scenario writes it: time_s = overhead_s + s_per_unit × units (the units of its
+    profile key, costmodel/calibration.py, or of the method's kernel role)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    overhead_s: float = Field(ge=0, le=3600, description="seconds per launch (one layer on one GPU)")
+    s_per_unit: float = Field(ge=0, le=3600, description="seconds per unit of work")
+
+    def fit(self) -> KernelFit:
+        return KernelFit(overhead_s=self.overhead_s, s_per_unit=self.s_per_unit)
+
+
 def _name_required(schema: dict, cls: type) -> None:
     """In the scenario schema a method entry must say which method it is: `name` is required there
     (its default only lets code write `HACK()`)."""
@@ -101,6 +124,12 @@ class KVMethod(BaseModel):
 
     label: str | None = Field(None, description="name in outputs (default: the method name)")
     name: str = Field(description="the method")
+    implementation: str | None = Field(None, description="a shipped implementation profile "
+                                       "(catalog/data/implementations.yaml) whose kernel costs replace the "
+                                       "calibration profile's for this method, repriced for each pool's GPU")
+    kernels: dict[str, KernelCost] | None = Field(None, description="kernel costs that replace the calibration "
+                                                  "profile's (and the implementation's) for this method: a profile "
+                                                  "kernel key the method prices with, or one of its kernel roles")
 
     # ---- registry metadata ------------------------------------------------------------------
     display_label: ClassVar[str]            # how reports name the method
@@ -114,6 +143,52 @@ class KVMethod(BaseModel):
     # pass, memory-bound) or "pq" (K-Means on the prefill hosts' CPUs).
     encode: ClassVar[str | None] = None
     entropy_coded: ClassVar[bool] = False
+    # Kernel roles a scenario may price (`kernels:`, an implementation profile) beside the profile keys:
+    # role -> what it is, its unit, and how it enters the profile (`role_fits`).
+    kernel_roles: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="after")
+    def _known_kernels(self) -> "KVMethod":
+        for key in self.kernels or {}:
+            why = self.kernel_refusal(key)
+            if why:
+                raise ValueError(f"kernels.{key}: {why}")
+        return self
+
+    def kernel_refusal(self, key: str) -> str | None:
+        """Why this method cannot take a cost for `key` (None: it can)."""
+        keys = self.kernel_keys + self.optional_kernel_keys
+        if key in keys or key in self.kernel_roles:
+            return None
+        return (f"{self.name} prices no kernel {key!r}; it takes "
+                + ", ".join(sorted(set(keys) | set(self.kernel_roles))))
+
+    def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
+        """The profile entries a kernel role's cost becomes (a method with roles overrides this)."""
+        return {role: fit}
+
+    def priced_profile(self, profile: CalibrationProfile, costs: dict[str, KernelFit]) -> CalibrationProfile:
+        """`profile` with `costs` (profile keys or this method's roles) in place of its own fits: the profile
+        this method is priced with.  A decode key replaced here also drops its per-shape fits (<key>_triton,
+        <key>_gqa<g>) so the given cost holds for every model shape."""
+        if not costs:
+            return profile
+        kernels = dict(profile.kernels)
+
+        def put(k: str, f: KernelFit) -> None:
+            for shaped in [x for x in kernels if x.startswith((k + "_triton", k + "_gqa"))]:
+                del kernels[shaped]
+            kernels[k] = f
+
+        for key, fit in costs.items():          # profile keys first: a role builds on them
+            if key not in self.kernel_roles:
+                put(key, fit)
+        for key, fit in costs.items():
+            if key in self.kernel_roles:
+                for k, f in self.role_fits(replace(profile, kernels=dict(kernels)), key, fit).items():
+                    put(k, f)
+        return replace(profile, kernels=kernels, provenance={
+            **profile.provenance, "kernel_overrides": {k: [f.overhead_s, f.s_per_unit] for k, f in costs.items()}})
 
     @property
     def output_name(self) -> str:
@@ -194,6 +269,11 @@ class KVMethod(BaseModel):
         approx = min(attn_per_ctx - dequant, env.q_heads_per_gpu * per_ctx_ops / env.alu_instr_per_s)
         return ({"approximation": env.q_heads_per_gpu * fixed_ops / env.alu_instr_per_s},
                 {"decode": attn_per_ctx - dequant - approx, "dequantize": dequant, "approximation": approx})
+
+    def decode_layer_fixed_s(self, env: DecodeEnv) -> dict[str, float]:
+        """Seconds of one decode layer on one GPU per iteration, whatever the batch (extra launches), by
+        breakdown part."""
+        return {}
 
     def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
         """Homomorphic correction: extra ALU ops per query head per decode iteration, (fixed, per ctx token)."""

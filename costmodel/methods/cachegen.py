@@ -15,8 +15,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from ..calibration import CalibrationProfile, KernelFit
 from ..specs import FP16_BYTES
-from .base import FP16_META_BYTES, KVMethod, code_bytes
+from .base import DEQUANTIZE_ROLE, FP16_META_BYTES, KVMethod, code_bytes, dequantize_role_fits
 
 
 @lru_cache(maxsize=None)
@@ -57,6 +58,20 @@ class CacheGen(KVMethod):
                                               "decode_attn.dequant_unfused", "decode_attn.dequant_fused")
     encode: ClassVar[str | None] = "quantize"
     entropy_coded: ClassVar[bool] = True
+    # The arithmetic coder's costs, where a scenario or an implementation profile gives them (profile keys
+    # entropy_encode.kv / entropy_decode.kv); else it is priced from an instruction count at the CUDA-core
+    # rate (costmodel/phases.py, ENTROPY_CODING_INSTR_PER_ELEMENT).
+    kernel_roles: ClassVar[dict[str, str]] = {
+        "dequantize": DEQUANTIZE_ROLE + " (decompress_once: the on-arrival dequantize.kv)",
+        "entropy_decode": "arithmetic decoding on arrival, unit: K and V elements (symbols) decoded",
+        "entropy_encode": "arithmetic encoding after prefill, unit: K and V elements (symbols) encoded"}
+
+    def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
+        if role == "dequantize":
+            if self.dequantize_on_arrival:
+                return {"dequantize.kv": fit}
+            return dequantize_role_fits(profile, self.decode_attention, fit)
+        return {f"{role}.kv": fit}
 
     @property
     def coded_ratio(self) -> float:

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 
 from ..calibration import CalibrationProfile, KernelFit
 from ..specs import FP16_BYTES, ModelSpec
-from .base import FP16_META_BYTES, PREFILL_KERNELS, KVMethod, code_bytes, decode_fit, sum_bytes
+from .base import FP16_META_BYTES, PREFILL_KERNELS, DecodeEnv, KVMethod, code_bytes, decode_fit, sum_bytes
 
 
 class HACK(KVMethod):
@@ -48,6 +48,24 @@ class HACK(KVMethod):
     kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "decode_attn.hack",
                                               "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
     encode: ClassVar[str | None] = "quantize"
+    # Without RQE an implementation may requantize the open V block every token (the `requantize` role, profile
+    # key requantize.v_block, unit: V elements of the open blocks, kv_heads x Π x head_dim per request per
+    # layer): then the attention is the RQE kernel's and the requantization is priced apart; else the measured
+    # no-RQE kernel prices both.
+    kernel_roles: ClassVar[dict[str, str]] = {
+        "requantize": "without RQE, requantizing the open V block at every token, unit: V elements of the open "
+                      "blocks (kv_heads x partition x head_dim per request per layer)"}
+
+    def kernel_refusal(self, key: str) -> str | None:
+        if key == "requantize" and self.requantization_elimination:
+            return "requantizing the open V block applies without requantization elimination only"
+        return super().kernel_refusal(key)
+
+    def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
+        return {"requantize.v_block": fit}
+
+    def _requantize_fit(self, profile: CalibrationProfile) -> KernelFit | None:
+        return None if self.requantization_elimination else profile.kernels.get("requantize.v_block")
 
     @field_validator("partition")
     @classmethod
@@ -76,12 +94,28 @@ class HACK(KVMethod):
 
     def decode_kernel(self, profile: CalibrationProfile, model: ModelSpec | None = None) -> KernelFit:
         """A partition-specific fit (`decode_attn.hack_pi128`) where the profile measured one, else Π=64's
-        (the Gluon kernel's at PI 64 where it runs, else the row-packed Triton kernel's: decode_fit)."""
+        (the Gluon kernel's at PI 64 where it runs, else the row-packed Triton kernel's: decode_fit).  Without
+        RQE and with the open block's requantization priced apart (requantize.v_block), the RQE kernel's."""
         if self.partition != 64 and self.summation_elimination and self.requantization_elimination:
             fit = profile.kernels.get(f"decode_attn.hack_pi{self.partition}")
             if fit is not None:
                 return fit
-        return decode_fit(profile, self.decode_attention, model, gluon_ok=self.partition == 64 and self.bits == 2)
+        key = self.decode_attention
+        if self._requantize_fit(profile) is not None:
+            key = "hack" if self.summation_elimination else "hack_no_se"
+        return decode_fit(profile, key, model, gluon_ok=self.partition == 64 and self.bits == 2)
+
+    def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
+        per_req, per_ctx = super().decode_layer_terms(env)
+        fit = self._requantize_fit(env.profile)
+        if fit is not None:   # each request's open V block: kv_heads x Π x head_dim elements per layer
+            v_elements = env.kv_units_per_token // 2 * self.partition
+            per_req = {**per_req, "dequantize": per_req.get("dequantize", 0.0) + fit.s_per_unit * v_elements}
+        return per_req, per_ctx
+
+    def decode_layer_fixed_s(self, env: DecodeEnv) -> dict[str, float]:
+        fit = self._requantize_fit(env.profile)
+        return {} if fit is None else {"dequantize": fit.overhead_s}
 
     def _bytes_per_element(self) -> float:
         sums = sum_bytes(self.bits, self.partition) if self.summation_elimination else 0

@@ -11,7 +11,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from .base import KVMethod, code_bytes
+from ..calibration import CalibrationProfile, KernelFit
+from .base import DEQUANTIZE_ROLE, KVMethod, code_bytes, dequantize_role_fits
 
 KVQUANT_OUTLIER_BYTES = 6.0            # FP16 value + 32-bit column index (CSR), per outlier
 KVQUANT_META_BYTES_PER_VECTOR = 4.0    # FP16 scale + zero point per token (V) or channel (K)
@@ -32,10 +33,14 @@ class KVQuant(KVMethod):
     kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "quantize.kv", "decode_attn.fp16",
                                               "decode_attn.dequant_unfused", "decode_attn.dequant_fused")
     encode: ClassVar[str | None] = "quantize"
+    kernel_roles: ClassVar[dict[str, str]] = {"dequantize": DEQUANTIZE_ROLE}
 
     @property
     def decode_attention(self) -> str:
         return f"dequant_{self.dequant_kernel}"
+
+    def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
+        return dequantize_role_fits(profile, self.decode_attention, fit)
 
     def wire_bytes_per_element(self) -> float:
         return (

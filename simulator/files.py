@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -82,6 +83,11 @@ class _BoundedLoader(yaml.SafeLoader):
 class _AliasBomb(yaml.YAMLError):
     pass
 
+
+# YAML 1.1 (PyYAML's SafeLoader) reads `1e-5` as a string: a float needs a dot there. Read exponent-only
+# numbers as floats, as YAML 1.2 and JSON do, so a scenario may write `s_per_unit: 3.7e-12` or `1e-5`.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 def _check_expansion(root) -> None:
     """Count the nodes of the document as the constructor would expand them (aliases copied), without

@@ -235,6 +235,12 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
     assert read_yaml(p, ValueError) == {"x": {"a": 1}, "y": {"a": 1}, "z": {"a": 1, "b": 2}}
 
 
+
+def test_yaml_exponent_without_a_dot_is_a_float(tmp_path):
+    """YAML 1.1 reads `1e-5` as a string; scenarios read it as YAML 1.2 and JSON do (kernel costs are written so)."""
+    p = _scenario_text(tmp_path, "a: 1e-5\nb: -3E+2\nc: 12\nd: 1.5e-3\ne: 1e5x\n")
+    assert read_yaml(p, ValueError) == {"a": 1e-5, "b": -300.0, "c": 12, "d": 1.5e-3, "e": "1e5x"}
+
 def test_refusal_in_a_fresh_process_prints_no_traceback(tmp_path):
     path = _scenario_text(tmp_path, BOMB)
     r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "simulate", str(path)], capture_output=True, text=True,

@@ -111,7 +111,8 @@ def simulate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
-    from simulator.config import ScenarioError, load_scenario
+    from simulator.config import ScenarioError
+    from simulator.load import load_scenario
     from simulator.files import check_out_dir
     from simulator.overload import overload_line
     from simulator.run import run_scenario

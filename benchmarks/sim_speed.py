@@ -22,7 +22,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.config import load_scenario  # noqa: E402
+from simulator.load import load_scenario  # noqa: E402
 from simulator.resolve import resolve  # noqa: E402
 from simulator.run import MethodRun, summarize  # noqa: E402
 from simulator.workload import make_requests  # noqa: E402

@@ -35,17 +35,14 @@ from typing import Iterable
 
 from simulator.files import strict_json, unjson_inf
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT, PlanningError
+
 # Bumped when the shape of a cached result changes.
 RESULT_VERSION = "1"
 # What decides a point's numbers besides its scenario JSON: instance facts (network, host memory,
 # intra-node bandwidth) are looked up by key at run time; the calibration profiles a point uses are
 # hashed into its own key (profile_files).
 SALT_GLOBS = ("simulator/**/*.py", "costmodel/**/*.py", "catalog/*.py", "catalog/data/*")
-
-
-class PlanningError(ValueError):
-    """Bad sweep/plan input or an unavailable backend; the message is one line."""
 
 
 # ---- stopping on signals ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .executor import ROOT, PlanningError
+from . import ROOT, PlanningError
 
 RAY_EXTRA_HINT = "pip install 'hacksim[ray]'"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from simulator.config import (Scenario, ScenarioError, first_error, parse_scenario, read_yaml, resolve_workload_files,
-                              set_path)
+from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml, set_path
+from simulator.load import resolve_workload_files
 from simulator.resolve import instances_per_replica, network_bandwidth_gbps, price_usd_per_hour
 
 from .executor import Executor, PlanningError, Task

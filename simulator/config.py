@@ -3,8 +3,8 @@
 A scenario is YAML. Hardware, models and workloads are catalog presets referenced by key
 (``model: llama-3.1-70b``) or a mapping with ``preset:`` plus fields that override it inline.
 Methods are a list of names or mappings, discriminated by ``name``. Every field has a
-description and bounds; unknown fields are errors. `load_scenario` turns any problem into a
-`ScenarioError` whose message is one line naming the file and the field.
+description and bounds; unknown fields are errors. `parse_scenario` (and `simulator.load.load_scenario`,
+from a file) turns any problem into a `ScenarioError` whose message is one line naming the file and the field.
 """
 from __future__ import annotations
 
@@ -591,35 +591,3 @@ def first_error(source: str, err: ValidationError, what: str = "scenario") -> st
     more = len(err.errors()) - 1
     tail = f" (and {more} more)" if more else ""
     return f"{source}: {loc or what}: {msg}{tail}"
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    path = Path(path)
-    raw = read_yaml(path)
-    if isinstance(raw, dict) and overrides:
-        try:
-            raw = apply_overrides(raw, overrides)
-        except ScenarioError as e:
-            raise ScenarioError(f"{path}: {e}") from None
-    return resolve_workload_files(parse_scenario(raw, str(path)), path.parent, str(path))
-
-
-def resolve_workload_files(scenario: "Scenario", folder: Path, source: str) -> "Scenario":
-    """Trace paths made absolute against `folder` (the scenario file's), and a trace's request count filled
-    in from the trace itself when the scenario gives none."""
-    wl = scenario.workload
-    update: dict = {}
-    if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
-        update["trace_csv"] = str((folder / wl.trace_csv).resolve())
-    trace = wl.trace
-    if trace is not None:
-        if not Path(trace.path).is_absolute():
-            trace = trace.model_copy(update={"path": str((folder / trace.path).resolve())})
-            update["trace"] = trace
-        if wl.requests is None:
-            from .traces import load_trace   # reads the file: only here, once the scenario is known to be valid
-
-            update["requests"] = len(load_trace(trace, source))
-    if not update:
-        return scenario
-    return scenario.model_copy(update={"workload": wl.model_copy(update=update)})

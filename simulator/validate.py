@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from . import files
-from .config import ScenarioError, load_scenario
+from .config import ScenarioError
+from .load import load_scenario
 from .run import run_scenario
 from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, read_csv_table
 

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from contract import assert_contract, check_strict_json, invoke
 
-from simulator.config import Scenario, ScenarioError, load_scenario
+from simulator.config import Scenario, ScenarioError
+from simulator.load import load_scenario
 from simulator.files import read_yaml, strict_json
 from simulator.trace_rows import TraceColumns, check_trace_rows
 

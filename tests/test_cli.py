@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.config import load_scenario
+from simulator.load import load_scenario
 from simulator.run import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from helpers import scenario
-from simulator.config import ScenarioError, load_scenario
+from simulator.config import ScenarioError
+from simulator.load import load_scenario
 from simulator.decode import segment_sum_s, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 

@@ -12,7 +12,8 @@ from costmodel import collectives as co
 from costmodel.phases import ReplicaCostModel
 from costmodel.specs import FP16_BYTES, ModelSpec
 from helpers import scenario
-from simulator.config import ScenarioError, load_scenario
+from simulator.config import ScenarioError
+from simulator.load import load_scenario
 from simulator.resolve import resolve
 from simulator.run import run_scenario
 from test_simulator import lone_timeline, simulated_timeline

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from helpers import scenario
-from simulator.config import ScenarioError, load_scenario
+from simulator.config import ScenarioError
+from simulator.load import load_scenario
 from simulator.prefix_cache import PrefixCache
 from simulator.run import resolve, run_scenario
 from simulator.workload import make_requests

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from helpers import scenario
-from simulator.config import ScenarioError, load_scenario
+from simulator.config import ScenarioError
+from simulator.load import load_scenario
 from simulator.resolve import PROFILES_DIR, resolve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator.config import ScenarioError, TraceConfig, load_scenario
+from simulator.config import ScenarioError, TraceConfig
+from simulator.load import load_scenario
 from simulator.run import run_scenario
 from simulator.traces import load_trace
 from simulator.workload import make_requests

@@ -1,0 +1,44 @@
+"""A scenario file to a valid `Scenario`: YAML, `--set` overrides, the schema (simulator/config.py), then the
+files the scenario names, relative to its own folder (a recorded trace, read by simulator/traces.py, gives the
+request count when the scenario gives none).  Every problem is a one-line `ScenarioError` naming file and field.
+
+The schema module reads no file a scenario names, so this loader sits above both it and the trace readers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import Scenario, ScenarioError, apply_overrides, parse_scenario, read_yaml
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """The scenario in a YAML file, `overrides` (`path.to.field=value`) applied, and the files it names resolved."""
+    path = Path(path)
+    raw = read_yaml(path)
+    if isinstance(raw, dict) and overrides:
+        try:
+            raw = apply_overrides(raw, overrides)
+        except ScenarioError as e:
+            raise ScenarioError(f"{path}: {e}") from None
+    return resolve_workload_files(parse_scenario(raw, str(path)), path.parent, str(path))
+
+
+def resolve_workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
+    """Trace paths made absolute against `folder` (the scenario file's), and a trace's request count filled
+    in from the trace itself when the scenario gives none."""
+    wl = scenario.workload
+    update: dict = {}
+    if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
+        update["trace_csv"] = str((folder / wl.trace_csv).resolve())
+    trace = wl.trace
+    if trace is not None:
+        if not Path(trace.path).is_absolute():
+            trace = trace.model_copy(update={"path": str((folder / trace.path).resolve())})
+            update["trace"] = trace
+        if wl.requests is None:
+            from .traces import load_trace   # pandas, and the file read, only for a scenario that needs them
+
+            update["requests"] = len(load_trace(trace, source))
+    if not update:
+        return scenario
+    return scenario.model_copy(update={"workload": wl.model_copy(update=update)})

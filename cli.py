@@ -114,6 +114,7 @@ def simulate(
     from simulator.config import ScenarioError
     from simulator.load import load_scenario
     from simulator.files import check_out_dir
+    from simulator.faults import faults_line
     from simulator.overload import overload_line
     from simulator.run import run_scenario
 
@@ -141,6 +142,8 @@ def simulate(
     warning = overload_line(result.summary)
     if warning and not quiet:
         typer.echo(warning, err=True)
+    if cfg.faults and not quiet:
+        say(faults_line(result.summary))
     if out is not None:
         write_outputs(result, out)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"

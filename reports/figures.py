@@ -230,7 +230,40 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
         fig.update_yaxes(title_text="GiB", row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(replicas), col=1)
     fig.update_layout(base_layout("Decode memory in use over time, per replica", height=170 + 230 * len(replicas)))
+    mark_faults(fig, run, len(replicas), t_end)
     return fig
+
+
+FAULT_FILL = "#dc2626"
+FAULT_LABELS = {"link_degradation": "link {t} degraded x{f:g}", "link_outage": "link {t} down",
+                "prefill_replica_down": "prefill p{t} down", "decode_replica_down": "decode d{t} down"}
+
+
+def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
+    """(start_s, end_s, label) of every fault in the scenario (scenario.json's `faults`); end_s may be inf."""
+    out = []
+    for f in (run.scenario or {}).get("faults") or []:
+        if not isinstance(f, dict) or f.get("kind") not in FAULT_LABELS:
+            continue
+        try:
+            start = float(f["start_s"])
+            end = math.inf if f.get("end_s") in ("Infinity", None) else float(f["end_s"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        label = FAULT_LABELS[f["kind"]].format(t=f.get("target"), f=float(f.get("factor") or 0))
+        out.append((start, end, label))
+    return out
+
+
+def mark_faults(fig: go.Figure, run: RunData, rows: int, t_end: float) -> None:
+    """Shade each fault window on every panel of a time-series figure, labelled on the top one."""
+    for start, end, label in fault_windows(run):
+        if start >= t_end:
+            continue
+        for row in range(1, rows + 1):
+            fig.add_vrect(x0=start, x1=min(end, t_end), fillcolor=FAULT_FILL, opacity=0.12, line_width=0, layer="below",
+                          annotation_text=label if row == 1 else None, annotation_position="top left",
+                          annotation_font=dict(size=10, color=FAULT_FILL), row=row, col=1)
 
 
 def link_capacities(run: RunData) -> dict[str, float]:
@@ -356,6 +389,7 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
     fig.update_xaxes(title_text="simulated time (s)", row=len(shown), col=1)
     fig.update_layout(base_layout(f"Link throughput over time (mean over {window_s:.3g} s windows) vs capacity",
                                   height=150 + 200 * len(shown)))
+    mark_faults(fig, run, len(shown), t_end)
     return fig
 
 

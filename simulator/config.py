@@ -425,6 +425,44 @@ class CalibrationConfig(_Strict):
     decode_profile: str = Field("auto", description="as prefill_profile, for the decode pool")
 
 
+# ---- faults -------------------------------------------------------------------------------
+FAULT_KINDS = ("link_degradation", "link_outage", "prefill_replica_down", "decode_replica_down")
+
+
+class FaultEvent(_Strict):
+    """A timed fault: during [start_s, end_s) a link runs at `factor` of its capacity (link_degradation)
+    or carries nothing (link_outage), or a replica is down (its work and the KV it holds are lost)."""
+
+    kind: Literal["link_degradation", "link_outage", "prefill_replica_down", "decode_replica_down"] = Field(
+        description="what fails")
+    target: str | int = Field(description="a link's name (p0, p1, ... by default, or network.links[].name) for "
+                              "the link kinds; a replica's index for the replica kinds")
+    start_s: float = Field(ge=0, le=1e12, description="when the fault begins, simulated seconds")
+    end_s: Unlimited = Field(description="when it ends (.inf: never)")
+    factor: float | None = Field(None, gt=0, lt=1, description="link_degradation: the fraction of its capacity "
+                                 "the link keeps")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "FaultEvent":
+        if not self.end_s > self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+        if (self.factor is None) == (self.kind == "link_degradation"):
+            raise ValueError("factor is required by link_degradation and taken by no other kind")
+        link = self.kind.startswith("link")
+        if link != isinstance(self.target, str):
+            raise ValueError(f"{self.kind}: target must be " + ("a link's name" if link else "a replica's index"))
+        return self
+
+
+class FaultPolicy(_Strict):
+    on_loss: Literal["resend", "reprefill", "fail"] = Field(
+        "reprefill", description="what happens to a request whose KV a fault destroys: resend (prefill hosts "
+        "keep every request's KV until it finishes, so a lost decode replica or transfer is made good by sending "
+        "it again; costs host memory), reprefill (the request's prefill runs again; prefill hosts drop the KV "
+        "once it has arrived), fail (the request fails)")
+    max_retries: int = Field(3, ge=0, le=100, description="a request hit more often than this fails")
+
+
 class Scenario(_Strict):
     name: str = Field(description="scenario name, used in outputs")
     description: str = Field("", description="what this scenario represents")
@@ -441,6 +479,10 @@ class Scenario(_Strict):
         "disaggregated serving: the prefill instance's token is discarded and the decode instance recomputes the "
         "last prompt position, so it runs one iteration per output token); prefill: the prefill instance's token, "
         "at the end of prefill (decode then runs one iteration per output token after the first)")
+    faults: list[FaultEvent] = Field(default_factory=list, max_length=10_000, description="timed faults (see "
+                                     "FaultEvent); none by default")
+    fault_policy: FaultPolicy = Field(default_factory=FaultPolicy, description="what happens to the requests a "
+                                      "fault hits")
     placement: Literal["separate", "shared_gpu", "colocated"] = Field(
         "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
         "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "
@@ -493,6 +535,24 @@ class Scenario(_Strict):
                                      f"over tensor_parallel={pool.tensor_parallel} GPUs")
         if self.network.bandwidth_gbps is None and self.prefill.instance is None:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
+        links = ([link.name for link in self.network.links] if self.network.links is not None
+                 else [f"p{p}" for p in range(self.prefill.replicas)])
+        if self.faults and self.placement != "separate":
+            raise ValueError(f"faults: not modelled with placement {self.placement} (a replica down would stop the "
+                             f"other phase on its GPUs)")
+        if self.faults and self.decode.admission != "reserve":
+            raise ValueError("faults: modelled with decode.admission reserve only (set it; on_demand's preempted "
+                             "requests are not yet carried through a replica's loss)")
+        if self.faults and (self.prefill.prefix_caching or self.decode.prefix_caching):
+            raise ValueError("faults: not modelled with prefix caching (a replica down would lose its cache and "
+                             "pinned blocks)")
+        for i, f in enumerate(self.faults):
+            if f.kind.startswith("link") and f.target not in links:
+                raise ValueError(f"faults.{i}.target: no link {f.target!r} (links: {', '.join(links)})")
+            pool = self.prefill if f.kind == "prefill_replica_down" else self.decode
+            if not f.kind.startswith("link") and not 0 <= f.target < pool.replicas:
+                raise ValueError(f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} "
+                                 f"(the pool has {pool.replicas})")
         return self
 
 

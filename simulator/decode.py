@@ -17,6 +17,9 @@ least host(B) (``IterationCost.host_s``); the host-bound iterations are the segm
 running sums of those parts between the request's join and finish (a snapshot at join). The replica is a small state
 machine driven by SimPy timeouts: a segment timer, replaced by an earlier one when a request
 arrives mid-segment (it joins at the end of the iteration in progress).
+
+A replica that goes down (simulator/faults.py) loses every request it holds (joined, waiting to
+join, or reserved with its KV on the way) and its memory; it admits nothing until it is back.
 """
 from __future__ import annotations
 
@@ -110,6 +113,7 @@ class DecodeReplica:
         self._cut = False                    # the segment was cut short for a joining request
         self._version = 0                    # timers of superseded segments are ignored
         self._on_arrival = cost.method.dequantize_on_arrival
+        self.down = False                    # a fault has taken the replica out
         self.partner = None                  # the prefill replica sharing this GPU (placement: shared_gpu)
         self._paused = False                 # the shared GPU is running a prefill batch
         self._prefill_waiting = False
@@ -119,6 +123,8 @@ class DecodeReplica:
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
+        if self.down:
+            return False
         if self.blocks is not None:     # on demand: not into the running segment's blocks, nor before the preempted
             if self.blocks.waiting:
                 return False
@@ -166,6 +172,31 @@ class DecodeReplica:
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
         self._schedule(max(0.0, start_s + boundary_s - self.env.now))
+
+    def fail(self) -> list[int]:
+        """The replica goes down: returns the requests it was decoding or about to (their KV is lost).
+        Requests reserved here whose KV is still on the way are the router's to collect."""
+        lost = list(self.joining) + [rid for _, rid in self.finish_heap]
+        self.joining.clear()
+        self.finish_heap.clear()
+        self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
+        self.reserved_bytes = self.host_reserved_bytes = 0.0
+        self._seg, self._cut, self.down = None, False, True
+        self._version += 1                   # the running segment's timer is void
+        if self.memory_log is not None:
+            self.memory_log.append((self.env.now, self.index, 0.0))
+        return lost
+
+    def recover(self) -> None:
+        self.down = False
+
+    def unreserve(self, kv_bytes: float, host_bytes: float = 0.0) -> None:
+        """A reservation whose KV will not arrive (its transfer was lost)."""
+        self.reserved_bytes -= kv_bytes
+        self.host_reserved_bytes -= host_bytes
+        self.slots_used -= 1
+        if self.memory_log is not None:
+            self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 
     # ---- a GPU shared with a prefill replica (placement: shared_gpu) ---------------------------
     def yield_gpu(self) -> bool:
@@ -305,6 +336,8 @@ class DecodeReplica:
             self.host_reserved_bytes -= run.host_kv_bytes[rid]
             freed += held
             run.completed += 1
+            if run.router.hold_kv:
+                run.router.release_kv(rid)
         if freed:
             if self.memory_log is not None:
                 self.memory_log.append((now, self.index, self.reserved_bytes))

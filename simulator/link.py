@@ -6,6 +6,10 @@ starts or ends) recomputes rates by water-filling: flows capped below the fair s
 cap, the rest split what is left equally. One SimPy timeout per change; stale timeouts are
 ignored through a version counter. A streaming flow (layer-by-layer KV) also carries the time
 before which it cannot finish, because the last layer's KV does not exist before prefill ends.
+
+Faults (simulator/faults.py) scale the capacity (`set_factor`: a degraded link, or 0 for an outage,
+during which nothing moves) and abort flows (`abort`: their bytes are lost; a flow that has drained
+but waits out its latency is cancelled too).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ EPS_BYTES = 1e-3
 
 
 class Flow:
-    __slots__ = ("rid", "remaining_bytes", "cap_bytes_per_s", "not_before_s", "on_done", "rate")
+    __slots__ = ("rid", "remaining_bytes", "cap_bytes_per_s", "not_before_s", "on_done", "rate", "cancelled")
 
     def __init__(self, rid: int, bytes_: float, cap_bytes_per_s: float, not_before_s: float,
                  on_done: Callable[[int, float], None]):
@@ -28,6 +32,7 @@ class Flow:
         self.not_before_s = not_before_s
         self.on_done = on_done
         self.rate = 0.0
+        self.cancelled = False
 
 
 class Link:
@@ -35,10 +40,11 @@ class Link:
                  log: list | None = None):
         self.env = env
         self.name = name
-        self.capacity = capacity_bytes_per_s
+        self.capacity = self.base_capacity = capacity_bytes_per_s
+        self.factor = 1.0                 # of base_capacity; 0 during an outage
         self.latency_s = latency_s
         self.flows: list[Flow] = []
-        self.waiting: list[Flow] = []     # done draining, held until not_before_s
+        self.waiting: dict[int, Flow] = {}   # drained, arriving after the latency (or not_before_s), by request
         self._last_s = 0.0
         self._version = 0
         self.log = log                    # (time_s, active_flows, throughput_bytes_per_s)
@@ -49,6 +55,23 @@ class Link:
         self._advance()
         self.flows.append(Flow(rid, bytes_, cap_bytes_per_s, not_before_s, on_done))
         self._reschedule()
+
+    def set_factor(self, factor: float) -> None:
+        """Run at `factor` of the line rate from now on (0: an outage)."""
+        self._advance()
+        self.factor = factor
+        self.capacity = self.base_capacity * factor
+        self._reschedule()
+
+    def abort(self, rids: set[int]) -> list[int]:
+        """Drop the transfers of these requests (their bytes are lost); returns the requests dropped."""
+        self._advance()
+        gone = [f for f in self.flows if f.rid in rids] + [self.waiting.pop(r) for r in rids if r in self.waiting]
+        for f in gone:
+            f.cancelled = True
+        self.flows = [f for f in self.flows if not f.cancelled]
+        self._reschedule()
+        return [f.rid for f in gone]
 
     def _advance(self) -> None:
         dt = self.env.now - self._last_s
@@ -70,16 +93,17 @@ class Link:
     def _drained(f: Flow, now: float) -> bool:
         """Done: within a nanosecond's bytes of the end, or so close that the clock cannot represent
         the rest (late in a long run a tiny remainder would otherwise re-arm a zero-length timer forever)."""
-        return f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate or now + f.remaining_bytes / f.rate == now
+        return f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate or (f.rate > 0 and now + f.remaining_bytes / f.rate == now)
 
     def _reschedule(self) -> None:
         self._rates()
         self._version += 1
         if self.log is not None:
             self.log.append((self.env.now, len(self.flows), sum(f.rate for f in self.flows)))
-        if not self.flows:
-            return
-        dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in self.flows)
+        moving = [f for f in self.flows if f.rate > 0]
+        if not moving:
+            return                        # idle, or an outage: nothing drains until the capacity returns
+        dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
         version = self._version
         self.env.timeout(dt).callbacks.append(lambda _e: self._on_timer(version))
 
@@ -98,4 +122,11 @@ class Link:
             if finish <= now:
                 f.on_done(f.rid, now)
             else:
-                self.env.timeout(finish - now).callbacks.append(lambda _e, f=f, t=finish: f.on_done(f.rid, t))
+                self.waiting[f.rid] = f
+                self.env.timeout(finish - now).callbacks.append(lambda _e, f=f, t=finish: self._arrived(f, t))
+
+    def _arrived(self, f: Flow, t: float) -> None:
+        if f.cancelled:
+            return
+        del self.waiting[f.rid]
+        f.on_done(f.rid, t)

@@ -6,6 +6,10 @@ The replica is busy for the bottleneck stage plus the encode (quantize / entropy
 the batch's first tokens appear `latency_s` after it starts (all pipeline stages). KV waiting
 for a decode replica is parked in this replica's host memory; when that memory is full the
 replica does not start the next batch (back-pressure), and the wait counts as prefill queueing.
+
+A replica that goes down (simulator/faults.py) loses the batches it is running and the KV parked in
+its host memory; its queue is handed back to the router; timers of the lost batches are ignored
+through a version counter.
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ class PrefillReplica:
         self.outstanding_tokens = 0          # queued + in service: the router's load measure
         self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
         self._idle = True
+        self.down = False               # a fault has taken the replica out
+        self.running: list[list[int]] = []   # batches started whose KV is not ready yet
+        self._version = 0
         self.partner = None             # the decode replica sharing this GPU (placement: shared_gpu)
         self.busy_s = 0.0               # Σ time a batch held the replica (its load, simulator/overload.py)
         self.chunk_tokens = run.chunk_tokens
@@ -68,7 +75,7 @@ class PrefillReplica:
     def _try_start(self) -> bool:
         """Start the next batch if there is one and the GPU is ours; True if it started."""
         run, env = self.run, self.env
-        if not self.queue:
+        if not self.queue or self.down:
             self._idle = True
             return False
         # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
@@ -96,16 +103,35 @@ class PrefillReplica:
             run.prefill_end[rid] = prefill_end
             run.encode_end[rid] = encode_end
             run.approx_prefill[rid] = cost.approximation_s
+            run.kv_held[rid] = True
             self.parked_bytes += run.wire_bytes[rid]
+        self.running.append(batch)
         run.router.on_prefill_started(batch, self, start, encode_end)
         busy_s = cost.stage_s + cost.encode_s
         self.busy_s += busy_s
+        v = self._version
         if busy_s == encode_end - start:      # one stage: the batch is done when the replica is free
-            env.timeout(busy_s).callbacks.append(lambda _e: self._done_then_next(batch))
+            env.timeout(busy_s).callbacks.append(lambda _e: v == self._version and self._done_then_next(batch))
         else:
-            env.timeout(encode_end - start).callbacks.append(lambda _e: self._done(batch))
-            env.timeout(busy_s).callbacks.append(lambda _e: self._next())
+            env.timeout(encode_end - start).callbacks.append(lambda _e: v == self._version and self._done(batch))
+            env.timeout(busy_s).callbacks.append(lambda _e: v == self._version and self._next())
         return True
+
+    def fail(self) -> tuple[list[int], list[int]]:
+        """The replica goes down: returns (requests whose batch was running, requests still queued)."""
+        lost = [r for b in self.running for r in b]
+        queued = list(self.queue)
+        self.queue.clear()
+        self.running.clear()
+        self.outstanding_tokens = 0
+        self.parked_bytes = 0.0          # the host's memory, and every KV parked in it, is gone
+        self.down, self._idle = True, True
+        self._version += 1
+        return lost, queued
+
+    def recover(self) -> None:
+        self.down = False
+        self._try_start()
 
     def _next(self) -> None:
         if self.partner is not None:
@@ -117,6 +143,7 @@ class PrefillReplica:
         self._next()
 
     def _done(self, batch: list[int]) -> None:
+        self.running.remove(batch)
         if self.run.prefix is not None:
             self.run.prefix.prefill_done(self.index, batch)
         for rid in batch:

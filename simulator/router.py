@@ -7,6 +7,10 @@
   reserved fraction of its KV capacity; while the head fits nowhere, everyone behind it waits too
   (strict FIFO, no overtaking). That wait is the KV parked in prefill host memory.
 * Admission reserves decode memory and starts the transfer on the link joining the two replicas.
+* Faults (simulator/faults.py): a replica that is down takes no work and a link that is out carries
+  none; arrivals wait in a backlog while every prefill replica is down. The KV of a request stays
+  parked in its prefill replica's host memory until it has arrived (`hold_kv`: until the request
+  finishes, so a lost decode replica can be made good by sending it again).
 """
 from __future__ import annotations
 
@@ -33,18 +37,27 @@ class Router:
         self.stream_layers = stream_layers
         self.layers = layers
         self.pending: deque[int] = deque()
+        self.backlog: list[int] = []     # arrivals while every prefill replica is down
+        self.transfers: dict[int, tuple] = {}   # request -> (link, decode replica) while its KV moves
+        self.hold_kv = False
 
     def on_arrivals(self, rids: list[int]) -> None:
         """Requests arriving at one instant are all queued before any prefill batch starts, so they
         can share a batch; then idle replicas start in index order."""
+        live = self.prefill
+        if any(r.down for r in live):
+            live = [r for r in live if not r.down]
+            if not live:
+                self.backlog.extend(rids)
+                return
         if len(rids) == 1:
-            best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
+            best = min(live, key=lambda r: (r.outstanding_tokens, r.index))
             best.enqueue(rids[0])
             best.kick()
             return
         touched = []
         for rid in rids:
-            best = min(self.prefill, key=lambda r: (r.outstanding_tokens, r.index))
+            best = min(live, key=lambda r: (r.outstanding_tokens, r.index))
             best.enqueue(rid)
             touched.append(best)
         for rep in sorted(set(touched), key=lambda r: r.index):
@@ -66,7 +79,7 @@ class Router:
             if run.decode_iterations[rid] == 0:
                 # The prefill's token is the whole output (ttft_at prefill, one output token): no KV moves, no decode.
                 run.finish_without_decode(rid)
-                self.prefill[run.prefill_replica[rid]].release_parked(run.wire_bytes[rid])
+                self.release_kv(rid)
             else:
                 self.pending.append(rid)
         self.try_admit()
@@ -83,7 +96,7 @@ class Router:
             best = None
             for d in self.reachable[p]:
                 rep = self.decode[d]
-                if rep.has_room(need, host) and (best is None or rep.reserved_bytes / rep.capacity_bytes
+                if self.links[(p, d)].factor > 0 and rep.has_room(need, host) and (best is None or rep.reserved_bytes / rep.capacity_bytes
                                            < best.reserved_bytes / best.capacity_bytes):
                     best = rep
             if best is None:
@@ -110,11 +123,21 @@ class Router:
             # ... and then takes its own bytes at the flow's rate (never faster than the link itself)
             not_before = ready + bytes_ / self.layers / min(self.flow_cap, link.capacity)
 
-        def done(r: int, t: float, rep=rep, p=p) -> None:
+        def done(r: int, t: float, rep=rep) -> None:
             run.transfer_end[r] = t
-            self.prefill[p].release_parked(run.wire_bytes[r])
+            del self.transfers[r]
+            if not self.hold_kv:
+                self.release_kv(r)
             if run.prefix is not None:
                 run.prefix.decode_arrived(r, rep.index)
             rep.arrive(r)
 
+        self.transfers[rid] = (link, rep)
         link.start(rid, bytes_, cap, done, not_before_s=not_before)
+
+    def release_kv(self, rid: int) -> None:
+        """The request's KV leaves its prefill replica's host memory (unless a fault already took it)."""
+        run = self.run
+        if run.kv_held[rid]:
+            run.kv_held[rid] = False
+            self.prefill[run.prefill_replica[rid]].release_parked(run.wire_bytes[rid])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,7 @@ from costmodel.specs import GIB
 from . import colocated
 from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
+from .faults import STRANDED, FaultInjector
 from .link import Link
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
@@ -105,7 +107,11 @@ class MethodRun:
         self.prefill_replica = [-1] * n
         self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
         self.decode_replica = [-1] * n
+        self.kv_held = [False] * n           # the KV counts in its prefill replica's host memory
+        self.retries = [0] * n
+        self.failure = [""] * n              # why a request failed (simulator/faults.py); "" if it did not
         self.completed = 0
+        self.failed = 0
         self.memory_log: list = []
         self.link_logs: dict[str, list] = {}
         self.link_capacity_gbps: dict[str, float] = {}
@@ -137,6 +143,13 @@ class MethodRun:
         if max(self.wire_bytes) > host:
             raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV ({max(self.wire_bytes) / GIB:.2f}"
                                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
+        self.faults = FaultInjector(self, s.faults, s.fault_policy) if s.faults else None
+
+    def fail(self, rid: int, reason: str) -> None:
+        """The request ends without finishing (simulator/faults.py says why)."""
+        self.failure[rid] = reason
+        self.finish[rid] = math.nan
+        self.failed += 1
 
     def finish_without_decode(self, rid: int) -> None:
         t = self.encode_end[rid]
@@ -159,8 +172,12 @@ class MethodRun:
         if self.n:
             self.env.timeout(self.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
         self.env.run()
-        if self.completed != self.n:
-            raise RuntimeError(f"{self.method.output_name}: {self.n - self.completed} requests never finished")
+        if self.completed + self.failed != self.n:
+            if self.faults is None:
+                raise RuntimeError(f"{self.method.output_name}: {self.n - self.completed} requests never finished")
+            for rid in range(self.n):    # waiting for a replica or a link that never came back
+                if self.failure[rid] == "" and not self.finish[rid] >= 0:
+                    self.fail(rid, STRANDED)
 
     # ---- results ----------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
@@ -205,9 +222,14 @@ class MethodRun:
         df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
         df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
         df["kv_host_bytes"] = np.asarray(self.host_kv_bytes)
+        df["retries"] = np.asarray(self.retries, dtype=np.int64)
+        df["failure"] = self.failure
         if self.prefix is not None:
             df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached, dtype=np.int64)
             df["decode_cached_tokens"] = np.asarray(self.prefix.decode_cached, dtype=np.int64)
+        if self.failed:     # a failed request has no latency: its parts would describe a lost attempt
+            lost = df["failure"].to_numpy() != ""
+            df.loc[lost, ["jct_s", "ttft_s", "tpot_s", *(f"{p}_s" for p in BREAKDOWN_PARTS), "offload_fetch_s"]] = np.nan
         return df
 
     def memory_frame(self) -> pd.DataFrame:
@@ -235,8 +257,12 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
     method, model = run.method, run.dec_cost.model
     span = float(df["finish_s"].max() - df["arrival_s"].min())
     peak_kv = max((used for (_, _, used) in run.memory_log), default=0.0)
+    failures = Counter(r for r in run.failure if r)
     return {
         "completed": int(run.completed),
+        "failed": int(run.failed),
+        "failure_reasons": dict(sorted(failures.items())),
+        "retried": int(sum(1 for r in run.retries if r)),
         "jct_s": _quantiles(df["jct_s"].to_numpy()),
         "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
         "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
@@ -266,9 +292,11 @@ def _load(run: MethodRun, df: pd.DataFrame) -> dict:
     capacity: dict[str, float] = {}
     wire = df["kv_wire_bytes"].to_numpy()
     for (pi, di), link in run.router.links.items():
-        capacity[link.name] = link.capacity
+        capacity[link.name] = link.base_capacity
         link_bytes[link.name] = link_bytes.get(link.name, 0.0) + float(wire[moved & (p == pi) & (d == di)].sum())
-    held_s = (df["finish_s"].to_numpy() - df["transfer_start_s"].to_numpy())[moved]
+    held_s = df["finish_s"].to_numpy() - df["transfer_start_s"].to_numpy()
+    moved &= np.isfinite(held_s)         # completed (a failed request's hold is not known)
+    held_s = held_s[moved]
     dec = run.decode_replicas[0]
     util = utilisation(
         arrival_s=df["arrival_s"].to_numpy(),

@@ -1,0 +1,164 @@
+"""Faults as scenario events: links that slow down or drop out, replicas that go down, and what happens
+to the requests they hit.
+
+A scenario's `faults:` list holds timed events `{kind, target, start_s, end_s, factor}`; each acts on
+its target during [start_s, end_s) (end_s may be .inf: it never comes back). A fault that starts at
+time t acts before anything else happening at t. Overlapping faults on one target compose: a link
+runs at the product of its active factors, a replica is down while any of its faults is active.
+
+- link_degradation: the link runs at `factor` of its capacity; transfers in flight slow down.
+- link_outage: the link carries nothing. Transfers in flight are lost (their bytes are gone, the KV is
+  still parked in the prefill replica's host memory) and new ones wait for the link or take another.
+- prefill_replica_down: the batches it is running are lost, and so is every KV parked in its host
+  memory (waiting for a decode replica, or on the way to one); its queue goes to the other prefill
+  replicas (or waits for one to come back). Requests whose KV was lost must prefill again.
+- decode_replica_down: every request it holds loses its KV: those decoding or about to join, and
+  those whose KV is on the way to it (still parked on their prefill replica).
+
+`fault_policy.on_loss` decides the fate of a request that lost its KV:
+- resend: prefill replicas keep every request's KV in host memory until the request finishes (which
+  holds host memory longer, so prefill may wait for room); a request whose KV survives there is sent
+  again to a live decode replica, one whose copy died with its prefill replica prefills again;
+- reprefill: the KV leaves prefill host memory once it has arrived (as without faults); a request
+  whose KV is still parked is sent again, any other prefills again from the start;
+- fail: the request fails.
+A request is retried at most `max_retries` times; then it fails ("retries_exhausted"). When the run
+ends, a request still waiting for a replica or link that never came back fails as "stranded". So
+every request ends exactly once, completed or failed with a reason: completed + failed == requests.
+
+A retried request keeps its arrival; its timestamps are those of the attempt that finished, so the
+time lost to the fault is in the queue part before the retried phase (prefill_queue after a
+re-prefill, transfer_queue after a re-send) and the breakdown still adds up to its JCT.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import FaultEvent, FaultPolicy
+    from .run import MethodRun
+
+STRANDED = "stranded"
+RETRIES_EXHAUSTED = "retries_exhausted"
+
+
+class FaultInjector:
+    """Schedules the scenario's faults on one method's run and decides the fate of the requests they hit."""
+
+    def __init__(self, run: "MethodRun", faults: list["FaultEvent"], policy: "FaultPolicy"):
+        self.run, self.policy = run, policy
+        self.router = router = run.router
+        self.links = {link.name: link for link in router.links.values()}
+        self.link_factors: dict[str, list[float]] = {name: [] for name in self.links}
+        self.down: Counter = Counter()          # (pool, index) -> active faults
+        router.hold_kv = policy.on_loss == "resend"
+        env = run.env
+        for f in faults:
+            env.timeout(f.start_s).callbacks.append(lambda _e, f=f: self._begin(f))
+            if math.isfinite(f.end_s):
+                env.timeout(f.end_s).callbacks.append(lambda _e, f=f: self._end(f))
+
+    # ---- events ------------------------------------------------------------------------------------
+    def _begin(self, f: "FaultEvent") -> None:
+        if f.kind.startswith("link"):
+            link = self.links[f.target]
+            self.link_factors[f.target].append(0.0 if f.kind == "link_outage" else f.factor)
+            link.set_factor(math.prod(self.link_factors[f.target]))
+            if link.factor == 0:
+                self._transfers_lost(link.abort(set(link.waiting) | {fl.rid for fl in link.flows}), f.kind)
+        else:
+            pool = "prefill" if f.kind == "prefill_replica_down" else "decode"
+            self.down[(pool, f.target)] += 1
+            if self.down[(pool, f.target)] == 1:
+                (self._prefill_down if pool == "prefill" else self._decode_down)(f.target)
+        self.router.try_admit()
+
+    def _end(self, f: "FaultEvent") -> None:
+        router = self.router
+        if f.kind.startswith("link"):
+            factors = self.link_factors[f.target]
+            factors.remove(0.0 if f.kind == "link_outage" else f.factor)
+            self.links[f.target].set_factor(math.prod(factors))
+        else:
+            pool = "prefill" if f.kind == "prefill_replica_down" else "decode"
+            self.down[(pool, f.target)] -= 1
+            if self.down[(pool, f.target)] == 0:
+                if pool == "prefill":
+                    router.prefill[f.target].recover()
+                    backlog, router.backlog = router.backlog, []
+                    if backlog:
+                        router.on_arrivals(backlog)
+                else:
+                    router.decode[f.target].recover()
+        router.try_admit()
+
+    def _prefill_down(self, i: int) -> None:
+        run, router = self.run, self.router
+        replica = router.prefill[i]
+        lost, queued = replica.fail()
+        lost_set = set(lost)
+        on_host = [r for r in router.pending if run.prefill_replica[r] == i]
+        if on_host:
+            router.pending = type(router.pending)(r for r in router.pending if run.prefill_replica[r] != i)
+        moving = [r for r, (link, rep) in router.transfers.items() if run.prefill_replica[r] == i]
+        for r in moving:
+            link, rep = router.transfers.pop(r)
+            link.abort({r})
+            rep.unreserve(run.kv_bytes[r], run.host_kv_bytes[r])
+        for r in lost + on_host + moving:
+            run.kv_held[r] = False
+        # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
+        for r in self._held_on(i):
+            run.kv_held[r] = False
+        for r in lost + [r for r in on_host + moving if r not in lost_set]:
+            self._hit(r, "prefill_replica_down")
+        if queued:
+            router.on_arrivals(queued)
+
+    def _held_on(self, i: int) -> list[int]:
+        run = self.run
+        if not self.router.hold_kv:
+            return []
+        return [r for r in range(run.n) if run.kv_held[r] and run.prefill_replica[r] == i]
+
+    def _decode_down(self, d: int) -> None:
+        router = self.router
+        lost = router.decode[d].fail()
+        moving = [r for r, (link, rep) in router.transfers.items() if rep.index == d]
+        for r in moving:
+            link, _ = router.transfers.pop(r)
+            link.abort({r})
+        for r in lost + moving:
+            self._hit(r, "decode_replica_down")
+
+    def _transfers_lost(self, rids: list[int], kind: str) -> None:
+        """Transfers cut by an outage: their reservations are released and the requests hit."""
+        run, router = self.run, self.router
+        for r in rids:
+            _, rep = router.transfers.pop(r)
+            rep.unreserve(run.kv_bytes[r], run.host_kv_bytes[r])
+            self._hit(r, kind)
+
+    # ---- a request's fate ----------------------------------------------------------------------------
+    def _hit(self, rid: int, kind: str) -> None:
+        run, router = self.run, self.router
+        if self.policy.on_loss == "fail" or run.retries[rid] >= self.policy.max_retries:
+            router.release_kv(rid)
+            run.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
+            return
+        run.retries[rid] += 1
+        if run.kv_held[rid]:
+            router.pending.append(rid)            # the KV is still parked: send it again
+        else:
+            router.on_arrivals([rid])             # prefill again
+
+
+def faults_line(summary: dict) -> str:
+    """One terminal line: per method, how many requests failed (and why) and how many were retried."""
+    parts = []
+    for name, m in summary.get("methods", {}).items():
+        why = ", ".join(f"{n} {reason}" for reason, n in m.get("failure_reasons", {}).items())
+        parts.append(f"{name} {m.get('failed', 0)} failed{f' ({why})' if why else ''}, {m.get('retried', 0)} retried")
+    return "faults: " + "; ".join(parts)

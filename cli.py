@@ -50,23 +50,57 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-def write_outputs(result, out: Path) -> None:
-    """Write every output into a temporary folder, then move the files into `out` together."""
-    from simulator.files import strict_json, write_csv
+class RunOutputs:
+    """`simulate --out DIR`: each method's tables are appended to CSV files in a temporary folder inside
+    DIR as soon as it has run (so a long run never holds them all), the JSON files follow at the end,
+    then every file moves into DIR together. `discard()` leaves DIR as it was (removed if this made it)."""
 
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
-    try:
-        (tmp / "summary.json").write_text(strict_json(result.summary) + "\n")
-        write_csv(result.requests, tmp / "requests.csv")
-        write_csv(result.memory, tmp / "memory.csv")
-        write_csv(result.links, tmp / "links.csv")
-        (tmp / "scenario.json").write_text(strict_json(result.scenario.model_dump(mode="json")) + "\n")
-        (tmp / "profiles.json").write_text(strict_json(result.profiles()) + "\n")
-        for f in sorted(tmp.iterdir()):
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    TABLES = ("requests.csv", "memory.csv", "links.csv")
+
+    def __init__(self, out: Path, quote_text: bool = False):
+        from simulator.files import CsvAppender
+
+        self.out, self.made = out, not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
+        self.tables = [CsvAppender(self.tmp / name, quote_text) for name in self.TABLES]
+
+    def add(self, _method: str, request_chunks, memory, links) -> None:
+        """One method's tables: its requests as an iterable of frames (streamed), memory and links frames."""
+        for chunk in request_chunks:
+            self.tables[0].write(chunk)
+        self.tables[1].write(memory)
+        self.tables[2].write(links)
+
+    def finish(self, result) -> None:
+        from simulator.files import strict_json
+
+        try:
+            for table in self.tables:
+                table.close()
+            (self.tmp / "summary.json").write_text(strict_json(result.summary) + "\n")
+            (self.tmp / "scenario.json").write_text(strict_json(result.scenario.model_dump(mode="json")) + "\n")
+            (self.tmp / "profiles.json").write_text(strict_json(result.profiles()) + "\n")
+            for f in sorted(self.tmp.iterdir()):
+                os.replace(f, self.out / f.name)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def discard(self) -> None:
+        for table in self.tables:
+            table.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.made:
+            shutil.rmtree(self.out, ignore_errors=True)
+
+
+def write_outputs(result, out: Path) -> None:
+    """Every output of a finished ScenarioResult (one that kept its tables) into `out`."""
+    from simulator.files import needs_quotes
+
+    writer = RunOutputs(out, needs_quotes(result.requests) or needs_quotes(result.links))
+    writer.add("", [result.requests], result.memory, result.links)
+    writer.finish(result)
 
 
 def format_table(summary: dict) -> str:
@@ -130,22 +164,31 @@ def simulate(
         fail(f"--methods {methods!r}: no method names (give e.g. --methods baseline,hack)")
     say = Say(as_json, quiet)
     scenario = resolve_example(scenario)
+    writer = None
     try:
         if out is not None:
             check_out_dir(out, ScenarioError)
         cfg = load_scenario(scenario, overrides)
+        if out is not None:
+            names = [m.output_name for m in cfg.methods] + [link.name for link in cfg.network.links or []]
+            writer = RunOutputs(out, quote_text=any(ch in n for n in names for ch in ',"\r\n'))
         with ProgressBar(0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods") as bar:
-            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=lambda _name: bar.advance())
-    except ScenarioError as e:
-        fail(str(e))
+            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=lambda _name: bar.advance(),
+                                  sink=None if writer is None else writer.add)
+    except BaseException as e:
+        if writer is not None:
+            writer.discard()
+        if isinstance(e, ScenarioError):
+            fail(str(e))
+        raise
     say.result(format_table(result.summary), result.summary)
     warning = overload_line(result.summary)
     if warning and not quiet:
         typer.echo(warning, err=True)
     if cfg.faults and not quiet:
         say(faults_line(result.summary))
-    if out is not None:
-        write_outputs(result, out)
+    if writer is not None:
+        writer.finish(result)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
         if report:
             path = _build_report(out, plotlyjs)

@@ -48,7 +48,7 @@ def main() -> None:
     loop_s = time.perf_counter() - t
     t = time.perf_counter()
     df = run.requests_frame()
-    summary = summarize(run, df)
+    summary = summarize(run)
     collect_s = time.perf_counter() - t
     peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

@@ -187,24 +187,51 @@ def unjson_inf(o: Any) -> Any:
 CSV_CHUNK_ROWS = 200_000
 
 
-def write_csv(df, path: str | Path, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
-    """`df` as CSV by pyarrow's writer, a chunk of rows at a time (a million rows in about a second, and
-    no text copy of the whole table in memory). Numbers are written in the shortest form that reads
-    back to the same float (`0`, `0.00001`, `4.02951405568e+11`), NaN as an empty field; text is quoted
-    only when some value of the table needs it (a comma, a quote or a line break)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
+class CsvAppender:
+    """A CSV file written by pyarrow's writer, a chunk of rows at a time, from DataFrames with the same
+    columns (a million rows in about a second, no text copy of a whole table in memory). Numbers are
+    written in the shortest form that reads back to the same float (`0`, `0.00001`,
+    `4.02951405568e+11`), NaN as an empty field. Text is written bare, or, with `quote_text`, every text
+    field quoted (for tables whose text may hold a comma, a quote or a line break)."""
 
+    def __init__(self, path: str | Path, quote_text: bool = False, chunk_rows: int = CSV_CHUNK_ROWS):
+        self.path, self.quote_text, self.chunk_rows = Path(path), quote_text, chunk_rows
+        self._file = self._writer = self._schema = None
+
+    def write(self, df) -> None:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        if self._writer is None:
+            self._schema = pa.Schema.from_pandas(df.iloc[:0], preserve_index=False)
+            self._file = open(self.path, "wb")
+            self._file.write((",".join(_csv_field(str(c)) for c in df.columns) + "\n").encode())
+            options = pacsv.WriteOptions(include_header=False, quoting_style="needed" if self.quote_text else "none")
+            self._writer = pacsv.CSVWriter(self._file, self._schema, write_options=options)
+        for i in range(0, len(df), self.chunk_rows):
+            self._writer.write_table(pa.Table.from_pandas(df.iloc[i: i + self.chunk_rows], schema=self._schema,
+                                                          preserve_index=False))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._file.close()
+            self._writer = None
+
+
+def needs_quotes(df) -> bool:
+    """Whether some text value of `df` holds a comma, a quote or a line break."""
     text = [c for c in df.columns if df[c].dtype == object or str(df[c].dtype).startswith("str")]
-    needs_quotes = any(df[c].astype(str).drop_duplicates().str.contains(r'[,"\r\n]').any() for c in text)
-    options = pacsv.WriteOptions(include_header=False, quoting_style="needed" if needs_quotes else "none")
-    header = ",".join(_csv_field(str(c)) for c in df.columns) + "\n"
-    schema = pa.Schema.from_pandas(df.iloc[:0], preserve_index=False)
-    with open(path, "wb") as f:
-        f.write(header.encode())
-        with pacsv.CSVWriter(f, schema, write_options=options) as w:
-            for i in range(0, len(df), chunk_rows):
-                w.write_table(pa.Table.from_pandas(df.iloc[i: i + chunk_rows], schema=schema, preserve_index=False))
+    return any(df[c].astype(str).drop_duplicates().str.contains(r'[,"\r\n]').any() for c in text)
+
+
+def write_csv(df, path: str | Path, chunk_rows: int = CSV_CHUNK_ROWS) -> None:
+    """`df` as one CSV file (CsvAppender), text quoted only when some value needs it."""
+    out = CsvAppender(path, needs_quotes(df), chunk_rows)
+    try:
+        out.write(df)
+    finally:
+        out.close()
 
 
 def _csv_field(v: str) -> str:

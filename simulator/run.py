@@ -1,8 +1,10 @@
 """Run a scenario: build the cost models and entities per method, simulate, and collect records.
 
 `run_scenario(scenario)` is the one entry point the CLI, sweeps and tests use. Each method gets a
-fresh SimPy environment over the same requests. Records are plain lists during the run and become
-pandas DataFrames at the end; nothing is printed or written here.
+fresh SimPy environment over the same requests. Records are typed columns during the run (one
+machine number per value, simulator/columns.py); the summary is computed from them, and the
+per-request tables are built as pandas DataFrames a chunk of rows at a time for whoever writes them
+(`sink`), so a run of a million requests never holds a whole table. Nothing is printed or written here.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from costmodel.methods import KVMethod
 from costmodel.phases import ModelDoesNotFit
 from costmodel.specs import GIB
 
-from . import colocated
+from . import colocated, columns
 from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
 from .faults import STRANDED, FaultInjector
@@ -36,6 +38,7 @@ from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
 from .workload import Requests, make_requests
 
+CHUNK_ROWS = 100_000      # rows of an output table built and written at a time
 BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
                    "decode", "dequantize", "approximation", "preemption")
 
@@ -45,13 +48,15 @@ class MethodRun:
     """Per-request records of one method (lists indexed by request id) and the entities."""
 
     def __init__(self, res: Resolved, method: KVMethod, reqs: Requests, source: str):
+        s = res.scenario
         self.method = method
         self.env = env = simpy.Environment()
         n = len(reqs)
         self.n = n
-        self.prompt = reqs.prompt_tokens.tolist()
-        self.output = reqs.output_tokens.tolist()
-        self.arrival = reqs.arrival_s.tolist()
+        # per request, one typed column per value (simulator/columns.py): a million requests in ~200 MB
+        self.prompt = columns.ints(reqs.prompt_tokens)
+        self.output = columns.ints(reqs.output_tokens)
+        self.arrival = columns.floats(reqs.arrival_s)
         pre_cost, dec_cost = res.costs(method)
         for pool, rc in (("prefill", pre_cost), ("decode", dec_cost)):
             try:
@@ -65,83 +70,85 @@ class MethodRun:
         if refusal:
             raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
-        self.wire_bytes = [pre_cost.wire_bytes(p) for p in self.prompt]
+        prompt, context = reqs.prompt_tokens, reqs.prompt_tokens + reqs.output_tokens
+        self.wire_bytes = columns.floats(_per_value(pre_cost.wire_bytes, prompt))
         # Decode iterations per request and its context in the first one (simulator/decode.py).  ttft_at decode:
         # the decode instance yields every output token, the first from recomputing the last prompt position
         # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
-        sc = res.scenario
         # placement colocated: the last prefill chunk's token is the first (simulator/colocated.py)
-        from_decode = sc.ttft_at == "decode" and sc.placement != "colocated"
-        self.chunk_tokens = sc.prefill.chunk_tokens
+        from_decode = s.ttft_at == "decode" and s.placement != "colocated"
+        self.chunk_tokens = s.prefill.chunk_tokens
         self.ttft_at_decode = from_decode
-        self.decode_iterations = [o if from_decode else max(0, o - 1) for o in self.output]
-        self.join_context = [p if from_decode else p + 1 for p in self.prompt]
-        self.kv_bytes = [dec_cost.kv_memory_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        output = np.asarray(reqs.output_tokens, dtype=np.int64)
+        self.decode_iterations = columns.ints(output if from_decode else np.maximum(0, output - 1))
+        self.join_context = columns.ints(np.asarray(prompt, dtype=np.int64) + (0 if from_decode else 1))
+        self.kv_bytes = columns.floats(_per_value(dec_cost.kv_memory_bytes, context))
         # decode admission (simulator/admission.py): on_demand takes the blocks of the first decode iteration's
         # context, reserve the final KV
-        self.on_demand = sc.decode.admission == "on_demand"
-        self.preempt_by_swap = sc.decode.preemption == "swap"
-        self.admit_bytes = ([dec_cost.kv_memory_bytes(c) for c in self.join_context] if self.on_demand
-                            else self.kv_bytes)
-        self.preemptions = [0] * n
-        self.preempt_s = [0.0] * n
-        self.host_kv_bytes = [dec_cost.host_kv_bytes(p + o) for p, o in zip(self.prompt, self.output)]
+        self.on_demand = s.decode.admission == "on_demand"
+        self.preempt_by_swap = s.decode.preemption == "swap"
+        self.admit_bytes = (columns.floats(_per_value(dec_cost.kv_memory_bytes, columns.view(self.join_context, np.int64)))
+                            if self.on_demand else self.kv_bytes)
+        self.preemptions = columns.filled(n, 0)
+        self.preempt_s = columns.floats(np.zeros(n))
+        self.host_kv_bytes = columns.floats(_per_value(dec_cost.host_kv_bytes, context))
         decode_host = res.decode.host_memory_bytes
-        if max(self.host_kv_bytes) > decode_host:
+        if columns.view(self.host_kv_bytes).max() > decode_host:
             raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
-                                f"({max(self.host_kv_bytes) / GIB:.2f} GiB) exceeds the decode host memory "
+                                f"({columns.view(self.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
                                 f"({decode_host / GIB:.2f} GiB)")
-        caching = res.scenario.prefill.prefix_caching or res.scenario.decode.prefix_caching
-        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, res.scenario, source) if caching else None
-        too_big = max(self.kv_bytes)
+        caching = s.prefill.prefix_caching or s.decode.prefix_caching
+        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, s, source) if caching else None
+        too_big = float(columns.view(self.kv_bytes).max())
         if too_big > dec_cost.kv_capacity_bytes - (self.prefix.decode_region_bytes if self.prefix else 0.0):
-            i = self.kv_bytes.index(too_big)
+            i = int(np.argmax(columns.view(self.kv_bytes)))
             raise ScenarioError(
                 f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.output_name}), more than a "
                 f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
-        nan = math.nan
         for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
                      "first_token", "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
                      "snap_decode", "snap_dequant", "snap_approx", "snap_fetch", "snap_preempt"):
-            setattr(self, name, [nan] * n)
-        self.prefill_replica = [-1] * n
+            setattr(self, name, columns.nans(n))
+        self.prefill_replica = columns.filled(n, -1)
         self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
-        self.decode_replica = [-1] * n
-        self.kv_held = [False] * n           # the KV counts in its prefill replica's host memory
-        self.retries = [0] * n
+        self.decode_replica = columns.filled(n, -1)
+        self.kv_held = bytearray(n)          # 1: the KV counts in its prefill replica's host memory
+        self.retries = columns.filled(n, 0)
         self.failure = [""] * n              # why a request failed (simulator/faults.py); "" if it did not
         self.completed = 0
         self.failed = 0
-        self.memory_log: list = []
-        self.link_logs: dict[str, list] = {}
+        self.memory_log = columns.RowLog(3)  # (time_s, replica, used_bytes)
+        self.link_logs: dict[str, columns.RowLog] = {}
         self.link_capacity_gbps: dict[str, float] = {}
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
-        together = sc.placement == "colocated"     # every GPU of both pools, configured as the decode pool
+        together = s.placement == "colocated"     # every GPU of both pools, configured as the decode pool
         self.prefill_replicas = [] if together else [
             PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests, pre_pool.max_batch_tokens, host, self)
             for i in range(pre_pool.replicas)]
         self.decode_replicas = [DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, self, self.memory_log,
                                               decode_host)
                                 for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))]
+        self.faults = None
         if together:
-            self.router = colocated.build(self, self.decode_replicas, sc.prefill.chunk_tokens or pre_pool.max_batch_tokens)
+            self.router = colocated.build(self, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens)
             return
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
                 pre.partner, dec.partner = dec, pre
         link_objs = []
         for spec in net.links:
-            log: list = []
+            log = columns.RowLog(3)          # (time_s, active_flows, throughput_bytes_per_s)
             link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
             self.link_logs[spec.name] = log
             self.link_capacity_gbps[spec.name] = spec.capacity_gbps
         links = {pair: link_objs[i] for pair, i in net.routes.items()}
         self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, net.flow_cap_bytes_per_s,
                              net.stream_layers, res.model.layers)
-        if max(self.wire_bytes) > host:
-            raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV ({max(self.wire_bytes) / GIB:.2f}"
+        if columns.view(self.wire_bytes).max() > host:
+            raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV "
+                                f"({columns.view(self.wire_bytes).max() / GIB:.2f}"
                                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
         self.faults = FaultInjector(self, s.faults, s.fault_policy) if s.faults else None
 
@@ -180,8 +187,11 @@ class MethodRun:
                     self.fail(rid, STRANDED)
 
     # ---- results ----------------------------------------------------------------------------------
-    def requests_frame(self) -> pd.DataFrame:
-        a = lambda xs: np.asarray(xs, dtype=np.float64)  # noqa: E731
+    def latencies(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """Rows lo:hi of every derived column: jct_s, ttft_s, tpot_s, the breakdown parts (`*_s`) and
+        offload_fetch_s; NaN for a failed request (its numbers would describe a lost attempt)."""
+        sl = slice(lo, self.n if hi is None else hi)
+        a = lambda col: columns.view(col)[sl]  # noqa: E731
         arrival, pstart, pend, eend = a(self.arrival), a(self.prefill_start), a(self.prefill_end), a(self.encode_end)
         first = a(self.first_token) if self.ttft_at_decode else pend
         tstart, tend, join, finish = a(self.transfer_start), a(self.transfer_end), a(self.decode_join), a(self.finish)
@@ -189,59 +199,90 @@ class MethodRun:
         t_end_eff = np.maximum(tend, eend)
         approx_pre = a(self.approx_prefill)
         dequant, approx_dec = a(self.dequant_s), a(self.approx_decode)
-        output = np.asarray(self.output, dtype=np.int64)
+        preempt = a(self.preempt_s)
+        output = columns.view(self.output, np.int64)[sl]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+        out = {
+            "jct_s": finish - arrival, "ttft_s": first - arrival, "tpot_s": tpot,
+            "prefill_queue_s": pstart - arrival, "prefill_s": (pend - pstart) - approx_pre, "quantize_s": eend - pend,
+            "transfer_queue_s": t_start_eff - eend, "transfer_s": t_end_eff - t_start_eff,
+            "decode_queue_s": join - t_end_eff, "decode_s": (finish - join) - dequant - approx_dec - preempt,
+            "dequantize_s": dequant.copy(), "approximation_s": approx_pre + approx_dec,
+            "preemption_s": preempt.copy(),     # out of the batch after a preemption, and recompute / swap stalls
+            "offload_fetch_s": a(self.fetch_s).copy(),      # part of decode_s: host -> GPU fetches
+        }
+        if self.failed:
+            lost = np.array([f != "" for f in self.failure[sl]], dtype=bool)
+            for x in out.values():
+                x[lost] = np.nan
+        return out
+
+    def requests_frame(self, lo: int = 0, hi: int | None = None) -> pd.DataFrame:
+        """Rows lo:hi of requests.csv (all rows by default)."""
+        hi = self.n if hi is None else hi
+        sl = slice(lo, hi)
+        a = lambda col: columns.view(col)[sl].copy()  # noqa: E731
+        i = lambda col: columns.view(col, np.int64)[sl].copy()  # noqa: E731
+        lat = self.latencies(lo, hi)
+        fetch = lat.pop("offload_fetch_s")
         df = pd.DataFrame({
             "method": self.method.output_name,
-            "request_id": np.arange(self.n),
-            "prompt_tokens": np.asarray(self.prompt, dtype=np.int64),
-            "output_tokens": output,
-            "prefill_replica": self.prefill_replica,
-            "decode_replica": self.decode_replica,
-            "prefill_attention": self.prefill_form,
-            "arrival_s": arrival, "prefill_start_s": pstart, "prefill_end_s": pend, "quantize_end_s": eend,
-            "transfer_start_s": tstart, "transfer_end_s": tend, "decode_start_s": join,
-            "first_token_s": first, "finish_s": finish,
+            "request_id": np.arange(lo, hi),
+            "prompt_tokens": i(self.prompt), "output_tokens": i(self.output),
+            "prefill_replica": i(self.prefill_replica), "decode_replica": i(self.decode_replica),
+            "prefill_attention": self.prefill_form[sl],
+            "arrival_s": a(self.arrival), "prefill_start_s": a(self.prefill_start),
+            "prefill_end_s": a(self.prefill_end), "quantize_end_s": a(self.encode_end),
+            "transfer_start_s": a(self.transfer_start), "transfer_end_s": a(self.transfer_end),
+            "decode_start_s": a(self.decode_join),
+            "first_token_s": a(self.first_token) if self.ttft_at_decode else a(self.prefill_end), "finish_s": a(self.finish),
+            **lat, "preemptions": i(self.preemptions),
+            "offload_fetch_s": fetch,      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
+            "kv_wire_bytes": a(self.wire_bytes), "kv_memory_bytes": a(self.kv_bytes),
+            "kv_host_bytes": a(self.host_kv_bytes), "retries": i(self.retries), "failure": self.failure[sl],
         })
-        df["jct_s"] = finish - arrival
-        df["ttft_s"] = first - arrival
-        with np.errstate(invalid="ignore", divide="ignore"):
-            df["tpot_s"] = np.where(output > 1, (finish - first) / (output - 1), np.nan)
-        df["prefill_queue_s"] = pstart - arrival
-        df["prefill_s"] = (pend - pstart) - approx_pre
-        df["quantize_s"] = eend - pend
-        df["transfer_queue_s"] = t_start_eff - eend
-        df["transfer_s"] = t_end_eff - t_start_eff
-        df["decode_queue_s"] = join - t_end_eff
-        preempt = a(self.preempt_s)
-        df["decode_s"] = (finish - join) - dequant - approx_dec - preempt
-        df["dequantize_s"] = dequant
-        df["approximation_s"] = approx_pre + approx_dec
-        df["preemption_s"] = preempt          # out of the batch after a preemption, and recompute / swap stalls
-        df["preemptions"] = np.asarray(self.preemptions, dtype=np.int64)
-        df["offload_fetch_s"] = a(self.fetch_s)      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
-        df["kv_wire_bytes"] = np.asarray(self.wire_bytes)
-        df["kv_memory_bytes"] = np.asarray(self.kv_bytes)
-        df["kv_host_bytes"] = np.asarray(self.host_kv_bytes)
-        df["retries"] = np.asarray(self.retries, dtype=np.int64)
-        df["failure"] = self.failure
         if self.prefix is not None:
-            df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached, dtype=np.int64)
-            df["decode_cached_tokens"] = np.asarray(self.prefix.decode_cached, dtype=np.int64)
-        if self.failed:     # a failed request has no latency: its parts would describe a lost attempt
-            lost = df["failure"].to_numpy() != ""
-            df.loc[lost, ["jct_s", "ttft_s", "tpot_s", *(f"{p}_s" for p in BREAKDOWN_PARTS), "offload_fetch_s"]] = np.nan
+            df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached[sl], dtype=np.int64)
+            df["decode_cached_tokens"] = np.asarray(self.prefix.decode_cached[sl], dtype=np.int64)
         return df
 
-    def memory_frame(self) -> pd.DataFrame:
-        cap = self.dec_cost.kv_capacity_bytes
-        rows = [(self.method.output_name, r, t, used, cap) for (t, r, used) in self.memory_log]
-        return pd.DataFrame(rows, columns=["method", "replica", "time_s", "used_bytes", "capacity_bytes"])
+    def request_chunks(self, rows: int = CHUNK_ROWS):
+        """requests.csv's rows, a frame of `rows` requests at a time."""
+        for lo in range(0, self.n, rows):
+            yield self.requests_frame(lo, min(self.n, lo + rows))
+
+    def memory_frame(self, lo: int = 0, hi: int | None = None) -> pd.DataFrame:
+        """Rows lo:hi of memory.csv (all by default)."""
+        log = self.memory_log.table()[lo:hi]
+        return pd.DataFrame({"method": self.method.output_name,
+                             "replica": log[:, 1].astype(np.int64), "time_s": log[:, 0].copy(),
+                             "used_bytes": log[:, 2].copy(),
+                             "capacity_bytes": np.full(len(log), float(self.dec_cost.kv_capacity_bytes))})
 
     def links_frame(self) -> pd.DataFrame:
-        rows = [(self.method.output_name, name, t, flows, rate * 8 / 1e9, self.link_capacity_gbps[name])
-                for name, log in self.link_logs.items() for (t, flows, rate) in log]
-        return pd.DataFrame(rows, columns=["method", "link", "time_s", "active_flows", "throughput_gbps",
-                                           "capacity_gbps"])
+        return _concat(list(self.link_chunks(rows=None)))
+
+    def memory_chunks(self, rows: int = CHUNK_ROWS):
+        for lo in range(0, max(len(self.memory_log), 1), rows):
+            yield self.memory_frame(lo, lo + rows)
+
+    def link_chunks(self, rows: int | None = CHUNK_ROWS):
+        """links.csv's rows, link by link, at most `rows` at a time (None: a link at a time)."""
+        for name, log in self.link_logs.items():
+            t = log.table()
+            step = rows or max(len(t), 1)
+            for lo in range(0, max(len(t), 1), step):
+                c = t[lo: lo + step]
+                yield pd.DataFrame({"method": self.method.output_name, "link": name, "time_s": c[:, 0].copy(),
+                                    "active_flows": c[:, 1].astype(np.int64), "throughput_gbps": c[:, 2] * 8 / 1e9,
+                                    "capacity_gbps": np.full(len(c), float(self.link_capacity_gbps[name]))})
+
+
+def _per_value(fn: Callable[[int], float], tokens: np.ndarray) -> np.ndarray:
+    """fn over each request's token count, called once per distinct count (a pure cost-model function)."""
+    values, where = np.unique(tokens, return_inverse=True)
+    return np.array([fn(int(v)) for v in values], dtype=np.float64)[where]
 
 
 # ---- the whole scenario ------------------------------------------------------------------------
@@ -253,23 +294,34 @@ def _quantiles(x: np.ndarray) -> dict[str, float]:
     return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
+def _nanmean(x: np.ndarray) -> float:
+    """Mean of the non-NaN values, summed as pandas' Series.mean does (the same float, bit for bit)."""
+    ok = ~np.isnan(x)
+    count = int(ok.sum())
+    return float(np.where(ok, x, 0.0).sum() / count) if count else math.nan
+
+
+def summarize(run: MethodRun) -> dict:
+    """One method's summary.json entry, from the run's columns (no per-request table needed)."""
     method, model = run.method, run.dec_cost.model
-    span = float(df["finish_s"].max() - df["arrival_s"].min())
-    peak_kv = max((used for (_, _, used) in run.memory_log), default=0.0)
+    lat = run.latencies()
+    finish, arrival = columns.view(run.finish), columns.view(run.arrival)
+    span = float(np.nanmax(finish) - arrival.min()) if run.completed else math.nan
+    used = run.memory_log.column(2)
+    peak_kv = float(used.max()) if len(used) else 0.0
     failures = Counter(r for r in run.failure if r)
     return {
         "completed": int(run.completed),
         "failed": int(run.failed),
         "failure_reasons": dict(sorted(failures.items())),
-        "retried": int(sum(1 for r in run.retries if r)),
-        "jct_s": _quantiles(df["jct_s"].to_numpy()),
-        "ttft_s": _quantiles(df["ttft_s"].to_numpy()),
-        "tpot_s": _quantiles(df["tpot_s"].to_numpy()),
-        "breakdown_s": {part: float(df[f"{part}_s"].mean()) for part in BREAKDOWN_PARTS},
-        "preemptions": int(df["preemptions"].sum()),
-        "prefill_attention": {form: int(n) for form, n in sorted(df["prefill_attention"].value_counts().items())},
-        "offload_fetch_s": float(df["offload_fetch_s"].mean()),
+        "retried": int(np.count_nonzero(columns.view(run.retries, np.int64))),
+        "jct_s": _quantiles(lat["jct_s"]),
+        "ttft_s": _quantiles(lat["ttft_s"]),
+        "tpot_s": _quantiles(lat["tpot_s"]),
+        "breakdown_s": {part: _nanmean(lat[f"{part}_s"]) for part in BREAKDOWN_PARTS},
+        "preemptions": int(columns.view(run.preemptions, np.int64).sum()),
+        "prefill_attention": {form: int(n) for form, n in sorted(Counter(run.prefill_form).items())},
+        "offload_fetch_s": _nanmean(lat["offload_fetch_s"]),
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
         "peak_decode_kv_bytes": float(peak_kv),
         "decode_kv_capacity_bytes": float(run.dec_cost.kv_capacity_bytes),
@@ -278,35 +330,35 @@ def summarize(run: MethodRun, df: pd.DataFrame) -> dict:
                                "memory": float(method.memory_bytes_per_token(model)),
                                "host": float(method.host_bytes_per_token(model))},
         "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
-        **_load(run, df),
+        **_load(run),
         **({"prefix_cache": run.prefix.summary()} if run.prefix is not None else {}),
     }
 
 
-def _load(run: MethodRun, df: pd.DataFrame) -> dict:
+def _load(run: MethodRun) -> dict:
     """Each pool's utilisation and whether the run is stable (simulator/overload.py)."""
-    p = df["prefill_replica"].to_numpy()
-    d = df["decode_replica"].to_numpy()
+    p = columns.view(run.prefill_replica, np.int64)
+    d = columns.view(run.decode_replica, np.int64)
     moved = d >= 0
     link_bytes: dict[str, float] = {}
     capacity: dict[str, float] = {}
-    wire = df["kv_wire_bytes"].to_numpy()
+    wire = columns.view(run.wire_bytes)
     for (pi, di), link in run.router.links.items():
         capacity[link.name] = link.base_capacity
         link_bytes[link.name] = link_bytes.get(link.name, 0.0) + float(wire[moved & (p == pi) & (d == di)].sum())
-    held_s = df["finish_s"].to_numpy() - df["transfer_start_s"].to_numpy()
+    held_s = columns.view(run.finish) - columns.view(run.transfer_start)
     moved &= np.isfinite(held_s)         # completed (a failed request's hold is not known)
     held_s = held_s[moved]
     dec = run.decode_replicas[0]
     util = utilisation(
-        arrival_s=df["arrival_s"].to_numpy(),
+        arrival_s=columns.view(run.arrival),
         # colocated: the prefill chunks' share of every replica's time
         prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas) + sum(
             r.colo.busy_s for r in run.decode_replicas if r.colo is not None),
         prefill_replicas=len(run.prefill_replicas) or len(run.decode_replicas), link_bytes=link_bytes,
         link_capacity_bytes_per_s=capacity,
-        held_s=held_s, held_kv_bytes=df["kv_memory_bytes"].to_numpy()[moved],
-        held_host_bytes=df["kv_host_bytes"].to_numpy()[moved], decode_replicas=len(run.decode_replicas),
+        held_s=held_s, held_kv_bytes=columns.view(run.kv_bytes)[moved],
+        held_host_bytes=columns.view(run.host_kv_bytes)[moved], decode_replicas=len(run.decode_replicas),
         decode_kv_capacity_bytes=dec.capacity_bytes, decode_host_capacity_bytes=dec.host_capacity_bytes,
         decode_max_batch=dec.max_batch_requests)
     return {"utilisation": util, "stable": is_stable(util)}
@@ -394,8 +446,13 @@ class ScenarioResult:
 
 
 def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | None = None,
-                 progress: Callable[[str], None] | None = None, keep_runs: bool = False) -> ScenarioResult:
-    """Simulate every method of the scenario over the same requests."""
+                 progress: Callable[[str], None] | None = None, keep_runs: bool = False,
+                 sink: Callable[..., None] | None = None) -> ScenarioResult:
+    """Simulate every method of the scenario over the same requests.
+
+    With `sink`, each method's tables go to `sink(name, requests, memory, links)` as soon as it has run
+    and the result keeps only the summary (its tables are empty): a long run holds one method's tables
+    at a time. Without, the result holds every method's tables."""
     chosen = [m for m in s.methods if methods is None or m.output_name in methods]
     if methods is not None:
         unknown = sorted(set(methods) - {m.output_name for m in s.methods})
@@ -412,15 +469,23 @@ def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | 
     for cfg in chosen:
         run = MethodRun(res, cfg, reqs, source)
         run.simulate()
-        df = run.requests_frame()
-        summaries[run.method.output_name] = summarize(run, df)
-        frames.append(df)
-        mems.append(run.memory_frame())
-        lks.append(run.links_frame())
+        summaries[run.method.output_name] = summarize(run)
+        if sink is not None:
+            sink(run.method.output_name, run.request_chunks(), run.memory_chunks(), run.link_chunks())
+        else:
+            frames.append(run.requests_frame())
+            mems.append(run.memory_frame())
+            lks.append(run.links_frame())
         if keep_runs:
             runs[run.method.output_name] = run
+        del run
         if progress is not None:
-            progress(run.method.output_name)
+            progress(cfg.output_name)
     summary = {"scenario": s.name, "seed": s.workload.seed, "requests": len(reqs), "methods": summaries}
-    return ScenarioResult(s, res, summary, pd.concat(frames, ignore_index=True), pd.concat(mems, ignore_index=True),
-                          pd.concat(lks, ignore_index=True), runs)
+    return ScenarioResult(s, res, summary, _concat(frames), _concat(mems), _concat(lks), runs)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame()
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from helpers import scenario
 from simulator.config import ScenarioError, load_scenario
-from simulator.run import method_of, resolve, run_scenario
+from simulator.run import resolve, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["prefill_queue_s", "prefill_s", "quantize_s", "transfer_queue_s", "transfer_s", "decode_queue_s",
@@ -28,7 +28,7 @@ def lone():
     prefill L, transfer T and decode D seconds, from the cost model."""
     s = scenario(methods=["baseline"])
     res = resolve(s)
-    pre, dec = res.costs(method_of(s.methods[0]))
+    pre, dec = res.costs(s.methods[0])
     L = pre.prefill((4096,)).latency_s
     T = pre.wire_bytes(4096) * 8 / 10e9
     it = dec.iteration(1)

@@ -65,12 +65,11 @@ class RunOutputs:
         self.tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
         self.tables = [CsvAppender(self.tmp / name, quote_text) for name in self.TABLES]
 
-    def add(self, _method: str, request_chunks, memory, links) -> None:
-        """One method's tables: its requests as an iterable of frames (streamed), memory and links frames."""
-        for chunk in request_chunks:
-            self.tables[0].write(chunk)
-        self.tables[1].write(memory)
-        self.tables[2].write(links)
+    def add(self, _method: str, *tables) -> None:
+        """One method's requests, memory and links tables, each an iterable of frames written as they come."""
+        for out, chunks in zip(self.tables, tables):
+            for chunk in chunks:
+                out.write(chunk)
 
     def finish(self, result) -> None:
         from simulator.files import strict_json
@@ -99,7 +98,7 @@ def write_outputs(result, out: Path) -> None:
     from simulator.files import needs_quotes
 
     writer = RunOutputs(out, needs_quotes(result.requests) or needs_quotes(result.links))
-    writer.add("", [result.requests], result.memory, result.links)
+    writer.add("", [result.requests], [result.memory], [result.links])
     writer.finish(result)
 
 

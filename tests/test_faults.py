@@ -25,15 +25,16 @@ PARTS = ["prefill_queue_s", "prefill_s", "quantize_s", "transfer_queue_s", "tran
 @pytest.fixture(scope="module")
 def lone():
     """One baseline request arriving at 0 on TINY (1 prefill, 1 decode replica, 10 Gbps, no latency): its
-    prefill L, transfer T and decode D seconds, from the cost model."""
+    prefill L, transfer T and decode D seconds, from the cost model (ttft_at decode: one iteration per output
+    token, the first at the prompt's context)."""
     s = scenario(methods=["baseline"])
     res = resolve(s)
     pre, dec = res.costs(s.methods[0])
     L = pre.prefill((4096,)).latency_s
     T = pre.wire_bytes(4096) * 8 / 10e9
     it = dec.iteration(1)
-    n = 31
-    D = n * it.fixed_s + it.per_ctx_s * (n * 4097 + n * (n - 1) / 2)
+    n = 32
+    D = n * it.fixed_s + it.per_ctx_s * (n * 4096 + n * (n - 1) / 2)
     return L, T, D
 
 

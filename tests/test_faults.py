@@ -38,12 +38,17 @@ def lone():
     return L, T, D
 
 
+def faulty(**changes):
+    """TINY with faults: they are modelled under decode.admission reserve (on_demand is refused)."""
+    return scenario(**{"decode.admission": "reserve", **changes})
+
+
 def run_one(tmp_path, faults, policy=None, **changes):
     trace = tmp_path / "one.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,4096,32\n")
-    s = scenario(methods=["baseline"], faults=faults, **{"workload.trace_csv": str(trace), "workload.requests": 1,
-                                                         "workload.arrival": {"kind": "trace"},
-                                                         **({"fault_policy": policy} if policy else {}), **changes})
+    s = faulty(methods=["baseline"], faults=faults, **{"workload.trace_csv": str(trace), "workload.requests": 1,
+                                                       "workload.arrival": {"kind": "trace"},
+                                                       **({"fault_policy": policy} if policy else {}), **changes})
     result = run_scenario(s)
     return next(result.requests.itertuples()), result.summary["methods"]["baseline"]
 
@@ -143,11 +148,13 @@ def test_bad_faults_are_refused():
                            ({"kind": "link_degradation", "target": "p0", "start_s": 0, "end_s": 1}, "factor"),
                            ({"kind": "link_outage", "target": "p0", "start_s": 2, "end_s": 1}, "after start_s")]:
         with pytest.raises(ScenarioError, match=message):
-            scenario(faults=[fault])
+            faulty(faults=[fault])
     outage = [{"kind": "link_outage", "target": "p0", "start_s": 0, "end_s": 1}]
     with pytest.raises(ScenarioError, match="faults: not modelled with prefix caching"):
-        scenario(faults=outage, **{"decode.prefix_caching": True, "decode.prefix_cache_gib": 1,
-                                   "workload.prefix_sharing": {"groups": 2, "shared_tokens": 1024}})
+        faulty(faults=outage, **{"decode.prefix_caching": True, "decode.prefix_cache_gib": 1,
+                                 "workload.prefix_sharing": {"groups": 2, "shared_tokens": 1024}})
+    with pytest.raises(ScenarioError, match="faults: modelled with decode.admission reserve only"):
+        scenario(faults=outage)
 
 
 # ---- conservation ----------------------------------------------------------------------------------
@@ -165,12 +172,12 @@ FAULT = st.one_of(
 @given(faults=st.lists(FAULT, min_size=1, max_size=6), policy=st.sampled_from(["resend", "reprefill", "fail"]),
        retries=st.integers(0, 3), stream=st.booleans())
 def test_every_request_is_accounted_for(faults, policy, retries, stream):
-    s = scenario(methods=["baseline", "hack"], faults=faults, fault_policy={"on_loss": policy, "max_retries": retries},
-                 **{"workload.requests": 30, "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
-                    "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 400},
-                    "prefill.replicas": 2, "decode.replicas": 2, "prefill.max_batch_requests": 4,
-                    "network.stream_layers": stream, "workload.input_tokens": {"kind": "uniform", "min_tokens": 256,
-                                                                               "max_tokens": 4096}})
+    s = faulty(methods=["baseline", "hack"], faults=faults, fault_policy={"on_loss": policy, "max_retries": retries},
+               **{"workload.requests": 30, "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
+                  "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 400},
+                  "prefill.replicas": 2, "decode.replicas": 2, "prefill.max_batch_requests": 4,
+                  "network.stream_layers": stream, "workload.input_tokens": {"kind": "uniform", "min_tokens": 256,
+                                                                             "max_tokens": 4096}})
     result = run_scenario(s, keep_runs=True)
     for name, m in result.summary["methods"].items():
         assert m["completed"] + m["failed"] == 30

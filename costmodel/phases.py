@@ -54,6 +54,7 @@ from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
 CPU_FLOPS_PER_VCPU = 20e9             # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
                                       # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
+PREFILL_MEMO_ENTRIES = 4096          # prefill costs remembered per replica model (batches repeat in short runs)
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
                                          # range update, renormalise, bit I/O); an assumption, stated as such
 
@@ -284,6 +285,8 @@ class ReplicaCostModel:
         key = prompt_tokens if cached_tokens is None else (prompt_tokens, cached_tokens)
         c = memo.get(key)
         if c is None:
+            if len(memo) >= PREFILL_MEMO_ENTRIES:   # distinct batches are many in a long run: bound the memo
+                memo.clear()
             c = memo[key] = self._prefill(prompt_tokens, cached_tokens or (0,) * len(prompt_tokens))
         return c
 

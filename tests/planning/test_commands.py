@@ -55,6 +55,8 @@ def test_sweep_writes_parquet_when_pyarrow_is_there(tmp_path, base_file, run):
     (["sweep", "{sweep}", "--jobs", "0"], "--jobs must be >= 1"),
     (["plan", "{base}", "--rate", "1", "--slo", "ttft=3"], "unknown metric"),
     (["plan", "{base}", "--rate", "0", "--slo", "ttft_p99_s=3"], "--rate must be > 0"),
+    (["plan", "{base}", "--rate", "inf", "--slo", "ttft_p99_s=3"], "--rate must be > 0 requests/s and finite"),
+    (["plan", "{base}", "--rate", "nan", "--slo", "ttft_p99_s=3"], "--rate must be > 0 requests/s and finite"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, base_file, run, args, message):
     sweep = write_sweep(tmp_path, SPEC)

@@ -1,0 +1,114 @@
+"""A million requests in bounded memory (issue 18 part 4): a run keeps its records in typed columns,
+builds and writes its tables a chunk of rows at a time, and the chunked outputs are the whole tables
+byte for byte. The time and peak-memory goal itself lives in benchmarks/results/scale_1m.json."""
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from contract import invoke
+
+from simulator import columns
+from simulator.config import load_scenario
+from simulator.files import CsvAppender, strict_json, write_csv
+from simulator.run import MethodRun, make_requests, resolve, run_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "scenarios" / "faults_decode_loss.yaml"      # failed rows (empty latencies) and text columns
+
+
+@pytest.fixture(scope="module")
+def whole():
+    """The fault scenario at 240 requests, every table held whole, the runs kept."""
+    s = load_scenario(FAULTS, ["workload.requests=240"])
+    return s, run_scenario(s, keep_runs=True)
+
+
+def test_chunks_are_the_whole_tables(whole):
+    _, result = whole
+    assert result.summary["methods"]["hack"]["failed"] + result.summary["methods"]["hack"]["completed"] == 240
+    for run in result.runs.values():
+        pd.testing.assert_frame_equal(pd.concat(list(run.request_chunks(7)), ignore_index=True), run.requests_frame())
+        pd.testing.assert_frame_equal(pd.concat(list(run.memory_chunks(5)), ignore_index=True), run.memory_frame())
+        pd.testing.assert_frame_equal(pd.concat(list(run.link_chunks(3)), ignore_index=True), run.links_frame())
+        assert [len(c) for c in run.request_chunks(100)] == [100, 100, 40]
+
+
+def test_csv_written_in_chunks_is_the_csv_written_at_once(whole, tmp_path):
+    _, result = whole
+    write_csv(result.requests, tmp_path / "once.csv")
+    out = CsvAppender(tmp_path / "chunks.csv", chunk_rows=11)
+    for run in result.runs.values():
+        for chunk in run.request_chunks(17):
+            out.write(chunk)
+    out.close()
+    assert (tmp_path / "chunks.csv").read_bytes() == (tmp_path / "once.csv").read_bytes()
+
+
+def test_simulate_out_streams_the_same_tables_and_summary(whole, tmp_path):
+    """`simulate --out` (one method's tables at a time, through the sink) writes what the in-memory run
+    holds, and its summary is the one computed from the columns."""
+    s, result = whole
+    r = invoke("simulate", FAULTS, "--requests", "240", "--out", tmp_path / "out", "--no-report", "--quiet")
+    assert r.exit_code == 0, r.stderr
+    for name, table in (("requests.csv", result.requests), ("memory.csv", result.memory), ("links.csv", result.links)):
+        write_csv(table, tmp_path / name)
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / name).read_bytes(), name
+    assert (tmp_path / "out" / "summary.json").read_text() == strict_json(result.summary) + "\n"
+
+
+def test_summary_from_columns_is_the_table_summary(whole):
+    """Means and quantiles computed from the columns equal those of the written table's rows."""
+    _, result = whole
+    for name, m in result.summary["methods"].items():
+        df = result.requests[result.requests["method"] == name]
+        ok = df[df["failure"] == ""]
+        assert m["completed"] == len(ok)
+        for metric in ("jct_s", "ttft_s", "tpot_s"):
+            x = ok[metric].dropna().to_numpy()
+            assert m[metric]["mean"] == pytest.approx(x.mean(), rel=1e-12)
+            assert m[metric]["p99"] == pytest.approx(np.percentile(x, 99), rel=1e-12)
+        assert m["breakdown_s"]["transfer"] == pytest.approx(ok["transfer_s"].mean(), rel=1e-12)
+
+
+def _retained_bytes(s, n: int) -> int:
+    """Bytes a method run still holds after simulating n requests of the scenario (tracemalloc)."""
+    s = s.model_copy(update={"workload": s.workload.model_copy(update={"requests": n})})
+    res, reqs = resolve(s), make_requests(s)
+    tracemalloc.start()
+    try:
+        run = MethodRun(res, s.methods[0], reqs, "test")
+        run.simulate()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del run
+    return held
+
+
+def test_a_run_holds_a_few_hundred_bytes_per_request():
+    """The records grow by typed values only: ~30 eight-byte columns and five log rows per request (~470 B), not
+    the ~1.5 KB per request that lists of Python floats and tuples took."""
+    s = load_scenario(ROOT / "scenarios" / "a10g_10gbps.yaml", ["methods=[hack]"])
+    small, large = _retained_bytes(s, 3000), _retained_bytes(s, 9000)
+    per_request = (large - small) / 6000
+    assert 0 < per_request < 600, per_request
+
+
+def test_columns_read_and_log_without_copies():
+    col = columns.nans(4)
+    col[2] = 1.5
+    v = columns.view(col)
+    assert np.isnan(v[[0, 1, 3]]).all() and v[2] == 1.5 and np.shares_memory(v, columns.view(col))
+    ints = columns.filled(3, -1)
+    ints[0] = 7
+    assert columns.view(ints, np.int64).tolist() == [7, -1, -1]
+    log = columns.RowLog(3)
+    log.append((0.0, 1, 2.5))
+    log.append((1.0, 0, 3.5))
+    assert len(log) == 2 and log.table().tolist() == [[0.0, 1.0, 2.5], [1.0, 0.0, 3.5]]
+    assert list(log) == [(0.0, 1.0, 2.5), (1.0, 0.0, 3.5)] and log.column(2).tolist() == [2.5, 3.5]
+    assert columns.view(columns.nans(0)).shape == (0,)

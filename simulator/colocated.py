@@ -102,6 +102,7 @@ class ColocatedRouter:
     def __init__(self, replicas: list["DecodeReplica"]):
         self.replicas = replicas
         self.links: dict = {}
+        self.hold_kv = False            # no KV parked on a prefill host (faults are not modelled colocated)
 
     def on_arrivals(self, rids: list[int]) -> None:
         for rid in rids:

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import scenario
-from simulator.config import ScenarioError, load_scenario
+from simulator.config import ScenarioError
+from simulator.load import load_scenario
 from simulator.run import resolve, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import pytest
 from contract import invoke
 
 from simulator import columns
-from simulator.config import load_scenario
+from simulator.load import load_scenario
 from simulator.files import CsvAppender, strict_json, write_csv
 from simulator.run import MethodRun, make_requests, resolve, run_scenario
 

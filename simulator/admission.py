@@ -67,11 +67,11 @@ class OnDemandBlocks:
         self.block_bytes = cost.block_bytes
         self.reserve_bytes = cost.kv_memory_bytes(0)     # the method's fixed per-request buffer
         self.counts = [0] * self.bt           # running requests by block phase
-        self.running: dict[int, int] = {}     # rid -> its phase, in join order (the newest last)
-        self.join_iter: dict[int, int] = {}
-        self.join_ctx: dict[int, int] = {}
-        self.fin: dict[int, int] = {}         # rid -> its finish iteration (stale heap entries differ)
-        self.planned_bytes = 0.0              # blocks the running segment will take, promised to it
+        # rid -> (phase, join iteration, context at join, finish iteration), in join order (the newest last);
+        # a finish-heap entry whose iteration differs is stale (the request was preempted since)
+        self.running: dict[int, tuple[int, int, int, int]] = {}
+        self._plan: tuple[int, int] = (0, 0)  # the running segment's later iterations, whose blocks it is promised
+        self._planned: float | None = 0.0     # their bytes (None: not counted yet)
         self.waiting: list[tuple] = []        # preempted: (rid, context, iterations left, time, cum, swapped bytes)
 
     def admit_bytes(self, context: int) -> float:
@@ -83,63 +83,90 @@ class OnDemandBlocks:
 
     def held_bytes(self, rid: int, k: int) -> float:
         """Bytes the running request holds once iteration k's blocks are allocated."""
-        return kv_blocks(self.join_ctx[rid] + k - self.join_iter[rid], self.bt) * self.block_bytes + self.reserve_bytes
+        _, j, c, _ = self.running[rid]
+        return kv_blocks(c + k - j, self.bt) * self.block_bytes + self.reserve_bytes
 
     # ---- the batch --------------------------------------------------------------------------
     def join(self, rid: int, k: int, context: int, finish_iter: int) -> None:
         phase = (k - context + 1) % self.bt
         self.counts[phase] += 1
-        self.running[rid] = phase
-        self.join_iter[rid], self.join_ctx[rid], self.fin[rid] = k, context, finish_iter
+        self.running[rid] = (phase, k, context, finish_iter)
 
     def leave(self, rid: int, fin: int) -> tuple[float, float] | None:
         """A finish-heap entry is due: None if it is stale (the request was preempted), else the request's
         (context-offset term, bytes held) as it leaves."""
-        if self.fin.get(rid) != fin:
+        st = self.running.get(rid)
+        if st is None or st[3] != fin:
             return None
-        del self.fin[rid]
-        self.counts[self.running.pop(rid)] -= 1
-        j, c = self.join_iter.pop(rid), self.join_ctx.pop(rid)
-        return c - j, kv_blocks(c + fin - 1 - j, self.bt) * self.block_bytes + self.reserve_bytes
+        del self.running[rid]
+        phase, j, c, _ = st
+        self.counts[phase] -= 1
+        return c - j, -(-(c + fin - 1 - j) // self.bt) * self.block_bytes + self.reserve_bytes     # kv_blocks
 
-    def next_finish(self) -> int:
-        heap = self.rep.finish_heap
-        while heap and self.fin.get(heap[0][1]) != heap[0][0]:
+    def segment_end(self, k: int) -> int:
+        """The iteration that ends a segment starting at k: the next finish, or the first iteration after k
+        whose new blocks do not fit if that comes first."""
+        heap, running = self.rep.finish_heap, self.running
+        while True:                     # the next finish (stale entries dropped)
+            fin, rid = heap[0]
+            st = running.get(rid)
+            if st is not None and st[3] == fin:
+                break
             heapq.heappop(heap)
-        return heap[0][0]
-
-    def shortage(self, k: int) -> float:
-        """The first iteration after k whose new blocks do not fit."""
-        return first_block_shortage(self.counts, k + 1, self._free_blocks(), self.bt)
+        if self.block_bytes <= 0:
+            return fin
+        rep = self.rep
+        free = int((rep.capacity_bytes - rep.reserved_bytes) // self.block_bytes)
+        if k + 1 + (free // len(running)) * self.bt >= fin:   # not even the whole cycles the free blocks give reach it
+            return fin
+        return min(fin, first_block_shortage(self.counts, k + 1, free, self.bt))
 
     def _new_blocks(self, k: int, n: int) -> int:
         """Blocks the running requests take over iterations k .. k+n-1."""
         if n <= 0:
             return 0
-        cycles, rest = divmod(n, self.bt)
-        return cycles * len(self.running) + sum(self.counts[(k + d) % self.bt] for d in range(rest))
+        bt = self.bt
+        cycles, rest = divmod(n, bt)
+        blocks = cycles * len(self.running)
+        if rest:
+            counts, start = self.counts, k % bt
+            end = start + rest
+            blocks += sum(counts[start:end]) + (sum(counts[:end - bt]) if end > bt else 0)
+        return blocks
 
     def plan(self, k: int, n: int) -> None:
         """A segment of iterations k .. k+n-1 starts: the blocks it will take are promised to it (the router
-        admits no request into them meanwhile)."""
-        self.planned_bytes = self._new_blocks(k + 1, n - 1) * self.block_bytes
+        admits no request into them meanwhile); counted when first asked."""
+        self._plan = (k + 1, n - 1)
+        self._planned = None
+
+    @property
+    def planned_bytes(self) -> float:
+        if self._planned is None:
+            self._planned = self._new_blocks(*self._plan) * self.block_bytes
+        return self._planned
 
     def allocate(self, k: int, n: int) -> None:
-        """Iterations k .. k+n-1 ran (each fits, by `shortage` and `plan`): their new blocks are taken."""
-        self.rep.reserved_bytes += self._new_blocks(k, n) * self.block_bytes
-        self.planned_bytes = 0.0
+        """Iterations k .. k+n-1 ran (each fits, by `segment_end` and `plan`): their new blocks are taken."""
+        if self._plan == (k, n):        # the segment ran as planned (not cut short)
+            self.rep.reserved_bytes += self.planned_bytes
+        else:
+            self.rep.reserved_bytes += self._new_blocks(k, n) * self.block_bytes
+        self._plan, self._planned = (0, 0), 0.0
 
     def boundary(self) -> float:
         """At the start of iteration k: take its new blocks, preempting the newest running requests while
         they do not fit, then bring back preempted requests that fit. Returns the stall (seconds) the batch's
         next iteration carries."""
-        rep, run, k = self.rep, self.run, self.rep.iteration
+        rep, k = self.rep, self.rep.iteration
         need = self.counts[k % self.bt]
-        free = self._free_blocks()
+        if not need and not self.waiting:
+            return 0.0
+        free = self._free_blocks() if need else 0
         stall = 0.0
         while need > free and self.running:
             rid = next(reversed(self.running))
-            if self.running[rid] == k % self.bt:
+            if self.running[rid][0] == k % self.bt:
                 need -= 1
             held = self.held_bytes(rid, k - 1)
             free += int(held // self.block_bytes)
@@ -152,9 +179,9 @@ class OnDemandBlocks:
 
     def _preempt(self, rid: int, k: int, held: float) -> float:
         rep, run = self.rep, self.run
-        j, c = self.join_iter.pop(rid), self.join_ctx.pop(rid)
-        left = self.fin.pop(rid) - k
-        self.counts[self.running.pop(rid)] -= 1
+        phase, j, c, fin = self.running.pop(rid)
+        left = fin - k
+        self.counts[phase] -= 1
         rep.batch -= 1
         rep.ctx_offset -= c - j
         rep.reserved_bytes -= held

@@ -126,9 +126,10 @@ class DecodeReplica:
         if self.down:
             return False
         if self.blocks is not None:     # on demand: not into the running segment's blocks, nor before the preempted
-            if self.blocks.waiting:
+            blocks = self.blocks
+            if blocks.waiting:
                 return False
-            kv_bytes += self.blocks.planned_bytes
+            kv_bytes += blocks.planned_bytes if blocks._planned is None else blocks._planned
         return (self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
                 and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes)
 
@@ -239,7 +240,10 @@ class DecodeReplica:
         self._start_segment()
 
     def _start_segment(self) -> None:
-        stall_s = self.blocks.boundary() if self.blocks is not None else 0.0
+        blocks = self.blocks
+        # on demand: iteration k's new blocks (preempting if they do not fit) and the preempted coming back
+        stall_s = blocks.boundary() if blocks is not None and (blocks.counts[self.iteration % blocks.bt]
+                                                              or blocks.waiting) else 0.0
         joined = list(self.joining)
         pending_s = self._admit_joining() + stall_s
         chunk_cost = self.colo.next_chunk() if self.colo is not None else None
@@ -255,13 +259,13 @@ class DecodeReplica:
                 self.run.first_token[rid] = first
         if chunk_cost is not None:
             n = 1                       # an iteration with a prefill chunk (placement colocated)
-            if self.blocks is not None:
-                self.blocks.plan(self.iteration, 1)
+            if blocks is not None:
+                blocks.plan(self.iteration, 1)
         elif self.blocks is None:
             n = self.finish_heap[0][0] - self.iteration
         else:   # ... or the first iteration whose new KV blocks do not fit
-            n = int(min(self.blocks.next_finish(), self.blocks.shortage(self.iteration))) - self.iteration
-            self.blocks.plan(self.iteration, n)
+            n = blocks.segment_end(self.iteration) - self.iteration
+            blocks._plan, blocks._planned = (self.iteration + 1, n - 1), None     # promised (admission.py)
         seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
         self._cut = False

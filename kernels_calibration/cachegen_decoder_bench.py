@@ -12,7 +12,7 @@ cachegen_encoder/cachegen_decoder use it:
   (layer, channel) (``encode_fast_new``), and the streams are concatenated (``collect_bytes``);
 * decoding (``decode_chunk``) takes the prefix sum of the stream lengths and launches
   ``decode_fast_prefsum``: grid (2L, C / 128), 128 threads, each thread decoding its stream bit by bit
-  into the uint8 output [2L, tokens, C].  A prompt of N tokens is ceil(N / 256) launches.
+  into the chunk's uint8 output [2L, tokens, C].  A prompt of N tokens is ceil(N / 256) launches.
 
 What is measured: that decode path (prefix sum + kernel per chunk, one chunk after another, as
 ``decode_function_gpu`` runs it) over whole prompts of 1K-32K tokens at Llama-3.1-8B's and 70B's KV shapes
@@ -180,25 +180,29 @@ class Prompt:
             stream = collect_bytes(buffer, lengths)
             self.bitstream_bytes += stream.numel()
             self.chunks.append((cdf, stream, lengths.clone(), stream_starts(lengths), start, end, codes))
-        self.out = torch.zeros((layers2, tokens, channels), dtype=torch.uint8, device=device)
+        # one uint8 output per chunk, [2L, chunk tokens, C], as LMCache decodes each chunk into its own buffer
+        # (the kernel indexes with 32-bit accessors: one tensor for a whole long prompt would overflow them)
+        self.outs = [torch.zeros((layers2, c[5] - c[4], channels), dtype=torch.uint8, device=device)
+                     for c in self.chunks]
 
     def decode(self) -> None:
         """LMCache's decode_function_gpu: decode_chunk (prefix sum, kernel) chunk after chunk."""
-        for cdf, stream, lengths, _, start, end, _ in self.chunks:
-            self.ext.decode_fast_prefsum(cdf, stream, stream_starts(lengths), self.out[:, start:end, :])
+        for (cdf, stream, lengths, *_), out in zip(self.chunks, self.outs):
+            self.ext.decode_fast_prefsum(cdf, stream, stream_starts(lengths), out)
 
     def decode_kernels(self) -> None:
         """The kernel launches alone (prefix sums made beforehand)."""
-        for cdf, stream, _, starts, start, end, _ in self.chunks:
-            self.ext.decode_fast_prefsum(cdf, stream, starts, self.out[:, start:end, :])
+        for (cdf, stream, _, starts, *_), out in zip(self.chunks, self.outs):
+            self.ext.decode_fast_prefsum(cdf, stream, starts, out)
 
     def check(self) -> None:
-        self.out.fill_(0xFF)
+        for out in self.outs:
+            out.fill_(0xFF)
         self.decode()
         torch.cuda.synchronize()
-        for *_, start, end, codes in self.chunks:
-            if not torch.equal(self.out[:, start:end, :], codes.to(torch.uint8)):
-                bad = int((self.out[:, start:end, :] != codes.to(torch.uint8)).sum())
+        for (*_, start, end, codes), out in zip(self.chunks, self.outs):
+            if not torch.equal(out, codes.to(torch.uint8)):
+                bad = int((out != codes.to(torch.uint8)).sum())
                 raise RuntimeError(f"round trip failed: {bad} symbols of tokens {start}-{end} differ")
 
     def drop_codes(self) -> None:

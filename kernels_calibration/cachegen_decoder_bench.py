@@ -24,7 +24,8 @@ The codes are the simulator's: 2-bit min/max codes (nearest rounding onto 4 leve
 groups of 64 values of a token's head (costmodel/methods/cachegen.gaussian_code_entropy_bits gives their
 entropy, the wire size the simulator assumes); CacheGen's own per-layer bin counts on its quantiser
 (LMCache's torch_quant_vectorized: 32 / 16 bins by layer, per-token absmax over the channels, KV with
-per-channel scales) are timed beside them (``symbols: cachegen_bins``) and not fitted.
+per-channel scales) are timed beside them (``decode_cachegen_bins``) and not fitted, as are one GPU's share
+of the 70B KV under tensor parallelism 2, 4 and 8 (4, 2, 1 KV heads: ``decode_tp_shard``).
 
 Fit (the simulator prices ``entropy_decode.kv`` per layer): units = K and V symbols of one layer
 (tokens x kv_heads x head_dim x 2), time_s = the prompt's decode time / layers (one launch decodes all
@@ -74,6 +75,9 @@ BITS, PARTITION = 2, 64
 CACHEGEN_KEY_BINS = ((10, 32), (20, 16), (None, 16))
 CACHEGEN_VALUE_BINS = ((2, 32), (None, 16))
 SENSITIVITY_TOKENS = (4096, 16384)
+# one GPU's share of Llama-3.1-70B's KV under tensor parallelism (8 KV heads over 2, 4, 8 GPUs): fewer
+# channels, fewer thread blocks per launch; timed beside the whole-model rows and not fitted
+SHARDS = {"llama-3.1-70b/tp2": (80, 4, 128), "llama-3.1-70b/tp4": (80, 2, 128), "llama-3.1-70b/tp8": (80, 1, 128)}
 
 
 # ---- the codes ------------------------------------------------------------------------------------
@@ -222,13 +226,16 @@ def time_events_s(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
 
 
-def bench(ext, device, models=MODELS, tokens_list=TOKENS, reps: int = 7, log=print, on_row=None) -> list[dict]:
+def bench(ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: int = 7, log=print,
+          on_row=None) -> list[dict]:
     rows = []
     gen = torch.Generator(device=device)
+    shapes = {**models, **shards}
     plans = [(m, t, "gaussian_2bit") for m in models for t in tokens_list]
+    plans += [(m, t, "gaussian_2bit") for m in shards for t in SENSITIVITY_TOKENS]
     plans += [("llama-3.1-8b", t, "cachegen_bins") for t in SENSITIVITY_TOKENS if "llama-3.1-8b" in models]
     for model, tokens, symbols in plans:
-        layers, kv_heads, head_dim = models[model]
+        layers, kv_heads, head_dim = shapes[model]
         channels = kv_heads * head_dim
         gen.manual_seed(1000 + tokens)
         if symbols == "gaussian_2bit":
@@ -246,8 +253,9 @@ def bench(ext, device, models=MODELS, tokens_list=TOKENS, reps: int = 7, log=pri
         tk = time_events_s(p.decode_kernels, reps)
         n_sym = 2 * layers * tokens * channels
         rows.append({
-            "implementation": "cachegen_reference_decoder", "kernel": "decode" if symbols == "gaussian_2bit"
-            else "decode_cachegen_bins", "model": model, "symbols_kind": symbols, "layers": layers,
+            "implementation": "cachegen_reference_decoder",
+            "kernel": ("decode_cachegen_bins" if symbols != "gaussian_2bit" else "decode_tp_shard" if model in shards
+                       else "decode"), "model": model, "symbols_kind": symbols, "layers": layers,
             "kv_heads": kv_heads, "head_dim": head_dim, "tokens": tokens, "chunks": len(p.chunks),
             "symbols": n_sym, "bitstream_bytes": p.bitstream_bytes,
             "coded_bits_per_symbol": 8 * p.bitstream_bytes / n_sym, "entropy_bits_per_symbol": ent,

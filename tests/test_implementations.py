@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import catalog
 from costmodel.calibration import load_profile
@@ -60,6 +61,41 @@ def test_on_the_measuring_gpu_the_parts_are_the_measured_fits():
     assert dq.overhead_s == pytest.approx(lut["overhead_s"] + csr["overhead_s"], rel=1e-12)
     rq = implementation_costs("no_rqe_requantize", gpu("h200"))["requantize"]
     assert rq.s_per_unit == pytest.approx(MEASURED["no_rqe_requantize"]["requantize_block"]["s_per_unit"], rel=1e-12)
+
+
+def test_cachegen_decoder_fit_refits_the_committed_rows():
+    """kernels_calibration/profiles/h200/cachegen_decoder.json: its fit is the bench's fit of its own rows, each
+    row's per-layer unit and time follow from the prompt it timed, and on the H200 the profile prices the fit."""
+    from kernels_calibration.cachegen_decoder_bench import fit
+
+    doc = json.loads((ROOT / IMPLS["cachegen_reference_decoder"]["measurement"]).read_text())
+    assert doc["provenance"]["gpu_name"] == "NVIDIA H200"
+    refit = fit(doc["rows"])["cachegen_reference_decoder"]["decode"]
+    stored = doc["fits"]["cachegen_reference_decoder"]["decode"]
+    assert refit["n"] == stored["n"] == sum(r["kernel"] == "decode" for r in doc["rows"]) >= 6
+    for key in ("overhead_s", "s_per_unit", "max_abs_error_pct"):
+        assert refit[key] == pytest.approx(stored[key], rel=1e-9), key
+    for r in doc["rows"]:
+        assert r["units"] == r["tokens"] * r["kv_heads"] * r["head_dim"] * 2
+        assert r["symbols"] == r["layers"] * r["units"]
+        assert r["time_s"] == pytest.approx(r["prompt_time_s"] / r["layers"], rel=1e-12)
+        assert r["chunks"] == -(-r["tokens"] // 256) and r["bitstream_bytes"] < r["symbols"] / 4
+    dec = implementation_costs("cachegen_reference_decoder", gpu("h200"))["entropy_decode"]
+    assert dec.s_per_unit == pytest.approx(stored["s_per_unit"], rel=1e-12)
+    assert dec.overhead_s == pytest.approx(stored["overhead_s"], rel=1e-12)
+
+
+def test_cachegen_decoder_bench_pure_parts_run_on_the_cpu():
+    """The bench's codes, CDF layout and stream collection (its --smoke: no GPU); without --out it refuses."""
+    from kernels_calibration.cachegen_decoder_bench import cdf_reference, main
+
+    assert main(["--smoke"]) == 0
+    codes = torch.tensor([[[0, 3], [1, 3], [1, 3], [2, 0]]], dtype=torch.int8)     # [1 layer, 4 tokens, 2 channels]
+    cdf = cdf_reference(codes, 4).to(torch.int32) & 0xFFFF
+    # channel 0: counts 1, 2, 1, 0 of 4; channel 1: 1, 0, 0, 3; scaled to 0xFFFB, plus the bin index
+    assert cdf[0, 0].tolist() == [0, 0xFFFB // 4 + 1, 3 * 0xFFFB // 4 + 2, 0xFFFB + 3, 0xFFFF]
+    assert cdf[0, 1].tolist() == [0, 0xFFFB // 4 + 1, 0xFFFB // 4 + 2, 0xFFFB // 4 + 3, 0xFFFF]
+    assert main([]) == 2
 
 
 def test_other_gpus_reprice_by_unit():

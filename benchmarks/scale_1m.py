@@ -46,6 +46,28 @@ def child(events_file: str, cli_args: list[str]) -> None:
         Path(events_file).write_text(json.dumps(sum(next(e._eid) for e in envs)))
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("numpy", "pandas", "simpy", "pyarrow", "pydantic"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="scenarios/a10g_10gbps.yaml")
@@ -61,6 +83,7 @@ def main() -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(events_file), "simulate", args.scenario,
                "--requests", str(args.requests), "--methods", args.method, "--out", str(out), "--quiet"]
         load_before = os.getloadavg()[0]
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)
@@ -78,9 +101,12 @@ def main() -> None:
             "completed": summary["completed"], "mean_jct_s": round(summary["jct_s"]["mean"], 3),
             "output_bytes": sizes,
             "load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(load_after, 2),
-            "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+            "machine": f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}, Python {platform.python_version()}",
+            "versions": _versions(),
             "git_revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                            text=True).stdout.strip(),
+            "date_utc": started,
+            "command": "python benchmarks/scale_1m.py " + " ".join(sys.argv[1:]),
         }
     print(json.dumps(result, indent=2))
     if args.json:

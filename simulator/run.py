@@ -364,9 +364,10 @@ def _load(run: MethodRun) -> dict:
     return {"utilisation": util, "stable": is_stable(util)}
 
 
-# Peak memory of a run grows with its requests: per request while one method runs, plus its rows in the
-# result tables per method (measured: benchmarks/sim_speed.py and scale_1m.py).
-RUN_BYTES_PER_REQUEST = 2200
+# Peak memory of a run grows with its requests: per request while one method runs (1.11 GB peak for 1M
+# requests with every output: benchmarks/results/scale_1m.json), plus its rows in the result tables per
+# method when they are held rather than written in chunks.
+RUN_BYTES_PER_REQUEST = 1200
 RESULT_BYTES_PER_REQUEST_METHOD = 400
 
 

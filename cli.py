@@ -4,7 +4,9 @@
     python cli.py schema
     python cli.py report out/a10g
     python cli.py calibrate --out profiles/mygpu
+    python cli.py calibrate --traces realrun/traces/h200_graphs/index.csv --out engine.json
     python cli.py validate TRACE --scenario S
+    python cli.py validate realrun/traces/h200_graphs/index.csv --cv
     python cli.py sweep scenarios/sweeps/a10g_bandwidth_methods.yaml --out out/sweep
     python cli.py plan scenarios/a10g_10gbps.yaml --rate 0.2 --slo ttft_p99_s=60,tpot_p99_s=0.5,jct_p90_s=60
 
@@ -288,6 +290,10 @@ def validate(
     plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": validation.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    cv: bool = typer.Option(False, "--cv", help="with an index: cross-validate an engine calibration (calibrate "
+                            "--traces): each trace predicted by a fit without it, and by a fit without its "
+                            "configuration, beside the in-sample fit; the held-out errors are the ones to quote"),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
 ) -> None:
     """Simulate the configuration of a measured TRACE and report the simulator's errors."""
     from simulator.config import ScenarioError
@@ -295,6 +301,9 @@ def validate(
     from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
 
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
+    if cv:
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers)
+        return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
         fail(f"{trace}: --scenario is required to validate one trace")
@@ -317,22 +326,91 @@ def validate(
         say(f"wrote {out}/validation.json, validation.html")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def calibrate(ctx: typer.Context) -> None:
-    """Profile the kernels on this machine's GPU and write a calibration profile (needs torch, Triton, a GPU).
+def _validate_cv(index: Path, many: bool, scenario: Optional[Path], set_: List[str], out: Optional[Path], as_json: bool,
+                 quiet: bool, workers: int) -> None:
+    from simulator.calibrate import cross_validate, format_cv
+    from simulator.config import ScenarioError
+    from simulator.files import check_out_dir, strict_json
 
-    Arguments are passed to `python -m kernels_calibration.profile` (e.g. --out DIR, --quick)."""
+    if not many:
+        fail(f"{index}: --cv needs an index.csv of traces (columns trace, scenario)")
+    if scenario is not None or set_:
+        fail("--cv takes the scenarios from the index; --scenario and --set do not apply")
+    try:
+        if out is not None:
+            check_out_dir(out, ScenarioError)
+        result = cross_validate(index, workers=workers)
+    except ScenarioError as e:
+        fail(str(e))
+    say = Say(as_json, quiet)
+    say.result(format_cv(result), result)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.json").write_text(strict_json(result) + "\n")
+        say(f"wrote {out}/validation.json")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def calibrate(
+    ctx: typer.Context,
+    traces: Optional[Path] = typer.Option(None, "--traces", help="an index.csv of measured traces (columns trace, "
+                                          "scenario): fit an engine calibration to them (no GPU needed)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="with --traces: the engine calibration file to write; "
+                                       "without: the profile folder (passed to the kernel profiler)"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Profile the kernels on this machine's GPU and write a calibration profile (needs torch, Triton, a GPU);
+    or, with --traces INDEX.csv --out FILE, fit an engine calibration to measured runs.
+
+    Kernel profiling: other arguments are passed to `python -m kernels_calibration.profile` (e.g. --out DIR,
+    --quick).  Engine calibration: fits what kernel profiles cannot see (decode loop gap and host issue time,
+    extra kernels, join time, prefill efficiency and host time, link efficiency and latency, per-method
+    implementation factors) by bounded least squares on the traces' iterations and phase durations, with
+    standard errors; a scenario uses the file through `calibration: {engine: FILE}`."""
+    if traces is not None:
+        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet)
+        return
     try:
         import torch
 
         from kernels_calibration.profile import main as profile_main
     except ImportError as e:
         fail(f"calibrate needs the kernel extras (pip install -e '.[kernels]'): {e}")
-    args = list(ctx.args)
+    args = list(ctx.args) + ([] if out is None else ["--out", str(out)])
     if not torch.cuda.is_available() and not any(a in ("-h", "--help") or a.startswith("--fit-only") for a in args):
         fail("calibrate profiles kernels on a CUDA GPU and this machine has none (torch.cuda.is_available() is "
              "False); --fit-only ROWS.csv refits a profile from measured rows without one")
     raise typer.Exit(profile_main(args))
+
+
+def _calibrate_engine(index: Path, out: Optional[Path], extra: list[str], as_json: bool, quiet: bool) -> None:
+    from simulator.calibrate import engine_file, fit_engine, format_fit, load_index
+    from simulator.config import ScenarioError
+    from simulator.engine import EngineFile
+    from simulator.files import strict_json
+
+    if extra:
+        fail(f"calibrate --traces: unexpected argument {extra[0]!r}")
+    if out is None:
+        fail("calibrate --traces: --out FILE (the engine calibration file to write) is required")
+    if out.exists() and out.is_dir():
+        fail(f"{out}: --out is a folder; give the engine calibration file's path")
+    try:
+        traces = load_index(index)
+        fit = fit_engine(traces)
+    except ScenarioError as e:
+        fail(str(e))
+    doc = engine_file(fit, traces, str(index), f"calibrate --traces {index} --out {out}", __version__)
+    EngineFile.model_validate(doc)     # what a scenario will read back
+    text = strict_json(doc) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out)
+    say = Say(as_json, quiet)
+    say.result(format_fit(doc), doc)
+    say(f"wrote {out}")
 
 
 from planning.commands import register_commands  # noqa: E402  (cheap: heavy modules load inside the commands)

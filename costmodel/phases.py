@@ -14,6 +14,12 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   the scenario's decode.host_issue_s_* (0 for an engine that replays CUDA graphs); CPU work between
   iterations that the GPU waits for (an engine that synchronises on each iteration's tokens and then
   schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
+* What an engine adds to the kernels' prices (an engine calibration fitted from its measured runs,
+  simulator/engine.py): its prefill reaches ``prefill_efficiency`` of the priced GPU speed and, issued
+  from the CPU, lasts at least the prefill pool's host_issue_s_* time; its quantize, dequantize and
+  homomorphic-correction steps take ``*_factor`` times the profile's price, its own prefill launches add
+  ``method_prefill_issue_s_per_layer`` to the prefill host floor; the iteration a request joins
+  takes ``join_s_per_request`` longer per joining request (the simulator adds it: decode.py).
 * Attention by the calibration profile's kernel fits, in the profile's canonical units; prefill attention
   in the form the method picks for each prompt (FP16 FlashAttention, or HACK's homomorphic kernel).
 * Mixture of experts (MoE models): a layer's MLP is a router and E experts of which each token uses k;
@@ -125,6 +131,13 @@ class ReplicaCostModel:
     block_tokens: int = DEFAULT_BLOCK_TOKENS   # KV tokens per block (vLLM's --block-size)
     cuda_graph_bytes: float = 0.0              # per GPU, subtracted from the KV pool (costmodel/memory.py)
     non_torch_override_bytes: float | None = None   # per GPU: replaces the non-torch estimate
+    # What the engine adds to the kernels' prices (an engine calibration, simulator/engine.py; see the module doc)
+    join_s_per_request: float = 0.0            # decode: extra time of the iteration a request joins, per request
+    prefill_efficiency: float = 1.0            # prefill: fraction of the priced GPU speed reached
+    quantize_factor: float = 1.0               # the engine's quantize / dequantize / correction time over the
+    dequantize_factor: float = 1.0             # profile's price
+    approximation_factor: float = 1.0
+    method_prefill_issue_s_per_layer: float = 0.0   # CPU time per layer of the method's own prefill launches
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -359,16 +372,32 @@ class ReplicaCostModel:
         m = self.model
         tokens = sum(prompt_tokens) - sum(cached_tokens)
         attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens, cached_tokens)
-        layer_s = self._dense_layer_s(tokens) + attn_s
+        # the engine: its correction against the profile's, its GPU speed against the priced one
+        attn_s += (self.approximation_factor - 1.0) * approx_s
+        approx_s *= self.approximation_factor / self.prefill_efficiency
+        layer_s = (self._dense_layer_s(tokens) + attn_s) / self.prefill_efficiency
+        lm_head_s = self._lm_head_s(len(prompt_tokens)) / self.prefill_efficiency
         stages = self.parallel.pipeline
         layers_per_stage = math.ceil(m.layers / stages)
-        stage_s = layers_per_stage * layer_s + self._lm_head_s(len(prompt_tokens)) / stages
-        latency_s = m.layers * layer_s + self._lm_head_s(len(prompt_tokens)) + (stages - 1) * self._stage_hop_s(tokens)
-        encode_s = m.layers / stages * self._encode_layer_s(tokens)
+        stage_s = layers_per_stage * layer_s + lm_head_s / stages
+        latency_s = m.layers * layer_s + lm_head_s + (stages - 1) * self._stage_hop_s(tokens)
+        host_s = self.prefill_host_s(len(prompt_tokens))   # an engine that issues the batch's launches from the CPU
+        stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
+        encode_s = m.layers / stages * self._encode_layer_s(tokens) * self.quantize_factor
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
         return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s,
                            forms=forms)
+
+    def prefill_host_s(self, batch_requests: int) -> float:
+        """The shortest a prefill batch can take when the CPU issues its launches one by one (the prefill
+        pool's host_issue_s_*: per batch, per layer, per request); 0: no host model."""
+        if not (self.host_issue_s_per_iteration or self.host_issue_s_per_layer or self.host_issue_s_per_request
+                or self.method_prefill_issue_s_per_layer):
+            return 0.0
+        return (self.host_issue_s_per_iteration
+                + self.model.layers * (self.host_issue_s_per_layer + self.method_prefill_issue_s_per_layer)
+                + batch_requests * self.host_issue_s_per_request)
 
     def _encode_layer_s(self, tokens: int) -> float:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
@@ -418,7 +447,7 @@ class ReplicaCostModel:
         elements = prompt_tokens * self._kv_elements_per_token_per_gpu_layer()
         t = self.profile.kernel("dequantize.kv").time_s(elements)
         t += self._entropy_coding_s("entropy_decode.kv", elements)
-        return self.model.layers / self.parallel.pipeline * t
+        return self.model.layers / self.parallel.pipeline * t * self.dequantize_factor
 
     # ---- decode ---------------------------------------------------------------------------
     def iteration(self, batch_size: int) -> IterationCost:
@@ -452,10 +481,11 @@ class ReplicaCostModel:
         return IterationCost(
             decode_fixed_s=decode_fixed + serial,
             decode_per_ctx_s=L * per_ctx.get("decode", 0.0),
-            dequant_fixed_s=L * (batch_size * per_req.get("dequantize", 0.0) + per_iter.get("dequantize", 0.0)),
-            dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0),
-            approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0),
-            approx_per_ctx_s=L * per_ctx.get("approximation", 0.0),
+            dequant_fixed_s=L * (batch_size * per_req.get("dequantize", 0.0) + per_iter.get("dequantize", 0.0))
+            * self.dequantize_factor,
+            dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0) * self.dequantize_factor,
+            approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0) * self.approximation_factor,
+            approx_per_ctx_s=L * per_ctx.get("approximation", 0.0) * self.approximation_factor,
             fetch_fixed_s=L * batch_size * per_req.get("fetch", 0.0),
             fetch_per_ctx_s=L * per_ctx.get("fetch", 0.0),
             host_s=host + serial if host > 0 else 0.0,

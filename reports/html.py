@@ -230,6 +230,13 @@ def _profile_html(run: RunData) -> str:
         rows.append(f"<tr><td>{role}</td><td>{_esc(p.get('gpu', '–'))}</td><td>{badge}</td>"
                     f"<td>{_esc(p.get('derived_from') or '–')}</td><td><code>{_esc(p.get('path') or '–')}</code></td>"
                     f"<td style='white-space:normal'>{_esc(SOURCE_TEXT.get(src, ''))}</td></tr>")
+    eng = prof.get("engine")
+    if isinstance(eng, dict):   # an engine calibration (cli.py calibrate --traces) on top of the kernel profiles
+        fitted = ", ".join(f"{k} = {v['value']:.4g} ± {v['stderr']:.2g}" for k, v in (eng.get("fitted") or {}).items()
+                           if isinstance(v, dict) and v.get("stderr") is not None)
+        rows.append(f"<tr><td>engine</td><td>–</td><td>{_esc(eng.get('engine') or '–')}</td><td>–</td>"
+                    f"<td><code>{_esc(eng.get('path') or '–')}</code></td>"
+                    f"<td style='white-space:normal'>{_esc('fitted to measured runs: ' + fitted)}</td></tr>")
     return ('<div class="scroll"><table id="table-profiles" class="left"><thead><tr><th>role</th><th>GPU</th><th>source</th>'
             '<th>derived from</th><th>profile file</th><th>what the source means</th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')

@@ -177,13 +177,14 @@ class PoolConfig(_Strict):
     kv_capacity_gib: float | None = Field(None, gt=0, le=2**30, description="KV memory per replica, replacing the capacity "
                                           "computed from GPU memory (to describe a system that pre-allocates a "
                                           "fixed KV pool, as realrun does)")
-    host_issue_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time the engine spends issuing "
-                                              "one iteration, fixed part (an iteration lasts max(GPU time, host "
-                                              "time)); 0 for an engine that replays CUDA graphs")
-    host_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="decode: CPU issue time per layer per iteration "
-                                          "(eager attention launches, graph replays)")
-    host_issue_s_per_request: float = Field(0.0, ge=0, le=3600, description="decode: CPU issue time per running request per "
-                                            "iteration")
+    host_issue_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="CPU time the engine spends issuing one "
+                                              "decode iteration (or one prefill batch on the prefill pool), fixed "
+                                              "part: it lasts max(GPU time, host time); 0 for an engine that replays "
+                                              "CUDA graphs")
+    host_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="CPU issue time per layer per decode iteration "
+                                          "(or prefill batch): eager launches, graph replays")
+    host_issue_s_per_request: float = Field(0.0, ge=0, le=3600, description="CPU issue time per request of a decode "
+                                            "iteration (or prefill batch)")
     host_serial_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time between iterations during "
                                                "which the GPU idles (sync on the sampled tokens, scheduling)")
     expert_parallel: bool = Field(False, description="mixture of experts: spread whole experts over the "
@@ -209,6 +210,11 @@ class PoolConfig(_Strict):
     prefix_cache_gib: float | None = Field(None, gt=0, le=2**30, description="with prefix_caching: the cache's "
                                            "capacity per replica, taken out of the KV pool and counted in the "
                                            "method's KV bytes (a compressed format caches more prefix)")
+    join_s_per_request: float = Field(0.0, ge=0, le=3600, description="decode: how much longer the iteration a request "
+                                      "joins takes, per joining request (placing its received KV in the batch, the "
+                                      "engine's bookkeeping)")
+    prefill_efficiency: float = Field(1.0, gt=0, le=1, description="prefill: the fraction of the profile-priced GPU "
+                                      "speed the engine's prefill reaches (its time is the priced time over this)")
 
     @model_validator(mode="before")
     @classmethod
@@ -419,10 +425,38 @@ class WorkloadConfig(_Strict):
 # union is the registry's), written as a bare name or a mapping with `name:`.
 
 
+class ImplementationFactors(_Strict):
+    """How long a method's steps take in the engine against what the kernel profile prices them at (factors),
+    and the CPU time its own prefill launches add."""
+
+    quantize: float = Field(1.0, gt=0, le=1000, description="the quantize / encode step after prefill")
+    dequantize: float = Field(1.0, gt=0, le=1000, description="dequantization (every decode iteration, or once on "
+                              "arrival)")
+    approximation: float = Field(1.0, gt=0, le=1000, description="the homomorphic correction (prefill and decode)")
+    prefill_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="CPU time per layer to issue the "
+                                             "method's own prefill kernels beyond the FP16 model's, where the engine "
+                                             "issues prefill from the CPU (adds to the prefill pool's host floor)")
+
+
 class CalibrationConfig(_Strict):
     prefill_profile: str = Field("auto", description="'auto' (the committed profile for the GPU, else roofline), "
                                  "'roofline', or a path to a profile.json")
     decode_profile: str = Field("auto", description="as prefill_profile, for the decode pool")
+    engine: str | None = Field(None, description="an engine calibration file (cli.py calibrate --traces), relative to "
+                               "the scenario file: the parameters it fitted replace the scenario's (decode host and "
+                               "loop-gap time, extra kernels, join time, prefill efficiency and host time, link "
+                               "efficiency and latency, implementation_factors); kernel profiles stay as they are")
+    implementation_factors: dict[str, ImplementationFactors] = Field(
+        default_factory=dict, description="per method name (baseline, kvquant, hack, ...): the engine's time for its "
+        "quantize, dequantize and approximation steps over the profile's price")
+
+    @field_validator("implementation_factors")
+    @classmethod
+    def _method_names(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(METHOD_REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown method {unknown[0]!r} (methods: {', '.join(METHOD_REGISTRY)})")
+        return v
 
 
 # ---- faults -------------------------------------------------------------------------------

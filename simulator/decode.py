@@ -272,9 +272,11 @@ class DecodeReplica:
         self._schedule(seg_s)
 
     def _admit_joining(self) -> float:
-        """Join the waiting requests; returns the on-arrival work the next iteration carries."""
+        """Join the waiting requests; returns the work the next iteration carries for them: the engine's
+        join time (decode.join_s_per_request each) and any on-arrival decoding."""
         run, k = self.run, self.iteration
         arrival_s = 0.0
+        join_s = self.cost.join_s_per_request * len(self.joining)
         now = self.env.now
         for rid in self.joining:
             run.decode_join[rid] = now
@@ -292,10 +294,14 @@ class DecodeReplica:
         # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
         # everyone in the batch waits for it, so it counts as dequantization for all of them.
         self.cum[1] += arrival_s
-        return arrival_s
+        self.cum[0] += join_s      # likewise the engine's join work, as decode
+        return arrival_s + join_s
 
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
+        if self.run.iteration_log is not None:   # off unless asked for: a row per iteration is not the hot path's
+            self.run.iteration_log.append((self._seg[0], self._seg[3], n, c, b, k, cost,
+                                          self.cost.host_serial_s_per_iteration))
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
         if cost.host_s:   # iterations waiting on the host: the wait counts as decode time
             self.cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
@@ -346,3 +352,18 @@ class DecodeReplica:
             if self.memory_log is not None:
                 self.memory_log.append((now, self.index, self.reserved_bytes))
             run.router.on_memory_freed()
+
+
+def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
+    """A decode replica's iterations as a measured trace records them (iterations.csv: start_s, end_s,
+    batch_size, context_tokens) from its segment log (MethodRun.iteration_log): iteration m of a segment
+    starts after the segment's on-arrival work and m iterations; a row ends before the CPU work between
+    iterations (host_serial_s_per_iteration), which a trace's rows leave out."""
+    rows = []
+    for start_s, pending_s, n, c, b, k, cost, serial in log:
+        t = start_s
+        for m in range(n):
+            step = segment_time_s(cost, 1, c, b, k + m) + (pending_s if m == 0 else 0.0)
+            rows.append((t, t + step - serial, b, c + b * (k + m)))
+            t += step
+    return rows

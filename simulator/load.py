@@ -1,6 +1,7 @@
 """A scenario file to a valid `Scenario`: YAML, `--set` overrides, the schema (simulator/config.py), then the
 files the scenario names, relative to its own folder (a recorded trace, read by simulator/traces.py, gives the
-request count when the scenario gives none).  Every problem is a one-line `ScenarioError` naming file and field.
+request count when the scenario gives none; an engine calibration file, read by simulator/engine.py, replaces
+the engine parameters it fitted).  Every problem is a one-line `ScenarioError` naming file and field.
 
 The schema module reads no file a scenario names, so this loader sits above both it and the trace readers.
 """
@@ -24,8 +25,18 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 
 def resolve_workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
-    """Trace paths made absolute against `folder` (the scenario file's), and a trace's request count filled
-    in from the trace itself when the scenario gives none."""
+    """Trace paths made absolute against `folder` (the scenario file's), a trace's request count filled
+    in from the trace itself when the scenario gives none, and the engine calibration file's fitted
+    parameters applied (`calibration.engine`, simulator/engine.py)."""
+    scenario = _workload_files(scenario, folder, source)
+    if scenario.calibration.engine is not None:
+        from .engine import apply_engine_file   # reads the file: only once the scenario is known to be valid
+
+        scenario = apply_engine_file(scenario, folder, source)
+    return scenario
+
+
+def _workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
     wl = scenario.workload
     update: dict = {}
     if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():

@@ -20,8 +20,12 @@ reads the frozen `Resolved` it returns. The defaults it fills in:
   link carries `bandwidth_gbps x efficiency` (the first link listed joins a pair of replicas);
   `per_flow_gbps` caps one transfer.
 
-The decode engine's host costs (`host_issue_s_*`, `extra_kernels_per_layer`) apply to the decode
-pool only: prefill batches are one launch sequence each.
+The engine's host costs: on the decode pool every term (`host_issue_s_*`, `host_serial_s_per_iteration`,
+`extra_kernels_per_layer`); on the prefill pool the issue terms only (`host_issue_s_*`, 0 by default: a
+prefill batch lasts at least the CPU time to issue it, for an engine that launches prefill eagerly).
+What an engine calibration fits (simulator/engine.py; `calibration.engine` applies its file when the
+scenario is loaded) arrives here as scenario values: `decode.join_s_per_request`,
+`prefill.prefill_efficiency`, and per method `calibration.implementation_factors` (all neutral by default).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from costmodel.phases import ReplicaCostModel
 from costmodel.roofline import roofline_profile
 from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 
-from .config import GPUConfig, ModelConfig, PoolConfig, Scenario, ScenarioError
+from .config import GPUConfig, ImplementationFactors, ModelConfig, PoolConfig, Scenario, ScenarioError
 from .implementations import priced_profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +66,8 @@ class InstanceSpec:
 
 @dataclass(frozen=True)
 class HostCosts:
-    """The decode engine's CPU work per iteration (all 0: an engine that replays CUDA graphs)."""
+    """The engine's CPU work per decode iteration or prefill batch (all 0: an engine that replays CUDA
+    graphs; on the prefill pool serial time and extra kernels stay 0)."""
 
     issue_s_per_iteration: float = 0.0
     issue_s_per_layer: float = 0.0
@@ -93,10 +98,18 @@ class PoolLayout:
     block_tokens: int                   # KV tokens per block (costmodel/memory.py)
     cuda_graph_bytes: float             # per GPU
     non_torch_override_bytes: float | None   # per GPU: replaces the non-torch estimate
+    join_s_per_request: float = 0.0     # decode: the engine's extra time in the iteration a request joins
+    prefill_efficiency: float = 1.0     # prefill: the fraction of the priced GPU speed the engine reaches
 
-    def cost_model(self, model: ModelSpec, method: KVMethod) -> ReplicaCostModel:
-        """The cost model of one replica of this pool running `method` (priced as its implementation runs)."""
+    def cost_model(self, model: ModelSpec, method: KVMethod, impl: ImplementationFactors | None = None
+                   ) -> ReplicaCostModel:
+        """The cost model of one replica of this pool running `method` (priced as its implementation runs),
+        with the engine's implementation factors for it (an engine calibration), if any."""
         h = self.host
+        engine = {} if impl is None else {
+            "quantize_factor": impl.quantize, "dequantize_factor": impl.dequantize,
+            "approximation_factor": impl.approximation,
+            "method_prefill_issue_s_per_layer": impl.prefill_issue_s_per_layer if self.name == "prefill" else 0.0}
         return ReplicaCostModel(
             model=model, gpu=self.gpu, parallel=self.parallel, method=method,
             profile=priced_profile(self.profile, method, self.gpu),
@@ -106,7 +119,8 @@ class PoolLayout:
             host_issue_s_per_request=h.issue_s_per_request, host_serial_s_per_iteration=h.serial_s_per_iteration,
             extra_kernels_per_layer=h.extra_kernels_per_layer, max_batch_requests=self.max_batch_requests,
             block_tokens=self.block_tokens, cuda_graph_bytes=self.cuda_graph_bytes,
-            non_torch_override_bytes=self.non_torch_override_bytes)
+            non_torch_override_bytes=self.non_torch_override_bytes, join_s_per_request=self.join_s_per_request,
+            prefill_efficiency=self.prefill_efficiency, **engine)
 
 
 @dataclass(frozen=True)
@@ -146,8 +160,10 @@ class Resolved:
     shared_gpu: bool                    # placement shared_gpu: prefill replica i and decode replica i share GPUs
 
     def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
-        """(prefill, decode) cost models of one replica each."""
-        return self.prefill.cost_model(self.model, method), self.decode.cost_model(self.model, method)
+        """(prefill, decode) cost models of one replica each, with the engine's implementation factors for
+        the method (calibration.implementation_factors, by its registry name)."""
+        impl = self.scenario.calibration.implementation_factors.get(method.name)
+        return self.prefill.cost_model(self.model, method, impl), self.decode.cost_model(self.model, method, impl)
 
 
 # ---- catalog facts ----------------------------------------------------------------------------------
@@ -249,9 +265,10 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         host_bytes = DEFAULT_HOST_MEMORY_BYTES
     else:
         host_bytes = inst.host_memory_gib / 2 * GIB * per
-    host = HostCosts() if name == "prefill" else HostCosts(
-        issue_s_per_iteration=pool.host_issue_s_per_iteration, issue_s_per_layer=pool.host_issue_s_per_layer,
-        issue_s_per_request=pool.host_issue_s_per_request, serial_s_per_iteration=pool.host_serial_s_per_iteration,
+    issue = {"issue_s_per_iteration": pool.host_issue_s_per_iteration, "issue_s_per_layer": pool.host_issue_s_per_layer,
+             "issue_s_per_request": pool.host_issue_s_per_request}
+    host = HostCosts(**issue) if name == "prefill" else HostCosts(
+        **issue, serial_s_per_iteration=pool.host_serial_s_per_iteration,
         extra_kernels_per_layer=pool.extra_kernels_per_layer)
     return PoolLayout(
         name=name, gpu=gpu, parallel=parallel,
@@ -263,7 +280,9 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         kv_capacity_override_bytes=None if pool.kv_capacity_gib is None else pool.kv_capacity_gib * GIB,
         price_usd_per_hour=price_usd_per_hour(pool), host=host, block_tokens=pool.block_tokens,
         cuda_graph_bytes=pool.cuda_graph_gib * GIB,
-        non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB)
+        non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB,
+        join_s_per_request=pool.join_s_per_request if name == "decode" else 0.0,
+        prefill_efficiency=pool.prefill_efficiency if name == "prefill" else 1.0)
 
 
 def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:

@@ -119,6 +119,7 @@ class MethodRun:
         self.failed = 0
         self.memory_log = columns.RowLog(3)  # (time_s, replica, used_bytes)
         self.link_logs: dict[str, columns.RowLog] = {}
+        self.iteration_log: list | None = None   # a list: decode replicas log their segments (decode.iteration_rows)
         self.link_capacity_gbps: dict[str, float] = {}
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
@@ -435,6 +436,13 @@ class ScenarioResult:
                    for role, c in (("prefill", pre), ("decode", dec))}}
         if priced:
             out["method_kernels"] = priced
+        if self.scenario.calibration.engine is not None:   # the engine calibration file the scenario applied
+            from .engine import engine_summary
+
+            eng = engine_summary(self.scenario.calibration.engine)
+            if Path(eng["path"]).resolve().is_relative_to(REPO_ROOT):
+                eng["path"] = str(Path(eng["path"]).resolve().relative_to(REPO_ROOT))
+            out["engine"] = eng
         # Accuracy is a property of the arithmetic, not the GPU: a derived profile uses its source's.
         prof = self.resolved.decode.profile
         for gpu in (prof.gpu, prof.derived_from):

@@ -96,7 +96,9 @@ def _err_pct(sim: float, meas: float) -> float | None:
 
 
 def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] | None = None,
-             method: str | None = None) -> dict:
+             method: str | None = None, engine_values: dict[str, float] | None = None) -> dict:
+    """Simulate the trace's system and compare; `engine_values` (engine.PARAMETERS names) replace the
+    scenario's engine parameters (a calibration fitted in memory: simulator/calibrate.cross_validate)."""
     df, iterations, meta, req_path = load_trace(trace)
     method = method or meta.get("method")
     if method is None:
@@ -104,6 +106,10 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
     ov = list(overrides or []) + [f"workload.trace_csv={req_path.resolve()}", "workload.arrival={kind: trace}",
                                   f"workload.requests={len(df)}"]
     s = load_scenario(scenario_path, ov)
+    if engine_values:
+        from .engine import apply_values
+
+        s = apply_values(s, engine_values)
     if method not in {m.output_name for m in s.methods}:
         raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
     result = run_scenario(s, source=str(scenario_path), methods=[method])
@@ -122,6 +128,9 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
         m, p = float(meas[part].mean()), float(sim_parts[part].mean())
         out["breakdown_s"][part] = {"measured": m, "simulated": p}
         out[f"{part}_mean_error_pct"] = _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
+    # what the trace cannot resolve, simulated: dequantization's share of the mean JCT
+    out["dequantize_share_pct"] = (100.0 * float(sim["dequantize_s"].mean()) / out["metrics"]["jct_s"]["simulated"]["mean"]
+                                   if "dequantize_s" in sim.columns else None)
     if iterations is not None and len(iterations):
         res = result.resolved          # the profiles and specs the simulation just used
         cfg = next(m for m in s.methods if m.output_name == method)
@@ -167,10 +176,9 @@ SUMMARY_KEYS = ("jct_mean_error_pct", "ttft_p50_error_pct", "tpot_p50_error_pct"
                 "transfer_mean_error_pct", "decode_mean_error_pct", "iteration_mean_error_pct")
 
 
-def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
-    """Validate every trace an index lists (columns trace, scenario; relative paths are tried against
-    the current directory, then the index's folder).  One dict per trace: its name, scenario and the
-    SUMMARY_KEYS errors."""
+def read_index(index_csv: str | Path) -> list[tuple[str, str, Path, Path]]:
+    """An index's rows (columns trace, scenario): (trace, scenario as written, trace path, scenario path);
+    relative paths are tried against the current directory, then the index's folder."""
     index_csv = Path(index_csv)
     idx = read_csv_table(index_csv, ScenarioError, "trace index")
     missing = {"trace", "scenario"} - set(idx.columns)
@@ -186,9 +194,15 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
         q = Path(p)
         return q if q.exists() or q.is_absolute() else index_csv.parent / q
 
+    return [(str(t), str(scen), where(str(t)), where(str(scen))) for t, scen in zip(idx["trace"], idx["scenario"])]
+
+
+def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
+    """Validate every trace an index lists (read_index).  One dict per trace: its name, scenario and the
+    SUMMARY_KEYS errors."""
     rows = []
-    for t, scen in zip(idx["trace"], idx["scenario"]):
-        v = validate(where(str(t)), where(str(scen)), overrides)
+    for t, scen, trace_path, scenario_path in read_index(index_csv):
+        v = validate(trace_path, scenario_path, overrides)
         rows.append({"trace": str(t), "scenario": str(scen), "method": v["method"], "requests": v["requests"],
                      **{k: v.get(k) for k in SUMMARY_KEYS}})
     return rows

@@ -1,0 +1,202 @@
+"""Engine calibration files: what an engine adds to the kernels' prices, fitted from its measured runs.
+
+A kernel profile prices each kernel as the GPU runs it alone. A serving engine adds time that no kernel
+timing sees: the CPU work between decode iterations while the GPU waits (the loop gap), CPU issue time
+where it launches kernels one by one, its own small kernels per layer, the work of placing a joining
+request's KV in the batch, how close its prefill comes to the priced GPU speed, its implementation of a
+method's quantize, dequantize and correction steps, and how much of a link's line rate its transfers
+reach. `cli.py calibrate --traces INDEX.csv --out FILE` fits these named parameters to measured runs
+(simulator/calibrate.py) and writes them here; a scenario names the file with
+``calibration: {engine: FILE}`` (relative to the scenario file), and every parameter the file *fitted*
+replaces the scenario's value. Parameters the traces could not resolve are recorded with the reason and
+left as the scenario says. Kernel profiles stay what they are.
+
+The file (JSON, strict)::
+
+    {"schema_version": 1, "kind": "hacksim-engine-calibration",
+     "parameters": {NAME: {"value", "stderr", "fitted", "unit", "bounds", "note"}, ...},
+     "fit": {...}, "provenance": {...}}
+
+NAME is one of ``PARAMETERS`` below (a scenario path; ``methods.<method>.<step>`` for the
+implementation factors and ``methods.<method>.prefill_issue_s_per_layer``); ``stderr`` is the standard error from the fit's Jacobian (null when fixed).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.methods import REFERENCE, REGISTRY as METHOD_REGISTRY
+
+from . import files
+
+SCHEMA_VERSION = 1
+KIND = "hacksim-engine-calibration"
+FACTOR_STEPS = ("quantize", "dequantize", "approximation")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One engine parameter: where it lives in a scenario, its physical bounds and what it means."""
+
+    name: str
+    bounds: tuple[float, float]
+    unit: str
+    meaning: str
+    integer: bool = False
+    neutral: float = 0.0        # the value that adds nothing (a factor's 1)
+
+
+# Bounds are physical: times are >= 0 and below what would make an engine absurd; efficiencies in (0, 1];
+# a factor is the engine's time over the profile's, 1 when they agree.
+PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
+    Parameter("decode.host_serial_s_per_iteration", (0.0, 0.02), "s",
+              "CPU time between decode iterations while the GPU waits (the loop gap)"),
+    Parameter("decode.host_issue_s_per_iteration", (0.0, 0.05), "s",
+              "CPU issue time of a decode iteration, fixed part (overlaps the GPU: counts where it is longer)"),
+    Parameter("decode.host_issue_s_per_layer", (0.0, 0.005), "s", "CPU issue time per layer of a decode iteration"),
+    Parameter("decode.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per running request"),
+    Parameter("decode.extra_kernels_per_layer", (0.0, 32.0), "kernels",
+              "the engine's own small kernels per decode layer (copies, gathers)", integer=True),
+    Parameter("decode.join_s_per_request", (0.0, 0.02), "s",
+              "extra time of the iteration a request joins, per joining request (KV placement, bookkeeping)"),
+    Parameter("prefill.prefill_efficiency", (0.05, 1.0), "fraction",
+              "the fraction of the profile-priced GPU speed the engine's prefill reaches", neutral=1.0),
+    Parameter("prefill.host_issue_s_per_iteration", (0.0, 0.05), "s", "CPU issue time of a prefill batch, fixed part"),
+    Parameter("prefill.host_issue_s_per_layer", (0.0, 0.005), "s",
+              "CPU issue time per layer of a prefill batch (eager launches)"),
+    Parameter("prefill.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per request of a prefill batch"),
+    Parameter("network.efficiency", (0.05, 1.0), "fraction", "the fraction of the line rate transfers reach",
+              neutral=1.0),
+    Parameter("network.latency_s", (0.0, 0.1), "s", "one-way latency added to each transfer"),
+)}
+for _m in METHOD_REGISTRY:
+    for _step in FACTOR_STEPS:
+        PARAMETERS[f"methods.{_m}.{_step}"] = Parameter(
+            f"methods.{_m}.{_step}", (0.05, 50.0), "factor",
+            f"the engine's {_step} time for {_m} over the profile's price", neutral=1.0)
+    if _m != REFERENCE:   # the reference's own launches are the pool's prefill.host_issue_s_per_layer
+        PARAMETERS[f"methods.{_m}.prefill_issue_s_per_layer"] = Parameter(
+            f"methods.{_m}.prefill_issue_s_per_layer", (0.0, 0.005), "s",
+            f"CPU time per layer to issue {_m}'s own prefill kernels beyond the FP16 model's, where the engine "
+            f"issues prefill from the CPU (adds to the prefill host floor)")
+
+
+class ParameterRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    value: float = Field(description="the fitted value, or the value it was held at")
+    stderr: float | None = Field(None, ge=0, description="standard error from the fit's Jacobian; null when fixed")
+    fitted: bool = Field(description="true: the traces resolve it and it was fitted; false: held, see note")
+    unit: str = ""
+    bounds: tuple[float, float] | None = None
+    note: str = ""
+
+
+class EngineFile(BaseModel):
+    """The file's content, checked: parameter names known, fitted values inside their physical bounds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    schema_version: int
+    kind: str
+    engine: str = ""
+    parameters: dict[str, ParameterRecord]
+    fit: dict[str, Any] = Field(default_factory=dict)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> "EngineFile":
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {self.schema_version}")
+        if self.kind != KIND:
+            raise ValueError(f"kind must be {KIND!r}, got {self.kind!r}")
+        for name, rec in self.parameters.items():
+            p = PARAMETERS.get(name)
+            if p is None:
+                raise ValueError(f"parameters.{name}: unknown parameter")
+            lo, hi = p.bounds
+            if not lo <= rec.value <= hi:
+                raise ValueError(f"parameters.{name}: {rec.value} outside its bounds [{lo}, {hi}]")
+            if p.integer and rec.fitted and rec.value != int(rec.value):
+                raise ValueError(f"parameters.{name}: a count must be a whole number, got {rec.value}")
+        return self
+
+    def fitted(self) -> dict[str, float]:
+        return {k: r.value for k, r in self.parameters.items() if r.fitted}
+
+
+def read_engine_file(path: str | Path, error: type[Exception]) -> EngineFile:
+    """The checked file; a missing, unreadable or malformed one raises `error` in one line naming it."""
+    path = Path(path)
+    text = files.read_text(path, error, "engine calibration file")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(raw, dict):
+        raise error(f"{path}: expected a JSON object")
+    try:
+        return EngineFile.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise error(f"{path}: {loc or 'file'}: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def apply_values(scenario, values: dict[str, float]):
+    """The scenario with these engine parameters (PARAMETERS names) set: a new, frozen Scenario."""
+    from .config import ImplementationFactors
+
+    pools: dict[str, dict] = {"decode": {}, "prefill": {}}
+    network: dict = {}
+    factors = {m: f.model_dump() for m, f in scenario.calibration.implementation_factors.items()}
+    for name, value in values.items():
+        p = PARAMETERS[name]
+        head, *rest = name.split(".")
+        if head == "methods":
+            factors.setdefault(rest[0], {})[rest[1]] = float(value)
+        elif head == "network":
+            network[rest[0]] = float(value)
+        else:
+            pools[head][rest[0]] = int(round(value)) if p.integer else float(value)
+    update: dict = {}
+    for pool, changes in pools.items():
+        if changes:
+            update[pool] = getattr(scenario, pool).model_copy(update=changes)
+    if network:
+        update["network"] = scenario.network.model_copy(update=network)
+    if factors != {m: f.model_dump() for m, f in scenario.calibration.implementation_factors.items()}:
+        update["calibration"] = scenario.calibration.model_copy(update={"implementation_factors": {
+            m: ImplementationFactors(**f) for m, f in factors.items()}})
+    return scenario.model_copy(update=update) if update else scenario
+
+
+def apply_engine_file(scenario, folder: Path, source: str):
+    """Apply the scenario's calibration.engine file (a path relative to `folder`, the scenario file's):
+    its fitted parameters replace the scenario's; the path becomes absolute so a re-resolved copy finds it."""
+    from .config import ScenarioError
+
+    path = Path(scenario.calibration.engine)
+    if not path.is_absolute():
+        path = (folder / path).resolve()
+    try:
+        engine = read_engine_file(path, ScenarioError)
+    except ScenarioError as e:
+        raise ScenarioError(f"{source}: calibration.engine: {e}") from None
+    out = apply_values(scenario, engine.fitted())
+    return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
+
+
+def engine_summary(path: str | None) -> dict | None:
+    """What profiles.json and the report say about the engine file a run used (None: none)."""
+    if path is None:
+        return None
+    engine = read_engine_file(path, ValueError)
+    return {"path": str(path), "engine": engine.engine,
+            "fitted": {k: {"value": r.value, "stderr": r.stderr, "unit": r.unit}
+                       for k, r in engine.parameters.items() if r.fitted},
+            "held": sorted(k for k, r in engine.parameters.items() if not r.fitted)}

@@ -49,9 +49,11 @@ def test_pools_given_by_gpu_take_the_documented_defaults():
         assert pool.profile.source == "roofline"
     assert res.network.flow_cap_bytes_per_s == 5e9 / 8
     assert res.decode.kv_capacity_override_bytes == 10 * GIB and res.prefill.kv_capacity_override_bytes is None
-    assert res.decode.host.issue_s_per_layer == 0.001 and res.prefill.host.issue_s_per_layer == 0   # decode only
+    # issue time on each pool (a prefill batch lasts at least its CPU issue time); serial time on decode only
+    assert res.decode.host.issue_s_per_layer == 0.001 and res.prefill.host.issue_s_per_layer == 0.5
     pre, dec = res.costs(s.methods[0])
-    assert dec.host_issue_s_per_layer == 0.001 and pre.host_issue_s_per_layer == 0
+    assert dec.host_issue_s_per_layer == 0.001 and pre.host_issue_s_per_layer == 0.5
+    assert pre.prefill((64,)).latency_s == pytest.approx(s.model.layers * 0.5)
     assert dec.kv_capacity_bytes == 10 * GIB and dec.method is s.methods[0]
 
 

@@ -420,8 +420,8 @@ def _least_squares(traces, names, start, base, kinds, warm: dict[str, float] | N
 
     lo, hi = _bounds(names)
     scale = np.array([max(abs(start[n]), resolution(n)) for n in names])
-    fun = lambda x: _weighted_residuals(traces, names, x, kinds, base)   # noqa: E731
-    jac = lambda x: _weighted_residuals(traces, names, x, kinds, base, jac=True)[1]   # noqa: E731
+    fun = lambda x: _weighted_residuals(traces, names, x, kinds, base)
+    jac = lambda x: _weighted_residuals(traces, names, x, kinds, base, jac=True)[1]
     res = min((least_squares(fun, x, jac=jac, bounds=(lo, hi), x_scale=scale, method="trf", tr_solver="exact",
                              xtol=1e-9, ftol=1e-9, gtol=1e-9, max_nfev=500)
                for x in _starts(traces, names, start, warm)), key=lambda r: r.cost)
@@ -505,7 +505,7 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
         # iteration is GPU-bound, or a factor on a step the cost model gives no time) cannot be fitted
         h = max(resolution(n), abs(start[n])) * 0.5
         x = np.array([start[n]])
-        lo, hi = PARAMETERS[n].bounds
+        _lo, hi = PARAMETERS[n].bounds
         step = h if start[n] + h <= hi else -h
         if is_host_floor(n):
             step = floor_probe(n, traces) - start[n]
@@ -571,7 +571,7 @@ def _why_flat(name: str) -> str:
         return "no iteration waits on the host at these traces' values: their engine issues each step as one graph"
     if name.startswith("prefill.host_issue") or name.endswith("prefill_issue_s_per_layer"):
         return "no prefill waits on the host"
-    if name.endswith(".quantize") or name.endswith(".dequantize") or name.endswith(".approximation"):
+    if name.endswith((".quantize", ".dequantize", ".approximation")):
         return "the cost model gives this method no time for the step"
     return "it does not enter these traces' predictions"
 
@@ -605,7 +605,7 @@ def residual_summary(traces: list[TraceData], fitted: dict[str, float]) -> dict:
 # ---- the file --------------------------------------------------------------------------------------
 def git_rev() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
                              timeout=10)
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -760,12 +760,13 @@ def measured_dequantize_share_pct(trace: Path, reference: Path) -> float:
 
 
 def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]) -> list[dict]:
-    """For each trace of a method that dequantizes every iteration and has a baseline twin (same scenario,
-    rate and seed) in the index: the measured share of JCT in dequantization and the predicted ones."""
+    """For each trace of a method that dequantizes every iteration, recorded with GPU-bound iterations (decode
+    as CUDA graphs, meta.json decode_mode) and with a baseline twin (same scenario, rate and seed) in the
+    index: the measured share of JCT in dequantization and the predicted ones."""
     out = []
     for i, td in enumerate(traces):
-        if td.family != "kvquant" or "iteration" not in td.blocks:
-            continue
+        if td.family != "kvquant" or "iteration" not in td.blocks or td.meta.get("decode_mode") != "graphs":
+            continue   # host-bound iterations (an eager engine) hide the dequantization's GPU time
         twin = next((j for j, o in enumerate(traces) if o.family == "baseline" and o.scenario == td.scenario
                      and o.meta.get("rate_rps") == td.meta.get("rate_rps") and o.meta.get("seed") == td.meta.get("seed")),
                     None)

@@ -29,7 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.methods import REFERENCE, REGISTRY as METHOD_REGISTRY
+from costmodel.methods import REFERENCE
+from costmodel.methods import REGISTRY as METHOD_REGISTRY
 
 from . import files
 
@@ -109,7 +110,7 @@ class EngineFile(BaseModel):
     provenance: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _known(self) -> "EngineFile":
+    def _known(self) -> EngineFile:
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(f"schema_version must be {SCHEMA_VERSION}, got {self.schema_version}")
         if self.kind != KIND:
@@ -162,7 +163,7 @@ def apply_values(scenario, values: dict[str, float]):
         elif head == "network":
             network[rest[0]] = float(value)
         else:
-            pools[head][rest[0]] = int(round(value)) if p.integer else float(value)
+            pools[head][rest[0]] = round(value) if p.integer else float(value)
     update: dict = {}
     for pool, changes in pools.items():
         if changes:

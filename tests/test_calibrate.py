@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.calibrate import (engine_file, fit_engine, load_index, load_trace_data, predict, standard_errors)
+from simulator.calibrate import engine_file, fit_engine, load_index, predict, standard_errors
 from simulator.config import ScenarioError, parse_scenario
 from simulator.load import load_scenario
 from simulator.decode import iteration_rows
@@ -161,10 +161,10 @@ def test_engine_file_round_trips_into_a_scenario(simulated, tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("{", "not valid JSON"),
-    ('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"decode.nope": '
-     '{"value": 1, "fitted": true}}}', "decode.nope: unknown parameter"),
-    ('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"network.efficiency": '
-     '{"value": 1.5, "fitted": true}}}', "outside its bounds"),
+    (('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"decode.nope": '
+     '{"value": 1, "fitted": true}}}'), "decode.nope: unknown parameter"),
+    (('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"network.efficiency": '
+     '{"value": 1.5, "fitted": true}}}'), "outside its bounds"),
 ])
 def test_a_bad_engine_file_is_one_line_naming_it(tmp_path, content, message):
     (tmp_path / "engine.json").write_text(content)
@@ -181,7 +181,7 @@ def test_calibrate_traces_cli_writes_the_file_and_refuses_bad_input(simulated, t
     index, _ = simulated
     out = tmp_path / "engine.json"
     p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(index), "--out", str(out),
-                        "--json"], capture_output=True, text=True, cwd=ROOT)
+                        "--json"], check=False, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert json.loads(out.read_text()) == doc
@@ -189,6 +189,27 @@ def test_calibrate_traces_cli_writes_the_file_and_refuses_bad_input(simulated, t
     bad = tmp_path / "bad.csv"
     bad.write_text("trace\nx\n")
     p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(bad), "--out",
-                        str(tmp_path / "e2.json")], capture_output=True, text=True, cwd=ROOT)
+                        str(tmp_path / "e2.json")], check=False, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "scenario" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "e2.json").exists()
+
+
+def test_validate_cv_cli_json_shape(simulated, tmp_path):
+    index, _ = simulated
+    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(index), "--cv", "--json"],
+                       check=False, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    keys = {"jct_mean_abs_error_pct", "jct_max_abs_error_pct", "ttft_p50_mean_abs_error_pct",
+            "tpot_p50_mean_abs_error_pct"}
+    assert r["traces"] == 3 and keys <= set(r["held_out"]) and keys <= set(r["in_sample"])
+    assert "held_out_configuration" not in r          # one configuration: nothing to leave out
+    assert [t["trace"] for t in r["per_trace"]] == ["baseline", "kvquant", "hack"]
+    # the traces are the simulator's own at the parameters fitted in-sample: errors vanish there
+    assert r["in_sample"]["jct_max_abs_error_pct"] < 0.1
+    # the KVQuant trace's dequantization share, measured against its baseline twin, beside the prediction
+    (share,) = r["dequantize_share"]
+    assert share["trace"] == "kvquant" and share["reference"] == "baseline" and share["measured_pct"] > 0
+    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(index.parent / "hack"), "--cv"],
+                       check=False, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "--cv needs an index" in p.stderr

@@ -1,0 +1,59 @@
+"""The engine calibration cross-validated on the committed graph-mode H200 traces (realrun/traces/h200_graphs):
+the held-out errors the README quotes ("Calibrating an engine from measured runs"), each bound the achieved
+figure plus 2 percentage points, so a change that makes the held-out predictions worse fails here and
+tightening a bound records an improvement.  Held out: each trace predicted by a calibration fitted without
+it (leave one trace out) and without its configuration (leave one configuration out).
+
+One cross-validation (33 fits, 81 simulations) in two processes, shared by the tests of this module:
+about 40 s of CPU.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.calibrate import cross_validate
+
+ROOT = Path(__file__).resolve().parent.parent
+INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
+
+# achieved (README) + 2 pp
+HELD_OUT = {"jct_mean_abs_error_pct": 5.9 + 2, "jct_max_abs_error_pct": 18.1 + 2,
+            "tpot_p50_mean_abs_error_pct": 5.7 + 2, "ttft_p50_mean_abs_error_pct": 9.5 + 2}
+HELD_OUT_CONFIGURATION = {"jct_mean_abs_error_pct": 6.8 + 2, "jct_max_abs_error_pct": 20.4 + 2,
+                          "tpot_p50_mean_abs_error_pct": 6.5 + 2, "ttft_p50_mean_abs_error_pct": 15.5 + 2}
+TRACES_WITHIN_10PCT = 21 - 2
+# the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
+DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.1 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.3 + 2}
+
+
+@pytest.fixture(scope="module")
+def cv():
+    return cross_validate(INDEX, workers=2)
+
+
+def test_held_out_errors_hold(cv):
+    assert cv["traces"] == 27
+    for key, bound in HELD_OUT.items():
+        assert cv["held_out"][key] <= bound, (key, cv["held_out"][key])
+    for key, bound in HELD_OUT_CONFIGURATION.items():
+        assert cv["held_out_configuration"][key] <= bound, (key, cv["held_out_configuration"][key])
+    assert cv["held_out"]["traces_jct_within_10pct"] >= TRACES_WITHIN_10PCT
+
+
+def test_held_out_is_what_a_fit_without_the_trace_predicts(cv):
+    """Held out differs from in-sample (the trace left the fit), and every trace has all three."""
+    differ = 0
+    for r in cv["per_trace"]:
+        ins, out = r["in_sample"]["jct_mean_error_pct"], r["held_out"]["jct_mean_error_pct"]
+        assert ins is not None and out is not None and r["held_out_configuration"]["jct_mean_error_pct"] is not None
+        differ += abs(ins - out) > 1e-6
+    assert differ >= 20
+
+
+def test_dequantization_share_of_the_kvquant_traces(cv):
+    shares = {s["trace"]: s for s in cv["dequantize_share"]}
+    for trace, bound in DEQUANTIZE_SHARE_PP.items():
+        assert abs(shares[trace]["held_out_error_pp"]) <= bound, shares[trace]
+        assert shares[trace]["measured_pct"] > 5      # where dequantization is a visible share of JCT

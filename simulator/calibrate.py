@@ -8,21 +8,27 @@ trust-region reflective, within each parameter's physical bounds) on relative re
 * every decode iteration's cadence, start to the next iteration's start where no prefill runs
   between them and the batch did not empty: the cost model's ``IterationCost.time_s`` for the measured
   batch size and context (loop gap included) plus the join time of the requests joining it;
-* every prefill batch's duration (``PrefillCost.latency_s``: efficiency, host floor, correction);
+* every prefill batch's duration (``PrefillCost.latency_s``: efficiency, correction, and the CPU issue
+  floor, per batch, layer and request and per layer for the method's own launches);
 * every quantize step (``PrefillCost.encode_s`` times the method's quantize factor);
 * every transfer's duration: the link's fluid max-min sharing replayed from the measured transfer starts
   with the priced wire bytes, at line rate × efficiency, plus the latency.
 
 The cost model is used directly: each trace's batches are priced once at neutral engine parameters
-and the parameters enter those prices the way `ReplicaCostModel` applies them (a test checks the two
-agree), so a fit takes seconds, not a simulation per step. Each trace weighs the same in each
-residual kind (weights 1/√n). Parameters that share no residual are fitted apart (the problem is
-block-diagonal, so this is exact) and the standard errors come from the Jacobian at the optimum,
-s²(JᵀJ)⁻¹ with s² the residual variance; iterations of one run are not independent, so they are lower
-bounds. A parameter is *held* at the scenario's value, not fitted, when no residual depends on it
-(e.g. host issue time when no iteration waits on the host), or when the traces do not resolve it:
-a standard error above half its natural size (``RESOLUTION``); the least resolved goes first and the
-rest are refitted. The count of extra kernels is rounded to a whole number and the rest refitted.
+and the parameters enter those prices the way `ReplicaCostModel` applies them (on a trace the
+simulator generated, the fit reproduces every item to rounding: tests/test_calibrate.py), so a fit
+takes seconds, not a simulation per step. Each trace weighs the same in each residual kind (weights
+1/√n). Parameters that share no residual are fitted apart (the problem is block-diagonal, so this is
+exact); a host issue time is a max() floor, so each fit also starts where the floors bind and the
+better optimum wins. Standard errors come from the Jacobian at the optimum, s²(JᵀJ)⁻¹ with s² the
+residual variance; iterations of one run are not independent, so they are lower bounds. A parameter
+is *held* at the scenario's value, not fitted, when no residual depends on it (e.g. a factor on a step
+the method does not have), when the traces' structure cannot separate it from others (its Jacobian
+column spanned by earlier parameters' at every start: a per-layer term when every trace has the same
+layers), when the traces' engine replays each decode step as one CUDA graph (decode issue terms), or
+when the traces do not resolve it: a standard error above half its natural size (``RESOLUTION``); the
+least resolved goes first and the rest are refitted. The count of extra kernels is rounded to a whole
+number and the rest refitted.
 
 `cross_validate` fits on all traces (in-sample), on all but one (leave one trace out) and on all but
 one configuration (its scenario: model × link), and simulates each trace with a calibration fitted
@@ -40,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from costmodel.methods import REFERENCE
 
 from .config import ScenarioError
 from .load import load_scenario
@@ -765,9 +773,10 @@ def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]
     index: the measured share of JCT in dequantization and the predicted ones."""
     out = []
     for i, td in enumerate(traces):
-        if td.family != "kvquant" or "iteration" not in td.blocks or td.meta.get("decode_mode") != "graphs":
-            continue   # host-bound iterations (an eager engine) hide the dequantization's GPU time
-        twin = next((j for j, o in enumerate(traces) if o.family == "baseline" and o.scenario == td.scenario
+        if ("iteration" not in td.blocks or not td.blocks["iteration"]["dequant_per_ctx"] > 0
+                or td.meta.get("decode_mode") != "graphs"):
+            continue   # no per-iteration dequantization; or host-bound iterations (eager) hide its GPU time
+        twin = next((j for j, o in enumerate(traces) if o.family == REFERENCE and o.scenario == td.scenario
                      and o.meta.get("rate_rps") == td.meta.get("rate_rps") and o.meta.get("seed") == td.meta.get("seed")),
                     None)
         if twin is None:

@@ -50,8 +50,8 @@ import pandas as pd
 from costmodel.methods import REFERENCE
 
 from .config import ScenarioError
-from .load import load_scenario
 from .engine import FACTOR_STEPS, KIND, PARAMETERS, SCHEMA_VERSION, apply_values
+from .load import load_scenario
 from .resolve import REPO_ROOT, network_bandwidth_gbps, resolve
 
 # What "resolved" means per parameter: a standard error at most half of max(|value|, this size).

@@ -12,11 +12,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from simulator.calibrate import engine_file, fit_engine, load_index, predict, standard_errors
+from simulator.calibrate import (
+    engine_file,
+    fit_engine,
+    load_index,
+    predict,
+    standard_errors,
+)
 from simulator.config import ScenarioError, parse_scenario
-from simulator.load import load_scenario
 from simulator.decode import iteration_rows
 from simulator.engine import PARAMETERS, apply_values, read_engine_file
+from simulator.load import load_scenario
 from simulator.run import MethodRun, resolve, run_scenario
 from simulator.workload import make_requests
 

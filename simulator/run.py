@@ -365,7 +365,7 @@ def _load(run: MethodRun) -> dict:
     return {"utilisation": util, "stable": is_stable(util)}
 
 
-# Peak memory of a run grows with its requests: per request while one method runs (1.11 GB peak for 1M
+# Peak memory of a run grows with its requests: per request while one method runs (0.98-1.11 GB peak for 1M
 # requests with every output: benchmarks/results/scale_1m.json), plus its rows in the result tables per
 # method when they are held rather than written in chunks.
 RUN_BYTES_PER_REQUEST = 1200

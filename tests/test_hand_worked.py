@@ -147,7 +147,58 @@ def test_allreduce_at_tp2_by_hand():
     assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(1.455884e-4, rel=1e-6)
     # at eight GPUs a 1 MiB message takes the two-shot kernel: 11.45 us + 2 x 7/8 x 1 MiB / (0.624 x 300e9)
     assert co.allreduce_s(float(2**20), 8, nvs, link) == pytest.approx(
-        11.45e-6 + 2 * 7 / 8 * 2**20 / (0.624 * 300e9), rel=1e-12)
+        11.45e-6 + 2 * 7 / 8 * 2**20 / (0.624 * 300e9), rel=1e-12, abs=0)
+    # the edges: one-shot below 256 KiB at eight GPUs, two-shot from it; custom kernels up to 8 MiB inclusive
+    kib = 1024
+    below, at, top = 256 * kib - 1, 256 * kib, 8 * 1024 * kib
+    assert co.allreduce_s(float(below), 8, nvs, link) == pytest.approx(4.86e-6 + 7 * below / (0.713 * 300e9), rel=1e-12,
+                                                                       abs=0)
+    assert co.allreduce_s(float(at), 8, nvs, link) == pytest.approx(11.45e-6 + 1.75 * at / (0.624 * 300e9), rel=1e-12,
+                                                                    abs=0)
+    assert co.allreduce_s(float(top), 8, nvs, link) == pytest.approx(11.45e-6 + 1.75 * top / (0.624 * 300e9),
+                                                                     rel=1e-12, abs=0)
+    assert type(co.allreduce_s(8192.0, 2, nvs, link)) is float
+    # one GPU: nothing to reduce
+    assert co.allreduce_algorithm(8192, 1, nvs) == "none" and co.allreduce_s(8192.0, 1, nvs, link) == 0.0
+    # send/recv over 100 Gbps Ethernet (12.5 GB/s): 42 us + n / (0.8 x 12.5e9); all-to-all at TP 4:
+    # 7.54 us + 3/4 x n / (0.822 x 300e9)
+    eth = co.from_catalog(catalog.load("interconnects")["ethernet"])
+    assert co.sendrecv_s(1e6, eth, 12.5) == pytest.approx(42e-6 + 1e6 / (0.8 * 12.5e9), rel=1e-12, abs=0)
+    assert co.alltoall_s(1e6, 4, nvs, link) == pytest.approx(7.54e-6 + 0.75 * 1e6 / (0.822 * 300e9), rel=1e-12, abs=0)
+    assert co.alltoall_s(1e6, 1, nvs, link) == 0.0
+
+
+def test_collectives_report_for_the_outputs():
+    """profiles.json's collectives entry: per token count the all-reduce's bytes, algorithm and time, the
+    pipeline hop, and under expert parallelism the dispatch all-to-all, worked by hand."""
+    import catalog
+    from costmodel import collectives as co
+    from costmodel.specs import Parallelism
+    ics = catalog.load("interconnects")
+    nvs, eth = co.from_catalog(ics["nvswitch"]), co.from_catalog(ics["ethernet"])
+    par = Parallelism(tensor=2, pipeline=2, intra_node_gb_per_s=300.0, inter_stage_gbps=100.0, interconnect=nvs,
+                      network=eth, expert_parallel=True)
+    r = co.report(par, hidden_size=4096, tokens=[1, 4096], active_experts=8)
+    assert r["interconnect"] == "nvswitch" and r["tensor_parallel"] == 2 and r["link_gb_per_s"] == 300.0
+    one, big = r["allreduce"]
+    # one token: 4096 x 2 B = 8192 B, one-shot; 4096 tokens: 32 MiB, the ring (test_allreduce_at_tp2_by_hand)
+    assert one == {"tokens": 1, "bytes": 8192, "algorithm": "one_shot",
+                   "time_s": pytest.approx(4.86e-6 + 8192 / (0.713 * 300e9), rel=1e-12, abs=0)}
+    assert big == {"tokens": 4096, "bytes": 33554432, "algorithm": "ring",
+                   "time_s": pytest.approx(9.52e-6 + 33554432 / (0.822 * 300e9), rel=1e-12, abs=0)}
+    # the hop between stages: the same activations over 100 Gbps = 12.5 GB/s at 0.8: 42 us + n / 1e10
+    assert r["pipeline_sendrecv"] == [
+        {"tokens": t, "bytes": t * 8192, "network_gbps": 100.0, "time_s": pytest.approx(42e-6 + t * 8192 / 1e10,
+                                                                                      rel=1e-12, abs=0)}
+        for t in (1, 4096)]
+    # dispatch: each rank's t/2 tokens, 8 copies each of 8192 B: t x 32,768 B, half of it to the peer
+    assert r["alltoall"] == [
+        {"tokens": t, "bytes": t * 32768, "time_s": pytest.approx(7.54e-6 + 0.5 * t * 32768 / (0.822 * 300e9),
+                                                                  rel=1e-12, abs=0)}
+        for t in (1, 4096)]
+    # no pipeline, no expert parallelism: neither entry
+    flat = co.report(Parallelism(tensor=2, intra_node_gb_per_s=300.0, interconnect=nvs, network=eth), 4096, [1])
+    assert set(flat) == {"interconnect", "tensor_parallel", "link_gb_per_s", "allreduce"}
 
 
 # ---- a capped two-flow link -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test bench clean
+.PHONY: run test mutate bench clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,18 @@ $(VENV)/.test-installed: $(VENV)/.core-installed
 run: $(VENV)/.core-installed
 	$(PY) cli.py simulate $(SCENARIO) --out out/default
 
+# Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
+TEST_WORKERS ?= 2
 test: $(VENV)/.test-installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# Mutation testing of costmodel/ and simulator/ ([tool.mutmut] in pyproject.toml; README, "Testing").
+# MUTATE picks functions by name glob, e.g. MUTATE='costmodel.methods* simulator.link*'; all by default (hours).
+MUTATE ?=
+mutate: $(VENV)/.test-installed
+	rm -rf mutants
+	nice -n 15 $(VENV)/bin/mutmut run $(MUTATE)
+	$(VENV)/bin/mutmut results
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out mutants

@@ -127,6 +127,98 @@ def test_bytes_per_token_and_per_request_on_llama_8b():
     assert make_method("hcattention").host_bytes_per_token(model) == 65536
 
 
+# ---- decode-layer costs of the methods that price their own (FP4, PQCache, HCAttention) ----------------
+def _env(kernels: dict, has_fp4: bool = False):
+    """One decode layer of Llama-3.1-8B on one GPU: 8 KV heads x 128 x (K, V) = 2048 KV elements per context
+    token, 32 query heads; round rates: 1e12 B/s memory, 1e13 ALU ops/s, 24e9 B/s PCIe."""
+    from costmodel.calibration import CalibrationProfile, KernelFit
+    from costmodel.methods import DecodeEnv
+    prof = CalibrationProfile(gpu="x", source="measured", memory_gbps=1000.0, matmul_fp16_tflops=100.0,
+                              matmul_int8_tops=None, matmul_fp8_tflops=None, launch_overhead_s=5e-6,
+                              kernels={k: KernelFit(o, s) for k, (o, s) in kernels.items()})
+    return DecodeEnv(profile=prof, model=_model(), kv_units_per_token=2048, q_heads_per_gpu=32.0,
+                     alu_instr_per_s=1e13, pcie_bytes_per_s=24e9, memory_bytes_per_s=1e12, has_fp4=has_fp4)
+
+
+def _close(a: dict, b: dict):
+    assert set(a) == set(b) and all(a[k] == pytest.approx(b[k], rel=1e-12, abs=0) for k in b), (a, b)
+
+
+def test_fp4_decode_layer_by_hand():
+    # reading 0.5625 B at 1e12 B/s: 5.625e-13 s per element; converting in hardware, 2 instructions at 1e13:
+    # 2e-13; native FP4 takes the larger, 5.625e-13 x 2048 = 1.152e-9 s per context token
+    per_req, per_ctx = make_method("fp4").decode_layer_terms(_env({}, has_fp4=True))
+    assert per_req == {} and per_ctx == {"decode": pytest.approx(1.152e-9, rel=1e-12, abs=0)}
+    # emulated: software dequantization at 2.95e-13 x 33.5e12 = 9.8825 instructions per element at 1e13:
+    # 9.8825e-13 s, the excess over the native 5.625e-13 is dequantization: 4.2575e-13 x 2048 = 8.71936e-10
+    per_req, per_ctx = make_method("fp4").decode_layer_terms(_env({}))
+    _close(per_ctx, {"decode": 1.152e-9, "dequantize": (9.8825e-13 - 5.625e-13) * 2048})
+    assert per_ctx["dequantize"] == pytest.approx(8.71936e-10, rel=1e-12)
+
+
+def test_hack_and_kvquant_decode_layers_by_hand():
+    kernels = {"decode_attn.fp16": (1e-5, 1e-12), "decode_attn.hack": (1.2e-5, 4e-13),
+               "decode_attn.hack_no_se": (1.2e-5, 6e-13), "decode_attn.dequant_unfused": (2e-5, 2.5e-12)}
+    # HACK (GQA 4 here, no group-4 fit: the group-8 one): 4e-13 x 2048 = 8.192e-10 s per context token, of which
+    # the correction is 32 heads x 10 ops / 1e13 = 3.2e-11; per request 32 x 10 x 128 ops / 1e13 = 4.096e-9
+    per_req, per_ctx = make_method("hack").decode_layer_terms(_env(kernels))
+    _close(per_req, {"approximation": 4.096e-9})
+    _close(per_ctx, {"decode": 8.192e-10 - 3.2e-11, "dequantize": 0.0, "approximation": 3.2e-11})
+    # without SE the sums are recomputed: 10 + 2 x 128 = 266 ops per token and head: 32 x 266 / 1e13 = 8.512e-10
+    # of the kernel's 6e-13 x 2048 = 1.2288e-9
+    _, per_ctx = make_method("hack_no_se").decode_layer_terms(_env(kernels))
+    _close(per_ctx, {"decode": 1.2288e-9 - 8.512e-10, "dequantize": 0.0, "approximation": 8.512e-10})
+    # on a slow ALU (1e12) the correction, 8.512e-9, would exceed the kernel's time: it is capped at it
+    env = _env(kernels)
+    _, per_ctx = make_method("hack_no_se").decode_layer_terms(type(env)(**{**env.__dict__, "alu_instr_per_s": 1e12}))
+    _close(per_ctx, {"decode": 0.0, "dequantize": 0.0, "approximation": 1.2288e-9})
+    # KVQuant, unfused: 2.5e-12 x 2048 = 5.12e-9, of which the FP16 attention's 2.048e-9 is decode, the rest
+    # (3.072e-9) dequantization
+    per_req, per_ctx = make_method("kvquant").decode_layer_terms(_env(kernels))
+    _close(per_req, {"approximation": 0.0})
+    _close(per_ctx, {"decode": 2.048e-9, "dequantize": 3.072e-9, "approximation": 0.0})
+
+
+def test_pqcache_decode_layer_by_hand():
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12)})
+    per_req, per_ctx = make_method("pqcache").decode_layer_terms(env)
+    # per request: FP16 attention over the 256 local tokens, 1e-12 x 2048 x 256 = 5.24288e-7 s
+    # per context token: attention over the top 20 %, 1e-12 x 2048 x 0.2 = 4.096e-10, plus fetching the half
+    # of those that miss the GPU cache: 0.2 x 0.5 x 2048 x 2 B / 24e9 B/s = 1.706667e-8 s;
+    # scoring (no measured fit): per KV head max((2 x 8 bits / 8 + 4 B x group 4) / 1e12, 2 x 4 x 2 / 1e13)
+    # = 1.8e-11, 8 KV heads: 1.44e-10; top-k per query head (4 + 12 x 0.2) / 1e12 = 6.4e-12, 32 heads: 2.048e-10
+    fetch = 0.2 * 0.5 * 2048 * 2 / 24e9
+    _close(per_req, {"decode": 5.24288e-7})
+    _close(per_ctx, {"decode": 4.096e-10 + fetch, "approximation": 1.44e-10 + 2.048e-10, "fetch": fetch})
+    # measured scoring and top-k fits replace the estimates: 8 x 3e-11 + 32 x 1e-11 = 5.6e-10
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12), "score.pq": (0.0, 3e-11), "select.topk": (0.0, 1e-11)})
+    _, per_ctx = make_method("pqcache", top_k_fraction=0.5, cache_hit_rate=0.0, local_tokens=0).decode_layer_terms(env)
+    fetch = 0.5 * 2048 * 2 / 24e9
+    _close(per_ctx, {"decode": 1e-12 * 2048 * 0.5 + fetch, "approximation": 5.6e-10, "fetch": fetch})
+    # K-Means: every key against 2^8 centroids, 2 FLOPs per multiply-add: 2 x 32 x 8 x 256 x 128 = 16,777,216
+    assert make_method("pqcache").kmeans_flops_per_token_iteration(_model()) == 16777216
+
+
+def test_hcattention_decode_layer_by_hand():
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12)})
+    per_req, per_ctx = make_method("hcattention").decode_layer_terms(env)
+    # group 2 x 32 x 128 / 2048 = 4 query heads per KV head.  Scoring every key element (1024 per token):
+    # its 0.5625 B + 4 B x 4 heads / 128 = 0.6875 B at 1e12, against 3.5 ALU ops at 1e13: 6.875e-13 x 1024
+    # = 7.04e-10.  Values: FP16 attention over 10 % of the 1024 V elements, 1.024e-10, plus the 20 % of those
+    # not on the GPU over PCIe: 0.1 x 0.2 x 1024 x 2 B / 24e9 = 1.706667e-9
+    fetch = 0.1 * 0.2 * 1024 * 2 / 24e9
+    assert per_req == {}
+    _close(per_ctx, {"decode": 1.024e-10 + fetch, "approximation": 7.04e-10, "fetch": fetch})
+    # ALU-bound scoring (2-bit keys, 1e11 ops/s): 3.5 / 1e11 = 3.5e-11 per element; a measured fit replaces it
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12)})
+    env = type(env)(**{**env.__dict__, "alu_instr_per_s": 1e11})
+    _, per_ctx = make_method("hcattention", key_bits=2, fetch_fraction=1.0, value_hit_rate=1.0).decode_layer_terms(env)
+    _close(per_ctx, {"decode": 1e-12 * 1024, "approximation": 3.5e-11 * 1024, "fetch": 0.0})
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12), "score.quantized_keys": (0.0, 2e-12)})
+    _, per_ctx = make_method("hcattention").decode_layer_terms(env)
+    assert per_ctx["approximation"] == pytest.approx(2e-12 * 1024, rel=1e-12, abs=0)
+
+
 # ---- an all-reduce at TP 2 (catalog/data/interconnects.yaml, nvswitch) -------------------------------
 def test_allreduce_at_tp2_by_hand():
     import catalog

@@ -94,6 +94,16 @@ def _model():
     return ModelSpec(key="llama-3.1-8b", **fields)
 
 
+def test_registry_labels_colours_and_order():
+    from costmodel.methods import colour, display_label, display_rank
+    assert display_label("hack") == "HACK" and display_label("baseline") == "Baseline (FP16)"
+    assert colour("hack") == "#dc2626" and colour("baseline") == "#6b7280"
+    assert display_label("nope") is None and colour("nope") is None
+    # the registry's order; a name it does not know comes after every method
+    assert [display_rank(n) for n in REGISTRY] == list(range(len(REGISTRY)))
+    assert display_rank("nope") == len(REGISTRY) == 10
+
+
 def test_cachegen_default_wire_bytes_follow_the_gaussian_code_entropy():
     # m = Phi^-1(63.625 / 64.25) = 2.33669; outer codes Phi(-1.55779) = 0.059641 each, inner 0.440359 each;
     # H = -2 (0.059641 log2 0.059641 + 0.440359 log2 0.440359) = 1.52729 bits of 2: ratio 0.763647
@@ -190,11 +200,17 @@ def test_pqcache_decode_layer_by_hand():
     fetch = 0.2 * 0.5 * 2048 * 2 / 24e9
     _close(per_req, {"decode": 5.24288e-7})
     _close(per_ctx, {"decode": 4.096e-10 + fetch, "approximation": 1.44e-10 + 2.048e-10, "fetch": fetch})
-    # measured scoring and top-k fits replace the estimates: 8 x 3e-11 + 32 x 1e-11 = 5.6e-10
-    env = _env({"decode_attn.fp16": (1e-5, 1e-12), "score.pq": (0.0, 3e-11), "select.topk": (0.0, 1e-11)})
+    # measured scoring and top-k fits replace the estimates: 8 x 3e-11 + 32 x 2e-11 = 8.8e-10
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12), "score.pq": (0.0, 3e-11), "select.topk": (0.0, 2e-11)})
     _, per_ctx = make_method("pqcache", top_k_fraction=0.5, cache_hit_rate=0.0, local_tokens=0).decode_layer_terms(env)
     fetch = 0.5 * 2048 * 2 / 24e9
-    _close(per_ctx, {"decode": 1e-12 * 2048 * 0.5 + fetch, "approximation": 5.6e-10, "fetch": fetch})
+    _close(per_ctx, {"decode": 1e-12 * 2048 * 0.5 + fetch, "approximation": 8.8e-10, "fetch": fetch})
+    # ALU-bound scoring: 64 sub-spaces of 4 bits at 1e11 ops/s: max((32 + 16) / 1e12, 2 x 4 x 64 / 1e11) = 5.12e-9
+    # per KV head, 8 heads: 4.096e-8; top-k (4 + 2.4) / 1e12 x 32 = 2.048e-10
+    env = _env({"decode_attn.fp16": (1e-5, 1e-12)})
+    env = type(env)(**{**env.__dict__, "alu_instr_per_s": 1e11})
+    _, per_ctx = make_method("pqcache", subspaces=64, bits=4).decode_layer_terms(env)
+    assert per_ctx["approximation"] == pytest.approx(4.096e-8 + 2.048e-10, rel=1e-12, abs=0)
     # K-Means: every key against 2^8 centroids, 2 FLOPs per multiply-add: 2 x 32 x 8 x 256 x 128 = 16,777,216
     assert make_method("pqcache").kmeans_flops_per_token_iteration(_model()) == 16777216
 
@@ -288,9 +304,14 @@ def test_collectives_report_for_the_outputs():
         {"tokens": t, "bytes": t * 32768, "time_s": pytest.approx(7.54e-6 + 0.5 * t * 32768 / (0.822 * 300e9),
                                                                   rel=1e-12, abs=0)}
         for t in (1, 4096)]
-    # no pipeline, no expert parallelism: neither entry
+    # no pipeline, no expert parallelism: neither entry; expert parallelism on one GPU, or for a dense model (no
+    # active experts), sends nothing either
+    base = {"interconnect", "tensor_parallel", "link_gb_per_s", "allreduce"}
     flat = co.report(Parallelism(tensor=2, intra_node_gb_per_s=300.0, interconnect=nvs, network=eth), 4096, [1])
-    assert set(flat) == {"interconnect", "tensor_parallel", "link_gb_per_s", "allreduce"}
+    assert set(flat) == base
+    ep = dict(intra_node_gb_per_s=300.0, interconnect=nvs, network=eth, expert_parallel=True)
+    assert set(co.report(Parallelism(tensor=2, **ep), 4096, [1])) == base
+    assert set(co.report(Parallelism(tensor=1, **ep), 4096, [1], active_experts=8)) == base
 
 
 # ---- a capped two-flow link -----------------------------------------------------------------------------

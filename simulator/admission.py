@@ -74,6 +74,16 @@ class OnDemandBlocks:
         self._planned: float | None = 0.0     # their bytes (None: not counted yet)
         self.waiting: list[tuple] = []        # preempted: (rid, context, iterations left, time, cum, swapped bytes)
 
+    def clear(self) -> list[int]:
+        """The replica went down (simulator/faults.py): forget every request; returns the running ones and the
+        preempted ones waiting to come back."""
+        lost = list(self.running) + [w[0] for w in self.waiting]
+        self.counts = [0] * self.bt
+        self.running.clear()
+        self._plan, self._planned = (0, 0), 0.0
+        self.waiting = []
+        return lost
+
     def admit_bytes(self, context: int) -> float:
         return self.rep.cost.kv_memory_bytes(context)
 

@@ -574,9 +574,6 @@ class Scenario(_Strict):
         if self.faults and self.placement != "separate":
             raise ValueError(f"faults: not modelled with placement {self.placement} (a replica down would stop the "
                              f"other phase on its GPUs)")
-        if self.faults and self.decode.admission != "reserve":
-            raise ValueError("faults: modelled with decode.admission reserve only (set it; on_demand's preempted "
-                             "requests are not yet carried through a replica's loss)")
         if self.faults and (self.prefill.prefix_caching or self.decode.prefix_caching):
             raise ValueError("faults: not modelled with prefix caching (a replica down would lose its cache and "
                              "pinned blocks)")

@@ -177,7 +177,12 @@ class DecodeReplica:
     def fail(self) -> list[int]:
         """The replica goes down: returns the requests it was decoding or about to (their KV is lost).
         Requests reserved here whose KV is still on the way are the router's to collect."""
-        lost = list(self.joining) + [rid for _, rid in self.finish_heap]
+        lost = list(self.joining)
+        if self.blocks is None:
+            lost += [rid for _, rid in self.finish_heap]
+        else:       # on demand: the running requests and the preempted ones waiting to come back
+            lost += self.blocks.clear()
+        lost = list(dict.fromkeys(lost))
         self.joining.clear()
         self.finish_heap.clear()
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0

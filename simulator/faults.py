@@ -106,7 +106,7 @@ class FaultInjector:
         for r in moving:
             link, rep = router.transfers.pop(r)
             link.abort({r})
-            rep.unreserve(run.kv_bytes[r], run.host_kv_bytes[r])
+            rep.unreserve(run.admit_bytes[r], run.host_kv_bytes[r])
         for r in lost + on_host + moving:
             run.kv_held[r] = False
         # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
@@ -138,7 +138,7 @@ class FaultInjector:
         run, router = self.run, self.router
         for r in rids:
             _, rep = router.transfers.pop(r)
-            rep.unreserve(run.kv_bytes[r], run.host_kv_bytes[r])
+            rep.unreserve(run.admit_bytes[r], run.host_kv_bytes[r])
             self._hit(r, kind)
 
     # ---- a request's fate ----------------------------------------------------------------------------
@@ -149,6 +149,7 @@ class FaultInjector:
             run.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
             return
         run.retries[rid] += 1
+        run.preempt_s[rid] = 0.0                  # time out of a lost attempt's batch is not this attempt's
         if run.kv_held[rid]:
             router.pending.append(rid)            # the KV is still parked: send it again
         else:

@@ -20,7 +20,7 @@ from simulator.run import resolve, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["prefill_queue_s", "prefill_s", "quantize_s", "transfer_queue_s", "transfer_s", "decode_queue_s",
-         "decode_s", "dequantize_s", "approximation_s"]
+         "decode_s", "dequantize_s", "approximation_s", "preemption_s"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def lone():
 
 
 def faulty(**changes):
-    """TINY with faults: they are modelled under decode.admission reserve (on_demand is refused)."""
+    """TINY with faults, reserving each request's final KV at admission unless told otherwise."""
     return scenario(**{"decode.admission": "reserve", **changes})
 
 
@@ -108,11 +108,14 @@ def test_prefill_down_moves_to_another_replica(tmp_path, lone):
     assert row.finish_s == pytest.approx(L / 2 + L + T + D, rel=1e-12)
 
 
-def test_decode_down_reprefill(tmp_path, lone):
-    """The KV left the prefill host when it arrived: prefill again at the fault, wait for the replica."""
+@pytest.mark.parametrize("admission", ["reserve", "on_demand"])
+def test_decode_down_reprefill(tmp_path, lone, admission):
+    """The KV left the prefill host when it arrived: prefill again at the fault, wait for the replica
+    (a lone request: the same under either admission)."""
     L, T, D = lone
     hit, back = L + T + D / 2, L + T + D / 2 + 2 * L
-    row, m = run_one(tmp_path, [{"kind": "decode_replica_down", "target": 0, "start_s": hit, "end_s": back}])
+    row, m = run_one(tmp_path, [{"kind": "decode_replica_down", "target": 0, "start_s": hit, "end_s": back}],
+                     **{"decode.admission": admission})
     assert row.prefill_start_s == pytest.approx(hit, rel=1e-12)
     assert row.transfer_start_s == pytest.approx(back, rel=1e-12)       # KV ready at hit + L, replica back later
     assert row.finish_s == pytest.approx(back + T + D, rel=1e-12)
@@ -154,8 +157,6 @@ def test_bad_faults_are_refused():
     with pytest.raises(ScenarioError, match="faults: not modelled with prefix caching"):
         faulty(faults=outage, **{"decode.prefix_caching": True, "decode.prefix_cache_gib": 1,
                                  "workload.prefix_sharing": {"groups": 2, "shared_tokens": 1024}})
-    with pytest.raises(ScenarioError, match="faults: modelled with decode.admission reserve only"):
-        scenario(faults=outage)
 
 
 # ---- conservation ----------------------------------------------------------------------------------
@@ -171,9 +172,12 @@ FAULT = st.one_of(
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(faults=st.lists(FAULT, min_size=1, max_size=6), policy=st.sampled_from(["resend", "reprefill", "fail"]),
-       retries=st.integers(0, 3), stream=st.booleans())
-def test_every_request_is_accounted_for(faults, policy, retries, stream):
+       retries=st.integers(0, 3), stream=st.booleans(),
+       admission=st.sampled_from([("reserve", "recompute"), ("on_demand", "recompute"), ("on_demand", "swap")]))
+def test_every_request_is_accounted_for(faults, policy, retries, stream, admission):
+    """Under memory pressure too: 2 GiB of decode KV holds a few requests, so on-demand admission preempts."""
     s = faulty(methods=["baseline", "hack"], faults=faults, fault_policy={"on_loss": policy, "max_retries": retries},
+               **{"decode.admission": admission[0], "decode.preemption": admission[1], "decode.kv_capacity_gib": 2},
                **{"workload.requests": 30, "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
                   "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 400},
                   "prefill.replicas": 2, "decode.replicas": 2, "prefill.max_batch_requests": 4,
@@ -198,6 +202,32 @@ def test_every_request_is_accounted_for(faults, policy, retries, stream):
         assert max((u for (_, _, u) in run.memory_log), default=0) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
         for rep in run.prefill_replicas:
             assert rep.parked_bytes >= -1e-6
+
+
+def test_a_decode_replica_down_loses_its_preempted_requests_too(tmp_path):
+    """Two requests outgrow 40 KV blocks on demand (tests/test_admission.py): the second is preempted at
+    iteration 65 and waits for the first to finish. The replica goes down while it waits: both are lost,
+    re-sent when it is back, and run again from their own KV; memory and the breakdown stay whole."""
+    trace = tmp_path / "two.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,256,100\n0,256,100\n")
+    base = {"workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
+            "prefill.max_batch_requests": 2, "decode.kv_capacity_gib": 40 * 2 / 1024, "methods": ["baseline"],
+            "decode.admission": "on_demand"}
+    calm = run_scenario(scenario(**base)).requests.sort_values("request_id")
+    a, b = calm.iloc[0], calm.iloc[1]
+    assert calm["preemptions"].tolist() == [0, 1]
+    step = (a.finish_s - a.decode_start_s) / 100
+    hit = a.finish_s - 10 * step                       # iteration ~90: A runs, B waits preempted
+    s = scenario(**base, faults=[{"kind": "decode_replica_down", "target": 0, "start_s": hit, "end_s": hit + 1}],
+                 fault_policy={"on_loss": "resend", "max_retries": 3})
+    result = run_scenario(s, keep_runs=True)
+    m, df = result.summary["methods"]["baseline"], result.requests.sort_values("request_id")
+    assert (m["completed"], m["failed"], m["retried"]) == (2, 0, 2)
+    assert (df["transfer_start_s"] >= hit + 1).all() and (df["finish_s"] > b.finish_s).all()
+    np.testing.assert_allclose(df[PARTS].sum(axis=1), df["jct_s"], rtol=1e-9)
+    run = result.runs["baseline"]
+    assert run.decode_replicas[0].reserved_bytes == pytest.approx(0.0, abs=1e-6)
+    assert max(u for (_, _, u) in run.memory_log) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
 
 
 # ---- the shipped scenario, CLI and report ---------------------------------------------------------------

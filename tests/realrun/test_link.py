@@ -52,10 +52,17 @@ def test_concurrent_transfers_share_fairly():
     # the small one ends after 2 * 2 MiB of wire time (less up to one chunk: chunks are whole, the
     # first may go before the second transfer is in) and the large one after all 8 MiB.
     small, large, chunk = 2 * MIB, 6 * MIB, MIB // 4
+    # The pacing is wall-clock: a starved link thread can only finish late, never early.  So the rate is
+    # checked from below, exactly, and the sharing as the ratio of the two durations, which a uniform
+    # delay leaves alone: fair sharing gives 2 small / (small + large) = 0.5, first-come-first-served
+    # 0.25 (small first) or 1 (large first).
     (a, b), _ = _run([small, large], chunk=chunk)
     unit = 8 / (RATE_GBPS * 1e9)
-    assert 2 * small * unit - chunk * unit - 0.03 <= a.end_s - a.start_s <= 2 * small * unit + 0.03
-    assert b.end_s - b.start_s == pytest.approx((small + large) * unit, rel=0.05, abs=0.03)
+    a_s, b_s = a.end_s - a.start_s, b.end_s - b.start_s
+    assert a_s >= 2 * small * unit - chunk * unit - 0.03
+    assert b_s >= (small + large) * unit - 0.03
+    assert 0.38 <= a_s / b_s <= 0.62
+    assert a.end_s < b.end_s
     assert torch.equal(a.src, a.dst) and torch.equal(b.src, b.dst)
 
 

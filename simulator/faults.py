@@ -144,6 +144,10 @@ class FaultInjector:
     # ---- a request's fate ----------------------------------------------------------------------------
     def _hit(self, rid: int, kind: str) -> None:
         run, router = self.run, self.router
+        if run.failure[rid]:
+            # Already ended by an earlier hit at the same instant: a streamed request whose transfer an
+            # outage cut while its prefill batch still ran, then lost again with that batch.
+            return
         if self.policy.on_loss == "fail" or run.retries[rid] >= self.policy.max_retries:
             router.release_kv(rid)
             run.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)

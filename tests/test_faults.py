@@ -243,3 +243,20 @@ def test_shipped_fault_scenario(tmp_path):
     assert "decode d0 down" in page                       # the fault window, marked on the time series
     s = load_scenario(path)
     assert s.faults and yaml.safe_load(path.read_text())["faults"]
+
+
+def test_streamed_request_cut_by_an_outage_then_lost_with_its_prefill_ends_once():
+    # At one instant a link outage cuts a streamed transfer whose prefill batch is still running, and the
+    # prefill replica goes down with that batch: the request is hit twice and must fail once.
+    faults = [{"kind": "link_degradation", "target": "p0", "start_s": 0.0, "end_s": 1.0, "factor": 0.5}] * 2 + [
+        {"kind": "link_outage", "target": "p0", "start_s": 1.0, "end_s": 2.0},
+        {"kind": "prefill_replica_down", "target": 0, "start_s": 1.0, "end_s": math.inf}]
+    s = faulty(methods=["baseline"], faults=faults, fault_policy={"on_loss": "resend", "max_retries": 0},
+               **{"decode.admission": "reserve", "decode.kv_capacity_gib": 2, "network.stream_layers": True,
+                  "workload.requests": 30, "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
+                  "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 400},
+                  "workload.input_tokens": {"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
+                  "prefill.replicas": 2, "decode.replicas": 2, "prefill.max_batch_requests": 4})
+    m = run_scenario(s).summary["methods"]["baseline"]
+    assert m["failed"] >= 1
+    assert m["completed"] + m["failed"] == 30

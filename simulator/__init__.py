@@ -1,0 +1,39 @@
+"""The discrete-event simulator of a disaggregated serving cluster.
+
+Modules, bottom up (the import graph has no cycles: tests/test_imports.py):
+
+* `config` (the scenario schema), `traces` (recorded workloads), `load` (a scenario file), `resolve` (a
+  scenario's catalog facts, defaults, profiles and links, once), `workload` (the requests);
+* `columns`: typed per-request columns, row logs, and `Records`, the one object a method's entities write
+  what happens to each request into;
+* the entities, one module each, each owning its state: `prefill.PrefillReplica`, `link.Link`,
+  `decode.DecodeReplica` (with `admission.OnDemandBlocks`, its on-demand KV blocks), `router.Router`
+  (`colocated` for a placement without transfers), and the controllers `faults.FaultInjector` and
+  `prefix_cache.PrefixCaching`;
+* `run`: builds a method's entities, wires them to one another and to its `Records`, runs them, and turns
+  the records into the summary and the output tables.
+
+An entity gets its `Records` and its partners when it is built and talks to a partner through the
+methods a small `Protocol` in its own module names (`prefill.PrefillListener`, `decode.DecodeListener`,
+`decode.PrefillPartner`, ...), never through the partner's private fields and never by importing the
+module that builds it.
+
+The event protocol on top of SimPy
+----------------------------------
+SimPy's `Environment` is the event loop, but no entity runs a SimPy process per request or per batch. Each
+entity is a small state machine driven by **callbacks on bare timeouts**:
+``env.timeout(delay_s).callbacks.append(fn)`` schedules `fn` at ``now + delay_s`` without a generator,
+a process object, or a resume per event, so an event costs a heap push and a function call. There is one
+event per change of a batch or of a link's flow set (the time in between has a closed form:
+simulator/decode.py, simulator/link.py), none per token.
+
+SimPy cannot cancel a scheduled timeout, so a timer that a later decision can make wrong carries a
+**version stamp**: the entity keeps a counter, a timer captures its value when scheduled, and the entity
+bumps the counter whenever the plan changes (a decode segment cut short because a request joins, a link's
+completions re-planned when a flow starts or ends, a replica taken down by a fault). A callback whose
+stamp no longer matches returns without effect.
+
+Events at the same instant run in the order they were scheduled (SimPy's FIFO on equal times). Requests
+arriving at one instant are handed to the router together (`run.MethodRun._arrive`), so they can share a
+prefill batch; a decode replica's joiners wait for the end of the iteration in progress.
+"""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from costmodel.memory import kv_blocks
 
 if TYPE_CHECKING:
+    from .columns import Records
     from .decode import DecodeReplica
 
 PREEMPTION = 4      # index of the preemption seconds in DecodeReplica.cum
@@ -58,10 +59,10 @@ def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, bloc
 
 
 class OnDemandBlocks:
-    def __init__(self, replica: "DecodeReplica", swap: bool):
+    def __init__(self, replica: DecodeReplica, records: Records, swap: bool):
         cost = replica.cost
         self.rep = replica
-        self.run = replica.run
+        self.rec = records
         self.swap = swap
         self.bt = cost.block_tokens
         self.block_bytes = cost.block_bytes
@@ -188,14 +189,14 @@ class OnDemandBlocks:
         return stall
 
     def _preempt(self, rid: int, k: int, held: float) -> float:
-        rep, run = self.rep, self.run
+        rep, rec = self.rep, self.rec
         phase, j, c, fin = self.running.pop(rid)
         left = fin - k
         self.counts[phase] -= 1
         rep.batch -= 1
         rep.ctx_offset -= c - j
         rep.reserved_bytes -= held
-        run.preemptions[rid] += 1
+        rec.preemptions[rid] += 1
         swapped = 0.0
         if self.swap and rep.host_reserved_bytes + held <= rep.host_capacity_bytes:
             swapped = held
@@ -204,9 +205,9 @@ class OnDemandBlocks:
         return rep.cost.swap_s(swapped) if swapped else 0.0
 
     def _readmit(self) -> float:
-        rep, run, k = self.rep, self.run, self.rep.iteration
+        rep, rec, k = self.rep, self.rec, self.rep.iteration
         recompute: list[int] = []
-        snaps = (run.snap_decode, run.snap_dequant, run.snap_approx, run.snap_fetch, run.snap_preempt)
+        snaps = (rec.snap_decode, rec.snap_dequant, rec.snap_approx, rec.snap_fetch, rec.snap_preempt)
         stall = 0.0
         back = False
         while self.waiting:
@@ -217,7 +218,7 @@ class OnDemandBlocks:
             self.waiting.pop()
             back = True
             rep.reserved_bytes += need
-            run.preempt_s[rid] += rep.env.now - t0
+            rec.preempt_s[rid] += rep.env.now - t0
             # the sums of the iterations it sat out do not count as its decode time
             for i, (now_v, then_v) in enumerate(zip(rep.cum, cum0)):
                 snaps[i][rid] += now_v - then_v
@@ -234,5 +235,7 @@ class OnDemandBlocks:
             c = rep.cost.prefill(tuple(recompute))
             stall += c.latency_s + c.encode_s
         if back and not self.waiting:
-            rep.env.timeout(0).callbacks.append(lambda _e: run.router.on_memory_freed())
+            listener = rep.listener
+            assert listener is not None
+            rep.env.timeout(0).callbacks.append(lambda _e: listener.on_memory_freed())
         return stall

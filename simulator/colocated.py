@@ -22,16 +22,16 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .columns import Records
     from .decode import DecodeReplica
-    from .run import MethodRun
 
 
 class ChunkedPrefill:
     """The prompt queue of one colocated replica and the chunk in progress."""
 
-    def __init__(self, replica: "DecodeReplica", chunk_tokens: int):
+    def __init__(self, replica: DecodeReplica, records: Records, chunk_tokens: int):
         self.rep = replica
-        self.run = replica.run
+        self.rec = records
         self.chunk_tokens = chunk_tokens
         self.queue: deque[int] = deque()
         self.outstanding_tokens = 0
@@ -43,26 +43,26 @@ class ChunkedPrefill:
 
     def enqueue(self, rid: int) -> None:
         self.queue.append(rid)
-        self.outstanding_tokens += self.run.prompt[rid]
+        self.outstanding_tokens += self.rec.prompt[rid]
         self.rep.wake()
 
     def next_chunk(self):
         """At an iteration boundary: the mixed iteration's cost if a chunk runs in it, else None."""
-        rep, run = self.rep, self.run
+        rep, rec = self.rep, self.rec
         if self.current is None:
             if not self.queue:
                 return None
             rid = self.queue[0]
-            if not rep.has_room(run.admit_bytes[rid], run.host_kv_bytes[rid]):
+            if not rep.has_room(rec.admit_bytes[rid], rec.host_kv_bytes[rid]):
                 return None
             self.queue.popleft()
-            rep.reserve(run.admit_bytes[rid], run.host_kv_bytes[rid])
+            rep.reserve(rec.admit_bytes[rid], rec.host_kv_bytes[rid])
             self.current, self.done_tokens = rid, 0
-            run.prefill_start[rid] = rep.env.now
-            run.prefill_replica[rid] = run.decode_replica[rid] = rep.index
-            run.approx_prefill[rid] = 0.0
+            rec.prefill_start[rid] = rep.env.now
+            rec.prefill_replica[rid] = rec.decode_replica[rid] = rep.index
+            rec.approx_prefill[rid] = 0.0
         rid = self.current
-        prompt = run.prompt[rid]
+        prompt = rec.prompt[rid]
         n = min(self.chunk_tokens, prompt - self.done_tokens)
         key = (rep.batch, n, self.done_tokens, self.done_tokens + n == prompt)
         cost = self._memo.get(key)
@@ -77,46 +77,53 @@ class ChunkedPrefill:
         if self.chunk is None:
             return
         (n, pc), self.chunk = self.chunk, None
-        run, rep, rid = self.run, self.rep, self.current
+        rec, rep, rid = self.rec, self.rep, self.current
         self.busy_s += pc.latency_s
-        run.approx_prefill[rid] += pc.approximation_s
+        rec.approx_prefill[rid] += pc.approximation_s
         self.done_tokens += n
-        if self.done_tokens < run.prompt[rid]:
+        if self.done_tokens < rec.prompt[rid]:
             return
         self.current = None
-        self.outstanding_tokens -= run.prompt[rid]
+        self.outstanding_tokens -= rec.prompt[rid]
         now = rep.env.now
-        run.prefill_end[rid] = run.encode_end[rid] = now
-        run.prefill_form[rid] = pc.forms[0] if pc.forms else ""
-        if run.decode_iterations[rid] == 0:
-            run.finish_without_decode(rid)
-            rep.release(rid, run.admit_bytes[rid])
+        rec.prefill_end[rid] = rec.encode_end[rid] = now
+        rec.prefill_form[rid] = pc.forms[0] if pc.forms else ""
+        if rec.decode_iterations[rid] == 0:
+            rec.finish_without_decode(rid)
+            rep.release(rid, rec.admit_bytes[rid])
         else:
-            run.transfer_start[rid] = run.transfer_end[rid] = now
+            rec.transfer_start[rid] = rec.transfer_end[rid] = now
             rep.joining.append(rid)
 
 
 class ColocatedRouter:
     """Arrivals go to the replica with the fewest queued prompt tokens (ties: the lowest index)."""
 
-    def __init__(self, replicas: list["DecodeReplica"]):
+    def __init__(self, replicas: list[DecodeReplica], prefills: list[ChunkedPrefill]):
         self.replicas = replicas
+        self.prefills = prefills        # replica i's prompt queue
         self.links: dict = {}
         self.hold_kv = False            # no KV parked on a prefill host (faults are not modelled colocated)
 
     def on_arrivals(self, rids: list[int]) -> None:
         for rid in rids:
-            best = min(self.replicas, key=lambda r: (r.colo.outstanding_tokens, r.index))
-            best.colo.enqueue(rid)
+            best = min(self.prefills, key=lambda c: (c.outstanding_tokens, c.rep.index))
+            best.enqueue(rid)
 
     def on_memory_freed(self) -> None:
-        for rep in self.replicas:
-            if rep.colo.queue:
-                rep.wake()
+        for colo in self.prefills:
+            if colo.queue:
+                colo.rep.wake()
+
+    def release_kv(self, rid: int) -> None:
+        """Nothing to release: a colocated request's KV is written where it decodes."""
 
 
-def build(run: "MethodRun", replicas: list["DecodeReplica"], chunk_tokens: int) -> ColocatedRouter:
-    for rep in replicas:
-        rep.colo = ChunkedPrefill(rep, chunk_tokens)
-        rep._on_arrival = False         # the KV is written here in the memory format: nothing arrives to decode
-    return ColocatedRouter(replicas)
+def build(records: Records, replicas: list[DecodeReplica], chunk_tokens: int) -> ColocatedRouter:
+    prefills = [ChunkedPrefill(rep, records, chunk_tokens) for rep in replicas]
+    router = ColocatedRouter(replicas, prefills)
+    for rep, colo in zip(replicas, prefills):
+        rep.colo = colo
+        rep.listener = router
+        rep.on_arrival = False          # the KV is written here in the memory format: nothing arrives to decode
+    return router

@@ -65,3 +65,70 @@ class RowLog:
 
     def __iter__(self):
         return iter(map(tuple, self.table().tolist()))
+
+
+class Records:
+    """One method's run as its entities see it: every request's facts, set before the run, and what
+    happens to it, written by the entity that does it (the prefill replica its prefill times, the router
+    its transfer times, the decode replica its join and finish). Entities get this object, and their
+    partners, when they are built; none reads another entity's fields. Columns are indexed by request id.
+
+    Facts per request: `prompt`, `output` (tokens), `arrival` (s), `wire_bytes` (KV on the wire),
+    `kv_bytes` (its final KV in decode memory), `admit_bytes` (reserved at admission: the final KV, or
+    under on-demand admission its first iteration's blocks), `host_kv_bytes` (offloaded to decode host
+    memory), `decode_iterations` and `join_context` (simulator/decode.py).
+    Written during the run: the times in seconds (`prefill_start` .. `finish`), the breakdown sums
+    (`approx_prefill`, `decode_s`, `dequant_s`, `approx_decode`, `fetch_s`, `preempt_s`) with the decode
+    replica's running sums at join (`snap_*`), the replicas and prefill form a request took, `kv_held`
+    (its KV counts in its prefill replica's host memory), `preemptions`, `retries`, `failure` (why it
+    failed, "" if it did not), the `completed` and `failed` counts, and the memory and link logs.
+    """
+
+    def __init__(self, *, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray, wire_bytes: np.ndarray,
+                 kv_bytes: np.ndarray, admit_bytes: np.ndarray | None, host_kv_bytes: np.ndarray,
+                 decode_iterations: np.ndarray, join_context: np.ndarray, ttft_at_decode: bool):
+        n = len(prompt)
+        self.n = n
+        self.ttft_at_decode = ttft_at_decode    # the first token is the end of the first decode iteration
+        self.prompt = ints(prompt)
+        self.output = ints(output)
+        self.arrival = floats(arrival_s)
+        self.wire_bytes = floats(wire_bytes)
+        self.kv_bytes = floats(kv_bytes)
+        self.admit_bytes = self.kv_bytes if admit_bytes is None else floats(admit_bytes)
+        self.host_kv_bytes = floats(host_kv_bytes)
+        self.decode_iterations = ints(decode_iterations)
+        self.join_context = ints(join_context)
+        self.prefill_start, self.prefill_end, self.encode_end = nans(n), nans(n), nans(n)
+        self.transfer_start, self.transfer_end, self.decode_join = nans(n), nans(n), nans(n)
+        self.first_token, self.finish = nans(n), nans(n)
+        self.approx_prefill, self.decode_s, self.dequant_s = nans(n), nans(n), nans(n)
+        self.approx_decode, self.fetch_s = nans(n), nans(n)
+        self.snap_decode, self.snap_dequant, self.snap_approx = nans(n), nans(n), nans(n)
+        self.snap_fetch, self.snap_preempt = nans(n), nans(n)
+        self.preemptions = filled(n, 0)
+        self.preempt_s = floats(np.zeros(n))
+        self.prefill_replica = filled(n, -1)
+        self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
+        self.decode_replica = filled(n, -1)
+        self.kv_held = bytearray(n)
+        self.retries = filled(n, 0)
+        self.failure = [""] * n
+        self.completed = 0
+        self.failed = 0
+        self.memory_log = RowLog(3)             # (time_s, replica, used_bytes)
+        self.link_logs: dict[str, RowLog] = {}  # link name -> (time_s, active_flows, throughput_bytes_per_s)
+        self.iteration_log: list | None = None  # a list: decode replicas log their segments (decode.iteration_rows)
+
+    def fail(self, rid: int, reason: str) -> None:
+        """The request ends without finishing (simulator/faults.py says why)."""
+        self.failure[rid] = reason
+        self.finish[rid] = math.nan
+        self.failed += 1
+
+    def finish_without_decode(self, rid: int) -> None:
+        """The prefill's token was the whole output: no KV moves, no decode."""
+        t = self.encode_end[rid]
+        self.transfer_start[rid] = self.transfer_end[rid] = self.decode_join[rid] = self.finish[rid] = t
+        self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = self.fetch_s[rid] = 0.0
+        self.completed += 1

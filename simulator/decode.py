@@ -4,7 +4,7 @@ Requests are admitted by the router, which reserves their final KV footprint (pr
 tokens in the method's memory format, plus its per-request reserve) against `capacity_bytes`
 before the transfer starts, so memory never exceeds capacity and nothing is preempted. After its
 KV has arrived, a request joins the batch at the next iteration boundary and takes part in
-``run.decode_iterations[rid]`` iterations, its context in the first being ``run.join_context[rid]``
+``records.decode_iterations[rid]`` iterations, its context in the first being ``records.join_context[rid]``
 (the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the
 end of that first iteration.
 
@@ -25,16 +25,62 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 import simpy
 
 from costmodel.phases import IterationCost, ReplicaCostModel
 
-from .admission import OnDemandBlocks
+from .columns import Records
 
-if TYPE_CHECKING:
-    from .run import MethodRun
+
+class DecodeListener(Protocol):
+    """Who admits requests to decode replicas and holds their KV on the prefill side (the router)."""
+
+    hold_kv: bool
+
+    def release_kv(self, rid: int) -> None: ...
+
+    def on_memory_freed(self) -> None: ...
+
+
+class BlockAllocator(Protocol):
+    """On-demand KV blocks and preemption (simulator/admission.py), as the replica drives them."""
+
+    bt: int                 # tokens per block
+    counts: list[int]       # running requests by block phase
+    waiting: list           # preempted requests
+
+    @property
+    def planned_bytes(self) -> float: ...
+
+    def boundary(self) -> float: ...
+
+    def plan(self, k: int, n: int) -> None: ...
+
+    def segment_end(self, k: int) -> int: ...
+
+    def join(self, rid: int, k: int, context: int, finish_iter: int) -> None: ...
+
+    def allocate(self, k: int, n: int) -> None: ...
+
+    def leave(self, rid: int, fin: int) -> tuple[float, float] | None: ...
+
+    def clear(self) -> list[int]: ...
+
+
+class ColocatedPrefill(Protocol):
+    """The prompts a colocated replica prefills in chunks between decode iterations (simulator/colocated.py)."""
+
+    def next_chunk(self) -> IterationCost | None: ...
+
+    def after_iteration(self) -> None: ...
+
+
+class PrefillPartner(Protocol):
+    """The prefill replica sharing this replica's GPU (placement: shared_gpu)."""
+
+    def try_start(self) -> bool: ...
 
 
 def segment_sum_s(fixed_s: float, per_ctx_s: float, n: int, c: float, b: int, k: int) -> float:
@@ -90,19 +136,21 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
 
 class DecodeReplica:
     def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
-                 run: "MethodRun", memory_log: list | None, host_capacity_bytes: float = float("inf")):
+                 records: Records, host_capacity_bytes: float = float("inf"), prefix_region_bytes: float = 0.0,
+                 blocks: Callable[[DecodeReplica], BlockAllocator] | None = None):
         self.env = env
         self.index = index
         self.cost = cost
         # a decode prefix cache (simulator/prefix_cache.py) takes its region out of the KV pool
-        self.capacity_bytes = cost.kv_capacity_bytes - (run.prefix.decode_region_bytes if run.prefix else 0.0)
+        self.capacity_bytes = cost.kv_capacity_bytes - prefix_region_bytes
         self.max_batch_requests = max_batch_requests
-        self.run = run
+        self.rec = records
+        self.listener: DecodeListener | None = None    # set when the router is built
         self.reserved_bytes = 0.0
         self.host_capacity_bytes = host_capacity_bytes   # offloaded KV (PQCache, HCAttention)
         self.host_reserved_bytes = 0.0
         self.slots_used = 0                  # admitted (reserved) requests, joined or not
-        self.memory_log = memory_log         # (time_s, replica, used_bytes)
+        self.memory_log = records.memory_log    # (time_s, replica, used_bytes)
         self.joining: list[int] = []         # KV arrived, waiting for the next boundary
         self.finish_heap: list[tuple[int, int]] = []   # (finish iteration, rid)
         self.iteration = 0                   # replica iteration counter k
@@ -112,14 +160,14 @@ class DecodeReplica:
         self._seg: tuple | None = None       # running segment: (start_s, cost, iterations, on-arrival s)
         self._cut = False                    # the segment was cut short for a joining request
         self._version = 0                    # timers of superseded segments are ignored
-        self._on_arrival = cost.method.dequantize_on_arrival
+        self.on_arrival = cost.method.dequantize_on_arrival
         self.down = False                    # a fault has taken the replica out
-        self.partner = None                  # the prefill replica sharing this GPU (placement: shared_gpu)
+        self.partner: PrefillPartner | None = None   # the prefill replica sharing this GPU (placement: shared_gpu)
         self._paused = False                 # the shared GPU is running a prefill batch
         self._prefill_waiting = False
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
-        self.blocks = OnDemandBlocks(self, run.preempt_by_swap) if run.on_demand else None
-        self.colo = None                     # placement colocated: the prompts this replica prefills (colocated.py)
+        self.blocks = blocks(self) if blocks is not None else None
+        self.colo: ColocatedPrefill | None = None   # placement colocated: the prompts this replica prefills
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
@@ -129,7 +177,7 @@ class DecodeReplica:
             blocks = self.blocks
             if blocks.waiting:
                 return False
-            kv_bytes += blocks.planned_bytes if blocks._planned is None else blocks._planned
+            kv_bytes += blocks.planned_bytes
         return (self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
                 and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes)
 
@@ -158,7 +206,7 @@ class DecodeReplica:
     def release(self, rid: int, kv_bytes: float) -> None:
         """A request admitted here leaves without decoding (colocated: one output token, from its prefill)."""
         self.reserved_bytes -= kv_bytes
-        self.host_reserved_bytes -= self.run.host_kv_bytes[rid]
+        self.host_reserved_bytes -= self.rec.host_kv_bytes[rid]
         self.slots_used -= 1
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
@@ -205,6 +253,11 @@ class DecodeReplica:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 
     # ---- a GPU shared with a prefill replica (placement: shared_gpu) ---------------------------
+    @property
+    def paused(self) -> bool:
+        """The shared GPU is running the partner's prefill batch."""
+        return self._paused
+
     def yield_gpu(self) -> bool:
         """The partner prefill asks for the GPU: True if it may start now; otherwise it gets the GPU at
         the end of the iteration in progress (prefill first at every boundary)."""
@@ -239,7 +292,8 @@ class DecodeReplica:
             self._prefill_waiting = False
             self._seg = None
             self._paused = True
-            if self.partner._try_start():
+            assert self.partner is not None
+            if self.partner.try_start():
                 return                  # the prefill runs; it resumes us when its batch ends
             self._paused = False
         self._start_segment()
@@ -256,12 +310,12 @@ class DecodeReplica:
             self._seg = None
             return
         cost = chunk_cost or self.cost.iteration(self.batch)
-        if joined and self.run.ttft_at_decode:
+        if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
             first = self.env.now + pending_s + segment_time_s(cost, 1, self.ctx_offset, self.batch, self.iteration)
             for rid in joined:
-                self.run.first_token[rid] = first
+                self.rec.first_token[rid] = first
         if chunk_cost is not None:
             n = 1                       # an iteration with a prefill chunk (placement colocated)
             if blocks is not None:
@@ -270,7 +324,7 @@ class DecodeReplica:
             n = self.finish_heap[0][0] - self.iteration
         else:   # ... or the first iteration whose new KV blocks do not fit
             n = blocks.segment_end(self.iteration) - self.iteration
-            blocks._plan, blocks._planned = (self.iteration + 1, n - 1), None     # promised (admission.py)
+            blocks.plan(self.iteration, n)     # promised (admission.py)
         seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
         self._cut = False
@@ -279,21 +333,21 @@ class DecodeReplica:
     def _admit_joining(self) -> float:
         """Join the waiting requests; returns the work the next iteration carries for them: the engine's
         join time (decode.join_s_per_request each) and any on-arrival decoding."""
-        run, k = self.run, self.iteration
+        rec, k = self.rec, self.iteration
         arrival_s = 0.0
         join_s = self.cost.join_s_per_request * len(self.joining)
         now = self.env.now
         for rid in self.joining:
-            run.decode_join[rid] = now
-            (run.snap_decode[rid], run.snap_dequant[rid], run.snap_approx[rid], run.snap_fetch[rid],
-             run.snap_preempt[rid]) = self.cum
-            prompt = run.prompt[rid]
-            self.ctx_offset += run.join_context[rid] - k
+            rec.decode_join[rid] = now
+            (rec.snap_decode[rid], rec.snap_dequant[rid], rec.snap_approx[rid], rec.snap_fetch[rid],
+             rec.snap_preempt[rid]) = self.cum
+            prompt = rec.prompt[rid]
+            self.ctx_offset += rec.join_context[rid] - k
             self.batch += 1
-            heapq.heappush(self.finish_heap, (k + run.decode_iterations[rid], rid))
+            heapq.heappush(self.finish_heap, (k + rec.decode_iterations[rid], rid))
             if self.blocks is not None:
-                self.blocks.join(rid, k, run.join_context[rid], k + run.decode_iterations[rid])
-            if self._on_arrival:
+                self.blocks.join(rid, k, rec.join_context[rid], k + rec.decode_iterations[rid])
+            if self.on_arrival:
                 arrival_s += self.cost.on_arrival_s(prompt)
         self.joining.clear()
         # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
@@ -304,8 +358,8 @@ class DecodeReplica:
 
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
-        if self.run.iteration_log is not None:   # off unless asked for: a row per iteration is not the hot path's
-            self.run.iteration_log.append((self._seg[0], self._seg[3], n, c, b, k, cost,
+        if self.rec.iteration_log is not None:   # off unless asked for: a row per iteration is not the hot path's
+            self.rec.iteration_log.append((self._seg[0], self._seg[3], n, c, b, k, cost,
                                           self.cost.host_serial_s_per_iteration))
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
         if cost.host_s:   # iterations waiting on the host: the wait counts as decode time
@@ -323,9 +377,11 @@ class DecodeReplica:
         self.iteration += n
 
     def _finish_due(self) -> None:
-        run, now = self.run, self.env.now
+        rec, now = self.rec, self.env.now
         freed = 0.0
         heap = self.finish_heap
+        listener = self.listener
+        assert listener is not None
         blocks = self.blocks
         while heap and heap[0][0] <= self.iteration:
             fin, rid = heapq.heappop(heap)
@@ -336,32 +392,32 @@ class DecodeReplica:
                 ctx_term, held = left
             else:
                 # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
-                ctx_term = run.join_context[rid] + run.decode_iterations[rid] - self.iteration
-                held = run.kv_bytes[rid]
-            run.finish[rid] = now
-            run.decode_s[rid] = self.cum[0] - run.snap_decode[rid]
-            run.dequant_s[rid] = self.cum[1] - run.snap_dequant[rid]
-            run.approx_decode[rid] = self.cum[2] - run.snap_approx[rid]
-            run.fetch_s[rid] = self.cum[3] - run.snap_fetch[rid]
-            run.preempt_s[rid] += self.cum[4] - run.snap_preempt[rid]
+                ctx_term = rec.join_context[rid] + rec.decode_iterations[rid] - self.iteration
+                held = rec.kv_bytes[rid]
+            rec.finish[rid] = now
+            rec.decode_s[rid] = self.cum[0] - rec.snap_decode[rid]
+            rec.dequant_s[rid] = self.cum[1] - rec.snap_dequant[rid]
+            rec.approx_decode[rid] = self.cum[2] - rec.snap_approx[rid]
+            rec.fetch_s[rid] = self.cum[3] - rec.snap_fetch[rid]
+            rec.preempt_s[rid] += self.cum[4] - rec.snap_preempt[rid]
             self.ctx_offset -= ctx_term
             self.batch -= 1
             self.slots_used -= 1
             self.reserved_bytes -= held
-            self.host_reserved_bytes -= run.host_kv_bytes[rid]
+            self.host_reserved_bytes -= rec.host_kv_bytes[rid]
             freed += held
-            run.completed += 1
-            if run.router.hold_kv:
-                run.router.release_kv(rid)
+            rec.completed += 1
+            if listener.hold_kv:
+                listener.release_kv(rid)
         if freed:
             if self.memory_log is not None:
                 self.memory_log.append((now, self.index, self.reserved_bytes))
-            run.router.on_memory_freed()
+            listener.on_memory_freed()
 
 
 def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
     """A decode replica's iterations as a measured trace records them (iterations.csv: start_s, end_s,
-    batch_size, context_tokens) from its segment log (MethodRun.iteration_log): iteration m of a segment
+    batch_size, context_tokens) from its segment log (Records.iteration_log): iteration m of a segment
     starts after the segment's on-arrival work and m iterations; a row ends before the CPU work between
     iterations (host_serial_s_per_iteration), which a trace's rows leave out."""
     rows = []

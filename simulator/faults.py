@@ -37,8 +37,11 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import simpy
+
+    from .columns import Records
     from .config import FaultEvent, FaultPolicy
-    from .run import MethodRun
+    from .router import Router
 
 STRANDED = "stranded"
 RETRIES_EXHAUSTED = "retries_exhausted"
@@ -47,21 +50,21 @@ RETRIES_EXHAUSTED = "retries_exhausted"
 class FaultInjector:
     """Schedules the scenario's faults on one method's run and decides the fate of the requests they hit."""
 
-    def __init__(self, run: "MethodRun", faults: list["FaultEvent"], policy: "FaultPolicy"):
-        self.run, self.policy = run, policy
-        self.router = router = run.router
+    def __init__(self, records: Records, env: simpy.Environment, router: Router, faults: list[FaultEvent],
+                 policy: FaultPolicy):
+        self.rec, self.policy = records, policy
+        self.router = router
         self.links = {link.name: link for link in router.links.values()}
         self.link_factors: dict[str, list[float]] = {name: [] for name in self.links}
         self.down: Counter = Counter()          # (pool, index) -> active faults
         router.hold_kv = policy.on_loss == "resend"
-        env = run.env
         for f in faults:
             env.timeout(f.start_s).callbacks.append(lambda _e, f=f: self._begin(f))
             if math.isfinite(f.end_s):
                 env.timeout(f.end_s).callbacks.append(lambda _e, f=f: self._end(f))
 
     # ---- events ------------------------------------------------------------------------------------
-    def _begin(self, f: "FaultEvent") -> None:
+    def _begin(self, f: FaultEvent) -> None:
         if f.kind.startswith("link"):
             link = self.links[f.target]
             self.link_factors[f.target].append(0.0 if f.kind == "link_outage" else f.factor)
@@ -75,7 +78,7 @@ class FaultInjector:
                 (self._prefill_down if pool == "prefill" else self._decode_down)(f.target)
         self.router.try_admit()
 
-    def _end(self, f: "FaultEvent") -> None:
+    def _end(self, f: FaultEvent) -> None:
         router = self.router
         if f.kind.startswith("link"):
             factors = self.link_factors[f.target]
@@ -95,33 +98,33 @@ class FaultInjector:
         router.try_admit()
 
     def _prefill_down(self, i: int) -> None:
-        run, router = self.run, self.router
+        rec, router = self.rec, self.router
         replica = router.prefill[i]
         lost, queued = replica.fail()
         lost_set = set(lost)
-        on_host = [r for r in router.pending if run.prefill_replica[r] == i]
+        on_host = [r for r in router.pending if rec.prefill_replica[r] == i]
         if on_host:
-            router.pending = type(router.pending)(r for r in router.pending if run.prefill_replica[r] != i)
-        moving = [r for r, (link, rep) in router.transfers.items() if run.prefill_replica[r] == i]
+            router.pending = type(router.pending)(r for r in router.pending if rec.prefill_replica[r] != i)
+        moving = [r for r, (link, rep) in router.transfers.items() if rec.prefill_replica[r] == i]
         for r in moving:
             link, rep = router.transfers.pop(r)
             link.abort({r})
-            rep.unreserve(run.admit_bytes[r], run.host_kv_bytes[r])
+            rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
         for r in lost + on_host + moving:
-            run.kv_held[r] = False
+            rec.kv_held[r] = False
         # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
         for r in self._held_on(i):
-            run.kv_held[r] = False
+            rec.kv_held[r] = False
         for r in lost + [r for r in on_host + moving if r not in lost_set]:
             self._hit(r, "prefill_replica_down")
         if queued:
             router.on_arrivals(queued)
 
     def _held_on(self, i: int) -> list[int]:
-        run = self.run
+        rec = self.rec
         if not self.router.hold_kv:
             return []
-        return [r for r in range(run.n) if run.kv_held[r] and run.prefill_replica[r] == i]
+        return [r for r in range(rec.n) if rec.kv_held[r] and rec.prefill_replica[r] == i]
 
     def _decode_down(self, d: int) -> None:
         router = self.router
@@ -135,26 +138,26 @@ class FaultInjector:
 
     def _transfers_lost(self, rids: list[int], kind: str) -> None:
         """Transfers cut by an outage: their reservations are released and the requests hit."""
-        run, router = self.run, self.router
+        rec, router = self.rec, self.router
         for r in rids:
             _, rep = router.transfers.pop(r)
-            rep.unreserve(run.admit_bytes[r], run.host_kv_bytes[r])
+            rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
             self._hit(r, kind)
 
     # ---- a request's fate ----------------------------------------------------------------------------
     def _hit(self, rid: int, kind: str) -> None:
-        run, router = self.run, self.router
-        if run.failure[rid]:
+        rec, router = self.rec, self.router
+        if rec.failure[rid]:
             # Already ended by an earlier hit at the same instant: a streamed request whose transfer an
             # outage cut while its prefill batch still ran, then lost again with that batch.
             return
-        if self.policy.on_loss == "fail" or run.retries[rid] >= self.policy.max_retries:
+        if self.policy.on_loss == "fail" or rec.retries[rid] >= self.policy.max_retries:
             router.release_kv(rid)
-            run.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
+            rec.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
             return
-        run.retries[rid] += 1
-        run.preempt_s[rid] = 0.0                  # time out of a lost attempt's batch is not this attempt's
-        if run.kv_held[rid]:
+        rec.retries[rid] += 1
+        rec.preempt_s[rid] = 0.0                  # time out of a lost attempt's batch is not this attempt's
+        if rec.kv_held[rid]:
             router.pending.append(rid)            # the KV is still parked: send it again
         else:
             router.on_arrivals([rid])             # prefill again

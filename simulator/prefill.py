@@ -14,26 +14,50 @@ through a version counter.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
 from costmodel.phases import ReplicaCostModel
 
+from .columns import Records
+
 if TYPE_CHECKING:
-    from .run import MethodRun
+    from .prefix_cache import PrefixCaching
+
+
+class PrefillListener(Protocol):
+    """Who takes a batch's KV on (the router)."""
+
+    def on_prefill_started(self, batch: list[int], replica: PrefillReplica, start_s: float, ready_s: float) -> None: ...
+
+    def on_kv_ready(self, batch: list[int], replica: PrefillReplica) -> None: ...
+
+
+class GPUSharer(Protocol):
+    """The decode replica sharing this replica's GPU (placement: shared_gpu)."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    def yield_gpu(self) -> bool: ...
+
+    def resume_after_prefill(self) -> None: ...
 
 
 class PrefillReplica:
     def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
-                 max_batch_tokens: int, host_memory_bytes: float, run: "MethodRun"):
+                 max_batch_tokens: int, host_memory_bytes: float, records: Records, prefix: PrefixCaching | None,
+                 chunk_tokens: int | None):
         self.env = env
         self.index = index
         self.cost = cost
         self.max_batch_requests = max_batch_requests
         self.max_batch_tokens = max_batch_tokens
         self.host_memory_bytes = host_memory_bytes
-        self.run = run
+        self.rec = records
+        self.prefix = prefix
+        self.listener: PrefillListener | None = None    # set when the router is built
         self.queue: deque[int] = deque()
         self.outstanding_tokens = 0          # queued + in service: the router's load measure
         self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
@@ -41,26 +65,26 @@ class PrefillReplica:
         self.down = False               # a fault has taken the replica out
         self.running: list[list[int]] = []   # batches started whose KV is not ready yet
         self._version = 0
-        self.partner = None             # the decode replica sharing this GPU (placement: shared_gpu)
+        self.partner: GPUSharer | None = None    # the decode replica sharing this GPU (placement: shared_gpu)
         self.busy_s = 0.0               # Σ time a batch held the replica (its load, simulator/overload.py)
-        self.chunk_tokens = run.chunk_tokens
+        self.chunk_tokens = chunk_tokens
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
         self.queue.append(rid)
-        self.outstanding_tokens += self.run.prompt[rid]
+        self.outstanding_tokens += self.rec.prompt[rid]
 
     def kick(self) -> None:
         if self._idle:
-            self._try_start()
+            self.try_start()
 
     def release_parked(self, bytes_: float) -> None:
         self.parked_bytes -= bytes_
         if self._idle and self.queue:
-            self._try_start()
+            self.try_start()
 
     def _take_batch(self) -> list[int]:
-        prompt = self.run.prompt
+        prompt = self.rec.prompt
         batch = [self.queue.popleft()]
         tokens = prompt[batch[0]]
         limit = min(self.max_batch_tokens, self.chunk_tokens or self.max_batch_tokens)
@@ -72,41 +96,42 @@ class PrefillReplica:
             tokens += nxt
         return batch
 
-    def _try_start(self) -> bool:
+    def try_start(self) -> bool:
         """Start the next batch if there is one and the GPU is ours; True if it started."""
-        run, env = self.run, self.env
+        rec, env, prefix = self.rec, self.env, self.prefix
         if not self.queue or self.down:
             self._idle = True
             return False
         # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
-        if self.parked_bytes > 0 and self.parked_bytes + run.wire_bytes[self.queue[0]] > self.host_memory_bytes:
+        if self.parked_bytes > 0 and self.parked_bytes + rec.wire_bytes[self.queue[0]] > self.host_memory_bytes:
             self._idle = True
             return False
-        if self.partner is not None and not self.partner._paused and not self.partner.yield_gpu():
+        if self.partner is not None and not self.partner.paused and not self.partner.yield_gpu():
             self._idle = True           # the decode partner hands the GPU over at its next boundary
             return False
         self._idle = False
         batch = self._take_batch()
-        cached = run.prefix.prefill_start(self.index, batch) if run.prefix is not None else None
-        if self.chunk_tokens and len(batch) == 1 and run.prompt[batch[0]] > self.chunk_tokens:
+        cached = prefix.prefill_start(self.index, batch) if prefix is not None else None
+        if self.chunk_tokens and len(batch) == 1 and rec.prompt[batch[0]] > self.chunk_tokens:
             # prefill.chunk_tokens: a longer prompt runs alone, as chunks back to back
-            cost = self.cost.chunked_prefill(run.prompt[batch[0]], self.chunk_tokens, cached[0] if cached else 0)
+            cost = self.cost.chunked_prefill(rec.prompt[batch[0]], self.chunk_tokens, cached[0] if cached else 0)
         else:
-            cost = self.cost.prefill(tuple(run.prompt[r] for r in batch), cached)
+            cost = self.cost.prefill(tuple(rec.prompt[r] for r in batch), cached)
         start = env.now
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
         for rid, form in zip(batch, cost.forms):
-            run.prefill_replica[rid] = self.index
-            run.prefill_form[rid] = form
-            run.prefill_start[rid] = start
-            run.prefill_end[rid] = prefill_end
-            run.encode_end[rid] = encode_end
-            run.approx_prefill[rid] = cost.approximation_s
-            run.kv_held[rid] = True
-            self.parked_bytes += run.wire_bytes[rid]
+            rec.prefill_replica[rid] = self.index
+            rec.prefill_form[rid] = form
+            rec.prefill_start[rid] = start
+            rec.prefill_end[rid] = prefill_end
+            rec.encode_end[rid] = encode_end
+            rec.approx_prefill[rid] = cost.approximation_s
+            rec.kv_held[rid] = True
+            self.parked_bytes += rec.wire_bytes[rid]
         self.running.append(batch)
-        run.router.on_prefill_started(batch, self, start, encode_end)
+        assert self.listener is not None
+        self.listener.on_prefill_started(batch, self, start, encode_end)
         busy_s = cost.stage_s + cost.encode_s
         self.busy_s += busy_s
         v = self._version
@@ -131,12 +156,12 @@ class PrefillReplica:
 
     def recover(self) -> None:
         self.down = False
-        self._try_start()
+        self.try_start()
 
     def _next(self) -> None:
         if self.partner is not None:
             self.partner.resume_after_prefill()
-        self._try_start()
+        self.try_start()
 
     def _done_then_next(self, batch: list[int]) -> None:
         self._done(batch)
@@ -144,8 +169,9 @@ class PrefillReplica:
 
     def _done(self, batch: list[int]) -> None:
         self.running.remove(batch)
-        if self.run.prefix is not None:
-            self.run.prefix.prefill_done(self.index, batch)
+        if self.prefix is not None:
+            self.prefix.prefill_done(self.index, batch)
         for rid in batch:
-            self.outstanding_tokens -= self.run.prompt[rid]
-        self.run.router.on_kv_ready(batch, self)
+            self.outstanding_tokens -= self.rec.prompt[rid]
+        assert self.listener is not None
+        self.listener.on_kv_ready(batch, self)

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .columns import Records
 
 
 class PrefixCache:
@@ -156,18 +160,18 @@ class PrefixCaching:
       rest, as without caching.
     """
 
-    def __init__(self, run, reqs, pre_cost, dec_cost, scenario, source: str):
+    def __init__(self, records: Records, method_name: str, reqs, pre_cost, dec_cost, scenario, source: str):
         from costmodel.specs import GIB
 
         from .config import ScenarioError
 
-        self.run = run
+        self.rec = records
         self.hashes = reqs.block_hashes
         self.hash_tokens = reqs.hash_block_tokens
         n = len(reqs)
         self.prefill_cached = [0] * n          # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n           # tokens of each prompt the transfer did not carry
-        self.sent_bytes = run.wire_bytes       # what each transfer carries (a copy once a decode hit cuts one)
+        self.sent_bytes = records.wire_bytes       # what each transfer carries (a copy once a decode hit cuts one)
         self.prefill: list[PrefixCache] = []
         self.decode: list[PrefixCache] = []
         self.decode_region_bytes = 0.0
@@ -182,7 +186,7 @@ class PrefixCaching:
             cap = gib * GIB
             if cap >= cost.kv_capacity_bytes:
                 raise ScenarioError(f"{source}: {pool}.prefix_cache_gib: {gib} GiB is not less than the replica's KV "
-                                    f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {run.method.output_name})")
+                                    f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {method_name})")
             block = self.hash_tokens * cost.method.memory_bytes_per_token(cost.model) * cost.kv_replication
             caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(cfg.replicas))
             if pool == "decode":
@@ -190,14 +194,14 @@ class PrefixCaching:
         self.wire_per_token = pre_cost.wire_bytes(1) - pre_cost.wire_bytes(0)
 
     def _whole_blocks(self, rid: int):
-        return self.hashes[rid][: self.run.prompt[rid] // self.hash_tokens]
+        return self.hashes[rid][: self.rec.prompt[rid] // self.hash_tokens]
 
     # ---- prefill hooks ------------------------------------------------------------------------
     def prefill_start(self, replica: int, batch: list[int]) -> tuple[int, ...] | None:
         """The cached tokens of each prompt of a starting batch (None: this pool does not cache)."""
         if not self.prefill:
             return None
-        cache, prompt, out = self.prefill[replica], self.run.prompt, []
+        cache, prompt, out = self.prefill[replica], self.rec.prompt, []
         for rid in batch:
             hashes = self.hashes[rid]
             hit = cache.lookup(hashes, prompt[rid])
@@ -219,12 +223,12 @@ class PrefixCaching:
         """A request admitted to a decode replica: its cached prefix there is not sent."""
         if not self.decode:
             return
-        hit = self.decode[replica].lookup(self.hashes[rid], self.run.prompt[rid])
+        hit = self.decode[replica].lookup(self.hashes[rid], self.rec.prompt[rid])
         if hit:
-            if self.sent_bytes is self.run.wire_bytes:
-                self.sent_bytes = list(self.run.wire_bytes)
+            if self.sent_bytes is self.rec.wire_bytes:
+                self.sent_bytes = list(self.rec.wire_bytes)
             self.decode_cached[rid] = hit
-            self.sent_bytes[rid] = self.run.wire_bytes[rid] - hit * self.wire_per_token
+            self.sent_bytes[rid] = self.rec.wire_bytes[rid] - hit * self.wire_per_token
 
     def decode_arrived(self, rid: int, replica: int) -> None:
         if self.decode:

@@ -18,17 +18,19 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .columns import Records
     from .decode import DecodeReplica
     from .link import Link
     from .prefill import PrefillReplica
-    from .run import MethodRun
+    from .prefix_cache import PrefixCaching
 
 
 class Router:
-    def __init__(self, run: "MethodRun", prefill: list["PrefillReplica"], decode: list["DecodeReplica"],
-                 links: dict[tuple[int, int], "Link"], flow_cap_bytes_per_s: float, stream_layers: bool,
-                 layers: int):
-        self.run = run
+    def __init__(self, records: Records, prefix: PrefixCaching | None, prefill: list[PrefillReplica],
+                 decode: list[DecodeReplica], links: dict[tuple[int, int], Link], flow_cap_bytes_per_s: float,
+                 stream_layers: bool, layers: int):
+        self.rec = records
+        self.prefix = prefix
         self.prefill = prefill
         self.decode = decode
         self.links = links
@@ -40,6 +42,8 @@ class Router:
         self.backlog: list[int] = []     # arrivals while every prefill replica is down
         self.transfers: dict[int, tuple] = {}   # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
+        for rep in (*prefill, *decode):
+            rep.listener = self
 
     def on_arrivals(self, rids: list[int]) -> None:
         """Requests arriving at one instant are all queued before any prefill batch starts, so they
@@ -63,22 +67,22 @@ class Router:
         for rep in sorted(set(touched), key=lambda r: r.index):
             rep.kick()
 
-    def on_prefill_started(self, batch: list[int], replica: "PrefillReplica", start_s: float, ready_s: float) -> None:
+    def on_prefill_started(self, batch: list[int], replica: PrefillReplica, start_s: float, ready_s: float) -> None:
         if self.stream_layers:
             self._ready(batch)
 
-    def on_kv_ready(self, batch: list[int], replica: "PrefillReplica") -> None:
+    def on_kv_ready(self, batch: list[int], replica: PrefillReplica) -> None:
         if not self.stream_layers:
             self._ready(batch)
         else:
             self.try_admit()   # a streamed request admitted late now transfers at full rate
 
     def _ready(self, batch: list[int]) -> None:
-        run = self.run
+        rec = self.rec
         for rid in batch:
-            if run.decode_iterations[rid] == 0:
+            if rec.decode_iterations[rid] == 0:
                 # The prefill's token is the whole output (ttft_at prefill, one output token): no KV moves, no decode.
-                run.finish_without_decode(rid)
+                rec.finish_without_decode(rid)
                 self.release_kv(rid)
             else:
                 self.pending.append(rid)
@@ -88,11 +92,11 @@ class Router:
         self.try_admit()
 
     def try_admit(self) -> None:
-        run = self.run
+        rec = self.rec
         while self.pending:
             rid = self.pending[0]
-            p = run.prefill_replica[rid]
-            need, host = run.admit_bytes[rid], run.host_kv_bytes[rid]
+            p = rec.prefill_replica[rid]
+            need, host = rec.admit_bytes[rid], rec.host_kv_bytes[rid]
             best = None
             for d in self.reachable[p]:
                 rep = self.decode[d]
@@ -102,21 +106,21 @@ class Router:
             if best is None:
                 return
             self.pending.popleft()
-            if run.prefix is not None:
-                run.prefix.decode_admit(rid, best.index)
+            if self.prefix is not None:
+                self.prefix.decode_admit(rid, best.index)
             best.reserve(need, host)
             self._transfer(rid, p, best)
 
-    def _transfer(self, rid: int, p: int, rep: "DecodeReplica") -> None:
-        run = self.run
+    def _transfer(self, rid: int, p: int, rep: DecodeReplica) -> None:
+        rec = self.rec
         link = self.links[(p, rep.index)]
         now = link.env.now
-        run.decode_replica[rid] = rep.index
-        run.transfer_start[rid] = now
-        bytes_ = run.wire_bytes[rid] if run.prefix is None else run.prefix.sent_bytes[rid]
+        rec.decode_replica[rid] = rep.index
+        rec.transfer_start[rid] = now
+        bytes_ = rec.wire_bytes[rid] if self.prefix is None else self.prefix.sent_bytes[rid]
         cap = self.flow_cap
         not_before = 0.0
-        ready = run.encode_end[rid]
+        ready = rec.encode_end[rid]
         if self.stream_layers and now < ready:
             # Layers are produced at bytes / (ready - now); the last layer cannot leave before it exists.
             cap = min(cap, bytes_ / (ready - now))
@@ -124,12 +128,12 @@ class Router:
             not_before = ready + bytes_ / self.layers / min(self.flow_cap, link.capacity)
 
         def done(r: int, t: float, rep=rep) -> None:
-            run.transfer_end[r] = t
+            rec.transfer_end[r] = t
             del self.transfers[r]
             if not self.hold_kv:
                 self.release_kv(r)
-            if run.prefix is not None:
-                run.prefix.decode_arrived(r, rep.index)
+            if self.prefix is not None:
+                self.prefix.decode_arrived(r, rep.index)
             rep.arrive(r)
 
         self.transfers[rid] = (link, rep)
@@ -137,7 +141,7 @@ class Router:
 
     def release_kv(self, rid: int) -> None:
         """The request's KV leaves its prefill replica's host memory (unless a fault already took it)."""
-        run = self.run
-        if run.kv_held[rid]:
-            run.kv_held[rid] = False
-            self.prefill[run.prefill_replica[rid]].release_parked(run.wire_bytes[rid])
+        rec = self.rec
+        if rec.kv_held[rid]:
+            rec.kv_held[rid] = False
+            self.prefill[rec.prefill_replica[rid]].release_parked(rec.wire_bytes[rid])

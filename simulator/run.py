@@ -27,6 +27,7 @@ from costmodel.phases import ModelDoesNotFit
 from costmodel.specs import GIB
 
 from . import colocated, columns
+from .admission import OnDemandBlocks
 from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
 from .faults import STRANDED, FaultInjector
@@ -45,18 +46,13 @@ BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "tr
 
 # ---- one method's run ---------------------------------------------------------------------------
 class MethodRun:
-    """Per-request records of one method (lists indexed by request id) and the entities."""
+    """One method's entities, wired together, and the `Records` they write (simulator/columns.py)."""
 
     def __init__(self, res: Resolved, method: KVMethod, reqs: Requests, source: str):
         s = res.scenario
         self.method = method
         self.env = env = simpy.Environment()
-        n = len(reqs)
-        self.n = n
-        # per request, one typed column per value (simulator/columns.py): a million requests in ~200 MB
-        self.prompt = columns.ints(reqs.prompt_tokens)
-        self.output = columns.ints(reqs.output_tokens)
-        self.arrival = columns.floats(reqs.arrival_s)
+        self.n = len(reqs)
         pre_cost, dec_cost = res.costs(method)
         for pool, rc in (("prefill", pre_cost), ("decode", dec_cost)):
             try:
@@ -71,69 +67,56 @@ class MethodRun:
             raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
         self.pre_cost, self.dec_cost = pre_cost, dec_cost
         prompt, context = reqs.prompt_tokens, reqs.prompt_tokens + reqs.output_tokens
-        self.wire_bytes = columns.floats(_per_value(pre_cost.wire_bytes, prompt))
         # Decode iterations per request and its context in the first one (simulator/decode.py).  ttft_at decode:
         # the decode instance yields every output token, the first from recomputing the last prompt position
         # (context = the prompt); prefill: the prefill's token is the first, decode runs the other output - 1.
         # placement colocated: the last prefill chunk's token is the first (simulator/colocated.py)
         from_decode = s.ttft_at == "decode" and s.placement != "colocated"
-        self.chunk_tokens = s.prefill.chunk_tokens
-        self.ttft_at_decode = from_decode
         output = np.asarray(reqs.output_tokens, dtype=np.int64)
-        self.decode_iterations = columns.ints(output if from_decode else np.maximum(0, output - 1))
-        self.join_context = columns.ints(np.asarray(prompt, dtype=np.int64) + (0 if from_decode else 1))
-        self.kv_bytes = columns.floats(_per_value(dec_cost.kv_memory_bytes, context))
+        join_context = np.asarray(prompt, dtype=np.int64) + (0 if from_decode else 1)
         # decode admission (simulator/admission.py): on_demand takes the blocks of the first decode iteration's
         # context, reserve the final KV
-        self.on_demand = s.decode.admission == "on_demand"
-        self.preempt_by_swap = s.decode.preemption == "swap"
-        self.admit_bytes = (columns.floats(_per_value(dec_cost.kv_memory_bytes, columns.view(self.join_context, np.int64)))
-                            if self.on_demand else self.kv_bytes)
-        self.preemptions = columns.filled(n, 0)
-        self.preempt_s = columns.floats(np.zeros(n))
-        self.host_kv_bytes = columns.floats(_per_value(dec_cost.host_kv_bytes, context))
+        on_demand = s.decode.admission == "on_demand"
+        # per request, one typed column per value (simulator/columns.py): a million requests in ~200 MB
+        self.records = rec = columns.Records(
+            prompt=reqs.prompt_tokens, output=reqs.output_tokens, arrival_s=reqs.arrival_s,
+            wire_bytes=_per_value(pre_cost.wire_bytes, prompt), kv_bytes=_per_value(dec_cost.kv_memory_bytes, context),
+            admit_bytes=_per_value(dec_cost.kv_memory_bytes, join_context) if on_demand else None,
+            host_kv_bytes=_per_value(dec_cost.host_kv_bytes, context),
+            decode_iterations=output if from_decode else np.maximum(0, output - 1), join_context=join_context,
+            ttft_at_decode=from_decode)
         decode_host = res.decode.host_memory_bytes
-        if columns.view(self.host_kv_bytes).max() > decode_host:
+        if columns.view(rec.host_kv_bytes).max() > decode_host:
             raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
-                                f"({columns.view(self.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
+                                f"({columns.view(rec.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
                                 f"({decode_host / GIB:.2f} GiB)")
         caching = s.prefill.prefix_caching or s.decode.prefix_caching
-        self.prefix = PrefixCaching(self, reqs, pre_cost, dec_cost, s, source) if caching else None
-        too_big = float(columns.view(self.kv_bytes).max())
-        if too_big > dec_cost.kv_capacity_bytes - (self.prefix.decode_region_bytes if self.prefix else 0.0):
-            i = int(np.argmax(columns.view(self.kv_bytes)))
+        self.prefix = PrefixCaching(rec, method.output_name, reqs, pre_cost, dec_cost, s, source) if caching else None
+        region_bytes = self.prefix.decode_region_bytes if self.prefix else 0.0
+        too_big = float(columns.view(rec.kv_bytes).max())
+        if too_big > dec_cost.kv_capacity_bytes - region_bytes:
+            i = int(np.argmax(columns.view(rec.kv_bytes)))
             raise ScenarioError(
                 f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.output_name}), more than a "
                 f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
-        for name in ("prefill_start", "prefill_end", "encode_end", "transfer_start", "transfer_end", "decode_join",
-                     "first_token", "finish", "approx_prefill", "decode_s", "dequant_s", "approx_decode", "fetch_s",
-                     "snap_decode", "snap_dequant", "snap_approx", "snap_fetch", "snap_preempt"):
-            setattr(self, name, columns.nans(n))
-        self.prefill_replica = columns.filled(n, -1)
-        self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
-        self.decode_replica = columns.filled(n, -1)
-        self.kv_held = bytearray(n)          # 1: the KV counts in its prefill replica's host memory
-        self.retries = columns.filled(n, 0)
-        self.failure = [""] * n              # why a request failed (simulator/faults.py); "" if it did not
-        self.completed = 0
-        self.failed = 0
-        self.memory_log = columns.RowLog(3)  # (time_s, replica, used_bytes)
-        self.link_logs: dict[str, columns.RowLog] = {}
-        self.iteration_log: list | None = None   # a list: decode replicas log their segments (decode.iteration_rows)
         self.link_capacity_gbps: dict[str, float] = {}
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
         together = s.placement == "colocated"     # every GPU of both pools, configured as the decode pool
         self.prefill_replicas = [] if together else [
-            PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests, pre_pool.max_batch_tokens, host, self)
+            PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests, pre_pool.max_batch_tokens, host, rec,
+                           self.prefix, s.prefill.chunk_tokens)
             for i in range(pre_pool.replicas)]
-        self.decode_replicas = [DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, self, self.memory_log,
-                                              decode_host)
-                                for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))]
+        swap = s.decode.preemption == "swap"
+        self.decode_replicas = [
+            DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, rec, decode_host, region_bytes,
+                          blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None)
+            for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))]
         self.faults = None
+        self.router: Router | colocated.ColocatedRouter
         if together:
-            self.router = colocated.build(self, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens)
+            self.router = colocated.build(rec, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens)
             return
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
@@ -142,32 +125,20 @@ class MethodRun:
         for spec in net.links:
             log = columns.RowLog(3)          # (time_s, active_flows, throughput_bytes_per_s)
             link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
-            self.link_logs[spec.name] = log
+            rec.link_logs[spec.name] = log
             self.link_capacity_gbps[spec.name] = spec.capacity_gbps
         links = {pair: link_objs[i] for pair, i in net.routes.items()}
-        self.router = Router(self, self.prefill_replicas, self.decode_replicas, links, net.flow_cap_bytes_per_s,
-                             net.stream_layers, res.model.layers)
-        if columns.view(self.wire_bytes).max() > host:
+        self.router = router = Router(rec, self.prefix, self.prefill_replicas, self.decode_replicas, links,
+                                      net.flow_cap_bytes_per_s, net.stream_layers, res.model.layers)
+        if columns.view(rec.wire_bytes).max() > host:
             raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV "
-                                f"({columns.view(self.wire_bytes).max() / GIB:.2f}"
+                                f"({columns.view(rec.wire_bytes).max() / GIB:.2f}"
                                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
-        self.faults = FaultInjector(self, s.faults, s.fault_policy) if s.faults else None
-
-    def fail(self, rid: int, reason: str) -> None:
-        """The request ends without finishing (simulator/faults.py says why)."""
-        self.failure[rid] = reason
-        self.finish[rid] = math.nan
-        self.failed += 1
-
-    def finish_without_decode(self, rid: int) -> None:
-        t = self.encode_end[rid]
-        self.transfer_start[rid] = self.transfer_end[rid] = self.decode_join[rid] = self.finish[rid] = t
-        self.decode_s[rid] = self.dequant_s[rid] = self.approx_decode[rid] = self.fetch_s[rid] = 0.0
-        self.completed += 1
+        self.faults = FaultInjector(rec, env, router, s.faults, s.fault_policy) if s.faults else None
 
     def _arrive(self, rid: int) -> None:
         """Route every request arriving now, then set a timer for the next arrival."""
-        arrival, n = self.arrival, self.n
+        arrival, n = self.records.arrival, self.n
         now = arrival[rid]
         first = rid
         while rid < n and arrival[rid] <= now:
@@ -178,14 +149,14 @@ class MethodRun:
 
     def simulate(self) -> None:
         if self.n:
-            self.env.timeout(self.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
+            self.env.timeout(self.records.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
         self.env.run()
-        if self.completed + self.failed != self.n:
+        if self.records.completed + self.records.failed != self.n:
             if self.faults is None:
-                raise RuntimeError(f"{self.method.output_name}: {self.n - self.completed} requests never finished")
+                raise RuntimeError(f"{self.method.output_name}: {self.n - self.records.completed} requests never finished")
             for rid in range(self.n):    # waiting for a replica or a link that never came back
-                if self.failure[rid] == "" and not self.finish[rid] >= 0:
-                    self.fail(rid, STRANDED)
+                if self.records.failure[rid] == "" and not self.records.finish[rid] >= 0:
+                    self.records.fail(rid, STRANDED)
 
     # ---- results ----------------------------------------------------------------------------------
     def latencies(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
@@ -193,15 +164,15 @@ class MethodRun:
         offload_fetch_s; NaN for a failed request (its numbers would describe a lost attempt)."""
         sl = slice(lo, self.n if hi is None else hi)
         a = lambda col: columns.view(col)[sl]  # noqa: E731
-        arrival, pstart, pend, eend = a(self.arrival), a(self.prefill_start), a(self.prefill_end), a(self.encode_end)
-        first = a(self.first_token) if self.ttft_at_decode else pend
-        tstart, tend, join, finish = a(self.transfer_start), a(self.transfer_end), a(self.decode_join), a(self.finish)
+        arrival, pstart, pend, eend = a(self.records.arrival), a(self.records.prefill_start), a(self.records.prefill_end), a(self.records.encode_end)
+        first = a(self.records.first_token) if self.records.ttft_at_decode else pend
+        tstart, tend, join, finish = a(self.records.transfer_start), a(self.records.transfer_end), a(self.records.decode_join), a(self.records.finish)
         t_start_eff = np.maximum(tstart, eend)
         t_end_eff = np.maximum(tend, eend)
-        approx_pre = a(self.approx_prefill)
-        dequant, approx_dec = a(self.dequant_s), a(self.approx_decode)
-        preempt = a(self.preempt_s)
-        output = columns.view(self.output, np.int64)[sl]
+        approx_pre = a(self.records.approx_prefill)
+        dequant, approx_dec = a(self.records.dequant_s), a(self.records.approx_decode)
+        preempt = a(self.records.preempt_s)
+        output = columns.view(self.records.output, np.int64)[sl]
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
         out = {
@@ -211,10 +182,10 @@ class MethodRun:
             "decode_queue_s": join - t_end_eff, "decode_s": (finish - join) - dequant - approx_dec - preempt,
             "dequantize_s": dequant.copy(), "approximation_s": approx_pre + approx_dec,
             "preemption_s": preempt.copy(),     # out of the batch after a preemption, and recompute / swap stalls
-            "offload_fetch_s": a(self.fetch_s).copy(),      # part of decode_s: host -> GPU fetches
+            "offload_fetch_s": a(self.records.fetch_s).copy(),      # part of decode_s: host -> GPU fetches
         }
-        if self.failed:
-            lost = np.array([f != "" for f in self.failure[sl]], dtype=bool)
+        if self.records.failed:
+            lost = np.array([f != "" for f in self.records.failure[sl]], dtype=bool)
             for x in out.values():
                 x[lost] = np.nan
         return out
@@ -230,18 +201,18 @@ class MethodRun:
         df = pd.DataFrame({
             "method": self.method.output_name,
             "request_id": np.arange(lo, hi),
-            "prompt_tokens": i(self.prompt), "output_tokens": i(self.output),
-            "prefill_replica": i(self.prefill_replica), "decode_replica": i(self.decode_replica),
-            "prefill_attention": self.prefill_form[sl],
-            "arrival_s": a(self.arrival), "prefill_start_s": a(self.prefill_start),
-            "prefill_end_s": a(self.prefill_end), "quantize_end_s": a(self.encode_end),
-            "transfer_start_s": a(self.transfer_start), "transfer_end_s": a(self.transfer_end),
-            "decode_start_s": a(self.decode_join),
-            "first_token_s": a(self.first_token) if self.ttft_at_decode else a(self.prefill_end), "finish_s": a(self.finish),
-            **lat, "preemptions": i(self.preemptions),
+            "prompt_tokens": i(self.records.prompt), "output_tokens": i(self.records.output),
+            "prefill_replica": i(self.records.prefill_replica), "decode_replica": i(self.records.decode_replica),
+            "prefill_attention": self.records.prefill_form[sl],
+            "arrival_s": a(self.records.arrival), "prefill_start_s": a(self.records.prefill_start),
+            "prefill_end_s": a(self.records.prefill_end), "quantize_end_s": a(self.records.encode_end),
+            "transfer_start_s": a(self.records.transfer_start), "transfer_end_s": a(self.records.transfer_end),
+            "decode_start_s": a(self.records.decode_join),
+            "first_token_s": a(self.records.first_token) if self.records.ttft_at_decode else a(self.records.prefill_end), "finish_s": a(self.records.finish),
+            **lat, "preemptions": i(self.records.preemptions),
             "offload_fetch_s": fetch,      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
-            "kv_wire_bytes": a(self.wire_bytes), "kv_memory_bytes": a(self.kv_bytes),
-            "kv_host_bytes": a(self.host_kv_bytes), "retries": i(self.retries), "failure": self.failure[sl],
+            "kv_wire_bytes": a(self.records.wire_bytes), "kv_memory_bytes": a(self.records.kv_bytes),
+            "kv_host_bytes": a(self.records.host_kv_bytes), "retries": i(self.records.retries), "failure": self.records.failure[sl],
         })
         if self.prefix is not None:
             df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached[sl], dtype=np.int64)
@@ -255,7 +226,7 @@ class MethodRun:
 
     def memory_frame(self, lo: int = 0, hi: int | None = None) -> pd.DataFrame:
         """Rows lo:hi of memory.csv (all by default)."""
-        log = self.memory_log.table()[lo:hi]
+        log = self.records.memory_log.table()[lo:hi]
         return pd.DataFrame({"method": self.method.output_name,
                              "replica": log[:, 1].astype(np.int64), "time_s": log[:, 0].copy(),
                              "used_bytes": log[:, 2].copy(),
@@ -265,12 +236,12 @@ class MethodRun:
         return _concat(list(self.link_chunks(rows=None)))
 
     def memory_chunks(self, rows: int = CHUNK_ROWS):
-        for lo in range(0, max(len(self.memory_log), 1), rows):
+        for lo in range(0, max(len(self.records.memory_log), 1), rows):
             yield self.memory_frame(lo, lo + rows)
 
     def link_chunks(self, rows: int | None = CHUNK_ROWS):
         """links.csv's rows, link by link, at most `rows` at a time (None: a link at a time)."""
-        for name, log in self.link_logs.items():
+        for name, log in self.records.link_logs.items():
             t = log.table()
             step = rows or max(len(t), 1)
             for lo in range(0, max(len(t), 1), step):
@@ -304,24 +275,24 @@ def _nanmean(x: np.ndarray) -> float:
 
 def summarize(run: MethodRun) -> dict:
     """One method's summary.json entry, from the run's columns (no per-request table needed)."""
-    method, model = run.method, run.dec_cost.model
+    method, model, rec = run.method, run.dec_cost.model, run.records
     lat = run.latencies()
-    finish, arrival = columns.view(run.finish), columns.view(run.arrival)
-    span = float(np.nanmax(finish) - arrival.min()) if run.completed else math.nan
-    used = run.memory_log.column(2)
+    finish, arrival = columns.view(rec.finish), columns.view(rec.arrival)
+    span = float(np.nanmax(finish) - arrival.min()) if rec.completed else math.nan
+    used = rec.memory_log.column(2)
     peak_kv = float(used.max()) if len(used) else 0.0
-    failures = Counter(r for r in run.failure if r)
+    failures = Counter(r for r in rec.failure if r)
     return {
-        "completed": int(run.completed),
-        "failed": int(run.failed),
+        "completed": int(rec.completed),
+        "failed": int(rec.failed),
         "failure_reasons": dict(sorted(failures.items())),
-        "retried": int(np.count_nonzero(columns.view(run.retries, np.int64))),
+        "retried": int(np.count_nonzero(columns.view(rec.retries, np.int64))),
         "jct_s": _quantiles(lat["jct_s"]),
         "ttft_s": _quantiles(lat["ttft_s"]),
         "tpot_s": _quantiles(lat["tpot_s"]),
         "breakdown_s": {part: _nanmean(lat[f"{part}_s"]) for part in BREAKDOWN_PARTS},
-        "preemptions": int(columns.view(run.preemptions, np.int64).sum()),
-        "prefill_attention": {form: int(n) for form, n in sorted(Counter(run.prefill_form).items())},
+        "preemptions": int(columns.view(rec.preemptions, np.int64).sum()),
+        "prefill_attention": {form: int(n) for form, n in sorted(Counter(rec.prefill_form).items())},
         "offload_fetch_s": _nanmean(lat["offload_fetch_s"]),
         "peak_decode_memory_bytes": float(run.dec_cost.memory_bytes_per_replica(peak_kv)),
         "peak_decode_kv_bytes": float(peak_kv),
@@ -330,7 +301,7 @@ def summarize(run: MethodRun) -> dict:
         "kv_bytes_per_token": {"wire": float(method.wire_bytes_per_token(model)),
                                "memory": float(method.memory_bytes_per_token(model)),
                                "host": float(method.host_bytes_per_token(model))},
-        "throughput_rps": float(run.completed / span) if span > 0 else math.nan,
+        "throughput_rps": float(rec.completed / span) if span > 0 else math.nan,
         **_load(run),
         **({"prefix_cache": run.prefix.summary()} if run.prefix is not None else {}),
     }
@@ -338,28 +309,29 @@ def summarize(run: MethodRun) -> dict:
 
 def _load(run: MethodRun) -> dict:
     """Each pool's utilisation and whether the run is stable (simulator/overload.py)."""
-    p = columns.view(run.prefill_replica, np.int64)
-    d = columns.view(run.decode_replica, np.int64)
+    rec = run.records
+    p = columns.view(rec.prefill_replica, np.int64)
+    d = columns.view(rec.decode_replica, np.int64)
     moved = d >= 0
     link_bytes: dict[str, float] = {}
     capacity: dict[str, float] = {}
-    wire = columns.view(run.wire_bytes)
+    wire = columns.view(rec.wire_bytes)
     for (pi, di), link in run.router.links.items():
         capacity[link.name] = link.base_capacity
         link_bytes[link.name] = link_bytes.get(link.name, 0.0) + float(wire[moved & (p == pi) & (d == di)].sum())
-    held_s = columns.view(run.finish) - columns.view(run.transfer_start)
+    held_s = columns.view(rec.finish) - columns.view(rec.transfer_start)
     moved &= np.isfinite(held_s)         # completed (a failed request's hold is not known)
     held_s = held_s[moved]
     dec = run.decode_replicas[0]
     util = utilisation(
-        arrival_s=columns.view(run.arrival),
+        arrival_s=columns.view(rec.arrival),
         # colocated: the prefill chunks' share of every replica's time
         prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas) + sum(
-            r.colo.busy_s for r in run.decode_replicas if r.colo is not None),
+            c.busy_s for c in (run.router.prefills if isinstance(run.router, colocated.ColocatedRouter) else ())),
         prefill_replicas=len(run.prefill_replicas) or len(run.decode_replicas), link_bytes=link_bytes,
         link_capacity_bytes_per_s=capacity,
-        held_s=held_s, held_kv_bytes=columns.view(run.kv_bytes)[moved],
-        held_host_bytes=columns.view(run.host_kv_bytes)[moved], decode_replicas=len(run.decode_replicas),
+        held_s=held_s, held_kv_bytes=columns.view(rec.kv_bytes)[moved],
+        held_host_bytes=columns.view(rec.host_kv_bytes)[moved], decode_replicas=len(run.decode_replicas),
         decode_kv_capacity_bytes=dec.capacity_bytes, decode_host_capacity_bytes=dec.host_capacity_bytes,
         decode_max_batch=dec.max_batch_requests)
     return {"utilisation": util, "stable": is_stable(util)}

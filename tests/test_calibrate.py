@@ -62,14 +62,14 @@ def _simulated_traces(tmp_path: Path) -> Path:
     rows = []
     for cfg in s.methods:
         run = MethodRun(res, cfg, reqs, "test")
-        run.iteration_log = []
+        run.records.iteration_log = []
         run.simulate()
         df = run.requests_frame()
         df["quantize_end_s"] = df["encode_end_s"] if "encode_end_s" in df.columns else df["quantize_end_s"]
         folder = tmp_path / cfg.output_name
         folder.mkdir()
         df[COLUMNS].to_csv(folder / "requests.csv", index=False)
-        it = pd.DataFrame(iteration_rows(run.iteration_log), columns=["start_s", "end_s", "batch_size", "context_tokens"])
+        it = pd.DataFrame(iteration_rows(run.records.iteration_log), columns=["start_s", "end_s", "batch_size", "context_tokens"])
         it.to_csv(folder / "iterations.csv", index=False)
         (folder / "meta.json").write_text(json.dumps({"method": cfg.output_name, "decode_mode": "graphs"}))
         rows.append((cfg.output_name, str(scen_path)))

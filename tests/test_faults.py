@@ -199,7 +199,7 @@ def test_every_request_is_accounted_for(faults, policy, retries, stream, admissi
         run = result.runs[name]
         for rep in run.decode_replicas:
             assert rep.reserved_bytes <= rep.capacity_bytes * (1 + 1e-12)
-        assert max((u for (_, _, u) in run.memory_log), default=0) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
+        assert max((u for (_, _, u) in run.records.memory_log), default=0) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
         for rep in run.prefill_replicas:
             assert rep.parked_bytes >= -1e-6
 

@@ -47,14 +47,14 @@ def test_every_request_completes_exactly_once_within_memory(changes):
     n = s.workload.requests
     for name, run in result.runs.items():
         rows = df[df["method"] == name]
-        assert run.completed == n
+        assert run.records.completed == n
         assert sorted(rows["request_id"]) == list(range(n))          # once each
         assert rows["finish_s"].notna().all()
         assert (rows["finish_s"] >= rows["arrival_s"]).all()
         np.testing.assert_allclose(rows[PARTS].sum(axis=1), rows["jct_s"], rtol=1e-9, atol=1e-9)
         assert (rows[PARTS] >= -1e-9).all().all()
         for rep in run.decode_replicas:
-            used = [u for (_, r, u) in run.memory_log if r == rep.index]
+            used = [u for (_, r, u) in run.records.memory_log if r == rep.index]
             assert max(used, default=0.0) <= rep.capacity_bytes * (1 + 1e-12)
             assert rep.reserved_bytes == 0 or abs(rep.reserved_bytes) < 1e-3   # everything released
 

@@ -120,7 +120,7 @@ def test_decode_memory_parking_is_recorded():
     assert df["transfer_queue_s"].max() > 0
     run = result.runs["baseline"]
     cap = run.decode_replicas[0].capacity_bytes
-    assert max(u for (_, _, u) in run.memory_log) <= cap
+    assert max(u for (_, _, u) in run.records.memory_log) <= cap
 
 
 def test_stream_layers_overlaps_transfer_with_prefill():

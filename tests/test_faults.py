@@ -227,7 +227,7 @@ def test_a_decode_replica_down_loses_its_preempted_requests_too(tmp_path):
     np.testing.assert_allclose(df[PARTS].sum(axis=1), df["jct_s"], rtol=1e-9)
     run = result.runs["baseline"]
     assert run.decode_replicas[0].reserved_bytes == pytest.approx(0.0, abs=1e-6)
-    assert max(u for (_, _, u) in run.memory_log) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
+    assert max(u for (_, _, u) in run.records.memory_log) <= run.decode_replicas[0].capacity_bytes * (1 + 1e-12)
 
 
 # ---- the shipped scenario, CLI and report ---------------------------------------------------------------

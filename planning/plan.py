@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import catalog
 from costmodel.phases import ModelDoesNotFit
 from costmodel.methods import REFERENCE, reference_method
-from simulator.config import ScenarioError, read_yaml
+from simulator.config import ScenarioError, first_error, read_yaml
 
 from .executor import Executor, PlanningError, Task
 from .sweep import (build_raw, config_columns, cost_usd_per_hour, metric_columns, read_base, resolve_scenario,
@@ -83,10 +83,7 @@ def load_candidates(path: str | Path | None) -> CandidatesSpec:
     try:
         return CandidatesSpec.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-        raise PlanningError(f"{path}: {loc}: {msg}") from None
+        raise PlanningError(first_error(str(path), e, "file")) from None
 
 
 # ---- candidates -----------------------------------------------------------------------------------------

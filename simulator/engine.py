@@ -33,6 +33,7 @@ from costmodel.methods import REFERENCE
 from costmodel.methods import REGISTRY as METHOD_REGISTRY
 
 from . import files
+from .config import first_error
 
 SCHEMA_VERSION = 1
 KIND = "hacksim-engine-calibration"
@@ -143,9 +144,7 @@ def read_engine_file(path: str | Path, error: type[Exception]) -> EngineFile:
     try:
         return EngineFile.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise error(f"{path}: {loc or 'file'}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise error(first_error(str(path), e, "file")) from None
 
 
 def apply_values(scenario, values: dict[str, float]):

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test mutate bench clean
+.PHONY: run test lint format mutate bench clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,17 @@ run: $(VENV)/.core-installed
 
 # Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
 TEST_WORKERS ?= 2
-test: $(VENV)/.test-installed
+test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# ruff (lint and format check) over the tree; part of `make test`, so CI runs it.
+lint: $(VENV)/.test-installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(VENV)/.test-installed
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 # Mutation testing of costmodel/ and simulator/ ([tool.mutmut] in pyproject.toml; README, "Testing").
 # MUTATE picks functions by name glob, e.g. MUTATE='costmodel.methods* simulator.link*'; all by default (hours).

@@ -13,6 +13,7 @@
 Bad input exits with code 2 and one line on stderr naming the file and the field; nothing is
 written. The same scenario and seed give byte-identical outputs.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -29,8 +29,12 @@ from scenarios import resolve as resolve_example
 
 __version__ = "0.1.0"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines).",
+)
 
 EXIT_BAD_INPUT = 2
 
@@ -42,8 +46,11 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                      help="print the version and exit")) -> None:
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
     """Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines)."""
 
 
@@ -117,39 +124,68 @@ def format_table(summary: dict) -> str:
         vs = ""
         if base is not None and name != REFERENCE:
             vs = f"{100 * (m['jct_s']['mean'] / base['jct_s']['mean'] - 1):+.1f}%"
-        rows.append([name, f"{m['completed']}", f"{m['jct_s']['mean']:.2f}s", f"{m['jct_s']['p90']:.2f}s",
-                     f"{m['ttft_s']['mean']:.2f}s", f"{1e3 * m['tpot_s']['mean']:.1f}", f"{b['transfer']:.2f}s",
-                     f"{b['dequantize']:.3f}s", f"{b['approximation']:.3f}s",
-                     f"{m['kv_bytes_per_token']['wire']:.0f}", f"{m['peak_decode_memory_bytes'] / 2**30:.1f}", vs])
-    heads = ["method", "done", "JCT mean", "p90", "TTFT", "TPOT ms", "transfer", "dequant", "approx", "KV B/tok",
-             "peak GiB", "JCT vs base"]
+        rows.append(
+            [
+                name,
+                f"{m['completed']}",
+                f"{m['jct_s']['mean']:.2f}s",
+                f"{m['jct_s']['p90']:.2f}s",
+                f"{m['ttft_s']['mean']:.2f}s",
+                f"{1e3 * m['tpot_s']['mean']:.1f}",
+                f"{b['transfer']:.2f}s",
+                f"{b['dequantize']:.3f}s",
+                f"{b['approximation']:.3f}s",
+                f"{m['kv_bytes_per_token']['wire']:.0f}",
+                f"{m['peak_decode_memory_bytes'] / 2**30:.1f}",
+                vs,
+            ]
+        )
+    heads = [
+        "method",
+        "done",
+        "JCT mean",
+        "p90",
+        "TTFT",
+        "TPOT ms",
+        "transfer",
+        "dequant",
+        "approx",
+        "KV B/tok",
+        "peak GiB",
+        "JCT vs base",
+    ]
     title = f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}"
     return render(table(heads, rows, title=title))
-
-
 
 
 @app.command()
 def simulate(
     scenario: Path = typer.Argument(..., help="scenario YAML"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write summary.json, requests.csv, memory.csv, links.csv, "
-                                       "scenario.json, profiles.json and report.html here"),
-    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated subset of the scenario's methods"),
-    requests: Optional[int] = typer.Option(None, "--requests", help="override workload.requests"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="override workload.seed"),
-    set_: List[str] = typer.Option([], "--set", help="path.to.field=value (repeatable), e.g. network.bandwidth_gbps=25"),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="calibration profile.json for both pools "
-                                           "(default: the scenario's calibration settings)"),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="write summary.json, requests.csv, memory.csv, links.csv, "
+        "scenario.json, profiles.json and report.html here",
+    ),
+    methods: str | None = typer.Option(None, "--methods", help="comma-separated subset of the scenario's methods"),
+    requests: int | None = typer.Option(None, "--requests", help="override workload.requests"),
+    seed: int | None = typer.Option(None, "--seed", help="override workload.seed"),
+    set_: list[str] = typer.Option(
+        [], "--set", help="path.to.field=value (repeatable), e.g. network.bandwidth_gbps=25"
+    ),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="calibration profile.json for both pools (default: the scenario's calibration settings)"
+    ),
     report: bool = typer.Option(True, "--report/--no-report", help="also write report.html with --out"),
-    plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
+    plotlyjs: str | None = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": summary.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
     from simulator.config import ScenarioError
-    from simulator.load import load_scenario
-    from simulator.files import check_out_dir
     from simulator.faults import faults_line
+    from simulator.files import check_out_dir
+    from simulator.load import load_scenario
     from simulator.overload import overload_line
     from simulator.run import run_scenario
 
@@ -174,8 +210,13 @@ def simulate(
             names = [m.output_name for m in cfg.methods] + [link.name for link in cfg.network.links or []]
             writer = RunOutputs(out, quote_text=any(ch in n for n in names for ch in ',"\r\n'))
         with ProgressBar(0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods") as bar:
-            result = run_scenario(cfg, source=str(scenario), methods=chosen, progress=lambda _name: bar.advance(),
-                                  sink=None if writer is None else writer.add)
+            result = run_scenario(
+                cfg,
+                source=str(scenario),
+                methods=chosen,
+                progress=lambda _name: bar.advance(),
+                sink=None if writer is None else writer.add,
+            )
     except BaseException as e:
         if writer is not None:
             writer.discard()
@@ -198,7 +239,7 @@ def simulate(
         say(written)
 
 
-def _build_report(out: Path, plotlyjs: Optional[str] = None) -> Optional[Path]:
+def _build_report(out: Path, plotlyjs: str | None = None) -> Path | None:
     try:
         from reports import build_report
     except ImportError:
@@ -234,10 +275,15 @@ def schema() -> None:
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="a folder written by simulate --out"),
-           plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
-           static: Optional[str] = typer.Option(None, "--static", help="also write the main figures as images "
-                                                "under RUN_DIR/figures/: png, svg or png,svg (needs '.[images]')")) -> None:
+def report(
+    run_dir: Path = typer.Argument(..., help="a folder written by simulate --out"),
+    plotlyjs: str | None = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
+    static: str | None = typer.Option(
+        None,
+        "--static",
+        help="also write the main figures as images under RUN_DIR/figures/: png, svg or png,svg (needs '.[images]')",
+    ),
+) -> None:
     """Rebuild RUN_DIR/report.html from the saved tables."""
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir
@@ -251,8 +297,10 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
         formats = tuple(f.strip().lower() for f in static.split(",") if f.strip())
         bad = [f for f in formats if f not in FORMATS]
         if bad or not formats:
-            fail(f"--static {static!r}: {'unknown image format ' + repr(bad[0]) if bad else 'no format'}; "
-                 f"choose from {', '.join(FORMATS)}")
+            fail(
+                f"--static {static!r}: {'unknown image format ' + repr(bad[0]) if bad else 'no format'}; "
+                f"choose from {', '.join(FORMATS)}"
+            )
     try:
         check_out_dir(run_dir, ScenarioError, "report")
     except ScenarioError as e:
@@ -279,26 +327,35 @@ def report(run_dir: Path = typer.Argument(..., help="a folder written by simulat
 
 @app.command()
 def validate(
-    trace: Path = typer.Argument(..., help="a trace folder (requests.csv, iterations.csv, meta.json) or its "
-                                 "requests.csv; or an index.csv (columns trace, scenario: paths relative to the "
-                                 "repository or the index) to validate many traces and print one table"),
-    scenario: Optional[Path] = typer.Option(None, "--scenario", help="the scenario describing the measured system "
-                                            "(required for one trace)"),
-    method: Optional[str] = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
-    set_: List[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
-    plotlyjs: Optional[str] = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
+    trace: Path = typer.Argument(
+        ...,
+        help="a trace folder (requests.csv, iterations.csv, meta.json) or its "
+        "requests.csv; or an index.csv (columns trace, scenario: paths relative to the "
+        "repository or the index) to validate many traces and print one table",
+    ),
+    scenario: Path | None = typer.Option(
+        None, "--scenario", help="the scenario describing the measured system (required for one trace)"
+    ),
+    method: str | None = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
+    out: Path | None = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
+    set_: list[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
+    plotlyjs: str | None = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": validation.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
-    cv: bool = typer.Option(False, "--cv", help="with an index: cross-validate an engine calibration (calibrate "
-                            "--traces): each trace predicted by a fit without it, and by a fit without its "
-                            "configuration, beside the in-sample fit; the held-out errors are the ones to quote"),
+    cv: bool = typer.Option(
+        False,
+        "--cv",
+        help="with an index: cross-validate an engine calibration (calibrate "
+        "--traces): each trace predicted by a fit without it, and by a fit without its "
+        "configuration, beside the in-sample fit; the held-out errors are the ones to quote",
+    ),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
 ) -> None:
     """Simulate the configuration of a measured TRACE and report the simulator's errors."""
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
-    from simulator.validate import format_validation, format_validation_table, validate as run_validate, validate_index
+    from simulator.validate import format_validation, format_validation_table, validate_index
+    from simulator.validate import validate as run_validate
 
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
     if cv:
@@ -321,13 +378,22 @@ def validate(
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
-        (write_validation_index_report if many else write_validation_report)(jsonable(result), out / "validation.html",
-                                                                             plotlyjs=plotlyjs)
+        (write_validation_index_report if many else write_validation_report)(
+            jsonable(result), out / "validation.html", plotlyjs=plotlyjs
+        )
         say(f"wrote {out}/validation.json, validation.html")
 
 
-def _validate_cv(index: Path, many: bool, scenario: Optional[Path], set_: List[str], out: Optional[Path], as_json: bool,
-                 quiet: bool, workers: int) -> None:
+def _validate_cv(
+    index: Path,
+    many: bool,
+    scenario: Path | None,
+    set_: list[str],
+    out: Path | None,
+    as_json: bool,
+    quiet: bool,
+    workers: int,
+) -> None:
     from simulator.calibrate import cross_validate, format_cv
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, strict_json
@@ -353,10 +419,18 @@ def _validate_cv(index: Path, many: bool, scenario: Optional[Path], set_: List[s
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def calibrate(
     ctx: typer.Context,
-    traces: Optional[Path] = typer.Option(None, "--traces", help="an index.csv of measured traces (columns trace, "
-                                          "scenario): fit an engine calibration to them (no GPU needed)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="with --traces: the engine calibration file to write; "
-                                       "without: the profile folder (passed to the kernel profiler)"),
+    traces: Path | None = typer.Option(
+        None,
+        "--traces",
+        help="an index.csv of measured traces (columns trace, "
+        "scenario): fit an engine calibration to them (no GPU needed)",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="with --traces: the engine calibration file to write; "
+        "without: the profile folder (passed to the kernel profiler)",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -379,12 +453,14 @@ def calibrate(
         fail(f"calibrate needs the kernel extras (pip install -e '.[kernels]'): {e}")
     args = list(ctx.args) + ([] if out is None else ["--out", str(out)])
     if not torch.cuda.is_available() and not any(a in ("-h", "--help") or a.startswith("--fit-only") for a in args):
-        fail("calibrate profiles kernels on a CUDA GPU and this machine has none (torch.cuda.is_available() is "
-             "False); --fit-only ROWS.csv refits a profile from measured rows without one")
+        fail(
+            "calibrate profiles kernels on a CUDA GPU and this machine has none (torch.cuda.is_available() is "
+            "False); --fit-only ROWS.csv refits a profile from measured rows without one"
+        )
     raise typer.Exit(profile_main(args))
 
 
-def _calibrate_engine(index: Path, out: Optional[Path], extra: list[str], as_json: bool, quiet: bool) -> None:
+def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: bool, quiet: bool) -> None:
     from simulator.calibrate import engine_file, fit_engine, format_fit, load_index
     from simulator.config import ScenarioError
     from simulator.engine import EngineFile
@@ -402,7 +478,7 @@ def _calibrate_engine(index: Path, out: Optional[Path], extra: list[str], as_jso
     except ScenarioError as e:
         fail(str(e))
     doc = engine_file(fit, traces, str(index), f"calibrate --traces {index} --out {out}", __version__)
-    EngineFile.model_validate(doc)     # what a scenario will read back
+    EngineFile.model_validate(doc)  # what a scenario will read back
     text = strict_json(doc) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -415,7 +491,7 @@ def _calibrate_engine(index: Path, out: Optional[Path], extra: list[str], as_jso
 
 from planning.commands import register_commands  # noqa: E402  (cheap: heavy modules load inside the commands)
 
-register_commands(app)   # sweep, plan
+register_commands(app)  # sweep, plan
 
 if __name__ == "__main__":
     app()

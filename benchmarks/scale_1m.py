@@ -10,6 +10,7 @@ the child's peak resident memory (wait4's ru_maxrss). The child is the CLI itsel
 counter read at exit. The machine's load average is recorded beside the figures, because a shared
 machine's wall time says as much about its neighbours as about the code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hacksim-scale-") as tmp:
         out = args.keep or Path(tmp) / "out"
         events_file = Path(tmp) / "events.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(events_file), "simulate", args.scenario,
-               "--requests", str(args.requests), "--methods", args.method, "--out", str(out), "--quiet"]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            str(events_file),
+            "simulate",
+            args.scenario,
+            "--requests",
+            str(args.requests),
+            "--methods",
+            args.method,
+            "--out",
+            str(out),
+            "--quiet",
+        ]
         load_before = os.getloadavg()[0]
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         t0 = time.perf_counter()
@@ -94,17 +108,23 @@ def main() -> None:
         summary = json.loads((out / "summary.json").read_text())["methods"][args.method]
         sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
         result = {
-            "scenario": args.scenario, "method": args.method, "requests": args.requests,
-            "wall_s": round(wall_s, 2), "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "scenario": args.scenario,
+            "method": args.method,
+            "requests": args.requests,
+            "wall_s": round(wall_s, 2),
+            "peak_rss_bytes": usage.ru_maxrss * 1024,
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
             "events": json.loads(events_file.read_text()),
-            "completed": summary["completed"], "mean_jct_s": round(summary["jct_s"]["mean"], 3),
+            "completed": summary["completed"],
+            "mean_jct_s": round(summary["jct_s"]["mean"], 3),
             "output_bytes": sizes,
-            "load_average_1m_before": round(load_before, 2), "load_average_1m_after": round(load_after, 2),
+            "load_average_1m_before": round(load_before, 2),
+            "load_average_1m_after": round(load_after, 2),
             "machine": f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}, Python {platform.python_version()}",
             "versions": _versions(),
-            "git_revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                           text=True).stdout.strip(),
+            "git_revision": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip(),
             "date_utc": started,
             "command": "python benchmarks/scale_1m.py " + " ".join(sys.argv[1:]),
         }

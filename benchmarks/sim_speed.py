@@ -6,6 +6,7 @@ Start-up is the wall time from interpreter start to a validated scenario with it
 and cost models built (imports included); the event loop is timed separately. Results are printed
 and, with --json, written for committing (benchmarks/results/).
 """
+
 from __future__ import annotations
 
 import time
@@ -53,11 +54,16 @@ def main() -> None:
     peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     out = {
-        "scenario": args.scenario, "method": args.method, "requests": args.requests,
-        "startup_s": round(startup_s, 3), "event_loop_s": round(loop_s, 3), "collect_s": round(collect_s, 3),
+        "scenario": args.scenario,
+        "method": args.method,
+        "requests": args.requests,
+        "startup_s": round(startup_s, 3),
+        "event_loop_s": round(loop_s, 3),
+        "collect_s": round(collect_s, 3),
         "requests_per_s": round(args.requests / loop_s),
         "requests_per_s_end_to_end": round(args.requests / (loop_s + collect_s)),
-        "peak_rss_bytes": peak_rss_bytes, "events": next(run.env._eid),
+        "peak_rss_bytes": peak_rss_bytes,
+        "events": next(run.env._eid),
         "simulated_span_s": round(float(df["finish_s"].max()), 1),
         "mean_jct_s": round(summary["jct_s"]["mean"], 3),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",

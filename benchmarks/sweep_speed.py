@@ -8,6 +8,7 @@ the process pool, writing the cache and the table), then the same sweep again fr
 process, after a warm-up), so the bound is explicit: points x per-point time / workers. Target on
 the 2-core development machine: under 2 minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    load_before = os.getloadavg()[0]     # other work on the machine shares the cores; recorded beside the time
+    load_before = os.getloadavg()[0]  # other work on the machine shares the cores; recorded beside the time
     spec, base = load_sweep(ROOT / args.sweep)
     t = time.perf_counter()
     points = prepare_points(spec, base, args.sweep)
@@ -74,9 +75,15 @@ def main() -> None:
     bound_s = n * point_s / workers
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     out = {
-        "sweep": args.sweep, "points": n, "requests_per_point": requests, "methods_per_point": 1,
-        "rows": len(result.table), "rows_with_errors": errors,
-        "wall_s": round(cold_s, 2), "target_s": TARGET_S, "met_target": cold_s < TARGET_S,
+        "sweep": args.sweep,
+        "points": n,
+        "requests_per_point": requests,
+        "methods_per_point": 1,
+        "rows": len(result.table),
+        "rows_with_errors": errors,
+        "wall_s": round(cold_s, 2),
+        "target_s": TARGET_S,
+        "met_target": cold_s < TARGET_S,
         "points_per_s": round(n / cold_s, 2),
         "simulated_requests_per_s": round(n * requests / cold_s),
         "workers": workers,

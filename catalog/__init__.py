@@ -4,9 +4,10 @@ data files with sources.
 `catalog/data/*.yaml` hold the facts (units in field names, a `sources` list and `notes` per
 entry); this module only loads them. Scenarios reference entries by key and may override fields.
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -15,7 +16,7 @@ DATA_DIR = Path(__file__).parent / "data"
 KINDS = ("gpus", "instances", "models", "workloads", "interconnects", "implementations")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(kind: str) -> dict[str, dict]:
     """Entries of one catalog by key. The returned dicts must not be mutated."""
     if kind not in KINDS:

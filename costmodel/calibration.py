@@ -35,6 +35,7 @@ memory-bound elementwise kernels of a layer (norms, RoPE, SiLU and the gate prod
 adds) are priced by the ``elementwise`` kernel (unit: bytes read + written) when measured, else
 at the copy bandwidth plus ``launch_overhead_s`` each.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,15 +48,15 @@ SCHEMA_VERSION = 1
 # Named efficiency factors of the roofline fallback. Each is the fraction of a datasheet peak that
 # well-written code reaches; the values are measured on the lent H200 (DEVELOPERS.md facts), not
 # fitted to any paper's result, and apply to any GPU until a measured or derived profile exists.
-ROOFLINE_MEMORY_EFFICIENCY = 4220.4 / 4800.0   # 1 GiB D2D copy / HBM datasheet bandwidth (H200 profile peaks)
-ROOFLINE_MATMUL_EFFICIENCY = 693.4 / 989.4     # 8192^3 GEMM / dense tensor peak (H200 profile peaks); also INT8:
-                                               # kernel_work.unit_rates says why
-ROOFLINE_LAUNCH_OVERHEAD_S = 5e-6              # one kernel launch, CUDA-graph-free
+ROOFLINE_MEMORY_EFFICIENCY = 4220.4 / 4800.0  # 1 GiB D2D copy / HBM datasheet bandwidth (H200 profile peaks)
+ROOFLINE_MATMUL_EFFICIENCY = 693.4 / 989.4  # 8192^3 GEMM / dense tensor peak (H200 profile peaks); also INT8:
+# kernel_work.unit_rates says why
+ROOFLINE_LAUNCH_OVERHEAD_S = 5e-6  # one kernel launch, CUDA-graph-free
 # Per-element ALU work (integer unpack, convert, scale) runs on CUDA cores, not tensor cores.
 # Ops per KV element: 2-bit unpack (shift, mask), convert to FP16, one FMA with scale and min.
 DEQUANT_OPS_PER_ELEMENT = 4.0
-HACK_UNPACK_OPS_PER_ELEMENT = 2.0   # unpack to INT8 only: no convert, no FMA (homomorphic)
-QUANTIZE_OPS_PER_ELEMENT = 8.0      # min/max reduce, scale, round (stochastic: + RNG), pack, sum
+HACK_UNPACK_OPS_PER_ELEMENT = 2.0  # unpack to INT8 only: no convert, no FMA (homomorphic)
+QUANTIZE_OPS_PER_ELEMENT = 8.0  # min/max reduce, scale, round (stochastic: + RNG), pack, sum
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class GemmFit:
     heldout_median_error_pct: float | None = None
 
 
-@dataclass(frozen=True, eq=False)   # hashed by identity: profiles key the cost caches
+@dataclass(frozen=True, eq=False)  # hashed by identity: profiles key the cost caches
 class CalibrationProfile:
     gpu: str
     source: Literal["measured", "derived", "roofline"]
@@ -94,7 +95,7 @@ class CalibrationProfile:
     derived_from: str | None = None
     provenance: dict = field(default_factory=dict)
     path: str | None = None
-    gemm: GemmFit | None = None     # None: GEMMs at the peak rates plus launch_overhead_s (roofline)
+    gemm: GemmFit | None = None  # None: GEMMs at the peak rates plus launch_overhead_s (roofline)
 
     def kernel(self, key: str) -> KernelFit:
         try:
@@ -109,8 +110,12 @@ class CalibrationProfile:
 
 
 # A catalog measurement (catalog/data/gpus.yaml `measured`) and the profile rate it is compared with.
-MEASURED_QUANTITY_FIELD = {"fp16_gemm_tflops": "matmul_fp16_tflops", "bf16_gemm_tflops": "matmul_fp16_tflops",
-                           "int8_gemm_tops": "matmul_int8_tops", "copy_gb_per_s": "memory_gbps"}
+MEASURED_QUANTITY_FIELD = {
+    "fp16_gemm_tflops": "matmul_fp16_tflops",
+    "bf16_gemm_tflops": "matmul_fp16_tflops",
+    "int8_gemm_tops": "matmul_int8_tops",
+    "copy_gb_per_s": "memory_gbps",
+}
 
 
 def compare_to_measured(profile: CalibrationProfile, measured: list[dict]) -> list[dict]:
@@ -120,10 +125,17 @@ def compare_to_measured(profile: CalibrationProfile, measured: list[dict]) -> li
     for m in measured:
         field_name = MEASURED_QUANTITY_FIELD.get(m["quantity"])
         value = None if field_name is None else getattr(profile, field_name)
-        rows.append({"quantity": m["quantity"], "measured": m["value"], "profile_field": field_name,
-                     "profile": value,
-                     "error_pct": None if value is None else round(100 * (value - m["value"]) / m["value"], 1),
-                     "how": m.get("how"), "source": m.get("source")})
+        rows.append(
+            {
+                "quantity": m["quantity"],
+                "measured": m["value"],
+                "profile_field": field_name,
+                "profile": value,
+                "error_pct": None if value is None else round(100 * (value - m["value"]) / m["value"], 1),
+                "how": m.get("how"),
+                "source": m.get("source"),
+            }
+        )
     return rows
 
 
@@ -153,9 +165,12 @@ def load_profile(path: str | Path) -> CalibrationProfile:
         derived_from=raw.get("derived_from"),
         provenance=dict(raw.get("provenance", {})),
         path=str(path),
-        gemm=None if raw.get("gemm") is None else GemmFit(
+        gemm=None
+        if raw.get("gemm") is None
+        else GemmFit(
             overhead_s=float(raw["gemm"]["overhead_s"]),
             compute_efficiency=float(raw["gemm"]["compute_efficiency"]),
             memory_efficiency=float(raw["gemm"]["memory_efficiency"]),
-            heldout_median_error_pct=raw["gemm"].get("heldout_median_error_pct")),
+            heldout_median_error_pct=raw["gemm"].get("heldout_median_error_pct"),
+        ),
     )

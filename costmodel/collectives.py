@@ -17,6 +17,7 @@ of GPUs over NVLink (any p) or exactly two GPUs on PCIe, and messages of at most
 GPUs, below 512 KiB on up to four and below 256 KiB on up to eight; two-shot above that; NCCL's ring
 otherwise.  Times work on numpy arrays of message sizes (the dense-layer tables).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,17 +26,17 @@ import numpy as np
 
 KIB = 1024
 MIB = 1024 * 1024
-CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MIB       # vLLM CustomAllreduce(max_size=8192 * 1024)
-ONE_SHOT_MAX_BYTES = ((2, float("inf")), (4, 512 * KIB), (8, 256 * KIB))   # (up to p GPUs, below this size)
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MIB  # vLLM CustomAllreduce(max_size=8192 * 1024)
+ONE_SHOT_MAX_BYTES = ((2, float("inf")), (4, 512 * KIB), (8, 256 * KIB))  # (up to p GPUs, below this size)
 CUSTOM_ALLREDUCE_WORLD_SIZES = (2, 4, 6, 8)
 
 
 @dataclass(frozen=True)
 class AlgorithmFit:
     latency_s: float
-    link_fraction: float = 0.0      # one-/two-shot: achieved bandwidth / link bandwidth
-    step_latency_s: float = 0.0     # ring: per step, 2(p - 1) steps
-    bus_efficiency: float = 0.0     # ring / send-recv: bus bandwidth / link bandwidth
+    link_fraction: float = 0.0  # one-/two-shot: achieved bandwidth / link bandwidth
+    step_latency_s: float = 0.0  # ring: per step, 2(p - 1) steps
+    bus_efficiency: float = 0.0  # ring / send-recv: bus bandwidth / link bandwidth
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Interconnect:
     """One interconnect's collective constants (catalog/data/interconnects.yaml)."""
 
     key: str
-    custom_allreduce: bool          # every GPU pair peer-to-peer: engines' one-/two-shot kernels for any p
+    custom_allreduce: bool  # every GPU pair peer-to-peer: engines' one-/two-shot kernels for any p
     one_shot: AlgorithmFit | None = None
     two_shot: AlgorithmFit | None = None
     ring: AlgorithmFit | None = None
@@ -77,8 +78,11 @@ def two_shot_s(n_bytes, p: int, fit: AlgorithmFit, link_gb_per_s: float):
 
 
 def ring_s(n_bytes, p: int, fit: AlgorithmFit, link_gb_per_s: float):
-    return (fit.latency_s + 2 * (p - 1) * fit.step_latency_s
-            + 2 * (p - 1) / p * n_bytes / (fit.bus_efficiency * link_gb_per_s * 1e9))
+    return (
+        fit.latency_s
+        + 2 * (p - 1) * fit.step_latency_s
+        + 2 * (p - 1) / p * n_bytes / (fit.bus_efficiency * link_gb_per_s * 1e9)
+    )
 
 
 def allreduce_s(n_bytes, p: int, ic: Interconnect, link_gb_per_s: float):
@@ -111,12 +115,20 @@ def alltoall_s(n_bytes, p: int, ic: Interconnect, link_gb_per_s: float):
 
 def from_catalog(entry: dict) -> Interconnect:
     """An Interconnect from its catalog/data/interconnects.yaml entry (a plain dict)."""
+
     def fit(name):
         f = entry.get(name)
         return None if f is None else AlgorithmFit(**f)
-    return Interconnect(key=entry["key"], custom_allreduce=bool(entry.get("custom_allreduce")),
-                        one_shot=fit("one_shot"), two_shot=fit("two_shot"), ring=fit("ring"),
-                        sendrecv=fit("sendrecv"), alltoall=fit("alltoall"))
+
+    return Interconnect(
+        key=entry["key"],
+        custom_allreduce=bool(entry.get("custom_allreduce")),
+        one_shot=fit("one_shot"),
+        two_shot=fit("two_shot"),
+        ring=fit("ring"),
+        sendrecv=fit("sendrecv"),
+        alltoall=fit("alltoall"),
+    )
 
 
 def report(par, hidden_size: int, tokens: list[int], active_experts: int = 0, fp16_bytes: int = 2) -> dict:
@@ -127,15 +139,34 @@ def report(par, hidden_size: int, tokens: list[int], active_experts: int = 0, fp
     rows = []
     for t in tokens:
         n = t * hidden_size * fp16_bytes
-        rows.append({"tokens": t, "bytes": n, "algorithm": allreduce_algorithm(n, p, ic),
-                     "time_s": float(allreduce_s(n, p, ic, par.intra_node_gb_per_s))})
+        rows.append(
+            {
+                "tokens": t,
+                "bytes": n,
+                "algorithm": allreduce_algorithm(n, p, ic),
+                "time_s": float(allreduce_s(n, p, ic, par.intra_node_gb_per_s)),
+            }
+        )
     out = {"interconnect": ic.key, "tensor_parallel": p, "link_gb_per_s": par.intra_node_gb_per_s, "allreduce": rows}
     if getattr(par, "expert_parallel", False) and p > 1 and active_experts:
-        out["alltoall"] = [{"tokens": t, "bytes": t / p * active_experts * hidden_size * fp16_bytes,
-                            "time_s": float(alltoall_s(t / p * active_experts * hidden_size * fp16_bytes, p, ic,
-                                                       par.intra_node_gb_per_s))} for t in tokens]
+        out["alltoall"] = [
+            {
+                "tokens": t,
+                "bytes": t / p * active_experts * hidden_size * fp16_bytes,
+                "time_s": float(
+                    alltoall_s(t / p * active_experts * hidden_size * fp16_bytes, p, ic, par.intra_node_gb_per_s)
+                ),
+            }
+            for t in tokens
+        ]
     if par.pipeline > 1:
-        out["pipeline_sendrecv"] = [{"tokens": t, "bytes": t * hidden_size * fp16_bytes, "network_gbps": par.inter_stage_gbps,
-                                     "time_s": float(sendrecv_s(t * hidden_size * fp16_bytes, par.network,
-                                                                par.inter_stage_gbps / 8))} for t in tokens]
+        out["pipeline_sendrecv"] = [
+            {
+                "tokens": t,
+                "bytes": t * hidden_size * fp16_bytes,
+                "network_gbps": par.inter_stage_gbps,
+                "time_s": float(sendrecv_s(t * hidden_size * fp16_bytes, par.network, par.inter_stage_gbps / 8)),
+            }
+            for t in tokens
+        ]
     return out

@@ -47,6 +47,7 @@ Assumed: FP16 activations; PP stages hold equal shares of the weights and the la
 sampler (the pool per GPU is the smallest over the replica's GPUs, as vLLM takes the minimum over its
 workers, so the sampler's stage sets it).  costmodel stays pure: no I/O.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,7 +73,7 @@ def forward_activation_bytes(model: ModelSpec, tp: int, tokens: int) -> float:
     """Peak live FP16 activations of one GPU in a forward pass over `tokens` tokens (the module doc)."""
     h = model.hidden_size
     attention = (model.q_dim + 2 * model.kv_dim) / tp + model.q_dim / tp
-    i = model.mlp_width_per_token / tp      # MoE: the k experts' widths each token is routed to
+    i = model.mlp_width_per_token / tp  # MoE: the k experts' widths each token is routed to
     mlp = 3 * i if model.mlp == "gated" else 2 * i
     return tokens * FP16_BYTES * (2 * h + max(attention, mlp))
 
@@ -86,8 +87,10 @@ def sampler_activation_bytes(model: ModelSpec, tokens: int, max_requests: int) -
 
 def activation_peak_bytes(model: ModelSpec, tp: int, max_batch_tokens: int, max_batch_requests: int) -> float:
     """The profile run's torch peak on one GPU: the larger of the forward pass and the sampler run."""
-    return max(forward_activation_bytes(model, tp, max_batch_tokens),
-               sampler_activation_bytes(model, max_batch_tokens, max_batch_requests))
+    return max(
+        forward_activation_bytes(model, tp, max_batch_tokens),
+        sampler_activation_bytes(model, max_batch_tokens, max_batch_requests),
+    )
 
 
 def non_torch_bytes(tp: int) -> float:
@@ -106,8 +109,8 @@ class MemoryBudget:
     cuda_graph_bytes: float
     gpus: int
     block_tokens: int
-    block_bytes: float              # one block of the method's KV across the replica's GPUs and layers
-    kv_override_bytes: float | None = None   # a fixed pool per replica (kv_capacity_gib) replacing the formula
+    block_bytes: float  # one block of the method's KV across the replica's GPUs and layers
+    kv_override_bytes: float | None = None  # a fixed pool per replica (kv_capacity_gib) replacing the formula
 
     @property
     def requested_bytes(self) -> float:
@@ -145,23 +148,48 @@ class MemoryBudget:
 
     def as_dict(self) -> dict:
         """The terms, for summary.json (bytes per GPU unless named per replica)."""
-        return {"gpu_memory_bytes": self.gpu_memory_bytes, "gpu_memory_utilization": self.gpu_memory_utilization,
-                "requested_bytes": self.requested_bytes, "weights_bytes": self.weights_bytes,
-                "activation_peak_bytes": self.activation_peak_bytes, "non_torch_bytes": self.non_torch_bytes,
-                "cuda_graph_bytes": self.cuda_graph_bytes, "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu,
-                "gpus": self.gpus, "fixed_pool_bytes": self.kv_override_bytes, "block_tokens": self.block_tokens,
-                "block_bytes": self.block_bytes, "blocks": self.blocks, "kv_capacity_bytes": self.kv_capacity_bytes}
+        return {
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "requested_bytes": self.requested_bytes,
+            "weights_bytes": self.weights_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
+            "cuda_graph_bytes": self.cuda_graph_bytes,
+            "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu,
+            "gpus": self.gpus,
+            "fixed_pool_bytes": self.kv_override_bytes,
+            "block_tokens": self.block_tokens,
+            "block_bytes": self.block_bytes,
+            "blocks": self.blocks,
+            "kv_capacity_bytes": self.kv_capacity_bytes,
+        }
 
 
-def memory_budget(gpu: GPUSpec, model: ModelSpec, parallel: Parallelism, *, gpu_memory_utilization: float,
-                  max_batch_tokens: int, max_batch_requests: int, block_tokens: int, block_bytes: float,
-                  cuda_graph_bytes: float = 0.0, non_torch_override_bytes: float | None = None,
-                  kv_override_bytes: float | None = None) -> MemoryBudget:
+def memory_budget(
+    gpu: GPUSpec,
+    model: ModelSpec,
+    parallel: Parallelism,
+    *,
+    gpu_memory_utilization: float,
+    max_batch_tokens: int,
+    max_batch_requests: int,
+    block_tokens: int,
+    block_bytes: float,
+    cuda_graph_bytes: float = 0.0,
+    non_torch_override_bytes: float | None = None,
+    kv_override_bytes: float | None = None,
+) -> MemoryBudget:
     tp = parallel.tensor
     return MemoryBudget(
-        gpu_memory_bytes=gpu.memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
         weights_bytes=model.params * FP16_BYTES / parallel.gpus,
         activation_peak_bytes=activation_peak_bytes(model, tp, max_batch_tokens, max_batch_requests),
         non_torch_bytes=non_torch_bytes(tp) if non_torch_override_bytes is None else non_torch_override_bytes,
-        cuda_graph_bytes=cuda_graph_bytes, gpus=parallel.gpus, block_tokens=block_tokens, block_bytes=block_bytes,
-        kv_override_bytes=kv_override_bytes)
+        cuda_graph_bytes=cuda_graph_bytes,
+        gpus=parallel.gpus,
+        block_tokens=block_tokens,
+        block_bytes=block_bytes,
+        kv_override_bytes=kv_override_bytes,
+    )

@@ -44,6 +44,7 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   the activation peak of the profile run at max_batch_tokens − non-torch memory − CUDA graphs, in whole
   blocks of block_tokens tokens; a request holds whole blocks of its prompt + output tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,11 +59,11 @@ from .methods import PREFILL_KERNELS, DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
-CPU_FLOPS_PER_VCPU = 20e9             # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
-                                      # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
-PREFILL_MEMO_ENTRIES = 4096          # prefill costs remembered per replica model (batches repeat in short runs)
+CPU_FLOPS_PER_VCPU = 20e9  # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
+# vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
+PREFILL_MEMO_ENTRIES = 4096  # prefill costs remembered per replica model (batches repeat in short runs)
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
-                                         # range update, renormalise, bit I/O); an assumption, stated as such
+# range update, renormalise, bit I/O); an assumption, stated as such
 
 
 class ModelDoesNotFit(ValueError):
@@ -71,11 +72,11 @@ class ModelDoesNotFit(ValueError):
 
 @dataclass(frozen=True)
 class PrefillCost:
-    stage_s: float          # the replica is busy this long before it can take the next batch
-    latency_s: float        # first token of the batch is ready this long after the batch starts
+    stage_s: float  # the replica is busy this long before it can take the next batch
+    latency_s: float  # first token of the batch is ready this long after the batch starts
     approximation_s: float  # part of latency_s spent on the homomorphic correction
-    encode_s: float         # quantize / entropy-encode after the forward pass (replica busy too)
-    forms: tuple[str, ...] = ()   # the prefill attention form each prompt of the batch ran (PREFILL_KERNELS)
+    encode_s: float  # quantize / entropy-encode after the forward pass (replica busy too)
+    forms: tuple[str, ...] = ()  # the prefill attention form each prompt of the batch ran (PREFILL_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,10 @@ class IterationCost:
     dequant_per_ctx_s: float
     approx_fixed_s: float
     approx_per_ctx_s: float
-    dequant_fixed_s: float = 0.0    # per iteration whatever the context (e.g. requantizing each open V block)
-    fetch_fixed_s: float = 0.0      # host -> GPU fetches (offload methods): included in decode_*, kept
-    fetch_per_ctx_s: float = 0.0    # apart so reports can show them
-    host_s: float = 0.0             # CPU time to issue the iteration: the iteration lasts at least this
+    dequant_fixed_s: float = 0.0  # per iteration whatever the context (e.g. requantizing each open V block)
+    fetch_fixed_s: float = 0.0  # host -> GPU fetches (offload methods): included in decode_*, kept
+    fetch_per_ctx_s: float = 0.0  # apart so reports can show them
+    host_s: float = 0.0  # CPU time to issue the iteration: the iteration lasts at least this
 
     @property
     def fixed_s(self) -> float:
@@ -120,24 +121,24 @@ class ReplicaCostModel:
     profile: CalibrationProfile
     gpu_memory_utilization: float = 0.9
     max_batch_tokens: int = 16384
-    host_vcpus: int = 0             # CPUs of the replica's hosts (PQCache's K-Means runs there)
-    kv_capacity_override_bytes: float | None = None   # a fixed, pre-allocated KV pool per replica
-    host_issue_s_per_iteration: float = 0.0   # CPU issue time of a decode iteration (see the module doc)
+    host_vcpus: int = 0  # CPUs of the replica's hosts (PQCache's K-Means runs there)
+    kv_capacity_override_bytes: float | None = None  # a fixed, pre-allocated KV pool per replica
+    host_issue_s_per_iteration: float = 0.0  # CPU issue time of a decode iteration (see the module doc)
     host_issue_s_per_layer: float = 0.0
     host_issue_s_per_request: float = 0.0
-    host_serial_s_per_iteration: float = 0.0   # CPU work between iterations while the GPU idles
-    extra_kernels_per_layer: int = 0           # engine-specific small kernels per decode layer (copies, gathers)
-    max_batch_requests: int = 256              # most requests per batch (vLLM's max_num_seqs): sizes the sampler run
-    block_tokens: int = DEFAULT_BLOCK_TOKENS   # KV tokens per block (vLLM's --block-size)
-    cuda_graph_bytes: float = 0.0              # per GPU, subtracted from the KV pool (costmodel/memory.py)
-    non_torch_override_bytes: float | None = None   # per GPU: replaces the non-torch estimate
+    host_serial_s_per_iteration: float = 0.0  # CPU work between iterations while the GPU idles
+    extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
+    max_batch_requests: int = 256  # most requests per batch (vLLM's max_num_seqs): sizes the sampler run
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # KV tokens per block (vLLM's --block-size)
+    cuda_graph_bytes: float = 0.0  # per GPU, subtracted from the KV pool (costmodel/memory.py)
+    non_torch_override_bytes: float | None = None  # per GPU: replaces the non-torch estimate
     # What the engine adds to the kernels' prices (an engine calibration, simulator/engine.py; see the module doc)
-    join_s_per_request: float = 0.0            # decode: extra time of the iteration a request joins, per request
-    prefill_efficiency: float = 1.0            # prefill: fraction of the priced GPU speed reached
-    quantize_factor: float = 1.0               # the engine's quantize / dequantize / correction time over the
-    dequantize_factor: float = 1.0             # profile's price
+    join_s_per_request: float = 0.0  # decode: extra time of the iteration a request joins, per request
+    prefill_efficiency: float = 1.0  # prefill: fraction of the priced GPU speed reached
+    quantize_factor: float = 1.0  # the engine's quantize / dequantize / correction time over the
+    dequantize_factor: float = 1.0  # profile's price
     approximation_factor: float = 1.0
-    method_prefill_issue_s_per_layer: float = 0.0   # CPU time per layer of the method's own prefill launches
+    method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer of the method's own prefill launches
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
@@ -165,8 +166,9 @@ class ReplicaCostModel:
         """One matmul launch doing `flops` and moving `bytes_` (numpy arrays allowed), at the profile's
         GEMM rates: the larger of the two times plus the launch overhead."""
         p, g = self.profile, self.profile.gemm
-        ce, me, ov = (1.0, 1.0, p.launch_overhead_s) if g is None else \
-            (g.compute_efficiency, g.memory_efficiency, g.overhead_s)
+        ce, me, ov = (
+            (1.0, 1.0, p.launch_overhead_s) if g is None else (g.compute_efficiency, g.memory_efficiency, g.overhead_s)
+        )
         compute_s = flops / (p.matmul_fp16_tflops * 1e12 * ce)
         memory_s = bytes_ / (p.memory_gbps * 1e9 * me)
         if isinstance(compute_s, float) and isinstance(memory_s, float):
@@ -202,8 +204,11 @@ class ReplicaCostModel:
     def host_issue_s(self, batch_size: int) -> float:
         """The shortest an iteration can take when the CPU issues it: the issue time, then the GPU
         work issued last (the LM head), which cannot start before it is issued.  0: no host model."""
-        issue = (self.host_issue_s_per_iteration + self.model.layers / self.parallel.pipeline * self.host_issue_s_per_layer
-                 + batch_size * self.host_issue_s_per_request)
+        issue = (
+            self.host_issue_s_per_iteration
+            + self.model.layers / self.parallel.pipeline * self.host_issue_s_per_layer
+            + batch_size * self.host_issue_s_per_request
+        )
         return issue + self._lm_head_s(batch_size) if issue > 0 else 0.0
 
     def allreduce_s(self, tokens):
@@ -267,8 +272,9 @@ class ReplicaCostModel:
         if par.expert_parallel and tp > 1:
             rows, width, groups = tokens * k / tp, ei, touched / tp
             router = self.gemm_s(tokens / tp, m.experts, h)
-            comm = 2 * collectives.alltoall_s(tokens / tp * k * h * FP16_BYTES, tp, par.interconnect,
-                                              par.intra_node_gb_per_s)
+            comm = 2 * collectives.alltoall_s(
+                tokens / tp * k * h * FP16_BYTES, tp, par.interconnect, par.intra_node_gb_per_s
+            )
         else:
             rows, width, groups = tokens * k, ei / tp, touched
             router = self.gemm_s(tokens, m.experts, h)
@@ -285,7 +291,9 @@ class ReplicaCostModel:
         par = self.parallel
         if par.pipeline == 1:
             return 0.0
-        return collectives.sendrecv_s(tokens * self.model.hidden_size * FP16_BYTES, par.network, par.inter_stage_gbps / 8)
+        return collectives.sendrecv_s(
+            tokens * self.model.hidden_size * FP16_BYTES, par.network, par.inter_stage_gbps / 8
+        )
 
     def _kv_elements_per_token_per_gpu_layer(self) -> int:
         return 2 * self.kv_heads_per_gpu * self.model.head_dim
@@ -298,7 +306,7 @@ class ReplicaCostModel:
         key = prompt_tokens if cached_tokens is None else (prompt_tokens, cached_tokens)
         c = memo.get(key)
         if c is None:
-            if len(memo) >= PREFILL_MEMO_ENTRIES:   # distinct batches are many in a long run: bound the memo
+            if len(memo) >= PREFILL_MEMO_ENTRIES:  # distinct batches are many in a long run: bound the memo
                 memo.clear()
             c = memo[key] = self._prefill(prompt_tokens, cached_tokens or (0,) * len(prompt_tokens))
         return c
@@ -319,13 +327,18 @@ class ReplicaCostModel:
                 parts.append(self.prefill((done + n,), (done,)))
                 done += n
             ahead = sum(p.stage_s for p in parts[:-1])
-            c = memo[key] = PrefillCost(stage_s=ahead + parts[-1].stage_s, latency_s=ahead + parts[-1].latency_s,
-                                        approximation_s=sum(p.approximation_s for p in parts),
-                                        encode_s=sum(p.encode_s for p in parts), forms=parts[0].forms)
+            c = memo[key] = PrefillCost(
+                stage_s=ahead + parts[-1].stage_s,
+                latency_s=ahead + parts[-1].latency_s,
+                approximation_s=sum(p.approximation_s for p in parts),
+                encode_s=sum(p.encode_s for p in parts),
+                forms=parts[0].forms,
+            )
         return c
 
-    def prefill_attention_s(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
-                            ) -> tuple[float, float, tuple[str, ...]]:
+    def prefill_attention_s(
+        self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
+    ) -> tuple[float, float, tuple[str, ...]]:
         """One layer's prefill attention on one GPU for a batch: (seconds, of which homomorphic correction,
         the form each prompt ran).  Each prompt takes the method's form for its length; the prompts of one
         form share one launch of that form's kernel.  A prompt of L tokens of which c have KV already
@@ -343,8 +356,13 @@ class ReplicaCostModel:
             t = p.kernel(PREFILL_KERNELS[form]).time_s(flops_per_pair * form_pairs)
             attn_s += t
             if form == "homomorphic":
-                approx_s += min(t, self.q_heads_per_gpu * form_pairs * method.prefill_approximation_ops_per_pair()
-                                / alu_instr_per_s(self.gpu))
+                approx_s += min(
+                    t,
+                    self.q_heads_per_gpu
+                    * form_pairs
+                    * method.prefill_approximation_ops_per_pair()
+                    / alu_instr_per_s(self.gpu),
+                )
         restored = sum(c for c, f in zip(cached_tokens, forms) if f == "fp16")
         if restored:
             attn_s += self._cached_to_fp16_s(restored)
@@ -355,11 +373,11 @@ class ReplicaCostModel:
         for FP16 KV, a cast for FP8 / FP4, the dequantize kernel for quantized formats (entropy decoding
         included where the format is entropy-coded).  PQCache keeps full KV: nothing."""
         enc = self.method.encode
-        if enc is None or enc == "pq" or self.method.dequantize_on_arrival:   # kept in FP16 (CacheGen decodes once)
+        if enc is None or enc == "pq" or self.method.dequantize_on_arrival:  # kept in FP16 (CacheGen decodes once)
             return 0.0
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
-        if enc == "cast":   # read FP8 / FP4, write FP16
+        if enc == "cast":  # read FP8 / FP4, write FP16
             return p.launch_overhead_s + elements * 3.0 / (p.memory_gbps * 1e9)
         if enc == "quantize_keys":
             return p.kernel("dequantize.kv").time_s(elements / 2)
@@ -381,23 +399,30 @@ class ReplicaCostModel:
         layers_per_stage = math.ceil(m.layers / stages)
         stage_s = layers_per_stage * layer_s + lm_head_s / stages
         latency_s = m.layers * layer_s + lm_head_s + (stages - 1) * self._stage_hop_s(tokens)
-        host_s = self.prefill_host_s(len(prompt_tokens))   # an engine that issues the batch's launches from the CPU
+        host_s = self.prefill_host_s(len(prompt_tokens))  # an engine that issues the batch's launches from the CPU
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
         encode_s = m.layers / stages * self._encode_layer_s(tokens) * self.quantize_factor
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
-        return PrefillCost(stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s,
-                           forms=forms)
+        return PrefillCost(
+            stage_s=stage_s, latency_s=latency_s, approximation_s=m.layers * approx_s, encode_s=encode_s, forms=forms
+        )
 
     def prefill_host_s(self, batch_requests: int) -> float:
         """The shortest a prefill batch can take when the CPU issues its launches one by one (the prefill
         pool's host_issue_s_*: per batch, per layer, per request); 0: no host model."""
-        if not (self.host_issue_s_per_iteration or self.host_issue_s_per_layer or self.host_issue_s_per_request
-                or self.method_prefill_issue_s_per_layer):
+        if not (
+            self.host_issue_s_per_iteration
+            or self.host_issue_s_per_layer
+            or self.host_issue_s_per_request
+            or self.method_prefill_issue_s_per_layer
+        ):
             return 0.0
-        return (self.host_issue_s_per_iteration
-                + self.model.layers * (self.host_issue_s_per_layer + self.method_prefill_issue_s_per_layer)
-                + batch_requests * self.host_issue_s_per_request)
+        return (
+            self.host_issue_s_per_iteration
+            + self.model.layers * (self.host_issue_s_per_layer + self.method_prefill_issue_s_per_layer)
+            + batch_requests * self.host_issue_s_per_request
+        )
 
     def _encode_layer_s(self, tokens: int) -> float:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
@@ -406,7 +431,7 @@ class ReplicaCostModel:
             return 0.0
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
-        if enc == "cast":   # read FP16, write FP8 / FP4
+        if enc == "cast":  # read FP16, write FP8 / FP4
             return p.launch_overhead_s + elements * 3.0 / (p.memory_gbps * 1e9)
         if enc == "quantize_keys":
             return p.kernel("quantize.kv").time_s(elements / 2)
@@ -426,9 +451,13 @@ class ReplicaCostModel:
     def kmeans_iteration_s(self, tokens: int) -> float:
         """One K-Means iteration over the batch's keys on the replica's host CPUs."""
         if self.host_vcpus <= 0:
-            raise ModelDoesNotFit(f"{self.method.output_name} clusters keys on the host CPUs, but the pool has no vCPUs "
-                                  f"(give it an instance)")
-        return tokens * self.method.kmeans_flops_per_token_iteration(self.model) / (self.host_vcpus * CPU_FLOPS_PER_VCPU)
+            raise ModelDoesNotFit(
+                f"{self.method.output_name} clusters keys on the host CPUs, but the pool has no vCPUs "
+                f"(give it an instance)"
+            )
+        return (
+            tokens * self.method.kmeans_flops_per_token_iteration(self.model) / (self.host_vcpus * CPU_FLOPS_PER_VCPU)
+        )
 
     def pq_iterations(self, tokens: int, gpu_latency_s: float) -> int:
         """PQCache's adaptive cap: as many iterations as fit in the GPU prefill time, at least one."""
@@ -459,10 +488,16 @@ class ReplicaCostModel:
 
     def decode_env(self) -> DecodeEnv:
         g, p = self.gpu, self.profile
-        return DecodeEnv(profile=p, model=self.model, kv_units_per_token=self._kv_elements_per_token_per_gpu_layer(),
-                         q_heads_per_gpu=self.q_heads_per_gpu, alu_instr_per_s=alu_instr_per_s(g),
-                         pcie_bytes_per_s=g.pcie_gb_per_s * 1e9, memory_bytes_per_s=p.memory_gbps * 1e9,
-                         has_fp4=g.fp4_tensor_tflops is not None)
+        return DecodeEnv(
+            profile=p,
+            model=self.model,
+            kv_units_per_token=self._kv_elements_per_token_per_gpu_layer(),
+            q_heads_per_gpu=self.q_heads_per_gpu,
+            alu_instr_per_s=alu_instr_per_s(g),
+            pcie_bytes_per_s=g.pcie_gb_per_s * 1e9,
+            memory_bytes_per_s=p.memory_gbps * 1e9,
+            has_fp4=g.fp4_tensor_tflops is not None,
+        )
 
     def _iteration(self, batch_size: int) -> IterationCost:
         p, L = self.profile, self.model.layers
@@ -474,14 +509,18 @@ class ReplicaCostModel:
         # not include it (the quantized kernels were timed with their append), and the engine's own
         small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer
         launch_s += small * self._small_kernel_s()
-        decode_fixed = (L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
-                        + self._lm_head_s(batch_size) + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size))
+        decode_fixed = (
+            L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
+            + self._lm_head_s(batch_size)
+            + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size)
+        )
         host = self.host_issue_s(batch_size)
-        serial = self.host_serial_s_per_iteration   # GPU idle: adds to both the GPU-bound and the host-bound time
+        serial = self.host_serial_s_per_iteration  # GPU idle: adds to both the GPU-bound and the host-bound time
         return IterationCost(
             decode_fixed_s=decode_fixed + serial,
             decode_per_ctx_s=L * per_ctx.get("decode", 0.0),
-            dequant_fixed_s=L * (batch_size * per_req.get("dequantize", 0.0) + per_iter.get("dequantize", 0.0))
+            dequant_fixed_s=L
+            * (batch_size * per_req.get("dequantize", 0.0) + per_iter.get("dequantize", 0.0))
             * self.dequantize_factor,
             dequant_per_ctx_s=L * per_ctx.get("dequantize", 0.0) * self.dequantize_factor,
             approx_fixed_s=L * batch_size * per_req.get("approximation", 0.0) * self.approximation_factor,
@@ -491,8 +530,9 @@ class ReplicaCostModel:
             host_s=host + serial if host > 0 else 0.0,
         )
 
-    def mixed_iteration(self, batch_size: int, chunk_tokens: int, chunk_past_tokens: int, last_chunk: bool
-                        ) -> tuple[IterationCost, PrefillCost]:
+    def mixed_iteration(
+        self, batch_size: int, chunk_tokens: int, chunk_past_tokens: int, last_chunk: bool
+    ) -> tuple[IterationCost, PrefillCost]:
         """One iteration of a colocated replica (chunked prefill): `batch_size` decode rows and one prefill
         chunk of `chunk_tokens` new tokens attending to `chunk_past_tokens` earlier ones, in one forward
         pass (the dense layers see B + n rows), then the chunk's KV encoded; the LM head runs for the
@@ -505,22 +545,35 @@ class ReplicaCostModel:
         head_rows = batch_size + (1 if last_chunk else 0)
         if batch_size:
             base = self.iteration(batch_size)
-            added = (L * (self._dense_layer_s(batch_size + chunk_tokens) - self._dense_layer_s(batch_size))
-                     + self._lm_head_s(head_rows) - self._lm_head_s(batch_size))
+            added = (
+                L * (self._dense_layer_s(batch_size + chunk_tokens) - self._dense_layer_s(batch_size))
+                + self._lm_head_s(head_rows)
+                - self._lm_head_s(batch_size)
+            )
         else:
             base = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)
-            added = L * self._dense_layer_s(chunk_tokens) + (self._lm_head_s(1) if last_chunk else 0.0) \
-                + (stages - 1) * self._stage_hop_s(chunk_tokens) + self.host_serial_s_per_iteration
+            added = (
+                L * self._dense_layer_s(chunk_tokens)
+                + (self._lm_head_s(1) if last_chunk else 0.0)
+                + (stages - 1) * self._stage_hop_s(chunk_tokens)
+                + self.host_serial_s_per_iteration
+            )
         # the chunk's KV written in the replica's memory format (CacheGen's is FP16: nothing to encode)
         encode_s = 0.0 if self.method.dequantize_on_arrival else L / stages * self._encode_layer_s(chunk_tokens)
         added += L * attn_s + encode_s
         it = IterationCost(
-            decode_fixed_s=base.decode_fixed_s + added, decode_per_ctx_s=base.decode_per_ctx_s,
-            dequant_per_ctx_s=base.dequant_per_ctx_s, approx_fixed_s=base.approx_fixed_s,
-            approx_per_ctx_s=base.approx_per_ctx_s, fetch_fixed_s=base.fetch_fixed_s,
-            fetch_per_ctx_s=base.fetch_per_ctx_s, host_s=base.host_s)
-        return it, PrefillCost(stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s,
-                               forms=forms)
+            decode_fixed_s=base.decode_fixed_s + added,
+            decode_per_ctx_s=base.decode_per_ctx_s,
+            dequant_per_ctx_s=base.dequant_per_ctx_s,
+            approx_fixed_s=base.approx_fixed_s,
+            approx_per_ctx_s=base.approx_per_ctx_s,
+            fetch_fixed_s=base.fetch_fixed_s,
+            fetch_per_ctx_s=base.fetch_per_ctx_s,
+            host_s=base.host_s,
+        )
+        return it, PrefillCost(
+            stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s, forms=forms
+        )
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:
@@ -560,10 +613,18 @@ class ReplicaCostModel:
         b = self._memo.get("memory")
         if b is None:
             b = self._memo["memory"] = memory_budget(
-                self.gpu, self.model, self.parallel, gpu_memory_utilization=self.gpu_memory_utilization,
-                max_batch_tokens=self.max_batch_tokens, max_batch_requests=self.max_batch_requests,
-                block_tokens=self.block_tokens, block_bytes=self.block_bytes, cuda_graph_bytes=self.cuda_graph_bytes,
-                non_torch_override_bytes=self.non_torch_override_bytes, kv_override_bytes=self.kv_capacity_override_bytes)
+                self.gpu,
+                self.model,
+                self.parallel,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_batch_tokens=self.max_batch_tokens,
+                max_batch_requests=self.max_batch_requests,
+                block_tokens=self.block_tokens,
+                block_bytes=self.block_bytes,
+                cuda_graph_bytes=self.cuda_graph_bytes,
+                non_torch_override_bytes=self.non_torch_override_bytes,
+                kv_override_bytes=self.kv_capacity_override_bytes,
+            )
         return b
 
     @property
@@ -573,19 +634,22 @@ class ReplicaCostModel:
 
     def check_fits(self, pool: str) -> None:
         mem = self.memory
-        gib = lambda b: f"{b / GIB:.2f}"   # noqa: E731
+        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
         if self.kv_capacity_override_bytes is not None:
             free = (mem.requested_bytes - mem.weights_bytes) * self.parallel.gpus
             if free < self.kv_capacity_override_bytes:
-                raise ModelDoesNotFit(f"{pool} kv_capacity_gib={gib(self.kv_capacity_override_bytes)} does not fit "
-                                      f"beside the weights ({gib(free)} GiB free)")
+                raise ModelDoesNotFit(
+                    f"{pool} kv_capacity_gib={gib(self.kv_capacity_override_bytes)} does not fit "
+                    f"beside the weights ({gib(free)} GiB free)"
+                )
         if mem.kv_pool_bytes <= 0 or (mem.block_bytes > 0 and mem.blocks <= 0):
             raise ModelDoesNotFit(
                 f"{self.model.key} does not fit the {pool} pool: {self.gpu.key} offers {gib(mem.requested_bytes)} GiB "
                 f"per GPU at gpu_memory_utilization={self.gpu_memory_utilization}; weights take {gib(mem.weights_bytes)}, "
                 f"the activation peak at max_batch_tokens={self.max_batch_tokens} {gib(mem.activation_peak_bytes)}, "
                 f"non-torch and CUDA graphs {gib(mem.non_torch_bytes + mem.cuda_graph_bytes)}, leaving no whole KV block "
-                f"(tensor={self.parallel.tensor}, pipeline={self.parallel.pipeline})")
+                f"(tensor={self.parallel.tensor}, pipeline={self.parallel.pipeline})"
+            )
 
     def memory_bytes_per_replica(self, kv_bytes: float) -> float:
         """Total GPU memory in use on the replica with `kv_bytes` of KV resident."""

@@ -16,6 +16,7 @@ Triton twins' split; FP8 KV without FP8 hardware adds kernel_work's software-con
 2.95e-13 s per KV element on the H200 (decode_attn.dequant_fused_triton), ≈9.9 instruction slots at
 33.5 T/s; the hardware FP8 -> FP16 convert is 2 per element.
 """
+
 from __future__ import annotations
 
 from .calibration import (
@@ -35,12 +36,23 @@ from .kernel_work import (
 )
 from .specs import GPUSpec
 
-DEQUANT_INSTR_PER_ELEMENT = 2.95e-13 * 33.5e12   # ≈9.9, the H200 fused-dequant Triton kernel
+DEQUANT_INSTR_PER_ELEMENT = 2.95e-13 * 33.5e12  # ≈9.9, the H200 fused-dequant Triton kernel
 __all__ = ["DEQUANT_INSTR_PER_ELEMENT", "FP8_CONVERT_INSTR_PER_ELEMENT", "alu_instr_per_s", "roofline_profile"]
 
-ROOFLINE_KERNELS = ("decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_fused", "decode_attn.dequant_unfused",
-                    "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe", "prefill_attn.fp16",
-                    "prefill_attn.hack", "quantize.kv", "dequantize.kv", "decode_attn.hack_gqa4")
+ROOFLINE_KERNELS = (
+    "decode_attn.fp16",
+    "decode_attn.fp8",
+    "decode_attn.dequant_fused",
+    "decode_attn.dequant_unfused",
+    "decode_attn.hack",
+    "decode_attn.hack_no_se",
+    "decode_attn.hack_no_rqe",
+    "prefill_attn.fp16",
+    "prefill_attn.hack",
+    "quantize.kv",
+    "dequantize.kv",
+    "decode_attn.hack_gqa4",
+)
 GLUON_KEYS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 GLUON_MIN_COMPUTE_CAPABILITY = 9.0
 
@@ -66,8 +78,10 @@ def roofline_s_per_unit(gpu: GPUSpec) -> dict[str, float]:
 def roofline_profile(gpu: GPUSpec) -> CalibrationProfile:
     rates = unit_rates(gpu, ROOFLINE_MEMORY_EFFICIENCY, ROOFLINE_MATMUL_EFFICIENCY)
     o = ROOFLINE_LAUNCH_OVERHEAD_S
-    kernels = {key: KernelFit(2 * o if key == "decode_attn.dequant_unfused" else o, spu)
-               for key, spu in roofline_s_per_unit(gpu).items()}
+    kernels = {
+        key: KernelFit(2 * o if key == "decode_attn.dequant_unfused" else o, spu)
+        for key, spu in roofline_s_per_unit(gpu).items()
+    }
     return CalibrationProfile(
         gpu=gpu.key,
         source="roofline",
@@ -77,6 +91,8 @@ def roofline_profile(gpu: GPUSpec) -> CalibrationProfile:
         matmul_fp8_tflops=None if gpu.fp8_tensor_tflops is None else gpu.fp8_tensor_tflops * ROOFLINE_MATMUL_EFFICIENCY,
         launch_overhead_s=o,
         kernels=kernels,
-        provenance={"notes": "roofline: the measured H200 kernels split by unit (costmodel/kernel_work.py), "
-                             "repriced at this GPU's catalog rates times the H200's measured efficiencies"},
+        provenance={
+            "notes": "roofline: the measured H200 kernels split by unit (costmodel/kernel_work.py), "
+            "repriced at this GPU's catalog rates times the H200's measured efficiencies"
+        },
     )

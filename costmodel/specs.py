@@ -4,6 +4,7 @@ These are plain frozen dataclasses (the scenario's pydantic models are resolved 
 the cost model computes with fixed numbers and no YAML or I/O; `catalog/` holds the data files and
 the scenario may override any field.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,17 +24,17 @@ class GPUSpec:
     memory_bytes: float
     memory_bandwidth_gb_per_s: float
     fp16_tensor_tflops: float
-    int8_tensor_tops: float | None      # None: no INT8 tensor cores (V100)
-    fp8_tensor_tflops: float | None     # None: no FP8 tensor cores (before Ada/Hopper)
+    int8_tensor_tops: float | None  # None: no INT8 tensor cores (V100)
+    fp8_tensor_tflops: float | None  # None: no FP8 tensor cores (before Ada/Hopper)
     fp4_tensor_tflops: float | None
     fp32_tflops: float
     pcie_gb_per_s: float
-    sms: int                            # streaming multiprocessors
-    warp_schedulers_per_sm: int         # warp instructions issued per SM per clock
-    sfu_ops_per_clock_per_sm: int       # special-function results per SM per clock
-    boost_clock_ghz: float              # SM clock the FP32 peak is quoted at
-    sustained_clock_ghz: float | None   # SM clock a power-capped part holds under load; None: the boost clock
-    nvlink_gb_per_s: float | None       # per GPU per direction; None: no NVLink
+    sms: int  # streaming multiprocessors
+    warp_schedulers_per_sm: int  # warp instructions issued per SM per clock
+    sfu_ops_per_clock_per_sm: int  # special-function results per SM per clock
+    boost_clock_ghz: float  # SM clock the FP32 peak is quoted at
+    sustained_clock_ghz: float | None  # SM clock a power-capped part holds under load; None: the boost clock
+    nvlink_gb_per_s: float | None  # per GPU per direction; None: no NVLink
     compute_capability: str = "8.0"
 
     @property
@@ -46,16 +47,28 @@ class GPUSpec:
         return self.sustained_clock_ghz or self.boost_clock_ghz
 
     @classmethod
-    def from_fields(cls, key: str, f: dict) -> "GPUSpec":
+    def from_fields(cls, key: str, f: dict) -> GPUSpec:
         """From catalog/data/gpus.yaml field names (memory_gb in GB = 1e9 bytes)."""
-        return cls(key=key, name=f["name"], arch=f["arch"], memory_bytes=f["memory_gb"] * GB,
-                   memory_bandwidth_gb_per_s=f["memory_bandwidth_gb_per_s"], fp16_tensor_tflops=f["fp16_tensor_tflops"],
-                   int8_tensor_tops=f.get("int8_tensor_tops"), fp8_tensor_tflops=f.get("fp8_tensor_tflops"),
-                   fp4_tensor_tflops=f.get("fp4_tensor_tflops"), fp32_tflops=f["fp32_tflops"],
-                   pcie_gb_per_s=f["pcie_gb_per_s"], sms=f["sms"], warp_schedulers_per_sm=f["warp_schedulers_per_sm"],
-                   sfu_ops_per_clock_per_sm=f["sfu_ops_per_clock_per_sm"], boost_clock_ghz=f["boost_clock_ghz"],
-                   sustained_clock_ghz=f.get("sustained_clock_ghz"), nvlink_gb_per_s=f.get("nvlink_gb_per_s"),
-                   compute_capability=str(f["compute_capability"]))
+        return cls(
+            key=key,
+            name=f["name"],
+            arch=f["arch"],
+            memory_bytes=f["memory_gb"] * GB,
+            memory_bandwidth_gb_per_s=f["memory_bandwidth_gb_per_s"],
+            fp16_tensor_tflops=f["fp16_tensor_tflops"],
+            int8_tensor_tops=f.get("int8_tensor_tops"),
+            fp8_tensor_tflops=f.get("fp8_tensor_tflops"),
+            fp4_tensor_tflops=f.get("fp4_tensor_tflops"),
+            fp32_tflops=f["fp32_tflops"],
+            pcie_gb_per_s=f["pcie_gb_per_s"],
+            sms=f["sms"],
+            warp_schedulers_per_sm=f["warp_schedulers_per_sm"],
+            sfu_ops_per_clock_per_sm=f["sfu_ops_per_clock_per_sm"],
+            boost_clock_ghz=f["boost_clock_ghz"],
+            sustained_clock_ghz=f.get("sustained_clock_ghz"),
+            nvlink_gb_per_s=f.get("nvlink_gb_per_s"),
+            compute_capability=str(f["compute_capability"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,14 +82,14 @@ class ModelSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    mlp: str = "gated"              # gated: 3 matrices (SwiGLU); plain: 2 (GELU)
+    mlp: str = "gated"  # gated: 3 matrices (SwiGLU); plain: 2 (GELU)
     parallel_attention: bool = False
     max_context_tokens: int = 131072
-    qkv_bias: bool = False          # Q, K and V projections carry a bias vector (Qwen2): weights only
-    tied_embeddings: bool = False   # the LM head is the embedding matrix: stored once
-    experts: int = 0                # routed experts per layer (mixture of experts); 0: a dense MLP
-    active_experts: int = 0         # experts each token is routed to (top-k)
-    expert_intermediate_size: int = 0   # inner width of one expert's gated MLP
+    qkv_bias: bool = False  # Q, K and V projections carry a bias vector (Qwen2): weights only
+    tied_embeddings: bool = False  # the LM head is the embedding matrix: stored once
+    experts: int = 0  # routed experts per layer (mixture of experts); 0: a dense MLP
+    active_experts: int = 0  # experts each token is routed to (top-k)
+    expert_intermediate_size: int = 0  # inner width of one expert's gated MLP
 
     @property
     def is_moe(self) -> bool:
@@ -150,11 +163,11 @@ class Parallelism:
 
     tensor: int = 1
     pipeline: int = 1
-    intra_node_gb_per_s: float = 24.0    # per-GPU bandwidth per direction of the TP interconnect
-    inter_stage_gbps: float = 10.0       # link between pipeline stages (bits/s), for activations
-    interconnect: Interconnect | None = None   # TP all-reduce constants (catalog/data/interconnects.yaml)
-    network: Interconnect | None = None        # send/recv constants between pipeline stages
-    expert_parallel: bool = False        # MoE: whole experts spread over the TP GPUs (else each sharded)
+    intra_node_gb_per_s: float = 24.0  # per-GPU bandwidth per direction of the TP interconnect
+    inter_stage_gbps: float = 10.0  # link between pipeline stages (bits/s), for activations
+    interconnect: Interconnect | None = None  # TP all-reduce constants (catalog/data/interconnects.yaml)
+    network: Interconnect | None = None  # send/recv constants between pipeline stages
+    expert_parallel: bool = False  # MoE: whole experts spread over the TP GPUs (else each sharded)
 
     @property
     def gpus(self) -> int:

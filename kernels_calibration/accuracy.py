@@ -11,6 +11,7 @@ then 37 decode steps append tokens (exercising the RQE tail / requantization), a
 output for a fresh query is compared with exact attention (float32) over the FP16 K/V:
 rel_error = ||out - ref|| / ||ref||.  Prefill: causal HACK prefill over 2048 tokens likewise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,34 +63,79 @@ def run(out: Path) -> list[dict]:
         k8, ks = to_fp8(k)
         v8, vs = to_fp8(v)
         lens_n = torch.full((B,), n, dtype=torch.int32, device="cuda")
-        rows.append(dict(kernel="fp8", partition=0, bits=8, rounding="nearest", inputs=kind, phase="decode",
-                         rel_error=rel(fp_attn_decode(q, k8, v8, lens_n, ks, vs), ref)))
+        rows.append(
+            dict(
+                kernel="fp8",
+                partition=0,
+                bits=8,
+                rounding="nearest",
+                inputs=kind,
+                phase="decode",
+                rel_error=rel(fp_attn_decode(q, k8, v8, lens_n, ks, vs), ref),
+            )
+        )
         for pi in (32, 64, 128):
             for rounding in ("stochastic", "nearest"):
                 st = rounding == "stochastic"
                 for variant, rqe in (("hack", True), ("hack_no_rqe", False)):
                     c = build_cache(k, v, lens0, pi, 2, rqe=rqe, stochastic=st, seed=7, capacity=k.shape[2])
                     for i in range(STEPS):
-                        c = append_token(c, k[:, :, CTX + i].contiguous(), v[:, :, CTX + i].contiguous(),
-                                         stochastic=st, seed=100 + i)
-                    rows.append(dict(kernel=variant, partition=pi, bits=2, rounding=rounding, inputs=kind,
-                                     phase="decode", rel_error=rel(hack_attn_decode(q, c), ref)))
+                        c = append_token(
+                            c, k[:, :, CTX + i].contiguous(), v[:, :, CTX + i].contiguous(), stochastic=st, seed=100 + i
+                        )
+                    rows.append(
+                        dict(
+                            kernel=variant,
+                            partition=pi,
+                            bits=2,
+                            rounding=rounding,
+                            inputs=kind,
+                            phase="decode",
+                            rel_error=rel(hack_attn_decode(q, c), ref),
+                        )
+                    )
                     if rqe:
-                        rows.append(dict(kernel="dequant_fused", partition=pi, bits=2, rounding=rounding,
-                                         inputs=kind, phase="decode",
-                                         rel_error=rel(dequant_attn_decode(q, c), ref)))
+                        rows.append(
+                            dict(
+                                kernel="dequant_fused",
+                                partition=pi,
+                                bits=2,
+                                rounding=rounding,
+                                inputs=kind,
+                                phase="decode",
+                                rel_error=rel(dequant_attn_decode(q, c), ref),
+                            )
+                        )
         # prefill, 2048 tokens, batch 1
         seq = 2048
         kp, vp = k[:1, :, :seq].contiguous(), v[:1, :, :seq].contiguous()
         qp = torch.randn(1, HQ, seq, D, device="cuda", generator=gen).half()
-        refp = torch.nn.functional.scaled_dot_product_attention(qp.float(), kp.float(), vp.float(), is_causal=True,
-                                                                enable_gqa=True)
+        refp = torch.nn.functional.scaled_dot_product_attention(
+            qp.float(), kp.float(), vp.float(), is_causal=True, enable_gqa=True
+        )
         for pi in (32, 64, 128):
             for rounding in ("stochastic", "nearest"):
-                c = build_cache(kp, vp, torch.tensor([seq], device="cuda"), pi, 2, rqe=False,
-                                stochastic=rounding == "stochastic", seed=3)
-                rows.append(dict(kernel="hack", partition=pi, bits=2, rounding=rounding, inputs=kind,
-                                 phase="prefill", rel_error=rel(hack_attn_prefill(qp, c), refp)))
+                c = build_cache(
+                    kp,
+                    vp,
+                    torch.tensor([seq], device="cuda"),
+                    pi,
+                    2,
+                    rqe=False,
+                    stochastic=rounding == "stochastic",
+                    seed=3,
+                )
+                rows.append(
+                    dict(
+                        kernel="hack",
+                        partition=pi,
+                        bits=2,
+                        rounding=rounding,
+                        inputs=kind,
+                        phase="prefill",
+                        rel_error=rel(hack_attn_prefill(qp, c), refp),
+                    )
+                )
     for r in rows:
         r["rel_error"] = round(r["rel_error"], 5)
         print(r, flush=True)

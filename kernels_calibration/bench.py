@@ -12,6 +12,7 @@ DIR/bench_scoring.csv (same columns): the issue-7 scoring kernels at the same he
 context length: pq_score (PQCache, M = 2, 8-bit codes), qk_score (HCAttention, 4-bit keys, PI = 64)
 and torch.topk over the scores with k = ctx / 5 (--no-scoring skips them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,24 @@ from pathlib import Path
 from .measure import DECODE_KERNELS, measure_decode, measure_peaks, measure_prefill, provenance
 
 B, HQ, HKV, D = 8, 64, 8, 128
-COLUMNS = ["kernel", "phase", "batch", "context_len", "q_heads", "kv_heads", "head_dim", "partition", "bits",
-           "time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "units", "config"]
+COLUMNS = [
+    "kernel",
+    "phase",
+    "batch",
+    "context_len",
+    "q_heads",
+    "kv_heads",
+    "head_dim",
+    "partition",
+    "bits",
+    "time_us",
+    "achieved_gbps",
+    "achieved_tflops",
+    "byte_floor_us",
+    "compute_floor_us",
+    "units",
+    "config",
+]
 
 
 def tuned_configs(ctx: int, pi: int = 64) -> dict:
@@ -39,18 +56,32 @@ def tuned_configs(ctx: int, pi: int = 64) -> dict:
 
     s0 = default_splits(B, HKV, ctx + 1, max(pi, 128), _device())
     if ctx + 1 <= FUSED_STEP_MAX_LEN:
-        h = [{"splits": s0}, {"splits": s0, "num_warps": 4}, {"splits": s0, "fused": False},
-             {"splits": s0, "fused": False, "num_warps": 2}]
-    elif pi == 64 and _hopper():   # the Gluon HACK kernel (the default here), its 128-register variant and
+        h = [
+            {"splits": s0},
+            {"splits": s0, "num_warps": 4},
+            {"splits": s0, "fused": False},
+            {"splits": s0, "fused": False, "num_warps": 2},
+        ]
+    elif pi == 64 and _hopper():  # the Gluon HACK kernel (the default here), its 128-register variant and
         # the row-packed kernel's best
-        h = [{}, {"kernel": "gluon", "maxnreg": 128},
-             {"kernel": "row_packed", "splits": s0, "num_warps": 2, "maxnreg": 128}]
+        h = [
+            {},
+            {"kernel": "gluon", "maxnreg": 128},
+            {"kernel": "row_packed", "splits": s0, "num_warps": 2, "maxnreg": 128},
+        ]
     else:
         h = [{"splits": s0, "num_warps": w, "maxnreg": mr} for w, mr in ((2, 128), (4, 128), (4, 0))]
     q = [{"splits": s0}, {"splits": max(1, s0 // 2)}, {"splits": s0, "kernel": "triton"}]
     f = [{"splits": s, "num_warps": 4} for s in (s0, 2 * s0)]
-    return {"hack": h, "hack_no_se": h, "hack_no_rqe": h, "dequant_fused": q, "fp16_triton": f, "fp8": f,
-            "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}]}
+    return {
+        "hack": h,
+        "hack_no_se": h,
+        "hack_no_rqe": h,
+        "dequant_fused": q,
+        "fp16_triton": f,
+        "fp8": f,
+        "dequant_unfused": [{"splits": s0}, {"splits": 2 * s0}],
+    }
 
 
 def _hopper() -> bool:
@@ -93,11 +124,13 @@ def run_only(out: Path, merge: Path, groups: tuple[str, ...] = ("hack",)) -> lis
     new = []
     if kinds:
         for ctx in (1024, 4096, 16384, 32768):
-            new += [m.row(peaks) for m in measure_decode(kinds + refs, B, ctx, HQ, HKV, D, 64,
-                                                         configs=tuned_configs(ctx))]
-        for pi in ((32, 128) if groups != ("hack_pi64",) else ()):   # hack_pi64: the PI 64 rows only
-            new += [m.row(peaks) for m in measure_decode(kinds, B, 32768, HQ, HKV, D, pi,
-                                                         configs=tuned_configs(32768, pi))]
+            new += [
+                m.row(peaks) for m in measure_decode(kinds + refs, B, ctx, HQ, HKV, D, 64, configs=tuned_configs(ctx))
+            ]
+        for pi in (32, 128) if groups != ("hack_pi64",) else ():  # hack_pi64: the PI 64 rows only
+            new += [
+                m.row(peaks) for m in measure_decode(kinds, B, 32768, HQ, HKV, D, pi, configs=tuned_configs(32768, pi))
+            ]
     if "prefill" in groups:
         for seq in (4096, 16384):
             ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64)
@@ -105,8 +138,11 @@ def run_only(out: Path, merge: Path, groups: tuple[str, ...] = ("hack",)) -> lis
                 ms += measure_prefill(("hack",), 1, seq, HQ, HKV, D, 128)
             new += [m.row(peaks) for m in ms]
     for r in new:
-        print(f"{r['phase']} ctx={r['context_len']:6d} pi={r['partition']:3d} {r['kernel']:16s} "
-              f"{r['time_us']:9.1f} us  {r['config']}", flush=True)
+        print(
+            f"{r['phase']} ctx={r['context_len']:6d} pi={r['partition']:3d} {r['kernel']:16s} "
+            f"{r['time_us']:9.1f} us  {r['config']}",
+            flush=True,
+        )
     rows = merge_rows(new, merge)
     write_csv(rows, out / "bench_attention.csv")
     summarize(rows)
@@ -145,20 +181,30 @@ def run(out: Path, quick: bool = False, scoring: bool = True) -> list[dict]:
             print(f"decode ctx={ctx:6d} {m.kernel:16s} {m.time_s * 1e6:9.1f} us  {m.config}", flush=True)
         write_csv(rows, out / "bench_attention.csv")
     for pi in (32, 128):
-        ms = measure_decode(("hack", "hack_no_se", "hack_no_rqe", "dequant_fused"), B, 32768, HQ, HKV, D, pi,
-                            configs=tuned_configs(32768, pi))
+        ms = measure_decode(
+            ("hack", "hack_no_se", "hack_no_rqe", "dequant_fused"),
+            B,
+            32768,
+            HQ,
+            HKV,
+            D,
+            pi,
+            configs=tuned_configs(32768, pi),
+        )
         rows += [m.row(peaks) for m in ms]
         for m in ms:
             print(f"decode ctx=32768 pi={pi} {m.kernel:16s} {m.time_s * 1e6:9.1f} us", flush=True)
     write_csv(rows, out / "bench_attention.csv")
-    for seq in ((16384,) if quick else (4096, 16384)):
+    for seq in (16384,) if quick else (4096, 16384):
         ms = measure_prefill(("hack", "fp16_triton", "torch_sdpa_fp16"), 1, seq, HQ, HKV, D, 64)
         if seq == 16384:
             ms += measure_prefill(("hack",), 1, seq, HQ, HKV, D, 128)
         rows += [m.row(peaks) for m in ms]
         for m in ms:
-            print(f"prefill L={seq} {m.kernel:16s} {m.time_s * 1e6:9.1f} us {m.flops / m.time_s / 1e12:6.1f} TFLOP/s",
-                  flush=True)
+            print(
+                f"prefill L={seq} {m.kernel:16s} {m.time_s * 1e6:9.1f} us {m.flops / m.time_s / 1e12:6.1f} TFLOP/s",
+                flush=True,
+            )
     write_csv(rows, out / "bench_attention.csv")
     summarize(rows)
     if scoring:
@@ -175,7 +221,9 @@ def run_scoring(out: Path, peaks: dict, ctxs) -> list[dict]:
         rows += [m.row(peaks) for m in ms]
         for m in ms:
             gbps = m.bytes_moved / m.time_s / 1e9
-            print(f"score ctx={ctx:6d} {m.kernel:10s} {m.time_s * 1e6:9.1f} us {gbps:7.0f} GB/s  {m.config}", flush=True)
+            print(
+                f"score ctx={ctx:6d} {m.kernel:10s} {m.time_s * 1e6:9.1f} us {gbps:7.0f} GB/s  {m.config}", flush=True
+            )
         write_csv(rows, out / "bench_scoring.csv")
     return rows
 
@@ -183,14 +231,21 @@ def run_scoring(out: Path, peaks: dict, ctxs) -> list[dict]:
 def summarize(rows: list[dict]) -> None:
     def t(kernel, phase, ctx, pi=None):
         for r in rows:
-            if r["kernel"] == kernel and r["phase"] == phase and int(r["context_len"]) == ctx and \
-                    (pi is None or int(r["partition"]) in (pi, 0)):
+            if (
+                r["kernel"] == kernel
+                and r["phase"] == phase
+                and int(r["context_len"]) == ctx
+                and (pi is None or int(r["partition"]) in (pi, 0))
+            ):
                 return float(r["time_us"])
         return float("nan")
+
     sd32, h32 = t("torch_sdpa_fp16", "decode", 32768), t("hack", "decode", 32768, 64)
     print(f"TARGET hack decode 32K >= 4x SDPA: sdpa {sd32:.1f} us, hack {h32:.1f} us -> {sd32 / h32:.2f}x")
-    print(f"TARGET hack decode 1K <= SDPA: sdpa {t('torch_sdpa_fp16', 'decode', 1024):.1f} us, "
-          f"hack {t('hack', 'decode', 1024, 64):.1f} us")
+    print(
+        f"TARGET hack decode 1K <= SDPA: sdpa {t('torch_sdpa_fp16', 'decode', 1024):.1f} us, "
+        f"hack {t('hack', 'decode', 1024, 64):.1f} us"
+    )
     fa, hp = t("fp16_triton", "prefill", 16384), t("hack", "prefill", 16384, 64)
     print(f"TARGET hack prefill 16K >= 1.3x FP16 Triton FA: fa {fa:.0f} us, hack {hp:.0f} us -> {fa / hp:.2f}x")
     best16 = min(sd32, t("fp16_triton", "decode", 32768))
@@ -203,10 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-scoring", action="store_true", help="skip the scoring kernels (bench_scoring.csv)")
-    ap.add_argument("--merge", type=Path, default=None, metavar="TABLE",
-                    help="re-measure only the rows of --only and merge them into TABLE")
-    ap.add_argument("--only", default="hack", help="with --merge: comma-separated groups of "
-                    f"{sorted(ONLY_GROUPS)} (default hack)")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        default=None,
+        metavar="TABLE",
+        help="re-measure only the rows of --only and merge them into TABLE",
+    )
+    ap.add_argument(
+        "--only", default="hack", help=f"with --merge: comma-separated groups of {sorted(ONLY_GROUPS)} (default hack)"
+    )
     ap.add_argument("--hack-only", type=Path, default=None, metavar="TABLE", help="= --merge TABLE --only hack")
     args = ap.parse_args(argv)
     if args.hack_only or args.merge:

@@ -35,6 +35,7 @@ layers of a chunk), then ``time_s = overhead_s + s_per_unit x units`` by relativ
 ``python -m kernels_calibration.cachegen_decoder_bench --out FILE.json --build-dir DIR`` (CUDA GPU, nvcc,
 ninja); ``--smoke`` runs the pure-PyTorch parts (codes, CDF layout, stream collection, fit) on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,9 +67,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 UPSTREAM = "github: UChi-JCL/CacheGen @ 6bed34ca9d495289955ed754cf2ad0c43346ee48, LMCache/third_party/torchac_cuda"
 
-CHUNK_TOKENS = 256          # LMCache: CACHEGEN_GPU_MAX_TOKENS_PER_CHUNK, the kernel's MAX_TOKENS_PER_THREAD
-STREAM_BUFFER_BYTES = 256   # LMCache's per-(layer, channel) encoder output buffer
-MODELS = {"llama-3.1-8b": (32, 8, 128), "llama-3.1-70b": (80, 8, 128)}   # layers, kv_heads, head_dim
+CHUNK_TOKENS = 256  # LMCache: CACHEGEN_GPU_MAX_TOKENS_PER_CHUNK, the kernel's MAX_TOKENS_PER_THREAD
+STREAM_BUFFER_BYTES = 256  # LMCache's per-(layer, channel) encoder output buffer
+MODELS = {"llama-3.1-8b": (32, 8, 128), "llama-3.1-70b": (80, 8, 128)}  # layers, kv_heads, head_dim
 TOKENS = (1024, 2048, 4096, 8192, 16384, 32768)
 BITS, PARTITION = 2, 64
 # LMCache's CacheGenConfig for the 7B family (key 32/16/16 bins by layer, value 32/16)
@@ -81,14 +82,15 @@ SHARDS = {"llama-3.1-70b/tp2": (80, 4, 128), "llama-3.1-70b/tp4": (80, 2, 128), 
 
 
 # ---- the codes ------------------------------------------------------------------------------------
-def gaussian_codes(layers2: int, tokens: int, channels: int, gen: torch.Generator, device,
-                   bits: int = BITS, partition: int = PARTITION) -> torch.Tensor:
+def gaussian_codes(
+    layers2: int, tokens: int, channels: int, gen: torch.Generator, device, bits: int = BITS, partition: int = PARTITION
+) -> torch.Tensor:
     """int8 [layers2, tokens, channels]: b-bit min/max codes of Gaussian values, nearest-rounded, in
     groups of `partition` consecutive channels of a token (the simulator's CacheGen codes)."""
     x = torch.randn((layers2, tokens, channels // partition, partition), generator=gen, device=device)
     lo = x.amin(-1, keepdim=True)
     hi = x.amax(-1, keepdim=True)
-    levels = 2 ** bits
+    levels = 2**bits
     q = torch.round((x - lo) / (hi - lo) * (levels - 1)).clamp_(0, levels - 1)
     return q.reshape(layers2, tokens, channels).to(torch.int8)
 
@@ -105,8 +107,11 @@ def cachegen_codes(layers: int, tokens: int, channels: int, gen: torch.Generator
     """int8 [2 x layers, tokens, channels] as LMCache's torch_quant_vectorized makes them: round(x x MAX /
     absmax + MAX), MAX = bins // 2 - 1 by layer, absmax per token over the channels; KV Gaussian with a
     log-normal scale per channel (a few large channels, as real keys have).  Returns (codes, max bins)."""
-    bins = torch.tensor(_layer_bins(CACHEGEN_KEY_BINS, layers) + _layer_bins(CACHEGEN_VALUE_BINS, layers),
-                        dtype=torch.float32, device=device)
+    bins = torch.tensor(
+        _layer_bins(CACHEGEN_KEY_BINS, layers) + _layer_bins(CACHEGEN_VALUE_BINS, layers),
+        dtype=torch.float32,
+        device=device,
+    )
     scale = torch.exp(torch.randn((2 * layers, 1, channels), generator=gen, device=device) * 0.5)
     x = torch.randn((2 * layers, tokens, channels), generator=gen, device=device) * scale
     mx = (bins // 2 - 1)[:, None, None]
@@ -127,7 +132,9 @@ def cdf_reference(codes: torch.Tensor, max_bins: int) -> torch.Tensor:
     bin index (every symbol keeps a non-empty range)."""
     layers2, _, channels = codes.shape
     one_hot = torch.zeros((layers2, channels, max_bins), dtype=torch.int64, device=codes.device)
-    one_hot.scatter_add_(2, codes.transpose(1, 2).to(torch.int64), torch.ones_like(codes.transpose(1, 2), dtype=torch.int64))
+    one_hot.scatter_add_(
+        2, codes.transpose(1, 2).to(torch.int64), torch.ones_like(codes.transpose(1, 2), dtype=torch.int64)
+    )
     cum = torch.cat([torch.zeros_like(one_hot[..., :1]), one_hot.cumsum(-1)], -1)
     total = cum[..., -1:]
     scaled = (0xFFFF - max_bins) * cum // total + torch.arange(max_bins + 1, device=codes.device)
@@ -161,8 +168,13 @@ def build(build_dir: Path, verbose: bool = False):
         shutil.copyfile(THIRD_PARTY / name, src / name)
     (src / "binding.cpp").write_text(BINDING)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    return load(name="torchac_cuda", sources=[str(src / s) for s in ("binding.cpp",) + SOURCES], extra_include_paths=[str(src)],
-                build_directory=str(obj), verbose=verbose)
+    return load(
+        name="torchac_cuda",
+        sources=[str(src / s) for s in ("binding.cpp",) + SOURCES],
+        extra_include_paths=[str(src)],
+        build_directory=str(obj),
+        verbose=verbose,
+    )
 
 
 class Prompt:
@@ -170,7 +182,7 @@ class Prompt:
 
     def __init__(self, ext, codes_fn, layers2: int, tokens: int, channels: int, device):
         self.ext, self.layers2, self.tokens, self.channels = ext, layers2, tokens, channels
-        self.chunks = []   # (cdf, bytestream, lengths, stream_starts, start, end, codes)
+        self.chunks = []  # (cdf, bytestream, lengths, stream_starts, start, end, codes)
         self.bitstream_bytes = 0
         buffer = torch.zeros((layers2, channels, STREAM_BUFFER_BYTES), dtype=torch.uint8, device=device)
         lengths = torch.zeros((layers2, channels), dtype=torch.int32, device=device)
@@ -186,8 +198,9 @@ class Prompt:
             self.chunks.append((cdf, stream, lengths.clone(), stream_starts(lengths), start, end, codes))
         # one uint8 output per chunk, [2L, chunk tokens, C], as LMCache decodes each chunk into its own buffer
         # (the kernel indexes with 32-bit accessors: one tensor for a whole long prompt would overflow them)
-        self.outs = [torch.zeros((layers2, c[5] - c[4], channels), dtype=torch.uint8, device=device)
-                     for c in self.chunks]
+        self.outs = [
+            torch.zeros((layers2, c[5] - c[4], channels), dtype=torch.uint8, device=device) for c in self.chunks
+        ]
 
     def decode(self) -> None:
         """LMCache's decode_function_gpu: decode_chunk (prefix sum, kernel) chunk after chunk."""
@@ -226,8 +239,9 @@ def time_events_s(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
 
 
-def bench(ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: int = 7, log=print,
-          on_row=None) -> list[dict]:
+def bench(
+    ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: int = 7, log=print, on_row=None
+) -> list[dict]:
     rows = []
     gen = torch.Generator(device=device)
     shapes = {**models, **shards}
@@ -239,11 +253,14 @@ def bench(ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: i
         channels = kv_heads * head_dim
         gen.manual_seed(1000 + tokens)
         if symbols == "gaussian_2bit":
+
             def codes_fn(n, L=layers, C=channels):
-                return gaussian_codes(2 * L, n, C, gen, device), 2 ** BITS
+                return gaussian_codes(2 * L, n, C, gen, device), 2**BITS
         else:
+
             def codes_fn(n, L=layers, C=channels):
                 return cachegen_codes(L, n, C, gen, device)
+
         p = Prompt(ext, codes_fn, 2 * layers, tokens, channels, device)
         p.check()
         levels = max(int(c[0].shape[-1]) - 1 for c in p.chunks)
@@ -252,20 +269,41 @@ def bench(ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: i
         t = time_events_s(p.decode, reps)
         tk = time_events_s(p.decode_kernels, reps)
         n_sym = 2 * layers * tokens * channels
-        rows.append({
-            "implementation": "cachegen_reference_decoder",
-            "kernel": ("decode_cachegen_bins" if symbols != "gaussian_2bit" else "decode_tp_shard" if model in shards
-                       else "decode"), "model": model, "symbols_kind": symbols, "layers": layers,
-            "kv_heads": kv_heads, "head_dim": head_dim, "tokens": tokens, "chunks": len(p.chunks),
-            "symbols": n_sym, "bitstream_bytes": p.bitstream_bytes,
-            "coded_bits_per_symbol": 8 * p.bitstream_bytes / n_sym, "entropy_bits_per_symbol": ent,
-            "prompt_time_s": t, "kernel_time_s": tk, "symbols_per_s": n_sym / t,
-            # the simulator's unit: one layer's K and V symbols, and the prompt's time per layer
-            "units": tokens * kv_heads * head_dim * 2, "time_s": t / layers})
+        rows.append(
+            {
+                "implementation": "cachegen_reference_decoder",
+                "kernel": (
+                    "decode_cachegen_bins"
+                    if symbols != "gaussian_2bit"
+                    else "decode_tp_shard"
+                    if model in shards
+                    else "decode"
+                ),
+                "model": model,
+                "symbols_kind": symbols,
+                "layers": layers,
+                "kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "tokens": tokens,
+                "chunks": len(p.chunks),
+                "symbols": n_sym,
+                "bitstream_bytes": p.bitstream_bytes,
+                "coded_bits_per_symbol": 8 * p.bitstream_bytes / n_sym,
+                "entropy_bits_per_symbol": ent,
+                "prompt_time_s": t,
+                "kernel_time_s": tk,
+                "symbols_per_s": n_sym / t,
+                # the simulator's unit: one layer's K and V symbols, and the prompt's time per layer
+                "units": tokens * kv_heads * head_dim * 2,
+                "time_s": t / layers,
+            }
+        )
         r = rows[-1]
-        log(f"{model} {tokens} tokens ({symbols}): {t * 1e3:.3f} ms ({tk * 1e3:.3f} ms kernels), "
+        log(
+            f"{model} {tokens} tokens ({symbols}): {t * 1e3:.3f} ms ({tk * 1e3:.3f} ms kernels), "
             f"{r['symbols_per_s'] / 1e9:.2f} G symbols/s, {r['coded_bits_per_symbol']:.3f} bits/symbol "
-            f"(entropy {ent:.3f}); round trip exact")
+            f"(entropy {ent:.3f}); round trip exact"
+        )
         if on_row is not None:
             on_row(rows)
         del p
@@ -286,14 +324,22 @@ def fit(rows: list[dict]) -> dict:
 def provenance(argv) -> dict:
     from .measure import provenance as base
 
-    info = {"gpu_name": "cpu", "driver": "", **base(),
-            "command": "python -m kernels_calibration.cachegen_decoder_bench " + " ".join(argv),
-            "kernel_source": UPSTREAM}
+    info = {
+        "gpu_name": "cpu",
+        "driver": "",
+        **base(),
+        "command": "python -m kernels_calibration.cachegen_decoder_bench " + " ".join(argv),
+        "kernel_source": UPSTREAM,
+    }
     info["cuda"] = torch.version.cuda or ""
     try:
         import subprocess
-        info["nvcc"] = subprocess.run(["nvcc", "--version"], capture_output=True, text=True,
-                                      timeout=20, check=False).stdout.strip().splitlines()[-1]
+
+        info["nvcc"] = (
+            subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=20, check=False)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
     except (OSError, IndexError, subprocess.SubprocessError):
         info["nvcc"] = "unknown"
     return info
@@ -305,8 +351,10 @@ def smoke() -> int:
     codes = gaussian_codes(4, 256, 128, gen, "cpu")
     assert codes.shape == (4, 256, 128) and int(codes.min()) == 0 and int(codes.max()) == 3
     cdf = cdf_reference(codes, 4)
-    u16 = cdf.to(torch.int32) & 0xFFFF   # the kernels read the int16 CDF as uint16
-    assert cdf.shape == (4, 128, 5) and bool((u16[..., 1:] > u16[..., :-1]).all()) and bool((u16[..., -1] == 0xFFFF).all())
+    u16 = cdf.to(torch.int32) & 0xFFFF  # the kernels read the int16 CDF as uint16
+    assert (
+        cdf.shape == (4, 128, 5) and bool((u16[..., 1:] > u16[..., :-1]).all()) and bool((u16[..., -1] == 0xFFFF).all())
+    )
     cg, mb = cachegen_codes(32, 256, 1024, gen, "cpu")
     assert mb == 32 and int(cg.min()) >= 0 and int(cg.max()) <= 30
     buf = torch.arange(2 * 3 * 8, dtype=torch.uint8).reshape(2, 3, 8)
@@ -319,8 +367,11 @@ def smoke() -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m kernels_calibration.cachegen_decoder_bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels_calibration.cachegen_decoder_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument("--build-dir", type=Path, help="where the sources are copied and built (default: a temp dir)")
     ap.add_argument("--reps", type=int, default=7)
@@ -346,15 +397,22 @@ def main(argv=None) -> int:
         tmp.replace(a.out)
 
     # the rows so far, marked partial, after each prompt (a later failure keeps them)
-    rows = bench(ext, torch.device("cuda"), reps=a.reps, log=lambda s: print(s, flush=True),
-                 on_row=lambda rs: write({"provenance": prov, "partial": True, "rows": rs}))
+    rows = bench(
+        ext,
+        torch.device("cuda"),
+        reps=a.reps,
+        log=lambda s: print(s, flush=True),
+        on_row=lambda rs: write({"provenance": prov, "partial": True, "rows": rs}),
+    )
     doc = {"provenance": prov, "fits": fit(rows), "rows": rows}
     write(doc)
     for impl, kerns in doc["fits"].items():
         for k, f in kerns.items():
-            print(f"{impl}.{k}: {f['overhead_s'] * 1e6:.2f} us + {f['s_per_unit'] * 1e12:.3f} ps/unit "
-                  f"(max error {f['max_abs_error_pct']:.1f} %, {f['n']} shapes); "
-                  f"{1 / f['s_per_unit'] / 1e9:.2f} G symbols/s")
+            print(
+                f"{impl}.{k}: {f['overhead_s'] * 1e6:.2f} us + {f['s_per_unit'] * 1e12:.3f} ps/unit "
+                f"(max error {f['max_abs_error_pct']:.1f} %, {f['n']} shapes); "
+                f"{1 / f['s_per_unit'] / 1e9:.2f} G symbols/s"
+            )
     return 0
 
 

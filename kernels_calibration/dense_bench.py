@@ -14,6 +14,7 @@ DIR/dense_fit.json; `fit_dense` (numpy only, no GPU) turns rows into the profile
   elementwise: time = overhead_s + bytes / (memory * elementwise_eff)
 with held-out errors (every third row m is held out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ def measure(out: Path) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from .measure import _n_rot, provenance, time_graph   # graph replays over n_rot input sets (>= 256 MB)
+    from .measure import _n_rot, provenance, time_graph  # graph replays over n_rot input sets (>= 256 MB)
 
     dev = "cuda"
     rows: list[dict] = []
@@ -41,16 +42,24 @@ def measure(out: Path) -> list[dict]:
 
     def add(kind, op, m, n, k, bytes_, flops, t):
         rows.append(dict(kind=kind, op=op, m=m, n=n, k=k, bytes=bytes_, flops=flops, time_s=t, **prov))
-        print(f"{kind:11s} {op:14s} m={m:6d} n={n:6d} k={k:6d} {t * 1e6:10.2f} us "
-              f"{bytes_ / t / 1e9:8.0f} GB/s {flops / t / 1e12:7.1f} TFLOP/s", flush=True)
+        print(
+            f"{kind:11s} {op:14s} m={m:6d} n={n:6d} k={k:6d} {t * 1e6:10.2f} us "
+            f"{bytes_ / t / 1e9:8.0f} GB/s {flops / t / 1e12:7.1f} TFLOP/s",
+            flush=True,
+        )
 
     for name, h, qd, kvd, mlp, vocab in MODELS:
-        shapes = (("qkv", qd + 2 * kvd, h), ("o", h, qd), ("gate_up", 2 * mlp, h), ("down", h, mlp),
-                  ("lm_head", vocab, h))
+        shapes = (
+            ("qkv", qd + 2 * kvd, h),
+            ("o", h, qd),
+            ("gate_up", 2 * mlp, h),
+            ("down", h, mlp),
+            ("lm_head", vocab, h),
+        )
         for op, n, k in shapes:
             wbytes = 2 * n * k
             n_rot = _n_rot(wbytes, cap=8)
-            ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * k ** -0.5 for _ in range(n_rot)]
+            ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * k**-0.5 for _ in range(n_rot)]
             for m in ROWS:
                 if op == "lm_head" and m > 64:
                     continue
@@ -70,13 +79,15 @@ def measure(out: Path) -> list[dict]:
             qk = torch.randn(m, (qd + kvd) // 128, 128, device=dev, dtype=torch.float16)
             rot = torch.randn(m, 1, 128, device=dev, dtype=torch.float16)
             ys = torch.empty_like(xs)
-            ops = (("rms_norm", lambda i: F.rms_norm(xs, (h,), w, 1e-5), 4 * m * h),
-                   ("residual_add", lambda i: torch.add(xs, ys, out=ys), 6 * m * h),
-                   ("copy", lambda i: ys.copy_(xs), 4 * m * h),
-                   ("silu", lambda i: F.silu(g), 4 * m * mlp),
-                   ("mul", lambda i: g * u, 6 * m * mlp),
-                   ("rope_mul", lambda i: qk * rot, 4 * qk.numel()),
-                   ("rope_cat", lambda i: torch.cat(qk.chunk(2, -1)[::-1], -1), 4 * qk.numel()))
+            ops = (
+                ("rms_norm", lambda i: F.rms_norm(xs, (h,), w, 1e-5), 4 * m * h),
+                ("residual_add", lambda i: torch.add(xs, ys, out=ys), 6 * m * h),
+                ("copy", lambda i: ys.copy_(xs), 4 * m * h),
+                ("silu", lambda i: F.silu(g), 4 * m * mlp),
+                ("mul", lambda i: g * u, 6 * m * mlp),
+                ("rope_mul", lambda i: qk * rot, 4 * qk.numel()),
+                ("rope_cat", lambda i: torch.cat(qk.chunk(2, -1)[::-1], -1), 4 * qk.numel()),
+            )
             for op, fn, nbytes in ops:
                 t = time_graph(fn, 1)
                 add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
@@ -92,6 +103,7 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
     kernel (~9 µs on the H200), not a kernel's cost inside a layer: with launch_overhead_s given
     (the profile's back-to-back launch time) that is the per-kernel overhead written, and the
     intercept is kept as graph_replay_intercept_s."""
+
     def split(rs):
         ms = sorted({int(r["m"]) for r in rs})
         held = set(ms[1::3])
@@ -115,13 +127,17 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
         _, ce, me, ov = best
 
         def pred(r):
-            return ov + max(float(r["flops"]) / (fp16_tflops * 1e12 * ce),
-                            float(r["bytes"]) / (memory_gbps * 1e9 * me))
+            return ov + max(float(r["flops"]) / (fp16_tflops * 1e12 * ce), float(r["bytes"]) / (memory_gbps * 1e9 * me))
+
         errs = [abs(pred(r) - float(r["time_s"])) / float(r["time_s"]) for r in test]
-        out["gemm"] = {"overhead_s": ov, "compute_efficiency": round(float(ce), 4),
-                       "memory_efficiency": round(float(me), 4),
-                       "heldout_median_error_pct": round(100 * float(np.median(errs)), 2),
-                       "heldout_max_error_pct": round(100 * float(np.max(errs)), 2), "rows": len(g)}
+        out["gemm"] = {
+            "overhead_s": ov,
+            "compute_efficiency": round(float(ce), 4),
+            "memory_efficiency": round(float(me), 4),
+            "heldout_median_error_pct": round(100 * float(np.median(errs)), 2),
+            "heldout_max_error_pct": round(100 * float(np.max(errs)), 2),
+            "rows": len(g),
+        }
     e = [r for r in rows if r["kind"] == "elementwise"]
     if e:
         train, test = split(e)
@@ -131,10 +147,15 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
         coef, *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
         ov, spb = max(0.0, float(coef[0])), float(coef[1])
         errs = [abs(ov + spb * float(r["bytes"]) - float(r["time_s"])) / float(r["time_s"]) for r in test]
-        out["elementwise"] = {"overhead_s": ov if launch_overhead_s is None else launch_overhead_s,
-                              "graph_replay_intercept_s": ov, "s_per_unit": spb, "unit": "bytes read + written",
-                              "efficiency_vs_copy": round(1.0 / (spb * memory_gbps * 1e9), 4),
-                              "heldout_median_error_pct": round(100 * float(np.median(errs)), 2), "rows": len(e)}
+        out["elementwise"] = {
+            "overhead_s": ov if launch_overhead_s is None else launch_overhead_s,
+            "graph_replay_intercept_s": ov,
+            "s_per_unit": spb,
+            "unit": "bytes read + written",
+            "efficiency_vs_copy": round(1.0 / (spb * memory_gbps * 1e9), 4),
+            "heldout_median_error_pct": round(100 * float(np.median(errs)), 2),
+            "rows": len(e),
+        }
     return out
 
 
@@ -143,8 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--fit-only", type=Path, default=None, help="refit DIR/dense_rows.csv (no GPU)")
     ap.add_argument("--peaks", type=Path, default=Path(__file__).parent / "profiles/h200/peaks.json")
-    ap.add_argument("--merge", type=Path, default=None,
-                    help="write the fit into this profile.json (gemm and kernels.elementwise)")
+    ap.add_argument(
+        "--merge", type=Path, default=None, help="write the fit into this profile.json (gemm and kernels.elementwise)"
+    )
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.fit_only:

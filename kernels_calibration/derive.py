@@ -29,6 +29,7 @@ How each number is derived (also written into provenance.notes):
   them (as torch SDPA does for FP16 there), not Triton 3.x's FMA fallback for sm < 80.
 * FP8 KV without FP8 hardware (before Ada/Hopper) converts in software: kernel_work's extra instructions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,11 +53,21 @@ HERE = Path(__file__).resolve().parent / "profiles"
 
 # Every GPU fact comes from catalog/data/gpus.yaml (with its sources); a derived profile records the
 # catalog figures it used under "catalog" (tests/kernels/test_profiles.py checks them against the catalog).
-PEAK_FIELDS = ("memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "int8_tensor_tops", "fp8_tensor_tflops",
-               "fp32_tflops", "compute_capability", "sms", "warp_schedulers_per_sm", "sfu_ops_per_clock_per_sm",
-               "boost_clock_ghz", "sustained_clock_ghz")
+PEAK_FIELDS = (
+    "memory_bandwidth_gb_per_s",
+    "fp16_tensor_tflops",
+    "int8_tensor_tops",
+    "fp8_tensor_tflops",
+    "fp32_tflops",
+    "compute_capability",
+    "sms",
+    "warp_schedulers_per_sm",
+    "sfu_ops_per_clock_per_sm",
+    "boost_clock_ghz",
+    "sustained_clock_ghz",
+)
 TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
-GLUON_MIN_SM = 90               # the Gluon kernels (gluon_decode.py) run on Hopper and later
+GLUON_MIN_SM = 90  # the Gluon kernels (gluon_decode.py) run on Hopper and later
 # profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
 GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 
@@ -79,9 +90,13 @@ def efficiencies(src: dict, src_key: str = "h200") -> tuple[float, float]:
 
 
 def _rates_json(r) -> dict:
-    return {"hbm_gb_per_s": round(r.hbm / 1e9, 1), "fp16_tensor_tflops": round(r.fp16_tensor / 1e12, 1),
-            "int8_tensor_tops": None if r.int8_tensor is None else round(r.int8_tensor / 1e12, 1),
-            "sfu_tops": round(r.sfu / 1e12, 3), "alu_tinstr_per_s": round(r.alu / 1e12, 2)}
+    return {
+        "hbm_gb_per_s": round(r.hbm / 1e9, 1),
+        "fp16_tensor_tflops": round(r.fp16_tensor / 1e12, 1),
+        "int8_tensor_tops": None if r.int8_tensor is None else round(r.int8_tensor / 1e12, 1),
+        "sfu_tops": round(r.sfu / 1e12, 3),
+        "alu_tinstr_per_s": round(r.alu / 1e12, 2),
+    }
 
 
 def source_fits(src: dict, target_sm: int) -> dict[str, dict]:
@@ -105,20 +120,26 @@ def derive(src: dict, key: str, src_key: str = "h200") -> dict:
     r_src = unit_rates(gpu(src_key), eff_mem, eff_tensor)
     r_tgt = unit_rates(t_gpu, eff_mem, eff_tensor)
     out = {
-        "schema_version": 1, "gpu": key, "source": "derived", "derived_from": src_key,
+        "schema_version": 1,
+        "gpu": key,
+        "source": "derived",
+        "derived_from": src_key,
         "catalog": {"gpu": tgt, "source_gpu": h},
         "unit_rates": {"gpu": _rates_json(r_tgt), "source_gpu": _rates_json(r_src)},
         "memory_gbps": round(r_tgt.hbm / 1e9, 1),
         "matmul_fp16_tflops": round(r_tgt.fp16_tensor / 1e12, 1),
         "matmul_int8_tops": None if r_tgt.int8_tensor is None else round(r_tgt.int8_tensor / 1e12, 1),
-        "matmul_fp8_tflops": None if tgt["fp8_tensor_tflops"] is None else
-        round(eff_fp8 * clock_frac * tgt["fp8_tensor_tflops"], 1),
+        "matmul_fp8_tflops": None
+        if tgt["fp8_tensor_tflops"] is None
+        else round(eff_fp8 * clock_frac * tgt["fp8_tensor_tflops"], 1),
         "launch_overhead_s": src["launch_overhead_s"],
         "kernels": {},
     }
-    if src.get("gemm"):   # efficiencies at real layer shapes are fractions of the (derived) peaks: kept
-        out["gemm"] = {**src["gemm"], "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's "
-                                              "derived peaks (unvalidated)"}
+    if src.get("gemm"):  # efficiencies at real layer shapes are fractions of the (derived) peaks: kept
+        out["gemm"] = {
+            **src["gemm"],
+            "note": "H200 efficiencies at Llama layer shapes, applied to this GPU's derived peaks (unvalidated)",
+        }
     for name, fit in source_fits(src, sm).items():
         work = WORK[fit.get("from", name)]
         src_parts = split(work, fit["s_per_unit"], r_src)
@@ -128,35 +149,57 @@ def derive(src: dict, key: str, src_key: str = "h200") -> dict:
             src_parts = {**src_parts, "alu": instr / r_src.alu}
         parts = reprice(src_parts, r_src, r_tgt)
         out["kernels"][name] = {
-            "overhead_s": fit["overhead_s"], "s_per_unit": sum(parts.values()),
+            "overhead_s": fit["overhead_s"],
+            "s_per_unit": sum(parts.values()),
             "heldout_median_error_pct": fit.get("heldout_median_error_pct"),
             "bound_by": max(parts, key=parts.get),
             "parts_s_per_unit": {u: parts[u] for u in UNITS},
             "source_parts_s_per_unit": {u: src_parts[u] for u in UNITS},
-            "work_per_unit": {"hbm_bytes": work.hbm_bytes, "fp16_tensor_flops": work.fp16_tensor_flops,
-                              "int8_tensor_ops": work.int8_tensor_ops, "sfu_ops": work.sfu_ops,
-                              "alu_instr": round(instr, 4), "formula": work.formula},
+            "work_per_unit": {
+                "hbm_bytes": work.hbm_bytes,
+                "fp16_tensor_flops": work.fp16_tensor_flops,
+                "int8_tensor_ops": work.int8_tensor_ops,
+                "sfu_ops": work.sfu_ops,
+                "alu_instr": round(instr, 4),
+                "formula": work.formula,
+            },
             **({"from": f"the H200 {fit['from']}"} if "from" in fit else {}),
         }
     prov = src.get("provenance", {})
     out["provenance"] = {
-        "gpu_name": catalog.entry("gpus", key)["name"], "driver": None, "torch": prov.get("torch"),
-        "triton": prov.get("triton"), "git_rev": prov.get("git_rev"), "date": prov.get("date"),
-        "notes": ("Derived by kernels_calibration/derive.py from the measured H200 profile "
-                  f"(git {prov.get('git_rev')}): each kernel's H200 s_per_unit split into HBM, FP16 tensor, INT8 "
-                  "tensor, SFU and CUDA-core ALU parts (bytes, tensor and SFU work from its formula in "
-                  "costmodel/kernel_work.py, the ALU the rest), each part repriced at this GPU's rate for its unit "
-                  f"('unit_rates'; H200 efficiencies: copy {eff_mem:.3f}, GEMM {eff_tensor:.3f} for FP16 and INT8 "
-                  "tensor work alike); overhead_s is the H200's. "
-                  + ("No INT8 tensor cores: the homomorphic products are priced on the FP16 tensor cores (exact for "
-                     "2-bit codes and INT8 values with FP32 accumulation); matmul_int8_tops is null. "
-                     if tgt["int8_tensor_tops"] is None else "")
-                  + (f"Power cap: clock-bound rates at the catalog's sustained {t_gpu.clock_ghz} GHz of "
-                     f"{t_gpu.boost_clock_ghz} GHz boost. " if clock_frac < 1 else "")
-                  + ("Before Hopper the HACK and fused-dequant decode kernels are the Triton ones ('from'). "
-                     if sm < GLUON_MIN_SM else "")
-                  + "Peaks: catalog/data/gpus.yaml (recorded under 'catalog'). "
-                  + "Heldout errors are the H200 fit's; the derivation itself is unvalidated (no such GPU here)."),
+        "gpu_name": catalog.entry("gpus", key)["name"],
+        "driver": None,
+        "torch": prov.get("torch"),
+        "triton": prov.get("triton"),
+        "git_rev": prov.get("git_rev"),
+        "date": prov.get("date"),
+        "notes": (
+            "Derived by kernels_calibration/derive.py from the measured H200 profile "
+            f"(git {prov.get('git_rev')}): each kernel's H200 s_per_unit split into HBM, FP16 tensor, INT8 "
+            "tensor, SFU and CUDA-core ALU parts (bytes, tensor and SFU work from its formula in "
+            "costmodel/kernel_work.py, the ALU the rest), each part repriced at this GPU's rate for its unit "
+            f"('unit_rates'; H200 efficiencies: copy {eff_mem:.3f}, GEMM {eff_tensor:.3f} for FP16 and INT8 "
+            "tensor work alike); overhead_s is the H200's. "
+            + (
+                "No INT8 tensor cores: the homomorphic products are priced on the FP16 tensor cores (exact for "
+                "2-bit codes and INT8 values with FP32 accumulation); matmul_int8_tops is null. "
+                if tgt["int8_tensor_tops"] is None
+                else ""
+            )
+            + (
+                f"Power cap: clock-bound rates at the catalog's sustained {t_gpu.clock_ghz} GHz of "
+                f"{t_gpu.boost_clock_ghz} GHz boost. "
+                if clock_frac < 1
+                else ""
+            )
+            + (
+                "Before Hopper the HACK and fused-dequant decode kernels are the Triton ones ('from'). "
+                if sm < GLUON_MIN_SM
+                else ""
+            )
+            + "Peaks: catalog/data/gpus.yaml (recorded under 'catalog'). "
+            + "Heldout errors are the H200 fit's; the derivation itself is unvalidated (no such GPU here)."
+        ),
     }
     return out
 
@@ -181,24 +224,31 @@ def ratio_rows(profiles: dict[str, dict]) -> list[dict]:
             dec_units = TABLE_DECODE_BATCH * ctx * 8 * 128 * 2
             pre_units = 4.0 * 64 * 128 * ctx * (ctx + 1) / 2
             row[f"decode_{ctx}"] = _time_s(k["decode_attn.fp16"], dec_units) / _time_s(k["decode_attn.hack"], dec_units)
-            row[f"prefill_{ctx}"] = (_time_s(k["prefill_attn.fp16"], pre_units)
-                                     / _time_s(k["prefill_attn.hack"], pre_units))
+            row[f"prefill_{ctx}"] = _time_s(k["prefill_attn.fp16"], pre_units) / _time_s(
+                k["prefill_attn.hack"], pre_units
+            )
         for phase in ("decode", "prefill"):
             fit = k[f"{phase}_attn.hack"]
             parts = fit.get("parts_s_per_unit")
             if parts:
                 total = sum(parts.values())
-                row[f"{phase}_hack_parts"] = ", ".join(f"{u} {parts[u] / total:.0%}" for u in UNITS if parts[u] / total >= 0.05)
+                row[f"{phase}_hack_parts"] = ", ".join(
+                    f"{u} {parts[u] / total:.0%}" for u in UNITS if parts[u] / total >= 0.05
+                )
         rows.append(row)
     return rows
 
 
 def print_table(profiles: dict[str, dict]) -> None:
-    print("| GPU | decode 4K | decode 32K | prefill 4K | prefill 32K | HACK decode time by unit (32K) | HACK prefill time by unit |")
+    print(
+        "| GPU | decode 4K | decode 32K | prefill 4K | prefill 32K | HACK decode time by unit (32K) | HACK prefill time by unit |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in ratio_rows(profiles):
-        print(f"| {r['gpu']} | {r['decode_4096']:.2f}x | {r['decode_32768']:.2f}x | {r['prefill_4096']:.2f}x | "
-              f"{r['prefill_32768']:.2f}x | {r.get('decode_hack_parts', 'measured')} | {r.get('prefill_hack_parts', 'measured')} |")
+        print(
+            f"| {r['gpu']} | {r['decode_4096']:.2f}x | {r['decode_32768']:.2f}x | {r['prefill_4096']:.2f}x | "
+            f"{r['prefill_32768']:.2f}x | {r.get('decode_hack_parts', 'measured')} | {r.get('prefill_hack_parts', 'measured')} |"
+        )
 
 
 def reference_parts(src: dict, src_key: str = "h200") -> tuple:
@@ -212,8 +262,10 @@ def reference_parts(src: dict, src_key: str = "h200") -> tuple:
 
 def print_reference(src: dict) -> None:
     rates, parts = reference_parts(src)
-    print(f"REFERENCE_RATES = UnitRates(hbm={rates.hbm:.6e}, fp16_tensor={rates.fp16_tensor:.6e}, "
-          f"int8_tensor={rates.int8_tensor:.6e}, sfu={rates.sfu:.6e}, alu={rates.alu:.6e})")
+    print(
+        f"REFERENCE_RATES = UnitRates(hbm={rates.hbm:.6e}, fp16_tensor={rates.fp16_tensor:.6e}, "
+        f"int8_tensor={rates.int8_tensor:.6e}, sfu={rates.sfu:.6e}, alu={rates.alu:.6e})"
+    )
     print("REFERENCE_PARTS: dict[str, dict[str, float]] = {")
     for name, p in parts.items():
         vals = [f'"{u}": {p[u]:.4e}' if p[u] else f'"{u}": 0.0' for u in UNITS]
@@ -226,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src", type=Path, default=HERE / "h200" / "profile.json")
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--table", action="store_true", help="print the README's HACK/FP16 table; write nothing")
-    ap.add_argument("--reference", action="store_true",
-                    help="print kernel_work.REFERENCE_RATES / REFERENCE_PARTS for the source profile; write nothing")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="print kernel_work.REFERENCE_RATES / REFERENCE_PARTS for the source profile; write nothing",
+    )
     args = ap.parse_args(argv)
     src = json.loads(args.src.read_text())
     if args.reference:

@@ -30,6 +30,7 @@ use time_s.
 ``python -m kernels_calibration.impl_bench --out FILE.json`` (GPU); ``--smoke`` runs the same code at
 tiny shapes on the CPU (no timing meaning) and checks each path against its float64 reference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,9 @@ def pack2(codes: torch.Tensor) -> torch.Tensor:
     return c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)
 
 
-def make_kvquant(batch: int, kv_heads: int, tokens: int, head_dim: int, outlier_fraction: float, seed: int,
-                 device) -> dict:
+def make_kvquant(
+    batch: int, kv_heads: int, tokens: int, head_dim: int, outlier_fraction: float, seed: int, device
+) -> dict:
     """A random cache in the KVQuant reference format (codes, tables, per-token scale/zero, CSR outliers),
     drawn on `device` (a 32K-token batch has 268M elements per tensor)."""
     dev = torch.device(device)
@@ -70,12 +72,19 @@ def make_kvquant(batch: int, kv_heads: int, tokens: int, head_dim: int, outlier_
     vc = torch.randint(0, 4, shape, generator=g, device=dev, dtype=torch.uint8)
     # non-uniform tables: sorted signposts (not evenly spaced), per KV head and channel for K
     k_lut = torch.sort(torch.randn((kv_heads, head_dim, 4), generator=g, device=dev), -1).values.half()
-    v_lut = torch.tensor([-1.0, -0.3, 0.25, 1.0], device=dev).half()     # one per layer, normalized
+    v_lut = torch.tensor([-1.0, -0.3, 0.25, 1.0], device=dev).half()  # one per layer, normalized
     v_scale = (torch.rand((batch, kv_heads, tokens), generator=g, device=dev) + 0.5).half()
     v_zero = (torch.randn((batch, kv_heads, tokens), generator=g, device=dev) * 0.1).half()
     rows = batch * kv_heads * tokens
-    out = {"k_codes": pack2(kc), "v_codes": pack2(vc), "k_lut": k_lut, "v_lut": v_lut, "v_scale": v_scale,
-           "v_zero": v_zero, "shape": shape}
+    out = {
+        "k_codes": pack2(kc),
+        "v_codes": pack2(vc),
+        "k_lut": k_lut,
+        "v_lut": v_lut,
+        "v_scale": v_scale,
+        "v_zero": v_zero,
+        "shape": shape,
+    }
     del kc, vc
     for name in ("k", "v"):
         nnz = max(1, int(round(outlier_fraction * rows * head_dim)))
@@ -84,7 +93,7 @@ def make_kvquant(batch: int, kv_heads: int, tokens: int, head_dim: int, outlier_
         crow = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
         crow[1:] = torch.bincount(r, minlength=rows).cumsum(0)
         out[f"{name}_crow"], out[f"{name}_col"] = crow, c.to(torch.int32)
-        out[f"{name}_val"] = (torch.randn(nnz, generator=g, device=dev) * 8).half()    # outliers: large values
+        out[f"{name}_val"] = (torch.randn(nnz, generator=g, device=dev) * 8).half()  # outliers: large values
         out[f"{name}_nnz"] = nnz
     return out
 
@@ -121,8 +130,9 @@ class KVQuantReference:
         c, d = self.c, self.c["shape"][3]
         b, h, t, _ = c["shape"]
         for name, buf in (("k", self.k), ("v", self.v)):
-            rows = torch.repeat_interleave(torch.arange(b * h * t, device=buf.device), c[f"{name}_crow"].diff(),
-                                           output_size=c[f"{name}_nnz"])
+            rows = torch.repeat_interleave(
+                torch.arange(b * h * t, device=buf.device), c[f"{name}_crow"].diff(), output_size=c[f"{name}_nnz"]
+            )
             buf.view(-1).index_put_((rows * d + c[f"{name}_col"].long(),), c[f"{name}_val"])
 
     def sdpa(self, q: torch.Tensor) -> torch.Tensor:
@@ -173,7 +183,7 @@ def check(device) -> float:
         raise ValueError("LUT dequantization of V differs from its definition")
     q = torch.randn((2, 8, 128), device=device).half()
     out = ref.sdpa(q).double().cpu()
-    p = torch.softmax(torch.einsum("bhd,bhtd->bht", q.double().cpu(), k64.repeat_interleave(4, 1)) / 128 ** 0.5, -1)
+    p = torch.softmax(torch.einsum("bhd,bhtd->bht", q.double().cpu(), k64.repeat_interleave(4, 1)) / 128**0.5, -1)
     want = torch.einsum("bht,bhtd->bhd", p, v64.repeat_interleave(4, 1))
     err = float((out - want).norm() / want.norm())
     if not err < 5e-3:
@@ -228,14 +238,25 @@ def _sets(nbytes: int) -> int:
     return max(1, min(8, math.ceil(4 * L2_BYTES / max(nbytes, 1))))
 
 
-def bench_kvquant(device, contexts=CONTEXTS, batch=BATCH, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-                  outlier_fraction=OUTLIER_FRACTION, reps=30, log=print) -> list[dict]:
+def bench_kvquant(
+    device,
+    contexts=CONTEXTS,
+    batch=BATCH,
+    q_heads=Q_HEADS,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    outlier_fraction=OUTLIER_FRACTION,
+    reps=30,
+    log=print,
+) -> list[dict]:
     rows = []
     for ctx in contexts:
         units = batch * ctx * kv_heads * head_dim * 2
         n = _sets(units * 2)
-        refs = [KVQuantReference(make_kvquant(batch, kv_heads, ctx, head_dim, outlier_fraction, 100 + i, device))
-                for i in range(n)]
+        refs = [
+            KVQuantReference(make_kvquant(batch, kv_heads, ctx, head_dim, outlier_fraction, 100 + i, device))
+            for i in range(n)
+        ]
         qs = [torch.randn((batch, q_heads, head_dim), device=device).half() for _ in range(n)]
         it = {"i": 0}
 
@@ -251,18 +272,43 @@ def bench_kvquant(device, contexts=CONTEXTS, batch=BATCH, q_heads=Q_HEADS, kv_he
         }
         for part, fn in parts.items():
             t, te = time_s(fn, reps)
-            rows.append({"implementation": "kvquant_reference", "kernel": part, "batch": batch, "q_heads": q_heads,
-                         "kv_heads": kv_heads, "head_dim": head_dim, "context_tokens": ctx,
-                         "outlier_fraction": outlier_fraction, "units": units, "time_s": t, "eager_time_s": te})
-        log(f"kvquant_reference ctx {ctx}: " + ", ".join(
-            f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-len(parts):]))
+            rows.append(
+                {
+                    "implementation": "kvquant_reference",
+                    "kernel": part,
+                    "batch": batch,
+                    "q_heads": q_heads,
+                    "kv_heads": kv_heads,
+                    "head_dim": head_dim,
+                    "context_tokens": ctx,
+                    "outlier_fraction": outlier_fraction,
+                    "units": units,
+                    "time_s": t,
+                    "eager_time_s": te,
+                }
+            )
+        log(
+            f"kvquant_reference ctx {ctx}: "
+            + ", ".join(
+                f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})"
+                for r in rows[-len(parts) :]
+            )
+        )
         refs.clear()
         qs.clear()
     return rows
 
 
-def bench_requantize(device, batches=REQUANT_BATCHES, kv_heads=KV_HEADS, head_dim=HEAD_DIM, partition=PARTITION,
-                     append_context=8192, reps=30, log=print) -> list[dict]:
+def bench_requantize(
+    device,
+    batches=REQUANT_BATCHES,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    partition=PARTITION,
+    append_context=8192,
+    reps=30,
+    log=print,
+) -> list[dict]:
     from .kernels.kv_cache import append_token, build_cache
     from .kernels.quantize import quantize_v
 
@@ -278,9 +324,19 @@ def bench_requantize(device, batches=REQUANT_BATCHES, kv_heads=KV_HEADS, head_di
             quantize_v(blocks[it["i"]], None, partition, 2, True, 7)
 
         t, te = time_s(req, reps)
-        rows.append({"implementation": "no_rqe_requantize", "kernel": "requantize_block", "batch": b,
-                     "kv_heads": kv_heads, "head_dim": head_dim, "partition": partition, "units": units, "time_s": t,
-                     "eager_time_s": te})
+        rows.append(
+            {
+                "implementation": "no_rqe_requantize",
+                "kernel": "requantize_block",
+                "batch": b,
+                "kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "partition": partition,
+                "units": units,
+                "time_s": t,
+                "eager_time_s": te,
+            }
+        )
         # the append with and without RQE at an open block half full (no RQE: dequantize the block's
         # 32 tokens, add the new one, requantize)
         ctx = append_context
@@ -290,12 +346,27 @@ def bench_requantize(device, batches=REQUANT_BATCHES, kv_heads=KV_HEADS, head_di
         for rqe in (True, False):
             cache = build_cache(k, k, lens, partition, 2, rqe=rqe, stochastic=True, seed=3, capacity=ctx)
             t, te = time_s(lambda c=cache: append_token(c, kn, kn, stochastic=True, seed=5), reps)
-            rows.append({"implementation": "no_rqe_requantize", "kernel": "append_rqe" if rqe else "append_no_rqe",
-                         "batch": b, "kv_heads": kv_heads, "head_dim": head_dim, "partition": partition,
-                         "context_tokens": ctx, "units": units, "time_s": t, "eager_time_s": te})
+            rows.append(
+                {
+                    "implementation": "no_rqe_requantize",
+                    "kernel": "append_rqe" if rqe else "append_no_rqe",
+                    "batch": b,
+                    "kv_heads": kv_heads,
+                    "head_dim": head_dim,
+                    "partition": partition,
+                    "context_tokens": ctx,
+                    "units": units,
+                    "time_s": t,
+                    "eager_time_s": te,
+                }
+            )
         del k, cache
-        log(f"no_rqe_requantize batch {b}: " + ", ".join(
-            f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-3:]))
+        log(
+            f"no_rqe_requantize batch {b}: "
+            + ", ".join(
+                f"{r['kernel']} {r['time_s'] * 1e6:.1f} us (eager {r['eager_time_s'] * 1e6:.1f})" for r in rows[-3:]
+            )
+        )
     return rows
 
 
@@ -317,23 +388,37 @@ def fit(rows: list[dict]) -> dict:
         o, s = (float(v) for v in sol.x)
         pred = o + s * x
         out.setdefault(impl, {})[kern] = {
-            "overhead_s": o, "s_per_unit": s, "n": len(rs),
+            "overhead_s": o,
+            "s_per_unit": s,
+            "n": len(rs),
             "max_abs_error_pct": float(np.max(np.abs(pred - y) / y) * 100),
-            "unit": ("K and V elements (batch x tokens x kv_heads x head_dim x 2)" if impl == "kvquant_reference"
-                     else "V elements of the open blocks requantized (batch x kv_heads x PI x head_dim)")}
+            "unit": (
+                "K and V elements (batch x tokens x kv_heads x head_dim x 2)"
+                if impl == "kvquant_reference"
+                else "V elements of the open blocks requantized (batch x kv_heads x PI x head_dim)"
+            ),
+        }
     return out
 
 
 def provenance(argv) -> dict:
     from .measure import provenance as base
-    return {"gpu_name": "cpu", "driver": "", **base(),
-            "command": "python -m kernels_calibration.impl_bench " + " ".join(argv)}
+
+    return {
+        "gpu_name": "cpu",
+        "driver": "",
+        **base(),
+        "command": "python -m kernels_calibration.impl_bench " + " ".join(argv),
+    }
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m kernels_calibration.impl_bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels_calibration.impl_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: plumbing and correctness only")
     ap.add_argument("--reps", type=int, default=30)
@@ -349,8 +434,11 @@ def main(argv=None) -> int:
             return 2
         dev = torch.device("cuda")
         kq, rq = {}, {}
-    print(f"check: the KVQuant reference path on {dev.type} matches its float64 definition "
-          f"(attention rel err {check(dev):.2e})", flush=True)
+    print(
+        f"check: the KVQuant reference path on {dev.type} matches its float64 definition "
+        f"(attention rel err {check(dev):.2e})",
+        flush=True,
+    )
     rows = bench_kvquant(dev, reps=a.reps, log=lambda s: print(s, flush=True), **kq)
     rows += bench_requantize(dev, reps=a.reps, log=lambda s: print(s, flush=True), **rq)
     doc = {"provenance": provenance(argv), "fits": fit(rows), "rows": rows}
@@ -360,8 +448,10 @@ def main(argv=None) -> int:
     tmp.replace(a.out)
     for impl, kerns in doc["fits"].items():
         for k, f in kerns.items():
-            print(f"{impl}.{k}: {f['overhead_s'] * 1e6:.2f} us + {f['s_per_unit'] * 1e12:.3f} ps/unit "
-                  f"(max error {f['max_abs_error_pct']:.1f} %, {f['n']} shapes)")
+            print(
+                f"{impl}.{k}: {f['overhead_s'] * 1e6:.2f} us + {f['s_per_unit'] * 1e12:.3f} ps/unit "
+                f"(max error {f['max_abs_error_pct']:.1f} %, {f['n']} shapes)"
+            )
     return 0
 
 

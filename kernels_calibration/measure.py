@@ -11,6 +11,7 @@ the 2-bit cache because that is part of what HACK's attn_decode does (HACK: deco
 the append into the attention launch up to 2K tokens; dequant_*: append_token, then attention); the
 FP16/FP8 rows time attention only (their append is a plain copy of 2 * H_kv * D values).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -33,31 +34,52 @@ from .kernels.launch import DequantDecodeConfig, FpDecodeConfig, HackDecodeConfi
 from .kernels.quantize import quantize_bytes, quantize_k, quantize_v
 from .kernels.split_k import default_splits
 
-DECODE_KERNELS = ("hack", "hack_no_se", "hack_no_rqe", "fp16_triton", "torch_sdpa_fp16", "dequant_fused",
-                  "dequant_unfused", "fp8")
+DECODE_KERNELS = (
+    "hack",
+    "hack_no_se",
+    "hack_no_rqe",
+    "fp16_triton",
+    "torch_sdpa_fp16",
+    "dequant_fused",
+    "dequant_unfused",
+    "fp8",
+)
 # The Triton twins of the Hopper defaults (the row-packed HACK step, the Triton fused-dequant kernel):
 # the rows derive.py scales for GPUs where the Gluon kernels do not run.  Each is its base kernel with
 # the Triton kernel pinned.
-TRITON_TWINS = {"hack_triton": ("hack", "row_packed"), "hack_no_se_triton": ("hack_no_se", "row_packed"),
-                "hack_no_rqe_triton": ("hack_no_rqe", "row_packed"), "dequant_fused_triton": ("dequant_fused", "triton")}
+TRITON_TWINS = {
+    "hack_triton": ("hack", "row_packed"),
+    "hack_no_se_triton": ("hack_no_se", "row_packed"),
+    "hack_no_rqe_triton": ("hack_no_rqe", "row_packed"),
+    "dequant_fused_triton": ("dequant_fused", "triton"),
+}
 PREFILL_KERNELS = ("hack", "fp16_triton", "torch_sdpa_fp16")
 ROT_BYTES = 256 * 2**20
 
 
 def provenance() -> dict:
-    info = {"torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     if torch.cuda.is_available():
         info["gpu_name"] = torch.cuda.get_device_name()
         try:
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=20).stdout.strip()
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             info["driver"] = "unknown"
     rev = os.environ.get("HACKSIM_GIT_REV")
     if not rev:
         try:
-            rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+            rev = subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             rev = ""
     info["git_rev"] = rev or "unknown"
@@ -121,14 +143,23 @@ class Measurement:
         int_ops = self.kernel.startswith("hack")
         rate = peaks["int8_tops"] if int_ops else peaks["fp16_tflops"]
         return {
-            "kernel": self.kernel, "phase": self.phase, "batch": self.batch, "context_len": self.context_len,
-            "q_heads": self.q_heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
-            "partition": self.partition, "bits": self.bits, "time_us": round(t * 1e6, 3),
+            "kernel": self.kernel,
+            "phase": self.phase,
+            "batch": self.batch,
+            "context_len": self.context_len,
+            "q_heads": self.q_heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "partition": self.partition,
+            "bits": self.bits,
+            "time_us": round(t * 1e6, 3),
             "achieved_gbps": round(self.bytes_moved / t / 1e9, 1),
             "achieved_tflops": round(self.flops / t / 1e12, 2),
             "byte_floor_us": round(self.bytes_moved / (peaks["memory_gbps"] * 1e9) * 1e6, 3),
             "compute_floor_us": round(self.flops / (rate * 1e12) * 1e6, 3),
-            "units": self.units, "config": self.config, **self.extra,
+            "units": self.units,
+            "config": self.config,
+            **self.extra,
         }
 
 
@@ -142,9 +173,19 @@ def hack_cache_bytes(batch: int, ctx: int, kv_heads: int, d: int, pi: int) -> fl
     return batch * kv_heads * ctx * per_tok
 
 
-def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
-                   pi: int = 64, configs: dict | None = None, seed: int = 0,
-                   return_all: bool = False, device: str = "cuda") -> list[Measurement]:
+def measure_decode(
+    kernels,
+    batch: int,
+    ctx: int,
+    q_heads: int = 64,
+    kv_heads: int = 8,
+    d: int = 128,
+    pi: int = 64,
+    configs: dict | None = None,
+    seed: int = 0,
+    return_all: bool = False,
+    device: str = "cuda",
+) -> list[Measurement]:
     """Time the named decode kernels at one shape (every request holds ctx tokens before the step).
     configs: kernel -> a dict of the kernel family's LaunchConfig fields (kernels/launch.py), or a list
     of them (the fastest is kept, or all with return_all)."""
@@ -155,9 +196,13 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
     fp16_set = 2 * batch * kv_heads * cap * d * 2
     n16 = _n_rot(fp16_set, 16)
     nq = _n_rot(hack_cache_bytes(batch, cap, kv_heads, d, pi), 64)
-    kvs = [(torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16),
-            torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16))
-           for _ in range(n16)]
+    kvs = [
+        (
+            torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16),
+            torch.randn(batch, kv_heads, cap, d, device=dev, generator=gen, dtype=torch.float16),
+        )
+        for _ in range(n16)
+    ]
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
     lens1 = lens + 1
     q = torch.randn(batch, q_heads, d, device=dev, generator=gen, dtype=torch.float16)
@@ -181,10 +226,19 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
 
     def _decode_one(name, cfg):
         if name == "torch_sdpa_fp16":
-            ks = [(k[:, :, :ctx + 1], v[:, :, :ctx + 1]) for k, v in kvs]
+            ks = [(k[:, :, : ctx + 1], v[:, :, : ctx + 1]) for k, v in kvs]
             t = time_graph(lambda i: sdpa_decode(q, *ks[i % n16]), n16)
-            return (Measurement(name, **shape, partition=0, bits=16, time_s=t,
-                                   bytes_moved=2 * units + qo_bytes, flops=flops, units=units, config="sdpa"))
+            return Measurement(
+                name,
+                **shape,
+                partition=0,
+                bits=16,
+                time_s=t,
+                bytes_moved=2 * units + qo_bytes,
+                flops=flops,
+                units=units,
+                config="sdpa",
+            )
         elif name in ("fp16_triton", "fp8"):
             if name == "fp8":
                 sets = [(*to_fp8(k), *to_fp8(v)) for k, v in kvs]
@@ -199,9 +253,19 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
             def step(i, sets=sets, fcfg=fcfg):
                 k, v, ks_, vs_ = sets[i % n16]
                 fp_attn_decode(q, k, v, lens1, ks_, vs_, max_len=ctx + 1, config=fcfg)
+
             t = time_graph(step, n16)
-            return (Measurement(name, **shape, partition=0, bits=8 * eb, time_s=t,
-                                   bytes_moved=eb * units + qo_bytes, flops=flops, units=units, config=str(cfg)))
+            return Measurement(
+                name,
+                **shape,
+                partition=0,
+                bits=8 * eb,
+                time_s=t,
+                bytes_moved=eb * units + qo_bytes,
+                flops=flops,
+                units=units,
+                config=str(cfg),
+            )
         else:
             base, pinned = TRITON_TWINS.get(name, (name, None))
             if pinned:
@@ -213,21 +277,27 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
             if base.startswith("dequant"):
                 if base == "dequant_unfused":
                     cfg["kernel"] = "unfused"
-                    scratch = (torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
-                               torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16))
+                    scratch = (
+                        torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
+                        torch.empty(batch, kv_heads, cap, d, device=dev, dtype=torch.float16),
+                    )
                 else:
                     scratch = None
-                if cfg.get("kernel") != "gluon":   # the split count recorded in the row's config
+                if cfg.get("kernel") != "gluon":  # the split count recorded in the row's config
                     cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, 128), q.device))
                 dcfg = DequantDecodeConfig(**cfg)
 
                 def step(i, cs=cs, dcfg=dcfg, scratch=scratch):
                     c = append_token(cs[i % nq], kn, vn)
                     dequant_attn_decode(q, c, max_len=ctx + 1, config=dcfg, scratch=scratch)
+
                 t = time_graph(step, nq)
-                bm = (dequantize_bytes(int(units), pi) + 2 * units + qo_bytes if base == "dequant_unfused"
-                      else cb + qo_bytes)
-            else:   # the HACK decode step: append fused into the attention launch up to 2K tokens
+                bm = (
+                    dequantize_bytes(int(units), pi) + 2 * units + qo_bytes
+                    if base == "dequant_unfused"
+                    else cb + qo_bytes
+                )
+            else:  # the HACK decode step: append fused into the attention launch up to 2K tokens
                 if dispatch.hack_kernel(q, cs[0], ctx + 1, HackDecodeConfig(**cfg)) != "gluon":
                     # the Gluon kernel keeps its one-wave default; the Triton ones record the heuristic's
                     cfg.setdefault("splits", default_splits(batch, kv_heads, ctx + 1, max(pi, 128), q.device))
@@ -235,10 +305,12 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
 
                 def step(i, cs=cs, hcfg=hcfg, use_se=use_se):
                     decode_step(q, cs[i % nq], kn, vn, use_se=use_se, max_len=ctx + 1, config=hcfg)
+
                 t = time_graph(step, nq)
                 bm = cb + qo_bytes
-            return (Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm,
-                                   flops=flops, units=units, config=str(cfg)))
+            return Measurement(
+                name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm, flops=flops, units=units, config=str(cfg)
+            )
 
     for name in kernels:
         tried = configs.get(name, [{}])
@@ -264,8 +336,17 @@ def measure_decode(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: i
     return out
 
 
-def measure_prefill(kernels, batch: int, seq: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
-                    pi: int = 64, configs: dict | None = None, seed: int = 0) -> list[Measurement]:
+def measure_prefill(
+    kernels,
+    batch: int,
+    seq: int,
+    q_heads: int = 64,
+    kv_heads: int = 8,
+    d: int = 128,
+    pi: int = 64,
+    configs: dict | None = None,
+    seed: int = 0,
+) -> list[Measurement]:
     configs = configs or {}
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -278,23 +359,65 @@ def measure_prefill(kernels, batch: int, seq: int, q_heads: int = 64, kv_heads: 
     for name in kernels:
         cfg = dict(configs.get(name, {}))
         if name == "torch_sdpa_fp16":
-            t = time_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                                     enable_gqa=True))
+            t = time_bench(
+                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            )
             bm = 2.0 * (2 * q.numel() + 2 * k.numel())
-            out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
-                                   units=flops, config="sdpa"))
+            out.append(
+                Measurement(
+                    name,
+                    **shape,
+                    partition=0,
+                    bits=16,
+                    time_s=t,
+                    bytes_moved=bm,
+                    flops=flops,
+                    units=flops,
+                    config="sdpa",
+                )
+            )
         elif name == "fp16_triton":
             t = time_bench(lambda: fa_attn_prefill(q, k, v, config=PrefillConfig(**cfg)))
             bm = 2.0 * (2 * q.numel() + 2 * k.numel())
-            out.append(Measurement(name, **shape, partition=0, bits=16, time_s=t, bytes_moved=bm, flops=flops,
-                                   units=flops, config=str(cfg)))
+            out.append(
+                Measurement(
+                    name,
+                    **shape,
+                    partition=0,
+                    bits=16,
+                    time_s=t,
+                    bytes_moved=bm,
+                    flops=flops,
+                    units=flops,
+                    config=str(cfg),
+                )
+            )
         elif name in ("hack", "hack_no_se"):
-            cache = build_cache(k, v, torch.full((batch,), seq, dtype=torch.int32, device=dev), pi, 2,
-                                rqe=False, stochastic=True, seed=seed)
+            cache = build_cache(
+                k,
+                v,
+                torch.full((batch,), seq, dtype=torch.int32, device=dev),
+                pi,
+                2,
+                rqe=False,
+                stochastic=True,
+                seed=seed,
+            )
             t = time_bench(lambda: hack_attn_prefill(q, cache, use_se=name == "hack", config=PrefillConfig(**cfg)))
             bm = 2.0 * 2 * q.numel() + hack_cache_bytes(batch, seq, kv_heads, d, pi)
-            out.append(Measurement(name, **shape, partition=pi, bits=2, time_s=t, bytes_moved=bm, flops=flops,
-                                   units=flops, config=str(cfg)))
+            out.append(
+                Measurement(
+                    name,
+                    **shape,
+                    partition=pi,
+                    bits=2,
+                    time_s=t,
+                    bytes_moved=bm,
+                    flops=flops,
+                    units=flops,
+                    config=str(cfg),
+                )
+            )
     return out
 
 
@@ -310,10 +433,26 @@ def measure_quant(batch: int, seq: int, kv_heads: int = 8, d: int = 128, pi: int
     cache = build_cache(k, v, lens, pi, 2, rqe=True, stochastic=True)
     scratch = (torch.empty_like(k), torch.empty_like(v))
     td = time_bench(lambda: dequantize_cache(cache, scratch))
-    return [Measurement("quantize", phase="quantize", **shape, time_s=tq, bytes_moved=quantize_bytes(n, pi),
-                        flops=0.0, units=float(n)),
-            Measurement("dequantize", phase="dequantize", **shape, time_s=td,
-                        bytes_moved=dequantize_bytes(n, pi), flops=0.0, units=float(n))]
+    return [
+        Measurement(
+            "quantize",
+            phase="quantize",
+            **shape,
+            time_s=tq,
+            bytes_moved=quantize_bytes(n, pi),
+            flops=0.0,
+            units=float(n),
+        ),
+        Measurement(
+            "dequantize",
+            phase="dequantize",
+            **shape,
+            time_s=td,
+            bytes_moved=dequantize_bytes(n, pi),
+            flops=0.0,
+            units=float(n),
+        ),
+    ]
 
 
 def measure_peaks() -> dict:
@@ -347,8 +486,13 @@ def measure_peaks() -> dict:
         fp8 = None
     x = torch.zeros(1, device=dev)
     t_launch = time_bench(lambda: x.add_(1.0), warmup_ms=10, rep_ms=50)
-    return {"memory_gbps": mem_gbps, "fp16_tflops": 2 * n**3 / t16 / 1e12, "int8_tops": int8,
-            "fp8_tflops": fp8, "launch_overhead_s": t_launch}
+    return {
+        "memory_gbps": mem_gbps,
+        "fp16_tflops": 2 * n**3 / t16 / 1e12,
+        "int8_tops": int8,
+        "fp8_tflops": fp8,
+        "launch_overhead_s": t_launch,
+    }
 
 
 def ragged_lens(batch: int, max_len: int) -> list[int]:
@@ -360,8 +504,17 @@ def ragged_lens(batch: int, max_len: int) -> list[int]:
     return [int(round(lo + (max_len - 1 - lo) * i / (batch - 1))) for i in range(batch)]
 
 
-def measure_append_attend(batch: int, max_len: int, q_heads: int, kv_heads: int, d: int = 128, pi: int = 64,
-                          ragged: bool = True, seed: int = 0, device: str = "cuda") -> Measurement:
+def measure_append_attend(
+    batch: int,
+    max_len: int,
+    q_heads: int,
+    kv_heads: int,
+    d: int = 128,
+    pi: int = 64,
+    ragged: bool = True,
+    seed: int = 0,
+    device: str = "cuda",
+) -> Measurement:
     """A real engine's HACK decode attention (realrun/kvformats.Hack.decode_attention): append_token,
     then hack_attn_decode at max_len (the graph bucket: it sizes the split-K grid) over a cache of
     max_len tokens' capacity, the lengths `ragged_lens` (ragged) or all max_len - 1.  Timed as measure_decode
@@ -386,14 +539,26 @@ def measure_append_attend(batch: int, max_len: int, q_heads: int, kv_heads: int,
     def step(i):
         c = append_token(caches[i % nq], kn, vn, stochastic=True, seed=seed + 2)
         hack_attn_decode(q, c, max_len=max_len)
+
     t = time_graph(step, nq)
     attended = sum(n + 1 for n in lens_list)
     units = float(attended * kv_heads * d * 2)
     del caches
     if dev == "cuda":
         torch.cuda.empty_cache()
-    return Measurement("hack_append_attend", phase="decode_ragged" if ragged else "decode_append", batch=batch,
-                       context_len=max_len, q_heads=q_heads, kv_heads=kv_heads, head_dim=d, partition=pi, bits=2,
-                       time_s=t, bytes_moved=hack_cache_bytes(batch, attended / batch, kv_heads, d, pi),
-                       flops=4.0 * attended * q_heads * d, units=units,
-                       extra={"mean_len": round(attended / batch - 1, 1)})
+    return Measurement(
+        "hack_append_attend",
+        phase="decode_ragged" if ragged else "decode_append",
+        batch=batch,
+        context_len=max_len,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=d,
+        partition=pi,
+        bits=2,
+        time_s=t,
+        bytes_moved=hack_cache_bytes(batch, attended / batch, kv_heads, d, pi),
+        flops=4.0 * attended * q_heads * d,
+        units=units,
+        extra={"mean_len": round(attended / batch - 1, 1)},
+    )

@@ -36,6 +36,7 @@ heads, head_dim 128, every request at ctx tokens:
                               default top-k fraction); unit = scores, sum_b ctx_b * H_q.
 Rows record partition = channels per PQ sub-space (D / M) for pq_score and PI for qk_score.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,22 +50,39 @@ import numpy as np
 
 from costmodel.methods import PQCache, kernel_keys
 
-DECODE_KEYS = {"hack": "hack", "hack_no_se": "hack_no_se", "hack_no_rqe": "hack_no_rqe", "fp8": "fp8",
-               "dequant_fused": "dequant_fused", "dequant_unfused": "dequant_unfused",
-               # the Triton fused-dequant kernel on its own (it runs where the Gluon kernel does not: sm < 90,
-               # GQA other than 8, PI 32): what derive.py scales for GPUs before Hopper
-               "dequant_fused_triton": "dequant_fused_triton",
-               # the row-packed Triton HACK kernel's decode steps (PI 64; the Gluon kernel is the default above
-               # 2K tokens on Hopper): what derive.py scales for GPUs before Hopper
-               "hack_triton": "hack_triton", "hack_no_se_triton": "hack_no_se_triton",
-               "hack_no_rqe_triton": "hack_no_rqe_triton"}
+DECODE_KEYS = {
+    "hack": "hack",
+    "hack_no_se": "hack_no_se",
+    "hack_no_rqe": "hack_no_rqe",
+    "fp8": "fp8",
+    "dequant_fused": "dequant_fused",
+    "dequant_unfused": "dequant_unfused",
+    # the Triton fused-dequant kernel on its own (it runs where the Gluon kernel does not: sm < 90,
+    # GQA other than 8, PI 32): what derive.py scales for GPUs before Hopper
+    "dequant_fused_triton": "dequant_fused_triton",
+    # the row-packed Triton HACK kernel's decode steps (PI 64; the Gluon kernel is the default above
+    # 2K tokens on Hopper): what derive.py scales for GPUs before Hopper
+    "hack_triton": "hack_triton",
+    "hack_no_se_triton": "hack_no_se_triton",
+    "hack_no_rqe_triton": "hack_no_rqe_triton",
+}
 
 # (batch, ctx, q_heads, kv_heads, held_out)
 DECODE_SHAPES = [
-    (1, 2048, 64, 8, False), (1, 8192, 64, 8, True), (1, 32768, 64, 8, False),
-    (4, 1024, 64, 8, False), (4, 4096, 64, 8, True), (4, 16384, 64, 8, False),
-    (8, 512, 64, 8, False), (8, 2048, 64, 8, True), (8, 8192, 64, 8, False), (8, 32768, 64, 8, True),
-    (16, 1024, 64, 8, True), (16, 4096, 64, 8, False), (32, 2048, 64, 8, True), (16, 16384, 64, 8, False),
+    (1, 2048, 64, 8, False),
+    (1, 8192, 64, 8, True),
+    (1, 32768, 64, 8, False),
+    (4, 1024, 64, 8, False),
+    (4, 4096, 64, 8, True),
+    (4, 16384, 64, 8, False),
+    (8, 512, 64, 8, False),
+    (8, 2048, 64, 8, True),
+    (8, 8192, 64, 8, False),
+    (8, 32768, 64, 8, True),
+    (16, 1024, 64, 8, True),
+    (16, 4096, 64, 8, False),
+    (32, 2048, 64, 8, True),
+    (16, 16384, 64, 8, False),
     (8, 4096, 32, 4, True),
 ]
 DECODE_SHAPES_QUICK = [s for i, s in enumerate(DECODE_SHAPES) if i % 2 == 0 or s[4]][:8]
@@ -72,33 +90,65 @@ DECODE_SHAPES_QUICK = [s for i, s in enumerate(DECODE_SHAPES) if i % 2 == 0 or s
 # row-packed kernel packs 4 copies of the head group: fitted as decode_attn.hack_gqa4 (group "gqa4")
 GQA4_HEADS = (32, 8)
 GQA4_SHAPES = [(b, ctx, *GQA4_HEADS, held) for b, ctx, _, _, held in DECODE_SHAPES[:-1]] + [
-    (48, 2048, *GQA4_HEADS, False), (64, 3072, *GQA4_HEADS, True)]
+    (48, 2048, *GQA4_HEADS, False),
+    (64, 3072, *GQA4_HEADS, True),
+]
 # An engine's HACK decode attention as it runs in a CUDA-graph bucket (measure.measure_append_attend: the append,
 # then attention sized by the bucket's max_len over ragged lengths, or equal ones): evidence rows beside the fits
 # (phases decode_ragged / decode_append), not fitted; (batch, max_len, q_heads, kv_heads, ragged)
-APPEND_ATTEND_SHAPES = [(8, 2304, 32, 8, True), (24, 2816, 32, 8, True), (40, 3328, 32, 8, True),
-                        (40, 3328, 32, 8, False), (64, 3584, 32, 8, True), (32, 2048, 32, 8, True),
-                        (24, 4608, 64, 8, True), (24, 4608, 64, 8, False)]
+APPEND_ATTEND_SHAPES = [
+    (8, 2304, 32, 8, True),
+    (24, 2816, 32, 8, True),
+    (40, 3328, 32, 8, True),
+    (40, 3328, 32, 8, False),
+    (64, 3584, 32, 8, True),
+    (32, 2048, 32, 8, True),
+    (24, 4608, 64, 8, True),
+    (24, 4608, 64, 8, False),
+]
 PI_SHAPES = [(1, 8192, False), (8, 2048, True), (8, 32768, False), (4, 16384, True)]
-PREFILL_SHAPES = [(1, 1024, False), (1, 2048, True), (1, 4096, False), (1, 8192, True), (1, 12288, False),
-                  (2, 4096, True), (4, 2048, False)]
-QUANT_SHAPES = [(1, 4096, False), (4, 4096, True), (8, 8192, False), (8, 32768, True), (2, 16384, False),
-                (16, 2048, True), (32, 512, False)]
+PREFILL_SHAPES = [
+    (1, 1024, False),
+    (1, 2048, True),
+    (1, 4096, False),
+    (1, 8192, True),
+    (1, 12288, False),
+    (2, 4096, True),
+    (4, 2048, False),
+]
+QUANT_SHAPES = [
+    (1, 4096, False),
+    (4, 4096, True),
+    (8, 8192, False),
+    (8, 32768, True),
+    (2, 16384, False),
+    (16, 2048, True),
+    (32, 512, False),
+]
 
 
 # Scoring kernels: (batch, ctx, held_out); the token axis is the only one that matters to them
 SCORE_SHAPES = [
-    (1, 4096, False), (1, 32768, True), (4, 8192, False), (8, 1024, False), (8, 2048, True), (8, 8192, False),
-    (8, 32768, False), (16, 4096, True), (16, 16384, False), (32, 2048, False), (32, 8192, True),
+    (1, 4096, False),
+    (1, 32768, True),
+    (4, 8192, False),
+    (8, 1024, False),
+    (8, 2048, True),
+    (8, 8192, False),
+    (8, 32768, False),
+    (16, 4096, True),
+    (16, 16384, False),
+    (32, 2048, False),
+    (32, 8192, True),
 ]
 SCORE_SHAPES_QUICK = [s for i, s in enumerate(SCORE_SHAPES) if i % 2 == 0 or s[2]][:7]
 SCORE_VARIANT_SHAPES = [(1, 8192, False), (8, 4096, True), (8, 32768, False), (16, 16384, True), (32, 2048, False)]
 # narrow per-shape tuning of the scoring kernels: token block and warps (the fastest is kept)
-SCORE_CONFIGS = {"pq_score": [{"block_t": 128, "num_warps": 4}, {"block_t": 256, "num_warps": 4},
-                              {"block_t": 128, "num_warps": 2}],
-                 "qk_score": [{"block_t": 64, "num_warps": 4}, {"block_t": 128, "num_warps": 4},
-                              {"block_t": 64, "num_warps": 2}]}
-TOPK_FRACTION = PQCache.model_fields["top_k_fraction"].default   # the method's default top-k fraction
+SCORE_CONFIGS = {
+    "pq_score": [{"block_t": 128, "num_warps": 4}, {"block_t": 256, "num_warps": 4}, {"block_t": 128, "num_warps": 2}],
+    "qk_score": [{"block_t": 64, "num_warps": 4}, {"block_t": 128, "num_warps": 4}, {"block_t": 64, "num_warps": 2}],
+}
+TOPK_FRACTION = PQCache.model_fields["top_k_fraction"].default  # the method's default top-k fraction
 
 # Every kernel some method prices with (the method registry), measured or not.
 REQUIRED_KEYS = list(kernel_keys())
@@ -128,13 +178,30 @@ def fit(points: list[tuple[float, float, bool]]) -> dict | None:
         ovh = 0.0
         spu = float(np.median([t / u for u, t in train]))
     err = [abs(ovh + spu * u - t) / t * 100 for u, t in (test or train)]
-    return {"overhead_s": ovh, "s_per_unit": spu, "heldout_median_error_pct": round(float(np.median(err)), 2),
-            "n_fit": len(train), "n_heldout": len(test)}
+    return {
+        "overhead_s": ovh,
+        "s_per_unit": spu,
+        "heldout_median_error_pct": round(float(np.median(err)), 2),
+        "n_fit": len(train),
+        "n_heldout": len(test),
+    }
 
 
-def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: int = 8, d: int = 128,
-                    subspaces: int = 2, pq_bits: int = 8, key_bits: int = 4, partition: int = 64,
-                    configs: dict | None = None, seed: int = 0, device: str = "cuda") -> list:
+def measure_scoring(
+    kernels,
+    batch: int,
+    ctx: int,
+    q_heads: int = 64,
+    kv_heads: int = 8,
+    d: int = 128,
+    subspaces: int = 2,
+    pq_bits: int = 8,
+    key_bits: int = 4,
+    partition: int = 64,
+    configs: dict | None = None,
+    seed: int = 0,
+    device: str = "cuda",
+) -> list:
     """Time the scoring kernels ("pq_score", "qk_score", "topk") at one shape, as measure.py times
     decode steps: CUDA-graph replays over n_rot input sets (>= 256 MB per replay), median / n_rot.
     Codes and key metadata are random (uniform codes, positive scales): the kernels' time does not
@@ -160,37 +227,58 @@ def measure_scoring(kernels, batch: int, ctx: int, q_heads: int = 64, kv_heads: 
             c = 2**pq_bits
             bm, ops = pq_score_work(toks, kv_heads, subspaces, g)
             n = _n_rot(bm)
-            sets = [(torch.randn(batch, kv_heads, subspaces, c, d // subspaces, device=dev, generator=gen,
-                                 dtype=torch.float16),
-                     torch.randint(0, c, (batch, kv_heads, ctx, subspaces), device=dev, generator=gen,
-                                   dtype=torch.uint8)) for _ in range(n)]
+            sets = [
+                (
+                    torch.randn(
+                        batch, kv_heads, subspaces, c, d // subspaces, device=dev, generator=gen, dtype=torch.float16
+                    ),
+                    torch.randint(
+                        0, c, (batch, kv_heads, ctx, subspaces), device=dev, generator=gen, dtype=torch.uint8
+                    ),
+                )
+                for _ in range(n)
+            ]
 
             def step(i, cfg, sets=sets):
                 pq_score(q, *sets[i % len(sets)], lens, config=ScoreConfig(**cfg))
-            meta = dict(partition=d // subspaces, bits=pq_bits, bytes_moved=bm, flops=ops,
-                        units=float(toks * kv_heads), extra={"subspaces": subspaces})
+
+            meta = dict(
+                partition=d // subspaces,
+                bits=pq_bits,
+                bytes_moved=bm,
+                flops=ops,
+                units=float(toks * kv_heads),
+                extra={"subspaces": subspaces},
+            )
         elif name == "qk_score":
             w, npart = d * key_bits // 8, d // partition
             bm, flops = qk_score_work(toks * kv_heads * d, key_bits, partition, g, d)
             n = _n_rot(bm)
-            sets = [(torch.randint(0, 256, (batch, kv_heads, ctx, w), device=dev, generator=gen, dtype=torch.uint8),
-                     torch.randn(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16),
-                     torch.rand(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16) + 0.01)
-                    for _ in range(n)]
+            sets = [
+                (
+                    torch.randint(0, 256, (batch, kv_heads, ctx, w), device=dev, generator=gen, dtype=torch.uint8),
+                    torch.randn(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16),
+                    torch.rand(batch, kv_heads, ctx, npart, device=dev, generator=gen, dtype=torch.float16) + 0.01,
+                )
+                for _ in range(n)
+            ]
 
             def step(i, cfg, sets=sets):
                 qk_score(q, *sets[i % len(sets)], lens, partition, key_bits, config=ScoreConfig(**cfg))
-            meta = dict(partition=partition, bits=key_bits, bytes_moved=bm, flops=flops,
-                        units=float(toks * kv_heads * d))
+
+            meta = dict(
+                partition=partition, bits=key_bits, bytes_moved=bm, flops=flops, units=float(toks * kv_heads * d)
+            )
         elif name == "topk":
             k = max(1, int(TOPK_FRACTION * ctx))
             units = toks * q_heads
-            bm = 4.0 * units + 12.0 * batch * q_heads * k      # read FP32 scores, write values + int64 indices
+            bm = 4.0 * units + 12.0 * batch * q_heads * k  # read FP32 scores, write values + int64 indices
             n = _n_rot(bm, 16)
             sets = [torch.randn(batch, q_heads, ctx, device=dev, generator=gen) for _ in range(n)]
 
             def step(i, cfg, sets=sets, k=k):
                 torch.topk(sets[i % len(sets)], k, dim=-1)
+
             meta = dict(partition=0, bits=32, bytes_moved=bm, flops=0.0, units=float(units), extra={"top_k": k})
         else:
             raise ValueError(f"unknown scoring kernel {name!r}")
@@ -225,44 +313,52 @@ def measure_all(out: Path, quick: bool, only: str = "all") -> list[dict]:
     def add(ms, held, **extra):
         for m in ms:
             r = m.row({**peaks, "int8_tops": peaks["int8_tops"] or peaks["fp16_tflops"]})
-            r.update(held_out=held, **extra, **{k: prov.get(k, "") for k in ("gpu_name", "driver", "torch",
-                                                                              "triton", "git_rev", "date")})
+            r.update(
+                held_out=held,
+                **extra,
+                **{k: prov.get(k, "") for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
+            )
             rows.append(r)
-            print(f"{r['phase']:10s} {r['kernel']:16s} b={r['batch']:3d} ctx={r['context_len']:6d} "
-                  f"hq={r['q_heads']} pi={r['partition']:3d} {r['time_us']:10.1f} us {r['achieved_gbps']:8.0f} GB/s",
-                  flush=True)
+            print(
+                f"{r['phase']:10s} {r['kernel']:16s} b={r['batch']:3d} ctx={r['context_len']:6d} "
+                f"hq={r['q_heads']} pi={r['partition']:3d} {r['time_us']:10.1f} us {r['achieved_gbps']:8.0f} GB/s",
+                flush=True,
+            )
         write_rows(rows, out / "rows.csv")
 
     def score_sweep():
-        for b, ctx, held in (SCORE_SHAPES_QUICK if quick else SCORE_SHAPES):
+        for b, ctx, held in SCORE_SHAPES_QUICK if quick else SCORE_SHAPES:
             add(measure_scoring(("pq_score", "qk_score", "topk"), b, ctx, configs=SCORE_CONFIGS), held)
-        for b, ctx, held in (SCORE_VARIANT_SHAPES[:3] if quick else SCORE_VARIANT_SHAPES):
+        for b, ctx, held in SCORE_VARIANT_SHAPES[:3] if quick else SCORE_VARIANT_SHAPES:
             add(measure_scoring(("pq_score",), b, ctx, subspaces=8, configs=SCORE_CONFIGS), held)
             add(measure_scoring(("qk_score",), b, ctx, key_bits=2, configs=SCORE_CONFIGS), held)
 
     groups = set(only.split(",")) if only != "all" else {"decode", "hack", "gqa4", "prefill", "quant", "score"}
-    kinds = DECODE_KERNELS if "decode" in groups else (
-        (HACK_DECODE_KINDS if "hack" in groups else ()) + (("dequant_fused",) if "dequant" in groups else ()))
+    kinds = (
+        DECODE_KERNELS
+        if "decode" in groups
+        else ((HACK_DECODE_KINDS if "hack" in groups else ()) + (("dequant_fused",) if "dequant" in groups else ()))
+    )
     if kinds:
-        for b, ctx, hq, hkv, held in (DECODE_SHAPES_QUICK if quick else DECODE_SHAPES):
+        for b, ctx, hq, hkv, held in DECODE_SHAPES_QUICK if quick else DECODE_SHAPES:
             add(measure_decode(kinds, b, ctx, hq, hkv, 128, 64, configs=QUANT_DECODE_CONFIGS), held)
     if "hack" in groups or "decode" in groups:
         for pi in (32, 128):
-            for b, ctx, held in (PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES):
-                add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs={"hack": [{}, {"num_warps": 4}]}),
-                    held)
+            for b, ctx, held in PI_SHAPES[:2] + PI_SHAPES[2:3] if quick else PI_SHAPES:
+                add(measure_decode(("hack",), b, ctx, 64, 8, 128, pi, configs={"hack": [{}, {"num_warps": 4}]}), held)
     if "gqa4" in groups:
-        for b, ctx, hq, hkv, held in (GQA4_SHAPES[::2] if quick else GQA4_SHAPES):
+        for b, ctx, hq, hkv, held in GQA4_SHAPES[::2] if quick else GQA4_SHAPES:
             add(measure_decode(("hack",), b, ctx, hq, hkv, 128, 64), held)
         from .measure import measure_append_attend
-        for b, max_len, hq, hkv, ragged in (APPEND_ATTEND_SHAPES[:2] if quick else APPEND_ATTEND_SHAPES):
+
+        for b, max_len, hq, hkv, ragged in APPEND_ATTEND_SHAPES[:2] if quick else APPEND_ATTEND_SHAPES:
             add([measure_append_attend(b, max_len, hq, hkv, ragged=ragged)], True)
     if "prefill" in groups:
         refs = ("fp16_triton", "torch_sdpa_fp16") if only == "all" else ()
-        for b, seq, held in (PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES):
+        for b, seq, held in PREFILL_SHAPES[:4] if quick else PREFILL_SHAPES:
             add(measure_prefill(("hack",) + refs, b, seq, 64, 8, 128, 64), held)
     if "quant" in groups:
-        for b, seq, held in (QUANT_SHAPES[:4] if quick else QUANT_SHAPES):
+        for b, seq, held in QUANT_SHAPES[:4] if quick else QUANT_SHAPES:
             add(measure_quant(b, seq, 8, 128, 64), held)
     if "score" in groups:
         score_sweep()
@@ -277,14 +373,30 @@ def merge_rows(row_sets: list[list[dict]]) -> list[dict]:
     phase, kernel and shape (ROW_KEY; rows that also differ in other columns, such as the scoring
     kernels' variants, are told apart by those: every column but the measured ones; an empty value
     and a missing column are the same)."""
-    measured = {"time_us", "achieved_gbps", "achieved_tflops", "byte_floor_us", "compute_floor_us", "config",
-                "held_out", "gpu_name", "driver", "torch", "triton", "git_rev", "date", "units", "bytes_moved",
-                "flops"}
+    measured = {
+        "time_us",
+        "achieved_gbps",
+        "achieved_tflops",
+        "byte_floor_us",
+        "compute_floor_us",
+        "config",
+        "held_out",
+        "gpu_name",
+        "driver",
+        "torch",
+        "triton",
+        "git_rev",
+        "date",
+        "units",
+        "bytes_moved",
+        "flops",
+    }
     out: dict = {}
     for rows in row_sets:
         for r in rows:
-            k = tuple(str(r.get(c, "")) for c in ROW_KEY) + tuple(sorted(
-                (c, str(v)) for c, v in r.items() if c not in measured and c not in ROW_KEY and str(v) != ""))
+            k = tuple(str(r.get(c, "")) for c in ROW_KEY) + tuple(
+                sorted((c, str(v)) for c, v in r.items() if c not in measured and c not in ROW_KEY and str(v) != "")
+            )
             out.pop(k, None)
             out[k] = r
     return list(out.values())
@@ -337,7 +449,7 @@ def command_line(argv: list[str]) -> str:
     return " ".join(["python -m kernels_calibration.profile", *out])
 
 
-PROFILED_GROUP = 8   # query heads per KV head of the contract's decode units (costmodel/calibration.py)
+PROFILED_GROUP = 8  # query heads per KV head of the contract's decode units (costmodel/calibration.py)
 
 
 def gqa_group(row: dict) -> int:
@@ -348,14 +460,22 @@ def gqa_group(row: dict) -> int:
     return int(row["q_heads"]) // max(int(row["kv_heads"]), 1)
 
 
-def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", command: str | None = None,
-                  fitted_from: dict | None = None) -> dict:
+def build_profile(
+    rows: list[dict],
+    peaks: dict,
+    prov: dict,
+    gpu: str = "h200",
+    command: str | None = None,
+    fitted_from: dict | None = None,
+) -> dict:
     """The profile of `rows` (one per kernel and shape) and `peaks`; prov: the peaks measurement's
     provenance (GPU, driver, versions, git revision, date).  command and fitted_from (file name ->
     file_record: the rows, dense rows and peaks files, which lie beside a committed profile.json) make
     the profile's own provenance; every row carries its own revision, summarized in row_revisions."""
-    def pts(phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None,
-            group=None):
+
+    def pts(
+        phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None, group=None
+    ):
         best: dict = {}
         for r in rows:
             if r["phase"] != phase or r["kernel"] not in kernels:
@@ -369,8 +489,10 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", 
             k = key_of(r)
             if k not in best or float(r["time_us"]) < float(best[k]["time_us"]):
                 best[k] = r
-        return [(float(r["units"]), float(r["time_us"]) * 1e-6, str(r["held_out"]) in ("True", "1", "true"))
-                for r in best.values()]
+        return [
+            (float(r["units"]), float(r["time_us"]) * 1e-6, str(r["held_out"]) in ("True", "1", "true"))
+            for r in best.values()
+        ]
 
     kernels: dict = {}
     # the contract's decode units are at GQA group 8; rows at another group g fit decode_attn.<key>_gqa<g>
@@ -406,38 +528,52 @@ def build_profile(rows: list[dict], peaks: dict, prov: dict, gpu: str = "h200", 
         for rs in by.values():
             wins[min(rs, key=lambda r: float(r["time_us"]))["kernel"]] += 1
         faster[phase] = wins
-    notes = (f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
-             f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
-             "Decode steps of the quantized variants include the append of the new token (HACK: "
-             "hack_attn_decode.decode_step, which fuses it into the row-packed attention launch up to 2K tokens "
-             "and above that runs the Gluon one-warp kernel at PI 64 (or the row-packed one, whichever is faster "
-             "per shape); fused dequant: the faster per shape of the Gluon one-warp mma.sync kernel, "
-             "gluon_decode.py, and the Triton kernel); decode_attn.hack*_triton and dequant_fused_triton: the "
-             "Triton kernels alone (measure.TRITON_TWINS), which derive.py scales for GPUs before Hopper. They "
-             "were timed as CUDA graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, "
-             "head_dim 128, 2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of "
-             "torch._int_mm layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written.")
+    notes = (
+        f"Measured with python -m kernels_calibration.profile. decode_attn.fp16 / prefill_attn.fp16 take the "
+        f"faster of torch SDPA and the Triton FP16 kernel per shape (shapes won: {json.dumps(faster)}). "
+        "Decode steps of the quantized variants include the append of the new token (HACK: "
+        "hack_attn_decode.decode_step, which fuses it into the row-packed attention launch up to 2K tokens "
+        "and above that runs the Gluon one-warp kernel at PI 64 (or the row-packed one, whichever is faster "
+        "per shape); fused dequant: the faster per shape of the Gluon one-warp mma.sync kernel, "
+        "gluon_decode.py, and the Triton kernel); decode_attn.hack*_triton and dequant_fused_triton: the "
+        "Triton kernels alone (measure.TRITON_TWINS), which derive.py scales for GPUs before Hopper. They "
+        "were timed as CUDA graph replays over rotating input sets (>= 256 MB read per replay). GQA group 8, "
+        "head_dim 128, 2-bit, PI = 64 unless the key says otherwise. matmul_int8_tops is the faster of "
+        "torch._int_mm layouts at 8192^3; memory_gbps is a 1 GiB device copy counting bytes read + written."
+    )
     if any("_gqa" in k for k in kernels):
-        notes += (" decode_attn.<key>_gqa<g>: the same decode step at g query heads per KV head (gqa4: 32 query / 8 "
-                  "KV heads, Llama-3.1-8B's attention, where the row-packed Triton kernel runs: the Gluon kernel "
-                  "takes group 8 only).")
+        notes += (
+            " decode_attn.<key>_gqa<g>: the same decode step at g query heads per KV head (gqa4: 32 query / 8 "
+            "KV heads, Llama-3.1-8B's attention, where the row-packed Triton kernel runs: the Gluon kernel "
+            "takes group 8 only)."
+        )
     if any(r["phase"] in ("decode_ragged", "decode_append") for r in rows):
-        notes += (" Rows of phase decode_ragged / decode_append (kernel hack_append_attend, not fitted): an "
-                  "engine's HACK decode attention in a CUDA-graph bucket, append_token then hack_attn_decode sized "
-                  "by the bucket's max_len (context_len), over lengths spread from max_len / 4 to max_len "
-                  "(ragged) or all at max_len (append); units as decode_attn.*.")
+        notes += (
+            " Rows of phase decode_ragged / decode_append (kernel hack_append_attend, not fitted): an "
+            "engine's HACK decode attention in a CUDA-graph bucket, append_token then hack_attn_decode sized "
+            "by the bucket's max_len (context_len), over lengths spread from max_len / 4 to max_len "
+            "(ragged) or all at max_len (append); units as decode_attn.*."
+        )
     if any(k.startswith(("score.", "select.")) for k in kernels):
-        notes += (" score.pq: PQ LUT build + code gather, M = 2 sub-spaces (score.pq_m8: M = 8), 8-bit codes, "
-                  "unit sum_b ctx_b * H_kv; score.quantized_keys: q . dequant(k) over 4-bit keys "
-                  "(_2bit: 2-bit), PI = 64, unit sum_b ctx_b * H_kv * D; both write FP32 scores for all 64 "
-                  "query heads (GQA 8). select.topk: torch.topk, k = ctx / 5, unit sum_b ctx_b * H_q. "
-                  "Timed as CUDA graph replays over rotating input sets, like decode.")
+        notes += (
+            " score.pq: PQ LUT build + code gather, M = 2 sub-spaces (score.pq_m8: M = 8), 8-bit codes, "
+            "unit sum_b ctx_b * H_kv; score.quantized_keys: q . dequant(k) over 4-bit keys "
+            "(_2bit: 2-bit), PI = 64, unit sum_b ctx_b * H_kv * D; both write FP32 scores for all 64 "
+            "query heads (GQA 8). select.topk: torch.topk, k = ctx / 5, unit sum_b ctx_b * H_q. "
+            "Timed as CUDA graph replays over rotating input sets, like decode."
+        )
     return {
-        "schema_version": 1, "gpu": gpu, "source": "measured", "derived_from": None,
-        "provenance": {**{k: prov.get(k) for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
-                       **({"command": command} if command else {}),
-                       **({"fitted_from": fitted_from} if fitted_from else {}),
-                       "row_revisions": row_revisions(rows), "notes": notes},
+        "schema_version": 1,
+        "gpu": gpu,
+        "source": "measured",
+        "derived_from": None,
+        "provenance": {
+            **{k: prov.get(k) for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date")},
+            **({"command": command} if command else {}),
+            **({"fitted_from": fitted_from} if fitted_from else {}),
+            "row_revisions": row_revisions(rows),
+            "notes": notes,
+        },
         "memory_gbps": round(peaks["memory_gbps"], 1),
         "matmul_fp16_tflops": round(peaks["fp16_tflops"], 1),
         "matmul_int8_tops": None if peaks.get("int8_tops") is None else round(peaks["int8_tops"], 1),
@@ -462,13 +598,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Profile the kernels and fit a calibration profile")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a couple of minutes)")
-    ap.add_argument("--fit-only", type=Path, nargs="+", default=None,
-                    help="refit from existing rows.csv files (concatenated; peaks.json beside the first)")
-    ap.add_argument("--only", default="all",
-                    help="all, or comma-separated groups: decode (every decode kernel), hack (the HACK decode "
-                         "kernels), gqa4 (HACK decode at 4 query heads per KV head, and an engine's append + attend "
-                         "in a graph bucket), dequant (fused dequant decode), prefill (HACK prefill), quant, score; "
-                         "merge with older rows via --fit-only OLD NEW (NEW's rows replace OLD's)")
+    ap.add_argument(
+        "--fit-only",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="refit from existing rows.csv files (concatenated; peaks.json beside the first)",
+    )
+    ap.add_argument(
+        "--only",
+        default="all",
+        help="all, or comma-separated groups: decode (every decode kernel), hack (the HACK decode "
+        "kernels), gqa4 (HACK decode at 4 query heads per KV head, and an engine's append + attend "
+        "in a graph bucket), dequant (fused dequant decode), prefill (HACK prefill), quant, score; "
+        "merge with older rows via --fit-only OLD NEW (NEW's rows replace OLD's)",
+    )
     ap.add_argument("--gpu", default="h200", help="catalog key written into the profile")
     args = ap.parse_args(argv)
     groups = {"decode", "hack", "gqa4", "dequant", "prefill", "quant", "score"}
@@ -493,31 +637,45 @@ def main(argv: list[str] | None = None) -> int:
         rows_path, peaks_path = args.out / "rows.csv", args.out / "peaks.json"
         rows = read_rows(rows_path)
         dense_paths = []
-        if args.only == "all":   # the GEMMs and elementwise kernels of a layer (dense_bench.py)
+        if args.only == "all":  # the GEMMs and elementwise kernels of a layer (dense_bench.py)
             from .dense_bench import measure as measure_dense
+
             dense = measure_dense(args.out)
             write_rows(dense, args.out / "dense_rows.csv")
             dense_paths = [args.out / "dense_rows.csv"]
-    fitted_from = {rows_path.name: file_record(rows_path, len(rows)),
-                   **{p.name: file_record(p, len(read_rows(p))) for p in dense_paths},
-                   peaks_path.name: file_record(peaks_path)}
+    fitted_from = {
+        rows_path.name: file_record(rows_path, len(rows)),
+        **{p.name: file_record(p, len(read_rows(p))) for p in dense_paths},
+        peaks_path.name: file_record(peaks_path),
+    }
     prof = build_profile(rows, meta["peaks"], meta["provenance"], args.gpu, command_line(argv), fitted_from)
     if dense_paths:
         peaks = meta["peaks"]
-        apply_dense_fit(prof, fit_dense([r for p in dense_paths for r in read_rows(p)], peaks["memory_gbps"],
-                                        peaks["fp16_tflops"], peaks.get("launch_overhead_s")))
+        apply_dense_fit(
+            prof,
+            fit_dense(
+                [r for p in dense_paths for r in read_rows(p)],
+                peaks["memory_gbps"],
+                peaks["fp16_tflops"],
+                peaks.get("launch_overhead_s"),
+            ),
+        )
     missing = [k for k in REQUIRED_KEYS if k not in prof["kernels"]]
     if missing:
         print(f"WARNING: not measured, missing from the profile: {missing}", file=sys.stderr)
     (args.out / "profile.json").write_text(json.dumps(prof, indent=1) + "\n")
     for k, v in prof["kernels"].items():
-        print(f"fit {k:28s} overhead {v['overhead_s'] * 1e6:7.2f} us  {v['s_per_unit']:.3e} s/unit  "
-              f"held-out median error {v['heldout_median_error_pct']:5.1f}%")
+        print(
+            f"fit {k:28s} overhead {v['overhead_s'] * 1e6:7.2f} us  {v['s_per_unit']:.3e} s/unit  "
+            f"held-out median error {v['heldout_median_error_pct']:5.1f}%"
+        )
     if "gemm" in prof:
         g = prof["gemm"]
-        print(f"fit gemm at layer shapes: {g['compute_efficiency']:.0%} of the GEMM rate, {g['memory_efficiency']:.0%} "
-              f"of copy bandwidth, +{g['overhead_s'] * 1e6:.1f} us; held-out median error "
-              f"{g['heldout_median_error_pct']:.1f}%")
+        print(
+            f"fit gemm at layer shapes: {g['compute_efficiency']:.0%} of the GEMM rate, {g['memory_efficiency']:.0%} "
+            f"of copy bandwidth, +{g['overhead_s'] * 1e6:.1f} us; held-out median error "
+            f"{g['heldout_median_error_pct']:.1f}%"
+        )
     return 0
 
 

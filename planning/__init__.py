@@ -6,6 +6,7 @@ rate, and each candidate's goodput by bisection on the rate (`planning.plan`). B
 through `planning.executor` (disk cache by content hash; process pool or Ray) and are exposed on
 the CLI by `planning.commands.register_commands`.
 """
+
 from pathlib import Path
 
 # The project's root: what a sweep point's cache key hashes (planning.executor) and a Ray job ships

@@ -18,6 +18,7 @@ ProcessPoolExecutor, the default, one worker per core), `ray` (Ray tasks on a lo
 starts, or on the cluster at `ray_address`; `planning/raycluster.py` connects, and Ray is imported
 only there, only when asked for).
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -28,10 +29,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from simulator.files import strict_json, unjson_inf
 
@@ -75,7 +76,7 @@ def stop_on_signals():
 
     try:
         old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
-    except ValueError:          # not the main thread: signals cannot be handled here
+    except ValueError:  # not the main thread: signals cannot be handled here
         yield
         return
     try:
@@ -109,8 +110,10 @@ def profile_files(scenario) -> list[Path]:
         return []
     from simulator.implementations import measurement_files
 
-    return sorted({Path(p.path) for p in (res.prefill.profile, res.decode.profile) if p.path}
-                  | set(measurement_files(scenario.methods)))
+    return sorted(
+        {Path(p.path) for p in (res.prefill.profile, res.decode.profile) if p.path}
+        | set(measurement_files(scenario.methods))
+    )
 
 
 def point_key(scenario_json: str, profiles: Iterable[Path] = ()) -> str:
@@ -128,7 +131,7 @@ class Task:
     scenario_json: str
 
     @classmethod
-    def of(cls, scenario) -> "Task":
+    def of(cls, scenario) -> Task:
         js = scenario.model_dump_json()
         return cls(point_key(js, profile_files(scenario)), js)
 
@@ -210,15 +213,15 @@ def _die_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:      # the parent died before prctl took effect
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
 
 # ---- backends -------------------------------------------------------------------------------------
 @dataclass
 class Stats:
-    simulated: int = 0     # points actually simulated in this run
-    cached: int = 0        # points read from the cache
+    simulated: int = 0  # points actually simulated in this run
+    cached: int = 0  # points read from the cache
     wall_s: float = 0.0
     backend: str = ""
     workers: int = 0
@@ -229,9 +232,16 @@ class Executor:
 
     Use as a context manager. `run(tasks)` returns {key: result} for every task."""
 
-    def __init__(self, backend: str = "pool", jobs: int | None = None, ray_address: str | None = None,
-                 cache_dir: Path | None = None, label: str = "sweep", connect_timeout_s: float = 30.0,
-                 progress: bool = True):
+    def __init__(
+        self,
+        backend: str = "pool",
+        jobs: int | None = None,
+        ray_address: str | None = None,
+        cache_dir: Path | None = None,
+        label: str = "sweep",
+        connect_timeout_s: float = 30.0,
+        progress: bool = True,
+    ):
         if backend not in ("serial", "pool", "ray"):
             raise PlanningError(f"unknown backend {backend!r}; use serial, pool or ray")
         if jobs is not None and jobs < 1:
@@ -249,7 +259,7 @@ class Executor:
         self._ray_started = False
         self._ray_fn = None
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         if self.backend == "ray":
             self._start_ray()
         return self
@@ -283,7 +293,7 @@ class Executor:
         from . import raycluster
 
         ray = raycluster.import_ray(self.ray_address)
-        if not ray.is_initialized():   # else: a Ray the caller started; it is the caller's to stop
+        if not ray.is_initialized():  # else: a Ray the caller started; it is the caller's to stop
             if self.ray_address:
                 raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
             else:
@@ -297,7 +307,7 @@ class Executor:
     def run(self, tasks: Iterable[Task], progress: bool | None = None) -> dict[str, dict]:
         """{key: result} for every task; a progress bar on a terminal unless `progress` (default: the
         executor's) is False."""
-        from reports.terminal import ProgressBar   # here, not at the top: workers import this module without reports
+        from reports.terminal import ProgressBar  # here, not at the top: workers import this module without reports
 
         t0 = time.monotonic()
         unique: dict[str, Task] = {}
@@ -305,8 +315,9 @@ class Executor:
             unique.setdefault(t.key, t)
         results: dict[str, dict] = {}
         todo = []
-        with ProgressBar(len(unique) if (self.progress if progress is None else progress) else 0, self.label,
-                         "points") as bar:
+        with ProgressBar(
+            len(unique) if (self.progress if progress is None else progress) else 0, self.label, "points"
+        ) as bar:
             for key, task in unique.items():
                 hit = self.cache.get(key)
                 if hit is not None:
@@ -334,8 +345,9 @@ class Executor:
                 yield t.key, simulate_point(t.scenario_json)
         elif self.backend == "pool":
             if self._pool is None:
-                self._pool = cf.ProcessPoolExecutor(max_workers=self.jobs, initializer=_warm_worker,
-                                                    initargs=(os.getpid(),))
+                self._pool = cf.ProcessPoolExecutor(
+                    max_workers=self.jobs, initializer=_warm_worker, initargs=(os.getpid(),)
+                )
                 self.stats.workers = self.jobs
             futures = {self._pool.submit(simulate_point, t.scenario_json): t.key for t in todo}
             try:

@@ -22,6 +22,7 @@ Each thing a real cluster needs, and how it is met here:
   address unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, which Ray reads when it is first imported,
   so `import_ray` sets it before that import when the Ray wanted is on this machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,7 @@ WORKER_PACKAGES = {
     "planning": ("**/*.py",),
     "simulator": ("**/*.py",),
 }
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])   # + empty SETTINGS
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
 _H2_SETTINGS = 4
 
 
@@ -82,12 +83,13 @@ def import_ray(address: str | None):
     except ImportError:
         raise PlanningError(f"--ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
     if ray.is_initialized():
-        return ray   # a Ray the caller started and configured
+        return ray  # a Ray the caller started and configured
     if loopback and os.environ.get(LOOPBACK_ENV) != "0":
-        raise PlanningError(f"Ray was imported before hacksim could keep it on 127.0.0.1: set {LOOPBACK_ENV}=0 "
-                            "before importing ray")
+        raise PlanningError(
+            f"Ray was imported before hacksim could keep it on 127.0.0.1: set {LOOPBACK_ENV}=0 before importing ray"
+        )
     if token and not fresh:
-        from ray._raylet import Config   # Ray read RAY_AUTH_MODE at import; this is how Ray itself re-reads it
+        from ray._raylet import Config  # Ray read RAY_AUTH_MODE at import; this is how Ray itself re-reads it
 
         Config.initialize("")
     return ray
@@ -96,8 +98,10 @@ def import_ray(address: str | None):
 def split_address(address: str) -> tuple[str, int]:
     m = re.fullmatch(r"(?:ray://)?(\[[0-9a-fA-F:]+\]|[^:/\s]+):(\d{1,5})/?", address)
     if m is None or not 0 < int(m.group(2)) < 65536:
-        raise PlanningError(f"--ray-address {address!r}: expected HOST:PORT (the head's GCS, "
-                            "`ray start --head --port=PORT`), ray://HOST:PORT (Ray Client) or auto")
+        raise PlanningError(
+            f"--ray-address {address!r}: expected HOST:PORT (the head's GCS, "
+            "`ray start --head --port=PORT`), ray://HOST:PORT (Ray Client) or auto"
+        )
     return m.group(1).strip("[]"), int(m.group(2))
 
 
@@ -109,17 +113,23 @@ def probe(address: str, timeout_s: float) -> None:
             s.settimeout(timeout_s)
             s.sendall(_H2_PREFACE)
             head = _read(s, 9)
-    except socket.timeout:
-        raise PlanningError(f"--ray-address {address}: no answer within {timeout_s:g} s: check the host name, that "
-                            "the head node runs `ray start --head`, and that a firewall lets this machine reach the "
-                            "port (--ray-timeout sets the wait)") from None
+    except TimeoutError:
+        raise PlanningError(
+            f"--ray-address {address}: no answer within {timeout_s:g} s: check the host name, that "
+            "the head node runs `ray start --head`, and that a firewall lets this machine reach the "
+            "port (--ray-timeout sets the wait)"
+        ) from None
     except OSError as e:
-        raise PlanningError(f"--ray-address {address}: cannot connect ({e.strerror or e}): check the host name and "
-                            "that the head node runs `ray start --head --port=PORT` with this port") from None
+        raise PlanningError(
+            f"--ray-address {address}: cannot connect ({e.strerror or e}): check the host name and "
+            "that the head node runs `ray start --head --port=PORT` with this port"
+        ) from None
     if len(head) < 9 or head[3] != _H2_SETTINGS:
-        raise PlanningError(f"--ray-address {address}: something answers there but it is not Ray (no gRPC): give the "
-                            "head's GCS port (`ray start --head --port`, default 6379), or ray://HOST:10001 for "
-                            "Ray Client, not the dashboard's")
+        raise PlanningError(
+            f"--ray-address {address}: something answers there but it is not Ray (no gRPC): give the "
+            "head's GCS port (`ray start --head --port`, default 6379), or ray://HOST:10001 for "
+            "Ray Client, not the dashboard's"
+        )
 
 
 def _read(s: socket.socket, n: int) -> bytes:
@@ -157,8 +167,11 @@ def connect(ray, address: str, timeout_s: float) -> None:
         raise PlanningError(f"--ray-timeout must be > 0, got {timeout_s}")
     if address != "auto":
         probe(address, timeout_s)
-    with tempfile.TemporaryDirectory(prefix="hacksim-ray-") as tmp, _captured_stderr() as captured, \
-            _env_default("RAY_gcs_server_port_wait_time_s", str(max(1, math.ceil(timeout_s)))):
+    with (
+        tempfile.TemporaryDirectory(prefix="hacksim-ray-") as tmp,
+        _captured_stderr() as captured,
+        _env_default("RAY_gcs_server_port_wait_time_s", str(max(1, math.ceil(timeout_s)))),
+    ):
         env = {"working_dir": str(stage_worker_code(Path(tmp)))}
         try:
             ray.init(address=address, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
@@ -170,11 +183,15 @@ def explain(address: str, error: Exception, ray_output: str) -> str:
     """One line for a failed connect, from Ray's exception and what it printed."""
     text = f"{error} {error.__cause__ or ''} {ray_output}"
     if "InvalidAuthToken" in text or "Unauthenticated" in text or type(error).__name__ == "AuthenticationError":
-        return (f"--ray-address {address}: the cluster uses token authentication and refused this machine's token: "
-                "copy the head node's ~/.ray/auth_token here (or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+        return (
+            f"--ray-address {address}: the cluster uses token authentication and refused this machine's token: "
+            "copy the head node's ~/.ray/auth_token here (or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)"
+        )
     if "ersion mismatch" in text:
-        return (f"--ray-address {address}: Ray or Python versions differ between this machine and the cluster: "
-                "install the same versions on both")
+        return (
+            f"--ray-address {address}: Ray or Python versions differ between this machine and the cluster: "
+            "install the same versions on both"
+        )
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     return f"--ray-address {address}: cannot connect: {first}"
 
@@ -182,10 +199,16 @@ def explain(address: str, error: Exception, ray_output: str) -> str:
 def start_local(ray, jobs: int) -> None:
     """A Ray on this machine, bound to 127.0.0.1, with the checkout on the workers' path."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with _captured_stderr():   # Ray's notes about the token it generates for a new local cluster
+    with _captured_stderr():  # Ray's notes about the token it generates for a new local cluster
         try:
-            ray.init(num_cpus=jobs, runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False, _node_ip_address="127.0.0.1")
+            ray.init(
+                num_cpus=jobs,
+                runtime_env={"env_vars": {"PYTHONPATH": path}},
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                _node_ip_address="127.0.0.1",
+            )
         except Exception as e:  # noqa: BLE001 - whatever stops Ray from starting, said in one line
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise PlanningError(f"--ray: cannot start a local Ray: {first}") from None

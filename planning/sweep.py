@@ -22,6 +22,7 @@ layout and cost per hour, and the summary metrics flattened (`jct_p90_s`, `break
 `kv_wire_bytes_per_token`, ...). A point whose scenario is invalid, or a method that does not fit,
 is a row with an `error` message instead of a failed sweep.
 """
+
 from __future__ import annotations
 
 import copy
@@ -82,7 +83,7 @@ def slo_misses(row: dict, slo: dict[str, float]) -> list[tuple[str, float, float
         misses.append(("utilisation", max((u for u in util if u == u), default=math.inf), 1.0))
     for k, limit in slo.items():
         v = row.get(k)
-        if v is None or not (v <= limit):   # NaN misses
+        if v is None or not (v <= limit):  # NaN misses
             misses.append((k, math.nan if v is None else float(v), limit))
     return misses
 
@@ -99,20 +100,23 @@ class HeatmapSpec(_Strict):
 
 
 class ReportSpec(_Strict):
-    heatmaps: list[HeatmapSpec] | None = Field(None, description="default: jct_p90_s and ttft_p99_s over the "
-                                               "first two axes with more than one value")
+    heatmaps: list[HeatmapSpec] | None = Field(
+        None, description="default: jct_p90_s and ttft_p99_s over the first two axes with more than one value"
+    )
 
 
 class SweepSpec(_Strict):
     name: str | None = Field(None, description="label in outputs; default: the file's stem")
     description: str = ""
     base: str = Field(description="base scenario YAML, relative to the sweep file")
-    mode: Literal["grid", "list"] = Field("grid", description="grid: every combination of the axes; "
-                                          "list: the points as given")
+    mode: Literal["grid", "list"] = Field(
+        "grid", description="grid: every combination of the axes; list: the points as given"
+    )
     set: dict[str, Any] = Field(default_factory=dict, description="path -> value applied to every point")
     axes: dict[str, list[Any]] = Field(default_factory=dict, description="grid: path -> values")
-    linked: list[dict[str, list[Any]]] = Field(default_factory=list, description="grid: groups of paths whose "
-                                               "values move together (zipped, equal lengths)")
+    linked: list[dict[str, list[Any]]] = Field(
+        default_factory=list, description="grid: groups of paths whose values move together (zipped, equal lengths)"
+    )
     points: list[dict[str, Any]] | None = Field(None, description="list: one mapping path -> value per point")
     slo: dict[str, float] = Field(default_factory=dict, description="optional targets (seconds) for goodput")
     report: ReportSpec = Field(default_factory=ReportSpec)
@@ -134,7 +138,7 @@ class SweepSpec(_Strict):
             raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
-    def _mode(self) -> "SweepSpec":
+    def _mode(self) -> SweepSpec:
         if self.mode == "list":
             if not self.points:
                 raise ValueError("mode: list needs a non-empty `points` list")
@@ -196,7 +200,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
 # ---- building one point's scenario ------------------------------------------------------------------
 def build_raw(base_raw: dict, values: dict[str, Any]) -> dict:
     raw = copy.deepcopy(base_raw)
-    for path in sorted(values, key=lambda p: p.count(".")):   # stable: same depth keeps the given order
+    for path in sorted(values, key=lambda p: p.count(".")):  # stable: same depth keeps the given order
         set_path(raw, path, values[path])
     return raw
 
@@ -259,6 +263,7 @@ def _sub_name(key: str, sub: str) -> str:
 
 def metric_columns(summary: dict) -> dict[str, Any]:
     """One method's summary as flat columns (one level of nesting; anything deeper stays JSON text)."""
+
     def cell(x: Any) -> Any:
         if x is None:
             return math.nan
@@ -313,9 +318,9 @@ def run_sweep(spec: SweepSpec, base_path: Path, executor: Executor, source: str 
     return SweepResult(spec, build_table(spec, points, tasks, results), executor.stats, len(points))
 
 
-INT_COLUMNS = tuple(f"{p}_{k}" for p in ("prefill", "decode")
-                    for k in ("tensor_parallel", "pipeline_parallel", "replicas", "instances")) + \
-    ("requests", "seed", "completed")
+INT_COLUMNS = tuple(
+    f"{p}_{k}" for p in ("prefill", "decode") for k in ("tensor_parallel", "pipeline_parallel", "replicas", "instances")
+) + ("requests", "seed", "completed")
 
 
 def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[str, dict]) -> pd.DataFrame:
@@ -349,13 +354,16 @@ def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[s
         df["meets_slo"] = ok
     for c in INT_COLUMNS:
         if c in df.columns:
-            df[c] = df[c].astype("Int64")   # stays integer beside error rows (empty in CSV)
+            df[c] = df[c].astype("Int64")  # stays integer beside error rows (empty in CSV)
     return df[_column_order(list(df.columns))]
 
 
 # Metric columns in reading order; any the simulator adds later follow, sorted by name.
-METRIC_ORDER = ("completed", "throughput_rps", *(f"{q}_{s}_s" for q in ("jct", "ttft", "tpot")
-                                                 for s in ("mean", "p50", "p90", "p99")))
+METRIC_ORDER = (
+    "completed",
+    "throughput_rps",
+    *(f"{q}_{s}_s" for q in ("jct", "ttft", "tpot") for s in ("mean", "p50", "p90", "p99")),
+)
 
 
 def _column_order(cols: list[str]) -> list[str]:
@@ -401,7 +409,9 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
     becomes text."""
     df = df.copy()
     for c in df.columns:
-        if df[c].dtype == object and (len({type(v) for v in df[c] if v is not None}) > 1 or any(
-                isinstance(v, int) and not -2**63 <= v < 2**63 for v in df[c])):
+        if df[c].dtype == object and (
+            len({type(v) for v in df[c] if v is not None}) > 1
+            or any(isinstance(v, int) and not -(2**63) <= v < 2**63 for v in df[c])
+        ):
             df[c] = df[c].map(lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
     return df

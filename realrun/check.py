@@ -22,6 +22,7 @@ buffer = send buffer: the link only moves bytes), and:
 with the FP16 baseline's says nothing about correctness; the checks above are exact instead.)
 Prints one line per check; exit status 1 if any fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,18 @@ def rel_err(out, ref) -> float:
 def _stored_kv_ok(meth, slot: int, prompt: int, fp16_kv: list) -> tuple[bool, float]:
     """Stored prompt KV of `slot` vs the prefill's FP16 (k, v) per layer. Returns (ok, worst step ratio)."""
     import torch
+
     worst = 0.0
     for layer, (k, v) in enumerate(fp16_kv):
         if meth.name == "baseline":
-            same = torch.equal(meth.pool["k"][layer, slot, :, :prompt], k) and \
-                torch.equal(meth.pool["v"][layer, slot, :, :prompt], v)
+            same = torch.equal(meth.pool["k"][layer, slot, :, :prompt], k) and torch.equal(
+                meth.pool["v"][layer, slot, :, :prompt], v
+            )
             if not same:
                 return False, float("inf")
             continue
         from kernels_calibration.kernels.kv_cache import dequantize_cache_ref
+
         lens = torch.zeros(slot + 1, dtype=torch.int32, device=k.device)
         lens[slot] = prompt
         kd, vd = dequantize_cache_ref(meth.cache_view(layer, slot + 1, lens))
@@ -57,7 +61,7 @@ def _stored_kv_ok(meth, slot: int, prompt: int, fp16_kv: list) -> tuple[bool, fl
         pi = meth.pi
         ksc = meth.pool["k_scale"][layer, slot, :, :prompt].float().cpu().repeat_interleave(pi, -1)
         lv = prompt // pi * pi
-        vsc = meth.pool["v_scale"][layer, slot, :, :lv // pi].float().cpu().repeat_interleave(pi, -2)
+        vsc = meth.pool["v_scale"][layer, slot, :, : lv // pi].float().cpu().repeat_interleave(pi, -2)
         kerr = (kd - k.float().cpu()).abs() / (ksc + 1e-6)
         verr = (vd[:, :lv] - v[:, :lv].float().cpu()).abs() / (vsc + 1e-6)
         worst = max(worst, float(kerr.max()), float(verr.max()) if lv else 0.0)
@@ -69,9 +73,10 @@ def _stored_kv_ok(meth, slot: int, prompt: int, fp16_kv: list) -> tuple[bool, fl
 def _attention_ok(h, method: str, captured: list, log, tag: str) -> tuple[bool, float, float]:
     """Every captured layer's attention output against the float64 reference over the stored KV."""
     import torch
+
     meth = h.method
     run = h.slots
-    lens = torch.tensor([r.stored for r in run], dtype=torch.int32, device=h.device)   # after the step
+    lens = torch.tensor([r.stored for r in run], dtype=torch.int32, device=h.device)  # after the step
     ok, worst, worst_ref = True, 0.0, 0.0
     for layer, q, out in captured:
         if method == "hack":
@@ -91,8 +96,15 @@ def _attention_ok(h, method: str, captured: list, log, tag: str) -> tuple[bool, 
     return ok, worst, worst_ref
 
 
-def check(model_name: str, layers: int, prompts: list[int], device: str, methods=("baseline", "kvquant", "hack"),
-          mode: str = "graphs", log=print) -> bool:
+def check(
+    model_name: str,
+    layers: int,
+    prompts: list[int],
+    device: str,
+    methods=("baseline", "kvquant", "hack"),
+    mode: str = "graphs",
+    log=print,
+) -> bool:
     import torch
 
     from .model import RandomLlama, model_shape
@@ -105,6 +117,7 @@ def check(model_name: str, layers: int, prompts: list[int], device: str, methods
             ok &= _check_method(model, method, prompts, mode, log)
         except Exception:
             import traceback
+
             log(f"FAIL {method}: the check raised\n{traceback.format_exc()}")
             ok = False
     return ok
@@ -119,8 +132,15 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
     from .workload import Request
 
     shape = model.shape
-    cfg = RunConfig(method=method, link_gbps=1.0, kv_capacity_bytes=4 * GIB, max_decode_batch=len(prompts) + 2,
-                    max_total_tokens=max(prompts) + 8, seed=1, decode_mode=mode)
+    cfg = RunConfig(
+        method=method,
+        link_gbps=1.0,
+        kv_capacity_bytes=4 * GIB,
+        max_decode_batch=len(prompts) + 2,
+        max_total_tokens=max(prompts) + 8,
+        seed=1,
+        decode_mode=mode,
+    )
     h = Harness(model, cfg)
     h.t0 = 0.0
     meth, step = h.method, h.step
@@ -152,16 +172,20 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
         good, st = _stored_kv_ok(meth, r.slot, r.req.prompt_tokens, fp16_kv[r.req.request_id])
         worst_step = max(worst_step, st)
         if not good:
-            log(f"FAIL {method}: stored KV of request {r.req.request_id} differs from the prefill's "
-                f"(worst error {st:.3f} quantization steps)")
+            log(
+                f"FAIL {method}: stored KV of request {r.req.request_id} differs from the prefill's "
+                f"(worst error {st:.3f} quantization steps)"
+            )
         ok &= good
     good, worst, worst_ref = _attention_ok(h, method, step.capture_layers, log, "iteration 1")
     ok &= good
-    log(f"{'ok  ' if ok else 'FAIL'} {method}: iteration 1, requests with prompts {prompts} joined into slots "
+    log(
+        f"{'ok  ' if ok else 'FAIL'} {method}: iteration 1, requests with prompts {prompts} joined into slots "
         f"{[r.slot for r in reqs]} by one kvcopy launch, {shape.layers} layers at {shape.name} shapes: stored KV "
         f"within {worst_step:.3f} quantization steps of the prefill's FP16 KV; worst per-layer attention rel err "
         f"{worst:.2e} vs float64 over the stored KV"
-        + (f" (HACK's emulating reference itself: {worst_ref:.2e})" if method == "hack" else ""))
+        + (f" (HACK's emulating reference itself: {worst_ref:.2e})" if method == "hack" else "")
+    )
     if method == "baseline":
         for r in reqs:
             ids = torch.cat([h._prompt_ids(r.req), torch.tensor([first[r.req.request_id]], device=h.device)])
@@ -172,16 +196,18 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
             tie = float(ref.max() - ref[int(got.argmax())]) <= 3 * float((got.float() - ref).abs().max())
             good = e < 3e-2 and (int(got.argmax()) == int(ref.argmax()) or tie)
             ok &= good
-            log(f"{'ok  ' if good else 'FAIL'} baseline logits vs float32 full forward, request {r.req.request_id} "
+            log(
+                f"{'ok  ' if good else 'FAIL'} baseline logits vs float32 full forward, request {r.req.request_id} "
                 f"(prompt {r.req.prompt_tokens}, slot {r.slot}): rel err {e:.2e}, argmax "
-                f"{int(got.argmax())} vs {int(ref.argmax())}")
+                f"{int(got.argmax())} vs {int(ref.argmax())}"
+            )
 
     # 4: iteration 2 eager, then again from the same state in the mode under test
     step.capture_layers = None
     pool0 = {k: t.clone() for k, t in meth.pool.items()}
     state0 = [(r.stored, r.generated, r.tok) for r in h.slots]
     h.decode_iteration([])
-    x_e = step.x_out[:len(reqs)].clone()
+    x_e = step.x_out[: len(reqs)].clone()
     logits_e = model.logits(x_e)
     tok_e = [r.tok for r in h.slots]
     for k, t in pool0.items():
@@ -190,7 +216,7 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
         r.stored, r.generated, r.tok = st, gen, tok
     step.mode = mode
     h.decode_iteration([])
-    x_g = step.x_out[:len(reqs)].clone()
+    x_g = step.x_out[: len(reqs)].clone()
     e = rel_err(x_g, x_e)
     top2 = logits_e.float().topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 3 * float((model.logits(x_g).float() - logits_e.float()).abs().max())
@@ -199,22 +225,29 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
     replayed = mode == "graphs" and h.cuda and len(step.graphs) > 0
     good = e < GRAPH_REL_TOL and same
     ok &= good
-    log(f"{'ok  ' if good else 'FAIL'} {method}: iteration 2 in mode {mode} "
+    log(
+        f"{'ok  ' if good else 'FAIL'} {method}: iteration 2 in mode {mode} "
         f"({'graph replay' if replayed else 'padded step, eager'} at bucket {b_c}) vs eager: last layer's output rel "
-        f"err {e:.2e}, next tokens {'equal' if same else 'DIFFER'} (outside near-ties)")
+        f"err {e:.2e}, next tokens {'equal' if same else 'DIFFER'} (outside near-ties)"
+    )
 
     # 5: compaction: slot 0 finishes, the last request moves into it
     gone = h.slots[0]
     last = h.slots[-1]
     rounded = -(-last.stored // meth.pi) * meth.pi
-    before = {name: meth.pool[name][:, last.slot, :, :rows].clone()
-              for name, _, rows, _ in meth.parts(rounded, tail_rows=meth.pi, pool=True)}
+    before = {
+        name: meth.pool[name][:, last.slot, :, :rows].clone()
+        for name, _, rows, _ in meth.parts(rounded, tail_rows=meth.pi, pool=True)
+    }
     src_slot = last.slot
     h.slots[0] = None
     segs = h.place([])
     kvcopy.kvcopy(segs, shape.layers, shape.kv_heads, h.device)
-    moved_ok = last.slot == 0 and len(h.slots) == len(reqs) - 1 and all(
-        torch.equal(meth.pool[name][:, 0, :, :t.shape[2]], t) for name, t in before.items())
+    moved_ok = (
+        last.slot == 0
+        and len(h.slots) == len(reqs) - 1
+        and all(torch.equal(meth.pool[name][:, 0, :, : t.shape[2]], t) for name, t in before.items())
+    )
     ok &= moved_ok
     step.mode = "eager"
     step.capture_layers = []
@@ -222,9 +255,11 @@ def _check_method(model, method: str, prompts: list[int], mode: str, log) -> boo
     good, worst, _ = _attention_ok(h, method, step.capture_layers, log, "after compaction")
     ok &= good
     step.capture_layers = None
-    log(f"{'ok  ' if moved_ok and good else 'FAIL'} {method}: compaction (request {gone.req.request_id} left slot 0, "
+    log(
+        f"{'ok  ' if moved_ok and good else 'FAIL'} {method}: compaction (request {gone.req.request_id} left slot 0, "
         f"request {last.req.request_id} moved from slot {src_slot}): pool rows "
-        f"{'bit-exact' if moved_ok else 'DIFFER'} after the move; next iteration's worst attention rel err {worst:.2e}")
+        f"{'bit-exact' if moved_ok else 'DIFFER'} after the move; next iteration's worst attention rel err {worst:.2e}"
+    )
     h.close()
     return ok
 
@@ -239,11 +274,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="graphs", choices=["graphs", "eager"])
     a = ap.parse_args(argv)
     import torch
+
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    return 0 if check(a.model, a.layers, a.prompts, device, a.methods, a.mode,
-                      log=lambda s: print(s, flush=True)) else 1
+    return (
+        0 if check(a.model, a.layers, a.prompts, device, a.methods, a.mode, log=lambda s: print(s, flush=True)) else 1
+    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ What shares what (the matching simulator scenario must describe exactly this):
   torch.cuda.synchronize() at every boundary.  Kernels are warmed up (Triton compiled for every
   variant the run can hit) before the run starts.
 """
+
 from __future__ import annotations
 
 import collections
@@ -65,7 +66,7 @@ from .step import DecodeStep
 from .workload import Request
 
 GIB = 1 << 30
-SWITCH_INTERVAL_S = 0.0005   # the link thread must get the GIL back within ~0.5 ms to keep pace
+SWITCH_INTERVAL_S = 0.0005  # the link thread must get the GIL back within ~0.5 ms to keep pace
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,13 @@ class RunConfig:
     prefill_max_batch_requests: int = 1
     prefill_max_batch_tokens: int = 16384
     max_decode_batch: int = 32
-    max_total_tokens: int = 8192 + 128       # sizes the pool's per-slot capacity
-    hack_prefill: str = "kernel"             # "kernel" (hack_attn_prefill) or "sdpa"
-    decode_mode: str = "graphs"              # "graphs" (the step replayed per bucket) or "eager"
-    prefill_host_memory_bytes: float = 64 * GIB   # parked-KV budget (the simulator's prefill host memory)
+    max_total_tokens: int = 8192 + 128  # sizes the pool's per-slot capacity
+    hack_prefill: str = "kernel"  # "kernel" (hack_attn_prefill) or "sdpa"
+    decode_mode: str = "graphs"  # "graphs" (the step replayed per bucket) or "eager"
+    prefill_host_memory_bytes: float = 64 * GIB  # parked-KV budget (the simulator's prefill host memory)
     chunk_bytes: int = CHUNK_BYTES
     seed: int = 0
-    time_limit_s: float = 600.0              # abort a run that never drains (an unstable rate)
+    time_limit_s: float = 600.0  # abort a run that never drains (an unstable rate)
 
 
 @dataclass
@@ -92,9 +93,9 @@ class _Req:
     footprint: int = 0
     send: torch.Tensor | None = None
     recv: torch.Tensor | None = None
-    tok: int = 0                          # the next input token (the last one generated)
+    tok: int = 0  # the next input token (the last one generated)
     wire: int = 0
-    payload: int = 0                      # separate placement: the bytes that travel
+    payload: int = 0  # separate placement: the bytes that travel
     slot: int = -1
     stored: int = 0
     generated: int = 0
@@ -110,16 +111,21 @@ class Harness:
         self.model, self.cfg = model, cfg
         self.device = model.device
         self.cuda = self.device.type == "cuda"
-        self.method: KVMethodBase = METHODS[cfg.method](model.shape, self.device, cfg.max_decode_batch,
-                                                        cfg.max_total_tokens + 1, seed=cfg.seed,
-                                                        hack_prefill=cfg.hack_prefill)
+        self.method: KVMethodBase = METHODS[cfg.method](
+            model.shape,
+            self.device,
+            cfg.max_decode_batch,
+            cfg.max_total_tokens + 1,
+            seed=cfg.seed,
+            hack_prefill=cfg.hack_prefill,
+        )
         self.role = role
         if role != "prefill":
             self.method.alloc_pool()
         self.step = DecodeStep(model, self.method, cfg.max_decode_batch, cfg.decode_mode) if role != "prefill" else None
         self.slots: list[_Req | None] = []
-        self.host_issue: list[tuple[float, float]] = []   # (host time to issue, wall) per iteration
-        self.moves: list[tuple[int, int]] = []            # (joins, compactions) per iteration
+        self.host_issue: list[tuple[float, float]] = []  # (host time to issue, wall) per iteration
+        self.moves: list[tuple[int, int]] = []  # (joins, compactions) per iteration
 
     def close(self) -> None:
         if self.step is not None:
@@ -159,20 +165,20 @@ class Harness:
             for b, layout in zip(batch, layouts):
                 b.send = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
                 views.append(layout.views(b.send))
-        x = m.embed[torch.cat(ids)]                                       # (T, hidden)
+        x = m.embed[torch.cat(ids)]  # (T, hidden)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         rot = m.rope_tables(pos)
-        kept: list[list] = [[] for _ in batch]                            # per request: (k, v, state) per layer
+        kept: list[list] = [[] for _ in batch]  # per request: (k, v, state) per layer
         bounds = [0]
         for n in lens:
             bounds.append(bounds[-1] + n)
         for layer, lw in enumerate(m.layers):
-            q, k, v = m.qkv(lw, x, rot)                                   # (T, H, D)
+            q, k, v = m.qkv(lw, x, rot)  # (T, H, D)
             outs = []
             for i in range(len(batch)):
                 a, b = bounds[i], bounds[i + 1]
-                qi = q[a:b].transpose(0, 1)[None].contiguous()            # (1, HQ, P, D)
-                ki = k[a:b].transpose(0, 1)[None].contiguous()            # (1, HKV, P, D)
+                qi = q[a:b].transpose(0, 1)[None].contiguous()  # (1, HQ, P, D)
+                ki = k[a:b].transpose(0, 1)[None].contiguous()  # (1, HKV, P, D)
                 vi = v[a:b].transpose(0, 1)[None].contiguous()
                 o, state = meth.prefill_attention(qi, ki, vi)
                 if layer_done is not None:
@@ -296,7 +302,7 @@ class Harness:
         ready: collections.deque[_Req] = collections.deque()
         self.slots = []
         used_bytes = 0
-        parked = 0     # wire bytes prefilled and not yet fully transferred (prefill back-pressure)
+        parked = 0  # wire bytes prefilled and not yet fully transferred (prefill back-pressure)
         done: list[_Req] = []
         iterations = []
         complete = True
@@ -316,8 +322,9 @@ class Harness:
                 ready.append(r)
 
         def prefill_may_start() -> bool:
-            return bool(prefill_q) and (parked == 0 or parked + meth.wire_bytes(prefill_q[0].req.prompt_tokens)
-                                        <= cfg.prefill_host_memory_bytes)
+            return bool(prefill_q) and (
+                parked == 0 or parked + meth.wire_bytes(prefill_q[0].req.prompt_tokens) <= cfg.prefill_host_memory_bytes
+            )
 
         try:
             while len(done) < len(workload):
@@ -330,8 +337,11 @@ class Harness:
                 take_transfers()
                 if prefill_may_start():
                     batch, tokens = [], 0
-                    while prefill_q and len(batch) < cfg.prefill_max_batch_requests and (
-                            not batch or tokens + prefill_q[0].req.prompt_tokens <= cfg.prefill_max_batch_tokens):
+                    while (
+                        prefill_q
+                        and len(batch) < cfg.prefill_max_batch_requests
+                        and (not batch or tokens + prefill_q[0].req.prompt_tokens <= cfg.prefill_max_batch_tokens)
+                    ):
                         b = prefill_q.popleft()
                         tokens += b.req.prompt_tokens
                         batch.append(b)
@@ -369,14 +379,33 @@ class Harness:
             link.close()
             sys.setswitchinterval(old_switch)
         rows = []
-        everyone = (done + [r for r in self.slots if r is not None] + list(ready) + list(in_flight.values())
-                    + list(admit_q) + list(prefill_q))
+        everyone = (
+            done
+            + [r for r in self.slots if r is not None]
+            + list(ready)
+            + list(in_flight.values())
+            + list(admit_q)
+            + list(prefill_q)
+        )
         nan = float("nan")
         for r in everyone:
             q = r.req
             t = r.t
-            rows.append((q.request_id, cfg.method, q.arrival_s, q.prompt_tokens, q.output_tokens,
-                         t.get("prefill_start_s", nan), t.get("prefill_end_s", nan), t.get("quantize_end_s", nan),
-                         t.get("transfer_start_s", nan), t.get("transfer_end_s", nan),
-                         t.get("decode_start_s", nan), t.get("first_token_s", nan), t.get("finish_s", nan)))
+            rows.append(
+                (
+                    q.request_id,
+                    cfg.method,
+                    q.arrival_s,
+                    q.prompt_tokens,
+                    q.output_tokens,
+                    t.get("prefill_start_s", nan),
+                    t.get("prefill_end_s", nan),
+                    t.get("quantize_end_s", nan),
+                    t.get("transfer_start_s", nan),
+                    t.get("transfer_end_s", nan),
+                    t.get("decode_start_s", nan),
+                    t.get("first_token_s", nan),
+                    t.get("finish_s", nan),
+                )
+            )
         return rows, iterations, complete and len(done) == len(workload)

@@ -19,6 +19,7 @@ Columns: kind (decode | prefill), method, model, layers, decode_mode, pass, batc
 start_s, end_s (the gaps between consecutive decode iterations with no prefill between them are the
 harness loop's own time, during which the GPU idles).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,19 +31,28 @@ import torch
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m realrun.hostcal", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m realrun.hostcal", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
-    ap.add_argument("--sets", default="llama-3.1-8b:2,6;llama-3.1-70b:2",
-                    help="model:layers,layers;... (each runs baseline, kvquant, hack; the first also baseline again)")
+    ap.add_argument(
+        "--sets",
+        default="llama-3.1-8b:2,6;llama-3.1-70b:2",
+        help="model:layers,layers;... (each runs baseline, kvquant, hack; the first also baseline again)",
+    )
     ap.add_argument("--decode-mode", default="graphs", choices=["graphs", "eager"])
-    ap.add_argument("--profile-first", type=Path, default=None,
-                    help="torch.profiler table of the first set's first method run (CPU and CUDA time) here")
+    ap.add_argument(
+        "--profile-first",
+        type=Path,
+        default=None,
+        help="torch.profiler table of the first set's first method run (CPU and CUDA time) here",
+    )
     a = ap.parse_args(argv)
     if a.smoke:
         import os
+
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from .harness import GIB, Harness, RunConfig
     from .model import RandomLlama, model_shape
@@ -56,8 +66,10 @@ def main(argv=None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     prompt_range = (512, 1024) if not a.smoke else (40, 90)
     dev = torch.device("cpu" if a.smoke else "cuda")
-    work = [Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
-            for i in range(a.requests)]
+    work = [
+        Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
+        for i in range(a.requests)
+    ]
     sets = []
     for part in a.sets.split(";"):
         name, layer_list = part.split(":")
@@ -71,43 +83,97 @@ def main(argv=None) -> int:
         seen: dict[str, int] = {}
         for method in methods:
             seen[method] = seen.get(method, 0) + 1
-            cfg = RunConfig(method=method, link_gbps=10000.0, kv_capacity_bytes=16 * GIB,
-                            max_decode_batch=a.requests, max_total_tokens=prompt_range[1] + 64, seed=1,
-                            decode_mode=a.decode_mode)
+            cfg = RunConfig(
+                method=method,
+                link_gbps=10000.0,
+                kv_capacity_bytes=16 * GIB,
+                max_decode_batch=a.requests,
+                max_total_tokens=prompt_range[1] + 64,
+                seed=1,
+                decode_mode=a.decode_mode,
+            )
             h = Harness(model, cfg)
             try:
                 warmup(h, prompt_range, (3, 40))
                 h.host_issue.clear()
-                if a.profile_first is not None and (model_name, layers, method) == sets[0][:2] + (methods[0],) \
-                        and seen[method] == 1:
+                if (
+                    a.profile_first is not None
+                    and (model_name, layers, method) == sets[0][:2] + (methods[0],)
+                    and seen[method] == 1
+                ):
                     from torch.profiler import ProfilerActivity, profile
+
                     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
                     with profile(activities=acts) as prof:
                         req_rows, iters, _ = h.run(work)
                     a.profile_first.write_text(
-                        prof.key_averages().table(sort_by="cpu_time_total", row_limit=40) + "\n\n"
-                        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+                        prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+                        + "\n\n"
+                        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                    )
                 else:
                     req_rows, iters, _ = h.run(work)
                 for (issue, wall), it in zip(h.host_issue, iters):
-                    rows.append(dict(kind="decode", method=method, model=model_name, layers=layers,
-                                     decode_mode=a.decode_mode, **{"pass": seen[method]},
-                                     batch_size=it[3], tokens=it[4], host_issue_s=issue, wall_s=wall,
-                                     start_s=it[1], end_s=it[2]))
-                for r in req_rows:   # prefill_start_s, prefill_end_s are columns 5 and 6
-                    rows.append(dict(kind="prefill", method=method, model=model_name, layers=layers,
-                                     decode_mode=a.decode_mode, **{"pass": seen[method]}, batch_size=1, tokens=r[3], host_issue_s="",
-                                     wall_s=r[6] - r[5], start_s=r[5], end_s=r[6]))
+                    rows.append(
+                        dict(
+                            kind="decode",
+                            method=method,
+                            model=model_name,
+                            layers=layers,
+                            decode_mode=a.decode_mode,
+                            **{"pass": seen[method]},
+                            batch_size=it[3],
+                            tokens=it[4],
+                            host_issue_s=issue,
+                            wall_s=wall,
+                            start_s=it[1],
+                            end_s=it[2],
+                        )
+                    )
+                for r in req_rows:  # prefill_start_s, prefill_end_s are columns 5 and 6
+                    rows.append(
+                        dict(
+                            kind="prefill",
+                            method=method,
+                            model=model_name,
+                            layers=layers,
+                            decode_mode=a.decode_mode,
+                            **{"pass": seen[method]},
+                            batch_size=1,
+                            tokens=r[3],
+                            host_issue_s="",
+                            wall_s=r[6] - r[5],
+                            start_s=r[5],
+                            end_s=r[6],
+                        )
+                    )
             finally:
                 h.close()
-            dec = [r for r in rows if r["kind"] == "decode" and r["method"] == method and r["layers"] == layers
-                   and r["model"] == model_name and r["pass"] == seen[method]]
-            pre = [r for r in rows if r["kind"] == "prefill" and r["method"] == method and r["layers"] == layers
-                   and r["model"] == model_name and r["pass"] == seen[method]]
-            print(f"{model_name} L{layers} {method} pass {seen[method]}: {len(dec)} iterations, host issue "
-                  f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
-                  f"{sum(r['wall_s'] for r in dec) / len(dec) * 1e3:.3f} ms; prefill mean "
-                  f"{sum(r['wall_s'] for r in pre) / len(pre) * 1e3:.2f} ms", flush=True)
+            dec = [
+                r
+                for r in rows
+                if r["kind"] == "decode"
+                and r["method"] == method
+                and r["layers"] == layers
+                and r["model"] == model_name
+                and r["pass"] == seen[method]
+            ]
+            pre = [
+                r
+                for r in rows
+                if r["kind"] == "prefill"
+                and r["method"] == method
+                and r["layers"] == layers
+                and r["model"] == model_name
+                and r["pass"] == seen[method]
+            ]
+            print(
+                f"{model_name} L{layers} {method} pass {seen[method]}: {len(dec)} iterations, host issue "
+                f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
+                f"{sum(r['wall_s'] for r in dec) / len(dec) * 1e3:.3f} ms; prefill mean "
+                f"{sum(r['wall_s'] for r in pre) / len(pre) * 1e3:.2f} ms",
+                flush=True,
+            )
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -134,12 +200,15 @@ def fit_host(paths) -> dict:
 
     means, gaps = [], []
     graphs = False
-    for i, path in enumerate(paths):
+    for path in paths:
         d = pd.read_csv(path)
         graphs |= "decode_mode" in d.columns and bool((d.decode_mode == "graphs").any())
         for key, g in d[d.kind == "decode"].groupby(["method", "model", "layers", "pass"], sort=False):
-            if key[0] == "baseline" and key[3] == 1 and ((d.method == "baseline") & (d.model == key[1])
-                                                         & (d.layers == key[2]) & (d["pass"] == 2)).any():
+            if (
+                key[0] == "baseline"
+                and key[3] == 1
+                and ((d.method == "baseline") & (d.model == key[1]) & (d.layers == key[2]) & (d["pass"] == 2)).any()
+            ):
                 continue
             b = g.batch_size.to_numpy()
             grew = np.r_[b[0], np.maximum(0, np.diff(b))] > 0
@@ -148,20 +217,33 @@ def fit_host(paths) -> dict:
             for _, g in d.groupby(["method", "model", "layers", "pass"], sort=False):
                 dec = g[g.kind == "decode"].sort_values("start_s")
                 pf = g[g.kind == "prefill"][["start_s", "end_s"]].to_numpy()
-                gg = [b - a for a, b in zip(dec.end_s.to_numpy()[:-1], dec.start_s.to_numpy()[1:])
-                      if not ((pf[:, 0] < b) & (pf[:, 1] > a)).any()]
+                gg = [
+                    b - a
+                    for a, b in zip(dec.end_s.to_numpy()[:-1], dec.start_s.to_numpy()[1:])
+                    if not ((pf[:, 0] < b) & (pf[:, 1] > a)).any()
+                ]
                 if gg:
                     gaps.append(float(np.mean(gg)))
     if graphs:
         issue = float(np.mean([h for _, _, h in means]))
         gap = float(np.mean(gaps)) if gaps else 0.0
-        return {"host_issue_s_per_iteration": 0.0, "host_issue_s_per_layer": 0.0,
-                "host_serial_s_per_iteration": gap + issue, "issue_s": issue, "gap_s": gap, "groups": len(means)}
+        return {
+            "host_issue_s_per_iteration": 0.0,
+            "host_issue_s_per_layer": 0.0,
+            "host_serial_s_per_iteration": gap + issue,
+            "issue_s": issue,
+            "gap_s": gap,
+            "groups": len(means),
+        }
     rows = [(layers, h) for model, layers, h in means if model == "llama-3.1-8b"]
     a = np.array([[1.0, L] for L, _ in rows])
     coef, *_ = np.linalg.lstsq(a, np.array([h for _, h in rows]), rcond=None)
-    return {"host_issue_s_per_iteration": float(coef[0]), "host_issue_s_per_layer": float(coef[1]),
-            "host_serial_s_per_iteration": float(np.mean(gaps)) if gaps else None, "groups": len(means)}
+    return {
+        "host_issue_s_per_iteration": float(coef[0]),
+        "host_issue_s_per_layer": float(coef[1]),
+        "host_serial_s_per_iteration": float(np.mean(gaps)) if gaps else None,
+        "groups": len(means),
+    }
 
 
 if __name__ == "__main__":

@@ -15,14 +15,15 @@ wider alignment can be assumed.
 
 Work: bytes = 2 x sum of run_bytes (read + write).
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-DESC_COLS = 8          # src, dst, run_bytes, src_layer, src_head, dst_layer, dst_head, (pad)
-BLOCK = 8192           # bytes per program
+DESC_COLS = 8  # src, dst, run_bytes, src_layer, src_head, dst_layer, dst_head, (pad)
+BLOCK = 8192  # bytes per program
 
 
 @triton.jit
@@ -58,8 +59,16 @@ def segment(src: torch.Tensor, dst: torch.Tensor, rows: int) -> tuple[int, ...] 
     for t in (src, dst):
         if t.stride(3) != 1 or t.stride(2) != t.shape[3]:
             raise ValueError("a segment's rows must be contiguous")
-    return (src.data_ptr(), dst.data_ptr(), rows * src.shape[3] * es, src.stride(0) * es, src.stride(1) * es,
-            dst.stride(0) * es, dst.stride(1) * es, 0)
+    return (
+        src.data_ptr(),
+        dst.data_ptr(),
+        rows * src.shape[3] * es,
+        src.stride(0) * es,
+        src.stride(1) * es,
+        dst.stride(0) * es,
+        dst.stride(1) * es,
+        0,
+    )
 
 
 def kvcopy(segments: list[tuple[int, ...]], layers: int, kv_heads: int, device: torch.device) -> int:
@@ -73,7 +82,8 @@ def kvcopy(segments: list[tuple[int, ...]], layers: int, kv_heads: int, device: 
         desc = desc.pin_memory().to(device, non_blocking=True)
     longest = max(s[2] for s in segs)
     _kvcopy_kernel[(len(segs) * layers * kv_heads, triton.cdiv(longest, BLOCK))](
-        desc, layers * kv_heads, kv_heads, BLOCK=BLOCK, num_warps=4)
+        desc, layers * kv_heads, kv_heads, BLOCK=BLOCK, num_warps=4
+    )
     return sum(s[2] for s in segs) * layers * kv_heads
 
 

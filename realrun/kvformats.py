@@ -32,6 +32,7 @@ kernel (``hack_attn_prefill``: 8-bit Q against the 2-bit K/V codes) by default �
 is quantized inside the forward, per layer, because the kernel reads codes — or SDPA with
 ``hack_prefill="sdpa"``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,14 +41,21 @@ import torch.nn.functional as F
 from . import kvcopy
 from .model import ModelShape
 
-PARTITION = 64   # HACK's default Π
+PARTITION = 64  # HACK's default Π
 BITS = 2
-ALIGN = 16       # bytes; keeps every part of the flat wire buffer aligned for fp16 views
+ALIGN = 16  # bytes; keeps every part of the flat wire buffer aligned for fp16 views
 
 
 def _k():  # kernels are imported lazily so TRITON_INTERPRET can be set first on CPU
-    from kernels_calibration.kernels import (attn_decode, dequant_attn_decode, hack_attn_decode,
-                                             hack_attn_prefill, kv_cache, quantize)
+    from kernels_calibration.kernels import (
+        attn_decode,
+        dequant_attn_decode,
+        hack_attn_decode,
+        hack_attn_prefill,
+        kv_cache,
+        quantize,
+    )
+
     return attn_decode, dequant_attn_decode, hack_attn_decode, hack_attn_prefill, kv_cache, quantize
 
 
@@ -79,7 +87,7 @@ class WireLayout:
         for (name, dt, rows, cols), off in zip(self.parts, self.offsets):
             es = torch.empty((), dtype=dt).element_size()
             n = self.layers * self.kv_heads * rows * cols
-            out[name] = flat[off:off + n * es].view(dt).view(self.layers, self.kv_heads, rows, cols)
+            out[name] = flat[off : off + n * es].view(dt).view(self.layers, self.kv_heads, rows, cols)
         return out
 
 
@@ -88,11 +96,18 @@ class KVMethodBase:
     quantized = False
     send_sums = False
 
-    def __init__(self, shape: ModelShape, device: torch.device, slots: int, cap_tokens: int,
-                 seed: int = 0, hack_prefill: str = "kernel"):
+    def __init__(
+        self,
+        shape: ModelShape,
+        device: torch.device,
+        slots: int,
+        cap_tokens: int,
+        seed: int = 0,
+        hack_prefill: str = "kernel",
+    ):
         self.shape, self.device, self.slots, self.seed = shape, device, slots, seed
         self.pi = PARTITION
-        self.cap = -(-cap_tokens // self.pi) * self.pi   # per-slot token capacity (multiple of Π)
+        self.cap = -(-cap_tokens // self.pi) * self.pi  # per-slot token capacity (multiple of Π)
         self.hack_prefill = hack_prefill
         self.pool: dict[str, torch.Tensor] = {}
         self._views: dict = {}
@@ -109,8 +124,7 @@ class KVMethodBase:
 
     def footprint_bytes(self, total_tokens: int) -> int:
         """Decode memory reserved for a request that will hold total_tokens tokens."""
-        return WireLayout(self.parts(total_tokens, tail_rows=self.pi), self.shape.layers,
-                          self.shape.kv_heads).nbytes
+        return WireLayout(self.parts(total_tokens, tail_rows=self.pi), self.shape.layers, self.shape.kv_heads).nbytes
 
     # ---- prefill side ----------------------------------------------------------------------
     def prefill_attention(self, q, k, v):
@@ -125,8 +139,7 @@ class KVMethodBase:
     def alloc_pool(self) -> None:
         s = self.shape
         for name, dt, rows, cols in self.parts(self.cap, tail_rows=self.pi, pool=True):
-            self.pool[name] = torch.zeros((s.layers, self.slots, s.kv_heads, rows, cols), dtype=dt,
-                                          device=self.device)
+            self.pool[name] = torch.zeros((s.layers, self.slots, s.kv_heads, rows, cols), dtype=dt, device=self.device)
 
     def pool_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.pool.values())
@@ -176,7 +189,7 @@ class Baseline(KVMethodBase):
         self.rows = torch.arange(self.slots, device=self.device)
 
     def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):
-        kp = self.pool["k"][layer, :b]   # (b, HKV, cap, D)
+        kp = self.pool["k"][layer, :b]  # (b, HKV, cap, D)
         vp = self.pool["v"][layer, :b]
         rows, pos = self.rows[:b], lens_prev.long()
         kp[rows, :, pos] = k_new
@@ -196,14 +209,19 @@ class _Quantized(KVMethodBase):
         w, npart = d * BITS // 8, d // pi
         lv = tokens // pi * pi
         tail = tokens - lv if tail_rows is None else tail_rows
-        sums = self.send_sums or pool    # the pool always has sums: append_token writes them
-        p = [("k_codes", torch.uint8, tokens, w), ("k_min", torch.float16, tokens, npart),
-             ("k_scale", torch.float16, tokens, npart)]
+        sums = self.send_sums or pool  # the pool always has sums: append_token writes them
+        p = [
+            ("k_codes", torch.uint8, tokens, w),
+            ("k_min", torch.float16, tokens, npart),
+            ("k_scale", torch.float16, tokens, npart),
+        ]
         if sums:
             p.append(("k_sum", torch.uint8, tokens, npart))
-        p += [("v_codes", torch.uint8, lv if not pool else tokens, w),
-              ("v_min", torch.float16, lv // pi if not pool else tokens // pi, d),
-              ("v_scale", torch.float16, lv // pi if not pool else tokens // pi, d)]
+        p += [
+            ("v_codes", torch.uint8, lv if not pool else tokens, w),
+            ("v_min", torch.float16, lv // pi if not pool else tokens // pi, d),
+            ("v_scale", torch.float16, lv // pi if not pool else tokens // pi, d),
+        ]
         if sums:
             p.append(("v_sum", torch.uint8, lv // pi if not pool else tokens // pi, d))
         p.append(("v_tail", torch.float16, tail, d))
@@ -218,8 +236,9 @@ class _Quantized(KVMethodBase):
         out = {"k_codes": kc, "k_min": kmn, "k_scale": ksc, "k_sum": ksm}
         if lv:
             lens = torch.full((1,), lv, dtype=torch.int32, device=k.device)
-            vc, vmn, vsc, vsm = quantize.quantize_v(v[None, :, :lv].contiguous(), lens, self.pi, BITS, True,
-                                                    self.seed + 1)
+            vc, vmn, vsc, vsm = quantize.quantize_v(
+                v[None, :, :lv].contiguous(), lens, self.pi, BITS, True, self.seed + 1
+            )
             out.update(v_codes=vc[0], v_min=vmn[0], v_scale=vsc[0], v_sum=vsm[0])
         out["v_tail"] = v[:, lv:]
         return out
@@ -228,19 +247,18 @@ class _Quantized(KVMethodBase):
         parts = state if state is not None else self.quantize_layer(k, v)
         for name, view in views.items():
             if view.shape[2]:
-                view[layer].copy_(parts[name][:, :view.shape[2]])
+                view[layer].copy_(parts[name][:, : view.shape[2]])
 
     def cache_view(self, layer: int, hi: int, lens):
         kv_cache = _k()[4]
         key = (layer, hi)
         pl = self._views.get(key)
-        if pl is None:   # slicing 9 tensors costs host time every layer; batch sizes repeat
+        if pl is None:  # slicing 9 tensors costs host time every layer; batch sizes repeat
             pl = self._views[key] = {n: t[layer, :hi] for n, t in self.pool.items()}
         return kv_cache.QuantKVCache(**pl, lens=lens, partition=self.pi, bits=BITS, rqe=True)
 
     def append(self, layer, k_new, v_new, lens_prev, hi):
-        _k()[4].append_token(self.cache_view(layer, hi, lens_prev), k_new, v_new, stochastic=True,
-                             seed=self.seed + 2)
+        _k()[4].append_token(self.cache_view(layer, hi, lens_prev), k_new, v_new, stochastic=True, seed=self.seed + 2)
 
     def exact_attention(self, layer, q, lens_attn, hi):
         """float64 attention over the dequantized cache (inactive slots: one garbage token, ignored)."""
@@ -256,8 +274,10 @@ class KVQuant(_Quantized):
     def alloc_pool(self):
         super().alloc_pool()
         s = self.shape
-        self.scratch = tuple(torch.empty((self.slots, s.kv_heads, self.cap, s.head_dim), dtype=torch.float16,
-                                         device=self.device) for _ in range(2))
+        self.scratch = tuple(
+            torch.empty((self.slots, s.kv_heads, self.cap, s.head_dim), dtype=torch.float16, device=self.device)
+            for _ in range(2)
+        )
 
     def pool_bytes(self):
         return super().pool_bytes() + sum(t.numel() * 2 for t in self.scratch)
@@ -265,8 +285,9 @@ class KVQuant(_Quantized):
     def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):
         attn_decode, dequant, *_ = _k()
         self.append(layer, k_new, v_new, lens_prev, b)
-        ko, vo = dequant.dequantize_cache(self.cache_view(layer, b, lens_attn),
-                                          out=(self.scratch[0][:b], self.scratch[1][:b]), max_len=max_len)
+        ko, vo = dequant.dequantize_cache(
+            self.cache_view(layer, b, lens_attn), out=(self.scratch[0][:b], self.scratch[1][:b]), max_len=max_len
+        )
         return attn_decode.fp_attn_decode(q, ko, vo, lens_attn, max_len=max_len)
 
     def reference_attention(self, layer, q, lens_attn, hi):
@@ -279,7 +300,7 @@ class Hack(_Quantized):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.quantize_events: list = []   # (start, end) CUDA events around build_cache in the forward
+        self.quantize_events: list = []  # (start, end) CUDA events around build_cache in the forward
 
     def prefill_attention(self, q, k, v):
         if self.hack_prefill == "sdpa":
@@ -287,7 +308,7 @@ class Hack(_Quantized):
         _, _, _, hack_prefill, kv_cache, _ = _k()
         p = q.shape[2]
         lens = torch.full((1,), p, dtype=torch.int32, device=q.device)
-        if q.is_cuda:   # the quantize kernels' share of the forward, for the log (events: no sync here)
+        if q.is_cuda:  # the quantize kernels' share of the forward, for the log (events: no sync here)
             ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             ev[0].record()
         cache = kv_cache.build_cache(k, v, lens, self.pi, BITS, rqe=False, stochastic=True, seed=self.seed)
@@ -296,9 +317,17 @@ class Hack(_Quantized):
             self.quantize_events.append(ev)
         o = hack_prefill.hack_attn_prefill(q, cache)
         lv = p // self.pi * self.pi
-        state = {"k_codes": cache.k_codes[0], "k_min": cache.k_min[0], "k_scale": cache.k_scale[0],
-                 "k_sum": cache.k_sum[0], "v_codes": cache.v_codes[0], "v_min": cache.v_min[0],
-                 "v_scale": cache.v_scale[0], "v_sum": cache.v_sum[0], "v_tail": v[0, :, lv:]}
+        state = {
+            "k_codes": cache.k_codes[0],
+            "k_min": cache.k_min[0],
+            "k_scale": cache.k_scale[0],
+            "k_sum": cache.k_sum[0],
+            "v_codes": cache.v_codes[0],
+            "v_min": cache.v_min[0],
+            "v_scale": cache.v_scale[0],
+            "v_sum": cache.v_sum[0],
+            "v_tail": v[0, :, lv:],
+        }
         return o, state
 
     def decode_attention(self, layer, q, k_new, v_new, lens_prev, lens_attn, b, max_len):

@@ -15,6 +15,7 @@ busy), so only the last chunk's wake-up latency shows in a transfer's end time.
 The main thread must not hold the GIL for long stretches: the harness lowers the interpreter's
 switch interval (see harness.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,8 +32,8 @@ CHUNK_BYTES = 4 << 20
 @dataclass
 class Transfer:
     key: object
-    src: torch.Tensor          # flat uint8 (device)
-    dst: torch.Tensor          # flat uint8 (device), same size
+    src: torch.Tensor  # flat uint8 (device)
+    dst: torch.Tensor  # flat uint8 (device), same size
     start_s: float = float("nan")
     end_s: float = float("nan")
     offset: int = field(default=0)
@@ -54,7 +55,7 @@ class Link:
             self.stream = torch.cuda.Stream(device)
             try:
                 self.staging = torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True)
-            except RuntimeError:   # pinning refused: pageable staging (copies then block the link thread only)
+            except RuntimeError:  # pinning refused: pageable staging (copies then block the link thread only)
                 self.staging = torch.empty(chunk_bytes, dtype=torch.uint8)
         else:
             self.stream = None
@@ -80,7 +81,7 @@ class Link:
             with torch.cuda.stream(self.stream):
                 st.copy_(tr.src[a:b], non_blocking=True)
                 tr.dst[a:b].copy_(st, non_blocking=True)
-            self.stream.synchronize()   # releases the GIL while it waits
+            self.stream.synchronize()  # releases the GIL while it waits
         else:
             st.copy_(tr.src[a:b])
             tr.dst[a:b].copy_(st)

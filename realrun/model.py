@@ -8,6 +8,7 @@ so activations stay O(1) in FP16 over 32 layers; values are meaningless, shapes 
 The KV of prompt/decode tokens is handed to a callback, the attention itself is a callback too, so
 the same forward serves every KV method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -64,19 +65,21 @@ class RandomLlama:
 
         def w(out_f: int, in_f: int) -> torch.Tensor:  # (out, in) as F.linear takes it
             t = torch.randn((out_f, in_f), generator=g, device=self.device, dtype=dt)
-            return t.mul_(in_f ** -0.5)
+            return t.mul_(in_f**-0.5)
 
         self.embed = torch.randn((s.vocab, s.hidden), generator=g, device=self.device, dtype=dt)
         self.layers = []
         for _ in range(s.layers):
-            self.layers.append({
-                "attn_norm": torch.ones(s.hidden, device=self.device, dtype=dt),
-                "wqkv": w((s.q_heads + 2 * s.kv_heads) * s.head_dim, s.hidden),
-                "wo": w(s.hidden, s.q_heads * s.head_dim),
-                "mlp_norm": torch.ones(s.hidden, device=self.device, dtype=dt),
-                "w_gate_up": w(2 * s.mlp, s.hidden),
-                "w_down": w(s.hidden, s.mlp),
-            })
+            self.layers.append(
+                {
+                    "attn_norm": torch.ones(s.hidden, device=self.device, dtype=dt),
+                    "wqkv": w((s.q_heads + 2 * s.kv_heads) * s.head_dim, s.hidden),
+                    "wo": w(s.hidden, s.q_heads * s.head_dim),
+                    "mlp_norm": torch.ones(s.hidden, device=self.device, dtype=dt),
+                    "w_gate_up": w(2 * s.mlp, s.hidden),
+                    "w_down": w(s.hidden, s.mlp),
+                }
+            )
         self.final_norm = torch.ones(s.hidden, device=self.device, dtype=dt)
         self.lm_head = w(s.vocab, s.hidden)
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
@@ -99,11 +102,11 @@ class RandomLlama:
         s = self.shape
         h = F.linear(self.rmsnorm(x, layer["attn_norm"]), layer["wqkv"])
         nq = s.q_heads + s.kv_heads
-        qk = h[:, :nq * s.head_dim].view(-1, nq, s.head_dim)
+        qk = h[:, : nq * s.head_dim].view(-1, nq, s.head_dim)
         x1, x2 = qk.chunk(2, -1)
-        qk = torch.addcmul(qk * rot[0], torch.cat([x2, x1], -1), rot[1])   # sin table carries the sign
-        v = h[:, nq * s.head_dim:].view(-1, s.kv_heads, s.head_dim)
-        return qk[:, :s.q_heads], qk[:, s.q_heads:], v
+        qk = torch.addcmul(qk * rot[0], torch.cat([x2, x1], -1), rot[1])  # sin table carries the sign
+        v = h[:, nq * s.head_dim :].view(-1, s.kv_heads, s.head_dim)
+        return qk[:, : s.q_heads], qk[:, s.q_heads :], v
 
     def finish_layer(self, layer: dict, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """attn (T, HQ*D) -> x after the O projection, the MLP and both residuals."""
@@ -134,8 +137,9 @@ def reference_logits(model: RandomLlama, tokens: torch.Tensor) -> torch.Tensor:
         q = _rope_f32(model, q.reshape(-1, s.q_heads, s.head_dim), pos)
         k = _rope_f32(model, k.reshape(-1, s.kv_heads, s.head_dim), pos)
         v = v.reshape(-1, s.kv_heads, s.head_dim)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                           v.transpose(0, 1)[None], is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True
+        )
         x = x + o[0].transpose(0, 1).reshape(len(tokens), -1) @ f["wo"].T
         xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + s.norm_eps) * f["mlp_norm"]
         g, u = (xn @ f["w_gate_up"].T).chunk(2, -1)

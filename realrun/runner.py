@@ -7,6 +7,7 @@ the run can reach is captured (which runs each once); then a short unrecorded ru
 assorted lengths; in eager mode also one decode attention call for every context length in steps
 of 64 (split counts are the kernels' own choice, a function of the longest context and the batch).
 """
+
 from __future__ import annotations
 
 import platform
@@ -27,23 +28,35 @@ from .workload import Request, poisson_workload
 def environment() -> dict:
     """GPU, driver, versions, date, git revision (kernels_calibration.measure.provenance) and the command."""
     from kernels_calibration.measure import provenance
+
     info = provenance()
-    cmd = (" ".join(shlex.quote(a) for a in ["python", "-m", "realrun"] + sys.argv[1:])
-           if sys.argv[0].endswith("__main__.py") else "realrun.runner.run_set (library call)")
-    return {"gpu": info.get("gpu_name", "cpu"), "driver": info.get("driver", ""), "torch": info["torch"],
-            "triton": info["triton"], "python": platform.python_version(), "date": info["date"],
-            "git_rev": info["git_rev"], "command": cmd}
+    cmd = (
+        " ".join(shlex.quote(a) for a in ["python", "-m", "realrun"] + sys.argv[1:])
+        if sys.argv[0].endswith("__main__.py")
+        else "realrun.runner.run_set (library call)"
+    )
+    return {
+        "gpu": info.get("gpu_name", "cpu"),
+        "driver": info.get("driver", ""),
+        "torch": info["torch"],
+        "triton": info["triton"],
+        "python": platform.python_version(),
+        "date": info["date"],
+        "git_rev": info["git_rev"],
+        "command": cmd,
+    }
 
 
 def warmup(h: Harness, prompt_range: tuple[int, int], output_range: tuple[int, int] = (2, 4), log=None) -> None:
     lo, hi = prompt_range
     h.step.capture_all(min_ctx=lo + 1, max_ctx=hi + output_range[1], log=log)
     # prompt lengths of every residue the kernels specialise on (%16, block counts ==1 / %16 / other)
-    lens = sorted({min(max(p, lo), hi) for p in (lo, lo + 1, lo + 65, 2 * lo, 2 * lo + 17, (lo + hi) // 2,
-                                               hi - 1, hi, 1040)})
+    lens = sorted(
+        {min(max(p, lo), hi) for p in (lo, lo + 1, lo + 65, 2 * lo, 2 * lo + 17, (lo + hi) // 2, hi - 1, hi, 1040)}
+    )
     work = [Request(i, 0.0, p, 3) for i, p in enumerate(lens)]
     cfg = h.cfg
-    h.cfg = replace(cfg, link_gbps=10000.0)   # compile, don't wait on the emulated link
+    h.cfg = replace(cfg, link_gbps=10000.0)  # compile, don't wait on the emulated link
     try:
         h.run(work)
     finally:
@@ -59,8 +72,9 @@ def warmup(h: Harness, prompt_range: tuple[int, int], output_range: tuple[int, i
     for ml in range(64, meth.cap, 64):
         lp = torch.tensor([ml - 1], dtype=torch.int32, device=dev)
         la = torch.tensor([ml], dtype=torch.int32, device=dev)
-        meth.decode_attention(0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim),
-                              z(1, s.kv_heads, s.head_dim), lp, la, 1, ml)
+        meth.decode_attention(
+            0, z(1, s.q_heads, s.head_dim), z(1, s.kv_heads, s.head_dim), z(1, s.kv_heads, s.head_dim), lp, la, 1, ml
+        )
     h._sync()
 
 
@@ -80,16 +94,23 @@ def prime_prefill_attention(h: Harness, lengths: list[int]) -> None:
     h._sync()
 
 
-PREFILL_ATTENTION = {"baseline": "torch SDPA causal (flash)", "kvquant": "torch SDPA causal (flash)",
-                     "hack": "hack_attn_prefill (8-bit Q on the 2-bit K/V codes; the prompt's KV is quantized "
-                             "inside the forward, per layer)"}
-QUANTIZE_STEP = {"baseline": "packing the FP16 KV into the flat send buffer",
-                 "kvquant": "quantize_k/quantize_v (2-bit, stochastic rounding) + packing",
-                 "hack": "packing the already quantized KV (codes, min/scale, sums, FP16 V tail)"}
-DECODE_ATTENTION = {"baseline": "fp_attn_decode over ragged FP16 contexts",
-                    "kvquant": "append_token, then dequantize_cache (unfused: the whole cache of every running "
-                               "request to FP16 memory, every iteration), then fp_attn_decode",
-                    "hack": "append_token + hack_attn_decode (INT8 homomorphic, SE, RQE)"}
+PREFILL_ATTENTION = {
+    "baseline": "torch SDPA causal (flash)",
+    "kvquant": "torch SDPA causal (flash)",
+    "hack": "hack_attn_prefill (8-bit Q on the 2-bit K/V codes; the prompt's KV is quantized "
+    "inside the forward, per layer)",
+}
+QUANTIZE_STEP = {
+    "baseline": "packing the FP16 KV into the flat send buffer",
+    "kvquant": "quantize_k/quantize_v (2-bit, stochastic rounding) + packing",
+    "hack": "packing the already quantized KV (codes, min/scale, sums, FP16 V tail)",
+}
+DECODE_ATTENTION = {
+    "baseline": "fp_attn_decode over ragged FP16 contexts",
+    "kvquant": "append_token, then dequantize_cache (unfused: the whole cache of every running "
+    "request to FP16 memory, every iteration), then fp_attn_decode",
+    "hack": "append_token + hack_attn_decode (INT8 homomorphic, SE, RQE)",
+}
 
 
 def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill_max_batch_tokens: int) -> str:
@@ -97,67 +118,98 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
     p_mean = round(sum(r.prompt_tokens for r in work) / len(work))
     hack_kernel = cfg.method == "hack" and cfg.hack_prefill == "kernel"
     prefill = PREFILL_ATTENTION["hack" if hack_kernel else "baseline"]
-    quant = QUANTIZE_STEP[cfg.method] if cfg.method != "hack" or hack_kernel else \
-        "quantize_k/quantize_v (2-bit, stochastic rounding, sums) + packing"
+    quant = (
+        QUANTIZE_STEP[cfg.method]
+        if cfg.method != "hack" or hack_kernel
+        else "quantize_k/quantize_v (2-bit, stochastic rounding, sums) + packing"
+    )
     st = h.step
     if st.mode == "graphs":
-        graphs = (f"the whole step (attention included) as one CUDA graph per (batch, context) bucket, "
-                  f"{len(st.graphs)} captured; batch buckets {st.b_sizes}; context buckets (the attention "
-                  f"kernels' max_len) {[c for c in st.c_sizes]}")
+        graphs = (
+            f"the whole step (attention included) as one CUDA graph per (batch, context) bucket, "
+            f"{len(st.graphs)} captured; batch buckets {st.b_sizes}; context buckets (the attention "
+            f"kernels' max_len) {[c for c in st.c_sizes]}"
+        )
         if not h.cuda:
             graphs += " (no CUDA: the padded step ran eagerly)"
     else:
         graphs = "eager: the step launch by launch at the true batch and longest context"
-    return "; ".join([
-        f"complete={complete}",
-        "one GPU, one process: prefill and decode take turns, one prefill batch (FCFS) at a decode-iteration "
-        "boundary, see realrun/harness.py",
-        f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={cfg.max_decode_batch}; "
-        f"prefill parked-KV budget (prefill back-pressure) {cfg.prefill_host_memory_bytes / GIB:g} GiB",
-        f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, Poisson arrivals "
-        "(numpy default_rng(seed): gaps, then prompts, then outputs)",
-        f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
-        "CUDA stream, efficiency 1.0, no added latency",
-        f"wire bytes per prompt token at the mean prompt ({p_mean}) = {meth.wire_bytes(p_mean) / p_mean:.1f}",
-        "KV reserved at admission = final prompt+output tokens in the method's format"
-        + (f" + a full {meth.pi}-token FP16 V tail" if meth.quantized else ""),
-        f"prefill attention = {prefill}",
-        f"quantize step (prefill_end_s -> quantize_end_s) = {quant}",
-        f"decode attention = {DECODE_ATTENTION[cfg.method]}",
-        f"decode step = {graphs} (realrun/step.py)",
-        "batch slots kept dense: joins take the lowest free slots, the last running requests move into "
-        "slots finished ones left; all of an iteration's KV placement in one kernel launch (realrun/kvcopy.py), "
-        f"in the iteration; {sum(j for j, _ in h.moves)} joins, {sum(c for _, c in h.moves)} compactions",
-        "peak_memory_bytes = torch.cuda.max_memory_allocated, reset at each iteration's start (weights, the "
-        f"preallocated decode slot pool of {meth.pool_bytes()} B, in-flight send/receive buffers, the graphs' "
-        "memory pool included)",
-        "decode_start_s = start_s of the first iteration that includes the request (its KV is copied from the "
-        "receive buffer into its batch slot inside that iteration)",
-        "host_issue (mean per iteration, from its start to the graph launch or last launch) = "
-        f"{_mean_issue(h) * 1e3:.3f} ms",
-    ])
+    return "; ".join(
+        [
+            f"complete={complete}",
+            "one GPU, one process: prefill and decode take turns, one prefill batch (FCFS) at a decode-iteration "
+            "boundary, see realrun/harness.py",
+            f"prefill_max_batch_tokens={prefill_max_batch_tokens}; max_decode_batch={cfg.max_decode_batch}; "
+            f"prefill parked-KV budget (prefill back-pressure) {cfg.prefill_host_memory_bytes / GIB:g} GiB",
+            f"prompt_tokens uniform {list(prompt_range)}, output_tokens uniform {list(output_range)}, Poisson arrivals "
+            "(numpy default_rng(seed): gaps, then prompts, then outputs)",
+            f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
+            "CUDA stream, efficiency 1.0, no added latency",
+            f"wire bytes per prompt token at the mean prompt ({p_mean}) = {meth.wire_bytes(p_mean) / p_mean:.1f}",
+            "KV reserved at admission = final prompt+output tokens in the method's format"
+            + (f" + a full {meth.pi}-token FP16 V tail" if meth.quantized else ""),
+            f"prefill attention = {prefill}",
+            f"quantize step (prefill_end_s -> quantize_end_s) = {quant}",
+            f"decode attention = {DECODE_ATTENTION[cfg.method]}",
+            f"decode step = {graphs} (realrun/step.py)",
+            "batch slots kept dense: joins take the lowest free slots, the last running requests move into "
+            "slots finished ones left; all of an iteration's KV placement in one kernel launch (realrun/kvcopy.py), "
+            f"in the iteration; {sum(j for j, _ in h.moves)} joins, {sum(c for _, c in h.moves)} compactions",
+            "peak_memory_bytes = torch.cuda.max_memory_allocated, reset at each iteration's start (weights, the "
+            f"preallocated decode slot pool of {meth.pool_bytes()} B, in-flight send/receive buffers, the graphs' "
+            "memory pool included)",
+            "decode_start_s = start_s of the first iteration that includes the request (its KV is copied from the "
+            "receive buffer into its batch slot inside that iteration)",
+            "host_issue (mean per iteration, from its start to the graph launch or last launch) = "
+            f"{_mean_issue(h) * 1e3:.3f} ms",
+        ]
+    )
 
 
 def _mean_issue(h: Harness) -> float:
     return sum(x[0] for x in h.host_issue) / max(1, len(h.host_issue))
 
 
-def _one_run(h: Harness, work, path: Path, name: str, env: dict, rate: float, n_requests: int, prompt_range,
-             output_range, prefill_max_batch_requests: int, prefill_max_batch_tokens: int, log,
-             pack=None) -> Path:
+def _one_run(
+    h: Harness,
+    work,
+    path: Path,
+    name: str,
+    env: dict,
+    rate: float,
+    n_requests: int,
+    prompt_range,
+    output_range,
+    prefill_max_batch_requests: int,
+    prefill_max_batch_tokens: int,
+    log,
+    pack=None,
+) -> Path:
     shape, cfg = h.model.shape, h.cfg
     h.host_issue.clear()
     h.moves.clear()
     getattr(h.method, "quantize_events", []).clear()
     rows, iters, complete = h.run(work)
-    meta = {"method": cfg.method, "model": shape.name, "layers": shape.layers, "rate_rps": rate,
-            "link_gbps": cfg.link_gbps, "seed": cfg.seed, "requests": n_requests,
-            "kv_capacity_bytes": cfg.kv_capacity_bytes, "prefill_max_batch_requests": prefill_max_batch_requests,
-            "prefill_max_batch_tokens": prefill_max_batch_tokens,
-            "prefill_host_memory_bytes": int(cfg.prefill_host_memory_bytes), "max_decode_batch": cfg.max_decode_batch,
-            "prompt_tokens": list(prompt_range), "output_tokens": list(output_range), "decode_mode": cfg.decode_mode,
-            "placement": "shared_gpu",
-            **env, "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens)}
+    meta = {
+        "method": cfg.method,
+        "model": shape.name,
+        "layers": shape.layers,
+        "rate_rps": rate,
+        "link_gbps": cfg.link_gbps,
+        "seed": cfg.seed,
+        "requests": n_requests,
+        "kv_capacity_bytes": cfg.kv_capacity_bytes,
+        "prefill_max_batch_requests": prefill_max_batch_requests,
+        "prefill_max_batch_tokens": prefill_max_batch_tokens,
+        "prefill_host_memory_bytes": int(cfg.prefill_host_memory_bytes),
+        "max_decode_batch": cfg.max_decode_batch,
+        "prompt_tokens": list(prompt_range),
+        "output_tokens": list(output_range),
+        "decode_mode": cfg.decode_mode,
+        "placement": "shared_gpu",
+        **env,
+        "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens),
+    }
     write_trace(path, rows, iters, meta)
     hi_ = h.host_issue or [(0.0, 0.0)]
     issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
@@ -167,26 +219,49 @@ def _one_run(h: Harness, work, path: Path, name: str, env: dict, rate: float, n_
     qev = getattr(h.method, "quantize_events", [])
     if qev:
         q_s = sum(a.elapsed_time(b) for a, b in qev) / 1e3 / len(work)
-        log(f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per request "
-            f"on average (included in prefill_end_s - prefill_start_s)")
+        log(
+            f"{name}: the quantize kernels inside the HACK prefill forward took {q_s * 1e3:.2f} ms per request "
+            f"on average (included in prefill_end_s - prefill_start_s)"
+        )
     batches = sorted(it[3] for it in iters) or [0]
-    log(f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
+    log(
+        f"{name}: {len(fin)}/{n_requests} finished, mean JCT {jct:.3f} s, makespan {span:.1f} s, "
         f"{len(iters)} iterations (mean {wall * 1e3:.2f} ms, host issue {issue * 1e3:.2f} ms: "
         f"{'host-bound' if issue > 0.9 * wall else 'GPU-bound'}; batch median {batches[len(batches) // 2]}, "
-        f"max {batches[-1]}) -> {path}")
+        f"max {batches[-1]}) -> {path}"
+    )
     if pack is not None:
         pack()
     return path
 
 
-def run_set(model_name: str, layers: int | None, methods: list[str], rates: list[float], link_gbps: float,
-            n_requests: int, seed: int, kv_capacity_gib: float, out: Path, device: str = "cuda",
-            prefill_max_batch_requests: int = 1, prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32,
-            prompt_range: tuple[int, int] = (1024, 8192), output_range: tuple[int, int] = (16, 128),
-            hack_prefill: str = "kernel", do_warmup: bool = True, chunk_bytes: int | None = None,
-            time_limit_s: float = 600.0, keep_going: bool = False, decode_mode: str = "graphs",
-            prefill_host_memory_gib: float = 64.0, label: str | None = None, pack=None,
-            log=print) -> list[Path]:
+def run_set(
+    model_name: str,
+    layers: int | None,
+    methods: list[str],
+    rates: list[float],
+    link_gbps: float,
+    n_requests: int,
+    seed: int,
+    kv_capacity_gib: float,
+    out: Path,
+    device: str = "cuda",
+    prefill_max_batch_requests: int = 1,
+    prefill_max_batch_tokens: int = 16384,
+    max_decode_batch: int = 32,
+    prompt_range: tuple[int, int] = (1024, 8192),
+    output_range: tuple[int, int] = (16, 128),
+    hack_prefill: str = "kernel",
+    do_warmup: bool = True,
+    chunk_bytes: int | None = None,
+    time_limit_s: float = 600.0,
+    keep_going: bool = False,
+    decode_mode: str = "graphs",
+    prefill_host_memory_gib: float = 64.0,
+    label: str | None = None,
+    pack=None,
+    log=print,
+) -> list[Path]:
     """Each method in turn on one model (weights built once): its warm-up, then one run per rate.
     Trace folders are named <label>_<method>_r<rate> (label: <model>-L<layers>_<link>gbps); with
     one method and one rate the trace is `out` itself.  pack(): called after each trace is written."""
@@ -198,12 +273,21 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
     label = label or f"{shape.name}-L{shape.layers}_{link_gbps:g}gbps"
     for method in methods:
         kw = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-        cfg = RunConfig(method=method, link_gbps=link_gbps, kv_capacity_bytes=int(kv_capacity_gib * GIB),
-                        prefill_max_batch_requests=prefill_max_batch_requests,
-                        prefill_max_batch_tokens=prefill_max_batch_tokens, max_decode_batch=max_decode_batch,
-                        max_total_tokens=prompt_range[1] + output_range[1], hack_prefill=hack_prefill, seed=seed,
-                        time_limit_s=time_limit_s, decode_mode=decode_mode,
-                        prefill_host_memory_bytes=prefill_host_memory_gib * GIB, **kw)
+        cfg = RunConfig(
+            method=method,
+            link_gbps=link_gbps,
+            kv_capacity_bytes=int(kv_capacity_gib * GIB),
+            prefill_max_batch_requests=prefill_max_batch_requests,
+            prefill_max_batch_tokens=prefill_max_batch_tokens,
+            max_decode_batch=max_decode_batch,
+            max_total_tokens=prompt_range[1] + output_range[1],
+            hack_prefill=hack_prefill,
+            seed=seed,
+            time_limit_s=time_limit_s,
+            decode_mode=decode_mode,
+            prefill_host_memory_bytes=prefill_host_memory_gib * GIB,
+            **kw,
+        )
         h = None
         try:
             h = Harness(model, cfg)
@@ -215,8 +299,23 @@ def run_set(model_name: str, layers: int | None, methods: list[str], rates: list
                     prime_prefill_attention(h, sorted({r.prompt_tokens for r in work}))
                 name = f"{label}_{method}_r{rate:g}"
                 path = Path(out) if len(methods) * len(rates) == 1 else Path(out) / name
-                written.append(_one_run(h, work, path, name, env, rate, n_requests, prompt_range, output_range,
-                                        prefill_max_batch_requests, prefill_max_batch_tokens, log, pack))
+                written.append(
+                    _one_run(
+                        h,
+                        work,
+                        path,
+                        name,
+                        env,
+                        rate,
+                        n_requests,
+                        prompt_range,
+                        output_range,
+                        prefill_max_batch_requests,
+                        prefill_max_batch_tokens,
+                        log,
+                        pack,
+                    )
+                )
         except Exception:
             if not keep_going:
                 raise

@@ -33,6 +33,7 @@ request's flat buffer), TOKEN (the prefill's token in ``offset``, sent when the 
 streamed layers the request is announced before it exists), END (no more requests).
 Decode -> prefill: ADMIT.  A request joins the decode batch once all its bytes and its token are in.
 """
+
 from __future__ import annotations
 
 import collections
@@ -99,10 +100,11 @@ def _staging(nbytes: int, cuda: bool) -> torch.Tensor:
 @dataclass
 class _Out:
     """A transfer on the sender: byte ranges released in order (all at once, or layer by layer)."""
+
     rid: int
     src: torch.Tensor
-    ranges: collections.deque = field(default_factory=collections.deque)   # (offset, bytes, event or None)
-    pos: int = 0              # bytes sent of the range at the head
+    ranges: collections.deque = field(default_factory=collections.deque)  # (offset, bytes, event or None)
+    pos: int = 0  # bytes sent of the range at the head
     total: int = 0
     sent: int = 0
     announced_all: bool = False
@@ -111,15 +113,16 @@ class _Out:
 class Sender:
     """Paced round-robin sender (the token bucket of link.py) over a socket; one thread."""
 
-    def __init__(self, sock: socket.socket, lock: threading.Lock, gbps: float, clock, cuda: bool,
-                 chunk_bytes: int = CHUNK_BYTES):
+    def __init__(
+        self, sock: socket.socket, lock: threading.Lock, gbps: float, clock, cuda: bool, chunk_bytes: int = CHUNK_BYTES
+    ):
         self.sock, self.lock, self.clock, self.cuda = sock, lock, clock, cuda
         self.bytes_per_s = gbps * 1e9 / 8
         self.chunk = chunk_bytes
         self.staging = _staging(chunk_bytes, cuda)
         self.stream = torch.cuda.Stream() if cuda else None
         self.admitted: queue.Queue = queue.Queue()
-        self.done: queue.Queue = queue.Queue()          # (rid, time the last byte left)
+        self.done: queue.Queue = queue.Queue()  # (rid, time the last byte left)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sender", daemon=True)
         self.thread.start()
@@ -137,10 +140,10 @@ class Sender:
         st = self.staging[:n]
         if self.cuda:
             with torch.cuda.stream(self.stream):
-                st.copy_(tr.src[a:a + n], non_blocking=True)
+                st.copy_(tr.src[a : a + n], non_blocking=True)
             self.stream.synchronize()
         else:
-            st.copy_(tr.src[a:a + n])
+            st.copy_(tr.src[a : a + n])
         with self.lock:
             self.sock.sendall(HEADER.pack(DATA, tr.rid, a, n))
             self.sock.sendall(memoryview(st.numpy()))
@@ -161,13 +164,13 @@ class Sender:
                     if tr is None:
                         return
                     if not active:
-                        wire_s = max(wire_s, self.clock())   # busy from idle: no saved-up credit
+                        wire_s = max(wire_s, self.clock())  # busy from idle: no saved-up credit
                     active.append(tr)
             except queue.Empty:
                 pass
             if not active:
                 continue
-            for _ in range(len(active)):   # the next transfer with bytes ready (streamed layers may lag)
+            for _ in range(len(active)):  # the next transfer with bytes ready (streamed layers may lag)
                 if self._ready(active[0]):
                     break
                 active.rotate(-1)
@@ -203,7 +206,8 @@ def prefill_main(args: dict, results, sync_q) -> None:
 def _engine(args: dict, role: str) -> Harness:
     """This process's side of the run on its device (the interpreter for Triton on the CPU)."""
     from .model import RandomLlama, model_shape
-    sys.setswitchinterval(SWITCH_INTERVAL_S)   # the link threads must get the GIL back quickly
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the link threads must get the GIL back quickly
     dev = args[f"{role}_device"]
     if dev == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -215,13 +219,20 @@ def _engine(args: dict, role: str) -> Harness:
 
 
 def _cfg(args: dict) -> RunConfig:
-    return RunConfig(method=args["method"], link_gbps=args["link_gbps"], kv_capacity_bytes=args["kv_capacity_bytes"],
-                     prefill_max_batch_requests=args["prefill_max_batch_requests"],
-                     prefill_max_batch_tokens=args["prefill_max_batch_tokens"],
-                     max_decode_batch=args["max_decode_batch"], max_total_tokens=args["max_total_tokens"],
-                     seed=args["seed"], decode_mode=args["decode_mode"],
-                     prefill_host_memory_bytes=args["prefill_host_memory_bytes"], time_limit_s=args["time_limit_s"],
-                     chunk_bytes=args["chunk_bytes"])
+    return RunConfig(
+        method=args["method"],
+        link_gbps=args["link_gbps"],
+        kv_capacity_bytes=args["kv_capacity_bytes"],
+        prefill_max_batch_requests=args["prefill_max_batch_requests"],
+        prefill_max_batch_tokens=args["prefill_max_batch_tokens"],
+        max_decode_batch=args["max_decode_batch"],
+        max_total_tokens=args["max_total_tokens"],
+        seed=args["seed"],
+        decode_mode=args["decode_mode"],
+        prefill_host_memory_bytes=args["prefill_host_memory_bytes"],
+        time_limit_s=args["time_limit_s"],
+        chunk_bytes=args["chunk_bytes"],
+    )
 
 
 def _prefill(args: dict, results, sync_q) -> dict:
@@ -229,8 +240,9 @@ def _prefill(args: dict, results, sync_q) -> dict:
     model = h.model
     cuda = h.cuda
     meth = h.method
-    if args["warmup"]:   # compile the prefill and encode kernels, prime cuDNN's plans, outside the run
+    if args["warmup"]:  # compile the prefill and encode kernels, prime cuDNN's plans, outside the run
         from .runner import prime_prefill_attention
+
         h.t0 = time.perf_counter()
         lo, hi = args["prompt_range"]
         for i, p in enumerate(sorted({lo, lo + 1, lo + 65, (lo + hi) // 2, hi})):
@@ -268,9 +280,16 @@ def _prefill(args: dict, results, sync_q) -> dict:
 
     def announce(r: _Req) -> None:
         foot = meth.footprint_bytes(r.req.prompt_tokens + r.req.output_tokens)
-        body = json.dumps({"prompt_tokens": r.req.prompt_tokens, "output_tokens": r.req.output_tokens,
-                           "arrival_s": r.req.arrival_s, "wire_bytes": r.wire,
-                           "payload_bytes": outs[r.req.request_id].total, "footprint_bytes": foot}).encode()
+        body = json.dumps(
+            {
+                "prompt_tokens": r.req.prompt_tokens,
+                "output_tokens": r.req.output_tokens,
+                "arrival_s": r.req.arrival_s,
+                "wire_bytes": r.wire,
+                "payload_bytes": outs[r.req.request_id].total,
+                "footprint_bytes": foot,
+            }
+        ).encode()
         with lock:
             sock.sendall(HEADER.pack(READY, r.req.request_id, 0, len(body)) + body)
 
@@ -322,8 +341,11 @@ def _prefill(args: dict, results, sync_q) -> dict:
             head_wire = meth.wire_bytes(prefill_q[0].req.prompt_tokens) if prefill_q else 0
             if prefill_q and (parked == 0 or parked + head_wire <= args["prefill_host_memory_bytes"]):
                 batch, tokens = [], 0
-                while prefill_q and len(batch) < args["prefill_max_batch_requests"] and (
-                        not batch or tokens + prefill_q[0].req.prompt_tokens <= args["prefill_max_batch_tokens"]):
+                while (
+                    prefill_q
+                    and len(batch) < args["prefill_max_batch_requests"]
+                    and (not batch or tokens + prefill_q[0].req.prompt_tokens <= args["prefill_max_batch_tokens"])
+                ):
                     b = prefill_q.popleft()
                     tokens += b.req.prompt_tokens
                     batch.append(b)
@@ -332,12 +354,13 @@ def _prefill(args: dict, results, sync_q) -> dict:
                         b.wire = meth.wire_bytes(b.req.prompt_tokens)
                         outs[b.req.request_id] = _Out(b.req.request_id, None, total=payload(b.req.prompt_tokens))
                         parked += b.wire
-                        announce(b)    # admitted (and sent) while the forward runs
+                        announce(b)  # admitted (and sent) while the forward runs
 
                     def on_layer(r, layer, layout):
                         tr = outs[r.req.request_id]
                         tr.src = r.send
                         layer_done(r, layer, layout)
+
                     h.prefill(batch, layer_done=on_layer)
                     for b in batch:
                         send_token(b)
@@ -364,8 +387,10 @@ def _prefill(args: dict, results, sync_q) -> dict:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-    rows = {rid: {k: r.t.get(k) for k in ("prefill_start_s", "prefill_end_s", "quantize_end_s", "first_token_s")}
-            for rid, r in reqs.items()}
+    rows = {
+        rid: {k: r.t.get(k) for k in ("prefill_start_s", "prefill_end_s", "quantize_end_s", "first_token_s")}
+        for rid, r in reqs.items()
+    }
     return {"requests": rows, "complete": complete}
 
 
@@ -380,7 +405,7 @@ def decode_main(args: dict, results, port_q, sync_q) -> None:
 def _decode(args: dict, port_q, sync_q) -> dict:
     h = _engine(args, "decode")
     cfg = h.cfg
-    if args["warmup"]:   # capture the step's graphs; compile kvcopy and the step once on dummy joins
+    if args["warmup"]:  # capture the step's graphs; compile kvcopy and the step once on dummy joins
         lo, hi = args["prompt_range"]
         h.step.capture_all(min_ctx=lo + 1, max_ctx=hi + args["output_range"][1])
         h.t0 = time.perf_counter()
@@ -407,15 +432,15 @@ def _decode(args: dict, port_q, sync_q) -> dict:
     t0 = sync_q.get(timeout=600)
     clock = lambda: time.perf_counter() - t0  # noqa: E731
     h.t0 = t0
-    events: queue.Queue = queue.Queue()   # ("arrived", rid, t) | ("token", rid, tok) | ("end",)
-    recv_bufs: dict[int, tuple] = {}   # rid -> (device buffer, [bytes received], bytes expected)
+    events: queue.Queue = queue.Queue()  # ("arrived", rid, t) | ("token", rid, tok) | ("end",)
+    recv_bufs: dict[int, tuple] = {}  # rid -> (device buffer, [bytes received], bytes expected)
     stage = _staging(max(args["chunk_bytes"], 1 << 16), cuda)
     stream = torch.cuda.Stream() if cuda else None
     n_total = len(args["workload"])
     pending: collections.deque[_Req] = collections.deque()
     ready: collections.deque[_Req] = collections.deque()
     by_id: dict[int, _Req] = {}
-    lock = threading.Lock()      # pending, used, recv_bufs, by_id and the socket's write side
+    lock = threading.Lock()  # pending, used, recv_bufs, by_id and the socket's write side
     used = [0]
 
     def try_admit() -> None:
@@ -455,10 +480,10 @@ def _decode(args: dict, port_q, sync_q) -> dict:
                 n = body
                 if cuda:
                     with torch.cuda.stream(stream):
-                        buf[off:off + n].copy_(stage[:n], non_blocking=True)
+                        buf[off : off + n].copy_(stage[:n], non_blocking=True)
                     stream.synchronize()
                 else:
-                    buf[off:off + n].copy_(stage[:n])
+                    buf[off : off + n].copy_(stage[:n])
                 got[0] += n
                 if got[0] >= want:
                     events.put(("arrived", rid, clock()))
@@ -511,19 +536,43 @@ def _decode(args: dict, port_q, sync_q) -> dict:
             pass
         h.close()
     with lock:
-        rows = {rid: {k: r.t.get(k) for k in ("transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s")}
-                for rid, r in by_id.items()}
-    return {"requests": rows, "iterations": iterations, "complete": complete,
-            "host_issue_s": sum(x[0] for x in h.host_issue) / max(1, len(h.host_issue))}
+        rows = {
+            rid: {k: r.t.get(k) for k in ("transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s")}
+            for rid, r in by_id.items()
+        }
+    return {
+        "requests": rows,
+        "iterations": iterations,
+        "complete": complete,
+        "host_issue_s": sum(x[0] for x in h.host_issue) / max(1, len(h.host_issue)),
+    }
 
 
 # ---- the launcher ------------------------------------------------------------------------------
-def run_separate(model_name: str, layers: int | None, method: str, rate: float, link_gbps: float, n_requests: int,
-                 seed: int, kv_capacity_gib: float, out: Path, devices: tuple[str, str] = ("cuda:0", "cuda:1"),
-                 prompt_range=(1024, 8192), output_range=(16, 128), prefill_max_batch_requests: int = 1,
-                 prefill_max_batch_tokens: int = 16384, max_decode_batch: int = 32, decode_mode: str = "graphs",
-                 prefill_host_memory_gib: float = 64.0, stream_layers: bool = False, chunk_bytes: int = CHUNK_BYTES,
-                 time_limit_s: float = 600.0, warmup: bool = True, log=print) -> Path:
+def run_separate(
+    model_name: str,
+    layers: int | None,
+    method: str,
+    rate: float,
+    link_gbps: float,
+    n_requests: int,
+    seed: int,
+    kv_capacity_gib: float,
+    out: Path,
+    devices: tuple[str, str] = ("cuda:0", "cuda:1"),
+    prompt_range=(1024, 8192),
+    output_range=(16, 128),
+    prefill_max_batch_requests: int = 1,
+    prefill_max_batch_tokens: int = 16384,
+    max_decode_batch: int = 32,
+    decode_mode: str = "graphs",
+    prefill_host_memory_gib: float = 64.0,
+    stream_layers: bool = False,
+    chunk_bytes: int = CHUNK_BYTES,
+    time_limit_s: float = 600.0,
+    warmup: bool = True,
+    log=print,
+) -> Path:
     """One trace of the separate placement: a prefill process on devices[0], a decode process on
     devices[1] (the same device twice runs both sides on one GPU: a dry run of the code path)."""
     from .runner import environment
@@ -531,15 +580,29 @@ def run_separate(model_name: str, layers: int | None, method: str, rate: float, 
     from .workload import poisson_workload
 
     work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
-    args = {"model": model_name, "layers": layers, "method": method, "link_gbps": link_gbps, "seed": seed,
-            "kv_capacity_bytes": int(kv_capacity_gib * GIB), "prefill_max_batch_requests": prefill_max_batch_requests,
-            "prefill_max_batch_tokens": prefill_max_batch_tokens, "max_decode_batch": max_decode_batch,
-            "max_total_tokens": prompt_range[1] + output_range[1], "decode_mode": decode_mode,
-            "prefill_host_memory_bytes": prefill_host_memory_gib * GIB, "time_limit_s": time_limit_s,
-            "chunk_bytes": chunk_bytes, "stream_layers": stream_layers, "warmup": warmup,
-            "prompt_range": tuple(prompt_range), "output_range": tuple(output_range),
-            "prefill_device": devices[0], "decode_device": devices[1],
-            "workload": [(w.request_id, w.arrival_s, w.prompt_tokens, w.output_tokens) for w in work]}
+    args = {
+        "model": model_name,
+        "layers": layers,
+        "method": method,
+        "link_gbps": link_gbps,
+        "seed": seed,
+        "kv_capacity_bytes": int(kv_capacity_gib * GIB),
+        "prefill_max_batch_requests": prefill_max_batch_requests,
+        "prefill_max_batch_tokens": prefill_max_batch_tokens,
+        "max_decode_batch": max_decode_batch,
+        "max_total_tokens": prompt_range[1] + output_range[1],
+        "decode_mode": decode_mode,
+        "prefill_host_memory_bytes": prefill_host_memory_gib * GIB,
+        "time_limit_s": time_limit_s,
+        "chunk_bytes": chunk_bytes,
+        "stream_layers": stream_layers,
+        "warmup": warmup,
+        "prompt_range": tuple(prompt_range),
+        "output_range": tuple(output_range),
+        "prefill_device": devices[0],
+        "decode_device": devices[1],
+        "workload": [(w.request_id, w.arrival_s, w.prompt_tokens, w.output_tokens) for w in work],
+    }
     ctx = mp.get_context("spawn")
     results, port_q, sync_dec, sync_pre = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
     dec = ctx.Process(target=decode_main, args=(args, results, port_q, sync_dec), name="decode")
@@ -547,7 +610,7 @@ def run_separate(model_name: str, layers: int | None, method: str, rate: float, 
     got: dict = {}
     try:
         dec.start()
-        args = dict(args, port=port_q.get(timeout=900))   # the decode side listens: its warm-up is done
+        args = dict(args, port=port_q.get(timeout=900))  # the decode side listens: its warm-up is done
         pre = ctx.Process(target=prefill_main, args=(args, results, sync_pre), name="prefill")
         pre.start()
         started = False
@@ -556,7 +619,7 @@ def run_separate(model_name: str, layers: int | None, method: str, rate: float, 
             if kind.endswith("_error"):
                 raise RuntimeError(f"the {kind[:-6]} process failed:\n{body}")
             if kind == "prefill_ready" and not started:
-                t0 = time.perf_counter()    # one start time for both clocks (CLOCK_MONOTONIC)
+                t0 = time.perf_counter()  # one start time for both clocks (CLOCK_MONOTONIC)
                 sync_dec.put(t0)
                 sync_pre.put(t0)
                 started = True
@@ -575,35 +638,69 @@ def run_separate(model_name: str, layers: int | None, method: str, rate: float, 
         a = got["prefill"]["requests"].get(w.request_id, {})
         b = got["decode"]["requests"].get(w.request_id, {})
         t = {**{k: v for k, v in a.items() if v is not None}, **{k: v for k, v in b.items() if v is not None}}
-        rows.append((w.request_id, method, w.arrival_s, w.prompt_tokens, w.output_tokens,
-                     t.get("prefill_start_s", nan), t.get("prefill_end_s", nan), t.get("quantize_end_s", nan),
-                     t.get("transfer_start_s", nan), t.get("transfer_end_s", nan), t.get("decode_start_s", nan),
-                     t.get("first_token_s", nan), t.get("finish_s", nan)))
+        rows.append(
+            (
+                w.request_id,
+                method,
+                w.arrival_s,
+                w.prompt_tokens,
+                w.output_tokens,
+                t.get("prefill_start_s", nan),
+                t.get("prefill_end_s", nan),
+                t.get("quantize_end_s", nan),
+                t.get("transfer_start_s", nan),
+                t.get("transfer_end_s", nan),
+                t.get("decode_start_s", nan),
+                t.get("first_token_s", nan),
+                t.get("finish_s", nan),
+            )
+        )
     complete = got["prefill"]["complete"] and got["decode"]["complete"] and all(r[12] == r[12] for r in rows)
     env = environment()
-    meta = {"method": method, "model": model_name, "layers": layers, "rate_rps": rate, "link_gbps": link_gbps,
-            "seed": seed, "requests": n_requests, "kv_capacity_bytes": int(kv_capacity_gib * GIB),
-            "prefill_max_batch_requests": prefill_max_batch_requests,
-            "prefill_max_batch_tokens": prefill_max_batch_tokens,
-            "prefill_host_memory_bytes": int(prefill_host_memory_gib * GIB), "max_decode_batch": max_decode_batch,
-            "prompt_tokens": list(prompt_range), "output_tokens": list(output_range), "decode_mode": decode_mode,
-            "placement": "separate", **env,
-            "notes": "; ".join([
+    meta = {
+        "method": method,
+        "model": model_name,
+        "layers": layers,
+        "rate_rps": rate,
+        "link_gbps": link_gbps,
+        "seed": seed,
+        "requests": n_requests,
+        "kv_capacity_bytes": int(kv_capacity_gib * GIB),
+        "prefill_max_batch_requests": prefill_max_batch_requests,
+        "prefill_max_batch_tokens": prefill_max_batch_tokens,
+        "prefill_host_memory_bytes": int(prefill_host_memory_gib * GIB),
+        "max_decode_batch": max_decode_batch,
+        "prompt_tokens": list(prompt_range),
+        "output_tokens": list(output_range),
+        "decode_mode": decode_mode,
+        "placement": "separate",
+        **env,
+        "notes": "; ".join(
+            [
                 f"complete={complete}",
                 f"two processes: prefill on {devices[0]}, decode on {devices[1]}"
-                + (" (the same device: a dry run of the code path, not the separate placement)"
-                   if devices[0] == devices[1] else ""),
+                + (
+                    " (the same device: a dry run of the code path, not the separate placement)"
+                    if devices[0] == devices[1]
+                    else ""
+                ),
                 f"KV over device -> pinned host -> TCP 127.0.0.1 -> pinned host -> device, paced at {link_gbps:g} "
                 f"Gbps round robin in {chunk_bytes} B chunks" + (", streamed by layers" if stream_layers else ""),
                 "decode admission: strict FIFO on the final KV footprint against kv_capacity_bytes; joins at the "
                 "next iteration boundary; see realrun/separate.py",
-                f"decode host issue (mean per iteration) {got['decode']['host_issue_s'] * 1e3:.3f} ms"])}
+                f"decode host issue (mean per iteration) {got['decode']['host_issue_s'] * 1e3:.3f} ms",
+            ]
+        ),
+    }
     if layers is None:
         from .model import model_shape
+
         meta["layers"] = model_shape(model_name).layers
     write_trace(Path(out), rows, [tuple(it) for it in got["decode"]["iterations"]], meta)
     fin = [r for r in rows if r[12] == r[12]]
-    log(f"separate {method} r{rate:g}: {len(fin)}/{n_requests} finished, mean JCT "
+    log(
+        f"separate {method} r{rate:g}: {len(fin)}/{n_requests} finished, mean JCT "
         f"{sum(r[12] - r[2] for r in fin) / max(1, len(fin)):.3f} s, {len(got['decode']['iterations'])} iterations "
-        f"-> {out}")
+        f"-> {out}"
+    )
     return Path(out)

@@ -23,6 +23,7 @@ of every bucket share one memory pool: each graph's temporaries die inside it, a
 concurrently, which is what makes the sharing safe.  Without CUDA the graphs mode runs the padded
 step eagerly (the CPU tests exercise the bucketing; capture itself needs a GPU).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -84,22 +85,22 @@ class DecodeStep:
         self.ins = torch.zeros(3 * max_batch, dtype=torch.int32, device=self.dev)
         host = torch.zeros(3 * max_batch, dtype=torch.int32)
         self.ins_host = pinned(host) if self.cuda else host
-        self.tok_out = torch.zeros(max_batch, dtype=torch.int64, device=self.dev)   # the next token per slot
+        self.tok_out = torch.zeros(max_batch, dtype=torch.int64, device=self.dev)  # the next token per slot
         self.x_out = torch.zeros((max_batch, model.shape.hidden), dtype=torch.float16, device=self.dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.capture_layers: list | None = None   # check.py: (layer, q, out) per layer in eager runs
+        self.capture_layers: list | None = None  # check.py: (layer, q, out) per layer in eager runs
 
     # ---- the step ------------------------------------------------------------------------------
     def _body(self, b: int, c: int) -> None:
         m, meth = self.m, self.meth
         mb = self.max_batch
-        tok, lens_prev, lens_attn = self.ins[:b], self.ins[mb:mb + b], self.ins[2 * mb:2 * mb + b]
+        tok, lens_prev, lens_attn = self.ins[:b], self.ins[mb : mb + b], self.ins[2 * mb : 2 * mb + b]
         pos = lens_prev.long()
-        x = m.embed[tok.long()]                                            # (B, hidden)
+        x = m.embed[tok.long()]  # (B, hidden)
         rot = m.rope_tables(pos)
         for layer, lw in enumerate(m.layers):
-            q, k, v = m.qkv(lw, x, rot)                                    # (B, H, D) views
+            q, k, v = m.qkv(lw, x, rot)  # (B, H, D) views
             o = meth.decode_attention(layer, q, k, v, lens_prev, lens_attn, b, c)
             if self.capture_layers is not None:
                 self.capture_layers.append((layer, q.clone(), o.clone()))
@@ -120,8 +121,8 @@ class DecodeStep:
         h = self.ins_host
         h.zero_()
         h[:n] = torch.tensor(tokens, dtype=torch.int32)
-        h[mb:mb + n] = torch.tensor(prev, dtype=torch.int32)
-        h[2 * mb:2 * mb + n] = h[mb:mb + n] + 1
+        h[mb : mb + n] = torch.tensor(prev, dtype=torch.int32)
+        h[2 * mb : 2 * mb + n] = h[mb : mb + n] + 1
         self.ins.copy_(h, non_blocking=self.cuda)
 
     def run(self, n: int, max_len: int) -> tuple[int, int]:
@@ -171,8 +172,10 @@ class DecodeStep:
                 if (b, c) not in self.graphs:
                     self._capture(b, c)
         if log:
-            log(f"{self.meth.name}: captured {len(self.graphs)} decode-step graphs ({len(self.b_sizes)} batch x "
-                f"{len(cs)} context buckets, contexts {cs[0]}..{cs[-1]})")
+            log(
+                f"{self.meth.name}: captured {len(self.graphs)} decode-step graphs ({len(self.b_sizes)} batch x "
+                f"{len(cs)} context buckets, contexts {cs[0]}..{cs[-1]})"
+            )
         return len(self.graphs)
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """Trace files of a real run (the format README documents): requests.csv, iterations.csv, meta.json.
 Times in seconds from the run's start (monotonic host clock read after torch.cuda.synchronize())."""
+
 from __future__ import annotations
 
 import csv
@@ -7,14 +8,49 @@ import json
 import math
 from pathlib import Path
 
-REQUEST_COLUMNS = ["request_id", "method", "arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s",
-                   "prefill_end_s", "quantize_end_s", "transfer_start_s", "transfer_end_s", "decode_start_s",
-                   "first_token_s", "finish_s"]
+REQUEST_COLUMNS = [
+    "request_id",
+    "method",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "prefill_start_s",
+    "prefill_end_s",
+    "quantize_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "decode_start_s",
+    "first_token_s",
+    "finish_s",
+]
 ITERATION_COLUMNS = ["iteration", "start_s", "end_s", "batch_size", "context_tokens", "peak_memory_bytes"]
-META_KEYS = ["method", "model", "layers", "rate_rps", "link_gbps", "seed", "requests", "kv_capacity_bytes",
-             "prefill_max_batch_requests", "prefill_max_batch_tokens", "prefill_host_memory_bytes",
-             "max_decode_batch", "prompt_tokens", "output_tokens", "decode_mode", "placement", "gpu", "driver",
-             "torch", "triton", "python", "date", "git_rev", "command", "notes"]
+META_KEYS = [
+    "method",
+    "model",
+    "layers",
+    "rate_rps",
+    "link_gbps",
+    "seed",
+    "requests",
+    "kv_capacity_bytes",
+    "prefill_max_batch_requests",
+    "prefill_max_batch_tokens",
+    "prefill_host_memory_bytes",
+    "max_decode_batch",
+    "prompt_tokens",
+    "output_tokens",
+    "decode_mode",
+    "placement",
+    "gpu",
+    "driver",
+    "torch",
+    "triton",
+    "python",
+    "date",
+    "git_rev",
+    "command",
+    "notes",
+]
 
 
 def _fmt(v):

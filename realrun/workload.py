@@ -5,6 +5,7 @@ mean 1/rate, then n prompt lengths uniform on [prompt_min, prompt_max], then n o
 uniform on [output_min, output_max] (integers, both ends included).  Prompt token ids are drawn
 per request from (seed, request_id) when the request is prefilled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,13 @@ class Request:
     output_tokens: int
 
 
-def poisson_workload(n: int, rate_rps: float, seed: int, prompt_range: tuple[int, int] = (1024, 8192),
-                     output_range: tuple[int, int] = (16, 128)) -> list[Request]:
+def poisson_workload(
+    n: int,
+    rate_rps: float,
+    seed: int,
+    prompt_range: tuple[int, int] = (1024, 8192),
+    output_range: tuple[int, int] = (16, 128),
+) -> list[Request]:
     if n < 1 or rate_rps <= 0:
         raise ValueError("need n >= 1 requests and rate > 0")
     if output_range[0] < 2:

@@ -6,10 +6,18 @@
 
 Names load on first use, so `reports.terminal` (rich only) does not pull in plotly.
 """
+
 from importlib import import_module
 
-_WHERE = {"RunData": "data", "load_run": "data", "make_figures": "figures", "build_report": "html",
-          "figures_from_html": "html", "export_static": "static", "changes_table": "tables"}
+_WHERE = {
+    "RunData": "data",
+    "load_run": "data",
+    "make_figures": "figures",
+    "build_report": "html",
+    "figures_from_html": "html",
+    "export_static": "static",
+    "changes_table": "tables",
+}
 
 
 def __getattr__(name: str):
@@ -26,4 +34,13 @@ def report_figures(run_dir) -> dict:
     return make_figures(load_run(run_dir))
 
 
-__all__ = ["RunData", "build_report", "figures_from_html", "export_static", "load_run", "make_figures", "changes_table", "report_figures"]
+__all__ = [
+    "RunData",
+    "build_report",
+    "figures_from_html",
+    "export_static",
+    "load_run",
+    "make_figures",
+    "changes_table",
+    "report_figures",
+]

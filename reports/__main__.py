@@ -1,4 +1,5 @@
 """``python -m reports RUN_DIR [--plotlyjs PATH_OR_URL] [--static png svg]``: rebuild report.html (and static images) from a run folder."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split(":", 1)[1].strip())
     ap.add_argument("run_dir", help="a folder written by `cli.py simulate --out`")
     ap.add_argument("--plotlyjs", default=None, help="load plotly.js from this path or URL instead of embedding it")
-    ap.add_argument("--static", nargs="*", metavar="FORMAT",
-                    help="also write RUN_DIR/figures/*.FORMAT (default png svg); needs kaleido and Chromium")
+    ap.add_argument(
+        "--static",
+        nargs="*",
+        metavar="FORMAT",
+        help="also write RUN_DIR/figures/*.FORMAT (default png svg); needs kaleido and Chromium",
+    )
     args = ap.parse_args(argv)
     try:
         print(f"wrote {build_report(args.run_dir, plotlyjs=args.plotlyjs)}")

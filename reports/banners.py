@@ -5,13 +5,16 @@ per-method ``utilisation`` and ``stable``, see simulator/overload.py): their que
 as requests arrived, so their latencies depend on the run's length. Plain HTML with its own style,
 so any page template can place it.
 """
+
 from __future__ import annotations
 
 import html
 import math
 
-STYLE = ("background:#fef2f2;border:1px solid #fca5a5;color:#991b1b;border-radius:8px;padding:10px 14px;"
-         "margin:12px 0;font-weight:500")
+STYLE = (
+    "background:#fef2f2;border:1px solid #fca5a5;color:#991b1b;border-radius:8px;padding:10px 14px;"
+    "margin:12px 0;font-weight:500"
+)
 
 
 def overload_banner(summary: dict) -> str:
@@ -25,9 +28,12 @@ def overload_banner(summary: dict) -> str:
         hits.append(f"{name} ({', '.join(pools)})" if pools else name)
     if not hits:
         return ""
-    text = ("Overloaded: offered load exceeds what a pool can serve, so queues grew for as long as requests "
-            "arrived and these latencies depend on the run's length, not only on the system. Utilisation ≥ 1: "
-            + "; ".join(hits) + ".")
+    text = (
+        "Overloaded: offered load exceeds what a pool can serve, so queues grew for as long as requests "
+        "arrived and these latencies depend on the run's length, not only on the system. Utilisation ≥ 1: "
+        + "; ".join(hits)
+        + "."
+    )
     return f'<div class="banner-overload" role="alert" style="{STYLE}">{html.escape(text)}</div>'
 
 

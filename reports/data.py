@@ -16,6 +16,7 @@ Files (all optional but ``summary.json``; a missing one leaves its section with 
 - ``scenario.json``  the resolved scenario, free-form nested JSON.
 - ``profiles.json``  which calibration profile priced prefill and decode, and optional accuracy rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,16 @@ BASELINE = registry.REFERENCE
 
 # The ten parts of a request's JCT, in the order they happen (preemption: decode admission on demand).
 BREAKDOWN_PARTS = (
-    "prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
-    "decode_queue", "decode", "dequantize", "approximation", "preemption",
+    "prefill_queue",
+    "prefill",
+    "quantize",
+    "transfer_queue",
+    "transfer",
+    "decode_queue",
+    "decode",
+    "dequantize",
+    "approximation",
+    "preemption",
 )
 
 
@@ -97,8 +106,9 @@ class RunDataError(ValueError):
     """A run folder's file that cannot be read (truncated, not JSON/CSV); the message is one line."""
 
 
-def _read_csv(path: Path, required: tuple[str, ...], notes: list[str], usecols=None,
-              labels: tuple[str, ...] = ("method",)) -> pd.DataFrame | None:
+def _read_csv(
+    path: Path, required: tuple[str, ...], notes: list[str], usecols=None, labels: tuple[str, ...] = ("method",)
+) -> pd.DataFrame | None:
     """`labels`: text columns with few distinct values, read as categories (a million-row run's
     memory.csv holds the method's name two million times)."""
     if not path.is_file():
@@ -110,7 +120,9 @@ def _read_csv(path: Path, required: tuple[str, ...], notes: list[str], usecols=N
         notes.append(f"{path.name} is empty: its figure is left out.")
         return None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
-        raise RunDataError(f"{path}: not a readable CSV ({str(e).strip().splitlines()[-1] if str(e) else type(e).__name__})") from None
+        raise RunDataError(
+            f"{path}: not a readable CSV ({str(e).strip().splitlines()[-1] if str(e) else type(e).__name__})"
+        ) from None
     missing = [c for c in required if c not in df.columns]
     if missing:
         notes.append(f"{path.name} lacks column(s) {', '.join(missing)}: its figure is left out.")
@@ -152,11 +164,13 @@ def load_run(run_dir: str | Path) -> RunData:
     wanted = {"method", "jct_s", "ttft_s", "tpot_s"}
     if not all(m.get("breakdown_s") for m in summary["methods"].values()):
         wanted |= {f"{p}_s" for p in BREAKDOWN_PARTS}
-    requests = _read_csv(run_dir / "requests.csv", ("method", "jct_s", "ttft_s", "tpot_s"), notes,
-                         usecols=lambda c: c in wanted)
+    requests = _read_csv(
+        run_dir / "requests.csv", ("method", "jct_s", "ttft_s", "tpot_s"), notes, usecols=lambda c: c in wanted
+    )
     memory = _read_csv(run_dir / "memory.csv", ("method", "replica", "time_s", "used_bytes", "capacity_bytes"), notes)
-    links = _read_csv(run_dir / "links.csv", ("method", "link", "time_s", "throughput_gbps"), notes,
-                      labels=("method", "link"))
+    links = _read_csv(
+        run_dir / "links.csv", ("method", "link", "time_s", "throughput_gbps"), notes, labels=("method", "link")
+    )
     scenario = _read_json(run_dir / "scenario.json", notes)
     profiles = _read_json(run_dir / "profiles.json", notes)
     return RunData(run_dir, summary, requests, memory, links, scenario, profiles, tuple(notes))

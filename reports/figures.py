@@ -6,6 +6,7 @@ thinned to at most ``max_points`` points per trace so the page stays small: a st
 each time bucket's minimum and maximum (peaks survive), a CDF keeps evenly spaced order statistics
 (every kept point lies exactly on the empirical CDF).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,11 +19,15 @@ from plotly.subplots import make_subplots
 
 from .data import BREAKDOWN_PARTS, RunData
 from .style import (
-    PART_COLOURS, PART_LABELS, base_layout, method_colours, method_label,
+    PART_COLOURS,
+    PART_LABELS,
+    base_layout,
+    method_colours,
+    method_label,
 )
 
-MAX_POINTS = 5000          # per trace; above this a series is thinned
-MAX_PANELS = 8             # replicas or links drawn; the busiest are kept
+MAX_POINTS = 5000  # per trace; above this a series is thinned
+MAX_PANELS = 8  # replicas or links drawn; the busiest are kept
 GIB = 2**30
 
 # Latency metrics drawn as CDFs: column, title, axis unit and the factor from seconds to it.
@@ -35,6 +40,7 @@ CDF_METRICS = (
 
 # ----------------------------------------------------------------------------- thinning
 
+
 def thin_step(t: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """Thin a step series to <= max_points, keeping each time bucket's first, min and max points."""
     t, y = np.asarray(t, float), np.asarray(y, float)
@@ -46,10 +52,16 @@ def thin_step(t: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tup
     bucket = np.minimum(((t - t[0]) / span * n_buckets).astype(int), n_buckets - 1) if span > 0 else np.zeros(n, int)
     df = pd.DataFrame({"b": bucket, "y": y, "i": np.arange(n)})
     g = df.groupby("b", sort=True)
-    keep = np.unique(np.concatenate([
-        g["i"].first().to_numpy(), df.loc[g["y"].idxmin(), "i"].to_numpy(),
-        df.loc[g["y"].idxmax(), "i"].to_numpy(), [n - 1],
-    ]))
+    keep = np.unique(
+        np.concatenate(
+            [
+                g["i"].first().to_numpy(),
+                df.loc[g["y"].idxmin(), "i"].to_numpy(),
+                df.loc[g["y"].idxmax(), "i"].to_numpy(),
+                [n - 1],
+            ]
+        )
+    )
     return t[keep], y[keep]
 
 
@@ -65,6 +77,7 @@ def ecdf(values, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- figures
+
 
 def _breakdown_means(run: RunData) -> pd.DataFrame:
     """Mean seconds per (method, part): from summary.json, else averaged from requests.csv."""
@@ -89,28 +102,45 @@ def fig_breakdown(run: RunData) -> go.Figure | None:
     for p in BREAKDOWN_PARTS:
         share = np.where(total > 0, means[p] / total.replace(0, np.nan) * 100, 0.0)
         fig.add_bar(
-            name=PART_LABELS[p], x=labels, y=means[p], marker_color=PART_COLOURS[p],
+            name=PART_LABELS[p],
+            x=labels,
+            y=means[p],
+            marker_color=PART_COLOURS[p],
             customdata=np.stack([share, total], axis=-1),
-            hovertemplate=(f"<b>%{{x}}</b><br>{PART_LABELS[p]}: %{{y:.4g}} s"
-                           "<br>%{customdata[0]:.1f}% of mean JCT (%{customdata[1]:.4g} s)<extra></extra>"),
+            hovertemplate=(
+                f"<b>%{{x}}</b><br>{PART_LABELS[p]}: %{{y:.4g}} s"
+                "<br>%{customdata[0]:.1f}% of mean JCT (%{customdata[1]:.4g} s)<extra></extra>"
+            ),
         )
     fig.add_scatter(
         # Lifted a little: "top center" alone lets the label touch the bar's top edge.
-        x=labels, y=total + float(total.max()) * 0.012, mode="text", text=[f"{v:.3g} s" for v in total],
+        x=labels,
+        y=total + float(total.max()) * 0.012,
+        mode="text",
+        text=[f"{v:.3g} s" for v in total],
         textposition="top center",
-        showlegend=False, hoverinfo="skip", textfont=dict(size=12, color="#374151"),
+        showlegend=False,
+        hoverinfo="skip",
+        textfont=dict(size=12, color="#374151"),
     )
-    fig.update_layout(base_layout(
-        "Where a request's time goes: mean JCT in nine parts",
-        barmode="stack", yaxis_title="mean time per request (s)", xaxis_title=None,
-        legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0, title=None, traceorder="normal"),
-        margin=dict(l=70, r=30, t=60, b=70), height=440,
-    ))
+    fig.update_layout(
+        base_layout(
+            "Where a request's time goes: mean JCT in nine parts",
+            barmode="stack",
+            yaxis_title="mean time per request (s)",
+            xaxis_title=None,
+            legend=dict(orientation="h", yanchor="top", y=-0.1, xanchor="left", x=0, title=None, traceorder="normal"),
+            margin=dict(l=70, r=30, t=60, b=70),
+            height=440,
+        )
+    )
     fig.update_yaxes(range=[0, float(total.max()) * 1.14 or 1])
     return fig
 
 
-def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_points: int = MAX_POINTS) -> go.Figure | None:
+def fig_cdf(
+    run: RunData, column: str, title: str, unit: str, scale: float, max_points: int = MAX_POINTS
+) -> go.Figure | None:
     if run.requests is None or column not in run.requests:
         return None
     colours = method_colours(run.methods, run.kinds)
@@ -122,7 +152,11 @@ def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_
         if len(x) == 0:
             continue
         fig.add_scatter(
-            x=x, y=y, name=method_label(m), mode="lines", line=dict(color=colours[m], width=2.2, shape="hv"),
+            x=x,
+            y=y,
+            name=method_label(m),
+            mode="lines",
+            line=dict(color=colours[m], width=2.2, shape="hv"),
             hovertemplate=f"<b>{method_label(m)}</b><br>{short} ≤ %{{x:.4g}} {unit}<br>for %{{y:.1%}} of requests<extra></extra>",
         )
     if not fig.data:
@@ -132,19 +166,34 @@ def fig_cdf(run: RunData, column: str, title: str, unit: str, scale: float, max_
     # A long tail (p99 > 4x median) squeezes the body of every curve against the axis: use log x.
     log_x = len(pooled) > 0 and np.percentile(pooled, 99) > 4 * np.percentile(pooled, 50)
     # Bottom-right inside the axes: a CDF is near 100% there, so the corner is empty.
-    fig.update_layout(base_layout(f"CDF of {title[0].lower() + title[1:]}", height=430,
-                                  xaxis_title=f"{short} ({unit})", yaxis_title="fraction of requests",
-                                  legend=dict(orientation="v", yanchor="bottom", y=0.03, xanchor="right", x=0.99,
-                                              bgcolor="rgba(255,255,255,0.85)", bordercolor="#e5e7eb", borderwidth=1,
-                                              font=dict(size=11)),
-                                  margin=dict(l=60, r=20, t=75, b=55)))
+    fig.update_layout(
+        base_layout(
+            f"CDF of {title[0].lower() + title[1:]}",
+            height=430,
+            xaxis_title=f"{short} ({unit})",
+            yaxis_title="fraction of requests",
+            legend=dict(
+                orientation="v",
+                yanchor="bottom",
+                y=0.03,
+                xanchor="right",
+                x=0.99,
+                bgcolor="rgba(255,255,255,0.85)",
+                bordercolor="#e5e7eb",
+                borderwidth=1,
+                font=dict(size=11),
+            ),
+            margin=dict(l=60, r=20, t=75, b=55),
+        )
+    )
     # Title just above the axes, clear of the mode bar in the top-right corner of a narrow figure.
     fig.update_layout(title=dict(yref="paper", y=1, yanchor="bottom", pad=dict(b=12)))
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     if log_x:
         ticks = _ticks_125(float(pooled.min()), float(pooled.max()))
-        fig.update_xaxes(type="log", title_text=f"{short} ({unit}, log scale)", tickvals=ticks,
-                         ticktext=[f"{v:g}" for v in ticks])
+        fig.update_xaxes(
+            type="log", title_text=f"{short} ({unit}, log scale)", tickvals=ticks, ticktext=[f"{v:g}" for v in ticks]
+        )
     for q in (0.5, 0.9):
         fig.add_hline(y=q, line=dict(color="#9ca3af", width=1, dash="dot"))
     return fig
@@ -154,7 +203,7 @@ def _ticks_125(lo: float, hi: float) -> list[float]:
     """1-2-5 tick values spanning [lo, hi] (log axes label only decades or odd digits otherwise)."""
     out = []
     for e in range(int(math.floor(math.log10(lo))), int(math.ceil(math.log10(hi))) + 1):
-        out += [d * 10.0 ** e for d in (1, 2, 5)]
+        out += [d * 10.0**e for d in (1, 2, 5)]
     inside = [v for v in out if lo <= v <= hi]
     below = [v for v in out if v < lo][-1:]
     above = [v for v in out if v > hi][:1]
@@ -170,6 +219,7 @@ def _busiest(df: pd.DataFrame, key: str, value: str, limit: int) -> list:
 def _natural(key) -> tuple:
     """Sort "p2->d10" after "p2->d9": digit runs compare as numbers."""
     import re
+
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(key)))
 
 
@@ -197,8 +247,13 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
         elif cap > 0:
             name += f" · capacity {cap / GIB:.4g} GiB"
         titles.append(name)
-    fig = make_subplots(rows=len(replicas), cols=1, shared_xaxes=True,
-                        vertical_spacing=0.08 if len(replicas) > 1 else 0, subplot_titles=titles)
+    fig = make_subplots(
+        rows=len(replicas),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08 if len(replicas) > 1 else 0,
+        subplot_titles=titles,
+    )
     for row, r in enumerate(replicas, start=1):
         sub = mem[mem["replica"] == r]
         cap, peak = caps[r], peaks[r]
@@ -209,19 +264,35 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
             t, y = thin_step(s["time_s"].to_numpy(), s["used_bytes"].to_numpy(), max_points)
             t, y = np.append(t, t_end), np.append(y, y[-1])  # hold the last value to the run's end
             fig.add_scatter(
-                x=t, y=y / GIB, name=method_label(m), legendgroup=m, showlegend=row == 1, mode="lines",
-                line=dict(color=colours[m], width=1.6, shape="hv"), customdata=y / cap * 100 if cap > 0 else None,
-                hovertemplate=(f"<b>{method_label(m)}</b> · replica {r}<br>t = %{{x:.4g}} s<br>"
-                               f"used = %{{y:.3f}} GiB" + (f" (%{{customdata:.2f}}% of {cap / GIB:.4g} GiB)" if cap > 0 else "")
-                               + "<extra></extra>"),
-                row=row, col=1,
+                x=t,
+                y=y / GIB,
+                name=method_label(m),
+                legendgroup=m,
+                showlegend=row == 1,
+                mode="lines",
+                line=dict(color=colours[m], width=1.6, shape="hv"),
+                customdata=y / cap * 100 if cap > 0 else None,
+                hovertemplate=(
+                    f"<b>{method_label(m)}</b> · replica {r}<br>t = %{{x:.4g}} s<br>"
+                    f"used = %{{y:.3f}} GiB"
+                    + (f" (%{{customdata:.2f}}% of {cap / GIB:.4g} GiB)" if cap > 0 else "")
+                    + "<extra></extra>"
+                ),
+                row=row,
+                col=1,
             )
         if cap > 0 and cap <= 2 * peak:
             fig.add_scatter(
-                x=[t0, t_end], y=[cap / GIB] * 2, mode="lines", name="capacity",
-                legendgroup="capacity", showlegend=row == 1 or "capacity" not in {d.name for d in fig.data},
+                x=[t0, t_end],
+                y=[cap / GIB] * 2,
+                mode="lines",
+                name="capacity",
+                legendgroup="capacity",
+                showlegend=row == 1 or "capacity" not in {d.name for d in fig.data},
                 line=dict(color="#111827", width=1.5, dash="dash"),
-                hovertemplate=f"capacity of replica {r}: {cap / GIB:.4g} GiB<extra></extra>", row=row, col=1,
+                hovertemplate=f"capacity of replica {r}: {cap / GIB:.4g} GiB<extra></extra>",
+                row=row,
+                col=1,
             )
             fig.update_yaxes(range=[0, cap / GIB * 1.06], row=row, col=1)
         else:
@@ -235,8 +306,12 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
 
 
 FAULT_FILL = "#dc2626"
-FAULT_LABELS = {"link_degradation": "link {t} degraded x{f:g}", "link_outage": "link {t} down",
-                "prefill_replica_down": "prefill p{t} down", "decode_replica_down": "decode d{t} down"}
+FAULT_LABELS = {
+    "link_degradation": "link {t} degraded x{f:g}",
+    "link_outage": "link {t} down",
+    "prefill_replica_down": "prefill p{t} down",
+    "decode_replica_down": "decode d{t} down",
+}
 
 
 def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
@@ -261,9 +336,19 @@ def mark_faults(fig: go.Figure, run: RunData, rows: int, t_end: float) -> None:
         if start >= t_end:
             continue
         for row in range(1, rows + 1):
-            fig.add_vrect(x0=start, x1=min(end, t_end), fillcolor=FAULT_FILL, opacity=0.12, line_width=0, layer="below",
-                          annotation_text=label if row == 1 else None, annotation_position="top left",
-                          annotation_font=dict(size=10, color=FAULT_FILL), row=row, col=1)
+            fig.add_vrect(
+                x0=start,
+                x1=min(end, t_end),
+                fillcolor=FAULT_FILL,
+                opacity=0.12,
+                line_width=0,
+                layer="below",
+                annotation_text=label if row == 1 else None,
+                annotation_position="top left",
+                annotation_font=dict(size=10, color=FAULT_FILL),
+                row=row,
+                col=1,
+            )
 
 
 def link_capacities(run: RunData) -> dict[str, float]:
@@ -282,8 +367,12 @@ def link_capacities(run: RunData) -> dict[str, float]:
 
 def _gbps_value(d: dict) -> float | None:
     for k, v in d.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and k.endswith("gbps") and any(
-                w in k for w in ("capacity", "bandwidth", "link", "rate", "speed")):
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and k.endswith("gbps")
+            and any(w in k for w in ("capacity", "bandwidth", "link", "rate", "speed"))
+        ):
             return float(v)
     for k, v in d.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k.endswith("_gbps"):
@@ -336,7 +425,7 @@ def window_mean_step(t, y, edges) -> np.ndarray:
     return np.where(width > 0, np.diff(F) / np.where(width > 0, width, 1), 0.0)
 
 
-LINK_WINDOWS = 120   # windows over the run for link throughput
+LINK_WINDOWS = 120  # windows over the run for link throughput
 
 
 def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
@@ -353,9 +442,15 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
     edges = np.linspace(t0, t_end, n_windows + 1)
     mid = (edges[:-1] + edges[1:]) / 2
     window_s = edges[1] - edges[0]
-    fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.07 if len(shown) > 1 else 0,
-                        subplot_titles=[f"link {k}" + (f" · capacity {caps[k]:.4g} Gbps" if k in caps else " · capacity unknown")
-                                        for k in shown])
+    fig = make_subplots(
+        rows=len(shown),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.07 if len(shown) > 1 else 0,
+        subplot_titles=[
+            f"link {k}" + (f" · capacity {caps[k]:.4g} Gbps" if k in caps else " · capacity unknown") for k in shown
+        ],
+    )
     flows = "active_flows" in links
     for row, k in enumerate(shown, start=1):
         sub = links[links["link"] == k]
@@ -372,23 +467,41 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
                 custom.append(window_mean_step(tt, s["active_flows"].to_numpy(float), edges))
                 extra += "<br>mean active flows: %{customdata[1]:.2f}"
             fig.add_scatter(
-                x=mid, y=gbps, name=method_label(m), legendgroup=m, showlegend=row == 1, mode="lines",
+                x=mid,
+                y=gbps,
+                name=method_label(m),
+                legendgroup=m,
+                showlegend=row == 1,
+                mode="lines",
                 line=dict(color=colours[m], width=1.5),
                 customdata=np.stack(custom, axis=-1),
-                hovertemplate=(f"<b>{method_label(m)}</b> · {k}<br>t = %{{x:.4g}} s ± {window_s / 2:.3g} s"
-                               f"<br>mean throughput = %{{y:.4g}} Gbps{extra}<extra></extra>"),
-                row=row, col=1,
+                hovertemplate=(
+                    f"<b>{method_label(m)}</b> · {k}<br>t = %{{x:.4g}} s ± {window_s / 2:.3g} s"
+                    f"<br>mean throughput = %{{y:.4g}} Gbps{extra}<extra></extra>"
+                ),
+                row=row,
+                col=1,
             )
         if cap:
             fig.add_scatter(
-                x=[t0, t_end], y=[cap, cap], mode="lines", name="capacity", legendgroup="capacity",
-                showlegend=row == 1, line=dict(color="#111827", width=1.5, dash="dash"),
-                hovertemplate=f"capacity of {k}: {cap:.4g} Gbps<extra></extra>", row=row, col=1,
+                x=[t0, t_end],
+                y=[cap, cap],
+                mode="lines",
+                name="capacity",
+                legendgroup="capacity",
+                showlegend=row == 1,
+                line=dict(color="#111827", width=1.5, dash="dash"),
+                hovertemplate=f"capacity of {k}: {cap:.4g} Gbps<extra></extra>",
+                row=row,
+                col=1,
             )
         fig.update_yaxes(title_text="Gbps", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(shown), col=1)
-    fig.update_layout(base_layout(f"Link throughput over time (mean over {window_s:.3g} s windows) vs capacity",
-                                  height=150 + 200 * len(shown)))
+    fig.update_layout(
+        base_layout(
+            f"Link throughput over time (mean over {window_s:.3g} s windows) vs capacity", height=150 + 200 * len(shown)
+        )
+    )
     mark_faults(fig, run, len(shown), t_end)
     return fig
 
@@ -439,7 +552,9 @@ def match_accuracy(run: RunData, acc: pd.DataFrame) -> pd.DataFrame:
             if jct is None:
                 continue
             decode = (stats.get("breakdown_s") or {}).get("decode")
-            out.append(dict(row, method=m, jct_mean_s=float(jct), decode_mean_s=None if decode is None else float(decode)))
+            out.append(
+                dict(row, method=m, jct_mean_s=float(jct), decode_mean_s=None if decode is None else float(decode))
+            )
     return pd.DataFrame(out)
 
 
@@ -450,8 +565,8 @@ def _config_label(row) -> str:
     return " ".join(x for x in (part, bits) if x) + (f" ({extra})" if extra else "")
 
 
-LEGEND_LINE_PX = 21        # a legend entry's height at the report's 13 px font
-LEGEND_GROUP_LINES = 2     # a legend group's title and the gap above it, in entries
+LEGEND_LINE_PX = 21  # a legend entry's height at the report's 13 px font
+LEGEND_GROUP_LINES = 2  # a legend group's title and the gap above it, in entries
 
 
 def fig_tradeoff(run: RunData) -> go.Figure | None:
@@ -461,11 +576,21 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
     matched = match_accuracy(run, acc)
     colours = method_colours(run.methods, run.kinds)
     two = not matched.empty
-    fig = make_subplots(rows=1, cols=2 if two else 1, horizontal_spacing=0.1,
-                        subplot_titles=["relative error by partition size Π"] + (["accuracy vs speed"] if two else []))
+    fig = make_subplots(
+        rows=1,
+        cols=2 if two else 1,
+        horizontal_spacing=0.1,
+        subplot_titles=["relative error by partition size Π"] + (["accuracy vs speed"] if two else []),
+    )
     acc = acc.copy()
-    acc["series"] = acc.apply(lambda r: " · ".join(str(v) for v in (r["kernel"], f"{int(r['bits'])}-bit" if pd.notna(r["bits"]) else None,
-                                                                         r["rounding"], r["inputs"]) if v is not None and pd.notna(v)), axis=1)
+    acc["series"] = acc.apply(
+        lambda r: " · ".join(
+            str(v)
+            for v in (r["kernel"], f"{int(r['bits'])}-bit" if pd.notna(r["bits"]) else None, r["rounding"], r["inputs"])
+            if v is not None and pd.notna(v)
+        ),
+        axis=1,
+    )
     palette = iter(("#a16207", "#0f766e", "#7c3aed", "#db2777", "#4d7c0f", "#1e40af", "#9a3412", "#475569") * 4)
     dashes = iter(("solid", "dash", "dot", "dashdot", "longdash") * 8)
     seen_kernels: set[str] = set()
@@ -477,35 +602,63 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
         dash = "solid" if kernel not in seen_kernels else next(dashes)
         seen_kernels.add(kernel)
         fig.add_scatter(
-            x=[str(int(p)) if pd.notna(p) else "n/a" for p in s["_p"]], y=s["rel_error"],
-            name=series, mode="lines+markers", legendgroup="acc", legendgrouptitle_text="accuracy rows (left)",
-            marker=dict(size=9, color=colour), line=dict(color=colour, width=1.8, dash=dash),
-            hovertemplate=f"<b>{series}</b><br>Π = %{{x}}<br>relative error = %{{y:.3e}}<extra></extra>", row=1, col=1,
+            x=[str(int(p)) if pd.notna(p) else "n/a" for p in s["_p"]],
+            y=s["rel_error"],
+            name=series,
+            mode="lines+markers",
+            legendgroup="acc",
+            legendgrouptitle_text="accuracy rows (left)",
+            marker=dict(size=9, color=colour),
+            line=dict(color=colour, width=1.8, dash=dash),
+            hovertemplate=f"<b>{series}</b><br>Π = %{{x}}<br>relative error = %{{y:.3e}}<extra></extra>",
+            row=1,
+            col=1,
         )
-    order = [str(int(p)) for p in sorted(numeric_part.dropna().unique())] + (["n/a"] if numeric_part.isna().any() else [])
-    fig.update_xaxes(title_text="partition size Π (elements)", type="category", categoryorder="array",
-                     categoryarray=order, row=1, col=1)
+    order = [str(int(p)) for p in sorted(numeric_part.dropna().unique())] + (
+        ["n/a"] if numeric_part.isna().any() else []
+    )
+    fig.update_xaxes(
+        title_text="partition size Π (elements)",
+        type="category",
+        categoryorder="array",
+        categoryarray=order,
+        row=1,
+        col=1,
+    )
     fig.update_yaxes(title_text="relative error (vs FP16)", type="log", exponentformat="power", row=1, col=1)
     if two:
         for m, s in matched.groupby("method", sort=False):
             text = [_config_label(r) for _, r in s.iterrows()]
             decode = s["decode_mean_s"].fillna(float("nan")).to_numpy()
             fig.add_scatter(
-                x=s["rel_error"], y=s["jct_mean_s"], name=method_label(m), mode="markers", text=text,
-                legendgroup="methods", legendgrouptitle_text="methods (right)",
-                marker=dict(size=13, color=colours[m], line=dict(color="white", width=1)), customdata=decode,
-                hovertemplate=(f"<b>{method_label(m)}</b> %{{text}}<br>relative error = %{{x:.3e}}"
-                               "<br>mean JCT = %{y:.4g} s<br>mean decode time = %{customdata:.4g} s<extra></extra>"),
-                row=1, col=2,
+                x=s["rel_error"],
+                y=s["jct_mean_s"],
+                name=method_label(m),
+                mode="markers",
+                text=text,
+                legendgroup="methods",
+                legendgrouptitle_text="methods (right)",
+                marker=dict(size=13, color=colours[m], line=dict(color="white", width=1)),
+                customdata=decode,
+                hovertemplate=(
+                    f"<b>{method_label(m)}</b> %{{text}}<br>relative error = %{{x:.3e}}"
+                    "<br>mean JCT = %{y:.4g} s<br>mean decode time = %{customdata:.4g} s<extra></extra>"
+                ),
+                row=1,
+                col=2,
             )
         fig.update_xaxes(title_text="relative error (vs FP16, log)", type="log", exponentformat="power", row=1, col=2)
         fig.update_yaxes(title_text="mean JCT (s)", row=1, col=2)
     fig.update_yaxes(nticks=6, row=1, col=1)
     # Tall enough that the legend (one line per entry, a title per group) fits beside the plots unscrolled.
     entries = len(fig.data) + LEGEND_GROUP_LINES * (1 + two)
-    fig.update_layout(base_layout("Accuracy/speed trade-off of the compressed-KV kernels",
-                                  height=max(480, 90 + 60 + LEGEND_LINE_PX * entries),
-                                  margin=dict(l=70, r=30, t=90, b=60)))
+    fig.update_layout(
+        base_layout(
+            "Accuracy/speed trade-off of the compressed-KV kernels",
+            height=max(480, 90 + 60 + LEGEND_LINE_PX * entries),
+            margin=dict(l=70, r=30, t=90, b=60),
+        )
+    )
     return fig
 
 
@@ -529,11 +682,15 @@ def figure_notes(run: RunData) -> dict[str, str]:
     notes = {}
     if run.requests is None:
         for col, *_ in CDF_METRICS:
-            notes[f"cdf_{col.removesuffix('_s')}"] = "requests.csv is missing, so there are no per-request distributions."
+            notes[f"cdf_{col.removesuffix('_s')}"] = (
+                "requests.csv is missing, so there are no per-request distributions."
+            )
     if run.memory is None or run.memory.empty:
         notes["decode_memory"] = "memory.csv is missing or empty."
     elif run.memory["replica"].nunique() > MAX_PANELS:
-        notes["decode_memory"] = f"Showing the {MAX_PANELS} fullest of {run.memory['replica'].nunique()} decode replicas."
+        notes["decode_memory"] = (
+            f"Showing the {MAX_PANELS} fullest of {run.memory['replica'].nunique()} decode replicas."
+        )
     if run.links is None or run.links.empty:
         notes["link_utilisation"] = "links.csv is missing or empty."
     else:
@@ -542,16 +699,21 @@ def figure_notes(run: RunData) -> dict[str, str]:
             parts.append(f"Showing the {MAX_PANELS} busiest of {run.links['link'].nunique()} links.")
         unknown = sorted(set(run.links["link"]) - set(link_capacities(run)))
         if unknown:
-            parts.append(f"No capacity found for {', '.join(unknown[:6])}{'…' if len(unknown) > 6 else ''} "
-                         "(neither a capacity_gbps column nor a *_gbps entry under scenario.network).")
+            parts.append(
+                f"No capacity found for {', '.join(unknown[:6])}{'…' if len(unknown) > 6 else ''} "
+                "(neither a capacity_gbps column nor a *_gbps entry under scenario.network)."
+            )
         if parts:
             notes["link_utilisation"] = " ".join(parts)
     acc = accuracy_rows(run)
     if acc is None:
-        notes["accuracy_tradeoff"] = ("The calibration profile has no accuracy rows, so there is no accuracy/speed "
-                                      "trade-off to show. Runs whose decode profile is measured or derived carry them "
-                                      "(kernels_calibration/profiles/<gpu>/accuracy.csv); roofline profiles do not.")
+        notes["accuracy_tradeoff"] = (
+            "The calibration profile has no accuracy rows, so there is no accuracy/speed "
+            "trade-off to show. Runs whose decode profile is measured or derived carry them "
+            "(kernels_calibration/profiles/<gpu>/accuracy.csv); roofline profiles do not."
+        )
     elif match_accuracy(run, acc).empty:
-        notes["accuracy_tradeoff"] = ("No accuracy row's kernel matches a simulated method, so only the relative "
-                                      "errors are shown, without speed.")
+        notes["accuracy_tradeoff"] = (
+            "No accuracy row's kernel matches a simulated method, so only the relative errors are shown, without speed."
+        )
     return notes

@@ -6,13 +6,14 @@ per-method statistics, the figures, the calibration profile and the resolved sce
 (method − baseline) / baseline, negative where the method takes less time or fewer bytes, as the
 terminal prints it; green marks better, red worse.
 """
+
 from __future__ import annotations
 
 import html
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .banners import overload_banner
 from .data import RunData, load_run
@@ -31,16 +32,38 @@ SOURCE_TEXT = {
 
 # Page sections: (anchor, heading, lead text, figures in it).
 FIGURE_SECTIONS = (
-    ("breakdown", "JCT breakdown", "Mean seconds per request in each of the nine phases, stacked; the label on "
-     "top is the total.", ("jct_breakdown",)),
-    ("distributions", "Latency distributions", "Empirical CDFs over every completed request; dotted lines mark the "
-     "median and the 90th percentile.", ("cdf_jct", "cdf_ttft", "cdf_tpot")),
-    ("memory", "Decode memory", "Memory in use on each decode replica over the run, as the simulator recorded it, "
-     "against the replica's capacity.", ("decode_memory",)),
-    ("links", "Link utilisation", "Throughput of KV transfers on each prefill→decode link, with the link's "
-     "capacity dashed.", ("link_utilisation",)),
-    ("tradeoff", "Accuracy/speed trade-off", "Relative error of the compressed attention kernels, from the "
-     "calibration profile, beside each method's mean JCT.", ("accuracy_tradeoff",)),
+    (
+        "breakdown",
+        "JCT breakdown",
+        "Mean seconds per request in each of the nine phases, stacked; the label on top is the total.",
+        ("jct_breakdown",),
+    ),
+    (
+        "distributions",
+        "Latency distributions",
+        "Empirical CDFs over every completed request; dotted lines mark the median and the 90th percentile.",
+        ("cdf_jct", "cdf_ttft", "cdf_tpot"),
+    ),
+    (
+        "memory",
+        "Decode memory",
+        "Memory in use on each decode replica over the run, as the simulator recorded it, "
+        "against the replica's capacity.",
+        ("decode_memory",),
+    ),
+    (
+        "links",
+        "Link utilisation",
+        "Throughput of KV transfers on each prefill→decode link, with the link's capacity dashed.",
+        ("link_utilisation",),
+    ),
+    (
+        "tradeoff",
+        "Accuracy/speed trade-off",
+        "Relative error of the compressed attention kernels, from the "
+        "calibration profile, beside each method's mean JCT.",
+        ("accuracy_tradeoff",),
+    ),
 )
 
 
@@ -91,32 +114,42 @@ def _glance_html(run: RunData) -> str:
         share = f"{100 * over / jct:.1f}% of JCT" if jct > 0 and math.isfinite(over) else ""
         vs_base = base is not None and m != base
         rows.append(
-            f'<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td><td>{_esc(fmt_seconds(jct))}</td>'
+            f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td><td>{_esc(fmt_seconds(jct))}</td>"
             + (_change_cell(change(jct, value(base, "jct_s", "mean")), cls="d") if vs_base else '<td class="d"></td>')
             + f"<td>{_esc(fmt_bytes(mem))}</td>"
-            + (_change_cell(change(mem, value(base, "peak_decode_memory_bytes")), cls="d") if vs_base
-               else '<td class="d"></td>')
-            + f'<td>{_esc(fmt_seconds(over))}</td><td class="d">{_esc(share)}</td></tr>')
-    return ('<table class="glance" id="table-glance"><thead><tr><th>method</th><th>JCT mean</th>'
-            '<th>vs baseline</th><th>peak decode memory</th><th>vs baseline</th><th>dequantize + approximation</th>'
-            f'<th>per request</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+            + (
+                _change_cell(change(mem, value(base, "peak_decode_memory_bytes")), cls="d")
+                if vs_base
+                else '<td class="d"></td>'
+            )
+            + f'<td>{_esc(fmt_seconds(over))}</td><td class="d">{_esc(share)}</td></tr>'
+        )
+    return (
+        '<table class="glance" id="table-glance"><thead><tr><th>method</th><th>JCT mean</th>'
+        "<th>vs baseline</th><th>peak decode memory</th><th>vs baseline</th><th>dequantize + approximation</th>"
+        f"<th>per request</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _subtitles(run: RunData) -> tuple[str, ...]:
     methods = run.methods
     first = run.summary["methods"].get(methods[0], {}) if methods else {}
     done = first.get("completed")
-    line = (f"run folder {run.run_dir.name} · {len(methods)} method(s) · "
-            + ("baseline: " + method_label(run.baseline) if run.baseline else "no baseline in this run")
-            + f" · {'–' if done is None else f'{int(done):,}'} requests per method, seed "
-            + f"{run.summary.get('seed', '–')}")
+    line = (
+        f"run folder {run.run_dir.name} · {len(methods)} method(s) · "
+        + ("baseline: " + method_label(run.baseline) if run.baseline else "no baseline in this run")
+        + f" · {'–' if done is None else f'{int(done):,}'} requests per method, seed "
+        + f"{run.summary.get('seed', '–')}"
+    )
     profs = {role: (run.profiles or {}).get(role) for role in ("prefill", "decode")}
     profs = {k: v for k, v in profs.items() if isinstance(v, dict)}
     if not profs:
         return (line,)
     cal = "calibration: " + ", ".join(
         f"{role} {p.get('gpu', '?')} {p.get('source', 'unknown')}"
-        + (f" from {p['derived_from']}" if p.get("derived_from") else "") for role, p in profs.items())
+        + (f" from {p['derived_from']}" if p.get("derived_from") else "")
+        for role, p in profs.items()
+    )
     return (line, cal)
 
 
@@ -124,8 +157,10 @@ def _changes_html(run: RunData) -> str:
     red = changes_table(run)
     colours = method_colours(run.methods, run.kinds)
     if red is None:
-        return ('<div class="note">This run has no <code>baseline</code> method, so there are no changes to '
-                'compute; the absolute values are in the next table.</div>')
+        return (
+            '<div class="note">This run has no <code>baseline</code> method, so there are no changes to '
+            "compute; the absolute values are in the next table.</div>"
+        )
     if red.empty:
         return '<div class="note">Only the baseline was simulated: nothing to compare.</div>'
     values = metric_values(run)
@@ -148,8 +183,10 @@ def _changes_html(run: RunData) -> str:
             cells.append(f'<td class="{cls}" style="background:{bg}" title="{_esc(tip)}">{fmt_pct(v)}</td>')
         base_v = _fmt(kinds[label], values.at[label, run.baseline])
         body.append(f"<tr><td>{_esc(label)}</td><td>{_esc(base_v)}</td>{''.join(cells)}</tr>")
-    return (f'<div class="scroll"><table id="table-changes"><thead><tr><th>metric</th><th>{_swatch(colours[run.baseline])}'
-            f'baseline (absolute)</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+    return (
+        f'<div class="scroll"><table id="table-changes"><thead><tr><th>metric</th><th>{_swatch(colours[run.baseline])}'
+        f"baseline (absolute)</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _forms(stats: dict) -> str:
@@ -166,25 +203,36 @@ def _latency_html(run: RunData) -> str:
     colours = method_colours(run.methods, run.kinds)
     qs = ("mean", "p50", "p90", "p99")
     groups = (("jct", "JCT"), ("ttft", "TTFT"), ("tpot", "TPOT"))
-    top = ('<tr><th rowspan="2">method</th><th rowspan="2">completed</th><th rowspan="2">throughput</th>'
-           + "".join(f'<th colspan="4" class="grp">{g}</th>' for _, g in groups)
-           + '<th colspan="2" class="grp">KV bytes/token</th><th rowspan="2">peak decode<br>memory</th>'
-           + '<th rowspan="2">prefill attention<br>(requests per form)</th></tr>')
-    sub = "<tr>" + "".join(f'<th class="{"grp0" if q == "mean" else ""}">{q}</th>' for _ in groups for q in qs) \
+    top = (
+        '<tr><th rowspan="2">method</th><th rowspan="2">completed</th><th rowspan="2">throughput</th>'
+        + "".join(f'<th colspan="4" class="grp">{g}</th>' for _, g in groups)
+        + '<th colspan="2" class="grp">KV bytes/token</th><th rowspan="2">peak decode<br>memory</th>'
+        + '<th rowspan="2">prefill attention<br>(requests per form)</th></tr>'
+    )
+    sub = (
+        "<tr>"
+        + "".join(f'<th class="{"grp0" if q == "mean" else ""}">{q}</th>' for _ in groups for q in qs)
         + '<th class="grp0">wire</th><th>memory</th></tr>'
+    )
     rows = []
     for m in lat.index:
         done = lat.at[m, "completed"]
         cells = f"<td>{'–' if math.isnan(done) else f'{int(done):,}'}</td><td>{_esc(_fmt('rps', lat.at[m, 'throughput_rps']))}</td>"
         for key, _ in groups:
-            cells += "".join(f'<td class="{"grp0" if q == "mean" else ""}">{_esc(fmt_seconds(lat.at[m, f"{key} {q}"]))}</td>'
-                             for q in qs)
-        cells += "".join(f'<td class="{"grp0" if i == 0 else ""}">{_esc(fmt_bytes(values.at[label, m]))}</td>' for i, label in
-                         enumerate(("KV bytes/token on the wire", "KV bytes/token in memory", "Peak decode memory")))
+            cells += "".join(
+                f'<td class="{"grp0" if q == "mean" else ""}">{_esc(fmt_seconds(lat.at[m, f"{key} {q}"]))}</td>'
+                for q in qs
+            )
+        cells += "".join(
+            f'<td class="{"grp0" if i == 0 else ""}">{_esc(fmt_bytes(values.at[label, m]))}</td>'
+            for i, label in enumerate(("KV bytes/token on the wire", "KV bytes/token in memory", "Peak decode memory"))
+        )
         cells += f"<td>{_esc(_forms(run.summary['methods'].get(m) or {}))}</td>"
         rows.append(f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td>{cells}</tr>")
-    return (f'<div class="scroll"><table id="table-methods" class="compact"><thead>{top}{sub}</thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')
+    return (
+        f'<div class="scroll"><table id="table-methods" class="compact"><thead>{top}{sub}</thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def _memory_terms_html(run: RunData) -> str:
@@ -197,23 +245,36 @@ def _memory_terms_html(run: RunData) -> str:
         if not isinstance(mem, dict):
             continue
         fixed = mem.get("fixed_pool_bytes")
-        cells = [fmt_bytes(mem.get(k)) for k in ("requested_bytes", "weights_bytes", "activation_peak_bytes",
-                                                 "non_torch_bytes", "cuda_graph_bytes", "kv_pool_bytes_per_gpu")]
-        rows.append(f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td>"
-                    + "".join(f"<td>{_esc(c)}</td>" for c in cells)
-                    + f"<td>{_esc(mem.get('gpus', '–'))}</td>"
-                    + f"<td>{_esc('fixed ' + fmt_bytes(fixed) if fixed is not None else '–')}</td>"
-                    + f"<td>{_esc(mem.get('block_tokens', '–'))} tokens, {_esc(fmt_bytes(mem.get('block_bytes')))}</td>"
-                    + f"<td>{int(mem.get('blocks', 0)):,}</td><td>{_esc(fmt_bytes(mem.get('kv_capacity_bytes')))}</td></tr>")
+        cells = [
+            fmt_bytes(mem.get(k))
+            for k in (
+                "requested_bytes",
+                "weights_bytes",
+                "activation_peak_bytes",
+                "non_torch_bytes",
+                "cuda_graph_bytes",
+                "kv_pool_bytes_per_gpu",
+            )
+        ]
+        rows.append(
+            f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td>"
+            + "".join(f"<td>{_esc(c)}</td>" for c in cells)
+            + f"<td>{_esc(mem.get('gpus', '–'))}</td>"
+            + f"<td>{_esc('fixed ' + fmt_bytes(fixed) if fixed is not None else '–')}</td>"
+            + f"<td>{_esc(mem.get('block_tokens', '–'))} tokens, {_esc(fmt_bytes(mem.get('block_bytes')))}</td>"
+            + f"<td>{int(mem.get('blocks', 0)):,}</td><td>{_esc(fmt_bytes(mem.get('kv_capacity_bytes')))}</td></tr>"
+        )
     if not rows:
         return ""
-    return ('<p class="lead">How the decode KV pool was sized, as vLLM sizes it: per GPU, the requested memory '
-            '(utilization × memory) less the weights, the activation peak of a forward pass at max_batch_tokens, '
-            'non-torch memory and CUDA graphs; the replica holds whole blocks of it.</p>'
-            '<div class="scroll"><table id="table-memory" class="compact"><thead><tr><th>method</th>'
-            '<th>requested</th><th>weights</th><th>activation peak</th><th>non-torch</th><th>CUDA graphs</th>'
-            '<th>KV pool per GPU</th><th>GPUs</th><th>fixed pool</th><th>block</th><th>blocks</th>'
-            f'<th>KV capacity per replica</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+    return (
+        '<p class="lead">How the decode KV pool was sized, as vLLM sizes it: per GPU, the requested memory '
+        "(utilization × memory) less the weights, the activation peak of a forward pass at max_batch_tokens, "
+        "non-torch memory and CUDA graphs; the replica holds whole blocks of it.</p>"
+        '<div class="scroll"><table id="table-memory" class="compact"><thead><tr><th>method</th>'
+        "<th>requested</th><th>weights</th><th>activation peak</th><th>non-torch</th><th>CUDA graphs</th>"
+        "<th>KV pool per GPU</th><th>GPUs</th><th>fixed pool</th><th>block</th><th>blocks</th>"
+        f"<th>KV capacity per replica</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def _profile_html(run: RunData) -> str:
@@ -227,19 +288,28 @@ def _profile_html(run: RunData) -> str:
             continue
         src = str(p.get("source", "unknown"))
         badge = f'<span class="badge {src if src in SOURCE_TEXT else "unknown"}">{_esc(src)}</span>'
-        rows.append(f"<tr><td>{role}</td><td>{_esc(p.get('gpu', '–'))}</td><td>{badge}</td>"
-                    f"<td>{_esc(p.get('derived_from') or '–')}</td><td><code>{_esc(p.get('path') or '–')}</code></td>"
-                    f"<td style='white-space:normal'>{_esc(SOURCE_TEXT.get(src, ''))}</td></tr>")
+        rows.append(
+            f"<tr><td>{role}</td><td>{_esc(p.get('gpu', '–'))}</td><td>{badge}</td>"
+            f"<td>{_esc(p.get('derived_from') or '–')}</td><td><code>{_esc(p.get('path') or '–')}</code></td>"
+            f"<td style='white-space:normal'>{_esc(SOURCE_TEXT.get(src, ''))}</td></tr>"
+        )
     eng = prof.get("engine")
-    if isinstance(eng, dict):   # an engine calibration (cli.py calibrate --traces) on top of the kernel profiles
-        fitted = ", ".join(f"{k} = {v['value']:.4g} ± {v['stderr']:.2g}" for k, v in (eng.get("fitted") or {}).items()
-                           if isinstance(v, dict) and v.get("stderr") is not None)
-        rows.append(f"<tr><td>engine</td><td>–</td><td>{_esc(eng.get('engine') or '–')}</td><td>–</td>"
-                    f"<td><code>{_esc(eng.get('path') or '–')}</code></td>"
-                    f"<td style='white-space:normal'>{_esc('fitted to measured runs: ' + fitted)}</td></tr>")
-    return ('<div class="scroll"><table id="table-profiles" class="left"><thead><tr><th>role</th><th>GPU</th><th>source</th>'
-            '<th>derived from</th><th>profile file</th><th>what the source means</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')
+    if isinstance(eng, dict):  # an engine calibration (cli.py calibrate --traces) on top of the kernel profiles
+        fitted = ", ".join(
+            f"{k} = {v['value']:.4g} ± {v['stderr']:.2g}"
+            for k, v in (eng.get("fitted") or {}).items()
+            if isinstance(v, dict) and v.get("stderr") is not None
+        )
+        rows.append(
+            f"<tr><td>engine</td><td>–</td><td>{_esc(eng.get('engine') or '–')}</td><td>–</td>"
+            f"<td><code>{_esc(eng.get('path') or '–')}</code></td>"
+            f"<td style='white-space:normal'>{_esc('fitted to measured runs: ' + fitted)}</td></tr>"
+        )
+    return (
+        '<div class="scroll"><table id="table-profiles" class="left"><thead><tr><th>role</th><th>GPU</th><th>source</th>'
+        "<th>derived from</th><th>profile file</th><th>what the source means</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def _scalar(v) -> bool:
@@ -263,7 +333,9 @@ def _short(v, limit: int = 8) -> str:
         text = ", ".join(parts[:limit]) + (", …" if len(parts) > limit else "")
         return f"{head} ({text})" if head is not None and text else str(head) if head is not None else text or "…"
     if isinstance(v, list):
-        names = [str(x.get("label") or x.get("name") or x.get("method") or "…") if isinstance(x, dict) else str(x) for x in v]
+        names = [
+            str(x.get("label") or x.get("name") or x.get("method") or "…") if isinstance(x, dict) else str(x) for x in v
+        ]
         return ", ".join(names)
     return str(v)
 
@@ -275,20 +347,31 @@ def _scenario_html(run: RunData) -> str:
     facts = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(_short(v))}</dd>" for k, v in sc.items())
     blocks = "".join(
         f"<details{' open' if i == 0 else ''}><summary>{_esc(k)}</summary><pre>{_esc(json.dumps(v, indent=2))}</pre></details>"
-        for i, (k, v) in enumerate((k, v) for k, v in sc.items() if isinstance(v, (dict, list))))
-    return (f'<dl class="facts">{facts}</dl>{blocks}<details><summary>whole scenario.json</summary>'
-            f'<pre>{_esc(json.dumps(sc, indent=2))}</pre></details>')
+        for i, (k, v) in enumerate((k, v) for k, v in sc.items() if isinstance(v, (dict, list)))
+    )
+    return (
+        f'<dl class="facts">{facts}</dl>{blocks}<details><summary>whole scenario.json</summary>'
+        f"<pre>{_esc(json.dumps(sc, indent=2))}</pre></details>"
+    )
 
 
 def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
     """The simulate report as a Page, from a loaded run and its figures."""
     sections = [
-        Section("changes", "Change against the baseline",
-                "(method − baseline) / baseline: negative is less time or fewer bytes, as the terminal prints it; "
-                "green where the method is better, red where worse (for throughput more is better). Hover a cell "
-                "for the method's absolute value.", body_html=_changes_html(run)),
-        Section("methods", "Per-method statistics", "Seconds unless marked; bytes in binary units.",
-                body_html=_latency_html(run)),
+        Section(
+            "changes",
+            "Change against the baseline",
+            "(method − baseline) / baseline: negative is less time or fewer bytes, as the terminal prints it; "
+            "green where the method is better, red where worse (for throughput more is better). Hover a cell "
+            "for the method's absolute value.",
+            body_html=_changes_html(run),
+        ),
+        Section(
+            "methods",
+            "Per-method statistics",
+            "Seconds unless marked; bytes in binary units.",
+            body_html=_latency_html(run),
+        ),
     ]
     for anchor, heading, lead, names in FIGURE_SECTIONS:
         shown = tuple(n for n in names if n in figures)
@@ -296,16 +379,27 @@ def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
         body = _memory_terms_html(run) if anchor == "memory" else ""
         sections.append(Section(anchor, heading, lead if shown else "", shown, notes=msgs, body_html=body))
     sections += [
-        Section("profile", "Calibration profile", "Which kernel-cost profile priced prefill and decode, and how it "
-                "was obtained.", body_html=_profile_html(run)),
+        Section(
+            "profile",
+            "Calibration profile",
+            "Which kernel-cost profile priced prefill and decode, and how it was obtained.",
+            body_html=_profile_html(run),
+        ),
         Section("scenario", "Scenario", "The resolved scenario this run simulated.", body_html=_scenario_html(run)),
     ]
     if run.notes:
         sections.append(Section("data-notes", "Data notes", notes=tuple(run.notes)))
     desc = (run.scenario or {}).get("description") or ""
-    return Page(title=run.name, heading=run.name, description=desc, subtitles=_subtitles(run),
-                summary_html=overload_banner(run.summary) + (_glance_html(run) if run.methods else ""),
-                sections=sections, figures=figures, footer="Made by hacksim reports from the run folder's files.")
+    return Page(
+        title=run.name,
+        heading=run.name,
+        description=desc,
+        subtitles=_subtitles(run),
+        summary_html=overload_banner(run.summary) + (_glance_html(run) if run.methods else ""),
+        sections=sections,
+        figures=figures,
+        footer="Made by hacksim reports from the run folder's files.",
+    )
 
 
 def build_report(run_dir: str | Path, *, progress: Progress | None = None, plotlyjs: str | None = None) -> Path:

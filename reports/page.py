@@ -9,6 +9,7 @@ the HTML. plotly.js is embedded by default, so a page works offline from a file:
 `plotlyjs=` a path or URL loads it from there instead (a path is written relative to the page).
 No timestamp: the same inputs give the same bytes.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,11 @@ from markupsafe import Markup
 FIGURES_SCRIPT_ID = "hacksim-figures"
 DEFAULT_FIGURE_HEIGHT = 450
 FOOTER = "Made by hacksim from the run's files."
-_ENV = Environment(loader=FileSystemLoader(Path(__file__).resolve().parent / "templates"),
-                   autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True)
+_ENV = Environment(
+    loader=FileSystemLoader(Path(__file__).resolve().parent / "templates"),
+    autoescape=select_autoescape(["html", "j2"]),
+    keep_trailing_newline=True,
+)
 
 
 @dataclass
@@ -31,8 +35,8 @@ class Section:
     anchor: str
     heading: str
     lead: str = ""
-    figures: tuple[str, ...] = ()        # names in Page.figures, drawn in this order
-    body_html: str = ""                  # trusted HTML, after the figures
+    figures: tuple[str, ...] = ()  # names in Page.figures, drawn in this order
+    body_html: str = ""  # trusted HTML, after the figures
     notes: tuple[str, ...] = ()
 
 
@@ -42,9 +46,9 @@ class Page:
     heading: str
     description: str = ""
     subtitles: tuple[str, ...] = ()
-    summary_html: str = ""               # trusted HTML under the heading: the first screen's numbers
+    summary_html: str = ""  # trusted HTML under the heading: the first screen's numbers
     sections: list[Section] = field(default_factory=list)
-    figures: dict = field(default_factory=dict)    # name -> plotly Figure
+    figures: dict = field(default_factory=dict)  # name -> plotly Figure
     footer: str = FOOTER
 
 
@@ -70,13 +74,29 @@ def render_page(page: Page, *, plotlyjs: str | None = None, page_path: Path | No
     names = [n for s in page.sections for n in s.figures if n in page.figures]
     blob = "{" + ",".join(f'"{n}":{_figure_json(page.figures[n])}' for n in names) + "}"
     heights = {n: int(page.figures[n].layout.height or DEFAULT_FIGURE_HEIGHT) for n in names}
-    sections = [Section(s.anchor, s.heading, s.lead, tuple(n for n in s.figures if n in page.figures),
-                        Markup(s.body_html), s.notes) for s in page.sections]
-    view = Page(page.title, page.heading, page.description, page.subtitles, Markup(page.summary_html), sections,
-                page.figures, page.footer)
+    sections = [
+        Section(
+            s.anchor, s.heading, s.lead, tuple(n for n in s.figures if n in page.figures), Markup(s.body_html), s.notes
+        )
+        for s in page.sections
+    ]
+    view = Page(
+        page.title,
+        page.heading,
+        page.description,
+        page.subtitles,
+        Markup(page.summary_html),
+        sections,
+        page.figures,
+        page.footer,
+    )
     return _ENV.get_template("page.html.j2").render(
-        page=view, heights=heights, figures_id=FIGURES_SCRIPT_ID, figures_json=Markup(blob),
-        plotly_script=Markup(plotly_script(plotlyjs, page_path)))
+        page=view,
+        heights=heights,
+        figures_id=FIGURES_SCRIPT_ID,
+        figures_json=Markup(blob),
+        plotly_script=Markup(plotly_script(plotlyjs, page_path)),
+    )
 
 
 def write_page(page: Page, path: str | Path, *, plotlyjs: str | None = None) -> Path:

@@ -7,6 +7,7 @@ the ``BROWSER_PATH`` environment variable (the one choreographer itself reads), 
 plotly.py's own plotly.min.js and turn MathJax off, because kaleido would otherwise fetch MathJax
 from a CDN, which an offline machine cannot reach.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -32,30 +33,42 @@ def find_browser(browser_path: str | os.PathLike | None = None) -> str:
     if explicit:
         if Path(explicit).is_file() and os.access(explicit, os.X_OK):
             return str(explicit)
-        raise StaticExportError(f"static export: browser {explicit!r} (from {'browser_path' if browser_path else 'BROWSER_PATH'}) "
-                                "is not an executable file")
+        raise StaticExportError(
+            f"static export: browser {explicit!r} (from {'browser_path' if browser_path else 'BROWSER_PATH'}) "
+            "is not an executable file"
+        )
     for name in BROWSER_NAMES:
         found = shutil.which(name)
         if found:
             return found
-    raise StaticExportError("static export needs Chromium or Chrome: install it (Debian: apt-get install chromium) "
-                            "or set BROWSER_PATH=/path/to/chrome")
+    raise StaticExportError(
+        "static export needs Chromium or Chrome: install it (Debian: apt-get install chromium) "
+        "or set BROWSER_PATH=/path/to/chrome"
+    )
 
 
 def _kaleido():
     try:
         import kaleido
+
         version = importlib.metadata.version("kaleido")
     except ImportError:
-        raise StaticExportError("static export needs kaleido>=1: pip install 'kaleido>=1' "
-                                "(or the project's extra that includes it)") from None
+        raise StaticExportError(
+            "static export needs kaleido>=1: pip install 'kaleido>=1' (or the project's extra that includes it)"
+        ) from None
     if int(version.split(".")[0]) < 1:
         raise StaticExportError(f"static export needs kaleido>=1 (found {version}): pip install -U 'kaleido>=1'")
     return kaleido
 
 
-def export_static(run_dir: str | Path, formats=("png", "svg"), *, names=None, scale: float = 2.0,
-                  browser_path: str | os.PathLike | None = None) -> list[Path]:
+def export_static(
+    run_dir: str | Path,
+    formats=("png", "svg"),
+    *,
+    names=None,
+    scale: float = 2.0,
+    browser_path: str | os.PathLike | None = None,
+) -> list[Path]:
     """Write ``run_dir/figures/<figure>.<format>`` for each report figure and format; return the paths.
 
     ``names`` limits the export to some figures (see ``reports.make_figures``); ``scale`` multiplies
@@ -73,6 +86,7 @@ def export_static(run_dir: str | Path, formats=("png", "svg"), *, names=None, sc
     out_dir = Path(run_dir) / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     import plotly
+
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     specs, paths = [], []
     for name, fig in figures.items():
@@ -89,7 +103,9 @@ def export_static(run_dir: str | Path, formats=("png", "svg"), *, names=None, sc
     try:
         kaleido.write_fig_from_object_sync(specs, kopts=kopts)
     except Exception as e:  # kaleido/choreographer errors are many and deep; say it in one line
-        raise StaticExportError(f"static export with {browser} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise StaticExportError(
+            f"static export with {browser} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise StaticExportError(f"static export wrote no file for {', '.join(p.name for p in missing)}")

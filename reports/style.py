@@ -5,6 +5,7 @@ once; each method's colour and label live in its module (`costmodel/methods`), r
 the registry (HACK and its ablations are shades of one red; the baseline is grey). Phases have
 colours of their own, none near a method's.
 """
+
 from __future__ import annotations
 
 import math
@@ -99,8 +100,9 @@ def base_layout(title: str, **kw) -> dict:
         margin=dict(l=70, r=30, t=70, b=60),
         hoverlabel=dict(font=dict(family=FONT, size=12)),
         # Right of the plot, top-aligned: never collides with the title or subplot titles.
-        legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.01, title=None,
-                    bgcolor="rgba(255,255,255,0.85)"),
+        legend=dict(
+            orientation="v", yanchor="top", y=1, xanchor="left", x=1.01, title=None, bgcolor="rgba(255,255,255,0.85)"
+        ),
     )
     layout.update(kw)
     return layout

@@ -4,6 +4,7 @@ A change is ``(method - baseline) / baseline * 100`` for every metric: negative 
 takes less time or fewer bytes than the baseline, the sign the terminal table prints. Throughput is
 the one row where larger is better (HIGHER_IS_BETTER).
 """
+
 from __future__ import annotations
 
 import math

@@ -4,30 +4,41 @@ The progress bar goes to stderr and only when stderr is a terminal, so stdout st
 table, or JSON with --json) and a pipe or a log file gets no bar. Tables print plain text when stdout
 is not a terminal, wide enough that no column is cut.
 """
+
 from __future__ import annotations
 
 import io
 import json
 import math
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from rich import box
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-PLAIN_WIDTH = 200   # columns for a table printed to a pipe or a file
+PLAIN_WIDTH = 200  # columns for a table printed to a pipe or a file
 JSON_HELP = "print the result as JSON on stdout (other messages go to stderr)"
 QUIET_HELP = "print nothing but errors (and the JSON with --json)"
-PLOTLYJS_HELP = ("load plotly.js in the HTML report from this path (written relative to the page) or URL instead of "
-                 "embedding its 4.8 MB; the default embeds it so the page works offline")
+PLOTLYJS_HELP = (
+    "load plotly.js in the HTML report from this path (written relative to the page) or URL instead of "
+    "embedding its 4.8 MB; the default embeds it so the page works offline"
+)
 
 
 def to_json(obj) -> str:
     """Strict JSON as the output files write it (simulator/files.py): NaN becomes null, ±infinity the
     strings "Infinity" / "-Infinity", numpy scalars plain numbers."""
+
     def clean(o):
         if isinstance(o, float):
             if math.isinf(o):
@@ -37,7 +48,7 @@ def to_json(obj) -> str:
             return {str(k): clean(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
             return [clean(v) for v in o]
-        if hasattr(o, "item") and callable(o.item):   # numpy scalar
+        if hasattr(o, "item") and callable(o.item):  # numpy scalar
             return clean(o.item())
         return o
 
@@ -76,12 +87,20 @@ class ProgressBar:
         self._progress: Progress | None = None
         self._task = None
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         if self.enabled:
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
-                TaskProgressColumn(), TimeElapsedColumn(), TextColumn("elapsed"), TimeRemainingColumn(),
-                TextColumn("left {task.fields[note]}"), console=self.console)
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn(self.unit),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                TextColumn("elapsed"),
+                TimeRemainingColumn(),
+                TextColumn("left {task.fields[note]}"),
+                console=self.console,
+            )
             self._progress.start()
             self._task = self._progress.add_task(self.label, total=self.total, note="")
         return self
@@ -90,8 +109,14 @@ class ProgressBar:
         self.cached += cached
         self.errors += error
         if self._progress is not None:
-            extra = ", ".join(p for p in (f"{self.cached} cached" if self.cached else "",
-                                          f"{self.errors} with errors" if self.errors else "") if p)
+            extra = ", ".join(
+                p
+                for p in (
+                    f"{self.cached} cached" if self.cached else "",
+                    f"{self.errors} with errors" if self.errors else "",
+                )
+                if p
+            )
             self._progress.update(self._task, advance=1, note=f"({extra})" if extra else "")
 
     def __exit__(self, *exc) -> bool:
@@ -101,8 +126,15 @@ class ProgressBar:
         return False
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None,
-          footer_rows: Iterable[Sequence[str]] = (), left: int = 1, right: Sequence[str] | None = None) -> Table:
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    title: str | None = None,
+    footer_rows: Iterable[Sequence[str]] = (),
+    left: int = 1,
+    right: Sequence[str] | None = None,
+) -> Table:
     """A rich Table in the house style: the first `left` columns left-aligned, the rest right-aligned
     (numbers), or, given `right`, just those columns right-aligned; an optional title above and summary
     rows under a gap."""
@@ -124,8 +156,9 @@ def render(*renderables, stream=None) -> str:
     target = Console(file=stream if stream is not None else sys.stdout)
     width = target.width if target.is_terminal else PLAIN_WIDTH
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=target.is_terminal, color_system=target.color_system,
-                      highlight=False)
+    console = Console(
+        file=buf, width=width, force_terminal=target.is_terminal, color_system=target.color_system, highlight=False
+    )
     for r in renderables:
         console.print(r)
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines())

@@ -4,6 +4,7 @@ bar) and many traces (each trace's errors against the 5 % / 10 % bands), in the 
 Reads the dicts `simulator.validate.validate` and `validate_index` return (also saved as
 validation.json); never imports the simulator. An error is (simulated − measured) / measured.
 """
+
 from __future__ import annotations
 
 import html
@@ -19,11 +20,13 @@ from .style import FONT, PART_COLOURS, fmt_pct, fmt_seconds
 QUANTILES = ("mean", "p50", "p90", "p99")
 MEASURED_COLOUR, SIMULATED_COLOUR = "#9ca3af", "#111827"
 # Metrics, not methods: ink for JCT, and the phase colours of what each metric mostly is.
-INDEX_METRICS = (("jct_mean_error_pct", "JCT mean", "#111827"),
-                 ("ttft_p50_error_pct", "TTFT p50", PART_COLOURS["prefill"]),
-                 ("tpot_p50_error_pct", "TPOT p50", PART_COLOURS["decode"]),
-                 ("prefill_mean_error_pct", "prefill", PART_COLOURS["quantize"]),
-                 ("transfer_mean_error_pct", "transfer", PART_COLOURS["transfer"]))
+INDEX_METRICS = (
+    ("jct_mean_error_pct", "JCT mean", "#111827"),
+    ("ttft_p50_error_pct", "TTFT p50", PART_COLOURS["prefill"]),
+    ("tpot_p50_error_pct", "TPOT p50", PART_COLOURS["decode"]),
+    ("prefill_mean_error_pct", "prefill", PART_COLOURS["quantize"]),
+    ("transfer_mean_error_pct", "transfer", PART_COLOURS["transfer"]),
+)
 
 
 def _esc(x) -> str:
@@ -35,13 +38,21 @@ def _rows(v: dict) -> list[tuple[str, float, float, float | None]]:
     rows = []
     for metric in ("jct", "ttft", "tpot"):
         for q in QUANTILES:
-            rows.append((f"{metric.upper()} {q}", v["metrics"][f"{metric}_s"]["measured"][q],
-                         v["metrics"][f"{metric}_s"]["simulated"][q], v.get(f"{metric}_{q}_error_pct")))
+            rows.append(
+                (
+                    f"{metric.upper()} {q}",
+                    v["metrics"][f"{metric}_s"]["measured"][q],
+                    v["metrics"][f"{metric}_s"]["simulated"][q],
+                    v.get(f"{metric}_{q}_error_pct"),
+                )
+            )
     for part, mp in v["breakdown_s"].items():
         rows.append((f"{part} mean", mp["measured"], mp["simulated"], v.get(f"{part}_mean_error_pct")))
     if "iteration_s" in v:
         it = v["iteration_s"]
-        rows.append(("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get("iteration_mean_error_pct")))
+        rows.append(
+            ("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get("iteration_mean_error_pct"))
+        )
     return rows
 
 
@@ -49,17 +60,38 @@ def validation_figure(v: dict) -> go.Figure:
     rows = _rows(v)
     labels = [r[0] for r in rows]
     text = ["n/a" if r[3] is None else f"{r[3]:+.1f}%" for r in rows]
-    fig = go.Figure([
-        go.Bar(name="measured", x=labels, y=[r[1] for r in rows], marker_color=MEASURED_COLOUR,
-               hovertemplate="%{x}: %{y:.4f} s measured<extra></extra>"),
-        go.Bar(name="simulated", x=labels, y=[r[2] for r in rows], marker_color=SIMULATED_COLOUR, text=text,
-               textposition="outside", hovertemplate="%{x}: %{y:.4f} s simulated (error %{text})<extra></extra>"),
-    ])
-    fig.update_layout(barmode="group", template="plotly_white", height=520, font=dict(family=FONT, size=13),
-                      title=dict(text=f"Simulated vs measured: {v['method']}, {v['requests']} requests", x=0.01),
-                      yaxis_title="seconds (log)", yaxis_type="log", xaxis_tickangle=-35,
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-                      margin=dict(l=70, r=30, t=80, b=140))
+    fig = go.Figure(
+        [
+            go.Bar(
+                name="measured",
+                x=labels,
+                y=[r[1] for r in rows],
+                marker_color=MEASURED_COLOUR,
+                hovertemplate="%{x}: %{y:.4f} s measured<extra></extra>",
+            ),
+            go.Bar(
+                name="simulated",
+                x=labels,
+                y=[r[2] for r in rows],
+                marker_color=SIMULATED_COLOUR,
+                text=text,
+                textposition="outside",
+                hovertemplate="%{x}: %{y:.4f} s simulated (error %{text})<extra></extra>",
+            ),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=520,
+        font=dict(family=FONT, size=13),
+        title=dict(text=f"Simulated vs measured: {v['method']}, {v['requests']} requests", x=0.01),
+        yaxis_title="seconds (log)",
+        yaxis_type="log",
+        xaxis_tickangle=-35,
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        margin=dict(l=70, r=30, t=80, b=140),
+    )
     return fig
 
 
@@ -71,16 +103,22 @@ def _error_cell(e: float | None, goal_pct: float = 10.0) -> str:
 
 
 def _metric_table(v: dict) -> str:
-    body = "".join(f"<tr><td>{_esc(label)}</td><td>{_esc(fmt_seconds(m))}</td><td>{_esc(fmt_seconds(p))}</td>"
-                   f"{_error_cell(e)}</tr>" for label, m, p, e in _rows(v))
-    return ('<div class="scroll"><table id="table-validation"><thead><tr><th>metric</th><th>measured</th>'
-            f'<th>simulated</th><th>error</th></tr></thead><tbody>{body}</tbody></table></div>')
+    body = "".join(
+        f"<tr><td>{_esc(label)}</td><td>{_esc(fmt_seconds(m))}</td><td>{_esc(fmt_seconds(p))}</td>{_error_cell(e)}</tr>"
+        for label, m, p, e in _rows(v)
+    )
+    return (
+        '<div class="scroll"><table id="table-validation"><thead><tr><th>metric</th><th>measured</th>'
+        f"<th>simulated</th><th>error</th></tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def _glance(cells: list[tuple[str, str, str]]) -> str:
     head = "".join(f"<th>{_esc(k)}</th>" for k, _, _ in cells)
     vals = "".join(f'<td class="{cls}">{_esc(val)}</td>' for _, val, cls in cells)
-    return f'<table class="glance" id="table-glance"><thead><tr>{head}</tr></thead><tbody><tr>{vals}</tr></tbody></table>'
+    return (
+        f'<table class="glance" id="table-glance"><thead><tr>{head}</tr></thead><tbody><tr>{vals}</tr></tbody></table>'
+    )
 
 
 def _tone(e: float | None, goal: float) -> str:
@@ -90,33 +128,54 @@ def _tone(e: float | None, goal: float) -> str:
 def _scenario_html(scenario: dict | None, path: str) -> str:
     if not scenario:
         return f"<p>scenario file <code>{_esc(path)}</code></p>"
-    blocks = "".join(f"<details><summary>{_esc(k)}</summary><pre>{_esc(json.dumps(x, indent=2))}</pre></details>"
-                     for k, x in scenario.items() if isinstance(x, (dict, list)))
-    facts = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(x)}</dd>" for k, x in scenario.items()
-                    if not isinstance(x, (dict, list)))
+    blocks = "".join(
+        f"<details><summary>{_esc(k)}</summary><pre>{_esc(json.dumps(x, indent=2))}</pre></details>"
+        for k, x in scenario.items()
+        if isinstance(x, (dict, list))
+    )
+    facts = "".join(
+        f"<dt>{_esc(k)}</dt><dd>{_esc(x)}</dd>" for k, x in scenario.items() if not isinstance(x, (dict, list))
+    )
     return f'<p>from <code>{_esc(path)}</code>, with the trace\'s own arrivals and lengths</p><dl class="facts">{facts}</dl>{blocks}'
 
 
 def validation_page(v: dict) -> Page:
-    glance = [(f"{m.upper()} {q} error", fmt_pct(v.get(f"{m}_{q}_error_pct")), _tone(v.get(f"{m}_{q}_error_pct"), g))
-              for m, q, g in (("jct", "mean", 5), ("ttft", "p50", 10), ("tpot", "p50", 10))]
-    if "iteration_mean_error_pct" in v:
-        glance.append(("decode iteration error", fmt_pct(v["iteration_mean_error_pct"]),
-                       _tone(v["iteration_mean_error_pct"], 10)))
-    sections = [
-        Section("errors", "Simulated against measured", "Each metric measured on the real system and simulated from "
-                "the same arrivals and lengths; the label is the error, (simulated − measured) / measured.",
-                ("validation",)),
-        Section("table", "Every metric", "Green within 10 % of the measured value, red beyond.",
-                body_html=_metric_table(v)),
-        Section("scenario", "Scenario", "The resolved scenario the simulation ran (click to open a part).",
-                body_html=_scenario_html(v.get("resolved_scenario"), v["scenario"])),
+    glance = [
+        (f"{m.upper()} {q} error", fmt_pct(v.get(f"{m}_{q}_error_pct")), _tone(v.get(f"{m}_{q}_error_pct"), g))
+        for m, q, g in (("jct", "mean", 5), ("ttft", "p50", 10), ("tpot", "p50", 10))
     ]
-    return Page(title=f"validation · {Path(str(v['trace'])).name}", heading=f"Validation: {Path(str(v['trace'])).name}",
-                description=f"method {v['method']}, {v['requests']} requests",
-                subtitles=(f"trace {v['trace']} · scenario {v['scenario']}",), summary_html=_glance(glance),
-                sections=sections, figures={"validation": validation_figure(v)},
-                footer="Made by hacksim validate from the trace and the scenario.")
+    if "iteration_mean_error_pct" in v:
+        glance.append(
+            ("decode iteration error", fmt_pct(v["iteration_mean_error_pct"]), _tone(v["iteration_mean_error_pct"], 10))
+        )
+    sections = [
+        Section(
+            "errors",
+            "Simulated against measured",
+            "Each metric measured on the real system and simulated from "
+            "the same arrivals and lengths; the label is the error, (simulated − measured) / measured.",
+            ("validation",),
+        ),
+        Section(
+            "table", "Every metric", "Green within 10 % of the measured value, red beyond.", body_html=_metric_table(v)
+        ),
+        Section(
+            "scenario",
+            "Scenario",
+            "The resolved scenario the simulation ran (click to open a part).",
+            body_html=_scenario_html(v.get("resolved_scenario"), v["scenario"]),
+        ),
+    ]
+    return Page(
+        title=f"validation · {Path(str(v['trace'])).name}",
+        heading=f"Validation: {Path(str(v['trace'])).name}",
+        description=f"method {v['method']}, {v['requests']} requests",
+        subtitles=(f"trace {v['trace']} · scenario {v['scenario']}",),
+        summary_html=_glance(glance),
+        sections=sections,
+        figures={"validation": validation_figure(v)},
+        footer="Made by hacksim validate from the trace and the scenario.",
+    )
 
 
 def write_validation_report(v: dict, path: str | Path, *, plotlyjs: str | None = None) -> Path:
@@ -130,25 +189,42 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
     fig = go.Figure()
     for key, label, color in INDEX_METRICS:
         vals = [r.get(key) for r in rows]
-        fig.add_bar(name=label, x=names, y=vals, marker_color=color,
-                    hovertemplate="%{x}<br>" + label + " error %{y:+.1f}%<extra></extra>")
+        fig.add_bar(
+            name=label,
+            x=names,
+            y=vals,
+            marker_color=color,
+            hovertemplate="%{x}<br>" + label + " error %{y:+.1f}%<extra></extra>",
+        )
     fig.add_hrect(y0=-10, y1=10, fillcolor="#16a34a", opacity=0.08, line_width=0)
     fig.add_hrect(y0=-5, y1=5, fillcolor="#16a34a", opacity=0.10, line_width=0)
-    fig.update_layout(barmode="group", template="plotly_white", height=560, font=dict(family=FONT, size=13),
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-                      title=dict(text="Error per trace, (simulated − measured) / measured", x=0.01),
-                      yaxis_title="error (%)", xaxis_tickangle=-35, margin=dict(l=70, r=30, t=90, b=170))
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=560,
+        font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        title=dict(text="Error per trace, (simulated − measured) / measured", x=0.01),
+        yaxis_title="error (%)",
+        xaxis_tickangle=-35,
+        margin=dict(l=70, r=30, t=90, b=170),
+    )
     return fig
 
 
 def _index_table(rows: list[dict]) -> str:
     keys = [k for k, _, _ in INDEX_METRICS]
     head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS)
-    body = "".join(f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
-                   + "".join(_error_cell(r.get(k), 5 if k == "jct_mean_error_pct" else 10) for k in keys) + "</tr>"
-                   for r in rows)
-    return (f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
-            f'</tr></thead><tbody>{body}</tbody></table></div>')
+    body = "".join(
+        f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
+        + "".join(_error_cell(r.get(k), 5 if k == "jct_mean_error_pct" else 10) for k in keys)
+        + "</tr>"
+        for r in rows
+    )
+    return (
+        f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
+        f"</tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def validation_index_page(rows: list[dict]) -> Page:
@@ -159,18 +235,29 @@ def validation_index_page(rows: list[dict]) -> Page:
     def within(key, goal):
         return sum(1 for r in rows if r.get(key) is not None and abs(r[key]) <= goal)
 
-    glance = [(f"mean |error| {label}", "–" if mean_abs(k) is None else f"{mean_abs(k):.1f}%", "")
-              for k, label, _ in INDEX_METRICS[:3]]
+    glance = [
+        (f"mean |error| {label}", "–" if mean_abs(k) is None else f"{mean_abs(k):.1f}%", "")
+        for k, label, _ in INDEX_METRICS[:3]
+    ]
     glance.append(("JCT within 5 %", f"{within('jct_mean_error_pct', 5)} of {len(rows)}", ""))
     sections = [
-        Section("errors", "Error per trace", "Shaded: within 5 % and within 10 % of the measured value.",
-                ("validation_index",)),
+        Section(
+            "errors",
+            "Error per trace",
+            "Shaded: within 5 % and within 10 % of the measured value.",
+            ("validation_index",),
+        ),
         Section("traces", "Every trace", "JCT green within 5 %, the others within 10 %.", body_html=_index_table(rows)),
     ]
-    return Page(title=f"validation · {len(rows)} traces", heading=f"Validation over {len(rows)} traces",
-                subtitles=("error = (simulated − measured) / measured",), summary_html=_glance(glance),
-                sections=sections, figures={"validation_index": validation_index_figure(rows)},
-                footer="Made by hacksim validate from the traces and their scenarios.")
+    return Page(
+        title=f"validation · {len(rows)} traces",
+        heading=f"Validation over {len(rows)} traces",
+        subtitles=("error = (simulated − measured) / measured",),
+        summary_html=_glance(glance),
+        sections=sections,
+        figures={"validation_index": validation_index_figure(rows)},
+        footer="Made by hacksim validate from the traces and their scenarios.",
+    )
 
 
 def write_validation_index_report(rows: list[dict], path: str | Path, *, plotlyjs: str | None = None) -> Path:

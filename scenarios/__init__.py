@@ -4,6 +4,7 @@
 here next, so `hacksim simulate a10g_10gbps` or `hacksim sweep sweeps/hack_partition` works from any
 folder; a file that does exist always wins.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

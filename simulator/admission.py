@@ -23,6 +23,7 @@ change, none per token.
 Time: a preempted request's time out of the batch, and every stall a recompute or swap puts on the batch
 (everyone in it waits), is the breakdown part `preemption`.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .columns import Records
     from .decode import DecodeReplica
 
-PREEMPTION = 4      # index of the preemption seconds in DecodeReplica.cum
+PREEMPTION = 4  # index of the preemption seconds in DecodeReplica.cum
 
 
 def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
@@ -66,14 +67,14 @@ class OnDemandBlocks:
         self.swap = swap
         self.bt = cost.block_tokens
         self.block_bytes = cost.block_bytes
-        self.reserve_bytes = cost.kv_memory_bytes(0)     # the method's fixed per-request buffer
-        self.counts = [0] * self.bt           # running requests by block phase
+        self.reserve_bytes = cost.kv_memory_bytes(0)  # the method's fixed per-request buffer
+        self.counts = [0] * self.bt  # running requests by block phase
         # rid -> (phase, join iteration, context at join, finish iteration), in join order (the newest last);
         # a finish-heap entry whose iteration differs is stale (the request was preempted since)
         self.running: dict[int, tuple[int, int, int, int]] = {}
         self._plan: tuple[int, int] = (0, 0)  # the running segment's later iterations, whose blocks it is promised
-        self._planned: float | None = 0.0     # their bytes (None: not counted yet)
-        self.waiting: list[tuple] = []        # preempted: (rid, context, iterations left, time, cum, swapped bytes)
+        self._planned: float | None = 0.0  # their bytes (None: not counted yet)
+        self.waiting: list[tuple] = []  # preempted: (rid, context, iterations left, time, cum, swapped bytes)
 
     def clear(self) -> list[int]:
         """The replica went down (simulator/faults.py): forget every request; returns the running ones and the
@@ -112,13 +113,13 @@ class OnDemandBlocks:
         del self.running[rid]
         phase, j, c, _ = st
         self.counts[phase] -= 1
-        return c - j, -(-(c + fin - 1 - j) // self.bt) * self.block_bytes + self.reserve_bytes     # kv_blocks
+        return c - j, -(-(c + fin - 1 - j) // self.bt) * self.block_bytes + self.reserve_bytes  # kv_blocks
 
     def segment_end(self, k: int) -> int:
         """The iteration that ends a segment starting at k: the next finish, or the first iteration after k
         whose new blocks do not fit if that comes first."""
         heap, running = self.rep.finish_heap, self.running
-        while True:                     # the next finish (stale entries dropped)
+        while True:  # the next finish (stale entries dropped)
             fin, rid = heap[0]
             st = running.get(rid)
             if st is not None and st[3] == fin:
@@ -128,7 +129,7 @@ class OnDemandBlocks:
             return fin
         rep = self.rep
         free = int((rep.capacity_bytes - rep.reserved_bytes) // self.block_bytes)
-        if k + 1 + (free // len(running)) * self.bt >= fin:   # not even the whole cycles the free blocks give reach it
+        if k + 1 + (free // len(running)) * self.bt >= fin:  # not even the whole cycles the free blocks give reach it
             return fin
         return min(fin, first_block_shortage(self.counts, k + 1, free, self.bt))
 
@@ -142,7 +143,7 @@ class OnDemandBlocks:
         if rest:
             counts, start = self.counts, k % bt
             end = start + rest
-            blocks += sum(counts[start:end]) + (sum(counts[:end - bt]) if end > bt else 0)
+            blocks += sum(counts[start:end]) + (sum(counts[: end - bt]) if end > bt else 0)
         return blocks
 
     def plan(self, k: int, n: int) -> None:
@@ -159,7 +160,7 @@ class OnDemandBlocks:
 
     def allocate(self, k: int, n: int) -> None:
         """Iterations k .. k+n-1 ran (each fits, by `segment_end` and `plan`): their new blocks are taken."""
-        if self._plan == (k, n):        # the segment ran as planned (not cut short)
+        if self._plan == (k, n):  # the segment ran as planned (not cut short)
             self.rep.reserved_bytes += self.planned_bytes
         else:
             self.rep.reserved_bytes += self._new_blocks(k, n) * self.block_bytes

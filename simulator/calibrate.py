@@ -34,6 +34,7 @@ number and the rest refitted.
 one configuration (its scenario: model × link), and simulates each trace with a calibration fitted
 without it; the held-out errors are the ones to quote.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,16 +57,22 @@ from .resolve import REPO_ROOT, network_bandwidth_gbps, resolve
 
 # What "resolved" means per parameter: a standard error at most half of max(|value|, this size).
 RESOLUTION = {
-    "decode.host_serial_s_per_iteration": 1e-4, "decode.host_issue_s_per_iteration": 1e-4,
-    "decode.host_issue_s_per_layer": 1e-5, "decode.host_issue_s_per_request": 1e-5,
-    "decode.extra_kernels_per_layer": 1.0, "decode.join_s_per_request": 1e-4,
-    "prefill.prefill_efficiency": 0.1, "prefill.host_issue_s_per_iteration": 1e-4,
-    "prefill.host_issue_s_per_layer": 1e-5, "prefill.host_issue_s_per_request": 1e-5,
-    "network.efficiency": 0.1, "network.latency_s": 1e-4,
+    "decode.host_serial_s_per_iteration": 1e-4,
+    "decode.host_issue_s_per_iteration": 1e-4,
+    "decode.host_issue_s_per_layer": 1e-5,
+    "decode.host_issue_s_per_request": 1e-5,
+    "decode.extra_kernels_per_layer": 1.0,
+    "decode.join_s_per_request": 1e-4,
+    "prefill.prefill_efficiency": 0.1,
+    "prefill.host_issue_s_per_iteration": 1e-4,
+    "prefill.host_issue_s_per_layer": 1e-5,
+    "prefill.host_issue_s_per_request": 1e-5,
+    "network.efficiency": 0.1,
+    "network.latency_s": 1e-4,
 }
-ISSUE_RESOLUTION = 1e-5     # methods.<m>.prefill_issue_s_per_layer
+ISSUE_RESOLUTION = 1e-5  # methods.<m>.prefill_issue_s_per_layer
 FACTOR_RESOLUTION = 0.2
-MAX_ITERATIONS = 200        # decode iterations per trace in the fit, evenly spaced (_iteration_block)
+MAX_ITERATIONS = 200  # decode iterations per trace in the fit, evenly spaced (_iteration_block)
 KINDS = ("iteration", "prefill", "quantize", "transfer")
 HELD_PREFIX = "; held at the scenarios' value: "
 
@@ -84,11 +91,11 @@ class TraceData:
     name: str
     scenario: str
     configuration: str
-    method: str                  # the method's name in the scenario (its label, if any)
-    family: str                  # its registry name: whose implementation factors apply
-    values0: dict[str, float]    # the scenario's own value of every engine parameter
-    blocks: dict[str, dict] = field(default_factory=dict)   # kind -> arrays (see _iteration_block, ...)
-    files: dict[str, str] = field(default_factory=dict)     # file name -> sha256
+    method: str  # the method's name in the scenario (its label, if any)
+    family: str  # its registry name: whose implementation factors apply
+    values0: dict[str, float]  # the scenario's own value of every engine parameter
+    blocks: dict[str, dict] = field(default_factory=dict)  # kind -> arrays (see _iteration_block, ...)
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
     meta: dict = field(default_factory=dict)
 
 
@@ -112,24 +119,33 @@ def neutral(s):
     return apply_values(s, {k: p.neutral for k, p in PARAMETERS.items()})
 
 
-def load_trace_data(trace: str | Path, scenario_path: str | Path, name: str | None = None,
-                    scenario_label: str | None = None) -> TraceData:
+def load_trace_data(
+    trace: str | Path, scenario_path: str | Path, name: str | None = None, scenario_label: str | None = None
+) -> TraceData:
     from .validate import load_trace
 
     df, iterations, meta, req_path = load_trace(trace)
     method = meta.get("method")
     if method is None:
         raise ScenarioError(f"{trace}: no method in meta.json")
-    s = load_scenario(scenario_path, [f"workload.trace_csv={req_path.resolve()}", "workload.arrival={kind: trace}",
-                                      f"workload.requests={len(df)}"])
+    s = load_scenario(
+        scenario_path,
+        [f"workload.trace_csv={req_path.resolve()}", "workload.arrival={kind: trace}", f"workload.requests={len(df)}"],
+    )
     cfg = next((m for m in s.methods if m.output_name == method), None)
     if cfg is None:
         raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
     res = resolve(neutral(s), str(scenario_path))
     pre, dec = res.costs(cfg)
-    td = TraceData(name=name or str(trace), scenario=scenario_label or str(scenario_path),
-                   configuration=Path(str(scenario_label or scenario_path)).stem, method=method, family=cfg.name,
-                   values0=scenario_values(s), meta={k: meta[k] for k in sorted(meta) if k != "notes"})
+    td = TraceData(
+        name=name or str(trace),
+        scenario=scenario_label or str(scenario_path),
+        configuration=Path(str(scenario_label or scenario_path)).stem,
+        method=method,
+        family=cfg.name,
+        values0=scenario_values(s),
+        meta={k: meta[k] for k in sorted(meta) if k != "notes"},
+    )
     folder = req_path.parent
     for f in ("requests.csv", "iterations.csv", "meta.json"):
         if (folder / f).exists():
@@ -140,8 +156,13 @@ def load_trace_data(trace: str | Path, scenario_path: str | Path, name: str | No
     if quantize is not None:
         td.blocks["quantize"] = quantize
     net = s.network
-    if (s.prefill.replicas == 1 and net.links is None and not net.stream_layers and net.per_flow_gbps is None
-            and math.isfinite(network_bandwidth_gbps(s))):
+    if (
+        s.prefill.replicas == 1
+        and net.links is None
+        and not net.stream_layers
+        and net.per_flow_gbps is None
+        and math.isfinite(network_bandwidth_gbps(s))
+    ):
         td.blocks["transfer"] = _transfer_block(df, pre, network_bandwidth_gbps(s))
     return td
 
@@ -151,7 +172,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     b = it["batch_size"].to_numpy().astype(np.int64)
     ctx = it["context_tokens"].to_numpy().astype(np.float64)
     joins = np.zeros(len(it), dtype=np.int64)
-    k = np.searchsorted(start, df["decode_start_s"].to_numpy())   # decode_start_s = the joining iteration's start
+    k = np.searchsorted(start, df["decode_start_s"].to_numpy())  # decode_start_s = the joining iteration's start
     np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
     prefills = np.sort(df["prefill_start_s"].to_numpy())
     # the cadence of iteration i, to the next one's start, where the engine went straight on: no prefill
@@ -169,7 +190,10 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     cost = {int(bb): dec.iteration(int(bb)) for bb in np.unique(b[keep])}
     first = next(iter(cost.values()), None)
     return {
-        "meas": meas, "batch": b[keep].astype(np.float64), "ctx": ctx[keep], "joins": joins[keep].astype(np.float64),
+        "meas": meas,
+        "batch": b[keep].astype(np.float64),
+        "ctx": ctx[keep],
+        "joins": joins[keep].astype(np.float64),
         "fixed0": np.array([cost[int(x)].decode_fixed_s for x in b[keep]]),
         "dequant_fixed0": np.array([cost[int(x)].dequant_fixed_s for x in b[keep]]),
         "approx_fixed0": np.array([cost[int(x)].approx_fixed_s for x in b[keep]]),
@@ -177,8 +201,10 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
         "decode_per_ctx": 0.0 if first is None else first.decode_per_ctx_s,
         "dequant_per_ctx": 0.0 if first is None else first.dequant_per_ctx_s,
         "approx_per_ctx": 0.0 if first is None else first.approx_per_ctx_s,
-        "small_kernel_s": dec._small_kernel_s(), "layers": float(dec.model.layers),
-        "stage_layers": dec.model.layers / dec.parallel.pipeline, "all": len(it),
+        "small_kernel_s": dec._small_kernel_s(),
+        "layers": float(dec.model.layers),
+        "stage_layers": dec.model.layers / dec.parallel.pipeline,
+        "all": len(it),
     }
 
 
@@ -190,9 +216,14 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
     costs = [pre.prefill(p) for p in prompts]
     hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
     latency0 = np.array([c.latency_s for c in costs])
-    prefill = {"meas": (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(),
-               "gpu0": latency0 - hop, "approx0": np.array([c.approximation_s for c in costs]), "hop": hop,
-               "requests": np.array([len(p) for p in prompts], dtype=np.float64), "layers": float(pre.model.layers)}
+    prefill = {
+        "meas": (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(),
+        "gpu0": latency0 - hop,
+        "approx0": np.array([c.approximation_s for c in costs]),
+        "hop": hop,
+        "requests": np.array([len(p) for p in prompts], dtype=np.float64),
+        "layers": float(pre.model.layers),
+    }
     enc0 = np.array([c.encode_s for c in costs])
     quantize = None
     if pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all():
@@ -203,9 +234,12 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
 def _transfer_block(df: pd.DataFrame, pre, line_gbps: float) -> dict:
     moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
     d = df[moved].sort_values("transfer_start_s", kind="stable")
-    return {"start": d["transfer_start_s"].to_numpy(), "meas": (d["transfer_end_s"] - d["transfer_start_s"]).to_numpy(),
-            "bytes": np.array([pre.wire_bytes(int(p)) for p in d["prompt_tokens"]]),
-            "line_bytes_per_s": line_gbps * 1e9 / 8}
+    return {
+        "start": d["transfer_start_s"].to_numpy(),
+        "meas": (d["transfer_end_s"] - d["transfer_start_s"]).to_numpy(),
+        "bytes": np.array([pre.wire_bytes(int(p)) for p in d["prompt_tokens"]]),
+        "line_bytes_per_s": line_gbps * 1e9 / 8,
+    }
 
 
 # ---- predictions from engine parameters (as ReplicaCostModel and the Link apply them) ----------------
@@ -219,45 +253,65 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     if kind == "iteration":
         serial = v["decode.host_serial_s_per_iteration"]
         ctx = blk["ctx"]
-        gpu = (blk["fixed0"] + blk["layers"] * v["decode.extra_kernels_per_layer"] * blk["small_kernel_s"] + serial
-               + fd * blk["dequant_fixed0"] + fa * blk["approx_fixed0"] + (blk["decode_per_ctx"] + fd * blk["dequant_per_ctx"]
-                                             + fa * blk["approx_per_ctx"]) * ctx)
-        issue = (v["decode.host_issue_s_per_iteration"] + blk["stage_layers"] * v["decode.host_issue_s_per_layer"]
-                 + blk["batch"] * v["decode.host_issue_s_per_request"])
+        gpu = (
+            blk["fixed0"]
+            + blk["layers"] * v["decode.extra_kernels_per_layer"] * blk["small_kernel_s"]
+            + serial
+            + fd * blk["dequant_fixed0"]
+            + fa * blk["approx_fixed0"]
+            + (blk["decode_per_ctx"] + fd * blk["dequant_per_ctx"] + fa * blk["approx_per_ctx"]) * ctx
+        )
+        issue = (
+            v["decode.host_issue_s_per_iteration"]
+            + blk["stage_layers"] * v["decode.host_issue_s_per_layer"]
+            + blk["batch"] * v["decode.host_issue_s_per_request"]
+        )
         host = np.where(issue > 0, issue + blk["lm_head"] + serial, 0.0)
         pred = np.maximum(gpu, host) + v["decode.join_s_per_request"] * blk["joins"]
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
             one = np.ones_like(ctx)
-            d = {"decode.host_serial_s_per_iteration": one,
-                 "decode.extra_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
-                 "decode.join_s_per_request": blk["joins"],
-                 f"methods.{m}.dequantize": g * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
-                 f"methods.{m}.approximation": g * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
-                 "decode.host_issue_s_per_iteration": h, "decode.host_issue_s_per_layer": h * blk["stage_layers"],
-                 "decode.host_issue_s_per_request": h * blk["batch"]}
+            d = {
+                "decode.host_serial_s_per_iteration": one,
+                "decode.extra_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
+                "decode.join_s_per_request": blk["joins"],
+                f"methods.{m}.dequantize": g * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
+                f"methods.{m}.approximation": g * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
+                "decode.host_issue_s_per_iteration": h,
+                "decode.host_issue_s_per_layer": h * blk["stage_layers"],
+                "decode.host_issue_s_per_request": h * blk["batch"],
+            }
     elif kind == "prefill":
         work = blk["gpu0"] + (fa - 1.0) * blk["approx0"]
         eff = v["prefill.prefill_efficiency"]
         gpu = work / eff + blk["hop"]
         mi = v.get(f"methods.{m}.prefill_issue_s_per_layer", 0.0)
-        host = (v["prefill.host_issue_s_per_iteration"] + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + mi)
-                + blk["requests"] * v["prefill.host_issue_s_per_request"])
+        host = (
+            v["prefill.host_issue_s_per_iteration"]
+            + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + mi)
+            + blk["requests"] * v["prefill.host_issue_s_per_request"]
+        )
         pred = np.maximum(gpu, host)
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
-            d = {"prefill.prefill_efficiency": -g * work / eff**2, f"methods.{m}.approximation": g * blk["approx0"] / eff,
-                 "prefill.host_issue_s_per_iteration": h, "prefill.host_issue_s_per_layer": h * blk["layers"],
-                 f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"],
-                 "prefill.host_issue_s_per_request": h * blk["requests"]}
+            d = {
+                "prefill.prefill_efficiency": -g * work / eff**2,
+                f"methods.{m}.approximation": g * blk["approx0"] / eff,
+                "prefill.host_issue_s_per_iteration": h,
+                "prefill.host_issue_s_per_layer": h * blk["layers"],
+                f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"],
+                "prefill.host_issue_s_per_request": h * blk["requests"],
+            }
     elif kind == "quantize":
         pred = fq * blk["enc0"]
         d = {f"methods.{m}.quantize": blk["enc0"]}
     elif kind == "transfer":
+
         def at(eff: float, lat: float) -> np.ndarray:
             return processor_sharing_s(blk["start"], blk["bytes"], blk["line_bytes_per_s"] * eff) + lat
+
         eff = v["network.efficiency"]
         pred = at(eff, v["network.latency_s"])
         if "network.efficiency" in wrt:
@@ -306,8 +360,12 @@ def _depends(name: str, td: TraceData) -> list[str]:
     if head == "methods":
         if rest[0] != td.family:
             return []
-        kinds = {"quantize": ["quantize"], "dequantize": ["iteration"], "approximation": ["iteration", "prefill"],
-                 "prefill_issue_s_per_layer": ["prefill"]}[rest[1]]
+        kinds = {
+            "quantize": ["quantize"],
+            "dequantize": ["iteration"],
+            "approximation": ["iteration", "prefill"],
+            "prefill_issue_s_per_layer": ["prefill"],
+        }[rest[1]]
     else:
         kinds = {"decode": ["iteration"], "prefill": ["prefill"], "network": ["transfer"]}[head]
     return [k for k in kinds if k in td.blocks]
@@ -315,12 +373,12 @@ def _depends(name: str, td: TraceData) -> list[str]:
 
 @dataclass
 class FitResult:
-    values: dict[str, float]              # every parameter's value for each trace: the fitted ones replace
-    fitted: dict[str, float]              # the traces' own (values holds the common fitted set)
+    values: dict[str, float]  # every parameter's value for each trace: the fitted ones replace
+    fitted: dict[str, float]  # the traces' own (values holds the common fitted set)
     stderr: dict[str, float]
     notes: dict[str, str]
-    held: dict[str, str]                  # parameter -> why it was held
-    residuals: dict                       # kind -> {before/after rms, mean}
+    held: dict[str, str]  # parameter -> why it was held
+    residuals: dict  # kind -> {before/after rms, mean}
     start: dict[str, float]
 
 
@@ -330,8 +388,14 @@ def _start_value(name: str, traces: list[TraceData]) -> float:
     return vals.pop() if len(vals) == 1 else PARAMETERS[name].neutral
 
 
-def _weighted_residuals(traces: list[TraceData], names: list[str], x: np.ndarray, kinds: set[tuple[int, str]],
-                        base: list[dict[str, float]], jac: bool = False):
+def _weighted_residuals(
+    traces: list[TraceData],
+    names: list[str],
+    x: np.ndarray,
+    kinds: set[tuple[int, str]],
+    base: list[dict[str, float]],
+    jac: bool = False,
+):
     """Relative residuals of the items of `kinds` ((trace index, kind) pairs), each trace and kind weighted
     1/sqrt(its items), at the parameters `names` = x over each trace's values `base`; with jac, also the
     Jacobian (items x names)."""
@@ -428,11 +492,32 @@ def _least_squares(traces, names, start, base, kinds, warm: dict[str, float] | N
 
     lo, hi = _bounds(names)
     scale = np.array([max(abs(start[n]), resolution(n)) for n in names])
-    fun = lambda x: _weighted_residuals(traces, names, x, kinds, base)
-    jac = lambda x: _weighted_residuals(traces, names, x, kinds, base, jac=True)[1]
-    res = min((least_squares(fun, x, jac=jac, bounds=(lo, hi), x_scale=scale, method="trf", tr_solver="exact",
-                             xtol=1e-9, ftol=1e-9, gtol=1e-9, max_nfev=500)
-               for x in _starts(traces, names, start, warm)), key=lambda r: r.cost)
+
+    def fun(x):
+        return _weighted_residuals(traces, names, x, kinds, base)
+
+    def jac(x):
+        return _weighted_residuals(traces, names, x, kinds, base, jac=True)[1]
+
+    res = min(
+        (
+            least_squares(
+                fun,
+                x,
+                jac=jac,
+                bounds=(lo, hi),
+                x_scale=scale,
+                method="trf",
+                tr_solver="exact",
+                xtol=1e-9,
+                ftol=1e-9,
+                gtol=1e-9,
+                max_nfev=500,
+            )
+            for x in _starts(traces, names, start, warm)
+        ),
+        key=lambda r: r.cost,
+    )
     se, dependent = standard_errors(res.fun, jac(res.x), names)
     return dict(zip(names, res.x.tolist())), se, dependent
 
@@ -506,8 +591,10 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
             # one CUDA-graph launch per decode step: no launches per layer or request overlap the GPU, and the
             # CPU time before the launch is serial (the loop gap); a floor here would only stand in for a
             # GPU-time mispricing
-            held[n] = ("the traces' engine replays each decode step as one CUDA graph (meta decode_mode): its CPU "
-                       "time before the launch is serial, in the loop gap")
+            held[n] = (
+                "the traces' engine replays each decode step as one CUDA graph (meta decode_mode): its CPU "
+                "time before the launch is serial, in the loop gap"
+            )
             continue
         # a parameter that moves no residual where the fit starts (e.g. host issue time while every
         # iteration is GPU-bound, or a factor on a step the cost model gives no time) cannot be fitted
@@ -536,20 +623,27 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
         while names:
             x, se, dependent = _least_squares(traces, names, start, base, kinds, warm)
             warm = x
-            unresolved = {n: se[n] / max(abs(x[n]), resolution(n)) for n in names
-                          if not se[n] <= 0.5 * max(abs(x[n]), resolution(n))}
+            unresolved = {
+                n: se[n] / max(abs(x[n]), resolution(n))
+                for n in names
+                if not se[n] <= 0.5 * max(abs(x[n]), resolution(n))
+            }
             if not unresolved:
                 break
             flat = [n for n in unresolved if math.isinf(unresolved[n])]
             for worst in flat or [max(unresolved, key=unresolved.get)]:
                 if worst in dependent:
-                    held[worst] = "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
+                    held[worst] = (
+                        "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
+                    )
                 elif worst in flat:
                     held[worst] = "no residual moves with it at the optimum (" + _why_flat(worst) + ")"
                 else:
-                    held[worst] = (f"not resolved by these traces: standard error {_fmt(se[worst])} against a value "
-                                   f"of {_fmt(x[worst])} (needs at most half of "
-                                   f"{_fmt(max(abs(x[worst]), resolution(worst)))})")
+                    held[worst] = (
+                        f"not resolved by these traces: standard error {_fmt(se[worst])} against a value "
+                        f"of {_fmt(x[worst])} (needs at most half of "
+                        f"{_fmt(max(abs(x[worst]), resolution(worst)))})"
+                    )
                 names.remove(worst)
         if not names:
             continue
@@ -570,8 +664,15 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
             fitted[n] = x[n]
             stderr[n] = se[n]
     values = {n: fitted.get(n, start[n]) for n in candidates}
-    return FitResult(values=values, fitted=fitted, stderr=stderr, notes=notes, held=held,
-                     residuals=residual_summary(traces, fitted), start=start)
+    return FitResult(
+        values=values,
+        fitted=fitted,
+        stderr=stderr,
+        notes=notes,
+        held=held,
+        residuals=residual_summary(traces, fitted),
+        start=start,
+    )
 
 
 def _why_flat(name: str) -> str:
@@ -602,19 +703,23 @@ def residual_summary(traces: list[TraceData], fitted: dict[str, float]) -> dict:
             before.append((predict(td, kind, td.values0) - meas) / meas)
             after.append((predict(td, kind, {**td.values0, **fitted}) - meas) / meas)
         if before:
-            out[kind] = {"items": n, "traces": len(before),
-                         "rms_pct_before": round(100 * float(np.mean([np.sqrt(np.mean(r ** 2)) for r in before])), 3),
-                         "rms_pct_after": round(100 * float(np.mean([np.sqrt(np.mean(r ** 2)) for r in after])), 3),
-                         "mean_pct_before": round(100 * float(np.mean([np.mean(r) for r in before])), 3),
-                         "mean_pct_after": round(100 * float(np.mean([np.mean(r) for r in after])), 3)}
+            out[kind] = {
+                "items": n,
+                "traces": len(before),
+                "rms_pct_before": round(100 * float(np.mean([np.sqrt(np.mean(r**2)) for r in before])), 3),
+                "rms_pct_after": round(100 * float(np.mean([np.sqrt(np.mean(r**2)) for r in after])), 3),
+                "mean_pct_before": round(100 * float(np.mean([np.mean(r) for r in before])), 3),
+                "mean_pct_after": round(100 * float(np.mean([np.mean(r) for r in after])), 3),
+            }
     return out
 
 
 # ---- the file --------------------------------------------------------------------------------------
 def git_rev() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], check=False, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -638,8 +743,14 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
     params = {}
     for n, v in fit.values.items():
         p = PARAMETERS[n]
-        rec = {"value": float(v), "stderr": None, "fitted": n in fit.fitted, "unit": p.unit,
-               "bounds": list(p.bounds), "note": p.meaning}
+        rec = {
+            "value": float(v),
+            "stderr": None,
+            "fitted": n in fit.fitted,
+            "unit": p.unit,
+            "bounds": list(p.bounds),
+            "note": p.meaning,
+        }
         if n in fit.fitted:
             rec["stderr"] = float(fit.stderr[n])
             if n in fit.notes:
@@ -648,18 +759,40 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
             rec["note"] += HELD_PREFIX + fit.held.get(n, "")
         params[n] = rec
     return {
-        "schema_version": SCHEMA_VERSION, "kind": KIND, "engine": engine_description(traces),
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "engine": engine_description(traces),
         "parameters": params,
-        "fit": {"method": "scipy.optimize.least_squares (trf) within each parameter's bounds, on relative residuals "
-                          "of iteration cadences, prefill, quantize and transfer durations, each trace weighted "
-                          "equally per kind; standard errors s^2 (J^T J)^-1 at the optimum",
-                "residuals": fit.residuals, "traces": len(traces)},
-        "provenance": {"index": index, "command": command, "git_rev": git_rev(), "hacksim": version,
-                       "numpy": np.__version__, "scipy": scipy.__version__, "python": platform.python_version(),
-                       "traces": [{"trace": td.name, "scenario": td.scenario, "method": td.method, "files": td.files,
-                                   **{k: td.meta[k] for k in ("gpu", "driver", "torch", "triton", "git_rev", "date",
-                                                              "decode_mode", "placement") if k in td.meta}}
-                                  for td in traces]},
+        "fit": {
+            "method": "scipy.optimize.least_squares (trf) within each parameter's bounds, on relative residuals "
+            "of iteration cadences, prefill, quantize and transfer durations, each trace weighted "
+            "equally per kind; standard errors s^2 (J^T J)^-1 at the optimum",
+            "residuals": fit.residuals,
+            "traces": len(traces),
+        },
+        "provenance": {
+            "index": index,
+            "command": command,
+            "git_rev": git_rev(),
+            "hacksim": version,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "python": platform.python_version(),
+            "traces": [
+                {
+                    "trace": td.name,
+                    "scenario": td.scenario,
+                    "method": td.method,
+                    "files": td.files,
+                    **{
+                        k: td.meta[k]
+                        for k in ("gpu", "driver", "torch", "triton", "git_rev", "date", "decode_mode", "placement")
+                        if k in td.meta
+                    },
+                }
+                for td in traces
+            ],
+        },
     }
 
 
@@ -668,8 +801,10 @@ def load_index(index_csv: str | Path) -> list[TraceData]:
     """Every trace an index lists (validate.read_index), priced once."""
     from .validate import read_index
 
-    return [load_trace_data(trace_path, scenario_path, name=t, scenario_label=scen)
-            for t, scen, trace_path, scenario_path in read_index(index_csv)]
+    return [
+        load_trace_data(trace_path, scenario_path, name=t, scenario_label=scen)
+        for t, scen, trace_path, scenario_path in read_index(index_csv)
+    ]
 
 
 def fit_values(fit: FitResult) -> dict[str, float]:
@@ -677,13 +812,22 @@ def fit_values(fit: FitResult) -> dict[str, float]:
     return dict(fit.fitted)
 
 
-CV_KEYS = {"jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
-           "jct_max_abs_error_pct": ("jct_mean_error_pct", np.max),
-           "ttft_p50_mean_abs_error_pct": ("ttft_p50_error_pct", np.mean),
-           "tpot_p50_mean_abs_error_pct": ("tpot_p50_error_pct", np.mean)}
-TRACE_KEYS = ("jct_mean_error_pct", "ttft_p50_error_pct", "tpot_p50_error_pct", "prefill_mean_error_pct",
-              "quantize_mean_error_pct", "transfer_mean_error_pct", "decode_mean_error_pct",
-              "iteration_mean_error_pct")
+CV_KEYS = {
+    "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
+    "jct_max_abs_error_pct": ("jct_mean_error_pct", np.max),
+    "ttft_p50_mean_abs_error_pct": ("ttft_p50_error_pct", np.mean),
+    "tpot_p50_mean_abs_error_pct": ("tpot_p50_error_pct", np.mean),
+}
+TRACE_KEYS = (
+    "jct_mean_error_pct",
+    "ttft_p50_error_pct",
+    "tpot_p50_error_pct",
+    "prefill_mean_error_pct",
+    "quantize_mean_error_pct",
+    "transfer_mean_error_pct",
+    "decode_mean_error_pct",
+    "iteration_mean_error_pct",
+)
 SCHEMES = ("in_sample", "held_out", "held_out_configuration")
 
 
@@ -701,8 +845,11 @@ def summarise(per_trace: list[dict], scheme: str) -> dict:
     for key, (col, fn) in CV_KEYS.items():
         vals = [abs(r[scheme][col]) for r in per_trace if r[scheme].get(col) is not None]
         out[key] = round(float(fn(vals)), 3) if vals else None
-    within = [abs(r[scheme]["jct_mean_error_pct"]) <= 10.0 for r in per_trace
-              if r[scheme].get("jct_mean_error_pct") is not None]
+    within = [
+        abs(r[scheme]["jct_mean_error_pct"]) <= 10.0
+        for r in per_trace
+        if r[scheme].get("jct_mean_error_pct") is not None
+    ]
     out["traces_jct_within_10pct"] = int(sum(within))
     return out
 
@@ -719,14 +866,18 @@ def cross_validate(index_csv: str | Path, workers: int = 1) -> dict:
     folds += [("held_out", (i,)) for i in range(len(traces))]
     configs = sorted({td.configuration for td in traces})
     if len(configs) > 1:
-        folds += [("held_out_configuration", tuple(i for i, td in enumerate(traces) if td.configuration == c))
-                  for c in configs]
+        folds += [
+            ("held_out_configuration", tuple(i for i, td in enumerate(traces) if td.configuration == c))
+            for c in configs
+        ]
     fits = _map(_fit_without, [(traces, out) for _, out in folds], workers)
-    per_trace = [{"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
-                 for td in traces]
+    per_trace = [
+        {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
+        for td in traces
+    ]
     jobs, where = [], []
     for (scheme, out), values in zip(folds, fits):
-        for i in (out if out else range(len(traces))):
+        for i in out if out else range(len(traces)):
             jobs.append((traces[i], rows[i][2], rows[i][3], values))
             where.append((i, scheme))
     scores = _map(_score_job, jobs, workers)
@@ -773,12 +924,23 @@ def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]
     index: the measured share of JCT in dequantization and the predicted ones."""
     out = []
     for i, td in enumerate(traces):
-        if ("iteration" not in td.blocks or not td.blocks["iteration"]["dequant_per_ctx"] > 0
-                or td.meta.get("decode_mode") != "graphs"):
-            continue   # no per-iteration dequantization; or host-bound iterations (eager) hide its GPU time
-        twin = next((j for j, o in enumerate(traces) if o.family == REFERENCE and o.scenario == td.scenario
-                     and o.meta.get("rate_rps") == td.meta.get("rate_rps") and o.meta.get("seed") == td.meta.get("seed")),
-                    None)
+        if (
+            "iteration" not in td.blocks
+            or not td.blocks["iteration"]["dequant_per_ctx"] > 0
+            or td.meta.get("decode_mode") != "graphs"
+        ):
+            continue  # no per-iteration dequantization; or host-bound iterations (eager) hide its GPU time
+        twin = next(
+            (
+                j
+                for j, o in enumerate(traces)
+                if o.family == REFERENCE
+                and o.scenario == td.scenario
+                and o.meta.get("rate_rps") == td.meta.get("rate_rps")
+                and o.meta.get("seed") == td.meta.get("seed")
+            ),
+            None,
+        )
         if twin is None:
             continue
         measured = measured_dequantize_share_pct(rows[i][2], rows[twin][2])
@@ -819,14 +981,34 @@ def format_fit(doc: dict) -> str:
 
     params = doc["parameters"]
     fitted = [[n, f"{r['value']:.4g}", f"{r['stderr']:.2g}", r["unit"]] for n, r in params.items() if r["fitted"]]
-    res = [[k, str(v["items"]), f"{v['rms_pct_before']:.1f}%", f"{v['rms_pct_after']:.1f}%",
-            f"{v['mean_pct_before']:+.1f}%", f"{v['mean_pct_after']:+.1f}%"] for k, v in doc["fit"]["residuals"].items()]
-    held = [f"  {n} = {r['value']:.4g}: {r['note'].split(HELD_PREFIX)[-1]}" for n, r in params.items() if not r["fitted"]]
-    return "\n".join([
-        render(table(["parameter", "value", "std err", "unit"], fitted,
-                     title=f"engine calibration fitted to {doc['fit']['traces']} traces")),
-        render(table(["residual", "items", "rms before", "rms after", "mean before", "mean after"], res)),
-        "held at the scenarios' values:", *held])
+    res = [
+        [
+            k,
+            str(v["items"]),
+            f"{v['rms_pct_before']:.1f}%",
+            f"{v['rms_pct_after']:.1f}%",
+            f"{v['mean_pct_before']:+.1f}%",
+            f"{v['mean_pct_after']:+.1f}%",
+        ]
+        for k, v in doc["fit"]["residuals"].items()
+    ]
+    held = [
+        f"  {n} = {r['value']:.4g}: {r['note'].split(HELD_PREFIX)[-1]}" for n, r in params.items() if not r["fitted"]
+    ]
+    return "\n".join(
+        [
+            render(
+                table(
+                    ["parameter", "value", "std err", "unit"],
+                    fitted,
+                    title=f"engine calibration fitted to {doc['fit']['traces']} traces",
+                )
+            ),
+            render(table(["residual", "items", "rms before", "rms after", "mean before", "mean after"], res)),
+            "held at the scenarios' values:",
+            *held,
+        ]
+    )
 
 
 def format_cv(result: dict) -> str:
@@ -841,14 +1023,30 @@ def format_cv(result: dict) -> str:
     heads = {"in_sample": "in-sample", "held_out": "held out (trace)", "held_out_configuration": "held out (config)"}
     body = []
     for r in result["per_trace"]:
-        body.append([r["trace"], *(pct(r[s].get("jct_mean_error_pct")) for s in schemes),
-                     pct(r["held_out"].get("tpot_p50_error_pct")), pct(r["held_out"].get("ttft_p50_error_pct"))])
+        body.append(
+            [
+                r["trace"],
+                *(pct(r[s].get("jct_mean_error_pct")) for s in schemes),
+                pct(r["held_out"].get("tpot_p50_error_pct")),
+                pct(r["held_out"].get("ttft_p50_error_pct")),
+            ]
+        )
     foot = []
-    for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|"),
-                       ("tpot_p50_mean_abs_error_pct", "mean |TPOT p50 error|"),
-                       ("ttft_p50_mean_abs_error_pct", "mean |TTFT p50 error|")):
+    for key, label in (
+        ("jct_mean_abs_error_pct", "mean |JCT error|"),
+        ("jct_max_abs_error_pct", "max |JCT error|"),
+        ("tpot_p50_mean_abs_error_pct", "mean |TPOT p50 error|"),
+        ("ttft_p50_mean_abs_error_pct", "mean |TTFT p50 error|"),
+    ):
         foot.append([label, *(pct(result[s].get(key)) for s in schemes), "", ""])
-    foot.append(["traces within 10 %", *(f"{result[s]['traces_jct_within_10pct']}/{result['traces']}" for s in schemes),
-                 "", ""])
-    return render(table(["trace", *(f"JCT {heads[s]}" for s in schemes), "TPOT p50 held out", "TTFT p50 held out"],
-                        body, footer_rows=foot, title=f"cross-validated engine calibration, {result['traces']} traces"))
+    foot.append(
+        ["traces within 10 %", *(f"{result[s]['traces_jct_within_10pct']}/{result['traces']}" for s in schemes), "", ""]
+    )
+    return render(
+        table(
+            ["trace", *(f"JCT {heads[s]}" for s in schemes), "TPOT p50 held out", "TTFT p50 held out"],
+            body,
+            footer_rows=foot,
+            title=f"cross-validated engine calibration, {result['traces']} traces",
+        )
+    )

@@ -16,6 +16,7 @@ the replica with the fewest queued prompt tokens. The replicas are the GPUs of b
 `prefill.replicas + decode.replicas` of them, each configured as the decode pool (both pools must name the
 same GPU and parallelism).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -35,10 +36,10 @@ class ChunkedPrefill:
         self.chunk_tokens = chunk_tokens
         self.queue: deque[int] = deque()
         self.outstanding_tokens = 0
-        self.current: int | None = None       # the prompt being prefilled
+        self.current: int | None = None  # the prompt being prefilled
         self.done_tokens = 0
-        self.chunk: tuple | None = None       # the chunk of the running iteration: (tokens, PrefillCost)
-        self.busy_s = 0.0                     # Σ the chunks' share of the replica's time
+        self.chunk: tuple | None = None  # the chunk of the running iteration: (tokens, PrefillCost)
+        self.busy_s = 0.0  # Σ the chunks' share of the replica's time
         self._memo: dict = {}
 
     def enqueue(self, rid: int) -> None:
@@ -101,9 +102,9 @@ class ColocatedRouter:
 
     def __init__(self, replicas: list[DecodeReplica], prefills: list[ChunkedPrefill]):
         self.replicas = replicas
-        self.prefills = prefills        # replica i's prompt queue
+        self.prefills = prefills  # replica i's prompt queue
         self.links: dict = {}
-        self.hold_kv = False            # no KV parked on a prefill host (faults are not modelled colocated)
+        self.hold_kv = False  # no KV parked on a prefill host (faults are not modelled colocated)
 
     def on_arrivals(self, rids: list[int]) -> None:
         for rid in rids:
@@ -125,5 +126,5 @@ def build(records: Records, replicas: list[DecodeReplica], chunk_tokens: int) ->
     for rep, colo in zip(replicas, prefills):
         rep.colo = colo
         rep.listener = router
-        rep.on_arrival = False          # the KV is written here in the memory format: nothing arrives to decode
+        rep.on_arrival = False  # the KV is written here in the memory format: nothing arrives to decode
     return router

@@ -6,6 +6,7 @@ object per value, a tuple per row); as typed arrays it is 8 bytes a value. Entit
 these like lists (`run.finish[rid] = now`), and append log rows as tuples (`log.append((t, r, x))`);
 `numpy` reads them without copying at the end.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,12 +85,23 @@ class Records:
     failed, "" if it did not), the `completed` and `failed` counts, and the memory and link logs.
     """
 
-    def __init__(self, *, prompt: np.ndarray, output: np.ndarray, arrival_s: np.ndarray, wire_bytes: np.ndarray,
-                 kv_bytes: np.ndarray, admit_bytes: np.ndarray | None, host_kv_bytes: np.ndarray,
-                 decode_iterations: np.ndarray, join_context: np.ndarray, ttft_at_decode: bool):
+    def __init__(
+        self,
+        *,
+        prompt: np.ndarray,
+        output: np.ndarray,
+        arrival_s: np.ndarray,
+        wire_bytes: np.ndarray,
+        kv_bytes: np.ndarray,
+        admit_bytes: np.ndarray | None,
+        host_kv_bytes: np.ndarray,
+        decode_iterations: np.ndarray,
+        join_context: np.ndarray,
+        ttft_at_decode: bool,
+    ):
         n = len(prompt)
         self.n = n
-        self.ttft_at_decode = ttft_at_decode    # the first token is the end of the first decode iteration
+        self.ttft_at_decode = ttft_at_decode  # the first token is the end of the first decode iteration
         self.prompt = ints(prompt)
         self.output = ints(output)
         self.arrival = floats(arrival_s)
@@ -109,14 +121,14 @@ class Records:
         self.preemptions = filled(n, 0)
         self.preempt_s = floats(np.zeros(n))
         self.prefill_replica = filled(n, -1)
-        self.prefill_form = [""] * n            # the prefill attention form each request ran (fp16 / homomorphic)
+        self.prefill_form = [""] * n  # the prefill attention form each request ran (fp16 / homomorphic)
         self.decode_replica = filled(n, -1)
         self.kv_held = bytearray(n)
         self.retries = filled(n, 0)
         self.failure = [""] * n
         self.completed = 0
         self.failed = 0
-        self.memory_log = RowLog(3)             # (time_s, replica, used_bytes)
+        self.memory_log = RowLog(3)  # (time_s, replica, used_bytes)
         self.link_logs: dict[str, RowLog] = {}  # link name -> (time_s, active_flows, throughput_bytes_per_s)
         self.iteration_log: list | None = None  # a list: decode replicas log their segments (decode.iteration_rows)
 

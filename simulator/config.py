@@ -6,12 +6,13 @@ Methods are a list of names or mappings, discriminated by ``name``. Every field 
 description and bounds; unknown fields are errors. `parse_scenario` (and `simulator.load.load_scenario`,
 from a file) turns any problem into a `ScenarioError` whose message is one line naming the file and the field.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -26,13 +27,12 @@ class ScenarioError(ValueError):
     """A scenario that cannot be run; the message is one line, naming file and field."""
 
 
-MAX_REQUESTS = 10**8    # a sanity bound; what fits this machine's memory is checked before a run
+MAX_REQUESTS = 10**8  # a sanity bound; what fits this machine's memory is checked before a run
 
 
 class _Strict(BaseModel):
     # Numbers must be finite unless a field says otherwise (`Unlimited`); JSON spells infinity "Infinity".
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
-                              ser_json_inf_nan="strings")
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False, ser_json_inf_nan="strings")
 
 
 def _read_infinity(v: Any) -> Any:
@@ -82,15 +82,23 @@ class ModelConfig(_Strict):
     mlp: Literal["gated", "plain"] = Field("gated", description="gated: SwiGLU, 3 matrices; plain: 2 matrices")
     parallel_attention: bool = Field(False, description="attention and MLP in parallel (Falcon)")
     qkv_bias: bool = Field(False, description="Q, K and V projections have a bias vector (counted in the weights)")
-    tied_embeddings: bool = Field(False, description="the LM head shares the embedding matrix (its weights are "
-                                  "stored once)")
+    tied_embeddings: bool = Field(
+        False, description="the LM head shares the embedding matrix (its weights are stored once)"
+    )
     max_context_tokens: int = Field(gt=0, le=2**30, description="longest prompt + output the model supports")
-    experts: int = Field(0, ge=0, le=2**16, description="mixture of experts: routed experts per layer, whose "
-                         "gated MLPs replace the dense one (intermediate_size is then unused); 0: a dense model")
-    active_experts: int = Field(0, ge=0, le=2**16, description="mixture of experts: experts each token is routed to "
-                                "(top-k)")
-    expert_intermediate_size: int = Field(0, ge=0, le=2**22, description="mixture of experts: inner width of one "
-                                          "expert's gated MLP")
+    experts: int = Field(
+        0,
+        ge=0,
+        le=2**16,
+        description="mixture of experts: routed experts per layer, whose "
+        "gated MLPs replace the dense one (intermediate_size is then unused); 0: a dense model",
+    )
+    active_experts: int = Field(
+        0, ge=0, le=2**16, description="mixture of experts: experts each token is routed to (top-k)"
+    )
+    expert_intermediate_size: int = Field(
+        0, ge=0, le=2**22, description="mixture of experts: inner width of one expert's gated MLP"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -98,14 +106,16 @@ class ModelConfig(_Strict):
         return _with_preset("models", v)
 
     @model_validator(mode="after")
-    def _heads(self) -> "ModelConfig":
+    def _heads(self) -> ModelConfig:
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.experts or self.active_experts or self.expert_intermediate_size:
             if not (self.experts >= 2 and 1 <= self.active_experts <= self.experts and self.expert_intermediate_size):
-                raise ValueError(f"a mixture of experts needs experts >= 2, 1 <= active_experts <= experts and "
-                                 f"expert_intermediate_size > 0 (got {self.experts}, {self.active_experts}, "
-                                 f"{self.expert_intermediate_size})")
+                raise ValueError(
+                    f"a mixture of experts needs experts >= 2, 1 <= active_experts <= experts and "
+                    f"expert_intermediate_size > 0 (got {self.experts}, {self.active_experts}, "
+                    f"{self.expert_intermediate_size})"
+                )
             if self.mlp != "gated":
                 raise ValueError("a mixture of experts has gated (SwiGLU) experts: mlp must be gated")
         return self
@@ -124,14 +134,20 @@ class GPUConfig(_Strict):
     fp8_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP8 tensor rate; null: none")
     fp4_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP4 tensor rate; null: none")
     fp32_tflops: float = Field(gt=0, le=1e6)
-    sms: int = Field(gt=0, le=2**20, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates "
-                     "scale with them)")
+    sms: int = Field(
+        gt=0, le=2**20, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates scale with them)"
+    )
     warp_schedulers_per_sm: int = Field(gt=0, le=64, description="warp instructions issued per SM per clock")
-    sfu_ops_per_clock_per_sm: int = Field(gt=0, le=4096, description="special-function (exp2, rcp) results per SM "
-                                          "per clock")
+    sfu_ops_per_clock_per_sm: int = Field(
+        gt=0, le=4096, description="special-function (exp2, rcp) results per SM per clock"
+    )
     boost_clock_ghz: float = Field(gt=0, le=100, description="SM clock the FP32 peak is quoted at")
-    sustained_clock_ghz: float | None = Field(None, gt=0, le=100, description="SM clock held under load where a "
-                                              "power cap keeps it below boost; null: the boost clock")
+    sustained_clock_ghz: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="SM clock held under load where a power cap keeps it below boost; null: the boost clock",
+    )
     pcie_gb_per_s: float = Field(gt=0, le=1e5, description="achievable host<->device per direction")
     nvlink_gb_per_s: float | None = Field(None, gt=0, le=1e5)
 
@@ -143,78 +159,178 @@ class GPUConfig(_Strict):
 
 
 class PoolConfig(_Strict):
-    instance: str | None = Field(None, description="catalog/data/instances.yaml key; sets the GPU, GPUs per "
-                                 "instance, network, host memory, intra-node bandwidth and price")
+    instance: str | None = Field(
+        None,
+        description="catalog/data/instances.yaml key; sets the GPU, GPUs per "
+        "instance, network, host memory, intra-node bandwidth and price",
+    )
     gpu: GPUConfig | None = Field(None, description="GPU preset key or mapping; defaults to the instance's GPU")
     tensor_parallel: int = Field(1, ge=1, le=1024, description="GPUs per pipeline stage (within one instance)")
     pipeline_parallel: int = Field(1, ge=1, le=1024, description="pipeline stages per replica (may span instances)")
     replicas: int = Field(1, ge=1, le=4096, description="model replicas in the pool")
-    max_batch_requests: int = Field(256, ge=1, le=2**20, description="most requests in one batch (vLLM's "
-                                    "max_num_seqs; also sizes the sampler's share of the activation peak)")
-    max_batch_tokens: int = Field(16384, ge=1, le=2**30, description="prefill: most prompt tokens per batch (a longer "
-                                  "prompt runs alone); also the profile run's tokens, which size the activation "
-                                  "peak (vLLM's max_num_batched_tokens)")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's memory that "
-                                          "weights, activations and KV may use (vLLM's gpu_memory_utilization)")
-    block_tokens: int = Field(16, ge=1, le=2**20, description="KV tokens per block (vLLM's --block-size): the pool "
-                              "is whole blocks and a request holds whole blocks of its prompt + output tokens")
-    cuda_graph_gib: float = Field(0.0, ge=0, le=2**20, description="per GPU, CUDA-graph memory subtracted from the "
-                                  "KV pool (vLLM subtracts its estimate only with "
-                                  "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; llm-d measured -0.45 to +1.03 GiB)")
-    non_torch_gib: float | None = Field(None, ge=0, le=2**20, description="per GPU, memory outside torch's "
-                                        "allocator (CUDA context, NCCL, workspaces); default: 0.13 GiB on one GPU, "
-                                        "0.55 GiB per GPU under tensor parallelism (costmodel/memory.py)")
-    host_memory_gib: float | None = Field(None, gt=0, le=2**30, description="host memory per replica for KV: on prefill, KV "
-                                          "parked while no decode replica has room; on decode, KV offloaded by "
-                                          "PQCache/HCAttention; default: half the replica's instances' memory")
+    max_batch_requests: int = Field(
+        256,
+        ge=1,
+        le=2**20,
+        description="most requests in one batch (vLLM's "
+        "max_num_seqs; also sizes the sampler's share of the activation peak)",
+    )
+    max_batch_tokens: int = Field(
+        16384,
+        ge=1,
+        le=2**30,
+        description="prefill: most prompt tokens per batch (a longer "
+        "prompt runs alone); also the profile run's tokens, which size the activation "
+        "peak (vLLM's max_num_batched_tokens)",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="fraction of each GPU's memory that "
+        "weights, activations and KV may use (vLLM's gpu_memory_utilization)",
+    )
+    block_tokens: int = Field(
+        16,
+        ge=1,
+        le=2**20,
+        description="KV tokens per block (vLLM's --block-size): the pool "
+        "is whole blocks and a request holds whole blocks of its prompt + output tokens",
+    )
+    cuda_graph_gib: float = Field(
+        0.0,
+        ge=0,
+        le=2**20,
+        description="per GPU, CUDA-graph memory subtracted from the "
+        "KV pool (vLLM subtracts its estimate only with "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS; llm-d measured -0.45 to +1.03 GiB)",
+    )
+    non_torch_gib: float | None = Field(
+        None,
+        ge=0,
+        le=2**20,
+        description="per GPU, memory outside torch's "
+        "allocator (CUDA context, NCCL, workspaces); default: 0.13 GiB on one GPU, "
+        "0.55 GiB per GPU under tensor parallelism (costmodel/memory.py)",
+    )
+    host_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        le=2**30,
+        description="host memory per replica for KV: on prefill, KV "
+        "parked while no decode replica has room; on decode, KV offloaded by "
+        "PQCache/HCAttention; default: half the replica's instances' memory",
+    )
     interconnect: Literal["pcie", "nvlink", "nvswitch"] | None = Field(
-        None, description="how the GPUs of a tensor-parallel group reach each other (catalog/data/interconnects.yaml "
-        "gives each one's collective constants); default: the instance's gpu_interconnect, else pcie")
-    intra_node_gb_per_s: float | None = Field(None, gt=0, le=1e6, description="per-GPU bandwidth per direction of "
-                                              "the TP interconnect; default: the instance's, else the GPU's NVLink "
-                                              "(nvlink, nvswitch) or PCIe bandwidth")
+        None,
+        description="how the GPUs of a tensor-parallel group reach each other (catalog/data/interconnects.yaml "
+        "gives each one's collective constants); default: the instance's gpu_interconnect, else pcie",
+    )
+    intra_node_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="per-GPU bandwidth per direction of "
+        "the TP interconnect; default: the instance's, else the GPU's NVLink "
+        "(nvlink, nvswitch) or PCIe bandwidth",
+    )
     price_usd_per_hour: float | None = Field(None, ge=0, le=1e6, description="per instance; default: the instance's")
-    kv_capacity_gib: float | None = Field(None, gt=0, le=2**30, description="KV memory per replica, replacing the capacity "
-                                          "computed from GPU memory (to describe a system that pre-allocates a "
-                                          "fixed KV pool, as realrun does)")
-    host_issue_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="CPU time the engine spends issuing one "
-                                              "decode iteration (or one prefill batch on the prefill pool), fixed "
-                                              "part: it lasts max(GPU time, host time); 0 for an engine that replays "
-                                              "CUDA graphs")
-    host_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="CPU issue time per layer per decode iteration "
-                                          "(or prefill batch): eager launches, graph replays")
-    host_issue_s_per_request: float = Field(0.0, ge=0, le=3600, description="CPU issue time per request of a decode "
-                                            "iteration (or prefill batch)")
-    host_serial_s_per_iteration: float = Field(0.0, ge=0, le=3600, description="decode: CPU time between iterations during "
-                                               "which the GPU idles (sync on the sampled tokens, scheduling)")
-    expert_parallel: bool = Field(False, description="mixture of experts: spread whole experts over the "
-                                  "tensor-parallel GPUs (tokens dispatched to them and combined back by two "
-                                  "all-to-alls per layer) instead of slicing every expert across them")
-    extra_kernels_per_layer: int = Field(0, ge=0, le=10**4, description="decode: small kernels per layer the engine runs "
-                                         "beyond the model's own (copies into static buffers, gathers), each "
-                                         "priced as one launch-bound kernel")
-    chunk_tokens: int | None = Field(None, ge=1, le=2**30, description="prefill: most prompt tokens per forward "
-                                     "pass (chunked prefill); a longer prompt runs as chunks, each attending to the "
-                                     "earlier ones. With placement colocated, the chunk each iteration carries "
-                                     "(default: max_batch_tokens)")
+    kv_capacity_gib: float | None = Field(
+        None,
+        gt=0,
+        le=2**30,
+        description="KV memory per replica, replacing the capacity "
+        "computed from GPU memory (to describe a system that pre-allocates a "
+        "fixed KV pool, as realrun does)",
+    )
+    host_issue_s_per_iteration: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="CPU time the engine spends issuing one "
+        "decode iteration (or one prefill batch on the prefill pool), fixed "
+        "part: it lasts max(GPU time, host time); 0 for an engine that replays "
+        "CUDA graphs",
+    )
+    host_issue_s_per_layer: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="CPU issue time per layer per decode iteration (or prefill batch): eager launches, graph replays",
+    )
+    host_issue_s_per_request: float = Field(
+        0.0, ge=0, le=3600, description="CPU issue time per request of a decode iteration (or prefill batch)"
+    )
+    host_serial_s_per_iteration: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="decode: CPU time between iterations during "
+        "which the GPU idles (sync on the sampled tokens, scheduling)",
+    )
+    expert_parallel: bool = Field(
+        False,
+        description="mixture of experts: spread whole experts over the "
+        "tensor-parallel GPUs (tokens dispatched to them and combined back by two "
+        "all-to-alls per layer) instead of slicing every expert across them",
+    )
+    extra_kernels_per_layer: int = Field(
+        0,
+        ge=0,
+        le=10**4,
+        description="decode: small kernels per layer the engine runs "
+        "beyond the model's own (copies into static buffers, gathers), each "
+        "priced as one launch-bound kernel",
+    )
+    chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=2**30,
+        description="prefill: most prompt tokens per forward "
+        "pass (chunked prefill); a longer prompt runs as chunks, each attending to the "
+        "earlier ones. With placement colocated, the chunk each iteration carries "
+        "(default: max_batch_tokens)",
+    )
     admission: Literal["reserve", "on_demand"] = Field(
-        "on_demand", description="decode: on_demand (vLLM, SGLang) allocates KV blocks as a request's context "
+        "on_demand",
+        description="decode: on_demand (vLLM, SGLang) allocates KV blocks as a request's context "
         "grows and preempts the newest running request when a block is not free; reserve admits a request only "
-        "with its final KV free and never preempts (simulator/admission.py)")
+        "with its final KV free and never preempts (simulator/admission.py)",
+    )
     preemption: Literal["recompute", "swap"] = Field(
-        "recompute", description="decode, on_demand: a preempted request's KV is dropped and its prompt + "
-        "generated tokens prefilled again (recompute), or copied to host memory over PCIe and back (swap)")
-    prefix_caching: bool = Field(False, description="keep prompts' KV by prefix block (the workload's hash blocks) "
-                                 "and skip what is cached: on prefill its compute, on decode its transfer "
-                                 "(simulator/prefix_cache.py)")
-    prefix_cache_gib: float | None = Field(None, gt=0, le=2**30, description="with prefix_caching: the cache's "
-                                           "capacity per replica, taken out of the KV pool and counted in the "
-                                           "method's KV bytes (a compressed format caches more prefix)")
-    join_s_per_request: float = Field(0.0, ge=0, le=3600, description="decode: how much longer the iteration a request "
-                                      "joins takes, per joining request (placing its received KV in the batch, the "
-                                      "engine's bookkeeping)")
-    prefill_efficiency: float = Field(1.0, gt=0, le=1, description="prefill: the fraction of the profile-priced GPU "
-                                      "speed the engine's prefill reaches (its time is the priced time over this)")
+        "recompute",
+        description="decode, on_demand: a preempted request's KV is dropped and its prompt + "
+        "generated tokens prefilled again (recompute), or copied to host memory over PCIe and back (swap)",
+    )
+    prefix_caching: bool = Field(
+        False,
+        description="keep prompts' KV by prefix block (the workload's hash blocks) "
+        "and skip what is cached: on prefill its compute, on decode its transfer "
+        "(simulator/prefix_cache.py)",
+    )
+    prefix_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        le=2**30,
+        description="with prefix_caching: the cache's "
+        "capacity per replica, taken out of the KV pool and counted in the "
+        "method's KV bytes (a compressed format caches more prefix)",
+    )
+    join_s_per_request: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="decode: how much longer the iteration a request "
+        "joins takes, per joining request (placing its received KV in the batch, the "
+        "engine's bookkeeping)",
+    )
+    prefill_efficiency: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="prefill: the fraction of the profile-priced GPU "
+        "speed the engine's prefill reaches (its time is the priced time over this)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -232,7 +348,7 @@ class PoolConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _layout(self) -> "PoolConfig":
+    def _layout(self) -> PoolConfig:
         if self.gpu is None:
             raise ValueError("give an instance or a gpu")
         if self.prefix_caching and self.prefix_cache_gib is None:
@@ -240,13 +356,21 @@ class PoolConfig(_Strict):
         if self.instance is not None:
             per = catalog.entry("instances", self.instance)["gpus"]
             if self.tensor_parallel > per:
-                raise ValueError(f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}")
+                raise ValueError(
+                    f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}"
+                )
         # Every catalog instance states its interconnect's bandwidth; a pool given by GPU that names NVLink
         # needs the GPU's NVLink rate or an explicit one (the defaults themselves: simulator/resolve.py).
-        if (self.instance is None and self.interconnect in ("nvlink", "nvswitch") and self.gpu.nvlink_gb_per_s is None
-                and self.intra_node_gb_per_s is None):
-            raise ValueError(f"interconnect {self.interconnect}: {self.gpu.preset or self.gpu.name} has no NVLink "
-                             f"(nvlink_gb_per_s null): give intra_node_gb_per_s")
+        if (
+            self.instance is None
+            and self.interconnect in ("nvlink", "nvswitch")
+            and self.gpu.nvlink_gb_per_s is None
+            and self.intra_node_gb_per_s is None
+        ):
+            raise ValueError(
+                f"interconnect {self.interconnect}: {self.gpu.preset or self.gpu.name} has no NVLink "
+                f"(nvlink_gb_per_s null): give intra_node_gb_per_s"
+            )
         return self
 
     @property
@@ -257,26 +381,42 @@ class PoolConfig(_Strict):
 # ---- network ----------------------------------------------------------------------------
 class LinkConfig(_Strict):
     name: str = Field(description="label in outputs")
-    prefill_replicas: list[int] = Field(min_length=1, max_length=4096, description="prefill replicas whose "
-                                        "transfers use this link")
+    prefill_replicas: list[int] = Field(
+        min_length=1, max_length=4096, description="prefill replicas whose transfers use this link"
+    )
     decode_replicas: list[int] = Field(min_length=1, max_length=4096, description="decode replicas this link reaches")
-    bandwidth_gbps: Unlimited | None = Field(None, description="line rate (.inf: KV moves in no time); "
-                                             "default: network.bandwidth_gbps")
+    bandwidth_gbps: Unlimited | None = Field(
+        None, description="line rate (.inf: KV moves in no time); default: network.bandwidth_gbps"
+    )
 
 
 class NetworkConfig(_Strict):
-    bandwidth_gbps: Unlimited | None = Field(None, description="line rate of each prefill replica's link, "
-                                             "gigabits/s (.inf: KV moves in no time); default: the prefill "
-                                             "instance's network")
+    bandwidth_gbps: Unlimited | None = Field(
+        None,
+        description="line rate of each prefill replica's link, "
+        "gigabits/s (.inf: KV moves in no time); default: the prefill "
+        "instance's network",
+    )
     latency_s: float = Field(1e-4, ge=0, le=3600, description="one-way latency added to each transfer")
-    efficiency: float = Field(0.9, gt=0, le=1, description="achievable fraction of line rate for bulk transfers "
-                              "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)")
-    per_flow_gbps: Unlimited | None = Field(None, description="cap on one transfer (AWS: 5 Gbps per TCP flow "
-                                        "outside a placement group, 10 inside)")
-    stream_layers: bool = Field(False, description="send each layer's KV as soon as it is prefilled, so the "
-                                "transfer overlaps the rest of prefill")
-    links: list[LinkConfig] | None = Field(None, max_length=4096, description="explicit topology; default: one link "
-                                           "per prefill replica reaching every decode replica")
+    efficiency: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="achievable fraction of line rate for bulk transfers "
+        "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)",
+    )
+    per_flow_gbps: Unlimited | None = Field(
+        None, description="cap on one transfer (AWS: 5 Gbps per TCP flow outside a placement group, 10 inside)"
+    )
+    stream_layers: bool = Field(
+        False,
+        description="send each layer's KV as soon as it is prefilled, so the transfer overlaps the rest of prefill",
+    )
+    links: list[LinkConfig] | None = Field(
+        None,
+        max_length=4096,
+        description="explicit topology; default: one link per prefill replica reaching every decode replica",
+    )
 
 
 # ---- workload ---------------------------------------------------------------------------
@@ -291,7 +431,7 @@ class UniformLength(_Strict):
     max_tokens: int = Field(ge=1, le=2**30)
 
     @model_validator(mode="after")
-    def _order(self) -> "UniformLength":
+    def _order(self) -> UniformLength:
         if self.max_tokens < self.min_tokens:
             raise ValueError("max_tokens must be >= min_tokens")
         return self
@@ -305,13 +445,13 @@ class LognormalLength(_Strict):
     max_tokens: int = Field(ge=1, le=2**30)
 
     @model_validator(mode="after")
-    def _order(self) -> "LognormalLength":
+    def _order(self) -> LognormalLength:
         if self.max_tokens < self.min_tokens:
             raise ValueError("max_tokens must be >= min_tokens")
         return self
 
 
-LengthDist = Annotated[Union[FixedLength, UniformLength, LognormalLength], Field(discriminator="kind")]
+LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]
 
 
 class PoissonArrivals(_Strict):
@@ -329,7 +469,7 @@ class TraceArrivals(_Strict):
     kind: Literal["trace"]
 
 
-Arrivals = Annotated[Union[PoissonArrivals, BurstyArrivals, TraceArrivals], Field(discriminator="kind")]
+Arrivals = Annotated[PoissonArrivals | BurstyArrivals | TraceArrivals, Field(discriminator="kind")]
 
 
 TRACE_FORMATS = ("azure", "burstgpt", "mooncake", "vllm_bench", "csv")
@@ -343,20 +483,33 @@ class TraceConfig(_Strict):
         description="azure: Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens); burstgpt: "
         "BurstGPT CSV (Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type); mooncake: "
         "Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids); vllm_bench: a vLLM benchmark result "
-        "JSON (input_lens, output_lens; start_times, else request_rate); csv: arrival_s, prompt_tokens, output_tokens")
+        "JSON (input_lens, output_lens; start_times, else request_rate); csv: arrival_s, prompt_tokens, output_tokens"
+    )
     path: str = Field(description="the trace file, relative to the scenario file")
     rate_scale: float = Field(1.0, gt=0, le=1e6, description="replay this many times faster: gaps divided by it")
-    start_s: float = Field(0.0, ge=0, le=1e12, description="skip requests arriving earlier than this, in seconds after the "
-                           "trace's first request (before rate_scale)")
-    duration_s: float | None = Field(None, gt=0, le=1e12, description="keep requests arriving within this many seconds "
-                                     "after start_s (before rate_scale); default: to the end")
-    models: list[str] | None = Field(None, min_length=1, description="burstgpt: keep rows of these Model values "
-                                     "(e.g. ChatGPT, GPT-4)")
-    log_types: list[str] | None = Field(None, min_length=1, description="burstgpt: keep rows of these Log Type "
-                                        "values (Conversation log, API log)")
+    start_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e12,
+        description="skip requests arriving earlier than this, in seconds after the "
+        "trace's first request (before rate_scale)",
+    )
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e12,
+        description="keep requests arriving within this many seconds "
+        "after start_s (before rate_scale); default: to the end",
+    )
+    models: list[str] | None = Field(
+        None, min_length=1, description="burstgpt: keep rows of these Model values (e.g. ChatGPT, GPT-4)"
+    )
+    log_types: list[str] | None = Field(
+        None, min_length=1, description="burstgpt: keep rows of these Log Type values (Conversation log, API log)"
+    )
 
     @model_validator(mode="after")
-    def _filters(self) -> "TraceConfig":
+    def _filters(self) -> TraceConfig:
         if self.format != "burstgpt" and (self.models is not None or self.log_types is not None):
             raise ValueError(f"models and log_types filter BurstGPT traces only, not format {self.format}")
         return self
@@ -368,26 +521,46 @@ class PrefixSharing(_Strict):
     prompt, a document, an agent's context), identified by hash blocks as a Mooncake trace's are."""
 
     groups: int = Field(ge=1, le=2**31, description="how many distinct shared prefixes")
-    shared_tokens: int = Field(ge=1, le=2**30, description="prompt tokens every request of a group shares (a shorter "
-                               "prompt shares its whole length)")
-    block_tokens: int = Field(512, ge=1, le=2**20, description="tokens per hash block; only whole blocks are shared "
-                              "(512: the Mooncake traces' hash_ids)")
+    shared_tokens: int = Field(
+        ge=1,
+        le=2**30,
+        description="prompt tokens every request of a group shares (a shorter prompt shares its whole length)",
+    )
+    block_tokens: int = Field(
+        512,
+        ge=1,
+        le=2**20,
+        description="tokens per hash block; only whole blocks are shared (512: the Mooncake traces' hash_ids)",
+    )
 
 
 class WorkloadConfig(_Strict):
     dataset: str | None = Field(None, description="catalog/data/workloads.yaml key for the length distributions")
     input_tokens: LengthDist | None = Field(None, description="prompt length distribution (overrides dataset)")
     output_tokens: LengthDist | None = Field(None, description="output length distribution (overrides dataset)")
-    trace_csv: str | None = Field(None, description="CSV with prompt_tokens, output_tokens and (for trace "
-                                  "arrivals) arrival_s columns, relative to the scenario file")
-    trace: TraceConfig | None = Field(None, description="a recorded trace whose arrivals and lengths replace "
-                                      "arrival, dataset, input_tokens and output_tokens")
+    trace_csv: str | None = Field(
+        None,
+        description="CSV with prompt_tokens, output_tokens and (for trace "
+        "arrivals) arrival_s columns, relative to the scenario file",
+    )
+    trace: TraceConfig | None = Field(
+        None,
+        description="a recorded trace whose arrivals and lengths replace "
+        "arrival, dataset, input_tokens and output_tokens",
+    )
     arrival: Arrivals | None = Field(None, description="arrival process (not with trace)")
-    requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="requests to simulate (a trace is cycled "
-                                 "or cut to this; with trace, default: the trace's requests)")
+    requests: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REQUESTS,
+        description="requests to simulate (a trace is cycled "
+        "or cut to this; with trace, default: the trace's requests)",
+    )
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the one random generator of the run")
-    prefix_sharing: PrefixSharing | None = Field(None, description="synthetic shared prompt prefixes for prefix "
-                                                 "caching (a Mooncake trace carries its own hash_ids)")
+    prefix_sharing: PrefixSharing | None = Field(
+        None,
+        description="synthetic shared prompt prefixes for prefix caching (a Mooncake trace carries its own hash_ids)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -400,12 +573,15 @@ class WorkloadConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _source(self) -> "WorkloadConfig":
+    def _source(self) -> WorkloadConfig:
         if self.prefix_sharing is not None and self.trace is not None and self.trace.format == "mooncake":
             raise ValueError("prefix_sharing: a Mooncake trace carries its own prefix blocks (hash_ids)")
         if self.trace is not None:
-            given = [k for k in ("dataset", "input_tokens", "output_tokens", "trace_csv", "arrival")
-                     if getattr(self, k) is not None]
+            given = [
+                k
+                for k in ("dataset", "input_tokens", "output_tokens", "trace_csv", "arrival")
+                if getattr(self, k) is not None
+            ]
             if given:
                 raise ValueError(f"trace replaces arrivals and lengths: drop {', '.join(given)}")
             return self
@@ -430,25 +606,39 @@ class ImplementationFactors(_Strict):
     and the CPU time its own prefill launches add."""
 
     quantize: float = Field(1.0, gt=0, le=1000, description="the quantize / encode step after prefill")
-    dequantize: float = Field(1.0, gt=0, le=1000, description="dequantization (every decode iteration, or once on "
-                              "arrival)")
+    dequantize: float = Field(
+        1.0, gt=0, le=1000, description="dequantization (every decode iteration, or once on arrival)"
+    )
     approximation: float = Field(1.0, gt=0, le=1000, description="the homomorphic correction (prefill and decode)")
-    prefill_issue_s_per_layer: float = Field(0.0, ge=0, le=3600, description="CPU time per layer to issue the "
-                                             "method's own prefill kernels beyond the FP16 model's, where the engine "
-                                             "issues prefill from the CPU (adds to the prefill pool's host floor)")
+    prefill_issue_s_per_layer: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="CPU time per layer to issue the "
+        "method's own prefill kernels beyond the FP16 model's, where the engine "
+        "issues prefill from the CPU (adds to the prefill pool's host floor)",
+    )
 
 
 class CalibrationConfig(_Strict):
-    prefill_profile: str = Field("auto", description="'auto' (the committed profile for the GPU, else roofline), "
-                                 "'roofline', or a path to a profile.json")
+    prefill_profile: str = Field(
+        "auto",
+        description="'auto' (the committed profile for the GPU, else roofline), "
+        "'roofline', or a path to a profile.json",
+    )
     decode_profile: str = Field("auto", description="as prefill_profile, for the decode pool")
-    engine: str | None = Field(None, description="an engine calibration file (cli.py calibrate --traces), relative to "
-                               "the scenario file: the parameters it fitted replace the scenario's (decode host and "
-                               "loop-gap time, extra kernels, join time, prefill efficiency and host time, link "
-                               "efficiency and latency, implementation_factors); kernel profiles stay as they are")
+    engine: str | None = Field(
+        None,
+        description="an engine calibration file (cli.py calibrate --traces), relative to "
+        "the scenario file: the parameters it fitted replace the scenario's (decode host and "
+        "loop-gap time, extra kernels, join time, prefill efficiency and host time, link "
+        "efficiency and latency, implementation_factors); kernel profiles stay as they are",
+    )
     implementation_factors: dict[str, ImplementationFactors] = Field(
-        default_factory=dict, description="per method name (baseline, kvquant, hack, ...): the engine's time for its "
-        "quantize, dequantize and approximation steps over the profile's price")
+        default_factory=dict,
+        description="per method name (baseline, kvquant, hack, ...): the engine's time for its "
+        "quantize, dequantize and approximation steps over the profile's price",
+    )
 
     @field_validator("implementation_factors")
     @classmethod
@@ -468,16 +658,20 @@ class FaultEvent(_Strict):
     or carries nothing (link_outage), or a replica is down (its work and the KV it holds are lost)."""
 
     kind: Literal["link_degradation", "link_outage", "prefill_replica_down", "decode_replica_down"] = Field(
-        description="what fails")
-    target: str | int = Field(description="a link's name (p0, p1, ... by default, or network.links[].name) for "
-                              "the link kinds; a replica's index for the replica kinds")
+        description="what fails"
+    )
+    target: str | int = Field(
+        description="a link's name (p0, p1, ... by default, or network.links[].name) for "
+        "the link kinds; a replica's index for the replica kinds"
+    )
     start_s: float = Field(ge=0, le=1e12, description="when the fault begins, simulated seconds")
     end_s: Unlimited = Field(description="when it ends (.inf: never)")
-    factor: float | None = Field(None, gt=0, lt=1, description="link_degradation: the fraction of its capacity "
-                                 "the link keeps")
+    factor: float | None = Field(
+        None, gt=0, lt=1, description="link_degradation: the fraction of its capacity the link keeps"
+    )
 
     @model_validator(mode="after")
-    def _shape(self) -> "FaultEvent":
+    def _shape(self) -> FaultEvent:
         if not self.end_s > self.start_s:
             raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
         if (self.factor is None) == (self.kind == "link_degradation"):
@@ -490,10 +684,12 @@ class FaultEvent(_Strict):
 
 class FaultPolicy(_Strict):
     on_loss: Literal["resend", "reprefill", "fail"] = Field(
-        "reprefill", description="what happens to a request whose KV a fault destroys: resend (prefill hosts "
+        "reprefill",
+        description="what happens to a request whose KV a fault destroys: resend (prefill hosts "
         "keep every request's KV until it finishes, so a lost decode replica or transfer is made good by sending "
         "it again; costs host memory), reprefill (the request's prefill runs again; prefill hosts drop the KV "
-        "once it has arrived), fail (the request fails)")
+        "once it has arrived), fail (the request fails)",
+    )
     max_retries: int = Field(3, ge=0, le=100, description="a request hit more often than this fails")
 
 
@@ -508,21 +704,27 @@ class Scenario(_Strict):
     methods: list[MethodConfig] = Field(min_length=1, max_length=64)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     ttft_at: Literal["decode", "prefill"] = Field(
-        "decode", description="where the client's first token comes from. decode: from the decode instance, at the "
+        "decode",
+        description="where the client's first token comes from. decode: from the decode instance, at the "
         "end of the first decode iteration the request takes part in after its KV has arrived (vLLM's "
         "disaggregated serving: the prefill instance's token is discarded and the decode instance recomputes the "
         "last prompt position, so it runs one iteration per output token); prefill: the prefill instance's token, "
-        "at the end of prefill (decode then runs one iteration per output token after the first)")
-    faults: list[FaultEvent] = Field(default_factory=list, max_length=10_000, description="timed faults (see "
-                                     "FaultEvent); none by default")
-    fault_policy: FaultPolicy = Field(default_factory=FaultPolicy, description="what happens to the requests a "
-                                      "fault hits")
+        "at the end of prefill (decode then runs one iteration per output token after the first)",
+    )
+    faults: list[FaultEvent] = Field(
+        default_factory=list, max_length=10_000, description="timed faults (see FaultEvent); none by default"
+    )
+    fault_policy: FaultPolicy = Field(
+        default_factory=FaultPolicy, description="what happens to the requests a fault hits"
+    )
     placement: Literal["separate", "shared_gpu", "colocated"] = Field(
-        "separate", description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
+        "separate",
+        description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
         "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "
         "the next decode iteration boundary, one batch per boundary (how realrun measures on one GPU); "
         "colocated: every replica of both pools serves both phases, each iteration its decode rows plus one "
-        "chunk of prefill.chunk_tokens of a prompt, no KV transfer (simulator/colocated.py)")
+        "chunk of prefill.chunk_tokens of a prompt, no KV transfer (simulator/colocated.py)",
+    )
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -532,11 +734,12 @@ class Scenario(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Scenario":
+    def _consistent(self) -> Scenario:
         names = [m.output_name for m in self.methods]
         if len(set(names)) != len(names):
             raise ValueError(f"methods: duplicate output names {names}; give each a distinct label")
         from .implementations import implementation_refusal
+
         for i, m in enumerate(self.methods):
             why = implementation_refusal(m)
             if why:
@@ -552,38 +755,50 @@ class Scenario(_Strict):
         if self.placement == "colocated":
             p, d = self.prefill, self.decode
             if (p.gpu, p.tensor_parallel, p.pipeline_parallel) != (d.gpu, d.tensor_parallel, d.pipeline_parallel):
-                raise ValueError("placement colocated runs both phases on every replica of both pools: give them the "
-                                 "same gpu, tensor_parallel and pipeline_parallel")
+                raise ValueError(
+                    "placement colocated runs both phases on every replica of both pools: give them the "
+                    "same gpu, tensor_parallel and pipeline_parallel"
+                )
             if p.prefix_caching or d.prefix_caching:
                 raise ValueError("placement colocated: prefix caching is modelled for separate pools only")
         if self.placement == "shared_gpu" and self.prefill.replicas != self.decode.replicas:
-            raise ValueError("placement shared_gpu pairs prefill and decode replicas: give both pools the same "
-                             "number of replicas")
+            raise ValueError(
+                "placement shared_gpu pairs prefill and decode replicas: give both pools the same number of replicas"
+            )
         for pool_name in ("prefill", "decode"):
             pool = getattr(self, pool_name)
             if pool.expert_parallel:
                 if not self.model.experts:
                     raise ValueError(f"{pool_name}.expert_parallel: {self.model.name} is not a mixture of experts")
                 if self.model.experts % pool.tensor_parallel:
-                    raise ValueError(f"{pool_name}.expert_parallel: {self.model.experts} experts do not spread evenly "
-                                     f"over tensor_parallel={pool.tensor_parallel} GPUs")
+                    raise ValueError(
+                        f"{pool_name}.expert_parallel: {self.model.experts} experts do not spread evenly "
+                        f"over tensor_parallel={pool.tensor_parallel} GPUs"
+                    )
         if self.network.bandwidth_gbps is None and self.prefill.instance is None:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
-        links = ([link.name for link in self.network.links] if self.network.links is not None
-                 else [f"p{p}" for p in range(self.prefill.replicas)])
+        links = (
+            [link.name for link in self.network.links]
+            if self.network.links is not None
+            else [f"p{p}" for p in range(self.prefill.replicas)]
+        )
         if self.faults and self.placement != "separate":
-            raise ValueError(f"faults: not modelled with placement {self.placement} (a replica down would stop the "
-                             f"other phase on its GPUs)")
+            raise ValueError(
+                f"faults: not modelled with placement {self.placement} (a replica down would stop the "
+                f"other phase on its GPUs)"
+            )
         if self.faults and (self.prefill.prefix_caching or self.decode.prefix_caching):
-            raise ValueError("faults: not modelled with prefix caching (a replica down would lose its cache and "
-                             "pinned blocks)")
+            raise ValueError(
+                "faults: not modelled with prefix caching (a replica down would lose its cache and pinned blocks)"
+            )
         for i, f in enumerate(self.faults):
             if f.kind.startswith("link") and f.target not in links:
                 raise ValueError(f"faults.{i}.target: no link {f.target!r} (links: {', '.join(links)})")
             pool = self.prefill if f.kind == "prefill_replica_down" else self.decode
             if not f.kind.startswith("link") and not 0 <= f.target < pool.replicas:
-                raise ValueError(f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} "
-                                 f"(the pool has {pool.replicas})")
+                raise ValueError(
+                    f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} (the pool has {pool.replicas})"
+                )
         return self
 
 
@@ -664,7 +879,7 @@ def parse_scenario(raw: Any, source: str) -> Scenario:
         return Scenario.model_validate(raw)
     except ValidationError as e:
         raise ScenarioError(first_error(source, e)) from None
-    except KeyError as e:   # an unknown preset key raised by a before-validator outside pydantic's wrapping
+    except KeyError as e:  # an unknown preset key raised by a before-validator outside pydantic's wrapping
         raise ScenarioError(f"{source}: {e.args[0]}") from None
 
 

@@ -21,11 +21,13 @@ arrives mid-segment (it joins at the end of the iteration in progress).
 A replica that goes down (simulator/faults.py) loses every request it holds (joined, waiting to
 join, or reserved with its KV on the way) and its memory; it admits nothing until it is back.
 """
+
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import simpy
 
@@ -47,9 +49,9 @@ class DecodeListener(Protocol):
 class BlockAllocator(Protocol):
     """On-demand KV blocks and preemption (simulator/admission.py), as the replica drives them."""
 
-    bt: int                 # tokens per block
-    counts: list[int]       # running requests by block phase
-    waiting: list           # preempted requests
+    bt: int  # tokens per block
+    counts: list[int]  # running requests by block phase
+    waiting: list  # preempted requests
 
     @property
     def planned_bytes(self) -> float: ...
@@ -97,7 +99,7 @@ def host_bound_count(cost: IterationCost, n: float, c: float, b: int, k: int) ->
     f, p = cost.fixed_s, cost.per_ctx_s
     if p * b <= 0:
         return n if f + p * c < h else 0
-    first_gpu_bound = math.ceil((h - f - p * c) / (p * b))   # first j with GPU time >= host time
+    first_gpu_bound = math.ceil((h - f - p * c) / (p * b))  # first j with GPU time >= host time
     return min(n, max(0, first_gpu_bound - k))
 
 
@@ -135,9 +137,17 @@ def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k
 
 
 class DecodeReplica:
-    def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
-                 records: Records, host_capacity_bytes: float = float("inf"), prefix_region_bytes: float = 0.0,
-                 blocks: Callable[[DecodeReplica], BlockAllocator] | None = None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        cost: ReplicaCostModel,
+        max_batch_requests: int,
+        records: Records,
+        host_capacity_bytes: float = float("inf"),
+        prefix_region_bytes: float = 0.0,
+        blocks: Callable[[DecodeReplica], BlockAllocator] | None = None,
+    ):
         self.env = env
         self.index = index
         self.cost = cost
@@ -145,41 +155,44 @@ class DecodeReplica:
         self.capacity_bytes = cost.kv_capacity_bytes - prefix_region_bytes
         self.max_batch_requests = max_batch_requests
         self.rec = records
-        self.listener: DecodeListener | None = None    # set when the router is built
+        self.listener: DecodeListener | None = None  # set when the router is built
         self.reserved_bytes = 0.0
-        self.host_capacity_bytes = host_capacity_bytes   # offloaded KV (PQCache, HCAttention)
+        self.host_capacity_bytes = host_capacity_bytes  # offloaded KV (PQCache, HCAttention)
         self.host_reserved_bytes = 0.0
-        self.slots_used = 0                  # admitted (reserved) requests, joined or not
-        self.memory_log = records.memory_log    # (time_s, replica, used_bytes)
-        self.joining: list[int] = []         # KV arrived, waiting for the next boundary
-        self.finish_heap: list[tuple[int, int]] = []   # (finish iteration, rid)
-        self.iteration = 0                   # replica iteration counter k
-        self.batch = 0                       # B
-        self.ctx_offset = 0.0                # C = Σ (ctx_at_join - join_iteration)
+        self.slots_used = 0  # admitted (reserved) requests, joined or not
+        self.memory_log = records.memory_log  # (time_s, replica, used_bytes)
+        self.joining: list[int] = []  # KV arrived, waiting for the next boundary
+        self.finish_heap: list[tuple[int, int]] = []  # (finish iteration, rid)
+        self.iteration = 0  # replica iteration counter k
+        self.batch = 0  # B
+        self.ctx_offset = 0.0  # C = Σ (ctx_at_join - join_iteration)
         self.cum = [0.0, 0.0, 0.0, 0.0, 0.0]  # running decode, dequantize, approximation, fetch, preemption seconds
-        self._seg: tuple | None = None       # running segment: (start_s, cost, iterations, on-arrival s)
-        self._cut = False                    # the segment was cut short for a joining request
-        self._version = 0                    # timers of superseded segments are ignored
+        self._seg: tuple | None = None  # running segment: (start_s, cost, iterations, on-arrival s)
+        self._cut = False  # the segment was cut short for a joining request
+        self._version = 0  # timers of superseded segments are ignored
         self.on_arrival = cost.method.dequantize_on_arrival
-        self.down = False                    # a fault has taken the replica out
-        self.partner: PrefillPartner | None = None   # the prefill replica sharing this GPU (placement: shared_gpu)
-        self._paused = False                 # the shared GPU is running a prefill batch
+        self.down = False  # a fault has taken the replica out
+        self.partner: PrefillPartner | None = None  # the prefill replica sharing this GPU (placement: shared_gpu)
+        self._paused = False  # the shared GPU is running a prefill batch
         self._prefill_waiting = False
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = blocks(self) if blocks is not None else None
-        self.colo: ColocatedPrefill | None = None   # placement colocated: the prompts this replica prefills
+        self.colo: ColocatedPrefill | None = None  # placement colocated: the prompts this replica prefills
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
         if self.down:
             return False
-        if self.blocks is not None:     # on demand: not into the running segment's blocks, nor before the preempted
+        if self.blocks is not None:  # on demand: not into the running segment's blocks, nor before the preempted
             blocks = self.blocks
             if blocks.waiting:
                 return False
             kv_bytes += blocks.planned_bytes
-        return (self.slots_used < self.max_batch_requests and self.reserved_bytes + kv_bytes <= self.capacity_bytes
-                and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes)
+        return (
+            self.slots_used < self.max_batch_requests
+            and self.reserved_bytes + kv_bytes <= self.capacity_bytes
+            and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes
+        )
 
     def reserve(self, kv_bytes: float, host_bytes: float = 0.0) -> None:
         self.reserved_bytes += kv_bytes
@@ -197,7 +210,7 @@ class DecodeReplica:
         """Something new waits for the next iteration boundary: start one now if idle, else end the running
         segment with the iteration in progress."""
         if self._paused:
-            return                      # the shared GPU is running a prefill; we resume after it
+            return  # the shared GPU is running a prefill; we resume after it
         if self._seg is None:
             self._start_segment()
         elif not self._cut:
@@ -228,7 +241,7 @@ class DecodeReplica:
         lost = list(self.joining)
         if self.blocks is None:
             lost += [rid for _, rid in self.finish_heap]
-        else:       # on demand: the running requests and the preempted ones waiting to come back
+        else:  # on demand: the running requests and the preempted ones waiting to come back
             lost += self.blocks.clear()
         lost = list(dict.fromkeys(lost))
         self.joining.clear()
@@ -236,7 +249,7 @@ class DecodeReplica:
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
-        self._version += 1                   # the running segment's timer is void
+        self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, 0.0))
         return lost
@@ -282,7 +295,7 @@ class DecodeReplica:
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
-            return          # superseded by a cut
+            return  # superseded by a cut
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         self._finish_due()
@@ -294,15 +307,18 @@ class DecodeReplica:
             self._paused = True
             assert self.partner is not None
             if self.partner.try_start():
-                return                  # the prefill runs; it resumes us when its batch ends
+                return  # the prefill runs; it resumes us when its batch ends
             self._paused = False
         self._start_segment()
 
     def _start_segment(self) -> None:
         blocks = self.blocks
         # on demand: iteration k's new blocks (preempting if they do not fit) and the preempted coming back
-        stall_s = blocks.boundary() if blocks is not None and (blocks.counts[self.iteration % blocks.bt]
-                                                              or blocks.waiting) else 0.0
+        stall_s = (
+            blocks.boundary()
+            if blocks is not None and (blocks.counts[self.iteration % blocks.bt] or blocks.waiting)
+            else 0.0
+        )
         joined = list(self.joining)
         pending_s = self._admit_joining() + stall_s
         chunk_cost = self.colo.next_chunk() if self.colo is not None else None
@@ -317,14 +333,14 @@ class DecodeReplica:
             for rid in joined:
                 self.rec.first_token[rid] = first
         if chunk_cost is not None:
-            n = 1                       # an iteration with a prefill chunk (placement colocated)
+            n = 1  # an iteration with a prefill chunk (placement colocated)
             if blocks is not None:
                 blocks.plan(self.iteration, 1)
         elif self.blocks is None:
             n = self.finish_heap[0][0] - self.iteration
-        else:   # ... or the first iteration whose new KV blocks do not fit
+        else:  # ... or the first iteration whose new KV blocks do not fit
             n = blocks.segment_end(self.iteration) - self.iteration
-            blocks.plan(self.iteration, n)     # promised (admission.py)
+            blocks.plan(self.iteration, n)  # promised (admission.py)
         seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
         self._seg = (self.env.now, cost, n, pending_s)
         self._cut = False
@@ -339,8 +355,13 @@ class DecodeReplica:
         now = self.env.now
         for rid in self.joining:
             rec.decode_join[rid] = now
-            (rec.snap_decode[rid], rec.snap_dequant[rid], rec.snap_approx[rid], rec.snap_fetch[rid],
-             rec.snap_preempt[rid]) = self.cum
+            (
+                rec.snap_decode[rid],
+                rec.snap_dequant[rid],
+                rec.snap_approx[rid],
+                rec.snap_fetch[rid],
+                rec.snap_preempt[rid],
+            ) = self.cum
             prompt = rec.prompt[rid]
             self.ctx_offset += rec.join_context[rid] - k
             self.batch += 1
@@ -353,16 +374,17 @@ class DecodeReplica:
         # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
         # everyone in the batch waits for it, so it counts as dequantization for all of them.
         self.cum[1] += arrival_s
-        self.cum[0] += join_s      # likewise the engine's join work, as decode
+        self.cum[0] += join_s  # likewise the engine's join work, as decode
         return arrival_s + join_s
 
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
-        if self.rec.iteration_log is not None:   # off unless asked for: a row per iteration is not the hot path's
-            self.rec.iteration_log.append((self._seg[0], self._seg[3], n, c, b, k, cost,
-                                          self.cost.host_serial_s_per_iteration))
+        if self.rec.iteration_log is not None:  # off unless asked for: a row per iteration is not the hot path's
+            self.rec.iteration_log.append(
+                (self._seg[0], self._seg[3], n, c, b, k, cost, self.cost.host_serial_s_per_iteration)
+            )
         self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
-        if cost.host_s:   # iterations waiting on the host: the wait counts as decode time
+        if cost.host_s:  # iterations waiting on the host: the wait counts as decode time
             self.cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
         if cost.dequant_per_ctx_s or cost.dequant_fixed_s:
             self.cum[1] += segment_sum_s(cost.dequant_fixed_s, cost.dequant_per_ctx_s, n, c, b, k)
@@ -388,7 +410,7 @@ class DecodeReplica:
             if blocks is not None:
                 left = blocks.leave(rid, fin)
                 if left is None:
-                    continue            # the entry of a request preempted since
+                    continue  # the entry of a request preempted since
                 ctx_term, held = left
             else:
                 # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).

@@ -20,6 +20,7 @@ The file (JSON, strict)::
 NAME is one of ``PARAMETERS`` below (a scenario path; ``methods.<method>.<step>`` for the
 implementation factors and ``methods.<method>.prefill_issue_s_per_layer``); ``stderr`` is the standard error from the fit's Jacobian (null when fixed).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,42 +50,83 @@ class Parameter:
     unit: str
     meaning: str
     integer: bool = False
-    neutral: float = 0.0        # the value that adds nothing (a factor's 1)
+    neutral: float = 0.0  # the value that adds nothing (a factor's 1)
 
 
 # Bounds are physical: times are >= 0 and below what would make an engine absurd; efficiencies in (0, 1];
 # a factor is the engine's time over the profile's, 1 when they agree.
-PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
-    Parameter("decode.host_serial_s_per_iteration", (0.0, 0.02), "s",
-              "CPU time between decode iterations while the GPU waits (the loop gap)"),
-    Parameter("decode.host_issue_s_per_iteration", (0.0, 0.05), "s",
-              "CPU issue time of a decode iteration, fixed part (overlaps the GPU: counts where it is longer)"),
-    Parameter("decode.host_issue_s_per_layer", (0.0, 0.005), "s", "CPU issue time per layer of a decode iteration"),
-    Parameter("decode.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per running request"),
-    Parameter("decode.extra_kernels_per_layer", (0.0, 32.0), "kernels",
-              "the engine's own small kernels per decode layer (copies, gathers)", integer=True),
-    Parameter("decode.join_s_per_request", (0.0, 0.02), "s",
-              "extra time of the iteration a request joins, per joining request (KV placement, bookkeeping)"),
-    Parameter("prefill.prefill_efficiency", (0.05, 1.0), "fraction",
-              "the fraction of the profile-priced GPU speed the engine's prefill reaches", neutral=1.0),
-    Parameter("prefill.host_issue_s_per_iteration", (0.0, 0.05), "s", "CPU issue time of a prefill batch, fixed part"),
-    Parameter("prefill.host_issue_s_per_layer", (0.0, 0.005), "s",
-              "CPU issue time per layer of a prefill batch (eager launches)"),
-    Parameter("prefill.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per request of a prefill batch"),
-    Parameter("network.efficiency", (0.05, 1.0), "fraction", "the fraction of the line rate transfers reach",
-              neutral=1.0),
-    Parameter("network.latency_s", (0.0, 0.1), "s", "one-way latency added to each transfer"),
-)}
+PARAMETERS: dict[str, Parameter] = {
+    p.name: p
+    for p in (
+        Parameter(
+            "decode.host_serial_s_per_iteration",
+            (0.0, 0.02),
+            "s",
+            "CPU time between decode iterations while the GPU waits (the loop gap)",
+        ),
+        Parameter(
+            "decode.host_issue_s_per_iteration",
+            (0.0, 0.05),
+            "s",
+            "CPU issue time of a decode iteration, fixed part (overlaps the GPU: counts where it is longer)",
+        ),
+        Parameter("decode.host_issue_s_per_layer", (0.0, 0.005), "s", "CPU issue time per layer of a decode iteration"),
+        Parameter("decode.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per running request"),
+        Parameter(
+            "decode.extra_kernels_per_layer",
+            (0.0, 32.0),
+            "kernels",
+            "the engine's own small kernels per decode layer (copies, gathers)",
+            integer=True,
+        ),
+        Parameter(
+            "decode.join_s_per_request",
+            (0.0, 0.02),
+            "s",
+            "extra time of the iteration a request joins, per joining request (KV placement, bookkeeping)",
+        ),
+        Parameter(
+            "prefill.prefill_efficiency",
+            (0.05, 1.0),
+            "fraction",
+            "the fraction of the profile-priced GPU speed the engine's prefill reaches",
+            neutral=1.0,
+        ),
+        Parameter(
+            "prefill.host_issue_s_per_iteration", (0.0, 0.05), "s", "CPU issue time of a prefill batch, fixed part"
+        ),
+        Parameter(
+            "prefill.host_issue_s_per_layer",
+            (0.0, 0.005),
+            "s",
+            "CPU issue time per layer of a prefill batch (eager launches)",
+        ),
+        Parameter(
+            "prefill.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per request of a prefill batch"
+        ),
+        Parameter(
+            "network.efficiency", (0.05, 1.0), "fraction", "the fraction of the line rate transfers reach", neutral=1.0
+        ),
+        Parameter("network.latency_s", (0.0, 0.1), "s", "one-way latency added to each transfer"),
+    )
+}
 for _m in METHOD_REGISTRY:
     for _step in FACTOR_STEPS:
         PARAMETERS[f"methods.{_m}.{_step}"] = Parameter(
-            f"methods.{_m}.{_step}", (0.05, 50.0), "factor",
-            f"the engine's {_step} time for {_m} over the profile's price", neutral=1.0)
-    if _m != REFERENCE:   # the reference's own launches are the pool's prefill.host_issue_s_per_layer
+            f"methods.{_m}.{_step}",
+            (0.05, 50.0),
+            "factor",
+            f"the engine's {_step} time for {_m} over the profile's price",
+            neutral=1.0,
+        )
+    if _m != REFERENCE:  # the reference's own launches are the pool's prefill.host_issue_s_per_layer
         PARAMETERS[f"methods.{_m}.prefill_issue_s_per_layer"] = Parameter(
-            f"methods.{_m}.prefill_issue_s_per_layer", (0.0, 0.005), "s",
+            f"methods.{_m}.prefill_issue_s_per_layer",
+            (0.0, 0.005),
+            "s",
             f"CPU time per layer to issue {_m}'s own prefill kernels beyond the FP16 model's, where the engine "
-            f"issues prefill from the CPU (adds to the prefill host floor)")
+            f"issues prefill from the CPU (adds to the prefill host floor)",
+        )
 
 
 class ParameterRecord(BaseModel):
@@ -170,8 +212,9 @@ def apply_values(scenario, values: dict[str, float]):
     if network:
         update["network"] = scenario.network.model_copy(update=network)
     if factors != {m: f.model_dump() for m, f in scenario.calibration.implementation_factors.items()}:
-        update["calibration"] = scenario.calibration.model_copy(update={"implementation_factors": {
-            m: ImplementationFactors(**f) for m, f in factors.items()}})
+        update["calibration"] = scenario.calibration.model_copy(
+            update={"implementation_factors": {m: ImplementationFactors(**f) for m, f in factors.items()}}
+        )
     return scenario.model_copy(update=update) if update else scenario
 
 
@@ -196,7 +239,11 @@ def engine_summary(path: str | None) -> dict | None:
     if path is None:
         return None
     engine = read_engine_file(path, ValueError)
-    return {"path": str(path), "engine": engine.engine,
-            "fitted": {k: {"value": r.value, "stderr": r.stderr, "unit": r.unit}
-                       for k, r in engine.parameters.items() if r.fitted},
-            "held": sorted(k for k, r in engine.parameters.items() if not r.fitted)}
+    return {
+        "path": str(path),
+        "engine": engine.engine,
+        "fitted": {
+            k: {"value": r.value, "stderr": r.stderr, "unit": r.unit} for k, r in engine.parameters.items() if r.fitted
+        },
+        "held": sorted(k for k, r in engine.parameters.items() if not r.fitted),
+    }

@@ -30,6 +30,7 @@ A retried request keeps its arrival; its timestamps are those of the attempt tha
 time lost to the fault is in the queue part before the retried phase (prefill_queue after a
 re-prefill, transfer_queue after a re-send) and the breakdown still adds up to its JCT.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,13 +51,14 @@ RETRIES_EXHAUSTED = "retries_exhausted"
 class FaultInjector:
     """Schedules the scenario's faults on one method's run and decides the fate of the requests they hit."""
 
-    def __init__(self, records: Records, env: simpy.Environment, router: Router, faults: list[FaultEvent],
-                 policy: FaultPolicy):
+    def __init__(
+        self, records: Records, env: simpy.Environment, router: Router, faults: list[FaultEvent], policy: FaultPolicy
+    ):
         self.rec, self.policy = records, policy
         self.router = router
         self.links = {link.name: link for link in router.links.values()}
         self.link_factors: dict[str, list[float]] = {name: [] for name in self.links}
-        self.down: Counter = Counter()          # (pool, index) -> active faults
+        self.down: Counter = Counter()  # (pool, index) -> active faults
         router.hold_kv = policy.on_loss == "resend"
         for f in faults:
             env.timeout(f.start_s).callbacks.append(lambda _e, f=f: self._begin(f))
@@ -156,11 +158,11 @@ class FaultInjector:
             rec.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
             return
         rec.retries[rid] += 1
-        rec.preempt_s[rid] = 0.0                  # time out of a lost attempt's batch is not this attempt's
+        rec.preempt_s[rid] = 0.0  # time out of a lost attempt's batch is not this attempt's
         if rec.kv_held[rid]:
-            router.pending.append(rid)            # the KV is still parked: send it again
+            router.pending.append(rid)  # the KV is still parked: send it again
         else:
-            router.on_arrivals([rid])             # prefill again
+            router.on_arrivals([rid])  # prefill again
 
 
 def faults_line(summary: dict) -> str:

@@ -15,6 +15,7 @@ Every reader here turns a problem into one exception with a one-line message tha
 - `check_out_dir` says before a run whether its output folder can be written, so a long run is
   never thrown away at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from typing import Any
 
 import yaml
 
-MAX_TEXT_BYTES = 4 * 2**20        # a scenario is ~2 KB; a sweep file a few KB
-MAX_YAML_NODES = 100_000          # after alias expansion; the shipped files have a few hundred
-MAX_YAML_DEPTH = 64               # nesting; the shipped files go 5 deep
+MAX_TEXT_BYTES = 4 * 2**20  # a scenario is ~2 KB; a sweep file a few KB
+MAX_YAML_NODES = 100_000  # after alias expansion; the shipped files have a few hundred
+MAX_YAML_DEPTH = 64  # nesting; the shipped files go 5 deep
 
 
 def read_text(path: str | Path, error: type[Exception], what: str = "file", max_bytes: int = MAX_TEXT_BYTES) -> str:
@@ -87,7 +88,9 @@ class _AliasBomb(yaml.YAMLError):
 # YAML 1.1 (PyYAML's SafeLoader) reads `1e-5` as a string: a float needs a dot there. Read exponent-only
 # numbers as floats, as YAML 1.2 and JSON do, so a scenario may write `s_per_unit: 3.7e-12` or `1e-5`.
 _BoundedLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
 
 def _check_expansion(root) -> None:
     """Count the nodes of the document as the constructor would expand them (aliases copied), without
@@ -209,8 +212,9 @@ class CsvAppender:
             options = pacsv.WriteOptions(include_header=False, quoting_style="needed" if self.quote_text else "none")
             self._writer = pacsv.CSVWriter(self._file, self._schema, write_options=options)
         for i in range(0, len(df), self.chunk_rows):
-            self._writer.write_table(pa.Table.from_pandas(df.iloc[i: i + self.chunk_rows], schema=self._schema,
-                                                          preserve_index=False))
+            self._writer.write_table(
+                pa.Table.from_pandas(df.iloc[i : i + self.chunk_rows], schema=self._schema, preserve_index=False)
+            )
 
     def close(self) -> None:
         if self._writer is not None:
@@ -256,6 +260,6 @@ def check_out_dir(path: str | Path, error: type[Exception], option: str = "--out
     try:
         if not os.access(probe, os.W_OK | os.X_OK):
             raise PermissionError
-        os.rmdir(tempfile.mkdtemp(prefix=".hacksim-probe-", dir=probe))   # root passes os.access everywhere
+        os.rmdir(tempfile.mkdtemp(prefix=".hacksim-probe-", dir=probe))  # root passes os.access everywhere
     except OSError:
         raise error(f"{option} {given}: {probe} is not writable") from None

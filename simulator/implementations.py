@@ -10,10 +10,11 @@ costmodel/kernel_work.split) and each share repriced at the target's rate for it
 stays the measured one.  A part given as an instruction count (no measurement) is priced at the target's
 issue rate plus its bytes at the copy bandwidth, one roofline launch per layer.
 """
+
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import catalog
@@ -36,16 +37,20 @@ def _rates(gpu: GPUSpec) -> UnitRates:
     return unit_rates(gpu, ROOFLINE_MEMORY_EFFICIENCY, ROOFLINE_MATMUL_EFFICIENCY)
 
 
-@lru_cache(maxsize=None)
+@cache
 def measured_fits(path: str) -> dict:
     """The `fits` of an implementation measurement file (kernels_calibration/impl_bench.py's output)."""
     return json.loads((REPO_ROOT / path).read_text())["fits"]
 
 
 def _work(part: dict) -> KernelWork:
-    return KernelWork(hbm_bytes=part.get("hbm_bytes", 0.0), fp16_tensor_flops=part.get("fp16_tensor_flops", 0.0),
-                      int8_tensor_ops=part.get("int8_tensor_ops", 0.0), sfu_ops=part.get("sfu_ops", 0.0),
-                      formula=part.get("formula", ""))
+    return KernelWork(
+        hbm_bytes=part.get("hbm_bytes", 0.0),
+        fp16_tensor_flops=part.get("fp16_tensor_flops", 0.0),
+        int8_tensor_ops=part.get("int8_tensor_ops", 0.0),
+        sfu_ops=part.get("sfu_ops", 0.0),
+        formula=part.get("formula", ""),
+    )
 
 
 def part_fit(entry: dict, part: dict, gpu: GPUSpec) -> KernelFit:
@@ -103,6 +108,9 @@ def priced_profile(profile: CalibrationProfile, method: KVMethod, gpu: GPUSpec) 
 def measurement_files(methods) -> list[Path]:
     """The measurement files the methods' implementation profiles read (a sweep point's cache key hashes them)."""
     entries = catalog.load("implementations")
-    paths = {entries[m.implementation].get("measurement") for m in methods
-             if m.implementation is not None and m.implementation in entries}
+    paths = {
+        entries[m.implementation].get("measurement")
+        for m in methods
+        if m.implementation is not None and m.implementation in entries
+    }
     return sorted(REPO_ROOT / p for p in paths if p)

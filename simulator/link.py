@@ -11,10 +11,11 @@ Faults (simulator/faults.py) scale the capacity (`set_factor`: a degraded link, 
 during which nothing moves) and abort flows (`abort`: their bytes are lost; a flow that has drained
 but waits out its latency is cancelled too).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import simpy
 
@@ -24,8 +25,14 @@ EPS_BYTES = 1e-3
 class Flow:
     __slots__ = ("rid", "remaining_bytes", "cap_bytes_per_s", "not_before_s", "on_done", "rate", "cancelled")
 
-    def __init__(self, rid: int, bytes_: float, cap_bytes_per_s: float, not_before_s: float,
-                 on_done: Callable[[int, float], None]):
+    def __init__(
+        self,
+        rid: int,
+        bytes_: float,
+        cap_bytes_per_s: float,
+        not_before_s: float,
+        on_done: Callable[[int, float], None],
+    ):
         self.rid = rid
         self.remaining_bytes = bytes_
         self.cap_bytes_per_s = cap_bytes_per_s
@@ -36,21 +43,28 @@ class Flow:
 
 
 class Link:
-    def __init__(self, env: simpy.Environment, name: str, capacity_bytes_per_s: float, latency_s: float,
-                 log: list | None = None):
+    def __init__(
+        self, env: simpy.Environment, name: str, capacity_bytes_per_s: float, latency_s: float, log: list | None = None
+    ):
         self.env = env
         self.name = name
         self.capacity = self.base_capacity = capacity_bytes_per_s
-        self.factor = 1.0                 # of base_capacity; 0 during an outage
+        self.factor = 1.0  # of base_capacity; 0 during an outage
         self.latency_s = latency_s
         self.flows: list[Flow] = []
-        self.waiting: dict[int, Flow] = {}   # drained, arriving after the latency (or not_before_s), by request
+        self.waiting: dict[int, Flow] = {}  # drained, arriving after the latency (or not_before_s), by request
         self._last_s = 0.0
         self._version = 0
-        self.log = log                    # (time_s, active_flows, throughput_bytes_per_s)
+        self.log = log  # (time_s, active_flows, throughput_bytes_per_s)
 
-    def start(self, rid: int, bytes_: float, cap_bytes_per_s: float, on_done: Callable[[int, float], None],
-              not_before_s: float = 0.0) -> None:
+    def start(
+        self,
+        rid: int,
+        bytes_: float,
+        cap_bytes_per_s: float,
+        on_done: Callable[[int, float], None],
+        not_before_s: float = 0.0,
+    ) -> None:
         """Begin a transfer; `on_done(rid, time_s)` runs when its last byte has arrived."""
         self._advance()
         self.flows.append(Flow(rid, bytes_, cap_bytes_per_s, not_before_s, on_done))
@@ -86,14 +100,16 @@ class Link:
         for i, f in enumerate(flows):
             share = left / (n - i)
             f.rate = min(f.cap_bytes_per_s, share)
-            if left != math.inf:          # an unlimited link stays unlimited (inf - inf would be NaN)
+            if left != math.inf:  # an unlimited link stays unlimited (inf - inf would be NaN)
                 left -= f.rate
 
     @staticmethod
     def _drained(f: Flow, now: float) -> bool:
         """Done: within a nanosecond's bytes of the end, or so close that the clock cannot represent
         the rest (late in a long run a tiny remainder would otherwise re-arm a zero-length timer forever)."""
-        return f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate or (f.rate > 0 and now + f.remaining_bytes / f.rate == now)
+        return f.remaining_bytes <= EPS_BYTES + 1e-9 * f.rate or (
+            f.rate > 0 and now + f.remaining_bytes / f.rate == now
+        )
 
     def _reschedule(self) -> None:
         self._rates()
@@ -102,7 +118,7 @@ class Link:
             self.log.append((self.env.now, len(self.flows), sum(f.rate for f in self.flows)))
         moving = [f for f in self.flows if f.rate > 0]
         if not moving:
-            return                        # idle, or an outage: nothing drains until the capacity returns
+            return  # idle, or an outage: nothing drains until the capacity returns
         dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
         version = self._version
         self.env.timeout(dt).callbacks.append(lambda _e: self._on_timer(version))

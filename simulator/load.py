@@ -5,6 +5,7 @@ the engine parameters it fitted).  Every problem is a one-line `ScenarioError` n
 
 The schema module reads no file a scenario names, so this loader sits above both it and the trace readers.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +31,7 @@ def resolve_workload_files(scenario: Scenario, folder: Path, source: str) -> Sce
     parameters applied (`calibration.engine`, simulator/engine.py)."""
     scenario = _workload_files(scenario, folder, source)
     if scenario.calibration.engine is not None:
-        from .engine import apply_engine_file   # reads the file: only once the scenario is known to be valid
+        from .engine import apply_engine_file  # reads the file: only once the scenario is known to be valid
 
         scenario = apply_engine_file(scenario, folder, source)
     return scenario
@@ -47,7 +48,7 @@ def _workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
             trace = trace.model_copy(update={"path": str((folder / trace.path).resolve())})
             update["trace"] = trace
         if wl.requests is None:
-            from .traces import load_trace   # pandas, and the file read, only for a scenario that needs them
+            from .traces import load_trace  # pandas, and the file read, only for a scenario that needs them
 
             update["requests"] = len(load_trace(trace, source))
     if not update:

@@ -16,6 +16,7 @@ means the pool cannot keep up: its queue grows for as long as requests arrive an
 latencies say more about the run's length than about the system ("stable": false). Near 1 a finite
 run is noisy. A run whose requests all arrive at once has T = 0: unbounded utilisation.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,11 +39,21 @@ def _ratio(demand: float, capacity: float) -> float:
     return demand / capacity
 
 
-def utilisation(*, arrival_s: np.ndarray, prefill_busy_s: float, prefill_replicas: int,
-                link_bytes: dict[str, float], link_capacity_bytes_per_s: dict[str, float],
-                held_s: np.ndarray, held_kv_bytes: np.ndarray, held_host_bytes: np.ndarray,
-                decode_replicas: int, decode_kv_capacity_bytes: float, decode_host_capacity_bytes: float,
-                decode_max_batch: int) -> dict[str, float]:
+def utilisation(
+    *,
+    arrival_s: np.ndarray,
+    prefill_busy_s: float,
+    prefill_replicas: int,
+    link_bytes: dict[str, float],
+    link_capacity_bytes_per_s: dict[str, float],
+    held_s: np.ndarray,
+    held_kv_bytes: np.ndarray,
+    held_host_bytes: np.ndarray,
+    decode_replicas: int,
+    decode_kv_capacity_bytes: float,
+    decode_host_capacity_bytes: float,
+    decode_max_batch: int,
+) -> dict[str, float]:
     """{"prefill", "network", "decode"} utilisations (NaN when fewer than two requests).
 
     `held_*`: per decoded request, the seconds its KV reservation was held on a decode replica
@@ -51,15 +62,20 @@ def utilisation(*, arrival_s: np.ndarray, prefill_busy_s: float, prefill_replica
     if math.isnan(t):
         return {"prefill": math.nan, "network": math.nan, "decode": math.nan}
     links = [_ratio(b, link_capacity_bytes_per_s[name] * t) for name, b in link_bytes.items()]
-    decode = max(_ratio(float(np.dot(held_kv_bytes, held_s)), decode_replicas * decode_kv_capacity_bytes * t),
-                 _ratio(float(np.dot(held_host_bytes, held_s)), decode_replicas * decode_host_capacity_bytes * t),
-                 _ratio(float(held_s.sum()), decode_replicas * decode_max_batch * t))
-    return {"prefill": _ratio(prefill_busy_s, prefill_replicas * t), "network": max(links, default=0.0),
-            "decode": decode}
+    decode = max(
+        _ratio(float(np.dot(held_kv_bytes, held_s)), decode_replicas * decode_kv_capacity_bytes * t),
+        _ratio(float(np.dot(held_host_bytes, held_s)), decode_replicas * decode_host_capacity_bytes * t),
+        _ratio(float(held_s.sum()), decode_replicas * decode_max_batch * t),
+    )
+    return {
+        "prefill": _ratio(prefill_busy_s, prefill_replicas * t),
+        "network": max(links, default=0.0),
+        "decode": decode,
+    }
 
 
 def is_stable(util: dict[str, float]) -> bool:
-    return all(not (u >= 1.0) for u in util.values())     # NaN (too few requests to tell) counts as stable
+    return all(not (u >= 1.0) for u in util.values())  # NaN (too few requests to tell) counts as stable
 
 
 def overload_line(summary: dict) -> str | None:
@@ -68,13 +84,18 @@ def overload_line(summary: dict) -> str | None:
     for name, m in summary.get("methods", {}).items():
         if m.get("stable", True):
             continue
-        pools = ", ".join(f"{pool} {_fmt(u)}" for pool, u in m.get("utilisation", {}).items()
-                          if isinstance(u, (int, float)) and u >= 1.0)
+        pools = ", ".join(
+            f"{pool} {_fmt(u)}"
+            for pool, u in m.get("utilisation", {}).items()
+            if isinstance(u, (int, float)) and u >= 1.0
+        )
         hits.append(f"{name} ({pools})")
     if not hits:
         return None
-    return ("warning: offered load exceeds capacity, queues grow for as long as requests arrive and latencies "
-            "depend on the run's length: utilisation " + "; ".join(hits))
+    return (
+        "warning: offered load exceeds capacity, queues grow for as long as requests arrive and latencies "
+        "depend on the run's length: utilisation " + "; ".join(hits)
+    )
 
 
 def _fmt(u: float) -> str:

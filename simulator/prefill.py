@@ -11,6 +11,7 @@ A replica that goes down (simulator/faults.py) loses the batches it is running a
 its host memory; its queue is handed back to the router; timers of the lost batches are ignored
 through a version counter.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -46,9 +47,18 @@ class GPUSharer(Protocol):
 
 
 class PrefillReplica:
-    def __init__(self, env: simpy.Environment, index: int, cost: ReplicaCostModel, max_batch_requests: int,
-                 max_batch_tokens: int, host_memory_bytes: float, records: Records, prefix: PrefixCaching | None,
-                 chunk_tokens: int | None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        cost: ReplicaCostModel,
+        max_batch_requests: int,
+        max_batch_tokens: int,
+        host_memory_bytes: float,
+        records: Records,
+        prefix: PrefixCaching | None,
+        chunk_tokens: int | None,
+    ):
         self.env = env
         self.index = index
         self.cost = cost
@@ -57,16 +67,16 @@ class PrefillReplica:
         self.host_memory_bytes = host_memory_bytes
         self.rec = records
         self.prefix = prefix
-        self.listener: PrefillListener | None = None    # set when the router is built
+        self.listener: PrefillListener | None = None  # set when the router is built
         self.queue: deque[int] = deque()
-        self.outstanding_tokens = 0          # queued + in service: the router's load measure
-        self.parked_bytes = 0.0              # KV in host memory waiting for / in transfer
+        self.outstanding_tokens = 0  # queued + in service: the router's load measure
+        self.parked_bytes = 0.0  # KV in host memory waiting for / in transfer
         self._idle = True
-        self.down = False               # a fault has taken the replica out
-        self.running: list[list[int]] = []   # batches started whose KV is not ready yet
+        self.down = False  # a fault has taken the replica out
+        self.running: list[list[int]] = []  # batches started whose KV is not ready yet
         self._version = 0
-        self.partner: GPUSharer | None = None    # the decode replica sharing this GPU (placement: shared_gpu)
-        self.busy_s = 0.0               # Σ time a batch held the replica (its load, simulator/overload.py)
+        self.partner: GPUSharer | None = None  # the decode replica sharing this GPU (placement: shared_gpu)
+        self.busy_s = 0.0  # Σ time a batch held the replica (its load, simulator/overload.py)
         self.chunk_tokens = chunk_tokens
 
     def enqueue(self, rid: int) -> None:
@@ -107,7 +117,7 @@ class PrefillReplica:
             self._idle = True
             return False
         if self.partner is not None and not self.partner.paused and not self.partner.yield_gpu():
-            self._idle = True           # the decode partner hands the GPU over at its next boundary
+            self._idle = True  # the decode partner hands the GPU over at its next boundary
             return False
         self._idle = False
         batch = self._take_batch()
@@ -135,7 +145,7 @@ class PrefillReplica:
         busy_s = cost.stage_s + cost.encode_s
         self.busy_s += busy_s
         v = self._version
-        if busy_s == encode_end - start:      # one stage: the batch is done when the replica is free
+        if busy_s == encode_end - start:  # one stage: the batch is done when the replica is free
             env.timeout(busy_s).callbacks.append(lambda _e: v == self._version and self._done_then_next(batch))
         else:
             env.timeout(encode_end - start).callbacks.append(lambda _e: v == self._version and self._done(batch))
@@ -149,7 +159,7 @@ class PrefillReplica:
         self.queue.clear()
         self.running.clear()
         self.outstanding_tokens = 0
-        self.parked_bytes = 0.0          # the host's memory, and every KV parked in it, is gone
+        self.parked_bytes = 0.0  # the host's memory, and every KV parked in it, is gone
         self.down, self._idle = True, True
         self._version += 1
         return lost, queued

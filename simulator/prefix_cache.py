@@ -12,6 +12,7 @@ and eviction takes tails before the prefixes they extend (as vLLM frees a finish
 The cache only keeps the bookkeeping: `evictable_bytes` lets its owner take memory back for requests
 (one KV pool shared by requests and cached blocks), `capacity_bytes` bounds what it may hold.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -27,9 +28,9 @@ class PrefixCache:
         self.capacity_bytes = capacity_bytes
         self.block_bytes = block_bytes
         self.block_tokens = block_tokens
-        self._pins: dict[int, int] = {}                       # cached block -> requests using it
-        self._lru: OrderedDict[int, None] = OrderedDict()     # unpinned blocks, least recent first
-        self.lookup_tokens = 0        # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
+        self._pins: dict[int, int] = {}  # cached block -> requests using it
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned blocks, least recent first
+        self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
         self.hit_tokens = 0
 
     def __len__(self) -> int:
@@ -169,9 +170,9 @@ class PrefixCaching:
         self.hashes = reqs.block_hashes
         self.hash_tokens = reqs.hash_block_tokens
         n = len(reqs)
-        self.prefill_cached = [0] * n          # tokens of each prompt its prefill did not compute
-        self.decode_cached = [0] * n           # tokens of each prompt the transfer did not carry
-        self.sent_bytes = records.wire_bytes       # what each transfer carries (a copy once a decode hit cuts one)
+        self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
+        self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
+        self.sent_bytes = records.wire_bytes  # what each transfer carries (a copy once a decode hit cuts one)
         self.prefill: list[PrefixCache] = []
         self.decode: list[PrefixCache] = []
         self.decode_region_bytes = 0.0
@@ -181,12 +182,16 @@ class PrefixCaching:
                 continue
             gib = cfg.prefix_cache_gib
             if self.hashes is None:
-                raise ScenarioError(f"{source}: {pool}.prefix_caching: the workload has no prefix blocks (give "
-                                    f"workload.prefix_sharing or a Mooncake trace's hash_ids)")
+                raise ScenarioError(
+                    f"{source}: {pool}.prefix_caching: the workload has no prefix blocks (give "
+                    f"workload.prefix_sharing or a Mooncake trace's hash_ids)"
+                )
             cap = gib * GIB
             if cap >= cost.kv_capacity_bytes:
-                raise ScenarioError(f"{source}: {pool}.prefix_cache_gib: {gib} GiB is not less than the replica's KV "
-                                    f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {method_name})")
+                raise ScenarioError(
+                    f"{source}: {pool}.prefix_cache_gib: {gib} GiB is not less than the replica's KV "
+                    f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {method_name})"
+                )
             block = self.hash_tokens * cost.method.memory_bytes_per_token(cost.model) * cost.kv_replication
             caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(cfg.replicas))
             if pool == "decode":
@@ -242,8 +247,12 @@ class PrefixCaching:
             if caches:
                 looked = sum(c.lookup_tokens for c in caches)
                 hit = sum(c.hit_tokens for c in caches)
-                out[pool] = {"hit_rate": hit / looked if looked else 0.0, "hit_tokens": int(hit),
-                             "lookup_tokens": int(looked), "capacity_bytes": float(caches[0].capacity_bytes),
-                             "block_bytes": float(caches[0].block_bytes),
-                             "cached_blocks_at_end": [len(c) for c in caches]}
+                out[pool] = {
+                    "hit_rate": hit / looked if looked else 0.0,
+                    "hit_tokens": int(hit),
+                    "lookup_tokens": int(looked),
+                    "capacity_bytes": float(caches[0].capacity_bytes),
+                    "block_bytes": float(caches[0].block_bytes),
+                    "cached_blocks_at_end": [len(c) for c in caches],
+                }
         return out

@@ -27,11 +27,12 @@ What an engine calibration fits (simulator/engine.py; `calibration.engine` appli
 scenario is loaded) arrives here as scenario values: `decode.join_s_per_request`,
 `prefill.prefill_efficiency`, and per method `calibration.implementation_factors` (all neutral by default).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import catalog
@@ -47,7 +48,7 @@ from .implementations import priced_profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES_DIR = REPO_ROOT / "kernels_calibration" / "profiles"
-DEFAULT_HOST_MEMORY_BYTES = 64 * GIB     # a pool given by GPU only: no instance to take host memory from
+DEFAULT_HOST_MEMORY_BYTES = 64 * GIB  # a pool given by GPU only: no instance to take host memory from
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class HostCosts:
 class PoolLayout:
     """One pool (prefill or decode) resolved: its hardware, layout, limits and profile."""
 
-    name: str                           # "prefill" or "decode"
+    name: str  # "prefill" or "decode"
     gpu: GPUSpec
     parallel: Parallelism
     profile: CalibrationProfile
@@ -90,37 +91,56 @@ class PoolLayout:
     max_batch_requests: int
     max_batch_tokens: int
     gpu_memory_utilization: float
-    host_memory_bytes: float            # per replica
-    host_vcpus: int                     # per replica
+    host_memory_bytes: float  # per replica
+    host_vcpus: int  # per replica
     kv_capacity_override_bytes: float | None
-    price_usd_per_hour: float | None    # per instance
+    price_usd_per_hour: float | None  # per instance
     host: HostCosts
-    block_tokens: int                   # KV tokens per block (costmodel/memory.py)
-    cuda_graph_bytes: float             # per GPU
-    non_torch_override_bytes: float | None   # per GPU: replaces the non-torch estimate
-    join_s_per_request: float = 0.0     # decode: the engine's extra time in the iteration a request joins
-    prefill_efficiency: float = 1.0     # prefill: the fraction of the priced GPU speed the engine reaches
+    block_tokens: int  # KV tokens per block (costmodel/memory.py)
+    cuda_graph_bytes: float  # per GPU
+    non_torch_override_bytes: float | None  # per GPU: replaces the non-torch estimate
+    join_s_per_request: float = 0.0  # decode: the engine's extra time in the iteration a request joins
+    prefill_efficiency: float = 1.0  # prefill: the fraction of the priced GPU speed the engine reaches
 
-    def cost_model(self, model: ModelSpec, method: KVMethod, impl: ImplementationFactors | None = None
-                   ) -> ReplicaCostModel:
+    def cost_model(
+        self, model: ModelSpec, method: KVMethod, impl: ImplementationFactors | None = None
+    ) -> ReplicaCostModel:
         """The cost model of one replica of this pool running `method` (priced as its implementation runs),
         with the engine's implementation factors for it (an engine calibration), if any."""
         h = self.host
-        engine = {} if impl is None else {
-            "quantize_factor": impl.quantize, "dequantize_factor": impl.dequantize,
-            "approximation_factor": impl.approximation,
-            "method_prefill_issue_s_per_layer": impl.prefill_issue_s_per_layer if self.name == "prefill" else 0.0}
+        engine = (
+            {}
+            if impl is None
+            else {
+                "quantize_factor": impl.quantize,
+                "dequantize_factor": impl.dequantize,
+                "approximation_factor": impl.approximation,
+                "method_prefill_issue_s_per_layer": impl.prefill_issue_s_per_layer if self.name == "prefill" else 0.0,
+            }
+        )
         return ReplicaCostModel(
-            model=model, gpu=self.gpu, parallel=self.parallel, method=method,
+            model=model,
+            gpu=self.gpu,
+            parallel=self.parallel,
+            method=method,
             profile=priced_profile(self.profile, method, self.gpu),
-            gpu_memory_utilization=self.gpu_memory_utilization, max_batch_tokens=self.max_batch_tokens,
-            host_vcpus=self.host_vcpus, kv_capacity_override_bytes=self.kv_capacity_override_bytes,
-            host_issue_s_per_iteration=h.issue_s_per_iteration, host_issue_s_per_layer=h.issue_s_per_layer,
-            host_issue_s_per_request=h.issue_s_per_request, host_serial_s_per_iteration=h.serial_s_per_iteration,
-            extra_kernels_per_layer=h.extra_kernels_per_layer, max_batch_requests=self.max_batch_requests,
-            block_tokens=self.block_tokens, cuda_graph_bytes=self.cuda_graph_bytes,
-            non_torch_override_bytes=self.non_torch_override_bytes, join_s_per_request=self.join_s_per_request,
-            prefill_efficiency=self.prefill_efficiency, **engine)
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_batch_tokens=self.max_batch_tokens,
+            host_vcpus=self.host_vcpus,
+            kv_capacity_override_bytes=self.kv_capacity_override_bytes,
+            host_issue_s_per_iteration=h.issue_s_per_iteration,
+            host_issue_s_per_layer=h.issue_s_per_layer,
+            host_issue_s_per_request=h.issue_s_per_request,
+            host_serial_s_per_iteration=h.serial_s_per_iteration,
+            extra_kernels_per_layer=h.extra_kernels_per_layer,
+            max_batch_requests=self.max_batch_requests,
+            block_tokens=self.block_tokens,
+            cuda_graph_bytes=self.cuda_graph_bytes,
+            non_torch_override_bytes=self.non_torch_override_bytes,
+            join_s_per_request=self.join_s_per_request,
+            prefill_efficiency=self.prefill_efficiency,
+            **engine,
+        )
 
 
 @dataclass(frozen=True)
@@ -128,7 +148,7 @@ class LinkLayout:
     """One network link: its capacity after efficiency and the replicas it joins."""
 
     name: str
-    capacity_gbps: float                # line rate x efficiency
+    capacity_gbps: float  # line rate x efficiency
     latency_s: float
     prefill_replicas: tuple[int, ...]
     decode_replicas: tuple[int, ...]
@@ -140,10 +160,10 @@ class LinkLayout:
 
 @dataclass(frozen=True)
 class NetworkLayout:
-    bandwidth_gbps: float               # the default line rate of a link
+    bandwidth_gbps: float  # the default line rate of a link
     links: tuple[LinkLayout, ...]
     routes: dict[tuple[int, int], int]  # (prefill replica, decode replica) -> index into links
-    flow_cap_bytes_per_s: float         # one transfer's cap (math.inf: none)
+    flow_cap_bytes_per_s: float  # one transfer's cap (math.inf: none)
     stream_layers: bool
 
 
@@ -157,7 +177,7 @@ class Resolved:
     prefill: PoolLayout
     decode: PoolLayout
     network: NetworkLayout
-    shared_gpu: bool                    # placement shared_gpu: prefill replica i and decode replica i share GPUs
+    shared_gpu: bool  # placement shared_gpu: prefill replica i and decode replica i share GPUs
 
     def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
         """(prefill, decode) cost models of one replica each, with the engine's implementation factors for
@@ -167,15 +187,22 @@ class Resolved:
 
 
 # ---- catalog facts ----------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def instance_spec(key: str | None) -> InstanceSpec | None:
     if key is None:
         return None
     e = catalog.entry("instances", key)
     # numbers as the catalog writes them (an int stays an int in the outputs)
-    return InstanceSpec(key=key, gpus=e["gpus"], vcpus=e["vcpus"], host_memory_gib=e["host_memory_gib"],
-                        network_gbps=e["network_gbps"], gpu_interconnect=e["gpu_interconnect"],
-                        intra_node_gb_per_s=e["intra_node_gb_per_s"], price_usd_per_hour=e.get("price_usd_per_hour"))
+    return InstanceSpec(
+        key=key,
+        gpus=e["gpus"],
+        vcpus=e["vcpus"],
+        host_memory_gib=e["host_memory_gib"],
+        network_gbps=e["network_gbps"],
+        gpu_interconnect=e["gpu_interconnect"],
+        intra_node_gb_per_s=e["intra_node_gb_per_s"],
+        price_usd_per_hour=e.get("price_usd_per_hour"),
+    )
 
 
 def instances_per_replica(pool: PoolConfig) -> int:
@@ -196,7 +223,7 @@ def network_bandwidth_gbps(s: Scenario) -> float:
     if s.network.bandwidth_gbps is not None:
         return s.network.bandwidth_gbps
     inst = instance_spec(s.prefill.instance)
-    assert inst is not None     # Scenario refuses a missing bandwidth without a prefill instance
+    assert inst is not None  # Scenario refuses a missing bandwidth without a prefill instance
     return float(inst.network_gbps)
 
 
@@ -221,12 +248,25 @@ def interconnect_gb_per_s(pool: PoolConfig) -> float | None:
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
-    return ModelSpec(key=m.preset or m.name, name=m.name, layers=m.layers, hidden_size=m.hidden_size, heads=m.heads,
-                     kv_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
-                     vocab_size=m.vocab_size, mlp=m.mlp, parallel_attention=m.parallel_attention,
-                     max_context_tokens=m.max_context_tokens, qkv_bias=m.qkv_bias, tied_embeddings=m.tied_embeddings,
-                     experts=m.experts, active_experts=m.active_experts,
-                     expert_intermediate_size=m.expert_intermediate_size)
+    return ModelSpec(
+        key=m.preset or m.name,
+        name=m.name,
+        layers=m.layers,
+        hidden_size=m.hidden_size,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        intermediate_size=m.intermediate_size,
+        vocab_size=m.vocab_size,
+        mlp=m.mlp,
+        parallel_attention=m.parallel_attention,
+        max_context_tokens=m.max_context_tokens,
+        qkv_bias=m.qkv_bias,
+        tied_embeddings=m.tied_embeddings,
+        experts=m.experts,
+        active_experts=m.active_experts,
+        expert_intermediate_size=m.expert_intermediate_size,
+    )
 
 
 def gpu_spec(g: GPUConfig) -> GPUSpec:
@@ -247,42 +287,63 @@ def calibration_profile(choice: str, gpu: GPUSpec, source: str, field_name: str)
 
 # ---- the scenario -----------------------------------------------------------------------------------
 def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float, source: str) -> PoolLayout:
-    assert pool.gpu is not None     # PoolConfig fills it from the instance or refuses
+    assert pool.gpu is not None  # PoolConfig fills it from the instance or refuses
     inst = instance_spec(pool.instance)
     per = instances_per_replica(pool)
     gpu = gpu_spec(pool.gpu)
     kind, link_gb_per_s = interconnect_kind(pool), interconnect_gb_per_s(pool)
-    assert link_gb_per_s is not None    # PoolConfig refuses NVLink without a bandwidth
-    parallel = Parallelism(tensor=pool.tensor_parallel, pipeline=pool.pipeline_parallel,
-                           intra_node_gb_per_s=link_gb_per_s,
-                           inter_stage_gbps=(inst.network_gbps if inst else None) or network_gbps,
-                           interconnect=collectives.from_catalog(catalog.entry("interconnects", kind)),
-                           network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
-                           expert_parallel=pool.expert_parallel)
+    assert link_gb_per_s is not None  # PoolConfig refuses NVLink without a bandwidth
+    parallel = Parallelism(
+        tensor=pool.tensor_parallel,
+        pipeline=pool.pipeline_parallel,
+        intra_node_gb_per_s=link_gb_per_s,
+        inter_stage_gbps=(inst.network_gbps if inst else None) or network_gbps,
+        interconnect=collectives.from_catalog(catalog.entry("interconnects", kind)),
+        network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
+        expert_parallel=pool.expert_parallel,
+    )
     if pool.host_memory_gib is not None:
         host_bytes = pool.host_memory_gib * GIB
     elif inst is None:
         host_bytes = DEFAULT_HOST_MEMORY_BYTES
     else:
         host_bytes = inst.host_memory_gib / 2 * GIB * per
-    issue = {"issue_s_per_iteration": pool.host_issue_s_per_iteration, "issue_s_per_layer": pool.host_issue_s_per_layer,
-             "issue_s_per_request": pool.host_issue_s_per_request}
-    host = HostCosts(**issue) if name == "prefill" else HostCosts(
-        **issue, serial_s_per_iteration=pool.host_serial_s_per_iteration,
-        extra_kernels_per_layer=pool.extra_kernels_per_layer)
+    issue = {
+        "issue_s_per_iteration": pool.host_issue_s_per_iteration,
+        "issue_s_per_layer": pool.host_issue_s_per_layer,
+        "issue_s_per_request": pool.host_issue_s_per_request,
+    }
+    host = (
+        HostCosts(**issue)
+        if name == "prefill"
+        else HostCosts(
+            **issue,
+            serial_s_per_iteration=pool.host_serial_s_per_iteration,
+            extra_kernels_per_layer=pool.extra_kernels_per_layer,
+        )
+    )
     return PoolLayout(
-        name=name, gpu=gpu, parallel=parallel,
+        name=name,
+        gpu=gpu,
+        parallel=parallel,
         profile=calibration_profile(profile_choice, gpu, source, f"{name}_profile"),
-        replicas=pool.replicas, instance=inst, instances_per_replica=per,
-        max_batch_requests=pool.max_batch_requests, max_batch_tokens=pool.max_batch_tokens,
-        gpu_memory_utilization=pool.gpu_memory_utilization, host_memory_bytes=host_bytes,
+        replicas=pool.replicas,
+        instance=inst,
+        instances_per_replica=per,
+        max_batch_requests=pool.max_batch_requests,
+        max_batch_tokens=pool.max_batch_tokens,
+        gpu_memory_utilization=pool.gpu_memory_utilization,
+        host_memory_bytes=host_bytes,
         host_vcpus=0 if inst is None else inst.vcpus * per,
         kv_capacity_override_bytes=None if pool.kv_capacity_gib is None else pool.kv_capacity_gib * GIB,
-        price_usd_per_hour=price_usd_per_hour(pool), host=host, block_tokens=pool.block_tokens,
+        price_usd_per_hour=price_usd_per_hour(pool),
+        host=host,
+        block_tokens=pool.block_tokens,
         cuda_graph_bytes=pool.cuda_graph_gib * GIB,
         non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB,
         join_s_per_request=pool.join_s_per_request if name == "decode" else 0.0,
-        prefill_efficiency=pool.prefill_efficiency if name == "prefill" else 1.0)
+        prefill_efficiency=pool.prefill_efficiency if name == "prefill" else 1.0,
+    )
 
 
 def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:
@@ -293,24 +354,39 @@ def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:
         given = [(f"p{p}", None, (p,), tuple(range(s.decode.replicas))) for p in range(s.prefill.replicas)]
     links, routes = [], {}
     for i, (name, bw, pre, dec) in enumerate(given):
-        links.append(LinkLayout(name=name, capacity_gbps=(bw or bandwidth_gbps) * net.efficiency,
-                                latency_s=net.latency_s, prefill_replicas=pre, decode_replicas=dec))
+        links.append(
+            LinkLayout(
+                name=name,
+                capacity_gbps=(bw or bandwidth_gbps) * net.efficiency,
+                latency_s=net.latency_s,
+                prefill_replicas=pre,
+                decode_replicas=dec,
+            )
+        )
         for p in pre:
             for d in dec:
                 routes.setdefault((p, d), i)
     for p in range(s.prefill.replicas):
         if not any((p, d) in routes for d in range(s.decode.replicas)):
             raise ScenarioError(f"{source}: network.links: prefill replica {p} reaches no decode replica")
-    return NetworkLayout(bandwidth_gbps=bandwidth_gbps, links=tuple(links), routes=routes,
-                         flow_cap_bytes_per_s=math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8,
-                         stream_layers=net.stream_layers)
+    return NetworkLayout(
+        bandwidth_gbps=bandwidth_gbps,
+        links=tuple(links),
+        routes=routes,
+        flow_cap_bytes_per_s=math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8,
+        stream_layers=net.stream_layers,
+    )
 
 
 def resolve(s: Scenario, source: str = "scenario") -> Resolved:
     """The scenario as the simulator and the cost model use it; bad input raises ScenarioError."""
     bw = network_bandwidth_gbps(s)
     return Resolved(
-        scenario=s, source=source, model=model_spec(s.model),
+        scenario=s,
+        source=source,
+        model=model_spec(s.model),
         prefill=_pool("prefill", s.prefill, s.calibration.prefill_profile, bw, source),
         decode=_pool("decode", s.decode, s.calibration.decode_profile, bw, source),
-        network=_network(s, bw, source), shared_gpu=s.placement == "shared_gpu")
+        network=_network(s, bw, source),
+        shared_gpu=s.placement == "shared_gpu",
+    )

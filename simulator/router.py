@@ -12,6 +12,7 @@
   parked in its prefill replica's host memory until it has arrived (`hold_kv`: until the request
   finishes, so a lost decode replica can be made good by sending it again).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -26,9 +27,17 @@ if TYPE_CHECKING:
 
 
 class Router:
-    def __init__(self, records: Records, prefix: PrefixCaching | None, prefill: list[PrefillReplica],
-                 decode: list[DecodeReplica], links: dict[tuple[int, int], Link], flow_cap_bytes_per_s: float,
-                 stream_layers: bool, layers: int):
+    def __init__(
+        self,
+        records: Records,
+        prefix: PrefixCaching | None,
+        prefill: list[PrefillReplica],
+        decode: list[DecodeReplica],
+        links: dict[tuple[int, int], Link],
+        flow_cap_bytes_per_s: float,
+        stream_layers: bool,
+        layers: int,
+    ):
         self.rec = records
         self.prefix = prefix
         self.prefill = prefill
@@ -39,8 +48,8 @@ class Router:
         self.stream_layers = stream_layers
         self.layers = layers
         self.pending: deque[int] = deque()
-        self.backlog: list[int] = []     # arrivals while every prefill replica is down
-        self.transfers: dict[int, tuple] = {}   # request -> (link, decode replica) while its KV moves
+        self.backlog: list[int] = []  # arrivals while every prefill replica is down
+        self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
         for rep in (*prefill, *decode):
             rep.listener = self
@@ -75,7 +84,7 @@ class Router:
         if not self.stream_layers:
             self._ready(batch)
         else:
-            self.try_admit()   # a streamed request admitted late now transfers at full rate
+            self.try_admit()  # a streamed request admitted late now transfers at full rate
 
     def _ready(self, batch: list[int]) -> None:
         rec = self.rec
@@ -100,8 +109,14 @@ class Router:
             best = None
             for d in self.reachable[p]:
                 rep = self.decode[d]
-                if self.links[(p, d)].factor > 0 and rep.has_room(need, host) and (best is None or rep.reserved_bytes / rep.capacity_bytes
-                                           < best.reserved_bytes / best.capacity_bytes):
+                if (
+                    self.links[(p, d)].factor > 0
+                    and rep.has_room(need, host)
+                    and (
+                        best is None
+                        or rep.reserved_bytes / rep.capacity_bytes < best.reserved_bytes / best.capacity_bytes
+                    )
+                ):
                     best = rep
             if best is None:
                 return

@@ -6,14 +6,15 @@ machine number per value, simulator/columns.py); the summary is computed from th
 per-request tables are built as pandas DataFrames a chunk of rows at a time for whoever writes them
 (`sink`), so a run of a million requests never holds a whole table. Nothing is printed or written here.
 """
+
 from __future__ import annotations
 
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -39,9 +40,19 @@ from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
 from .workload import Requests, make_requests
 
-CHUNK_ROWS = 100_000      # rows of an output table built and written at a time
-BREAKDOWN_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue",
-                   "decode", "dequantize", "approximation", "preemption")
+CHUNK_ROWS = 100_000  # rows of an output table built and written at a time
+BREAKDOWN_PARTS = (
+    "prefill_queue",
+    "prefill",
+    "quantize",
+    "transfer_queue",
+    "transfer",
+    "decode_queue",
+    "decode",
+    "dequantize",
+    "approximation",
+    "preemption",
+)
 
 
 # ---- one method's run ---------------------------------------------------------------------------
@@ -60,8 +71,10 @@ class MethodRun:
             except ModelDoesNotFit as e:
                 raise ScenarioError(f"{source}: {pool}: {e}") from None
         if method.encode == "pq" and pre_cost.host_vcpus <= 0:
-            raise ScenarioError(f"{source}: prefill.instance: {method.output_name} clusters keys on the prefill hosts' CPUs; "
-                                f"name an instance so their vCPUs are known")
+            raise ScenarioError(
+                f"{source}: prefill.instance: {method.output_name} clusters keys on the prefill hosts' CPUs; "
+                f"name an instance so their vCPUs are known"
+            )
         refusal = method.check_decode_gpu(res.decode.gpu)
         if refusal:
             raise ScenarioError(f"{source}: methods.{method.output_name}: {refusal}")
@@ -79,17 +92,24 @@ class MethodRun:
         on_demand = s.decode.admission == "on_demand"
         # per request, one typed column per value (simulator/columns.py): a million requests in ~200 MB
         self.records = rec = columns.Records(
-            prompt=reqs.prompt_tokens, output=reqs.output_tokens, arrival_s=reqs.arrival_s,
-            wire_bytes=_per_value(pre_cost.wire_bytes, prompt), kv_bytes=_per_value(dec_cost.kv_memory_bytes, context),
+            prompt=reqs.prompt_tokens,
+            output=reqs.output_tokens,
+            arrival_s=reqs.arrival_s,
+            wire_bytes=_per_value(pre_cost.wire_bytes, prompt),
+            kv_bytes=_per_value(dec_cost.kv_memory_bytes, context),
             admit_bytes=_per_value(dec_cost.kv_memory_bytes, join_context) if on_demand else None,
             host_kv_bytes=_per_value(dec_cost.host_kv_bytes, context),
-            decode_iterations=output if from_decode else np.maximum(0, output - 1), join_context=join_context,
-            ttft_at_decode=from_decode)
+            decode_iterations=output if from_decode else np.maximum(0, output - 1),
+            join_context=join_context,
+            ttft_at_decode=from_decode,
+        )
         decode_host = res.decode.host_memory_bytes
         if columns.view(rec.host_kv_bytes).max() > decode_host:
-            raise ScenarioError(f"{source}: decode.host_memory_gib: one request's offloaded KV "
-                                f"({columns.view(rec.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
-                                f"({decode_host / GIB:.2f} GiB)")
+            raise ScenarioError(
+                f"{source}: decode.host_memory_gib: one request's offloaded KV "
+                f"({columns.view(rec.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
+                f"({decode_host / GIB:.2f} GiB)"
+            )
         caching = s.prefill.prefix_caching or s.decode.prefix_caching
         self.prefix = PrefixCaching(rec, method.output_name, reqs, pre_cost, dec_cost, s, source) if caching else None
         region_bytes = self.prefix.decode_region_bytes if self.prefix else 0.0
@@ -98,42 +118,78 @@ class MethodRun:
             i = int(np.argmax(columns.view(rec.kv_bytes)))
             raise ScenarioError(
                 f"{source}: decode: request {i} needs {too_big / GIB:.2f} GiB of KV ({method.output_name}), more than a "
-                f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB")
+                f"decode replica's KV capacity of {dec_cost.kv_capacity_bytes / GIB:.2f} GiB"
+            )
         self.link_capacity_gbps: dict[str, float] = {}
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
-        together = s.placement == "colocated"     # every GPU of both pools, configured as the decode pool
-        self.prefill_replicas = [] if together else [
-            PrefillReplica(env, i, pre_cost, pre_pool.max_batch_requests, pre_pool.max_batch_tokens, host, rec,
-                           self.prefix, s.prefill.chunk_tokens)
-            for i in range(pre_pool.replicas)]
+        together = s.placement == "colocated"  # every GPU of both pools, configured as the decode pool
+        self.prefill_replicas = (
+            []
+            if together
+            else [
+                PrefillReplica(
+                    env,
+                    i,
+                    pre_cost,
+                    pre_pool.max_batch_requests,
+                    pre_pool.max_batch_tokens,
+                    host,
+                    rec,
+                    self.prefix,
+                    s.prefill.chunk_tokens,
+                )
+                for i in range(pre_pool.replicas)
+            ]
+        )
         swap = s.decode.preemption == "swap"
         self.decode_replicas = [
-            DecodeReplica(env, i, dec_cost, dec_pool.max_batch_requests, rec, decode_host, region_bytes,
-                          blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None)
-            for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))]
+            DecodeReplica(
+                env,
+                i,
+                dec_cost,
+                dec_pool.max_batch_requests,
+                rec,
+                decode_host,
+                region_bytes,
+                blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None,
+            )
+            for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))
+        ]
         self.faults = None
         self.router: Router | colocated.ColocatedRouter
         if together:
-            self.router = colocated.build(rec, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens)
+            self.router = colocated.build(
+                rec, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens
+            )
             return
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
                 pre.partner, dec.partner = dec, pre
         link_objs = []
         for spec in net.links:
-            log = columns.RowLog(3)          # (time_s, active_flows, throughput_bytes_per_s)
+            log = columns.RowLog(3)  # (time_s, active_flows, throughput_bytes_per_s)
             link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
             rec.link_logs[spec.name] = log
             self.link_capacity_gbps[spec.name] = spec.capacity_gbps
         links = {pair: link_objs[i] for pair, i in net.routes.items()}
-        self.router = router = Router(rec, self.prefix, self.prefill_replicas, self.decode_replicas, links,
-                                      net.flow_cap_bytes_per_s, net.stream_layers, res.model.layers)
+        self.router = router = Router(
+            rec,
+            self.prefix,
+            self.prefill_replicas,
+            self.decode_replicas,
+            links,
+            net.flow_cap_bytes_per_s,
+            net.stream_layers,
+            res.model.layers,
+        )
         if columns.view(rec.wire_bytes).max() > host:
-            raise ScenarioError(f"{source}: prefill.host_memory_gib: one request's KV "
-                                f"({columns.view(rec.wire_bytes).max() / GIB:.2f}"
-                                f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)")
+            raise ScenarioError(
+                f"{source}: prefill.host_memory_gib: one request's KV "
+                f"({columns.view(rec.wire_bytes).max() / GIB:.2f}"
+                f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)"
+            )
         self.faults = FaultInjector(rec, env, router, s.faults, s.fault_policy) if s.faults else None
 
     def _arrive(self, rid: int) -> None:
@@ -153,8 +209,10 @@ class MethodRun:
         self.env.run()
         if self.records.completed + self.records.failed != self.n:
             if self.faults is None:
-                raise RuntimeError(f"{self.method.output_name}: {self.n - self.records.completed} requests never finished")
-            for rid in range(self.n):    # waiting for a replica or a link that never came back
+                raise RuntimeError(
+                    f"{self.method.output_name}: {self.n - self.records.completed} requests never finished"
+                )
+            for rid in range(self.n):  # waiting for a replica or a link that never came back
                 if self.records.failure[rid] == "" and not self.records.finish[rid] >= 0:
                     self.records.fail(rid, STRANDED)
 
@@ -164,9 +222,19 @@ class MethodRun:
         offload_fetch_s; NaN for a failed request (its numbers would describe a lost attempt)."""
         sl = slice(lo, self.n if hi is None else hi)
         a = lambda col: columns.view(col)[sl]  # noqa: E731
-        arrival, pstart, pend, eend = a(self.records.arrival), a(self.records.prefill_start), a(self.records.prefill_end), a(self.records.encode_end)
+        arrival, pstart, pend, eend = (
+            a(self.records.arrival),
+            a(self.records.prefill_start),
+            a(self.records.prefill_end),
+            a(self.records.encode_end),
+        )
         first = a(self.records.first_token) if self.records.ttft_at_decode else pend
-        tstart, tend, join, finish = a(self.records.transfer_start), a(self.records.transfer_end), a(self.records.decode_join), a(self.records.finish)
+        tstart, tend, join, finish = (
+            a(self.records.transfer_start),
+            a(self.records.transfer_end),
+            a(self.records.decode_join),
+            a(self.records.finish),
+        )
         t_start_eff = np.maximum(tstart, eend)
         t_end_eff = np.maximum(tend, eend)
         approx_pre = a(self.records.approx_prefill)
@@ -176,13 +244,20 @@ class MethodRun:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
         out = {
-            "jct_s": finish - arrival, "ttft_s": first - arrival, "tpot_s": tpot,
-            "prefill_queue_s": pstart - arrival, "prefill_s": (pend - pstart) - approx_pre, "quantize_s": eend - pend,
-            "transfer_queue_s": t_start_eff - eend, "transfer_s": t_end_eff - t_start_eff,
-            "decode_queue_s": join - t_end_eff, "decode_s": (finish - join) - dequant - approx_dec - preempt,
-            "dequantize_s": dequant.copy(), "approximation_s": approx_pre + approx_dec,
-            "preemption_s": preempt.copy(),     # out of the batch after a preemption, and recompute / swap stalls
-            "offload_fetch_s": a(self.records.fetch_s).copy(),      # part of decode_s: host -> GPU fetches
+            "jct_s": finish - arrival,
+            "ttft_s": first - arrival,
+            "tpot_s": tpot,
+            "prefill_queue_s": pstart - arrival,
+            "prefill_s": (pend - pstart) - approx_pre,
+            "quantize_s": eend - pend,
+            "transfer_queue_s": t_start_eff - eend,
+            "transfer_s": t_end_eff - t_start_eff,
+            "decode_queue_s": join - t_end_eff,
+            "decode_s": (finish - join) - dequant - approx_dec - preempt,
+            "dequantize_s": dequant.copy(),
+            "approximation_s": approx_pre + approx_dec,
+            "preemption_s": preempt.copy(),  # out of the batch after a preemption, and recompute / swap stalls
+            "offload_fetch_s": a(self.records.fetch_s).copy(),  # part of decode_s: host -> GPU fetches
         }
         if self.records.failed:
             lost = np.array([f != "" for f in self.records.failure[sl]], dtype=bool)
@@ -198,22 +273,36 @@ class MethodRun:
         i = lambda col: columns.view(col, np.int64)[sl].copy()  # noqa: E731
         lat = self.latencies(lo, hi)
         fetch = lat.pop("offload_fetch_s")
-        df = pd.DataFrame({
-            "method": self.method.output_name,
-            "request_id": np.arange(lo, hi),
-            "prompt_tokens": i(self.records.prompt), "output_tokens": i(self.records.output),
-            "prefill_replica": i(self.records.prefill_replica), "decode_replica": i(self.records.decode_replica),
-            "prefill_attention": self.records.prefill_form[sl],
-            "arrival_s": a(self.records.arrival), "prefill_start_s": a(self.records.prefill_start),
-            "prefill_end_s": a(self.records.prefill_end), "quantize_end_s": a(self.records.encode_end),
-            "transfer_start_s": a(self.records.transfer_start), "transfer_end_s": a(self.records.transfer_end),
-            "decode_start_s": a(self.records.decode_join),
-            "first_token_s": a(self.records.first_token) if self.records.ttft_at_decode else a(self.records.prefill_end), "finish_s": a(self.records.finish),
-            **lat, "preemptions": i(self.records.preemptions),
-            "offload_fetch_s": fetch,      # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
-            "kv_wire_bytes": a(self.records.wire_bytes), "kv_memory_bytes": a(self.records.kv_bytes),
-            "kv_host_bytes": a(self.records.host_kv_bytes), "retries": i(self.records.retries), "failure": self.records.failure[sl],
-        })
+        df = pd.DataFrame(
+            {
+                "method": self.method.output_name,
+                "request_id": np.arange(lo, hi),
+                "prompt_tokens": i(self.records.prompt),
+                "output_tokens": i(self.records.output),
+                "prefill_replica": i(self.records.prefill_replica),
+                "decode_replica": i(self.records.decode_replica),
+                "prefill_attention": self.records.prefill_form[sl],
+                "arrival_s": a(self.records.arrival),
+                "prefill_start_s": a(self.records.prefill_start),
+                "prefill_end_s": a(self.records.prefill_end),
+                "quantize_end_s": a(self.records.encode_end),
+                "transfer_start_s": a(self.records.transfer_start),
+                "transfer_end_s": a(self.records.transfer_end),
+                "decode_start_s": a(self.records.decode_join),
+                "first_token_s": a(self.records.first_token)
+                if self.records.ttft_at_decode
+                else a(self.records.prefill_end),
+                "finish_s": a(self.records.finish),
+                **lat,
+                "preemptions": i(self.records.preemptions),
+                "offload_fetch_s": fetch,  # part of decode_s: host -> GPU fetches (PQCache, HCAttention)
+                "kv_wire_bytes": a(self.records.wire_bytes),
+                "kv_memory_bytes": a(self.records.kv_bytes),
+                "kv_host_bytes": a(self.records.host_kv_bytes),
+                "retries": i(self.records.retries),
+                "failure": self.records.failure[sl],
+            }
+        )
         if self.prefix is not None:
             df["prefill_cached_tokens"] = np.asarray(self.prefix.prefill_cached[sl], dtype=np.int64)
             df["decode_cached_tokens"] = np.asarray(self.prefix.decode_cached[sl], dtype=np.int64)
@@ -227,10 +316,15 @@ class MethodRun:
     def memory_frame(self, lo: int = 0, hi: int | None = None) -> pd.DataFrame:
         """Rows lo:hi of memory.csv (all by default)."""
         log = self.records.memory_log.table()[lo:hi]
-        return pd.DataFrame({"method": self.method.output_name,
-                             "replica": log[:, 1].astype(np.int64), "time_s": log[:, 0].copy(),
-                             "used_bytes": log[:, 2].copy(),
-                             "capacity_bytes": np.full(len(log), float(self.dec_cost.kv_capacity_bytes))})
+        return pd.DataFrame(
+            {
+                "method": self.method.output_name,
+                "replica": log[:, 1].astype(np.int64),
+                "time_s": log[:, 0].copy(),
+                "used_bytes": log[:, 2].copy(),
+                "capacity_bytes": np.full(len(log), float(self.dec_cost.kv_capacity_bytes)),
+            }
+        )
 
     def links_frame(self) -> pd.DataFrame:
         return _concat(list(self.link_chunks(rows=None)))
@@ -245,10 +339,17 @@ class MethodRun:
             t = log.table()
             step = rows or max(len(t), 1)
             for lo in range(0, max(len(t), 1), step):
-                c = t[lo: lo + step]
-                yield pd.DataFrame({"method": self.method.output_name, "link": name, "time_s": c[:, 0].copy(),
-                                    "active_flows": c[:, 1].astype(np.int64), "throughput_gbps": c[:, 2] * 8 / 1e9,
-                                    "capacity_gbps": np.full(len(c), float(self.link_capacity_gbps[name]))})
+                c = t[lo : lo + step]
+                yield pd.DataFrame(
+                    {
+                        "method": self.method.output_name,
+                        "link": name,
+                        "time_s": c[:, 0].copy(),
+                        "active_flows": c[:, 1].astype(np.int64),
+                        "throughput_gbps": c[:, 2] * 8 / 1e9,
+                        "capacity_gbps": np.full(len(c), float(self.link_capacity_gbps[name])),
+                    }
+                )
 
 
 def _per_value(fn: Callable[[int], float], tokens: np.ndarray) -> np.ndarray:
@@ -298,9 +399,11 @@ def summarize(run: MethodRun) -> dict:
         "peak_decode_kv_bytes": float(peak_kv),
         "decode_kv_capacity_bytes": float(run.dec_cost.kv_capacity_bytes),
         "decode_memory": run.dec_cost.memory.as_dict(),
-        "kv_bytes_per_token": {"wire": float(method.wire_bytes_per_token(model)),
-                               "memory": float(method.memory_bytes_per_token(model)),
-                               "host": float(method.host_bytes_per_token(model))},
+        "kv_bytes_per_token": {
+            "wire": float(method.wire_bytes_per_token(model)),
+            "memory": float(method.memory_bytes_per_token(model)),
+            "host": float(method.host_bytes_per_token(model)),
+        },
         "throughput_rps": float(rec.completed / span) if span > 0 else math.nan,
         **_load(run),
         **({"prefix_cache": run.prefix.summary()} if run.prefix is not None else {}),
@@ -320,20 +423,25 @@ def _load(run: MethodRun) -> dict:
         capacity[link.name] = link.base_capacity
         link_bytes[link.name] = link_bytes.get(link.name, 0.0) + float(wire[moved & (p == pi) & (d == di)].sum())
     held_s = columns.view(rec.finish) - columns.view(rec.transfer_start)
-    moved &= np.isfinite(held_s)         # completed (a failed request's hold is not known)
+    moved &= np.isfinite(held_s)  # completed (a failed request's hold is not known)
     held_s = held_s[moved]
     dec = run.decode_replicas[0]
     util = utilisation(
         arrival_s=columns.view(rec.arrival),
         # colocated: the prefill chunks' share of every replica's time
-        prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas) + sum(
-            c.busy_s for c in (run.router.prefills if isinstance(run.router, colocated.ColocatedRouter) else ())),
-        prefill_replicas=len(run.prefill_replicas) or len(run.decode_replicas), link_bytes=link_bytes,
+        prefill_busy_s=sum(r.busy_s for r in run.prefill_replicas)
+        + sum(c.busy_s for c in (run.router.prefills if isinstance(run.router, colocated.ColocatedRouter) else ())),
+        prefill_replicas=len(run.prefill_replicas) or len(run.decode_replicas),
+        link_bytes=link_bytes,
         link_capacity_bytes_per_s=capacity,
-        held_s=held_s, held_kv_bytes=columns.view(rec.kv_bytes)[moved],
-        held_host_bytes=columns.view(rec.host_kv_bytes)[moved], decode_replicas=len(run.decode_replicas),
-        decode_kv_capacity_bytes=dec.capacity_bytes, decode_host_capacity_bytes=dec.host_capacity_bytes,
-        decode_max_batch=dec.max_batch_requests)
+        held_s=held_s,
+        held_kv_bytes=columns.view(rec.kv_bytes)[moved],
+        held_host_bytes=columns.view(rec.host_kv_bytes)[moved],
+        decode_replicas=len(run.decode_replicas),
+        decode_kv_capacity_bytes=dec.capacity_bytes,
+        decode_host_capacity_bytes=dec.host_capacity_bytes,
+        decode_max_batch=dec.max_batch_requests,
+    )
     return {"utilisation": util, "stable": is_stable(util)}
 
 
@@ -364,8 +472,10 @@ def check_memory(requests: int, methods: int, source: str) -> None:
     need = requests * (RUN_BYTES_PER_REQUEST + RESULT_BYTES_PER_REQUEST_METHOD * max(methods, 1))
     have = machine_memory_bytes()
     if need > 0.8 * have:
-        raise ScenarioError(f"{source}: workload.requests: {requests} requests x {methods} method(s) need about "
-                            f"{need / GIB:.1f} GiB of memory; this machine has {have / GIB:.1f} GiB")
+        raise ScenarioError(
+            f"{source}: workload.requests: {requests} requests x {methods} method(s) need about "
+            f"{need / GIB:.1f} GiB of memory; this machine has {have / GIB:.1f} GiB"
+        )
 
 
 @dataclass
@@ -382,19 +492,35 @@ class ScenarioResult:
         def one(p: CalibrationProfile) -> dict:
             path = p.path
             if path is not None and Path(path).resolve().is_relative_to(REPO_ROOT):
-                path = str(Path(path).resolve().relative_to(REPO_ROOT))   # outputs stay the same across checkouts
+                path = str(Path(path).resolve().relative_to(REPO_ROOT))  # outputs stay the same across checkouts
             measured = catalog.load("gpus").get(p.gpu, {}).get("measured", [])
-            return {"gpu": p.gpu, "source": p.source, "derived_from": p.derived_from, "path": path,
-                    "vs_measured": compare_to_measured(p, measured)}
+            return {
+                "gpu": p.gpu,
+                "source": p.source,
+                "derived_from": p.derived_from,
+                "path": path,
+                "vs_measured": compare_to_measured(p, measured),
+            }
+
         out = {"prefill": one(self.resolved.prefill.profile), "decode": one(self.resolved.decode.profile)}
         # the TP all-reduce (and PP send/recv) per pool: which algorithm each message size takes, and its time
         res = self.resolved
         out["collectives"] = {
-            "prefill": collectives.report(res.prefill.parallel, res.model.hidden_size,
-                                          sorted({1024, res.prefill.max_batch_tokens}), res.model.active_experts),
-            "decode": collectives.report(res.decode.parallel, res.model.hidden_size,
-                                         sorted({b for b in (1, 8, 32, 128) if b <= res.decode.max_batch_requests}
-                                                | {res.decode.max_batch_requests}), res.model.active_experts)}
+            "prefill": collectives.report(
+                res.prefill.parallel,
+                res.model.hidden_size,
+                sorted({1024, res.prefill.max_batch_tokens}),
+                res.model.active_experts,
+            ),
+            "decode": collectives.report(
+                res.decode.parallel,
+                res.model.hidden_size,
+                sorted(
+                    {b for b in (1, 8, 32, 128) if b <= res.decode.max_batch_requests} | {res.decode.max_batch_requests}
+                ),
+                res.model.active_experts,
+            ),
+        }
         # Kernel costs a method's implementation profile or `kernels:` put in place of the pools' profiles
         priced = {}
         for m in self.scenario.methods:
@@ -403,12 +529,17 @@ class ScenarioResult:
             pre, dec = res.costs(m)
             priced[m.output_name] = {
                 "implementation": m.implementation,
-                **{role: {k: {"overhead_s": f[0], "s_per_unit": f[1]}
-                          for k, f in c.profile.provenance.get("kernel_overrides", {}).items()}
-                   for role, c in (("prefill", pre), ("decode", dec))}}
+                **{
+                    role: {
+                        k: {"overhead_s": f[0], "s_per_unit": f[1]}
+                        for k, f in c.profile.provenance.get("kernel_overrides", {}).items()
+                    }
+                    for role, c in (("prefill", pre), ("decode", dec))
+                },
+            }
         if priced:
             out["method_kernels"] = priced
-        if self.scenario.calibration.engine is not None:   # the engine calibration file the scenario applied
+        if self.scenario.calibration.engine is not None:  # the engine calibration file the scenario applied
             from .engine import engine_summary
 
             eng = engine_summary(self.scenario.calibration.engine)
@@ -426,9 +557,15 @@ class ScenarioResult:
         return out
 
 
-def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | None = None,
-                 progress: Callable[[str], None] | None = None, keep_runs: bool = False,
-                 sink: Callable[..., None] | None = None) -> ScenarioResult:
+def run_scenario(
+    s: Scenario,
+    *,
+    source: str = "scenario",
+    methods: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    keep_runs: bool = False,
+    sink: Callable[..., None] | None = None,
+) -> ScenarioResult:
     """Simulate every method of the scenario over the same requests.
 
     With `sink`, each method's tables go to `sink(name, requests, memory, links)` as soon as it has run
@@ -438,8 +575,10 @@ def run_scenario(s: Scenario, *, source: str = "scenario", methods: list[str] | 
     if methods is not None:
         unknown = sorted(set(methods) - {m.output_name for m in s.methods})
         if unknown or not chosen:
-            raise ScenarioError(f"{source}: --methods: {', '.join(unknown) or 'no method'} not in the scenario's "
-                                f"methods ({', '.join(m.output_name for m in s.methods)})")
+            raise ScenarioError(
+                f"{source}: --methods: {', '.join(unknown) or 'no method'} not in the scenario's "
+                f"methods ({', '.join(m.output_name for m in s.methods)})"
+            )
     check_memory(s.workload.requests, len(chosen), source)
     res = resolve(s, source)
     try:

@@ -14,29 +14,30 @@ applies it to a DataFrame and returns it with those columns as float64 / int64. 
 the file's lines: for a CSV with a header, row 0 is line 2 (`first_line=2`, the default); a format
 without a header line (JSON Lines) passes `first_line=1`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-MAX_TOKENS = 10**9      # far above any context length; keeps token counts inside int64 arithmetic
+MAX_TOKENS = 10**9  # far above any context length; keeps token counts inside int64 arithmetic
 
 
 @dataclass(frozen=True)
 class TraceColumns:
     """What a trace table must satisfy."""
 
-    required: tuple[str, ...]                               # columns that must be present
-    times: tuple[str, ...] = ()                             # seconds: finite, >= 0 (checked when present)
+    required: tuple[str, ...]  # columns that must be present
+    times: tuple[str, ...] = ()  # seconds: finite, >= 0 (checked when present)
     counts: Mapping[str, int] = field(default_factory=dict)  # column -> least allowed whole number
-    before: tuple[tuple[str, str], ...] = ()                # (a, b): a <= b on every row (both present)
-    unique: str | None = None                               # an id column whose values must not repeat
-    sorted_by: str | None = None                            # rows must be in non-decreasing order of it
+    before: tuple[tuple[str, str], ...] = ()  # (a, b): a <= b on every row (both present)
+    unique: str | None = None  # an id column whose values must not repeat
+    sorted_by: str | None = None  # rows must be in non-decreasing order of it
 
 
 def read_csv_table(path: str | Path, error: type[Exception], what: str = "trace") -> pd.DataFrame:
@@ -83,8 +84,15 @@ class RowChecker:
         if bad.any():
             i = int(np.argmax(bad))
             v = raw.iloc[i]
-            self.fail(i, f"{col}: " + ("empty or NaN" if v is None or (isinstance(v, float) and math.isnan(v))
-                                       or str(v).strip() == "" else f"{str(v)[:40]!r} is not a number"))
+            self.fail(
+                i,
+                f"{col}: "
+                + (
+                    "empty or NaN"
+                    if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == ""
+                    else f"{str(v)[:40]!r} is not a number"
+                ),
+            )
         return x
 
     def times(self, values, col: str) -> np.ndarray:
@@ -123,12 +131,22 @@ class RowChecker:
         down = np.flatnonzero(values[1:] < values[:-1])
         if len(down):
             i = int(down[0]) + 1
-            self.fail(i, f"{col} {_num(values[i])} is earlier than the row above ({_num(values[i - 1])}); "
-                         f"sort the rows by {col}")
+            self.fail(
+                i,
+                f"{col} {_num(values[i])} is earlier than the row above ({_num(values[i - 1])}); "
+                f"sort the rows by {col}",
+            )
 
 
-def check_trace_rows(df: pd.DataFrame, source: str, cols: TraceColumns, error: type[Exception],
-                     first_line: int = 2, lines=None, unit: str = "line") -> pd.DataFrame:
+def check_trace_rows(
+    df: pd.DataFrame,
+    source: str,
+    cols: TraceColumns,
+    error: type[Exception],
+    first_line: int = 2,
+    lines=None,
+    unit: str = "line",
+) -> pd.DataFrame:
     """`df` with its time columns as float64 and count columns as int64, or `error` naming the first
     bad row as `source line N: ...` (see RowChecker for `first_line`, `lines`, `unit`)."""
     missing = [c for c in cols.required if c not in df.columns]
@@ -162,21 +180,57 @@ def _num(v) -> str:
 
 
 # The formats the simulator reads itself.
-WORKLOAD_TRACE = TraceColumns(required=("prompt_tokens", "output_tokens"),
-                              counts={"prompt_tokens": 1, "output_tokens": 1})
-WORKLOAD_TRACE_TIMED = TraceColumns(required=("arrival_s", "prompt_tokens", "output_tokens"), times=("arrival_s",),
-                                    counts={"prompt_tokens": 1, "output_tokens": 1}, sorted_by="arrival_s")
-MEASURED_TIMES = ("arrival_s", "prefill_start_s", "prefill_end_s", "quantize_end_s", "transfer_start_s",
-                  "transfer_end_s", "decode_start_s", "first_token_s", "finish_s")
+WORKLOAD_TRACE = TraceColumns(
+    required=("prompt_tokens", "output_tokens"), counts={"prompt_tokens": 1, "output_tokens": 1}
+)
+WORKLOAD_TRACE_TIMED = TraceColumns(
+    required=("arrival_s", "prompt_tokens", "output_tokens"),
+    times=("arrival_s",),
+    counts={"prompt_tokens": 1, "output_tokens": 1},
+    sorted_by="arrival_s",
+)
+MEASURED_TIMES = (
+    "arrival_s",
+    "prefill_start_s",
+    "prefill_end_s",
+    "quantize_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "decode_start_s",
+    "first_token_s",
+    "finish_s",
+)
 MEASURED_TRACE = TraceColumns(
-    required=("arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
-              "transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s"),
-    times=MEASURED_TIMES, counts={"prompt_tokens": 1, "output_tokens": 1},
-    before=(("arrival_s", "finish_s"), ("arrival_s", "prefill_start_s"), ("prefill_start_s", "prefill_end_s"),
-            ("prefill_end_s", "quantize_end_s"),
-            ("arrival_s", "transfer_start_s"), ("transfer_start_s", "transfer_end_s"),
-            ("transfer_end_s", "decode_start_s"), ("decode_start_s", "finish_s"), ("prefill_end_s", "finish_s")),
-    unique="request_id", sorted_by="arrival_s")
-MEASURED_ITERATIONS = TraceColumns(required=("start_s", "end_s", "batch_size", "context_tokens"),
-                                   times=("start_s", "end_s"), counts={"batch_size": 1, "context_tokens": 0},
-                                   before=(("start_s", "end_s"),))
+    required=(
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        "prefill_start_s",
+        "prefill_end_s",
+        "transfer_start_s",
+        "transfer_end_s",
+        "decode_start_s",
+        "finish_s",
+    ),
+    times=MEASURED_TIMES,
+    counts={"prompt_tokens": 1, "output_tokens": 1},
+    before=(
+        ("arrival_s", "finish_s"),
+        ("arrival_s", "prefill_start_s"),
+        ("prefill_start_s", "prefill_end_s"),
+        ("prefill_end_s", "quantize_end_s"),
+        ("arrival_s", "transfer_start_s"),
+        ("transfer_start_s", "transfer_end_s"),
+        ("transfer_end_s", "decode_start_s"),
+        ("decode_start_s", "finish_s"),
+        ("prefill_end_s", "finish_s"),
+    ),
+    unique="request_id",
+    sorted_by="arrival_s",
+)
+MEASURED_ITERATIONS = TraceColumns(
+    required=("start_s", "end_s", "batch_size", "context_tokens"),
+    times=("start_s", "end_s"),
+    counts={"batch_size": 1, "context_tokens": 0},
+    before=(("start_s", "end_s"),),
+)

@@ -22,6 +22,7 @@ refused with one line naming the file and its line (as an editor shows it, count
 line; for vLLM's lists, the request's position), by the checks every trace format shares
 (simulator/trace_rows.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,10 @@ BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "
 
 @dataclass(frozen=True)
 class Trace:
-    arrival_s: np.ndarray            # (N,) float64, from 0, non-decreasing
-    prompt_tokens: np.ndarray        # (N,) int64, >= 1
-    output_tokens: np.ndarray        # (N,) int64, >= 1
-    block_hashes: tuple | None = None   # Mooncake: per request, its prompt's block hashes
+    arrival_s: np.ndarray  # (N,) float64, from 0, non-decreasing
+    prompt_tokens: np.ndarray  # (N,) int64, >= 1
+    output_tokens: np.ndarray  # (N,) int64, >= 1
+    block_hashes: tuple | None = None  # Mooncake: per request, its prompt's block hashes
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -52,6 +53,7 @@ class Trace:
 @dataclass(frozen=True)
 class _Rows:
     """Parsed columns before the window, with each row's line in the file for messages."""
+
     time_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
@@ -97,8 +99,12 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
         i = int(np.argmax(stamps.isna().to_numpy()))
         _fail(path, f"line {lines[i]}: TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is not a date and time")
     time_s = (stamps - stamps.iloc[0]).dt.total_seconds().to_numpy(np.float64) if len(stamps) else np.zeros(0)
-    return _Rows(time_s, _tokens(path, df["ContextTokens"].to_numpy(), "ContextTokens", lines, least=1),
-                 _tokens(path, df["GeneratedTokens"].to_numpy(), "GeneratedTokens", lines), lines)
+    return _Rows(
+        time_s,
+        _tokens(path, df["ContextTokens"].to_numpy(), "ContextTokens", lines, least=1),
+        _tokens(path, df["GeneratedTokens"].to_numpy(), "GeneratedTokens", lines),
+        lines,
+    )
 
 
 def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
@@ -116,7 +122,7 @@ def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
     time_s = _numbers(path, df["Timestamp"].to_numpy(), "Timestamp", lines)
     prompt = _tokens(path, df["Request tokens"].to_numpy(), "Request tokens", lines, least=1)
     output = _tokens(path, df["Response tokens"].to_numpy(), "Response tokens", lines)
-    served = output > 0        # BurstGPT records failed requests with 0 response tokens
+    served = output > 0  # BurstGPT records failed requests with 0 response tokens
     return _Rows(time_s[served], prompt[served], output[served], lines[served])
 
 
@@ -150,9 +156,13 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         hashes.append(tuple(h))
         lines.append(n)
     lines = np.asarray(lines, dtype=np.int64)
-    return _Rows(_numbers(path, np.asarray(times, dtype=object), "timestamp", lines) / 1e3,
-                 _tokens(path, np.asarray(prompts, dtype=object), "input_length", lines, least=1),
-                 _tokens(path, np.asarray(outputs, dtype=object), "output_length", lines), lines, hashes)
+    return _Rows(
+        _numbers(path, np.asarray(times, dtype=object), "timestamp", lines) / 1e3,
+        _tokens(path, np.asarray(prompts, dtype=object), "input_length", lines, least=1),
+        _tokens(path, np.asarray(outputs, dtype=object), "output_length", lines),
+        lines,
+        hashes,
+    )
 
 
 def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
@@ -163,12 +173,14 @@ def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         _fail(path, f"not a readable JSON file ({str(e).splitlines()[0]})")
     if not isinstance(doc, dict) or "input_lens" not in doc or "output_lens" not in doc:
-        _fail(path, "no input_lens and output_lens: save the benchmark with --save-result (and --save-detailed "
-                    "on newer vLLM)")
+        _fail(
+            path,
+            "no input_lens and output_lens: save the benchmark with --save-result (and --save-detailed on newer vLLM)",
+        )
     n = len(doc["input_lens"])
     if len(doc["output_lens"]) != n:
         _fail(path, f"input_lens has {n} entries, output_lens {len(doc['output_lens'])}")
-    lines = np.arange(n) + 1            # the request's position in the lists
+    lines = np.arange(n) + 1  # the request's position in the lists
     errors = doc.get("errors") or [""] * n
     served = np.array([not e for e in errors], dtype=bool) if len(errors) == n else np.ones(n, dtype=bool)
     prompt = _tokens(path, np.asarray(doc["input_lens"], dtype=object), "input_lens", lines, least=1, unit="request")
@@ -183,8 +195,11 @@ def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
         rate = float("inf") if rate in (None, "inf", "Infinity") else float(rate)
         if math.isfinite(rate) and rate > 0:
             # vLLM's benchmark draws Poisson gaps at request_rate; the file keeps the rate, not the draws.
-            time_s = np.concatenate([[0.0], np.cumsum(np.random.default_rng(0).exponential(1 / rate, n - 1))]) \
-                if n else np.zeros(0)
+            time_s = (
+                np.concatenate([[0.0], np.cumsum(np.random.default_rng(0).exponential(1 / rate, n - 1))])
+                if n
+                else np.zeros(0)
+            )
         else:
             time_s = np.zeros(n)
         order = np.argsort(time_s, kind="stable")
@@ -198,13 +213,21 @@ def _read_csv(path: Path, cfg: TraceConfig) -> _Rows:
     lines = np.arange(len(df)) + 2
     if "request_id" in df.columns:
         _rows(path, lines).unique(df["request_id"], "request_id")
-    return _Rows(_numbers(path, df["arrival_s"].to_numpy(), "arrival_s", lines),
-                 _tokens(path, df["prompt_tokens"].to_numpy(), "prompt_tokens", lines, least=1),
-                 _tokens(path, df["output_tokens"].to_numpy(), "output_tokens", lines), lines)
+    return _Rows(
+        _numbers(path, df["arrival_s"].to_numpy(), "arrival_s", lines),
+        _tokens(path, df["prompt_tokens"].to_numpy(), "prompt_tokens", lines, least=1),
+        _tokens(path, df["output_tokens"].to_numpy(), "output_tokens", lines),
+        lines,
+    )
 
 
-READERS = {"azure": _read_azure, "burstgpt": _read_burstgpt, "mooncake": _read_mooncake,
-           "vllm_bench": _read_vllm_bench, "csv": _read_csv}
+READERS = {
+    "azure": _read_azure,
+    "burstgpt": _read_burstgpt,
+    "mooncake": _read_mooncake,
+    "vllm_bench": _read_vllm_bench,
+    "csv": _read_csv,
+}
 
 
 def load_trace(cfg: TraceConfig, source: str = "") -> Trace:
@@ -219,7 +242,9 @@ def load_trace(cfg: TraceConfig, source: str = "") -> Trace:
     if cfg.duration_s is not None:
         keep &= t < cfg.start_s + cfg.duration_s
     if not keep.any():
-        window = f"[{cfg.start_s:g}, {cfg.start_s + cfg.duration_s:g}) s" if cfg.duration_s else f"from {cfg.start_s:g} s"
+        window = (
+            f"[{cfg.start_s:g}, {cfg.start_s + cfg.duration_s:g}) s" if cfg.duration_s else f"from {cfg.start_s:g} s"
+        )
         _fail(path, f"no request left (window {window} of a {t[-1] if len(t) else 0:g} s trace, after filters)")
     kept = t[keep]
     arrival = (kept - kept[0]) / cfg.rate_scale

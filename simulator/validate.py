@@ -14,6 +14,7 @@ decode + dequantize + approximation, which a trace cannot split), and, with `ite
 the decode iteration time the cost model predicts for each measured batch (batch size and total
 context) — the direct check of the per-iteration model, free of queueing.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,9 @@ def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
     out["decode"] = df["finish_s"] - df["decode_start_s"]
     out["jct"] = df["finish_s"] - df["arrival_s"]
     out["ttft"] = df["prefill_end_s"] - df["arrival_s"]
-    out["tpot"] = np.where(df["output_tokens"] > 1, (df["finish_s"] - df["prefill_end_s"]) / (df["output_tokens"] - 1),
-                           np.nan)
+    out["tpot"] = np.where(
+        df["output_tokens"] > 1, (df["finish_s"] - df["prefill_end_s"]) / (df["output_tokens"] - 1), np.nan
+    )
     return out
 
 
@@ -95,16 +97,24 @@ def _err_pct(sim: float, meas: float) -> float | None:
     return 100.0 * (sim - meas) / meas
 
 
-def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] | None = None,
-             method: str | None = None, engine_values: dict[str, float] | None = None) -> dict:
+def validate(
+    trace: str | Path,
+    scenario_path: str | Path,
+    overrides: list[str] | None = None,
+    method: str | None = None,
+    engine_values: dict[str, float] | None = None,
+) -> dict:
     """Simulate the trace's system and compare; `engine_values` (engine.PARAMETERS names) replace the
     scenario's engine parameters (a calibration fitted in memory: simulator/calibrate.cross_validate)."""
     df, iterations, meta, req_path = load_trace(trace)
     method = method or meta.get("method")
     if method is None:
         raise ScenarioError(f"{trace}: no method in meta.json; pass --method")
-    ov = list(overrides or []) + [f"workload.trace_csv={req_path.resolve()}", "workload.arrival={kind: trace}",
-                                  f"workload.requests={len(df)}"]
+    ov = list(overrides or []) + [
+        f"workload.trace_csv={req_path.resolve()}",
+        "workload.arrival={kind: trace}",
+        f"workload.requests={len(df)}",
+    ]
     s = load_scenario(scenario_path, ov)
     if engine_values:
         from .engine import apply_values
@@ -117,8 +127,15 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
     # Both sides through the same timestamp definitions: the trace cannot split decode into
     # decode/dequantize/approximation, nor prefill from its homomorphic correction.
     meas, sim_parts = measured_parts(df), measured_parts(sim)
-    out: dict = {"trace": str(trace), "scenario": str(scenario_path), "method": method, "requests": len(df),
-                 "metrics": {}, "breakdown_s": {}, "resolved_scenario": s.model_dump(mode="json")}
+    out: dict = {
+        "trace": str(trace),
+        "scenario": str(scenario_path),
+        "method": method,
+        "requests": len(df),
+        "metrics": {},
+        "breakdown_s": {},
+        "resolved_scenario": s.model_dump(mode="json"),
+    }
     for metric in ("jct", "ttft", "tpot"):
         m, p = _stats(meas[metric]), _stats(sim_parts[metric])
         out["metrics"][f"{metric}_s"] = {"measured": m, "simulated": p}
@@ -127,22 +144,34 @@ def validate(trace: str | Path, scenario_path: str | Path, overrides: list[str] 
     for part in MEASURABLE_PARTS:
         m, p = float(meas[part].mean()), float(sim_parts[part].mean())
         out["breakdown_s"][part] = {"measured": m, "simulated": p}
-        out[f"{part}_mean_error_pct"] = _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
+        out[f"{part}_mean_error_pct"] = (
+            _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
+        )
     # what the trace cannot resolve, simulated: dequantization's share of the mean JCT
-    out["dequantize_share_pct"] = (100.0 * float(sim["dequantize_s"].mean()) / out["metrics"]["jct_s"]["simulated"]["mean"]
-                                   if "dequantize_s" in sim.columns else None)
+    out["dequantize_share_pct"] = (
+        100.0 * float(sim["dequantize_s"].mean()) / out["metrics"]["jct_s"]["simulated"]["mean"]
+        if "dequantize_s" in sim.columns
+        else None
+    )
     if iterations is not None and len(iterations):
-        res = result.resolved          # the profiles and specs the simulation just used
+        res = result.resolved  # the profiles and specs the simulation just used
         cfg = next(m for m in s.methods if m.output_name == method)
         _, dec = res.costs(cfg)
         measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()
         # a trace's iteration rows run from one iteration's start to its end: the engine's work between
         # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows
         serial = dec.host_serial_s_per_iteration
-        predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) - serial for b, c in
-                                 zip(iterations["batch_size"], iterations["context_tokens"])])
-        out["iteration_s"] = {"measured_mean": float(measured_it.mean()), "predicted_mean": float(predicted_it.mean()),
-                              "count": int(len(measured_it))}
+        predicted_it = np.array(
+            [
+                dec.iteration(int(b)).time_s(float(c)) - serial
+                for b, c in zip(iterations["batch_size"], iterations["context_tokens"])
+            ]
+        )
+        out["iteration_s"] = {
+            "measured_mean": float(measured_it.mean()),
+            "predicted_mean": float(predicted_it.mean()),
+            "count": int(len(measured_it)),
+        }
         out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
         rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
@@ -158,12 +187,19 @@ def format_validation(v: dict) -> str:
         for q in ("mean", "p50", "p90", "p99"):
             rows.append([f"{metric} {q} (s)", f"{m[q]:.4f}", f"{p[q]:.4f}", _pct(v[f"{metric}_{q}_error_pct"])])
     for part, mp in v["breakdown_s"].items():
-        rows.append([f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}",
-                     _pct(v[f"{part}_mean_error_pct"])])
+        rows.append(
+            [f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}", _pct(v[f"{part}_mean_error_pct"])]
+        )
     if "iteration_s" in v:
         it = v["iteration_s"]
-        rows.append(["iteration mean (s)", f"{it['measured_mean']:.5f}", f"{it['predicted_mean']:.5f}",
-                     _pct(v["iteration_mean_error_pct"])])
+        rows.append(
+            [
+                "iteration mean (s)",
+                f"{it['measured_mean']:.5f}",
+                f"{it['predicted_mean']:.5f}",
+                _pct(v["iteration_mean_error_pct"]),
+            ]
+        )
     title = f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}"
     return render(table(["metric", "measured", "simulated", "error"], rows, title=title))
 
@@ -172,8 +208,15 @@ def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e:+.1f}%"
 
 
-SUMMARY_KEYS = ("jct_mean_error_pct", "ttft_p50_error_pct", "tpot_p50_error_pct", "prefill_mean_error_pct",
-                "transfer_mean_error_pct", "decode_mean_error_pct", "iteration_mean_error_pct")
+SUMMARY_KEYS = (
+    "jct_mean_error_pct",
+    "ttft_p50_error_pct",
+    "tpot_p50_error_pct",
+    "prefill_mean_error_pct",
+    "transfer_mean_error_pct",
+    "decode_mean_error_pct",
+    "iteration_mean_error_pct",
+)
 
 
 def read_index(index_csv: str | Path) -> list[tuple[str, str, Path, Path]]:
@@ -203,8 +246,15 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
     rows = []
     for t, scen, trace_path, scenario_path in read_index(index_csv):
         v = validate(trace_path, scenario_path, overrides)
-        rows.append({"trace": str(t), "scenario": str(scen), "method": v["method"], "requests": v["requests"],
-                     **{k: v.get(k) for k in SUMMARY_KEYS}})
+        rows.append(
+            {
+                "trace": str(t),
+                "scenario": str(scen),
+                "method": v["method"],
+                "requests": v["requests"],
+                **{k: v.get(k) for k in SUMMARY_KEYS},
+            }
+        )
     return rows
 
 
@@ -215,7 +265,9 @@ def format_validation_table(rows: list[dict]) -> str:
     body = [[r["trace"], *(_pct(r[k]) for k in SUMMARY_KEYS)] for r in rows]
     summary = []
     for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
-        vals = [fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
-                for k in SUMMARY_KEYS]
+        vals = [
+            fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
+            for k in SUMMARY_KEYS
+        ]
         summary.append([label, *(_pct(v) for v in vals)])
     return render(table(["trace", *heads], body, footer_rows=summary))

@@ -4,6 +4,7 @@ Every method of a scenario sees the same requests (drawn once), so differences b
 are the methods', not the sampler's. Lengths are truncated by resampling, not clipping, so a
 truncated lognormal keeps its shape inside [min, max].
 """
+
 from __future__ import annotations
 
 import math
@@ -12,18 +13,26 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .config import (BurstyArrivals, FixedLength, LognormalLength, PoissonArrivals, Scenario, ScenarioError,
-                     UniformLength, WorkloadConfig)
+from .config import (
+    BurstyArrivals,
+    FixedLength,
+    LognormalLength,
+    PoissonArrivals,
+    Scenario,
+    ScenarioError,
+    UniformLength,
+    WorkloadConfig,
+)
 from .trace_rows import WORKLOAD_TRACE, WORKLOAD_TRACE_TIMED, check_trace_rows, read_csv_table
 
 
 @dataclass(frozen=True)
 class Requests:
-    arrival_s: np.ndarray        # (N,) float64, non-decreasing
-    prompt_tokens: np.ndarray    # (N,) int64
-    output_tokens: np.ndarray    # (N,) int64, >= 1
-    block_hashes: "tuple | SharedPrefixBlocks | None" = None   # per request, its prompt's prefix-block hashes
-    hash_block_tokens: int = 512        # tokens per hash block (Mooncake's hash_ids: 512)
+    arrival_s: np.ndarray  # (N,) float64, non-decreasing
+    prompt_tokens: np.ndarray  # (N,) int64
+    output_tokens: np.ndarray  # (N,) int64, >= 1
+    block_hashes: tuple | SharedPrefixBlocks | None = None  # per request, its prompt's prefix-block hashes
+    hash_block_tokens: int = 512  # tokens per hash block (Mooncake's hash_ids: 512)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -35,8 +44,9 @@ class SharedPrefixBlocks:
     group's, numbered group · shared_blocks + j; its other blocks are its own, numbered after every
     group's."""
 
-    def __init__(self, group: np.ndarray, prompt_tokens: np.ndarray, shared_tokens: int, block_tokens: int,
-                 groups: int):
+    def __init__(
+        self, group: np.ndarray, prompt_tokens: np.ndarray, shared_tokens: int, block_tokens: int, groups: int
+    ):
         self.group = group.tolist()
         self.shared_blocks = shared_tokens // block_tokens
         self.block_tokens = block_tokens
@@ -59,7 +69,7 @@ class SharedPrefixBlocks:
         first = self.first_own[i]
         return [base + j for j in range(self._shared[i])] + list(range(first, first + self.own_blocks[i]))
 
-    def reordered(self, order: np.ndarray) -> "SharedPrefixBlocks":
+    def reordered(self, order: np.ndarray) -> SharedPrefixBlocks:
         out = object.__new__(SharedPrefixBlocks)
         out.shared_blocks, out.block_tokens = self.shared_blocks, self.block_tokens
         for name in ("group", "own_blocks", "first_own", "_shared"):
@@ -76,7 +86,7 @@ def lognormal_mass(dist: LognormalLength) -> float:
     return cdf(dist.max_tokens + 0.5) - cdf(dist.min_tokens - 0.5)
 
 
-MIN_LOGNORMAL_MASS = 0.01   # below this, resampling would take ~n/mass draws: refuse instead
+MIN_LOGNORMAL_MASS = 0.01  # below this, resampling would take ~n/mass draws: refuse instead
 
 
 def sample_lengths(dist, n: int, rng: np.random.Generator, what: str = "workload") -> np.ndarray:
@@ -87,8 +97,10 @@ def sample_lengths(dist, n: int, rng: np.random.Generator, what: str = "workload
     if isinstance(dist, LognormalLength):
         mass = lognormal_mass(dist)
         if mass < MIN_LOGNORMAL_MASS:
-            raise ScenarioError(f"{what}: only {mass:.2g} of the lognormal lies inside [min_tokens, max_tokens]; "
-                                f"widen them or move mean_tokens")
+            raise ScenarioError(
+                f"{what}: only {mass:.2g} of the lognormal lies inside [min_tokens, max_tokens]; "
+                f"widen them or move mean_tokens"
+            )
         sigma2 = math.log1p(dist.cv**2)
         mu = math.log(dist.mean_tokens) - sigma2 / 2
         out = np.empty(n, dtype=np.int64)
@@ -96,7 +108,7 @@ def sample_lengths(dist, n: int, rng: np.random.Generator, what: str = "workload
         for _ in range(1000):
             draw = np.rint(rng.lognormal(mu, math.sqrt(sigma2), size=2 * (n - filled) + 16)).astype(np.int64)
             keep = draw[(draw >= dist.min_tokens) & (draw <= dist.max_tokens)][: n - filled]
-            out[filled: filled + len(keep)] = keep
+            out[filled : filled + len(keep)] = keep
             filled += len(keep)
             if filled == n:
                 return out
@@ -108,7 +120,7 @@ def sample_gaps(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(arrival, PoissonArrivals):
         return rng.exponential(1.0 / arrival.rate_rps, size=n)
     if isinstance(arrival, BurstyArrivals):
-        shape = 1.0 / arrival.cv**2        # gamma gaps with the given mean and coefficient of variation
+        shape = 1.0 / arrival.cv**2  # gamma gaps with the given mean and coefficient of variation
         return rng.gamma(shape, 1.0 / (arrival.rate_rps * shape), size=n)
     raise TypeError(arrival)
 
@@ -116,8 +128,9 @@ def sample_gaps(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
 def read_trace(path: str, timed: bool) -> pd.DataFrame:
     """The trace's rows, checked (see simulator.trace_rows); `timed`: its arrival_s column is used."""
     df = read_csv_table(path, ScenarioError)
-    return check_trace_rows(df, f"workload.trace_csv {path}", WORKLOAD_TRACE_TIMED if timed else WORKLOAD_TRACE,
-                            ScenarioError)
+    return check_trace_rows(
+        df, f"workload.trace_csv {path}", WORKLOAD_TRACE_TIMED if timed else WORKLOAD_TRACE, ScenarioError
+    )
 
 
 def make_requests(scenario: Scenario) -> Requests:
@@ -156,20 +169,28 @@ def make_requests(scenario: Scenario) -> Requests:
         i = int(np.argmax(too_long))
         raise ScenarioError(
             f"workload: request {i} needs {prompt[i] + output[i]} tokens of context, more than "
-            f"model.max_context_tokens={scenario.model.max_context_tokens}")
+            f"model.max_context_tokens={scenario.model.max_context_tokens}"
+        )
     order = np.argsort(arrival, kind="stable")
     block_tokens = 512
     if wl.prefix_sharing is not None:
         ps = wl.prefix_sharing
-        group = rng.integers(0, ps.groups, size=n)      # drawn last: other workloads' draws are unchanged
+        group = rng.integers(0, ps.groups, size=n)  # drawn last: other workloads' draws are unchanged
         blocks = SharedPrefixBlocks(group, prompt, ps.shared_tokens, ps.block_tokens, ps.groups)
-        return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
-                        output_tokens=output[order], block_hashes=blocks.reordered(order),
-                        hash_block_tokens=ps.block_tokens)
-    return Requests(arrival_s=np.asarray(arrival, np.float64)[order], prompt_tokens=prompt[order],
-                    output_tokens=output[order],
-                    block_hashes=None if hashes is None else tuple(hashes[i] for i in order),
-                    hash_block_tokens=block_tokens)
+        return Requests(
+            arrival_s=np.asarray(arrival, np.float64)[order],
+            prompt_tokens=prompt[order],
+            output_tokens=output[order],
+            block_hashes=blocks.reordered(order),
+            hash_block_tokens=ps.block_tokens,
+        )
+    return Requests(
+        arrival_s=np.asarray(arrival, np.float64)[order],
+        prompt_tokens=prompt[order],
+        output_tokens=output[order],
+        block_hashes=None if hashes is None else tuple(hashes[i] for i in order),
+        hash_block_tokens=block_tokens,
+    )
 
 
 def _period(arrival_s: np.ndarray) -> float:

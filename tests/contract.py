@@ -1,6 +1,7 @@
 """The bad-input contract, as a test helper: run the CLI in this process under a time and memory
 bound, and check that a refusal is one `error:` line naming the file, exit 2, no traceback, nothing
 written.  A run that is accepted must write strict JSON (no NaN / Infinity tokens)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 import cli
 
-CASE_SECONDS = 20          # generous for 2 CI cores; every refusal here takes well under a second
+CASE_SECONDS = 20  # generous for 2 CI cores; every refusal here takes well under a second
 CASE_EXTRA_BYTES = 3 * 2**30
 
 
@@ -25,6 +26,7 @@ class CaseTimeout(Exception):
 def limits(seconds: float = CASE_SECONDS, extra_bytes: int = CASE_EXTRA_BYTES):
     """Raise CaseTimeout after `seconds`; cap the address space at what is mapped now + `extra_bytes`
     (so an unbounded allocation fails as MemoryError instead of exhausting the machine)."""
+
     def on_alarm(_sig, _frame):
         raise CaseTimeout(f"a case ran longer than {seconds} s")
 

@@ -1,4 +1,5 @@
 """Small scenarios for tests: a tiny dense model on one GPU per pool, fixed lengths, roofline costs."""
+
 from __future__ import annotations
 
 import copy
@@ -8,12 +9,22 @@ from simulator.config import parse_scenario
 TINY = {
     "name": "tiny",
     "model": {"preset": "llama-3.1-8b"},
-    "prefill": {"gpu": "a100_80gb", "tensor_parallel": 1, "replicas": 1, "max_batch_requests": 1,
-                "max_batch_tokens": 8192},
+    "prefill": {
+        "gpu": "a100_80gb",
+        "tensor_parallel": 1,
+        "replicas": 1,
+        "max_batch_requests": 1,
+        "max_batch_tokens": 8192,
+    },
     "decode": {"gpu": "a100_80gb", "tensor_parallel": 1, "replicas": 1, "max_batch_requests": 64},
     "network": {"bandwidth_gbps": 10, "latency_s": 0.0, "efficiency": 1.0},
-    "workload": {"input_tokens": {"kind": "fixed", "tokens": 4096}, "output_tokens": {"kind": "fixed", "tokens": 32},
-                 "arrival": {"kind": "poisson", "rate_rps": 0.01}, "requests": 1, "seed": 0},
+    "workload": {
+        "input_tokens": {"kind": "fixed", "tokens": 4096},
+        "output_tokens": {"kind": "fixed", "tokens": 32},
+        "arrival": {"kind": "poisson", "rate_rps": 0.01},
+        "requests": 1,
+        "seed": 0,
+    },
     "methods": ["baseline", "kvquant", "cachegen", "fp8", "hack", "hack_no_se", "hack_no_rqe"],
     "calibration": {"prefill_profile": "roofline", "decode_profile": "roofline"},
 }

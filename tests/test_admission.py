@@ -1,4 +1,5 @@
 """Decode admission: on-demand KV blocks with preemption (recompute | swap) against reserving the final KV."""
+
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from helpers import scenario
 from simulator.admission import first_block_shortage
 from simulator.decode import segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
+
 
 def test_first_block_shortage_matches_iteration_by_iteration_allocation():
     """On-demand blocks: the closed form against allocating every running request's blocks iteration by
@@ -42,10 +44,16 @@ def _two_requests(tmp_path, preemption: str, **changes):
     33, 49, B at 2, 18, 34, 50, and at 65 A's block does not fit: B, the newest, is preempted."""
     trace = tmp_path / "two.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,256,100\n0,256,100\n")
-    return scenario(**{"workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
-                       "prefill.max_batch_requests": 2,
-                       "decode.kv_capacity_gib": 40 * 2 / 1024, "decode.preemption": preemption,
-                       "methods": ["baseline"], **changes})
+    return scenario(
+        **{
+            "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
+            "prefill.max_batch_requests": 2,
+            "decode.kv_capacity_gib": 40 * 2 / 1024,
+            "decode.preemption": preemption,
+            "methods": ["baseline"],
+            **changes,
+        }
+    )
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
@@ -58,23 +66,24 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
     _, dec = resolve(s).costs(s.methods[0])
     it1, it2 = dec.iteration(1), dec.iteration(2)
     block = dec.block_bytes
-    seg0 = segment_time_s(it1, 1, 256, 1, 0)                     # iteration 0: A alone
-    seg1 = segment_time_s(it2, 64, 256 + 255, 2, 1)              # 1..64: both (context offsets 256 - 0, 256 - 1)
+    seg0 = segment_time_s(it1, 1, 256, 1, 0)  # iteration 0: A alone
+    seg1 = segment_time_s(it2, 64, 256 + 255, 2, 1)  # 1..64: both (context offsets 256 - 0, 256 - 1)
     # at 65 B held ceil(319 / 16) = 20 blocks; A takes one of them, 19 stay free: B (context 320) waits
     swap_out = dec.swap_s(20 * block) if preemption == "swap" else 0.0
-    seg2 = swap_out + segment_time_s(it1, 35, 256, 1, 65)        # 65..99: A alone, then A finishes
-    back = (dec.swap_s(20 * block) if preemption == "swap"
-            else dec.prefill((319,)).latency_s + dec.prefill((319,)).encode_s)   # B's 320 tokens but the last
-    seg3 = back + segment_time_s(it1, 36, 320 - 100, 1, 100)     # 100..135: B's last 36 iterations
+    seg2 = swap_out + segment_time_s(it1, 35, 256, 1, 65)  # 65..99: A alone, then A finishes
+    back = (
+        dec.swap_s(20 * block) if preemption == "swap" else dec.prefill((319,)).latency_s + dec.prefill((319,)).encode_s
+    )  # B's 320 tokens but the last
+    seg3 = back + segment_time_s(it1, 36, 320 - 100, 1, 100)  # 100..135: B's last 36 iterations
     assert b.decode_start_s - a.decode_start_s == pytest.approx(seg0, rel=1e-12)
     assert a.finish_s - a.decode_start_s == pytest.approx(seg0 + seg1 + seg2, rel=1e-12)
     assert b.finish_s - b.decode_start_s == pytest.approx(seg1 + seg2 + seg3, rel=1e-12)
     assert b.preemption_s == pytest.approx(seg2 + back, rel=1e-12)
-    assert a.preemption_s == pytest.approx(swap_out, rel=1e-12, abs=1e-15)   # A waited for the swap-out only
+    assert a.preemption_s == pytest.approx(swap_out, rel=1e-12, abs=1e-15)  # A waited for the swap-out only
     assert b.decode_s == pytest.approx(seg1 + seg3 - back, rel=1e-12)
     for row in (a, b):
         assert sum(row[f"{p}_s"] for p in BREAKDOWN_PARTS) == pytest.approx(row.jct_s, rel=1e-12)
-    assert r.memory["used_bytes"].max() == 40 * block                      # never more than the 40 blocks
+    assert r.memory["used_bytes"].max() == 40 * block  # never more than the 40 blocks
     # reserve admits one at a time: the second waits for the first's final KV (2 x 23 blocks > 40)
     res = run_scenario(_two_requests(tmp_path, preemption, **{"decode.admission": "reserve"})).requests
     assert res["preemptions"].sum() == 0 and res["transfer_queue_s"].max() > 0
@@ -88,10 +97,15 @@ def test_a_lone_request_runs_the_same_under_both_admissions(method):
     assert on.drop(columns=[]).equals(off)
 
 
-PRESSURE = {"workload.requests": 300, "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
-            "decode.kv_capacity_gib": 6, "prefill.max_batch_requests": 8, "network.bandwidth_gbps": 100,
-            "workload.output_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 1024},
-            "workload.input_tokens": {"kind": "uniform", "min_tokens": 256, "max_tokens": 4096}}
+PRESSURE = {
+    "workload.requests": 300,
+    "workload.arrival": {"kind": "poisson", "rate_rps": 2.0},
+    "decode.kv_capacity_gib": 6,
+    "prefill.max_batch_requests": 8,
+    "network.bandwidth_gbps": 100,
+    "workload.output_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 1024},
+    "workload.input_tokens": {"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
+}
 
 
 def _max_concurrent(df):
@@ -115,7 +129,7 @@ def test_queueing_sanity_with_room_to_spare_and_under_memory_pressure():
         assert (r.memory["used_bytes"] <= r.memory["capacity_bytes"] * (1 + 1e-12)).all()
         parts = sum(df[f"{p}_s"] for p in BREAKDOWN_PARTS)
         assert np.allclose(parts, df["jct_s"], rtol=1e-9, atol=1e-9)
-        assert (df.loc[df["preemptions"] > 0, "preemption_s"] > 0).all()      # others too wait for a recompute
+        assert (df.loc[df["preemptions"] > 0, "preemption_s"] > 0).all()  # others too wait for a recompute
         assert (df["decode_s"] > 0).all() and (df["preemption_s"] >= 0).all()
 
 

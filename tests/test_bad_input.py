@@ -1,6 +1,7 @@
 """Every kind of bad input the CLI meets is refused the same way: one `error:` line naming the file (and
 the row or field), exit 2, no traceback, nothing written, within seconds and bounded memory; numbers
 that mean something when infinite (bandwidths) are carried exactly, through sweep workers too."""
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from contract import assert_contract, check_strict_json, invoke
 
+from contract import assert_contract, check_strict_json, invoke
 from simulator.config import Scenario, ScenarioError
-from simulator.load import load_scenario
 from simulator.files import read_yaml, strict_json
+from simulator.load import load_scenario
 from simulator.trace_rows import TraceColumns, check_trace_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,9 +27,14 @@ DEFAULT = ROOT / "scenarios" / "a10g_10gbps.yaml"
 TRACE = ROOT / "realrun" / "traces" / "h200" / "llama-3.1-8b-L32_10gbps_hack_r1"
 TRACE_SCENARIO = ROOT / "scenarios" / "measured" / "h200_8b_10gbps.yaml"
 
-BOMB = "\n".join([f"a0: &a0 [{', '.join(['lol'] * 9)}]"] +
-                 [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)] +
-                 ["model: {preset: *a9}"]) + "\n"
+BOMB = (
+    "\n".join(
+        [f"a0: &a0 [{', '.join(['lol'] * 9)}]"]
+        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+        + ["model: {preset: *a9}"]
+    )
+    + "\n"
+)
 
 
 def _scenario_text(tmp_path: Path, text: str | bytes, name="s.yaml") -> Path:
@@ -53,18 +59,23 @@ def _col(rows, name):
 
 
 # ---- the scenario file ------------------------------------------------------------------------------
-@pytest.mark.parametrize("content, message", [
-    (os.urandom(0) + bytes(range(128, 256)) * 8, "not a text file"),
-    (BOMB, "aliases expand to more than"),
-    ("a: &a [1, *a]\n", "refers to a node that contains it"),
-    ("[" * 5000 + "]" * 5000, "nested more than"),
-    ("name: x\nmodel: [\n", "not valid YAML"),
-    ("- just\n- a list\n", "expected a mapping"),
-], ids=["binary", "alias-bomb", "recursive-alias", "deep-nesting", "truncated-yaml", "not-a-mapping"])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (os.urandom(0) + bytes(range(128, 256)) * 8, "not a text file"),
+        (BOMB, "aliases expand to more than"),
+        ("a: &a [1, *a]\n", "refers to a node that contains it"),
+        ("[" * 5000 + "]" * 5000, "nested more than"),
+        ("name: x\nmodel: [\n", "not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping"),
+    ],
+    ids=["binary", "alias-bomb", "recursive-alias", "deep-nesting", "truncated-yaml", "not-a-mapping"],
+)
 def test_unreadable_scenarios(tmp_path, content, message):
     path = _scenario_text(tmp_path, content)
-    line = assert_contract(invoke("simulate", path, "--out", tmp_path / "out"), names=(str(path),),
-                           out=tmp_path / "out")
+    line = assert_contract(
+        invoke("simulate", path, "--out", tmp_path / "out"), names=(str(path),), out=tmp_path / "out"
+    )
     assert message in line
 
 
@@ -73,69 +84,121 @@ def test_directory_as_scenario(tmp_path):
     assert "is a directory" in line
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "network.bandwidth_gbps=["], "not valid YAML"),
-    (["--set", "network.bandwidth_gbps"], "expected path.to.field=value"),
-    (["--set", "=3"], "empty field name"),
-    (["--set", "methods.9.partition=32"], "no element 9"),
-    (["--set", "network.latency_s.x=1"], "latency_s is a float"),
-    (["--set", "network.latency_s=.nan"], "finite number"),
-    (["--set", "workload.arrival.rate_rps=.inf"], "finite number"),
-    (["--set", "model.layers=100000000000000000000000000000"], "model.layers"),
-    (["--methods", ","], "--methods ','"),
-    (["--methods", "nope"], "--methods: nope"),
-    (["--requests", "0"], "workload.requests"),
-    (["--requests", "1000000000"], "workload.requests"),
-    (["--requests", "90000000"], "GiB of memory"),
-], ids=["set-yaml", "set-no-value", "set-empty-path", "set-no-element", "set-into-scalar", "nan", "inf-rate",
-        "huge-int", "methods-comma", "methods-unknown", "requests-zero", "requests-bound", "requests-memory"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "network.bandwidth_gbps=["], "not valid YAML"),
+        (["--set", "network.bandwidth_gbps"], "expected path.to.field=value"),
+        (["--set", "=3"], "empty field name"),
+        (["--set", "methods.9.partition=32"], "no element 9"),
+        (["--set", "network.latency_s.x=1"], "latency_s is a float"),
+        (["--set", "network.latency_s=.nan"], "finite number"),
+        (["--set", "workload.arrival.rate_rps=.inf"], "finite number"),
+        (["--set", "model.layers=100000000000000000000000000000"], "model.layers"),
+        (["--methods", ","], "--methods ','"),
+        (["--methods", "nope"], "--methods: nope"),
+        (["--requests", "0"], "workload.requests"),
+        (["--requests", "1000000000"], "workload.requests"),
+        (["--requests", "90000000"], "GiB of memory"),
+    ],
+    ids=[
+        "set-yaml",
+        "set-no-value",
+        "set-empty-path",
+        "set-no-element",
+        "set-into-scalar",
+        "nan",
+        "inf-rate",
+        "huge-int",
+        "methods-comma",
+        "methods-unknown",
+        "requests-zero",
+        "requests-bound",
+        "requests-memory",
+    ],
+)
 def test_bad_options(tmp_path, monkeypatch, args, message):
-    monkeypatch.setattr("simulator.run.machine_memory_bytes", lambda: 16 * 2**30)   # the same on any machine
+    monkeypatch.setattr("simulator.run.machine_memory_bytes", lambda: 16 * 2**30)  # the same on any machine
     out = tmp_path / "out"
-    line = assert_contract(invoke("simulate", DEFAULT, "--requests", "5", *args, "--out", out) if "--requests" not in args
-                           else invoke("simulate", DEFAULT, *args, "--out", out),
-                           names=(str(DEFAULT), "--set", "--methods"), out=out)
+    line = assert_contract(
+        invoke("simulate", DEFAULT, "--requests", "5", *args, "--out", out)
+        if "--requests" not in args
+        else invoke("simulate", DEFAULT, *args, "--out", out),
+        names=(str(DEFAULT), "--set", "--methods"),
+        out=out,
+    )
     assert message in line
 
 
 def test_out_is_checked_before_simulating(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    for out, message in ((afile, "is a file, not a folder"), (afile / "sub", "is a file, not a folder"),
-                         (Path("/proc/hacksim/out"), "is not writable")):
+    for out, message in (
+        (afile, "is a file, not a folder"),
+        (afile / "sub", "is a file, not a folder"),
+        (Path("/proc/hacksim/out"), "is not writable"),
+    ):
         # 200k requests would take many seconds: a refusal within the bound shows nothing ran first
-        line = assert_contract(invoke("simulate", DEFAULT, "--requests", "200000", "--out", out, seconds=5),
-                               names=("--out",))
+        line = assert_contract(
+            invoke("simulate", DEFAULT, "--requests", "200000", "--out", out, seconds=5), names=("--out",)
+        )
         assert message in line
     assert afile.read_text() == "x"
 
 
 # ---- traces ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("edit, message", [
-    (lambda r: r[3].__setitem__(_col(r, "arrival_s"), "nan"), "line 4: arrival_s: empty or NaN"),
-    (lambda r: r[3].__setitem__(_col(r, "arrival_s"), "inf"), "line 4: arrival_s: inf is not a finite time"),
-    (lambda r: r[3].__setitem__(_col(r, "prefill_start_s"), "-2"), "line 4: prefill_start_s: -2 is not"),
-    (lambda r: r[3].__setitem__(_col(r, "finish_s"), "0.5"), "line 4: finish_s (0.5) is before arrival_s"),
-    (lambda r: r[4].__setitem__(_col(r, "request_id"), r[3][_col(r, "request_id")]), "line 5: request_id 2 repeats line 4"),
-    (lambda r: r.__setitem__(slice(2, 4), [r[3], r[2]]), "line 4: arrival_s 1.38148217 is earlier than the row above"),
-    (lambda r: r[2].__setitem__(_col(r, "output_tokens"), "2.5"), "line 3: output_tokens: 2.5 is not a whole number"),
-    (lambda r: r[2].__setitem__(_col(r, "prompt_tokens"), "abc"), "line 3: prompt_tokens: 'abc' is not a number"),
-    (lambda r: r.__delitem__(slice(1, None)), "no rows"),
-    (lambda r: [x.pop(c) for c in [_col(r, "finish_s")] for x in r], "missing column finish_s"),
-], ids=["nan-arrival", "inf-arrival", "negative", "finish-before-arrival", "duplicate-id", "unsorted", "fraction",
-        "text", "no-rows", "no-column"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r[3].__setitem__(_col(r, "arrival_s"), "nan"), "line 4: arrival_s: empty or NaN"),
+        (lambda r: r[3].__setitem__(_col(r, "arrival_s"), "inf"), "line 4: arrival_s: inf is not a finite time"),
+        (lambda r: r[3].__setitem__(_col(r, "prefill_start_s"), "-2"), "line 4: prefill_start_s: -2 is not"),
+        (lambda r: r[3].__setitem__(_col(r, "finish_s"), "0.5"), "line 4: finish_s (0.5) is before arrival_s"),
+        (
+            lambda r: r[4].__setitem__(_col(r, "request_id"), r[3][_col(r, "request_id")]),
+            "line 5: request_id 2 repeats line 4",
+        ),
+        (
+            lambda r: r.__setitem__(slice(2, 4), [r[3], r[2]]),
+            "line 4: arrival_s 1.38148217 is earlier than the row above",
+        ),
+        (
+            lambda r: r[2].__setitem__(_col(r, "output_tokens"), "2.5"),
+            "line 3: output_tokens: 2.5 is not a whole number",
+        ),
+        (lambda r: r[2].__setitem__(_col(r, "prompt_tokens"), "abc"), "line 3: prompt_tokens: 'abc' is not a number"),
+        (lambda r: r.__delitem__(slice(1, None)), "no rows"),
+        (lambda r: [x.pop(c) for c in [_col(r, "finish_s")] for x in r], "missing column finish_s"),
+    ],
+    ids=[
+        "nan-arrival",
+        "inf-arrival",
+        "negative",
+        "finish-before-arrival",
+        "duplicate-id",
+        "unsorted",
+        "fraction",
+        "text",
+        "no-rows",
+        "no-column",
+    ],
+)
 def test_bad_trace_rows(tmp_path, edit, message):
     trace = _trace(tmp_path, edit)
-    line = assert_contract(invoke("validate", trace, "--scenario", TRACE_SCENARIO, "--out", tmp_path / "v"),
-                           names=(str(trace / "requests.csv"),), out=tmp_path / "v")
+    line = assert_contract(
+        invoke("validate", trace, "--scenario", TRACE_SCENARIO, "--out", tmp_path / "v"),
+        names=(str(trace / "requests.csv"),),
+        out=tmp_path / "v",
+    )
     assert message in line
 
 
 def test_empty_csvs(tmp_path):
     trace = _trace(tmp_path, lambda r: None)
     (trace / "requests.csv").write_text("")
-    assert "empty file" in assert_contract(invoke("validate", trace, "--scenario", TRACE_SCENARIO),
-                                           names=(str(trace / "requests.csv"),))
+    assert "empty file" in assert_contract(
+        invoke("validate", trace, "--scenario", TRACE_SCENARIO), names=(str(trace / "requests.csv"),)
+    )
     index = tmp_path / "index.csv"
     for text, message in (("", "empty file"), ("trace,scenario\n", "no rows"), ("trace\nx\n", "needs columns")):
         index.write_text(text)
@@ -155,8 +218,9 @@ def test_nan_in_a_workload_trace_is_refused_not_looped(tmp_path):
 
 def test_trace_rows_checker_is_reusable():
     cols = TraceColumns(required=("t_s", "n"), times=("t_s",), counts={"n": 0}, unique="id", sorted_by="t_s")
-    ok = check_trace_rows(pd.DataFrame({"id": [1, 2], "t_s": ["0", "1.5"], "n": [0, 3.0]}), "x.jsonl", cols,
-                          ScenarioError, first_line=1)
+    ok = check_trace_rows(
+        pd.DataFrame({"id": [1, 2], "t_s": ["0", "1.5"], "n": [0, 3.0]}), "x.jsonl", cols, ScenarioError, first_line=1
+    )
     assert ok["t_s"].dtype == "float64" and ok["n"].dtype == "int64"
     with pytest.raises(ScenarioError, match=r"^x.jsonl line 2: t_s 0.5 is earlier than the row above \(1\)"):
         check_trace_rows(pd.DataFrame({"t_s": [1.0, 0.5], "n": [1, 1]}), "x.jsonl", cols, ScenarioError, first_line=1)
@@ -185,26 +249,60 @@ def test_report_refuses_truncated_summary_and_unknown_format(tmp_path, run_dir):
 # ---- infinity where it means something ----------------------------------------------------------------
 def test_infinite_bandwidth_means_no_transfer_time_and_survives_json(tmp_path):
     out = tmp_path / "out"
-    r = invoke("simulate", DEFAULT, "--requests", "20", "--methods", "baseline", "--set",
-               "network.bandwidth_gbps=.inf", "--set", "network.latency_s=0", "--out", out, "--no-report")
+    r = invoke(
+        "simulate",
+        DEFAULT,
+        "--requests",
+        "20",
+        "--methods",
+        "baseline",
+        "--set",
+        "network.bandwidth_gbps=.inf",
+        "--set",
+        "network.latency_s=0",
+        "--out",
+        out,
+        "--no-report",
+    )
     assert r.exit_code == 0, r.stderr
     check_strict_json(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["methods"]["baseline"]["breakdown_s"]["transfer"] == 0.0
     scenario = json.loads((out / "scenario.json").read_text())
     assert scenario["network"]["bandwidth_gbps"] == "Infinity"
-    again = Scenario.model_validate_json((out / "scenario.json").read_text())   # what a sweep worker does
+    again = Scenario.model_validate_json((out / "scenario.json").read_text())  # what a sweep worker does
     assert again.network.bandwidth_gbps == math.inf
     assert Scenario.model_validate_json(again.model_dump_json()) == again
 
 
 def test_infinite_bandwidth_crosses_sweep_workers(tmp_path):
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"base": str(DEFAULT), "set": {"workload.requests": 15, "methods": ["baseline"],
-                                                                     "network.latency_s": 0},
-                                     "axes": {"network.bandwidth_gbps": [10, math.inf]}}))
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "sweep", str(sweep), "--out", str(tmp_path / "o"),
-                        "--jobs", "2", "--no-report"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "base": str(DEFAULT),
+                "set": {"workload.requests": 15, "methods": ["baseline"], "network.latency_s": 0},
+                "axes": {"network.bandwidth_gbps": [10, math.inf]},
+            }
+        )
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "sweep",
+            str(sweep),
+            "--out",
+            str(tmp_path / "o"),
+            "--jobs",
+            "2",
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert df["network_bandwidth_gbps"].tolist() == [10, math.inf]
@@ -236,14 +334,19 @@ def test_yaml_anchors_within_bounds_still_work(tmp_path):
     assert read_yaml(p, ValueError) == {"x": {"a": 1}, "y": {"a": 1}, "z": {"a": 1, "b": 2}}
 
 
-
 def test_yaml_exponent_without_a_dot_is_a_float(tmp_path):
     """YAML 1.1 reads `1e-5` as a string; scenarios read it as YAML 1.2 and JSON do (kernel costs are written so)."""
     p = _scenario_text(tmp_path, "a: 1e-5\nb: -3E+2\nc: 12\nd: 1.5e-3\ne: 1e5x\n")
     assert read_yaml(p, ValueError) == {"a": 1e-5, "b": -300.0, "c": 12, "d": 1.5e-3, "e": "1e5x"}
 
+
 def test_refusal_in_a_fresh_process_prints_no_traceback(tmp_path):
     path = _scenario_text(tmp_path, BOMB)
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "simulate", str(path)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "simulate", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: {path}: aliases")

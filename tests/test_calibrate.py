@@ -1,5 +1,6 @@
 """Engine calibration (simulator/calibrate.py, simulator/engine.py): the fit recovers the parameters a trace the
 simulator generated was made with, its standard errors are honest, the file round-trips into a scenario."""
+
 from __future__ import annotations
 
 import json
@@ -32,21 +33,46 @@ BASE = ROOT / "scenarios" / "measured" / "h200g_8b_sat.yaml"
 # what the "engine" really does: every value differs from the scenario file's (BASE)
 # (one model: a constant per layer is a constant, so extra kernels and prefill issue time per layer stay the
 # file's, 3 and 0, and the fit must hold them, naming why)
-TRUE = {"decode.host_serial_s_per_iteration": 0.0004, "decode.join_s_per_request": 0.001,
-        "prefill.prefill_efficiency": 0.8, "prefill.host_issue_s_per_iteration": 0.012,
-        "network.efficiency": 0.7, "network.latency_s": 0.002,
-        "methods.kvquant.quantize": 2.0, "methods.kvquant.dequantize": 1.5,
-        "methods.kvquant.prefill_issue_s_per_layer": 1e-4,
-        "methods.hack.quantize": 3.0, "methods.hack.approximation": 1.3, "methods.hack.prefill_issue_s_per_layer": 4e-4}
-COLUMNS = ["request_id", "method", "arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s", "prefill_end_s",
-           "quantize_end_s", "transfer_start_s", "transfer_end_s", "decode_start_s", "first_token_s", "finish_s"]
+TRUE = {
+    "decode.host_serial_s_per_iteration": 0.0004,
+    "decode.join_s_per_request": 0.001,
+    "prefill.prefill_efficiency": 0.8,
+    "prefill.host_issue_s_per_iteration": 0.012,
+    "network.efficiency": 0.7,
+    "network.latency_s": 0.002,
+    "methods.kvquant.quantize": 2.0,
+    "methods.kvquant.dequantize": 1.5,
+    "methods.kvquant.prefill_issue_s_per_layer": 1e-4,
+    "methods.hack.quantize": 3.0,
+    "methods.hack.approximation": 1.3,
+    "methods.hack.prefill_issue_s_per_layer": 4e-4,
+}
+COLUMNS = [
+    "request_id",
+    "method",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "prefill_start_s",
+    "prefill_end_s",
+    "quantize_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "decode_start_s",
+    "first_token_s",
+    "finish_s",
+]
 
 
 def _raw() -> dict:
     raw = yaml.safe_load(BASE.read_text())
-    raw["workload"] = {"input_tokens": {"kind": "uniform", "min_tokens": 64, "max_tokens": 4096},
-                       "output_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 96},
-                       "arrival": {"kind": "poisson", "rate_rps": 6.0}, "requests": 80, "seed": 3}
+    raw["workload"] = {
+        "input_tokens": {"kind": "uniform", "min_tokens": 64, "max_tokens": 4096},
+        "output_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 96},
+        "arrival": {"kind": "poisson", "rate_rps": 6.0},
+        "requests": 80,
+        "seed": 3,
+    }
     raw["network"]["bandwidth_gbps"] = 10
     return raw
 
@@ -69,7 +95,9 @@ def _simulated_traces(tmp_path: Path) -> Path:
         folder = tmp_path / cfg.output_name
         folder.mkdir()
         df[COLUMNS].to_csv(folder / "requests.csv", index=False)
-        it = pd.DataFrame(iteration_rows(run.records.iteration_log), columns=["start_s", "end_s", "batch_size", "context_tokens"])
+        it = pd.DataFrame(
+            iteration_rows(run.records.iteration_log), columns=["start_s", "end_s", "batch_size", "context_tokens"]
+        )
         it.to_csv(folder / "iterations.csv", index=False)
         (folder / "meta.json").write_text(json.dumps({"method": cfg.output_name, "decode_mode": "graphs"}))
         rows.append((cfg.output_name, str(scen_path)))
@@ -121,8 +149,12 @@ def test_fit_recovers_known_parameters_from_noisy_items_within_its_standard_erro
             continue
         assert 0 < se < 0.5 * max(true, 1e-4), (name, se)
         assert abs(fit.fitted[name] - true) <= 3 * se, (name, fit.fitted[name], true, se)
-    assert {"decode.host_serial_s_per_iteration", "prefill.prefill_efficiency", "network.efficiency",
-            "methods.kvquant.dequantize"} <= set(fit.fitted)
+    assert {
+        "decode.host_serial_s_per_iteration",
+        "prefill.prefill_efficiency",
+        "network.efficiency",
+        "methods.kvquant.dequantize",
+    } <= set(fit.fitted)
 
 
 def test_standard_errors_match_ordinary_least_squares():
@@ -158,20 +190,33 @@ def test_engine_file_round_trips_into_a_scenario(simulated, tmp_path):
     assert s.decode.join_s_per_request == pytest.approx(TRUE["decode.join_s_per_request"], rel=1e-4)
     assert s.network.efficiency == pytest.approx(TRUE["network.efficiency"], rel=1e-4)
     assert s.calibration.implementation_factors["kvquant"].dequantize == pytest.approx(1.5, rel=1e-4)
-    assert s.decode.extra_kernels_per_layer == 3     # held: the file's
+    assert s.decode.extra_kernels_per_layer == 3  # held: the file's
     # reports name the file and what it fitted
     eng = run_scenario(s, source=str(scen), methods=["kvquant"]).profiles()["engine"]
     assert eng["path"] == str(path.resolve()) and "network.efficiency" in eng["fitted"]
     assert "decode.extra_kernels_per_layer" in eng["held"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{", "not valid JSON"),
-    (('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"decode.nope": '
-     '{"value": 1, "fitted": true}}}'), "decode.nope: unknown parameter"),
-    (('{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"network.efficiency": '
-     '{"value": 1.5, "fitted": true}}}'), "outside its bounds"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{", "not valid JSON"),
+        (
+            (
+                '{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"decode.nope": '
+                '{"value": 1, "fitted": true}}}'
+            ),
+            "decode.nope: unknown parameter",
+        ),
+        (
+            (
+                '{"schema_version": 1, "kind": "hacksim-engine-calibration", "parameters": {"network.efficiency": '
+                '{"value": 1.5, "fitted": true}}}'
+            ),
+            "outside its bounds",
+        ),
+    ],
+)
 def test_a_bad_engine_file_is_one_line_naming_it(tmp_path, content, message):
     (tmp_path / "engine.json").write_text(content)
     raw = _raw()
@@ -186,36 +231,60 @@ def test_a_bad_engine_file_is_one_line_naming_it(tmp_path, content, message):
 def test_calibrate_traces_cli_writes_the_file_and_refuses_bad_input(simulated, tmp_path):
     index, _ = simulated
     out = tmp_path / "engine.json"
-    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(index), "--out", str(out),
-                        "--json"], check=False, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(index), "--out", str(out), "--json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert json.loads(out.read_text()) == doc
     assert doc["parameters"]["network.efficiency"]["fitted"]
     bad = tmp_path / "bad.csv"
     bad.write_text("trace\nx\n")
-    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(bad), "--out",
-                        str(tmp_path / "e2.json")], check=False, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(bad), "--out", str(tmp_path / "e2.json")],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 2 and "scenario" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "e2.json").exists()
 
 
 def test_validate_cv_cli_json_shape(simulated, tmp_path):
     index, _ = simulated
-    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(index), "--cv", "--json"],
-                       check=False, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(index), "--cv", "--json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
-    keys = {"jct_mean_abs_error_pct", "jct_max_abs_error_pct", "ttft_p50_mean_abs_error_pct",
-            "tpot_p50_mean_abs_error_pct"}
+    keys = {
+        "jct_mean_abs_error_pct",
+        "jct_max_abs_error_pct",
+        "ttft_p50_mean_abs_error_pct",
+        "tpot_p50_mean_abs_error_pct",
+    }
     assert r["traces"] == 3 and keys <= set(r["held_out"]) and keys <= set(r["in_sample"])
-    assert "held_out_configuration" not in r          # one configuration: nothing to leave out
+    assert "held_out_configuration" not in r  # one configuration: nothing to leave out
     assert [t["trace"] for t in r["per_trace"]] == ["baseline", "kvquant", "hack"]
     # the traces are the simulator's own at the parameters fitted in-sample: errors vanish there
     assert r["in_sample"]["jct_max_abs_error_pct"] < 0.1
     # the KVQuant trace's dequantization share, measured against its baseline twin, beside the prediction
     (share,) = r["dequantize_share"]
     assert share["trace"] == "kvquant" and share["reference"] == "baseline" and share["measured_pct"] > 0
-    p = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(index.parent / "hack"), "--cv"],
-                       check=False, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(index.parent / "hack"), "--cv"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 2 and "--cv needs an index" in p.stderr

@@ -7,6 +7,7 @@ it (leave one trace out) and without its configuration (leave one configuration 
 One cross-validation (33 fits, 81 simulations) in two processes, shared by the tests of this module:
 about 40 s of CPU.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,10 +20,18 @@ ROOT = Path(__file__).resolve().parent.parent
 INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 
 # achieved (README) + 2 pp
-HELD_OUT = {"jct_mean_abs_error_pct": 5.9 + 2, "jct_max_abs_error_pct": 18.1 + 2,
-            "tpot_p50_mean_abs_error_pct": 5.7 + 2, "ttft_p50_mean_abs_error_pct": 9.5 + 2}
-HELD_OUT_CONFIGURATION = {"jct_mean_abs_error_pct": 6.8 + 2, "jct_max_abs_error_pct": 20.4 + 2,
-                          "tpot_p50_mean_abs_error_pct": 6.5 + 2, "ttft_p50_mean_abs_error_pct": 15.5 + 2}
+HELD_OUT = {
+    "jct_mean_abs_error_pct": 5.9 + 2,
+    "jct_max_abs_error_pct": 18.1 + 2,
+    "tpot_p50_mean_abs_error_pct": 5.7 + 2,
+    "ttft_p50_mean_abs_error_pct": 9.5 + 2,
+}
+HELD_OUT_CONFIGURATION = {
+    "jct_mean_abs_error_pct": 6.8 + 2,
+    "jct_max_abs_error_pct": 20.4 + 2,
+    "tpot_p50_mean_abs_error_pct": 6.5 + 2,
+    "ttft_p50_mean_abs_error_pct": 15.5 + 2,
+}
 TRACES_WITHIN_10PCT = 21 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.1 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.3 + 2}
@@ -56,4 +65,4 @@ def test_dequantization_share_of_the_kvquant_traces(cv):
     shares = {s["trace"]: s for s in cv["dequantize_share"]}
     for trace, bound in DEQUANTIZE_SHARE_PP.items():
         assert abs(shares[trace]["held_out_error_pp"]) <= bound, shares[trace]
-        assert shares[trace]["measured_pct"] > 5      # where dequantization is a visible share of JCT
+        assert shares[trace]["measured_pct"] > 5  # where dequantization is a visible share of JCT

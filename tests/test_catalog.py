@@ -1,5 +1,6 @@
 """The catalog's GPU facts hold together: clocks, SM counts and peaks agree, and every published
 measurement names a quantity the reports can compare and a source."""
+
 import pytest
 
 import catalog

@@ -1,4 +1,5 @@
 """The command line: every scenario runs, bad input fails cleanly, outputs are reproducible."""
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,9 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml")) + sorted((ROOT / "scenar
 
 
 def cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -36,8 +38,17 @@ def test_simulate_writes_outputs_and_is_byte_reproducible(tmp_path):
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
-        r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "30", "--out", out, "--no-report",
-                "--set", "network.bandwidth_gbps=25")
+        r = cli(
+            "simulate",
+            "scenarios/a10g_10gbps.yaml",
+            "--requests",
+            "30",
+            "--out",
+            out,
+            "--no-report",
+            "--set",
+            "network.bandwidth_gbps=25",
+        )
         assert r.returncode == 0, r.stderr
         assert "hack" in r.stdout and "baseline" in r.stdout
         outs.append(out)
@@ -47,11 +58,29 @@ def test_simulate_writes_outputs_and_is_byte_reproducible(tmp_path):
     summary = json.loads((outs[0] / "summary.json").read_text())
     assert set(summary["methods"]) == {"baseline", "cachegen", "kvquant", "fp8", "hack"}
     m = summary["methods"]["hack"]
-    assert set(m) >= {"completed", "jct_s", "ttft_s", "tpot_s", "breakdown_s", "peak_decode_memory_bytes",
-                      "kv_bytes_per_token", "throughput_rps"}
+    assert set(m) >= {
+        "completed",
+        "jct_s",
+        "ttft_s",
+        "tpot_s",
+        "breakdown_s",
+        "peak_decode_memory_bytes",
+        "kv_bytes_per_token",
+        "throughput_rps",
+    }
     assert set(m["jct_s"]) == {"mean", "p50", "p90", "p99"}
-    assert set(m["breakdown_s"]) == {"prefill_queue", "prefill", "quantize", "transfer_queue", "transfer",
-                                     "decode_queue", "decode", "dequantize", "approximation", "preemption"}
+    assert set(m["breakdown_s"]) == {
+        "prefill_queue",
+        "prefill",
+        "quantize",
+        "transfer_queue",
+        "transfer",
+        "decode_queue",
+        "decode",
+        "dequantize",
+        "approximation",
+        "preemption",
+    }
     assert json.loads((outs[0] / "scenario.json").read_text())["network"]["bandwidth_gbps"] == 25
 
 
@@ -71,14 +100,18 @@ def _bad(tmp_path, mutate):
     return path
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda r: r["network"].update(bandwidht_gbps=10), "network.bandwidht_gbps"),
-    (lambda r: r["network"].update(bandwidth_gbps=-10), "network.bandwidth_gbps"),
-    (lambda r: r["decode"].update(gpu="a99"), "decode.gpu"),
-    (lambda r: r["prefill"].update(instance="g4dn.12xlarge", pipeline_parallel=1), "prefill"),
-    (lambda r: r["workload"]["arrival"].update(kind="sometimes"), "workload.arrival"),
-    (lambda r: r.update(methods=["baseline", {"name": "hack", "partition": 50}]), "methods.1.partition"),
-], ids=["unknown-field", "negative-bandwidth", "unknown-gpu", "does-not-fit", "unknown-arrival", "bad-partition"])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda r: r["network"].update(bandwidht_gbps=10), "network.bandwidht_gbps"),
+        (lambda r: r["network"].update(bandwidth_gbps=-10), "network.bandwidth_gbps"),
+        (lambda r: r["decode"].update(gpu="a99"), "decode.gpu"),
+        (lambda r: r["prefill"].update(instance="g4dn.12xlarge", pipeline_parallel=1), "prefill"),
+        (lambda r: r["workload"]["arrival"].update(kind="sometimes"), "workload.arrival"),
+        (lambda r: r.update(methods=["baseline", {"name": "hack", "partition": 50}]), "methods.1.partition"),
+    ],
+    ids=["unknown-field", "negative-bandwidth", "unknown-gpu", "does-not-fit", "unknown-arrival", "bad-partition"],
+)
 def test_bad_scenarios_fail_with_one_line(tmp_path, mutate, field):
     path = _bad(tmp_path, mutate)
     out = tmp_path / "out"
@@ -108,14 +141,19 @@ def test_schema_is_json_schema():
 
 def test_costmodel_imports_no_simpy():
     """costmodel/ is pure: no SimPy, no YAML, no random numbers (pydantic validates method parameters)."""
-    code = ("import sys, costmodel.phases, costmodel.methods, costmodel.roofline, costmodel.transfer; "
-            "bad = [m for m in ('simpy', 'yaml', 'simulator') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, costmodel.phases, costmodel.methods, costmodel.roofline, costmodel.transfer; "
+        "bad = [m for m in ('simpy', 'yaml', 'simulator') if m in sys.modules]; assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     for path in (ROOT / "costmodel").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            )
             for name in names:
                 assert name.split(".")[0] not in {"simpy", "yaml", "random", "simulator", "catalog"}, (path, name)
                 assert not name.startswith("numpy.random"), (path, name)
@@ -127,14 +165,29 @@ def test_calibrate_refits_measured_rows_and_costmodel_reads_it(tmp_path):
     from costmodel.calibration import load_profile
     from costmodel.methods import kernel_keys
 
-    r = cli("calibrate", "--out", tmp_path / "cal", "--fit-only",
-            "kernels_calibration/profiles/h200/profile_rows.csv", "--gpu", "h200")
+    r = cli(
+        "calibrate",
+        "--out",
+        tmp_path / "cal",
+        "--fit-only",
+        "kernels_calibration/profiles/h200/profile_rows.csv",
+        "--gpu",
+        "h200",
+    )
     assert r.returncode == 0, r.stderr
     prof = load_profile(tmp_path / "cal" / "profile.json")
-    keys = kernel_keys()      # every kernel a method prices with, the measured-only scoring fits included
-    assert {"decode_attn.fp16", "decode_attn.fp8", "decode_attn.dequant_fused", "decode_attn.dequant_unfused",
-            "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe", "prefill_attn.fp16",
-            "prefill_attn.hack"} <= set(keys)
+    keys = kernel_keys()  # every kernel a method prices with, the measured-only scoring fits included
+    assert {
+        "decode_attn.fp16",
+        "decode_attn.fp8",
+        "decode_attn.dequant_fused",
+        "decode_attn.dequant_unfused",
+        "decode_attn.hack",
+        "decode_attn.hack_no_se",
+        "decode_attn.hack_no_rqe",
+        "prefill_attn.fp16",
+        "prefill_attn.hack",
+    } <= set(keys)
     for k in keys:
         assert prof.kernel(k).s_per_unit > 0, k
     committed = load_profile(ROOT / "kernels_calibration" / "profiles" / "h200" / "profile.json")
@@ -148,8 +201,17 @@ def test_calibrate_without_gpu_fails_cleanly(tmp_path):
 
 def test_simulate_profile_option_uses_the_given_profile(tmp_path):
     out = tmp_path / "o"
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--no-report", "--out", out,
-            "--profile", "kernels_calibration/profiles/h200/profile.json")
+    r = cli(
+        "simulate",
+        "scenarios/a10g_10gbps.yaml",
+        "--requests",
+        "10",
+        "--no-report",
+        "--out",
+        out,
+        "--profile",
+        "kernels_calibration/profiles/h200/profile.json",
+    )
     assert r.returncode == 0, r.stderr
     profiles = json.loads((out / "profiles.json").read_text())
     assert profiles["prefill"]["source"] == "measured" and profiles["prefill"]["gpu"] == "h200"
@@ -174,21 +236,44 @@ def test_version_matches_the_package_metadata():
 def test_json_is_the_summary_and_quiet_prints_nothing(tmp_path):
     """--json: stdout is summary.json's content, the other lines go to stderr; --quiet: stdout is empty.
     A shipped example is found by name from any folder."""
-    r = cli("simulate", "a10g_10gbps", "--requests", "12", "--methods", "baseline,hack", "--json", "--out",
-            tmp_path / "o", "--no-report", cwd=tmp_path)
+    r = cli(
+        "simulate",
+        "a10g_10gbps",
+        "--requests",
+        "12",
+        "--methods",
+        "baseline,hack",
+        "--json",
+        "--out",
+        tmp_path / "o",
+        "--no-report",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads((tmp_path / "o" / "summary.json").read_text())
     assert "wrote" in r.stderr
-    q = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "hack", "--quiet", "--out",
-            tmp_path / "q", "--no-report", cwd=tmp_path)
+    q = cli(
+        "simulate",
+        "scenarios/a10g_10gbps.yaml",
+        "--requests",
+        "12",
+        "--methods",
+        "hack",
+        "--quiet",
+        "--out",
+        tmp_path / "q",
+        "--no-report",
+        cwd=tmp_path,
+    )
     assert q.returncode == 0 and q.stdout == "" and q.stderr == "" and (tmp_path / "q" / "summary.json").is_file()
 
 
 def test_the_table_says_less_time_with_a_minus():
     r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack")
     hack = next(line for line in r.stdout.splitlines() if line.startswith("hack"))
-    summary = json.loads(cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods",
-                             "baseline,hack", "--json").stdout)["methods"]
+    summary = json.loads(
+        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack", "--json").stdout
+    )["methods"]
     change = 100 * (summary["hack"]["jct_s"]["mean"] / summary["baseline"]["jct_s"]["mean"] - 1)
     assert change < 0 and hack.split()[-1] == f"{change:+.1f}%"
 
@@ -196,6 +281,7 @@ def test_the_table_says_less_time_with_a_minus():
 def test_scenarios_lists_every_shipped_example():
     r = cli("scenarios")
     assert r.returncode == 0
-    shipped = sorted(p.relative_to(ROOT / "scenarios").with_suffix("").as_posix()
-                     for p in (ROOT / "scenarios").rglob("*.yaml"))
+    shipped = sorted(
+        p.relative_to(ROOT / "scenarios").with_suffix("").as_posix() for p in (ROOT / "scenarios").rglob("*.yaml")
+    )
     assert [line.split()[0] for line in r.stdout.splitlines()[3:]] == shipped

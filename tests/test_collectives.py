@@ -1,5 +1,6 @@
 """Collectives priced from cited measurements (catalog/data/interconnects.yaml): the model reproduces every
 figure it cites, picks the algorithm the engines pick, and every instance names its interconnect."""
+
 import numpy as np
 import pytest
 
@@ -36,7 +37,7 @@ def test_model_reproduces_the_cited_allreduce_times(key):
 
 def test_ring_bus_bandwidth_matches_the_cited_large_message_figures():
     ring = co.from_catalog(ICS["nvswitch"]).ring
-    tolerance = {"h100": 0.01, "h200": 0.02, "a100_80gb": 0.25}   # the A100 figure: ~200 of 300 GB/s, one report
+    tolerance = {"h100": 0.01, "h200": 0.02, "a100_80gb": 0.25}  # the A100 figure: ~200 of 300 GB/s, one report
     for m in ICS["nvswitch"]["measured"]:
         if m["what"] == "ring_bus_gb_per_s":
             assert ring.bus_efficiency * NVLINK_GB_PER_S[m["gpu"]] == pytest.approx(m["value"], rel=tolerance[m["gpu"]])
@@ -46,7 +47,9 @@ def test_ethernet_sendrecv_uses_the_cited_latency_and_efficiency():
     e = co.from_catalog(ICS["ethernet"])
     cited = {m["what"]: m["value"] for m in ICS["ethernet"]["measured"]}
     assert co.sendrecv_s(0, e, 5.0) == pytest.approx(cited["sendrecv_latency_s"])
-    assert co.sendrecv_s(1e9, e, 5.0) - co.sendrecv_s(0, e, 5.0) == pytest.approx(1 / (5.0 * cited["sendrecv_bus_efficiency"]))
+    assert co.sendrecv_s(1e9, e, 5.0) - co.sendrecv_s(0, e, 5.0) == pytest.approx(
+        1 / (5.0 * cited["sendrecv_bus_efficiency"])
+    )
 
 
 def test_algorithm_follows_the_engines_thresholds():
@@ -59,9 +62,9 @@ def test_algorithm_follows_the_engines_thresholds():
     assert co.allreduce_algorithm(8 * 1024 * kib + 1, 8, nvs) == "ring"
     assert co.allreduce_algorithm(500 * kib, 4, nvl) == "one_shot"
     assert co.allreduce_algorithm(512 * kib, 4, nvl) == "two_shot"
-    assert co.allreduce_algorithm(16 * kib, 4, pcie) == "ring"      # no custom all-reduce on > 2 PCIe GPUs
+    assert co.allreduce_algorithm(16 * kib, 4, pcie) == "ring"  # no custom all-reduce on > 2 PCIe GPUs
     assert co.allreduce_algorithm(4 * 1024 * kib, 2, pcie) == "one_shot"
-    assert co.allreduce_algorithm(16 * kib, 3, nvs) == "ring"       # vLLM's custom kernels take 2, 4, 6, 8 GPUs
+    assert co.allreduce_algorithm(16 * kib, 3, nvs) == "ring"  # vLLM's custom kernels take 2, 4, 6, 8 GPUs
     # the vectorised form (dense-layer tables) agrees with the scalar one, algorithm by algorithm
     sizes = np.array([16 * kib, 300 * kib, 9 * 1024 * kib], dtype=float)
     assert np.allclose(co.allreduce_s(sizes, 8, nvs, 300), [co.allreduce_s(float(s), 8, nvs, 300) for s in sizes])
@@ -92,7 +95,7 @@ def test_pool_interconnect_defaults_and_overrides():
     from simulator.resolve import resolve
 
     par = resolve(s, "test").decode.parallel
-    assert par.interconnect.key == "nvswitch" and par.intra_node_gb_per_s == 300   # the GPU's NVLink
+    assert par.interconnect.key == "nvswitch" and par.intra_node_gb_per_s == 300  # the GPU's NVLink
     par = resolve(scenario(), "test").decode.parallel
     assert par.interconnect.key == "pcie" and par.intra_node_gb_per_s == 24
     with pytest.raises(ScenarioError, match="interconnect nvlink: l4 has no NVLink"):

@@ -7,6 +7,7 @@ formula once here (its own copy, from the docstrings of costmodel/phases.py and 
 a synthetic calibration profile of round numbers, so the expected value depends on nothing the simulator
 computes.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ from simulator.run import run_scenario
 
 # ---- Llama-3.1-8B (catalog/data/models.yaml) -----------------------------------------------------------
 L, H, HEADS, KV_HEADS, D, I, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256
-KV_ELEMENTS_PER_TOKEN = 2 * KV_HEADS * D * L        # K and V, every layer: 2 * 8 * 128 * 32 = 65,536
-FP16_TOKEN_BYTES = 2 * KV_ELEMENTS_PER_TOKEN       # 131,072 B (the catalog's note: "FP16 KV 131072 B/token")
+KV_ELEMENTS_PER_TOKEN = 2 * KV_HEADS * D * L  # K and V, every layer: 2 * 8 * 128 * 32 = 65,536
+FP16_TOKEN_BYTES = 2 * KV_ELEMENTS_PER_TOKEN  # 131,072 B (the catalog's note: "FP16 KV 131072 B/token")
 
 
 # ---- bytes per element, every method in the registry ----------------------------------------------------
@@ -41,13 +42,13 @@ def _cachegen_gaussian_bits(bits: int, partition: int) -> float:
 
 # (method, parameters) -> (wire bytes per element, decode-memory bytes per element)
 BYTES_PER_ELEMENT = {
-    ("baseline", ()): (2.0, 2.0),                                     # FP16
-    ("fp8", ()): (1.0, 1.0),                                          # e4m3, one per-tensor scale
-    ("fp4", ()): (0.5 + 1 / 16, 0.5 + 1 / 16),                        # 4 bits + an FP8 scale per 16: 0.5625
+    ("baseline", ()): (2.0, 2.0),  # FP16
+    ("fp8", ()): (1.0, 1.0),  # e4m3, one per-tensor scale
+    ("fp4", ()): (0.5 + 1 / 16, 0.5 + 1 / 16),  # 4 bits + an FP8 scale per 16: 0.5625
     # 2-bit codes 0.25 + 1 % outliers x (FP16 value + int32 index = 6 B) + FP16 scale and zero per 128
     # elements (4 / 128): 0.25 + 0.06 + 0.03125 = 0.34125
     ("kvquant", ()): (0.34125, 0.34125),
-    ("kvquant", (("bits", 4), ("outlier_fraction", 0.0))): (0.5 + 4 / 128, 0.5 + 4 / 128),   # 0.53125
+    ("kvquant", (("bits", 4), ("outlier_fraction", 0.0))): (0.5 + 4 / 128, 0.5 + 4 / 128),  # 0.53125
     # entropy-coded 2-bit codes + FP16 min and scale per 64 (4 / 64 = 0.0625); FP16 in memory (decoded once)
     ("cachegen", (("entropy_ratio", 0.5),)): (0.25 * 0.5 + 0.0625, 2.0),
     ("cachegen", (("entropy_ratio", 0.5), ("decode_mode", "dequantize_per_iteration"))): (0.1875, 0.25 + 0.0625),
@@ -60,14 +61,16 @@ BYTES_PER_ELEMENT = {
     # 4-bit codes, Pi = 16: 4 + 4 = 8 bits fit a uint8: 0.5 + 5 / 16 = 0.8125; Pi = 32: 9 bits, int16: 0.6875
     ("hack", (("bits", 4), ("partition", 16))): (0.8125, 0.8125),
     ("hack", (("bits", 4), ("partition", 32))): (0.6875, 0.6875),
-    ("hack_no_se", ()): (0.25 + 4 / 64, 0.25 + 4 / 64),               # no stored sums: 0.3125
-    ("hack_no_rqe", ()): (0.328125, 0.328125),                        # the format of HACK (no FP16 tail reserve)
+    ("hack_no_se", ()): (0.25 + 4 / 64, 0.25 + 4 / 64),  # no stored sums: 0.3125
+    ("hack_no_rqe", ()): (0.328125, 0.328125),  # the format of HACK (no FP16 tail reserve)
     # HCAttention: keys 4-bit + FP16 min and scale per 64 (0.5625 B); values FP16 on the wire (2 B), a
     # quarter of them on the GPU; per element the mean of K and V:
     # wire (0.5625 + 2) / 2 = 1.28125, memory (0.5625 + 0.25 * 2) / 2 = 0.53125
     ("hcattention", ()): (1.28125, 0.53125),
     ("hcattention", (("key_bits", 2), ("partition", 32), ("gpu_kv_budget", 1.0))): (
-        (0.25 + 4 / 32 + 2) / 2, (0.25 + 4 / 32 + 2) / 2),
+        (0.25 + 4 / 32 + 2) / 2,
+        (0.25 + 4 / 32 + 2) / 2,
+    ),
     # PQCache moves and keeps FP16 K and V (its per-token codes and centroids: below)
     ("pqcache", ()): (2.0, 2.0),
 }
@@ -89,6 +92,7 @@ def test_bytes_per_element(key):
 def _model():
     from catalog import load
     from costmodel.specs import ModelSpec
+
     e = load("models")["llama-3.1-8b"]
     fields = {k: e[k] for k in ModelSpec.__dataclass_fields__ if k in e and k != "key"}
     return ModelSpec(key="llama-3.1-8b", **fields)
@@ -96,6 +100,7 @@ def _model():
 
 def test_registry_labels_colours_and_order():
     from costmodel.methods import colour, display_label, display_rank
+
     assert display_label("hack") == "HACK" and display_label("baseline") == "Baseline (FP16)"
     assert colour("hack") == "#dc2626" and colour("baseline") == "#6b7280"
     assert display_label("nope") is None and colour("nope") is None
@@ -118,7 +123,7 @@ def test_bytes_per_token_and_per_request_on_llama_8b():
     # per token: the per-element figures times 65,536 elements
     assert make_method("baseline").wire_bytes_per_token(model) == 131072
     assert make_method("hack").wire_bytes_per_token(model) == 0.328125 * 65536 == 21504
-    assert make_method("kvquant").memory_bytes_per_token(model) == pytest.approx(0.34125 * 65536)   # 22,364.16
+    assert make_method("kvquant").memory_bytes_per_token(model) == pytest.approx(0.34125 * 65536)  # 22,364.16
     # HACK's RQE tail: up to Pi = 64 V tokens per layer in FP16 instead of codes:
     # 64 x 1024 (kv_dim) x 32 layers x (2 - 0.328125) = 2,097,152 x 1.671875 = 3,506,176 B
     assert make_method("hack").memory_reserve_bytes_per_request(model) == 3506176
@@ -143,11 +148,27 @@ def _env(kernels: dict, has_fp4: bool = False):
     token, 32 query heads; round rates: 1e12 B/s memory, 1e13 ALU ops/s, 24e9 B/s PCIe."""
     from costmodel.calibration import CalibrationProfile, KernelFit
     from costmodel.methods import DecodeEnv
-    prof = CalibrationProfile(gpu="x", source="measured", memory_gbps=1000.0, matmul_fp16_tflops=100.0,
-                              matmul_int8_tops=None, matmul_fp8_tflops=None, launch_overhead_s=5e-6,
-                              kernels={k: KernelFit(o, s) for k, (o, s) in kernels.items()})
-    return DecodeEnv(profile=prof, model=_model(), kv_units_per_token=2048, q_heads_per_gpu=32.0,
-                     alu_instr_per_s=1e13, pcie_bytes_per_s=24e9, memory_bytes_per_s=1e12, has_fp4=has_fp4)
+
+    prof = CalibrationProfile(
+        gpu="x",
+        source="measured",
+        memory_gbps=1000.0,
+        matmul_fp16_tflops=100.0,
+        matmul_int8_tops=None,
+        matmul_fp8_tflops=None,
+        launch_overhead_s=5e-6,
+        kernels={k: KernelFit(o, s) for k, (o, s) in kernels.items()},
+    )
+    return DecodeEnv(
+        profile=prof,
+        model=_model(),
+        kv_units_per_token=2048,
+        q_heads_per_gpu=32.0,
+        alu_instr_per_s=1e13,
+        pcie_bytes_per_s=24e9,
+        memory_bytes_per_s=1e12,
+        has_fp4=has_fp4,
+    )
 
 
 def _close(a: dict, b: dict):
@@ -167,8 +188,12 @@ def test_fp4_decode_layer_by_hand():
 
 
 def test_hack_and_kvquant_decode_layers_by_hand():
-    kernels = {"decode_attn.fp16": (1e-5, 1e-12), "decode_attn.hack": (1.2e-5, 4e-13),
-               "decode_attn.hack_no_se": (1.2e-5, 6e-13), "decode_attn.dequant_unfused": (2e-5, 2.5e-12)}
+    kernels = {
+        "decode_attn.fp16": (1e-5, 1e-12),
+        "decode_attn.hack": (1.2e-5, 4e-13),
+        "decode_attn.hack_no_se": (1.2e-5, 6e-13),
+        "decode_attn.dequant_unfused": (2e-5, 2.5e-12),
+    }
     # HACK (GQA 4 here, no group-4 fit: the group-8 one): 4e-13 x 2048 = 8.192e-10 s per context token, of which
     # the correction is 32 heads x 10 ops / 1e13 = 3.2e-11; per request 32 x 10 x 128 ops / 1e13 = 4.096e-9
     per_req, per_ctx = make_method("hack").decode_layer_terms(_env(kernels))
@@ -239,8 +264,9 @@ def test_hcattention_decode_layer_by_hand():
 def test_allreduce_at_tp2_by_hand():
     import catalog
     from costmodel import collectives as co
+
     nvs = co.from_catalog(catalog.load("interconnects")["nvswitch"])
-    link = 300.0        # p4de.24xlarge: 300 GB/s per GPU per direction (catalog/data/instances.yaml)
+    link = 300.0  # p4de.24xlarge: 300 GB/s per GPU per direction (catalog/data/instances.yaml)
     # one token of Llama-3.1-8B's activations: 4096 x 2 B = 8192 B; two GPUs take vLLM's one-shot kernel up to
     # 8 MiB: 4.86 us + (2 - 1) x 8192 / (0.713 x 300e9) = 4.86e-6 + 3.8298e-8 = 4.89830e-6 s
     assert co.allreduce_algorithm(8192, 2, nvs) == "one_shot"
@@ -250,21 +276,26 @@ def test_allreduce_at_tp2_by_hand():
     # 2(2 - 1)/2 x 33,554,432 / (0.822 x 300e9) = 9.52e-6 + 1.360684e-4 = 1.455884e-4 s
     n = 4096 * 8192
     assert co.allreduce_algorithm(n, 2, nvs) == "ring"
-    assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(5.56e-6 + 2 * 1.98e-6 + n / (0.822 * 300e9),
-                                                                   rel=1e-12)
+    assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(
+        5.56e-6 + 2 * 1.98e-6 + n / (0.822 * 300e9), rel=1e-12
+    )
     assert co.allreduce_s(float(n), 2, nvs, link) == pytest.approx(1.455884e-4, rel=1e-6)
     # at eight GPUs a 1 MiB message takes the two-shot kernel: 11.45 us + 2 x 7/8 x 1 MiB / (0.624 x 300e9)
     assert co.allreduce_s(float(2**20), 8, nvs, link) == pytest.approx(
-        11.45e-6 + 2 * 7 / 8 * 2**20 / (0.624 * 300e9), rel=1e-12, abs=0)
+        11.45e-6 + 2 * 7 / 8 * 2**20 / (0.624 * 300e9), rel=1e-12, abs=0
+    )
     # the edges: one-shot below 256 KiB at eight GPUs, two-shot from it; custom kernels up to 8 MiB inclusive
     kib = 1024
     below, at, top = 256 * kib - 1, 256 * kib, 8 * 1024 * kib
-    assert co.allreduce_s(float(below), 8, nvs, link) == pytest.approx(4.86e-6 + 7 * below / (0.713 * 300e9), rel=1e-12,
-                                                                       abs=0)
-    assert co.allreduce_s(float(at), 8, nvs, link) == pytest.approx(11.45e-6 + 1.75 * at / (0.624 * 300e9), rel=1e-12,
-                                                                    abs=0)
-    assert co.allreduce_s(float(top), 8, nvs, link) == pytest.approx(11.45e-6 + 1.75 * top / (0.624 * 300e9),
-                                                                     rel=1e-12, abs=0)
+    assert co.allreduce_s(float(below), 8, nvs, link) == pytest.approx(
+        4.86e-6 + 7 * below / (0.713 * 300e9), rel=1e-12, abs=0
+    )
+    assert co.allreduce_s(float(at), 8, nvs, link) == pytest.approx(
+        11.45e-6 + 1.75 * at / (0.624 * 300e9), rel=1e-12, abs=0
+    )
+    assert co.allreduce_s(float(top), 8, nvs, link) == pytest.approx(
+        11.45e-6 + 1.75 * top / (0.624 * 300e9), rel=1e-12, abs=0
+    )
     assert type(co.allreduce_s(8192.0, 2, nvs, link)) is float
     # one GPU: nothing to reduce
     assert co.allreduce_algorithm(8192, 1, nvs) == "none" and co.allreduce_s(8192.0, 1, nvs, link) == 0.0
@@ -282,28 +313,53 @@ def test_collectives_report_for_the_outputs():
     import catalog
     from costmodel import collectives as co
     from costmodel.specs import Parallelism
+
     ics = catalog.load("interconnects")
     nvs, eth = co.from_catalog(ics["nvswitch"]), co.from_catalog(ics["ethernet"])
-    par = Parallelism(tensor=2, pipeline=2, intra_node_gb_per_s=300.0, inter_stage_gbps=100.0, interconnect=nvs,
-                      network=eth, expert_parallel=True)
+    par = Parallelism(
+        tensor=2,
+        pipeline=2,
+        intra_node_gb_per_s=300.0,
+        inter_stage_gbps=100.0,
+        interconnect=nvs,
+        network=eth,
+        expert_parallel=True,
+    )
     r = co.report(par, hidden_size=4096, tokens=[1, 4096], active_experts=8)
     assert r["interconnect"] == "nvswitch" and r["tensor_parallel"] == 2 and r["link_gb_per_s"] == 300.0
     one, big = r["allreduce"]
     # one token: 4096 x 2 B = 8192 B, one-shot; 4096 tokens: 32 MiB, the ring (test_allreduce_at_tp2_by_hand)
-    assert one == {"tokens": 1, "bytes": 8192, "algorithm": "one_shot",
-                   "time_s": pytest.approx(4.86e-6 + 8192 / (0.713 * 300e9), rel=1e-12, abs=0)}
-    assert big == {"tokens": 4096, "bytes": 33554432, "algorithm": "ring",
-                   "time_s": pytest.approx(9.52e-6 + 33554432 / (0.822 * 300e9), rel=1e-12, abs=0)}
+    assert one == {
+        "tokens": 1,
+        "bytes": 8192,
+        "algorithm": "one_shot",
+        "time_s": pytest.approx(4.86e-6 + 8192 / (0.713 * 300e9), rel=1e-12, abs=0),
+    }
+    assert big == {
+        "tokens": 4096,
+        "bytes": 33554432,
+        "algorithm": "ring",
+        "time_s": pytest.approx(9.52e-6 + 33554432 / (0.822 * 300e9), rel=1e-12, abs=0),
+    }
     # the hop between stages: the same activations over 100 Gbps = 12.5 GB/s at 0.8: 42 us + n / 1e10
     assert r["pipeline_sendrecv"] == [
-        {"tokens": t, "bytes": t * 8192, "network_gbps": 100.0, "time_s": pytest.approx(42e-6 + t * 8192 / 1e10,
-                                                                                      rel=1e-12, abs=0)}
-        for t in (1, 4096)]
+        {
+            "tokens": t,
+            "bytes": t * 8192,
+            "network_gbps": 100.0,
+            "time_s": pytest.approx(42e-6 + t * 8192 / 1e10, rel=1e-12, abs=0),
+        }
+        for t in (1, 4096)
+    ]
     # dispatch: each rank's t/2 tokens, 8 copies each of 8192 B: t x 32,768 B, half of it to the peer
     assert r["alltoall"] == [
-        {"tokens": t, "bytes": t * 32768, "time_s": pytest.approx(7.54e-6 + 0.5 * t * 32768 / (0.822 * 300e9),
-                                                                  rel=1e-12, abs=0)}
-        for t in (1, 4096)]
+        {
+            "tokens": t,
+            "bytes": t * 32768,
+            "time_s": pytest.approx(7.54e-6 + 0.5 * t * 32768 / (0.822 * 300e9), rel=1e-12, abs=0),
+        }
+        for t in (1, 4096)
+    ]
     # no pipeline, no expert parallelism: neither entry; expert parallelism on one GPU, or for a dense model (no
     # active experts), sends nothing either
     base = {"interconnect", "tensor_parallel", "link_gb_per_s", "allreduce"}
@@ -323,6 +379,7 @@ def _finishes(capacity: float, flows: list[tuple[float, float, float]], latency_
     def starter(rid, start, size, cap):
         yield env.timeout(start)
         link.start(rid, size, cap, lambda r, t: done.__setitem__(r, t))
+
     for rid, (start, size, cap) in enumerate(flows):
         env.process(starter(rid, start, size, cap))
     env.run()
@@ -356,12 +413,12 @@ def test_three_flows_with_two_caps():
 
 # ---- each breakdown part of single requests, on a profile of round numbers -------------------------------
 MEM_B_PER_S, MATMUL_FLOP_PER_S, LAUNCH_S = 1000e9, 100e12, 5e-6
-KERNELS = {       # time = overhead_s + s_per_unit * units (units: costmodel/calibration.py)
-    "prefill_attn.fp16": (1e-5, 1e-14),        # per causal-attention FLOP: 100 TFLOP/s
-    "prefill_attn.hack": (2e-5, 2e-14),        # slower, so `auto` runs FP16
-    "quantize.kv": (4e-6, 2e-12),              # per element quantized
+KERNELS = {  # time = overhead_s + s_per_unit * units (units: costmodel/calibration.py)
+    "prefill_attn.fp16": (1e-5, 1e-14),  # per causal-attention FLOP: 100 TFLOP/s
+    "prefill_attn.hack": (2e-5, 2e-14),  # slower, so `auto` runs FP16
+    "quantize.kv": (4e-6, 2e-12),  # per element quantized
     "dequantize.kv": (4e-6, 3e-12),
-    "decode_attn.fp16": (1e-5, 1e-12),         # per KV element visited
+    "decode_attn.fp16": (1e-5, 1e-12),  # per KV element visited
     "decode_attn.fp8": (1e-5, 5e-13),
     "decode_attn.hack": (1.2e-5, 4e-13),
     "decode_attn.hack_no_se": (1.2e-5, 6e-13),
@@ -369,17 +426,27 @@ KERNELS = {       # time = overhead_s + s_per_unit * units (units: costmodel/cal
     "decode_attn.dequant_unfused": (2e-5, 2.5e-12),
     "decode_attn.dequant_fused": (1.5e-5, 1.2e-12),
 }
-A100_ALU_OPS_PER_S = 19.5e12 / 2          # a100_80gb fp32_tflops 19.5, an FMA counted as two operations
+A100_ALU_OPS_PER_S = 19.5e12 / 2  # a100_80gb fp32_tflops 19.5, an FMA counted as two operations
 
 
 @pytest.fixture(scope="module")
 def profile_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("profile") / "profile.json"
-    path.write_text(json.dumps({
-        "schema_version": 1, "gpu": "a100_80gb", "source": "measured", "memory_gbps": MEM_B_PER_S / 1e9,
-        "matmul_fp16_tflops": MATMUL_FLOP_PER_S / 1e12, "matmul_int8_tops": 200.0, "matmul_fp8_tflops": None,
-        "launch_overhead_s": LAUNCH_S,
-        "kernels": {k: {"overhead_s": o, "s_per_unit": s} for k, (o, s) in KERNELS.items()}}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "gpu": "a100_80gb",
+                "source": "measured",
+                "memory_gbps": MEM_B_PER_S / 1e9,
+                "matmul_fp16_tflops": MATMUL_FLOP_PER_S / 1e12,
+                "matmul_int8_tops": 200.0,
+                "matmul_fp8_tflops": None,
+                "launch_overhead_s": LAUNCH_S,
+                "kernels": {k: {"overhead_s": o, "s_per_unit": s} for k, (o, s) in KERNELS.items()},
+            }
+        )
+    )
     return str(path)
 
 
@@ -396,8 +463,12 @@ def gemm_s(m: float, n: float, k: float) -> float:
 def dense_layer_s(tokens: int, tp: int, allreduce_s: float) -> float:
     """QKV, O, gate+up and down GEMMs, nine elementwise kernels and two all-reduces of one layer on one GPU."""
     q, kv = HEADS * D, KV_HEADS * D
-    gemms = (gemm_s(tokens, (q + 2 * kv) / tp, H) + gemm_s(tokens, H, q / tp)
-             + gemm_s(tokens, 2 * I / tp, H) + gemm_s(tokens, H, I / tp))
+    gemms = (
+        gemm_s(tokens, (q + 2 * kv) / tp, H)
+        + gemm_s(tokens, H, q / tp)
+        + gemm_s(tokens, 2 * I / tp, H)
+        + gemm_s(tokens, H, I / tp)
+    )
     # bytes read + written per token: RMSNorm 2h twice, RoPE 7r (r = (q + kv) / tp), SiLU 2i + gate 3i
     # (i = I / tp), two residual adds 3h, x 2 B; at TP 1: 2 x (16384 + 35840 + 71680 + 24576) = 296,960
     r, i = (q + kv) / tp, I / tp
@@ -408,18 +479,26 @@ def dense_layer_s(tokens: int, tp: int, allreduce_s: float) -> float:
 def _run(tmp_path, profile_path, method, rows, **changes):
     trace = tmp_path / "trace.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
-    s = scenario(methods=[method], **{"workload.trace_csv": str(trace), "workload.arrival": {"kind": "trace"},
-                                      "workload.requests": len(rows), "calibration.prefill_profile": profile_path,
-                                      "calibration.decode_profile": profile_path, **changes})
+    s = scenario(
+        methods=[method],
+        **{
+            "workload.trace_csv": str(trace),
+            "workload.arrival": {"kind": "trace"},
+            "workload.requests": len(rows),
+            "calibration.prefill_profile": profile_path,
+            "calibration.decode_profile": profile_path,
+            **changes,
+        },
+    )
     return run_scenario(s).requests.sort_values("arrival_s").reset_index(drop=True)
 
 
-P, OUT = 4096, 4                    # prompt and output tokens
-CTX_SUM = 4 * P + (0 + 1 + 2 + 3)   # ttft_at decode: four iterations at contexts 4096 .. 4099
-ELEMENTS_PER_LAYER = P * 2 * KV_HEADS * D             # 4096 x 2048 = 8,388,608 K and V elements per layer
-PAIRS = P * (P + 1) / 2                               # causal (query, key) pairs: 8,390,656
-ATTN_FLOPS = 4 * HEADS * D * PAIRS                    # 16,384 per pair: 1.3747e11
-LM_HEAD_1_S = gemm_s(1, VOCAB, H)                     # one row of logits
+P, OUT = 4096, 4  # prompt and output tokens
+CTX_SUM = 4 * P + (0 + 1 + 2 + 3)  # ttft_at decode: four iterations at contexts 4096 .. 4099
+ELEMENTS_PER_LAYER = P * 2 * KV_HEADS * D  # 4096 x 2048 = 8,388,608 K and V elements per layer
+PAIRS = P * (P + 1) / 2  # causal (query, key) pairs: 8,390,656
+ATTN_FLOPS = 4 * HEADS * D * PAIRS  # 16,384 per pair: 1.3747e11
+LM_HEAD_1_S = gemm_s(1, VOCAB, H)  # one row of logits
 
 
 def _prefill_s(attention_s: float) -> float:
@@ -438,8 +517,9 @@ def test_hack_request_breakdown(tmp_path, profile_path):
     # Two requests of 4096 prompt and 4 output tokens, the second 1 ms after the first: it waits for the
     # prefill replica (busy through the first's quantize step), then nothing else overlaps (transfers
     # take 70 ms, prefill about 1 s).  HACK with the homomorphic prefill kernel.
-    df = _run(tmp_path, profile_path, {"name": "hack", "prefill_attention": "homomorphic"},
-              [(0.0, P, OUT), (0.001, P, OUT)])
+    df = _run(
+        tmp_path, profile_path, {"name": "hack", "prefill_attention": "homomorphic"}, [(0.0, P, OUT), (0.001, P, OUT)]
+    )
     hom_s = kernel_s("prefill_attn.hack", ATTN_FLOPS)
     # its correction: 20 ALU ops per pair and query head, capped at the kernel time (it is split out of it)
     approx_pre = L * min(hom_s, HEADS * PAIRS * 20 / A100_ALU_OPS_PER_S)
@@ -455,9 +535,17 @@ def test_hack_request_breakdown(tmp_path, profile_path):
     decode = OUT * decode_fixed + L * (4e-13 * 2048 - approx_per_ctx) * CTX_SUM
     approx_dec = L * (OUT * approx_fixed + approx_per_ctx * CTX_SUM)
     prefill = _prefill_s(hom_s)
-    expected = {"prefill_queue": 0.0, "prefill": prefill - approx_pre, "quantize": quantize, "transfer_queue": 0.0,
-                "transfer": transfer, "decode_queue": 0.0, "decode": decode, "dequantize": 0.0,
-                "approximation": approx_pre + approx_dec}
+    expected = {
+        "prefill_queue": 0.0,
+        "prefill": prefill - approx_pre,
+        "quantize": quantize,
+        "transfer_queue": 0.0,
+        "transfer": transfer,
+        "decode_queue": 0.0,
+        "decode": decode,
+        "dequantize": 0.0,
+        "approximation": approx_pre + approx_dec,
+    }
     assert approx_pre > 0 and approx_dec > 0
     _check(df.iloc[0], expected, 0.0)
     second = dict(expected, prefill_queue=prefill + quantize - 0.001)
@@ -465,8 +553,11 @@ def test_hack_request_breakdown(tmp_path, profile_path):
     # the auto form picks FP16 on this profile (its kernel is the faster): no prefill correction
     auto = _run(tmp_path, profile_path, "hack", [(0.0, P, OUT)]).iloc[0]
     assert auto.prefill_attention == "fp16"
-    _check(auto, dict(expected, prefill=_prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
-                      approximation=approx_dec), 0.0)
+    _check(
+        auto,
+        dict(expected, prefill=_prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)), approximation=approx_dec),
+        0.0,
+    )
 
 
 def test_kvquant_request_breakdown(tmp_path, profile_path):
@@ -475,12 +566,18 @@ def test_kvquant_request_breakdown(tmp_path, profile_path):
     # difference, 1.5e-12 x 2048 per context token and layer, is dequantization
     per_ctx, fp16_per_ctx = 2.5e-12 * 2048, 1e-12 * 2048
     decode_fixed = L * (dense_layer_s(1, 1, 0.0) + KERNELS["decode_attn.dequant_unfused"][0]) + LM_HEAD_1_S
-    expected = {"prefill_queue": 0.0, "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
-                "quantize": L * kernel_s("quantize.kv", ELEMENTS_PER_LAYER), "transfer_queue": 0.0,
-                # 4096 x 65,536 x 0.34125 B = 91,602,944 B at 1.25e9 B/s
-                "transfer": P * 65536 * 0.34125 / 1.25e9, "decode_queue": 0.0,
-                "decode": OUT * decode_fixed + L * fp16_per_ctx * CTX_SUM,
-                "dequantize": L * (per_ctx - fp16_per_ctx) * CTX_SUM, "approximation": 0.0}
+    expected = {
+        "prefill_queue": 0.0,
+        "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+        "quantize": L * kernel_s("quantize.kv", ELEMENTS_PER_LAYER),
+        "transfer_queue": 0.0,
+        # 4096 x 65,536 x 0.34125 B = 91,602,944 B at 1.25e9 B/s
+        "transfer": P * 65536 * 0.34125 / 1.25e9,
+        "decode_queue": 0.0,
+        "decode": OUT * decode_fixed + L * fp16_per_ctx * CTX_SUM,
+        "dequantize": L * (per_ctx - fp16_per_ctx) * CTX_SUM,
+        "approximation": 0.0,
+    }
     _check(df.iloc[0], expected, 0.0)
 
 
@@ -488,12 +585,26 @@ def test_baseline_request_breakdown_at_tp2(tmp_path, profile_path):
     # Decode on two of a p4de.24xlarge's A100s (NVSwitch, 300 GB/s): every layer's two all-reduces of one
     # token (8192 B) take the one-shot kernel, 4.86 us + 8192 / (0.713 x 300e9) each; the FP16 token write
     # is one small kernel (a launch) beside the attention kernel; 4 KV heads per GPU: 1024 elements/token.
-    df = _run(tmp_path, profile_path, "baseline", [(0.0, P, OUT)],
-              **{"decode": {"instance": "p4de.24xlarge", "tensor_parallel": 2, "replicas": 1}})
+    df = _run(
+        tmp_path,
+        profile_path,
+        "baseline",
+        [(0.0, P, OUT)],
+        **{"decode": {"instance": "p4de.24xlarge", "tensor_parallel": 2, "replicas": 1}},
+    )
     allreduce = 4.86e-6 + 8192 / (0.713 * 300e9)
-    decode_fixed = (L * (dense_layer_s(1, 2, allreduce) + KERNELS["decode_attn.fp16"][0] + LAUNCH_S)
-                    + gemm_s(1, VOCAB / 2, H))
-    expected = {"prefill_queue": 0.0, "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
-                "quantize": 0.0, "transfer_queue": 0.0, "transfer": P * 131072 / 1.25e9, "decode_queue": 0.0,
-                "decode": OUT * decode_fixed + L * 1e-12 * 1024 * CTX_SUM, "dequantize": 0.0, "approximation": 0.0}
+    decode_fixed = L * (dense_layer_s(1, 2, allreduce) + KERNELS["decode_attn.fp16"][0] + LAUNCH_S) + gemm_s(
+        1, VOCAB / 2, H
+    )
+    expected = {
+        "prefill_queue": 0.0,
+        "prefill": _prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+        "quantize": 0.0,
+        "transfer_queue": 0.0,
+        "transfer": P * 131072 / 1.25e9,
+        "decode_queue": 0.0,
+        "decode": OUT * decode_fixed + L * 1e-12 * 1024 * CTX_SUM,
+        "dequantize": 0.0,
+        "approximation": 0.0,
+    }
     _check(df.iloc[0], expected, 0.0)

@@ -1,5 +1,6 @@
 """Implementations as data: a method's kernel costs from a shipped implementation profile
 (catalog/data/implementations.yaml) or its own `kernels:`, priced for each pool's GPU."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,11 @@ from simulator.run import run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLS = catalog.load("implementations")
-H200 = {"calibration": {"prefill_profile": "auto", "decode_profile": "auto"}, "prefill.gpu": "h200",
-        "decode.gpu": "h200"}
+H200 = {
+    "calibration": {"prefill_profile": "auto", "decode_profile": "auto"},
+    "prefill.gpu": "h200",
+    "decode.gpu": "h200",
+}
 MEASURED = json.loads((ROOT / "kernels_calibration/profiles/h200/implementations.json").read_text())["fits"]
 
 
@@ -38,7 +42,7 @@ def test_every_implementation_profile_is_complete_and_sourced(key):
         method = make_method(name, requantization_elimination=False) if name.startswith("hack") else make_method(name)
         for role in e["kernels"]:
             assert method.kernel_refusal(role) is None, (name, role)
-    for role, parts in e["kernels"].items():
+    for parts in e["kernels"].values():
         for part in parts:
             assert part.get("formula"), part
             if "fit" in part:
@@ -90,7 +94,7 @@ def test_cachegen_decoder_bench_pure_parts_run_on_the_cpu():
     from kernels_calibration.cachegen_decoder_bench import cdf_reference, main
 
     assert main(["--smoke"]) == 0
-    codes = torch.tensor([[[0, 3], [1, 3], [1, 3], [2, 0]]], dtype=torch.int8)     # [1 layer, 4 tokens, 2 channels]
+    codes = torch.tensor([[[0, 3], [1, 3], [1, 3], [2, 0]]], dtype=torch.int8)  # [1 layer, 4 tokens, 2 channels]
     cdf = cdf_reference(codes, 4).to(torch.int32) & 0xFFFF
     # channel 0: counts 1, 2, 1, 0 of 4; channel 1: 1, 0, 0, 3; scaled to 0xFFFB, plus the bin index
     assert cdf[0, 0].tolist() == [0, 0xFFFB // 4 + 1, 3 * 0xFFFB // 4 + 2, 0xFFFB + 3, 0xFFFF]
@@ -101,7 +105,10 @@ def test_cachegen_decoder_bench_pure_parts_run_on_the_cpu():
 def test_other_gpus_reprice_by_unit():
     """On an A100 80 GB (2039 vs 4800 GB/s, 19.5 vs 33.5 T instructions/s) the bytes share grows 2.35x and the ALU
     share 1.72x: the whole between the two; the launch overhead stays the H200's."""
-    h, a = implementation_costs("kvquant_reference", gpu("h200")), implementation_costs("kvquant_reference", gpu("a100_80gb"))
+    h, a = (
+        implementation_costs("kvquant_reference", gpu("h200")),
+        implementation_costs("kvquant_reference", gpu("a100_80gb")),
+    )
     hr, ar = _rates(gpu("h200")), _rates(gpu("a100_80gb"))
     ratio = a["dequantize"].s_per_unit / h["dequantize"].s_per_unit
     assert hr.alu / ar.alu < ratio < hr.hbm / ar.hbm
@@ -133,12 +140,26 @@ def test_kvquant_reference_path_prices_decode_as_fp16_attention_plus_the_referen
 
 
 def test_kernels_override_a_role_or_a_profile_key_and_win_over_the_implementation():
-    s = scenario(methods=[
-        {"name": "kvquant", "label": "kvquant_ref", "kernels": {"dequantize": {"overhead_s": 1e-4, "s_per_unit": 1e-11}}},
-        {"name": "kvquant", "label": "kvquant_key", "kernels": {"decode_attn.dequant_unfused":
-                                                                {"overhead_s": 2e-5, "s_per_unit": 3e-12}}},
-        {"name": "kvquant", "label": "kvquant_both", "implementation": "kvquant_reference",
-         "kernels": {"dequantize": {"overhead_s": 0.0, "s_per_unit": 2e-12}}}])
+    s = scenario(
+        methods=[
+            {
+                "name": "kvquant",
+                "label": "kvquant_ref",
+                "kernels": {"dequantize": {"overhead_s": 1e-4, "s_per_unit": 1e-11}},
+            },
+            {
+                "name": "kvquant",
+                "label": "kvquant_key",
+                "kernels": {"decode_attn.dequant_unfused": {"overhead_s": 2e-5, "s_per_unit": 3e-12}},
+            },
+            {
+                "name": "kvquant",
+                "label": "kvquant_both",
+                "implementation": "kvquant_reference",
+                "kernels": {"dequantize": {"overhead_s": 0.0, "s_per_unit": 2e-12}},
+            },
+        ]
+    )
     res = resolve(s)
     fp16 = res.decode.profile.kernel("decode_attn.fp16")
     ref, key, both = (res.costs(m)[1] for m in s.methods)
@@ -156,9 +177,14 @@ def test_kernels_override_a_role_or_a_profile_key_and_win_over_the_implementatio
 
 
 def test_no_rqe_requantize_prices_the_open_block_per_request_per_iteration():
-    s = scenario(methods=[{"name": "hack_no_rqe", "label": "no_rqe_ref", "implementation": "no_rqe_requantize"},
-                          "hack_no_rqe", "hack"],
-                 **H200)
+    s = scenario(
+        methods=[
+            {"name": "hack_no_rqe", "label": "no_rqe_ref", "implementation": "no_rqe_requantize"},
+            "hack_no_rqe",
+            "hack",
+        ],
+        **H200,
+    )
     res = resolve(s)
     impl, plain, rqe = (res.costs(m)[1] for m in s.methods)
     rq = implementation_costs("no_rqe_requantize", res.decode.gpu)["requantize"]
@@ -167,18 +193,19 @@ def test_no_rqe_requantize_prices_the_open_block_per_request_per_iteration():
     assert impl.method.decode_kernel(impl.profile, m) is rqe.method.decode_kernel(rqe.profile, m)
     for b in (1, 8):
         it, it_rqe = impl.iteration(b), rqe.iteration(b)
-        v_block = m.kv_heads * 64 * m.head_dim          # kv_heads x Π x head_dim per request per layer
+        v_block = m.kv_heads * 64 * m.head_dim  # kv_heads x Π x head_dim per request per layer
         assert it.dequant_fixed_s == pytest.approx(m.layers * (b * rq.s_per_unit * v_block + rq.overhead_s), rel=1e-12)
         assert it.per_ctx_s == pytest.approx(it_rqe.per_ctx_s, rel=1e-12)
     assert plain.iteration(8).dequant_fixed_s == 0
     df = run_scenario(s).requests
-    assert df[df.method == "hack_no_rqe"].dequantize_s.iloc[0] == 0          # the measured no-RQE kernel: decode
+    assert df[df.method == "hack_no_rqe"].dequantize_s.iloc[0] == 0  # the measured no-RQE kernel: decode
     assert (df.dequantize_s > 0).sum() == 1
 
 
 def test_cachegen_reference_decoder_prices_decoding_on_arrival():
-    s = scenario(methods=[{"name": "cachegen", "label": "cg_ref", "implementation": "cachegen_reference_decoder"},
-                          "cachegen"])
+    s = scenario(
+        methods=[{"name": "cachegen", "label": "cg_ref", "implementation": "cachegen_reference_decoder"}, "cachegen"]
+    )
     res = resolve(s)
     ref, plain = (res.costs(m)[1] for m in s.methods)
     fit = implementation_costs("cachegen_reference_decoder", res.decode.gpu)["entropy_decode"]
@@ -189,21 +216,27 @@ def test_cachegen_reference_decoder_prices_decoding_on_arrival():
     assert ref.on_arrival_s(4096) > plain.on_arrival_s(4096)
 
 
-@pytest.mark.parametrize("method, why", [
-    ({"name": "hack", "implementation": "no_rqe_requantize"}, "without requantization elimination"),
-    ({"name": "kvquant", "implementation": "cachegen_reference_decoder"}, "not of kvquant"),
-    ({"name": "kvquant", "implementation": "nonesuch"}, "unknown implementation"),
-])
+@pytest.mark.parametrize(
+    "method, why",
+    [
+        ({"name": "hack", "implementation": "no_rqe_requantize"}, "without requantization elimination"),
+        ({"name": "kvquant", "implementation": "cachegen_reference_decoder"}, "not of kvquant"),
+        ({"name": "kvquant", "implementation": "nonesuch"}, "unknown implementation"),
+    ],
+)
 def test_an_implementation_the_method_cannot_take_is_refused(method, why):
     with pytest.raises(ScenarioError, match=why):
         scenario(methods=[method])
 
 
-@pytest.mark.parametrize("kernels, why", [
-    ({"decode_attn.hack": {"overhead_s": 0, "s_per_unit": 1e-12}}, "prices no kernel"),
-    ({"dequantize": {"overhead_s": -1, "s_per_unit": 1e-12}}, "greater than or equal"),
-    ({"dequantize": {"overhead_s": 0}}, "s_per_unit"),
-])
+@pytest.mark.parametrize(
+    "kernels, why",
+    [
+        ({"decode_attn.hack": {"overhead_s": 0, "s_per_unit": 1e-12}}, "prices no kernel"),
+        ({"dequantize": {"overhead_s": -1, "s_per_unit": 1e-12}}, "greater than or equal"),
+        ({"dequantize": {"overhead_s": 0}}, "s_per_unit"),
+    ],
+)
 def test_bad_kernel_costs_are_refused(kernels, why):
     with pytest.raises(ScenarioError, match=why):
         scenario(methods=[{"name": "kvquant", "kernels": kernels}])
@@ -212,8 +245,15 @@ def test_bad_kernel_costs_are_refused(kernels, why):
 def test_requantize_role_needs_rqe_off():
     with pytest.raises(ScenarioError, match="without requantization elimination"):
         scenario(methods=[{"name": "hack", "kernels": {"requantize": {"overhead_s": 0, "s_per_unit": 1e-12}}}])
-    s = scenario(methods=[{"name": "hack", "requantization_elimination": False,
-                           "kernels": {"requantize": {"overhead_s": 1e-5, "s_per_unit": 1e-12}}}])
+    s = scenario(
+        methods=[
+            {
+                "name": "hack",
+                "requantization_elimination": False,
+                "kernels": {"requantize": {"overhead_s": 1e-5, "s_per_unit": 1e-12}},
+            }
+        ]
+    )
     assert resolve(s).costs(s.methods[0])[1].iteration(4).dequant_fixed_s > 0
 
 
@@ -222,6 +262,9 @@ def test_every_method_accepts_its_own_profile_keys():
         method = cls()
         for key in cls.kernel_keys:
             assert method.kernel_refusal(key) is None
-            priced = priced_profile(resolve(scenario(methods=[name])).decode.profile,
-                                    cls(kernels={key: {"overhead_s": 1e-6, "s_per_unit": 2e-13}}), gpu("a100_80gb"))
+            priced = priced_profile(
+                resolve(scenario(methods=[name])).decode.profile,
+                cls(kernels={key: {"overhead_s": 1e-6, "s_per_unit": 2e-13}}),
+                gpu("a100_80gb"),
+            )
             assert priced.kernel(key).s_per_unit == 2e-13

@@ -7,6 +7,7 @@ environments).  An import names the longest dotted prefix that is one of those m
 import run_scenario` is an edge to `simulator.run`, `from costmodel.methods import HACK` one to the package
 `costmodel.methods` (its `__init__.py`).  Imports of anything else (the standard library, numpy) are not edges.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,15 @@ def product_modules(root: Path) -> dict[str, Path]:
     mods: dict[str, Path] = {}
     for folder, dirs, files in os.walk(root):
         here = Path(folder)
-        dirs[:] = sorted(d for d in dirs if not (d.startswith((".", "__pycache__")) or (here / d / "pyvenv.cfg").exists()
-                                                 or (here == root and d == "tests")))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not (
+                d.startswith((".", "__pycache__"))
+                or (here / d / "pyvenv.cfg").exists()
+                or (here == root and d == "tests")
+            )
+        )
         for name in sorted(files):
             if name.endswith(".py"):
                 parts = (here / name).relative_to(root).with_suffix("").parts
@@ -78,7 +86,7 @@ def tangles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     stack: list[str] = []
     found: set[frozenset[str]] = set()
 
-    def visit(v: str) -> None:   # Tarjan's algorithm; the graph has ~100 nodes, recursion is fine
+    def visit(v: str) -> None:  # Tarjan's algorithm; the graph has ~100 nodes, recursion is fine
         order[v] = low[v] = len(order)
         stack.append(v)
         for w in sorted(graph[v]):
@@ -106,8 +114,18 @@ def tangles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 def test_the_project_import_graph_is_acyclic():
     graph = import_graph(ROOT)
     # The walk found the product, not an empty folder: every top-level package and its entities.
-    for module in ("cli", "simulator.run", "simulator.decode", "costmodel.phases", "planning.executor",
-                   "reports.html", "kernels_calibration.profile", "realrun.runner", "catalog", "benchmarks.sim_speed"):
+    for module in (
+        "cli",
+        "simulator.run",
+        "simulator.decode",
+        "costmodel.phases",
+        "planning.executor",
+        "reports.html",
+        "kernels_calibration.profile",
+        "realrun.runner",
+        "catalog",
+        "benchmarks.sim_speed",
+    ):
         assert module in graph, module
     assert sum(map(len, graph.values())) > 200
     found = tangles(graph)
@@ -135,11 +153,14 @@ def test_imports_inside_functions_and_under_type_checking_count(tmp_path):
     assert tangles(import_graph(tmp_path)) == set()
 
 
-@pytest.mark.parametrize("line, module, expected", [
-    ("from ..x import y", "pkg.sub.m", {"pkg.x", "pkg.x.y"}),
-    ("from . import y", "pkg.sub", {"pkg.sub", "pkg.sub.y"}),     # inside pkg/sub/__init__.py
-    ("import a.b.c", "pkg.m", {"a.b.c"}),
-])
+@pytest.mark.parametrize(
+    "line, module, expected",
+    [
+        ("from ..x import y", "pkg.sub.m", {"pkg.x", "pkg.x.y"}),
+        ("from . import y", "pkg.sub", {"pkg.sub", "pkg.sub.y"}),  # inside pkg/sub/__init__.py
+        ("import a.b.c", "pkg.m", {"a.b.c"}),
+    ],
+)
 def test_relative_imports_resolve(tmp_path, line, module, expected):
     path = tmp_path / ("__init__.py" if module == "pkg.sub" else "m.py")
     path.write_text(line + "\n")

@@ -16,6 +16,7 @@ host issue 1.20 vs 1.07 ms; 70B median iteration +3 % although the attention got
 bounds are wider than the row-packed recording's (11, 3, 9) and (13, 5, 13).  Achieved figures and
 their causes: README, "Measured runs".
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -104,8 +105,10 @@ def test_errors_within_what_the_model_achieves(rows, trace):
 
 def test_summary_over_all_traces(rows):
     """The headline figures the README quotes (mean absolute errors over the 18 traces)."""
+
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows.values()) / len(rows)
+
     # with the 70B HACK traces recorded on the Gluon kernel: 9.9, 5.6, 12.2, 4.1 (all on the row-packed
     # kernel: 9.3, 5.5, 11.5, 4.0)
     assert mean_abs("jct_mean_error_pct") <= 10.5
@@ -121,7 +124,7 @@ def test_host_calibration_in_the_scenarios_comes_from_the_microbenchmark():
     """The measured scenarios' host-issue fields are the hostcal fit (two H200 hosts), not trace fits."""
     h200 = ROOT / "kernels_calibration/profiles/h200"
     fit = fit_host([h200 / "hostcal_host1.csv", h200 / "hostcal_host2.csv"])
-    for scen in (ROOT / "scenarios/measured").glob("h200_*.yaml"):   # h200g_*: test_measured_traces_graphs.py
+    for scen in (ROOT / "scenarios/measured").glob("h200_*.yaml"):  # h200g_*: test_measured_traces_graphs.py
         dec = yaml.safe_load(scen.read_text())["decode"]
         for key in ("host_issue_s_per_iteration", "host_issue_s_per_layer", "host_serial_s_per_iteration"):
             assert dec[key] == pytest.approx(fit[key], rel=0.02), (scen.name, key)

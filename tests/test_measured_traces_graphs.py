@@ -7,6 +7,7 @@ bounds are the achieved mean absolute errors rounded up plus 2 percentage points
 the predictions worse fails here; tightening them records an improvement.  Causes of the misses:
 README, "Measured runs on a GPU".
 """
+
 from __future__ import annotations
 
 import csv
@@ -105,6 +106,7 @@ def rows():
 def test_errors_within_what_the_model_achieves(rows):
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows) / len(rows)
+
     # achieved: 14.2, 24.3, 13.0, 12.6, 8.0, 4.2 %; decode 12.5 %
     assert mean_abs("jct_mean_error_pct") <= 16.5
     assert mean_abs("ttft_p50_error_pct") <= 26.5

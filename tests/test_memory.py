@@ -1,5 +1,6 @@
 """Decode memory as vLLM computes it (costmodel/memory.py): a worked example per GPU class against vLLM's
 formula, the published H100 measurements, and KV allocated in whole blocks."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,18 @@ from simulator.run import run_scenario
 
 def model(key: str) -> ModelSpec:
     e = catalog.entry("models", key)
-    return ModelSpec(key=key, name=e["name"], layers=e["layers"], hidden_size=e["hidden_size"], heads=e["heads"],
-                     kv_heads=e["kv_heads"], head_dim=e["head_dim"], intermediate_size=e["intermediate_size"],
-                     vocab_size=e["vocab_size"], mlp=e["mlp"])
+    return ModelSpec(
+        key=key,
+        name=e["name"],
+        layers=e["layers"],
+        hidden_size=e["hidden_size"],
+        heads=e["heads"],
+        kv_heads=e["kv_heads"],
+        head_dim=e["head_dim"],
+        intermediate_size=e["intermediate_size"],
+        vocab_size=e["vocab_size"],
+        mlp=e["mlp"],
+    )
 
 
 def gpu(key: str, memory_bytes: float | None = None) -> GPUSpec:
@@ -52,35 +62,101 @@ PARAMS_70B = 80 * (8192 * (8192 + 2 * 1024) + 8192 * 8192 + 3 * 8192 * 28672) + 
 # plus 9.566 FP32 logits copies of min(seqs, T) rows over the vocabulary).
 WORKED = {
     # Hopper: H200 141 GB, Llama-3.1-70B at TP 8, vLLM's H100-class serve defaults (8192 tokens, 1024 seqs)
-    "hopper": ("h200", "llama-3.1-70b", 8, 0.9, 8192, 1024, {
-        "weights": PARAMS_70B * 2 / 8,
-        "activation": max(8192 * 2 * (2 * 8192 + 3 * 28672 / 8), 8192 * 8192 * 2 + 9.566 * 1024 * 128256 * 4),
-        "non_torch": 0.55 * GIB, "requested": 0.9 * 141e9, "kv_token": KV_TOKEN_70B}),
+    "hopper": (
+        "h200",
+        "llama-3.1-70b",
+        8,
+        0.9,
+        8192,
+        1024,
+        {
+            "weights": PARAMS_70B * 2 / 8,
+            "activation": max(8192 * 2 * (2 * 8192 + 3 * 28672 / 8), 8192 * 8192 * 2 + 9.566 * 1024 * 128256 * 4),
+            "non_torch": 0.55 * GIB,
+            "requested": 0.9 * 141e9,
+            "kv_token": KV_TOKEN_70B,
+        },
+    ),
     # Ampere datacenter: A100 80 GB, Llama-3.1-70B at TP 8, 16384 tokens, 128 seqs (the default scenario's decode)
-    "ampere": ("a100_80gb", "llama-3.1-70b", 8, 0.9, 16384, 128, {
-        "weights": PARAMS_70B * 2 / 8,
-        "activation": max(16384 * 2 * (2 * 8192 + 3 * 28672 / 8), 16384 * 8192 * 2 + 9.566 * 128 * 128256 * 4),
-        "non_torch": 0.55 * GIB, "requested": 0.9 * 80e9, "kv_token": KV_TOKEN_70B}),
+    "ampere": (
+        "a100_80gb",
+        "llama-3.1-70b",
+        8,
+        0.9,
+        16384,
+        128,
+        {
+            "weights": PARAMS_70B * 2 / 8,
+            "activation": max(16384 * 2 * (2 * 8192 + 3 * 28672 / 8), 16384 * 8192 * 2 + 9.566 * 128 * 128256 * 4),
+            "non_torch": 0.55 * GIB,
+            "requested": 0.9 * 80e9,
+            "kv_token": KV_TOKEN_70B,
+        },
+    ),
     # Ampere GA10x: A10G 24 GB, Llama-3.1-8B on one GPU, vLLM's defaults below 70 GiB (2048 tokens, 256 seqs)
-    "ampere_ga10x": ("a10g", "llama-3.1-8b", 1, 0.9, 2048, 256, {
-        "weights": PARAMS_8B * 2,
-        "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
-        "non_torch": 0.13 * GIB, "requested": 0.9 * 24e9, "kv_token": KV_TOKEN_8B}),
+    "ampere_ga10x": (
+        "a10g",
+        "llama-3.1-8b",
+        1,
+        0.9,
+        2048,
+        256,
+        {
+            "weights": PARAMS_8B * 2,
+            "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
+            "non_torch": 0.13 * GIB,
+            "requested": 0.9 * 24e9,
+            "kv_token": KV_TOKEN_8B,
+        },
+    ),
     # Ada: L4 24 GB, Llama-3.1-8B on one GPU at 0.95, 2048 tokens, 64 seqs (long_context_memory_limited's decode)
-    "ada": ("l4", "llama-3.1-8b", 1, 0.95, 2048, 64, {
-        "weights": PARAMS_8B * 2,
-        "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 64 * 128256 * 4),
-        "non_torch": 0.13 * GIB, "requested": 0.95 * 24e9, "kv_token": KV_TOKEN_8B}),
+    "ada": (
+        "l4",
+        "llama-3.1-8b",
+        1,
+        0.95,
+        2048,
+        64,
+        {
+            "weights": PARAMS_8B * 2,
+            "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 64 * 128256 * 4),
+            "non_torch": 0.13 * GIB,
+            "requested": 0.95 * 24e9,
+            "kv_token": KV_TOKEN_8B,
+        },
+    ),
     # Turing: T4 16 GB, Llama-3.1-8B at TP 2 (it does not fit one T4), 2048 tokens, 256 seqs
-    "turing": ("t4", "llama-3.1-8b", 2, 0.9, 2048, 256, {
-        "weights": PARAMS_8B * 2 / 2,
-        "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336 / 2), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
-        "non_torch": 0.55 * GIB, "requested": 0.9 * 16e9, "kv_token": KV_TOKEN_8B}),
+    "turing": (
+        "t4",
+        "llama-3.1-8b",
+        2,
+        0.9,
+        2048,
+        256,
+        {
+            "weights": PARAMS_8B * 2 / 2,
+            "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336 / 2), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
+            "non_torch": 0.55 * GIB,
+            "requested": 0.9 * 16e9,
+            "kv_token": KV_TOKEN_8B,
+        },
+    ),
     # Volta: V100 16 GB, Llama-3.1-8B at TP 2, 4096 tokens, 128 seqs
-    "volta": ("v100", "llama-3.1-8b", 2, 0.95, 4096, 128, {
-        "weights": PARAMS_8B * 2 / 2,
-        "activation": max(4096 * 2 * (2 * 4096 + 3 * 14336 / 2), 4096 * 4096 * 2 + 9.566 * 128 * 128256 * 4),
-        "non_torch": 0.55 * GIB, "requested": 0.95 * 16e9, "kv_token": KV_TOKEN_8B}),
+    "volta": (
+        "v100",
+        "llama-3.1-8b",
+        2,
+        0.95,
+        4096,
+        128,
+        {
+            "weights": PARAMS_8B * 2 / 2,
+            "activation": max(4096 * 2 * (2 * 4096 + 3 * 14336 / 2), 4096 * 4096 * 2 + 9.566 * 128 * 128256 * 4),
+            "non_torch": 0.55 * GIB,
+            "requested": 0.95 * 16e9,
+            "kv_token": KV_TOKEN_8B,
+        },
+    ),
 }
 
 
@@ -89,9 +165,17 @@ def test_worked_example_per_gpu_class(cls):
     gkey, mkey, tp, util, tokens, seqs, want = WORKED[cls]
     m, g = model(mkey), gpu(gkey)
     par = Parallelism(tensor=tp, pipeline=1)
-    block_bytes = 16 * want["kv_token"]          # FP16, one block of 16 tokens across the TP group
-    b = memory_budget(g, m, par, gpu_memory_utilization=util, max_batch_tokens=tokens, max_batch_requests=seqs,
-                      block_tokens=16, block_bytes=block_bytes)
+    block_bytes = 16 * want["kv_token"]  # FP16, one block of 16 tokens across the TP group
+    b = memory_budget(
+        g,
+        m,
+        par,
+        gpu_memory_utilization=util,
+        max_batch_tokens=tokens,
+        max_batch_requests=seqs,
+        block_tokens=16,
+        block_bytes=block_bytes,
+    )
     assert b.requested_bytes == pytest.approx(want["requested"], rel=1e-12)
     assert b.weights_bytes == pytest.approx(want["weights"], rel=1e-12)
     assert b.activation_peak_bytes == pytest.approx(want["activation"], rel=1e-12)
@@ -108,20 +192,29 @@ def test_worked_example_per_gpu_class(cls):
 # llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md: vLLM on one H100 (79.18 GiB), utilization
 # 0.9, max_model_len 16000, serve defaults for a >= 70 GiB GPU (8192 batched tokens, 1024 seqs).
 H100_TOTAL = 79.18 * GIB
-PUBLISHED = {   # model: (hidden, intermediate, vocab, TP, peak activation GiB, non-torch GiB)
-    "qwen3-0.6b": (1024, 3072, 151936, 1, 5.56, 0.13),      # the sampler copies are fitted here
+PUBLISHED = {  # model: (hidden, intermediate, vocab, TP, peak activation GiB, non-torch GiB)
+    "qwen3-0.6b": (1024, 3072, 151936, 1, 5.56, 0.13),  # the sampler copies are fitted here
     "llama-3.1-8b": (4096, 14336, 128256, 1, 4.76, 0.13),
     "qwen3-32b": (5120, 25600, 151936, 1, 5.64, 0.14),
     "llama-3.3-70b-tp2": (8192, 28672, 128256, 2, 4.84, 0.55),
-    "gpt-oss-20b": (2880, 2880, 201088, 1, 7.38, 0.13),      # MoE: its forward is small beside the sampler
+    "gpt-oss-20b": (2880, 2880, 201088, 1, 7.38, 0.13),  # MoE: its forward is small beside the sampler
 }
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_activation_peak_and_non_torch_against_published_h100_measurements(name):
     h, i, vocab, tp, peak_gib, non_torch_gib = PUBLISHED[name]
-    m = ModelSpec(key=name, name=name, layers=2, hidden_size=h, heads=h // 128, kv_heads=8, head_dim=128,
-                  intermediate_size=i, vocab_size=vocab)
+    m = ModelSpec(
+        key=name,
+        name=name,
+        layers=2,
+        hidden_size=h,
+        heads=h // 128,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=i,
+        vocab_size=vocab,
+    )
     got = activation_peak_bytes(m, tp, 8192, 1024) / GIB
     assert got == pytest.approx(peak_gib, rel=0.01)
     assert non_torch_bytes(tp) / GIB == pytest.approx(non_torch_gib, abs=0.011)
@@ -136,13 +229,22 @@ def test_llama_8b_kv_pool_on_h100_matches_the_published_run():
     """Llama-3.1-8B on an H100: weights 14.99 GiB, peak activation 4.76, non-torch 0.13, KV 51.38 GiB measured
     (CUDA-graph memory -0.45 GiB reported, not subtracted); the model's terms within 1 %."""
     m = model("llama-3.1-8b")
-    b = memory_budget(gpu("h100", H100_TOTAL), m, Parallelism(tensor=1, pipeline=1), gpu_memory_utilization=0.9,
-                      max_batch_tokens=8192, max_batch_requests=1024, block_tokens=16, block_bytes=16 * KV_TOKEN_8B)
+    b = memory_budget(
+        gpu("h100", H100_TOTAL),
+        m,
+        Parallelism(tensor=1, pipeline=1),
+        gpu_memory_utilization=0.9,
+        max_batch_tokens=8192,
+        max_batch_requests=1024,
+        block_tokens=16,
+        block_bytes=16 * KV_TOKEN_8B,
+    )
     assert b.requested_bytes / GIB == pytest.approx(71.26, abs=0.01)
     assert b.weights_bytes / GIB == pytest.approx(14.99, rel=0.01)
     assert b.kv_pool_bytes_per_gpu / GIB == pytest.approx(51.38, rel=0.01)
     assert b.kv_pool_bytes_per_gpu / GIB == pytest.approx(
-        vllm_available_kv(H100_TOTAL, 0.9, b.weights_bytes, b.activation_peak_bytes, b.non_torch_bytes) / GIB, rel=1e-12)
+        vllm_available_kv(H100_TOTAL, 0.9, b.weights_bytes, b.activation_peak_bytes, b.non_torch_bytes) / GIB, rel=1e-12
+    )
 
 
 def test_blocks_round_up_per_request_and_down_for_the_pool():
@@ -158,8 +260,9 @@ def test_blocks_round_up_per_request_and_down_for_the_pool():
         assert dec.kv_memory_bytes(4126) == pytest.approx(258 * 16 * per_token + reserve, rel=1e-12)
         assert dec.kv_capacity_bytes % dec.block_bytes == pytest.approx(0, abs=1e-3)
         assert dec.kv_capacity_bytes <= dec.memory.kv_pool_bytes < dec.kv_capacity_bytes + dec.block_bytes
-    row = run_scenario(scenario(methods=["baseline"], **{"workload.output_tokens": {"kind": "fixed", "tokens": 30}}
-                                )).requests.iloc[0]
+    row = run_scenario(
+        scenario(methods=["baseline"], **{"workload.output_tokens": {"kind": "fixed", "tokens": 30}})
+    ).requests.iloc[0]
     assert row.kv_memory_bytes == 258 * 16 * KV_TOKEN_8B
 
 
@@ -185,13 +288,13 @@ def test_fixed_pool_is_floored_to_blocks_and_reported():
 
 def test_summary_reports_every_term_and_they_add_up():
     result = run_scenario(scenario(methods=["baseline", "hack"]))
-    for name, stats in result.summary["methods"].items():
+    for stats in result.summary["methods"].values():
         mem = stats["decode_memory"]
         non_kv = mem["weights_bytes"] + mem["activation_peak_bytes"] + mem["non_torch_bytes"] + mem["cuda_graph_bytes"]
         assert mem["kv_pool_bytes_per_gpu"] == pytest.approx(mem["requested_bytes"] - non_kv, rel=1e-12)
         assert mem["kv_capacity_bytes"] == mem["blocks"] * mem["block_bytes"]
         assert stats["decode_kv_capacity_bytes"] == mem["kv_capacity_bytes"]
-        assert mem["requested_bytes"] == pytest.approx(0.9 * 80e9, rel=1e-12)   # tiny: one A100 80 GB, default 0.9
+        assert mem["requested_bytes"] == pytest.approx(0.9 * 80e9, rel=1e-12)  # tiny: one A100 80 GB, default 0.9
     # HACK's blocks are smaller: more of them in the same pool
     ms = result.summary["methods"]
     assert ms["hack"]["decode_memory"]["blocks"] > ms["baseline"]["decode_memory"]["blocks"]
@@ -203,7 +306,8 @@ def test_cuda_graph_and_non_torch_terms_come_off_the_pool():
     _, d0 = base.costs(Baseline())
     _, d1 = more.costs(Baseline())
     assert d0.memory.kv_pool_bytes_per_gpu - d1.memory.kv_pool_bytes_per_gpu == pytest.approx(
-        1.0 * GIB + 2.0 * GIB - 0.13 * GIB, rel=1e-12)
+        1.0 * GIB + 2.0 * GIB - 0.13 * GIB, rel=1e-12
+    )
 
 
 def test_a_model_that_leaves_no_block_is_refused_naming_the_terms():

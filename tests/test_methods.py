@@ -1,4 +1,5 @@
 """The method registry: one module per method, the scenario schema generated from it, no name written twice."""
+
 from __future__ import annotations
 
 import ast
@@ -53,8 +54,15 @@ def test_scenario_methods_union_is_the_registry():
 
 
 def test_scenario_method_syntax_bare_mapping_and_label():
-    s = scenario(methods=["baseline", {"name": "hack", "partition": 128, "label": "hack_pi128"}, "hack_no_se",
-                          {"name": "hack_no_rqe", "summation_elimination": False}, {"name": "kvquant", "bits": 4}])
+    s = scenario(
+        methods=[
+            "baseline",
+            {"name": "hack", "partition": 128, "label": "hack_pi128"},
+            "hack_no_se",
+            {"name": "hack_no_rqe", "summation_elimination": False},
+            {"name": "kvquant", "bits": 4},
+        ]
+    )
     base, pi128, no_se, no_rqe, kvq = s.methods
     assert type(base) is REGISTRY["baseline"] and base.output_name == "baseline"
     assert isinstance(pi128, HACK) and pi128.partition == 128 and pi128.output_name == "hack_pi128"
@@ -63,19 +71,31 @@ def test_scenario_method_syntax_bare_mapping_and_label():
     assert no_rqe.requantization_elimination is False and no_rqe.decode_attention == "hack_no_se"
     assert kvq.bits == 4 and kvq.decode_attention == "dequant_unfused"
     # the dump keeps the field order the outputs (scenario.json) have always had: label, name, parameters
-    assert list(pi128.model_dump()) == ["label", "name", "implementation", "kernels", "bits", "partition",
-                                        "stochastic_rounding", "summation_elimination", "requantization_elimination",
-                                        "prefill_attention"]
+    assert list(pi128.model_dump()) == [
+        "label",
+        "name",
+        "implementation",
+        "kernels",
+        "bits",
+        "partition",
+        "stochastic_rounding",
+        "summation_elimination",
+        "requantization_elimination",
+        "prefill_attention",
+    ]
     assert no_se.model_dump()["summation_elimination"] is False
 
 
-@pytest.mark.parametrize("methods, message", [
-    ([{"name": "hack", "partition": 100}], "test: methods.0.partition: partition must be a multiple of 16"),
-    ([{"name": "hack", "partition": 512}], "test: methods.0.partition: Input should be less than or equal to 256"),
-    ([{"name": "kvquant", "speed": 2}], "test: methods.0.speed: unknown field"),
-    (["zip"], "test: methods.0: Input tag 'zip' found using 'name' does not match any of the expected tags"),
-    ([{"name": "pqcache", "top_k_fraction": 0}], "test: methods.0.top_k_fraction: Input should be greater than 0"),
-])
+@pytest.mark.parametrize(
+    "methods, message",
+    [
+        ([{"name": "hack", "partition": 100}], "test: methods.0.partition: partition must be a multiple of 16"),
+        ([{"name": "hack", "partition": 512}], "test: methods.0.partition: Input should be less than or equal to 256"),
+        ([{"name": "kvquant", "speed": 2}], "test: methods.0.speed: unknown field"),
+        (["zip"], "test: methods.0: Input tag 'zip' found using 'name' does not match any of the expected tags"),
+        ([{"name": "pqcache", "top_k_fraction": 0}], "test: methods.0.top_k_fraction: Input should be greater than 0"),
+    ],
+)
 def test_bad_method_entries_fail_with_one_line(methods, message):
     raw = scenario().model_dump(mode="json")
     raw["methods"] = methods
@@ -91,9 +111,12 @@ def test_no_other_product_module_names_a_method():
     measured harness in realrun with its own KV formats name them.)"""
     names = set(REGISTRY)
     kernel_modules = {"calibration.py", "roofline.py", "kernel_work.py"}
-    files = [ROOT / "cli.py"] + [p for d in ("costmodel", "simulator", "reports", "planning", "catalog")
-                                 for p in (ROOT / d).rglob("*.py") if "methods" not in p.relative_to(ROOT).parts
-                                 and not (d == "costmodel" and p.name in kernel_modules)]
+    files = [ROOT / "cli.py"] + [
+        p
+        for d in ("costmodel", "simulator", "reports", "planning", "catalog")
+        for p in (ROOT / d).rglob("*.py")
+        if "methods" not in p.relative_to(ROOT).parts and not (d == "costmodel" and p.name in kernel_modules)
+    ]
     found = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -103,8 +126,18 @@ def test_no_other_product_module_names_a_method():
 
 
 def _model(**kw) -> ModelSpec:
-    return ModelSpec(key="m", name="m", layers=2, hidden_size=1024, heads=8, kv_heads=2, head_dim=128,
-                     intermediate_size=4096, vocab_size=32000, **kw)
+    return ModelSpec(
+        key="m",
+        name="m",
+        layers=2,
+        hidden_size=1024,
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        intermediate_size=4096,
+        vocab_size=32000,
+        **kw,
+    )
 
 
 def test_tied_embeddings_store_the_lm_head_once_and_qkv_bias_counts_its_vectors():
@@ -115,12 +148,13 @@ def test_tied_embeddings_store_the_lm_head_once_and_qkv_bias_counts_its_vectors(
     kw = {"methods": ["baseline"], "prefill.tensor_parallel": 1, "decode.tensor_parallel": 1}
     untied = resolve(scenario(**kw)).costs(make_method("baseline"))[1]
     tied = resolve(scenario(**kw, **{"model": {"preset": "llama-3.1-8b", "tied_embeddings": True}})).costs(
-        make_method("baseline"))[1]
+        make_method("baseline")
+    )[1]
     m = untied.model
     assert tied.memory.kv_pool_bytes - untied.memory.kv_pool_bytes == pytest.approx(m.vocab_size * m.hidden_size * 2)
-    assert tied.memory.blocks > untied.memory.blocks          # whole blocks of it: capacity grows by blocks
+    assert tied.memory.blocks > untied.memory.blocks  # whole blocks of it: capacity grows by blocks
     a = run_scenario(scenario(**kw, **{"model": {"preset": "llama-3.1-8b", "qkv_bias": True}})).summary
     b = run_scenario(scenario(**kw)).summary
     bias_bytes = m.layers * (m.q_dim + 2 * m.kv_dim) * 2
-    pool = lambda r: r["methods"]["baseline"]["decode_memory"]["kv_pool_bytes_per_gpu"]   # noqa: E731 (one GPU)
+    pool = lambda r: r["methods"]["baseline"]["decode_memory"]["kv_pool_bytes_per_gpu"]  # noqa: E731 (one GPU)
     assert pool(b) - pool(a) == pytest.approx(bias_bytes)

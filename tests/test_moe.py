@@ -1,5 +1,6 @@
 """Mixture-of-experts models: catalog facts, the expected-distinct-experts pricing of decode, expert
 parallelism's all-to-all, and MoE requests through the simulator (closed form, queueing, direction)."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,8 +19,21 @@ from simulator.resolve import resolve
 from simulator.run import run_scenario
 from test_simulator import lone_timeline, simulated_timeline
 
-MODEL_FIELDS = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size", "vocab_size", "mlp",
-                "qkv_bias", "tied_embeddings", "experts", "active_experts", "expert_intermediate_size")
+MODEL_FIELDS = (
+    "layers",
+    "hidden_size",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "mlp",
+    "qkv_bias",
+    "tied_embeddings",
+    "experts",
+    "active_experts",
+    "expert_intermediate_size",
+)
 
 
 def spec(key: str, **changes) -> ModelSpec:
@@ -39,8 +53,20 @@ def test_catalog_moe_models_have_the_cited_total_and_active_parameters(key, tota
 def test_distinct_experts_is_the_uniform_routing_expectation():
     """E·(1 − (1 − k/E)^T) against exact enumeration of every routing of T tokens to k-of-E experts."""
     for e, k, t in ((4, 2, 2), (5, 2, 3), (6, 3, 2), (4, 1, 3)):
-        m = ModelSpec(key="m", name="m", layers=1, hidden_size=8, heads=1, kv_heads=1, head_dim=8,
-                      intermediate_size=8, vocab_size=8, experts=e, active_experts=k, expert_intermediate_size=8)
+        m = ModelSpec(
+            key="m",
+            name="m",
+            layers=1,
+            hidden_size=8,
+            heads=1,
+            kv_heads=1,
+            head_dim=8,
+            intermediate_size=8,
+            vocab_size=8,
+            experts=e,
+            active_experts=k,
+            expert_intermediate_size=8,
+        )
         choices = list(itertools.combinations(range(e), k))
         exact = np.mean([len(set().union(*r)) for r in itertools.product(choices, repeat=t)])
         assert m.distinct_experts(t) == pytest.approx(exact, rel=1e-12)
@@ -59,8 +85,10 @@ def grouped_gemm_by_hand(cost, rows, n, kd, groups):
     prof = cost.profile
     ov = prof.launch_overhead_s if prof.gemm is None else prof.gemm.overhead_s
     ce, me = (1.0, 1.0) if prof.gemm is None else (prof.gemm.compute_efficiency, prof.gemm.memory_efficiency)
-    return ov + max(2 * rows * n * kd / (prof.matmul_fp16_tflops * 1e12 * ce),
-                    FP16_BYTES * (groups * n * kd + rows * kd + rows * n) / (prof.memory_gbps * 1e9 * me))
+    return ov + max(
+        2 * rows * n * kd / (prof.matmul_fp16_tflops * 1e12 * ce),
+        FP16_BYTES * (groups * n * kd + rows * kd + rows * n) / (prof.memory_gbps * 1e9 * me),
+    )
 
 
 def test_moe_layer_at_batch_one_reads_k_experts_and_all_of_them_at_prefill():
@@ -71,13 +99,25 @@ def test_moe_layer_at_batch_one_reads_k_experts_and_all_of_them_at_prefill():
     m = dec.model
     h, ei, k = m.hidden_size, m.expert_intermediate_size, m.active_experts
     for tokens, groups in ((1, k), (8192, m.experts)):
-        want = (dec.gemm_s(tokens, m.experts, h) + grouped_gemm_by_hand(dec, tokens * k, 2 * ei, h, groups)
-                + grouped_gemm_by_hand(dec, tokens * k, h, ei, groups))    # tensor_parallel 1: no all-reduce
+        want = (
+            dec.gemm_s(tokens, m.experts, h)
+            + grouped_gemm_by_hand(dec, tokens * k, 2 * ei, h, groups)
+            + grouped_gemm_by_hand(dec, tokens * k, h, ei, groups)
+        )  # tensor_parallel 1: no all-reduce
         assert dec._moe_s(tokens) == pytest.approx(want, rel=1e-9 if tokens == 1 else 1e-6)
     # decode at batch 1 reads the weights of k of E experts: far less than a dense MLP of the same size
-    dense = ModelSpec(**{**m.__dict__, "experts": 0, "active_experts": 0, "expert_intermediate_size": 0,
-                         "intermediate_size": m.experts * ei})
-    dense_cost = ReplicaCostModel(model=dense, gpu=dec.gpu, parallel=dec.parallel, method=dec.method, profile=dec.profile)
+    dense = ModelSpec(
+        **{
+            **m.__dict__,
+            "experts": 0,
+            "active_experts": 0,
+            "expert_intermediate_size": 0,
+            "intermediate_size": m.experts * ei,
+        }
+    )
+    dense_cost = ReplicaCostModel(
+        model=dense, gpu=dec.gpu, parallel=dec.parallel, method=dec.method, profile=dec.profile
+    )
     assert dec.iteration(1).fixed_s < 0.5 * dense_cost.iteration(1).fixed_s
 
 
@@ -95,10 +135,18 @@ def test_expert_parallelism_trades_the_mlp_allreduce_for_two_alltoalls():
     for t in (1, 64, 4096):
         d = m.distinct_experts(t)
         a2a = co.alltoall_s(t / p * k * h * FP16_BYTES, p, par.interconnect, par.intra_node_gb_per_s)
-        want_ep = (d_ep.gemm_s(t / p, m.experts, h) + grouped_gemm_by_hand(d_ep, t * k / p, 2 * ei, h, d / p)
-                   + grouped_gemm_by_hand(d_ep, t * k / p, h, ei, d / p) + 2 * a2a)
-        want_tp = (d_tp.gemm_s(t, m.experts, h) + grouped_gemm_by_hand(d_tp, t * k, 2 * ei / p, h, d)
-                   + grouped_gemm_by_hand(d_tp, t * k, h, ei / p, d) + d_tp.allreduce_s(t))
+        want_ep = (
+            d_ep.gemm_s(t / p, m.experts, h)
+            + grouped_gemm_by_hand(d_ep, t * k / p, 2 * ei, h, d / p)
+            + grouped_gemm_by_hand(d_ep, t * k / p, h, ei, d / p)
+            + 2 * a2a
+        )
+        want_tp = (
+            d_tp.gemm_s(t, m.experts, h)
+            + grouped_gemm_by_hand(d_tp, t * k, 2 * ei / p, h, d)
+            + grouped_gemm_by_hand(d_tp, t * k, h, ei / p, d)
+            + d_tp.allreduce_s(t)
+        )
         assert d_ep._moe_s(t) == pytest.approx(want_ep, rel=1e-9)
         assert d_tp._moe_s(t) == pytest.approx(want_tp, rel=1e-9)
     # profiles.json lists the all-to-all per decode batch size
@@ -109,7 +157,9 @@ def test_expert_parallelism_trades_the_mlp_allreduce_for_two_alltoalls():
 
 def test_alltoall_bus_bandwidth_is_the_cited_nvlink_figure():
     nvs = co.from_catalog(catalog.entry("interconnects", "nvswitch"))
-    cited = next(m for m in catalog.entry("interconnects", "nvswitch")["measured"] if m["what"] == "alltoall_bus_gb_per_s")
+    cited = next(
+        m for m in catalog.entry("interconnects", "nvswitch")["measured"] if m["what"] == "alltoall_bus_gb_per_s"
+    )
     link = catalog.entry("gpus", cited["gpu"])["nvlink_gb_per_s"]
     n = 8 * 2**30
     bus_gb_per_s = n * 7 / 8 / (co.alltoall_s(n, 8, nvs, link) - co.alltoall_s(0.0, 8, nvs, link)) / 1e9
@@ -121,8 +171,15 @@ def test_expert_parallelism_is_refused_where_it_cannot_apply():
     with pytest.raises(ScenarioError, match="decode.expert_parallel: Llama-3.1-8B is not a mixture of experts"):
         scenario(**{"decode.expert_parallel": True})
     with pytest.raises(ScenarioError, match="do not spread evenly"):
-        _moe_scenario(**{"model": "mixtral-8x7b", "decode.instance": "p4de.24xlarge", "decode.gpu": "a100_80gb",
-                         "decode.tensor_parallel": 3, "decode.expert_parallel": True})
+        _moe_scenario(
+            **{
+                "model": "mixtral-8x7b",
+                "decode.instance": "p4de.24xlarge",
+                "decode.gpu": "a100_80gb",
+                "decode.tensor_parallel": 3,
+                "decode.expert_parallel": True,
+            }
+        )
     with pytest.raises(ScenarioError, match="needs experts >= 2"):
         scenario(**{"model": {"preset": "llama-3.1-8b", "experts": 8}})
 
@@ -137,14 +194,19 @@ def test_lone_moe_request_timeline_equals_closed_form(method):
 
 def test_md1_queueing_delay_at_moe_prefill():
     """Poisson arrivals, deterministic MoE prefill service, one server: mean wait = ρD / (2(1-ρ))."""
-    fixed = {"workload.output_tokens": {"kind": "fixed", "tokens": 2},
-             "workload.input_tokens": {"kind": "fixed", "tokens": 1024}, "network.bandwidth_gbps": 400}
+    fixed = {
+        "workload.output_tokens": {"kind": "fixed", "tokens": 2},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 1024},
+        "network.bandwidth_gbps": 400,
+    }
     base = _moe_scenario(methods=["baseline"], **fixed)
     service_s = resolve(base).costs(base.methods[0])[0].prefill((1024,)).stage_s
     rho = 0.5
-    s = _moe_scenario(methods=["baseline"], **fixed, **{"workload.requests": 20000,
-                                                        "workload.arrival": {"kind": "poisson",
-                                                                             "rate_rps": rho / service_s}})
+    s = _moe_scenario(
+        methods=["baseline"],
+        **fixed,
+        **{"workload.requests": 20000, "workload.arrival": {"kind": "poisson", "rate_rps": rho / service_s}},
+    )
     df = run_scenario(s).requests
     assert df["prefill_queue_s"].mean() == pytest.approx(rho * service_s / (2 * (1 - rho)), rel=0.07)
 
@@ -158,17 +220,32 @@ def test_kv_takes_a_larger_share_of_moe_decode_so_compression_saves_more():
     res = resolve(s)
     (_, moe_base), (_, moe_hack) = res.costs(s.methods[0]), res.costs(s.methods[1])
     m = moe_base.model
-    dense_model = ModelSpec(**{**m.__dict__, "experts": 0, "active_experts": 0, "expert_intermediate_size": 0,
-                               "intermediate_size": m.experts * m.expert_intermediate_size})
+    dense_model = ModelSpec(
+        **{
+            **m.__dict__,
+            "experts": 0,
+            "active_experts": 0,
+            "expert_intermediate_size": 0,
+            "intermediate_size": m.experts * m.expert_intermediate_size,
+        }
+    )
+
     def costs(model, method_cost):
-        return ReplicaCostModel(model=model, gpu=method_cost.gpu, parallel=method_cost.parallel,
-                                method=method_cost.method, profile=method_cost.profile)
+        return ReplicaCostModel(
+            model=model,
+            gpu=method_cost.gpu,
+            parallel=method_cost.parallel,
+            method=method_cost.method,
+            profile=method_cost.profile,
+        )
 
     b, ctx = 8, 8 * 8192
     share = {}
     saving = {}
-    for name, base, hack in (("moe", moe_base, moe_hack), ("dense", costs(dense_model, moe_base),
-                                                          costs(dense_model, moe_hack))):
+    for name, base, hack in (
+        ("moe", moe_base, moe_hack),
+        ("dense", costs(dense_model, moe_base), costs(dense_model, moe_hack)),
+    ):
         it = base.iteration(b)
         share[name] = it.per_ctx_s * ctx / it.time_s(ctx)
         saving[name] = 1 - hack.iteration(b).time_s(ctx) / it.time_s(ctx)

@@ -1,5 +1,6 @@
 """HACK's prefill attention forms: fp16 (FlashAttention in FP16, then the quantize kernel), homomorphic (the
 homomorphic kernel on the codes) and auto (per prompt, the faster on the pool's GPU by its profile)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,15 +47,18 @@ def test_single_request_prefill_timeline_per_form(form):
 
 
 def test_forms_differ_by_the_attention_kernels_only():
-    rows = {f: next(run_scenario(scenario(methods=[{"name": "hack", "prefill_attention": f}])).requests.itertuples())
-            for f in ("fp16", "homomorphic")}
+    rows = {
+        f: next(run_scenario(scenario(methods=[{"name": "hack", "prefill_attention": f}])).requests.itertuples())
+        for f in ("fp16", "homomorphic")
+    }
     s = scenario(methods=["hack"])
     res = resolve(s)
     m, prof = res.model, res.prefill.profile
     flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
     gap = m.layers * (prof.kernel("prefill_attn.hack").time_s(flops) - prof.kernel("prefill_attn.fp16").time_s(flops))
     got = (rows["homomorphic"].prefill_end_s - rows["homomorphic"].prefill_start_s) - (
-        rows["fp16"].prefill_end_s - rows["fp16"].prefill_start_s)
+        rows["fp16"].prefill_end_s - rows["fp16"].prefill_start_s
+    )
     assert got == pytest.approx(gap, rel=1e-9)
     # the same KV leaves either way
     assert rows["fp16"].kv_wire_bytes == rows["homomorphic"].kv_wire_bytes
@@ -86,37 +90,41 @@ def test_auto_batch_groups_prompts_by_form_one_launch_each():
     per_pair = 4.0 * m.heads * m.head_dim
     fp16 = KernelFit(overhead_s=1e-3, s_per_unit=1e-15)
     hom = KernelFit(overhead_s=0.0, s_per_unit=2e-15)
-    toy = dataclasses.replace(pre.profile, kernels=dict(pre.profile.kernels, **{"prefill_attn.fp16": fp16,
-                                                                                "prefill_attn.hack": hom}))
+    toy = dataclasses.replace(
+        pre.profile, kernels=dict(pre.profile.kernels, **{"prefill_attn.fp16": fp16, "prefill_attn.hack": hom})
+    )
     cost = dataclasses.replace(pre, profile=toy)
     short, long_ = 1024, 16384
     assert per_pair * short * (short + 1) / 2 < 1e12 < per_pair * long_ * (long_ + 1) / 2
     attn_s, approx_s, forms = cost.prefill_attention_s((short, long_, short))
     assert forms == ("homomorphic", "fp16", "homomorphic")
-    want = (hom.time_s(per_pair * 2 * short * (short + 1) / 2) + fp16.time_s(per_pair * long_ * (long_ + 1) / 2))
+    want = hom.time_s(per_pair * 2 * short * (short + 1) / 2) + fp16.time_s(per_pair * long_ * (long_ + 1) / 2)
     assert attn_s == pytest.approx(want, rel=1e-12)
-    assert 0 < approx_s <= hom.time_s(per_pair * 2 * short * (short + 1) / 2)   # capped at the kernel time
+    assert 0 < approx_s <= hom.time_s(per_pair * 2 * short * (short + 1) / 2)  # capped at the kernel time
 
 
 def test_auto_runs_fp16_where_the_profiles_price_the_homomorphic_kernel_slower():
     """Every committed profile prices HACK's prefill kernel slower than FlashAttention (README table): auto
     takes FP16 there, and the outputs say so."""
-    s = scenario(methods=["hack", {"name": "hack", "label": "hack_hom", "prefill_attention": "homomorphic"}],
-                 **{"calibration": {"prefill_profile": "auto", "decode_profile": "auto"},
-                    "prefill.gpu": "a10g"})
+    s = scenario(
+        methods=["hack", {"name": "hack", "label": "hack_hom", "prefill_attention": "homomorphic"}],
+        **{"calibration": {"prefill_profile": "auto", "decode_profile": "auto"}, "prefill.gpu": "a10g"},
+    )
     result = run_scenario(s)
     df = result.requests
     assert set(df[df.method == "hack"].prefill_attention) == {"fp16"}
     assert set(df[df.method == "hack_hom"].prefill_attention) == {"homomorphic"}
     assert result.summary["methods"]["hack"]["prefill_attention"] == {"fp16": 1}
     assert result.summary["methods"]["hack_hom"]["prefill_attention"] == {"homomorphic": 1}
-    assert (df[df.method == "hack"].prefill_end_s - df[df.method == "hack"].prefill_start_s).iloc[0] < \
-        (df[df.method == "hack_hom"].prefill_end_s - df[df.method == "hack_hom"].prefill_start_s).iloc[0]
+    assert (df[df.method == "hack"].prefill_end_s - df[df.method == "hack"].prefill_start_s).iloc[0] < (
+        df[df.method == "hack_hom"].prefill_end_s - df[df.method == "hack_hom"].prefill_start_s
+    ).iloc[0]
 
 
 def test_other_methods_run_fp16_prefill_and_outputs_carry_the_form(tmp_path):
-    from cli import app
     from typer.testing import CliRunner
+
+    from cli import app
 
     s = scenario(methods=["baseline", "kvquant", "hack"])
     result = run_scenario(s)

@@ -1,4 +1,5 @@
 """Prefix caching: the LRU block cache, shared-prefix workloads, and the prefill of a partly cached prompt."""
+
 from __future__ import annotations
 
 import json
@@ -18,20 +19,20 @@ def test_lookup_hits_the_longest_cached_run_of_leading_blocks():
     c = PrefixCache(capacity_bytes=10.0, block_bytes=1.0, block_tokens=4)
     assert c.lookup([1, 2, 3], 12) == 0
     assert c.insert([1, 2, 3]) == 3 and len(c) == 3
-    assert c.lookup([1, 2, 9, 3], 16) == 8            # blocks 1, 2; block 3 follows a miss
-    assert c.lookup([1, 2, 3], 12) == 11              # the prompt's last token is always computed
+    assert c.lookup([1, 2, 9, 3], 16) == 8  # blocks 1, 2; block 3 follows a miss
+    assert c.lookup([1, 2, 3], 12) == 11  # the prompt's last token is always computed
     assert c.lookup([7, 1], 8) == 0
     assert (c.hit_tokens, c.lookup_tokens) == (19, 48)
 
 
 def test_eviction_is_least_recently_used_tail_first_and_spares_pinned_blocks():
     c = PrefixCache(capacity_bytes=4.0, block_bytes=1.0, block_tokens=1)
-    c.insert([1, 2])              # prompt A: head 1 more recent than tail 2
-    c.insert([3, 4])              # prompt B
-    c.lookup([1, 2], 3)           # A used again: B is now the least recent
-    assert c.insert([5]) == 1     # evicts B's tail (4), then nothing more is needed
+    c.insert([1, 2])  # prompt A: head 1 more recent than tail 2
+    c.insert([3, 4])  # prompt B
+    c.lookup([1, 2], 3)  # A used again: B is now the least recent
+    assert c.insert([5]) == 1  # evicts B's tail (4), then nothing more is needed
     assert c.cached_blocks([3, 4]) == 1 and c.cached_blocks([1, 2]) == 2
-    c.insert([6, 7], pin=True)    # evicts 3 then 5? no: 3 (least recent), then A's tail 2
+    c.insert([6, 7], pin=True)  # evicts 3 then 5? no: 3 (least recent), then A's tail 2
     assert c.cached_blocks([6, 7]) == 2 and c.cached_blocks([3]) == 0
     assert c.used_bytes == 4.0 and c.evictable_bytes == 2.0
     # pinned blocks stay: a prompt that needs more room than the unpinned blocks give gets what fits
@@ -39,37 +40,47 @@ def test_eviction_is_least_recently_used_tail_first_and_spares_pinned_blocks():
     assert c.cached_blocks([8, 9, 10]) == 2 and c.cached_blocks([6, 7]) == 2 and c.evictable_bytes == 0
     c.unpin([6, 7])
     assert c.evictable_bytes == 2.0
-    assert c.evict(1.0) == 1.0 and c.cached_blocks([6, 7]) == 1     # the tail went first
+    assert c.evict(1.0) == 1.0 and c.cached_blocks([6, 7]) == 1  # the tail went first
 
 
 def test_insert_within_given_room_and_evict_for_an_owner():
     c = PrefixCache(capacity_bytes=100.0, block_bytes=2.0, block_tokens=16)
-    assert c.insert([1, 2, 3], room_bytes=4.0) == 2                   # the owner's pool had room for two
+    assert c.insert([1, 2, 3], room_bytes=4.0) == 2  # the owner's pool had room for two
     assert c.evict(3.0) == 4.0 and len(c) == 0
 
 
 def test_prefix_sharing_workload_gives_each_group_the_same_leading_blocks():
-    s = scenario(**{"workload.requests": 200, "workload.input_tokens": {"kind": "uniform", "min_tokens": 100,
-                                                                        "max_tokens": 3000},
-                    "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256}})
+    s = scenario(
+        **{
+            "workload.requests": 200,
+            "workload.input_tokens": {"kind": "uniform", "min_tokens": 100, "max_tokens": 3000},
+            "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256},
+        }
+    )
     reqs = make_requests(s)
     blocks = reqs.block_hashes
     assert len(blocks) == 200 and reqs.hash_block_tokens == 256
     heads = {}
     for i in range(200):
         p, b = int(reqs.prompt_tokens[i]), blocks[i]
-        assert len(b) == -(-p // 256)                                  # one hash per block, the last partial
+        assert len(b) == -(-p // 256)  # one hash per block, the last partial
         shared = min(4, p // 256)
         if shared:
             heads.setdefault(b[0], set()).add(tuple(b[:shared]))
-        assert all(h >= 3 * 4 for h in b[shared:])                     # the rest is the request's own
-    assert sorted(heads) == [0, 4, 8]                                  # three groups, each its own blocks
-    assert all(max(len(x) for x in v) == 4 and all(x == max(v, key=len)[:len(x)] for x in v) for v in heads.values())
+        assert all(h >= 3 * 4 for h in b[shared:])  # the rest is the request's own
+    assert sorted(heads) == [0, 4, 8]  # three groups, each its own blocks
+    assert all(max(len(x) for x in v) == 4 and all(x == max(v, key=len)[: len(x)] for x in v) for v in heads.values())
     own = [h for i in range(200) for h in blocks[i] if h >= 12]
     assert len(own) == len(set(own))
     # the lengths and arrivals are the ones the workload gives without sharing
-    plain = make_requests(scenario(**{"workload.requests": 200, "workload.input_tokens": {
-        "kind": "uniform", "min_tokens": 100, "max_tokens": 3000}}))
+    plain = make_requests(
+        scenario(
+            **{
+                "workload.requests": 200,
+                "workload.input_tokens": {"kind": "uniform", "min_tokens": 100, "max_tokens": 3000},
+            }
+        )
+    )
     assert np.array_equal(plain.prompt_tokens, reqs.prompt_tokens) and np.array_equal(plain.arrival_s, reqs.arrival_s)
 
 
@@ -88,15 +99,19 @@ def test_prefill_of_a_cached_prefix_computes_the_rest_against_it(method):
     attn = p.kernel("prefill_attn.fp16").time_s(flops_per_pair * pairs) + pre._cached_to_fp16_s(c)
     want = layers * (pre._dense_layer_s(L - c) + attn) + pre._lm_head_s(1)
     assert part.latency_s == pytest.approx(want, rel=1e-12)
-    assert part.encode_s == pytest.approx(layers * pre._encode_layer_s(L - c), rel=1e-12)     # only the new KV
+    assert part.encode_s == pytest.approx(layers * pre._encode_layer_s(L - c), rel=1e-12)  # only the new KV
     assert (part.encode_s < full.encode_s) == (method != "baseline")
     assert part.latency_s < 0.4 * full.latency_s
     assert (pre._cached_to_fp16_s(c) == 0) == (method == "baseline")
 
 
 # ---- prefix caching in the simulator ---------------------------------------------------------
-CACHED = {"prefill.prefix_caching": True, "prefill.prefix_cache_gib": 2, "decode.prefix_caching": True,
-          "decode.prefix_cache_gib": 2}
+CACHED = {
+    "prefill.prefix_caching": True,
+    "prefill.prefix_cache_gib": 2,
+    "decode.prefix_caching": True,
+    "decode.prefix_cache_gib": 2,
+}
 
 
 def test_a_request_after_its_group_computes_and_sends_only_the_uncached_rest():
@@ -104,17 +119,25 @@ def test_a_request_after_its_group_computes_and_sends_only_the_uncached_rest():
     second's prefill is the cost model's for 1024 new tokens against 3072 cached ones and its transfer
     carries the KV of those 1024 tokens only."""
     for method in ("baseline", "hack"):
-        s = scenario(**CACHED, **{"workload.requests": 2, "methods": [method],
-                                  "workload.prefix_sharing": {"groups": 1, "shared_tokens": 3072}})
+        s = scenario(
+            **CACHED,
+            **{
+                "workload.requests": 2,
+                "methods": [method],
+                "workload.prefix_sharing": {"groups": 1, "shared_tokens": 3072},
+            },
+        )
         r = run_scenario(s)
         df = r.requests
         pre, _ = resolve(s).costs(s.methods[0])
         assert df["prefill_cached_tokens"].tolist() == [0, 3072] and df["decode_cached_tokens"].tolist() == [0, 3072]
         first, second = df.iloc[0], df.iloc[1]
-        assert first["prefill_end_s"] - first["prefill_start_s"] == pytest.approx(pre.prefill((4096,)).latency_s,
-                                                                                  rel=1e-12)
+        assert first["prefill_end_s"] - first["prefill_start_s"] == pytest.approx(
+            pre.prefill((4096,)).latency_s, rel=1e-12
+        )
         assert second["prefill_end_s"] - second["prefill_start_s"] == pytest.approx(
-            pre.prefill((4096,), (3072,)).latency_s, rel=1e-12)
+            pre.prefill((4096,), (3072,)).latency_s, rel=1e-12
+        )
         sent = pre.wire_bytes(4096) - 3072 * (pre.wire_bytes(1) - pre.wire_bytes(0))
         assert second["transfer_s"] == pytest.approx(sent / (10e9 / 8), rel=1e-9)
         assert first["transfer_s"] == pytest.approx(pre.wire_bytes(4096) / (10e9 / 8), rel=1e-9)
@@ -126,13 +149,20 @@ def test_a_request_after_its_group_computes_and_sends_only_the_uncached_rest():
 def test_md1_queueing_delay_at_a_fully_cached_prefill():
     """Poisson arrivals, one prefill server whose every prompt after the first is cached but for its last
     token (deterministic service): mean wait = ρD / (2(1-ρ))."""
-    fixed = {"workload.output_tokens": {"kind": "fixed", "tokens": 2}, "network.bandwidth_gbps": 400,
-             "workload.prefix_sharing": {"groups": 1, "shared_tokens": 4096}, "methods": ["baseline"]}
+    fixed = {
+        "workload.output_tokens": {"kind": "fixed", "tokens": 2},
+        "network.bandwidth_gbps": 400,
+        "workload.prefix_sharing": {"groups": 1, "shared_tokens": 4096},
+        "methods": ["baseline"],
+    }
     base = scenario(**CACHED, **fixed)
     service_s = resolve(base).costs(base.methods[0])[0].prefill((4096,), (4095,)).stage_s
     rho = 0.5
-    s = scenario(**CACHED, **fixed, **{"workload.requests": 20000,
-                                       "workload.arrival": {"kind": "poisson", "rate_rps": rho / service_s}})
+    s = scenario(
+        **CACHED,
+        **fixed,
+        **{"workload.requests": 20000, "workload.arrival": {"kind": "poisson", "rate_rps": rho / service_s}},
+    )
     df = run_scenario(s).requests
     assert (df["prefill_cached_tokens"].iloc[1:] == 4095).all()
     assert df["prefill_queue_s"].iloc[1:].mean() == pytest.approx(rho * service_s / (2 * (1 - rho)), rel=0.07)
@@ -141,8 +171,12 @@ def test_md1_queueing_delay_at_a_fully_cached_prefill():
 def test_prefix_caching_lowers_prefill_and_transfer_and_a_compressed_cache_hits_more():
     s = load_scenario("scenarios/prefix_caching.yaml", ["workload.requests=150"])
     on = run_scenario(s).summary["methods"]
-    off = run_scenario(load_scenario("scenarios/prefix_caching.yaml", [
-        "workload.requests=150", "prefill.prefix_caching=false", "decode.prefix_caching=false"])).summary["methods"]
+    off = run_scenario(
+        load_scenario(
+            "scenarios/prefix_caching.yaml",
+            ["workload.requests=150", "prefill.prefix_caching=false", "decode.prefix_caching=false"],
+        )
+    ).summary["methods"]
     for m in on:
         assert on[m]["breakdown_s"]["prefill"] < off[m]["breakdown_s"]["prefill"]
         assert on[m]["breakdown_s"]["transfer"] < off[m]["breakdown_s"]["transfer"]
@@ -154,23 +188,34 @@ def test_prefix_caching_lowers_prefill_and_transfer_and_a_compressed_cache_hits_
 
 
 def test_mooncake_hash_ids_feed_the_cache(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [1, 2, 3]},
-            {"timestamp": 60000, "input_length": 1200, "output_length": 4, "hash_ids": [1, 2, 9]},
-            {"timestamp": 120000, "input_length": 1100, "output_length": 4, "hash_ids": [5, 2, 3]}]
+    rows = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 60000, "input_length": 1200, "output_length": 4, "hash_ids": [1, 2, 9]},
+        {"timestamp": 120000, "input_length": 1100, "output_length": 4, "hash_ids": [5, 2, 3]},
+    ]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = scenario(**CACHED, **{"workload": {"trace": {"format": "mooncake", "path": str(tmp_path / "m.jsonl")},
-                                                   "requests": 3},
-                              "methods": ["hack"]})
+    s = scenario(
+        **CACHED,
+        **{
+            "workload": {"trace": {"format": "mooncake", "path": str(tmp_path / "m.jsonl")}, "requests": 3},
+            "methods": ["hack"],
+        },
+    )
     df = run_scenario(s).requests
-    assert df["prefill_cached_tokens"].tolist() == [0, 1024, 0]      # blocks 1, 2 (whole blocks only cached)
+    assert df["prefill_cached_tokens"].tolist() == [0, 1024, 0]  # blocks 1, 2 (whole blocks only cached)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"prefill.prefix_caching": True}, "prefix_caching: give prefix_cache_gib"),
-    ({**CACHED}, "prefill.prefix_caching: the workload has no prefix blocks"),
-    ({**CACHED, "workload.prefix_sharing": {"groups": 2, "shared_tokens": 512}, "decode.prefix_cache_gib": 1000},
-     "decode.prefix_cache_gib: 1000"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"prefill.prefix_caching": True}, "prefix_caching: give prefix_cache_gib"),
+        ({**CACHED}, "prefill.prefix_caching: the workload has no prefix blocks"),
+        (
+            {**CACHED, "workload.prefix_sharing": {"groups": 2, "shared_tokens": 512}, "decode.prefix_cache_gib": 1000},
+            "decode.prefix_cache_gib: 1000",
+        ),
+    ],
+)
 def test_bad_prefix_caching_settings_name_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
         s = scenario(**changes, methods=["baseline"])

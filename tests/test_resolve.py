@@ -1,4 +1,5 @@
 """simulator/resolve.py: a scenario becomes typed, unit-named values once; the defaults, worked by hand."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ def test_the_main_setting_resolves_to_hand_worked_values():
     assert dec.host_memory_bytes == 1152 / 2 * GIB and dec.parallel.interconnect.key == "nvswitch"
     assert dec.parallel.intra_node_gb_per_s == 300 and dec.max_batch_requests == 128
     # the network: one link per prefill replica to every decode replica, 10 Gbps x 0.9
-    assert [(k.name, k.prefill_replicas, k.decode_replicas) for k in net.links] == [("p0", (0,), (0, 1)),
-                                                                                    ("p1", (1,), (0, 1))]
+    assert [(k.name, k.prefill_replicas, k.decode_replicas) for k in net.links] == [
+        ("p0", (0,), (0, 1)),
+        ("p1", (1,), (0, 1)),
+    ]
     assert all(k.capacity_gbps == 9.0 and k.capacity_bytes_per_s == 9e9 / 8 and k.latency_s == 1e-4 for k in net.links)
     assert net.routes == {(0, 0): 0, (0, 1): 0, (1, 0): 1, (1, 1): 1}
     assert net.flow_cap_bytes_per_s == math.inf and not net.stream_layers and not res.shared_gpu
@@ -39,13 +42,19 @@ def test_the_main_setting_resolves_to_hand_worked_values():
 
 
 def test_pools_given_by_gpu_take_the_documented_defaults():
-    s = scenario(**{"network.per_flow_gbps": 5, "decode.host_issue_s_per_layer": 0.001,
-                    "prefill.host_issue_s_per_layer": 0.5, "decode.kv_capacity_gib": 10.0})
+    s = scenario(
+        **{
+            "network.per_flow_gbps": 5,
+            "decode.host_issue_s_per_layer": 0.001,
+            "prefill.host_issue_s_per_layer": 0.5,
+            "decode.kv_capacity_gib": 10.0,
+        }
+    )
     res = resolve(s, "t")
     for pool in (res.prefill, res.decode):
         assert pool.instance is None and pool.instances_per_replica == 1 and pool.host_vcpus == 0
         assert pool.host_memory_bytes == 64 * GIB and pool.price_usd_per_hour is None
-        assert pool.parallel.interconnect.key == "pcie" and pool.parallel.intra_node_gb_per_s == 24   # A100 PCIe
+        assert pool.parallel.interconnect.key == "pcie" and pool.parallel.intra_node_gb_per_s == 24  # A100 PCIe
         assert pool.profile.source == "roofline"
     assert res.network.flow_cap_bytes_per_s == 5e9 / 8
     assert res.decode.kv_capacity_override_bytes == 10 * GIB and res.prefill.kv_capacity_override_bytes is None
@@ -59,11 +68,13 @@ def test_pools_given_by_gpu_take_the_documented_defaults():
 
 def test_explicit_links_route_first_listed_and_refuse_an_unreachable_replica():
     two = {"prefill.replicas": 2, "decode.replicas": 2}
-    links = [{"name": "a", "prefill_replicas": [0, 1], "decode_replicas": [0], "bandwidth_gbps": 25},
-             {"name": "b", "prefill_replicas": [0], "decode_replicas": [0, 1]}]
+    links = [
+        {"name": "a", "prefill_replicas": [0, 1], "decode_replicas": [0], "bandwidth_gbps": 25},
+        {"name": "b", "prefill_replicas": [0], "decode_replicas": [0, 1]},
+    ]
     net = resolve(scenario(**two, **{"network.links": links}), "t").network
     assert net.routes == {(0, 0): 0, (1, 0): 0, (0, 1): 1}
-    assert [k.capacity_gbps for k in net.links] == [25.0, 10.0]     # efficiency 1 in the test scenario
+    assert [k.capacity_gbps for k in net.links] == [25.0, 10.0]  # efficiency 1 in the test scenario
     lonely = [{"name": "a", "prefill_replicas": [0], "decode_replicas": [0, 1]}]
     with pytest.raises(ScenarioError, match="^t: network.links: prefill replica 1 reaches no decode replica$"):
         resolve(scenario(**two, **{"network.links": lonely}), "t")

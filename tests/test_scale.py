@@ -1,6 +1,7 @@
 """A million requests in bounded memory (issue 18 part 4): a run keeps its records in typed columns,
 builds and writes its tables a chunk of rows at a time, and the chunked outputs are the whole tables
 byte for byte. The time and peak-memory goal itself lives in benchmarks/results/scale_1m.json."""
+
 from __future__ import annotations
 
 import tracemalloc
@@ -9,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from contract import invoke
 
+from contract import invoke
 from simulator import columns
-from simulator.load import load_scenario
 from simulator.files import CsvAppender, strict_json, write_csv
+from simulator.load import load_scenario
 from simulator.run import MethodRun, make_requests, resolve, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-FAULTS = ROOT / "scenarios" / "faults_decode_loss.yaml"      # failed rows (empty latencies) and text columns
+FAULTS = ROOT / "scenarios" / "faults_decode_loss.yaml"  # failed rows (empty latencies) and text columns
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """scenarios/schema.json describes what the loader accepts: every shipped scenario validates against it
 (shorthand included), it refuses what the loader refuses, it is the `schema` command's output, and each
 scenario file points editors at it."""
+
 from __future__ import annotations
 
 import json
@@ -45,17 +46,20 @@ def test_every_shipped_scenario_validates_and_points_at_the_schema(validator, pa
 BASE = yaml.safe_load((ROOT / "scenarios" / "a10g_10gbps.yaml").read_text())
 
 
-@pytest.mark.parametrize("change", [
-    {"methods": ["baseline", "hack_turbo"]},                                 # no such method
-    {"methods": [{"name": "hack", "partition": 0}]},                         # out of bounds
-    {"methods": [{"name": "hack", "partition": 100}]},                       # not a multiple of 16
-    {"methods": [{"partition": 64}]},                                        # which method?
-    {"model": "llama-9"},                                                    # no such preset
-    {"model": {"preset": "llama-3.1-8b", "layerz": 8}},                      # unknown override
-    {"prefill": {**BASE["prefill"], "instance": "g99.large"}},               # no such instance
-    {"network": {"bandwidth_gbps": -1}},
-    {"workload": {**BASE["workload"], "colour": "red"}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"methods": ["baseline", "hack_turbo"]},  # no such method
+        {"methods": [{"name": "hack", "partition": 0}]},  # out of bounds
+        {"methods": [{"name": "hack", "partition": 100}]},  # not a multiple of 16
+        {"methods": [{"partition": 64}]},  # which method?
+        {"model": "llama-9"},  # no such preset
+        {"model": {"preset": "llama-3.1-8b", "layerz": 8}},  # unknown override
+        {"prefill": {**BASE["prefill"], "instance": "g99.large"}},  # no such instance
+        {"network": {"bandwidth_gbps": -1}},
+        {"workload": {**BASE["workload"], "colour": "red"}},
+    ],
+)
 def test_the_schema_refuses_what_the_loader_refuses(validator, change):
     raw = {**BASE, **change}
     assert list(validator.iter_errors(raw)), change
@@ -63,10 +67,13 @@ def test_the_schema_refuses_what_the_loader_refuses(validator, change):
         parse_scenario(raw, "t")
 
 
-@pytest.mark.parametrize("change", [
-    {"methods": ["hack_no_se", {"name": "hack", "partition": 128, "label": "hack_pi128"}]},
-    {"model": {"preset": "llama-3.1-70b", "layers": 8}},
-    {"workload": {"trace": {"format": "burstgpt", "path": "b.csv", "models": ["ChatGPT"]}}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"methods": ["hack_no_se", {"name": "hack", "partition": 128, "label": "hack_pi128"}]},
+        {"model": {"preset": "llama-3.1-70b", "layers": 8}},
+        {"workload": {"trace": {"format": "burstgpt", "path": "b.csv", "models": ["ChatGPT"]}}},
+    ],
+)
 def test_the_schema_accepts_the_shorthand(validator, change):
     assert [e.message for e in validator.iter_errors({**BASE, **change})] == []

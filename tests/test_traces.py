@@ -1,5 +1,6 @@
 """Public traces as workloads: each format read from a small file made here, replayed with its own
 arrivals and lengths; filters, window and rate_scale; bad rows refused in one line naming file and row."""
+
 from __future__ import annotations
 
 import json
@@ -18,29 +19,41 @@ from simulator.traces import load_trace
 from simulator.workload import make_requests
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = {"name": "replay", "model": "llama-3.1-8b",
-        "prefill": {"instance": "g6e.12xlarge", "tensor_parallel": 1, "replicas": 1},
-        "decode": {"instance": "g6e.12xlarge", "tensor_parallel": 1, "replicas": 1},
-        "network": {"bandwidth_gbps": 10}, "methods": ["baseline", "hack"],
-        "calibration": {"prefill_profile": "roofline", "decode_profile": "roofline"}}
+BASE = {
+    "name": "replay",
+    "model": "llama-3.1-8b",
+    "prefill": {"instance": "g6e.12xlarge", "tensor_parallel": 1, "replicas": 1},
+    "decode": {"instance": "g6e.12xlarge", "tensor_parallel": 1, "replicas": 1},
+    "network": {"bandwidth_gbps": 10},
+    "methods": ["baseline", "hack"],
+    "calibration": {"prefill_profile": "roofline", "decode_profile": "roofline"},
+}
 
-AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-         "2023-11-16 18:15:46.6805900,374,44\n"
-         "2023-11-16 18:15:50.9951690,396,109\n"
-         "2023-11-16 18:15:51.1206000,879,34\n"
-         "2023-11-16 18:16:01.6805900,91,12\n")
-AZURE_2024 = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-              "2024-05-10 00:00:00.009930+00:00,2162,5\n"
-              "2024-05-10 00:00:01.509930+00:00,1000,20\n")
-BURSTGPT = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-            "5,ChatGPT,472,18,490,Conversation log\n"
-            "45,ChatGPT,1087,0,1087,Conversation log\n"       # failed: no response
-            "118,GPT-4,417,276,693,API log\n"
-            "130,ChatGPT,1360,105,1465,API log\n"
-            "200,GPT-4,200,50,250,Conversation log\n")
-MOONCAKE = [{"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]},
-            {"timestamp": 2500, "input_length": 6472, "output_length": 26, "hash_ids": [46, 52]},
-            {"timestamp": 4000, "input_length": 700, "output_length": 3, "hash_ids": [60]}]
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n"
+    "2023-11-16 18:15:51.1206000,879,34\n"
+    "2023-11-16 18:16:01.6805900,91,12\n"
+)
+AZURE_2024 = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2024-05-10 00:00:00.009930+00:00,2162,5\n"
+    "2024-05-10 00:00:01.509930+00:00,1000,20\n"
+)
+BURSTGPT = (
+    "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    "5,ChatGPT,472,18,490,Conversation log\n"
+    "45,ChatGPT,1087,0,1087,Conversation log\n"  # failed: no response
+    "118,GPT-4,417,276,693,API log\n"
+    "130,ChatGPT,1360,105,1465,API log\n"
+    "200,GPT-4,200,50,250,Conversation log\n"
+)
+MOONCAKE = [
+    {"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]},
+    {"timestamp": 2500, "input_length": 6472, "output_length": 26, "hash_ids": [46, 52]},
+    {"timestamp": 4000, "input_length": 700, "output_length": 3, "hash_ids": [60]},
+]
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -64,7 +77,7 @@ def test_azure_wall_clock_becomes_seconds_from_the_first_request(tmp_path):
 def test_burstgpt_filters_and_drops_failed_requests(tmp_path):
     path = write(tmp_path, "burst.csv", BURSTGPT)
     everything = load_trace(trace(path, "burstgpt"))
-    assert everything.prompt_tokens.tolist() == [472, 417, 1360, 200]          # the 0-response row is not served
+    assert everything.prompt_tokens.tolist() == [472, 417, 1360, 200]  # the 0-response row is not served
     assert everything.arrival_s.tolist() == [0.0, 113.0, 125.0, 195.0]
     chat_api = load_trace(trace(path, "burstgpt", models=["ChatGPT"], log_types=["API log"]))
     assert chat_api.prompt_tokens.tolist() == [1360] and chat_api.arrival_s.tolist() == [0.0]
@@ -85,13 +98,18 @@ def test_mooncake_keeps_block_hashes_through_the_simulation_requests(tmp_path):
 
 
 def test_vllm_bench_start_times_or_its_request_rate(tmp_path):
-    detailed = {"request_rate": 2.0, "input_lens": [100, 200, 300, 400], "output_lens": [10, 0, 30, 40],
-                "errors": ["", "timeout", "", ""], "start_times": [10.0, 10.5, 11.0, 12.25]}
+    detailed = {
+        "request_rate": 2.0,
+        "input_lens": [100, 200, 300, 400],
+        "output_lens": [10, 0, 30, 40],
+        "errors": ["", "timeout", "", ""],
+        "start_times": [10.0, 10.5, 11.0, 12.25],
+    }
     t = load_trace(trace(write(tmp_path, "v.json", json.dumps(detailed)), "vllm_bench"))
     assert t.prompt_tokens.tolist() == [100, 300, 400] and t.arrival_s.tolist() == [0.0, 1.0, 2.25]
     no_times = {k: v for k, v in detailed.items() if k != "start_times"}
     t = load_trace(trace(write(tmp_path, "w.json", json.dumps(no_times)), "vllm_bench"))
-    assert len(t) == 3 and t.arrival_s[0] == 0 and np.all(np.diff(t.arrival_s) > 0)   # Poisson at 2 req/s, seed 0
+    assert len(t) == 3 and t.arrival_s[0] == 0 and np.all(np.diff(t.arrival_s) > 0)  # Poisson at 2 req/s, seed 0
     burst = load_trace(trace(write(tmp_path, "x.json", json.dumps({**no_times, "request_rate": "inf"})), "vllm_bench"))
     assert burst.arrival_s.tolist() == [0.0, 0.0, 0.0]
     with pytest.raises(ScenarioError, match="--save-result"):
@@ -122,7 +140,7 @@ def test_requests_default_to_the_trace_and_a_larger_count_cycles_it(tmp_path):
     assert first["arrival_s"].to_numpy() == pytest.approx([0.0, 4.314579, 4.44001, 15.0])
     cycled = make_requests(scenario_with(tmp_path, {"format": "azure", "path": "a.csv"}, requests=6))
     assert cycled.prompt_tokens.tolist() == [374, 396, 879, 91, 374, 396]
-    assert cycled.arrival_s[4] == pytest.approx(15.0 + 5.0)        # the next pass, one mean gap after the last
+    assert cycled.arrival_s[4] == pytest.approx(15.0 + 5.0)  # the next pass, one mean gap after the last
 
 
 def test_trace_replaces_arrivals_and_lengths(tmp_path):
@@ -133,27 +151,65 @@ def test_trace_replaces_arrivals_and_lengths(tmp_path):
         scenario_with(tmp_path, {"format": "azure", "path": "a.csv", "models": ["x"]})
 
 
-@pytest.mark.parametrize("fmt, name, text, message", [
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,nan,5\n", "line 3: prompt_tokens: empty or NaN"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\ninf,10,5\n", "line 3: arrival_s: inf is not a finite time"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,-5\n", "line 2: output_tokens: -5 is not a whole number in [0,"),
-    ("csv", "c.csv", "arrival_s,prompt_tokens,output_tokens\n2,10,5\n1,10,5\n",
-     "line 3: arrival_s 1 is earlier than the row above (2)"),
-    ("csv", "c.csv", "request_id,arrival_s,prompt_tokens,output_tokens\n7,0,10,5\n7,1,10,5\n",
-     "line 3: request_id 7 repeats line 2"),
-    ("azure", "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", "line 2: TIMESTAMP 'yesterday'"),
-    ("burstgpt", "b.csv", "Timestamp,Model,Request tokens\n1,ChatGPT,3\n", "no column 'Response tokens'"),
-    ("mooncake", "m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n',
-     "line 2: no 'input_length'"),
-    ("azure", "missing.csv", None, "no such file"),
-])
+@pytest.mark.parametrize(
+    "fmt, name, text, message",
+    [
+        (
+            "csv",
+            "c.csv",
+            "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,nan,5\n",
+            "line 3: prompt_tokens: empty or NaN",
+        ),
+        (
+            "csv",
+            "c.csv",
+            "arrival_s,prompt_tokens,output_tokens\n0,10,5\ninf,10,5\n",
+            "line 3: arrival_s: inf is not a finite time",
+        ),
+        (
+            "csv",
+            "c.csv",
+            "arrival_s,prompt_tokens,output_tokens\n0,10,-5\n",
+            "line 2: output_tokens: -5 is not a whole number in [0,",
+        ),
+        (
+            "csv",
+            "c.csv",
+            "arrival_s,prompt_tokens,output_tokens\n2,10,5\n1,10,5\n",
+            "line 3: arrival_s 1 is earlier than the row above (2)",
+        ),
+        (
+            "csv",
+            "c.csv",
+            "request_id,arrival_s,prompt_tokens,output_tokens\n7,0,10,5\n7,1,10,5\n",
+            "line 3: request_id 7 repeats line 2",
+        ),
+        (
+            "azure",
+            "a.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n",
+            "line 2: TIMESTAMP 'yesterday'",
+        ),
+        ("burstgpt", "b.csv", "Timestamp,Model,Request tokens\n1,ChatGPT,3\n", "no column 'Response tokens'"),
+        (
+            "mooncake",
+            "m.jsonl",
+            '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1}\n',
+            "line 2: no 'input_length'",
+        ),
+        ("azure", "missing.csv", None, "no such file"),
+    ],
+)
 def test_a_bad_trace_is_one_line_naming_file_and_row(tmp_path, fmt, name, text, message):
     if text is not None:
         write(tmp_path, name, text)
     scen = tmp_path / "scenario.yaml"
     scen.write_text(yaml.safe_dump({**BASE, "workload": {"trace": {"format": fmt, "path": name}}}, sort_keys=False))
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "simulate", str(scen), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "simulate", str(scen), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: ") and str(tmp_path / name) in r.stderr and message in r.stderr
     assert not (tmp_path / "o").exists()
@@ -164,10 +220,12 @@ def test_a_sweep_over_a_trace_scenario(tmp_path):
     from planning.sweep import load_sweep, run_sweep
 
     write(tmp_path, "burst.csv", BURSTGPT)
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(
-        {**BASE, "workload": {"trace": {"format": "burstgpt", "path": "burst.csv", "rate_scale": 10}}}))
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
-        {"base": "base.yaml", "axes": {"workload.trace.rate_scale": [10, 100]}}))
+    (tmp_path / "base.yaml").write_text(
+        yaml.safe_dump({**BASE, "workload": {"trace": {"format": "burstgpt", "path": "burst.csv", "rate_scale": 10}}})
+    )
+    (tmp_path / "sweep.yaml").write_text(
+        yaml.safe_dump({"base": "base.yaml", "axes": {"workload.trace.rate_scale": [10, 100]}})
+    )
     spec, base = load_sweep(tmp_path / "sweep.yaml")
     with Executor("serial") as ex:
         table = run_sweep(spec, base, ex).table

@@ -1,5 +1,6 @@
 """Where the client's first token comes from (ttft_at): the decode instance at the end of the request's first
 decode iteration (vLLM's disaggregated serving), or the prefill instance at the end of prefill."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,8 +63,14 @@ def test_one_output_token():
 
 
 def test_requests_joining_together_see_their_first_token_together():
-    s = scenario(methods=["baseline"], **{"prefill.max_batch_requests": 4, "workload.requests": 4,
-                                          "workload.arrival": {"kind": "bursty", "rate_rps": 1000.0, "cv": 50.0}})
+    s = scenario(
+        methods=["baseline"],
+        **{
+            "prefill.max_batch_requests": 4,
+            "workload.requests": 4,
+            "workload.arrival": {"kind": "bursty", "rate_rps": 1000.0, "cv": 50.0},
+        },
+    )
     df = run_scenario(s).requests
     for _, g in df.groupby("decode_start_s"):
         assert g["first_token_s"].nunique() == 1
@@ -73,10 +80,15 @@ def test_requests_joining_together_see_their_first_token_together():
 def test_every_first_token_lies_within_its_first_iteration_under_load():
     """Under contention the first token is still the end of the iteration the request joined: after its join,
     before its second token; TPOT and TTFT still add up to JCT."""
-    s = scenario(methods=["baseline", "hack"], **{
-        "workload.requests": 120, "workload.arrival": {"kind": "poisson", "rate_rps": 3.0},
-        "workload.input_tokens": {"kind": "uniform", "min_tokens": 200, "max_tokens": 3000},
-        "workload.output_tokens": {"kind": "uniform", "min_tokens": 2, "max_tokens": 60}})
+    s = scenario(
+        methods=["baseline", "hack"],
+        **{
+            "workload.requests": 120,
+            "workload.arrival": {"kind": "poisson", "rate_rps": 3.0},
+            "workload.input_tokens": {"kind": "uniform", "min_tokens": 200, "max_tokens": 3000},
+            "workload.output_tokens": {"kind": "uniform", "min_tokens": 2, "max_tokens": 60},
+        },
+    )
     df = run_scenario(s).requests
     assert (df["first_token_s"] > df["decode_start_s"]).all()
     assert (df["first_token_s"] <= df["finish_s"]).all()

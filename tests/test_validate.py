@@ -1,4 +1,5 @@
 """`validate` replays a trace's workload through a scenario and scores the simulator."""
+
 from __future__ import annotations
 
 import copy
@@ -20,9 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _setup(tmp_path, scale_decode: float = 1.0):
     raw = copy.deepcopy(TINY)
-    raw["workload"].update(requests=40, arrival={"kind": "poisson", "rate_rps": 3.0},
-                           input_tokens={"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
-                           output_tokens={"kind": "uniform", "min_tokens": 2, "max_tokens": 64})
+    raw["workload"].update(
+        requests=40,
+        arrival={"kind": "poisson", "rate_rps": 3.0},
+        input_tokens={"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
+        output_tokens={"kind": "uniform", "min_tokens": 2, "max_tokens": 64},
+    )
     raw["prefill"]["replicas"] = 2
     raw["methods"] = ["hack"]
     scen = tmp_path / "scenario.yaml"
@@ -32,9 +36,21 @@ def _setup(tmp_path, scale_decode: float = 1.0):
     df["finish_s"] = df["decode_start_s"] + (df["finish_s"] - df["decode_start_s"]) * scale_decode
     trace = tmp_path / "trace"
     trace.mkdir()
-    cols = ["request_id", "method", "arrival_s", "prompt_tokens", "output_tokens", "prefill_start_s",
-            "prefill_end_s", "quantize_end_s", "transfer_start_s", "transfer_end_s", "decode_start_s",
-            "first_token_s", "finish_s"]
+    cols = [
+        "request_id",
+        "method",
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        "prefill_start_s",
+        "prefill_end_s",
+        "quantize_end_s",
+        "transfer_start_s",
+        "transfer_end_s",
+        "decode_start_s",
+        "first_token_s",
+        "finish_s",
+    ]
     df[cols].to_csv(trace / "requests.csv", index=False)
     (trace / "meta.json").write_text(json.dumps({"method": "hack"}))
     return trace, scen
@@ -59,18 +75,27 @@ def test_validate_sees_a_slower_decode(tmp_path):
 def test_validate_cli_writes_json_and_figure(tmp_path):
     trace, scen = _setup(tmp_path)
     out = tmp_path / "val"
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen),
-                        "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "jct mean" in r.stdout
-    as_json = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen),
-                              "--json"], capture_output=True, text=True)
+    as_json = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen), "--json"],
+        capture_output=True,
+        text=True,
+    )
     v = json.loads(as_json.stdout)
     assert "jct_mean_error_pct" in v and "ttft_p50_error_pct" in v and "tpot_p99_error_pct" in v
     assert v == json.loads((out / "validation.json").read_text())
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
-    bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "requests.csv" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -79,22 +104,29 @@ def test_validate_index_table_json_figure_and_bad_index(tmp_path):
     per-trace error figure; a malformed index is one line naming it, exit 2, nothing written."""
     trace, scen = _setup(tmp_path)
     idx = tmp_path / "index.csv"
-    idx.write_text(f"trace,scenario\n{trace.name},{scen.name}\n{trace},{scen}\n")   # relative and absolute
+    idx.write_text(f"trace,scenario\n{trace.name},{scen.name}\n{trace},{scen}\n")  # relative and absolute
     out = tmp_path / "val"
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--out", str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--out", str(out)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     assert "mean |error|" in r.stdout and "max |error|" in r.stdout
-    quiet = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", "--quiet"],
-                           capture_output=True, text=True)
+    quiet = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     rows = json.loads(quiet.stdout)
     assert quiet.stderr == "" and rows == json.loads((out / "validation.json").read_text())
-    assert len(rows) == 2 and all(abs(row["jct_mean_error_pct"]) < 1e-6 for row in rows)   # its own trace
+    assert len(rows) == 2 and all(abs(row["jct_mean_error_pct"]) < 1e-6 for row in rows)  # its own trace
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
     bad = tmp_path / "bad.csv"
     bad.write_text("path,scen\nx,y\n")
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", str(bad), "--out", str(tmp_path / "none")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(bad), "--out", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "bad.csv" in r.stderr and "trace" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
 
@@ -108,6 +140,6 @@ def test_validation_page_is_figures_then_a_collapsible_scenario(tmp_path):
     v = validate(trace, scen)
     page = write_validation_report(v, tmp_path / "validation.html").read_text()
     assert page.index('id="fig-validation"') < page.index('id="table-validation"') < page.index('id="scenario"')
-    assert '<nav>' in page and 'class="glance"' in page
-    body = page[page.index("<main>"):page.index("</main>")]
+    assert "<nav>" in page and 'class="glance"' in page
+    body = page[page.index("<main>") : page.index("</main>")]
     assert body.count("<pre>") == body.count("<details>") > 0 and '"jct_mean_error_pct"' not in body

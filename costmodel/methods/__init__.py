@@ -25,9 +25,10 @@ Adding a method = one module here, one entry in `MethodConfig` below (the order 
 order), and its tests. No other product module names a method: the scenario schema, reports,
 planning and the calibration harness read this registry.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Union, get_args
+from typing import Annotated, get_args
 
 from pydantic import Field
 
@@ -42,8 +43,10 @@ from .kvquant import KVQuant
 from .pqcache import PQCache
 
 # The scenario's `methods:` entries: discriminated by `name`, in the reports' display order.
-MethodConfig = Annotated[Union[Baseline, CacheGen, KVQuant, FP8, FP4, HACK, HACKNoSE, HACKNoRQE, PQCache, HCAttention],
-                         Field(discriminator="name")]
+MethodConfig = Annotated[
+    Baseline | CacheGen | KVQuant | FP8 | FP4 | HACK | HACKNoSE | HACKNoRQE | PQCache | HCAttention,
+    Field(discriminator="name"),
+]
 METHODS: tuple[type[KVMethod], ...] = get_args(get_args(MethodConfig)[0])
 
 
@@ -53,7 +56,7 @@ def method_name(cls: type[KVMethod]) -> str:
 
 
 REGISTRY: dict[str, type[KVMethod]] = {method_name(cls): cls for cls in METHODS}
-REFERENCE = method_name(Baseline)       # what reductions are measured against, and what sizes a pool
+REFERENCE = method_name(Baseline)  # what reductions are measured against, and what sizes a pool
 
 
 def make_method(name: str, **params) -> KVMethod:
@@ -92,7 +95,32 @@ def kernel_keys(optional: bool = True) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-__all__ = ["FP4", "FP8", "HACK", "METHODS", "PREFILL_KERNELS", "REFERENCE", "REGISTRY", "Baseline", "CacheGen", "DecodeEnv", "HACKNoRQE",
-           "HACKNoSE", "HCAttention", "KVMethod", "KVQuant", "MethodConfig", "PQCache", "colour", "decode_fit",
-           "display_label", "display_rank", "gaussian_code_entropy_bits", "gluon_decode_applies", "kernel_keys",
-           "make_method", "method_name", "reference_method"]
+__all__ = [
+    "FP4",
+    "FP8",
+    "HACK",
+    "METHODS",
+    "PREFILL_KERNELS",
+    "REFERENCE",
+    "REGISTRY",
+    "Baseline",
+    "CacheGen",
+    "DecodeEnv",
+    "HACKNoRQE",
+    "HACKNoSE",
+    "HCAttention",
+    "KVMethod",
+    "KVQuant",
+    "MethodConfig",
+    "PQCache",
+    "colour",
+    "decode_fit",
+    "display_label",
+    "display_rank",
+    "gaussian_code_entropy_bits",
+    "gluon_decode_applies",
+    "kernel_keys",
+    "make_method",
+    "method_name",
+    "reference_method",
+]

@@ -7,6 +7,7 @@ per-phase costs that `costmodel/phases.py` turns into seconds. The defaults here
 FP16 KV; each method module overrides what its format changes. pydantic validates, it does no
 I/O: like the rest of `costmodel/`, nothing here touches SimPy, random numbers, files or YAML.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..calibration import CalibrationProfile, KernelFit
 from ..specs import FP16_BYTES, ModelSpec
 
-FP16_META_BYTES = 2 * FP16_BYTES       # one min and one scale per partition, FP16 each
+FP16_META_BYTES = 2 * FP16_BYTES  # one min and one scale per partition, FP16 each
 
 # The forms prefill attention can take and the profile kernel that prices each: FlashAttention in FP16
 # (every method; a quantizing method quantizes its KV after it), or the homomorphic kernel on INT8 codes.
@@ -46,7 +47,7 @@ class DecodeEnv:
 
     profile: CalibrationProfile
     model: ModelSpec
-    kv_units_per_token: int         # K and V elements per context token on this GPU (profile units)
+    kv_units_per_token: int  # K and V elements per context token on this GPU (profile units)
     q_heads_per_gpu: float
     alu_instr_per_s: float
     pcie_bytes_per_s: float
@@ -62,8 +63,10 @@ GLUON_DECODE_GROUP = 8
 GLUON_DECODE_HEAD_DIM = 128
 
 
-DEQUANTIZE_ROLE = ("per-iteration dequantization to FP16 before FP16 attention, unit: K and V elements visited; "
-                   "its cost is added to the profile's FP16 decode attention")
+DEQUANTIZE_ROLE = (
+    "per-iteration dequantization to FP16 before FP16 attention, unit: K and V elements visited; "
+    "its cost is added to the profile's FP16 decode attention"
+)
 
 
 def dequantize_role_fits(profile: CalibrationProfile, decode_key: str, fit: KernelFit) -> dict[str, KernelFit]:
@@ -75,8 +78,7 @@ def dequantize_role_fits(profile: CalibrationProfile, decode_key: str, fit: Kern
 def gluon_decode_applies(model: ModelSpec, bits: int = 2) -> bool:
     """Whether the Gluon decode kernels take this model's attention shape (the method's own
     partition checks aside)."""
-    return (bits == 2 and model.head_dim == GLUON_DECODE_HEAD_DIM
-            and model.heads == GLUON_DECODE_GROUP * model.kv_heads)
+    return bits == 2 and model.head_dim == GLUON_DECODE_HEAD_DIM and model.heads == GLUON_DECODE_GROUP * model.kv_heads
 
 
 def decode_fit(profile: CalibrationProfile, key: str, model: ModelSpec | None, gluon_ok: bool = True) -> KernelFit:
@@ -124,16 +126,22 @@ class KVMethod(BaseModel):
 
     label: str | None = Field(None, description="name in outputs (default: the method name)")
     name: str = Field(description="the method")
-    implementation: str | None = Field(None, description="a shipped implementation profile "
-                                       "(catalog/data/implementations.yaml) whose kernel costs replace the "
-                                       "calibration profile's for this method, repriced for each pool's GPU")
-    kernels: dict[str, KernelCost] | None = Field(None, description="kernel costs that replace the calibration "
-                                                  "profile's (and the implementation's) for this method: a profile "
-                                                  "kernel key the method prices with, or one of its kernel roles")
+    implementation: str | None = Field(
+        None,
+        description="a shipped implementation profile "
+        "(catalog/data/implementations.yaml) whose kernel costs replace the "
+        "calibration profile's for this method, repriced for each pool's GPU",
+    )
+    kernels: dict[str, KernelCost] | None = Field(
+        None,
+        description="kernel costs that replace the calibration "
+        "profile's (and the implementation's) for this method: a profile "
+        "kernel key the method prices with, or one of its kernel roles",
+    )
 
     # ---- registry metadata ------------------------------------------------------------------
-    display_label: ClassVar[str]            # how reports name the method
-    colour: ClassVar[str]                   # its colour in every figure
+    display_label: ClassVar[str]  # how reports name the method
+    colour: ClassVar[str]  # its colour in every figure
     # Profile kernels its costs read with profile.kernel(key): a roofline profile has every one.
     kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "decode_attn.fp16")
     # Measured fits that replace a roofline estimate when a profile has them (fit_or).
@@ -148,7 +156,7 @@ class KVMethod(BaseModel):
     kernel_roles: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="after")
-    def _known_kernels(self) -> "KVMethod":
+    def _known_kernels(self) -> KVMethod:
         for key in self.kernels or {}:
             why = self.kernel_refusal(key)
             if why:
@@ -160,8 +168,9 @@ class KVMethod(BaseModel):
         keys = self.kernel_keys + self.optional_kernel_keys
         if key in keys or key in self.kernel_roles:
             return None
-        return (f"{self.name} prices no kernel {key!r}; it takes "
-                + ", ".join(sorted(set(keys) | set(self.kernel_roles))))
+        return f"{self.name} prices no kernel {key!r}; it takes " + ", ".join(
+            sorted(set(keys) | set(self.kernel_roles))
+        )
 
     def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
         """The profile entries a kernel role's cost becomes (a method with roles overrides this)."""
@@ -180,15 +189,21 @@ class KVMethod(BaseModel):
                 del kernels[shaped]
             kernels[k] = f
 
-        for key, fit in costs.items():          # profile keys first: a role builds on them
+        for key, fit in costs.items():  # profile keys first: a role builds on them
             if key not in self.kernel_roles:
                 put(key, fit)
         for key, fit in costs.items():
             if key in self.kernel_roles:
                 for k, f in self.role_fits(replace(profile, kernels=dict(kernels)), key, fit).items():
                     put(k, f)
-        return replace(profile, kernels=kernels, provenance={
-            **profile.provenance, "kernel_overrides": {k: [f.overhead_s, f.s_per_unit] for k, f in costs.items()}})
+        return replace(
+            profile,
+            kernels=kernels,
+            provenance={
+                **profile.provenance,
+                "kernel_overrides": {k: [f.overhead_s, f.s_per_unit] for k, f in costs.items()},
+            },
+        )
 
     @property
     def output_name(self) -> str:
@@ -267,8 +282,10 @@ class KVMethod(BaseModel):
             dequant = max(0.0, attn_per_ctx - prof.kernel("decode_attn.fp16").s_per_unit * u)
         fixed_ops, per_ctx_ops = self.approximation_ops(env.model)
         approx = min(attn_per_ctx - dequant, env.q_heads_per_gpu * per_ctx_ops / env.alu_instr_per_s)
-        return ({"approximation": env.q_heads_per_gpu * fixed_ops / env.alu_instr_per_s},
-                {"decode": attn_per_ctx - dequant - approx, "dequantize": dequant, "approximation": approx})
+        return (
+            {"approximation": env.q_heads_per_gpu * fixed_ops / env.alu_instr_per_s},
+            {"decode": attn_per_ctx - dequant - approx, "dequantize": dequant, "approximation": approx},
+        )
 
     def decode_layer_fixed_s(self, env: DecodeEnv) -> dict[str, float]:
         """Seconds of one decode layer on one GPU per iteration, whatever the batch (extra launches), by

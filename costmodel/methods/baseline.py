@@ -3,6 +3,7 @@
 The format and costs are `KVMethod`'s defaults: 2 bytes per K or V element on the wire and in
 decode memory, FP16 prefill and decode attention kernels, no work after prefill.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal

@@ -6,10 +6,11 @@ Prefill quantizes and entropy-encodes its KV; the decode side decodes it on arri
 coded size is `entropy_ratio` of the raw codes, by default the entropy of Gaussian b-bit codes
 (`gaussian_code_entropy_bits`): a derivation, not a fit.
 """
+
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 from statistics import NormalDist
 from typing import ClassVar, Literal
 
@@ -20,7 +21,7 @@ from ..specs import FP16_BYTES
 from .base import DEQUANTIZE_ROLE, FP16_META_BYTES, KVMethod, code_bytes, dequantize_role_fits
 
 
-@lru_cache(maxsize=None)
+@cache
 def gaussian_code_entropy_bits(bits: int, partition: int) -> float:
     """Entropy (bits/symbol) of b-bit min/max codes of a Gaussian partition of `partition` values.
 
@@ -46,16 +47,26 @@ class CacheGen(KVMethod):
     bits: Literal[2, 3, 4] = Field(2, description="code width")
     partition: int = Field(64, ge=16, le=4096, description="elements per min/scale group")
     decode_mode: Literal["decompress_once", "dequantize_per_iteration"] = Field(
-        "decompress_once", description="restore FP16 on arrival, or keep codes and dequantize every iteration")
-    dequant_kernel: Literal["unfused", "fused"] = Field("unfused", description="with dequantize_per_iteration: "
-                                                        "unfused (to FP16 memory, then attend) or fused (in registers)")
-    entropy_ratio: float | None = Field(None, gt=0, le=1, description="coded bits / raw code bits; null: "
-                                        "derived from the entropy of Gaussian codes")
+        "decompress_once", description="restore FP16 on arrival, or keep codes and dequantize every iteration"
+    )
+    dequant_kernel: Literal["unfused", "fused"] = Field(
+        "unfused",
+        description="with dequantize_per_iteration: unfused (to FP16 memory, then attend) or fused (in registers)",
+    )
+    entropy_ratio: float | None = Field(
+        None, gt=0, le=1, description="coded bits / raw code bits; null: derived from the entropy of Gaussian codes"
+    )
 
     display_label: ClassVar[str] = "CacheGen"
     colour: ClassVar[str] = "#f59e0b"
-    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "quantize.kv", "dequantize.kv", "decode_attn.fp16",
-                                              "decode_attn.dequant_unfused", "decode_attn.dequant_fused")
+    kernel_keys: ClassVar[tuple[str, ...]] = (
+        "prefill_attn.fp16",
+        "quantize.kv",
+        "dequantize.kv",
+        "decode_attn.fp16",
+        "decode_attn.dequant_unfused",
+        "decode_attn.dequant_fused",
+    )
     encode: ClassVar[str | None] = "quantize"
     entropy_coded: ClassVar[bool] = True
     # The arithmetic coder's costs, where a scenario or an implementation profile gives them (profile keys
@@ -64,7 +75,8 @@ class CacheGen(KVMethod):
     kernel_roles: ClassVar[dict[str, str]] = {
         "dequantize": DEQUANTIZE_ROLE + " (decompress_once: the on-arrival dequantize.kv)",
         "entropy_decode": "arithmetic decoding on arrival, unit: K and V elements (symbols) decoded",
-        "entropy_encode": "arithmetic encoding after prefill, unit: K and V elements (symbols) encoded"}
+        "entropy_encode": "arithmetic encoding after prefill, unit: K and V elements (symbols) encoded",
+    }
 
     def role_fits(self, profile: CalibrationProfile, role: str, fit: KernelFit) -> dict[str, KernelFit]:
         if role == "dequantize":

@@ -4,6 +4,7 @@ Native on GPUs with FP4 tensor cores (Blackwell): decode reads the codes and con
 hardware. Elsewhere `emulate: true` prices software dequantization in registers (unpack, convert,
 scale, like the fused 2-bit path) as `dequantize`; `emulate: false` refuses such a GPU.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -18,8 +19,9 @@ class FP4(KVMethod):
     """FP4 KV, native on FP4 tensor cores, else emulated or refused (module doc)."""
 
     name: Literal["fp4"] = Field("fp4", description="FP4 (e2m1, FP8 scale per 16) KV")
-    emulate: bool = Field(True, description="on GPUs without FP4 tensor cores, price software dequantization "
-                          "(false: refuse such GPUs)")
+    emulate: bool = Field(
+        True, description="on GPUs without FP4 tensor cores, price software dequantization (false: refuse such GPUs)"
+    )
 
     display_label: ClassVar[str] = "FP4"
     colour: ClassVar[str] = "#14b8a6"
@@ -32,8 +34,10 @@ class FP4(KVMethod):
 
     def check_decode_gpu(self, gpu) -> str | None:
         if gpu.fp4_tensor_tflops is None and not self.emulate:
-            return (f"fp4 needs FP4 tensor cores (Blackwell); {gpu.key} has none: set emulate: true to price "
-                    f"software dequantization")
+            return (
+                f"fp4 needs FP4 tensor cores (Blackwell); {gpu.key} has none: set emulate: true to price "
+                f"software dequantization"
+            )
         return None
 
     def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:

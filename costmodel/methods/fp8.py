@@ -4,6 +4,7 @@ Prefill casts its KV to FP8 (an elementwise, memory-bound pass); decode attends 
 profile's ``decode_attn.fp8`` kernel (hardware conversion on GPUs with FP8 support, a software
 conversion before Ada/Hopper: costmodel/roofline.py).
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal

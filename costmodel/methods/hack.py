@@ -17,6 +17,7 @@ The ablations are the same method with one elimination off: `hack_no_se` (sums r
 iteration, + 2·d_h·L correction ops) and `hack_no_rqe` (no FP16 tail; the last block is
 requantized).
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -33,20 +34,33 @@ class HACK(KVMethod):
 
     name: Literal["hack"] = Field("hack", description="HACK homomorphic attention on 2-bit partitioned KV")
     bits: Literal[2, 4, 8] = Field(2, description="code width")
-    partition: int = Field(64, ge=16, le=256, description="Π: elements per partition, a multiple of 16",
-                           json_schema_extra={"multipleOf": 16})
+    partition: int = Field(
+        64,
+        ge=16,
+        le=256,
+        description="Π: elements per partition, a multiple of 16",
+        json_schema_extra={"multipleOf": 16},
+    )
     stochastic_rounding: bool = Field(True, description="stochastic (else nearest) rounding of the codes")
     summation_elimination: bool = Field(True, description="store code sums (SE)")
     requantization_elimination: bool = Field(True, description="keep the last V block in FP16 (RQE)")
     prefill_attention: Literal["fp16", "homomorphic", "auto"] = Field(
-        "auto", description="prefill attention: fp16 (FlashAttention in FP16, then the quantize kernel), homomorphic "
+        "auto",
+        description="prefill attention: fp16 (FlashAttention in FP16, then the quantize kernel), homomorphic "
         "(the homomorphic kernel on the quantized Q/K/V), auto (per prompt, whichever the calibration profile "
-        "prices faster on the pool's GPU)")
+        "prices faster on the pool's GPU)",
+    )
 
     display_label: ClassVar[str] = "HACK"
     colour: ClassVar[str] = "#dc2626"
-    kernel_keys: ClassVar[tuple[str, ...]] = ("prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "decode_attn.hack",
-                                              "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
+    kernel_keys: ClassVar[tuple[str, ...]] = (
+        "prefill_attn.fp16",
+        "prefill_attn.hack",
+        "quantize.kv",
+        "decode_attn.hack",
+        "decode_attn.hack_no_se",
+        "decode_attn.hack_no_rqe",
+    )
     encode: ClassVar[str | None] = "quantize"
     # Without RQE an implementation may requantize the open V block every token (the `requantize` role, profile
     # key requantize.v_block, unit: V elements of the open blocks, kv_heads x Π x head_dim per request per
@@ -54,7 +68,8 @@ class HACK(KVMethod):
     # no-RQE kernel prices both.
     kernel_roles: ClassVar[dict[str, str]] = {
         "requantize": "without RQE, requantizing the open V block at every token, unit: V elements of the open "
-                      "blocks (kv_heads x partition x head_dim per request per layer)"}
+        "blocks (kv_heads x partition x head_dim per request per layer)"
+    }
 
     def kernel_refusal(self, key: str) -> str | None:
         if key == "requantize" and self.requantization_elimination:
@@ -108,7 +123,7 @@ class HACK(KVMethod):
     def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
         per_req, per_ctx = super().decode_layer_terms(env)
         fit = self._requantize_fit(env.profile)
-        if fit is not None:   # each request's open V block: kv_heads x Π x head_dim elements per layer
+        if fit is not None:  # each request's open V block: kv_heads x Π x head_dim elements per layer
             v_elements = env.kv_units_per_token // 2 * self.partition
             per_req = {**per_req, "dequantize": per_req.get("dequantize", 0.0) + fit.s_per_unit * v_elements}
         return per_req, per_ctx

@@ -6,6 +6,7 @@ important) also on the GPU. Each iteration needs the values of `fetch_fraction` 
 `value_hit_rate` of those are already on the GPU, the rest cross PCIe. The prefill side quantizes
 the keys, so the wire carries quantized K and FP16 V.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -50,8 +51,9 @@ class HCAttention(KVMethod):
         # Quantized-key scoring (kernels_calibration/kernels/qk_score.py), per key element: its code and
         # share of min/scale, FP32 scores per query head; unpack + convert + scale on CUDA cores.
         key_bytes = self._key_bytes_per_element() + 4 * group / env.model.head_dim
-        score = (u / 2) * fit_or(prof, "score.quantized_keys", max(key_bytes / env.memory_bytes_per_s,
-                                                                   3.5 / env.alu_instr_per_s))
+        score = (u / 2) * fit_or(
+            prof, "score.quantized_keys", max(key_bytes / env.memory_bytes_per_s, 3.5 / env.alu_instr_per_s)
+        )
         pv = prof.kernel("decode_attn.fp16").s_per_unit * u / 2 * self.fetch_fraction
         fetch = self.fetch_fraction * (1 - self.value_hit_rate) * (u / 2) * FP16_BYTES / env.pcie_bytes_per_s
         return {}, {"decode": pv + fetch, "approximation": score, "fetch": fetch}

@@ -7,6 +7,7 @@ a GPU block cache (`cache_hit_rate`), and attends over them plus the initial and
 tokens kept on the GPU. The wire carries the FP16 KV (the decode side needs all of it in host
 memory), the codes and the centroids: PQCache saves decode GPU memory, not transfer bytes.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -20,8 +21,9 @@ from .base import DecodeEnv, KVMethod, fit_or
 class PQCache(KVMethod):
     """PQCache: FP16 KV in decode host memory, PQ-scored top-k tokens fetched over PCIe (module doc)."""
 
-    name: Literal["pqcache"] = Field("pqcache", description="KV in decode host memory, PQ-scored top-k fetched "
-                                     "over PCIe")
+    name: Literal["pqcache"] = Field(
+        "pqcache", description="KV in decode host memory, PQ-scored top-k fetched over PCIe"
+    )
     subspaces: int = Field(2, ge=1, le=1024, description="m: PQ sub-spaces per key")
     bits: int = Field(8, ge=1, le=12, description="b: 2^b centroids per sub-space")
     top_k_fraction: float = Field(0.2, gt=0, le=1, description="fraction of context tokens attended each iteration")
@@ -67,10 +69,18 @@ class PQCache(KVMethod):
         # Scoring (kernels_calibration/kernels/pq_score.py), per token and KV head: read m b-bit codes and
         # write FP32 scores for each query head; G·m table gathers and adds. Then top-k over the scores
         # (read them, write k indices). Measured fits replace these where the profile has them.
-        score_unit = fit_or(prof, "score.pq", max((self.subspaces * self.bits / 8 + 4 * group) / env.memory_bytes_per_s,
-                                                   2 * group * self.subspaces / env.alu_instr_per_s))
+        score_unit = fit_or(
+            prof,
+            "score.pq",
+            max(
+                (self.subspaces * self.bits / 8 + 4 * group) / env.memory_bytes_per_s,
+                2 * group * self.subspaces / env.alu_instr_per_s,
+            ),
+        )
         topk_unit = fit_or(prof, "select.topk", (4 + 12 * self.top_k_fraction) / env.memory_bytes_per_s)
         score = kv_heads * score_unit + env.q_heads_per_gpu * topk_unit
         fetch = self.top_k_fraction * (1 - self.cache_hit_rate) * u * FP16_BYTES / env.pcie_bytes_per_s
-        return ({"decode": fp16 * u * self.local_tokens},
-                {"decode": fp16 * u * self.top_k_fraction + fetch, "approximation": score, "fetch": fetch})
+        return (
+            {"decode": fp16 * u * self.local_tokens},
+            {"decode": fp16 * u * self.top_k_fraction + fetch, "approximation": score, "fetch": fetch},
+        )

@@ -7,6 +7,7 @@ Checked against torch SDPA (tests and the device check).
 
 Work: flops = 4 * G * sum(lens) * H_kv * D; bytes = 2 * sum(lens) * H_kv * D * elem_bytes + Q + O.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,24 @@ from .split_k import default_splits, run_split_decode, tokens_per_split
 
 
 @triton.jit
-def _fp_decode_kernel(Q, K, V, LENS, OP, LSEP, qk_scale, v_scale, HKV, LMAX, TPS, NSPLIT,
-                      G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
+def _fp_decode_kernel(
+    Q,
+    K,
+    V,
+    LENS,
+    OP,
+    LSEP,
+    qk_scale,
+    v_scale,
+    HKV,
+    LMAX,
+    TPS,
+    NSPLIT,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+):
     # Q [B, HQ, D] fp16; K, V [B, HKV, LMAX, D] fp16 or fp8e4m3 (then qk_scale includes k's scale)
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -36,7 +53,7 @@ def _fp_decode_kernel(Q, K, V, LENS, OP, LSEP, qk_scale, v_scale, HKV, LMAX, TPS
     d = tl.arange(0, D)
     qrow = (b * HKV + h) * G + g
     q = tl.load(Q + qrow[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0)
-    q = (q.to(tl.float32) * qk_scale).to(tl.float16)                  # [G_PAD, D]
+    q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # [G_PAD, D]
     base = bh.to(tl.int64) * LMAX * D
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -59,9 +76,16 @@ def _fp_decode_kernel(Q, K, V, LENS, OP, LSEP, qk_scale, v_scale, HKV, LMAX, TPS
     tl.store(OP + prow[:, None] * D + d[None, :], o * (v_scale / l_safe)[:, None], mask=gmask[:, None])
 
 
-def fp_attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor,
-                   k_scale: float = 1.0, v_scale: float = 1.0, max_len: int | None = None,
-                   config: FpDecodeConfig = FpDecodeConfig()) -> torch.Tensor:
+def fp_attn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lens: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    max_len: int | None = None,
+    config: FpDecodeConfig = FpDecodeConfig(),
+) -> torch.Tensor:
     """q [B, HQ, D] fp16; k, v [B, HKV, Lmax, D] fp16 or float8_e4m3fn (value = stored * scale).
     max_len: an upper bound of lens (defaults to Lmax) that sizes the splits.  -> [B, HQ, D] fp16."""
     b, hkv, lmax, d = k.shape
@@ -70,16 +94,33 @@ def fp_attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torc
     g = q.shape[1] // hkv
     max_len = lmax if max_len is None else max_len
     block_n = config.block_n
-    tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device),
-                                   block_n)
+    tps, splits = tokens_per_split(
+        max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device), block_n
+    )
     qk_scale = k_scale / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
     opts = config.options(4, 3)
 
     def launch(op, lsep):
         _fp_decode_kernel[(b * hkv, splits)](
-            q, k, v, lens, op, lsep, qk_scale, v_scale, hkv, lmax, tps, splits,
-            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, BN=block_n, **opts)
+            q,
+            k,
+            v,
+            lens,
+            op,
+            lsep,
+            qk_scale,
+            v_scale,
+            hkv,
+            lmax,
+            tps,
+            splits,
+            G=g,
+            G_PAD=max(16, triton.next_power_of_2(g)),
+            D=d,
+            BN=block_n,
+            **opts,
+        )
 
     return run_split_decode(launch, q, splits)
 
@@ -96,8 +137,7 @@ def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return out[:, :, 0, :]
 
 
-def decode_bytes(batch_tokens: int, kv_heads: int, head_dim: int, elem_bytes: float, q_heads: int,
-                 batch: int) -> float:
+def decode_bytes(batch_tokens: int, kv_heads: int, head_dim: int, elem_bytes: float, q_heads: int, batch: int) -> float:
     return 2.0 * batch_tokens * kv_heads * head_dim * elem_bytes + 4.0 * batch * q_heads * head_dim
 
 

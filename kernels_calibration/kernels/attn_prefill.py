@@ -6,6 +6,7 @@ with it); FP16 operands, FP32 accumulation, online softmax in base 2.  Checked a
 
 causal flops = 4 * H_q * D * sum_b L_b (L_b + 1) / 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,7 @@ from .launch import PrefillConfig
 
 
 @triton.jit
-def _fa_inner(acc, l_i, m_i, q, kbase, vbase, rows, lo, hi, L, D: tl.constexpr, BN: tl.constexpr,
-              MASKED: tl.constexpr):
+def _fa_inner(acc, l_i, m_i, q, kbase, vbase, rows, lo, hi, L, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr):
     d = tl.arange(0, D)
     for s0 in range(lo, hi, BN):
         tok = s0 + tl.arange(0, BN)
@@ -37,8 +37,9 @@ def _fa_inner(acc, l_i, m_i, q, kbase, vbase, rows, lo, hi, L, D: tl.constexpr, 
 
 
 @triton.jit
-def _fa_prefill_kernel(Q, K, V, O, qk_scale, HQ, HKV, L, LMAX,
-                       G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _fa_prefill_kernel(
+    Q, K, V, O, qk_scale, HQ, HKV, L, LMAX, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
+):
     # Q, O [B, HQ, L, D]; K, V [B, HKV, LMAX, D] fp16
     mblk = tl.program_id(0)
     bhq = tl.program_id(1)
@@ -55,14 +56,16 @@ def _fa_prefill_kernel(Q, K, V, O, qk_scale, HQ, HKV, L, LMAX,
     acc = tl.zeros([BM, D], tl.float32)
     lo_diag = mblk * BM
     acc, l_i, m_i = _fa_inner(acc, l_i, m_i, q, K + kvoff, V + kvoff, rows, 0, lo_diag, L, D, BN, False)
-    acc, l_i, m_i = _fa_inner(acc, l_i, m_i, q, K + kvoff, V + kvoff, rows, lo_diag,
-                              tl.minimum(lo_diag + BM, L), L, D, BN, True)
+    acc, l_i, m_i = _fa_inner(
+        acc, l_i, m_i, q, K + kvoff, V + kvoff, rows, lo_diag, tl.minimum(lo_diag + BM, L), L, D, BN, True
+    )
     out = acc / l_i[:, None]
     tl.store(O + qoff + rows[:, None] * D + d[None, :], out.to(tl.float16), mask=rows[:, None] < L)
 
 
-def fa_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    config: PrefillConfig = PrefillConfig()) -> torch.Tensor:
+def fa_attn_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: PrefillConfig = PrefillConfig()
+) -> torch.Tensor:
     """Causal attention. q [B, HQ, L, D], k, v [B, HKV, Lmax >= L, D] fp16 -> [B, HQ, L, D] fp16.
     Defaults: BM 128 query rows, BN 64 tokens, 8 warps, 3 stages."""
     block_m, block_n = config.block_m or 128, config.block_n
@@ -73,8 +76,21 @@ def fa_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = torch.empty_like(q)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     _fa_prefill_kernel[(triton.cdiv(seq, block_m), b * hq)](
-        q.contiguous(), k.contiguous(), v.contiguous(), o, qk_scale, hq, hkv, seq, lmax,
-        G=hq // hkv, D=d, BM=block_m, BN=block_n, **config.options(8, 3))
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        o,
+        qk_scale,
+        hq,
+        hkv,
+        seq,
+        lmax,
+        G=hq // hkv,
+        D=d,
+        BM=block_m,
+        BN=block_n,
+        **config.options(8, 3),
+    )
     return o
 
 

@@ -8,6 +8,7 @@ One load of a [rows, W] byte tile therefore yields, after one shift and one mask
 group is a ready dot operand.  On the GPU the shift+mask runs on 4 packed bytes per 32-bit
 register (inline PTX); under TRITON_INTERPRET=1 (CPU tests) the same is done per element.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,12 @@ def sum_dtype(bits: int, partition: int) -> torch.dtype:
 
 # 2-bit code planes to INT8, 4 bytes per 32-bit register: one shift and one mask give 4 codes (shared
 # with the Gluon kernels, gluon_decode.py)
-UNPACK2_ASM = ("and.b32 $0, $1, 0x03030303;", "{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
-               "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }", "{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }")
+UNPACK2_ASM = (
+    "and.b32 $0, $1, 0x03030303;",
+    "{ shr.b32 $0, $1, 2; and.b32 $0, $0, 0x03030303; }",
+    "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x03030303; }",
+    "{ shr.b32 $0, $1, 6; and.b32 $0, $0, 0x03030303; }",
+)
 _UNPACK2_S0 = tl.constexpr(UNPACK2_ASM[0])
 _UNPACK2_S2 = tl.constexpr(UNPACK2_ASM[1])
 _UNPACK2_S4 = tl.constexpr(UNPACK2_ASM[2])
@@ -86,11 +91,18 @@ def unpack_codes(packed, SHIFT: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.co
             out = tl.inline_asm_elementwise(asm, "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
         else:
             if SHIFT == 0:
-                out = tl.inline_asm_elementwise("and.b32 $0, $1, 0x0F0F0F0F;", "=r,r", [packed],
-                                                dtype=tl.int8, is_pure=True, pack=4)
+                out = tl.inline_asm_elementwise(
+                    "and.b32 $0, $1, 0x0F0F0F0F;", "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4
+                )
             else:
-                out = tl.inline_asm_elementwise("{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x0F0F0F0F; }",
-                                                "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
+                out = tl.inline_asm_elementwise(
+                    "{ shr.b32 $0, $1, 4; and.b32 $0, $0, 0x0F0F0F0F; }",
+                    "=r,r",
+                    [packed],
+                    dtype=tl.int8,
+                    is_pure=True,
+                    pack=4,
+                )
     else:
         out = ((packed >> SHIFT) & ((1 << BITS) - 1)).to(tl.int8)
     return out
@@ -106,9 +118,11 @@ def unpack_codes(packed, SHIFT: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.co
 # The four codes of a packed register must share a table: they do in the tensor-core operand
 # layouts (four consecutive K elements of one token; four consecutive tokens of one V block and
 # channel), which is where the kernels use it.
-LUT2_ASM = ("{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
-             " mad.lo.u32 v, u, 0x22, 0x10101010;\n"
-             " prmt.b32 $0, $3, $7, v; shr.b32 w, v, 16; prmt.b32 $1, $3, $7, w; }")
+LUT2_ASM = (
+    "{ .reg .b32 u, v, w;\n shr.b32 u, $2, SHIFT; and.b32 u, u, 0x03030303;"
+    " mad.lo.u32 v, u, 0x22, 0x10101010;\n"
+    " prmt.b32 $0, $3, $7, v; shr.b32 w, v, 16; prmt.b32 $1, $3, $7, w; }"
+)
 _LUT2_S0 = tl.constexpr(LUT2_ASM.replace("SHIFT", "0"))
 _LUT2_S2 = tl.constexpr(LUT2_ASM.replace("SHIFT", "2"))
 _LUT2_S4 = tl.constexpr(LUT2_ASM.replace("SHIFT", "4"))
@@ -117,9 +131,11 @@ _LUT2_S6 = tl.constexpr(LUT2_ASM.replace("SHIFT", "6"))
 
 # the FP16 values of codes 0, 1 | 2, 3 of a (token, partition) or (block, channel): fma(s, (0, 1), m) and
 # fma(s, (2, 3), m) in half2, one rounding each (shared with gluon_decode.py)
-TABLE_ASM = ("{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
-             " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
-             " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }")
+TABLE_ASM = (
+    "{ .reg .b32 s2, m2, k01, k23; mov.b32 s2, {$2, $2}; mov.b32 m2, {$3, $3};"
+    " mov.b32 k01, 0x3C000000; mov.b32 k23, 0x42004000;"
+    " fma.rn.f16x2 $0, s2, k01, m2; fma.rn.f16x2 $1, s2, k23, m2; }"
+)
 _TABLE_S = tl.constexpr(TABLE_ASM)
 
 
@@ -128,8 +144,14 @@ def dequant_table(scale, mn, USE_ASM: tl.constexpr):
     """(lo, hi) int32 tensors holding the FP16 values of codes 0, 1 | 2, 3 for FP16 scale and min
     (any shape): fma(s, (0, 1), m) and fma(s, (2, 3), m) in half2, one rounding each."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_TABLE_S, "=r,=r,h,h", [scale.to(tl.float16), mn.to(tl.float16)],
-                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        lo, hi = tl.inline_asm_elementwise(
+            _TABLE_S,
+            "=r,=r,h,h",
+            [scale.to(tl.float16), mn.to(tl.float16)],
+            dtype=(tl.int32, tl.int32),
+            is_pure=True,
+            pack=1,
+        )
     else:
         sf = scale.to(tl.float16).to(tl.float32)
         mf = mn.to(tl.float16).to(tl.float32)
@@ -161,8 +183,9 @@ def dequant_lut(packed, SHIFT: tl.constexpr, tab_lo, tab_hi, USE_ASM: tl.constex
             asm: tl.constexpr = _LUT2_S4
         else:
             asm: tl.constexpr = _LUT2_S6
-        out = tl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=tl.float16,
-                                        is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(
+            asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=tl.float16, is_pure=True, pack=4
+        )
     else:
         code = ((packed >> SHIFT) & 3).to(tl.int32)
         word = tl.where(code < 2, tab_lo, tab_hi)

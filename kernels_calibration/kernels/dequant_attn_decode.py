@@ -18,6 +18,7 @@ integer-to-float conversion, one rounding, the same FP16 values the dequantize k
 
 dequantize bytes = codes + metadata read + 2 * elements written (dequantize_bytes).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,9 +37,26 @@ __all__ = ["DequantDecodeConfig", "dequant_attn_decode", "dequant_attn_decode_re
 
 
 @triton.jit
-def _dequant_kernel(KC, KMN, KSC, VC, VMN, VSC, VT, LENS, KO, VO, HKV, LMAX, NBLK,
-                    D: tl.constexpr, PI: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_T: tl.constexpr,
-                    USE_ASM: tl.constexpr):
+def _dequant_kernel(
+    KC,
+    KMN,
+    KSC,
+    VC,
+    VMN,
+    VSC,
+    VT,
+    LENS,
+    KO,
+    VO,
+    HKV,
+    LMAX,
+    NBLK,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     bh = tl.program_id(0)
@@ -68,31 +86,64 @@ def _dequant_kernel(KC, KMN, KSC, VC, VMN, VSC, VT, LENS, KO, VO, HKV, LMAX, NBL
             vval = unpack_codes(vb, 2 * c, 2, USE_ASM).to(tl.float16) * sv + mv
             if HAS_TAIL:
                 tr = tl.maximum(t - LV, 0)
-                tv = tl.load(VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + ch[None, :],
-                             mask=(tmask & (t >= LV))[:, None], other=0.0)
+                tv = tl.load(
+                    VT + (bh.to(tl.int64) * PI + tr)[:, None] * D + ch[None, :],
+                    mask=(tmask & (t >= LV))[:, None],
+                    other=0.0,
+                )
                 vval = tl.where(qmask[:, None], vval, tv)
             tl.store(VO + row[:, None] * D + ch[None, :], vval, mask=tmask[:, None])
 
 
-def dequantize_cache(cache: QuantKVCache, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     max_len: int | None = None, config: QuantizeConfig = QuantizeConfig()):
+def dequantize_cache(
+    cache: QuantKVCache,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_len: int | None = None,
+    config: QuantizeConfig = QuantizeConfig(),
+):
     """Write the cache's K and V to FP16 [B, HKV, Lmax, D] (only tokens < lens[b]) into out (allocated
     when None); max_len: an upper bound of lens.  Returns (k, v)."""
     b, hkv, lmax, d = cache.shape
-    ko, vo = out if out is not None else (
-        torch.empty((b, hkv, lmax, d), dtype=torch.float16, device=cache.k_codes.device),
-        torch.empty((b, hkv, lmax, d), dtype=torch.float16, device=cache.k_codes.device))
+    ko, vo = (
+        out
+        if out is not None
+        else (
+            torch.empty((b, hkv, lmax, d), dtype=torch.float16, device=cache.k_codes.device),
+            torch.empty((b, hkv, lmax, d), dtype=torch.float16, device=cache.k_codes.device),
+        )
+    )
     max_len = lmax if max_len is None else max_len
     _dequant_kernel[(b * hkv, triton.cdiv(max_len, config.block_t))](
-        cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
-        cache.v_tail, cache.lens, ko, vo, hkv, lmax, cache.v_min.shape[2], D=d, PI=cache.partition,
-        HAS_TAIL=cache.rqe, BLOCK_T=config.block_t, USE_ASM=use_asm(cache.k_codes), **config.options(4, 3))
+        cache.k_codes,
+        cache.k_min,
+        cache.k_scale,
+        cache.v_codes,
+        cache.v_min,
+        cache.v_scale,
+        cache.v_tail,
+        cache.lens,
+        ko,
+        vo,
+        hkv,
+        lmax,
+        cache.v_min.shape[2],
+        D=d,
+        PI=cache.partition,
+        HAS_TAIL=cache.rqe,
+        BLOCK_T=config.block_t,
+        USE_ASM=use_asm(cache.k_codes),
+        **config.options(4, 3),
+    )
     return ko, vo
 
 
-def dequant_attn_decode(q: torch.Tensor, cache: QuantKVCache, max_len: int | None = None,
-                        config: DequantDecodeConfig = DequantDecodeConfig(),
-                        scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def dequant_attn_decode(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    max_len: int | None = None,
+    config: DequantDecodeConfig = DequantDecodeConfig(),
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits; scratch: the FP16
     K and V buffers of the unfused kernel (allocated when None)."""
@@ -102,8 +153,9 @@ def dequant_attn_decode(q: torch.Tensor, cache: QuantKVCache, max_len: int | Non
     if kernel == "triton":
         return quant_attn_decode_hm(q, cache, mode="dequant", max_len=max_len, config=config)
     ko, vo = dequantize_cache(cache, scratch, max_len=max_len)
-    fp = FpDecodeConfig(splits=config.splits, num_warps=config.num_warps, num_stages=config.num_stages,
-                        maxnreg=config.maxnreg)
+    fp = FpDecodeConfig(
+        splits=config.splits, num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.maxnreg
+    )
     return fp_attn_decode(q, ko, vo, cache.lens, max_len=max_len, config=fp)
 
 

@@ -16,6 +16,7 @@ Dequantize-then-attend (DequantDecodeConfig.kernel "auto"): the Gluon one-warp k
   it takes the shape (PI 64/128, GQA 8, head_dim 128) and no Triton option (num_warps, maxnreg) is
   given, else the head-major Triton kernel in its dequant mode.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -28,7 +29,7 @@ from .hack_decode_rp import row_packed_supported
 from .kv_cache import QuantKVCache
 from .launch import DequantDecodeConfig, HackDecodeConfig
 
-FUSED_STEP_MAX_LEN = 2048   # longest context (tokens after the append) of the fused decode step
+FUSED_STEP_MAX_LEN = 2048  # longest context (tokens after the append) of the fused decode step
 
 _HOPPER: dict[int, bool] = {}
 
@@ -44,14 +45,14 @@ def gluon_device(q: torch.Tensor) -> bool:
     return _HOPPER[idx]
 
 
-def hack_kernel(q: torch.Tensor, cache: QuantKVCache, max_len: int | None,
-                config: HackDecodeConfig) -> Literal["gluon", "row_packed", "head_major"]:
+def hack_kernel(
+    q: torch.Tensor, cache: QuantKVCache, max_len: int | None, config: HackDecodeConfig
+) -> Literal["gluon", "row_packed", "head_major"]:
     """The HACK decode kernel for q over cache (max_len: the longest context, default the capacity)."""
     if config.kernel != "auto":
         return config.kernel
     ml = cache.shape[2] if max_len is None else max_len
-    if (config.num_warps is None and ml > FUSED_STEP_MAX_LEN and gluon_device(q)
-            and hack_supported_gluon(q, cache)):
+    if config.num_warps is None and ml > FUSED_STEP_MAX_LEN and gluon_device(q) and hack_supported_gluon(q, cache):
         return "gluon"
     return "row_packed" if row_packed_supported(q, cache) else "head_major"
 
@@ -61,12 +62,17 @@ def fused_step(q: torch.Tensor, cache: QuantKVCache, max_len: int | None, config
     if config.fused is not None:
         return config.fused
     ml = cache.shape[2] if max_len is None else max_len
-    return (ml <= FUSED_STEP_MAX_LEN and cache.rqe and config.kernel in ("auto", "row_packed")
-            and row_packed_supported(q, cache))
+    return (
+        ml <= FUSED_STEP_MAX_LEN
+        and cache.rqe
+        and config.kernel in ("auto", "row_packed")
+        and row_packed_supported(q, cache)
+    )
 
 
-def dequant_kernel(q: torch.Tensor, cache: QuantKVCache,
-                   config: DequantDecodeConfig) -> Literal["gluon", "triton", "unfused"]:
+def dequant_kernel(
+    q: torch.Tensor, cache: QuantKVCache, config: DequantDecodeConfig
+) -> Literal["gluon", "triton", "unfused"]:
     """The dequantize-then-attend kernel for q over cache."""
     if config.kernel != "auto":
         return config.kernel

@@ -24,6 +24,7 @@ context, PI 64; DESIGN.md):
 Gluon has no interpreter: the kernels are checked against the references on a Hopper GPU
 (tests/kernels/test_gluon_decode.py) and compiled for sm_90 offline in CI (tests/kernels/test_sass.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,6 @@ from .common import LUT2_ASM, TABLE_ASM, UNPACK2_ASM
 from .kv_cache import QuantKVCache
 from .launch import DecodeConfig
 from .split_k import default_splits, run_split_decode, tokens_per_split
-
 
 
 @gluon.jit
@@ -66,8 +66,15 @@ def _cache_bases(KC, KMN, KSC, KSM, VC, VT, bh, LMAX, NBLK, D: gl.constexpr, PI:
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     tok0 = bh.to(gl.int64) * LMAX
-    return (KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
-            bh.to(gl.int64) * NBLK * D, VT + bh.to(gl.int64) * PI * D)
+    return (
+        KC + tok0 * W,
+        KMN + tok0 * NP,
+        KSC + tok0 * NP,
+        KSM + tok0 * NP,
+        VC + tok0 * W,
+        bh.to(gl.int64) * NBLK * D,
+        VT + bh.to(gl.int64) * PI * D,
+    )
 
 
 @gluon.jit
@@ -133,8 +140,9 @@ def _lut(packed, SHIFT: gl.constexpr, lo, hi):
         asm: gl.constexpr = _LUT2P_S4
     else:
         asm: gl.constexpr = _LUT2P_S6
-    return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16,
-                                     is_pure=True, pack=4)
+    return gl.inline_asm_elementwise(
+        asm, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lo, hi], dtype=gl.float16, is_pure=True, pack=4
+    )
 
 
 _TABLE_G = gl.constexpr(TABLE_ASM)
@@ -143,8 +151,9 @@ _TABLE_G = gl.constexpr(TABLE_ASM)
 @gluon.jit
 def _table(scale, mn):
     """(lo, hi): FP16 values of codes 0,1 | 2,3 for FP16 scale and min (fma.rn.f16x2, one rounding)."""
-    return gl.inline_asm_elementwise(_TABLE_G, "=r,=r,h,h", [scale, mn], dtype=(gl.int32, gl.int32), is_pure=True,
-                                     pack=1)
+    return gl.inline_asm_elementwise(
+        _TABLE_G, "=r,=r,h,h", [scale, mn], dtype=(gl.int32, gl.int32), is_pure=True, pack=1
+    )
 
 
 def programs_per_sm(n_regs: int, num_warps: int = 1) -> int:
@@ -169,8 +178,17 @@ def one_wave_splits(batch: int, kv_heads: int, max_len: int, n_sm: int, per_sm: 
 _PER_SM: dict = {}
 
 
-def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, make_args, constexprs: dict,
-                num_warps: int = 1, tile: int = 64, options: dict | None = None) -> int:
+def wave_splits(
+    batch: int,
+    kv_heads: int,
+    max_len: int,
+    kernel_fn,
+    make_args,
+    constexprs: dict,
+    num_warps: int = 1,
+    tile: int = 64,
+    options: dict | None = None,
+) -> int:
     """one_wave_splits for a Gluon kernel, its registers read from the compiled kernel (warmup with the
     launch's compile options, e.g. maxnreg; make_args() gives representative launch arguments).  The
     programs per SM are cached per kernel variant and device, so a decode step pays this once."""
@@ -178,9 +196,11 @@ def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, make_args, c
     key = (kernel_fn, tuple(sorted(constexprs.items())), tuple(sorted((options or {}).items())), num_warps, dev)
     if key not in _PER_SM:
         k = kernel_fn.warmup(*make_args(), **constexprs, **(options or {}), num_warps=num_warps, grid=(1,))
-        k._init_handles()   # loads the module: n_regs comes from the driver
-        _PER_SM[key] = (torch.cuda.get_device_properties(dev).multi_processor_count,
-                        programs_per_sm(k.n_regs, num_warps))
+        k._init_handles()  # loads the module: n_regs comes from the driver
+        _PER_SM[key] = (
+            torch.cuda.get_device_properties(dev).multi_processor_count,
+            programs_per_sm(k.n_regs, num_warps),
+        )
     n_sm, per_sm = _PER_SM[key]
     return one_wave_splits(batch, kv_heads, max_len, n_sm, per_sm, tile)
 
@@ -188,8 +208,7 @@ def wave_splits(batch: int, kv_heads: int, max_len: int, kernel_fn, make_args, c
 def gluon_supported(q: torch.Tensor, cache: QuantKVCache) -> bool:
     """The shapes the Gluon kernel takes: 2-bit codes, head_dim 128, PI 64/128, 8 query heads per KV head."""
     b, hkv, _, d = cache.shape
-    return (cache.bits == 2 and d == 128 and cache.partition in (64, 128) and q.dim() == 3
-            and q.shape[1] == 8 * hkv)
+    return cache.bits == 2 and d == 128 and cache.partition in (64, 128) and q.dim() == 3 and q.shape[1] == 8 * hkv
 
 
 def _one_warp(config: DecodeConfig) -> None:
@@ -197,8 +216,9 @@ def _one_warp(config: DecodeConfig) -> None:
         raise ValueError(f"num_warps {config.num_warps}: the Gluon decode kernels run one warp per program")
 
 
-def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, max_len: int | None = None,
-                              config: DecodeConfig = DecodeConfig()) -> torch.Tensor:
+def dequant_attn_decode_gluon(
+    q: torch.Tensor, cache: QuantKVCache, max_len: int | None = None, config: DecodeConfig = DecodeConfig()
+) -> torch.Tensor:
     """Fused dequantize-then-attend decode on the one-warp mma.sync kernel, 64-token tiles.  q [B, HQ, D]
     fp16 (the new token's query, already appended) -> [B, HQ, D] fp16.  config.maxnreg: a register cap
     (none by default: 255 registers with the FP16 tail, 8 programs per SM); splits default: default_splits
@@ -206,8 +226,9 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, max_len: int
     b, hkv, lmax, d = cache.shape
     g = cache.query_group(q)
     if not gluon_supported(q, cache):
-        raise ValueError("the Gluon decode kernel takes 2-bit codes, head_dim 128, PI 64/128 and 8 query heads "
-                         "per KV head")
+        raise ValueError(
+            "the Gluon decode kernel takes 2-bit codes, head_dim 128, PI 64/128 and 8 query heads per KV head"
+        )
     _one_warp(config)
     max_len = lmax if max_len is None else max_len
     tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, 4 * 64, q.device), 64)
@@ -216,10 +237,30 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, max_len: int
 
     def launch(op, lsep):
         _dequant_mma_kernel[(b * hkv, splits)](
-            q, cache.k_codes, cache.k_min, cache.k_scale, cache.v_codes, cache.v_min, cache.v_scale,
-            cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, D=d, PI=cache.partition, HAS_TAIL=cache.rqe, num_warps=1,
-            **({"maxnreg": config.maxnreg} if config.maxnreg else {}))
+            q,
+            cache.k_codes,
+            cache.k_min,
+            cache.k_scale,
+            cache.v_codes,
+            cache.v_min,
+            cache.v_scale,
+            cache.v_tail,
+            cache.lens,
+            op,
+            lsep,
+            qk_scale,
+            hkv,
+            lmax,
+            cache.v_min.shape[2],
+            tps,
+            splits,
+            G=g,
+            D=d,
+            PI=cache.partition,
+            HAS_TAIL=cache.rqe,
+            num_warps=1,
+            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+        )
 
     return run_split_decode(launch, q, splits)
 
@@ -234,10 +275,12 @@ def dequant_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, max_len: int
 # loads and one byte permute.  The compiler's loads follow the operand layout's register order, whose
 # neighbours are 32 bytes apart in memory (one byte each); these take the pair that is contiguous.
 # Operands: $1 the pack's first byte offset from $5 (the 64-bit base); the other offsets are unused.
-_LDPACK_ASM = ("{ .reg .u64 a; .reg .b32 x, y; cvt.u64.u32 a, $1; add.u64 a, a, $5;"
-               " ld.global.nc.u16 x, [a]; ld.global.nc.u16 y, [a+DELTA]; prmt.b32 $0, x, y, SEL; }")
+_LDPACK_ASM = (
+    "{ .reg .u64 a; .reg .b32 x, y; cvt.u64.u32 a, $1; add.u64 a, a, $5;"
+    " ld.global.nc.u16 x, [a]; ld.global.nc.u16 y, [a+DELTA]; prmt.b32 $0, x, y, SEL; }"
+)
 _LDPACK_K = gl.constexpr(_LDPACK_ASM.replace("DELTA", "256").replace("SEL", "0x5410"))  # (t, j..j+1), (t+8, ..)
-_LDPACK_V = gl.constexpr(_LDPACK_ASM.replace("DELTA", "32").replace("SEL", "0x5140"))   # (t, b..b+1), (t+1, ..)
+_LDPACK_V = gl.constexpr(_LDPACK_ASM.replace("DELTA", "32").replace("SEL", "0x5140"))  # (t, b..b+1), (t+1, ..)
 
 
 @gluon.jit
@@ -256,8 +299,33 @@ def _ld_pack(off, base, ASM: gl.constexpr):
 
 
 @gluon.jit
-def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, kmn, ksc, vc, VMN, VSC, vt_ptr,
-              mbase, BT: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, TAIL: gl.constexpr):
+def _mma_tile(
+    s0,
+    end,
+    LV,
+    m_i,
+    l_acc,
+    o0,
+    o1,
+    o2,
+    o3,
+    qt0,
+    qt1,
+    qt2,
+    qt3,
+    kc,
+    kmn,
+    ksc,
+    vc,
+    VMN,
+    VSC,
+    vt_ptr,
+    mbase,
+    BT: gl.constexpr,
+    D: gl.constexpr,
+    PI: gl.constexpr,
+    TAIL: gl.constexpr,
+):
     W: gl.constexpr = D // 4
     NP: gl.constexpr = D // PI
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -273,8 +341,7 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
     # scores are -inf below and their V rows meet P = 0
     r0 = gl.arange(0, BT, layout=row_a)
     koff = (r0 - (r0 % 16) // 8 * 8)[:, None] * W + (kj - kj % 2)[None, :]
-    kb = _ld_pack(koff, gl.full([BT, W], 0, gl.int64, layout=a_l) + (kc + s0 * W).to(gl.int64, bitcast=True),
-                  _LDPACK_K)
+    kb = _ld_pack(koff, gl.full([BT, W], 0, gl.int64, layout=a_l) + (kc + s0 * W).to(gl.int64, bitcast=True), _LDPACK_K)
     sk0 = gl.load(ksc + tk * NP, mask=kmask, other=0.0)
     mk0 = gl.load(kmn + tk * NP, mask=kmask, other=0.0)
     lo0, hi0 = _table(sk0, mk0)
@@ -289,19 +356,19 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         lo1 = gl.broadcast(gl.expand_dims(lo1, 1), kb)[0]
         hi1 = gl.broadcast(gl.expand_dims(hi1, 1), kb)[0]
     s = gl.zeros([BT, 8], gl.float32, layout=mma)
-    s = mma_v2(_lut(kb, 0, lo0, hi0), qt0, s)     # planes 0, 1: partition 0; 2, 3: the last
-    s = mma_v2(_lut(kb, 2, lo0, hi0), qt1, s)     # (lo1 is lo0 when PI = 128)
+    s = mma_v2(_lut(kb, 0, lo0, hi0), qt0, s)  # planes 0, 1: partition 0; 2, 3: the last
+    s = mma_v2(_lut(kb, 2, lo0, hi0), qt1, s)  # (lo1 is lo0 when PI = 128)
     s = mma_v2(_lut(kb, 4, lo1, hi1), qt2, s)
     s = mma_v2(_lut(kb, 6, lo1, hi1), qt3, s)
     m_new, alpha, p = _softmax_step(s, s0, end, m_i)
     l_acc = l_acc * gl.expand_dims(alpha, 0) + p
-    pt = gl.convert_layout(p.to(gl.float16), b_l)     # P^T [BT tokens (K), 8 heads (N)]
+    pt = gl.convert_layout(p.to(gl.float16), b_l)  # P^T [BT tokens (K), 8 heads (N)]
     al = gl.expand_dims(alpha, 0)
     # ---- O^T_c [32, 8] += V^T_c P^T per channel group c (V^T looked up in the A layout)
     tv = s0 + gl.arange(0, BT, layout=col_a)
     vr = gl.arange(0, W, layout=row_a)
     vmask = (tv < end)[None, :]
-    vr = _perm(vr)   # the row -> channel order of the output
+    vr = _perm(vr)  # the row -> channel order of the output
     if TAIL:
         vp = vt_ptr + (tv - LV)[None, :] * D + vr[:, None]
         o0 = mma_v2(gl.load(vp, mask=vmask, other=0.0), pt, o0 * al)
@@ -313,8 +380,9 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
         # are adjacent bytes, one 16-bit load per token
         t0 = gl.arange(0, BT, layout=col_a)
         voff = (t0 - t0 % 2)[None, :] * W + (vr - vr % 2)[:, None]
-        vb = _ld_pack(voff, gl.full([W, BT], 0, gl.int64, layout=a_l) + (vc + s0 * W).to(gl.int64, bitcast=True),
-                      _LDPACK_V)
+        vb = _ld_pack(
+            voff, gl.full([W, BT], 0, gl.int64, layout=a_l) + (vc + s0 * W).to(gl.int64, bitcast=True), _LDPACK_V
+        )
         moff = mbase + (s0 // PI) * D + vr
         o0 = _pairs_pv(o0, al, vb, 0, VSC, VMN, moff, pt)
         o1 = _pairs_pv(o1, al, vb, 2, VSC, VMN, moff + W, pt)
@@ -324,9 +392,29 @@ def _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3, kc, k
 
 
 @gluon.jit
-def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
-                        qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
-                        G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr):
+def _dequant_mma_kernel(
+    Q,
+    KC,
+    KMN,
+    KSC,
+    VC,
+    VMN,
+    VSC,
+    VT,
+    LENS,
+    OP,
+    LSEP,
+    qk_scale,
+    HKV,
+    LMAX,
+    NBLK,
+    TPS,
+    NSPLIT,
+    G: gl.constexpr,
+    D: gl.constexpr,
+    PI: gl.constexpr,
+    HAS_TAIL: gl.constexpr,
+):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -352,13 +440,63 @@ def _dequant_mma_kernel(Q, KC, KMN, KSC, VC, VMN, VSC, VT, LENS, OP, LSEP,
     o2 = gl.zeros([W, G], gl.float32, layout=mma)
     o3 = gl.zeros([W, G], gl.float32, layout=mma)
     for s0 in range(start, end, BT):
-        m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, end, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
-                                               kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, False)
+        m_i, l_acc, o0, o1, o2, o3 = _mma_tile(
+            s0,
+            end,
+            LV,
+            m_i,
+            l_acc,
+            o0,
+            o1,
+            o2,
+            o3,
+            qt0,
+            qt1,
+            qt2,
+            qt3,
+            kc,
+            kmn,
+            ksc,
+            vc,
+            VMN,
+            VSC,
+            vt_ptr,
+            mbase,
+            BT,
+            D,
+            PI,
+            False,
+        )
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
             for s0 in range(LV, L, BT):
-                m_i, l_acc, o0, o1, o2, o3 = _mma_tile(s0, L, LV, m_i, l_acc, o0, o1, o2, o3, qt0, qt1, qt2, qt3,
-                                                       kc, kmn, ksc, vc, VMN, VSC, vt_ptr, mbase, BT, D, PI, True)
+                m_i, l_acc, o0, o1, o2, o3 = _mma_tile(
+                    s0,
+                    L,
+                    LV,
+                    m_i,
+                    l_acc,
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    qt0,
+                    qt1,
+                    qt2,
+                    qt3,
+                    kc,
+                    kmn,
+                    ksc,
+                    vc,
+                    VMN,
+                    VSC,
+                    vt_ptr,
+                    mbase,
+                    BT,
+                    D,
+                    PI,
+                    True,
+                )
     prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.sum(l_acc, 0), m_i, G)
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D)
 
@@ -379,7 +517,8 @@ _LDV8_ASM = gl.constexpr(
     "{ .reg .u64 a; .reg .b32 w0, w1, w2, w3, t0, t1; cvt.u64.u32 a, $2; add.u64 a, a, $10;"
     " ld.global.nc.u16 w0, [a]; ld.global.nc.u16 w1, [a+32]; ld.global.nc.u16 w2, [a+64];"
     " ld.global.nc.u16 w3, [a+96]; prmt.b32 t0, w0, w1, 0x5140; prmt.b32 t1, w2, w3, 0x5140;"
-    " prmt.b32 $0, t0, t1, 0x5410; prmt.b32 $1, t0, t1, 0x7632; }")
+    " prmt.b32 $0, t0, t1, 0x5410; prmt.b32 $1, t0, t1, 0x7632; }"
+)
 
 
 @gluon.jit
@@ -432,10 +571,14 @@ def _hack_vcodes(s0, end, vc, D: gl.constexpr, MASKED: gl.constexpr):
         vb = gl.load(vc + (s0 + tv)[None, :] * W + ch[:, None], mask=(s0 + tv < end)[None, :], other=0)
     else:
         voff = (tv - tv % 4)[None, :] * W + (ch - ch % 2)[:, None]
-        vb = gl.inline_asm_elementwise(_LDV8_ASM, "=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
-                                       [voff, gl.full([W, BT], 0, gl.int64, layout=a4)
-                                        + (vc + s0 * W).to(gl.int64, bitcast=True)],
-                                       dtype=gl.uint8, is_pure=True, pack=8)
+        vb = gl.inline_asm_elementwise(
+            _LDV8_ASM,
+            "=r,=r,r,r,r,r,r,r,r,r,l,l,l,l,l,l,l,l",
+            [voff, gl.full([W, BT], 0, gl.int64, layout=a4) + (vc + s0 * W).to(gl.int64, bitcast=True)],
+            dtype=gl.uint8,
+            is_pure=True,
+            pack=8,
+        )
     return vb
 
 
@@ -458,10 +601,40 @@ def _prefetch_tile(s0, kc, vc, D: gl.constexpr):
 
 
 @gluon.jit
-def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta, gm0, gm1,
-               kb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase,
-               D: gl.constexpr, PI: gl.constexpr, USE_SE: gl.constexpr, MASKED: gl.constexpr,
-               TAIL: gl.constexpr):
+def _hack_tile(
+    s0,
+    end,
+    LV,
+    m_i,
+    l_i,
+    o0,
+    o1,
+    o2,
+    o3,
+    qi0,
+    qi1,
+    qi2,
+    qi3,
+    aq,
+    beta,
+    gm0,
+    gm1,
+    kb,
+    kmn,
+    ksc,
+    ksm,
+    vc,
+    VMN,
+    VSC,
+    VSM,
+    vt_ptr,
+    mbase,
+    D: gl.constexpr,
+    PI: gl.constexpr,
+    USE_SE: gl.constexpr,
+    MASKED: gl.constexpr,
+    TAIL: gl.constexpr,
+):
     """One 64-token tile (one V block) from s0 with its K code bytes kb (_hack_kcodes); tokens >= end
     masked (MASKED: also their V code bytes read as 0, for the stored-sum identities).  The V code bytes
     are loaded after the softmax (program order, which ptxas keeps: fewer live registers); V planes 1
@@ -488,8 +661,12 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
     # per-token (partition 0, partition 1) metadata pairs in one load each: a [64, 2] tile whose rows
     # sit where the accumulator's rows do (PAIR_L), split into the two partitions
     pair_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [8, 0], [16, 0], [32, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[], block_bases=[], shape=[BT, 2])
+        reg_bases=[[0, 1], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[],
+        block_bases=[],
+        shape=[BT, 2],
+    )
     prow_ = s0 + gl.arange(0, BT, layout=gl.SliceLayout(1, pair_l))
     pcol = gl.arange(0, 2, layout=gl.SliceLayout(0, pair_l))
     poff = prow_[:, None] * NP + pcol[None, :]
@@ -503,7 +680,7 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
         ks0, ks1 = gl.split(gl.load(ksm + poff).to(gl.float32))
         ks0 = gl.expand_dims(gl.convert_layout(ks0, tok_c), 1)
         ks1 = gl.expand_dims(gl.convert_layout(ks1, tok_c), 1)
-    else:   # code sums of each token's partitions on the tensor cores (ones as B)
+    else:  # code sums of each token's partitions on the tensor cores (ones as B)
         ones = gl.full([W, 8], 1, gl.int8, layout=b4)
         ks0 = mma_v2(k1, ones, mma_v2(k0, ones, zi)).to(gl.float32)
         ks1 = mma_v2(k3, ones, mma_v2(k2, ones, zi)).to(gl.float32)
@@ -533,8 +710,9 @@ def _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, be
         p8 = bits.to(gl.int8)
         pt = gl.convert_layout(p8, b4)
         # sum over the tile's tokens of u = P'' + 128 on the tensor cores (ones as A): [32, 8], every row
-        us = (mma_v2(gl.full([W, BT], 1, gl.int8, layout=a4), pt, gl.zeros([W, 8], gl.int32, layout=mma))
-              + 128 * BT).to(gl.float32)
+        us = (
+            mma_v2(gl.full([W, BT], 1, gl.int8, layout=a4), pt, gl.zeros([W, 8], gl.int32, layout=mma)) + 128 * BT
+        ).to(gl.float32)
         l_i = l_i * al + us
         vb = _hack_vcodes(s0, end, vc, D, MASKED)
         moff = mbase + (s0 // PI) * D + gl.convert_layout(ch, tok_c)
@@ -585,7 +763,7 @@ def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr, F: gl.
     acc = mma_v2(vq, pt, zi)
     if USE_SE:
         vs = gl.expand_dims(_vmeta(VSM + moff, False).to(gl.int32), 1) * (128 * F)
-    else:   # the code sums of vq, F times the codes' already
+    else:  # the code sums of vq, F times the codes' already
         vs = mma_v2(vq, gl.full([vq.shape[1], 8], 1, gl.int8, layout=b4), zi) * 128
     sv = _vmeta(VSC + moff, True).to(gl.float32)
     mv = _vmeta(VMN + moff, True).to(gl.float32)
@@ -595,10 +773,32 @@ def _hack_v(o, al, us, vq, pt, VMN, VSC, VSM, moff, USE_SE: gl.constexpr, F: gl.
 
 
 @gluon.jit
-def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
-                     qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
-                     G: gl.constexpr, D: gl.constexpr, PI: gl.constexpr, HAS_TAIL: gl.constexpr,
-                     USE_SE: gl.constexpr):
+def _hack_mma_kernel(
+    Q,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    VT,
+    LENS,
+    OP,
+    LSEP,
+    qk_scale,
+    HKV,
+    LMAX,
+    NBLK,
+    TPS,
+    NSPLIT,
+    G: gl.constexpr,
+    D: gl.constexpr,
+    PI: gl.constexpr,
+    HAS_TAIL: gl.constexpr,
+    USE_SE: gl.constexpr,
+):
     BT: gl.constexpr = 64
     W: gl.constexpr = D // 4
     gl.static_assert(D == 128)
@@ -638,7 +838,7 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
     qi3 = c3.to(gl.int8)
     kc, kmn, ksc, ksm, vc, mbase, vt_ptr = _cache_bases(KC, KMN, KSC, KSM, VC, VT, bh, LMAX, NBLK, D, PI)
     m_i = gl.full([G], float("-inf"), gl.float32, layout=col_l)
-    l_i = gl.zeros([W, G], gl.float32, layout=mma)   # the denominator x255, every row the same
+    l_i = gl.zeros([W, G], gl.float32, layout=mma)  # the denominator x255, every row the same
     o0 = gl.zeros([W, G], gl.float32, layout=mma)
     o1 = gl.zeros([W, G], gl.float32, layout=mma)
     o2 = gl.zeros([W, G], gl.float32, layout=mma)
@@ -649,18 +849,111 @@ def _hack_mma_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP
         # an L1 prefetch of the next tile's code bytes (the last tile's clamped to itself)
         _prefetch_tile(gl.minimum(s0 + BT, last), kc, vc, D)
         kb = _hack_kcodes(s0, end, kc, D, False)
-        m_i, l_i, o0, o1, o2, o3 = _hack_tile(s0, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
-                                              gm0, gm1, kb, kmn, ksc, ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI,
-                                              USE_SE, False, False)
-    if end_full < end:   # the last partial block of a cache without the FP16 tail
-        m_i, l_i, o0, o1, o2, o3 = _hack_tile(end_full, end, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq,
-                                              beta, gm0, gm1, _hack_kcodes(end_full, end, kc, D, True), kmn, ksc,
-                                              ksm, vc, VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, False)
+        m_i, l_i, o0, o1, o2, o3 = _hack_tile(
+            s0,
+            end,
+            LV,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            kb,
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            VMN,
+            VSC,
+            VSM,
+            vt_ptr,
+            mbase,
+            D,
+            PI,
+            USE_SE,
+            False,
+            False,
+        )
+    if end_full < end:  # the last partial block of a cache without the FP16 tail
+        m_i, l_i, o0, o1, o2, o3 = _hack_tile(
+            end_full,
+            end,
+            LV,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            _hack_kcodes(end_full, end, kc, D, True),
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            VMN,
+            VSC,
+            VSM,
+            vt_ptr,
+            mbase,
+            D,
+            PI,
+            USE_SE,
+            True,
+            False,
+        )
     if HAS_TAIL:
         if (split == NSPLIT - 1) & (L > LV):
-            m_i, l_i, o0, o1, o2, o3 = _hack_tile(LV, L, LV, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, aq, beta,
-                                                  gm0, gm1, _hack_kcodes(LV, L, kc, D, True), kmn, ksc, ksm, vc,
-                                                  VMN, VSC, VSM, vt_ptr, mbase, D, PI, USE_SE, True, True)
+            m_i, l_i, o0, o1, o2, o3 = _hack_tile(
+                LV,
+                L,
+                LV,
+                m_i,
+                l_i,
+                o0,
+                o1,
+                o2,
+                o3,
+                qi0,
+                qi1,
+                qi2,
+                qi3,
+                aq,
+                beta,
+                gm0,
+                gm1,
+                _hack_kcodes(LV, L, kc, D, True),
+                kmn,
+                ksc,
+                ksm,
+                vc,
+                VMN,
+                VSC,
+                VSM,
+                vt_ptr,
+                mbase,
+                D,
+                PI,
+                USE_SE,
+                True,
+                True,
+            )
     prow, inv_l = _store_lse(LSEP, qrow0, split, NSPLIT, gl.max(l_i, 0), m_i, G)
     _store_o4(OP, prow, inv_l, o0, o1, o2, o3, D)
 
@@ -674,8 +967,13 @@ def hack_supported_gluon(q: torch.Tensor, cache: QuantKVCache) -> bool:
     return gluon_supported(q, cache) and cache.partition == 64
 
 
-def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, max_len: int | None = None,
-                           config: DecodeConfig = DecodeConfig()) -> torch.Tensor:
+def hack_attn_decode_gluon(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    use_se: bool = True,
+    max_len: int | None = None,
+    config: DecodeConfig = DecodeConfig(),
+) -> torch.Tensor:
     """HACK decode attention on the one-warp mma.sync kernel; q [B, HQ, D] fp16 (already appended) ->
     [B, HQ, D] fp16.  config.maxnreg: a register cap (None: HACK_MAXNREG; 0: none); splits default: one
     wave of programs (wave_splits)."""
@@ -692,12 +990,31 @@ def hack_attn_decode_gluon(q: torch.Tensor, cache: QuantKVCache, use_se: bool = 
     opts = {"maxnreg": maxnreg} if maxnreg else {}
 
     def args(op, lsep, tps, n):
-        return (q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum, cache.v_codes, cache.v_min,
-                cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep, qk_scale, hkv, lmax,
-                cache.v_min.shape[2], tps, n)
+        return (
+            q,
+            cache.k_codes,
+            cache.k_min,
+            cache.k_scale,
+            cache.k_sum,
+            cache.v_codes,
+            cache.v_min,
+            cache.v_scale,
+            cache.v_sum,
+            cache.v_tail,
+            cache.lens,
+            op,
+            lsep,
+            qk_scale,
+            hkv,
+            lmax,
+            cache.v_min.shape[2],
+            tps,
+            n,
+        )
 
     splits = config.splits
-    if splits is None:   # one wave of programs (wave_splits), from the compiled kernel's registers
+    if splits is None:  # one wave of programs (wave_splits), from the compiled kernel's registers
+
         def probe_args():
             probe = torch.empty(1, dtype=torch.float32, device=q.device)
             return args(probe, probe, 64 * 3, 3)

@@ -17,6 +17,7 @@ the Gluon and row-packed kernels round Q per query head (hack_attn_decode_ref(..
 Work of one decode step (attn_decode.decode_flops): flops = 4 * G * sum(lens) * H_kv * D;
 bytes = cache.nbytes_visited() + Q and O.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,13 @@ __all__ = ["HackDecodeConfig", "attn_decode_ref", "decode_step", "hack_attn_deco
 FUSED_STEP_WARPS = 2
 
 
-def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, max_len: int | None = None,
-                     config: HackDecodeConfig = HackDecodeConfig()) -> torch.Tensor:
+def hack_attn_decode(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    use_se: bool = True,
+    max_len: int | None = None,
+    config: HackDecodeConfig = HackDecodeConfig(),
+) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
     use_se: read the stored code sums (summation elimination), else the kernel sums the codes.
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits."""
@@ -51,9 +57,17 @@ def hack_attn_decode(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, 
     return quant_attn_decode_hm(q, cache, mode="hack", use_se=use_se, max_len=max_len, config=config)
 
 
-def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor,
-                use_se: bool = True, stochastic: bool = True, seed: int = 0, max_len: int | None = None,
-                config: HackDecodeConfig = HackDecodeConfig()) -> tuple[torch.Tensor, QuantKVCache]:
+def decode_step(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    use_se: bool = True,
+    stochastic: bool = True,
+    seed: int = 0,
+    max_len: int | None = None,
+    config: HackDecodeConfig = HackDecodeConfig(),
+) -> tuple[torch.Tensor, QuantKVCache]:
     """One HACK decode step: append (k_new, v_new [B, H_kv, D]) to the cache, then attend with q.
     dispatch.fused_step decides whether the append runs inside the row-packed attention launch
     (hack_decode_rp.hack_decode_step) or as append_token before hack_attn_decode.  max_len: an upper
@@ -61,8 +75,9 @@ def decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new
     if dispatch.fused_step(q, cache, max_len, config):
         if config.num_warps is None:
             config = replace(config, num_warps=FUSED_STEP_WARPS)
-        return hack_decode_step(q, cache, k_new, v_new, stochastic=stochastic, seed=seed, use_se=use_se,
-                                max_len=max_len, config=config)
+        return hack_decode_step(
+            q, cache, k_new, v_new, stochastic=stochastic, seed=seed, use_se=use_se, max_len=max_len, config=config
+        )
     c = append_token(cache, k_new, v_new, stochastic=stochastic, seed=seed)
     return hack_attn_decode(q, c, use_se=use_se, max_len=max_len, config=config), c
 

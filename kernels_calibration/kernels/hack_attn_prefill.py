@@ -17,6 +17,7 @@ PI 128, against 10.3 ms for the FP16 Triton FlashAttention kernel (attn_prefill.
 causal flops = 4 * H_q * D * sum_b L_b (L_b + 1) / 2 (attn_prefill.prefill_flops; counted as if
 dense; INT8 ops).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,30 @@ def _store_rows(O, rows, rmask, o0, o1, o2, o3, l_i, D: tl.constexpr, W: tl.cons
 
 
 @triton.jit
-def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, HQ, HKV, L, LMAX, NBLK,
-                            G: tl.constexpr, D: tl.constexpr, PI: tl.constexpr, BM: tl.constexpr,
-                            USE_SE: tl.constexpr, USE_ASM: tl.constexpr):
+def _hack_prefill_kernel(
+    Q,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    O,
+    qk_scale,
+    HQ,
+    HKV,
+    L,
+    LMAX,
+    NBLK,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BM: tl.constexpr,
+    USE_SE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
     """The row-packed decode kernel's tile (hack_core.rp_tile) on BM query rows of one head: Q rounded
     per row (its scale factored out of the scores), P rounded with one FMA, P row sums on the tensor
     cores, O and l kept x255, 128 sum v' added in INT32; one V block (PI tokens) per tile; unmasked
@@ -67,19 +89,102 @@ def _hack_prefill_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, O, qk_scale, H
     lo_diag = mblk * BM
     for s0 in range(0, lo_diag, PI):
         m_i, l_i, o0, o1, o2, o3 = rp_tile(
-            s0, L, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
-            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, 1, PI, USE_SE, USE_ASM, False, rows, False)
+            s0,
+            L,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            ones_q,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            gm2,
+            gm3,
+            inblk,
+            cmask8,
+            ones_v,
+            copy,
+            kc,
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            vmn,
+            vsc,
+            vsm,
+            W,
+            D,
+            NP,
+            GPP,
+            PI,
+            1,
+            PI,
+            USE_SE,
+            USE_ASM,
+            False,
+            rows,
+            False,
+        )
     for s0 in range(lo_diag, tl.minimum(lo_diag + BM, L), PI):
         m_i, l_i, o0, o1, o2, o3 = rp_tile(
-            s0, L, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
-            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, 1, PI, USE_SE, USE_ASM, True, rows, True)
+            s0,
+            L,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            ones_q,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            gm2,
+            gm3,
+            inblk,
+            cmask8,
+            ones_v,
+            copy,
+            kc,
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            vmn,
+            vsc,
+            vsm,
+            W,
+            D,
+            NP,
+            GPP,
+            PI,
+            1,
+            PI,
+            USE_SE,
+            USE_ASM,
+            True,
+            rows,
+            True,
+        )
     _store_rows(O + bhq.to(tl.int64) * L * D, rows, rmask, o0, o1, o2, o3, l_i, D, W)
 
 
-def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True,
-                      config: PrefillConfig = PrefillConfig()) -> torch.Tensor:
+def hack_attn_prefill(
+    q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, config: PrefillConfig = PrefillConfig()
+) -> torch.Tensor:
     """q [B, HQ, L, D] fp16; cache holds the same L tokens for every request (rqe=False, so every
     V token is quantized) -> [B, HQ, L, D] fp16.  Defaults (measured at 16K tokens): BM 64 / 4 warps
     for PI <= 64, BM 128 / 8 warps for PI 128; 2 stages."""
@@ -93,10 +198,30 @@ def hack_attn_prefill(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True,
     o = torch.empty_like(q)
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     _hack_prefill_kernel[(triton.cdiv(seq, block_m), b * hq)](
-        q.contiguous(), cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
-        cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, o, qk_scale, hq, hkv, seq, lmax,
-        cache.v_min.shape[2], G=hq // hkv, D=d, PI=cache.partition, BM=block_m, USE_SE=use_se,
-        USE_ASM=use_asm(q), **config.options(4 if block_m == 64 else 8, 2))
+        q.contiguous(),
+        cache.k_codes,
+        cache.k_min,
+        cache.k_scale,
+        cache.k_sum,
+        cache.v_codes,
+        cache.v_min,
+        cache.v_scale,
+        cache.v_sum,
+        o,
+        qk_scale,
+        hq,
+        hkv,
+        seq,
+        lmax,
+        cache.v_min.shape[2],
+        G=hq // hkv,
+        D=d,
+        PI=cache.partition,
+        BM=block_m,
+        USE_SE=use_se,
+        USE_ASM=use_asm(q),
+        **config.options(4 if block_m == 64 else 8, 2),
+    )
     return o
 
 

@@ -11,6 +11,7 @@ u = round(255 p) in 0..255, p'' = u - 128 INT8, so sum p v = (1/255) (s_v (sum p
 + m_v sum u): the stored V code sums (SE) give sum v', or the kernel sums the codes (no SE).
 Scores are in the log2 domain (qk_scale = log2(e) / sqrt(D) folded into the Q coefficients).
 """
+
 from __future__ import annotations
 
 import triton
@@ -41,20 +42,35 @@ def split_prologue(LENS, HKV, TPS, G: tl.constexpr, G_PAD: tl.constexpr, PI: tl.
 
 
 @triton.jit
-def cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W: tl.constexpr, NP: tl.constexpr,
-               D: tl.constexpr):
+def cache_ptrs(
+    KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W: tl.constexpr, NP: tl.constexpr, D: tl.constexpr
+):
     """The cache arrays of (request, KV head) bh at token 0 (codes, K metadata) and block 0 (V metadata)."""
     tok0 = bh.to(tl.int64) * LMAX
     moff = bh.to(tl.int64) * NBLK * D
-    return (KC + tok0 * W, KMN + tok0 * NP, KSC + tok0 * NP, KSM + tok0 * NP, VC + tok0 * W,
-            VMN + moff, VSC + moff, VSM + moff)
+    return (
+        KC + tok0 * W,
+        KMN + tok0 * NP,
+        KSC + tok0 * NP,
+        KSM + tok0 * NP,
+        VC + tok0 * W,
+        VMN + moff,
+        VSC + moff,
+        VSM + moff,
+    )
 
 
 @triton.jit
 def flash_state(R: tl.constexpr, W: tl.constexpr):
     """Online-softmax state of R rows: running max, sum, and the four [R, W] output channel groups."""
-    return (tl.full([R], float("-inf"), tl.float32), tl.zeros([R], tl.float32), tl.zeros([R, W], tl.float32),
-            tl.zeros([R, W], tl.float32), tl.zeros([R, W], tl.float32), tl.zeros([R, W], tl.float32))
+    return (
+        tl.full([R], float("-inf"), tl.float32),
+        tl.zeros([R], tl.float32),
+        tl.zeros([R, W], tl.float32),
+        tl.zeros([R, W], tl.float32),
+        tl.zeros([R, W], tl.float32),
+        tl.zeros([R, W], tl.float32),
+    )
 
 
 @triton.jit
@@ -190,10 +206,36 @@ def _k_term(i, a, b, c, KMN, KSC, KSM, ksum_codes, tok, tmask, p, NP: tl.constex
 
 
 @triton.jit
-def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                KC, KMN, KSC, KSM, tok, tmask,
-                W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
-                USE_ASM: tl.constexpr, SUMROW: tl.constexpr = -1):
+def hack_scores(
+    qi0,
+    qi1,
+    qi2,
+    qi3,
+    a0,
+    a1,
+    a2,
+    a3,
+    b0,
+    b1,
+    b2,
+    b3,
+    c0,
+    c1,
+    c2,
+    c3,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    tok,
+    tmask,
+    W: tl.constexpr,
+    NP: tl.constexpr,
+    GPP: tl.constexpr,
+    USE_SE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    SUMROW: tl.constexpr = -1,
+):
     """Scores [R, BN] (log2 domain) of quantized Q rows against BN tokens of 2-bit K.
     KC, KMN, KSC, KSM point at token 0 of this (request, kv head).  Without SE the K code sums
     come from the tensor cores when SUMROW >= 0 (a padding row of q'' set to ones: its dot row is
@@ -233,8 +275,7 @@ def hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, 
         s = _k_term(i0 + i1, a0, b0, c0, KMN, KSC, KSM, z0 + z1, tok, tmask, 0, NP, USE_SE)
         s += _k_term(i2 + i3, a2, b2, c2, KMN, KSC, KSM, z2 + z3, tok, tmask, 1, NP, USE_SE)
     else:
-        s = _k_term(i0 + i1 + i2 + i3, a0, b0, c0, KMN, KSC, KSM, z0 + z1 + z2 + z3, tok, tmask, 0, NP,
-                    USE_SE)
+        s = _k_term(i0 + i1 + i2 + i3, a0, b0, c0, KMN, KSC, KSM, z0 + z1 + z2 + z3, tok, tmask, 0, NP, USE_SE)
     return s
 
 
@@ -255,21 +296,41 @@ def _v_update(o, p8, usum, vc, alpha, VMN, VSC, VSM, moff, bvalid, USE_SE: tl.co
 
 
 @triton.jit
-def hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, VC, VMN, VSC, VSM, tok, tmask, blk, bvalid,
-                  W: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-                  SUMROW: tl.constexpr):
+def hack_pv_block(
+    o0,
+    o1,
+    o2,
+    o3,
+    p8,
+    usum,
+    alpha,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    tok,
+    tmask,
+    blk,
+    bvalid,
+    W: tl.constexpr,
+    D: tl.constexpr,
+    USE_SE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    SUMROW: tl.constexpr,
+):
     """o_c <- alpha o_c + P V over one V block: p8 [R, PI] INT8 (u - 128), usum = sum u per row.
     Metadata loads are masked by bvalid (a block wholly past the end contributes nothing)."""
     j = tl.arange(0, W)
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [PI, W] uint8
     mo = blk * D + j
     o0 = _v_update(o0, p8, usum, unpack_codes(vb, 0, 2, USE_ASM), alpha, VMN, VSC, VSM, mo, bvalid, USE_SE, SUMROW)
-    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, bvalid, USE_SE,
-                   SUMROW)
-    o2 = _v_update(o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, bvalid,
-                   USE_SE, SUMROW)
-    o3 = _v_update(o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, bvalid,
-                   USE_SE, SUMROW)
+    o1 = _v_update(o1, p8, usum, unpack_codes(vb, 2, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + W, bvalid, USE_SE, SUMROW)
+    o2 = _v_update(
+        o2, p8, usum, unpack_codes(vb, 4, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 2 * W, bvalid, USE_SE, SUMROW
+    )
+    o3 = _v_update(
+        o3, p8, usum, unpack_codes(vb, 6, 2, USE_ASM), alpha, VMN, VSC, VSM, mo + 3 * W, bvalid, USE_SE, SUMROW
+    )
     return o0, o1, o2, o3
 
 
@@ -293,8 +354,21 @@ def split_cols(x):
 
 
 @triton.jit
-def dequant_scores(q0, q1, q2, q3, KC, KMN, KSC, tok, tmask,
-                   W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_ASM: tl.constexpr):
+def dequant_scores(
+    q0,
+    q1,
+    q2,
+    q3,
+    KC,
+    KMN,
+    KSC,
+    tok,
+    tmask,
+    W: tl.constexpr,
+    NP: tl.constexpr,
+    GPP: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
     """Fused dequantize-then-attend (KIVI-style): K codes -> FP16 in registers, FP16 dots.
     q_c are FP16 [R, W] already multiplied by qk_scale."""
     j = tl.arange(0, W)
@@ -315,8 +389,24 @@ def _deq_k(kb, SH: tl.constexpr, USE_ASM: tl.constexpr, KMN, KSC, tok, tmask, p,
 
 
 @triton.jit
-def dequant_pv(o0, o1, o2, o3, p16, alpha, VC, VMN, VSC, tok, tmask, blk,
-               W: tl.constexpr, D: tl.constexpr, USE_ASM: tl.constexpr, bvalid=True):
+def dequant_pv(
+    o0,
+    o1,
+    o2,
+    o3,
+    p16,
+    alpha,
+    VC,
+    VMN,
+    VSC,
+    tok,
+    tmask,
+    blk,
+    W: tl.constexpr,
+    D: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    bvalid=True,
+):
     j = tl.arange(0, W)
     vb = tl.load(VC + tok[:, None] * W + j[None, :], mask=tmask[:, None], other=0)  # [BN, W]
     mo = blk * D + j
@@ -349,8 +439,22 @@ def _kvec(KX, tok, tmask, p: tl.constexpr, NP: tl.constexpr, MASKED: tl.constexp
 
 
 @triton.jit
-def _part_term(x, i, KMN, KSC, KSM, kcs, tok, tmask, p: tl.constexpr, NP: tl.constexpr, beta, gamma,
-               USE_SE: tl.constexpr, MASKED: tl.constexpr):
+def _part_term(
+    x,
+    i,
+    KMN,
+    KSC,
+    KSM,
+    kcs,
+    tok,
+    tmask,
+    p: tl.constexpr,
+    NP: tl.constexpr,
+    beta,
+    gamma,
+    USE_SE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """x + sk_p (I_p + beta ks_p) + gamma_p mk_p for one K partition ([R, BN]; x = 0 for the first).
     Each term is added to the dot's result in turn so that Triton keeps it in the dot's layout."""
     sk = _kvec(KSC, tok, tmask, p, NP, MASKED)
@@ -365,9 +469,30 @@ def _part_term(x, i, KMN, KSC, KSM, kcs, tok, tmask, p: tl.constexpr, NP: tl.con
 
 
 @triton.jit
-def rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
-               W: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, USE_SE: tl.constexpr,
-               USE_ASM: tl.constexpr, MASKED: tl.constexpr):
+def rp_scores(
+    qi0,
+    qi1,
+    qi2,
+    qi3,
+    ones_q,
+    beta,
+    gm0,
+    gm1,
+    gm2,
+    gm3,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    tok,
+    tmask,
+    W: tl.constexpr,
+    NP: tl.constexpr,
+    GPP: tl.constexpr,
+    USE_SE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """x [R, BN] with log2 score = a * x (see module docstring)."""
     j = tl.arange(0, W)
     if MASKED:
@@ -388,14 +513,18 @@ def rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC
             c1 = tl.dot(ones_q, k1, out_dtype=tl.int32)
             c2 = tl.dot(ones_q, k2, out_dtype=tl.int32)
             c3 = tl.dot(ones_q, k3, out_dtype=tl.int32)
-        x = _part_term(0.0, tl.dot(qi0, k0, out_dtype=tl.int32), KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0,
-                       USE_SE, MASKED)
-        x = _part_term(x, tl.dot(qi1, k1, out_dtype=tl.int32), KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm1,
-                       USE_SE, MASKED)
-        x = _part_term(x, tl.dot(qi2, k2, out_dtype=tl.int32), KMN, KSC, KSM, c2, tok, tmask, 2, NP, beta, gm2,
-                       USE_SE, MASKED)
-        x = _part_term(x, tl.dot(qi3, k3, out_dtype=tl.int32), KMN, KSC, KSM, c3, tok, tmask, 3, NP, beta, gm3,
-                       USE_SE, MASKED)
+        x = _part_term(
+            0.0, tl.dot(qi0, k0, out_dtype=tl.int32), KMN, KSC, KSM, c0, tok, tmask, 0, NP, beta, gm0, USE_SE, MASKED
+        )
+        x = _part_term(
+            x, tl.dot(qi1, k1, out_dtype=tl.int32), KMN, KSC, KSM, c1, tok, tmask, 1, NP, beta, gm1, USE_SE, MASKED
+        )
+        x = _part_term(
+            x, tl.dot(qi2, k2, out_dtype=tl.int32), KMN, KSC, KSM, c2, tok, tmask, 2, NP, beta, gm2, USE_SE, MASKED
+        )
+        x = _part_term(
+            x, tl.dot(qi3, k3, out_dtype=tl.int32), KMN, KSC, KSM, c3, tok, tmask, 3, NP, beta, gm3, USE_SE, MASKED
+        )
     elif GPP == 2:
         i0 = tl.dot(qi1, k1, tl.dot(qi0, k0, out_dtype=tl.int32), out_dtype=tl.int32)
         i1 = tl.dot(qi3, k3, tl.dot(qi2, k2, out_dtype=tl.int32), out_dtype=tl.int32)
@@ -436,8 +565,9 @@ def _sel_rows(copy, vec0, vec1, vec2, vec3, R: tl.constexpr):
 
 
 @triton.jit
-def _vblock(VX, blk, end, off, k: tl.constexpr, R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr,
-            MASKED: tl.constexpr):
+def _vblock(
+    VX, blk, end, off, k: tl.constexpr, R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr
+):
     """Metadata vector of V block blk + k (k < R) for channels off, in its stored dtype."""
     if k < R:
         if MASKED:
@@ -450,42 +580,134 @@ def _vblock(VX, blk, end, off, k: tl.constexpr, R: tl.constexpr, PI: tl.constexp
 
 
 @triton.jit
-def _rp_v_update(o, p8, usum, alpha, vcode, cmask8, copy, VMN, VSC, VSM, blk, end, off,
-                 R: tl.constexpr, PI: tl.constexpr, D: tl.constexpr, USE_SE: tl.constexpr, MASKED: tl.constexpr):
+def _rp_v_update(
+    o,
+    p8,
+    usum,
+    alpha,
+    vcode,
+    cmask8,
+    copy,
+    VMN,
+    VSC,
+    VSM,
+    blk,
+    end,
+    off,
+    R: tl.constexpr,
+    PI: tl.constexpr,
+    D: tl.constexpr,
+    USE_SE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """o <- alpha o + sv (P''V' + 128 vs) + mv u for one channel group, each copy's rows against its
     own V block (o and l are kept times 255: sum p v = (1/255) sum u v)."""
     acc = tl.dot(p8, vcode, out_dtype=tl.int32)  # [R_rows, W]
     if USE_SE:
-        vs = _sel_rows(copy, _vblock(VSM, blk, end, off, 0, R, PI, D, MASKED).to(tl.int32),
-                       _vblock(VSM, blk, end, off, 1, R, PI, D, MASKED).to(tl.int32),
-                       _vblock(VSM, blk, end, off, 2, R, PI, D, MASKED).to(tl.int32),
-                       _vblock(VSM, blk, end, off, 3, R, PI, D, MASKED).to(tl.int32), R)
+        vs = _sel_rows(
+            copy,
+            _vblock(VSM, blk, end, off, 0, R, PI, D, MASKED).to(tl.int32),
+            _vblock(VSM, blk, end, off, 1, R, PI, D, MASKED).to(tl.int32),
+            _vblock(VSM, blk, end, off, 2, R, PI, D, MASKED).to(tl.int32),
+            _vblock(VSM, blk, end, off, 3, R, PI, D, MASKED).to(tl.int32),
+            R,
+        )
     else:
         vs = tl.dot(cmask8, vcode, out_dtype=tl.int32)  # each copy's block code sums
-    a = _sel_rows(copy, _vblock(VSC, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
-                  _vblock(VSC, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
-                  _vblock(VSC, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
-                  _vblock(VSC, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    a = _sel_rows(
+        copy,
+        _vblock(VSC, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VSC, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VSC, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VSC, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32),
+        R,
+    )
     o = o * alpha[:, None] + a * (acc + vs * 128).to(tl.float32)  # sum u v' = sum p''v' + 128 sum v' (INT32)
-    mv = _sel_rows(copy, _vblock(VMN, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
-                   _vblock(VMN, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
-                   _vblock(VMN, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
-                   _vblock(VMN, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32), R)
+    mv = _sel_rows(
+        copy,
+        _vblock(VMN, blk, end, off, 0, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VMN, blk, end, off, 1, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VMN, blk, end, off, 2, R, PI, D, MASKED).to(tl.float32),
+        _vblock(VMN, blk, end, off, 3, R, PI, D, MASKED).to(tl.float32),
+        R,
+    )
     return o + mv * usum[:, None]
 
 
 @triton.jit
-def rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
-             inblk, cmask8, ones_v, copy, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM,
-             W: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, GPP: tl.constexpr, PI: tl.constexpr,
-             R: tl.constexpr, BN: tl.constexpr, USE_SE: tl.constexpr, USE_ASM: tl.constexpr,
-             MASKED: tl.constexpr, rows, CAUSAL: tl.constexpr):
+def rp_tile(
+    s0,
+    end,
+    m_i,
+    l_i,
+    o0,
+    o1,
+    o2,
+    o3,
+    qi0,
+    qi1,
+    qi2,
+    qi3,
+    ones_q,
+    aq,
+    beta,
+    gm0,
+    gm1,
+    gm2,
+    gm3,
+    inblk,
+    cmask8,
+    ones_v,
+    copy,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    W: tl.constexpr,
+    D: tl.constexpr,
+    NP: tl.constexpr,
+    GPP: tl.constexpr,
+    PI: tl.constexpr,
+    R: tl.constexpr,
+    BN: tl.constexpr,
+    USE_SE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    MASKED: tl.constexpr,
+    rows,
+    CAUSAL: tl.constexpr,
+):
     """One tile of BN tokens from s0 (tokens >= end masked when MASKED; token > row masked when CAUSAL,
     rows [R_rows] the query positions): the online-softmax state and the four O accumulators."""
     tok = s0 + tl.arange(0, BN)
     tmask = tok < end
-    x = rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, KC, KMN, KSC, KSM, tok, tmask,
-                   W, NP, GPP, USE_SE, USE_ASM, MASKED)
+    x = rp_scores(
+        qi0,
+        qi1,
+        qi2,
+        qi3,
+        ones_q,
+        beta,
+        gm0,
+        gm1,
+        gm2,
+        gm3,
+        KC,
+        KMN,
+        KSC,
+        KSM,
+        tok,
+        tmask,
+        W,
+        NP,
+        GPP,
+        USE_SE,
+        USE_ASM,
+        MASKED,
+    )
     if CAUSAL:
         x = tl.where((tok[None, :] <= rows[:, None]) & tmask[None, :], x, float("-inf"))
     elif MASKED:
@@ -502,14 +724,86 @@ def rp_tile(s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, b
     else:
         vb = tl.load(VC + tok[:, None] * W + j[None, :])
     blk = s0 // PI
-    o0 = _rp_v_update(o0, p8, usum, alpha, unpack_codes(vb, 0, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
-                      j, R, PI, D, USE_SE, MASKED)
-    o1 = _rp_v_update(o1, p8, usum, alpha, unpack_codes(vb, 2, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
-                      j + W, R, PI, D, USE_SE, MASKED)
-    o2 = _rp_v_update(o2, p8, usum, alpha, unpack_codes(vb, 4, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
-                      j + 2 * W, R, PI, D, USE_SE, MASKED)
-    o3 = _rp_v_update(o3, p8, usum, alpha, unpack_codes(vb, 6, 2, USE_ASM), cmask8, copy, VMN, VSC, VSM, blk, end,
-                      j + 3 * W, R, PI, D, USE_SE, MASKED)
+    o0 = _rp_v_update(
+        o0,
+        p8,
+        usum,
+        alpha,
+        unpack_codes(vb, 0, 2, USE_ASM),
+        cmask8,
+        copy,
+        VMN,
+        VSC,
+        VSM,
+        blk,
+        end,
+        j,
+        R,
+        PI,
+        D,
+        USE_SE,
+        MASKED,
+    )
+    o1 = _rp_v_update(
+        o1,
+        p8,
+        usum,
+        alpha,
+        unpack_codes(vb, 2, 2, USE_ASM),
+        cmask8,
+        copy,
+        VMN,
+        VSC,
+        VSM,
+        blk,
+        end,
+        j + W,
+        R,
+        PI,
+        D,
+        USE_SE,
+        MASKED,
+    )
+    o2 = _rp_v_update(
+        o2,
+        p8,
+        usum,
+        alpha,
+        unpack_codes(vb, 4, 2, USE_ASM),
+        cmask8,
+        copy,
+        VMN,
+        VSC,
+        VSM,
+        blk,
+        end,
+        j + 2 * W,
+        R,
+        PI,
+        D,
+        USE_SE,
+        MASKED,
+    )
+    o3 = _rp_v_update(
+        o3,
+        p8,
+        usum,
+        alpha,
+        unpack_codes(vb, 6, 2, USE_ASM),
+        cmask8,
+        copy,
+        VMN,
+        VSC,
+        VSM,
+        blk,
+        end,
+        j + 3 * W,
+        R,
+        PI,
+        D,
+        USE_SE,
+        MASKED,
+    )
     l_i = l_i * alpha + usum
     return m_new, l_i, o0, o1, o2, o3
 
@@ -542,5 +836,4 @@ def q_round_rows(q0, q1, q2, q3, qk_scale, PI: tl.constexpr, GPP: tl.constexpr):
     gm1 += PI * beta
     gm2 += PI * beta
     gm3 += PI * beta
-    return (c0.to(tl.int8), c1.to(tl.int8), c2.to(tl.int8), c3.to(tl.int8), sq * qk_scale, beta,
-            gm0, gm1, gm2, gm3)
+    return (c0.to(tl.int8), c1.to(tl.int8), c2.to(tl.int8), c3.to(tl.int8), sq * qk_scale, beta, gm0, gm1, gm2, gm3)

@@ -31,6 +31,7 @@ warp-instructions per 128 tokens offline (sm_90) against 4,530 for the head-majo
 2K tokens (ptxas spills a little) turns into 8 (DESIGN.md).  The fused decode step (APPEND) has the
 last split append the new token before it attends.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,11 +49,41 @@ from .split_k import default_splits, run_split_decode, tokens_per_split
 
 
 @triton.jit
-def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
-                      qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT, KN, VN, LENS_OUT, seed,
-                      G: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
-                      USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, USE_ASM: tl.constexpr,
-                      APPEND: tl.constexpr = False, STOCHASTIC: tl.constexpr = True):
+def _rp_decode_kernel(
+    Q,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    VT,
+    LENS,
+    OP,
+    LSEP,
+    qk_scale,
+    HKV,
+    LMAX,
+    NBLK,
+    TPS,
+    NSPLIT,
+    KN,
+    VN,
+    LENS_OUT,
+    seed,
+    G: tl.constexpr,
+    RP: tl.constexpr,
+    R: tl.constexpr,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    USE_SE: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    APPEND: tl.constexpr = False,
+    STOCHASTIC: tl.constexpr = True,
+):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
@@ -70,8 +101,9 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
         if split == NSPLIT - 1:
             if bh % HKV == 0:
                 tl.store(LENS_OUT + b, L + 1)
-            append_one(KN, VN, L, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
-                       D, PI, 2, True, STOCHASTIC)
+            append_one(
+                KN, VN, L, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed, D, PI, 2, True, STOCHASTIC
+            )
             tl.debug_barrier()  # the new token's K codes and V row, written above, are read below
         L = L + 1
     elif HAS_TAIL:
@@ -97,21 +129,125 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
     end_full = start + tl.maximum(end - start, 0) // BN * BN
     for s0 in range(start, end_full, BN):
         m_i, l_i, o0, o1, o2, o3 = rp_tile(
-            s0, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
-            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, False, copy, False)
+            s0,
+            end,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            ones_q,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            gm2,
+            gm3,
+            inblk,
+            cmask8,
+            ones_v,
+            copy,
+            kc,
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            vmn,
+            vsc,
+            vsm,
+            W,
+            D,
+            NP,
+            GPP,
+            PI,
+            R,
+            BN,
+            USE_SE,
+            USE_ASM,
+            False,
+            copy,
+            False,
+        )
     if end_full < end:
         m_i, l_i, o0, o1, o2, o3 = rp_tile(
-            end_full, end, m_i, l_i, o0, o1, o2, o3, qi0, qi1, qi2, qi3, ones_q, aq, beta, gm0, gm1, gm2, gm3,
-            inblk, cmask8, ones_v, copy, kc, kmn, ksc, ksm, vc, vmn, vsc, vsm,
-            W, D, NP, GPP, PI, R, BN, USE_SE, USE_ASM, True, copy, False)
+            end_full,
+            end,
+            m_i,
+            l_i,
+            o0,
+            o1,
+            o2,
+            o3,
+            qi0,
+            qi1,
+            qi2,
+            qi3,
+            ones_q,
+            aq,
+            beta,
+            gm0,
+            gm1,
+            gm2,
+            gm3,
+            inblk,
+            cmask8,
+            ones_v,
+            copy,
+            kc,
+            kmn,
+            ksc,
+            ksm,
+            vc,
+            vmn,
+            vsc,
+            vsm,
+            W,
+            D,
+            NP,
+            GPP,
+            PI,
+            R,
+            BN,
+            USE_SE,
+            USE_ASM,
+            True,
+            copy,
+            False,
+        )
     if HAS_TAIL:
         # RQE: the last < PI tokens have quantized K but FP16 V; copy 0 of the last split takes them.
         if (split == NSPLIT - 1) & (L > LV):
             tok = LV + tl.arange(0, PI)
             tmask = tok < L
-            x = rp_scores(qi0, qi1, qi2, qi3, ones_q, beta, gm0, gm1, gm2, gm3, kc, kmn, ksc, ksm, tok, tmask,
-                           W, NP, GPP, USE_SE, USE_ASM, True)
+            x = rp_scores(
+                qi0,
+                qi1,
+                qi2,
+                qi3,
+                ones_q,
+                beta,
+                gm0,
+                gm1,
+                gm2,
+                gm3,
+                kc,
+                kmn,
+                ksc,
+                ksm,
+                tok,
+                tmask,
+                W,
+                NP,
+                GPP,
+                USE_SE,
+                USE_ASM,
+                True,
+            )
             x = tl.where(tmask[None, :], x, float("-inf"))
             m_new, alpha, p = online_softmax(x * aq[:, None], m_i)
             p = tl.where((copy == 0)[:, None], p * 255.0, 0.0)  # o and l are kept times 255
@@ -119,8 +255,7 @@ def _rp_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSE
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
     # each copy is a split of its own
-    store_partials(OP, LSEP, qrow.to(tl.int64) * (NSPLIT * R) + split * R + copy, rmask, o0, o1, o2, o3, l_i, m_i,
-                   D, W)
+    store_partials(OP, LSEP, qrow.to(tl.int64) * (NSPLIT * R) + split * R + copy, rmask, o0, o1, o2, o3, l_i, m_i, D, W)
 
 
 def row_copies(g: int) -> tuple[int, int]:
@@ -148,8 +283,14 @@ def launch_options(cache: QuantKVCache, max_len: int, config: DecodeConfig) -> d
     return config.options(4 if not long or cache.partition > 64 else 2, 3, LONG_MAXNREG if long else None)
 
 
-def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = True, max_len: int | None = None,
-                        config: DecodeConfig = DecodeConfig(), append: tuple | None = None):
+def hack_attn_decode_rp(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    use_se: bool = True,
+    max_len: int | None = None,
+    config: DecodeConfig = DecodeConfig(),
+    append: tuple | None = None,
+):
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
     max_len: an upper bound of lens (defaults to the capacity) that sizes the splits.
     append = (k_new, v_new, seed, stochastic): the fused step (hack_decode_step); returns (out, cache)."""
@@ -184,11 +325,38 @@ def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = Tru
 
     def launch(op, lsep):
         _rp_decode_kernel[(b * hkv, splits)](
-            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
-            cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
-            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits, *extra,
-            G=g, RP=rp, R=r, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, USE_ASM=use_asm(q),
-            APPEND=append is not None, STOCHASTIC=stochastic, **opts)
+            q,
+            cache.k_codes,
+            cache.k_min,
+            cache.k_scale,
+            cache.k_sum,
+            cache.v_codes,
+            cache.v_min,
+            cache.v_scale,
+            cache.v_sum,
+            cache.v_tail,
+            cache.lens,
+            op,
+            lsep,
+            qk_scale,
+            hkv,
+            lmax,
+            cache.v_min.shape[2],
+            tps,
+            splits,
+            *extra,
+            G=g,
+            RP=rp,
+            R=r,
+            D=d,
+            PI=pi,
+            USE_SE=use_se,
+            HAS_TAIL=cache.rqe,
+            USE_ASM=use_asm(q),
+            APPEND=append is not None,
+            STOCHASTIC=stochastic,
+            **opts,
+        )
 
     out = run_split_decode(launch, q, splits * r)
     if append is not None:
@@ -196,14 +364,23 @@ def hack_attn_decode_rp(q: torch.Tensor, cache: QuantKVCache, use_se: bool = Tru
     return out
 
 
-def hack_decode_step(q: torch.Tensor, cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor,
-                     stochastic: bool = True, seed: int = 0, use_se: bool = True, max_len: int | None = None,
-                     config: DecodeConfig = DecodeConfig()) -> tuple[torch.Tensor, QuantKVCache]:
+def hack_decode_step(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    stochastic: bool = True,
+    seed: int = 0,
+    use_se: bool = True,
+    max_len: int | None = None,
+    config: DecodeConfig = DecodeConfig(),
+) -> tuple[torch.Tensor, QuantKVCache]:
     """One fused HACK decode step: append (k_new, v_new [B, H_kv, D]) and attend with q [B, H_q, D]
     over the appended cache in one attention launch (+ the split combine) instead of append_token's
     extra launch.  Returns (output [B, H_q, D], the cache with lens + 1), the cache identical to
     append_token's.  The attention differs from append_token + the row-packed kernel only at the step
     that fills a V block: that block is attended in FP16 (the tail) and quantized for later steps.
     max_len: an upper bound of the lengths after the append."""
-    return hack_attn_decode_rp(q, cache, use_se=use_se, max_len=max_len, config=config,
-                               append=(k_new, v_new, seed, stochastic))
+    return hack_attn_decode_rp(
+        q, cache, use_se=use_se, max_len=max_len, config=config, append=(k_new, v_new, seed, stochastic)
+    )

@@ -17,6 +17,7 @@ does not run (before Hopper, PI 32, GQA other than 8).
 Work of one decode step (per KV element visited: Q.K and P.V for G query heads):
   flops = 4 * G * sum(lens) * H_kv * D;  bytes = cache.nbytes_visited() + Q and O.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,29 +27,69 @@ import triton
 import triton.language as tl
 
 from .common import online_softmax, use_asm
-from .hack_core import (cache_ptrs, dequant_pv, dequant_scores, flash_state, hack_pv_block, hack_scores,
-                        load_q_groups, q_quantize, quantize_p, split_cols, split_prologue, store_partials, tail_pv)
+from .hack_core import (
+    cache_ptrs,
+    dequant_pv,
+    dequant_scores,
+    flash_state,
+    hack_pv_block,
+    hack_scores,
+    load_q_groups,
+    q_quantize,
+    quantize_p,
+    split_cols,
+    split_prologue,
+    store_partials,
+    tail_pv,
+)
 from .kv_cache import QuantKVCache
 from .launch import DecodeConfig
 from .split_k import default_splits, run_split_decode, tokens_per_split
 
 
 @triton.jit
-def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, LSEP,
-                         qk_scale, HKV, LMAX, NBLK, TPS, NSPLIT,
-                         G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
-                         USE_SE: tl.constexpr, HAS_TAIL: tl.constexpr, MODE: tl.constexpr,
-                         USE_ASM: tl.constexpr, SUMROW: tl.constexpr, BN: tl.constexpr):
+def _quant_decode_kernel(
+    Q,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    VT,
+    LENS,
+    OP,
+    LSEP,
+    qk_scale,
+    HKV,
+    LMAX,
+    NBLK,
+    TPS,
+    NSPLIT,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    USE_SE: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    MODE: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    SUMROW: tl.constexpr,
+    BN: tl.constexpr,
+):
     W: tl.constexpr = D // 4
     NP: tl.constexpr = D // PI
     GPP: tl.constexpr = PI // W
     bh, split, L, LV, start, end, g, gmask, qrow = split_prologue(LENS, HKV, TPS, G, G_PAD, PI, HAS_TAIL)
-    q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)    # [G_PAD, W] each, channel group c = c*W..
+    q0, q1, q2, q3 = load_q_groups(Q, qrow, gmask, W, D)  # [G_PAD, W] each, channel group c = c*W..
     kc, kmn, ksc, ksm, vc, vmn, vsc, vsm = cache_ptrs(KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, bh, LMAX, NBLK, W, NP, D)
     m_i, l_i, o0, o1, o2, o3 = flash_state(G_PAD, W)
     if MODE == 0:
         qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = q_quantize(
-            q0, q1, q2, q3, qk_scale, PI, GPP)
+            q0, q1, q2, q3, qk_scale, PI, GPP
+        )
         if not USE_SE:
             if SUMROW >= 0:  # a padding query row of ones: its dot row is the K code sum
                 one = (g == SUMROW)[:, None]
@@ -68,8 +109,36 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
         tok = s0 + tl.arange(0, BN)
         tmask = tok < end
         if MODE == 0:
-            s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                            kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
+            s = hack_scores(
+                qi0,
+                qi1,
+                qi2,
+                qi3,
+                a0,
+                a1,
+                a2,
+                a3,
+                b0,
+                b1,
+                b2,
+                b3,
+                c0,
+                c1,
+                c2,
+                c3,
+                kc,
+                kmn,
+                ksc,
+                ksm,
+                tok,
+                tmask,
+                W,
+                NP,
+                GPP,
+                USE_SE,
+                USE_ASM,
+                SUMROW,
+            )
         else:
             s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
         s = tl.where(tmask[None, :], s, float("-inf"))
@@ -80,56 +149,251 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             p8, usum = quantize_p(p, USE_SE, SUMROW)
             lsum = usum * (1.0 / 255.0)
             if BN == PI:
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, p8, usum, alpha, vc, vmn, vsc, vsm, t0,
-                                               t0 < end, blk, True, W, D, USE_SE, USE_ASM, SUMROW)
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    p8,
+                    usum,
+                    alpha,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0,
+                    t0 < end,
+                    blk,
+                    True,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
             elif BN == 2 * PI:
                 pa, pb = split_cols(p8)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pa, tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
-                                               alpha, vc, vmn, vsc, vsm, t0, t0 < end, blk, True,
-                                               W, D, USE_SE, USE_ASM, SUMROW)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pb, tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
-                                               ones, vc, vmn, vsc, vsm, t0 + PI, t0 + PI < end, blk + 1,
-                                               s0 + PI < end, W, D, USE_SE, USE_ASM, SUMROW)
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pa,
+                    tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
+                    alpha,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0,
+                    t0 < end,
+                    blk,
+                    True,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pb,
+                    tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0 + PI,
+                    t0 + PI < end,
+                    blk + 1,
+                    s0 + PI < end,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
             else:
                 pl, pr = split_cols(p8)
                 pa, pb = split_cols(pl)
                 pc, pd = split_cols(pr)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pa, tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
-                                               alpha, vc, vmn, vsc, vsm, t0, t0 < end, blk, True,
-                                               W, D, USE_SE, USE_ASM, SUMROW)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pb, tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
-                                               ones, vc, vmn, vsc, vsm, t0 + PI, t0 + PI < end, blk + 1,
-                                               s0 + PI < end, W, D, USE_SE, USE_ASM, SUMROW)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pc, tl.sum(pc.to(tl.float32), 1) + 128.0 * PI,
-                                               ones, vc, vmn, vsc, vsm, t0 + 2 * PI, t0 + 2 * PI < end,
-                                               blk + 2, s0 + 2 * PI < end, W, D, USE_SE, USE_ASM, SUMROW)
-                o0, o1, o2, o3 = hack_pv_block(o0, o1, o2, o3, pd, tl.sum(pd.to(tl.float32), 1) + 128.0 * PI,
-                                               ones, vc, vmn, vsc, vsm, t0 + 3 * PI, t0 + 3 * PI < end,
-                                               blk + 3, s0 + 3 * PI < end, W, D, USE_SE, USE_ASM, SUMROW)
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pa,
+                    tl.sum(pa.to(tl.float32), 1) + 128.0 * PI,
+                    alpha,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0,
+                    t0 < end,
+                    blk,
+                    True,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pb,
+                    tl.sum(pb.to(tl.float32), 1) + 128.0 * PI,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0 + PI,
+                    t0 + PI < end,
+                    blk + 1,
+                    s0 + PI < end,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pc,
+                    tl.sum(pc.to(tl.float32), 1) + 128.0 * PI,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0 + 2 * PI,
+                    t0 + 2 * PI < end,
+                    blk + 2,
+                    s0 + 2 * PI < end,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
+                o0, o1, o2, o3 = hack_pv_block(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pd,
+                    tl.sum(pd.to(tl.float32), 1) + 128.0 * PI,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    vsm,
+                    t0 + 3 * PI,
+                    t0 + 3 * PI < end,
+                    blk + 3,
+                    s0 + 3 * PI < end,
+                    W,
+                    D,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
         else:
             p16 = p.to(tl.float16)
             lsum = tl.sum(p, 1)
             if BN == PI:
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p16, alpha, vc, vmn, vsc, t0, t0 < end, blk,
-                                            W, D, USE_ASM)
+                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, p16, alpha, vc, vmn, vsc, t0, t0 < end, blk, W, D, USE_ASM)
             elif BN == 2 * PI:
                 pa, pb = split_cols(p16)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk,
-                                            W, D, USE_ASM)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pb, ones, vc, vmn, vsc, t0 + PI, t0 + PI < end,
-                                            blk + 1, W, D, USE_ASM, s0 + PI < end)
+                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk, W, D, USE_ASM)
+                o0, o1, o2, o3 = dequant_pv(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pb,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    t0 + PI,
+                    t0 + PI < end,
+                    blk + 1,
+                    W,
+                    D,
+                    USE_ASM,
+                    s0 + PI < end,
+                )
             else:
                 pl, pr = split_cols(p16)
                 pa, pb = split_cols(pl)
                 pc, pd = split_cols(pr)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk,
-                                            W, D, USE_ASM)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pb, ones, vc, vmn, vsc, t0 + PI, t0 + PI < end,
-                                            blk + 1, W, D, USE_ASM, s0 + PI < end)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pc, ones, vc, vmn, vsc, t0 + 2 * PI,
-                                            t0 + 2 * PI < end, blk + 2, W, D, USE_ASM, s0 + 2 * PI < end)
-                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pd, ones, vc, vmn, vsc, t0 + 3 * PI,
-                                            t0 + 3 * PI < end, blk + 3, W, D, USE_ASM, s0 + 3 * PI < end)
+                o0, o1, o2, o3 = dequant_pv(o0, o1, o2, o3, pa, alpha, vc, vmn, vsc, t0, t0 < end, blk, W, D, USE_ASM)
+                o0, o1, o2, o3 = dequant_pv(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pb,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    t0 + PI,
+                    t0 + PI < end,
+                    blk + 1,
+                    W,
+                    D,
+                    USE_ASM,
+                    s0 + PI < end,
+                )
+                o0, o1, o2, o3 = dequant_pv(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pc,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    t0 + 2 * PI,
+                    t0 + 2 * PI < end,
+                    blk + 2,
+                    W,
+                    D,
+                    USE_ASM,
+                    s0 + 2 * PI < end,
+                )
+                o0, o1, o2, o3 = dequant_pv(
+                    o0,
+                    o1,
+                    o2,
+                    o3,
+                    pd,
+                    ones,
+                    vc,
+                    vmn,
+                    vsc,
+                    t0 + 3 * PI,
+                    t0 + 3 * PI < end,
+                    blk + 3,
+                    W,
+                    D,
+                    USE_ASM,
+                    s0 + 3 * PI < end,
+                )
         l_i = l_i * alpha + lsum
         m_i = m_new
     if HAS_TAIL:
@@ -138,8 +402,36 @@ def _quant_decode_kernel(Q, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LENS, OP, 
             tok = LV + tl.arange(0, PI)
             tmask = tok < L
             if MODE == 0:
-                s = hack_scores(qi0, qi1, qi2, qi3, a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,
-                                kc, kmn, ksc, ksm, tok, tmask, W, NP, GPP, USE_SE, USE_ASM, SUMROW)
+                s = hack_scores(
+                    qi0,
+                    qi1,
+                    qi2,
+                    qi3,
+                    a0,
+                    a1,
+                    a2,
+                    a3,
+                    b0,
+                    b1,
+                    b2,
+                    b3,
+                    c0,
+                    c1,
+                    c2,
+                    c3,
+                    kc,
+                    kmn,
+                    ksc,
+                    ksm,
+                    tok,
+                    tmask,
+                    W,
+                    NP,
+                    GPP,
+                    USE_SE,
+                    USE_ASM,
+                    SUMROW,
+                )
             else:
                 s = dequant_scores(qh0, qh1, qh2, qh3, kc, kmn, ksc, tok, tmask, W, NP, GPP, USE_ASM)
             s = tl.where(tmask[None, :], s, float("-inf"))
@@ -162,8 +454,14 @@ def head_major_supported(cache: QuantKVCache) -> bool:
     return cache.bits == 2 and d % 128 == 0 and cache.partition % (d // 4) == 0
 
 
-def quant_attn_decode_hm(q: torch.Tensor, cache: QuantKVCache, mode: str = "hack", use_se: bool = True,
-                         max_len: int | None = None, config: DecodeConfig = DecodeConfig()) -> torch.Tensor:
+def quant_attn_decode_hm(
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    mode: str = "hack",
+    use_se: bool = True,
+    max_len: int | None = None,
+    config: DecodeConfig = DecodeConfig(),
+) -> torch.Tensor:
     """q [B, HQ, D] fp16 (the new token's query, already appended to the cache) -> [B, HQ, D] fp16.
     mode "hack" or "dequant"; max_len: an upper bound of lens (defaults to the capacity) that sizes
     the splits."""
@@ -180,8 +478,9 @@ def quant_attn_decode_hm(q: torch.Tensor, cache: QuantKVCache, mode: str = "hack
         opts = config.options(2, 3, DEQUANT_MAXNREG if pi <= 64 else None)
     else:
         opts = config.options(2 if mode == "hack" else 4, 3)
-    tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device),
-                                   block_n)
+    tps, splits = tokens_per_split(
+        max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device), block_n
+    )
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
     q = q.contiguous()
     g_pad = max(16, triton.next_power_of_2(g))
@@ -189,10 +488,36 @@ def quant_attn_decode_hm(q: torch.Tensor, cache: QuantKVCache, mode: str = "hack
 
     def launch(op, lsep):
         _quant_decode_kernel[(b * hkv, splits)](
-            q, cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
-            cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail, cache.lens, op, lsep,
-            qk_scale, hkv, lmax, cache.v_min.shape[2], tps, splits,
-            G=g, G_PAD=g_pad, D=d, PI=pi, USE_SE=use_se, HAS_TAIL=cache.rqe, MODE=0 if mode == "hack" else 1,
-            USE_ASM=use_asm(q), SUMROW=sumrow, BN=block_n, **opts)
+            q,
+            cache.k_codes,
+            cache.k_min,
+            cache.k_scale,
+            cache.k_sum,
+            cache.v_codes,
+            cache.v_min,
+            cache.v_scale,
+            cache.v_sum,
+            cache.v_tail,
+            cache.lens,
+            op,
+            lsep,
+            qk_scale,
+            hkv,
+            lmax,
+            cache.v_min.shape[2],
+            tps,
+            splits,
+            G=g,
+            G_PAD=g_pad,
+            D=d,
+            PI=pi,
+            USE_SE=use_se,
+            HAS_TAIL=cache.rqe,
+            MODE=0 if mode == "hack" else 1,
+            USE_ASM=use_asm(q),
+            SUMROW=sumrow,
+            BN=block_n,
+            **opts,
+        )
 
     return run_split_decode(launch, q, splits)

@@ -11,6 +11,7 @@ partitions and is quantized once.  V partitions lie along the sequence:
 Per request b the cache holds lens[b] tokens (ragged); the capacity L_max is fixed at allocation.
 The append kernel (one program per (request, kv head)) also writes lens + 1 to a new tensor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -20,22 +21,21 @@ import triton
 import triton.language as tl
 
 from .common import sum_dtype
-from .quantize import (_pack_rows, _quant_codes, dequantize_k_ref, dequantize_v_ref, quantize_k,
-                       quantize_v)
+from .quantize import _pack_rows, _quant_codes, dequantize_k_ref, dequantize_v_ref, quantize_k, quantize_v
 
 
 @dataclass(frozen=True)
 class QuantKVCache:
-    k_codes: torch.Tensor   # uint8 [B, H, Lmax, W]
-    k_min: torch.Tensor     # fp16 [B, H, Lmax, NP]
-    k_scale: torch.Tensor   # fp16 [B, H, Lmax, NP]
-    k_sum: torch.Tensor     # uint8|int16 [B, H, Lmax, NP]
-    v_codes: torch.Tensor   # uint8 [B, H, Lmax, W]
-    v_min: torch.Tensor     # fp16 [B, H, NBLK, D]
-    v_scale: torch.Tensor   # fp16 [B, H, NBLK, D]
-    v_sum: torch.Tensor     # uint8|int16 [B, H, NBLK, D]
-    v_tail: torch.Tensor    # fp16 [B, H, PI, D] (RQE tail; unused when rqe=False)
-    lens: torch.Tensor      # int32 [B]
+    k_codes: torch.Tensor  # uint8 [B, H, Lmax, W]
+    k_min: torch.Tensor  # fp16 [B, H, Lmax, NP]
+    k_scale: torch.Tensor  # fp16 [B, H, Lmax, NP]
+    k_sum: torch.Tensor  # uint8|int16 [B, H, Lmax, NP]
+    v_codes: torch.Tensor  # uint8 [B, H, Lmax, W]
+    v_min: torch.Tensor  # fp16 [B, H, NBLK, D]
+    v_scale: torch.Tensor  # fp16 [B, H, NBLK, D]
+    v_sum: torch.Tensor  # uint8|int16 [B, H, NBLK, D]
+    v_tail: torch.Tensor  # fp16 [B, H, PI, D] (RQE tail; unused when rqe=False)
+    lens: torch.Tensor  # int32 [B]
     partition: int
     bits: int
     rqe: bool
@@ -63,8 +63,17 @@ class QuantKVCache:
         return int(h * tokens * per_tok)
 
 
-def build_cache(k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, partition: int = 64, bits: int = 2,
-                rqe: bool = True, stochastic: bool = True, seed: int = 0, capacity: int | None = None) -> QuantKVCache:
+def build_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lens: torch.Tensor,
+    partition: int = 64,
+    bits: int = 2,
+    rqe: bool = True,
+    stochastic: bool = True,
+    seed: int = 0,
+    capacity: int | None = None,
+) -> QuantKVCache:
     """Quantize a prefilled FP16 KV ([B, H, L, D]) of lens[b] tokens into a cache of `capacity` tokens."""
     b, h, seq, d = k.shape
     cap = max(seq, capacity or seq)
@@ -80,7 +89,7 @@ def build_cache(k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, partition:
     if rqe:
         idx = (lv[:, None] + torch.arange(partition, device=k.device)[None, :]).clamp(max=cap - 1)  # (B, PI)
         gathered = torch.gather(v, 2, idx[:, None, :, None].expand(b, h, partition, d).long())
-        keep = (torch.arange(partition, device=k.device)[None, :] < (lens - lv)[:, None])
+        keep = torch.arange(partition, device=k.device)[None, :] < (lens - lv)[:, None]
         tail = torch.where(keep[:, None, :, None], gathered, tail)
     return QuantKVCache(kc, kmn, ksc, ksm, vc, vmn, vsc, vsm, tail, lens, partition, bits, rqe)
 
@@ -95,14 +104,34 @@ def dequantize_cache_ref(cache: QuantKVCache) -> tuple[torch.Tensor, torch.Tenso
         for b in range(k.shape[0]):
             lv = int(lens[b]) // pi * pi
             n = int(lens[b]) - lv
-            v[b, :, lv:lv + n] = cache.v_tail[b, :, :n].float().cpu()
+            v[b, :, lv : lv + n] = cache.v_tail[b, :, :n].float().cpu()
     return k, v
 
 
 @triton.jit
-def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
-               D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr, RQE: tl.constexpr,
-               STOCHASTIC: tl.constexpr):
+def append_one(
+    KN,
+    VN,
+    pos,
+    bh,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    VT,
+    LMAX,
+    NBLK,
+    seed,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BITS: tl.constexpr,
+    RQE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
     """Append the new token (KN, VN [B*H, D] fp16, row bh) at position pos of (request, head) bh: its K
     quantized as its own NP partitions; its V into the FP16 tail (RQE; the block is quantized when the
     tail fills) or into the requantized partial block (no RQE).  One program per (b, h) calls it (the
@@ -116,8 +145,9 @@ def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, 
     k = tl.load(KN + bh * D + d).to(tl.float32)
     k3 = tl.reshape(k, (1, NP, PI))
     offs = tl.reshape(row.to(tl.int32) * D + d, (1, NP, PI))
-    y, mn16, sc16 = _quant_codes(k3, tl.min(k3, axis=2)[:, :, None], tl.max(k3, axis=2)[:, :, None],
-                                 offs, seed, BITS, STOCHASTIC)
+    y, mn16, sc16 = _quant_codes(
+        k3, tl.min(k3, axis=2)[:, :, None], tl.max(k3, axis=2)[:, :, None], offs, seed, BITS, STOCHASTIC
+    )
     packed = _pack_rows(tl.reshape(y, (1, D)), 1, D, BITS)
     wc = tl.arange(0, W)
     tl.store(KC + row * W + wc[None, :], packed.to(tl.uint8))
@@ -130,8 +160,8 @@ def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, 
     blk = pos // PI
     slot = pos % PI
     t = tl.arange(0, PI)
-    brow = bh.to(tl.int64) * LMAX + blk * PI + t          # [PI] cache rows of this block
-    mrow = (bh.to(tl.int64) * NBLK + blk) * D + d          # [D] this block's metadata
+    brow = bh.to(tl.int64) * LMAX + blk * PI + t  # [PI] cache rows of this block
+    mrow = (bh.to(tl.int64) * NBLK + blk) * D + d  # [D] this block's metadata
     if RQE:
         tl.store(VT + (bh * PI + slot) * D + d, vnew.to(tl.float16))
         if slot == PI - 1:  # the tail is full: quantize it into the cache (the [PI, D] tile is read only then)
@@ -150,8 +180,9 @@ def append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, 
 
 
 @triton.jit
-def _store_block(x, cnt, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D: tl.constexpr, BITS: tl.constexpr,
-                 STOCHASTIC: tl.constexpr):
+def _store_block(
+    x, cnt, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D: tl.constexpr, BITS: tl.constexpr, STOCHASTIC: tl.constexpr
+):
     """Quantize the first cnt rows of a V block x [PI, D] per channel and store codes, min, scale, sums."""
     W: tl.constexpr = D * BITS // 8
     wc = tl.arange(0, W)
@@ -169,23 +200,44 @@ def _store_block(x, cnt, t, d, brow, mrow, VC, VMN, VSC, VSM, seed, D: tl.conste
 
 
 @triton.jit
-def _append_kernel(KN, VN, LENS, LENS_OUT,
-                   KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT,
-                   H, LMAX, NBLK, seed,
-                   D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr,
-                   RQE: tl.constexpr, STOCHASTIC: tl.constexpr):
+def _append_kernel(
+    KN,
+    VN,
+    LENS,
+    LENS_OUT,
+    KC,
+    KMN,
+    KSC,
+    KSM,
+    VC,
+    VMN,
+    VSC,
+    VSM,
+    VT,
+    H,
+    LMAX,
+    NBLK,
+    seed,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BITS: tl.constexpr,
+    RQE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
     # KN, VN [B, H, D] fp16: the new token; one program per (b, h).
     bh = tl.program_id(0)
     b = bh // H
     pos = tl.load(LENS + b)
     if bh % H == 0:
         tl.store(LENS_OUT + b, pos + 1)
-    append_one(KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed,
-               D, PI, BITS, RQE, STOCHASTIC)
+    append_one(
+        KN, VN, pos, bh, KC, KMN, KSC, KSM, VC, VMN, VSC, VSM, VT, LMAX, NBLK, seed, D, PI, BITS, RQE, STOCHASTIC
+    )
 
 
-def append_token(cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor, stochastic: bool = True,
-                 seed: int = 0) -> QuantKVCache:
+def append_token(
+    cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor, stochastic: bool = True, seed: int = 0
+) -> QuantKVCache:
     """Append one token per request (k_new, v_new [B, H, D] fp16) in place; returns the cache with
     lens + 1.  The caller guarantees lens < Lmax (no host sync here)."""
     b, h, lmax, d = cache.shape
@@ -194,9 +246,28 @@ def append_token(cache: QuantKVCache, k_new: torch.Tensor, v_new: torch.Tensor, 
     nblk = cache.v_min.shape[2]
     lens_out = torch.empty_like(cache.lens)
     _append_kernel[(b * h,)](
-        k_new.contiguous(), v_new.contiguous(), cache.lens, lens_out,
-        cache.k_codes, cache.k_min, cache.k_scale, cache.k_sum,
-        cache.v_codes, cache.v_min, cache.v_scale, cache.v_sum, cache.v_tail,
-        h, lmax, nblk, seed, D=d, PI=cache.partition, BITS=cache.bits, RQE=cache.rqe,
-        STOCHASTIC=stochastic, num_warps=4)
+        k_new.contiguous(),
+        v_new.contiguous(),
+        cache.lens,
+        lens_out,
+        cache.k_codes,
+        cache.k_min,
+        cache.k_scale,
+        cache.k_sum,
+        cache.v_codes,
+        cache.v_min,
+        cache.v_scale,
+        cache.v_sum,
+        cache.v_tail,
+        h,
+        lmax,
+        nblk,
+        seed,
+        D=d,
+        PI=cache.partition,
+        BITS=cache.bits,
+        RQE=cache.rqe,
+        STOCHASTIC=stochastic,
+        num_warps=4,
+    )
     return replace(cache, lens=lens_out)

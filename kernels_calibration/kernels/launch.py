@@ -6,6 +6,7 @@ Every family takes one of these instead of loose keywords; the tuning lists of b
 profile.py are dicts of these fields (`HackDecodeConfig(**cfg)`), so a CSV row's `config` column
 names exactly the fields that were set.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,11 @@ class LaunchConfig:
     def options(self, num_warps: int, num_stages: int, maxnreg: int | None = None) -> dict:
         """Launch keywords: this config's fields over the family defaults given (maxnreg 0 or None: no cap)."""
         cap = maxnreg if self.maxnreg is None else self.maxnreg
-        return {"num_warps": self.num_warps or num_warps, "num_stages": self.num_stages or num_stages,
-                **({"maxnreg": cap} if cap else {})}
+        return {
+            "num_warps": self.num_warps or num_warps,
+            "num_stages": self.num_stages or num_stages,
+            **({"maxnreg": cap} if cap else {}),
+        }
 
 
 @dataclass(frozen=True)

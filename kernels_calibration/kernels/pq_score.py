@@ -30,6 +30,7 @@ Work per scored token and KV head (the profile's unit, key ``score.pq``), M sub-
 plus, per request and KV head (not per unit), the LUT: C * D * 2 bytes of centroids read,
 G * M * C * 4 bytes of table written and re-read (from L2), G * D * C FP32 multiply-adds.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,9 +45,19 @@ from .launch import ScoreConfig
 
 
 @triton.jit
-def _pq_lut_kernel(Q, CENT, LUT, sm_scale,
-                   G: tl.constexpr, G_PAD: tl.constexpr, M: tl.constexpr, C: tl.constexpr,
-                   DS: tl.constexpr, DS_PAD: tl.constexpr, BC: tl.constexpr):
+def _pq_lut_kernel(
+    Q,
+    CENT,
+    LUT,
+    sm_scale,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    M: tl.constexpr,
+    C: tl.constexpr,
+    DS: tl.constexpr,
+    DS_PAD: tl.constexpr,
+    BC: tl.constexpr,
+):
     # one program per (request, KV head, sub-space): LUT[b, h*G + g, s, :] for the group's G heads
     bh = tl.program_id(0)
     s = tl.program_id(1)
@@ -55,24 +66,37 @@ def _pq_lut_kernel(Q, CENT, LUT, sm_scale,
     j = tl.arange(0, DS_PAD)
     jmask = j < DS
     D: tl.constexpr = M * DS
-    qrow = bh * G + g                                                   # = b * H_q + h * G + g
-    q = tl.load(Q + qrow[:, None] * D + s * DS + j[None, :], mask=gmask[:, None] & jmask[None, :],
-                other=0.0).to(tl.float32)                              # [G_PAD, DS_PAD]
+    qrow = bh * G + g  # = b * H_q + h * G + g
+    q = tl.load(Q + qrow[:, None] * D + s * DS + j[None, :], mask=gmask[:, None] & jmask[None, :], other=0.0).to(
+        tl.float32
+    )  # [G_PAD, DS_PAD]
     cbase = (bh * M + s).to(tl.int64) * C * DS
-    lbase = qrow.to(tl.int64) * M * C + s * C                          # [G_PAD]
+    lbase = qrow.to(tl.int64) * M * C + s * C  # [G_PAD]
     for c0 in range(0, C, BC):
         c = c0 + tl.arange(0, BC)
         cmask = c < C
-        cent = tl.load(CENT + cbase + c[:, None] * DS + j[None, :], mask=cmask[:, None] & jmask[None, :],
-                       other=0.0).to(tl.float32)                       # [BC, DS_PAD]
+        cent = tl.load(CENT + cbase + c[:, None] * DS + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0).to(
+            tl.float32
+        )  # [BC, DS_PAD]
         lut = tl.sum(q[:, None, :] * cent[None, :, :], axis=2) * sm_scale  # [G_PAD, BC]
         tl.store(LUT + lbase[:, None] + c[None, :], lut, mask=gmask[:, None] & cmask[None, :])
 
 
 @triton.jit
-def _pq_score_kernel(CODES, LUT, LENS, OUT, HKV, LMAX, TPP,
-                     G: tl.constexpr, G_PAD: tl.constexpr, M: tl.constexpr, C: tl.constexpr,
-                     BT: tl.constexpr):
+def _pq_score_kernel(
+    CODES,
+    LUT,
+    LENS,
+    OUT,
+    HKV,
+    LMAX,
+    TPP,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    M: tl.constexpr,
+    C: tl.constexpr,
+    BT: tl.constexpr,
+):
     # one program per (request, KV head, TPP-token slice of [0, L_max)); writes -inf past lens[b]
     bh = tl.program_id(0)
     start = tl.program_id(1) * TPP
@@ -81,7 +105,7 @@ def _pq_score_kernel(CODES, LUT, LENS, OUT, HKV, LMAX, TPP,
     g = tl.arange(0, G_PAD)
     gmask = g < G
     qrow = (bh * G + g).to(tl.int64)
-    lrow = qrow[:, None] * (M * C)                                      # [G_PAD, 1]
+    lrow = qrow[:, None] * (M * C)  # [G_PAD, 1]
     cbase = bh.to(tl.int64) * LMAX * M
     end = tl.minimum(start + TPP, LMAX)
     for t0 in range(start, end, BT):
@@ -89,14 +113,13 @@ def _pq_score_kernel(CODES, LUT, LENS, OUT, HKV, LMAX, TPP,
         valid = tok < L
         acc = tl.zeros([G_PAD, BT], tl.float32)
         for s in tl.static_range(M):
-            code = tl.load(CODES + cbase + tok * M + s, mask=valid, other=0).to(tl.int32)     # [BT]
-            acc += tl.load(LUT + lrow + s * C + code[None, :], mask=gmask[:, None] & valid[None, :],
-                           other=0.0)
+            code = tl.load(CODES + cbase + tok * M + s, mask=valid, other=0).to(tl.int32)  # [BT]
+            acc += tl.load(LUT + lrow + s * C + code[None, :], mask=gmask[:, None] & valid[None, :], other=0.0)
         acc = tl.where(valid[None, :], acc, float("-inf"))
         tl.store(OUT + qrow[:, None] * LMAX + tok[None, :], acc, mask=gmask[:, None] & (tok < end)[None, :])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _n_sm(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
@@ -108,8 +131,15 @@ def tiles_per_program(n_rows: int, lmax: int, block_t: int, device: torch.device
     return max(1, min(8, (n_rows * n_tiles) // (8 * _n_sm(device))))
 
 
-def pq_score(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens: torch.Tensor,
-             sm_scale: float | None = None, top_k: int | None = None, config: ScoreConfig = ScoreConfig()):
+def pq_score(
+    q: torch.Tensor,
+    centroids: torch.Tensor,
+    codes: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float | None = None,
+    top_k: int | None = None,
+    config: ScoreConfig = ScoreConfig(),
+):
     """PQ scores of every context token for every query head.
 
     q [B, H_q, D] fp16; centroids [B, H_kv, M, C, D/M] fp16; codes [B, H_kv, L_max, M] uint8 (< C);
@@ -139,14 +169,16 @@ def pq_score(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens
     lens = lens.to(torch.int32)
     lut = torch.empty((b, hq, m, c), dtype=torch.float32, device=q.device)
     bc = max(1, min(c, 8192 // (g_pad * ds_pad)))
-    _pq_lut_kernel[(b * hkv, m)](q, centroids, lut, sm_scale, G=g, G_PAD=g_pad, M=m, C=c, DS=ds,
-                                 DS_PAD=ds_pad, BC=bc, num_warps=4)
+    _pq_lut_kernel[(b * hkv, m)](
+        q, centroids, lut, sm_scale, G=g, G_PAD=g_pad, M=m, C=c, DS=ds, DS_PAD=ds_pad, BC=bc, num_warps=4
+    )
     scores = torch.empty((b, hq, lmax), dtype=torch.float32, device=q.device)
     if lmax:
         block_t = config.block_t or 128
         tpp = (config.tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)) * block_t
         _pq_score_kernel[(b * hkv, triton.cdiv(lmax, tpp))](
-            codes, lut, lens, scores, hkv, lmax, tpp, G=g, G_PAD=g_pad, M=m, C=c, BT=block_t, **config.options(4, 3))
+            codes, lut, lens, scores, hkv, lmax, tpp, G=g, G_PAD=g_pad, M=m, C=c, BT=block_t, **config.options(4, 3)
+        )
     if top_k is None:
         return scores
     return scores, torch.topk(scores, top_k, dim=-1).indices
@@ -156,13 +188,19 @@ def pq_score(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens
 def pq_reconstruct_ref(centroids: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """k_hat [B, H_kv, L_max, D] (fp32) from centroids [B, H_kv, M, C, DS] and codes [B, H_kv, L, M]."""
     b, hkv, m, c, ds = centroids.shape
-    idx = codes.long().permute(0, 1, 3, 2)                                    # [B, H_kv, M, L]
+    idx = codes.long().permute(0, 1, 3, 2)  # [B, H_kv, M, L]
     k = torch.gather(centroids.float(), 3, idx[..., None].expand(-1, -1, -1, -1, ds))  # [B, H_kv, M, L, DS]
     return k.permute(0, 1, 3, 2, 4).reshape(b, hkv, codes.shape[2], m * ds)
 
 
-def pq_score_ref(q: torch.Tensor, centroids: torch.Tensor, codes: torch.Tensor, lens: torch.Tensor,
-                 sm_scale: float | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def pq_score_ref(
+    q: torch.Tensor,
+    centroids: torch.Tensor,
+    codes: torch.Tensor,
+    lens: torch.Tensor,
+    sm_scale: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """q . k_hat * sm_scale over the PQ reconstruction (GQA by repeating KV heads), -inf past lens."""
     b, hq, d = q.shape
     hkv = centroids.shape[1]

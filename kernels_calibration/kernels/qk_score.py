@@ -28,6 +28,7 @@ H_kv * D), group G:
           ~3 per element (unpack shift+mask, convert) and 2 * G FMAs per partition per token for
           the scale and min terms
 """
+
 from __future__ import annotations
 
 import math
@@ -43,15 +44,31 @@ from .quantize import dequantize_k_ref
 
 
 @triton.jit
-def _qk_score_kernel(Q, CODES, KMIN, KSCALE, LENS, OUT, sm_scale, HKV, LMAX, TPP,
-                     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PI: tl.constexpr,
-                     BITS: tl.constexpr, BT: tl.constexpr, USE_ASM: tl.constexpr):
+def _qk_score_kernel(
+    Q,
+    CODES,
+    KMIN,
+    KSCALE,
+    LENS,
+    OUT,
+    sm_scale,
+    HKV,
+    LMAX,
+    TPP,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BITS: tl.constexpr,
+    BT: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
     # one program per (request, KV head, TPP-token slice of [0, L_max)); writes -inf past lens[b]
     CPB: tl.constexpr = 8 // BITS
     W: tl.constexpr = D // CPB
     NP: tl.constexpr = D // PI
-    CW: tl.constexpr = W if W < PI else PI         # channels per chunk: one plane, or one partition
-    NCH: tl.constexpr = W // CW                    # chunks per plane (byte-column blocks)
+    CW: tl.constexpr = W if W < PI else PI  # channels per chunk: one plane, or one partition
+    NCH: tl.constexpr = W // CW  # chunks per plane (byte-column blocks)
     bh = tl.program_id(0)
     start = tl.program_id(1) * TPP
     b = bh // HKV
@@ -68,28 +85,39 @@ def _qk_score_kernel(Q, CODES, KMIN, KSCALE, LENS, OUT, sm_scale, HKV, LMAX, TPP
         valid = tok < L
         acc = tl.zeros([BT, G_PAD], tl.float32)
         for jc in tl.static_range(NCH):
-            packed = tl.load(CODES + cbase + tok[:, None] * W + (jc * CW + cw)[None, :],
-                             mask=valid[:, None], other=0)                        # [BT, CW] uint8
+            packed = tl.load(
+                CODES + cbase + tok[:, None] * W + (jc * CW + cw)[None, :], mask=valid[:, None], other=0
+            )  # [BT, CW] uint8
             for i in tl.static_range(CPB):
-                ch0 = i * W + jc * CW                                             # first channel
-                p = ch0 // PI                                                     # its partition
-                qc = tl.load(Q + qrow[None, :] * D + (ch0 + cw)[:, None], mask=gmask[None, :],
-                             other=0.0)                                           # [CW, G_PAD] fp16
+                ch0 = i * W + jc * CW  # first channel
+                p = ch0 // PI  # its partition
+                qc = tl.load(
+                    Q + qrow[None, :] * D + (ch0 + cw)[:, None], mask=gmask[None, :], other=0.0
+                )  # [CW, G_PAD] fp16
                 if BITS == 8:
-                    c = packed.to(tl.float16)                                     # [BT, CW]
+                    c = packed.to(tl.float16)  # [BT, CW]
                 else:
                     c = unpack_codes(packed, i * BITS, BITS, USE_ASM).to(tl.float16)
                 sc = tl.load(KSCALE + mbase + tok * NP + p, mask=valid, other=0.0).to(tl.float32)
                 mn = tl.load(KMIN + mbase + tok * NP + p, mask=valid, other=0.0).to(tl.float32)
-                qs = tl.sum(qc.to(tl.float32), axis=0)                            # [G_PAD]
+                qs = tl.sum(qc.to(tl.float32), axis=0)  # [G_PAD]
                 acc += tl.dot(c, qc) * sc[:, None] + mn[:, None] * qs[None, :]
         acc = tl.where(valid[:, None], acc * sm_scale, float("-inf"))
         tl.store(OUT + qrow[None, :] * LMAX + tok[:, None], acc, mask=gmask[None, :] & (tok < end)[:, None])
 
 
-def qk_score(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale: torch.Tensor,
-             lens: torch.Tensor, partition: int = 64, bits: int = 4, sm_scale: float | None = None,
-             top_k: int | None = None, config: ScoreConfig = ScoreConfig()):
+def qk_score(
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    k_min: torch.Tensor,
+    k_scale: torch.Tensor,
+    lens: torch.Tensor,
+    partition: int = 64,
+    bits: int = 4,
+    sm_scale: float | None = None,
+    top_k: int | None = None,
+    config: ScoreConfig = ScoreConfig(),
+):
     """Scores of every context token for every query head over quantize_k-format keys.
 
     q [B, H_q, D] fp16; codes [B, H_kv, L_max, D * bits / 8] uint8; k_min, k_scale
@@ -100,16 +128,21 @@ def qk_score(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale:
     cpb = codes_per_byte(bits)
     b, hq, d = q.shape
     if codes.dim() != 4 or codes.shape[0] != b or hq % codes.shape[1] or codes.shape[3] * cpb != d:
-        raise ValueError(f"codes {tuple(codes.shape)} must be [B, H_kv, L_max, {d // cpb}] for q {tuple(q.shape)}"
-                         f" at {bits} bits")
+        raise ValueError(
+            f"codes {tuple(codes.shape)} must be [B, H_kv, L_max, {d // cpb}] for q {tuple(q.shape)} at {bits} bits"
+        )
     if d & (d - 1) or partition not in (16, 32, 64, 128) or d % partition:
         raise ValueError(f"head_dim {d} must be a power of two and partition {partition} in 16..128 divide it")
     hkv, lmax = codes.shape[1], codes.shape[2]
     meta_shape = (b, hkv, lmax, d // partition)
     if k_min.shape != meta_shape or k_scale.shape != meta_shape:
         raise ValueError(f"k_min / k_scale must be {meta_shape}, got {tuple(k_min.shape)} / {tuple(k_scale.shape)}")
-    if q.dtype != torch.float16 or k_min.dtype != torch.float16 or k_scale.dtype != torch.float16 \
-            or codes.dtype != torch.uint8:
+    if (
+        q.dtype != torch.float16
+        or k_min.dtype != torch.float16
+        or k_scale.dtype != torch.float16
+        or codes.dtype != torch.uint8
+    ):
         raise TypeError("q, k_min, k_scale must be fp16, codes uint8")
     if min(d * bits // 8, partition) < 16:
         raise ValueError("each dot chunk (one bit plane or one partition) needs >= 16 channels")
@@ -123,18 +156,42 @@ def qk_score(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale:
         block_t = config.block_t or 64
         tpp = (config.tiles or tiles_per_program(b * hkv, lmax, block_t, q.device)) * block_t
         _qk_score_kernel[(b * hkv, triton.cdiv(lmax, tpp))](
-            q, codes, k_min, k_scale, lens.to(torch.int32), scores, sm_scale, hkv, lmax, tpp,
-            G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PI=partition, BITS=bits, BT=block_t,
-            USE_ASM=use_asm(codes) and bits in (2, 4), **config.options(4, 3))
+            q,
+            codes,
+            k_min,
+            k_scale,
+            lens.to(torch.int32),
+            scores,
+            sm_scale,
+            hkv,
+            lmax,
+            tpp,
+            G=g,
+            G_PAD=max(16, triton.next_power_of_2(g)),
+            D=d,
+            PI=partition,
+            BITS=bits,
+            BT=block_t,
+            USE_ASM=use_asm(codes) and bits in (2, 4),
+            **config.options(4, 3),
+        )
     if top_k is None:
         return scores
     return scores, torch.topk(scores, top_k, dim=-1).indices
 
 
 # ----------------------------------------------------------------------------- reference
-def qk_score_ref(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_scale: torch.Tensor,
-                 lens: torch.Tensor, partition: int = 64, bits: int = 4, sm_scale: float | None = None,
-                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def qk_score_ref(
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    k_min: torch.Tensor,
+    k_scale: torch.Tensor,
+    lens: torch.Tensor,
+    partition: int = 64,
+    bits: int = 4,
+    sm_scale: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """q . dequantize_k_ref(k) * sm_scale (GQA by repeating KV heads), -inf past lens."""
     b, hq, d = q.shape
     hkv = codes.shape[1]
@@ -147,5 +204,4 @@ def qk_score_ref(q: torch.Tensor, codes: torch.Tensor, k_min: torch.Tensor, k_sc
 
 def qk_score_work(key_elements: int, bits: int, partition: int, group: int, head_dim: int) -> tuple[float, float]:
     """(bytes, tensor-core FLOPs) of one launch; key_elements = sum_b ctx_b * H_kv * D."""
-    return (key_elements * (bits / 8 + 4.0 / partition + 4.0 * group / head_dim),
-            key_elements * 2.0 * group)
+    return (key_elements * (bits / 8 + 4.0 / partition + 4.0 * group / head_dim), key_elements * 2.0 * group)

@@ -17,6 +17,7 @@ stored values is consistent (codes are clamped to the range after the FP16 round
 
 Bytes moved per quantized element: 2 bytes read, bits / 8 written, plus metadata per partition.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,9 +60,20 @@ def _pack_rows(codes2d, R: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _quantize_rows_kernel(X, C, MN, SC, SM, R, seed,
-                          D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr,
-                          BLOCK_R: tl.constexpr, STOCHASTIC: tl.constexpr):
+def _quantize_rows_kernel(
+    X,
+    C,
+    MN,
+    SC,
+    SM,
+    R,
+    seed,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
     # X [R, D] fp16 rows (K tokens); C [R, W] uint8; MN, SC [R, NP] fp16; SM [R, NP]
     NP: tl.constexpr = D // PI
     W: tl.constexpr = D * BITS // 8
@@ -73,7 +85,7 @@ def _quantize_rows_kernel(X, C, MN, SC, SM, R, seed,
     x3 = tl.reshape(x, (BLOCK_R, NP, PI))
     mn = tl.min(x3, axis=2)
     mx = tl.max(x3, axis=2)
-    offs = (rows[:, None] * D + cols[None, :])
+    offs = rows[:, None] * D + cols[None, :]
     offs3 = tl.reshape(offs, (BLOCK_R, NP, PI))
     y, mn16, sc16 = _quant_codes(x3, mn[:, :, None], mx[:, :, None], offs3, seed, BITS, STOCHASTIC)
     sums = tl.sum(y, axis=2)  # [BLOCK_R, NP]
@@ -88,9 +100,22 @@ def _quantize_rows_kernel(X, C, MN, SC, SM, R, seed,
 
 
 @triton.jit
-def _quantize_blocks_kernel(X, LENS, C, MN, SC, SM, H, L, NBLK, seed,
-                            D: tl.constexpr, PI: tl.constexpr, BITS: tl.constexpr,
-                            STOCHASTIC: tl.constexpr):
+def _quantize_blocks_kernel(
+    X,
+    LENS,
+    C,
+    MN,
+    SC,
+    SM,
+    H,
+    L,
+    NBLK,
+    seed,
+    D: tl.constexpr,
+    PI: tl.constexpr,
+    BITS: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
     # X [BH, L, D] fp16 (V); LENS [B] valid tokens; C [BH, L, W]; MN, SC, SM [BH, NBLK, D]
     W: tl.constexpr = D * BITS // 8
     bh = tl.program_id(0)
@@ -101,7 +126,7 @@ def _quantize_blocks_kernel(X, LENS, C, MN, SC, SM, H, L, NBLK, seed,
         t = tl.arange(0, PI)
         tmask = t < cnt
         d = tl.arange(0, D)
-        rows = (bh.to(tl.int64) * L + blk * PI + t)
+        rows = bh.to(tl.int64) * L + blk * PI + t
         x = tl.load(X + rows[:, None] * D + d[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
         mn = tl.min(tl.where(tmask[:, None], x, float("inf")), axis=0)
         mx = tl.max(tl.where(tmask[:, None], x, float("-inf")), axis=0)
@@ -128,8 +153,14 @@ def _check(x: torch.Tensor, partition: int, bits: int) -> None:
         raise ValueError("head_dim must be a power of two")
 
 
-def quantize_k(k: torch.Tensor, partition: int = 64, bits: int = 2, stochastic: bool = True, seed: int = 0,
-               config: QuantizeConfig = QuantizeConfig()):
+def quantize_k(
+    k: torch.Tensor,
+    partition: int = 64,
+    bits: int = 2,
+    stochastic: bool = True,
+    seed: int = 0,
+    config: QuantizeConfig = QuantizeConfig(),
+):
     """Quantize K rows ([..., D] fp16) with partitions of `partition` channels along head_dim
     (config.block_r rows per program).
 
@@ -147,14 +178,32 @@ def quantize_k(k: torch.Tensor, partition: int = 64, bits: int = 2, stochastic: 
     sm = torch.empty((r, npart), dtype=sum_dtype(bits, partition), device=k.device)
     block_r = config.block_r
     _quantize_rows_kernel[(triton.cdiv(r, block_r),)](
-        x, codes, mn, sc, sm, r, seed, D=d, PI=partition, BITS=bits, BLOCK_R=block_r,
-        STOCHASTIC=stochastic, **config.options(4, 3))
-    return (codes.reshape(*lead, w), mn.reshape(*lead, npart), sc.reshape(*lead, npart),
-            sm.reshape(*lead, npart))
+        x,
+        codes,
+        mn,
+        sc,
+        sm,
+        r,
+        seed,
+        D=d,
+        PI=partition,
+        BITS=bits,
+        BLOCK_R=block_r,
+        STOCHASTIC=stochastic,
+        **config.options(4, 3),
+    )
+    return (codes.reshape(*lead, w), mn.reshape(*lead, npart), sc.reshape(*lead, npart), sm.reshape(*lead, npart))
 
 
-def quantize_v(v: torch.Tensor, lens: torch.Tensor | None = None, partition: int = 64, bits: int = 2,
-               stochastic: bool = True, seed: int = 0, config: QuantizeConfig = QuantizeConfig()):
+def quantize_v(
+    v: torch.Tensor,
+    lens: torch.Tensor | None = None,
+    partition: int = 64,
+    bits: int = 2,
+    stochastic: bool = True,
+    seed: int = 0,
+    config: QuantizeConfig = QuantizeConfig(),
+):
     """Quantize V ([B, H, L, D] fp16) in blocks of `partition` tokens per channel.
 
     Tokens at or past lens[b] are ignored (their codes are left unwritten, zeros where allocated
@@ -172,8 +221,22 @@ def quantize_v(v: torch.Tensor, lens: torch.Tensor | None = None, partition: int
     sc = torch.zeros_like(mn)
     sm = torch.zeros((b, h, nblk, d), dtype=sum_dtype(bits, partition), device=v.device)
     _quantize_blocks_kernel[(b * h, nblk)](
-        v.contiguous(), lens.to(torch.int32), codes, mn, sc, sm, h, seq, nblk, seed,
-        D=d, PI=partition, BITS=bits, STOCHASTIC=stochastic, **config.options(4, 3))
+        v.contiguous(),
+        lens.to(torch.int32),
+        codes,
+        mn,
+        sc,
+        sm,
+        h,
+        seq,
+        nblk,
+        seed,
+        D=d,
+        PI=partition,
+        BITS=bits,
+        STOCHASTIC=stochastic,
+        **config.options(4, 3),
+    )
     return codes, mn, sc, sm
 
 
@@ -192,7 +255,7 @@ def pack_ref(codes: torch.Tensor, bits: int) -> torch.Tensor:
     w = codes.shape[-1] // cpb
     out = torch.zeros(codes.shape[:-1] + (w,), dtype=torch.int64, device=codes.device)
     for i in range(cpb):
-        out |= codes[..., i * w:(i + 1) * w].to(torch.int64) << (i * bits)
+        out |= codes[..., i * w : (i + 1) * w].to(torch.int64) << (i * bits)
     return out.to(torch.uint8)
 
 
@@ -210,11 +273,11 @@ def quantize_k_ref(k: torch.Tensor, partition: int = 64, bits: int = 2, noise: t
     """Same outputs as quantize_k; nearest rounding, or floor(y + noise) when noise is given."""
     d = k.shape[-1]
     x = k.float().reshape(*k.shape[:-1], d // partition, partition)
-    y, mn16, sc16 = _quant_ref(x, x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), bits,
-                               None if noise is None else noise.reshape(x.shape))
+    y, mn16, sc16 = _quant_ref(
+        x, x.amin(-1, keepdim=True), x.amax(-1, keepdim=True), bits, None if noise is None else noise.reshape(x.shape)
+    )
     codes = pack_ref(y.reshape(k.shape).long(), bits)
-    return (codes, mn16.squeeze(-1).half(), sc16.squeeze(-1).half(),
-            y.sum(-1).to(sum_dtype(bits, partition)))
+    return (codes, mn16.squeeze(-1).half(), sc16.squeeze(-1).half(), y.sum(-1).to(sum_dtype(bits, partition)))
 
 
 def quantize_v_ref(v: torch.Tensor, lens: torch.Tensor | None = None, partition: int = 64, bits: int = 2):

@@ -5,6 +5,7 @@ A decode kernel's grid is (B * H_kv, splits): each program attends over one slic
 writes its normalized partial output O / l [rows, D] and log2-sum-exp lse; combine_splits_kernel
 merges them per query row, out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,6 +60,5 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
     lsep = torch.empty((b * hq, splits), dtype=torch.float32, device=q.device)
     kernel_launch(op, lsep)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
-    combine_splits_kernel[(b * hq,)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits),
-                                     num_warps=4)
+    combine_splits_kernel[(b * hq,)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits), num_warps=4)
     return out

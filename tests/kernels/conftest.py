@@ -1,4 +1,5 @@
 """Kernel tests run on the CPU under the Triton interpreter unless a CUDA GPU is present."""
+
 import os
 
 try:

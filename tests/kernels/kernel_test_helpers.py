@@ -1,4 +1,5 @@
 """Shared helpers for the kernel tests: device choice and relative error."""
+
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,8 +5,10 @@ attention (a few 1e-4 expected), FP8 against exact attention on the FP8-rounded 
 exact attention on the dequantized cache, bounded by 2x the error of the float64 HACK reference
 (which rounds Q and P the way the kernel does) plus 2e-3.
 """
+
 import pytest
 import torch
+from kernel_test_helpers import DEVICE, randn, rel_err
 
 from kernels_calibration.kernels.attn_decode import attn_decode_ref, fp_attn_decode, sdpa_decode, to_fp8
 from kernels_calibration.kernels.attn_prefill import attn_prefill_ref, fa_attn_prefill
@@ -14,10 +16,7 @@ from kernels_calibration.kernels.dequant_attn_decode import dequant_attn_decode,
 from kernels_calibration.kernels.hack_attn_decode import hack_attn_decode, hack_attn_decode_ref
 from kernels_calibration.kernels.hack_attn_prefill import hack_attn_prefill, hack_attn_prefill_ref
 from kernels_calibration.kernels.kv_cache import append_token, build_cache, dequantize_cache_ref
-from kernels_calibration.kernels.launch import (DequantDecodeConfig, FpDecodeConfig, HackDecodeConfig,
-                                                PrefillConfig)
-
-from kernel_test_helpers import DEVICE, randn, rel_err
+from kernels_calibration.kernels.launch import DequantDecodeConfig, FpDecodeConfig, HackDecodeConfig, PrefillConfig
 
 B, HKV, G, D = 2, 2, 4, 128
 
@@ -135,8 +134,14 @@ def test_hack_decode_step_fused_append():
     k, v, _ = _kv(200, [1, 1])
     lens = torch.tensor([62, 126], dtype=torch.int32, device=DEVICE)  # both fill a block at the second step
     c1 = build_cache(k, v, lens, 64, 2, rqe=True, seed=4)
-    c2 = dataclasses.replace(c1, **{f.name: getattr(c1, f.name).clone() for f in dataclasses.fields(c1)
-                                    if isinstance(getattr(c1, f.name), torch.Tensor)})
+    c2 = dataclasses.replace(
+        c1,
+        **{
+            f.name: getattr(c1, f.name).clone()
+            for f in dataclasses.fields(c1)
+            if isinstance(getattr(c1, f.name), torch.Tensor)
+        },
+    )
     fields = ("k_codes", "k_min", "k_scale", "k_sum", "v_codes", "v_min", "v_scale", "v_sum", "v_tail", "lens")
     for step in range(3):
         q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
@@ -150,10 +155,11 @@ def test_hack_decode_step_fused_append():
             kd, vd = dequantize_cache_ref(c2)
             for i in range(B):
                 n = int(c2.lens[i])
-                vd[i, :, n - 64:n] = c2.v_tail[i, :, :64].float().cpu()
+                vd[i, :, n - 64 : n] = c2.v_tail[i, :, :64].float().cpu()
             exact = attn_decode_ref(q, kd, vd, c2.lens)
-            ref_err = rel_err(hack_attn_decode_ref(q, c1, q_per_head=True), attn_decode_ref(q, *dequantize_cache_ref(c1),
-                                                                                           c1.lens))
+            ref_err = rel_err(
+                hack_attn_decode_ref(q, c1, q_per_head=True), attn_decode_ref(q, *dequantize_cache_ref(c1), c1.lens)
+            )
             assert rel_err(o2, exact) < 2 * ref_err + 2e-3
     with pytest.raises(ValueError, match="RQE"):
         hack_decode_step(q, build_cache(k, v, lens, 64, 2, rqe=False), kn, vn)
@@ -191,12 +197,18 @@ def test_decode_step_dispatch(monkeypatch):
     # test_gluon_decode.py's test_hack_decode_step_runs_the_gluon_kernel_above_2k_tokens)
     monkeypatch.setattr(dispatch, "gluon_device", lambda q: False)
     k, v, _ = _kv(200, [1, 1])
-    lens = torch.tensor([63, 127], dtype=torch.int32, device=DEVICE)   # the first append fills a block
+    lens = torch.tensor([63, 127], dtype=torch.int32, device=DEVICE)  # the first append fills a block
 
     def fresh():
         c = build_cache(k, v, lens, 64, 2, rqe=True, seed=4)
-        return dataclasses.replace(c, **{f.name: getattr(c, f.name).clone() for f in dataclasses.fields(c)
-                                         if isinstance(getattr(c, f.name), torch.Tensor)})
+        return dataclasses.replace(
+            c,
+            **{
+                f.name: getattr(c, f.name).clone()
+                for f in dataclasses.fields(c)
+                if isinstance(getattr(c, f.name), torch.Tensor)
+            },
+        )
 
     two = HackDecodeConfig(splits=2)
     q, kn, vn = randn(B, HKV * 8, D), randn(B, HKV, D), randn(B, HKV, D)
@@ -204,7 +216,7 @@ def test_decode_step_dispatch(monkeypatch):
     c_sep = append_token(fresh(), kn, vn, seed=7)
     o_sep = hack_attn_decode(q, c_sep, config=two)
     assert not torch.equal(o_fused, o_sep)
-    assert dispatch.fused_step(q, fresh(), None, two)                     # capacity 200 <= 2048: fused
+    assert dispatch.fused_step(q, fresh(), None, two)  # capacity 200 <= 2048: fused
     o, c = decode_step(q, fresh(), kn, vn, seed=7, config=two)
     assert torch.equal(o, o_fused) and torch.equal(c.lens, c_fused.lens)
     o, c = decode_step(q, fresh(), kn, vn, seed=7, config=HackDecodeConfig(splits=2, fused=False))
@@ -213,7 +225,7 @@ def test_decode_step_dispatch(monkeypatch):
     assert not dispatch.fused_step(q, fresh(), None, two)
     o, _ = decode_step(q, fresh(), kn, vn, seed=7, config=two)
     assert torch.equal(o, o_sep)
-    q2 = randn(B, HKV * 8, D)   # next step: no block fills, both paths give the same output
+    q2 = randn(B, HKV * 8, D)  # next step: no block fills, both paths give the same output
     o1, _ = decode_step(q2, c_fused, kn, vn, seed=8, config=HackDecodeConfig(splits=2, fused=True))
     o2, _ = decode_step(q2, c_sep, kn, vn, seed=8, config=HackDecodeConfig(splits=2, fused=False))
     assert torch.equal(o1, o2)
@@ -234,9 +246,9 @@ def test_dispatch_picks_the_measured_kernel(monkeypatch):
     assert dispatch.hack_kernel(q8, c64, 4096, auto) == "gluon"
     assert dispatch.hack_kernel(q8, c64, dispatch.FUSED_STEP_MAX_LEN, auto) == "row_packed"
     assert dispatch.hack_kernel(q8, c64, 4096, HackDecodeConfig(num_warps=4)) == "row_packed"
-    assert dispatch.hack_kernel(q8, c32, 4096, auto) == "row_packed"     # the Gluon HACK kernel takes PI 64 only
-    assert dispatch.hack_kernel(q2, c64, 4096, auto) == "head_major"     # 2 query heads per KV head
-    assert dispatch.hack_kernel(q2, c64, 4096, HackDecodeConfig(kernel="gluon")) == "gluon"   # pinned: its refusal
+    assert dispatch.hack_kernel(q8, c32, 4096, auto) == "row_packed"  # the Gluon HACK kernel takes PI 64 only
+    assert dispatch.hack_kernel(q2, c64, 4096, auto) == "head_major"  # 2 query heads per KV head
+    assert dispatch.hack_kernel(q2, c64, 4096, HackDecodeConfig(kernel="gluon")) == "gluon"  # pinned: its refusal
     assert not dispatch.fused_step(q8, c64, 1024, HackDecodeConfig(kernel="gluon"))
     assert dispatch.dequant_kernel(q8, c64, DequantDecodeConfig()) == "gluon"
     assert dispatch.dequant_kernel(q8, c32, DequantDecodeConfig()) == "triton"

@@ -1,17 +1,19 @@
 """The Gluon decode kernels (kernels/gluon_decode.py).  Gluon has no interpreter, so the numerical
 checks run only on a Hopper GPU (tests/kernels on the device); CI compiles them for sm_90 offline
 (test_sass.py) and checks the split-count arithmetic and the refusals here."""
+
 import pytest
 import torch
+from kernel_test_helpers import DEVICE, randn, rel_err
 
 from kernels_calibration.kernels.attn_decode import attn_decode_ref
 from kernels_calibration.kernels.kv_cache import build_cache, dequantize_cache_ref
 from kernels_calibration.kernels.launch import DecodeConfig
 
-from kernel_test_helpers import DEVICE, randn, rel_err
-
-needs_hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
-                                  reason="Gluon kernels need a Hopper GPU (no interpreter)")
+needs_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+    reason="Gluon kernels need a Hopper GPU (no interpreter)",
+)
 
 B, HKV, G, D = 3, 2, 8, 128
 
@@ -23,13 +25,13 @@ def test_gluon_dequant_decode_matches_exact_attention(partition, rqe):
 
     torch.manual_seed(partition + rqe)
     lmax = 700
-    lens = torch.tensor([700 - 41, 197, 64], dtype=torch.int32)   # ragged: FP16 tails, one block exactly
+    lens = torch.tensor([700 - 41, 197, 64], dtype=torch.int32)  # ragged: FP16 tails, one block exactly
     k, v = randn(B, HKV, lmax, D), randn(B, HKV, lmax, D)
     q = randn(B, HKV * G, D)
     cache = build_cache(k, v, lens.to(DEVICE), partition, 2, rqe=rqe, stochastic=True, seed=5)
     kd, vd = dequantize_cache_ref(cache)
     exact = attn_decode_ref(q, kd, vd, lens)
-    for splits in (1, 3, 7):   # splits whose ranges end inside a tile, and empty splits
+    for splits in (1, 3, 7):  # splits whose ranges end inside a tile, and empty splits
         for maxnreg in (None, 168):
             out = dequant_attn_decode_gluon(q, cache, config=DecodeConfig(splits=splits, maxnreg=maxnreg))
             assert rel_err(out, exact) < 2e-3, (splits, maxnreg)
@@ -114,10 +116,10 @@ def test_one_wave_split_count():
     """The occupancy arithmetic behind the Gluon HACK kernel's default splits (H200: 132 SMs)."""
     from kernels_calibration.kernels.gluon_decode import one_wave_splits, programs_per_sm
 
-    assert programs_per_sm(168) == 12     # 5,376 registers per warp: 3 per 16K partition
-    assert programs_per_sm(182) == 8      # 5,888: 2 per partition, though the SM's 64K would hold 11
+    assert programs_per_sm(168) == 12  # 5,376 registers per warp: 3 per 16K partition
+    assert programs_per_sm(182) == 8  # 5,888: 2 per partition, though the SM's 64K would hold 11
     assert programs_per_sm(255) == 8 and programs_per_sm(32) == 32 and programs_per_sm(94, num_warps=4) == 5
-    assert one_wave_splits(8, 8, 32769, 132, 12) == 24    # 1,536 programs <= 1,584 slots
+    assert one_wave_splits(8, 8, 32769, 132, 12) == 24  # 1,536 programs <= 1,584 slots
     assert one_wave_splits(8, 8, 32769, 132, 8) == 16
-    assert one_wave_splits(1, 8, 32769, 132, 12) == 128   # capped
-    assert one_wave_splits(8, 8, 200, 132, 12) == 2       # at least two 64-token tiles per split
+    assert one_wave_splits(1, 8, 32769, 132, 12) == 128  # capped
+    assert one_wave_splits(8, 8, 200, 132, 12) == 2  # at least two 64-token tiles per split

@@ -1,4 +1,5 @@
 """The implementation benchmark's reference paths compute what their formats define, at tiny shapes."""
+
 import json
 
 import torch
@@ -22,7 +23,7 @@ def test_kvquant_reference_path_matches_its_definition():
     out = ref.sdpa(q).double()
     kk = k64.repeat_interleave(4, 1)
     vv = v64.repeat_interleave(4, 1)
-    p = torch.softmax(torch.einsum("bhd,bhtd->bht", q.double(), kk) / 128 ** 0.5, -1)
+    p = torch.softmax(torch.einsum("bhd,bhtd->bht", q.double(), kk) / 128**0.5, -1)
     want = torch.einsum("bht,bhtd->bhd", p, vv)
     assert float((out - want).norm() / want.norm()) < 5e-3
 

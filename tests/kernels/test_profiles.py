@@ -1,5 +1,6 @@
 """The fitted and derived profiles: the fit recovers a known line, the committed profiles hold every
 kernel key the cost model requires, and the derivation models what sm < 80 GPUs really do."""
+
 import json
 from pathlib import Path
 
@@ -9,9 +10,9 @@ from kernels_calibration.derive import TARGETS, catalog_peaks, derive
 from kernels_calibration.profile import build_profile, fit
 
 PROFILES = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles"
-REQUIRED = ([f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack", "hack_no_se",
-                                            "hack_no_rqe")]
-            + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"])
+REQUIRED = [
+    f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack", "hack_no_se", "hack_no_rqe")
+] + ["prefill_attn.fp16", "prefill_attn.hack", "quantize.kv", "dequantize.kv"]
 
 
 def test_fit_recovers_line_and_reports_heldout_error():
@@ -29,10 +30,26 @@ def test_build_profile_picks_faster_fp16_per_shape():
     rows = []
     for ctx, t_sdpa, t_tri in ((1024, 20.0, 15.0), (4096, 40.0, 45.0), (16384, 130.0, 140.0)):
         for k, t in (("torch_sdpa_fp16", t_sdpa), ("fp16_triton", t_tri)):
-            rows.append({"phase": "decode", "kernel": k, "batch": "8", "context_len": str(ctx), "q_heads": "64",
-                         "partition": "0", "units": str(8 * ctx * 8 * 128 * 2), "time_us": str(t), "held_out": "False"})
-    peaks = {"memory_gbps": 4000.0, "fp16_tflops": 700.0, "int8_tops": 900.0, "fp8_tflops": None,
-             "launch_overhead_s": 5e-6}
+            rows.append(
+                {
+                    "phase": "decode",
+                    "kernel": k,
+                    "batch": "8",
+                    "context_len": str(ctx),
+                    "q_heads": "64",
+                    "partition": "0",
+                    "units": str(8 * ctx * 8 * 128 * 2),
+                    "time_us": str(t),
+                    "held_out": "False",
+                }
+            )
+    peaks = {
+        "memory_gbps": 4000.0,
+        "fp16_tflops": 700.0,
+        "int8_tops": 900.0,
+        "fp8_tflops": None,
+        "launch_overhead_s": 5e-6,
+    }
     prof = build_profile(rows, peaks, {"git_rev": "x"})
     f = prof["kernels"]["decode_attn.fp16"]
     for ctx, t in ((1024, 15.0), (4096, 40.0), (16384, 130.0)):
@@ -84,9 +101,10 @@ def test_derivation_splits_each_kernel_by_unit_and_reprices_the_parts():
     for name, k in prof["kernels"].items():
         assert sum(k["parts_s_per_unit"].values()) == pytest.approx(k["s_per_unit"], rel=1e-12), name
         src_name = k["from"].removeprefix("the H200 ") if "from" in k else name
-        if name != "decode_attn.fp8":   # the A100 has no FP8 hardware: software conversion adds ALU work
+        if name != "decode_attn.fp8":  # the A100 has no FP8 hardware: software conversion adds ALU work
             assert sum(k["source_parts_s_per_unit"].values()) == pytest.approx(
-                src["kernels"][src_name]["s_per_unit"], rel=1e-9), name
+                src["kernels"][src_name]["s_per_unit"], rel=1e-9
+            ), name
         assert k["bound_by"] in UNITS
     # by hand for the Triton HACK kernel that runs on the A100: bytes at the copy bandwidth, the rest on the ALU
     h = src["kernels"]["decode_attn.hack_triton"]["s_per_unit"]
@@ -94,8 +112,8 @@ def test_derivation_splits_each_kernel_by_unit_and_reprices_the_parts():
     assert parts["hbm"] == pytest.approx(0.328125 / 4220.4e9, rel=1e-4)
     assert parts["alu"] == pytest.approx(h - parts["hbm"] - parts["int8_tensor"] - parts["sfu"])
     want = reprice(parts, h200, a100)
-    assert want["hbm"] == pytest.approx(parts["hbm"] * 4800 / 2039, rel=1e-9)           # bandwidth ratio
-    assert want["alu"] == pytest.approx(parts["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)   # issue-rate ratio
+    assert want["hbm"] == pytest.approx(parts["hbm"] * 4800 / 2039, rel=1e-9)  # bandwidth ratio
+    assert want["alu"] == pytest.approx(parts["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)  # issue-rate ratio
     assert prof["kernels"]["decode_attn.hack"]["s_per_unit"] == pytest.approx(sum(want.values()))
     assert prof["kernels"]["decode_attn.hack"]["from"] == "the H200 decode_attn.hack_triton"
 
@@ -112,7 +130,8 @@ def test_no_int8_tensor_cores_prices_the_homomorphic_products_on_fp16_tensor_cor
     assert k["decode_attn.hack"]["s_per_unit"] * units < k["decode_attn.fp16"]["s_per_unit"] * units
     pre = k["prefill_attn.hack"]
     assert pre["parts_s_per_unit"]["int8_tensor"] == pytest.approx(
-        pre["work_per_unit"]["int8_tensor_ops"] / (v100["unit_rates"]["gpu"]["fp16_tensor_tflops"] * 1e12), rel=1e-3)
+        pre["work_per_unit"]["int8_tensor_ops"] / (v100["unit_rates"]["gpu"]["fp16_tensor_tflops"] * 1e12), rel=1e-3
+    )
     # memory-bound kernels scale with bandwidth
     a100 = derive(src, "a100_40gb")
     ratio = a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
@@ -125,10 +144,10 @@ def test_integer_products_are_exact_on_fp16_inputs_with_fp32_accumulation():
     import numpy as np
 
     rng = np.random.default_rng(0)
-    q = rng.integers(-128, 128, size=(64, 128))          # INT8 query
-    k = rng.integers(0, 4, size=(128, 512))              # 2-bit K codes
-    p = rng.integers(0, 256, size=(64, 64))              # softmax quantized to 8 bits (unsigned)
-    v = rng.integers(0, 4, size=(64, 128))               # 2-bit V codes, one PI = 64 block
+    q = rng.integers(-128, 128, size=(64, 128))  # INT8 query
+    k = rng.integers(0, 4, size=(128, 512))  # 2-bit K codes
+    p = rng.integers(0, 256, size=(64, 64))  # softmax quantized to 8 bits (unsigned)
+    v = rng.integers(0, 4, size=(64, 128))  # 2-bit V codes, one PI = 64 block
     extremes = ((np.full((8, 128), -128), np.full((128, 8), 3)), (np.full((8, 64), 255), np.full((64, 8), 3)))
     for a, b in ((q, k), (p, v)) + extremes:
         exact = a.astype(np.int64) @ b.astype(np.int64)
@@ -255,8 +274,11 @@ def test_bench_hack_only_merges_rows_in_place(tmp_path):
     rows = merge_rows(new, table)
     assert len(rows) == len(old) + 1 and set(rows[0]) >= set(COLUMNS)
     for before, after in zip(old, rows):
-        assert (before["kernel"], before["context_len"], before["partition"]) == \
-            (after["kernel"], str(after["context_len"]), str(after["partition"]))
+        assert (before["kernel"], before["context_len"], before["partition"]) == (
+            after["kernel"],
+            str(after["context_len"]),
+            str(after["partition"]),
+        )
         assert after["time_us"] == (1.5 if before in hack else float(before["time_us"]))
     assert rows[-1]["context_len"] == 777 and rows[-1]["time_us"] == 2.5
 
@@ -275,8 +297,11 @@ def test_profile_fit_only_later_rows_replace_earlier(tmp_path):
     new = [{k: v for k, v in dict(r, time_us=str(float(r["time_us"]) * 3)).items() if v != ""} for r in hack]
     rows = merge_rows([old, new])
     assert len(rows) == len(old)
-    got = {(r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"] for r in rows
-           if r["kernel"] == "hack" and r["phase"] == "decode"}
+    got = {
+        (r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"]
+        for r in rows
+        if r["kernel"] == "hack" and r["phase"] == "decode"
+    }
     assert got == {(r["batch"], r["context_len"], r["q_heads"], r["partition"]): r["time_us"] for r in new}
     variants = [r for r in old if r["phase"] == "score"]
     assert len(merge_rows([variants, variants])) == len(variants)
@@ -295,16 +320,33 @@ def test_rows_at_another_gqa_group_fit_their_own_key():
     """Decode rows at 4 query heads per KV head fit decode_attn.<key>_gqa4 and leave the group-8 fit
     (the contract's unit) as the group-8 rows alone make it; rows that time an engine's append + attend
     (phase decode_ragged) are kept beside the fits, not fitted."""
+
     def row(heads, b, ctx, t_us, phase="decode", kernel="hack"):
         hq, hkv = heads
-        return {"phase": phase, "kernel": kernel, "batch": str(b), "context_len": str(ctx), "q_heads": str(hq),
-                "kv_heads": str(hkv), "partition": "64", "bits": "2", "held_out": "False",
-                "units": str(b * ctx * hkv * 128 * 2), "time_us": str(t_us)}
+        return {
+            "phase": phase,
+            "kernel": kernel,
+            "batch": str(b),
+            "context_len": str(ctx),
+            "q_heads": str(hq),
+            "kv_heads": str(hkv),
+            "partition": "64",
+            "bits": "2",
+            "held_out": "False",
+            "units": str(b * ctx * hkv * 128 * 2),
+            "time_us": str(t_us),
+        }
+
     g8 = [row((64, 8), b, c, 10 + 1.5e-7 * b * c * 8 * 256) for b, c in ((1, 2048), (8, 4096), (16, 16384))]
     g4 = [row((32, 8), b, c, 13 + 9e-7 * b * c * 8 * 256) for b, c in ((1, 2048), (8, 4096), (16, 16384))]
     ragged = [row((32, 8), 8, 2304, 500.0, phase="decode_ragged", kernel="hack_append_attend")]
-    peaks = {"memory_gbps": 4000.0, "fp16_tflops": 700.0, "int8_tops": 900.0, "fp8_tflops": None,
-             "launch_overhead_s": 5e-6}
+    peaks = {
+        "memory_gbps": 4000.0,
+        "fp16_tflops": 700.0,
+        "int8_tops": 900.0,
+        "fp8_tflops": None,
+        "launch_overhead_s": 5e-6,
+    }
     alone = build_profile(g8, peaks, {"git_rev": "x"})["kernels"]
     both = build_profile(g8 + g4 + ragged, peaks, {"git_rev": "x"})["kernels"]
     assert both["decode_attn.hack"] == alone["decode_attn.hack"]
@@ -327,6 +369,7 @@ def test_measure_gqa4_and_append_attend_run_on_the_cpu(monkeypatch):
             step(i)
         ran.append(n_rot)
         return 1e-5
+
     monkeypatch.setattr(measure, "time_graph", one_pass)
     (m,) = measure.measure_decode(("hack",), 2, 150, 4, 1, 128, 64, device="cpu")
     assert (m.q_heads, m.kv_heads, m.units) == (4, 1, 2 * 151 * 1 * 128 * 2)

@@ -1,13 +1,20 @@
 """quantize / pack / append: exact agreement with the PyTorch references (nearest rounding), range
 and unbiasedness of stochastic rounding, append semantics with and without RQE."""
+
 import pytest
 import torch
+from kernel_test_helpers import DEVICE, randn
 
 from kernels_calibration.kernels.kv_cache import append_token, build_cache, dequantize_cache_ref
-from kernels_calibration.kernels.quantize import (dequantize_k_ref, pack_ref, quantize_k, quantize_k_ref,
-                                                  quantize_v, quantize_v_ref, unpack_ref)
-
-from kernel_test_helpers import DEVICE, randn
+from kernels_calibration.kernels.quantize import (
+    dequantize_k_ref,
+    pack_ref,
+    quantize_k,
+    quantize_k_ref,
+    quantize_v,
+    quantize_v_ref,
+    unpack_ref,
+)
 
 
 def test_pack_roundtrip():
@@ -101,7 +108,7 @@ def test_append_token(rqe):
         if rqe:
             # the tail is exact FP16; quantized blocks are within half a step
             assert torch.equal(vd[i, :, lv:n], v_ref[i, :, lv:n].cpu().float())
-            vs = cache.v_scale[i, :, :n // pi].cpu().float().repeat_interleave(pi, 1)
+            vs = cache.v_scale[i, :, : n // pi].cpu().float().repeat_interleave(pi, 1)
             assert (ve[:, :lv] <= 0.5 * vs + 1e-3).all()
         else:
             # requantized partial blocks carry more error, but every token is quantized

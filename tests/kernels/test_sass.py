@@ -2,6 +2,7 @@
 kernel tests import the kernels under the Triton interpreter): the row-packed decode kernel's loop
 issues fewer instructions per token than the head-major kernel (DESIGN.md), the register caps the
 launchers use hold without local-memory arrays, and the Gluon kernels (no interpreter) compile."""
+
 import json
 import os
 import subprocess
@@ -27,8 +28,14 @@ pytestmark = pytest.mark.skipif(not _tools_present(), reason="Triton's NVIDIA to
 
 def _sass(*args) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "kernels_calibration.sass", "--json", *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "kernels_calibration.sass", "--json", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -71,7 +78,7 @@ def test_gluon_kernels_compile_and_their_loops_are_shorter_than_the_triton_kerne
     tri = _sass("--kernel", "head_major", "--dequant", "--pi", "64", "--warps", "2", "--maxnreg", "168")
     assert dq["LOCAL"] == 0 and dq["loop_opcodes"].get("HMMA", 0) > 0, dq
     assert dq["warp_instructions_per_128_tokens"] < 0.8 * tri["warp_instructions_per_128_tokens"], (dq, tri)
-    hk = _sass("--kernel", "gluon_hack", "--pi", "64", "--maxnreg", "168")   # the launch default's cap
+    hk = _sass("--kernel", "gluon_hack", "--pi", "64", "--maxnreg", "168")  # the launch default's cap
     rp = _sass("--kernel", "rp", "--pi", "64", "--warps", "2", "--maxnreg", "128")
     assert hk["REG"] <= 168 and hk["LOCAL"] == 0 and hk["loop_opcodes"].get("IMMA", 0) > 0, hk
     assert hk["warp_instructions_per_128_tokens"] < 0.85 * rp["warp_instructions_per_128_tokens"], (hk, rp)

@@ -1,4 +1,5 @@
 """Fixtures for planning tests (the data lives in planning_helpers.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

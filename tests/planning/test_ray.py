@@ -5,6 +5,7 @@ one line, within the timeout; workers receive the project's packages and nothing
 Every Ray here runs in a child process (the cluster's head, each CLI driver) with its own HOME, so no
 test touches the user's ~/.ray, and this pytest process never imports Ray.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ from planning.raycluster import LOOPBACK_ENV, WORKER_PACKAGES, is_loopback, prob
 
 RAY_CLI = Path(sys.executable).parent / "ray"
 needs_ray = pytest.mark.skipif(not RAY_CLI.exists(), reason="ray is not installed (pip install 'hacksim[ray]')")
-SPEC = {"axes": {"network.bandwidth_gbps": [10, 40], "workload.arrival.rate_rps": [0.5, 2.0]},
-        "set": {"workload.requests": 20}}
+SPEC = {
+    "axes": {"network.bandwidth_gbps": [10, 40], "workload.arrival.rate_rps": [0.5, 2.0]},
+    "set": {"workload.requests": 20},
+}
 
 
 def free_port() -> int:
@@ -60,12 +63,26 @@ def head(tmp_path_factory):
     if not RAY_CLI.exists():
         pytest.skip("ray is not installed")
     home = home_with_token(tmp_path_factory.mktemp("head_home"))
-    temp_dir = tempfile.mkdtemp(prefix="hsray", dir="/tmp")   # Ray's socket paths must stay short
+    temp_dir = tempfile.mkdtemp(prefix="hsray", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
     proc = subprocess.Popen(
-        [str(RAY_CLI), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-        env={**clean_env(home), LOOPBACK_ENV: "0"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            str(RAY_CLI),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+        ],
+        env={**clean_env(home), LOOPBACK_ENV: "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 120
@@ -75,7 +92,7 @@ def head(tmp_path_factory):
             if "Ray runtime started" in line or not line:
                 break
         assert "Ray runtime started" in lines[-1], "".join(lines)[-3000:]
-        threading.Thread(target=proc.stdout.read, daemon=True).start()   # keep its pipe drained
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
         yield {"address": f"127.0.0.1:{port}", "home": home, "port": port}
     finally:
         proc.terminate()
@@ -88,15 +105,21 @@ def head(tmp_path_factory):
 
 
 def cli(args: list, home: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], env=clean_env(home), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)],
+        env=clean_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.fixture(scope="module")
 def pool_table(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pool")
-    from planning_helpers import TINY_BASE
     import yaml
+    from planning_helpers import TINY_BASE
 
     (folder / "base.yaml").write_text(yaml.safe_dump(TINY_BASE, sort_keys=False))
     sweep = write_sweep(folder, SPEC)
@@ -143,8 +166,14 @@ ray.shutdown()
 
 @needs_ray
 def test_workers_import_the_shipped_packages(head):
-    r = subprocess.run([sys.executable, "-c", WORKER_PROBE, head["address"]], env=clean_env(head["home"]), cwd="/",
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", WORKER_PROBE, head["address"]],
+        env=clean_env(head["home"]),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     files = json.loads(r.stdout.splitlines()[-1])
     assert all("/working_dir_files/" in f and not f.startswith(str(ROOT)) for f in files), files
@@ -162,8 +191,10 @@ def test_sweep_on_a_token_cluster_equals_the_pool(head, pool_table, tmp_path):
 @needs_ray
 def test_a_wrong_token_is_one_line_within_the_timeout(head, pool_table, tmp_path):
     t0 = time.monotonic()
-    r = cli(["sweep", pool_table[0], "--out", tmp_path / "o", "--ray-address", head["address"], "--ray-timeout", "4"],
-            home_with_token(tmp_path / "home"))
+    r = cli(
+        ["sweep", pool_table[0], "--out", tmp_path / "o", "--ray-address", head["address"], "--ray-timeout", "4"],
+        home_with_token(tmp_path / "home"),
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
     assert r.stderr.startswith("error: --ray-address") and "token" in r.stderr and "auth_token" in r.stderr
     assert time.monotonic() - t0 < 60
@@ -196,10 +227,13 @@ class _Reply(socketserver.BaseRequestHandler):
             time.sleep(1.5)
 
 
-@pytest.mark.parametrize("reply, message", [
-    (b"HTTP/1.0 400 Bad Request\r\n\r\n", "not Ray"),
-    (b"", "no answer within 0.5 s"),
-])
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (b"HTTP/1.0 400 Bad Request\r\n\r\n", "not Ray"),
+        (b"", "no answer within 0.5 s"),
+    ],
+)
 def test_a_port_that_is_not_ray(reply, message):
     handler = type("Handler", (_Reply,), {"reply": reply})
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
@@ -213,13 +247,16 @@ def test_a_port_that_is_not_ray(reply, message):
         server.server_close()
 
 
-@pytest.mark.parametrize("address, host, port, loopback", [
-    ("10.0.0.5:6379", "10.0.0.5", 6379, False),
-    ("ray://head.example:10001", "head.example", 10001, False),
-    ("localhost:6379", "localhost", 6379, True),
-    ("[::1]:6379", "::1", 6379, True),
-    ("127.0.0.2:1", "127.0.0.2", 1, True),
-])
+@pytest.mark.parametrize(
+    "address, host, port, loopback",
+    [
+        ("10.0.0.5:6379", "10.0.0.5", 6379, False),
+        ("ray://head.example:10001", "head.example", 10001, False),
+        ("localhost:6379", "localhost", 6379, True),
+        ("[::1]:6379", "::1", 6379, True),
+        ("127.0.0.2:1", "127.0.0.2", 1, True),
+    ],
+)
 def test_addresses(address, host, port, loopback):
     assert split_address(address) == (host, port) and is_loopback(address) is loopback
 
@@ -235,9 +272,15 @@ def test_workers_receive_the_project_packages_only(tmp_path):
     site = tmp_path / "site-packages"
     for package in WORKER_PACKAGES:
         shutil.copytree(ROOT / package, site / package)
-    for extra in ("numpy/core/big.so", "ray/__init__.py", "reports/html.py", "cli.py",
-                  "costmodel/__pycache__/phases.cpython-311.pyc", "kernels_calibration/profiles/h200/runs/r1/log.txt",
-                  "kernels_calibration/kernels/hack_decode.py"):
+    for extra in (
+        "numpy/core/big.so",
+        "ray/__init__.py",
+        "reports/html.py",
+        "cli.py",
+        "costmodel/__pycache__/phases.cpython-311.pyc",
+        "kernels_calibration/profiles/h200/runs/r1/log.txt",
+        "kernels_calibration/kernels/hack_decode.py",
+    ):
         (site / extra).parent.mkdir(parents=True, exist_ok=True)
         (site / extra).write_bytes(b"x" * 1000)
     staged = stage_worker_code(tmp_path / "staged", root=site)
@@ -245,7 +288,12 @@ def test_workers_receive_the_project_packages_only(tmp_path):
     assert {p.parts[0] for p in files} == set(WORKER_PACKAGES)
     assert all(p.suffix in (".py", ".json", ".csv", ".yaml") and "__pycache__" not in p.parts for p in files)
     assert not any("runs" in p.parts or "kernels" in p.parts for p in files)
-    for needed in ("simulator/run.py", "planning/executor.py", "catalog/data/models.yaml",
-                   "kernels_calibration/profiles/h200/profile.json", "kernels_calibration/__init__.py"):
+    for needed in (
+        "simulator/run.py",
+        "planning/executor.py",
+        "catalog/data/models.yaml",
+        "kernels_calibration/profiles/h200/profile.json",
+        "kernels_calibration/__init__.py",
+    ):
         assert Path(needed) in files, needed
     assert sum((staged / p).stat().st_size for p in files) < 4 * 2**20

@@ -1,6 +1,7 @@
 """Stopping a sweep: SIGTERM (kill, timeout, schedulers) and Ctrl-C end every worker process, keep the
 finished points in the cache, say how to resume, and print no traceback; a parent killed outright
 (SIGKILL) takes its workers with it. Orphans are looked for by PID."""
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,24 @@ def _start_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, list[int]]:
     """Two quick points and two that run for minutes, on two workers: returns once the quick ones are
     cached and both workers are busy with the slow ones."""
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"base": str(ROOT / "scenarios" / "a10g_10gbps.yaml"),
-                                     "set": {"methods": ["baseline"]},
-                                     "axes": {"workload.requests": [20, 21, 100000, 100001]}}))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "base": str(ROOT / "scenarios" / "a10g_10gbps.yaml"),
+                "set": {"methods": ["baseline"]},
+                "axes": {"workload.requests": [20, 21, 100000, 100001]},
+            }
+        )
+    )
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(sweep), "--out", str(out), "--jobs",
-                             "2", "--no-report"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "sweep", str(sweep), "--out", str(out), "--jobs", "2", "--no-report"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     cached = lambda: len(list((out / ".cache").glob("*/*.json")))  # noqa: E731
     try:
         assert _wait(lambda: cached() >= 2 or proc.poll() is not None, 120), "the quick points never finished"
@@ -73,14 +85,14 @@ def _start_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, list[int]]:
 def test_signal_ends_workers_keeps_cache_and_says_how_to_resume(tmp_path, sig, to_group):
     proc, out, workers = _start_sweep(tmp_path)
     try:
-        (os.killpg if to_group else os.kill)(proc.pid, sig)   # a terminal's Ctrl-C reaches the whole group
+        (os.killpg if to_group else os.kill)(proc.pid, sig)  # a terminal's Ctrl-C reaches the whole group
         _, stderr = proc.communicate(timeout=60)
         gone = _wait(lambda: not any(_running(w) for w in workers), 10)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         orphans = [w for w in workers if _running(w)]
-        for w in orphans:          # the test's own processes, by PID, if the check below fails
+        for w in orphans:  # the test's own processes, by PID, if the check below fails
             os.kill(w, signal.SIGKILL)
     assert gone and not orphans, f"orphaned workers {orphans}"
     assert proc.returncode == 128 + sig, stderr
@@ -98,7 +110,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     try:
         assert _wait(lambda: not any(_running(w) for w in workers), 10), f"orphaned workers {workers}"
     finally:
-        for w in workers:          # the test's own processes, by PID, if the check failed
+        for w in workers:  # the test's own processes, by PID, if the check failed
             if _running(w):
                 os.kill(w, signal.SIGKILL)
         proc.communicate(timeout=60)

@@ -1,5 +1,6 @@
 """realrun tests run on the CPU (Triton interpreter for the kernels) unless a CUDA GPU is present.
 TRITON_INTERPRET must be set before triton is first imported."""
+
 import os
 
 try:

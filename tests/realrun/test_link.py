@@ -1,5 +1,6 @@
 """The emulated link: a lone transfer takes bytes*8/R; concurrent transfers share R fairly; bytes arrive intact.
 Tolerances: 30 ms absolute for thread wake-up jitter on a loaded 2-core CI machine."""
+
 import time
 
 import pytest
@@ -72,7 +73,7 @@ def test_idle_link_saves_no_credit():
         first = Transfer(0, _buf(MIB, 0), torch.zeros(MIB, dtype=torch.uint8))
         link.submit(first)
         link.done.get(timeout=30)
-        time.sleep(0.3)   # idle time must not let the next transfer burst
+        time.sleep(0.3)  # idle time must not let the next transfer burst
         second = Transfer(1, _buf(2 * MIB, 1), torch.zeros(2 * MIB, dtype=torch.uint8))
         link.submit(second)
         link.done.get(timeout=30)

@@ -1,5 +1,6 @@
 """End-to-end runs of the tiny model on the CPU: trace files, every request finishes once, ordered
 timestamps, FIFO memory admission within capacity, reproducible workload, decode-step correctness."""
+
 import csv
 import json
 import math
@@ -16,8 +17,16 @@ from realrun.workload import poisson_workload
 N = 5
 PROMPTS = (20, 100)
 OUTPUTS = (2, 4)
-ORDER = ["arrival_s", "prefill_start_s", "prefill_end_s", "quantize_end_s", "transfer_start_s",
-         "transfer_end_s", "decode_start_s", "finish_s"]
+ORDER = [
+    "arrival_s",
+    "prefill_start_s",
+    "prefill_end_s",
+    "quantize_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "decode_start_s",
+    "finish_s",
+]
 
 
 def _read(path):
@@ -29,9 +38,23 @@ def _read(path):
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    paths = run_set("tiny", 2, ["baseline", "kvquant", "hack"], [30.0], link_gbps=0.5, n_requests=N, seed=3,
-                    kv_capacity_gib=1.0, out=out, device="cpu", prompt_range=PROMPTS, output_range=OUTPUTS,
-                    do_warmup=False, chunk_bytes=1 << 14, log=lambda s: None)
+    paths = run_set(
+        "tiny",
+        2,
+        ["baseline", "kvquant", "hack"],
+        [30.0],
+        link_gbps=0.5,
+        n_requests=N,
+        seed=3,
+        kv_capacity_gib=1.0,
+        out=out,
+        device="cpu",
+        prompt_range=PROMPTS,
+        output_range=OUTPUTS,
+        do_warmup=False,
+        chunk_bytes=1 << 14,
+        log=lambda s: None,
+    )
     return {p.name.split("_")[2]: p for p in paths}
 
 
@@ -71,8 +94,9 @@ def test_iterations_account_for_every_token(traces):
         assert all(s < e for s, e in zip(starts, ends))
         assert all(e <= s2 for e, s2 in zip(ends, starts[1:]))
         # context: prompt + tokens so far, summed over the batch; bounded by the requests' totals
-        assert max(int(i["context_tokens"]) for i in its) <= sum(int(r["prompt_tokens"]) + int(r["output_tokens"])
-                                                                 for r in reqs)
+        assert max(int(i["context_tokens"]) for i in its) <= sum(
+            int(r["prompt_tokens"]) + int(r["output_tokens"]) for r in reqs
+        )
 
 
 def test_prefill_and_decode_take_turns(traces):
@@ -89,21 +113,35 @@ def test_prefill_and_decode_take_turns(traces):
 def test_memory_admission_never_exceeds_capacity(tmp_path):
     shape = model_shape("tiny", 2)
     meth = METHODS["baseline"](shape, "cpu", 1, 256)
-    prompts = (90, 100)   # similar sizes: the capacity below holds one request, never two
+    prompts = (90, 100)  # similar sizes: the capacity below holds one request, never two
     work = poisson_workload(5, 200.0, 5, prompts, OUTPUTS)
     foot = {w.request_id: meth.footprint_bytes(w.prompt_tokens + w.output_tokens) for w in work}
     cap = 1.5 * max(foot.values())
     assert 2 * min(foot.values()) > cap
-    (path,) = run_set("tiny", 2, ["baseline"], [200.0], link_gbps=0.05, n_requests=5, seed=5,
-                      kv_capacity_gib=cap / (1 << 30), out=tmp_path, device="cpu", prompt_range=prompts,
-                      output_range=OUTPUTS, do_warmup=False, chunk_bytes=1 << 14, log=lambda s: None)
+    (path,) = run_set(
+        "tiny",
+        2,
+        ["baseline"],
+        [200.0],
+        link_gbps=0.05,
+        n_requests=5,
+        seed=5,
+        kv_capacity_gib=cap / (1 << 30),
+        out=tmp_path,
+        device="cpu",
+        prompt_range=prompts,
+        output_range=OUTPUTS,
+        do_warmup=False,
+        chunk_bytes=1 << 14,
+        log=lambda s: None,
+    )
     _, rows = _read(path / "requests.csv")
     meta = json.loads((path / "meta.json").read_text())
     assert meta["kv_capacity_bytes"] == int(cap)
     events = []
     for r in rows:
         events.append((float(r["transfer_start_s"]), 1, int(r["request_id"])))
-        events.append((float(r["finish_s"]), 0, int(r["request_id"])))   # releases sort first at a tie
+        events.append((float(r["finish_s"]), 0, int(r["request_id"])))  # releases sort first at a tie
     held = 0
     for _, kind, rid in sorted(events):
         held += foot[rid] if kind else -foot[rid]
@@ -125,7 +163,7 @@ def test_workload_is_reproducible_and_method_independent():
 
 def test_wire_and_footprint_bytes():
     s = model_shape("llama-3.1-8b")
-    per_elem_tokens = 2 * s.layers * s.kv_dim       # K and V elements per token
+    per_elem_tokens = 2 * s.layers * s.kv_dim  # K and V elements per token
     base = METHODS["baseline"](s, "cpu", 1, 64)
     hack = METHODS["hack"](s, "cpu", 1, 64)
     kvq = METHODS["kvquant"](s, "cpu", 1, 64)
@@ -146,9 +184,39 @@ def test_cli_single_run_writes_the_trace_into_out(tmp_path):
     from realrun.__main__ import main
 
     out = tmp_path / "trace"
-    assert main(["--method", "baseline", "--model", "tiny", "--layers", "1", "--rate", "50", "--link-gbps", "1",
-                 "--requests", "2", "--seed", "0", "--kv-capacity-gib", "0.5", "--out", str(out), "--device", "cpu",
-                 "--prompt-range", "20", "40", "--output-range", "2", "3"]) == 0
+    assert (
+        main(
+            [
+                "--method",
+                "baseline",
+                "--model",
+                "tiny",
+                "--layers",
+                "1",
+                "--rate",
+                "50",
+                "--link-gbps",
+                "1",
+                "--requests",
+                "2",
+                "--seed",
+                "0",
+                "--kv-capacity-gib",
+                "0.5",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--prompt-range",
+                "20",
+                "40",
+                "--output-range",
+                "2",
+                "3",
+            ]
+        )
+        == 0
+    )
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["method"], meta["model"], meta["layers"], meta["requests"]) == ("baseline", "tiny", 1, 2)
     assert meta["kv_capacity_bytes"] == (1 << 29)

@@ -1,5 +1,6 @@
 """The decode step's pieces: the one-launch KV copy, the buckets, dense slots under joins and
 finishes, prefill back-pressure, and eager vs graphs (padded) runs giving the same tokens."""
+
 import json
 
 import pytest
@@ -70,8 +71,12 @@ def test_buckets():
 def test_slots_stay_dense_under_joins_and_finishes():
     shape = model_shape("tiny", 1)
     model = RandomLlama(shape, "cpu", seed=2, max_positions=256)
-    h = Harness(model, RunConfig(method="baseline", link_gbps=1.0, kv_capacity_bytes=GIB, max_decode_batch=6,
-                                 max_total_tokens=120, seed=2))
+    h = Harness(
+        model,
+        RunConfig(
+            method="baseline", link_gbps=1.0, kv_capacity_bytes=GIB, max_decode_batch=6, max_total_tokens=120, seed=2
+        ),
+    )
     h.t0 = 0.0
     outs = [2, 5, 3, 6, 2, 4]
     reqs = [_Req(Request(i, 0.0, 20 + 7 * i, o)) for i, o in enumerate(outs)]
@@ -90,7 +95,7 @@ def test_slots_stay_dense_under_joins_and_finishes():
         assert sorted(r.slot for r in batch) == list(range(n)) and n == len(h.slots)
         assert row[3] == sum(r.stored for r in batch)
     moves = sum(m for _, m in h.moves)
-    assert moves >= 1   # request 0 (2 tokens) finishes in slot 0 while later slots still run
+    assert moves >= 1  # request 0 (2 tokens) finishes in slot 0 while later slots still run
     h.close()
 
 
@@ -98,11 +103,26 @@ def test_prefill_waits_while_parked_kv_would_exceed_its_budget(tmp_path):
     # a slow link and a budget under two requests' KV (tiny, 1 layer: 512 B per token): a prefill starts
     # only once nothing is parked
     prompts, outputs = (90, 100), (2, 3)
-    (path,) = run_set("tiny", 1, ["baseline"], [500.0], link_gbps=0.05, n_requests=4, seed=4,
-                      kv_capacity_gib=1.0, out=tmp_path, device="cpu", prompt_range=prompts, output_range=outputs,
-                      do_warmup=False, chunk_bytes=1 << 14, prefill_host_memory_gib=1.5 * 100 * 512 / GIB,
-                      log=lambda s: None)
+    (path,) = run_set(
+        "tiny",
+        1,
+        ["baseline"],
+        [500.0],
+        link_gbps=0.05,
+        n_requests=4,
+        seed=4,
+        kv_capacity_gib=1.0,
+        out=tmp_path,
+        device="cpu",
+        prompt_range=prompts,
+        output_range=outputs,
+        do_warmup=False,
+        chunk_bytes=1 << 14,
+        prefill_host_memory_gib=1.5 * 100 * 512 / GIB,
+        log=lambda s: None,
+    )
     import csv
+
     rows = sorted(csv.DictReader(open(path / "requests.csv")), key=lambda r: float(r["prefill_start_s"]))
     for prev, nxt in zip(rows, rows[1:]):
         assert float(nxt["prefill_start_s"]) >= float(prev["transfer_end_s"])
@@ -117,8 +137,15 @@ def test_eager_and_padded_graph_mode_give_the_same_tokens(tmp_path, method):
     work = poisson_workload(5, 50.0, 6, (20, 90), (2, 5))
     out = {}
     for mode in ("eager", "graphs"):
-        cfg = RunConfig(method=method, link_gbps=100.0, kv_capacity_bytes=GIB, max_decode_batch=5,
-                        max_total_tokens=95, seed=6, decode_mode=mode)
+        cfg = RunConfig(
+            method=method,
+            link_gbps=100.0,
+            kv_capacity_bytes=GIB,
+            max_decode_batch=5,
+            max_total_tokens=95,
+            seed=6,
+            decode_mode=mode,
+        )
         h = Harness(RandomLlama(model_shape("tiny", 1), "cpu", seed=6, max_positions=160), cfg)
         toks = []
         orig = h.decode_iteration
@@ -133,6 +160,7 @@ def test_eager_and_padded_graph_mode_give_the_same_tokens(tmp_path, method):
         assert complete
         out[mode] = toks
         h.close()
+
     # iteration timing differs run to run (arrivals are wall-clock), so compare each request's tokens
     def per_request(seq):
         d = {}
@@ -140,6 +168,7 @@ def test_eager_and_padded_graph_mode_give_the_same_tokens(tmp_path, method):
             for rid, tok in it:
                 d.setdefault(rid, []).append(tok)
         return d
+
     e, g = per_request(out["eager"]), per_request(out["graphs"])
     for rid in e:
         n = min(len(e[rid]), len(g[rid]))
@@ -156,9 +185,26 @@ def test_separate_placement_two_processes(tmp_path, method, stream):
 
     from realrun.separate import run_separate
 
-    path = run_separate("tiny", 1, method, 40.0, 1.0, 4, 3, 1.0, tmp_path / "t", devices=("cpu", "cpu"),
-                        prompt_range=(20, 60), output_range=(2, 3), max_decode_batch=4, chunk_bytes=1 << 12,
-                        time_limit_s=200, warmup=False, stream_layers=stream, log=lambda s: None)
+    path = run_separate(
+        "tiny",
+        1,
+        method,
+        40.0,
+        1.0,
+        4,
+        3,
+        1.0,
+        tmp_path / "t",
+        devices=("cpu", "cpu"),
+        prompt_range=(20, 60),
+        output_range=(2, 3),
+        max_decode_batch=4,
+        chunk_bytes=1 << 12,
+        time_limit_s=200,
+        warmup=False,
+        stream_layers=stream,
+        log=lambda s: None,
+    )
     rows = list(csv.DictReader(open(path / "requests.csv")))
     assert sorted(int(r["request_id"]) for r in rows) == [0, 1, 2, 3]
     order = ["arrival_s", "prefill_start_s", "prefill_end_s", "decode_start_s", "finish_s"]
@@ -166,7 +212,7 @@ def test_separate_placement_two_processes(tmp_path, method, stream):
         t = [float(r[c]) for c in order]
         assert all(math.isfinite(x) for x in t) and t == sorted(t)
         assert float(r["transfer_start_s"]) <= float(r["transfer_end_s"]) <= float(r["decode_start_s"])
-        if stream:   # admitted at prefill start (the request is announced before the forward)
+        if stream:  # admitted at prefill start (the request is announced before the forward)
             assert float(r["transfer_start_s"]) <= float(r["prefill_end_s"])
         else:
             assert float(r["transfer_start_s"]) >= float(r["quantize_end_s"])

@@ -3,6 +3,7 @@
 Headless Chromium's screenshots are 8-bit RGBA. Rows with the Sub and Up filters undo in numpy;
 Average and Paeth depend on the reconstructed left pixel, so they run per pixel.
 """
+
 from __future__ import annotations
 
 import struct
@@ -21,8 +22,8 @@ def read_png(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path}: not a PNG")
     pos, idat, header = 8, [], None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         pos += 12 + length
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
@@ -42,16 +43,16 @@ def read_png(path: str | Path) -> np.ndarray:
         f, line = raw[y, 0], raw[y, 1:]
         if f == 0:
             cur = line.copy()
-        elif f == 1:   # Sub: running sum along each channel, mod 256
+        elif f == 1:  # Sub: running sum along each channel, mod 256
             cur = np.cumsum(line.reshape(width, bpp).astype(np.uint32), axis=0).astype(np.uint8).reshape(-1)
-        elif f == 2:   # Up
+        elif f == 2:  # Up
             cur = line + prior
-        elif f == 3:   # Average: plain ints, since numpy scalar indexing is slow
+        elif f == 3:  # Average: plain ints, since numpy scalar indexing is slow
             li, pi, c = line.tolist(), prior.tolist(), [0] * stride
             for x in range(stride):
                 c[x] = (li[x] + (((c[x - bpp] if x >= bpp else 0) + pi[x]) >> 1)) & 255
             cur = np.array(c, np.uint8)
-        elif f == 4:   # Paeth
+        elif f == 4:  # Paeth
             li, pi, c = line.tolist(), prior.tolist(), [0] * stride
             for x in range(bpp):
                 c[x] = (li[x] + pi[x]) & 255

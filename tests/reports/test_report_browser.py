@@ -1,6 +1,7 @@
 """Every page hacksim writes, in a real headless Chromium: the simulate report, the sweep report and
 both validation pages draw every figure, the console stays silent, no legend scrolls (a clipped
 legend), a page that loads plotly.js from a path draws too, and the simulate page is not blank."""
+
 from __future__ import annotations
 
 import os
@@ -12,14 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from report_fake_run import write_fake_run
 from report_png import read_png
+
 from reports import build_report
 
 BROWSER = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
-    BROWSER is None, reason="no Chromium: install Debian's chromium (scripts/install_test_system_deps.sh) or set BROWSER_PATH")
+    BROWSER is None,
+    reason="no Chromium: install Debian's chromium (scripts/install_test_system_deps.sh) or set BROWSER_PATH",
+)
 
 N_FIGURES = 7
 HACK_RED = (220, 38, 38)
@@ -29,10 +32,24 @@ def chromium(page, tmp_path, *action: str) -> subprocess.CompletedProcess:
     """Headless Chromium on a file:// page, offline-friendly, console messages logged to stderr."""
     profile = tmp_path / "profile"
     profile.mkdir(exist_ok=True)
-    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-           f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
-           *action, page.as_uri()]
+    cmd = [
+        BROWSER,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        *action,
+        page.as_uri(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
@@ -60,13 +77,28 @@ def sweep_report(folder: Path) -> Path:
     from planning.sweep import load_sweep, run_sweep
 
     (folder / "base.yaml").write_text(yaml.safe_dump(TINY_BASE, sort_keys=False))
-    spec, base = load_sweep(write_sweep(folder, {"axes": {"network.bandwidth_gbps": [10, 40],
-                                                          "workload.arrival.rate_rps": [0.5, 2.0]},
-                                                 "set": {"workload.requests": 12}, "slo": {"ttft_p99_s": 5}}))
+    spec, base = load_sweep(
+        write_sweep(
+            folder,
+            {
+                "axes": {"network.bandwidth_gbps": [10, 40], "workload.arrival.rate_rps": [0.5, 2.0]},
+                "set": {"workload.requests": 12},
+                "slo": {"ttft_p99_s": 5},
+            },
+        )
+    )
     with Executor("serial") as ex:
         df = run_sweep(spec, base, ex).table
-    return write_report(df, folder, name=spec.name, description="browser test", base=str(base),
-                        axis_paths=spec.axis_paths(), slo=spec.slo, heatmaps=None)
+    return write_report(
+        df,
+        folder,
+        name=spec.name,
+        description="browser test",
+        base=str(base),
+        axis_paths=spec.axis_paths(),
+        slo=spec.slo,
+        heatmaps=None,
+    )
 
 
 def validation_reports(folder: Path) -> tuple[Path, Path]:
@@ -94,8 +126,13 @@ def pages(tmp_path_factory, report) -> dict[str, tuple[Path, int]]:
     (folder / "plotly.min.js").write_text(get_plotlyjs())
     shutil.copytree(report.parent, with_path, dirs_exist_ok=True)
     by_path = build_report(with_path, plotlyjs=str(folder / "plotly.min.js"))
-    return {"simulate": (report, N_FIGURES), "sweep": (sweep_report(folder), 2), "validation": (one, 1),
-            "validation_index": (many, 1), "plotlyjs_by_path": (by_path, N_FIGURES)}
+    return {
+        "simulate": (report, N_FIGURES),
+        "sweep": (sweep_report(folder), 2),
+        "validation": (one, 1),
+        "validation_index": (many, 1),
+        "plotlyjs_by_path": (by_path, N_FIGURES),
+    }
 
 
 @pytest.mark.parametrize("name", ["simulate", "sweep", "validation", "validation_index", "plotlyjs_by_path"])
@@ -119,7 +156,8 @@ def test_every_figure_draws_without_console_messages(report, tmp_path):
     assert console_lines(res.stderr) == []
     assert f'data-figures-drawn="{N_FIGURES}"' in res.stdout
     drawn = set(re.findall(r'id="fig-([a-z_]+)"[^>]*class="[^"]*js-plotly-plot', res.stdout)) | set(
-        re.findall(r'class="[^"]*js-plotly-plot[^"]*"[^>]*id="fig-([a-z_]+)"', res.stdout))
+        re.findall(r'class="[^"]*js-plotly-plot[^"]*"[^>]*id="fig-([a-z_]+)"', res.stdout)
+    )
     assert len(drawn) == N_FIGURES, drawn
     assert res.stdout.count('class="main-svg"') >= 2 * N_FIGURES
 
@@ -142,5 +180,5 @@ def test_screenshot_is_not_blank(report, tmp_path):
     packed = (img[..., 0].astype(np.uint32) << 16) | (img[..., 1].astype(np.uint32) << 8) | img[..., 2]
     colours = len(np.unique(packed))
     assert non_white > 0.1 and colours > 200, (non_white, colours)
-    assert img[20, 20].max() < 80                                  # the dark header: CSS applied
-    assert np.all(img == HACK_RED, axis=-1).sum() > 50             # HACK red: swatches and figure lines
+    assert img[20, 20].max() < 80  # the dark header: CSS applied
+    assert np.all(img == HACK_RED, axis=-1).sum() > 50  # HACK red: swatches and figure lines

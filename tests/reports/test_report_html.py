@@ -1,4 +1,5 @@
 """The HTML report from a small run: every figure is there, readable back, with units; tables are right."""
+
 from __future__ import annotations
 
 import ast
@@ -11,14 +12,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from report_fake_run import write_fake_run
+
 from reports import build_report, changes_table, figures_from_html, load_run, make_figures
 from reports.data import BREAKDOWN_PARTS, order_methods
 from reports.figures import MAX_POINTS, ecdf, thin_step, window_mean_step
 from reports.style import method_label
 
-ALL_FIGURES = ["jct_breakdown", "cdf_jct", "cdf_ttft", "cdf_tpot", "decode_memory", "link_utilisation", "accuracy_tradeoff"]
+ALL_FIGURES = [
+    "jct_breakdown",
+    "cdf_jct",
+    "cdf_ttft",
+    "cdf_tpot",
+    "decode_memory",
+    "link_utilisation",
+    "accuracy_tradeoff",
+]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -52,7 +61,7 @@ def test_embedded_figures_match_the_figures_dict(run_dir, report):
 
 def test_report_is_self_contained_and_offline(report):
     html = report.read_text()
-    assert html.count("<script") == 3          # plotly.js, figure JSON, render script
+    assert html.count("<script") == 3  # plotly.js, figure JSON, render script
     assert 'src="http' not in html and "<link" not in html
     assert html.count("Plotly.newPlot(el") == 1
 
@@ -61,7 +70,9 @@ def test_breakdown_has_nine_parts_per_method_in_order(report):
     fig = figures_from_html(report)["jct_breakdown"]
     bars = [t for t in fig["data"] if t["type"] == "bar"]
     assert len(bars) == len(BREAKDOWN_PARTS)
-    expected = [method_label(m) for m in order_methods(json.loads((report.parent / "summary.json").read_text())["methods"])]
+    expected = [
+        method_label(m) for m in order_methods(json.loads((report.parent / "summary.json").read_text())["methods"])
+    ]
     assert list(bars[0]["x"]) == expected and expected[0] == method_label("baseline")
     assert all(" s" in t["hovertemplate"] for t in bars)
     assert "(s)" in fig["layout"]["yaxis"]["title"]["text"]
@@ -94,11 +105,11 @@ def test_memory_and_links_draw_capacity(report):
     figs = figures_from_html(report)
     mem = figs["decode_memory"]
     caps = [t for t in mem["data"] if t["name"] == "capacity"]
-    assert len(caps) == 2 and math.isclose(float(caps[0]["y"][0]), 22.0)      # GiB, one per replica
+    assert len(caps) == 2 and math.isclose(float(caps[0]["y"][0]), 22.0)  # GiB, one per replica
     assert "GiB" in mem["data"][0]["hovertemplate"]
     links = figs["link_utilisation"]
     lcaps = [t for t in links["data"] if t["name"] == "capacity"]
-    assert len(lcaps) == 4 and float(lcaps[0]["y"][0]) == 10.0                  # from scenario.network
+    assert len(lcaps) == 4 and float(lcaps[0]["y"][0]) == 10.0  # from scenario.network
     assert all("Gbps" in t["hovertemplate"] for t in links["data"])
     peak = max(float(np.max(t["y"])) for t in links["data"] if t["name"] != "capacity")
     assert 0 < peak <= 10.0
@@ -107,7 +118,7 @@ def test_memory_and_links_draw_capacity(report):
 def test_link_capacity_column_wins(tmp_path):
     d = write_fake_run(tmp_path, n_requests=10, links_capacity_column=True)
     sc = json.loads((d / "scenario.json").read_text())
-    sc["network"] = {"topology": "full_bipartite"}          # no rate in the scenario at all
+    sc["network"] = {"topology": "full_bipartite"}  # no rate in the scenario at all
     (d / "scenario.json").write_text(json.dumps(sc))
     fig = make_figures(load_run(d))["link_utilisation"]
     assert [float(t.y[0]) for t in fig.data if t.name == "capacity"] == [10.0] * 4
@@ -128,8 +139,17 @@ def test_changes_table_against_summary(run_dir):
 
 def test_report_shows_tables_profile_and_scenario(report):
     html = report.read_text()
-    for needle in ('id="table-changes"', 'id="table-glance"', 'id="table-methods"', 'id="table-profiles"', 'class="badge derived"',
-                   "a10g_10gbps", "llama-3.1-8b", "<details", "Calibration profile"):
+    for needle in (
+        'id="table-changes"',
+        'id="table-glance"',
+        'id="table-methods"',
+        'id="table-profiles"',
+        'class="badge derived"',
+        "a10g_10gbps",
+        "llama-3.1-8b",
+        "<details",
+        "Calibration profile",
+    ):
         assert needle in html, needle
 
 
@@ -176,7 +196,15 @@ def test_same_run_same_bytes_and_progress(run_dir, report):
 
 def test_method_order_baseline_first_unknown_last():
     assert order_methods(["zeta", "hack", "hcattention", "baseline", "hack_no_rqe", "alpha", "cachegen", "fp8"]) == [
-        "baseline", "cachegen", "fp8", "hack", "hack_no_rqe", "hcattention", "alpha", "zeta"]
+        "baseline",
+        "cachegen",
+        "fp8",
+        "hack",
+        "hack_no_rqe",
+        "hcattention",
+        "alpha",
+        "zeta",
+    ]
 
 
 def test_thin_step_keeps_extremes_and_size():
@@ -207,8 +235,15 @@ def test_large_series_are_thinned_in_the_page(tmp_path):
     d = write_fake_run(tmp_path, n_requests=10)
     n = 30_000
     t = np.arange(n, dtype=float) * 0.01
-    big = pd.DataFrame({"method": "baseline", "replica": 0, "time_s": t,
-                        "used_bytes": (15 + np.sin(t)) * 2**30, "capacity_bytes": 22 * 2**30})
+    big = pd.DataFrame(
+        {
+            "method": "baseline",
+            "replica": 0,
+            "time_s": t,
+            "used_bytes": (15 + np.sin(t)) * 2**30,
+            "capacity_bytes": 22 * 2**30,
+        }
+    )
     big.to_csv(d / "memory.csv", index=False)
     build_report(d)
     mem = figures_from_html(d / "report.html")["decode_memory"]
@@ -221,15 +256,20 @@ def test_reports_never_imports_the_simulator():
     for path in (REPO / "reports").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            )
             if isinstance(node, ast.ImportFrom) and node.module == "costmodel":
                 names = [f"costmodel.{a.name}" for a in node.names]
             for name in names:
                 assert name.split(".")[0] not in {"simulator", "cli", "simpy", "planning"}, (path, name)
                 assert name.split(".")[0] != "costmodel" or name == "costmodel.methods", (path, name)
-    code = ("import sys, reports; bad = [m for m in ('simulator', 'simpy', 'costmodel.phases') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, reports; bad = [m for m in ('simulator', 'simpy', 'costmodel.phases') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -244,14 +284,37 @@ def test_labelled_variants_pair_with_their_partition(tmp_path):
     d = write_fake_run(tmp_path, n_requests=10, methods=("baseline", "hack"))
 
     def add_variant(summary):
-        summary["methods"]["hack_pi32"] = dict(summary["methods"]["hack"], jct_s={"mean": 1.5, "p50": 1, "p90": 2, "p99": 3})
+        summary["methods"]["hack_pi32"] = dict(
+            summary["methods"]["hack"], jct_s={"mean": 1.5, "p50": 1, "p90": 2, "p99": 3}
+        )
+
     _edit_json(d / "summary.json", add_variant)
-    _edit_json(d / "scenario.json", lambda sc: sc.update(methods=[
-        {"name": "baseline", "label": None}, {"name": "hack", "label": None, "partition": 64},
-        {"name": "hack", "label": "hack_pi32", "partition": 32}]))
-    _edit_json(d / "profiles.json", lambda p: p.update(accuracy=[
-        {"kernel": "decode_attn.hack", "partition": q, "bits": 2, "rounding": "stochastic", "inputs": "gaussian",
-         "rel_error": e} for q, e in ((32, 0.01), (64, 0.02), (128, 0.04))]))
+    _edit_json(
+        d / "scenario.json",
+        lambda sc: sc.update(
+            methods=[
+                {"name": "baseline", "label": None},
+                {"name": "hack", "label": None, "partition": 64},
+                {"name": "hack", "label": "hack_pi32", "partition": 32},
+            ]
+        ),
+    )
+    _edit_json(
+        d / "profiles.json",
+        lambda p: p.update(
+            accuracy=[
+                {
+                    "kernel": "decode_attn.hack",
+                    "partition": q,
+                    "bits": 2,
+                    "rounding": "stochastic",
+                    "inputs": "gaussian",
+                    "rel_error": e,
+                }
+                for q, e in ((32, 0.01), (64, 0.02), (128, 0.04))
+            ]
+        ),
+    )
     run = load_run(d)
     assert run.methods == ["baseline", "hack", "hack_pi32"] and run.kinds["hack_pi32"] == "hack"
     fig = make_figures(run)["accuracy_tradeoff"]
@@ -264,7 +327,7 @@ def test_labelled_variants_pair_with_their_partition(tmp_path):
 def test_far_capacity_is_stated_not_drawn(tmp_path):
     d = write_fake_run(tmp_path, n_requests=10)
     mem = pd.read_csv(d / "memory.csv")
-    mem["used_bytes"] -= 15 * 2**30 - 2**30          # KV only: ~1-3 GiB
+    mem["used_bytes"] -= 15 * 2**30 - 2**30  # KV only: ~1-3 GiB
     mem["capacity_bytes"] = 375 * 2**30
     mem.to_csv(d / "memory.csv", index=False)
     fig = make_figures(load_run(d))["decode_memory"]
@@ -279,12 +342,13 @@ def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
     d = write_fake_run(tmp_path, n_requests=40)
     assert "Peak decode KV cache" not in changes_table(load_run(d)).index
     req = pd.read_csv(d / "requests.csv")
-    req.loc[req["request_id"] == 0, "tpot_s"] = 5.0            # one request 100x slower per token
+    req.loc[req["request_id"] == 0, "tpot_s"] = 5.0  # one request 100x slower per token
     req.to_csv(d / "requests.csv", index=False)
 
     def add_kv(summary):
         for i, s in enumerate(summary["methods"].values()):
             s["peak_decode_kv_bytes"] = 2**30 * (4 - i * 0.5)
+
     _edit_json(d / "summary.json", add_kv)
     run = load_run(d)
     figs = make_figures(run)
@@ -294,6 +358,7 @@ def test_long_tail_cdf_goes_log_and_peak_kv_row_is_optional(tmp_path):
 
 def test_module_entry_point(tmp_path, capsys):
     from reports.__main__ import main
+
     d = write_fake_run(tmp_path / "run", n_requests=5)
     assert main([str(d)]) == 0 and (d / "report.html").is_file()
     assert main([str(tmp_path / "nowhere")]) == 1
@@ -302,10 +367,12 @@ def test_module_entry_point(tmp_path, capsys):
 
 def test_degenerate_series_still_draw(tmp_path):
     d = write_fake_run(tmp_path, n_requests=6)
-    pd.DataFrame({"method": ["baseline"], "replica": [0], "time_s": [0.0], "used_bytes": [0], "capacity_bytes": [2**30]}
-                 ).to_csv(d / "memory.csv", index=False)
-    pd.DataFrame({"method": ["baseline"], "link": ["p0"], "time_s": [0.0], "active_flows": [0], "throughput_gbps": [0.0]}
-                 ).to_csv(d / "links.csv", index=False)
+    pd.DataFrame(
+        {"method": ["baseline"], "replica": [0], "time_s": [0.0], "used_bytes": [0], "capacity_bytes": [2**30]}
+    ).to_csv(d / "memory.csv", index=False)
+    pd.DataFrame(
+        {"method": ["baseline"], "link": ["p0"], "time_s": [0.0], "active_flows": [0], "throughput_gbps": [0.0]}
+    ).to_csv(d / "links.csv", index=False)
     figs = make_figures(load_run(d))
     assert figs["decode_memory"].layout.yaxis.range[1] > 0
     assert [float(v) for v in figs["link_utilisation"].data[0].y] == [0.0] * len(figs["link_utilisation"].data[0].y)
@@ -317,7 +384,7 @@ def test_phase_colours_stay_away_from_method_colours():
     from reports.style import FALLBACK_COLOURS, PART_COLOURS
 
     def rgb(h):
-        return np.array([int(h[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+        return np.array([int(h[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
 
     methods = [*(cls.colour for cls in METHODS), *FALLBACK_COLOURS]
     for part, colour in PART_COLOURS.items():
@@ -333,14 +400,18 @@ def test_first_screen_gives_each_method_jct_memory_and_overhead(run_dir, report)
     from reports.style import fmt_bytes, fmt_pct, fmt_seconds
 
     page = report.read_text()
-    header = page[page.index("<header>"):page.index("</header>")]
-    rows = {re.sub(r"<[^>]+>", "", r.split("</td>")[0]): re.findall(r"<td[^>]*>(.*?)</td>", r)
-            for r in re.findall(r"<tr><td>(.*?)</tr>", header)}
+    header = page[page.index("<header>") : page.index("</header>")]
+    rows = {
+        re.sub(r"<[^>]+>", "", r.split("</td>")[0]): re.findall(r"<td[^>]*>(.*?)</td>", r)
+        for r in re.findall(r"<tr><td>(.*?)</tr>", header)
+    }
     s = json.loads((run_dir / "summary.json").read_text())["methods"]
     for m, stats in s.items():
         cells = rows[method_label(m)]
         over = stats["breakdown_s"]["dequantize"] + stats["breakdown_s"]["approximation"]
-        assert cells[0] == fmt_seconds(stats["jct_s"]["mean"]) and cells[2] == fmt_bytes(stats["peak_decode_memory_bytes"])
+        assert cells[0] == fmt_seconds(stats["jct_s"]["mean"]) and cells[2] == fmt_bytes(
+            stats["peak_decode_memory_bytes"]
+        )
         assert cells[4] == fmt_seconds(over)
     b, h = s["baseline"]["jct_s"]["mean"], s["hack"]["jct_s"]["mean"]
     assert rows["HACK"][1] == fmt_pct((h - b) / b * 100) and (h < b) == rows["HACK"][1].startswith("-")

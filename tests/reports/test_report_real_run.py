@@ -1,5 +1,6 @@
 """The report of a real `simulate --out` run (the other report tests use a hand-made run folder): every output
 file is written, and every figure shows the numbers of the tables beside it."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,40 @@ GIB = 2**30
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     out = tmp_path_factory.mktemp("real") / "run"
-    r = subprocess.run([sys.executable, str(REPO / "cli.py"), "simulate", "scenarios/a10g_10gbps.yaml", "--requests",
-                        str(REQUESTS), "--methods", ",".join(METHODS), "--seed", "5", "--out", str(out), "--quiet"],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "simulate",
+            "scenarios/a10g_10gbps.yaml",
+            "--requests",
+            str(REQUESTS),
+            "--methods",
+            ",".join(METHODS),
+            "--seed",
+            "5",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
 
 def test_every_output_file_is_written(out):
-    for name in ("summary.json", "requests.csv", "memory.csv", "links.csv", "scenario.json", "profiles.json",
-                 "report.html"):
+    for name in (
+        "summary.json",
+        "requests.csv",
+        "memory.csv",
+        "links.csv",
+        "scenario.json",
+        "profiles.json",
+        "report.html",
+    ):
         assert (out / name).stat().st_size > 0, name
     df = pd.read_csv(out / "requests.csv")
     assert df.groupby("method").size().to_dict() == {m: REQUESTS for m in METHODS}
@@ -45,8 +70,15 @@ def test_figures_show_the_run_tables(out):
     summary = json.loads((out / "summary.json").read_text())["methods"]
     df = pd.read_csv(out / "requests.csv")
     figs = figures_from_html(out / "report.html")
-    assert list(figs) == ["jct_breakdown", "cdf_jct", "cdf_ttft", "cdf_tpot", "decode_memory", "link_utilisation",
-                          "accuracy_tradeoff"]
+    assert list(figs) == [
+        "jct_breakdown",
+        "cdf_jct",
+        "cdf_ttft",
+        "cdf_tpot",
+        "decode_memory",
+        "link_utilisation",
+        "accuracy_tradeoff",
+    ]
     labels = [method_label(m) for m in METHODS]
     # the breakdown: one bar per part and method, the summary's per-request means
     bars = [t for t in figs["jct_breakdown"]["data"] if t["type"] == "bar"]
@@ -91,7 +123,8 @@ def test_report_tables_name_every_method_and_rebuild_identically(out):
     for m in METHODS:
         assert method_label(m) in html
     first = (out / "report.html").read_bytes()
-    r = subprocess.run([sys.executable, str(REPO / "cli.py"), "report", str(out)], capture_output=True, text=True,
-                       cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), "report", str(out)], capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "report.html").read_bytes() == first

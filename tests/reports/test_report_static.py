@@ -1,4 +1,5 @@
 """Static PNG/SVG export through kaleido and the system Chromium, and its one-line errors."""
+
 from __future__ import annotations
 
 import builtins
@@ -7,8 +8,8 @@ import os
 import shutil
 
 import pytest
-
 from report_fake_run import write_fake_run
+
 from reports import export_static
 from reports.static import StaticExportError, find_browser
 

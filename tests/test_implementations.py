@@ -203,17 +203,18 @@ def test_no_rqe_requantize_prices_the_open_block_per_request_per_iteration():
 
 
 def test_cachegen_reference_decoder_prices_decoding_on_arrival():
-    s = scenario(
-        methods=[{"name": "cachegen", "label": "cg_ref", "implementation": "cachegen_reference_decoder"}, "cachegen"]
-    )
+    """Plain `cachegen` is priced as deployed, with the measured decoder; `implementation: null` is the
+    instruction-count lower bound, which is faster."""
+    s = scenario(methods=["cachegen", {"name": "cachegen", "label": "cg_bound", "implementation": None}])
     res = resolve(s)
-    ref, plain = (res.costs(m)[1] for m in s.methods)
+    assert s.methods[0].implementation == "cachegen_reference_decoder"
+    ref, bound = (res.costs(m)[1] for m in s.methods)
     fit = implementation_costs("cachegen_reference_decoder", res.decode.gpu)["entropy_decode"]
     m = res.model
     elements = 4096 * 2 * m.kv_heads * m.head_dim
     dq = res.decode.profile.kernel("dequantize.kv").time_s(elements)
     assert ref.on_arrival_s(4096) == pytest.approx(m.layers * (dq + fit.time_s(elements)), rel=1e-12)
-    assert ref.on_arrival_s(4096) > plain.on_arrival_s(4096)
+    assert ref.on_arrival_s(4096) > bound.on_arrival_s(4096)
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,16 @@ class CacheGen(KVMethod):
         None, gt=0, le=1, description="coded bits / raw code bits; null: derived from the entropy of Gaussian codes"
     )
 
+    # As deployed: LMCache decodes CacheGen's bitstream with the public CUDA kernel, measured on the H200
+    # (catalog/data/implementations.yaml). `implementation: null` prices the coder from an instruction count
+    # instead, a lower bound 14x faster than that kernel.
+    implementation: str | None = Field(
+        "cachegen_reference_decoder",
+        description="a shipped implementation profile (catalog/data/implementations.yaml) whose kernel costs "
+        "replace the calibration profile's, repriced for each pool's GPU; default: CacheGen's public GPU "
+        "decoder as measured; null: the arithmetic coder priced from an instruction count (a lower bound)",
+    )
+
     display_label: ClassVar[str] = "CacheGen"
     colour: ClassVar[str] = "#f59e0b"
     kernel_keys: ClassVar[tuple[str, ...]] = (
@@ -70,8 +80,8 @@ class CacheGen(KVMethod):
     encode: ClassVar[str | None] = "quantize"
     entropy_coded: ClassVar[bool] = True
     # The arithmetic coder's costs, where a scenario or an implementation profile gives them (profile keys
-    # entropy_encode.kv / entropy_decode.kv); else it is priced from an instruction count at the CUDA-core
-    # rate (costmodel/phases.py, ENTROPY_CODING_INSTR_PER_ELEMENT).
+    # entropy_encode.kv / entropy_decode.kv; the decoder's by default, above); else priced from an instruction count
+    # at the CUDA-core rate (costmodel/phases.py, ENTROPY_CODING_INSTR_PER_ELEMENT) (the encoder, unless `kernels:` prices it).
     kernel_roles: ClassVar[dict[str, str]] = {
         "dequantize": DEQUANTIZE_ROLE + " (decompress_once: the on-arrival dequantize.kv)",
         "entropy_decode": "arithmetic decoding on arrival, unit: K and V elements (symbols) decoded",

@@ -24,8 +24,10 @@ The codes are the simulator's: 2-bit min/max codes (nearest rounding onto 4 leve
 groups of 64 values of a token's head (costmodel/methods/cachegen.gaussian_code_entropy_bits gives their
 entropy, the wire size the simulator assumes); CacheGen's own per-layer bin counts on its quantiser
 (LMCache's torch_quant_vectorized: 32 / 16 bins by layer, per-token absmax over the channels, KV with
-per-channel scales) are timed beside them (``decode_cachegen_bins``) and not fitted, as are one GPU's share
-of the 70B KV under tensor parallelism 2, 4 and 8 (4, 2, 1 KV heads: ``decode_tp_shard``).
+per-channel scales) are timed beside them (``decode_cachegen_bins``) and not fitted.  One GPU's share of the
+70B KV under tensor parallelism 2, 4 and 8 (4, 2, 1 KV heads: ``decode_tp_shard``) is timed too: the fit's
+``gpu_fill`` gives, per channel count on one GPU, how much slower per symbol its share decodes than the whole
+model's KV (fewer thread blocks), which the simulator applies to a tensor-parallel pool's share.
 
 Fit (the simulator prices ``entropy_decode.kv`` per layer): units = K and V symbols of one layer
 (tokens x kv_heads x head_dim x 2), time_s = the prompt's decode time / layers (one launch decodes all
@@ -77,7 +79,7 @@ CACHEGEN_KEY_BINS = ((10, 32), (20, 16), (None, 16))
 CACHEGEN_VALUE_BINS = ((2, 32), (None, 16))
 SENSITIVITY_TOKENS = (4096, 16384)
 # one GPU's share of Llama-3.1-70B's KV under tensor parallelism (8 KV heads over 2, 4, 8 GPUs): fewer
-# channels, fewer thread blocks per launch; timed beside the whole-model rows and not fitted
+# channels, fewer thread blocks per launch; timed beside the whole-model rows, their slowdown is the fit's gpu_fill
 SHARDS = {"llama-3.1-70b/tp2": (80, 4, 128), "llama-3.1-70b/tp4": (80, 2, 128), "llama-3.1-70b/tp8": (80, 1, 128)}
 
 
@@ -311,13 +313,41 @@ def bench(
     return rows
 
 
+def gpu_fill(rows: list[dict]) -> dict:
+    """How much slower per symbol the decoder runs on one GPU's tensor-parallel share of the KV: for each
+    channel count per GPU (kv_heads x head_dim) of the decode_tp_shard rows, the median over their prompt
+    lengths of (the shard's seconds per symbol / the whole model's at the same length); 1 at the whole
+    model's channels.  Fewer channels launch fewer thread blocks (grid 2L x C/128), and each thread decodes
+    its stream serially, so a GPU given a small share is not filled."""
+    full = {(r["model"], r["tokens"]): r["prompt_time_s"] / r["symbols"] for r in rows if r["kernel"] == "decode"}
+    ratios: dict[int, list[float]] = {}
+    whole: set[int] = set()
+    for r in rows:
+        if r["kernel"] != "decode_tp_shard":
+            continue
+        model = r["model"].split("/")[0]
+        ref = full.get((model, r["tokens"]))
+        if ref is None:
+            continue
+        ratios.setdefault(r["kv_heads"] * r["head_dim"], []).append(r["prompt_time_s"] / r["symbols"] / ref)
+        whole |= {f["kv_heads"] * f["head_dim"] for f in rows if f["kernel"] == "decode" and f["model"] == model}
+    table = {c: statistics.median(v) for c, v in ratios.items()}
+    table.update({c: 1.0 for c in whole})
+    channels = sorted(table)
+    return {"channels_per_gpu": channels, "time_factor": [table[c] for c in channels]}
+
+
 def fit(rows: list[dict]) -> dict:
-    """impl_bench's fit (relative least squares, both terms >= 0) of the fitted rows (the 2-bit codes)."""
+    """impl_bench's fit (relative least squares, both terms >= 0) of the fitted rows (the 2-bit codes of whole
+    models), with the GPU-fill factors of the tensor-parallel shards (gpu_fill) where rows give them."""
     from .impl_bench import fit as ls_fit
 
     out = ls_fit([r for r in rows if r["kernel"] == "decode"])
     for f in out.get("cachegen_reference_decoder", {}).values():
         f["unit"] = "K and V symbols of one layer (tokens x kv_heads x head_dim x 2); time per layer"
+        fill = gpu_fill(rows)
+        if len(fill["channels_per_gpu"]) > 1:
+            f["gpu_fill"] = fill
     return out
 
 

@@ -7,13 +7,18 @@ gives.  An implementation part measured on one GPU is moved to another the way k
 moves the calibration profile: its seconds per unit split by the unit that spends them (the part's bytes,
 tensor work and exponentials at the measuring GPU's rates, the CUDA-core ALU the rest:
 costmodel/kernel_work.split) and each share repriced at the target's rate for its unit; the launch overhead
-stays the measured one.  A part given as an instruction count (no measurement) is priced at the target's
+stays the measured one.  A fit measured on the whole model's KV and on tensor-parallel shares of it carries
+`gpu_fill`: per channel count on one GPU (KV heads per GPU x head_dim), how much slower per unit a share runs
+(a kernel that launches one thread block per 128 channels does not fill the GPU with a small share); a pool's
+share is priced with it, interpolated in log2 of the channels and held at the ends.  A part given as an
+instruction count (no measurement) is priced at the target's
 issue rate plus its bytes at the copy bandwidth, one roofline launch per layer.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 
@@ -53,8 +58,25 @@ def _work(part: dict) -> KernelWork:
     )
 
 
-def part_fit(entry: dict, part: dict, gpu: GPUSpec) -> KernelFit:
-    """One part of an implementation's kernel role, priced on `gpu`."""
+def fill_factor(fill: dict | None, kv_channels_per_gpu: int | None) -> float:
+    """The measured slowdown per unit (`gpu_fill`) at `kv_channels_per_gpu`: 1 without either; piecewise linear
+    in log2 of the channels between the measured counts, held at the ends."""
+    if not fill or kv_channels_per_gpu is None:
+        return 1.0
+    xs = [math.log2(c) for c in fill["channels_per_gpu"]]
+    ys = fill["time_factor"]
+    x = math.log2(kv_channels_per_gpu)
+    if x <= xs[0]:
+        return ys[0]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def part_fit(entry: dict, part: dict, gpu: GPUSpec, kv_channels_per_gpu: int | None = None) -> KernelFit:
+    """One part of an implementation's kernel role, priced on `gpu` for a share of `kv_channels_per_gpu` KV
+    channels per GPU (None: the share the fit was measured on)."""
     target = _rates(gpu)
     work = _work(part)
     if "fit" not in part:
@@ -64,15 +86,15 @@ def part_fit(entry: dict, part: dict, gpu: GPUSpec) -> KernelFit:
     fit = measured_fits(entry["measurement"])[impl][kernel]
     source = _rates(GPUSpec.from_fields(entry["measured_on"], catalog.entry("gpus", entry["measured_on"])))
     parts = reprice(split(work, fit["s_per_unit"], source), source, target)
-    return KernelFit(fit["overhead_s"], sum(parts.values()))
+    return KernelFit(fit["overhead_s"], sum(parts.values()) * fill_factor(fit.get("gpu_fill"), kv_channels_per_gpu))
 
 
-def implementation_costs(key: str, gpu: GPUSpec) -> dict[str, KernelFit]:
-    """Each kernel role of implementation `key` on `gpu`: its parts' costs added up."""
+def implementation_costs(key: str, gpu: GPUSpec, kv_channels_per_gpu: int | None = None) -> dict[str, KernelFit]:
+    """Each kernel role of implementation `key` on `gpu` (for `kv_channels_per_gpu`): its parts' costs added up."""
     entry = catalog.entry("implementations", key)
     out = {}
     for role, parts in entry["kernels"].items():
-        fits = [part_fit(entry, p, gpu) for p in parts]
+        fits = [part_fit(entry, p, gpu, kv_channels_per_gpu) for p in parts]
         out[role] = KernelFit(sum(f.overhead_s for f in fits), sum(f.s_per_unit for f in fits))
     return out
 
@@ -95,11 +117,14 @@ def implementation_refusal(method: KVMethod) -> str | None:
     return None
 
 
-def priced_profile(profile: CalibrationProfile, method: KVMethod, gpu: GPUSpec) -> CalibrationProfile:
-    """The profile `method` is priced with on `gpu`: the pool's, then its implementation's, then its own costs."""
+def priced_profile(
+    profile: CalibrationProfile, method: KVMethod, gpu: GPUSpec, kv_channels_per_gpu: int | None = None
+) -> CalibrationProfile:
+    """The profile `method` is priced with on `gpu` (a GPU holding `kv_channels_per_gpu` KV channels): the
+    pool's, then its implementation's, then its own costs."""
     costs: dict[str, KernelFit] = {}
     if method.implementation is not None:
-        costs.update(implementation_costs(method.implementation, gpu))
+        costs.update(implementation_costs(method.implementation, gpu, kv_channels_per_gpu))
     for key, cost in (method.kernels or {}).items():
         costs[key] = cost.fit()
     return method.priced_profile(profile, costs)

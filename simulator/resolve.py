@@ -123,7 +123,10 @@ class PoolLayout:
             gpu=self.gpu,
             parallel=self.parallel,
             method=method,
-            profile=priced_profile(self.profile, method, self.gpu),
+            # the KV channels on one GPU: ReplicaCostModel.kv_heads_per_gpu x head_dim
+            profile=priced_profile(
+                self.profile, method, self.gpu, -(-model.kv_heads // self.parallel.tensor) * model.head_dim
+            ),
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_batch_tokens=self.max_batch_tokens,
             host_vcpus=self.host_vcpus,

@@ -16,7 +16,14 @@ from costmodel.methods import REGISTRY, make_method
 from costmodel.specs import GPUSpec
 from helpers import scenario
 from simulator.config import ScenarioError
-from simulator.implementations import _rates, _work, implementation_costs, measured_fits, priced_profile
+from simulator.implementations import (
+    _rates,
+    _work,
+    fill_factor,
+    implementation_costs,
+    measured_fits,
+    priced_profile,
+)
 from simulator.resolve import resolve
 from simulator.run import run_scenario
 
@@ -83,10 +90,69 @@ def test_cachegen_decoder_fit_refits_the_committed_rows():
         assert r["units"] == r["tokens"] * r["kv_heads"] * r["head_dim"] * 2
         assert r["symbols"] == r["layers"] * r["units"]
         assert r["time_s"] == pytest.approx(r["prompt_time_s"] / r["layers"], rel=1e-12)
-        assert r["chunks"] == -(-r["tokens"] // 256) and r["bitstream_bytes"] < r["symbols"] / 4
+        assert r["chunks"] == -(-r["tokens"] // 256)
+        if r["symbols_kind"] == "gaussian_2bit":  # 2-bit codes coded below 2 bits; CacheGen's bins take more
+            assert r["bitstream_bytes"] < r["symbols"] / 4
     dec = implementation_costs("cachegen_reference_decoder", gpu("h200"))["entropy_decode"]
     assert dec.s_per_unit == pytest.approx(stored["s_per_unit"], rel=1e-12)
     assert dec.overhead_s == pytest.approx(stored["overhead_s"], rel=1e-12)
+    # the tensor-parallel shares: each factor is its rows' time per symbol over the whole 70B's at the same length
+    assert refit["gpu_fill"] == stored["gpu_fill"]
+    fill = stored["gpu_fill"]
+    per_symbol = {
+        (r["model"], r["tokens"]): r["prompt_time_s"] / r["symbols"]
+        for r in doc["rows"]
+        if r["kernel"] != "decode_cachegen_bins"
+    }
+    for heads, tp in ((4, "tp2"), (2, "tp4"), (1, "tp8")):
+        ratios = sorted(
+            per_symbol[(f"llama-3.1-70b/{tp}", t)] / per_symbol[("llama-3.1-70b", t)] for t in (4096, 16384)
+        )
+        assert fill["time_factor"][fill["channels_per_gpu"].index(heads * 128)] == pytest.approx(sum(ratios) / 2)
+    assert fill["time_factor"][fill["channels_per_gpu"].index(1024)] == 1.0
+    assert fill["time_factor"] == sorted(fill["time_factor"], reverse=True)  # fewer channels, slower per symbol
+
+
+def test_gpu_fill_factor_interpolates_in_log_channels_and_holds_at_the_ends():
+    fill = {"channels_per_gpu": [128, 256, 1024], "time_factor": [3.0, 2.0, 1.0]}
+    assert fill_factor(fill, 128) == 3.0 and fill_factor(fill, 64) == 3.0  # held below the smallest share
+    assert fill_factor(fill, 1024) == 1.0 and fill_factor(fill, 8192) == 1.0  # and above the whole model
+    assert fill_factor(fill, 512) == pytest.approx(1.5)  # log2 512 is halfway from 256 to 1024
+    assert fill_factor(fill, 181) == pytest.approx(3.0 - (7.5 - 7) / 1 * 1.0, abs=0.01)
+    assert fill_factor(None, 128) == 1.0 and fill_factor(fill, None) == 1.0
+
+
+def test_cachegen_decoder_priced_for_a_tensor_parallel_share():
+    """Llama-3.1-70B on 8 GPUs of tensor parallelism: each GPU decodes one KV head's symbols, 1/8 of them, at the
+    measured TP8 share's slowdown per symbol, so the arrival is 8 / 2.55 = 3.1x faster, not 8x."""
+    tp1 = scenario(
+        **{"model.preset": "llama-3.1-70b", "decode.gpu": "h200", "prefill.gpu": "h200", "methods": ["cachegen"]}
+    )
+    tp8 = scenario(
+        **{
+            "model.preset": "llama-3.1-70b",
+            "decode.gpu": "h200",
+            "prefill.gpu": "h200",
+            "decode.tensor_parallel": 8,
+            "methods": ["cachegen"],
+        }
+    )
+    fill = json.loads((ROOT / IMPLS["cachegen_reference_decoder"]["measurement"]).read_text())["fits"][
+        "cachegen_reference_decoder"
+    ]["decode"]["gpu_fill"]
+    slow = fill["time_factor"][fill["channels_per_gpu"].index(128)]
+    h200 = gpu("h200")
+    whole = implementation_costs("cachegen_reference_decoder", h200)["entropy_decode"]
+    share = implementation_costs("cachegen_reference_decoder", h200, 128)["entropy_decode"]
+    assert share.s_per_unit == pytest.approx(slow * whole.s_per_unit, rel=1e-12)
+    assert share.overhead_s == whole.overhead_s
+    for s, fit in ((tp1, whole), (tp8, share)):
+        res = resolve(s)
+        cost = res.costs(s.methods[0])[1]
+        m, elements = res.model, 4096 * 2 * cost.kv_heads_per_gpu * res.model.head_dim
+        dq = res.decode.profile.kernel("dequantize.kv").time_s(elements)
+        assert cost.on_arrival_s(4096) == pytest.approx(m.layers * (dq + fit.time_s(elements)), rel=1e-12)
+    assert res.costs(tp8.methods[0])[1].kv_heads_per_gpu == 1
 
 
 def test_cachegen_decoder_bench_pure_parts_run_on_the_cpu():

@@ -228,22 +228,11 @@ class Prompt:
         self.chunks = [(*c[:-1], None) for c in self.chunks]
 
 
-def time_events_s(fn, reps: int, warmup: int = 2) -> float:
-    """Median seconds of fn() with CUDA events around each call, after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
-
-
 def bench(
     ext, device, models=MODELS, tokens_list=TOKENS, shards=SHARDS, reps: int = 7, log=print, on_row=None
 ) -> list[dict]:
+    from .measure import time_events_s
+
     rows = []
     gen = torch.Generator(device=device)
     shapes = {**models, **shards}

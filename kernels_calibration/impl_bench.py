@@ -206,13 +206,9 @@ def time_s(fn, reps: int = 30, warmup: int = 3, per_graph: int = 10) -> tuple[fl
             fn()
             ts.append(time.perf_counter() - t)
         return statistics.median(ts), statistics.median(ts)
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    eager = statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
+    from .measure import time_events_s
+
+    eager = time_events_s(fn, reps, warmup=0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -222,13 +218,7 @@ def time_s(fn, reps: int = 30, warmup: int = 3, per_graph: int = 10) -> tuple[fl
     with torch.cuda.graph(g):
         for _ in range(per_graph):
             fn()
-    g.replay()
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    graph = statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3 / per_graph
+    graph = time_events_s(g.replay, reps, warmup=1) / per_graph
     del g
     return graph, eager
 

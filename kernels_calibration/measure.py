@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 
@@ -84,6 +85,20 @@ def provenance() -> dict:
             rev = ""
     info["git_rev"] = rev or "unknown"
     return info
+
+
+def time_events_s(fn, reps: int, warmup: int = 2) -> float:
+    """Median seconds of fn() called `reps` times one after another from Python, CUDA events around each
+    call (the host's launches included where they outlast the GPU work), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) / 1e3
 
 
 def time_graph(step, n_rot: int, replays: int = 30) -> float:

@@ -15,6 +15,10 @@ the client's first, so decode runs one iteration per further output token. The r
 the replica with the fewest queued prompt tokens. The replicas are the GPUs of both pools:
 `prefill.replicas + decode.replicas` of them, each configured as the decode pool (both pools must name the
 same GPU and parallelism).
+
+A replica that goes down (simulator/faults.py) loses its decode requests and the prompt it was prefilling
+(the chunks done so far with it); its queued prompts move to the live replicas, and arrivals wait while
+none is up.
 """
 
 from __future__ import annotations
@@ -72,6 +76,15 @@ class ChunkedPrefill:
         self.chunk = (n, cost[1])
         return cost[0]
 
+    def fail(self) -> tuple[list[int], list[int]]:
+        """The replica went down (simulator/faults.py): returns (the prompt being prefilled, whose chunks done
+        so far are lost, and the prompts still queued)."""
+        lost = [] if self.current is None else [self.current]
+        queued = list(self.queue)
+        self.queue.clear()
+        self.current, self.chunk, self.done_tokens, self.outstanding_tokens = None, None, 0, 0
+        return lost, queued
+
     def after_iteration(self) -> None:
         """The iteration that ran the chunk ended: the prompt advances, and after its last chunk it joins the
         decode batch (or finishes, with one output token)."""
@@ -98,18 +111,40 @@ class ChunkedPrefill:
 
 
 class ColocatedRouter:
-    """Arrivals go to the replica with the fewest queued prompt tokens (ties: the lowest index)."""
+    """Arrivals go to the live replica with the fewest queued prompt tokens (ties: the lowest index); while
+    every replica is down they wait in a backlog (simulator/faults.py)."""
 
     def __init__(self, replicas: list[DecodeReplica], prefills: list[ChunkedPrefill]):
         self.replicas = replicas
         self.prefills = prefills  # replica i's prompt queue
         self.links: dict = {}
-        self.hold_kv = False  # no KV parked on a prefill host (faults are not modelled colocated)
+        self.hold_kv = False  # no KV is parked on another host: a request's KV is written where it decodes
+        self.live = prefills  # the prompt queues of the replicas that are up
+        self.backlog: list[int] = []
 
     def on_arrivals(self, rids: list[int]) -> None:
+        live = self.live
+        if not live:
+            self.backlog.extend(rids)
+            return
         for rid in rids:
-            best = min(self.prefills, key=lambda c: (c.outstanding_tokens, c.rep.index))
+            best = min(live, key=lambda c: (c.outstanding_tokens, c.rep.index))
             best.enqueue(rid)
+
+    def replica_down(self, i: int) -> tuple[list[int], list[int]]:
+        """Replica i goes down: returns (the requests it held, decoding or being prefilled, and the prompts
+        still queued there), in that order of fate; it takes no work until `replica_up`."""
+        lost_prompt, queued = self.prefills[i].fail()
+        lost = self.replicas[i].fail() + lost_prompt
+        self.live = [c for c in self.prefills if not c.rep.down]
+        return lost, queued
+
+    def replica_up(self, i: int) -> None:
+        self.replicas[i].recover()
+        self.live = [c for c in self.prefills if not c.rep.down]
+        backlog, self.backlog = self.backlog, []
+        if backlog:
+            self.on_arrivals(backlog)
 
     def on_memory_freed(self) -> None:
         for colo in self.prefills:

@@ -782,23 +782,27 @@ class Scenario(_Strict):
             if self.network.links is not None
             else [f"p{p}" for p in range(self.prefill.replicas)]
         )
-        if self.faults and self.placement != "separate":
-            raise ValueError(
-                f"faults: not modelled with placement {self.placement} (a replica down would stop the "
-                f"other phase on its GPUs)"
-            )
-        if self.faults and (self.prefill.prefix_caching or self.decode.prefix_caching):
-            raise ValueError(
-                "faults: not modelled with prefix caching (a replica down would lose its cache and pinned blocks)"
-            )
+        colocated_replicas = self.prefill.replicas + self.decode.replicas
         for i, f in enumerate(self.faults):
-            if f.kind.startswith("link") and f.target not in links:
-                raise ValueError(f"faults.{i}.target: no link {f.target!r} (links: {', '.join(links)})")
-            pool = self.prefill if f.kind == "prefill_replica_down" else self.decode
-            if not f.kind.startswith("link") and not 0 <= f.target < pool.replicas:
-                raise ValueError(
-                    f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} (the pool has {pool.replicas})"
-                )
+            if f.kind.startswith("link"):
+                if self.placement == "colocated":
+                    raise ValueError(
+                        f"faults.{i}.kind: {f.kind}: placement colocated has no link (no KV is transferred)"
+                    )
+                if f.target not in links:
+                    raise ValueError(f"faults.{i}.target: no link {f.target!r} (links: {', '.join(links)})")
+            elif self.placement == "colocated":  # either replica kind: a replica runs both phases
+                if not 0 <= f.target < colocated_replicas:
+                    raise ValueError(
+                        f"faults.{i}.target: no colocated replica {f.target} (placement colocated has "
+                        f"prefill.replicas + decode.replicas = {colocated_replicas})"
+                    )
+            else:
+                pool = self.prefill if f.kind == "prefill_replica_down" else self.decode
+                if not 0 <= f.target < pool.replicas:
+                    raise ValueError(
+                        f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} (the pool has {pool.replicas})"
+                    )
         return self
 
 

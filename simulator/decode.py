@@ -249,6 +249,7 @@ class DecodeReplica:
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
+        self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, 0.0))

@@ -15,6 +15,21 @@ runs at the product of its active factors, a replica is down while any of its fa
 - decode_replica_down: every request it holds loses its KV: those decoding or about to join, and
   those whose KV is on the way to it (still parked on their prefill replica).
 
+A replica that goes down loses its prefix cache (simulator/prefix_cache.py) with it: every block,
+pinned or not (the pins belong to the batches lost with the replica), so the cache comes back empty and
+a request retried there misses where it hit before; each lookup of a retried request counts in the hit
+rate as any other.
+
+Where the two phases share GPUs, a replica down takes both phases on its GPUs:
+- placement shared_gpu: prefill replica i and decode replica i share GPUs, so `prefill_replica_down` and
+  `decode_replica_down` of target i both take the pair down (its prefill side first, then its decode
+  side, at the same instant); the links are those of separate pools and fail the same way.
+- placement colocated: each replica runs both phases, and either kind takes down replica `target` (the
+  index requests.csv gives, 0 .. prefill.replicas + decode.replicas - 1): its decode requests and the
+  prompt it was prefilling are hit (in arrival order); its queued prompts move to the live replicas, in
+  their order (or wait for one to come back). Nothing is parked on another host, so `resend` prefills
+  again as `reprefill` does. There is no link, so link faults are refused (simulator/config.py).
+
 `fault_policy.on_loss` decides the fate of a request that lost its KV:
 - resend: prefill replicas keep every request's KV in host memory until the request finishes (which
   holds host memory longer, so prefill may wait for room); a request whose KV survives there is sent
@@ -37,6 +52,8 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from .colocated import ColocatedRouter
+
 if TYPE_CHECKING:
     import simpy
 
@@ -52,18 +69,40 @@ class FaultInjector:
     """Schedules the scenario's faults on one method's run and decides the fate of the requests they hit."""
 
     def __init__(
-        self, records: Records, env: simpy.Environment, router: Router, faults: list[FaultEvent], policy: FaultPolicy
+        self,
+        records: Records,
+        env: simpy.Environment,
+        router: Router | ColocatedRouter,
+        faults: list[FaultEvent],
+        policy: FaultPolicy,
     ):
         self.rec, self.policy = records, policy
-        self.router = router
+        # placement colocated: one replica runs both phases; otherwise the router of separate pools
+        self.colo: ColocatedRouter | None = router if isinstance(router, ColocatedRouter) else None
+        self.router: Router | None = None if isinstance(router, ColocatedRouter) else router
         self.links = {link.name: link for link in router.links.values()}
         self.link_factors: dict[str, list[float]] = {name: [] for name in self.links}
         self.down: Counter = Counter()  # (pool, index) -> active faults
-        router.hold_kv = policy.on_loss == "resend"
+        # placement shared_gpu: a replica down takes both phases on its GPUs
+        self.shared = self.router is not None and any(p.partner is not None for p in self.router.prefill)
+        if self.router is not None:
+            self.router.hold_kv = policy.on_loss == "resend"
         for f in faults:
             env.timeout(f.start_s).callbacks.append(lambda _e, f=f: self._begin(f))
             if math.isfinite(f.end_s):
                 env.timeout(f.end_s).callbacks.append(lambda _e, f=f: self._end(f))
+
+    def _pools(self, f: FaultEvent) -> tuple[str, ...]:
+        """The pools whose replica `f.target` the fault takes down, in the order they go down."""
+        if self.colo is not None:
+            return ("colocated",)
+        if self.shared:
+            return ("prefill", "decode")  # prefill first: its lost KV makes requests on the decode side re-prefill
+        return ("prefill",) if f.kind == "prefill_replica_down" else ("decode",)
+
+    def _separate(self) -> Router:
+        assert self.router is not None, "only separate pools (placement separate or shared_gpu) have this"
+        return self.router
 
     # ---- events ------------------------------------------------------------------------------------
     def _begin(self, f: FaultEvent) -> None:
@@ -74,35 +113,47 @@ class FaultInjector:
             if link.factor == 0:
                 self._transfers_lost(link.abort(set(link.waiting) | {fl.rid for fl in link.flows}), f.kind)
         else:
-            pool = "prefill" if f.kind == "prefill_replica_down" else "decode"
-            self.down[(pool, f.target)] += 1
-            if self.down[(pool, f.target)] == 1:
-                (self._prefill_down if pool == "prefill" else self._decode_down)(f.target)
-        self.router.try_admit()
+            for pool in self._pools(f):
+                self.down[(pool, f.target)] += 1
+                if self.down[(pool, f.target)] == 1:
+                    down = {
+                        "prefill": self._prefill_down,
+                        "decode": self._decode_down,
+                        "colocated": self._colocated_down,
+                    }
+                    down[pool](f.target, f.kind)
+        if self.router is not None:
+            self.router.try_admit()
 
     def _end(self, f: FaultEvent) -> None:
-        router = self.router
         if f.kind.startswith("link"):
             factors = self.link_factors[f.target]
             factors.remove(0.0 if f.kind == "link_outage" else f.factor)
             self.links[f.target].set_factor(math.prod(factors))
         else:
-            pool = "prefill" if f.kind == "prefill_replica_down" else "decode"
-            self.down[(pool, f.target)] -= 1
-            if self.down[(pool, f.target)] == 0:
-                if pool == "prefill":
-                    router.prefill[f.target].recover()
-                    backlog, router.backlog = router.backlog, []
-                    if backlog:
-                        router.on_arrivals(backlog)
-                else:
-                    router.decode[f.target].recover()
-        router.try_admit()
+            for pool in reversed(self._pools(f)):  # shared_gpu: decode back first, so its prefill finds the GPU
+                self.down[(pool, f.target)] -= 1
+                if self.down[(pool, f.target)] == 0:
+                    if self.colo is not None:
+                        self.colo.replica_up(f.target)
+                        continue
+                    router = self._separate()
+                    if pool == "prefill":
+                        router.prefill[f.target].recover()
+                        backlog, router.backlog = router.backlog, []
+                        if backlog:
+                            router.on_arrivals(backlog)
+                    else:
+                        router.decode[f.target].recover()
+        if self.router is not None:
+            self.router.try_admit()
 
-    def _prefill_down(self, i: int) -> None:
-        rec, router = self.rec, self.router
+    def _prefill_down(self, i: int, kind: str) -> None:
+        rec, router = self.rec, self._separate()
         replica = router.prefill[i]
         lost, queued = replica.fail()
+        if router.prefix is not None:
+            router.prefix.replica_down("prefill", i)
         lost_set = set(lost)
         on_host = [r for r in router.pending if rec.prefill_replica[r] == i]
         if on_host:
@@ -118,29 +169,41 @@ class FaultInjector:
         for r in self._held_on(i):
             rec.kv_held[r] = False
         for r in lost + [r for r in on_host + moving if r not in lost_set]:
-            self._hit(r, "prefill_replica_down")
+            self._hit(r, kind)
         if queued:
             router.on_arrivals(queued)
 
     def _held_on(self, i: int) -> list[int]:
         rec = self.rec
-        if not self.router.hold_kv:
+        if not self._separate().hold_kv:
             return []
         return [r for r in range(rec.n) if rec.kv_held[r] and rec.prefill_replica[r] == i]
 
-    def _decode_down(self, d: int) -> None:
-        router = self.router
+    def _decode_down(self, d: int, kind: str) -> None:
+        router = self._separate()
         lost = router.decode[d].fail()
+        if router.prefix is not None:
+            router.prefix.replica_down("decode", d)
         moving = [r for r, (link, rep) in router.transfers.items() if rep.index == d]
         for r in moving:
             link, _ = router.transfers.pop(r)
             link.abort({r})
         for r in lost + moving:
-            self._hit(r, "decode_replica_down")
+            self._hit(r, kind)
+
+    def _colocated_down(self, i: int, kind: str) -> None:
+        """A colocated replica down: its decode requests and the prompt it was prefilling are hit, in arrival
+        order; its queued prompts move to the live replicas (simulator/colocated.py)."""
+        assert self.colo is not None
+        lost, queued = self.colo.replica_down(i)
+        for r in sorted(lost):
+            self._hit(r, kind)
+        if queued:
+            self.colo.on_arrivals(queued)
 
     def _transfers_lost(self, rids: list[int], kind: str) -> None:
         """Transfers cut by an outage: their reservations are released and the requests hit."""
-        rec, router = self.rec, self.router
+        rec, router = self.rec, self._separate()
         for r in rids:
             _, rep = router.transfers.pop(r)
             rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
@@ -154,15 +217,19 @@ class FaultInjector:
             # outage cut while its prefill batch still ran, then lost again with that batch.
             return
         if self.policy.on_loss == "fail" or rec.retries[rid] >= self.policy.max_retries:
-            router.release_kv(rid)
+            if router is not None:
+                router.release_kv(rid)
             rec.fail(rid, kind if self.policy.on_loss == "fail" else RETRIES_EXHAUSTED)
             return
         rec.retries[rid] += 1
         rec.preempt_s[rid] = 0.0  # time out of a lost attempt's batch is not this attempt's
         if rec.kv_held[rid]:
-            router.pending.append(rid)  # the KV is still parked: send it again
-        else:
+            self._separate().pending.append(rid)  # the KV is still parked: send it again
+        elif router is not None:
             router.on_arrivals([rid])  # prefill again
+        else:
+            assert self.colo is not None
+            self.colo.on_arrivals([rid])
 
 
 def faults_line(summary: dict) -> str:

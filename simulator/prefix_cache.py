@@ -121,6 +121,12 @@ class PrefixCache:
             lru.move_to_end(h, last=False)
         return freed
 
+    def clear(self) -> None:
+        """The replica went down (simulator/faults.py): every block is gone, pinned or not (its pins were the
+        lost batches'); the lookup counters keep what was looked up."""
+        self._pins.clear()
+        self._lru.clear()
+
     def _pin(self, h: int) -> None:
         n = self._pins[h]
         if n == 0:
@@ -159,6 +165,8 @@ class PrefixCaching:
       wire carries the rest). When the KV has arrived its whole blocks are cached. The cache is a region of
       `prefix_cache_gib` taken out of the decode replica's KV pool; requests reserve their own blocks in the
       rest, as without caching.
+    * Faults: a replica that goes down loses its cache (`replica_down`); a request retried afterwards looks
+      up again where it goes next, and the lookup counts in the hit rate like any other.
     """
 
     def __init__(self, records: Records, method_name: str, reqs, pre_cost, dec_cost, scenario, source: str):
@@ -229,7 +237,7 @@ class PrefixCaching:
         if not self.decode:
             return
         hit = self.decode[replica].lookup(self.hashes[rid], self.rec.prompt[rid])
-        if hit:
+        if hit or self.decode_cached[rid]:  # a request sent again after a fault may miss where it hit before
             if self.sent_bytes is self.rec.wire_bytes:
                 self.sent_bytes = list(self.rec.wire_bytes)
             self.decode_cached[rid] = hit
@@ -238,6 +246,13 @@ class PrefixCaching:
     def decode_arrived(self, rid: int, replica: int) -> None:
         if self.decode:
             self.decode[replica].insert(self._whole_blocks(rid))
+
+    # ---- faults -------------------------------------------------------------------------------
+    def replica_down(self, pool: str, replica: int) -> None:
+        """A replica of `pool` went down (simulator/faults.py): its cache is lost with it."""
+        caches = self.prefill if pool == "prefill" else self.decode
+        if caches:
+            caches[replica].clear()
 
     # ---- results -----------------------------------------------------------------------------
     def summary(self) -> dict:

@@ -163,6 +163,7 @@ class MethodRun:
             self.router = colocated.build(
                 rec, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens
             )
+            self.faults = FaultInjector(rec, env, self.router, s.faults, s.fault_policy) if s.faults else None
             return
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):

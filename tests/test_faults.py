@@ -192,16 +192,6 @@ def test_bad_faults_are_refused():
     ]:
         with pytest.raises(ScenarioError, match=message):
             faulty(faults=[fault])
-    outage = [{"kind": "link_outage", "target": "p0", "start_s": 0, "end_s": 1}]
-    with pytest.raises(ScenarioError, match="faults: not modelled with prefix caching"):
-        faulty(
-            faults=outage,
-            **{
-                "decode.prefix_caching": True,
-                "decode.prefix_cache_gib": 1,
-                "workload.prefix_sharing": {"groups": 2, "shared_tokens": 1024},
-            },
-        )
 
 
 # ---- conservation ----------------------------------------------------------------------------------

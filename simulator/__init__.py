@@ -33,7 +33,9 @@ bumps the counter whenever the plan changes (a decode segment cut short because 
 completions re-planned when a flow starts or ends, a replica taken down by a fault). A callback whose
 stamp no longer matches returns without effect.
 
-Events at the same instant run in the order they were scheduled (SimPy's FIFO on equal times). Requests
+Events at the same instant run in the order they were scheduled (SimPy's FIFO on equal times); the
+faults' timers are scheduled when a method's run is built, so a fault acts before anything else at its
+instant (simulator/faults.py). Requests
 arriving at one instant are handed to the router together (`run.MethodRun._arrive`), so they can share a
 prefill batch; a decode replica's joiners wait for the end of the iteration in progress.
 """

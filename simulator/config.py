@@ -662,7 +662,9 @@ class FaultEvent(_Strict):
     )
     target: str | int = Field(
         description="a link's name (p0, p1, ... by default, or network.links[].name) for "
-        "the link kinds; a replica's index for the replica kinds"
+        "the link kinds; a replica's index for the replica kinds (placement shared_gpu: either kind takes "
+        "both phases of pair i down; colocated: either kind names a replica of both phases, 0 .. "
+        "prefill.replicas + decode.replicas - 1)"
     )
     start_s: float = Field(ge=0, le=1e12, description="when the fault begins, simulated seconds")
     end_s: Unlimited = Field(description="when it ends (.inf: never)")

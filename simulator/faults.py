@@ -3,7 +3,8 @@ to the requests they hit.
 
 A scenario's `faults:` list holds timed events `{kind, target, start_s, end_s, factor}`; each acts on
 its target during [start_s, end_s) (end_s may be .inf: it never comes back). A fault that starts at
-time t acts before anything else happening at t. Overlapping faults on one target compose: a link
+time t acts before anything else happening at t (its timer is scheduled when the run is built), and
+faults at one instant act in the order listed. Overlapping faults on one target compose: a link
 runs at the product of its active factors, a replica is down while any of its faults is active.
 
 - link_degradation: the link runs at `factor` of its capacity; transfers in flight slow down.
@@ -23,7 +24,8 @@ rate as any other.
 Where the two phases share GPUs, a replica down takes both phases on its GPUs:
 - placement shared_gpu: prefill replica i and decode replica i share GPUs, so `prefill_replica_down` and
   `decode_replica_down` of target i both take the pair down (its prefill side first, then its decode
-  side, at the same instant); the links are those of separate pools and fail the same way.
+  side, at the same instant; it comes back decode side first, so its prefill finds the GPU free); the
+  links are those of separate pools and fail the same way.
 - placement colocated: each replica runs both phases, and either kind takes down replica `target` (the
   index requests.csv gives, 0 .. prefill.replicas + decode.replicas - 1): its decode requests and the
   prompt it was prefilling are hit (in arrival order); its queued prompts move to the live replicas, in
@@ -36,7 +38,7 @@ Where the two phases share GPUs, a replica down takes both phases on its GPUs:
   again to a live decode replica, one whose copy died with its prefill replica prefills again;
 - reprefill: the KV leaves prefill host memory once it has arrived (as without faults); a request
   whose KV is still parked is sent again, any other prefills again from the start;
-- fail: the request fails.
+- fail: the request fails, its reason the fault's kind.
 A request is retried at most `max_retries` times; then it fails ("retries_exhausted"). When the run
 ends, a request still waiting for a replica or link that never came back fails as "stranded". So
 every request ends exactly once, completed or failed with a reason: completed + failed == requests.

@@ -109,44 +109,47 @@ class FaultInjector:
     # ---- events ------------------------------------------------------------------------------------
     def _begin(self, f: FaultEvent) -> None:
         if f.kind.startswith("link"):
-            link = self.links[f.target]
-            self.link_factors[f.target].append(0.0 if f.kind == "link_outage" else f.factor)
-            link.set_factor(math.prod(self.link_factors[f.target]))
+            name = str(f.target)
+            link = self.links[name]
+            self.link_factors[name].append(_factor(f))
+            link.set_factor(math.prod(self.link_factors[name]))
             if link.factor == 0:
                 self._transfers_lost(link.abort(set(link.waiting) | {fl.rid for fl in link.flows}), f.kind)
         else:
+            i = int(f.target)
             for pool in self._pools(f):
-                self.down[(pool, f.target)] += 1
-                if self.down[(pool, f.target)] == 1:
+                self.down[(pool, i)] += 1
+                if self.down[(pool, i)] == 1:
                     down = {
                         "prefill": self._prefill_down,
                         "decode": self._decode_down,
                         "colocated": self._colocated_down,
                     }
-                    down[pool](f.target, f.kind)
+                    down[pool](i, f.kind)
         if self.router is not None:
             self.router.try_admit()
 
     def _end(self, f: FaultEvent) -> None:
         if f.kind.startswith("link"):
-            factors = self.link_factors[f.target]
-            factors.remove(0.0 if f.kind == "link_outage" else f.factor)
-            self.links[f.target].set_factor(math.prod(factors))
+            factors = self.link_factors[str(f.target)]
+            factors.remove(_factor(f))
+            self.links[str(f.target)].set_factor(math.prod(factors))
         else:
+            i = int(f.target)
             for pool in reversed(self._pools(f)):  # shared_gpu: decode back first, so its prefill finds the GPU
-                self.down[(pool, f.target)] -= 1
-                if self.down[(pool, f.target)] == 0:
+                self.down[(pool, i)] -= 1
+                if self.down[(pool, i)] == 0:
                     if self.colo is not None:
-                        self.colo.replica_up(f.target)
+                        self.colo.replica_up(i)
                         continue
                     router = self._separate()
                     if pool == "prefill":
-                        router.prefill[f.target].recover()
+                        router.prefill[i].recover()
                         backlog, router.backlog = router.backlog, []
                         if backlog:
                             router.on_arrivals(backlog)
                     else:
-                        router.decode[f.target].recover()
+                        router.decode[i].recover()
         if self.router is not None:
             self.router.try_admit()
 
@@ -232,6 +235,11 @@ class FaultInjector:
         else:
             assert self.colo is not None
             self.colo.on_arrivals([rid])
+
+
+def _factor(f: FaultEvent) -> float:
+    """The fraction of its capacity a link keeps under a link fault."""
+    return 0.0 if f.factor is None else f.factor  # link_outage: nothing (config.FaultEvent gives it no factor)
 
 
 def faults_line(summary: dict) -> str:

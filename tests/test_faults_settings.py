@@ -364,6 +364,8 @@ SETTINGS = {
         "placement": "shared_gpu",
         "prefill.prefix_caching": True,
         "prefill.prefix_cache_gib": 0.5,
+        "decode.prefix_caching": True,
+        "decode.prefix_cache_gib": 0.5,
         "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256},
     },
     "colocated": {"placement": "colocated", "prefill.chunk_tokens": 1024},

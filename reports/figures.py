@@ -312,11 +312,14 @@ FAULT_LABELS = {
     "prefill_replica_down": "prefill p{t} down",
     "decode_replica_down": "decode d{t} down",
 }
+# where the phases share GPUs, either replica kind takes both down (simulator/faults.py)
+SHARED_FAULT_LABELS = {"shared_gpu": "GPUs of p{t} and d{t} down", "colocated": "replica {t} down"}
 
 
 def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
     """(start_s, end_s, label) of every fault in the scenario (scenario.json's `faults`); end_s may be inf."""
     out = []
+    shared = SHARED_FAULT_LABELS.get((run.scenario or {}).get("placement"))
     for f in (run.scenario or {}).get("faults") or []:
         if not isinstance(f, dict) or f.get("kind") not in FAULT_LABELS:
             continue
@@ -325,7 +328,8 @@ def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
             end = math.inf if f.get("end_s") in ("Infinity", None) else float(f["end_s"])
         except (KeyError, TypeError, ValueError):
             continue
-        label = FAULT_LABELS[f["kind"]].format(t=f.get("target"), f=float(f.get("factor") or 0))
+        text = shared if shared and f["kind"].endswith("replica_down") else FAULT_LABELS[f["kind"]]
+        label = text.format(t=f.get("target"), f=float(f.get("factor") or 0))
         out.append((start, end, label))
     return out
 

@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import scenario
+from reports.data import RunData
+from reports.figures import fault_windows
 from simulator.config import ScenarioError
 from simulator.decode import segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
@@ -426,3 +428,21 @@ def test_every_request_ends_once_in_every_setting(setting, faults, policy, retri
             for cache in r.prefix.prefill + r.prefix.decode:
                 assert cache.used_bytes == cache.evictable_bytes <= cache.capacity_bytes  # no pin left behind
                 assert cache.hit_tokens <= cache.lookup_tokens
+
+
+def test_the_report_names_what_a_replica_fault_takes_down(tmp_path):
+    faults = [
+        {"kind": "decode_replica_down", "target": 1, "start_s": 2, "end_s": 3},
+        {"kind": "link_outage", "target": "p0", "start_s": 4, "end_s": 5},
+    ]
+    labels = {
+        placement: [
+            w[2] for w in fault_windows(RunData(tmp_path, {}, scenario={"placement": placement, "faults": faults}))
+        ]
+        for placement in ("separate", "shared_gpu", "colocated")
+    }
+    assert labels == {
+        "separate": ["decode d1 down", "link p0 down"],
+        "shared_gpu": ["GPUs of p1 and d1 down", "link p0 down"],
+        "colocated": ["replica 1 down", "link p0 down"],
+    }

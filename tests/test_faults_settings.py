@@ -446,3 +446,36 @@ def test_the_report_names_what_a_replica_fault_takes_down(tmp_path):
         "shared_gpu": ["GPUs of p1 and d1 down", "link p0 down"],
         "colocated": ["replica 1 down", "link p0 down"],
     }
+
+
+@pytest.mark.parametrize(
+    ("placement", "kind"),
+    [
+        ("shared_gpu", "decode_replica_down"),
+        ("shared_gpu", "prefill_replica_down"),
+        ("colocated", "prefill_replica_down"),
+    ],
+)
+def test_nothing_runs_on_gpus_while_they_are_down(placement, kind):
+    """Under load, the replica a fault takes down does neither phase during the window: no completed
+    request's final attempt prefills or decodes there in [start, end), and requests were hit."""
+    start, end = 20.0, 40.0
+    rows, m, _ = run(
+        [{"kind": kind, "target": 0, "start_s": start, "end_s": end}],
+        placement=placement,
+        **{
+            "prefill.replicas": 2,
+            "decode.replicas": 2,
+            "prefill.max_batch_requests": 4,
+            "workload.requests": 200,
+            "workload.arrival": {"kind": "poisson", "rate_rps": 3.0},
+            "workload.input_tokens": {"kind": "uniform", "min_tokens": 256, "max_tokens": 4096},
+            "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 400},
+        },
+    )
+    assert m["retried"] > 0 and m["completed"] == 200
+    on_prefill = rows[rows["prefill_replica"] == 0]
+    assert not ((on_prefill["prefill_start_s"] < end) & (on_prefill["prefill_end_s"] > start)).any()
+    on_decode = rows[rows["decode_replica"] == 0]
+    assert not ((on_decode["decode_start_s"] < end) & (on_decode["finish_s"] > start)).any()
+    assert ((rows["arrival_s"] >= start) & (rows["arrival_s"] < end)).sum() > 30  # the others worked meanwhile

@@ -94,13 +94,13 @@ class FaultInjector:
             if math.isfinite(f.end_s):
                 env.timeout(f.end_s).callbacks.append(lambda _e, f=f: self._end(f))
 
-    def _pools(self, f: FaultEvent) -> tuple[str, ...]:
-        """The pools whose replica `f.target` the fault takes down, in the order they go down."""
+    def _unit(self, f: FaultEvent) -> str:
+        """What a replica fault takes down: a prefill or decode replica, a shared_gpu pair, a colocated replica."""
         if self.colo is not None:
-            return ("colocated",)
+            return "colocated"
         if self.shared:
-            return ("prefill", "decode")  # prefill first: its lost KV makes requests on the decode side re-prefill
-        return ("prefill",) if f.kind == "prefill_replica_down" else ("decode",)
+            return "pair"
+        return "prefill" if f.kind == "prefill_replica_down" else "decode"
 
     def _separate(self) -> Router:
         assert self.router is not None, "only separate pools (placement separate or shared_gpu) have this"
@@ -116,16 +116,16 @@ class FaultInjector:
             if link.factor == 0:
                 self._transfers_lost(link.abort(set(link.waiting) | {fl.rid for fl in link.flows}), f.kind)
         else:
-            i = int(f.target)
-            for pool in self._pools(f):
-                self.down[(pool, i)] += 1
-                if self.down[(pool, i)] == 1:
-                    down = {
-                        "prefill": self._prefill_down,
-                        "decode": self._decode_down,
-                        "colocated": self._colocated_down,
-                    }
-                    down[pool](i, f.kind)
+            unit, i = self._unit(f), int(f.target)
+            self.down[(unit, i)] += 1
+            if self.down[(unit, i)] == 1:
+                down = {
+                    "prefill": self._prefill_down,
+                    "decode": self._decode_down,
+                    "pair": self._pair_down,
+                    "colocated": self._colocated_down,
+                }
+                down[unit](i, f.kind)
         if self.router is not None:
             self.router.try_admit()
 
@@ -135,21 +135,20 @@ class FaultInjector:
             factors.remove(_factor(f))
             self.links[str(f.target)].set_factor(math.prod(factors))
         else:
-            i = int(f.target)
-            for pool in reversed(self._pools(f)):  # shared_gpu: decode back first, so its prefill finds the GPU
-                self.down[(pool, i)] -= 1
-                if self.down[(pool, i)] == 0:
-                    if self.colo is not None:
-                        self.colo.replica_up(i)
-                        continue
+            unit, i = self._unit(f), int(f.target)
+            self.down[(unit, i)] -= 1
+            if self.down[(unit, i)] == 0:
+                if self.colo is not None:
+                    self.colo.replica_up(i)
+                else:
                     router = self._separate()
-                    if pool == "prefill":
+                    if unit != "prefill":  # a pair's decode side first, so its prefill finds the GPU free
+                        router.decode[i].recover()
+                    if unit != "decode":
                         router.prefill[i].recover()
                         backlog, router.backlog = router.backlog, []
                         if backlog:
                             router.on_arrivals(backlog)
-                    else:
-                        router.decode[i].recover()
         if self.router is not None:
             self.router.try_admit()
 
@@ -167,7 +166,8 @@ class FaultInjector:
         for r in moving:
             link, rep = router.transfers.pop(r)
             link.abort({r})
-            rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
+            if not rep.down:  # (a shared_gpu pair's own decode side has lost its memory already)
+                rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
         for r in lost + on_host + moving:
             rec.kv_held[r] = False
         # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
@@ -184,9 +184,19 @@ class FaultInjector:
             return []
         return [r for r in range(rec.n) if rec.kv_held[r] and rec.prefill_replica[r] == i]
 
-    def _decode_down(self, d: int, kind: str) -> None:
+    def _pair_down(self, i: int, kind: str) -> None:
+        """shared_gpu: both sides of pair i stop before any request they lose is routed again (so none is
+        routed back to the other side); then the prefill side's requests are hit, then the decode side's (the
+        KV parked on the pair's host is gone, so those re-prefill rather than wait to be re-sent)."""
+        lost = self._separate().decode[i].fail()
+        self._prefill_down(i, kind)
+        self._decode_down(i, kind, lost)
+
+    def _decode_down(self, d: int, kind: str, lost: list[int] | None = None) -> None:
+        """`lost`: the replica's requests, when it has already been failed (`_pair_down`)."""
         router = self._separate()
-        lost = router.decode[d].fail()
+        if lost is None:
+            lost = router.decode[d].fail()
         if router.prefix is not None:
             router.prefix.replica_down("decode", d)
         moving = [r for r, (link, rep) in router.transfers.items() if rep.index == d]

@@ -422,8 +422,11 @@ def test_every_request_ends_once_in_every_setting(setting, faults, policy, retri
         np.testing.assert_allclose(ok[PARTS].sum(axis=1), ok["jct_s"], rtol=1e-9, atol=1e-9)
         assert (ok[PARTS] >= -1e-9).all().all()
         r = result.runs[name]
-        for rep in r.decode_replicas:
-            assert rep.reserved_bytes <= rep.capacity_bytes * (1 + 1e-12)
+        for rep in r.decode_replicas:  # every request has ended: nothing is reserved anywhere
+            assert abs(rep.reserved_bytes) <= 1e-9 * rep.capacity_bytes and rep.slots_used == 0
+        assert max((u for (_, _, u) in r.records.memory_log), default=0) <= r.decode_replicas[0].capacity_bytes * (
+            1 + 1e-12
+        )
         if r.prefix is not None:
             for cache in r.prefix.prefill + r.prefix.decode:
                 assert cache.used_bytes == cache.evictable_bytes <= cache.capacity_bytes  # no pin left behind
@@ -479,3 +482,24 @@ def test_nothing_runs_on_gpus_while_they_are_down(placement, kind):
     on_decode = rows[rows["decode_replica"] == 0]
     assert not ((on_decode["decode_start_s"] < end) & (on_decode["finish_s"] > start)).any()
     assert ((rows["arrival_s"] >= start) & (rows["arrival_s"] < end)).sum() > 30  # the others worked meanwhile
+
+
+def test_shared_gpu_a_prompt_moved_off_a_pair_is_not_sent_back_to_it(tmp_path, costs):
+    """Pair 1 is down at the start, so both prompts queue on pair 0; it is back before pair 0 goes down for
+    good. The queued prompt moves to pair 1 and, its layers streamed, is admitted at once: to pair 1's decode
+    side, never to the pair going down at that instant (both sides of a pair stop before anything moves)."""
+    L = costs["L"]
+    rows, m, _ = run(
+        [
+            {"kind": "prefill_replica_down", "target": 1, "start_s": 0, "end_s": L / 4},
+            {"kind": "decode_replica_down", "target": 0, "start_s": L / 2, "end_s": math.inf},
+        ],
+        {"on_loss": "fail"},
+        placement="shared_gpu",
+        **{"prefill.replicas": 2, "decode.replicas": 2, "network.stream_layers": True},
+        **trace(tmp_path, [0, 0]),
+    )
+    assert rows["failure"].tolist() == ["decode_replica_down", ""]
+    moved = rows.iloc[1]
+    assert (moved.prefill_replica, moved.decode_replica, moved.retries) == (1, 1, 0)
+    assert moved.prefill_start_s == pytest.approx(L / 2, rel=1e-12)

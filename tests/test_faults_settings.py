@@ -5,12 +5,14 @@ timelines per fault kind, the direction of a lost cache, and conservation under 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract import assert_contract, invoke
 from helpers import scenario
 from reports.data import RunData
 from reports.figures import fault_windows
@@ -329,6 +331,15 @@ def test_colocated_link_faults_and_unknown_replicas_are_refused():
     with pytest.raises(ScenarioError, match=r"faults\.0\.target: no colocated replica 2"):
         scenario(placement="colocated", faults=[down])
     scenario(placement="colocated", faults=[{**down, "target": 1}])  # replicas 0, 1: one per pool's replica
+
+
+def test_a_colocated_link_fault_is_refused_by_the_cli_per_the_contract(tmp_path):
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "colocated_vs_disaggregated.yaml"
+    out = tmp_path / "out"
+    fault = "faults=[{kind: link_degradation, target: p1, start_s: 0, end_s: 1, factor: 0.5}]"
+    r = invoke("simulate", path, "--requests", "5", "--set", "placement=colocated", "--set", fault, "--out", out)
+    line = assert_contract(r, names=(str(path),), out=out)
+    assert line is not None and "faults.0.kind: link_degradation: placement colocated has no link" in line
 
 
 # ---- conservation ----------------------------------------------------------------------------------------

@@ -48,12 +48,14 @@ What is modelled (per GPU of a replica laid out as TP × PP):
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import collectives
-from .calibration import CalibrationProfile
+from .calibration import CalibrationProfile, KernelFit
 from .memory import DEFAULT_BLOCK_TOKENS, MemoryBudget, kv_blocks, memory_budget
 from .methods import PREFILL_KERNELS, DecodeEnv, KVMethod
 from .roofline import alu_instr_per_s
@@ -62,6 +64,10 @@ from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 CPU_FLOPS_PER_VCPU = 20e9  # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
 # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
 PREFILL_MEMO_ENTRIES = 4096  # prefill costs remembered per replica model (batches repeat in short runs)
+ONE_PROMPT_TABLE_TOKENS = 1 << 17  # one-prompt batches priced from a table by length below this (5 MB at most)
+_ONE_PROMPT_FIELDS = 5  # ReplicaCostModel._one_prompt_prefill: stage_s, latency_s, approximation_s, encode_s, form
+_ONE_FORM = tuple((form,) for form in PREFILL_KERNELS)  # a one-prompt batch's forms, by code
+_FORM_CODES = {form: float(i) for i, form in enumerate(PREFILL_KERNELS)}
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
 # range update, renormalise, bit I/O); an assumption, stated as such
 
@@ -77,6 +83,20 @@ class PrefillCost:
     approximation_s: float  # part of latency_s spent on the homomorphic correction
     encode_s: float  # quantize / entropy-encode after the forward pass (replica busy too)
     forms: tuple[str, ...] = ()  # the prefill attention form each prompt of the batch ran (PREFILL_KERNELS)
+
+
+@dataclass(frozen=True)
+class _PrefillTerms:
+    """The parts of a prefill batch's price that do not depend on the batch (ReplicaCostModel._prefill_terms)."""
+
+    flops_per_pair: float  # attention FLOPs per (query, key) pair on one GPU, one layer
+    form_of: Callable[[float], str]  # the method's prefill form for a prompt of that many attention FLOPs
+    fits: dict[str, KernelFit]  # the profile's kernel of each prefill form it has
+    q_heads_per_gpu: float
+    approx_ops_per_pair: float  # the homomorphic form's correction
+    alu_instr_per_s: float
+    layers_per_stage: int
+    batch: dict[int, tuple[float, float]]  # requests -> (LM head s after efficiency, host floor s), as asked
 
 
 @dataclass(frozen=True)
@@ -302,14 +322,39 @@ class ReplicaCostModel:
     def prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None) -> PrefillCost:
         """A prefill batch; `cached_tokens[i]` of prompt i's leading tokens already have KV (a prefix-cache
         hit, or the chunks of the prompt already run): only the rest is computed, attending to them."""
+        if cached_tokens is None and len(prompt_tokens) == 1 and prompt_tokens[0] < ONE_PROMPT_TABLE_TOKENS:
+            return self._one_prompt_prefill(prompt_tokens[0])
         memo = self._memo["prefill"]
         key = prompt_tokens if cached_tokens is None else (prompt_tokens, cached_tokens)
         c = memo.get(key)
         if c is None:
             if len(memo) >= PREFILL_MEMO_ENTRIES:  # distinct batches are many in a long run: bound the memo
                 memo.clear()
-            c = memo[key] = self._prefill(prompt_tokens, cached_tokens or (0,) * len(prompt_tokens))
+            c = memo[key] = self._prefill(prompt_tokens, cached_tokens)
         return c
+
+    def _one_prompt_prefill(self, prompt_tokens: int) -> PrefillCost:
+        """A batch of one prompt without a cached prefix (most batches at moderate load), priced once per
+        prompt length: a table by length, grown in doublings, of the four times and the form (NaN: not yet
+        priced).  40 bytes per length up to the longest prompt (1.3 MB for 32k tokens) whatever the run's
+        length, where a memo of cost objects by batch grows with the run and a bounded one prices most
+        batches again."""
+        table = self._memo.get("one_prompt")
+        i = prompt_tokens * _ONE_PROMPT_FIELDS
+        if table is None or i >= len(table):
+            size = max(1024, 1 << int(prompt_tokens).bit_length())
+            grown = array("d", [math.nan]) * (size * _ONE_PROMPT_FIELDS)
+            if table is not None:
+                grown[: len(table)] = table
+            table = self._memo["one_prompt"] = grown
+        stage_s = table[i]
+        if stage_s != stage_s:  # NaN: not priced yet
+            c = self._prefill((prompt_tokens,), None)
+            table[i : i + _ONE_PROMPT_FIELDS] = array(
+                "d", (c.stage_s, c.latency_s, c.approximation_s, c.encode_s, _FORM_CODES[c.forms[0]])
+            )
+            return c
+        return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
 
     def chunked_prefill(self, prompt_tokens: int, chunk_tokens: int, cached_tokens: int = 0) -> PrefillCost:
         """One prompt prefilled in chunks of at most `chunk_tokens` new tokens (after `cached_tokens` already
@@ -345,28 +390,44 @@ class ReplicaCostModel:
         computes L − c query rows against c + their own causal keys: (L − c)·c + (L − c)(L − c + 1)/2
         query-key pairs; a prefix kept in a compressed format is first restored to FP16 where the form
         attends in FP16 (`_cached_to_fp16_s`)."""
-        m, p, method = self.model, self.profile, self.method
-        cached_tokens = cached_tokens or (0,) * len(prompt_tokens)
-        flops_per_pair = 4.0 * self.q_heads_per_gpu * m.head_dim
-        pairs = [(L - c) * c + (L - c) * (L - c + 1) / 2 for L, c in zip(prompt_tokens, cached_tokens)]
-        forms = tuple(method.prefill_form(p, flops_per_pair * n) for n in pairs)
+        k = self._prefill_terms()
+        fpp, form_of = k.flops_per_pair, k.form_of
+        if cached_tokens is None:
+            pairs = [L * (L + 1) / 2 for L in prompt_tokens]
+        else:
+            pairs = [(L - c) * c + (L - c) * (L - c + 1) / 2 for L, c in zip(prompt_tokens, cached_tokens)]
+        forms = tuple([form_of(fpp * n) for n in pairs])
         attn_s = approx_s = 0.0
-        for form in dict.fromkeys(forms):
-            form_pairs = sum(n for n, f in zip(pairs, forms) if f == form)
-            t = p.kernel(PREFILL_KERNELS[form]).time_s(flops_per_pair * form_pairs)
+        first = forms[0] if forms else ""
+        one_form = all(f == first for f in forms)
+        for form in (first,) if one_form else dict.fromkeys(forms):
+            form_pairs = sum(pairs) if one_form else sum(n for n, f in zip(pairs, forms) if f == form)
+            t = (k.fits.get(form) or self.profile.kernel(PREFILL_KERNELS[form])).time_s(fpp * form_pairs)
             attn_s += t
             if form == "homomorphic":
-                approx_s += min(
-                    t,
-                    self.q_heads_per_gpu
-                    * form_pairs
-                    * method.prefill_approximation_ops_per_pair()
-                    / alu_instr_per_s(self.gpu),
-                )
-        restored = sum(c for c, f in zip(cached_tokens, forms) if f == "fp16")
-        if restored:
-            attn_s += self._cached_to_fp16_s(restored)
+                approx_s += min(t, k.q_heads_per_gpu * form_pairs * k.approx_ops_per_pair / k.alu_instr_per_s)
+        if cached_tokens is not None:
+            restored = sum(c for c, f in zip(cached_tokens, forms) if f == "fp16")
+            if restored:
+                attn_s += self._cached_to_fp16_s(restored)
         return attn_s, approx_s, forms
+
+    def _prefill_terms(self) -> _PrefillTerms:
+        """What pricing a prefill batch needs that does not depend on the batch, looked up once."""
+        k = self._memo.get("prefill_terms")
+        if k is None:
+            p, method = self.profile, self.method
+            k = self._memo["prefill_terms"] = _PrefillTerms(
+                flops_per_pair=4.0 * self.q_heads_per_gpu * self.model.head_dim,
+                form_of=lambda attn_flops: method.prefill_form(p, attn_flops),
+                fits={f: p.kernels[key] for f, key in PREFILL_KERNELS.items() if key in p.kernels},
+                q_heads_per_gpu=self.q_heads_per_gpu,
+                approx_ops_per_pair=method.prefill_approximation_ops_per_pair(),
+                alu_instr_per_s=alu_instr_per_s(self.gpu),
+                layers_per_stage=math.ceil(self.model.layers / self.parallel.pipeline),
+                batch={},
+            )
+        return k
 
     def _cached_to_fp16_s(self, tokens: int) -> float:
         """One layer's cached KV of `tokens` tokens restored to FP16 on one GPU for FP16 attention: nothing
@@ -386,20 +447,25 @@ class ReplicaCostModel:
             t += elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
         return t
 
-    def _prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...]) -> PrefillCost:
-        m = self.model
-        tokens = sum(prompt_tokens) - sum(cached_tokens)
+    def _prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None) -> PrefillCost:
+        m, k = self.model, self._prefill_terms()
+        tokens = sum(prompt_tokens) if cached_tokens is None else sum(prompt_tokens) - sum(cached_tokens)
         attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens, cached_tokens)
         # the engine: its correction against the profile's, its GPU speed against the priced one
         attn_s += (self.approximation_factor - 1.0) * approx_s
         approx_s *= self.approximation_factor / self.prefill_efficiency
         layer_s = (self._dense_layer_s(tokens) + attn_s) / self.prefill_efficiency
-        lm_head_s = self._lm_head_s(len(prompt_tokens)) / self.prefill_efficiency
+        n = len(prompt_tokens)
+        per_batch = k.batch.get(n)
+        if per_batch is None:
+            # the LM head, and an engine that issues the batch's launches from the CPU (prefill_host_s)
+            per_batch = k.batch[n] = (self._lm_head_s(n) / self.prefill_efficiency, self.prefill_host_s(n))
+        lm_head_s, host_s = per_batch
         stages = self.parallel.pipeline
-        layers_per_stage = math.ceil(m.layers / stages)
-        stage_s = layers_per_stage * layer_s + lm_head_s / stages
-        latency_s = m.layers * layer_s + lm_head_s + (stages - 1) * self._stage_hop_s(tokens)
-        host_s = self.prefill_host_s(len(prompt_tokens))  # an engine that issues the batch's launches from the CPU
+        stage_s = k.layers_per_stage * layer_s + lm_head_s / stages
+        latency_s = m.layers * layer_s + lm_head_s
+        if stages > 1:
+            latency_s += (stages - 1) * self._stage_hop_s(tokens)
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
         encode_s = m.layers / stages * self._encode_layer_s(tokens) * self.quantize_factor
         if self.method.encode == "pq":

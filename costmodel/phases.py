@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -113,14 +113,12 @@ class IterationCost:
     fetch_fixed_s: float = 0.0  # host -> GPU fetches (offload methods): included in decode_*, kept
     fetch_per_ctx_s: float = 0.0  # apart so reports can show them
     host_s: float = 0.0  # CPU time to issue the iteration: the iteration lasts at least this
+    fixed_s: float = field(init=False)  # decode + dequantize + approximation: summed once (the simulator's hot path)
+    per_ctx_s: float = field(init=False)
 
-    @property
-    def fixed_s(self) -> float:
-        return self.decode_fixed_s + self.dequant_fixed_s + self.approx_fixed_s
-
-    @property
-    def per_ctx_s(self) -> float:
-        return self.decode_per_ctx_s + self.dequant_per_ctx_s + self.approx_per_ctx_s
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fixed_s", self.decode_fixed_s + self.dequant_fixed_s + self.approx_fixed_s)
+        object.__setattr__(self, "per_ctx_s", self.decode_per_ctx_s + self.dequant_per_ctx_s + self.approx_per_ctx_s)
 
     def time_s(self, total_ctx_tokens: float) -> float:
         return max(self.fixed_s + self.per_ctx_s * total_ctx_tokens, self.host_s)

@@ -21,9 +21,10 @@ module that builds it.
 The event protocol on top of SimPy
 ----------------------------------
 SimPy's `Environment` is the event loop, but no entity runs a SimPy process per request or per batch. Each
-entity is a small state machine driven by **callbacks on bare timeouts**:
-``env.timeout(delay_s).callbacks.append(fn)`` schedules `fn` at ``now + delay_s`` without a generator,
-a process object, or a resume per event, so an event costs a heap push and a function call. There is one
+entity is a small state machine driven by **callbacks on bare timers**:
+``timers.call_in(env, delay_s, fn)`` schedules `fn` at ``now + delay_s`` on SimPy's queue (what
+``env.timeout(delay_s).callbacks.append(fn)`` does, with a lighter event object) without a generator, a
+process object, or a resume per event, so an event costs a heap push and a function call. There is one
 event per change of a batch or of a link's flow set (the time in between has a closed form:
 simulator/decode.py, simulator/link.py), none per token.
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 from costmodel.memory import kv_blocks
 
+from .timers import call_in
+
 if TYPE_CHECKING:
     from .columns import Records
     from .decode import DecodeReplica
@@ -238,5 +240,5 @@ class OnDemandBlocks:
         if back and not self.waiting:
             listener = rep.listener
             assert listener is not None
-            rep.env.timeout(0).callbacks.append(lambda _e: listener.on_memory_freed())
+            call_in(rep.env, 0, lambda _e: listener.on_memory_freed())
         return stall

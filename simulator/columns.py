@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -45,14 +46,12 @@ def view(col: array, dtype=np.float64) -> np.ndarray:
 class RowLog:
     """Rows of `width` numbers appended one tuple at a time, kept flat in a float64 array."""
 
-    __slots__ = ("width", "data")
+    __slots__ = ("width", "data", "append")
 
     def __init__(self, width: int):
         self.width = width
         self.data = array("d")
-
-    def append(self, row) -> None:
-        self.data.extend(row)
+        self.append: Callable[[Iterable[float]], None] = self.data.extend  # a row; the array's own method (hot path)
 
     def __len__(self) -> int:
         return len(self.data) // self.width

@@ -34,6 +34,7 @@ import simpy
 from costmodel.phases import IterationCost, ReplicaCostModel
 
 from .columns import Records
+from .timers import call_in
 
 
 class DecodeListener(Protocol):
@@ -105,6 +106,8 @@ def host_bound_count(cost: IterationCost, n: float, c: float, b: int, k: int) ->
 
 def segment_time_s(cost: IterationCost, n: int, c: float, b: int, k: int) -> float:
     """Wall time of iterations k .. k+n-1: each max(fixed + per_ctx·S_j, host)."""
+    if getattr(cost, "host_s", 0.0) <= 0:  # no host floor (host_bound_count: none wait on the host)
+        return segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
     nh = host_bound_count(cost, n, c, b, k)
     return nh * getattr(cost, "host_s", 0.0) + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n - nh, c, b, k + nh)
 
@@ -292,7 +295,7 @@ class DecodeReplica:
     def _schedule(self, delay_s: float) -> None:
         self._version += 1
         version = self._version
-        self.env.timeout(delay_s).callbacks.append(lambda _e: self._on_timer(version))
+        call_in(self.env, delay_s, lambda _e: self._on_timer(version))
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
@@ -350,6 +353,8 @@ class DecodeReplica:
     def _admit_joining(self) -> float:
         """Join the waiting requests; returns the work the next iteration carries for them: the engine's
         join time (decode.join_s_per_request each) and any on-arrival decoding."""
+        if not self.joining:
+            return 0.0
         rec, k = self.rec, self.iteration
         arrival_s = 0.0
         join_s = self.cost.join_s_per_request * len(self.joining)

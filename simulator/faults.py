@@ -55,6 +55,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from .colocated import ColocatedRouter
+from .timers import call_in
 
 if TYPE_CHECKING:
     import simpy
@@ -90,9 +91,9 @@ class FaultInjector:
         if self.router is not None:
             self.router.hold_kv = policy.on_loss == "resend"
         for f in faults:
-            env.timeout(f.start_s).callbacks.append(lambda _e, f=f: self._begin(f))
+            call_in(env, f.start_s, lambda _e, f=f: self._begin(f))
             if math.isfinite(f.end_s):
-                env.timeout(f.end_s).callbacks.append(lambda _e, f=f: self._end(f))
+                call_in(env, f.end_s, lambda _e, f=f: self._end(f))
 
     def _unit(self, f: FaultEvent) -> str:
         """What a replica fault takes down: a prefill or decode replica, a shared_gpu pair, a colocated replica."""

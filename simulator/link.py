@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import simpy
 
+from .timers import call_in
+
 EPS_BYTES = 1e-3
 
 
@@ -112,6 +114,16 @@ class Link:
         )
 
     def _reschedule(self) -> None:
+        if len(self.flows) == 1:  # the usual case: one flow takes what the link and its cap allow (as _rates)
+            f = self.flows[0]
+            rate = f.rate = min(f.cap_bytes_per_s, self.capacity)
+            self._version += 1
+            if self.log is not None:
+                self.log.append((self.env.now, 1, rate))
+            if rate > 0:
+                version = self._version
+                call_in(self.env, max(f.remaining_bytes, 0.0) / rate, lambda _e: self._on_timer(version))
+            return
         self._rates()
         self._version += 1
         if self.log is not None:
@@ -121,7 +133,7 @@ class Link:
             return  # idle, or an outage: nothing drains until the capacity returns
         dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
         version = self._version
-        self.env.timeout(dt).callbacks.append(lambda _e: self._on_timer(version))
+        call_in(self.env, dt, lambda _e: self._on_timer(version))
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
@@ -139,7 +151,7 @@ class Link:
                 f.on_done(f.rid, now)
             else:
                 self.waiting[f.rid] = f
-                self.env.timeout(finish - now).callbacks.append(lambda _e, f=f, t=finish: self._arrived(f, t))
+                call_in(self.env, finish - now, lambda _e, f=f, t=finish: self._arrived(f, t))
 
     def _arrived(self, f: Flow, t: float) -> None:
         if f.cancelled:

@@ -22,6 +22,7 @@ import simpy
 from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
+from .timers import call_in
 
 if TYPE_CHECKING:
     from .prefix_cache import PrefixCaching
@@ -126,7 +127,7 @@ class PrefillReplica:
             # prefill.chunk_tokens: a longer prompt runs alone, as chunks back to back
             cost = self.cost.chunked_prefill(rec.prompt[batch[0]], self.chunk_tokens, cached[0] if cached else 0)
         else:
-            cost = self.cost.prefill(tuple(rec.prompt[r] for r in batch), cached)
+            cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
         start = env.now
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
@@ -146,10 +147,10 @@ class PrefillReplica:
         self.busy_s += busy_s
         v = self._version
         if busy_s == encode_end - start:  # one stage: the batch is done when the replica is free
-            env.timeout(busy_s).callbacks.append(lambda _e: v == self._version and self._done_then_next(batch))
+            call_in(env, busy_s, lambda _e: v == self._version and self._done_then_next(batch))
         else:
-            env.timeout(encode_end - start).callbacks.append(lambda _e: v == self._version and self._done(batch))
-            env.timeout(busy_s).callbacks.append(lambda _e: v == self._version and self._next())
+            call_in(env, encode_end - start, lambda _e: v == self._version and self._done(batch))
+            call_in(env, busy_s, lambda _e: v == self._version and self._next())
         return True
 
     def fail(self) -> tuple[list[int], list[int]]:

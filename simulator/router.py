@@ -64,13 +64,13 @@ class Router:
                 self.backlog.extend(rids)
                 return
         if len(rids) == 1:
-            best = min(live, key=lambda r: (r.outstanding_tokens, r.index))
+            best = _least_loaded(live)
             best.enqueue(rids[0])
             best.kick()
             return
         touched = []
         for rid in rids:
-            best = min(live, key=lambda r: (r.outstanding_tokens, r.index))
+            best = _least_loaded(live)
             best.enqueue(rid)
             touched.append(best)
         for rep in sorted(set(touched), key=lambda r: r.index):
@@ -160,3 +160,13 @@ class Router:
         if rec.kv_held[rid]:
             rec.kv_held[rid] = False
             self.prefill[rec.prefill_replica[rid]].release_parked(rec.wire_bytes[rid])
+
+
+def _least_loaded(replicas: list[PrefillReplica]) -> PrefillReplica:
+    """The replica with the fewest outstanding prompt tokens, the lowest index on a tie (`replicas` is in
+    index order)."""
+    best = replicas[0]
+    for r in replicas:
+        if r.outstanding_tokens < best.outstanding_tokens:
+            best = r
+    return best

@@ -38,6 +38,7 @@ from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
 from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
+from .timers import call_in
 from .workload import Requests, make_requests
 
 CHUNK_ROWS = 100_000  # rows of an output table built and written at a time
@@ -202,11 +203,11 @@ class MethodRun:
             rid += 1
         self.router.on_arrivals(list(range(first, rid)))
         if rid < n:
-            self.env.timeout(arrival[rid] - now).callbacks.append(lambda _e, r=rid: self._arrive(r))
+            call_in(self.env, arrival[rid] - now, lambda _e, r=rid: self._arrive(r))
 
     def simulate(self) -> None:
         if self.n:
-            self.env.timeout(self.records.arrival[0]).callbacks.append(lambda _e: self._arrive(0))
+            call_in(self.env, self.records.arrival[0], lambda _e: self._arrive(0))
         self.env.run()
         if self.records.completed + self.records.failed != self.n:
             if self.faults is None:

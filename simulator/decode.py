@@ -359,6 +359,7 @@ class DecodeReplica:
         arrival_s = 0.0
         join_s = self.cost.join_s_per_request * len(self.joining)
         now = self.env.now
+        blocks, heap = self.blocks, self.finish_heap
         for rid in self.joining:
             rec.decode_join[rid] = now
             (
@@ -368,14 +369,14 @@ class DecodeReplica:
                 rec.snap_fetch[rid],
                 rec.snap_preempt[rid],
             ) = self.cum
-            prompt = rec.prompt[rid]
-            self.ctx_offset += rec.join_context[rid] - k
-            self.batch += 1
-            heapq.heappush(self.finish_heap, (k + rec.decode_iterations[rid], rid))
-            if self.blocks is not None:
-                self.blocks.join(rid, k, rec.join_context[rid], k + rec.decode_iterations[rid])
+            context, finish = rec.join_context[rid], k + rec.decode_iterations[rid]
+            self.ctx_offset += context - k
+            heapq.heappush(heap, (finish, rid))
+            if blocks is not None:
+                blocks.join(rid, k, context, finish)
             if self.on_arrival:
-                arrival_s += self.cost.on_arrival_s(prompt)
+                arrival_s += self.cost.on_arrival_s(rec.prompt[rid])
+        self.batch += len(self.joining)
         self.joining.clear()
         # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
         # everyone in the batch waits for it, so it counts as dequantization for all of them.

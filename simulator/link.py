@@ -114,6 +114,11 @@ class Link:
         )
 
     def _reschedule(self) -> None:
+        if not self.flows:
+            self._version += 1
+            if self.log is not None:
+                self.log.append((self.env.now, 0, 0.0))
+            return
         if len(self.flows) == 1:  # the usual case: one flow takes what the link and its cap allow (as _rates)
             f = self.flows[0]
             rate = f.rate = min(f.cap_bytes_per_s, self.capacity)

@@ -51,6 +51,7 @@ import math
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,8 +77,7 @@ class ModelDoesNotFit(ValueError):
     """The model's weights leave no room for KV on this pool's GPUs."""
 
 
-@dataclass(frozen=True)
-class PrefillCost:
+class PrefillCost(NamedTuple):  # a tuple: built once per prefill batch, so built cheaply
     stage_s: float  # the replica is busy this long before it can take the next batch
     latency_s: float  # first token of the batch is ready this long after the batch starts
     approximation_s: float  # part of latency_s spent on the homomorphic correction

@@ -323,7 +323,7 @@ class DecodeReplica:
             if blocks is not None and (blocks.counts[self.iteration % blocks.bt] or blocks.waiting)
             else 0.0
         )
-        joined = list(self.joining)
+        joined = self.joining  # _admit_joining gives the replica a fresh list
         pending_s = self._admit_joining() + stall_s
         chunk_cost = self.colo.next_chunk() if self.colo is not None else None
         if not self.batch and chunk_cost is None:
@@ -377,7 +377,7 @@ class DecodeReplica:
             if self.on_arrival:
                 arrival_s += self.cost.on_arrival_s(rec.prompt[rid])
         self.batch += len(self.joining)
-        self.joining.clear()
+        self.joining = []
         # CacheGen decompress-once: the first iteration also decodes the arrivals' KV to FP16;
         # everyone in the batch waits for it, so it counts as dequantization for all of them.
         self.cum[1] += arrival_s

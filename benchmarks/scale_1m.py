@@ -47,7 +47,7 @@ def child(events_file: str, cli_args: list[str]) -> None:
         Path(events_file).write_text(json.dumps(sum(next(e._eid) for e in envs)))
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -57,7 +57,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def _versions() -> dict:
+def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
@@ -120,8 +120,8 @@ def main() -> None:
             "output_bytes": sizes,
             "load_average_1m_before": round(load_before, 2),
             "load_average_1m_after": round(load_after, 2),
-            "machine": f"{platform.machine()} {os.cpu_count()} cores, {_cpu_model()}, Python {platform.python_version()}",
-            "versions": _versions(),
+            "machine": f"{platform.machine()} {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}",
+            "versions": versions(),
             "git_revision": subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
             ).stdout.strip(),

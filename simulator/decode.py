@@ -330,23 +330,24 @@ class DecodeReplica:
             self._seg = None
             return
         cost = chunk_cost or self.cost.iteration(self.batch)
+        k, c, b, now = self.iteration, self.ctx_offset, self.batch, self.env.now
         if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
-            first = self.env.now + pending_s + segment_time_s(cost, 1, self.ctx_offset, self.batch, self.iteration)
+            first = now + pending_s + segment_time_s(cost, 1, c, b, k)
             for rid in joined:
                 self.rec.first_token[rid] = first
         if chunk_cost is not None:
             n = 1  # an iteration with a prefill chunk (placement colocated)
             if blocks is not None:
-                blocks.plan(self.iteration, 1)
-        elif self.blocks is None:
-            n = self.finish_heap[0][0] - self.iteration
+                blocks.plan(k, 1)
+        elif blocks is None:
+            n = self.finish_heap[0][0] - k
         else:  # ... or the first iteration whose new KV blocks do not fit
-            n = blocks.segment_end(self.iteration) - self.iteration
-            blocks.plan(self.iteration, n)  # promised (admission.py)
-        seg_s = pending_s + segment_time_s(cost, n, self.ctx_offset, self.batch, self.iteration)
-        self._seg = (self.env.now, cost, n, pending_s)
+            n = blocks.segment_end(k) - k
+            blocks.plan(k, n)  # promised (admission.py)
+        seg_s = pending_s + segment_time_s(cost, n, c, b, k)
+        self._seg = (now, cost, n, pending_s)
         self._cut = False
         self._schedule(seg_s)
 
@@ -390,15 +391,17 @@ class DecodeReplica:
             self.rec.iteration_log.append(
                 (self._seg[0], self._seg[3], n, c, b, k, cost, self.cost.host_serial_s_per_iteration)
             )
-        self.cum[0] += segment_sum_s(cost.decode_fixed_s, cost.decode_per_ctx_s, n, c, b, k)
+        cum = self.cum
+        ctx = n * c + b * (n * k + n * (n - 1) / 2)  # the iterations' contexts summed (segment_sum_s)
+        cum[0] += n * cost.decode_fixed_s + cost.decode_per_ctx_s * ctx
         if cost.host_s:  # iterations waiting on the host: the wait counts as decode time
-            self.cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
+            cum[0] += segment_time_s(cost, n, c, b, k) - segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
         if cost.dequant_per_ctx_s or cost.dequant_fixed_s:
-            self.cum[1] += segment_sum_s(cost.dequant_fixed_s, cost.dequant_per_ctx_s, n, c, b, k)
+            cum[1] += n * cost.dequant_fixed_s + cost.dequant_per_ctx_s * ctx
         if cost.approx_fixed_s or cost.approx_per_ctx_s:
-            self.cum[2] += segment_sum_s(cost.approx_fixed_s, cost.approx_per_ctx_s, n, c, b, k)
+            cum[2] += n * cost.approx_fixed_s + cost.approx_per_ctx_s * ctx
         if cost.fetch_fixed_s or cost.fetch_per_ctx_s:
-            self.cum[3] += segment_sum_s(cost.fetch_fixed_s, cost.fetch_per_ctx_s, n, c, b, k)
+            cum[3] += n * cost.fetch_fixed_s + cost.fetch_per_ctx_s * ctx
         if self.blocks is not None:
             self.blocks.allocate(k + 1, n - 1)
             if self.memory_log is not None:

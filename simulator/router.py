@@ -43,7 +43,9 @@ class Router:
         self.prefill = prefill
         self.decode = decode
         self.links = links
-        self.reachable = {p: [d for d in range(len(decode)) if (p, d) in links] for p in range(len(prefill))}
+        self.routes = {  # prefill replica -> [(decode replica, the link to it)], in decode index order
+            p: [(decode[d], links[(p, d)]) for d in range(len(decode)) if (p, d) in links] for p in range(len(prefill))
+        }
         self.flow_cap = flow_cap_bytes_per_s
         self.stream_layers = stream_layers
         self.layers = layers
@@ -107,10 +109,9 @@ class Router:
             p = rec.prefill_replica[rid]
             need, host = rec.admit_bytes[rid], rec.host_kv_bytes[rid]
             best = None
-            for d in self.reachable[p]:
-                rep = self.decode[d]
+            for rep, link in self.routes[p]:
                 if (
-                    self.links[(p, d)].factor > 0
+                    link.factor > 0
                     and rep.has_room(need, host)
                     and (
                         best is None

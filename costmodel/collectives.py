@@ -52,15 +52,29 @@ class Interconnect:
     alltoall: AlgorithmFit | None = None
 
 
-def _custom_ok(ic: Interconnect, p: int) -> bool:
-    return ic.one_shot is not None and p in CUSTOM_ALLREDUCE_WORLD_SIZES and (ic.custom_allreduce or p == 2)
+def _fit(ic: Interconnect | None, algorithm: str) -> AlgorithmFit:
+    """The interconnect's constants for one algorithm; a clear error where the catalog gives none."""
+    fit = getattr(ic, algorithm, None)
+    if fit is None:
+        where = "no interconnect" if ic is None else f"interconnect {ic.key}"
+        raise ValueError(f"{where}: no {algorithm} constants (catalog/data/interconnects.yaml)")
+    return fit
+
+
+def _custom_ok(ic: Interconnect | None, p: int) -> bool:
+    return (
+        ic is not None
+        and ic.one_shot is not None
+        and p in CUSTOM_ALLREDUCE_WORLD_SIZES
+        and (ic.custom_allreduce or p == 2)
+    )
 
 
 def _one_shot_max_bytes(p: int) -> float:
     return next(limit for up_to, limit in ONE_SHOT_MAX_BYTES if p <= up_to)
 
 
-def allreduce_algorithm(n_bytes: float, p: int, ic: Interconnect) -> str:
+def allreduce_algorithm(n_bytes: float, p: int, ic: Interconnect | None) -> str:
     """'one_shot', 'two_shot' or 'ring' for an all-reduce of n_bytes per rank over p GPUs ('none' for p = 1)."""
     if p == 1:
         return "none"
@@ -85,31 +99,32 @@ def ring_s(n_bytes, p: int, fit: AlgorithmFit, link_gb_per_s: float):
     )
 
 
-def allreduce_s(n_bytes, p: int, ic: Interconnect, link_gb_per_s: float):
+def allreduce_s(n_bytes, p: int, ic: Interconnect | None, link_gb_per_s: float):
     """Seconds of one all-reduce of n_bytes per rank over p GPUs; n_bytes may be a numpy array."""
     if p == 1:
         return n_bytes * 0.0
-    ring = ring_s(n_bytes, p, ic.ring, link_gb_per_s)
+    ring = ring_s(n_bytes, p, _fit(ic, "ring"), link_gb_per_s)
     if not _custom_ok(ic, p):
         return ring
-    one = one_shot_s(n_bytes, p, ic.one_shot, link_gb_per_s)
-    two = two_shot_s(n_bytes, p, ic.two_shot, link_gb_per_s)
+    one = one_shot_s(n_bytes, p, _fit(ic, "one_shot"), link_gb_per_s)
+    two = two_shot_s(n_bytes, p, _fit(ic, "two_shot"), link_gb_per_s)
     custom = np.where(n_bytes < _one_shot_max_bytes(p), one, two)
     out = np.where(n_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES, custom, ring)
     return float(out) if np.ndim(out) == 0 else out
 
 
-def sendrecv_s(n_bytes, ic: Interconnect, link_gb_per_s: float):
+def sendrecv_s(n_bytes, ic: Interconnect | None, link_gb_per_s: float):
     """Seconds of one point-to-point transfer of n_bytes (link in GB/s)."""
-    return ic.sendrecv.latency_s + n_bytes / (ic.sendrecv.bus_efficiency * link_gb_per_s * 1e9)
+    fit = _fit(ic, "sendrecv")
+    return fit.latency_s + n_bytes / (fit.bus_efficiency * link_gb_per_s * 1e9)
 
 
-def alltoall_s(n_bytes, p: int, ic: Interconnect, link_gb_per_s: float):
+def alltoall_s(n_bytes, p: int, ic: Interconnect | None, link_gb_per_s: float):
     """Seconds of one all-to-all in which each of p ranks holds an n_bytes buffer, (p − 1)/p of it bound
     for its peers; n_bytes may be a numpy array."""
     if p == 1:
         return n_bytes * 0.0
-    fit = ic.alltoall
+    fit = _fit(ic, "alltoall")
     return fit.latency_s + (p - 1) / p * n_bytes / (fit.bus_efficiency * link_gb_per_s * 1e9)
 
 

@@ -158,8 +158,8 @@ class ReplicaCostModel:
     approximation_factor: float = 1.0
     method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer of the method's own prefill launches
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_memo", {"prefill": {}, "iteration": {}, "dense": {}})
+    # per-instance cost caches (prefill by batch, iterations by batch size, dense layers by token count)
+    _memo: dict = field(default_factory=lambda: {"prefill": {}, "iteration": {}, "dense": {}}, init=False, repr=False)
 
     # ---- layout -------------------------------------------------------------------------
     @property
@@ -525,7 +525,7 @@ class ReplicaCostModel:
 
     def pq_iterations(self, tokens: int, gpu_latency_s: float) -> int:
         """PQCache's adaptive cap: as many iterations as fit in the GPU prefill time, at least one."""
-        return max(1, min(self.method.kmeans_max_iterations, int(gpu_latency_s / self.kmeans_iteration_s(tokens))))
+        return max(1, min(self.method.kmeans_iteration_cap(), int(gpu_latency_s / self.kmeans_iteration_s(tokens))))
 
     def _pq_construction_excess_s(self, tokens: int, gpu_latency_s: float) -> float:
         """K-Means runs beside the GPU prefill; only what outlasts it delays the request."""

@@ -124,16 +124,16 @@ class KVMethod(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra=_name_required)
 
-    label: str | None = Field(None, description="name in outputs (default: the method name)")
+    label: str | None = Field(default=None, description="name in outputs (default: the method name)")
     name: str = Field(description="the method")
     implementation: str | None = Field(
-        None,
+        default=None,
         description="a shipped implementation profile "
         "(catalog/data/implementations.yaml) whose kernel costs replace the "
         "calibration profile's for this method, repriced for each pool's GPU",
     )
     kernels: dict[str, KernelCost] | None = Field(
-        None,
+        default=None,
         description="kernel costs that replace the calibration "
         "profile's (and the implementation's) for this method: a profile "
         "kernel key the method prices with, or one of its kernel roles",
@@ -265,6 +265,15 @@ class KVMethod(BaseModel):
     def host_bytes_per_token(self, model: ModelSpec) -> float:
         """Decode-side host (CPU) memory one token's KV occupies, for methods that offload."""
         return 0.0
+
+    def kmeans_flops_per_token_iteration(self, model: ModelSpec) -> float:
+        """FLOPs of one K-Means iteration per key token, for a method that clusters keys on the prefill
+        hosts' CPUs (encode "pq")."""
+        raise NotImplementedError(f"{self.output_name} does not cluster keys")
+
+    def kmeans_iteration_cap(self) -> int:
+        """The most K-Means iterations a prefill batch runs (encode "pq")."""
+        raise NotImplementedError(f"{self.output_name} does not cluster keys")
 
     def check_decode_gpu(self, gpu) -> str | None:
         """Why this method cannot run on the decode GPU, or None."""

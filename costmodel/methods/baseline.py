@@ -16,7 +16,7 @@ from .base import KVMethod
 class Baseline(KVMethod):
     """Uncompressed FP16 KV."""
 
-    name: Literal["baseline"] = Field("baseline", description="uncompressed FP16 KV")
+    name: Literal["baseline"] = Field(default="baseline", description="uncompressed FP16 KV")
 
     display_label: ClassVar[str] = "Baseline (FP16)"
     colour: ClassVar[str] = "#6b7280"

@@ -61,6 +61,9 @@ class PQCache(KVMethod):
         """One K-Means iteration: every key against every centroid of its sub-space (2 FLOPs/MAC)."""
         return 2.0 * model.layers * model.kv_heads * 2**self.bits * model.head_dim
 
+    def kmeans_iteration_cap(self) -> int:
+        return self.kmeans_max_iterations
+
     def decode_layer_terms(self, env: DecodeEnv) -> tuple[dict[str, float], dict[str, float]]:
         prof, u = env.profile, env.kv_units_per_token
         kv_heads = u / (2 * env.model.head_dim)

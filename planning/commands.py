@@ -14,6 +14,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -22,7 +23,7 @@ from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP
 EXIT_BAD_INPUT = 2
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -41,7 +42,7 @@ RAY_ADDRESS_HELP = (
 RAY_TIMEOUT_HELP = "seconds to wait for the cluster at --ray-address before giving up"
 
 
-def _interrupted(e: KeyboardInterrupt, ex, cache: Path | None) -> None:
+def _interrupted(e: KeyboardInterrupt, ex, cache: Path | None) -> NoReturn:
     """Say what was kept and how to resume, then exit 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
     from .executor import Interrupted
 
@@ -97,6 +98,7 @@ def register_commands(app: typer.Typer) -> None:
         with stop_on_signals():
             try:
                 spec, base = load_sweep(sweep_file)
+                assert spec.name is not None  # load_sweep names a sweep after its file
                 out_dir = out if out is not None else Path("out") / "sweeps" / spec.name
                 check_out_dir(out_dir, PlanningError)
                 ex = Executor(
@@ -151,7 +153,7 @@ def register_commands(app: typer.Typer) -> None:
             f"sweep {spec.name}: {result.points} points x methods = {len(df)} rows ({errors} with errors); {stats_line}"
         )
         if errors:
-            first = df[df["error"] != ""].iloc[0]
+            first = df.loc[df["error"] != ""].iloc[0]
             typer.echo(f"  first error (point {first['point']}): {first['error']}")
         typer.echo("wrote " + ", ".join(str(p) for p in written))
 

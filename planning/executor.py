@@ -143,21 +143,22 @@ class PointCache:
     def __init__(self, root: Path | None):
         self.root = None if root is None else Path(root)
 
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
+    @staticmethod
+    def _path(root: Path, key: str) -> Path:
+        return root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict | None:
         if self.root is None:
             return None
         try:
-            return unjson_inf(json.loads(self._path(key).read_text()))
+            return unjson_inf(json.loads(self._path(self.root, key).read_text()))
         except (OSError, ValueError):
             return None
 
     def put(self, key: str, result: dict) -> None:
         if self.root is None or result.get("transient"):
             return
-        path = self._path(key)
+        path = self._path(self.root, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(strict_json(result, indent=None))
@@ -357,10 +358,11 @@ class Executor:
                 self._kill_pool()
                 raise
         else:
-            if self._ray is None:
+            if self._ray is None or self._ray_fn is None:
                 self._start_ray()
-            ray = self._ray
-            refs = {self._ray_fn.remote(t.scenario_json): t.key for t in todo}
+            ray, ray_fn = self._ray, self._ray_fn
+            assert ray is not None and ray_fn is not None  # _start_ray sets both
+            refs = {ray_fn.remote(t.scenario_json): t.key for t in todo}
             pending = list(refs)
             try:
                 while pending:

@@ -62,24 +62,26 @@ class _Strict(BaseModel):
 
 class PoolOption(_Strict):
     instance: str = Field(description="catalog/data/instances.yaml key")
-    tensor_parallel: int | list[int] | None = Field(None, description="default: the instance's GPU count")
-    pipeline_parallel: int | list[int] | None = Field(None, description="default: the fewest stages that fit")
-    replicas: int | list[int] | None = Field(None, description="default: the pool's default replica counts")
-    price_usd_per_hour: float | None = Field(None, ge=0, description="per instance; default: the catalog's")
+    tensor_parallel: int | list[int] | None = Field(default=None, description="default: the instance's GPU count")
+    pipeline_parallel: int | list[int] | None = Field(default=None, description="default: the fewest stages that fit")
+    replicas: int | list[int] | None = Field(default=None, description="default: the pool's default replica counts")
+    price_usd_per_hour: float | None = Field(default=None, ge=0, description="per instance; default: the catalog's")
 
 
 class CandidatesSpec(_Strict):
-    prefill: list[PoolOption] | None = Field(None, description="default: every priced instance that fits")
-    decode: list[PoolOption] | None = Field(None, description="default: every priced instance that fits")
-    prefill_replicas: list[int] = Field([1, 2, 3], min_length=1, description="replica counts tried by default")
+    prefill: list[PoolOption] | None = Field(default=None, description="default: every priced instance that fits")
+    decode: list[PoolOption] | None = Field(default=None, description="default: every priced instance that fits")
+    prefill_replicas: list[int] = Field(default=[1, 2, 3], min_length=1, description="replica counts tried by default")
     decode_replicas: list[int] = Field(
-        [1, 2],
+        default=[1, 2],
         min_length=1,
         description="replica counts tried by default; a decode replica batches many requests, so fewer are needed",
     )
-    methods: list[Any] | None = Field(None, description="method names or mappings; default: the scenario's")
+    methods: list[Any] | None = Field(default=None, description="method names or mappings; default: the scenario's")
     max_instances_per_replica: int = Field(
-        2, ge=1, description="automatic layouts span at most this many instances (more pipeline stages rarely pay off)"
+        default=2,
+        ge=1,
+        description="automatic layouts span at most this many instances (more pipeline stages rarely pay off)",
     )
 
 
@@ -442,7 +444,7 @@ def run_plan(
             ascending=[True, False, True, True],
             kind="stable",
         ).reset_index(drop=True)
-    ok = table[table["meets_slo"]] if len(table) else table
+    ok = table.loc[table["meets_slo"]] if len(table) else table
     answer = ok.iloc[0].to_dict() if len(ok) else None
     base_pools = {
         name: (pool.instance, pool.tensor_parallel, pool.pipeline_parallel, pool.replicas)
@@ -464,7 +466,7 @@ def base_rows(p: PlanResult) -> pd.DataFrame:
             & (t[f"{pool}_pipeline_parallel"] == pp)
             & (t[f"{pool}_replicas"] == rep)
         )
-    return t[keep]
+    return t.loc[keep]
 
 
 # ---- the printed answer ------------------------------------------------------------------------------------
@@ -530,7 +532,7 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
     a = p.answer
     lines.append("")
     if a is None:
-        best = t[t["error"] == ""].sort_values("goodput_rps", ascending=False).head(1) if len(t) else t
+        best = t.loc[t["error"] == ""].sort_values("goodput_rps", ascending=False).head(1) if len(t) else t
         lines.append(f"no candidate meets the SLOs at {p.rate_rps:g} req/s")
         if len(best) and best.iloc[0]["goodput_rps"] > 0:
             b = best.iloc[0]
@@ -548,8 +550,9 @@ def format_plan(p: PlanResult, show: int = 12) -> str:
     own = base_rows(p)
     if len(own):
         r0 = own.iloc[0]
-        ok = [f"{r['method']} (goodput {_goodput(r)} req/s)" for _, r in own.iterrows() if r["meets_slo"]]
-        bad = [r["method"] for _, r in own.iterrows() if not r["meets_slo"]]
+        rows = own.to_dict(orient="records")
+        ok = [f"{r['method']} (goodput {_goodput(r)} req/s)" for r in rows if r["meets_slo"]]
+        bad = [r["method"] for r in rows if not r["meets_slo"]]
         lines.append(
             f"the scenario's own pools (prefill {r0['prefill']}, decode {r0['decode']}) cost "
             f"${r0['cost_usd_per_hour']:.2f}/h; "

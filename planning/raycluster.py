@@ -89,7 +89,9 @@ def import_ray(address: str | None):
             f"Ray was imported before hacksim could keep it on 127.0.0.1: set {LOOPBACK_ENV}=0 before importing ray"
         )
     if token and not fresh:
-        from ray._raylet import Config  # Ray read RAY_AUTH_MODE at import; this is how Ray itself re-reads it
+        # Ray read RAY_AUTH_MODE at import; this is how Ray itself re-reads it. Config lives in a compiled
+        # module that declares no names to a type checker.
+        from ray._raylet import Config  # pyright: ignore[reportAttributeAccessIssue]
 
         Config.initialize("")
     return ray

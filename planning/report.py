@@ -43,7 +43,7 @@ def config_columns_of(df: pd.DataFrame, axis_paths: list[str]) -> list[str]:
 
 def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
     """One row per configuration: its axis values, cost per hour, goodput and the rows it came from."""
-    ok = df[df["error"] == ""].copy() if "error" in df.columns else df.copy()
+    ok = df.loc[df["error"] == ""].copy() if "error" in df.columns else df.copy()
     if ok.empty:
         return pd.DataFrame(columns=["config", "cost_usd_per_hour", "goodput_rps"])
     keys = config_columns_of(ok, axis_paths)
@@ -68,7 +68,7 @@ def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
 def pareto_front(conf: pd.DataFrame) -> pd.Series:
     """True for configurations that no other beats on both cost (lower) and goodput (higher)."""
     flags = pd.Series(False, index=conf.index)
-    valid = conf[conf["cost_usd_per_hour"].notna() & (conf["goodput_rps"] > 0)]
+    valid = conf.loc[conf["cost_usd_per_hour"].notna() & (conf["goodput_rps"] > 0)]
     best = -math.inf
     for i, r in valid.sort_values(
         ["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable"
@@ -81,7 +81,7 @@ def pareto_front(conf: pd.DataFrame) -> pd.Series:
 
 # ---- figures ------------------------------------------------------------------------------------------------
 def cost_goodput_figure(conf: pd.DataFrame, has_slo: bool) -> go.Figure:
-    conf = conf[conf["cost_usd_per_hour"].notna()]
+    conf = conf.loc[conf["cost_usd_per_hour"].notna()]
     front = pareto_front(conf)
     fig = go.Figure()
     colours = method_colours([str(m) for m in dict.fromkeys(conf["method"])])
@@ -97,7 +97,7 @@ def cost_goodput_figure(conf: pd.DataFrame, has_slo: bool) -> go.Figure:
                 hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.3g} req/s<extra></extra>",
             )
         )
-    pf = conf[front].sort_values("cost_usd_per_hour")
+    pf = conf.loc[front].sort_values("cost_usd_per_hour")
     fig.add_trace(
         go.Scatter(
             x=pf["cost_usd_per_hour"],
@@ -133,7 +133,7 @@ def _ordered(values) -> list[str]:
 
 
 def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[str]) -> go.Figure:
-    ok = df[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
+    ok = df.loc[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
     methods = list(dict.fromkeys(ok["method"]))
     cols = min(len(methods), 3) or 1
     rows = max(1, math.ceil(len(methods) / cols))
@@ -147,7 +147,7 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[s
     xs, ys = _ordered(ok[x]), _ordered(ok[y])
     lo, hi = (float(ok[metric].min()), float(ok[metric].max())) if len(ok) else (0.0, 1.0)
     for k, m in enumerate(methods):
-        part = ok[ok["method"] == m].assign(_x=lambda d: d[x].astype(str), _y=lambda d: d[y].astype(str))
+        part = ok.loc[ok["method"] == m].assign(_x=lambda d: d[x].astype(str), _y=lambda d: d[y].astype(str))
         piv = part.pivot_table(index="_y", columns="_x", values=metric, aggfunc="median").reindex(index=ys, columns=xs)
         z = [[None if pd.isna(v) else float(v) for v in row] for row in piv.to_numpy()]
         fig.add_trace(
@@ -176,7 +176,7 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[s
 
 
 def line_figure(df: pd.DataFrame, x: str, metric: str) -> go.Figure:
-    ok = df[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
+    ok = df.loc[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
     fig = go.Figure()
     xs = _ordered(ok[x])
     colours = method_colours([str(m) for m in dict.fromkeys(ok["method"])])
@@ -228,15 +228,15 @@ def _table_html(df: pd.DataFrame, left: set[str], table_id: str) -> str:
 
 def _glance_html(df: pd.DataFrame, conf: pd.DataFrame, slo: dict) -> str:
     """Per method: rows, rows within the SLOs, the best goodput and what its configuration costs."""
-    ok = df[df["error"] == ""] if "error" in df.columns else df
+    ok = df.loc[df["error"] == ""] if "error" in df.columns else df
     methods = [str(m) for m in dict.fromkeys(df["method"])] if "method" in df.columns else []
     colours = method_colours(methods)
     rows = []
     for m in methods:
-        part = ok[ok["method"].astype(str) == m]
+        part = ok.loc[ok["method"].astype(str) == m]
         meets = int(part["meets_slo"].sum()) if slo and "meets_slo" in part.columns else None
         best = (
-            conf[conf["method"].astype(str) == m]
+            conf.loc[conf["method"].astype(str) == m]
             .sort_values(["goodput_rps", "cost_usd_per_hour"], ascending=[False, True])
             .head(1)
         )
@@ -285,7 +285,7 @@ def sweep_page(
     def others_of(x: str, y: str) -> list[str]:
         """Axes that still vary inside one (x, y) cell, so the cell is a median over them (an axis linked
         to x or y does not)."""
-        ok = df[df["error"] == ""] if "error" in df.columns else df
+        ok = df.loc[df["error"] == ""] if "error" in df.columns else df
         cells = ok.astype({x: str, y: str}).groupby([x, y], sort=False)
         return [
             p for p in axis_paths if p not in (x, y, "methods") and p in ok.columns and cells[p].nunique().max() > 1
@@ -313,7 +313,7 @@ def sweep_page(
             )
             + " Cost counts instances only (network is not priced)."
         )
-        front = conf[pareto_front(conf)].sort_values("cost_usd_per_hour")
+        front = conf.loc[pareto_front(conf)].sort_values("cost_usd_per_hour")
         cost_sections.append(
             Section(
                 "cost-goodput",
@@ -334,7 +334,7 @@ def sweep_page(
         sections[0].notes = tuple(notes)
     elif notes:
         sections.append(Section("notes", "Notes", notes=tuple(notes)))
-    errors = df[df["error"] != ""] if "error" in df.columns else df.iloc[0:0]
+    errors = df.loc[df["error"] != ""] if "error" in df.columns else df.iloc[0:0]
     if len(errors):
         shown = errors[["point", "method", "error"]].head(30)
         sections.append(

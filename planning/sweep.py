@@ -101,7 +101,7 @@ class HeatmapSpec(_Strict):
 
 class ReportSpec(_Strict):
     heatmaps: list[HeatmapSpec] | None = Field(
-        None, description="default: jct_p90_s and ttft_p99_s over the first two axes with more than one value"
+        default=None, description="default: jct_p90_s and ttft_p99_s over the first two axes with more than one value"
     )
 
 
@@ -237,7 +237,9 @@ def config_columns(s: Scenario) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for name, pool in (("prefill", s.prefill), ("decode", s.decode)):
         row[f"{name}_instance"] = pool.instance or ""
-        row[f"{name}_gpu"] = pool.gpu.preset or pool.gpu.name
+        gpu = pool.gpu
+        assert gpu is not None  # PoolConfig fills it from the instance or refuses
+        row[f"{name}_gpu"] = gpu.preset or gpu.name
         row[f"{name}_tensor_parallel"] = pool.tensor_parallel
         row[f"{name}_pipeline_parallel"] = pool.pipeline_parallel
         row[f"{name}_replicas"] = pool.replicas
@@ -355,7 +357,7 @@ def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[s
     for c in INT_COLUMNS:
         if c in df.columns:
             df[c] = df[c].astype("Int64")  # stays integer beside error rows (empty in CSV)
-    return df[_column_order(list(df.columns))]
+    return df.loc[:, _column_order(list(df.columns))]
 
 
 # Metric columns in reading order; any the simulator adds later follow, sorted by name.

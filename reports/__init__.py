@@ -8,6 +8,14 @@ Names load on first use, so `reports.terminal` (rich only) does not pull in plot
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what __getattr__ loads, named for type checkers
+    from .data import RunData, load_run
+    from .figures import make_figures
+    from .html import build_report, figures_from_html
+    from .static import export_static
+    from .tables import changes_table
 
 _WHERE = {
     "RunData": "data",

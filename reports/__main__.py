@@ -10,7 +10,8 @@ from .static import StaticExportError
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split(":", 1)[1].strip())
+    description = __doc__.split(":", 1)[1].strip() if __doc__ else None  # None under python -OO
+    ap = argparse.ArgumentParser(prog="python -m reports", description=description)
     ap.add_argument("run_dir", help="a folder written by `cli.py simulate --out`")
     ap.add_argument("--plotlyjs", default=None, help="load plotly.js from this path or URL instead of embedding it")
     ap.add_argument(

@@ -10,7 +10,7 @@ each time bucket's minimum and maximum (peaks survive), a CDF keeps evenly space
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -211,7 +211,7 @@ def _ticks_125(lo: float, hi: float) -> list[float]:
 
 
 def _busiest(df: pd.DataFrame, key: str, value: str, limit: int) -> list:
-    order = df.groupby(key)[value].mean().sort_values(ascending=False)
+    order = cast(pd.Series, df.groupby(key)[value].mean()).sort_values(ascending=False)
     keys = list(order.index[:limit])
     return sorted(keys, key=_natural)
 
@@ -238,7 +238,7 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
     t0, t_end = float(mem["time_s"].min()), float(mem["time_s"].max())
     titles, caps, peaks = [], {}, {}
     for r in replicas:
-        sub = mem[mem["replica"] == r]
+        sub = mem.loc[mem["replica"] == r]
         caps[r], peaks[r] = float(sub["capacity_bytes"].max()), float(sub["used_bytes"].max())
         name = f"decode replica d{r}" if str(r).isdigit() else f"decode replica {r}"
         cap, peak = caps[r], peaks[r]
@@ -254,11 +254,12 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
         vertical_spacing=0.08 if len(replicas) > 1 else 0,
         subplot_titles=titles,
     )
+    capacity_shown = False  # one legend entry for the capacity lines
     for row, r in enumerate(replicas, start=1):
-        sub = mem[mem["replica"] == r]
+        sub = mem.loc[mem["replica"] == r]
         cap, peak = caps[r], peaks[r]
         for m in run.methods:
-            s = sub[sub["method"] == m].sort_values("time_s", kind="stable")
+            s = sub.loc[sub["method"] == m].sort_values("time_s", kind="stable")
             if s.empty:
                 continue
             t, y = thin_step(s["time_s"].to_numpy(), s["used_bytes"].to_numpy(), max_points)
@@ -288,12 +289,13 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
                 mode="lines",
                 name="capacity",
                 legendgroup="capacity",
-                showlegend=row == 1 or "capacity" not in {d.name for d in fig.data},
+                showlegend=not capacity_shown,
                 line=dict(color="#111827", width=1.5, dash="dash"),
                 hovertemplate=f"capacity of replica {r}: {cap / GIB:.4g} GiB<extra></extra>",
                 row=row,
                 col=1,
             )
+            capacity_shown = True
             fig.update_yaxes(range=[0, cap / GIB * 1.06], row=row, col=1)
         else:
             top = peak if peak > 0 else (cap if cap > 0 else GIB)
@@ -350,8 +352,9 @@ def mark_faults(fig: go.Figure, run: RunData, rows: int, t_end: float) -> None:
                 annotation_text=label if row == 1 else None,
                 annotation_position="top left",
                 annotation_font=dict(size=10, color=FAULT_FILL),
-                row=row,
-                col=1,
+                # plotly leaves row and col unannotated: pyright reads str from their default, "all"
+                row=row,  # pyright: ignore[reportArgumentType]
+                col=1,  # pyright: ignore[reportArgumentType]
             )
 
 
@@ -361,7 +364,8 @@ def link_capacities(run: RunData) -> dict[str, float]:
     names = sorted(links["link"].unique()) if links is not None else []
     caps: dict[str, float] = {}
     if links is not None and "capacity_gbps" in links:
-        caps = {str(k): float(v) for k, v in links.groupby("link")["capacity_gbps"].max().items() if np.isfinite(v)}
+        per_link = cast(pd.Series, links.groupby("link")["capacity_gbps"].max())
+        caps = {str(k): float(v) for k, v in per_link.items() if np.isfinite(v)}
     missing = [n for n in names if n not in caps]
     if missing and run.scenario:
         found = _capacities_in(run.scenario.get("network", run.scenario), missing)
@@ -394,11 +398,11 @@ def _capacities_in(net: Any, names: list[str]) -> dict[str, float]:
                 if k in names:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         out[k] = float(v)
-                    elif isinstance(v, dict) and _gbps_value(v) is not None:
-                        out[k] = _gbps_value(v)
+                    elif isinstance(v, dict) and (gbps := _gbps_value(v)) is not None:
+                        out[k] = gbps
             ids = [v for v in node.values() if isinstance(v, str) and v in names]
-            if ids and _gbps_value(node) is not None:
-                out[ids[0]] = _gbps_value(node)
+            if ids and (gbps := _gbps_value(node)) is not None:
+                out[ids[0]] = gbps
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):
@@ -457,10 +461,10 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
     )
     flows = "active_flows" in links
     for row, k in enumerate(shown, start=1):
-        sub = links[links["link"] == k]
+        sub = links.loc[links["link"] == k]
         cap = caps.get(k)
         for m in run.methods:
-            s = sub[sub["method"] == m].sort_values("time_s", kind="stable")
+            s = sub.loc[sub["method"] == m].sort_values("time_s", kind="stable")
             if s.empty:
                 continue
             tt = s["time_s"].to_numpy(float)
@@ -547,9 +551,10 @@ def match_accuracy(run: RunData, acc: pd.DataFrame) -> pd.DataFrame:
         if not candidates:
             prefix = next((x for x in methods if kernel.startswith(x + "_")), None)
             candidates = [prefix] if prefix else []
+        partition: Any = row["partition"]  # one cell (pandas types a row's item as possibly a Series)
         for m in candidates:
             part = _method_partition(run, m)
-            if part is not None and pd.notna(row["partition"]) and int(row["partition"]) != part:
+            if part is not None and pd.notna(partition) and int(partition) != part:
                 continue
             stats = run.summary["methods"].get(m) or {}
             jct = (stats.get("jct_s") or {}).get("mean")
@@ -598,7 +603,7 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
     palette = iter(("#a16207", "#0f766e", "#7c3aed", "#db2777", "#4d7c0f", "#1e40af", "#9a3412", "#475569") * 4)
     dashes = iter(("solid", "dash", "dot", "dashdot", "longdash") * 8)
     seen_kernels: set[str] = set()
-    numeric_part = pd.to_numeric(acc["partition"], errors="coerce")
+    numeric_part = cast(pd.Series, pd.to_numeric(acc["partition"], errors="coerce"))  # a Series in, a Series out
     for series, s in acc.assign(_p=numeric_part).sort_values("_p").groupby("series", sort=False):
         kernel = str(s["kernel"].iloc[0])
         # A kernel named after a method wears its colour; its variants (bits, rounding) differ by dash.
@@ -631,7 +636,8 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
     )
     fig.update_yaxes(title_text="relative error (vs FP16)", type="log", exponentformat="power", row=1, col=1)
     if two:
-        for m, s in matched.groupby("method", sort=False):
+        for key, s in matched.groupby("method", sort=False):
+            m = str(key)
             text = [_config_label(r) for _, r in s.iterrows()]
             decode = s["decode_mean_s"].fillna(float("nan")).to_numpy()
             fig.add_scatter(
@@ -655,7 +661,8 @@ def fig_tradeoff(run: RunData) -> go.Figure | None:
         fig.update_yaxes(title_text="mean JCT (s)", row=1, col=2)
     fig.update_yaxes(nticks=6, row=1, col=1)
     # Tall enough that the legend (one line per entry, a title per group) fits beside the plots unscrolled.
-    entries = len(fig.data) + LEGEND_GROUP_LINES * (1 + two)
+    traces = len(fig.data)  # pyright: ignore[reportArgumentType]  (plotly leaves data unannotated)
+    entries = traces + LEGEND_GROUP_LINES * (1 + two)
     fig.update_layout(
         base_layout(
             "Accuracy/speed trade-off of the compressed-KV kernels",

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .banners import overload_banner
 from .data import RunData, load_run
@@ -100,7 +101,7 @@ def _glance_html(run: RunData) -> str:
         v = summary.get(m) or {}
         for k in path:
             v = v.get(k) if isinstance(v, dict) else None
-        return math.nan if v is None else float(v)
+        return float(v) if isinstance(v, (int, float)) else math.nan
 
     def overhead(m):
         return value(m, "breakdown_s", "dequantize") + value(m, "breakdown_s", "approximation")
@@ -154,9 +155,9 @@ def _subtitles(run: RunData) -> tuple[str, ...]:
 
 
 def _changes_html(run: RunData) -> str:
-    red = changes_table(run)
+    red, baseline = changes_table(run), run.baseline
     colours = method_colours(run.methods, run.kinds)
-    if red is None:
+    if red is None or baseline is None:  # changes_table is None exactly when there is no baseline
         return (
             '<div class="note">This run has no <code>baseline</code> method, so there are no changes to '
             "compute; the absolute values are in the next table.</div>"
@@ -181,10 +182,10 @@ def _changes_html(run: RunData) -> str:
             bg = f"rgba(22,163,74,{a:.3f})" if gain > 0 else f"rgba(220,38,38,{a:.3f})"
             tip = f"{method_label(m)}: {_fmt(kinds[label], values.at[label, m])}"
             cells.append(f'<td class="{cls}" style="background:{bg}" title="{_esc(tip)}">{fmt_pct(v)}</td>')
-        base_v = _fmt(kinds[label], values.at[label, run.baseline])
+        base_v = _fmt(kinds[label], values.at[label, baseline])
         body.append(f"<tr><td>{_esc(label)}</td><td>{_esc(base_v)}</td>{''.join(cells)}</tr>")
     return (
-        f'<div class="scroll"><table id="table-changes"><thead><tr><th>metric</th><th>{_swatch(colours[run.baseline])}'
+        f'<div class="scroll"><table id="table-changes"><thead><tr><th>metric</th><th>{_swatch(colours[baseline])}'
         f"baseline (absolute)</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
     )
 
@@ -420,7 +421,7 @@ def build_report(run_dir: str | Path, *, progress: Progress | None = None, plotl
     return out
 
 
-def _decode_arrays(node):
+def _decode_arrays(node: Any) -> Any:
     """plotly.py writes numpy arrays as {"dtype", "bdata"[, "shape"]}: turn them back into arrays."""
     import base64
 

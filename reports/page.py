@@ -54,7 +54,9 @@ class Page:
 
 def _figure_json(fig) -> str:
     # "</" inside a <script> would end it; "<\/" is the same JSON string.
-    return pio.to_json(fig, validate=False, pretty=False).replace("</", "<\\/")
+    text = pio.to_json(fig, validate=False, pretty=False)
+    assert text is not None  # plotly returns the JSON text when it is given no file
+    return text.replace("</", "<\\/")
 
 
 def plotly_script(plotlyjs: str | None, page_path: Path | None) -> str:

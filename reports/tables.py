@@ -8,6 +8,7 @@ the one row where larger is better (HIGHER_IS_BETTER).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -32,7 +33,7 @@ ALWAYS_SHOWN = [label for label, _, _ in METRICS if label != "Peak decode KV cac
 
 
 def _get(stats: dict, path: tuple[str, ...]) -> float:
-    v = stats
+    v: Any = stats
     for k in path:
         if not isinstance(v, dict) or k not in v or v[k] is None:
             return math.nan
@@ -50,7 +51,7 @@ def metric_values(run: RunData) -> pd.DataFrame:
     """
     data = {m: [_get(run.summary["methods"].get(m) or {}, path) for _, path, _ in METRICS] for m in run.methods}
     df = pd.DataFrame(data, index=[label for label, _, _ in METRICS], columns=run.methods, dtype=float)
-    return df[df.notna().any(axis=1) | df.index.isin(ALWAYS_SHOWN)]
+    return df.loc[df.notna().any(axis=1) | df.index.isin(ALWAYS_SHOWN)]
 
 
 def changes_table(run: RunData) -> pd.DataFrame | None:
@@ -60,15 +61,14 @@ def changes_table(run: RunData) -> pd.DataFrame | None:
     """
     if run.baseline is None:
         return None
-    values = metric_values(run)
-    base = values[run.baseline]
+    values, base = metric_values(run), run.baseline
     out = {}
     for m in run.methods:
         if m == run.baseline:
             continue
         col = []
         for label in values.index:
-            b, v = base[label], values.at[label, m]
+            b, v = values.at[label, base], values.at[label, m]
             col.append((v - b) / b * 100 if b and math.isfinite(b) and math.isfinite(v) else math.nan)
         out[m] = col
     return pd.DataFrame(out, index=values.index, columns=[m for m in run.methods if m != run.baseline])

@@ -108,7 +108,7 @@ class ProgressBar:
     def advance(self, *, cached: bool = False, error: bool = False) -> None:
         self.cached += cached
         self.errors += error
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             extra = ", ".join(
                 p
                 for p in (
@@ -157,7 +157,11 @@ def render(*renderables, stream=None) -> str:
     width = target.width if target.is_terminal else PLAIN_WIDTH
     buf = io.StringIO()
     console = Console(
-        file=buf, width=width, force_terminal=target.is_terminal, color_system=target.color_system, highlight=False
+        file=buf,
+        width=width,
+        force_terminal=target.is_terminal,
+        color_system=target.color_system,  # pyright: ignore[reportArgumentType]  (rich types it str, not its Literal)
+        highlight=False,
     )
     for r in renderables:
         console.print(r)

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -54,7 +55,7 @@ def main(
     """Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines)."""
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -233,7 +234,7 @@ def simulate(
         writer.finish(result)
         written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
         if report:
-            path = _build_report(out, plotlyjs)
+            path = _build_report(writer.out, plotlyjs)
             if path is not None:
                 written += f", {path.name}"
         say(written)
@@ -367,11 +368,15 @@ def validate(
     try:
         if out is not None:
             check_out_dir(out, ScenarioError)
-        result = validate_index(trace, list(set_)) if many else run_validate(trace, scenario, list(set_), method)
+        if many:
+            result: list[dict] | dict = validate_index(trace, list(set_))
+        else:
+            assert scenario is not None  # refused above
+            result = run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
     say = Say(as_json, quiet)
-    say.result(format_validation_table(result) if many else format_validation(result), result)
+    say.result(format_validation_table(result) if isinstance(result, list) else format_validation(result), result)
     text = strict_json(result) + "\n"
     if out is not None:
         from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here

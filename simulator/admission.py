@@ -133,7 +133,8 @@ class OnDemandBlocks:
         free = int((rep.capacity_bytes - rep.reserved_bytes) // self.block_bytes)
         if k + 1 + (free // len(running)) * self.bt >= fin:  # not even the whole cycles the free blocks give reach it
             return fin
-        return min(fin, first_block_shortage(self.counts, k + 1, free, self.bt))
+        shortage = first_block_shortage(self.counts, k + 1, free, self.bt)  # an iteration, or math.inf: never
+        return fin if shortage >= fin else int(shortage)
 
     def _new_blocks(self, k: int, n: int) -> int:
         """Blocks the running requests take over iterations k .. k+n-1."""

@@ -44,6 +44,7 @@ import platform
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -233,7 +234,7 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
 
 def _transfer_block(df: pd.DataFrame, pre, line_gbps: float) -> dict:
     moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
-    d = df[moved].sort_values("transfer_start_s", kind="stable")
+    d = df.loc[moved].sort_values("transfer_start_s", kind="stable")
     return {
         "start": d["transfer_start_s"].to_numpy(),
         "meas": (d["transfer_end_s"] - d["transfer_start_s"]).to_numpy(),
@@ -388,6 +389,28 @@ def _start_value(name: str, traces: list[TraceData]) -> float:
     return vals.pop() if len(vals) == 1 else PARAMETERS[name].neutral
 
 
+@overload
+def _weighted_residuals(
+    traces: list[TraceData],
+    names: list[str],
+    x: np.ndarray,
+    kinds: set[tuple[int, str]],
+    base: list[dict[str, float]],
+    jac: Literal[False] = False,
+) -> np.ndarray: ...
+
+
+@overload
+def _weighted_residuals(
+    traces: list[TraceData],
+    names: list[str],
+    x: np.ndarray,
+    kinds: set[tuple[int, str]],
+    base: list[dict[str, float]],
+    jac: Literal[True],
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 def _weighted_residuals(
     traces: list[TraceData],
     names: list[str],
@@ -395,7 +418,7 @@ def _weighted_residuals(
     kinds: set[tuple[int, str]],
     base: list[dict[str, float]],
     jac: bool = False,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Relative residuals of the items of `kinds` ((trace index, kind) pairs), each trace and kind weighted
     1/sqrt(its items), at the parameters `names` = x over each trace's values `base`; with jac, also the
     Jacobian (items x names)."""
@@ -485,7 +508,9 @@ def _bounds(names) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([PARAMETERS[n].bounds[0] for n in names]), np.array([PARAMETERS[n].bounds[1] for n in names]))
 
 
-def _least_squares(traces, names, start, base, kinds, warm: dict[str, float] | None = None):
+def _least_squares(
+    traces, names, start, base, kinds, warm: dict[str, float] | None = None
+) -> tuple[dict[str, float], dict[str, float], set[str]]:
     """Fit `names` from each of _starts; the better optimum wins. Returns values, standard errors and the
     parameters the others determine there."""
     from scipy.optimize import least_squares
@@ -504,7 +529,7 @@ def _least_squares(traces, names, start, base, kinds, warm: dict[str, float] | N
             least_squares(
                 fun,
                 x,
-                jac=jac,
+                jac=jac,  # pyright: ignore[reportArgumentType]  (scipy: a callable, typed by its default "2-point")
                 bounds=(lo, hi),
                 x_scale=scale,
                 method="trf",
@@ -599,13 +624,13 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
         # a parameter that moves no residual where the fit starts (e.g. host issue time while every
         # iteration is GPU-bound, or a factor on a step the cost model gives no time) cannot be fitted
         h = max(resolution(n), abs(start[n])) * 0.5
-        x = np.array([start[n]])
+        probe = np.array([start[n]])
         _lo, hi = PARAMETERS[n].bounds
         step = h if start[n] + h <= hi else -h
         if is_host_floor(n):
             step = floor_probe(n, traces) - start[n]
-        r0 = _weighted_residuals(traces, [n], x, kinds_of[n], base)
-        r1 = _weighted_residuals(traces, [n], x + step, kinds_of[n], base)
+        r0 = _weighted_residuals(traces, [n], probe, kinds_of[n], base)
+        r1 = _weighted_residuals(traces, [n], probe + step, kinds_of[n], base)
         if not np.any(np.abs(r1 - r0) > 1e-12):
             held[n] = "no residual moves with it (" + _why_flat(n) + ")"
             continue
@@ -620,6 +645,8 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
             held[n] = "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
             names.remove(n)
         warm = None
+        x: dict[str, float] = {}
+        se: dict[str, float] = {}
         while names:
             x, se, dependent = _least_squares(traces, names, start, base, kinds, warm)
             warm = x
@@ -631,7 +658,7 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
             if not unresolved:
                 break
             flat = [n for n in unresolved if math.isinf(unresolved[n])]
-            for worst in flat or [max(unresolved, key=unresolved.get)]:
+            for worst in flat or [max(unresolved, key=lambda k: unresolved[k])]:
                 if worst in dependent:
                     held[worst] = (
                         "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
@@ -871,7 +898,7 @@ def cross_validate(index_csv: str | Path, workers: int = 1) -> dict:
             for c in configs
         ]
     fits = _map(_fit_without, [(traces, out) for _, out in folds], workers)
-    per_trace = [
+    per_trace: list[dict[str, Any]] = [
         {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
         for td in traces
     ]
@@ -912,6 +939,10 @@ def measured_dequantize_share_pct(trace: Path, reference: Path) -> float:
 
     df, it, _, _ = load_trace(trace)
     _, it_ref, _, _ = load_trace(reference)
+    if it is None or it_ref is None:
+        raise ScenarioError(
+            f"{trace if it is None else reference}: no iterations.csv (the dequantization share needs its iterations)"
+        )
     x = np.column_stack([np.ones(len(it)), it["batch_size"], it["context_tokens"]])
     extra_s = x @ (line(it) - line(it_ref))
     waited_s = float(np.sum(it["batch_size"].to_numpy() * extra_s))
@@ -935,6 +966,7 @@ def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]
                 j
                 for j, o in enumerate(traces)
                 if o.family == REFERENCE
+                and "iteration" in o.blocks  # a twin without iterations has no line to subtract
                 and o.scenario == td.scenario
                 and o.meta.get("rate_rps") == td.meta.get("rate_rps")
                 and o.meta.get("seed") == td.meta.get("seed")

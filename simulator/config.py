@@ -392,28 +392,28 @@ class LinkConfig(_Strict):
 
 class NetworkConfig(_Strict):
     bandwidth_gbps: Unlimited | None = Field(
-        None,
+        default=None,
         description="line rate of each prefill replica's link, "
         "gigabits/s (.inf: KV moves in no time); default: the prefill "
         "instance's network",
     )
-    latency_s: float = Field(1e-4, ge=0, le=3600, description="one-way latency added to each transfer")
+    latency_s: float = Field(default=1e-4, ge=0, le=3600, description="one-way latency added to each transfer")
     efficiency: float = Field(
-        0.9,
+        default=0.9,
         gt=0,
         le=1,
         description="achievable fraction of line rate for bulk transfers "
         "(multi-stream TCP on tuned 10-100 GbE: 0.8-0.95, reference_specs.yaml)",
     )
     per_flow_gbps: Unlimited | None = Field(
-        None, description="cap on one transfer (AWS: 5 Gbps per TCP flow outside a placement group, 10 inside)"
+        default=None, description="cap on one transfer (AWS: 5 Gbps per TCP flow outside a placement group, 10 inside)"
     )
     stream_layers: bool = Field(
-        False,
+        default=False,
         description="send each layer's KV as soon as it is prefilled, so the transfer overlaps the rest of prefill",
     )
     links: list[LinkConfig] | None = Field(
-        None,
+        default=None,
         max_length=4096,
         description="explicit topology; default: one link per prefill replica reaching every decode replica",
     )
@@ -622,13 +622,13 @@ class ImplementationFactors(_Strict):
 
 class CalibrationConfig(_Strict):
     prefill_profile: str = Field(
-        "auto",
+        default="auto",
         description="'auto' (the committed profile for the GPU, else roofline), "
         "'roofline', or a path to a profile.json",
     )
-    decode_profile: str = Field("auto", description="as prefill_profile, for the decode pool")
+    decode_profile: str = Field(default="auto", description="as prefill_profile, for the decode pool")
     engine: str | None = Field(
-        None,
+        default=None,
         description="an engine calibration file (cli.py calibrate --traces), relative to "
         "the scenario file: the parameters it fitted replace the scenario's (decode host and "
         "loop-gap time, extra kernels, join time, prefill efficiency and host time, link "
@@ -686,13 +686,13 @@ class FaultEvent(_Strict):
 
 class FaultPolicy(_Strict):
     on_loss: Literal["resend", "reprefill", "fail"] = Field(
-        "reprefill",
+        default="reprefill",
         description="what happens to a request whose KV a fault destroys: resend (prefill hosts "
         "keep every request's KV until it finishes, so a lost decode replica or transfer is made good by sending "
         "it again; costs host memory), reprefill (the request's prefill runs again; prefill hosts drop the KV "
         "once it has arrived), fail (the request fails)",
     )
-    max_retries: int = Field(3, ge=0, le=100, description="a request hit more often than this fails")
+    max_retries: int = Field(default=3, ge=0, le=100, description="a request hit more often than this fails")
 
 
 class Scenario(_Strict):
@@ -786,7 +786,7 @@ class Scenario(_Strict):
         )
         colocated_replicas = self.prefill.replicas + self.decode.replicas
         for i, f in enumerate(self.faults):
-            if f.kind.startswith("link"):
+            if isinstance(f.target, str):  # a link kind (FaultEvent: link kinds name a link, replica kinds an index)
                 if self.placement == "colocated":
                     raise ValueError(
                         f"faults.{i}.kind: {f.kind}: placement colocated has no link (no KV is transferred)"

@@ -86,7 +86,7 @@ class PrefillPartner(Protocol):
     def try_start(self) -> bool: ...
 
 
-def segment_sum_s(fixed_s: float, per_ctx_s: float, n: int, c: float, b: int, k: int) -> float:
+def segment_sum_s(fixed_s: float, per_ctx_s: float, n: float, c: float, b: int, k: float) -> float:
     """Sum over iterations j = k .. k+n-1 of fixed + per_ctx * (c + b·j)."""
     return n * fixed_s + per_ctx_s * (n * c + b * (n * k + n * (n - 1) / 2))
 
@@ -229,6 +229,7 @@ class DecodeReplica:
 
     def _cut_at_next_boundary(self) -> None:
         """End the running segment with the iteration in progress."""
+        assert self._seg is not None  # called while a segment runs
         start_s, cost, n, pending_s = self._seg
         elapsed = self.env.now - start_s
         done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
@@ -300,6 +301,7 @@ class DecodeReplica:
     def _on_timer(self, version: int) -> None:
         if version != self._version:
             return  # superseded by a cut
+        assert self._seg is not None  # a live timer ends a running segment
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         self._finish_due()
@@ -388,9 +390,9 @@ class DecodeReplica:
     def _advance(self, n: int, cost: IterationCost) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
         if self.rec.iteration_log is not None:  # off unless asked for: a row per iteration is not the hot path's
-            self.rec.iteration_log.append(
-                (self._seg[0], self._seg[3], n, c, b, k, cost, self.cost.host_serial_s_per_iteration)
-            )
+            seg = self._seg
+            assert seg is not None  # a segment is advancing
+            self.rec.iteration_log.append((seg[0], seg[3], n, c, b, k, cost, self.cost.host_serial_s_per_iteration))
         cum = self.cum
         ctx = n * c + b * (n * k + n * (n - 1) / 2)  # the iterations' contexts summed (segment_sum_s)
         cum[0] += n * cost.decode_fixed_s + cost.decode_per_ctx_s * ctx

@@ -311,19 +311,13 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         host_bytes = DEFAULT_HOST_MEMORY_BYTES
     else:
         host_bytes = inst.host_memory_gib / 2 * GIB * per
-    issue = {
-        "issue_s_per_iteration": pool.host_issue_s_per_iteration,
-        "issue_s_per_layer": pool.host_issue_s_per_layer,
-        "issue_s_per_request": pool.host_issue_s_per_request,
-    }
-    host = (
-        HostCosts(**issue)
-        if name == "prefill"
-        else HostCosts(
-            **issue,
-            serial_s_per_iteration=pool.host_serial_s_per_iteration,
-            extra_kernels_per_layer=pool.extra_kernels_per_layer,
-        )
+    decode = name != "prefill"  # serial time and extra kernels are decode's (0 on the prefill pool)
+    host = HostCosts(
+        issue_s_per_iteration=pool.host_issue_s_per_iteration,
+        issue_s_per_layer=pool.host_issue_s_per_layer,
+        issue_s_per_request=pool.host_issue_s_per_request,
+        serial_s_per_iteration=pool.host_serial_s_per_iteration if decode else 0.0,
+        extra_kernels_per_layer=pool.extra_kernels_per_layer if decode else 0,
     )
     return PoolLayout(
         name=name,

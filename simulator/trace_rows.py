@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -79,7 +80,7 @@ class RowChecker:
 
     def numbers(self, values, col: str) -> np.ndarray:
         raw = pd.Series(values)
-        x = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64)
+        x = cast(pd.Series, pd.to_numeric(raw, errors="coerce")).to_numpy(np.float64)  # a Series in, a Series out
         bad = np.isnan(x)
         if bad.any():
             i = int(np.argmax(bad))

@@ -83,8 +83,8 @@ def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _stats(x: pd.Series) -> dict[str, float]:
-    x = x.dropna().to_numpy()
+def _stats(s: pd.Series) -> dict[str, float]:
+    x = s.dropna().to_numpy()
     if not len(x):
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
@@ -229,7 +229,7 @@ def read_index(index_csv: str | Path) -> list[tuple[str, str, Path, Path]]:
         raise ScenarioError(f"{index_csv}: the index needs columns trace and scenario (missing {sorted(missing)})")
     if not len(idx):
         raise ScenarioError(f"{index_csv}: no rows")
-    blank = idx[["trace", "scenario"]].isna().any(axis=1).to_numpy()
+    blank = idx.loc[:, ["trace", "scenario"]].isna().any(axis=1).to_numpy()
     if blank.any():
         raise ScenarioError(f"{index_csv} line {int(np.argmax(blank)) + 2}: empty trace or scenario")
 
@@ -269,5 +269,5 @@ def format_validation_table(rows: list[dict]) -> str:
             fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
             for k in SUMMARY_KEYS
         ]
-        summary.append([label, *(_pct(v) for v in vals)])
+        summary.append([label, *(_pct(None if v is None else float(v)) for v in vals)])
     return render(table(["trace", *heads], body, footer_rows=summary))

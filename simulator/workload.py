@@ -149,6 +149,7 @@ def make_requests(scenario: Scenario) -> Requests:
         if trace.block_hashes is not None:
             hashes = tuple(trace.block_hashes[i] for i in idx)
     elif wl.trace_csv is not None:
+        assert n is not None and wl.arrival is not None  # WorkloadConfig requires both without a trace
         df = read_trace(wl.trace_csv, timed=wl.arrival.kind == "trace")
         idx = np.arange(n) % len(df)
         prompt = df["prompt_tokens"].to_numpy(np.int64)[idx]
@@ -159,6 +160,7 @@ def make_requests(scenario: Scenario) -> Requests:
         else:
             arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))
     else:
+        assert n is not None and wl.arrival is not None  # as above
         prompt = sample_lengths(wl.input_tokens, n, rng, "workload.input_tokens")
         output = sample_lengths(wl.output_tokens, n, rng, "workload.output_tokens")
         arrival = np.cumsum(sample_gaps(wl.arrival, n, rng))

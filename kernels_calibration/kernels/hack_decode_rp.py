@@ -34,7 +34,6 @@ last split append the new token before it attends.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
@@ -45,7 +44,7 @@ from .common import online_softmax, use_asm
 from .hack_core import cache_ptrs, flash_state, load_q_groups, q_round_rows, rp_scores, rp_tile, store_partials, tail_pv
 from .kv_cache import QuantKVCache, append_one
 from .launch import DecodeConfig
-from .split_k import default_splits, run_split_decode, tokens_per_split
+from .split_k import run_quant_split_decode
 
 
 @triton.jit
@@ -306,9 +305,6 @@ def hack_attn_decode_rp(
         raise ValueError(f"{g} query heads per KV head: at most 4 copies of the group fit the kernel")
     bn = r * pi
     max_len = lmax if max_len is None else max_len
-    tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, bn, q.device), bn)
-    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
-    q = q.contiguous()
     opts = launch_options(cache, max_len, config)
 
     if append is not None:
@@ -323,42 +319,27 @@ def hack_attn_decode_rp(
         stochastic = True
         extra = (q, q, cache.lens, 0)  # unused
 
-    def launch(op, lsep):
-        _rp_decode_kernel[(b * hkv, splits)](
-            q,
-            cache.k_codes,
-            cache.k_min,
-            cache.k_scale,
-            cache.k_sum,
-            cache.v_codes,
-            cache.v_min,
-            cache.v_scale,
-            cache.v_sum,
-            cache.v_tail,
-            cache.lens,
-            op,
-            lsep,
-            qk_scale,
-            hkv,
-            lmax,
-            cache.v_min.shape[2],
-            tps,
-            splits,
-            *extra,
-            G=g,
-            RP=rp,
-            R=r,
-            D=d,
-            PI=pi,
-            USE_SE=use_se,
-            HAS_TAIL=cache.rqe,
-            USE_ASM=use_asm(q),
-            APPEND=append is not None,
-            STOCHASTIC=stochastic,
-            **opts,
-        )
-
-    out = run_split_decode(launch, q, splits * r)
+    out = run_quant_split_decode(
+        _rp_decode_kernel,
+        q,
+        cache,
+        max_len,
+        bn,
+        config,
+        *extra,
+        partials_per_row=r,
+        G=g,
+        RP=rp,
+        R=r,
+        D=d,
+        PI=pi,
+        USE_SE=use_se,
+        HAS_TAIL=cache.rqe,
+        USE_ASM=use_asm(q),
+        APPEND=append is not None,
+        STOCHASTIC=stochastic,
+        **opts,
+    )
     if append is not None:
         return out, replace(cache, lens=extra[2])
     return out

@@ -20,8 +20,6 @@ Work of one decode step (per KV element visited: Q.K and P.V for G query heads):
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -44,7 +42,7 @@ from .hack_core import (
 )
 from .kv_cache import QuantKVCache
 from .launch import DecodeConfig
-from .split_k import default_splits, run_split_decode, tokens_per_split
+from .split_k import run_quant_split_decode
 
 
 @triton.jit
@@ -478,46 +476,24 @@ def quant_attn_decode_hm(
         opts = config.options(2, 3, DEQUANT_MAXNREG if pi <= 64 else None)
     else:
         opts = config.options(2 if mode == "hack" else 4, 3)
-    tps, splits = tokens_per_split(
-        max_len, config.splits or default_splits(b, hkv, max_len, block_n, q.device), block_n
-    )
-    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634
-    q = q.contiguous()
     g_pad = max(16, triton.next_power_of_2(g))
     sumrow = g if g < g_pad else -1  # a padding row computes code sums on the tensor cores (no SE)
-
-    def launch(op, lsep):
-        _quant_decode_kernel[(b * hkv, splits)](
-            q,
-            cache.k_codes,
-            cache.k_min,
-            cache.k_scale,
-            cache.k_sum,
-            cache.v_codes,
-            cache.v_min,
-            cache.v_scale,
-            cache.v_sum,
-            cache.v_tail,
-            cache.lens,
-            op,
-            lsep,
-            qk_scale,
-            hkv,
-            lmax,
-            cache.v_min.shape[2],
-            tps,
-            splits,
-            G=g,
-            G_PAD=g_pad,
-            D=d,
-            PI=pi,
-            USE_SE=use_se,
-            HAS_TAIL=cache.rqe,
-            MODE=0 if mode == "hack" else 1,
-            USE_ASM=use_asm(q),
-            SUMROW=sumrow,
-            BN=block_n,
-            **opts,
-        )
-
-    return run_split_decode(launch, q, splits)
+    return run_quant_split_decode(
+        _quant_decode_kernel,
+        q,
+        cache,
+        max_len,
+        block_n,
+        config,
+        G=g,
+        G_PAD=g_pad,
+        D=d,
+        PI=pi,
+        USE_SE=use_se,
+        HAS_TAIL=cache.rqe,
+        MODE=0 if mode == "hack" else 1,
+        USE_ASM=use_asm(q),
+        SUMROW=sumrow,
+        BN=block_n,
+        **opts,
+    )

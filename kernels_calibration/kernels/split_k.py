@@ -8,9 +8,18 @@ merges them per query row, out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - ma
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from .kv_cache import QuantKVCache
+    from .launch import DecodeConfig
+
+LOG2E = 1.4426950408889634  # the kernels take exp2: scores scaled by log2(e)
 
 
 @triton.jit
@@ -62,3 +71,54 @@ def run_split_decode(kernel_launch, q: torch.Tensor, splits: int) -> torch.Tenso
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     combine_splits_kernel[(b * hq,)](op, lsep, out, splits, D=d, S_PAD=triton.next_power_of_2(splits), num_warps=4)
     return out
+
+
+def run_quant_split_decode(
+    kernel,
+    q: torch.Tensor,
+    cache: QuantKVCache,
+    max_len: int,
+    block: int,
+    config: DecodeConfig,
+    *extra,
+    partials_per_row: int = 1,
+    **meta,
+) -> torch.Tensor:
+    """A split-K decode kernel over a quantized cache, launched and combined: q [B, HQ, D] -> [B, HQ, D].
+
+    The kernel's grid is (B * H_kv, splits) of `block`-token tiles sized for max_len (config.splits, else
+    default_splits); its arguments are q, the cache's K and V codes, minima, scales and sums, the V tail
+    and lens, the partials (op, lsep), the log2-scaled 1/sqrt(D), H_kv, the capacity, V's metadata blocks,
+    tokens per split and splits, then `extra` and the constexprs `meta`.  partials_per_row: partials each split
+    writes per query row (row-packed kernels)."""
+    b, hkv, lmax, d = cache.shape
+    tps, splits = tokens_per_split(max_len, config.splits or default_splits(b, hkv, max_len, block, q.device), block)
+    qk_scale = 1.0 / math.sqrt(d) * LOG2E
+    q = q.contiguous()
+
+    def launch(op, lsep):
+        kernel[(b * hkv, splits)](
+            q,
+            cache.k_codes,
+            cache.k_min,
+            cache.k_scale,
+            cache.k_sum,
+            cache.v_codes,
+            cache.v_min,
+            cache.v_scale,
+            cache.v_sum,
+            cache.v_tail,
+            cache.lens,
+            op,
+            lsep,
+            qk_scale,
+            hkv,
+            lmax,
+            cache.v_min.shape[2],
+            tps,
+            splits,
+            *extra,
+            **meta,
+        )
+
+    return run_split_decode(launch, q, splits * partials_per_row)

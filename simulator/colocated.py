@@ -92,6 +92,7 @@ class ChunkedPrefill:
             return
         (n, pc), self.chunk = self.chunk, None
         rec, rep, rid = self.rec, self.rep, self.current
+        assert rid is not None  # a chunk ran: its prompt is the current one
         self.busy_s += pc.latency_s
         rec.approx_prefill[rid] += pc.approximation_s
         self.done_tokens += n

@@ -14,6 +14,7 @@ from array import array
 from collections.abc import Callable, Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 
 def floats(values) -> array:
@@ -38,7 +39,7 @@ def filled(n: int, value: int) -> array:
     return array("q", [value]) * n
 
 
-def view(col: array, dtype=np.float64) -> np.ndarray:
+def view(col: array, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
     """The column as a numpy array sharing its memory (read-only use: the array must not grow meanwhile)."""
     return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
 

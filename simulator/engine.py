@@ -234,10 +234,8 @@ def apply_engine_file(scenario, folder: Path, source: str):
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
 
 
-def engine_summary(path: str | None) -> dict | None:
-    """What profiles.json and the report say about the engine file a run used (None: none)."""
-    if path is None:
-        return None
+def engine_summary(path: str) -> dict:
+    """What profiles.json and the report say about the engine file a run used."""
     engine = read_engine_file(path, ValueError)
     return {
         "path": str(path),

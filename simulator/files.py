@@ -217,7 +217,7 @@ class CsvAppender:
             )
 
     def close(self) -> None:
-        if self._writer is not None:
+        if self._writer is not None and self._file is not None:  # opened together by write()
             self._writer.close()
             self._file.close()
             self._writer = None

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import simpy
 
+from .columns import RowLog
 from .timers import call_in
 
 EPS_BYTES = 1e-3
@@ -46,7 +47,12 @@ class Flow:
 
 class Link:
     def __init__(
-        self, env: simpy.Environment, name: str, capacity_bytes_per_s: float, latency_s: float, log: list | None = None
+        self,
+        env: simpy.Environment,
+        name: str,
+        capacity_bytes_per_s: float,
+        latency_s: float,
+        log: RowLog | None = None,
     ):
         self.env = env
         self.name = name

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -504,7 +505,10 @@ class ScenarioResult:
                 "vs_measured": compare_to_measured(p, measured),
             }
 
-        out = {"prefill": one(self.resolved.prefill.profile), "decode": one(self.resolved.decode.profile)}
+        out: dict[str, Any] = {
+            "prefill": one(self.resolved.prefill.profile),
+            "decode": one(self.resolved.decode.profile),
+        }
         # the TP all-reduce (and PP send/recv) per pool: which algorithm each message size takes, and its time
         res = self.resolved
         out["collectives"] = {
@@ -581,12 +585,16 @@ def run_scenario(
                 f"{source}: --methods: {', '.join(unknown) or 'no method'} not in the scenario's "
                 f"methods ({', '.join(m.output_name for m in s.methods)})"
             )
-    check_memory(s.workload.requests, len(chosen), source)
+    n = s.workload.requests  # None: a trace's own count (load_scenario fills it in; a Scenario built in code may not)
+    if n is not None:
+        check_memory(n, len(chosen), source)
     res = resolve(s, source)
     try:
         reqs = make_requests(s)
     except ScenarioError as e:
         raise ScenarioError(f"{source}: {e}") from None
+    if n is None:
+        check_memory(len(reqs), len(chosen), source)
     summaries, frames, mems, lks, runs = {}, [], [], [], {}
     for cfg in chosen:
         run = MethodRun(res, cfg, reqs, source)

@@ -130,6 +130,18 @@ def scenario_with(folder: Path, trace_entry: dict, **workload) -> object:
     return load_scenario(path)
 
 
+def test_a_scenario_built_in_code_runs_a_trace_without_requests(tmp_path):
+    # load_scenario fills workload.requests from the trace; a Scenario built directly leaves it None, and
+    # run_scenario's memory check then reads the trace's own count (it multiplied None and crashed)
+    from simulator.config import Scenario
+
+    path = write(tmp_path, "a.csv", AZURE)
+    s = Scenario.model_validate({**BASE, "workload": {"trace": {"format": "azure", "path": str(path)}}})
+    assert s.workload.requests is None
+    result = run_scenario(s, source="t")
+    assert {m: v["completed"] for m, v in result.summary["methods"].items()} == {"baseline": 4, "hack": 4}
+
+
 def test_requests_default_to_the_trace_and_a_larger_count_cycles_it(tmp_path):
     write(tmp_path, "a.csv", AZURE)
     s = scenario_with(tmp_path, {"format": "azure", "path": "a.csv"})

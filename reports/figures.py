@@ -321,7 +321,7 @@ SHARED_FAULT_LABELS = {"shared_gpu": "GPUs of p{t} and d{t} down", "colocated": 
 def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
     """(start_s, end_s, label) of every fault in the scenario (scenario.json's `faults`); end_s may be inf."""
     out = []
-    shared = SHARED_FAULT_LABELS.get((run.scenario or {}).get("placement"))
+    shared = SHARED_FAULT_LABELS.get((run.scenario or {}).get("placement", ""))
     for f in (run.scenario or {}).get("faults") or []:
         if not isinstance(f, dict) or f.get("kind") not in FAULT_LABELS:
             continue

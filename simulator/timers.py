@@ -31,4 +31,5 @@ def call_in(env: simpy.Environment, delay_s: float, fn: Callable[[Any], object])
     """Run `fn(event)` `delay_s` seconds from now (after every event already set for that instant)."""
     if delay_s < 0:
         raise ValueError(f"negative delay {delay_s}")
-    heappush(env._queue, (env._now + delay_s, NORMAL, next(env._eid), _Timer(fn)))
+    # SimPy types its queue as holding Events; a _Timer has the two attributes Environment.step reads
+    heappush(env._queue, (env._now + delay_s, NORMAL, next(env._eid), _Timer(fn)))  # pyright: ignore[reportArgumentType]

@@ -1,0 +1,71 @@
+"""simulator/timers.call_in against what it stands for, env.timeout(delay).callbacks.append(fn): the same
+order (same-instant timers in the order they were set, interleaved with SimPy's own events), the same
+clock, the same event ids; it leans on SimPy's queue internals, so this is where a SimPy change shows."""
+
+from __future__ import annotations
+
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.timers import call_in
+
+DELAYS = st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.5]), min_size=1, max_size=12)
+
+
+def _trace(delays, use_call_in: list[bool]):
+    """Set one timer per delay, each through call_in or env.timeout, and a process that sleeps on
+    env.timeout beside them; each callback sets a follow-up timer of the same kind. Returns what ran, when."""
+    env = simpy.Environment()
+    log = []
+
+    def setter(kind_call_in: bool):
+        return (
+            (lambda d, fn: call_in(env, d, fn)) if kind_call_in else (lambda d, fn: env.timeout(d).callbacks.append(fn))  # type: ignore[union-attr]
+        )
+
+    for i, (d, kind) in enumerate(zip(delays, use_call_in)):
+        set_timer = setter(kind)
+
+        def fire(_e, i=i, d=d, set_timer=set_timer):
+            log.append((env.now, i))
+            if d > 0:
+                set_timer(d, lambda _e, i=i: log.append((env.now, f"{i}+")))
+
+        set_timer(d, fire)
+
+    def proc():
+        for _ in range(3):
+            yield env.timeout(1.0)
+            log.append((env.now, "proc"))
+
+    env.process(proc())
+    env.run()
+    return log, next(env._eid)
+
+
+@settings(max_examples=60, deadline=None)
+@given(delays=DELAYS, data=st.data())
+def test_call_in_runs_as_a_timeout_would(delays, data):
+    mixed = data.draw(st.lists(st.booleans(), min_size=len(delays), max_size=len(delays)))
+    ref = _trace(delays, [False] * len(delays))
+    assert _trace(delays, [True] * len(delays)) == ref  # same order, same clock, same number of event ids
+    assert _trace(delays, mixed) == ref  # and mixed with timeouts
+
+
+def test_same_instant_timers_run_in_the_order_they_were_set():
+    env = simpy.Environment()
+    log = []
+    for i in range(5):
+        call_in(env, 1.0, lambda _e, i=i: log.append(i))
+    env.timeout(1.0).callbacks.append(lambda _e: log.append("timeout"))  # type: ignore[union-attr]
+    call_in(env, 1.0, lambda _e: log.append(5))
+    env.run()
+    assert log == [0, 1, 2, 3, 4, "timeout", 5] and env.now == 1.0
+
+
+def test_a_negative_delay_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="negative delay"):
+        call_in(simpy.Environment(), -1e-9, lambda _e: None)

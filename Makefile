@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test lint format mutate bench clean
+.PHONY: run test lint format mutate clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,12 @@ TEST_WORKERS ?= 2
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-# ruff (lint and format check) over the tree; part of `make test`, so CI runs it.
+# ruff (lint and format check) over the tree, then pyright (basic mode, [tool.pyright] in pyproject.toml) with the
+# venv's packages; part of `make test`, so CI runs it. pyright runs on the Node.js wheel its nodejs extra installs.
 lint: $(VENV)/.test-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m pyright --pythonpath $(PY)
 
 format: $(VENV)/.test-installed
 	$(PY) -m ruff check --fix .

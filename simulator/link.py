@@ -103,7 +103,11 @@ class Link:
         self._last_s = self.env.now
 
     def _rates(self) -> None:
-        flows = sorted(self.flows, key=lambda f: f.cap_bytes_per_s)
+        flows = self.flows
+        if len(flows) == 1:  # the usual case: the one flow takes what the link and its cap allow
+            flows[0].rate = min(flows[0].cap_bytes_per_s, self.capacity)
+            return
+        flows = sorted(flows, key=lambda f: f.cap_bytes_per_s)
         left, n = self.capacity, len(flows)
         for i, f in enumerate(flows):
             share = left / (n - i)
@@ -120,21 +124,6 @@ class Link:
         )
 
     def _reschedule(self) -> None:
-        if not self.flows:
-            self._version += 1
-            if self.log is not None:
-                self.log.append((self.env.now, 0, 0.0))
-            return
-        if len(self.flows) == 1:  # the usual case: one flow takes what the link and its cap allow (as _rates)
-            f = self.flows[0]
-            rate = f.rate = min(f.cap_bytes_per_s, self.capacity)
-            self._version += 1
-            if self.log is not None:
-                self.log.append((self.env.now, 1, rate))
-            if rate > 0:
-                version = self._version
-                call_in(self.env, max(f.remaining_bytes, 0.0) / rate, lambda _e: self._on_timer(version))
-            return
         self._rates()
         self._version += 1
         if self.log is not None:

@@ -73,6 +73,11 @@ ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbo
 # range update, renormalise, bit I/O); an assumption, stated as such
 
 
+def kv_heads_per_gpu(model: ModelSpec, parallel: Parallelism) -> int:
+    """KV heads each GPU of a tensor-parallel group holds (whole heads: replicated when TP exceeds them)."""
+    return math.ceil(model.kv_heads / parallel.tensor)
+
+
 class ModelDoesNotFit(ValueError):
     """The model's weights leave no room for KV on this pool's GPUs."""
 
@@ -164,7 +169,7 @@ class ReplicaCostModel:
     # ---- layout -------------------------------------------------------------------------
     @property
     def kv_heads_per_gpu(self) -> int:
-        return math.ceil(self.model.kv_heads / self.parallel.tensor)
+        return kv_heads_per_gpu(self.model, self.parallel)
 
     @property
     def q_heads_per_gpu(self) -> float:

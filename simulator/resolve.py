@@ -39,7 +39,7 @@ import catalog
 from costmodel import collectives
 from costmodel.calibration import CalibrationProfile, load_profile
 from costmodel.methods import KVMethod
-from costmodel.phases import ReplicaCostModel
+from costmodel.phases import ReplicaCostModel, kv_heads_per_gpu
 from costmodel.roofline import roofline_profile
 from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
 
@@ -123,9 +123,8 @@ class PoolLayout:
             gpu=self.gpu,
             parallel=self.parallel,
             method=method,
-            # the KV channels on one GPU: ReplicaCostModel.kv_heads_per_gpu x head_dim
             profile=priced_profile(
-                self.profile, method, self.gpu, -(-model.kv_heads // self.parallel.tensor) * model.head_dim
+                self.profile, method, self.gpu, kv_heads_per_gpu(model, self.parallel) * model.head_dim
             ),
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_batch_tokens=self.max_batch_tokens,

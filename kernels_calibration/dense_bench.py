@@ -13,6 +13,10 @@ DIR/dense_fit.json; `fit_dense` (numpy only, no GPU) turns rows into the profile
   gemm: time = overhead_s + max(flops / (matmul_fp16 * compute_eff), bytes / (memory * memory_eff))
   elementwise: time = overhead_s + bytes / (memory * elementwise_eff)
 with held-out errors (every third row m is held out).
+A lone elementwise kernel per replay pays a graph launch (~9 µs on the H200); inside a captured decode step the
+kernels run back to back.  The `elementwise_in_graph` rows time each elementwise kernel CHAIN_KERNELS times in one
+graph (per copy), at decode's row counts; their fixed part is `in_graph_overhead_s`, what the cost model charges
+per small kernel in a decode step replayed as a CUDA graph (`--in-graph-only` measures these rows alone).
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ import numpy as np
 # (name, hidden, q_dim, kv_dim, mlp, vocab): Llama-3.1 8B and 70B layer shapes
 MODELS = (("8b", 4096, 4096, 1024, 14336, 128256), ("70b", 8192, 8192, 1024, 28672, 128256))
 ROWS = (1, 2, 4, 8, 16, 24, 32, 64, 128, 512, 1024, 2048, 4096, 8192, 16384)
+CHAIN_KERNELS = 64  # kernels per graph for the in-graph rows
+CHAIN_MAX_ROWS = 512  # decode batches: where the per-kernel overhead matters
 
 
-def measure(out: Path) -> list[dict]:
+def measure(out: Path, in_graph_only: bool = False) -> list[dict]:
+    """The rows (module doc); in_graph_only: the elementwise_in_graph rows alone (a minute, no GEMMs)."""
     import torch
     import torch.nn.functional as F
 
@@ -56,7 +63,7 @@ def measure(out: Path) -> list[dict]:
             ("down", h, mlp),
             ("lm_head", vocab, h),
         )
-        for op, n, k in shapes:
+        for op, n, k in () if in_graph_only else shapes:
             wbytes = 2 * n * k
             n_rot = _n_rot(wbytes, cap=8)
             ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * k**-0.5 for _ in range(n_rot)]
@@ -72,6 +79,8 @@ def measure(out: Path) -> list[dict]:
             torch.cuda.empty_cache()
         # elementwise kernels of one PyTorch layer, at the row counts of decode and prefill
         for m in ROWS:
+            if in_graph_only and m > CHAIN_MAX_ROWS:
+                continue
             xs = torch.randn(m, h, device=dev, dtype=torch.float16)
             w = torch.ones(h, device=dev, dtype=torch.float16)
             gu = torch.randn(m, 2 * mlp, device=dev, dtype=torch.float16)
@@ -89,11 +98,28 @@ def measure(out: Path) -> list[dict]:
                 ("rope_cat", lambda i: torch.cat(qk.chunk(2, -1)[::-1], -1), 4 * qk.numel()),
             )
             for op, fn, nbytes in ops:
-                t = time_graph(fn, 1)
-                add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
+                if not in_graph_only:
+                    t = time_graph(fn, 1)
+                    add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
+                if m <= CHAIN_MAX_ROWS:
+                    # the same kernel CHAIN_KERNELS times back to back in one graph: a kernel's cost inside a
+                    # captured decode step, without the graph launch a lone replay pays
+                    t = time_graph(fn, CHAIN_KERNELS)
+                    add("elementwise_in_graph", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
             del xs, gu, g, u, qk, rot, ys
             torch.cuda.empty_cache()
     return rows
+
+
+def _in_graph_fit(rows: list[dict], s_per_byte: float) -> dict:
+    """A kernel's fixed cost inside a captured step: the elementwise_in_graph rows (CHAIN_KERNELS copies of one
+    kernel back to back in one graph, time per copy) less their bytes at the lone-kernel rows' s_per_unit, the
+    median over rows.  {} without such rows."""
+    g = [r for r in rows if r["kind"] == "elementwise_in_graph"]
+    if not g:
+        return {}
+    fixed = sorted(float(r["time_s"]) - s_per_byte * float(r["bytes"]) for r in g)
+    return {"in_graph_overhead_s": max(0.0, fixed[len(fixed) // 2]), "in_graph_rows": len(g)}
 
 
 def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_overhead_s: float | None = None) -> dict:
@@ -150,6 +176,7 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
         out["elementwise"] = {
             "overhead_s": ov if launch_overhead_s is None else launch_overhead_s,
             "graph_replay_intercept_s": ov,
+            **_in_graph_fit(rows, spb),
             "s_per_unit": spb,
             "unit": "bytes read + written",
             "efficiency_vs_copy": round(1.0 / (spb * memory_gbps * 1e9), 4),
@@ -162,7 +189,12 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--fit-only", type=Path, default=None, help="refit DIR/dense_rows.csv (no GPU)")
+    ap.add_argument(
+        "--fit-only", type=Path, nargs="+", default=None, help="refit from these dense_rows.csv files (no GPU)"
+    )
+    ap.add_argument(
+        "--in-graph-only", action="store_true", help="measure only the elementwise kernels back to back in a graph"
+    )
     ap.add_argument("--peaks", type=Path, default=Path(__file__).parent / "profiles/h200/peaks.json")
     ap.add_argument(
         "--merge", type=Path, default=None, help="write the fit into this profile.json (gemm and kernels.elementwise)"
@@ -170,10 +202,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.fit_only:
-        with a.fit_only.open() as f:
-            rows = list(csv.DictReader(f))
+        rows = []
+        for path in a.fit_only:
+            with path.open() as f:
+                rows += list(csv.DictReader(f))
     else:
-        rows = measure(a.out)
+        rows = measure(a.out, in_graph_only=a.in_graph_only)
         with (a.out / "dense_rows.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

@@ -66,7 +66,16 @@ def main(argv=None) -> int:
         help="separate: the prefill and the decode device (the same one twice: a one-GPU dry run)",
     )
     ap.add_argument("--stream-layers", action="store_true", help="separate: send each layer's KV as it is made")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="shared_gpu: record each (method, rate) this many times back to back, same workload and seed "
+        "(folders <label>_<method>_r<rate>_rep<k>): the run-to-run spread",
+    )
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
     import torch  # after argparse: --help stays fast
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -107,6 +116,8 @@ def main(argv=None) -> int:
                     log=lambda s: print(s, flush=True),
                 )
         return 0
+    if a.repeats > 1 and a.placement == "separate":
+        ap.error("--repeats is for --placement shared_gpu")
     from .runner import run_set
 
     written = run_set(
@@ -134,8 +145,9 @@ def main(argv=None) -> int:
         prefill_host_memory_gib=a.prefill_host_memory_gib,
         label=a.label,
         log=lambda s: print(s, flush=True),
+        repeats=a.repeats,
     )
-    return 0 if len(written) == len(a.method) * len(a.rate) else 1
+    return 0 if len(written) == len(a.method) * len(a.rate) * a.repeats else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # baseline, KVQuant-style 2-bit and HACK.  Everything lands in $OUT/realrun_traces.tar.gz (re-packed
 # after each configuration and every 20 s, so a cut-off call still returns what finished) plus
 # $OUT/realrun.log and the part's own files.
-# usage (repository root): bash realrun/device_run.sh GIT_REV PART      PART = 8b | 70b | 70b-traces
+# usage (repository root): bash realrun/device_run.sh GIT_REV PART
+#   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below)
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -22,6 +23,13 @@
 #             a dry run of --placement separate (issue 22) with both processes on this GPU (~60 s)
 #             h200g_8b_2.5gbps    r7.5         span ~22 s          (last: cut first if time runs out)
 #             ~600 s in all: the budget guard cuts the last configuration if the others run long.
+#   part noise: smoke, the elementwise kernels back to back in a graph (dense_bench --in-graph-only, ~30 s),
+#             hostcal with the link idle and kept busy at 50 Gbps (~80 s), then, FP16 and HACK three times each
+#             (same seed, back to back in one process) and KVQuant-style once:
+#             h200g_8b_small      r5  80 requests  span ~16 s  (decode batches 1-16)
+#             h200g_70b8l_1gbps   r8  150 requests span ~20 s  (link-bound; FP16 and HACK only)
+#   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
+#             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="${1:-unknown}"
@@ -78,7 +86,46 @@ config() {
     --chunk-mib 1 --label "$label" --out "$T" "${DEV[@]}"
 }
 
-if [ "$PART" = 8b ]; then
+# rec LABEL MODEL_ARRAY LINK P0 P1 O0 O1 KV_GIB PARKED_GIB LIMIT REQUESTS REPEATS "METHODS" RATES...
+rec() {
+  local label=$1; shift; local -n model=$1; shift
+  local link=$1 p0=$2 p1=$3 o0=$4 o1=$5 kv=$6 parked=$7 lim=$8 n=$9 reps=${10} meths=${11}; shift 11
+  local sm=(--prompt-range "$p0" "$p1" --output-range "$o0" "$o1")
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then sm=(--prompt-range 20 100 --output-range 2 4); n=3; fi
+  local out="$T"  # one method, one rate, one repeat: realrun writes the trace into --out itself
+  if [ "$reps" = 1 ] && [ "$(echo $meths | wc -w)" = 1 ] && [ $# = 1 ]; then out="$T/${label}_${meths}_r$1"; fi
+  # shellcheck disable=SC2086  # METHODS is a word list
+  step "$lim" "$label" python3 -m realrun --method $meths "${model[@]}" --link-gbps "$link" \
+    --rate "$@" --requests "$n" --seed 1 --kv-capacity-gib "$kv" --prefill-host-memory-gib "$parked" \
+    "${sm[@]}" --max-decode-batch 64 --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
+    --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}"
+}
+smoke_or_stop() {
+  step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
+    --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --max-decode-batch 8 --out "$WORK/smoke" "${DEV[@]}"
+  if [ "$LAST_RC" != 0 ] || [ "$(find "$WORK/smoke" -name requests.csv | wc -l)" != 3 ]; then
+    echo "== smoke failed: stopping" | tee -a "$LOG"; kill $PACKER; pack; exit 1
+  fi
+}
+
+if [ "$PART" = noise ]; then
+  # issue 27/28: small decode batches, the host time with and without link traffic, and repeated recordings
+  # (realrun/traces/h200_repeats/): each (method, rate) three times back to back in one process, same seed.
+  smoke_or_stop
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else
+    HC=(--sets "llama-3.1-8b:2;llama-3.1-70b:2")
+    step 90 dense_in_graph python3 -m kernels_calibration.dense_bench --in-graph-only --out "$OUT/dense_in_graph"
+  fi
+  step 150 hostcal_link python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 50 \
+    --out "$OUT/hostcal_link.csv" "${HC[@]}"
+  rec h200g_8b_small M8 50 256 2048 32 256 16 16 150 80 3 "baseline hack" 5
+  rec h200g_8b_small M8 50 256 2048 32 256 16 16 60 80 1 "kvquant" 5
+  rec h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 180 150 3 "baseline hack" 8
+elif [ "$PART" = kvsat ]; then
+  smoke_or_stop
+  rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5
+  rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 80 60 1 "kvquant" 2.5
+elif [ "$PART" = 8b ]; then
   step 150 check python3 -m realrun.check "${CHK8[@]}" "${DEV[@]}"
   step 90 check-70b-shape python3 -m realrun.check "${CHK70[@]}" "${DEV[@]}"
   step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \

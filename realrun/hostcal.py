@@ -44,6 +44,14 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--decode-mode", default="graphs", choices=["graphs", "eager"])
     ap.add_argument(
+        "--link-load-gbps",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="run every set once per value with a paced link kept busy at that rate meanwhile (0: idle link), "
+        "to see how the link thread's activity moves the host time",
+    )
+    ap.add_argument(
         "--profile-first",
         type=Path,
         default=None,
@@ -77,10 +85,11 @@ def main(argv=None) -> int:
             sets.append((name, layers, ("baseline", "kvquant", "hack") + (("baseline",) if not sets else ())))
     if a.smoke:
         sets = [("tiny", 1, ("baseline", "hack", "baseline"))]
-    for model_name, layers, methods in sets:
+    for load_gbps, (model_name, layers, methods) in [(g, st) for g in a.link_load_gbps for st in sets]:
         shape = model_shape(model_name, layers)
         model = RandomLlama(shape, dev, seed=1, max_positions=1200)
         seen: dict[str, int] = {}
+        print(f"-- link load {load_gbps:g} Gbps", flush=True)
         for method in methods:
             seen[method] = seen.get(method, 0) + 1
             cfg = RunConfig(
@@ -96,6 +105,7 @@ def main(argv=None) -> int:
             try:
                 warmup(h, prompt_range, (3, 40))
                 h.host_issue.clear()
+                load = LinkLoad(load_gbps, dev) if load_gbps > 0 else None
                 if (
                     a.profile_first is not None
                     and (model_name, layers, method) == sets[0][:2] + (methods[0],)
@@ -113,6 +123,8 @@ def main(argv=None) -> int:
                     )
                 else:
                     req_rows, iters, _ = h.run(work)
+                if load is not None:
+                    load.close()
                 for (issue, wall), it in zip(h.host_issue, iters):
                     rows.append(
                         dict(
@@ -121,6 +133,7 @@ def main(argv=None) -> int:
                             model=model_name,
                             layers=layers,
                             decode_mode=a.decode_mode,
+                            link_load_gbps=load_gbps,
                             **{"pass": seen[method]},
                             batch_size=it[3],
                             tokens=it[4],
@@ -138,6 +151,7 @@ def main(argv=None) -> int:
                             model=model_name,
                             layers=layers,
                             decode_mode=a.decode_mode,
+                            link_load_gbps=load_gbps,
                             **{"pass": seen[method]},
                             batch_size=1,
                             tokens=r[3],
@@ -182,7 +196,82 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     print("scenario fields:", fit_host([a.out]), flush=True)
+    for row in gap_distribution([a.out]):
+        print("host time per iteration:", row, flush=True)
     return 0
+
+
+class LinkLoad:
+    """A paced link (realrun/link.py) kept busy at `gbps` while a run goes on: one transfer of a quarter second's
+    bytes after another, GPU -> pinned host -> GPU on the link's own stream and thread, as the harness's own link
+    moves KV.  The harness's decode loop then shares the CPU and the copy engines with it."""
+
+    def __init__(self, gbps: float, device):
+        import threading
+        import time
+
+        from .link import Link, Transfer
+
+        self._transfer = Transfer
+        self.link = Link(gbps, time.perf_counter, device, 1 << 20)
+        n = max(1 << 20, int(gbps * 1e9 / 8 * 0.25))
+        self.src = torch.zeros(n, dtype=torch.uint8, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._feed, name="link-load", daemon=True)
+        self.thread.start()
+
+    def _feed(self) -> None:
+        import queue
+
+        while not self.stop.is_set():
+            self.link.submit(self._transfer(0, self.src, self.dst))
+            while not self.stop.is_set():
+                try:
+                    self.link.done.get(timeout=0.05)
+                    break
+                except queue.Empty:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.link.close()
+
+
+def gap_distribution(paths) -> list[dict]:
+    """The host time between decode iterations as a distribution, per link load (column link_load_gbps; 0 where
+    the file has none) and decode mode: quantiles of the loop gap (end of one iteration to the start of the next,
+    with no prefill between) and of the host issue before the launch, over every method and pass."""
+    import numpy as np
+    import pandas as pd
+
+    out = []
+    frames = [pd.read_csv(p) for p in paths]
+    d = pd.concat(frames, ignore_index=True)
+    if "link_load_gbps" not in d.columns:
+        d["link_load_gbps"] = 0.0
+    for (load, mode), g in d.groupby(["link_load_gbps", "decode_mode"], sort=True):
+        gaps, issue = [], []
+        for _, run in g.groupby(["method", "model", "layers", "pass"], sort=False):
+            dec = run[run.kind == "decode"].sort_values("start_s")
+            pf = run[run.kind == "prefill"][["start_s", "end_s"]].to_numpy(dtype=float)
+            ends, starts = dec.end_s.to_numpy(dtype=float)[:-1], dec.start_s.to_numpy(dtype=float)[1:]
+            for e, s in zip(ends, starts):
+                if not ((pf[:, 0] < s) & (pf[:, 1] > e)).any():
+                    gaps.append(s - e)
+            issue += list(dec.host_issue_s.to_numpy(dtype=float))
+        q = lambda x: {f"p{p}": round(float(np.percentile(x, p)) * 1e3, 4) for p in (10, 50, 90, 99)}  # noqa: E731
+        out.append(
+            {
+                "link_load_gbps": float(load),
+                "decode_mode": mode,
+                "iterations": len(issue),
+                "gap_ms": q(gaps) | {"mean": round(float(np.mean(gaps)) * 1e3, 4)},
+                "issue_ms": q(issue) | {"mean": round(float(np.mean(issue)) * 1e3, 4)},
+            }
+        )
+    return out
 
 
 def fit_host(paths) -> dict:
@@ -202,6 +291,8 @@ def fit_host(paths) -> dict:
     graphs = False
     for path in paths:
         d = pd.read_csv(path)
+        if "link_load_gbps" in d.columns:  # the scenario fields come from runs with the link idle
+            d = d[d.link_load_gbps == 0]
         graphs |= "decode_mode" in d.columns and bool((d.decode_mode == "graphs").any())
         for key, g in d[d.kind == "decode"].groupby(["method", "model", "layers", "pass"], sort=False):
             if (

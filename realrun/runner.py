@@ -261,10 +261,13 @@ def run_set(
     label: str | None = None,
     pack=None,
     log=print,
+    repeats: int = 1,
 ) -> list[Path]:
-    """Each method in turn on one model (weights built once): its warm-up, then one run per rate.
-    Trace folders are named <label>_<method>_r<rate> (label: <model>-L<layers>_<link>gbps); with
-    one method and one rate the trace is `out` itself.  pack(): called after each trace is written."""
+    """Each method in turn on one model (weights built once): its warm-up, then one run per rate, `repeats`
+    times back to back (the same workload and seed; the spread between them is the run-to-run noise of one
+    process's runs, not of separate processes or machines). Trace folders are named
+    <label>_<method>_r<rate>[_rep<k>] (label: <model>-L<layers>_<link>gbps); with one method, one rate and one
+    repeat the trace is `out` itself.  pack(): called after each trace is written."""
     shape = model_shape(model_name, layers)
     dev = torch.device(device)
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
@@ -293,12 +296,12 @@ def run_set(
             h = Harness(model, cfg)
             if do_warmup:
                 warmup(h, prompt_range, output_range, log=log)
-            for rate in rates:
+            for rate, rep in [(r, k) for r in rates for k in range(1, repeats + 1)]:
                 work = poisson_workload(n_requests, rate, seed, prompt_range, output_range)
-                if do_warmup:
+                if do_warmup and rep == 1:
                     prime_prefill_attention(h, sorted({r.prompt_tokens for r in work}))
-                name = f"{label}_{method}_r{rate:g}"
-                path = Path(out) if len(methods) * len(rates) == 1 else Path(out) / name
+                name = f"{label}_{method}_r{rate:g}" + (f"_rep{rep}" if repeats > 1 else "")
+                path = Path(out) if len(methods) * len(rates) * repeats == 1 else Path(out) / name
                 written.append(
                     _one_run(
                         h,

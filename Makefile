@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test lint format mutate clean
+.PHONY: run test lint docs format mutate clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ run: $(VENV)/.core-installed
 
 # Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
 TEST_WORKERS ?= 2
-test: lint
+test: lint docs
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (lint and format check) over the tree, then pyright (basic mode, [tool.pyright] in pyproject.toml) with the
@@ -32,11 +32,17 @@ lint: $(VENV)/.test-installed
 	$(PY) -m ruff format --check .
 	$(PY) -m pyright --pythonpath $(PY)
 
+# The manual (docs/, mkdocs.yml) built into site/ with --strict: a broken link or anchor, or a page missing from the
+# nav, fails it; part of `make test`. NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2.0. Not --quiet:
+# mkdocs 1.6 then drops the warnings before --strict counts them, and a broken link passes.
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 format: $(VENV)/.test-installed
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-# Mutation testing of costmodel/ and simulator/ ([tool.mutmut] in pyproject.toml; README, "Testing").
+# Mutation testing of costmodel/ and simulator/ ([tool.mutmut] in pyproject.toml; docs/testing.md).
 # MUTATE picks functions by name glob, e.g. MUTATE='costmodel.methods* simulator.link*'; all by default (hours).
 MUTATE ?=
 mutate: $(VENV)/.test-installed
@@ -45,4 +51,4 @@ mutate: $(VENV)/.test-installed
 	$(VENV)/bin/mutmut results
 
 clean:
-	rm -rf $(VENV) out mutants
+	rm -rf $(VENV) out mutants site

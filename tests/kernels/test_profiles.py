@@ -177,17 +177,17 @@ def test_roofline_prices_kernels_like_the_derivation():
             assert spu == pytest.approx(prof["kernels"][name]["s_per_unit"], rel=2e-3), (key, name)
 
 
-def test_readme_table_is_what_derive_computes():
-    """The README's HACK/FP16 table is derive.py's output for the committed profiles."""
+def test_docs_table_is_what_derive_computes():
+    """The HACK/FP16 table of docs/methods.md ("Derived profiles") is derive.py's output for the committed profiles."""
     import re
 
     from kernels_calibration.derive import ratio_rows
 
     src = json.loads((PROFILES / "h200" / "profile.json").read_text())
     rows = {r["gpu"]: r for r in ratio_rows({k: derive(src, k) for k in ("h200",) + TARGETS})}
-    readme = (PROFILES.parents[1] / "README.md").read_text()
+    page = (PROFILES.parents[1] / "docs" / "methods.md").read_text()
     found = 0
-    for line in readme.splitlines():
+    for line in page.splitlines():
         m = re.match(r"\| (\w+) \| ([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \|", line)
         if m and m.group(1) in rows:
             r = rows[m.group(1)]

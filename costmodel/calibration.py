@@ -66,6 +66,9 @@ class KernelFit:
     overhead_s: float
     s_per_unit: float
     heldout_median_error_pct: float | None = None
+    # the fixed cost inside a captured CUDA graph, kernels back to back (no launch): measured for the elementwise
+    # kernels (kernels_calibration/dense_bench.py, elementwise_in_graph rows); None where not measured
+    in_graph_overhead_s: float | None = None
 
     def time_s(self, units: float) -> float:
         return self.overhead_s + self.s_per_unit * units
@@ -150,6 +153,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
             overhead_s=float(fit["overhead_s"]),
             s_per_unit=float(fit["s_per_unit"]),
             heldout_median_error_pct=fit.get("heldout_median_error_pct"),
+            in_graph_overhead_s=None if fit.get("in_graph_overhead_s") is None else float(fit["in_graph_overhead_s"]),
         )
         for key, fit in raw["kernels"].items()
     }

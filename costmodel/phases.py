@@ -151,6 +151,9 @@ class ReplicaCostModel:
     host_issue_s_per_request: float = 0.0
     host_serial_s_per_iteration: float = 0.0  # CPU work between iterations while the GPU idles
     extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
+    # decode iterations replayed as CUDA graphs (vLLM without --enforce-eager, SGLang): small kernels cost the
+    # in-graph overhead (_small_kernel_s); False prices every kernel as launched
+    decode_graphs: bool = False
     max_batch_requests: int = 256  # most requests per batch (vLLM's max_num_seqs): sizes the sampler run
     block_tokens: int = DEFAULT_BLOCK_TOKENS  # KV tokens per block (vLLM's --block-size)
     cuda_graph_bytes: float = 0.0  # per GPU, subtracted from the KV pool (costmodel/memory.py)
@@ -207,22 +210,39 @@ class ReplicaCostModel:
         h, r = m.hidden_size, (m.q_dim + m.kv_dim) / tp
         i = m.mlp_width_per_token / tp if m.mlp == "gated" else 0.0
         bytes_per_token = FP16_BYTES * (2 * 2 * h + 7 * r + (2 * i + 3 * i) + 2 * 3 * h)
-        n_kernels = 9 if m.mlp == "gated" else 7
         if m.is_moe:
             # routing (softmax + top-k), the permutation of each token's k copies into expert order and the
             # weighted sum back: three more kernels; permute reads and writes k hidden rows, the sum reads
             # k and writes one
             k = m.active_experts
-            n_kernels += 3
             bytes_per_token += FP16_BYTES * (2 * k * h + (k + 1) * h)
         fit = p.kernels.get("elementwise")
         s_per_byte = 1.0 / (p.memory_gbps * 1e9) if fit is None else fit.s_per_unit
-        return n_kernels * self._small_kernel_s() + s_per_byte * tokens * bytes_per_token
+        return self._elementwise_kernels() * self._small_kernel_s() + s_per_byte * tokens * bytes_per_token
 
-    def _small_kernel_s(self) -> float:
-        """One tiny memory-bound kernel (a copy or a gather of a few rows): its launch-bound cost."""
+    def _elementwise_kernels(self) -> int:
+        """The layer's elementwise kernels (elementwise_layer_s): nine (seven with a plain MLP), three more for MoE."""
+        m = self.model
+        return (9 if m.mlp == "gated" else 7) + (3 if m.is_moe else 0)
+
+    def _small_kernel_s(self, in_graph: bool = False) -> float:
+        """One tiny memory-bound kernel (a copy or a gather of a few rows): its launch-bound cost, or with
+        in_graph its cost inside a captured CUDA graph, where kernels run back to back (the profile's measured
+        in_graph_overhead_s; the launch cost where the profile has none)."""
         fit = self.profile.kernels.get("elementwise")
-        return fit.overhead_s if fit is not None else self.profile.launch_overhead_s
+        if fit is None:
+            return self.profile.launch_overhead_s
+        if in_graph and fit.in_graph_overhead_s is not None:
+            return fit.in_graph_overhead_s
+        return fit.overhead_s
+
+    def _graph_saving_s_per_layer(self) -> float:
+        """What a decode layer saves when the step is replayed as a CUDA graph (decode_graphs): its elementwise
+        kernels cost the in-graph overhead instead of a launch each (the GEMM and attention fits were timed
+        inside graphs already)."""
+        if not self.decode_graphs:
+            return 0.0
+        return self._elementwise_kernels() * (self._small_kernel_s() - self._small_kernel_s(in_graph=True))
 
     def host_issue_s(self, batch_size: int) -> float:
         """The shortest an iteration can take when the CPU issues it: the issue time, then the GPU
@@ -577,9 +597,10 @@ class ReplicaCostModel:
         # small kernels besides the attention fit: the new token's KV write where the profiled kernel does
         # not include it (the quantized kernels were timed with their append), and the engine's own
         small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer
-        launch_s += small * self._small_kernel_s()
+        launch_s += small * self._small_kernel_s(in_graph=self.decode_graphs)
+        dense_s = self._dense_layer_s(batch_size) - self._graph_saving_s_per_layer()
         decode_fixed = (
-            L * (self._dense_layer_s(batch_size) + launch_s + batch_size * per_req.get("decode", 0.0))
+            L * (dense_s + launch_s + batch_size * per_req.get("decode", 0.0))
             + self._lm_head_s(batch_size)
             + (self.parallel.pipeline - 1) * self._stage_hop_s(batch_size)
         )

@@ -14,9 +14,9 @@ DIR/dense_fit.json; `fit_dense` (numpy only, no GPU) turns rows into the profile
   elementwise: time = overhead_s + bytes / (memory * elementwise_eff)
 with held-out errors (every third row m is held out).
 A lone elementwise kernel per replay pays a graph launch (~9 µs on the H200); inside a captured decode step the
-kernels run back to back.  The `elementwise_in_graph` rows time each elementwise kernel CHAIN_KERNELS times in one
-graph (per copy), at decode's row counts; their fixed part is `in_graph_overhead_s`, what the cost model charges
-per small kernel in a decode step replayed as a CUDA graph (`--in-graph-only` measures these rows alone).
+kernels run back to back.  Rows of `python -m realrun.stepprof` (a real decode step's graph replay, kernel by
+kernel) given to the fit add `in_graph_overhead_s`: what a small kernel costs inside a captured step
+(`small_kernel_in_graph_s`), charged per small kernel of a decode step replayed as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ import numpy as np
 # (name, hidden, q_dim, kv_dim, mlp, vocab): Llama-3.1 8B and 70B layer shapes
 MODELS = (("8b", 4096, 4096, 1024, 14336, 128256), ("70b", 8192, 8192, 1024, 28672, 128256))
 ROWS = (1, 2, 4, 8, 16, 24, 32, 64, 128, 512, 1024, 2048, 4096, 8192, 16384)
-CHAIN_KERNELS = 64  # kernels per graph for the in-graph rows
-CHAIN_MAX_ROWS = 512  # decode batches: where the per-kernel overhead matters
 
 
-def measure(out: Path, in_graph_only: bool = False) -> list[dict]:
-    """The rows (module doc); in_graph_only: the elementwise_in_graph rows alone (a minute, no GEMMs)."""
+def measure(out: Path) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -63,7 +60,7 @@ def measure(out: Path, in_graph_only: bool = False) -> list[dict]:
             ("down", h, mlp),
             ("lm_head", vocab, h),
         )
-        for op, n, k in () if in_graph_only else shapes:
+        for op, n, k in shapes:
             wbytes = 2 * n * k
             n_rot = _n_rot(wbytes, cap=8)
             ws = [torch.randn(n, k, device=dev, dtype=torch.float16) * k**-0.5 for _ in range(n_rot)]
@@ -79,8 +76,6 @@ def measure(out: Path, in_graph_only: bool = False) -> list[dict]:
             torch.cuda.empty_cache()
         # elementwise kernels of one PyTorch layer, at the row counts of decode and prefill
         for m in ROWS:
-            if in_graph_only and m > CHAIN_MAX_ROWS:
-                continue
             xs = torch.randn(m, h, device=dev, dtype=torch.float16)
             w = torch.ones(h, device=dev, dtype=torch.float16)
             gu = torch.randn(m, 2 * mlp, device=dev, dtype=torch.float16)
@@ -98,28 +93,47 @@ def measure(out: Path, in_graph_only: bool = False) -> list[dict]:
                 ("rope_cat", lambda i: torch.cat(qk.chunk(2, -1)[::-1], -1), 4 * qk.numel()),
             )
             for op, fn, nbytes in ops:
-                if not in_graph_only:
-                    t = time_graph(fn, 1)
-                    add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
-                if m <= CHAIN_MAX_ROWS:
-                    # the same kernel CHAIN_KERNELS times back to back in one graph: a kernel's cost inside a
-                    # captured decode step, without the graph launch a lone replay pays
-                    t = time_graph(fn, CHAIN_KERNELS)
-                    add("elementwise_in_graph", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
+                t = time_graph(fn, 1)
+                add("elementwise", f"{name}.{op}", m, h, 0, nbytes, 0.0, t)
             del xs, gu, g, u, qk, rot, ys
             torch.cuda.empty_cache()
     return rows
 
 
-def _in_graph_fit(rows: list[dict], s_per_byte: float) -> dict:
-    """A kernel's fixed cost inside a captured step: the elementwise_in_graph rows (CHAIN_KERNELS copies of one
-    kernel back to back in one graph, time per copy) less their bytes at the lone-kernel rows' s_per_unit, the
-    median over rows.  {} without such rows."""
-    g = [r for r in rows if r["kind"] == "elementwise_in_graph"]
-    if not g:
+def small_kernel_in_graph_s(rows: list[dict]) -> list[tuple[dict, float]]:
+    """Per profiled decode step (realrun.stepprof rows: one `step` row and its `kernel` rows): what one small
+    kernel of a layer costs inside the captured step, its mean duration plus the step's mean gap between kernels.
+    Small kernels: PyTorch's own (at::native: norms, RoPE products and concatenations, SiLU, products, residual
+    adds, index writes, copies) that run once or more per layer (count >= layers); the GEMMs (cuBLAS) and the
+    attention kernels (Triton) are priced by their own fits, which were timed inside graphs too."""
+    out = []
+    for s in (r for r in rows if r["kind"] == "step"):
+        key = (s["method"], s["model"], s["layers"], s["batch"])
+        layers = float(s["layers"])
+        small = [
+            r
+            for r in rows
+            if r["kind"] == "kernel"
+            and (r["method"], r["model"], r["layers"], r["batch"]) == key
+            and ("at::native" in r["name"] or r["name"].startswith("Memcpy"))
+            and float(r["count"]) >= layers
+        ]
+        n = sum(float(r["count"]) for r in small)
+        if n == 0:
+            continue
+        busy = sum(float(r["count"]) * float(r["mean_s"]) for r in small)
+        out.append((s, busy / n + float(s["gap_s"]) / float(s["kernels"])))
+    return out
+
+
+def in_graph_fit(rows: list[dict]) -> dict:
+    """`in_graph_overhead_s`: the median over profiled steps of small_kernel_in_graph_s ({} without stepprof
+    rows).  At the profiled batches (1-16 rows) a small kernel's bytes take < 0.1 µs: the cost is its fixed part."""
+    per = small_kernel_in_graph_s(rows)
+    if not per:
         return {}
-    fixed = sorted(float(r["time_s"]) - s_per_byte * float(r["bytes"]) for r in g)
-    return {"in_graph_overhead_s": max(0.0, fixed[len(fixed) // 2]), "in_graph_rows": len(g)}
+    vals = sorted(v for _, v in per)
+    return {"in_graph_overhead_s": vals[len(vals) // 2], "in_graph_steps": len(vals)}
 
 
 def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_overhead_s: float | None = None) -> dict:
@@ -136,6 +150,7 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
         return [r for r in rs if int(r["m"]) not in held], [r for r in rs if int(r["m"]) in held]
 
     out: dict = {}
+    steps = [r for r in rows if r["kind"] in ("step", "kernel")]  # realrun.stepprof rows
     g = [r for r in rows if r["kind"] == "gemm"]
     if g:
         train, test = split(g)
@@ -176,7 +191,7 @@ def fit_dense(rows: list[dict], memory_gbps: float, fp16_tflops: float, launch_o
         out["elementwise"] = {
             "overhead_s": ov if launch_overhead_s is None else launch_overhead_s,
             "graph_replay_intercept_s": ov,
-            **_in_graph_fit(rows, spb),
+            **in_graph_fit(steps),
             "s_per_unit": spb,
             "unit": "bytes read + written",
             "efficiency_vs_copy": round(1.0 / (spb * memory_gbps * 1e9), 4),
@@ -192,9 +207,6 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--fit-only", type=Path, nargs="+", default=None, help="refit from these dense_rows.csv files (no GPU)"
     )
-    ap.add_argument(
-        "--in-graph-only", action="store_true", help="measure only the elementwise kernels back to back in a graph"
-    )
     ap.add_argument("--peaks", type=Path, default=Path(__file__).parent / "profiles/h200/peaks.json")
     ap.add_argument(
         "--merge", type=Path, default=None, help="write the fit into this profile.json (gemm and kernels.elementwise)"
@@ -207,7 +219,7 @@ def main(argv=None) -> int:
             with path.open() as f:
                 rows += list(csv.DictReader(f))
     else:
-        rows = measure(a.out, in_graph_only=a.in_graph_only)
+        rows = measure(a.out)
         with (a.out / "dense_rows.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

@@ -150,6 +150,7 @@ def derive(src: dict, key: str, src_key: str = "h200") -> dict:
         parts = reprice(src_parts, r_src, r_tgt)
         out["kernels"][name] = {
             "overhead_s": fit["overhead_s"],
+            **({"in_graph_overhead_s": fit["in_graph_overhead_s"]} if "in_graph_overhead_s" in fit else {}),
             "s_per_unit": sum(parts.values()),
             "heldout_median_error_pct": fit.get("heldout_median_error_pct"),
             "bound_by": max(parts, key=parts.get),

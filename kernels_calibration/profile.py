@@ -9,7 +9,8 @@
 
 A full run also measures the layer's GEMMs and elementwise kernels (dense_bench.py) into
 DIR/dense_rows.csv and writes their fit as the profile's `gemm` and `kernels.elementwise`; --fit-only
-picks up a dense_rows.csv lying beside a rows file it is given.
+picks up a dense_rows.csv (and stepprof_*.csv: python -m realrun.stepprof, a decode step replayed as a CUDA graph,
+kernel by kernel) lying beside a rows file it is given.
 
 Writes DIR/rows.csv (one tidy row per kernel and shape: median time, achieved GB/s and TFLOP/s,
 floors, the launch config, provenance) and DIR/profile.json in the contract of
@@ -630,7 +631,12 @@ def main(argv: list[str] | None = None) -> int:
             write_rows(rows, rows_path)
         peaks_path = args.fit_only[0].parent / "peaks.json"
         meta = json.loads(peaks_path.read_text())
-        dense_paths = [p.parent / "dense_rows.csv" for p in args.fit_only if (p.parent / "dense_rows.csv").exists()]
+        dense_paths = [  # beside: dense_bench's rows (the layer's kernels), realrun.stepprof's (a decode step's graph)
+            p.parent / name
+            for p in args.fit_only
+            for name in ("dense_rows.csv", "stepprof_8b.csv", "stepprof_70b8l.csv")
+            if (p.parent / name).exists()
+        ]
     else:
         rows = measure_all(args.out, args.quick, args.only)
         meta = json.loads((args.out / "peaks.json").read_text())

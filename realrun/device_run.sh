@@ -23,7 +23,7 @@
 #             a dry run of --placement separate (issue 22) with both processes on this GPU (~60 s)
 #             h200g_8b_2.5gbps    r7.5         span ~22 s          (last: cut first if time runs out)
 #             ~600 s in all: the budget guard cuts the last configuration if the others run long.
-#   part noise: smoke, the elementwise kernels back to back in a graph (dense_bench --in-graph-only, ~30 s),
+#   part noise: smoke, the decode step's graph replay kernel by kernel (realrun.stepprof, ~40 s),
 #             hostcal with the link idle and kept busy at 50 Gbps (~80 s), then, FP16 and HACK three times each
 #             (same seed, back to back in one process) and KVQuant-style once:
 #             h200g_8b_small      r5  80 requests  span ~16 s  (decode batches 1-16)
@@ -114,7 +114,7 @@ if [ "$PART" = noise ]; then
   smoke_or_stop
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else
     HC=(--sets "llama-3.1-8b:2;llama-3.1-70b:2")
-    step 90 dense_in_graph python3 -m kernels_calibration.dense_bench --in-graph-only --out "$OUT/dense_in_graph"
+    step 90 stepprof python3 -m realrun.stepprof --out "$OUT/stepprof_8b.csv"
   fi
   step 150 hostcal_link python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 50 \
     --out "$OUT/hostcal_link.csv" "${HC[@]}"

@@ -283,11 +283,13 @@ def fit_host(paths) -> dict:
     out when a second one exists (it ran under the profiler / cold).
     Files of --decode-mode graphs: the CPU work before the one graph launch does not overlap the GPU
     (the previous iteration ended with a sync), so it adds to the loop gap: host_serial = gap + mean
-    issue, and the issue terms are 0."""
+    issue, and the issue terms are 0; an iteration that a request joins issues more (the joins' KV placement
+    and slot bookkeeping): join_s_per_request = the mean, over groups, of (issue of an iteration with joins -
+    the group's mean issue without) / joins.  Rows with a busy link (link_load_gbps > 0) are left out."""
     import numpy as np
     import pandas as pd
 
-    means, gaps = [], []
+    means, gaps, joins = [], [], []
     graphs = False
     for path in paths:
         d = pd.read_csv(path)
@@ -302,8 +304,12 @@ def fit_host(paths) -> dict:
             ):
                 continue
             b = g.batch_size.to_numpy()
-            grew = np.r_[b[0], np.maximum(0, np.diff(b))] > 0
-            means.append((key[1], key[2], float(g.host_issue_s.to_numpy()[~grew].mean())))
+            joined = np.r_[b[0], np.maximum(0, np.diff(b))]
+            grew = joined > 0
+            issue = g.host_issue_s.to_numpy()
+            means.append((key[1], key[2], float(issue[~grew].mean())))
+            if grew.any() and (~grew).any():  # the host time a joining request adds to its first iteration
+                joins.append(float(((issue[grew] - issue[~grew].mean()) / joined[grew]).mean()))
         if "start_s" in d.columns:
             for _, g in d.groupby(["method", "model", "layers", "pass"], sort=False):
                 dec = g[g.kind == "decode"].sort_values("start_s")
@@ -322,6 +328,7 @@ def fit_host(paths) -> dict:
             "host_issue_s_per_iteration": 0.0,
             "host_issue_s_per_layer": 0.0,
             "host_serial_s_per_iteration": gap + issue,
+            "join_s_per_request": float(np.mean(joins)) if joins else 0.0,
             "issue_s": issue,
             "gap_s": gap,
             "groups": len(means),

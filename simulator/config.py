@@ -268,6 +268,12 @@ class PoolConfig(_Strict):
         description="decode: CPU time between iterations during "
         "which the GPU idles (sync on the sampled tokens, scheduling)",
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="decode: iterations replayed as CUDA graphs, as vLLM (without --enforce-eager) and SGLang do, "
+        "so the small kernels inside cost the profile's measured in-graph overhead, not a launch each; false for "
+        "an engine that launches its decode kernels one by one",
+    )
     expert_parallel: bool = Field(
         False,
         description="mixture of experts: spread whole experts over the "

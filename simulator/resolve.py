@@ -75,6 +75,7 @@ class HostCosts:
     issue_s_per_request: float = 0.0
     serial_s_per_iteration: float = 0.0
     extra_kernels_per_layer: int = 0
+    decode_graphs: bool = False  # decode iterations replayed as CUDA graphs (pool.cuda_graphs)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class PoolLayout:
             host_issue_s_per_request=h.issue_s_per_request,
             host_serial_s_per_iteration=h.serial_s_per_iteration,
             extra_kernels_per_layer=h.extra_kernels_per_layer,
+            decode_graphs=h.decode_graphs,
             max_batch_requests=self.max_batch_requests,
             block_tokens=self.block_tokens,
             cuda_graph_bytes=self.cuda_graph_bytes,
@@ -317,6 +319,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         issue_s_per_request=pool.host_issue_s_per_request,
         serial_s_per_iteration=pool.host_serial_s_per_iteration if decode else 0.0,
         extra_kernels_per_layer=pool.extra_kernels_per_layer if decode else 0,
+        decode_graphs=pool.cuda_graphs and decode,
     )
     return PoolLayout(
         name=name,

@@ -25,33 +25,33 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_graphs"
 # trace: (|mean decode error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2
 BOUNDS = {
-    "h200g_70b8l_1gbps_baseline_r8": (5, 4),
-    "h200g_70b8l_1gbps_hack_r8": (3, 5),
-    "h200g_70b8l_1gbps_kvquant_r8": (7, 6),
-    "h200g_70b8l_2.5gbps_baseline_r10": (4, 5),
-    "h200g_70b8l_2.5gbps_hack_r10": (8, 7),
-    "h200g_70b8l_2.5gbps_kvquant_r10": (7, 7),
-    "h200g_70b8l_dq_baseline_r7.3": (9, 8),
-    "h200g_70b8l_dq_baseline_r8.8": (14, 9),
-    "h200g_70b8l_dq_hack_r7.3": (13, 10),
-    "h200g_70b8l_dq_hack_r8.8": (20, 13),
-    "h200g_70b8l_dq_kvquant_r7.3": (13, 8),
-    "h200g_70b8l_dq_kvquant_r8.8": (20, 10),
-    "h200g_8b_2.5gbps_baseline_r7.5": (7, 13),
-    "h200g_8b_2.5gbps_hack_r7.5": (22, 9),
-    "h200g_8b_2.5gbps_kvquant_r7.5": (20, 9),
-    "h200g_8b_mem_baseline_r7.5": (3, 6),
-    "h200g_8b_mem_baseline_r8.5": (5, 7),
-    "h200g_8b_mem_hack_r7.5": (14, 4),
-    "h200g_8b_mem_hack_r8.5": (10, 3),
-    "h200g_8b_mem_kvquant_r7.5": (11, 3),
-    "h200g_8b_mem_kvquant_r8.5": (8, 3),
-    "h200g_8b_sat_baseline_r11": (23, 3),
-    "h200g_8b_sat_baseline_r9": (12, 5),
-    "h200g_8b_sat_hack_r11": (36, 9),
-    "h200g_8b_sat_hack_r9": (35, 7),
-    "h200g_8b_sat_kvquant_r11": (41, 6),
-    "h200g_8b_sat_kvquant_r9": (33, 4),
+    "h200g_70b8l_1gbps_baseline_r8": (4, 6),
+    "h200g_70b8l_1gbps_hack_r8": (3, 7),
+    "h200g_70b8l_1gbps_kvquant_r8": (8, 8),
+    "h200g_70b8l_2.5gbps_baseline_r10": (5, 7),
+    "h200g_70b8l_2.5gbps_hack_r10": (9, 9),
+    "h200g_70b8l_2.5gbps_kvquant_r10": (8, 9),
+    "h200g_70b8l_dq_baseline_r7.3": (10, 10),
+    "h200g_70b8l_dq_baseline_r8.8": (14, 11),
+    "h200g_70b8l_dq_hack_r7.3": (14, 12),
+    "h200g_70b8l_dq_hack_r8.8": (20, 15),
+    "h200g_70b8l_dq_kvquant_r7.3": (14, 10),
+    "h200g_70b8l_dq_kvquant_r8.8": (20, 11),
+    "h200g_8b_2.5gbps_baseline_r7.5": (3, 7),
+    "h200g_8b_2.5gbps_hack_r7.5": (26, 3),
+    "h200g_8b_2.5gbps_kvquant_r7.5": (23, 3),
+    "h200g_8b_mem_baseline_r7.5": (5, 4),
+    "h200g_8b_mem_baseline_r8.5": (3, 4),
+    "h200g_8b_mem_hack_r7.5": (17, 7),
+    "h200g_8b_mem_hack_r8.5": (11, 6),
+    "h200g_8b_mem_kvquant_r7.5": (12, 5),
+    "h200g_8b_mem_kvquant_r8.5": (10, 4),
+    "h200g_8b_sat_baseline_r11": (25, 8),
+    "h200g_8b_sat_baseline_r9": (15, 6),
+    "h200g_8b_sat_hack_r11": (37, 12),
+    "h200g_8b_sat_hack_r9": (37, 11),
+    "h200g_8b_sat_kvquant_r11": (42, 9),
+    "h200g_8b_sat_kvquant_r9": (36, 7),
 }
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
@@ -96,6 +96,7 @@ def test_host_time_in_the_scenarios_comes_from_the_microbenchmark():
         dec = yaml.safe_load(scen.read_text())["decode"]
         assert dec["host_issue_s_per_iteration"] == 0 and dec["host_issue_s_per_layer"] == 0
         assert dec["host_serial_s_per_iteration"] == pytest.approx(fit["host_serial_s_per_iteration"], rel=0.02)
+        assert dec["join_s_per_request"] == pytest.approx(fit["join_s_per_request"], rel=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +108,15 @@ def test_errors_within_what_the_model_achieves(rows):
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows) / len(rows)
 
-    # achieved: 14.2, 24.3, 13.0, 12.6, 8.0, 4.2 %; decode 12.5 %
-    assert mean_abs("jct_mean_error_pct") <= 16.5
+    # achieved: 15.6, 24.3, 14.6, 12.6, 8.4, 5.2 %; decode 13.5 % (small kernels priced inside the graph since
+    # 2026-12-03: the launch-priced ones had hidden part of the host time these rows carry; see
+    # tests/kernels/test_step_profile.py for the step replays themselves)
+    assert mean_abs("jct_mean_error_pct") <= 17.0
     assert mean_abs("ttft_p50_error_pct") <= 26.5
-    assert mean_abs("tpot_p50_error_pct") <= 15.0
+    assert mean_abs("tpot_p50_error_pct") <= 16.5
     assert mean_abs("prefill_mean_error_pct") <= 14.5
-    assert mean_abs("iteration_mean_error_pct") <= 6.5
-    assert mean_abs("decode_mean_error_pct") <= 14.0
+    assert mean_abs("iteration_mean_error_pct") <= 7.0
+    assert mean_abs("decode_mean_error_pct") <= 15.5
     # the link-bound 70B-shape configurations are where the model holds best
     link = [r for r in rows if "70b8l_1gbps" in r["trace"] or "70b8l_2.5gbps" in r["trace"]]
     assert len(link) == 6 and all(abs(r["jct_mean_error_pct"]) <= 9 for r in link)

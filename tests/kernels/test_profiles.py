@@ -233,7 +233,13 @@ def test_committed_h200_profile_refits_exactly_from_its_committed_rows(tmp_path)
     prov = old["provenance"]
     for key in ("gpu_name", "driver", "torch", "triton", "git_rev", "date", "command", "fitted_from", "row_revisions"):
         assert prov.get(key), key
-    assert set(prov["fitted_from"]) == {"profile_rows.csv", "dense_rows.csv", "peaks.json"}
+    assert set(prov["fitted_from"]) == {
+        "profile_rows.csv",
+        "dense_rows.csv",
+        "stepprof_8b.csv",
+        "stepprof_70b8l.csv",
+        "peaks.json",
+    }
     for name, rec in prov["fitted_from"].items():
         data = (h200 / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == rec["sha256"], name

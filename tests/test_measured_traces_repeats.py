@@ -1,0 +1,95 @@
+"""The repeated H200 recordings (realrun/traces/h200_repeats): three configurations, FP16 and HACK recorded three
+times each with the same seed back to back in one process (KVQuant-style once), through `validate` with the
+errors the simulator achieves on them (nothing fitted to them).
+
+Configurations (scenarios/measured/h200g_*.yaml): `8b_small` (decode batches 1-16, never recorded before),
+`8b_kvsat` (FP16's decode memory saturated, 5 GiB of KV for 2-6K-token prompts), and the link-bound
+`70b8l_1gbps` again.  Recorded by `bash realrun/device_run.sh REV noise` and `... kvsat`.  The bounds are the
+achieved absolute errors rounded up plus 2 percentage points."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from simulator.validate import validate_index
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "realrun/traces/h200_repeats"
+# trace: (|mean JCT error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2
+BOUNDS = {
+    "h200g_70b8l_1gbps_baseline_r8_rep1": (3, 7),
+    "h200g_70b8l_1gbps_baseline_r8_rep2": (5, 6),
+    "h200g_70b8l_1gbps_baseline_r8_rep3": (5, 6),
+    "h200g_70b8l_1gbps_hack_r8_rep1": (11, 9),
+    "h200g_70b8l_1gbps_hack_r8_rep2": (8, 8),
+    "h200g_70b8l_1gbps_hack_r8_rep3": (14, 8),
+    "h200g_8b_kvsat_baseline_r2.5_rep1": (4, 3),
+    "h200g_8b_kvsat_baseline_r2.5_rep2": (4, 3),
+    "h200g_8b_kvsat_baseline_r2.5_rep3": (3, 3),
+    "h200g_8b_kvsat_hack_r2.5_rep1": (10, 6),
+    "h200g_8b_kvsat_hack_r2.5_rep2": (8, 6),
+    "h200g_8b_kvsat_hack_r2.5_rep3": (13, 7),
+    "h200g_8b_kvsat_kvquant_r2.5": (11, 4),
+    "h200g_8b_small_baseline_r5_rep1": (7, 3),
+    "h200g_8b_small_baseline_r5_rep2": (3, 4),
+    "h200g_8b_small_baseline_r5_rep3": (3, 4),
+    "h200g_8b_small_hack_r5_rep1": (11, 5),
+    "h200g_8b_small_hack_r5_rep2": (15, 4),
+    "h200g_8b_small_hack_r5_rep3": (12, 4),
+    "h200g_8b_small_kvquant_r5": (12, 4),
+}
+PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
+
+
+def _index() -> list[dict]:
+    with open(TRACES / "index.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_trace_is_complete_and_repeats_share_their_configuration():
+    idx = _index()
+    assert {r["trace"] for r in idx} == set(BOUNDS)
+    for row in idx:
+        meta = json.loads((TRACES / row["trace"] / "meta.json").read_text())
+        assert all(meta[k] for k in PROVENANCE), row["trace"]
+        assert meta["gpu"] == "NVIDIA H200" and "complete=True" in meta["notes"]
+        assert meta["decode_mode"] == "graphs" and meta["placement"] == "shared_gpu"
+        assert (ROOT / row["scenario"]).exists()
+        with open(TRACES / row["trace"] / "requests.csv") as f:
+            reqs = list(csv.DictReader(f))
+        assert len(reqs) == meta["requests"] and all(math.isfinite(float(r["finish_s"])) for r in reqs)
+    # FP16 and HACK three times per configuration, KVQuant-style once; repeats share method, rate and seed
+    counts = Counter(r["config"] for r in idx)
+    assert sorted(counts.values()) == [1, 1, 3, 3, 3, 3, 3, 3]
+    for config, n in counts.items():
+        metas = [json.loads((TRACES / r["trace"] / "meta.json").read_text()) for r in idx if r["config"] == config]
+        assert len({(m["method"], m["rate_rps"], m["seed"], m["requests"]) for m in metas}) == 1, config
+        assert n == 1 or metas[0]["method"] in ("baseline", "hack")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {Path(r["trace"]).name: r for r in validate_index(TRACES / "index.csv")}
+
+
+def test_errors_within_what_the_model_achieves(rows):
+    for name, (jct, iteration) in BOUNDS.items():
+        assert abs(rows[name]["jct_mean_error_pct"]) <= jct, (name, rows[name]["jct_mean_error_pct"])
+        assert abs(rows[name]["iteration_mean_error_pct"]) <= iteration, name
+    mean = sum(abs(r["jct_mean_error_pct"]) for r in rows.values()) / len(rows)
+    assert mean <= 6.0  # achieved 5.5 %
+
+
+def test_small_batch_iterations_within_5_percent(rows):
+    """Issue 27: at decode batches 1-16 the iteration is priced within 5 % of the measured one (it was 7-8 % slow
+    while every small kernel of the captured step was priced as a launch)."""
+    small = {n: r for n, r in rows.items() if "_8b_small_" in n}
+    assert len(small) == 7
+    for name, r in small.items():
+        assert abs(r["iteration_mean_error_pct"]) <= 5.0, (name, r["iteration_mean_error_pct"])

@@ -22,10 +22,9 @@ import pandas as pd
 import simpy
 
 import catalog
-from costmodel import collectives
+from costmodel import collectives, expert_parallel
 from costmodel.calibration import CalibrationProfile, compare_to_measured
 from costmodel.methods import KVMethod
-from costmodel import expert_parallel
 from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.specs import GIB
 

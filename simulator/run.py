@@ -105,7 +105,7 @@ class MethodRun:
             join_context=join_context,
             ttft_at_decode=from_decode,
         )
-        decode_host = res.decode.host_memory_bytes
+        decode_host = res.decode.host_memory_bytes / res.decode.parallel.data_parallel  # per engine (data_parallel.py)
         if columns.view(rec.host_kv_bytes).max() > decode_host:
             raise ScenarioError(
                 f"{source}: decode.host_memory_gib: one request's offloaded KV "
@@ -155,7 +155,7 @@ class MethodRun:
                 cost,
                 dec_pool.max_batch_requests,
                 rec,
-                decode_host / dp,  # an engine's share of its replica's host memory
+                decode_host,
                 region_bytes,
                 blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None,
             )

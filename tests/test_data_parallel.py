@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import catalog
 from costmodel import expert_parallel
 from costmodel.memory import NON_TORCH_BYTES_TPN, SAMPLER_LOGIT_COPIES
+from costmodel.phases import ReplicaCostModel
 from costmodel.specs import FP16_BYTES, GIB
 from helpers import scenario
 from simulator.config import ScenarioError
@@ -110,8 +111,6 @@ def test_dispatch_alltoall_bytes_and_time_by_hand():
     s2 = load_scenario("scenarios/moe_dp_ep.yaml", ["decode.data_parallel=4", "decode.tensor_parallel=2"])
     (row2,) = expert_parallel.alltoall_rows(m, resolve(s2).decode.parallel, [32])
     assert row2["gpus"] == 8 and row2["bytes"] == 16 * 8 * 2048 * 2
-    # profiles.json reports the group's all-to-all
-    assert res.decode.parallel.expert_gpus == 8
 
 
 def _grouped_gemm_by_hand(prof, rows, n, kd, groups):
@@ -203,7 +202,7 @@ def test_an_engine_steps_padded_to_the_groups_largest_batch():
     run, rec = _two_engines(out0=1000, out1=400)
     cost = run.decode_replicas[1].cost
     padded = cost.lockstep_iteration(1, 3)
-    base = type(cost).__mro__[1].iteration(cost, 1)  # the engine's iteration as a lone replica's
+    base = ReplicaCostModel.iteration(cost, 1)  # the engine's iteration as a lone replica's
     assert padded.fixed_s - base.fixed_s == pytest.approx(
         L * (cost._dense_layer_s(3) - cost._dense_layer_s(1)), rel=1e-12
     )
@@ -220,7 +219,7 @@ def test_an_engine_is_priced_again_when_the_largest_batch_leaves():
     three = e0.cost.iteration(3)
     t0 = sum(_steps_s(three, 100, 256, 3))
     assert rec.finish[0] == pytest.approx(t0, rel=1e-12)
-    base = type(e1.cost).__mro__[1].iteration(e1.cost, 1)
+    base = ReplicaCostModel.iteration(e1.cost, 1)
     padded = e1.cost.lockstep_iteration(1, 3)
     steps = _steps_s(padded, 400, 256, 1)
     m = int(np.searchsorted(np.cumsum(steps), t0, side="right")) + 1  # the iteration in progress at t0 ends padded

@@ -19,7 +19,8 @@ whole pages) and a request holds whole blocks (``kv_blocks``, the one place the 
 
 How each term is priced, per GPU of a replica laid out as TP × PP, in FP16:
 
-* weights: parameters × 2 B / (tp·pp).
+* weights: parameters × 2 B / (tp·pp); an engine of a data-parallel MoE group holds its experts' share over
+  the group's dp·tp GPUs instead (costmodel/expert_parallel.py).
 * activation peak: the larger of the forward pass and the sampler run.  Forward: at T tokens, the live
   activations of a layer's larger half: the residual stream and its normalised copy (2h) plus either the
   attention projections (q + 2·kv, then the attention output q, per TP rank) or the MLP's
@@ -28,7 +29,7 @@ How each term is priced, per GPU of a replica laid out as TP × PP, in FP16:
   final hidden states (T·h) plus ``SAMPLER_LOGIT_COPIES`` FP32 copies of the logits of
   min(max_batch_requests, T) rows over the full vocabulary (vLLM gathers the logits to every TP rank).
 * non-torch: ``NON_TORCH_BYTES_TP1`` on one GPU, ``NON_TORCH_BYTES_TPN`` per GPU under tensor
-  parallelism (NCCL and custom all-reduce buffers).
+  parallelism (NCCL and custom all-reduce buffers) or in a data-parallel expert group (its all-to-all buffers).
 
 Constants and their sources (llm-d/llm-d-benchmark, config_explorer/empirical-vllm-memory-results.md:
 vLLM on one H100 at gpu_memory_utilization 0.9, ``vllm serve`` defaults there, max_num_batched_tokens
@@ -53,6 +54,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .expert_parallel import weights_bytes_per_gpu
 from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 
 FP32_BYTES = 4
@@ -184,9 +186,12 @@ def memory_budget(
     return MemoryBudget(
         gpu_memory_bytes=gpu.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights_bytes=model.params * FP16_BYTES / parallel.gpus,
+        weights_bytes=weights_bytes_per_gpu(model, parallel),
         activation_peak_bytes=activation_peak_bytes(model, tp, max_batch_tokens, max_batch_requests),
-        non_torch_bytes=non_torch_bytes(tp) if non_torch_override_bytes is None else non_torch_override_bytes,
+        # an engine of a data-parallel group holds the EP group's communicator buffers as a TP group's GPU does
+        non_torch_bytes=non_torch_bytes(parallel.expert_gpus)
+        if non_torch_override_bytes is None
+        else non_torch_override_bytes,
         cuda_graph_bytes=cuda_graph_bytes,
         gpus=parallel.gpus,
         block_tokens=block_tokens,

@@ -26,7 +26,9 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   a batch of T tokens reads the weights of the E·(1 − (1 − k/E)^T) experts it touches in expectation
   under uniform routing (all E at prefill's thousands of tokens, k at batch 1), in one grouped GEMM per
   projection; the experts are tensor-parallel slices (all-reduce after) or, with expert parallelism,
-  whole experts spread over the TP GPUs with an all-to-all dispatch and combine (`_moe_s`).
+  whole experts spread over the TP GPUs with an all-to-all dispatch and combine (`_moe_s`), or over the
+  GPUs of a data-parallel group of engines that step in lock-step, padded to the largest engine's batch
+  (costmodel/expert_parallel.py, `lockstep_iteration`).
 * Tensor-parallel all-reduce after attention and after the MLP, by the algorithm an engine uses for
   that size on that interconnect (one-shot, two-shot or NCCL's ring: costmodel/collectives.py), each
   a latency plus bytes over a bandwidth with constants fitted to cited measurements.
@@ -55,7 +57,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import collectives
+from . import collectives, expert_parallel
 from .calibration import CalibrationProfile, KernelFit
 from .memory import DEFAULT_BLOCK_TOKENS, MemoryBudget, kv_blocks, memory_budget
 from .methods import PREFILL_KERNELS, DecodeEnv, KVMethod
@@ -308,18 +310,21 @@ class ReplicaCostModel:
         rank's buffer its T/tp tokens' k copies of hidden FP16 values.  Per GPU that is, in expectation,
         T·k/tp rows on the touched experts' 1/tp share: the same weight bytes and FLOPs as the
         tensor-parallel layout, at full width, traded against the two all-to-alls for the all-reduce.
+        With data parallelism (dp engines, costmodel/expert_parallel.py) the experts are spread over the
+        dp·tp GPUs of the group and every engine runs the step padded to the same T tokens, so the experts see
+        dp·T tokens: per GPU dp·T·k/(dp·tp) rows on 1/(dp·tp) of the experts dp·T tokens touch, and the
+        all-to-alls span the dp·tp GPUs.
         Assumed: balanced routing (the busiest GPU's extra experts are not modelled), no token dropping."""
         m, par = self.model, self.parallel
         tp, h, ei, k = par.tensor, m.hidden_size, m.expert_intermediate_size, m.active_experts
-        touched = m.distinct_experts(tokens)
-        if par.expert_parallel and tp > 1:
-            rows, width, groups = tokens * k / tp, ei, touched / tp
+        ep = par.expert_gpus
+        if par.expert_parallel and ep > 1:
+            group_tokens = tokens * par.data_parallel  # every engine padded to this engine's tokens
+            rows, width, groups = group_tokens * k / ep, ei, m.distinct_experts(group_tokens) / ep
             router = self.gemm_s(tokens / tp, m.experts, h)
-            comm = 2 * collectives.alltoall_s(
-                tokens / tp * k * h * FP16_BYTES, tp, par.interconnect, par.intra_node_gb_per_s
-            )
+            comm = 2 * expert_parallel.alltoall_s(tokens, m, par)
         else:
-            rows, width, groups = tokens * k, ei / tp, touched
+            rows, width, groups = tokens * k, ei / tp, m.distinct_experts(tokens)
             router = self.gemm_s(tokens, m.experts, h)
             comm = self.allreduce_s(tokens)
         experts = self.grouped_gemm_s(rows, 2 * width, h, groups) + self.grouped_gemm_s(rows, h, width, groups)
@@ -572,7 +577,21 @@ class ReplicaCostModel:
         memo = self._memo["iteration"]
         c = memo.get(batch_size)
         if c is None:
-            c = memo[batch_size] = self._iteration(batch_size)
+            c = memo[batch_size] = self._iteration(batch_size, batch_size)
+        return c
+
+    def lockstep_iteration(self, batch_size: int, group_batch: int) -> IterationCost:
+        """One step of an engine of a data-parallel group (costmodel/expert_parallel.py) holding `batch_size`
+        requests while the group's largest engine holds `group_batch`: every engine is padded to that many
+        rows, so the dense layers (and with them the experts' dp·group_batch tokens) run at group_batch rows;
+        the attention, the per-request kernels and the LM head stay the engine's own.  The plain iteration
+        when this engine is the largest."""
+        rows = max(batch_size, group_batch)
+        memo = self._memo["iteration"]
+        key = batch_size if rows == batch_size else (batch_size, rows)  # the plain iteration's entry
+        c = memo.get(key)
+        if c is None:
+            c = memo[key] = self._iteration(batch_size, rows)
         return c
 
     def decode_env(self) -> DecodeEnv:
@@ -588,7 +607,8 @@ class ReplicaCostModel:
             has_fp4=g.fp4_tensor_tflops is not None,
         )
 
-    def _iteration(self, batch_size: int) -> IterationCost:
+    def _iteration(self, batch_size: int, rows: int) -> IterationCost:
+        """`batch_size` requests whose dense layers run at `rows` ≥ batch_size rows (padding: lockstep_iteration)."""
         p, L = self.profile, self.model.layers
         env = self.decode_env()
         per_req, per_ctx = self.method.decode_layer_terms(env)
@@ -598,7 +618,7 @@ class ReplicaCostModel:
         # not include it (the quantized kernels were timed with their append), and the engine's own
         small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer
         launch_s += small * self._small_kernel_s(in_graph=self.decode_graphs)
-        dense_s = self._dense_layer_s(batch_size) - self._graph_saving_s_per_layer()
+        dense_s = self._dense_layer_s(rows) - self._graph_saving_s_per_layer()
         decode_fixed = (
             L * (dense_s + launch_s + batch_size * per_req.get("decode", 0.0))
             + self._lm_head_s(batch_size)

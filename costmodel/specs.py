@@ -168,7 +168,17 @@ class Parallelism:
     interconnect: Interconnect | None = None  # TP all-reduce constants (catalog/data/interconnects.yaml)
     network: Interconnect | None = None  # send/recv constants between pipeline stages
     expert_parallel: bool = False  # MoE: whole experts spread over the TP GPUs (else each sharded)
+    data_parallel: int = 1  # MoE: attention engines of tensor GPUs each whose experts form one EP group of
+    # data_parallel × tensor GPUs (costmodel/expert_parallel.py); one replica's parallelism is one engine's
 
     @property
     def gpus(self) -> int:
+        """GPUs of one engine (a replica without data parallelism): tensor × pipeline."""
         return self.tensor * self.pipeline
+
+    @property
+    def expert_gpus(self) -> int:
+        """GPUs one pipeline stage's experts are spread over: the MoE layers' group of DP × TP GPUs (vLLM: whole
+        experts with expert parallelism, EP_SIZE = TP × DP; a 1/tp slice of every expert without, which the
+        scenario allows for one engine only)."""
+        return self.tensor * self.data_parallel

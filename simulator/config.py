@@ -280,6 +280,15 @@ class PoolConfig(_Strict):
         "tensor-parallel GPUs (tokens dispatched to them and combined back by two "
         "all-to-alls per layer) instead of slicing every expert across them",
     )
+    data_parallel: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="decode, mixture of experts with expert_parallel: attention engines per replica "
+        "(vLLM's --data-parallel-size with --enable-expert-parallel), each of tensor_parallel GPUs with its own "
+        "scheduler, KV pool and requests (routed by vLLM's DP load balancer), stepping in lock-step while the "
+        "experts are spread over all data_parallel x tensor_parallel GPUs (simulator/data_parallel.py)",
+    )
     extra_kernels_per_layer: int = Field(
         0,
         ge=0,
@@ -365,6 +374,11 @@ class PoolConfig(_Strict):
                 raise ValueError(
                     f"tensor_parallel={self.tensor_parallel} exceeds the {per} GPUs of one {self.instance}"
                 )
+            if self.tensor_parallel * self.data_parallel > per:
+                raise ValueError(
+                    f"data_parallel={self.data_parallel} x tensor_parallel={self.tensor_parallel} GPUs exceed the "
+                    f"{per} GPUs of one {self.instance} (an expert-parallel group spanning instances is not modelled)"
+                )
         # Every catalog instance states its interconnect's bandwidth; a pool given by GPU that names NVLink
         # needs the GPU's NVLink rate or an explicit one (the defaults themselves: simulator/resolve.py).
         if (
@@ -381,7 +395,8 @@ class PoolConfig(_Strict):
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        """A replica's GPUs: all its data-parallel engines'."""
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
 
 # ---- network ----------------------------------------------------------------------------
@@ -741,6 +756,23 @@ class Scenario(_Strict):
             return [{"name": m} if isinstance(m, str) else m for m in v]
         return v
 
+    def _data_parallel_decode(self) -> None:
+        """decode.data_parallel > 1: what simulator/data_parallel.py models (ValueError naming the field)."""
+        d = self.decode
+        if not (self.model.experts and d.expert_parallel):
+            raise ValueError(
+                "decode.data_parallel: data-parallel engines are modelled for a mixture of experts with "
+                "decode.expert_parallel: true (a dense model's engines are independent: use decode.replicas)"
+            )
+        if d.pipeline_parallel > 1:
+            raise ValueError("decode.data_parallel: engines of one pipeline stage only (pipeline_parallel: 1)")
+        if self.placement != "separate":
+            raise ValueError(f"decode.data_parallel: modelled with placement separate, not {self.placement}")
+        if self.faults:
+            raise ValueError("decode.data_parallel: faults are not modelled on data-parallel engines")
+        if d.prefix_caching or self.prefill.prefix_caching:
+            raise ValueError("decode.data_parallel: prefix caching is not modelled with data-parallel engines")
+
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         names = [m.output_name for m in self.methods]
@@ -773,15 +805,19 @@ class Scenario(_Strict):
             raise ValueError(
                 "placement shared_gpu pairs prefill and decode replicas: give both pools the same number of replicas"
             )
+        if self.prefill.data_parallel > 1:
+            raise ValueError("prefill.data_parallel: data-parallel engines are modelled on the decode pool only")
+        if self.decode.data_parallel > 1:
+            self._data_parallel_decode()
         for pool_name in ("prefill", "decode"):
             pool = getattr(self, pool_name)
             if pool.expert_parallel:
                 if not self.model.experts:
                     raise ValueError(f"{pool_name}.expert_parallel: {self.model.name} is not a mixture of experts")
-                if self.model.experts % pool.tensor_parallel:
+                if self.model.experts % (pool.tensor_parallel * pool.data_parallel):
                     raise ValueError(
                         f"{pool_name}.expert_parallel: {self.model.experts} experts do not spread evenly "
-                        f"over tensor_parallel={pool.tensor_parallel} GPUs"
+                        f"over tensor_parallel={pool.tensor_parallel} x data_parallel={pool.data_parallel} GPUs"
                     )
         if self.network.bandwidth_gbps is None and self.prefill.instance is None:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")

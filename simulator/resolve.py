@@ -305,6 +305,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         interconnect=collectives.from_catalog(catalog.entry("interconnects", kind)),
         network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
         expert_parallel=pool.expert_parallel,
+        data_parallel=pool.data_parallel,
     )
     if pool.host_memory_gib is not None:
         host_bytes = pool.host_memory_gib * GIB

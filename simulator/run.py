@@ -22,13 +22,13 @@ import pandas as pd
 import simpy
 
 import catalog
-from costmodel import collectives
+from costmodel import collectives, expert_parallel
 from costmodel.calibration import CalibrationProfile, compare_to_measured
 from costmodel.methods import KVMethod
-from costmodel.phases import ModelDoesNotFit
+from costmodel.phases import ModelDoesNotFit, ReplicaCostModel
 from costmodel.specs import GIB
 
-from . import colocated, columns
+from . import colocated, columns, data_parallel
 from .admission import OnDemandBlocks
 from .config import Scenario, ScenarioError
 from .decode import DecodeReplica
@@ -105,7 +105,7 @@ class MethodRun:
             join_context=join_context,
             ttft_at_decode=from_decode,
         )
-        decode_host = res.decode.host_memory_bytes
+        decode_host = res.decode.host_memory_bytes / res.decode.parallel.data_parallel  # per engine (data_parallel.py)
         if columns.view(rec.host_kv_bytes).max() > decode_host:
             raise ScenarioError(
                 f"{source}: decode.host_memory_gib: one request's offloaded KV "
@@ -146,19 +146,29 @@ class MethodRun:
             ]
         )
         swap = s.decode.preemption == "swap"
-        self.decode_replicas = [
-            DecodeReplica(
+        dp = dec_pool.parallel.data_parallel  # engines per decode replica (simulator/data_parallel.py)
+
+        def decode_replica(i: int, cost: ReplicaCostModel) -> DecodeReplica:
+            return DecodeReplica(
                 env,
                 i,
-                dec_cost,
+                cost,
                 dec_pool.max_batch_requests,
                 rec,
                 decode_host,
                 region_bytes,
                 blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None,
             )
-            for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))
-        ]
+
+        self.dp_groups: list[data_parallel.LockstepGroup] = []
+        if dp > 1:
+            self.dp_groups, self.decode_replicas = data_parallel.build_engines(
+                env, dec_cost, dec_pool.replicas, dp, decode_replica
+            )
+        else:
+            self.decode_replicas = [
+                decode_replica(i, dec_cost) for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))
+            ]
         self.faults = None
         self.router: Router | colocated.ColocatedRouter
         if together:
@@ -176,8 +186,9 @@ class MethodRun:
             link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
             rec.link_logs[spec.name] = log
             self.link_capacity_gbps[spec.name] = spec.capacity_gbps
-        links = {pair: link_objs[i] for pair, i in net.routes.items()}
-        self.router = router = Router(
+        # an engine of a data-parallel decode replica reaches prefill over its replica's links
+        links = {(p, d * dp + r): link_objs[i] for (p, d), i in net.routes.items() for r in range(dp)}
+        args = (
             rec,
             self.prefix,
             self.prefill_replicas,
@@ -186,6 +197,9 @@ class MethodRun:
             net.flow_cap_bytes_per_s,
             net.stream_layers,
             res.model.layers,
+        )
+        self.router = router = (
+            data_parallel.DataParallelRouter(*args, groups=self.dp_groups) if dp > 1 else Router(*args)
         )
         if columns.view(rec.wire_bytes).max() > host:
             raise ScenarioError(
@@ -527,6 +541,14 @@ class ScenarioResult:
                 res.model.active_experts,
             ),
         }
+        if res.decode.parallel.data_parallel > 1:  # the dispatch all-to-all spans the data-parallel group
+            out["collectives"]["decode"]["alltoall"] = expert_parallel.alltoall_rows(
+                res.model,
+                res.decode.parallel,
+                sorted(
+                    {b for b in (1, 8, 32, 128) if b <= res.decode.max_batch_requests} | {res.decode.max_batch_requests}
+                ),
+            )
         # Kernel costs a method's implementation profile or `kernels:` put in place of the pools' profiles
         priced = {}
         for m in self.scenario.methods:

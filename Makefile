@@ -33,8 +33,10 @@ lint: $(VENV)/.test-installed
 	$(PY) -m pyright --pythonpath $(PY)
 
 # The manual (docs/, mkdocs.yml) built into site/ with --strict: a broken link or anchor, or a page missing from the
-# nav, fails it; part of `make test`. NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2.0. Not --quiet:
-# mkdocs 1.6 then drops the warnings before --strict counts them, and a broken link passes.
+# nav, fails it; part of `make test`. docs/hooks.py generates the command and schema reference pages from the code
+# during the build, so they are never stale (and never committed). NO_MKDOCS_2_WARNING silences Material's banner
+# about MkDocs 2.0. Not --quiet: mkdocs 1.6 then drops the warnings before --strict counts them, and a broken link
+# passes.
 docs: $(VENV)/.test-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test lint docs format mutate clean
+.PHONY: run test lint docs readme-example format mutate clean
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,18 @@ lint: $(VENV)/.test-installed
 	$(PY) -m pyright --pythonpath $(PY)
 
 # The manual (docs/, mkdocs.yml) built into site/ with --strict: a broken link or anchor, or a page missing from the
-# nav, fails it; part of `make test`. NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2.0. Not --quiet:
-# mkdocs 1.6 then drops the warnings before --strict counts them, and a broken link passes.
+# nav, fails it; part of `make test`. docs/hooks.py generates the command and schema reference pages from the code
+# during the build, so they are never stale (and never committed). NO_MKDOCS_2_WARNING silences Material's banner
+# about MkDocs 2.0. Not --quiet: mkdocs 1.6 then drops the warnings before --strict counts them, and a broken link
+# passes.
 docs: $(VENV)/.test-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The README's worked example (also the manual's home page) rewritten from a fresh run of the default scenario: the
+# table `make run` prints and every figure of the text under it (scripts/readme_example.py). Run it after a change
+# that moves them; tests/test_readme_example.py fails until then.
+readme-example: $(VENV)/.core-installed
+	$(PY) -m scripts.readme_example
 
 format: $(VENV)/.test-installed
 	$(PY) -m ruff check --fix .

@@ -1,4 +1,4 @@
-"""Trace files of a real run (the format README documents): requests.csv, iterations.csv, meta.json.
+"""Trace files of a real run (the format docs/calibration.md documents, "Trace format"): requests.csv, iterations.csv, meta.json.
 Times in seconds from the run's start (monotonic host clock read after torch.cuda.synchronize())."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The engine calibration cross-validated on the committed graph-mode H200 traces (realrun/traces/h200_graphs):
-the held-out errors the README quotes ("Calibrating an engine from measured runs"), each bound the achieved
+the held-out errors docs/calibration.md quotes ("Calibrating an engine from measured runs"), each bound the achieved
 figure plus 2 percentage points, so a change that makes the held-out predictions worse fails here and
 tightening a bound records an improvement.  Held out: each trace predicted by a calibration fitted without
 it (leave one trace out) and without its configuration (leave one configuration out).
@@ -19,7 +19,7 @@ from simulator.calibrate import cross_validate
 ROOT = Path(__file__).resolve().parent.parent
 INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 
-# achieved (README) + 2 pp
+# achieved (docs/calibration.md) + 2 pp
 HELD_OUT = {
     "jct_mean_abs_error_pct": 5.9 + 2,
     "jct_max_abs_error_pct": 18.1 + 2,

@@ -14,7 +14,7 @@ HACK traces were recorded with the Gluon decode kernel, the default above 2K tok
 runs, GQA 4, run the row-packed kernel); that lease's host was slower (smoke run, same code path:
 host issue 1.20 vs 1.07 ms; 70B median iteration +3 % although the attention got faster), so their
 bounds are wider than the row-packed recording's (11, 3, 9) and (13, 5, 13).  Achieved figures and
-their causes: README, "Measured runs".
+their causes: docs/calibration.md, "Earlier traces".
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_errors_within_what_the_model_achieves(rows, trace):
 
 
 def test_summary_over_all_traces(rows):
-    """The headline figures the README quotes (mean absolute errors over the 18 traces)."""
+    """The headline figures docs/calibration.md quotes (mean absolute errors over the 18 traces)."""
 
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows.values()) / len(rows)

@@ -5,7 +5,7 @@
 graphs, in the regimes where the methods differ (scenarios/measured/h200g_*.yaml say which).  The
 bounds are the achieved mean absolute errors rounded up plus 2 percentage points: a change that makes
 the predictions worse fails here; tightening them records an improvement.  Causes of the misses:
-README, "Measured runs on a GPU".
+docs/calibration.md, "Measured runs on a GPU".
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ def test_auto_batch_groups_prompts_by_form_one_launch_each():
 
 
 def test_auto_runs_fp16_where_the_profiles_price_the_homomorphic_kernel_slower():
-    """Every committed profile prices HACK's prefill kernel slower than FlashAttention (README table): auto
-    takes FP16 there, and the outputs say so."""
+    """Every committed profile prices HACK's prefill kernel slower than FlashAttention (docs/methods.md, the table
+    under "Derived profiles"): auto takes FP16 there, and the outputs say so."""
     s = scenario(
         methods=["hack", {"name": "hack", "label": "hack_hom", "prefill_attention": "homomorphic"}],
         **{"calibration": {"prefill_profile": "auto", "decode_profile": "auto"}, "prefill.gpu": "a10g"},

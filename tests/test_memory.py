@@ -22,6 +22,8 @@ from helpers import scenario
 from simulator.resolve import resolve
 from simulator.run import run_scenario
 
+MIB = 2**20
+
 
 def model(key: str) -> ModelSpec:
     e = catalog.entry("models", key)
@@ -73,7 +75,7 @@ WORKED = {
             "weights": PARAMS_70B * 2 / 8,
             "activation": max(8192 * 2 * (2 * 8192 + 3 * 28672 / 8), 8192 * 8192 * 2 + 9.566 * 1024 * 128256 * 4),
             "non_torch": 0.55 * GIB,
-            "requested": 0.9 * 141e9,
+            "requested": 0.9 * 143156 * MIB,  # H200: torch total_memory=143156MB (catalog source)
             "kv_token": KV_TOKEN_70B,
         },
     ),
@@ -89,7 +91,7 @@ WORKED = {
             "weights": PARAMS_70B * 2 / 8,
             "activation": max(16384 * 2 * (2 * 8192 + 3 * 28672 / 8), 16384 * 8192 * 2 + 9.566 * 128 * 128256 * 4),
             "non_torch": 0.55 * GIB,
-            "requested": 0.9 * 80e9,
+            "requested": 0.9 * 85_100_068_864,  # deviceQuery of an A100-SXM4-80GB (catalog source)
             "kv_token": KV_TOKEN_70B,
         },
     ),
@@ -105,7 +107,7 @@ WORKED = {
             "weights": PARAMS_8B * 2,
             "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
             "non_torch": 0.13 * GIB,
-            "requested": 0.9 * 24e9,
+            "requested": 0.9 * 22587 * MIB,  # A10G: torch total_memory=22587MB (catalog source)
             "kv_token": KV_TOKEN_8B,
         },
     ),
@@ -121,7 +123,7 @@ WORKED = {
             "weights": PARAMS_8B * 2,
             "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336), 2048 * 4096 * 2 + 9.566 * 64 * 128256 * 4),
             "non_torch": 0.13 * GIB,
-            "requested": 0.95 * 24e9,
+            "requested": 0.95 * 23_570_219_008,  # deviceQuery of an L4 (catalog source)
             "kv_token": KV_TOKEN_8B,
         },
     ),
@@ -137,7 +139,7 @@ WORKED = {
             "weights": PARAMS_8B * 2 / 2,
             "activation": max(2048 * 2 * (2 * 4096 + 3 * 14336 / 2), 2048 * 4096 * 2 + 9.566 * 256 * 128256 * 4),
             "non_torch": 0.55 * GIB,
-            "requested": 0.9 * 16e9,
+            "requested": 0.9 * 15_642_329_088,  # deviceQuery of a Tesla T4, CUDA 12.5 driver (catalog source)
             "kv_token": KV_TOKEN_8B,
         },
     ),
@@ -153,7 +155,7 @@ WORKED = {
             "weights": PARAMS_8B * 2 / 2,
             "activation": max(4096 * 2 * (2 * 4096 + 3 * 14336 / 2), 4096 * 4096 * 2 + 9.566 * 128 * 128256 * 4),
             "non_torch": 0.55 * GIB,
-            "requested": 0.95 * 16e9,
+            "requested": 0.95 * 16160 * MIB,  # V100-SXM2-16GB: torch total_memory=16160MB (catalog source)
             "kv_token": KV_TOKEN_8B,
         },
     ),
@@ -294,7 +296,8 @@ def test_summary_reports_every_term_and_they_add_up():
         assert mem["kv_pool_bytes_per_gpu"] == pytest.approx(mem["requested_bytes"] - non_kv, rel=1e-12)
         assert mem["kv_capacity_bytes"] == mem["blocks"] * mem["block_bytes"]
         assert stats["decode_kv_capacity_bytes"] == mem["kv_capacity_bytes"]
-        assert mem["requested_bytes"] == pytest.approx(0.9 * 80e9, rel=1e-12)  # tiny: one A100 80 GB, default 0.9
+        # one A100 80 GB as the driver reports it (deviceQuery, catalog source), default 0.9
+        assert mem["requested_bytes"] == pytest.approx(0.9 * 85_100_068_864, rel=1e-12)
     # HACK's blocks are smaller: more of them in the same pool
     ms = result.summary["methods"]
     assert ms["hack"]["decode_memory"]["blocks"] > ms["baseline"]["decode_memory"]["blocks"]

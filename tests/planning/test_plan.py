@@ -92,7 +92,7 @@ def test_default_candidates_come_from_the_catalog(base_file):
         "p4de.24xlarge",
         "p5.48xlarge",
     }
-    assert any("left out a6000x4, h200x1 (no price" in n for n in p.notes)
+    assert any("left out a6000x4, h200x1, rtx4090x2 (no price" in n for n in p.notes)
     assert (
         p.table["prefill_tensor_parallel"]
         == p.table["prefill_instance"].map({"p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.48xlarge": 8}).fillna(4)

@@ -4,6 +4,7 @@
     python cli.py schema
     python cli.py report out/a10g
     python cli.py calibrate --out profiles/mygpu
+    python cli.py calibrate --derive rtx4090 --out profiles/rtx4090
     python cli.py calibrate --traces realrun/traces/h200_graphs/index.csv --out engine.json
     python cli.py validate TRACE --scenario S
     python cli.py validate realrun/traces/h200_graphs/index.csv --cv
@@ -225,6 +226,9 @@ def simulate(
             fail(str(e))
         raise
     say.result(format_table(result.summary), result.summary)
+    if not quiet:  # how the pools are priced: roofline, a profile for another GPU, derived GPU fields
+        for line in result.resolved.warnings:
+            typer.echo(f"warning: {line}", err=True)
     warning = overload_line(result.summary)
     if warning and not quiet:
         typer.echo(warning, err=True)
@@ -433,8 +437,15 @@ def calibrate(
     out: Path | None = typer.Option(
         None,
         "--out",
-        help="with --traces: the engine calibration file to write; "
-        "without: the profile folder (passed to the kernel profiler)",
+        help="with --traces: the engine calibration file to write; with --derive: the folder for profile.json; "
+        "otherwise: the profile folder (passed to the kernel profiler)",
+    ),
+    derive: str | None = typer.Option(
+        None,
+        "--derive",
+        help="derive a calibration profile for a GPU without one (no GPU needed): a catalog key "
+        "(catalog/data/gpus.yaml) or a YAML file holding one GPU's fields (the short spec: memory_bytes or "
+        "memory_gib, memory_bandwidth_gb_per_s, fp16_tensor_tflops, sms, boost_clock_ghz)",
     ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -446,9 +457,17 @@ def calibrate(
     --quick).  Engine calibration: fits what kernel profiles cannot see (decode loop gap and host issue time,
     extra kernels, join time, prefill efficiency and host time, link efficiency and latency, per-method
     implementation factors) by bounded least squares on the traces' iterations and phase durations, with
-    standard errors; a scenario uses the file through `calibration: {engine: FILE}`."""
+    standard errors; a scenario uses the file through `calibration: {engine: FILE}`.
+
+    Derived profile (--derive GPU --out DIR): the measured H200 kernels split by the unit that spends their
+    time and repriced at the GPU's rates (kernels_calibration/derive.py); use it with --profile DIR/profile.json."""
+    if traces is not None and derive is not None:
+        fail("calibrate: --traces and --derive are separate jobs; give one")
     if traces is not None:
         _calibrate_engine(traces, out, list(ctx.args), as_json, quiet)
+        return
+    if derive is not None:
+        _derive_profile(derive, out, list(ctx.args), quiet)
         return
     try:
         import torch
@@ -463,6 +482,60 @@ def calibrate(
             "False); --fit-only ROWS.csv refits a profile from measured rows without one"
         )
     raise typer.Exit(profile_main(args))
+
+
+def _derive_profile(gpu: str, out: Path | None, extra: list[str], quiet: bool) -> None:
+    """calibrate --derive: a derived profile for a catalog GPU or a GPU spec file."""
+    import catalog
+    from kernels_calibration.derive import HERE, SOURCE, derive_for, peaks_of, write_profile
+    from simulator.config import GPUConfig, ScenarioError, first_error, read_yaml
+    from simulator.resolve import gpu_fields
+
+    if extra:
+        fail(f"calibrate --derive: unexpected argument {extra[0]!r}")
+    if out is None:
+        fail("calibrate --derive: --out DIR (the folder to write profile.json into) is required")
+    if out.exists() and not out.is_dir():
+        fail(f"{out}: --out must be a folder (profile.json is written into it)")
+    from pydantic import ValidationError
+
+    source = gpu
+    try:
+        if gpu in catalog.load("gpus"):
+            raw = gpu
+        elif Path(gpu).suffix in (".yaml", ".yml", ".json") or Path(gpu).is_file():
+            raw = read_yaml(Path(gpu), ScenarioError, "GPU spec file")
+            if not isinstance(raw, dict):
+                raise ScenarioError(f"{gpu}: expected a mapping of GPU fields")
+        else:
+            raise ScenarioError(
+                f"--derive {gpu!r}: not a catalog GPU ({', '.join(sorted(catalog.load('gpus')))}) nor a YAML file"
+            )
+        try:
+            cfg = GPUConfig.model_validate(raw)
+        except ValidationError as e:
+            raise ScenarioError(first_error(source, e, "gpu")) from None
+        fields, derived = gpu_fields(cfg)
+    except (ScenarioError, ValueError) as e:
+        fail(str(e))
+    from costmodel.specs import GPUSpec
+
+    key = cfg.preset or cfg.name or Path(gpu).stem
+    if key == SOURCE:
+        fail(f"--derive {key}: the {SOURCE} profile is measured, not derived")
+    spec = GPUSpec.from_fields(key, fields)
+    src = json.loads((HERE / SOURCE / "profile.json").read_text())
+    profile = derive_for(src, spec, peaks_of(fields), fields["name"])
+    if derived:
+        profile["gpu_derived"] = derived
+    try:
+        path = write_profile(profile, out)
+    except OSError as e:
+        fail(f"{out}: cannot write the profile: {e.strerror or e}")
+    if not quiet:
+        for name, d in derived.items():
+            typer.echo(f"derived {name} = {d['value']} ({d['rule']})", err=True)
+        typer.echo(f"wrote {path} (use it with --profile {path} or calibration.decode_profile)")
 
 
 def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: bool, quiet: bool) -> None:

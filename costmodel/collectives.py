@@ -16,6 +16,18 @@ device_communicators/custom_all_reduce.py): the custom kernels need peer-to-peer
 of GPUs over NVLink (any p) or exactly two GPUs on PCIe, and messages of at most 8 MiB; one-shot for two
 GPUs, below 512 KiB on up to four and below 256 KiB on up to eight; two-shot above that; NCCL's ring
 otherwise.  Times work on numpy arrays of message sizes (the dense-layer tables).
+
+Peer access.  ``CustomAllreduce.__init__`` returns disabled when ``_can_p2p`` (``gpu_p2p_access_check``:
+cudaDeviceCanAccessPeer plus a transfer test) fails, logging "your platform lacks GPU P2P capability"; and
+NCCL, without peer access, moves every ring step through pinned host memory (its SHM transport: the sender
+writes over its PCIe link into host memory, the receiver reads it over its own).  GeForce GPUs have no peer
+access with the stock driver (NCCL maintainer, NVIDIA/nccl-tests#287), nor do GPUs a hypervisor keeps apart.
+Such a pool resolves to the ``pcie_host`` interconnect (``Interconnect.peer_access`` False): no one-/two-shot
+kernels for any p, and NCCL's ring with that entry's per-step latency and bus efficiency, fitted to a 2-GPU
+RTX 4090 alltoall with P2P disabled (tinygrad/open-gpu-kernel-modules#17: 11.7 us for 8-64 B) and the
+host-staged copy rate between two RTX 3090s with peer access off (noonghunna/club-3090 docs/PCIE_P2P.md:
+16.77 GB/s both ways on Gen4 x16), cross-checked against NCCL's SHM all-reduce on one channel
+(NVIDIA/nccl#384: 3.9 GB/s bus bandwidth on Gen3 x16).  ``path`` names which of these a pool takes.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ class Interconnect:
 
     key: str
     custom_allreduce: bool  # every GPU pair peer-to-peer: engines' one-/two-shot kernels for any p
+    peer_access: bool = True  # GPUs reach each other's memory (else NCCL through host memory, no custom kernels)
     one_shot: AlgorithmFit | None = None
     two_shot: AlgorithmFit | None = None
     ring: AlgorithmFit | None = None
@@ -64,6 +77,7 @@ def _fit(ic: Interconnect | None, algorithm: str) -> AlgorithmFit:
 def _custom_ok(ic: Interconnect | None, p: int) -> bool:
     return (
         ic is not None
+        and ic.peer_access
         and ic.one_shot is not None
         and p in CUSTOM_ALLREDUCE_WORLD_SIZES
         and (ic.custom_allreduce or p == 2)
@@ -138,12 +152,30 @@ def from_catalog(entry: dict) -> Interconnect:
     return Interconnect(
         key=entry["key"],
         custom_allreduce=bool(entry.get("custom_allreduce")),
+        peer_access=bool(entry.get("peer_access", True)),
         one_shot=fit("one_shot"),
         two_shot=fit("two_shot"),
         ring=fit("ring"),
         sendrecv=fit("sendrecv"),
         alltoall=fit("alltoall"),
     )
+
+
+def path(ic: Interconnect | None, p: int) -> str:
+    """In words, how a tensor-parallel group of p GPUs all-reduces on this interconnect."""
+    if p == 1:
+        return "none: one GPU per stage"
+    if ic is None:
+        return "none"
+    if not ic.peer_access:
+        return f"NCCL ring through host memory ({ic.key}): no peer access, so no custom all-reduce"
+    if _custom_ok(ic, p):
+        return (
+            f"custom all-reduce (one-/two-shot over peer access, {ic.key}) up to "
+            f"{CUSTOM_ALLREDUCE_MAX_BYTES // MIB} MiB, NCCL ring above"
+        )
+    why = "more than two GPUs on PCIe" if not ic.custom_allreduce else f"{p} GPUs (custom kernels take 2, 4, 6, 8)"
+    return f"NCCL ring over peer access ({ic.key}); no custom all-reduce: {why}"
 
 
 def report(par, hidden_size: int, tokens: list[int], active_experts: int = 0, fp16_bytes: int = 2) -> dict:
@@ -162,7 +194,14 @@ def report(par, hidden_size: int, tokens: list[int], active_experts: int = 0, fp
                 "time_s": float(allreduce_s(n, p, ic, par.intra_node_gb_per_s)),
             }
         )
-    out = {"interconnect": ic.key, "tensor_parallel": p, "link_gb_per_s": par.intra_node_gb_per_s, "allreduce": rows}
+    out = {
+        "interconnect": ic.key,
+        "peer_access": ic.peer_access,
+        "path": path(ic, p),
+        "tensor_parallel": p,
+        "link_gb_per_s": par.intra_node_gb_per_s,
+        "allreduce": rows,
+    }
     if getattr(par, "expert_parallel", False) and p > 1 and active_experts:
         out["alltoall"] = [
             {

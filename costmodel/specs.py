@@ -3,17 +3,97 @@
 These are plain frozen dataclasses (the scenario's pydantic models are resolved into them once), so
 the cost model computes with fixed numbers and no YAML or I/O; `catalog/` holds the data files and
 the scenario may override any field.
+
+A GPU a user brings may be given by a short spec: memory, memory bandwidth, the dense FP16 tensor rate with
+FP32 accumulate, SMs and clock (``SHORT_SPEC_FIELDS``).  ``complete_gpu_fields`` derives the rest by the rules
+in ``DERIVED_RULES`` and returns what it derived, so the outputs can say so:
+
+* fp32_tflops = 2 × SMs × 128 FP32 lanes × clock (GA10x, Ada, Hopper, Blackwell; the catalog test checks every
+  entry against 2 × SMs × lanes × clock with 64 or 128 lanes);
+* int8_tensor_tops = 2 × fp16_tensor_tflops (the ratio on every catalog GPU with INT8 tensor cores);
+* fp8_tensor_tflops = 2 × fp16_tensor_tflops from compute capability 8.9 (Ada, Hopper and later have FP8
+  tensor cores), else none;
+* four warp schedulers and 16 SFU results per SM per clock (CUDA C++ Programming Guide, compute capability
+  7.x-9.0, "Arithmetic Instructions");
+* compute capability 8.0 (the oldest Triton 3 targets), PCIe 24 GB/s per direction (Gen4 x16 achievable), and
+  no peer access over PCIe (the GeForce case; a data-centre or professional part says pcie_peer_access: true).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .collectives import Interconnect
 
 GB = 1e9
 GIB = 2**30
 FP16_BYTES = 2
+
+
+SHORT_SPEC_FIELDS = ("memory_bytes", "memory_bandwidth_gb_per_s", "fp16_tensor_tflops", "sms", "boost_clock_ghz")
+FP32_LANES_PER_SM = 128  # GA10x, Ada, Hopper, Blackwell (64 on Volta, Turing and GA100)
+INT8_OPS_PER_FP16_FLOP = 2.0
+FP8_MIN_COMPUTE_CAPABILITY = 8.9
+DEFAULT_COMPUTE_CAPABILITY = "8.0"
+DEFAULT_PCIE_GB_PER_S = 24.0  # Gen4 x16, achievable per direction (gpus.yaml convention)
+WARP_SCHEDULERS_PER_SM = 4
+SFU_OPS_PER_CLOCK_PER_SM = 16
+
+
+def _fp8(f: dict) -> float | None:
+    return 2.0 * f["fp16_tensor_tflops"] if float(f["compute_capability"]) >= FP8_MIN_COMPUTE_CAPABILITY else None
+
+
+# field -> (rule, value from the fields so far); applied in this order to the fields a GPU leaves out
+DERIVED_RULES: dict[str, tuple[str, Callable[[dict], Any]]] = {
+    "name": ("not given", lambda f: "custom GPU"),
+    "arch": ("not given", lambda f: "unknown"),
+    "compute_capability": (
+        f"not given: {DEFAULT_COMPUTE_CAPABILITY} (Gluon kernels and FP8 tensor cores then count as absent)",
+        lambda f: DEFAULT_COMPUTE_CAPABILITY,
+    ),
+    "fp32_tflops": (
+        f"2 x sms x {FP32_LANES_PER_SM} FP32 lanes x boost_clock_ghz",
+        lambda f: 2 * f["sms"] * FP32_LANES_PER_SM * f["boost_clock_ghz"] / 1e3,
+    ),
+    "int8_tensor_tops": (
+        f"{INT8_OPS_PER_FP16_FLOP:g} x fp16_tensor_tflops",
+        lambda f: INT8_OPS_PER_FP16_FLOP * f["fp16_tensor_tflops"],
+    ),
+    "fp8_tensor_tflops": (
+        f"2 x fp16_tensor_tflops from compute capability {FP8_MIN_COMPUTE_CAPABILITY}, else none",
+        _fp8,
+    ),
+    "warp_schedulers_per_sm": ("compute capability 7.0-9.0: 4", lambda f: WARP_SCHEDULERS_PER_SM),
+    "sfu_ops_per_clock_per_sm": ("compute capability 7.0-9.0: 16", lambda f: SFU_OPS_PER_CLOCK_PER_SM),
+    "pcie_gb_per_s": (
+        f"not given: PCIe Gen4 x16, {DEFAULT_PCIE_GB_PER_S:g} GB/s achievable",
+        lambda f: DEFAULT_PCIE_GB_PER_S,
+    ),
+    "pcie_peer_access": (
+        "not given: no peer access over PCIe (GeForce); say true for a data-centre or professional part",
+        lambda f: False,
+    ),
+}
+OPTIONAL_FIELDS = ("fp4_tensor_tflops", "sustained_clock_ghz", "nvlink_gb_per_s")  # absent: none, nothing derived
+
+
+def complete_gpu_fields(given: dict) -> tuple[dict, dict[str, dict]]:
+    """A GPU's full field set from the fields given (a catalog entry, or a short spec with any of the others):
+    every field of DERIVED_RULES that is absent is derived, in order, and reported as {field: {value, rule}}.
+    A field given as None stays None (a GPU without INT8 tensor cores says int8_tensor_tops: null)."""
+    missing = [k for k in SHORT_SPEC_FIELDS if given.get(k) is None]
+    if missing:
+        raise ValueError(f"a GPU needs {', '.join(SHORT_SPEC_FIELDS)}; missing {', '.join(missing)}")
+    full = {k: given.get(k) for k in OPTIONAL_FIELDS} | dict(given)
+    derived: dict[str, dict] = {}
+    for name, (rule, value) in DERIVED_RULES.items():
+        if name not in given:
+            full[name] = value(full)
+            derived[name] = {"value": full[name], "rule": rule}
+    return full, derived
 
 
 @dataclass(frozen=True)
@@ -36,6 +116,7 @@ class GPUSpec:
     sustained_clock_ghz: float | None  # SM clock a power-capped part holds under load; None: the boost clock
     nvlink_gb_per_s: float | None  # per GPU per direction; None: no NVLink
     compute_capability: str = "8.0"
+    pcie_peer_access: bool = True  # two of these GPUs may reach each other's memory over PCIe (not GeForce)
 
     @property
     def has_int8_tensor_cores(self) -> bool:
@@ -48,12 +129,12 @@ class GPUSpec:
 
     @classmethod
     def from_fields(cls, key: str, f: dict) -> GPUSpec:
-        """From catalog/data/gpus.yaml field names (memory_gb in GB = 1e9 bytes)."""
+        """From catalog/data/gpus.yaml field names (a complete set: complete_gpu_fields fills a short spec)."""
         return cls(
             key=key,
             name=f["name"],
             arch=f["arch"],
-            memory_bytes=f["memory_gb"] * GB,
+            memory_bytes=float(f["memory_bytes"]),
             memory_bandwidth_gb_per_s=f["memory_bandwidth_gb_per_s"],
             fp16_tensor_tflops=f["fp16_tensor_tflops"],
             int8_tensor_tops=f.get("int8_tensor_tops"),
@@ -68,6 +149,7 @@ class GPUSpec:
             sustained_clock_ghz=f.get("sustained_clock_ghz"),
             nvlink_gb_per_s=f.get("nvlink_gb_per_s"),
             compute_capability=str(f["compute_capability"]),
+            pcie_peer_access=bool(f.get("pcie_peer_access", True)),
         )
 
 

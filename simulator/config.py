@@ -123,23 +123,53 @@ class ModelConfig(_Strict):
 
 # ---- hardware pools ---------------------------------------------------------------------
 class GPUConfig(_Strict):
+    """A GPU: a catalog preset (catalog/data/gpus.yaml), a preset with fields overridden, or a GPU of one's own.
+    One's own needs only the short spec (memory, memory bandwidth, FP16 tensor rate, SMs, clock); every other
+    field is derived by costmodel/specs.py's rules, printed and recorded in profiles.json."""
+
     preset: str | None = Field(None, description="catalog/data/gpus.yaml key the fields came from")
-    name: str
-    arch: str
-    compute_capability: str
-    memory_gb: float = Field(gt=0, le=1e5, description="GPU memory, GB = 1e9 bytes")
-    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1e6)
+    name: str | None = Field(None, max_length=200, description="display name; default: 'custom GPU'")
+    arch: str | None = Field(None, max_length=100, description="architecture (ampere, ada, hopper, ...); informational")
+    compute_capability: str | None = Field(
+        None,
+        pattern=r"^[0-9]{1,2}\.[0-9]$",
+        description="e.g. '8.9'; decides the Gluon decode kernels (9.0 and later) and FP8 tensor cores (8.9 and "
+        "later); default: 8.0",
+    )
+    memory_bytes: float | None = Field(
+        None,
+        gt=0,
+        le=1e15,
+        description="GPU memory as the CUDA driver reports it (deviceQuery's 'Total amount of global memory', "
+        "torch.cuda.get_device_properties().total_memory), bytes; give this or memory_gib",
+    )
+    memory_gib: float | None = Field(
+        None, gt=0, le=1e6, description="the same in GiB (2^30 bytes), as torch reports it; give this or memory_bytes"
+    )
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1e6, description="datasheet memory bandwidth, GB/s")
     fp16_tensor_tflops: float = Field(gt=0, le=1e6, description="dense FP16 tensor rate, FP32 accumulate")
-    int8_tensor_tops: float | None = Field(None, gt=0, le=1e6, description="dense INT8 tensor rate; null: none")
-    fp8_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP8 tensor rate; null: none")
+    int8_tensor_tops: float | None = Field(
+        None, gt=0, le=1e6, description="dense INT8 tensor rate; null: none; left out: 2 x fp16_tensor_tflops"
+    )
+    fp8_tensor_tflops: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="dense FP8 tensor rate; null: none; left out: 2 x fp16_tensor_tflops from compute capability "
+        "8.9, else none",
+    )
     fp4_tensor_tflops: float | None = Field(None, gt=0, le=1e6, description="dense FP4 tensor rate; null: none")
-    fp32_tflops: float = Field(gt=0, le=1e6)
+    fp32_tflops: float | None = Field(
+        None, gt=0, le=1e6, description="FP32 CUDA-core peak; left out: 2 x sms x 128 x boost_clock_ghz"
+    )
     sms: int = Field(
         gt=0, le=2**20, description="streaming multiprocessors (CUDA-core, SFU and tensor issue rates scale with them)"
     )
-    warp_schedulers_per_sm: int = Field(gt=0, le=64, description="warp instructions issued per SM per clock")
-    sfu_ops_per_clock_per_sm: int = Field(
-        gt=0, le=4096, description="special-function (exp2, rcp) results per SM per clock"
+    warp_schedulers_per_sm: int | None = Field(
+        None, gt=0, le=64, description="warp instructions issued per SM per clock; left out: 4"
+    )
+    sfu_ops_per_clock_per_sm: int | None = Field(
+        None, gt=0, le=4096, description="special-function (exp2, rcp) results per SM per clock; left out: 16"
     )
     boost_clock_ghz: float = Field(gt=0, le=100, description="SM clock the FP32 peak is quoted at")
     sustained_clock_ghz: float | None = Field(
@@ -148,14 +178,71 @@ class GPUConfig(_Strict):
         le=100,
         description="SM clock held under load where a power cap keeps it below boost; null: the boost clock",
     )
-    pcie_gb_per_s: float = Field(gt=0, le=1e5, description="achievable host<->device per direction")
-    nvlink_gb_per_s: float | None = Field(None, gt=0, le=1e5)
+    pcie_gb_per_s: float | None = Field(
+        None, gt=0, le=1e5, description="achievable host<->device per direction; left out: 24 (Gen4 x16)"
+    )
+    nvlink_gb_per_s: float | None = Field(None, gt=0, le=1e5, description="NVLink per GPU per direction; null: none")
+    pcie_peer_access: bool | None = Field(
+        None,
+        description="whether two of these GPUs may reach each other's memory over PCIe (cudaDeviceCanAccessPeer; "
+        "GeForce: no); left out: no",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, v: Any) -> Any:
         # `measured` holds published measurements with their sources: provenance, compared in profiles.json
-        return _with_preset("gpus", v, drop=("key", "sources", "notes", "measured"))
+        merged = _with_preset("gpus", v, drop=("key", "sources", "notes", "measured"))
+        if isinstance(v, dict) and "memory_gib" in v and "memory_bytes" not in v and isinstance(merged, dict):
+            merged.pop("memory_bytes", None)  # the override replaces the preset's figure
+        return merged
+
+    @model_validator(mode="after")
+    def _memory(self) -> GPUConfig:
+        if (self.memory_bytes is None) == (self.memory_gib is None):
+            raise ValueError("give the GPU's memory as memory_bytes or memory_gib (one of them)")
+        return self
+
+    @property
+    def total_memory_bytes(self) -> float:
+        if self.memory_bytes is not None:
+            return self.memory_bytes
+        assert self.memory_gib is not None  # _memory requires one of them
+        return self.memory_gib * 2**30
+
+
+class PoolHostConfig(_Strict):
+    """The host machine one replica runs on, where the catalog instance does not describe it (or there is none):
+    what offload methods use (PQCache's K-Means on its CPUs, KV in its memory, fetched over PCIe)."""
+
+    vcpus: int | None = Field(
+        None,
+        gt=0,
+        le=2**16,
+        description="CPU hardware threads the engine may use (nproc; a core with SMT counts twice): PQCache's "
+        "K-Means runs on them; default: the instance's vCPUs",
+    )
+    memory_gib: float | None = Field(
+        None,
+        gt=0,
+        le=2**30,
+        description="host memory for KV (parked on prefill, offloaded on decode), per replica; default: the pool's "
+        "host_memory_gib, else half the instances' memory",
+    )
+    memory_bandwidth_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="host DRAM bandwidth; the replica's GPUs share it for transfers to and from host memory "
+        "(offload fetches, swaps); default: not a limit",
+    )
+    pcie_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e5,
+        description="achievable host<->GPU rate per GPU and direction of the host's slots (Gen4 x16: 24, Gen5 "
+        "x16: 50); the slower of it and the GPU's own link is used; default: the GPU's",
+    )
 
 
 class PoolConfig(_Strict):
@@ -225,6 +312,18 @@ class PoolConfig(_Strict):
         None,
         description="how the GPUs of a tensor-parallel group reach each other (catalog/data/interconnects.yaml "
         "gives each one's collective constants); default: the instance's gpu_interconnect, else pcie",
+    )
+    peer_access: bool | None = Field(
+        None,
+        description="whether the GPUs of a tensor-parallel group reach each other's memory directly (NVLink, or "
+        "PCIe P2P the driver grants): without it vLLM's custom all-reduce is off and NCCL goes through host "
+        "memory (interconnects.yaml pcie_host); default: the instance's peer_access, else true over NVLink, "
+        "else the GPU's pcie_peer_access",
+    )
+    host: PoolHostConfig | None = Field(
+        None,
+        description="the host one replica runs on (CPU threads, memory, memory bandwidth, PCIe), where the "
+        "instance does not say or there is none",
     )
     intra_node_gb_per_s: float | None = Field(
         None,
@@ -379,6 +478,14 @@ class PoolConfig(_Strict):
                     f"data_parallel={self.data_parallel} x tensor_parallel={self.tensor_parallel} GPUs exceed the "
                     f"{per} GPUs of one {self.instance} (an expert-parallel group spanning instances is not modelled)"
                 )
+        if self.peer_access is False:
+            kind = self.interconnect or (
+                catalog.entry("instances", self.instance)["gpu_interconnect"] if self.instance else None
+            )
+            if kind in ("nvlink", "nvswitch"):
+                raise ValueError(f"peer_access false contradicts interconnect {kind} (NVLink is peer access)")
+        if self.host is not None and self.host.memory_gib is not None and self.host_memory_gib is not None:
+            raise ValueError("give host memory once: host.memory_gib or host_memory_gib")
         # Every catalog instance states its interconnect's bandwidth; a pool given by GPU that names NVLink
         # needs the GPU's NVLink rate or an explicit one (the defaults themselves: simulator/resolve.py).
         if (
@@ -388,7 +495,7 @@ class PoolConfig(_Strict):
             and self.intra_node_gb_per_s is None
         ):
             raise ValueError(
-                f"interconnect {self.interconnect}: {self.gpu.preset or self.gpu.name} has no NVLink "
+                f"interconnect {self.interconnect}: {self.gpu.preset or self.gpu.name or 'the GPU'} has no NVLink "
                 f"(nvlink_gb_per_s null): give intra_node_gb_per_s"
             )
         return self

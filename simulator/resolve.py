@@ -5,17 +5,28 @@ profiles; everything downstream (cost models, the simulator's entities, planning
 reads the frozen `Resolved` it returns. The defaults it fills in:
 
 * link bandwidth: `network.bandwidth_gbps`, else the prefill instance's line rate;
+* a pool's GPU: the catalog preset, with overrides, or one's own short spec; the fields it leaves out are
+  derived (costmodel/specs.py complete_gpu_fields) and listed in `PoolLayout.gpu_derived`;
 * a pool's TP interconnect: `interconnect`, else the instance's `gpu_interconnect`, else PCIe; its
   bandwidth per GPU and direction: `intra_node_gb_per_s`, else the instance's, else the GPU's NVLink
-  (nvlink, nvswitch) or PCIe rate; its collective constants from catalog/data/interconnects.yaml;
+  (nvlink, nvswitch) or PCIe rate; peer access between its GPUs: `peer_access`, else the instance's, else
+  true over NVLink, else the GPU's `pcie_peer_access`; its collective constants from
+  catalog/data/interconnects.yaml: the interconnect's entry, or `pcie_host` without peer access (NCCL
+  through host memory, no custom all-reduce: costmodel/collectives.py);
   the pipeline hop between stages: the instance's network (Ethernet constants), else the link's;
-* host memory per replica (KV parked on prefill, offloaded on decode): `host_memory_gib`, else half
-  the memory of the replica's instances, else 64 GiB; vCPUs per replica: the instances' (0 without);
+* the host a replica runs on: host memory per replica (KV parked on prefill, offloaded on decode):
+  `host.memory_gib` or `host_memory_gib`, else half the memory of the replica's instances, else 64 GiB;
+  vCPUs per replica: `host.vcpus`, else the instances' (0 without); each GPU's link to host memory: the
+  GPU's PCIe rate, capped by `host.pcie_gb_per_s` and by `host.memory_bandwidth_gb_per_s` shared among
+  the GPUs of one host (the pool's GPUSpec carries the result as its pcie_gb_per_s);
 * price per instance: the pool's `price_usd_per_hour`, else the catalog's (None: unknown);
 * calibration profile per pool: `auto` (the committed profile for the GPU key, else the roofline),
   `roofline`, or a path to a profile.json; per method, its implementation profile's kernel costs
   (catalog/data/implementations.yaml, repriced for the pool's GPU) and then its own `kernels:` replace
   the profile's (simulator/implementations.py);
+* warnings (`Resolved.warnings`, printed by the CLI and written to profiles.json): a pool priced by the
+  roofline (no profile for its GPU), a profile measured or derived for another GPU than the pool's, and the
+  GPU fields a pool's spec left to be derived;
 * links: `network.links`, else one link per prefill replica reaching every decode replica; each
   link carries `bandwidth_gbps x efficiency` (the first link listed joins a pair of replicas);
   `per_flow_gbps` caps one transfer.
@@ -31,7 +42,7 @@ scenario is loaded) arrives here as scenario values: `decode.join_s_per_request`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -41,7 +52,7 @@ from costmodel.calibration import CalibrationProfile, load_profile
 from costmodel.methods import KVMethod
 from costmodel.phases import ReplicaCostModel, kv_heads_per_gpu
 from costmodel.roofline import roofline_profile
-from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism
+from costmodel.specs import GIB, GPUSpec, ModelSpec, Parallelism, complete_gpu_fields
 
 from .config import GPUConfig, ImplementationFactors, ModelConfig, PoolConfig, Scenario, ScenarioError
 from .implementations import priced_profile
@@ -63,6 +74,7 @@ class InstanceSpec:
     gpu_interconnect: str
     intra_node_gb_per_s: float
     price_usd_per_hour: float | None
+    peer_access: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,8 @@ class PoolLayout:
     non_torch_override_bytes: float | None  # per GPU: replaces the non-torch estimate
     join_s_per_request: float = 0.0  # decode: the engine's extra time in the iteration a request joins
     prefill_efficiency: float = 1.0  # prefill: the fraction of the priced GPU speed the engine reaches
+    gpu_derived: tuple[tuple[str, object, str], ...] = ()  # (field, value, rule) the GPU's spec left out
+    warnings: tuple[str, ...] = ()  # roofline pricing, a profile for another GPU, derived GPU fields
 
     def cost_model(
         self, model: ModelSpec, method: KVMethod, impl: ImplementationFactors | None = None
@@ -183,6 +197,11 @@ class Resolved:
     network: NetworkLayout
     shared_gpu: bool  # placement shared_gpu: prefill replica i and decode replica i share GPUs
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What a user should know about how the pools are priced (one line each; the CLI prints them)."""
+        return self.prefill.warnings + self.decode.warnings
+
     def costs(self, method: KVMethod) -> tuple[ReplicaCostModel, ReplicaCostModel]:
         """(prefill, decode) cost models of one replica each, with the engine's implementation factors for
         the method (calibration.implementation_factors, by its registry name)."""
@@ -206,6 +225,7 @@ def instance_spec(key: str | None) -> InstanceSpec | None:
         gpu_interconnect=e["gpu_interconnect"],
         intra_node_gb_per_s=e["intra_node_gb_per_s"],
         price_usd_per_hour=e.get("price_usd_per_hour"),
+        peer_access=bool(e.get("peer_access", True)),
     )
 
 
@@ -237,18 +257,34 @@ def interconnect_kind(pool: PoolConfig) -> str:
     return pool.interconnect or (inst.gpu_interconnect if inst else None) or "pcie"
 
 
-def interconnect_gb_per_s(pool: PoolConfig) -> float | None:
+def interconnect_gb_per_s(pool: PoolConfig, gpu: GPUSpec) -> float | None:
     """Per-GPU bandwidth per direction of the TP interconnect (None only for NVLink named on a GPU without
     it and no bandwidth given, which PoolConfig refuses)."""
-    assert pool.gpu is not None
     inst = instance_spec(pool.instance)
     if pool.intra_node_gb_per_s is not None:
         return pool.intra_node_gb_per_s
     if inst is not None:
         return inst.intra_node_gb_per_s
     if interconnect_kind(pool) == "pcie":
-        return pool.gpu.pcie_gb_per_s
-    return pool.gpu.nvlink_gb_per_s
+        return gpu.pcie_gb_per_s
+    return gpu.nvlink_gb_per_s
+
+
+def peer_access(pool: PoolConfig, gpu: GPUSpec) -> bool:
+    """Whether the pool's GPUs reach each other's memory: the pool's word, else its instance's, else true over
+    NVLink, else the GPU's pcie_peer_access (the driver refuses GeForce parts)."""
+    if pool.peer_access is not None:
+        return pool.peer_access
+    inst = instance_spec(pool.instance)
+    if inst is not None:
+        return inst.peer_access
+    return interconnect_kind(pool) != "pcie" or gpu.pcie_peer_access
+
+
+def collective_constants(pool: PoolConfig, gpu: GPUSpec) -> collectives.Interconnect:
+    """The TP all-reduce's constants: the interconnect's catalog entry, or pcie_host without peer access."""
+    key = interconnect_kind(pool) if peer_access(pool, gpu) else "pcie_host"
+    return collectives.from_catalog(catalog.entry("interconnects", key))
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
@@ -273,8 +309,39 @@ def model_spec(m: ModelConfig) -> ModelSpec:
     )
 
 
+def gpu_fields(g: GPUConfig) -> tuple[dict, dict[str, dict]]:
+    """The GPU's full field set and what was derived for the fields it left out ({field: {value, rule}})."""
+    given = g.model_dump(include=g.model_fields_set - {"preset", "memory_gib"})
+    given["memory_bytes"] = g.total_memory_bytes
+    return complete_gpu_fields(given)
+
+
 def gpu_spec(g: GPUConfig) -> GPUSpec:
-    return GPUSpec.from_fields(g.preset or g.name, g.model_dump())
+    full, _ = gpu_fields(g)
+    return GPUSpec.from_fields(g.preset or g.name or "custom", full)
+
+
+def host_vcpus(pool: PoolConfig) -> int:
+    """CPU threads per replica: the pool's host's, else its instances' (0 without an instance)."""
+    if pool.host is not None and pool.host.vcpus is not None:
+        return pool.host.vcpus
+    inst = instance_spec(pool.instance)
+    return 0 if inst is None else inst.vcpus * instances_per_replica(pool)
+
+
+def host_link_gb_per_s(pool: PoolConfig, gpu: GPUSpec) -> float:
+    """Each GPU's rate to and from host memory: its PCIe link, capped by the host's slots and by the host's
+    memory bandwidth shared among the GPUs of one host."""
+    host = pool.host
+    rate = gpu.pcie_gb_per_s
+    if host is None:
+        return rate
+    if host.pcie_gb_per_s is not None:
+        rate = min(rate, host.pcie_gb_per_s)
+    if host.memory_bandwidth_gb_per_s is not None:
+        gpus_per_host = max(1, pool.gpus_per_replica // instances_per_replica(pool))
+        rate = min(rate, host.memory_bandwidth_gb_per_s / gpus_per_host)
+    return rate
 
 
 def calibration_profile(choice: str, gpu: GPUSpec, source: str, field_name: str) -> CalibrationProfile:
@@ -289,26 +356,59 @@ def calibration_profile(choice: str, gpu: GPUSpec, source: str, field_name: str)
         raise ScenarioError(f"{source}: calibration.{field_name}: cannot read profile {choice}: {e}") from None
 
 
+def pricing_warnings(name: str, gpu: GPUSpec, profile: CalibrationProfile, choice: str) -> list[str]:
+    """What is uncertain about how a pool is priced: roofline pricing, or a profile made for another GPU."""
+    out = []
+    if profile.source == "roofline":
+        why = (
+            f"calibration.{name}_profile is roofline"
+            if choice == "roofline"
+            else f"no profile for {gpu.key} in kernels_calibration/profiles"
+        )
+        target = gpu.key if gpu.key in catalog.load("gpus") else "GPU.yaml (its fields)"
+        out.append(
+            f"{name} pool ({gpu.key}) is priced by roofline ({why}): datasheet peaks times the H200's "
+            f"efficiencies; `python cli.py calibrate --derive {target} --out DIR` derives a profile"
+        )
+    elif profile.gpu != gpu.key:
+        out.append(
+            f"{name} pool runs {gpu.key} but its profile ({profile.path or choice}) is for {profile.gpu}: every "
+            f"kernel is priced at {profile.gpu}'s speed"
+        )
+    return out
+
+
 # ---- the scenario -----------------------------------------------------------------------------------
 def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float, source: str) -> PoolLayout:
     assert pool.gpu is not None  # PoolConfig fills it from the instance or refuses
     inst = instance_spec(pool.instance)
     per = instances_per_replica(pool)
-    gpu = gpu_spec(pool.gpu)
-    kind, link_gb_per_s = interconnect_kind(pool), interconnect_gb_per_s(pool)
+    fields, derived = gpu_fields(pool.gpu)
+    gpu = GPUSpec.from_fields(pool.gpu.preset or pool.gpu.name or "custom", fields)
+    link_gb_per_s = interconnect_gb_per_s(pool, gpu)
     assert link_gb_per_s is not None  # PoolConfig refuses NVLink without a bandwidth
     parallel = Parallelism(
         tensor=pool.tensor_parallel,
         pipeline=pool.pipeline_parallel,
         intra_node_gb_per_s=link_gb_per_s,
         inter_stage_gbps=(inst.network_gbps if inst else None) or network_gbps,
-        interconnect=collectives.from_catalog(catalog.entry("interconnects", kind)),
+        interconnect=collective_constants(pool, gpu),
         network=collectives.from_catalog(catalog.entry("interconnects", "ethernet")),
         expert_parallel=pool.expert_parallel,
         data_parallel=pool.data_parallel,
     )
-    if pool.host_memory_gib is not None:
-        host_bytes = pool.host_memory_gib * GIB
+    profile = calibration_profile(profile_choice, gpu, source, f"{name}_profile")
+    warnings = pricing_warnings(name, gpu, profile, profile_choice)
+    if derived:
+        shown = ", ".join(f"{k}={v['value']}" for k, v in derived.items())
+        warnings.append(f"{name} pool's GPU {gpu.key}: derived {shown} (costmodel/specs.py; profiles.json says how)")
+    host_link = host_link_gb_per_s(pool, gpu)
+    if host_link != gpu.pcie_gb_per_s:
+        gpu = replace(gpu, pcie_gb_per_s=host_link)  # the link to host memory this deployment gives each GPU
+    host_memory_gib = pool.host.memory_gib if pool.host is not None else None
+    host_memory_gib = pool.host_memory_gib if host_memory_gib is None else host_memory_gib
+    if host_memory_gib is not None:
+        host_bytes = host_memory_gib * GIB
     elif inst is None:
         host_bytes = DEFAULT_HOST_MEMORY_BYTES
     else:
@@ -326,7 +426,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         name=name,
         gpu=gpu,
         parallel=parallel,
-        profile=calibration_profile(profile_choice, gpu, source, f"{name}_profile"),
+        profile=profile,
         replicas=pool.replicas,
         instance=inst,
         instances_per_replica=per,
@@ -334,7 +434,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         max_batch_tokens=pool.max_batch_tokens,
         gpu_memory_utilization=pool.gpu_memory_utilization,
         host_memory_bytes=host_bytes,
-        host_vcpus=0 if inst is None else inst.vcpus * per,
+        host_vcpus=host_vcpus(pool),
         kv_capacity_override_bytes=None if pool.kv_capacity_gib is None else pool.kv_capacity_gib * GIB,
         price_usd_per_hour=price_usd_per_hour(pool),
         host=host,
@@ -343,6 +443,8 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB,
         join_s_per_request=pool.join_s_per_request if name == "decode" else 0.0,
         prefill_efficiency=pool.prefill_efficiency if name == "prefill" else 1.0,
+        gpu_derived=tuple((k, v["value"], v["rule"]) for k, v in derived.items()),
+        warnings=tuple(warnings),
     )
 
 

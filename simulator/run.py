@@ -74,8 +74,8 @@ class MethodRun:
                 raise ScenarioError(f"{source}: {pool}: {e}") from None
         if method.encode == "pq" and pre_cost.host_vcpus <= 0:
             raise ScenarioError(
-                f"{source}: prefill.instance: {method.output_name} clusters keys on the prefill hosts' CPUs; "
-                f"name an instance so their vCPUs are known"
+                f"{source}: prefill.host.vcpus: {method.output_name} clusters keys on the prefill hosts' CPUs; "
+                f"give the host's CPU threads (prefill.host.vcpus) or name an instance"
             )
         refusal = method.check_decode_gpu(res.decode.gpu)
         if refusal:
@@ -522,7 +522,12 @@ class ScenarioResult:
         out: dict[str, Any] = {
             "prefill": one(self.resolved.prefill.profile),
             "decode": one(self.resolved.decode.profile),
+            # roofline pricing, a profile for another GPU, derived GPU fields (the CLI prints them on stderr)
+            "warnings": list(self.resolved.warnings),
         }
+        for pool in (self.resolved.prefill, self.resolved.decode):
+            if pool.gpu_derived:  # the fields a GPU's short spec left out, as costmodel/specs.py derived them
+                out[pool.name]["gpu_derived"] = {k: {"value": v, "rule": r} for k, v, r in pool.gpu_derived}
         # the TP all-reduce (and PP send/recv) per pool: which algorithm each message size takes, and its time
         res = self.resolved
         out["collectives"] = {

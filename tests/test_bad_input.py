@@ -313,7 +313,7 @@ def test_infinite_bandwidth_crosses_sweep_workers(tmp_path):
 def test_non_finite_numbers_refused_where_meaningless():
     s = load_scenario(DEFAULT)
     raw = json.loads(strict_json(s.model_dump(mode="json")))
-    for path in (("network", "latency_s"), ("decode", "gpu_memory_utilization"), ("prefill", "gpu", "memory_gb")):
+    for path in (("network", "latency_s"), ("decode", "gpu_memory_utilization"), ("prefill", "gpu", "memory_bytes")):
         node = raw
         for k in path[:-1]:
             node = node[k]

@@ -1,6 +1,8 @@
 """Collectives priced from cited measurements (catalog/data/interconnects.yaml): the model reproduces every
 figure it cites, picks the algorithm the engines pick, and every instance names its interconnect."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,3 +102,111 @@ def test_pool_interconnect_defaults_and_overrides():
     assert par.interconnect.key == "pcie" and par.intra_node_gb_per_s == 24
     with pytest.raises(ScenarioError, match="interconnect nvlink: l4 has no NVLink"):
         scenario(**{"decode": {"gpu": "l4", "interconnect": "nvlink"}})
+
+
+# ---- peer access (issue 27 item 4) -------------------------------------------------------------------------------
+HOST = co.from_catalog(ICS["pcie_host"])
+GEN4_GB_PER_S = 24.0  # gpus.yaml convention: PCIe Gen4 x16, achievable per direction
+GEN3_GB_PER_S = 11.5
+
+
+def test_host_memory_path_reproduces_its_cited_figures():
+    """NCCL without peer access (SHM transport): the 2-GPU alltoall latency of RTX 4090s with P2P disabled
+    (tinygrad/open-gpu-kernel-modules#17), the host-staged copy rate of two RTX 3090s with peer access off
+    (club-3090: 16.77 GB/s both ways on Gen4 x16, so 8.39 per direction), and at least the one-channel SHM
+    all-reduce's 3.9 GB/s on Gen3 x16 (NVIDIA/nccl#384: the default's two channels do no worse)."""
+    rows = {m["what"]: m for m in ICS["pcie_host"]["measured"]}
+    a2a = rows["alltoall"]
+    for n, t_us in zip(a2a["bytes"], a2a["time_us"]):
+        assert co.alltoall_s(float(n), 2, HOST, GEN4_GB_PER_S) == pytest.approx(t_us * 1e-6, rel=0.05), n
+    staged = rows["host_staged_bidirectional_gb_per_s"]
+    per_direction = staged["value"] / 2
+    assert HOST.ring.bus_efficiency * staged["link_gb_per_s"] == pytest.approx(per_direction, rel=0.01)
+    # a 1 GiB all-reduce on 2 GPUs moves n bytes each way: its bus bandwidth is the per-direction rate
+    n = 2.0**30
+    bus_gb_per_s = n / co.ring_s(n, 2, HOST.ring, GEN4_GB_PER_S) / 1e9
+    assert bus_gb_per_s == pytest.approx(8.385, rel=0.01)
+    one_channel = rows["allreduce_bus_gb_per_s_one_channel"]
+    gen3_bus = n / co.ring_s(n, 2, HOST.ring, one_channel["link_gb_per_s"]) / 1e9
+    assert one_channel["value"] <= gen3_bus <= 1.1 * one_channel["value"]
+    # the small-message all-reduce: base + 2 steps = 5.56 + 2 x 6.15 us
+    assert co.allreduce_s(128.0, 2, HOST, GEN4_GB_PER_S) == pytest.approx(17.86e-6 + 128 / (0.349 * 24e9), rel=1e-9)
+
+
+def test_no_custom_allreduce_without_peer_access():
+    """vLLM's CustomAllreduce returns disabled when _can_p2p fails: the ring for every size and GPU count,
+    where the same GPUs with peer access take the one-shot kernel."""
+    pcie, nvs = co.from_catalog(ICS["pcie"]), co.from_catalog(ICS["nvswitch"])
+    mib = 1024 * 1024
+    assert co.allreduce_algorithm(4 * mib, 2, pcie) == "one_shot"
+    assert co.allreduce_algorithm(4 * mib, 2, HOST) == "ring"
+    for p in (2, 4, 8):
+        assert co.allreduce_algorithm(1024, p, dataclasses.replace(nvs, peer_access=False)) == "ring"
+    blocked = dataclasses.replace(pcie, peer_access=False)  # one-shot constants present, peer access refused
+    assert co.allreduce_s(4.0 * mib, 2, blocked, 24) == pytest.approx(co.ring_s(4.0 * mib, 2, blocked.ring, 24))
+    assert "host memory" in co.path(HOST, 2) and "custom all-reduce" in co.path(pcie, 2)
+    assert "no custom all-reduce: more than two GPUs on PCIe" in co.path(pcie, 4)
+
+
+@pytest.mark.parametrize(
+    "pool, key",
+    [
+        ({"gpu": "rtx4090", "tensor_parallel": 2}, "pcie_host"),  # GeForce: the driver refuses peer access
+        ({"gpu": "rtx4090", "tensor_parallel": 2, "peer_access": True}, "pcie"),  # a patched driver grants it
+        ({"gpu": "a10g", "tensor_parallel": 2}, "pcie"),  # a data-centre part
+        ({"gpu": "a10g", "tensor_parallel": 2, "peer_access": False}, "pcie_host"),  # e.g. a VM that refuses it
+        ({"instance": "rtx4090x2", "tensor_parallel": 2}, "pcie_host"),
+        ({"instance": "g5.12xlarge", "tensor_parallel": 4}, "pcie"),
+        ({"instance": "p4de.24xlarge", "tensor_parallel": 8}, "nvswitch"),
+        ({"gpu": "rtx_pro_6000", "tensor_parallel": 2}, "pcie"),
+        ({"gpu": "rtx6000_ada", "tensor_parallel": 2}, "pcie_host"),
+    ],
+)
+def test_peer_access_picks_the_collectives(pool, key):
+    from simulator.resolve import resolve
+
+    s = scenario(**{"decode": pool, "network.bandwidth_gbps": 10})
+    par = resolve(s, "test").decode.parallel
+    assert par.interconnect.key == key and par.interconnect.peer_access == (key != "pcie_host")
+
+
+def test_peer_access_false_on_nvlink_is_refused():
+    with pytest.raises(ScenarioError, match="peer_access false contradicts interconnect nvswitch"):
+        scenario(**{"decode": {"instance": "p4de.24xlarge", "tensor_parallel": 8, "peer_access": False}})
+
+
+def test_tp2_without_peer_access_hand_worked():
+    """Llama-3.1-8B decode at TP 2 on two RTX 4090s (PCIe Gen4, 24 GB/s per direction), batch 32: each of a
+    layer's two all-reduces carries 32 x 4096 x 2 B = 256 KiB.  Without peer access: NCCL's ring through host
+    memory, 5.56 + 2 x 6.15 us + 262144 B / (0.349 x 24 GB/s) = 49.16 us.  With it (a patched driver): vLLM's
+    one-shot kernel, 4.86 us + 262144 / (0.713 x 24 GB/s) = 20.18 us.  The iteration differs by 32 layers x 2
+    all-reduces x 28.98 us = 1.855 ms; a 4096-token prompt's 32 MiB all-reduce exceeds the custom kernel's 8 MiB
+    and takes NCCL's ring either way: 10.06 + 1947.2 us over P2P, 17.86 + 4006.0 us through host memory."""
+    from simulator.resolve import resolve
+
+    off = scenario(**{"decode": {"gpu": "rtx4090", "tensor_parallel": 2, "max_batch_requests": 64}})
+    on = scenario(**{"decode": {"gpu": "rtx4090", "tensor_parallel": 2, "max_batch_requests": 64, "peer_access": True}})
+    _, d_off = resolve(off, "test").costs(off.methods[0])
+    _, d_on = resolve(on, "test").costs(on.methods[0])
+    msg = 32 * 4096 * 2
+    host_s = 5.56e-6 + 2 * 6.15e-6 + msg / (0.349 * 24e9)
+    p2p_s = 4.86e-6 + msg / (0.713 * 24e9)
+    assert host_s == pytest.approx(49.16e-6, abs=0.01e-6) and p2p_s == pytest.approx(20.18e-6, abs=0.01e-6)
+    assert d_off.allreduce_s(32) == pytest.approx(host_s, rel=1e-9)
+    assert d_on.allreduce_s(32) == pytest.approx(p2p_s, rel=1e-9)
+    assert d_off.iteration(32).fixed_s - d_on.iteration(32).fixed_s == pytest.approx(
+        32 * 2 * (host_s - p2p_s), rel=1e-9
+    )
+    assert 32 * 2 * (host_s - p2p_s) == pytest.approx(1.855e-3, rel=1e-3)
+    big = 4096 * 4096 * 2
+    assert d_on.allreduce_s(4096) == pytest.approx(5.56e-6 + 2 * 2.25e-6 + big / (0.718 * 24e9), rel=1e-9)
+    assert d_off.allreduce_s(4096) == pytest.approx(17.86e-6 + big / (0.349 * 24e9), rel=1e-9)
+
+
+def test_profiles_json_names_the_collective_path():
+    from simulator.run import run_scenario
+
+    s = scenario(methods=["baseline"], **{"decode": {"gpu": "rtx4090", "tensor_parallel": 2}})
+    coll = run_scenario(s, source="test").profiles()["collectives"]["decode"]
+    assert coll["interconnect"] == "pcie_host" and coll["peer_access"] is False
+    assert "host memory" in coll["path"] and {r["algorithm"] for r in coll["allreduce"]} == {"ring"}

@@ -117,7 +117,7 @@ SET_PATHS = [
     "calibration.decode_profile",
     "placement",
     "name",
-    "prefill.gpu.memory_gb",
+    "prefill.gpu.memory_bytes",
     "nonsense",
     "model.preset.x",
     "methods.x",

@@ -362,7 +362,7 @@ def test_collectives_report_for_the_outputs():
     ]
     # no pipeline, no expert parallelism: neither entry; expert parallelism on one GPU, or for a dense model (no
     # active experts), sends nothing either
-    base = {"interconnect", "tensor_parallel", "link_gb_per_s", "allreduce"}
+    base = {"interconnect", "peer_access", "path", "tensor_parallel", "link_gb_per_s", "allreduce"}
     flat = co.report(Parallelism(tensor=2, intra_node_gb_per_s=300.0, interconnect=nvs, network=eth), 4096, [1])
     assert set(flat) == base
     ep = dict(intra_node_gb_per_s=300.0, interconnect=nvs, network=eth, expert_parallel=True)

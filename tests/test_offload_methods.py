@@ -76,7 +76,7 @@ def test_host_memory_limits_offloaded_requests():
 
 
 def test_pqcache_needs_host_cpus_and_caps_kmeans():
-    with pytest.raises(ScenarioError, match="vCPUs"):
+    with pytest.raises(ScenarioError, match="host.vcpus"):
         run_scenario(scenario(methods=["pqcache"]))  # pools given by GPU only: no host CPUs known
     s = offload_scenario(methods=["pqcache"])
     pre, _ = resolve(s).costs(make_method("pqcache"))

@@ -2,10 +2,13 @@
 part repriced at the target GPU's rate for that unit.
 
     python -m kernels_calibration.derive [--src kernels_calibration/profiles/h200/profile.json]
+    python -m kernels_calibration.derive --gpu rtx4090 --out /tmp/profiles   # one GPU
     python -m kernels_calibration.derive --table      # the README's HACK/FP16 table, nothing written
+    python cli.py calibrate --derive GPU --out DIR    # any catalog GPU, or a YAML file with a GPU's spec
 
-Writes kernels_calibration/profiles/<key>/profile.json (source "derived", derived_from "h200") for
-t4, v100, a10g, l4, a6000, a100_40gb, a100_80gb, h100, l40s.
+Writes <out>/<key>/profile.json (source "derived", derived_from "h200") for every catalog GPU but the
+source (``TARGETS``), or for the GPUs named; ``derive_for`` takes any GPU's full field set (a short spec
+completed by costmodel/specs.py), so a GPU outside the catalog is derived the same way.
 
 How each number is derived (also written into provenance.notes):
 * every GPU figure comes from catalog/data/gpus.yaml (``catalog_peaks``, recorded under "catalog"; a test
@@ -66,23 +69,28 @@ PEAK_FIELDS = (
     "boost_clock_ghz",
     "sustained_clock_ghz",
 )
-TARGETS = ("t4", "v100", "a10g", "l4", "a6000", "a100_40gb", "a100_80gb", "h100", "l40s")
+SOURCE = "h200"
+TARGETS = tuple(k for k in catalog.load("gpus") if k != SOURCE)  # every catalog GPU but the measured one
 GLUON_MIN_SM = 90  # the Gluon kernels (gluon_decode.py) run on Hopper and later
 # profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
 GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
 
 
+def peaks_of(fields: dict) -> dict:
+    """The figures a derivation uses, from a GPU's full field set."""
+    return {f: fields.get(f) for f in PEAK_FIELDS}
+
+
 def catalog_peaks(key: str) -> dict:
     """The catalog figures a derivation uses for one GPU."""
-    e = catalog.entry("gpus", key)
-    return {f: e.get(f) for f in PEAK_FIELDS}
+    return peaks_of(catalog.entry("gpus", key))
 
 
 def gpu(key: str) -> GPUSpec:
     return GPUSpec.from_fields(key, catalog.entry("gpus", key))
 
 
-def efficiencies(src: dict, src_key: str = "h200") -> tuple[float, float]:
+def efficiencies(src: dict, src_key: str = SOURCE) -> tuple[float, float]:
     """The measuring GPU's achieved fractions of its catalog peaks: copy, and FP16 GEMM for every tensor rate
     (kernel_work.unit_rates says why INT8 takes the FP16 GEMM's fraction)."""
     h = catalog_peaks(src_key)
@@ -110,9 +118,16 @@ def source_fits(src: dict, target_sm: int) -> dict[str, dict]:
     return kernels
 
 
-def derive(src: dict, key: str, src_key: str = "h200") -> dict:
-    tgt, h = catalog_peaks(key), catalog_peaks(src_key)
-    t_gpu = gpu(key)
+def derive(src: dict, key: str, src_key: str = SOURCE) -> dict:
+    """The derived profile of a catalog GPU."""
+    e = catalog.entry("gpus", key)
+    return derive_for(src, gpu(key), peaks_of(e), e["name"], src_key)
+
+
+def derive_for(src: dict, t_gpu: GPUSpec, tgt: dict, gpu_name: str, src_key: str = SOURCE) -> dict:
+    """The derived profile of any GPU: its spec, the figures it was derived from (recorded under "catalog")
+    and its display name."""
+    key, h = t_gpu.key, catalog_peaks(src_key)
     sm = int(float(tgt["compute_capability"]) * 10)
     clock_frac = t_gpu.clock_ghz / t_gpu.boost_clock_ghz
     eff_mem, eff_tensor = efficiencies(src, src_key)
@@ -168,7 +183,7 @@ def derive(src: dict, key: str, src_key: str = "h200") -> dict:
         }
     prov = src.get("provenance", {})
     out["provenance"] = {
-        "gpu_name": catalog.entry("gpus", key)["name"],
+        "gpu_name": gpu_name,
         "driver": None,
         "torch": prov.get("torch"),
         "triton": prov.get("triton"),
@@ -252,7 +267,7 @@ def print_table(profiles: dict[str, dict]) -> None:
         )
 
 
-def reference_parts(src: dict, src_key: str = "h200") -> tuple:
+def reference_parts(src: dict, src_key: str = SOURCE) -> tuple:
     """The measuring GPU's unit rates and every kernel's split (seconds per unit by unit): what
     costmodel/kernel_work.py keeps as REFERENCE_RATES / REFERENCE_PARTS for the roofline."""
     eff_mem, eff_tensor = efficiencies(src, src_key)
@@ -280,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--table", action="store_true", help="print the README's HACK/FP16 table; write nothing")
     ap.add_argument(
+        "--gpu", action="append", choices=TARGETS, help="derive only this catalog GPU (repeatable); default: all"
+    )
+    ap.add_argument(
         "--reference",
         action="store_true",
         help="print kernel_work.REFERENCE_RATES / REFERENCE_PARTS for the source profile; write nothing",
@@ -289,14 +307,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference:
         print_reference(src)
         return 0
+    targets = tuple(args.gpu or TARGETS)
     # the H200 split by the same rule (its repricing is the identity) shows which units spend its time
-    profiles = {key: derive(src, key) for key in ("h200",) + TARGETS}
+    profiles = {key: derive(src, key) for key in (SOURCE,) + targets}
     if not args.table:
-        for key in TARGETS:
-            (args.out / key).mkdir(parents=True, exist_ok=True)
-            (args.out / key / "profile.json").write_text(json.dumps(profiles[key], indent=1) + "\n")
+        for key in targets:
+            write_profile(profiles[key], args.out / key)
     print_table(profiles)
     return 0
+
+
+def write_profile(profile: dict, folder: Path) -> Path:
+    """profile.json into folder (made if missing), written whole or not at all."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "profile.json"
+    tmp = folder / ".profile.json.tmp"
+    tmp.write_text(json.dumps(profile, indent=1) + "\n")
+    tmp.replace(path)
+    return path
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The fitted and derived profiles: the fit recovers a known line, the committed profiles hold every
 kernel key the cost model requires, and the derivation models what sm < 80 GPUs really do."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 from kernels_calibration.derive import TARGETS, catalog_peaks, derive
 from kernels_calibration.profile import build_profile, fit
 
+# seconds per unit are 1e-15 to 1e-12: pytest.approx's default absolute tolerance (1e-12) would pass anything
+approx = functools.partial(pytest.approx, abs=0)
 PROFILES = Path(__file__).resolve().parents[2] / "kernels_calibration" / "profiles"
 REQUIRED = [
     f"decode_attn.{v}" for v in ("fp16", "fp8", "dequant_fused", "dequant_unfused", "hack", "hack_no_se", "hack_no_rqe")
@@ -18,12 +21,12 @@ REQUIRED = [
 def test_fit_recovers_line_and_reports_heldout_error():
     pts = [(u, 5e-6 + 2e-13 * u, i % 3 == 0) for i, u in enumerate([1e6, 3e6, 1e7, 3e7, 1e8, 3e8, 1e9])]
     f = fit(pts)
-    assert f["overhead_s"] == pytest.approx(5e-6, rel=1e-6)
-    assert f["s_per_unit"] == pytest.approx(2e-13, rel=1e-6)
+    assert f["overhead_s"] == approx(5e-6, rel=1e-6)
+    assert f["s_per_unit"] == approx(2e-13, rel=1e-6)
     assert f["heldout_median_error_pct"] < 1e-6
     # a 10% bump on the held-out points shows up as ~10% error
     bumped = [(u, t * (1.1 if h else 1.0), h) for u, t, h in pts]
-    assert fit(bumped)["heldout_median_error_pct"] == pytest.approx(100 * 0.1 / 1.1, abs=0.1)
+    assert fit(bumped)["heldout_median_error_pct"] == approx(100 * 0.1 / 1.1, abs=0.1)
 
 
 def test_build_profile_picks_faster_fp16_per_shape():
@@ -54,7 +57,7 @@ def test_build_profile_picks_faster_fp16_per_shape():
     f = prof["kernels"]["decode_attn.fp16"]
     for ctx, t in ((1024, 15.0), (4096, 40.0), (16384, 130.0)):
         pred = (f["overhead_s"] + f["s_per_unit"] * 8 * ctx * 8 * 128 * 2) * 1e6
-        assert pred == pytest.approx(t, rel=0.15)
+        assert pred == approx(t, rel=0.15)
     assert '"fp16_triton": 1' in prof["provenance"]["notes"]
 
 
@@ -99,22 +102,22 @@ def test_derivation_splits_each_kernel_by_unit_and_reprices_the_parts():
     h200, a100 = unit_rates(gpu("h200"), *eff), unit_rates(gpu("a100_80gb"), *eff)
     prof = derive(src, "a100_80gb")
     for name, k in prof["kernels"].items():
-        assert sum(k["parts_s_per_unit"].values()) == pytest.approx(k["s_per_unit"], rel=1e-12), name
+        assert sum(k["parts_s_per_unit"].values()) == approx(k["s_per_unit"], rel=1e-12), name
         src_name = k["from"].removeprefix("the H200 ") if "from" in k else name
         if name != "decode_attn.fp8":  # the A100 has no FP8 hardware: software conversion adds ALU work
-            assert sum(k["source_parts_s_per_unit"].values()) == pytest.approx(
+            assert sum(k["source_parts_s_per_unit"].values()) == approx(
                 src["kernels"][src_name]["s_per_unit"], rel=1e-9
             ), name
         assert k["bound_by"] in UNITS
     # by hand for the Triton HACK kernel that runs on the A100: bytes at the copy bandwidth, the rest on the ALU
     h = src["kernels"]["decode_attn.hack_triton"]["s_per_unit"]
     parts = split(WORK["decode_attn.hack_triton"], h, h200)
-    assert parts["hbm"] == pytest.approx(0.328125 / 4220.4e9, rel=1e-4)
-    assert parts["alu"] == pytest.approx(h - parts["hbm"] - parts["int8_tensor"] - parts["sfu"])
+    assert parts["hbm"] == approx(0.328125 / 4220.4e9, rel=1e-4)
+    assert parts["alu"] == approx(h - parts["hbm"] - parts["int8_tensor"] - parts["sfu"])
     want = reprice(parts, h200, a100)
-    assert want["hbm"] == pytest.approx(parts["hbm"] * 4800 / 2039, rel=1e-9)  # bandwidth ratio
-    assert want["alu"] == pytest.approx(parts["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)  # issue-rate ratio
-    assert prof["kernels"]["decode_attn.hack"]["s_per_unit"] == pytest.approx(sum(want.values()))
+    assert want["hbm"] == approx(parts["hbm"] * 4800 / 2039, rel=1e-9)  # bandwidth ratio
+    assert want["alu"] == approx(parts["alu"] * (132 * 1.98) / (108 * 1.41), rel=1e-9)  # issue-rate ratio
+    assert prof["kernels"]["decode_attn.hack"]["s_per_unit"] == approx(sum(want.values()))
     assert prof["kernels"]["decode_attn.hack"]["from"] == "the H200 decode_attn.hack_triton"
 
 
@@ -129,13 +132,13 @@ def test_no_int8_tensor_cores_prices_the_homomorphic_products_on_fp16_tensor_cor
     units = 8 * 32768 * 8 * 128 * 2
     assert k["decode_attn.hack"]["s_per_unit"] * units < k["decode_attn.fp16"]["s_per_unit"] * units
     pre = k["prefill_attn.hack"]
-    assert pre["parts_s_per_unit"]["int8_tensor"] == pytest.approx(
+    assert pre["parts_s_per_unit"]["int8_tensor"] == approx(
         pre["work_per_unit"]["int8_tensor_ops"] / (v100["unit_rates"]["gpu"]["fp16_tensor_tflops"] * 1e12), rel=1e-3
     )
     # memory-bound kernels scale with bandwidth
     a100 = derive(src, "a100_40gb")
     ratio = a100["kernels"]["decode_attn.fp16"]["s_per_unit"] / src["kernels"]["decode_attn.fp16"]["s_per_unit"]
-    assert ratio == pytest.approx(4800 / 1555, rel=0.02)
+    assert ratio == approx(4800 / 1555, rel=0.02)
 
 
 def test_integer_products_are_exact_on_fp16_inputs_with_fp32_accumulation():
@@ -166,15 +169,15 @@ def test_roofline_prices_kernels_like_the_derivation():
     src = json.loads((PROFILES / "h200" / "profile.json").read_text())
     rates, parts = reference_parts(src)
     for unit in ("hbm", "fp16_tensor", "int8_tensor", "sfu", "alu"):
-        assert getattr(REFERENCE_RATES, unit) == pytest.approx(getattr(rates, unit), rel=1e-5)
+        assert getattr(REFERENCE_RATES, unit) == approx(getattr(rates, unit), rel=1e-5)
     assert set(REFERENCE_PARTS) == set(parts)
     for name, p in parts.items():
         for unit, t in p.items():
-            assert REFERENCE_PARTS[name][unit] == pytest.approx(t, rel=1e-3, abs=1e-30), (name, unit)
+            assert REFERENCE_PARTS[name][unit] == approx(t, rel=1e-3, abs=1e-30), (name, unit)
     for key in ("h200",) + TARGETS:
         prof = derive(src, key) if key != "h200" else src
         for name, spu in roofline_s_per_unit(gpu(key)).items():
-            assert spu == pytest.approx(prof["kernels"][name]["s_per_unit"], rel=2e-3), (key, name)
+            assert spu == approx(prof["kernels"][name]["s_per_unit"], rel=2e-3), (key, name)
 
 
 def test_docs_table_is_what_derive_computes():
@@ -193,7 +196,7 @@ def test_docs_table_is_what_derive_computes():
             r = rows[m.group(1)]
             got = [float(x) for x in m.groups()[1:]]
             want = [r["decode_4096"], r["decode_32768"], r["prefill_4096"], r["prefill_32768"]]
-            assert got == pytest.approx([round(w, 2) for w in want], abs=0.006), m.group(1)
+            assert got == approx([round(w, 2) for w in want], abs=0.006), m.group(1)
             found += 1
     assert found == len(rows)
 
@@ -356,8 +359,8 @@ def test_rows_at_another_gqa_group_fit_their_own_key():
     alone = build_profile(g8, peaks, {"git_rev": "x"})["kernels"]
     both = build_profile(g8 + g4 + ragged, peaks, {"git_rev": "x"})["kernels"]
     assert both["decode_attn.hack"] == alone["decode_attn.hack"]
-    assert both["decode_attn.hack_gqa4"]["s_per_unit"] == pytest.approx(9e-13, rel=1e-6)
-    assert both["decode_attn.hack_gqa4"]["overhead_s"] == pytest.approx(13e-6, rel=1e-6)
+    assert both["decode_attn.hack_gqa4"]["s_per_unit"] == approx(9e-13, rel=1e-6)
+    assert both["decode_attn.hack_gqa4"]["overhead_s"] == approx(13e-6, rel=1e-6)
     assert not any("ragged" in k or "append" in k for k in both)
 
 

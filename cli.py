@@ -355,16 +355,30 @@ def validate(
         "configuration, beside the in-sample fit; the held-out errors are the ones to quote",
     ),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
+    noise: Path | None = typer.Option(
+        None,
+        "--noise",
+        help="a repeats index (columns trace, scenario, config; rows sharing config are recordings of one "
+        "configuration and seed): print each metric's run-to-run spread beside its error",
+    ),
 ) -> None:
-    """Simulate the configuration of a measured TRACE and report the simulator's errors."""
+    """Simulate the configuration of a measured run (a realrun TRACE, or a vLLM, SGLang or AIPerf benchmark
+    file) and report the simulator's errors."""
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
+    from simulator.noise import run_to_run_spread
     from simulator.validate import format_validation, format_validation_table, validate_index
     from simulator.validate import validate as run_validate
 
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
+    spread = None
+    if noise is not None:
+        try:
+            spread = run_to_run_spread(noise)
+        except ScenarioError as e:
+            fail(f"--noise: {e}")
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers)
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread)
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -379,17 +393,25 @@ def validate(
             result = run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
+    doc: list[dict] | dict = result
+    if spread is not None:
+        noise_doc = {"index": spread["index"], "spread_pct": spread["spread_pct"], "range_pct": spread["range_pct"]}
+        doc = {"traces": result, "noise": noise_doc} if isinstance(result, list) else {**result, "noise": noise_doc}
     say = Say(as_json, quiet)
-    say.result(format_validation_table(result) if isinstance(result, list) else format_validation(result), result)
-    text = strict_json(result) + "\n"
+    if isinstance(result, list):
+        say.result(format_validation_table(result, spread), doc)
+    else:
+        say.result(format_validation(doc if isinstance(doc, dict) else result), doc)
+    text = strict_json(doc) + "\n"
     if out is not None:
         from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
 
         out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(text)
-        (write_validation_index_report if many else write_validation_report)(
-            jsonable(result), out / "validation.html", plotlyjs=plotlyjs
-        )
+        if many:
+            write_validation_index_report(jsonable(result), out / "validation.html", plotlyjs=plotlyjs, noise=spread)
+        else:
+            write_validation_report(jsonable(doc), out / "validation.html", plotlyjs=plotlyjs)
         say(f"wrote {out}/validation.json, validation.html")
 
 
@@ -402,9 +424,11 @@ def _validate_cv(
     as_json: bool,
     quiet: bool,
     workers: int,
+    noise: dict | None,
 ) -> None:
-    from simulator.calibrate import cross_validate, format_cv
+    from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
+    from simulator.crossval import cross_validate, format_cv
     from simulator.files import check_out_dir, strict_json
 
     if not many:
@@ -414,9 +438,13 @@ def _validate_cv(
     try:
         if out is not None:
             check_out_dir(out, ScenarioError)
-        result = cross_validate(index, workers=workers)
+        with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (crossval._map)
+            result = cross_validate(index, workers=workers, noise=noise)
     except ScenarioError as e:
         fail(str(e))
+    except Interrupted as e:
+        typer.echo(f"validate --cv: interrupted by {e.name}; nothing written", err=True)
+        raise typer.Exit(128 + e.signum) from None
     say = Say(as_json, quiet)
     say.result(format_cv(result), result)
     if out is not None:
@@ -550,6 +578,7 @@ def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: 
         fail("calibrate --traces: --out FILE (the engine calibration file to write) is required")
     if out.exists() and out.is_dir():
         fail(f"{out}: --out is a folder; give the engine calibration file's path")
+    _check_writable(out)  # before the fit: a fit of minutes must not end in a permission error
     try:
         traces = load_index(index)
         fit = fit_engine(traces)
@@ -558,13 +587,31 @@ def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: 
     doc = engine_file(fit, traces, str(index), f"calibrate --traces {index} --out {out}", __version__)
     EngineFile.model_validate(doc)  # what a scenario will read back
     text = strict_json(doc) + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        fail(f"{out}: cannot write the engine calibration file: {e.strerror or e}")
     say = Say(as_json, quiet)
     say.result(format_fit(doc), doc)
     say(f"wrote {out}")
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse, before any work, an output file whose folder cannot be made or written: create the folder and a
+    probe file in it (removed at once)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"{out}: cannot create its folder {out.parent}: {e.strerror or e}")
+    probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
+    try:
+        probe.write_text("")
+    except OSError as e:
+        fail(f"{out}: cannot write in {out.parent}: {e.strerror or e}")
+    probe.unlink(missing_ok=True)
 
 
 from planning.commands import register_commands  # noqa: E402  (cheap: heavy modules load inside the commands)

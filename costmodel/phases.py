@@ -18,7 +18,8 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   simulator/engine.py): its prefill reaches ``prefill_efficiency`` of the priced GPU speed and, issued
   from the CPU, lasts at least the prefill pool's host_issue_s_* time; its quantize, dequantize and
   homomorphic-correction steps take ``*_factor`` times the profile's price, its own prefill launches add
-  ``method_prefill_issue_s_per_layer`` to the prefill host floor; the iteration a request joins
+  ``method_prefill_issue_s_per_layer`` to the prefill host floor, its quantize step lasts at least
+  ``method_quantize_issue_s_per_layer`` per layer (launches issued one by one); the iteration a request joins
   takes ``join_s_per_request`` longer per joining request (the simulator adds it: decode.py).
 * Attention by the calibration profile's kernel fits, in the profile's canonical units; prefill attention
   in the form the method picks for each prompt (FP16 FlashAttention, or HACK's homomorphic kernel).
@@ -167,6 +168,7 @@ class ReplicaCostModel:
     dequantize_factor: float = 1.0  # profile's price
     approximation_factor: float = 1.0
     method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer of the method's own prefill launches
+    method_quantize_issue_s_per_layer: float = 0.0  # CPU time per layer to issue its quantize and pack launches
 
     # per-instance cost caches (prefill by batch, iterations by batch size, dense layers by token count)
     _memo: dict = field(default_factory=lambda: {"prefill": {}, "iteration": {}, "dense": {}}, init=False, repr=False)
@@ -495,7 +497,7 @@ class ReplicaCostModel:
         if stages > 1:
             latency_s += (stages - 1) * self._stage_hop_s(tokens)
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
-        encode_s = m.layers / stages * self._encode_layer_s(tokens) * self.quantize_factor
+        encode_s = self._encode_s(m.layers / stages, tokens)
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
         return PrefillCost(
@@ -517,6 +519,15 @@ class ReplicaCostModel:
             + self.model.layers * (self.host_issue_s_per_layer + self.method_prefill_issue_s_per_layer)
             + batch_requests * self.host_issue_s_per_request
         )
+
+    def _encode_s(self, layers: float, tokens: int) -> float:
+        """The quantize step of `tokens` new tokens over `layers` layers as the engine runs it: the profile's
+        kernel times the quantize factor, and at least the CPU time to issue its launches where the engine
+        issues them one by one (method_quantize_issue_s_per_layer; 0: no floor)."""
+        gpu_s = layers * self._encode_layer_s(tokens) * self.quantize_factor
+        if gpu_s <= 0.0:  # no quantize step: nothing to issue
+            return 0.0
+        return max(gpu_s, layers * self.method_quantize_issue_s_per_layer)
 
     def _encode_layer_s(self, tokens: int) -> float:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
@@ -669,7 +680,7 @@ class ReplicaCostModel:
                 + self.host_serial_s_per_iteration
             )
         # the chunk's KV written in the replica's memory format (CacheGen's is FP16: nothing to encode)
-        encode_s = 0.0 if self.method.dequantize_on_arrival else L / stages * self._encode_layer_s(chunk_tokens)
+        encode_s = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, chunk_tokens)
         added += L * attn_s + encode_s
         it = IterationCost(
             decode_fixed_s=base.decode_fixed_s + added,

@@ -33,33 +33,51 @@ def _esc(x) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _rows(v: dict) -> list[tuple[str, float, float, float | None]]:
-    """(label, measured s, simulated s, error %) for every metric the trace resolves."""
+def _rows(v: dict) -> list[tuple[str, float, float, float | None, str]]:
+    """(label, measured s, simulated s, error %, error key) for every metric the trace resolves."""
     rows = []
     for metric in ("jct", "ttft", "tpot"):
         for q in QUANTILES:
+            key = f"{metric}_{q}_error_pct"
             rows.append(
                 (
                     f"{metric.upper()} {q}",
                     v["metrics"][f"{metric}_s"]["measured"][q],
                     v["metrics"][f"{metric}_s"]["simulated"][q],
-                    v.get(f"{metric}_{q}_error_pct"),
+                    v.get(key),
+                    key,
                 )
             )
     for part, mp in v["breakdown_s"].items():
-        rows.append((f"{part} mean", mp["measured"], mp["simulated"], v.get(f"{part}_mean_error_pct")))
+        key = f"{part}_mean_error_pct"
+        rows.append((f"{part} mean", mp["measured"], mp["simulated"], v.get(key), key))
     if "iteration_s" in v:
         it = v["iteration_s"]
-        rows.append(
-            ("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get("iteration_mean_error_pct"))
-        )
+        key = "iteration_mean_error_pct"
+        rows.append(("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get(key), key))
     return rows
+
+
+def _spread(noise: dict | None, error_key: str) -> float | None:
+    """The run-to-run spread (%) of the metric behind an error (simulator/noise.py, in validation.json)."""
+    if not noise:
+        return None
+    return noise.get("spread_pct", {}).get(error_key.removesuffix("_error_pct"))
+
+
+def _spread_cell(x: float | None) -> str:
+    return '<td class="na">n/a</td>' if x is None else f"<td>±{x:.1f}%</td>"
 
 
 def validation_figure(v: dict) -> go.Figure:
     rows = _rows(v)
     labels = [r[0] for r in rows]
-    text = ["n/a" if r[3] is None else f"{r[3]:+.1f}%" for r in rows]
+    noise = v.get("noise")
+    text = [
+        ("n/a" if r[3] is None else f"{r[3]:+.1f}%")
+        + ("" if _spread(noise, r[4]) is None else f" (±{_spread(noise, r[4]):.1f})")
+        for r in rows
+    ]
     fig = go.Figure(
         [
             go.Bar(
@@ -103,14 +121,29 @@ def _error_cell(e: float | None, goal_pct: float = 10.0) -> str:
 
 
 def _metric_table(v: dict) -> str:
+    noise = v.get("noise")
     body = "".join(
-        f"<tr><td>{_esc(label)}</td><td>{_esc(fmt_seconds(m))}</td><td>{_esc(fmt_seconds(p))}</td>{_error_cell(e)}</tr>"
-        for label, m, p, e in _rows(v)
+        f"<tr><td>{_esc(label)}</td><td>{_esc(fmt_seconds(m))}</td><td>{_esc(fmt_seconds(p))}</td>{_error_cell(e)}"
+        + (_spread_cell(_spread(noise, key)) if noise else "")
+        + "</tr>"
+        for label, m, p, e, key in _rows(v)
     )
+    spread_head = "<th>run-to-run spread</th>" if noise else ""
     return (
         '<div class="scroll"><table id="table-validation"><thead><tr><th>metric</th><th>measured</th>'
-        f"<th>simulated</th><th>error</th></tr></thead><tbody>{body}</tbody></table></div>"
+        f"<th>simulated</th><th>error</th>{spread_head}</tr></thead><tbody>{body}</tbody></table></div>"
     )
+
+
+def _notes_html(v: dict) -> str:
+    notes = list(v.get("notes") or [])
+    noise = v.get("noise")
+    if noise:
+        notes.append(
+            f"run-to-run spread: one standard deviation of the measured metric over repeated recordings of one "
+            f"configuration and seed ({noise.get('index', '')}); an error within about twice it is inside the noise"
+        )
+    return "".join(f"<p>{_esc(n)}</p>" for n in notes)
 
 
 def _glance(cells: list[tuple[str, str, str]]) -> str:
@@ -157,7 +190,10 @@ def validation_page(v: dict) -> Page:
             ("validation",),
         ),
         Section(
-            "table", "Every metric", "Green within 10 % of the measured value, red beyond.", body_html=_metric_table(v)
+            "table",
+            "Every metric",
+            "Green within 10 % of the measured value, red beyond.",
+            body_html=_metric_table(v) + _notes_html(v),
         ),
         Section(
             "scenario",
@@ -212,7 +248,7 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
     return fig
 
 
-def _index_table(rows: list[dict]) -> str:
+def _index_table(rows: list[dict], noise: dict | None = None) -> str:
     keys = [k for k, _, _ in INDEX_METRICS]
     head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS)
     body = "".join(
@@ -221,13 +257,20 @@ def _index_table(rows: list[dict]) -> str:
         + "</tr>"
         for r in rows
     )
+    foot = ""
+    if noise:
+        foot = (
+            "<tfoot><tr><td>run-to-run spread</td><td></td>"
+            + "".join(_spread_cell(_spread(noise, k)) for k in keys)
+            + "</tr></tfoot>"
+        )
     return (
         f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
-        f"</tr></thead><tbody>{body}</tbody></table></div>"
+        f"</tr></thead><tbody>{body}</tbody>{foot}</table></div>"
     )
 
 
-def validation_index_page(rows: list[dict]) -> Page:
+def validation_index_page(rows: list[dict], noise: dict | None = None) -> Page:
     def mean_abs(key):
         vals = [abs(r[key]) for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
@@ -247,7 +290,13 @@ def validation_index_page(rows: list[dict]) -> Page:
             "Shaded: within 5 % and within 10 % of the measured value.",
             ("validation_index",),
         ),
-        Section("traces", "Every trace", "JCT green within 5 %, the others within 10 %.", body_html=_index_table(rows)),
+        Section(
+            "traces",
+            "Every trace",
+            "JCT green within 5 %, the others within 10 %"
+            + ("; the last row: each metric's run-to-run spread over repeated recordings." if noise else "."),
+            body_html=_index_table(rows, noise) + (_notes_html({"noise": noise}) if noise else ""),
+        ),
     ]
     return Page(
         title=f"validation · {len(rows)} traces",
@@ -260,5 +309,7 @@ def validation_index_page(rows: list[dict]) -> Page:
     )
 
 
-def write_validation_index_report(rows: list[dict], path: str | Path, *, plotlyjs: str | None = None) -> Path:
-    return write_page(validation_index_page(rows), path, plotlyjs=plotlyjs)
+def write_validation_index_report(
+    rows: list[dict], path: str | Path, *, plotlyjs: str | None = None, noise: dict | None = None
+) -> Path:
+    return write_page(validation_index_page(rows, noise), path, plotlyjs=plotlyjs)

@@ -746,6 +746,13 @@ class ImplementationFactors(_Strict):
         "method's own prefill kernels beyond the FP16 model's, where the engine "
         "issues prefill from the CPU (adds to the prefill pool's host floor)",
     )
+    quantize_issue_s_per_layer: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="CPU time per layer to issue the method's quantize and pack launches after prefill, where "
+        "the engine issues them from the CPU: the quantize step lasts at least this per layer",
+    )
 
 
 class CalibrationConfig(_Strict):

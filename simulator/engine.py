@@ -17,16 +17,25 @@ The file (JSON, strict)::
      "parameters": {NAME: {"value", "stderr", "fitted", "unit", "bounds", "note"}, ...},
      "fit": {...}, "provenance": {...}}
 
-NAME is one of ``PARAMETERS`` below (a scenario path; ``methods.<method>.<step>`` for the
-implementation factors and ``methods.<method>.prefill_issue_s_per_layer``); ``stderr`` is the standard error from the fit's Jacobian (null when fixed).
+NAME is one of ``PARAMETERS`` below (a scenario path; ``methods.<method>.<step>`` for the implementation
+factors, ``methods.<method>.quantize_issue_s_per_layer`` and ``methods.<method>.prefill_issue_s_per_layer``);
+``stderr`` is the fit's posterior standard deviation (null when held); ``scope`` says whether the parameter is
+machine-specific host time (``host``: this CPU and engine build) or GPU or link work (``gpu``, ``link``: they
+carry to another run of the same kernels and link); ``shape`` what it scales with; ``prior`` the centre and width
+the fit pulled it toward (simulator/calibrate.py).
+
+A fitted parameter applies wherever a scenario names the file, or the scenario is refused: placement colocated
+runs prefill as chunks of decode iterations with the decode pool's settings and has no link, so a file that
+fitted a prefill-pool or link parameter is refused there, naming it (`not_applied`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -43,18 +52,30 @@ FACTOR_STEPS = ("quantize", "dequantize", "approximation")
 
 @dataclass(frozen=True)
 class Parameter:
-    """One engine parameter: where it lives in a scenario, its physical bounds and what it means."""
+    """One engine parameter: where it lives in a scenario, its physical bounds, what it scales with, and the
+    prior the fit pulls it toward (simulator/calibrate.py: centred on the scenario's value where the traces'
+    scenarios agree, else on `neutral`)."""
 
     name: str
     bounds: tuple[float, float]
     unit: str
     meaning: str
+    scope: Literal["host", "gpu", "link"]  # host: machine-specific (this CPU, this engine's Python loop)
+    shape: str  # what it scales with: per decode step, per layer, per request, per token, ...
+    prior_width: float  # one standard deviation of the prior, in `unit`; of ln(value) for a factor (log_prior)
     integer: bool = False
     neutral: float = 0.0  # the value that adds nothing (a factor's 1)
+    log_prior: bool = False  # a factor: the prior is on ln(value), symmetric in "x times faster or slower"
 
 
 # Bounds are physical: times are >= 0 and below what would make an engine absurd; efficiencies in (0, 1];
-# a factor is the engine's time over the profile's, 1 when they agree.
+# a factor is the engine's time over the profile's, 1 when they agree. Prior widths are set from what each term
+# is, before any fit: a Python engine loop's host time per step is a fraction of a millisecond to a few (realrun's
+# hostcal measured 0.63 ms), per layer or per request tens of microseconds; an efficiency is within 10 % of the
+# profile that priced the kernels on the same GPU; an engine's kernel for a step within a factor 2 of the profiled
+# one (FACTOR_PRIOR_WIDTH). Host terms (scope "host") belong to the machine and engine build that was measured;
+# GPU and link terms carry to another run of the same kernels on the same GPU and link.
+FACTOR_PRIOR_WIDTH = math.log(2.0)
 PARAMETERS: dict[str, Parameter] = {
     p.name: p
     for p in (
@@ -63,20 +84,45 @@ PARAMETERS: dict[str, Parameter] = {
             (0.0, 0.02),
             "s",
             "CPU time between decode iterations while the GPU waits (the loop gap)",
+            scope="host",
+            shape="per decode step",
+            prior_width=5e-4,
         ),
         Parameter(
             "decode.host_issue_s_per_iteration",
             (0.0, 0.05),
             "s",
             "CPU issue time of a decode iteration, fixed part (overlaps the GPU: counts where it is longer)",
+            scope="host",
+            shape="per decode step (a floor)",
+            prior_width=1e-3,
         ),
-        Parameter("decode.host_issue_s_per_layer", (0.0, 0.005), "s", "CPU issue time per layer of a decode iteration"),
-        Parameter("decode.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per running request"),
+        Parameter(
+            "decode.host_issue_s_per_layer",
+            (0.0, 0.005),
+            "s",
+            "CPU issue time per layer of a decode iteration",
+            scope="host",
+            shape="per layer per decode step (a floor)",
+            prior_width=1e-4,
+        ),
+        Parameter(
+            "decode.host_issue_s_per_request",
+            (0.0, 0.005),
+            "s",
+            "CPU issue time per running request",
+            scope="host",
+            shape="per running request per decode step (a floor)",
+            prior_width=5e-5,
+        ),
         Parameter(
             "decode.extra_kernels_per_layer",
             (0.0, 32.0),
             "kernels",
             "the engine's own small kernels per decode layer (copies, gathers)",
+            scope="gpu",
+            shape="per layer per decode step",
+            prior_width=4.0,
             integer=True,
         ),
         Parameter(
@@ -84,41 +130,91 @@ PARAMETERS: dict[str, Parameter] = {
             (0.0, 0.02),
             "s",
             "extra time of the iteration a request joins, per joining request (KV placement, bookkeeping)",
+            scope="host",
+            shape="per joining request",
+            prior_width=1e-3,
         ),
         Parameter(
             "prefill.prefill_efficiency",
             (0.05, 1.0),
             "fraction",
             "the fraction of the profile-priced GPU speed the engine's prefill reaches",
+            scope="gpu",
+            shape="per token (divides the priced GPU work)",
+            prior_width=0.1,
             neutral=1.0,
         ),
         Parameter(
-            "prefill.host_issue_s_per_iteration", (0.0, 0.05), "s", "CPU issue time of a prefill batch, fixed part"
+            "prefill.host_issue_s_per_iteration",
+            (0.0, 0.05),
+            "s",
+            "CPU issue time of a prefill batch, fixed part",
+            scope="host",
+            shape="per prefill batch (a floor)",
+            prior_width=5e-3,
         ),
         Parameter(
             "prefill.host_issue_s_per_layer",
             (0.0, 0.005),
             "s",
             "CPU issue time per layer of a prefill batch (eager launches)",
+            scope="host",
+            shape="per layer per prefill batch (a floor)",
+            prior_width=5e-4,
         ),
         Parameter(
-            "prefill.host_issue_s_per_request", (0.0, 0.005), "s", "CPU issue time per request of a prefill batch"
+            "prefill.host_issue_s_per_request",
+            (0.0, 0.005),
+            "s",
+            "CPU issue time per request of a prefill batch",
+            scope="host",
+            shape="per request per prefill batch (a floor)",
+            prior_width=5e-4,
         ),
         Parameter(
-            "network.efficiency", (0.05, 1.0), "fraction", "the fraction of the line rate transfers reach", neutral=1.0
+            "network.efficiency",
+            (0.05, 1.0),
+            "fraction",
+            "the fraction of the line rate transfers reach",
+            scope="link",
+            shape="per byte (divides the line rate)",
+            prior_width=0.1,
+            neutral=1.0,
         ),
-        Parameter("network.latency_s", (0.0, 0.1), "s", "one-way latency added to each transfer"),
+        Parameter(
+            "network.latency_s",
+            (0.0, 0.1),
+            "s",
+            "one-way latency added to each transfer",
+            scope="link",
+            shape="per transfer",
+            prior_width=1e-3,
+        ),
     )
 }
 for _m in METHOD_REGISTRY:
-    for _step in FACTOR_STEPS:
+    for _step, _shape in zip(FACTOR_STEPS, ("per prompt token", "per context token", "per context token or pair")):
         PARAMETERS[f"methods.{_m}.{_step}"] = Parameter(
             f"methods.{_m}.{_step}",
             (0.05, 50.0),
             "factor",
             f"the engine's {_step} time for {_m} over the profile's price",
+            scope="gpu",
+            shape=f"{_shape} (multiplies the profiled kernel)",
+            prior_width=FACTOR_PRIOR_WIDTH,
             neutral=1.0,
+            log_prior=True,
         )
+    PARAMETERS[f"methods.{_m}.quantize_issue_s_per_layer"] = Parameter(
+        f"methods.{_m}.quantize_issue_s_per_layer",
+        (0.0, 0.005),
+        "s",
+        f"CPU time per layer to issue {_m}'s quantize and pack launches after prefill, where the engine issues "
+        f"them from the CPU (the quantize step lasts at least this)",
+        scope="host",
+        shape="per layer per prefill batch (a floor on the quantize step)",
+        prior_width=5e-4,
+    )
     if _m != REFERENCE:  # the reference's own launches are the pool's prefill.host_issue_s_per_layer
         PARAMETERS[f"methods.{_m}.prefill_issue_s_per_layer"] = Parameter(
             f"methods.{_m}.prefill_issue_s_per_layer",
@@ -126,7 +222,11 @@ for _m in METHOD_REGISTRY:
             "s",
             f"CPU time per layer to issue {_m}'s own prefill kernels beyond the FP16 model's, where the engine "
             f"issues prefill from the CPU (adds to the prefill host floor)",
+            scope="host",
+            shape="per layer per prefill batch (adds to the prefill floor)",
+            prior_width=5e-4,
         )
+METHOD_STEPS = (*FACTOR_STEPS, "quantize_issue_s_per_layer", "prefill_issue_s_per_layer")
 
 
 class ParameterRecord(BaseModel):
@@ -137,6 +237,9 @@ class ParameterRecord(BaseModel):
     fitted: bool = Field(description="true: the traces resolve it and it was fitted; false: held, see note")
     unit: str = ""
     bounds: tuple[float, float] | None = None
+    scope: Literal["host", "gpu", "link", ""] = Field("", description="host: machine-specific; gpu, link")
+    shape: str = Field("", description="what it scales with")
+    prior: dict[str, Any] | None = Field(None, description="the fit's prior: centre, width, of value or ln(value)")
     note: str = ""
 
 
@@ -218,9 +321,25 @@ def apply_values(scenario, values: dict[str, float]):
     return scenario.model_copy(update=update) if update else scenario
 
 
+def not_applied_in(placement: str) -> set[str]:
+    """The parameters a placement has no use for: with `colocated` every replica runs both phases configured as
+    the decode pool (simulator/colocated.py), so the prefill pool's settings, a method's prefill launches on it
+    and the link (no KV moves) do not enter any time."""
+    if placement != "colocated":
+        return set()
+    return {n for n in PARAMETERS if n.startswith(("prefill.", "network.")) or n.endswith(".prefill_issue_s_per_layer")}
+
+
+def not_applied(scenario, values: dict[str, float]) -> set[str]:
+    """Of `values`, those the scenario's placement would not apply (a non-neutral value would change nothing)."""
+    return {n for n in not_applied_in(scenario.placement) if n in values and values[n] != PARAMETERS[n].neutral}
+
+
 def apply_engine_file(scenario, folder: Path, source: str):
     """Apply the scenario's calibration.engine file (a path relative to `folder`, the scenario file's):
-    its fitted parameters replace the scenario's; the path becomes absolute so a re-resolved copy finds it."""
+    its fitted parameters replace the scenario's; the path becomes absolute so a re-resolved copy finds it.
+    A fitted parameter the scenario's placement does not use is refused in one line naming it and the
+    placement: a calibration never changes nothing silently."""
     from .config import ScenarioError
 
     path = Path(scenario.calibration.engine)
@@ -230,6 +349,13 @@ def apply_engine_file(scenario, folder: Path, source: str):
         engine = read_engine_file(path, ScenarioError)
     except ScenarioError as e:
         raise ScenarioError(f"{source}: calibration.engine: {e}") from None
+    skip = sorted(not_applied(scenario, engine.fitted()), key=list(PARAMETERS).index)
+    if skip:
+        raise ScenarioError(
+            f"{source}: calibration.engine: {path.name} fitted {skip[0]}, which placement {scenario.placement} "
+            f"does not use (its replicas run prefill as chunks of decode iterations with the decode pool's "
+            f"settings and move no KV); fit the engine on runs of this placement"
+        )
     out = apply_values(scenario, engine.fitted())
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
 

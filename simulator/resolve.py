@@ -131,6 +131,7 @@ class PoolLayout:
                 "dequantize_factor": impl.dequantize,
                 "approximation_factor": impl.approximation,
                 "method_prefill_issue_s_per_layer": impl.prefill_issue_s_per_layer if self.name == "prefill" else 0.0,
+                "method_quantize_issue_s_per_layer": impl.quantize_issue_s_per_layer,  # colocated: the chunks' encode
             }
         )
         return ReplicaCostModel(

@@ -79,7 +79,14 @@ class RowChecker:
         raise self.error(f"{self.at(i)}: {message}")
 
     def numbers(self, values, col: str) -> np.ndarray:
+        if isinstance(values, np.ndarray) and values.ndim > 1:  # a JSON list of lists: one cell per row
+            values = [list(row) for row in values]
         raw = pd.Series(values)
+        if raw.dtype == object:  # cells of JSON formats may be lists or objects where a number belongs
+            containers = np.array([isinstance(v, (list, tuple, dict, set)) for v in raw], dtype=bool)
+            if containers.any():
+                i = int(np.argmax(containers))
+                self.fail(i, f"{col}: {str(raw.iloc[i])[:40]!r} is not a number")
         x = cast(pd.Series, pd.to_numeric(raw, errors="coerce")).to_numpy(np.float64)  # a Series in, a Series out
         bad = np.isnan(x)
         if bad.any():

@@ -153,6 +153,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         h = row.get("hash_ids", [])
         if not isinstance(h, list):
             _fail(path, f"line {n}: hash_ids is not a list")
+        bad = next((x for x in h if isinstance(x, bool) or not isinstance(x, int)), None)
+        if bad is not None:
+            _fail(path, f"line {n}: hash_ids: {str(bad)[:40]!r} is not a block hash (an integer)")
         hashes.append(tuple(h))
         lines.append(n)
     lines = np.asarray(lines, dtype=np.int64)
@@ -177,23 +180,21 @@ def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
             path,
             "no input_lens and output_lens: save the benchmark with --save-result (and --save-detailed on newer vLLM)",
         )
-    n = len(doc["input_lens"])
-    if len(doc["output_lens"]) != n:
-        _fail(path, f"input_lens has {n} entries, output_lens {len(doc['output_lens'])}")
+    n = _list(path, doc, "input_lens")
+    for key in ("output_lens", "errors", "start_times"):
+        if (key == "output_lens" or doc.get(key) is not None) and _list(path, doc, key) != n:
+            _fail(path, f"{key} has {len(doc[key])} entries for {n} requests (input_lens)")
     lines = np.arange(n) + 1  # the request's position in the lists
     errors = doc.get("errors") or [""] * n
-    served = np.array([not e for e in errors], dtype=bool) if len(errors) == n else np.ones(n, dtype=bool)
+    served = np.array([not e for e in errors], dtype=bool)
     prompt = _tokens(path, np.asarray(doc["input_lens"], dtype=object), "input_lens", lines, least=1, unit="request")
     output = _tokens(path, np.asarray(doc["output_lens"], dtype=object), "output_lens", lines, unit="request")
     if doc.get("start_times") is not None:
-        if len(doc["start_times"]) != n:
-            _fail(path, f"start_times has {len(doc['start_times'])} entries for {n} requests")
         start = _numbers(path, np.asarray(doc["start_times"], dtype=object), "start_times", lines, unit="request")
         time_s = start - start.min() if n else start
     else:
-        rate = doc.get("request_rate")
-        rate = float("inf") if rate in (None, "inf", "Infinity") else float(rate)
-        if math.isfinite(rate) and rate > 0:
+        rate = _request_rate(path, doc.get("request_rate"))
+        if math.isfinite(rate):
             # vLLM's benchmark draws Poisson gaps at request_rate; the file keeps the rate, not the draws.
             time_s = (
                 np.concatenate([[0.0], np.cumsum(np.random.default_rng(0).exponential(1 / rate, n - 1))])
@@ -206,6 +207,24 @@ def _read_vllm_bench(path: Path, cfg: TraceConfig) -> _Rows:
         time_s = time_s[order]
     keep = served & (output > 0)
     return _Rows(time_s[keep], prompt[keep], output[keep], lines[keep])
+
+
+def _list(path: Path, doc: dict, key: str) -> int:
+    """The length of a per-request list; a value that is not a list is refused naming the key."""
+    v = doc[key]
+    if not isinstance(v, list):
+        _fail(path, f"{key}: expected a list (one entry per request), got {type(v).__name__}")
+    return len(v)
+
+
+def _request_rate(path: Path, rate) -> float:
+    """A vLLM benchmark's request_rate: a number > 0 of requests per second, or inf ("inf", or absent: every
+    request at once); anything else (a negative rate would replay everything at t = 0) is refused."""
+    if rate is None or (isinstance(rate, str) and rate.strip().lower() in ("inf", "infinity")):
+        return math.inf
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        _fail(path, f"request_rate: {str(rate)[:40]!r} is not a rate > 0 requests per second (or 'inf')")
+    return float(rate)
 
 
 def _read_csv(path: Path, cfg: TraceConfig) -> _Rows:

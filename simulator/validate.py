@@ -1,36 +1,54 @@
-"""Score the simulator against a measured trace.
+"""Score the simulator against a measured run.
 
-A trace is a folder (or its `requests.csv`) in the format documented in README ("Trace format"):
-per request `arrival_s, prompt_tokens, output_tokens, prefill_start_s, prefill_end_s,
-quantize_end_s, transfer_start_s, transfer_end_s, decode_start_s, first_token_s, finish_s`;
-optionally `iterations.csv` (per decode iteration: `start_s, end_s, batch_size, context_tokens`)
-and `meta.json` (at least `method`). The scenario must describe the measured system; validation
-replays the trace's own arrivals and lengths through it (`workload.trace_csv`), so only the model
-of the system differs, never the workload.
+A measured run is a realrun trace or an engine's benchmark file:
 
-Errors are (simulated − measured) / measured in percent, for the mean and p50/p90/p99 of JCT, TTFT
-and TPOT, for the mean of each breakdown part the trace can resolve (decode is compared as
-decode + dequantize + approximation, which a trace cannot split), and, with `iterations.csv`, for
-the decode iteration time the cost model predicts for each measured batch (batch size and total
-context) — the direct check of the per-iteration model, free of queueing.
+* a realrun trace is a folder (or its `requests.csv`) in the format documented in README ("Trace format"): per
+  request `arrival_s, prompt_tokens, output_tokens, prefill_start_s, prefill_end_s, quantize_end_s,
+  transfer_start_s, transfer_end_s, decode_start_s, first_token_s, finish_s`; optionally `iterations.csv` (per
+  decode iteration: `start_s, end_s, batch_size, context_tokens`) and `meta.json` (at least `method`);
+* a benchmark file (simulator/engine_logs.py: vLLM `bench serve --save-detailed`, SGLang `bench_serving
+  --output-details`, AIPerf `profile_export.jsonl`) gives per request its lengths, the client's time to first
+  token and latency, and, in some formats, its send time. Without send times the requests arrive by the
+  scenario's arrival process (its rate and seed), and only the distributions compare; without phase timestamps
+  and iterations only JCT, TTFT and TPOT do. `notes` in the result say which.
+
+The scenario must describe the measured system; validation replays the run's own requests through it
+(`workload.trace_csv`), so only the model of the system differs, never the workload. A realrun trace whose
+meta.json contradicts the scenario (another model, layer count, link rate, placement, batch or memory limit) is
+refused, naming the field (`check_meta`).
+
+Errors are (simulated − measured) / measured in percent, for the mean and p50/p90/p99 of JCT, TTFT and TPOT
+(TPOT: the time from the first token to the last over the output tokens after the first, output − 1; requests of
+one token have none), for the mean of each breakdown part the trace can resolve (decode is compared as decode +
+dequantize + approximation, which a trace cannot split), and, with `iterations.csv`, for the decode iteration
+time the cost model predicts for each measured batch (batch size and total context) — the direct check of the
+per-iteration model, free of queueing. With a repeats index (simulator/noise.py) each error figure has the
+run-to-run spread of its metric beside it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from costmodel.methods import KVMethod
+
 from . import files
-from .config import ScenarioError
+from .config import Scenario, ScenarioError
+from .engine_logs import RequestLog, is_engine_log, read_engine_log
 from .load import load_scenario
 from .run import run_scenario
 from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, read_csv_table
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
+GIB = 2**30
 
 
 def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict, Path]:
@@ -63,23 +81,163 @@ def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dic
     return df.reset_index(drop=True), iterations, meta, req_path
 
 
+@dataclass
+class Measured:
+    """A measured run read and the scenario that describes it, with the run's own requests as its workload."""
+
+    source: str  # "realrun", or the benchmark format (simulator/engine_logs.py)
+    requests: pd.DataFrame  # the measured trace's columns it has (a benchmark file: arrival, lengths, first, finish)
+    iterations: pd.DataFrame | None
+    meta: dict
+    scenario: Scenario
+    config: KVMethod  # the method's entry in it
+    files: list[Path]
+    log: RequestLog | None = None
+    notes: list[str] = field(default_factory=list)
+    workdir: tempfile.TemporaryDirectory | None = None  # holds a benchmark file's requests as the workload CSV
+
+
+def load_measured(
+    trace: str | Path, scenario_path: str | Path, overrides: list[str] | None = None, method: str | None = None
+) -> Measured:
+    """A realrun trace or a benchmark file (module doc) with the scenario loaded to replay its requests: its
+    lengths, and its arrivals where it has send times (else the scenario's arrival process)."""
+    trace = Path(trace)
+    if is_engine_log(trace):
+        return _load_log(trace, scenario_path, overrides, method)
+    df, iterations, meta, req_path = load_trace(trace)
+    method = method or meta.get("method")
+    if method is None:
+        raise ScenarioError(f"{trace}: no method in meta.json; pass --method")
+    ov = list(overrides or []) + [
+        f"workload.trace_csv={req_path.resolve()}",
+        "workload.arrival={kind: trace}",
+        f"workload.requests={len(df)}",
+    ]
+    s = load_scenario(scenario_path, ov)
+    cfg = _method(s, method, scenario_path)
+    check_meta(meta, s, req_path.parent / "meta.json", scenario_path)
+    found = [req_path.parent / f for f in ("requests.csv", "iterations.csv", "meta.json")]
+    return Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f.exists()])
+
+
+def _load_log(trace: Path, scenario_path, overrides, method: str | None) -> Measured:
+    log = read_engine_log(trace)
+    df = log.frame()
+    tmp = tempfile.TemporaryDirectory(prefix="hacksim-log-")
+    csv = Path(tmp.name) / "requests.csv"
+    df[["arrival_s", "prompt_tokens", "output_tokens"]].to_csv(csv, index=False)
+    ov = list(overrides or []) + [f"workload.trace_csv={csv}", f"workload.requests={len(df)}"]
+    if log.sends_known:
+        ov.append("workload.arrival={kind: trace}")
+    s = load_scenario(scenario_path, ov)
+    notes = list(log.notes)
+    if not log.sends_known:
+        arrival = s.workload.arrival
+        if arrival is None or arrival.kind == "trace":
+            raise ScenarioError(
+                f"{trace}: the file has no send times, and {scenario_path} no arrival process (workload.arrival) "
+                f"to replay its requests with"
+            )
+        notes.append(f"arrivals: the scenario's workload.arrival ({_arrival(arrival)}, seed {s.workload.seed})")
+        rate = getattr(arrival, "rate_rps", None)
+        if log.request_rate is not None and math.isfinite(log.request_rate) and rate != log.request_rate:
+            notes.append(
+                f"the file's request_rate ({log.request_rate:g} req/s) differs from the scenario's ({rate} req/s)"
+            )
+    notes.append("no phase timestamps and no iterations: only JCT, TTFT and TPOT are compared")
+    if method is None:
+        if len(s.methods) != 1:
+            names = ", ".join(m.output_name for m in s.methods)
+            raise ScenarioError(
+                f"{trace}: a benchmark file names no method: pass --method (or a method column in the index), or "
+                f"give a scenario with one method (this one has {names})"
+            )
+        method = s.methods[0].output_name
+    cfg = _method(s, method, scenario_path)
+    return Measured(log.format, df, None, dict(log.meta), s, cfg, [trace], log, notes, tmp)
+
+
+def _arrival(a) -> str:
+    rate = getattr(a, "rate_rps", None)
+    return f"{a.kind} at {rate:g} req/s" if rate is not None else a.kind
+
+
+def _method(s, method: str, scenario_path):
+    cfg = next((m for m in s.methods if m.output_name == method), None)
+    if cfg is None:
+        raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
+    return cfg
+
+
+# meta.json keys realrun writes (realrun/harness.py) and the scenario value each must agree with
+META_FIELDS = (
+    ("model", "model.preset", lambda s: s.model.preset),
+    ("layers", "model.layers", lambda s: s.model.layers),
+    ("link_gbps", "network.bandwidth_gbps", lambda s: s.network.bandwidth_gbps),
+    ("placement", "placement", lambda s: s.placement),
+    ("max_decode_batch", "decode.max_batch_requests", lambda s: s.decode.max_batch_requests),
+    ("prefill_max_batch_requests", "prefill.max_batch_requests", lambda s: s.prefill.max_batch_requests),
+    (
+        "kv_capacity_bytes",
+        "decode.kv_capacity_gib",
+        lambda s: None if s.decode.kv_capacity_gib is None else s.decode.kv_capacity_gib * GIB,
+    ),
+)
+
+
+def check_meta(meta: dict, s, meta_path: Path, scenario_path) -> None:
+    """Refuse a trace whose meta.json contradicts the scenario it is validated or fitted against, naming the
+    field: a 70B run against an 8B scenario would be scored and fitted as if it were the 8B's."""
+    for key, where, get in META_FIELDS:
+        if key not in meta or meta[key] is None:
+            continue
+        want = get(s)
+        if want is None:
+            continue
+        got = meta[key]
+        same = (
+            math.isclose(float(got), float(want), rel_tol=1e-6)
+            if isinstance(got, (int, float)) and not isinstance(got, bool) and isinstance(want, (int, float))
+            else str(got) == str(want)
+        )
+        if not same:
+            raise ScenarioError(
+                f"{meta_path}: {key} {got!r} contradicts {scenario_path}'s {where} {want!r}: validate a trace "
+                f"against the scenario of the system that recorded it"
+            )
+
+
+PHASE_COLUMNS = (
+    "prefill_start_s",
+    "prefill_end_s",
+    "quantize_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "decode_start_s",
+)
+
+
 def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
-    """The breakdown a trace resolves, by the simulator's definitions."""
+    """Per request JCT, TTFT and TPOT, and the breakdown parts the run resolves (with phase timestamps), by the
+    simulator's definitions. TTFT ends at the first token (`first_token_s`, else the prefill's end); TPOT is the
+    time from the first token to the last over the output tokens after the first (a one-token request has none)."""
     out = pd.DataFrame(index=df.index)
-    t_start = np.maximum(df["transfer_start_s"], df["quantize_end_s"])
-    t_end = np.maximum(df["transfer_end_s"], df["quantize_end_s"])
-    out["prefill_queue"] = df["prefill_start_s"] - df["arrival_s"]
-    out["prefill"] = df["prefill_end_s"] - df["prefill_start_s"]
-    out["quantize"] = df["quantize_end_s"] - df["prefill_end_s"]
-    out["transfer_queue"] = t_start - df["quantize_end_s"]
-    out["transfer"] = t_end - t_start
-    out["decode_queue"] = df["decode_start_s"] - t_end
-    out["decode"] = df["finish_s"] - df["decode_start_s"]
+    first = df["first_token_s"] if "first_token_s" in df.columns else df["prefill_end_s"]
+    if all(c in df.columns for c in PHASE_COLUMNS):
+        t_start = np.maximum(df["transfer_start_s"], df["quantize_end_s"])
+        t_end = np.maximum(df["transfer_end_s"], df["quantize_end_s"])
+        out["prefill_queue"] = df["prefill_start_s"] - df["arrival_s"]
+        out["prefill"] = df["prefill_end_s"] - df["prefill_start_s"]
+        out["quantize"] = df["quantize_end_s"] - df["prefill_end_s"]
+        out["transfer_queue"] = t_start - df["quantize_end_s"]
+        out["transfer"] = t_end - t_start
+        out["decode_queue"] = df["decode_start_s"] - t_end
+        out["decode"] = df["finish_s"] - df["decode_start_s"]
     out["jct"] = df["finish_s"] - df["arrival_s"]
-    out["ttft"] = df["prefill_end_s"] - df["arrival_s"]
-    out["tpot"] = np.where(
-        df["output_tokens"] > 1, (df["finish_s"] - df["prefill_end_s"]) / (df["output_tokens"] - 1), np.nan
-    )
+    out["ttft"] = first - df["arrival_s"]
+    n = df["output_tokens"].to_numpy()
+    out["tpot"] = np.where(n > 1, (df["finish_s"] - first).to_numpy() / np.maximum(n - 1, 1), np.nan)
     return out
 
 
@@ -104,24 +262,18 @@ def validate(
     method: str | None = None,
     engine_values: dict[str, float] | None = None,
 ) -> dict:
-    """Simulate the trace's system and compare; `engine_values` (engine.PARAMETERS names) replace the
-    scenario's engine parameters (a calibration fitted in memory: simulator/calibrate.cross_validate)."""
-    df, iterations, meta, req_path = load_trace(trace)
-    method = method or meta.get("method")
-    if method is None:
-        raise ScenarioError(f"{trace}: no method in meta.json; pass --method")
-    ov = list(overrides or []) + [
-        f"workload.trace_csv={req_path.resolve()}",
-        "workload.arrival={kind: trace}",
-        f"workload.requests={len(df)}",
-    ]
-    s = load_scenario(scenario_path, ov)
+    """Simulate the run's system and compare; `engine_values` (engine.PARAMETERS names) replace the scenario's
+    engine parameters (a calibration fitted in memory: simulator/crossval.py), those the scenario's placement
+    applies (engine.not_applied: the rest are listed in `notes`)."""
+    m = load_measured(trace, scenario_path, overrides, method)
+    s, method, df, notes = m.scenario, m.config.output_name, m.requests, list(m.notes)
     if engine_values:
-        from .engine import apply_values
+        from .engine import apply_values, not_applied
 
-        s = apply_values(s, engine_values)
-    if method not in {m.output_name for m in s.methods}:
-        raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
+        skip = not_applied(s, engine_values)
+        if skip:
+            notes.append(f"not applied (placement {s.placement}): {', '.join(sorted(skip))}")
+        s = apply_values(s, {k: v for k, v in engine_values.items() if k not in skip})
     result = run_scenario(s, source=str(scenario_path), methods=[method])
     sim = result.requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     # Both sides through the same timestamp definitions: the trace cannot split decode into
@@ -131,21 +283,26 @@ def validate(
         "trace": str(trace),
         "scenario": str(scenario_path),
         "method": method,
+        "source": m.source,
         "requests": len(df),
+        "notes": notes,
         "metrics": {},
         "breakdown_s": {},
         "resolved_scenario": s.model_dump(mode="json"),
     }
     for metric in ("jct", "ttft", "tpot"):
-        m, p = _stats(meas[metric]), _stats(sim_parts[metric])
-        out["metrics"][f"{metric}_s"] = {"measured": m, "simulated": p}
+        mm, p = _stats(meas[metric]), _stats(sim_parts[metric])
+        out["metrics"][f"{metric}_s"] = {"measured": mm, "simulated": p}
         for q in ("mean", "p50", "p90", "p99"):
-            out[f"{metric}_{q}_error_pct"] = _err_pct(p[q], m[q])
+            out[f"{metric}_{q}_error_pct"] = _err_pct(p[q], mm[q])
     for part in MEASURABLE_PARTS:
-        m, p = float(meas[part].mean()), float(sim_parts[part].mean())
-        out["breakdown_s"][part] = {"measured": m, "simulated": p}
+        if part not in meas.columns:
+            out[f"{part}_mean_error_pct"] = None
+            continue
+        mm, p = float(meas[part].mean()), float(sim_parts[part].mean())
+        out["breakdown_s"][part] = {"measured": mm, "simulated": p}
         out[f"{part}_mean_error_pct"] = (
-            _err_pct(p, m) if m > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
+            _err_pct(p, mm) if mm > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
         )
     # what the trace cannot resolve, simulated: dequantization's share of the mean JCT
     out["dequantize_share_pct"] = (
@@ -153,10 +310,10 @@ def validate(
         if "dequantize_s" in sim.columns
         else None
     )
+    iterations = m.iterations
     if iterations is not None and len(iterations):
         res = result.resolved  # the profiles and specs the simulation just used
-        cfg = next(m for m in s.methods if m.output_name == method)
-        _, dec = res.costs(cfg)
+        _, dec = res.costs(next(c for c in s.methods if c.output_name == method))
         measured_it = (iterations["end_s"] - iterations["start_s"]).to_numpy()
         # a trace's iteration rows run from one iteration's start to its end: the engine's work between
         # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows
@@ -181,31 +338,58 @@ def validate(
 def format_validation(v: dict) -> str:
     from reports.terminal import render, table
 
+    noise = v.get("noise")
     rows = []
+
+    def row(label: str, measured: str, simulated: str, key: str) -> list[str]:
+        out = [label, measured, simulated, _pct(v.get(key))]
+        if noise:
+            out.append(_spread(spread_of(noise, key)))
+        return out
+
     for metric in ("jct", "ttft", "tpot"):
         m, p = v["metrics"][f"{metric}_s"]["measured"], v["metrics"][f"{metric}_s"]["simulated"]
         for q in ("mean", "p50", "p90", "p99"):
-            rows.append([f"{metric} {q} (s)", f"{m[q]:.4f}", f"{p[q]:.4f}", _pct(v[f"{metric}_{q}_error_pct"])])
+            rows.append(row(f"{metric} {q} (s)", f"{m[q]:.4f}", f"{p[q]:.4f}", f"{metric}_{q}_error_pct"))
     for part, mp in v["breakdown_s"].items():
         rows.append(
-            [f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}", _pct(v[f"{part}_mean_error_pct"])]
+            row(f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}", f"{part}_mean_error_pct")
         )
     if "iteration_s" in v:
         it = v["iteration_s"]
         rows.append(
-            [
+            row(
                 "iteration mean (s)",
                 f"{it['measured_mean']:.5f}",
                 f"{it['predicted_mean']:.5f}",
-                _pct(v["iteration_mean_error_pct"]),
-            ]
+                "iteration_mean_error_pct",
+            )
         )
     title = f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}"
-    return render(table(["metric", "measured", "simulated", "error"], rows, title=title))
+    heads = ["metric", "measured", "simulated", "error"] + (["run-to-run"] if noise else [])
+    text = render(table(heads, rows, title=title))
+    lines = [text] + [f"note: {n}" for n in v.get("notes", [])]
+    if noise:
+        lines.append(
+            f"run-to-run: the spread (1 sd) of the measured metric over repeated recordings ({noise['index']})"
+        )
+    return "\n".join(lines)
+
+
+def spread_of(noise: dict | None, error_key: str) -> float | None:
+    """The pooled run-to-run spread (%, simulator/noise.py) of the metric behind an error key
+    (jct_mean_error_pct: jct_mean); None without repeats of it."""
+    if not noise:
+        return None
+    return noise["spread_pct"].get(error_key.removesuffix("_error_pct"))
 
 
 def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e:+.1f}%"
+
+
+def _spread(x: float | None) -> str:
+    return "n/a" if x is None else f"±{x:.1f}%"
 
 
 SUMMARY_KEYS = (
@@ -219,37 +403,59 @@ SUMMARY_KEYS = (
 )
 
 
-def read_index(index_csv: str | Path) -> list[tuple[str, str, Path, Path]]:
-    """An index's rows (columns trace, scenario): (trace, scenario as written, trace path, scenario path);
-    relative paths are tried against the current directory, then the index's folder."""
+class IndexRow(NamedTuple):
+    """One row of an index: the trace and scenario as written, their paths, and the optional columns."""
+
+    trace: str
+    scenario: str
+    trace_path: Path
+    scenario_path: Path
+    method: str | None = None  # a benchmark file's method (realrun traces name theirs in meta.json)
+    config: str | None = None  # the configuration it records (repeats share it; default: the scenario's name)
+
+
+def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[IndexRow]:
+    """An index's rows (columns trace, scenario; optional method, config, and `require`d ones); relative paths
+    are tried against the current directory, then the index's folder."""
     index_csv = Path(index_csv)
     idx = read_csv_table(index_csv, ScenarioError, "trace index")
-    missing = {"trace", "scenario"} - set(idx.columns)
+    need = ("trace", "scenario", *require)
+    missing = set(need) - set(idx.columns)
     if missing:
-        raise ScenarioError(f"{index_csv}: the index needs columns trace and scenario (missing {sorted(missing)})")
+        raise ScenarioError(
+            f"{index_csv}: the index needs columns {', '.join(need)} (missing {', '.join(sorted(missing))})"
+        )
     if not len(idx):
         raise ScenarioError(f"{index_csv}: no rows")
-    blank = idx.loc[:, ["trace", "scenario"]].isna().any(axis=1).to_numpy()
+    blank = idx.loc[:, list(need)].isna().any(axis=1).to_numpy()
     if blank.any():
-        raise ScenarioError(f"{index_csv} line {int(np.argmax(blank)) + 2}: empty trace or scenario")
+        raise ScenarioError(f"{index_csv} line {int(np.argmax(blank)) + 2}: empty {' or '.join(need)}")
 
     def where(p: str) -> Path:
         q = Path(p)
         return q if q.exists() or q.is_absolute() else index_csv.parent / q
 
-    return [(str(t), str(scen), where(str(t)), where(str(scen))) for t, scen in zip(idx["trace"], idx["scenario"])]
+    def optional(col: str) -> list[str | None]:
+        if col not in idx.columns:
+            return [None] * len(idx)
+        return [None if (isinstance(v, float) and math.isnan(v)) else str(v) for v in idx[col]]
+
+    return [
+        IndexRow(str(t), str(scen), where(str(t)), where(str(scen)), m, c)
+        for t, scen, m, c in zip(idx["trace"], idx["scenario"], optional("method"), optional("config"))
+    ]
 
 
 def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
     """Validate every trace an index lists (read_index).  One dict per trace: its name, scenario and the
     SUMMARY_KEYS errors."""
     rows = []
-    for t, scen, trace_path, scenario_path in read_index(index_csv):
-        v = validate(trace_path, scenario_path, overrides)
+    for r in read_index(index_csv):
+        v = validate(r.trace_path, r.scenario_path, overrides, r.method)
         rows.append(
             {
-                "trace": str(t),
-                "scenario": str(scen),
+                "trace": r.trace,
+                "scenario": r.scenario,
                 "method": v["method"],
                 "requests": v["requests"],
                 **{k: v.get(k) for k in SUMMARY_KEYS},
@@ -258,7 +464,7 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
     return rows
 
 
-def format_validation_table(rows: list[dict]) -> str:
+def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     from reports.terminal import render, table
 
     heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration")
@@ -270,4 +476,9 @@ def format_validation_table(rows: list[dict]) -> str:
             for k in SUMMARY_KEYS
         ]
         summary.append([label, *(_pct(None if v is None else float(v)) for v in vals)])
-    return render(table(["trace", *heads], body, footer_rows=summary))
+    if noise:
+        summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in SUMMARY_KEYS)])
+    text = render(table(["trace", *heads], body, footer_rows=summary))
+    if noise:
+        text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"
+    return text

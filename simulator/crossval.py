@@ -1,0 +1,363 @@
+"""Score an engine calibration on runs it has not seen: held out by trace and, the headline, by configuration.
+
+`cross_validate(index)` fits the engine (simulator/calibrate.py) on all runs of an index (in-sample), on all but
+one (leave one trace out) and on all but one configuration (the index's `config` column, else the scenario's
+name: model × link × workload), and simulates each run with the calibration fitted without it. Beside them, each
+run is simulated with no fit at all (the scenario's own values: the kernels' prices and the scenario's engine
+terms). The held-out-configuration figures are the ones to quote: they say how a calibration carries to a
+setting it was not fitted on; a configuration whose held-out fit predicts it worse than no fit is flagged.
+
+A scheme is scored only where a fit without the run exists: with one run there is no leave-one-out fit, with one
+configuration no leave-one-configuration-out fit, and the result says so (`notes`) rather than show the no-fit
+prediction under a held-out name.
+
+Folds run in `workers` processes; a SIGTERM or Ctrl-C to the caller (cli.py turns it into an exception) ends
+them at once (`_map`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from costmodel.methods import REFERENCE
+
+from .calibrate import fit_engine, fit_values, load_index
+from .config import ScenarioError
+from .fit_items import TraceData
+
+CV_KEYS = {
+    "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
+    "jct_max_abs_error_pct": ("jct_mean_error_pct", np.max),
+    "ttft_p50_mean_abs_error_pct": ("ttft_p50_error_pct", np.mean),
+    "tpot_p50_mean_abs_error_pct": ("tpot_p50_error_pct", np.mean),
+}
+TRACE_KEYS = (
+    "jct_mean_error_pct",
+    "ttft_p50_error_pct",
+    "tpot_p50_error_pct",
+    "prefill_mean_error_pct",
+    "quantize_mean_error_pct",
+    "transfer_mean_error_pct",
+    "decode_mean_error_pct",
+    "iteration_mean_error_pct",
+)
+SCHEMES = ("no_fit", "in_sample", "held_out", "held_out_configuration")
+HEADS = {
+    "no_fit": "no fit",
+    "in_sample": "in-sample",
+    "held_out": "held out (trace)",
+    "held_out_configuration": "held out (config)",
+}
+
+
+def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | None, values: dict | None) -> dict:
+    from .validate import validate
+
+    v = validate(trace_path, scenario_path, method=method, engine_values=values)
+    out = {k: v.get(k) for k in TRACE_KEYS}
+    out["dequantize_share_pct"] = v.get("dequantize_share_pct")
+    return out
+
+
+def summarise(per_trace: list[dict], scheme: str) -> dict:
+    out = {}
+    for key, (col, fn) in CV_KEYS.items():
+        vals = [abs(r[scheme][col]) for r in per_trace if r[scheme].get(col) is not None]
+        out[key] = round(float(fn(vals)), 3) if vals else None
+    within = [
+        abs(r[scheme]["jct_mean_error_pct"]) <= 10.0
+        for r in per_trace
+        if r[scheme].get("jct_mean_error_pct") is not None
+    ]
+    out["traces_jct_within_10pct"] = int(sum(within))
+    return out
+
+
+def folds(traces: list[TraceData]) -> list[tuple[str, tuple[int, ...]]]:
+    """(scheme, the runs left out) of every fit: in-sample leaves none out; a fold is made only where the fit
+    has runs left to learn from (module doc)."""
+    out: list[tuple[str, tuple[int, ...]]] = [("in_sample", ())]
+    if len(traces) > 1:
+        out += [("held_out", (i,)) for i in range(len(traces))]
+    configs = sorted({td.configuration for td in traces})
+    if len(configs) > 1:
+        out += [
+            ("held_out_configuration", tuple(i for i, td in enumerate(traces) if td.configuration == c))
+            for c in configs
+        ]
+    return out
+
+
+def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None = None) -> dict:
+    """No fit, in-sample (one fit on every run), held out (each run predicted by a fit without it) and held out
+    by configuration (each configuration's runs predicted by a fit without any of them): per run the errors of
+    each, their means, and per configuration no fit against the held-out fit (module doc).  `workers` > 1 fits
+    and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside the figures."""
+    from .validate import read_index
+
+    rows = read_index(index_csv)
+    traces = load_index(index_csv)
+    plan = folds(traces)
+    fits = _map(_fit_without, [(traces, out) for _, out in plan], workers)
+    per_trace: list[dict[str, Any]] = [
+        {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
+        for td in traces
+    ]
+    jobs: list[tuple] = []
+    where: list[tuple[int, str]] = []
+    for i, td in enumerate(traces):
+        jobs.append((td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, None))
+        where.append((i, "no_fit"))
+    for (scheme, out), values in zip(plan, fits):
+        for i in out if out else range(len(traces)):
+            jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, values))
+            where.append((i, scheme))
+    scores = _map(_score_job, jobs, workers)
+    for (i, scheme), sc in zip(where, scores):
+        per_trace[i][scheme] = sc
+    for r in per_trace:
+        for scheme in SCHEMES:
+            r.setdefault(scheme, {})
+    result: dict[str, Any] = {"traces": len(traces), "index": str(index_csv), "notes": []}
+    for scheme in SCHEMES:
+        if any(r[scheme] for r in per_trace):
+            result[scheme] = summarise(per_trace, scheme)
+    if "held_out" not in result:
+        result["notes"].append("held out (trace): needs two runs or more (a fit without the only run has no data)")
+    if "held_out_configuration" not in result:
+        result["notes"].append(
+            "held out (configuration): needs two configurations or more (the index's config column, else the "
+            "scenarios' names)"
+        )
+    result["configurations"] = by_configuration(per_trace)
+    worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]
+    result["worse_than_no_fit"] = worse
+    result["per_trace"] = per_trace
+    result["dequantize_share"] = dequantize_shares(traces, rows, per_trace)
+    result["in_sample_fit"] = {n: {"value": v} for n, v in fits[0].items()}
+    if noise:
+        result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
+    return result
+
+
+def by_configuration(per_trace: list[dict]) -> list[dict]:
+    """Per configuration: its runs' mean |JCT error| with no fit and held out by configuration, and whether the
+    held-out fit is worse than none (the flag `validate --cv` raises)."""
+    out = []
+    for c in sorted({r["configuration"] for r in per_trace}):
+        rs = [r for r in per_trace if r["configuration"] == c]
+        row: dict[str, Any] = {"configuration": c, "traces": len(rs)}
+        for scheme in SCHEMES:
+            vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
+            row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+        nf, ho = row["no_fit_jct_mean_abs_error_pct"], row["held_out_configuration_jct_mean_abs_error_pct"]
+        row["worse_than_no_fit"] = bool(nf is not None and ho is not None and ho > nf)
+        out.append(row)
+    return out
+
+
+def measured_dequantize_share_pct(trace: Path, reference: Path) -> float:
+    """Dequantization's share of the mean JCT in a measured trace of a method that dequantizes every
+    iteration (KVQuant), from the trace and a reference trace of the FP16 baseline over the same requests
+    (same configuration, rate and seed): a least-squares line of each trace's iteration durations
+    (end - start) in batch size and total context, the method's minus the baseline's at each of the
+    method's iterations is its dequantization (its attention runs the same FP16 kernel on the dequantized
+    cache; the line difference also holds its 2-bit append against the FP16 one); each request in the
+    batch waits for it, as the simulator counts it."""
+    from .validate import load_trace
+
+    def line(it: pd.DataFrame) -> np.ndarray:
+        x = np.column_stack([np.ones(len(it)), it["batch_size"], it["context_tokens"]])
+        return np.linalg.lstsq(x, (it["end_s"] - it["start_s"]).to_numpy(), rcond=None)[0]
+
+    df, it, _, _ = load_trace(trace)
+    _, it_ref, _, _ = load_trace(reference)
+    if it is None or it_ref is None:
+        raise ScenarioError(
+            f"{trace if it is None else reference}: no iterations.csv (the dequantization share needs its iterations)"
+        )
+    x = np.column_stack([np.ones(len(it)), it["batch_size"], it["context_tokens"]])
+    extra_s = x @ (line(it) - line(it_ref))
+    waited_s = float(np.sum(it["batch_size"].to_numpy() * extra_s))
+    return 100.0 * waited_s / float((df["finish_s"] - df["arrival_s"]).sum())
+
+
+def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]) -> list[dict]:
+    """For each trace of a method that dequantizes every iteration, recorded with GPU-bound iterations (decode
+    as CUDA graphs, meta.json decode_mode) and with a baseline twin (same scenario, rate and seed) in the
+    index: the measured share of JCT in dequantization and the predicted ones."""
+    out = []
+    for i, td in enumerate(traces):
+        if (
+            td.source != "realrun"
+            or "iteration" not in td.blocks
+            or not td.blocks["iteration"]["dequant_per_ctx"] > 0
+            or td.meta.get("decode_mode") != "graphs"
+        ):
+            continue  # no per-iteration dequantization; or host-bound iterations (eager) hide its GPU time
+        twin = next(
+            (
+                j
+                for j, o in enumerate(traces)
+                if o.family == REFERENCE
+                and o.source == "realrun"
+                and "iteration" in o.blocks  # a twin without iterations has no line to subtract
+                and o.scenario == td.scenario
+                and o.meta.get("rate_rps") == td.meta.get("rate_rps")
+                and o.meta.get("seed") == td.meta.get("seed")
+            ),
+            None,
+        )
+        if twin is None:
+            continue
+        measured = measured_dequantize_share_pct(rows[i].trace_path, rows[twin].trace_path)
+        entry = {"trace": td.name, "reference": traces[twin].name, "measured_pct": round(measured, 3)}
+        for scheme in SCHEMES:
+            pred = per_trace[i].get(scheme, {}).get("dequantize_share_pct")
+            if pred is not None:
+                entry[f"{scheme}_pct"] = round(pred, 3)
+                entry[f"{scheme}_error_pp"] = round(pred - measured, 3)
+        out.append(entry)
+    return out
+
+
+def _fit_without(args) -> dict[str, float]:
+    traces, out = args
+    return fit_values(fit_engine([td for i, td in enumerate(traces) if i not in out]))
+
+
+def _score_job(args) -> dict:
+    return _score(*args)
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Only the parent acts on Ctrl-C (it reaches the whole process group) and ends the workers; a worker ends on
+    SIGTERM, and on Linux also when the parent dies, even by SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+
+def _map(fn, items: list, workers: int) -> list:
+    """fn over items, in `workers` processes when > 1 (each fit single-threaded in its BLAS). Any exception in
+    the caller while they run (a signal turned into one) ends the workers before it goes on."""
+    if workers <= 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        out = list(pool.map(fn, items))
+    except BaseException:
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+        raise
+    pool.shutdown(wait=True)
+    return out
+
+
+# ---- for people ------------------------------------------------------------------------------------
+def format_cv(result: dict) -> str:
+    """Per trace: JCT mean error with no fit, in-sample, held out by trace and by configuration; the means the
+    goals are stated in; then per configuration no fit against held out, flagging a fit worse than none."""
+    from reports.terminal import render, table
+
+    def pct(x):
+        return "n/a" if x is None else f"{x:+.1f}%"
+
+    def mag(x):
+        return "n/a" if x is None else f"{x:.1f}%"
+
+    schemes = [s for s in SCHEMES if s in result]
+    noise = result.get("noise")
+    # TPOT and TTFT beside JCT: held out by trace where that exists, else in-sample
+    other = "held_out" if "held_out" in result else "in_sample"
+    body = []
+    for r in result["per_trace"]:
+        body.append(
+            [
+                r["trace"],
+                *(pct(r[s].get("jct_mean_error_pct")) for s in schemes),
+                pct(r[other].get("tpot_p50_error_pct")),
+                pct(r[other].get("ttft_p50_error_pct")),
+            ]
+        )
+    foot = []
+    for key, label, spread_key in (
+        ("jct_mean_abs_error_pct", "mean |JCT error|", "jct_mean"),
+        ("jct_max_abs_error_pct", "max |JCT error|", "jct_mean"),
+        ("tpot_p50_mean_abs_error_pct", "mean |TPOT p50 error|", "tpot_p50"),
+        ("ttft_p50_mean_abs_error_pct", "mean |TTFT p50 error|", "ttft_p50"),
+    ):
+        spread = noise["spread_pct"].get(spread_key) if noise else None
+        foot.append(
+            [
+                label + ("" if spread is None else f" (run-to-run ±{spread:.1f}%)"),
+                *(pct(result[s].get(key)) for s in schemes),
+                "",
+                "",
+            ]
+        )
+    foot.append(
+        ["traces within 10 %", *(f"{result[s]['traces_jct_within_10pct']}/{result['traces']}" for s in schemes), "", ""]
+    )
+    parts = [
+        render(
+            table(
+                [
+                    "trace",
+                    *(f"JCT {HEADS[s]}" for s in schemes),
+                    f"TPOT p50 {HEADS[other]}",
+                    f"TTFT p50 {HEADS[other]}",
+                ],
+                body,
+                footer_rows=foot,
+                title=f"cross-validated engine calibration, {result['traces']} traces",
+            )
+        )
+    ]
+    configs = [
+        [
+            c["configuration"],
+            str(c["traces"]),
+            mag(c["no_fit_jct_mean_abs_error_pct"]),
+            mag(c["held_out_configuration_jct_mean_abs_error_pct"]),
+            "WORSE than no fit" if c["worse_than_no_fit"] else "",
+        ]
+        for c in result["configurations"]
+    ]
+    parts.append(
+        render(
+            table(
+                ["configuration", "traces", "mean |JCT err| no fit", "held out (config)", ""],
+                configs,
+                title="each configuration predicted by a fit on the others, against no fit",
+            )
+        )
+    )
+    if result["worse_than_no_fit"]:
+        parts.append(
+            f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
+            + ", ".join(result["worse_than_no_fit"])
+        )
+    parts += [f"note: {n}" for n in result.get("notes", [])]
+    return "\n".join(parts)

@@ -1,0 +1,402 @@
+"""The measured items an engine fit compares with the cost model: each trace read and its batches priced once.
+
+`load_trace_data(trace, scenario)` reads a measured run and the scenario that describes it and returns a
+`TraceData`: per residual kind (simulator/calibrate.py) the measured seconds of every item and what the cost model
+needs to price it at any engine parameters, priced once at neutral ones.
+
+**Realrun traces** (requests.csv, iterations.csv, meta.json: README "Trace format") give every kind:
+
+* ``iteration``: every decode iteration's cadence, start to the next one's start, where no prefill ran between them
+  and the batch did not empty, at the measured batch size and total context, with the requests joining it;
+* ``prefill``: every prefill batch (the requests that started together), start to end;
+* ``quantize``: its quantize step, prefill end to quantize end (methods that quantize after prefill);
+* ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts.
+
+**Engine benchmark files** (simulator/engine_logs.py: vLLM, SGLang, AIPerf) give per-request timings only: no
+phase timestamps, no iteration log. Where the file has the times the client sent each request, the run's
+timeline is rebuilt from them: request r streams its first token at send + TTFT and its k-th at that plus its
+first k − 1 gaps (or evenly spaced at its TPOT where its chunks are not one per token); it is in the decode batch
+from its first token to its last. Then
+
+* ``iteration`` items are its inter-token latencies: the k-th gap is one decode iteration of the batch in decode
+  at the gap's midpoint (the count of requests between their first and last token) at its total context (each
+  one's prompt plus the tokens it has streamed), joined by the requests whose first token fell in the gap; where
+  prefill runs on the decode GPUs (placement shared_gpu or colocated), only gaps during which no request was in
+  prefill (between its send and its first token) count, as in a realrun trace. A request whose chunks are not one
+  per token gives one item instead: its TPOT, (latency − TTFT) / (output − 1), against the iteration priced at
+  the batch and context averaged over its decode;
+* ``prefill`` items are the first-token times of requests that found the engine idle (from their send to their
+  first token no other request was in flight): a one-request prefill, plus (``ttft_at: decode``) the rest of the
+  way to the first token priced at the scenario's values (quantize, the transfer at line rate, the first decode
+  iteration). Client-side time (HTTP, tokenization) is not modelled apart and lands in the prefill host floor.
+
+What cannot be rebuilt is left out, and `TraceData.notes` says so: without send times the batch each token was
+decoded in is unknown, and the file gives no item (its requests still validate: simulator/validate.py); with
+placement colocated, prefill runs as chunks of decode iterations priced with the decode pool's settings, so the
+prefill items are left out (the prefill pool's parameters do not apply there: simulator/engine.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .engine import PARAMETERS, apply_values
+from .engine_logs import RequestLog
+from .resolve import network_bandwidth_gbps, resolve
+
+MAX_ITERATIONS = 200  # decode items per trace in the fit, evenly spaced (consecutive ones are not independent)
+TPOT_SAMPLES = 16  # times in a request's decode its TPOT item averages the batch and context over
+
+
+@dataclass
+class TraceData:
+    """A measured run with its items priced by the cost model at neutral engine parameters."""
+
+    name: str
+    scenario: str
+    configuration: str
+    method: str  # the method's name in the scenario (its label, if any)
+    family: str  # its registry name: whose implementation factors apply
+    values0: dict[str, float]  # the scenario's own value of every engine parameter
+    blocks: dict[str, dict] = field(default_factory=dict)  # kind -> arrays (see _iteration_block, ...)
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    meta: dict = field(default_factory=dict)
+    source: str = "realrun"  # or the benchmark format (simulator/engine_logs.py)
+    placement: str = "separate"
+    notes: list[str] = field(default_factory=list)  # what the run lacks, and what it gives the fit instead
+
+
+def scenario_values(s) -> dict[str, float]:
+    """Every engine parameter's value in the scenario."""
+    out = {}
+    for name in PARAMETERS:
+        head, *rest = name.split(".")
+        if head == "methods":
+            f = s.calibration.implementation_factors.get(rest[0])
+            out[name] = PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
+        elif head == "network":
+            out[name] = float(getattr(s.network, rest[0]))
+        else:
+            out[name] = float(getattr(getattr(s, head), rest[0]))
+    return out
+
+
+def neutral(s):
+    """The scenario with every engine parameter at the value that adds nothing."""
+    return apply_values(s, {k: p.neutral for k, p in PARAMETERS.items()})
+
+
+def load_trace_data(
+    trace: str | Path,
+    scenario_path: str | Path,
+    name: str | None = None,
+    scenario_label: str | None = None,
+    method: str | None = None,
+    configuration: str | None = None,
+) -> TraceData:
+    """A realrun trace (folder or requests.csv) or an engine benchmark file, priced against the scenario."""
+    from .validate import load_measured
+
+    m = load_measured(trace, scenario_path, method=method)
+    s, cfg = m.scenario, m.config
+    res = resolve(neutral(s), str(scenario_path))
+    pre, dec = res.costs(cfg)
+    td = TraceData(
+        name=name or str(trace),
+        scenario=scenario_label or str(scenario_path),
+        configuration=configuration or Path(str(scenario_label or scenario_path)).stem,
+        method=cfg.output_name,
+        family=cfg.name,
+        values0=scenario_values(s),
+        meta={k: m.meta[k] for k in sorted(m.meta) if k != "notes"},
+        source=m.source,
+        placement=s.placement,
+        notes=list(m.notes),
+    )
+    for f in m.files:
+        td.files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    if m.log is not None:
+        _log_blocks(td, m.log, s, pre, dec, resolve(s, str(scenario_path)).costs(cfg))
+        return td
+    df, iterations = m.requests, m.iterations
+    if iterations is not None and len(iterations):
+        td.blocks["iteration"] = _iteration_block(df, iterations, dec)
+    td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
+    if quantize is not None:
+        td.blocks["quantize"] = quantize
+    net = s.network
+    if (
+        s.prefill.replicas == 1
+        and net.links is None
+        and not net.stream_layers
+        and net.per_flow_gbps is None
+        and math.isfinite(network_bandwidth_gbps(s))
+    ):
+        td.blocks["transfer"] = _transfer_block(df, pre, network_bandwidth_gbps(s))
+    return td
+
+
+# ---- realrun traces ------------------------------------------------------------------------------------
+def iteration_features(dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarray, meas: np.ndarray) -> dict:
+    """What the cost model needs to price decode items at any engine parameters (calibrate.predict): per item
+    its batch, total context and joining requests, and the iteration's parts at neutral parameters. `batch`
+    may be a (items, samples) array: each item is then the mean of its samples' iterations (a TPOT item)."""
+    b2 = np.atleast_2d(batch.T).T if batch.ndim == 1 else batch  # (items, samples)
+    cost = {int(bb): dec.iteration(int(bb)) for bb in np.unique(b2)}
+    first = next(iter(cost.values()), None)
+
+    def mean_of(f) -> np.ndarray:
+        table = {k: f(k, c) for k, c in cost.items()}
+        return np.array([[table[int(x)] for x in row] for row in b2]).mean(axis=1) if len(b2) else np.zeros(0)
+
+    return {
+        "meas": meas,
+        "batch": b2.mean(axis=1).astype(np.float64) if len(b2) else np.zeros(0),
+        "ctx": ctx.astype(np.float64),
+        "joins": joins.astype(np.float64),
+        "fixed0": mean_of(lambda k, c: c.decode_fixed_s),
+        "dequant_fixed0": mean_of(lambda k, c: c.dequant_fixed_s),
+        "approx_fixed0": mean_of(lambda k, c: c.approx_fixed_s),
+        "lm_head": mean_of(lambda k, c: dec._lm_head_s(k)),
+        "decode_per_ctx": 0.0 if first is None else first.decode_per_ctx_s,
+        "dequant_per_ctx": 0.0 if first is None else first.dequant_per_ctx_s,
+        "approx_per_ctx": 0.0 if first is None else first.approx_per_ctx_s,
+        "small_kernel_s": dec._small_kernel_s(),
+        "layers": float(dec.model.layers),
+        "stage_layers": dec.model.layers / dec.parallel.pipeline,
+    }
+
+
+def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
+    start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
+    b = it["batch_size"].to_numpy().astype(np.int64)
+    ctx = it["context_tokens"].to_numpy().astype(np.float64)
+    joins = np.zeros(len(it), dtype=np.int64)
+    k = np.searchsorted(start, df["decode_start_s"].to_numpy())  # decode_start_s = the joining iteration's start
+    np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
+    prefills = np.sort(df["prefill_start_s"].to_numpy())
+    # the cadence of iteration i, to the next one's start, where the engine went straight on: no prefill
+    # ran between them and the batch did not empty (every request of the next one new: it waited)
+    nxt = np.arange(1, len(it))
+    i = nxt - 1
+    no_prefill = np.searchsorted(prefills, end[i]) == np.searchsorted(prefills, start[nxt])
+    went_on = joins[nxt] < b[nxt]
+    keep = _evenly(i[no_prefill & went_on])
+    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep])
+    blk["all"] = len(it)
+    return blk
+
+
+def _evenly(keep: np.ndarray) -> np.ndarray:
+    """At most MAX_ITERATIONS of the items, evenly spaced: consecutive iterations of a run are not independent
+    observations (the fit's weight per trace does not change; its standard errors grow honestly)."""
+    if len(keep) > MAX_ITERATIONS:
+        keep = keep[np.linspace(0, len(keep) - 1, MAX_ITERATIONS).round().astype(np.int64)]
+    return keep
+
+
+def prefill_block(prompts: list[tuple[int, ...]], meas: np.ndarray, pre, rest: np.ndarray | None = None) -> dict:
+    """Prefill items: batches of these prompts measured `meas` seconds, each plus `rest` seconds the fit holds."""
+    costs = [pre.prefill(p) for p in prompts]
+    hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
+    latency0 = np.array([c.latency_s for c in costs])
+    return {
+        "meas": meas,
+        "gpu0": latency0 - hop,
+        "approx0": np.array([c.approximation_s for c in costs]),
+        "hop": hop,
+        "requests": np.array([len(p) for p in prompts], dtype=np.float64),
+        "layers": float(pre.model.layers),
+        "rest": np.zeros(len(prompts)) if rest is None else rest,
+    }
+
+
+def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
+    """Per prefill batch (the requests that started together): duration and quantize step."""
+    g = df.groupby("prefill_start_s", sort=True)
+    first = g.head(1).sort_values("prefill_start_s")
+    prompts = [tuple(int(p) for p in grp["prompt_tokens"]) for _, grp in g]
+    prefill = prefill_block(prompts, (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(), pre)
+    enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
+    quantize = None
+    if pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all():
+        quantize = {
+            "meas": (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy(),
+            "enc0": enc0,
+            "layers": pre.model.layers / pre.parallel.pipeline,
+        }
+    return prefill, quantize
+
+
+def _transfer_block(df: pd.DataFrame, pre, line_gbps: float) -> dict:
+    moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
+    d = df.loc[moved].sort_values("transfer_start_s", kind="stable")
+    return {
+        "start": d["transfer_start_s"].to_numpy(),
+        "meas": (d["transfer_end_s"] - d["transfer_start_s"]).to_numpy(),
+        "bytes": np.array([pre.wire_bytes(int(p)) for p in d["prompt_tokens"]]),
+        "line_bytes_per_s": line_gbps * 1e9 / 8,
+    }
+
+
+# ---- engine benchmark files ------------------------------------------------------------------------------
+def token_times(log: RequestLog) -> list[np.ndarray]:
+    """Per request, when the client received each output token: its first at send + TTFT, then after each
+    streamed gap (one per token), else evenly spaced to its end."""
+    out = []
+    for r in range(len(log)):
+        first = log.send_s[r] + log.ttft_s[r]
+        n, gaps = int(log.output_tokens[r]), log.itl_s[r]
+        if len(gaps) == n - 1:
+            t = first + np.concatenate([[0.0], np.cumsum(gaps)])
+        else:
+            t = first + np.linspace(0.0, log.latency_s[r] - log.ttft_s[r], n)
+        out.append(t)
+    return out
+
+
+class Timeline:
+    """The decode batch of a benchmark run rebuilt from its requests' token times: at any time, who is in decode
+    (between its first and last token) and their total context (prompt + tokens streamed so far)."""
+
+    def __init__(self, log: RequestLog, times: list[np.ndarray]):
+        self.first = np.array([t[0] for t in times])
+        self.last = np.array([t[-1] for t in times])
+        self.send = log.send_s
+        prompt, out = log.prompt_tokens.astype(np.float64), log.output_tokens.astype(np.float64)
+        o1, o2 = np.argsort(self.first, kind="stable"), np.argsort(self.last, kind="stable")
+        self._first, self._last = self.first[o1], self.last[o2]
+        self._cum_p_first = np.concatenate([[0.0], np.cumsum(prompt[o1])])
+        self._cum_p_last = np.concatenate([[0.0], np.cumsum(prompt[o2])])
+        self._cum_o_last = np.concatenate([[0.0], np.cumsum(out[o2])])
+        self._tokens = np.sort(np.concatenate(times))
+
+    def batch(self, t: np.ndarray) -> np.ndarray:
+        """Requests in decode at t: first token at or before t, last token after t."""
+        return np.searchsorted(self._first, t, "right") - np.searchsorted(self._last, t, "right")
+
+    def context(self, t: np.ndarray) -> np.ndarray:
+        """Their KV tokens: prompts, plus every token streamed by t less those of the requests already done."""
+        started, done = np.searchsorted(self._first, t, "right"), np.searchsorted(self._last, t, "right")
+        emitted = np.searchsorted(self._tokens, t, "right")
+        return (self._cum_p_first[started] - self._cum_p_last[done]) + emitted - self._cum_o_last[done]
+
+    def in_prefill(self, a: np.ndarray, b: np.ndarray, skip: np.ndarray) -> np.ndarray:
+        """Whether any request other than skip[i] was in prefill (sent, first token not yet out) during
+        (a[i], b[i])."""
+        out = np.zeros(len(a), dtype=bool)
+        for i in range(len(a)):
+            busy = (self.send < b[i]) & (self.first > a[i])
+            busy[skip[i]] = False
+            out[i] = busy.any()
+        return out
+
+    def joins(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Requests whose first token came out in (a[i], b[i]]: they joined the batch around then."""
+        return np.searchsorted(self._first, b, "right") - np.searchsorted(self._first, a, "right")
+
+
+def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
+    """The iteration and prefill items a benchmark file gives (module doc); what it cannot give, in td.notes."""
+    if not log.sends_known:
+        td.notes.append("left out of the fit: without send times the batch each token was decoded in is unknown")
+        return
+    times = token_times(log)
+    line = Timeline(log, times)
+    shares = s.placement in ("shared_gpu", "colocated")  # prefill runs on the decode GPUs
+    per_token = log.per_token()
+    # inter-token latencies of the requests that streamed one chunk per token
+    req, a, b = [], [], []
+    for r in np.flatnonzero(per_token & (log.output_tokens > 1)):
+        t = times[r]
+        req.append(np.full(len(t) - 1, r))
+        a.append(t[:-1])
+        b.append(t[1:])
+    items: list[dict] = []
+    if req:
+        r_i, a_i, b_i = np.concatenate(req), np.concatenate(a), np.concatenate(b)
+        keep = np.arange(len(r_i))
+        if shares:
+            keep = keep[~line.in_prefill(a_i, b_i, r_i)]
+        keep = keep[np.argsort((a_i[keep] + b_i[keep]) / 2, kind="stable")]
+        keep = _evenly(keep)
+        mid = (a_i[keep] + b_i[keep]) / 2
+        items.append(
+            iteration_features(
+                dec,
+                np.maximum(line.batch(mid), 1),
+                line.context(mid),
+                line.joins(a_i[keep], b_i[keep]),
+                b_i[keep] - a_i[keep],
+            )
+        )
+    # TPOT of the requests whose chunks carried several tokens
+    rest = np.flatnonzero(~per_token & (log.output_tokens > 1))
+    if len(rest):
+        if shares:
+            first, last = line.first[rest], line.last[rest]
+            rest = rest[~line.in_prefill(first, last, rest)]
+        if len(rest):
+            frac = (np.arange(TPOT_SAMPLES) + 0.5) / TPOT_SAMPLES
+            samples = line.first[rest, None] + frac[None, :] * (line.last[rest] - line.first[rest])[:, None]
+            n = log.output_tokens[rest] - 1
+            items.append(
+                iteration_features(
+                    dec,
+                    np.maximum(line.batch(samples), 1),
+                    line.context(samples).mean(axis=1),
+                    line.joins(line.first[rest], line.last[rest]) / n,
+                    (log.latency_s[rest] - log.ttft_s[rest]) / n,
+                )
+            )
+            td.notes.append(f"{len(rest)} requests streamed several tokens per chunk: their TPOT stands for their ITLs")
+    if items:
+        td.blocks["iteration"] = _concat_items(items)
+    else:
+        td.notes.append("no decode item: no request streamed two tokens" + (" outside a prefill" if shares else ""))
+    if s.placement == "colocated":
+        td.notes.append(
+            "no prefill item: placement colocated runs prefill as chunks of decode iterations, priced with the "
+            "decode pool's settings (the prefill pool's parameters do not apply)"
+        )
+        return
+    # requests that found the engine idle: nobody else in flight from their send to their first token
+    idle = np.array(
+        [
+            not np.any((line.send < line.first[r]) & (line.last > line.send[r]) & (np.arange(len(log)) != r))
+            for r in range(len(log))
+        ],
+        dtype=bool,
+    )
+    rows = np.flatnonzero(idle)
+    if not len(rows):
+        td.notes.append("no prefill item: no request found the engine idle")
+        return
+    prompts = [(int(log.prompt_tokens[r]),) for r in rows]
+    rest_s = np.zeros(len(rows))
+    if s.ttft_at == "decode":
+        own_pre, own_dec = own
+        rest_s = np.array([_to_first_token_s(s, own_pre, own_dec, p[0]) for p in prompts])
+    td.blocks["prefill"] = prefill_block(prompts, log.ttft_s[rows], pre, rest_s)
+    td.notes.append(f"prefill: the first-token times of the {len(rows)} requests that found the engine idle")
+
+
+def _to_first_token_s(s, pre, dec, prompt: int) -> float:
+    """ttft_at decode: from a lone request's prefill end to its first token, at the scenario's values: quantize,
+    the transfer at the link's rate, the first decode iteration."""
+    rate = network_bandwidth_gbps(s) * 1e9 / 8 * s.network.efficiency
+    wire = pre.wire_bytes(prompt) / rate if math.isfinite(rate) else 0.0
+    return pre.prefill((prompt,)).encode_s + wire + s.network.latency_s + dec.iteration(1).time_s(prompt)
+
+
+def _concat_items(items: list[dict]) -> dict:
+    out = dict(items[0])
+    for key in ("meas", "batch", "ctx", "joins", "fixed0", "dequant_fixed0", "approx_fixed0", "lm_head"):
+        out[key] = np.concatenate([it[key] for it in items])
+    return out

@@ -1,0 +1,93 @@
+"""The noise floor: how much a metric moves between recordings of the same configuration, method and seed.
+
+A repeats index is a CSV with columns `trace`, `scenario` and `config`; rows sharing `config` are recordings of
+one configuration (same system, method, requests and seed), such as `realrun/traces/h200_repeats/index.csv`.
+For every metric `validate` reports an error on (the mean and p50/p90/p99 of JCT, TTFT and TPOT, each breakdown
+part's mean, the decode iteration's mean), `run_to_run_spread` computes from the recordings alone, no simulation:
+
+* per configuration c with k_c recordings of values v_c1 .. v_ck and mean m_c: the spread, the sample standard
+  deviation of the v_cr over m_c (in %), and the range, (max − min) / m_c (in %);
+* pooled over configurations, the run-to-run spread of the metric:
+  100 · sqrt( Σ_c Σ_r (v_cr / m_c − 1)² / Σ_c (k_c − 1) ), the pooled standard deviation of the recordings'
+  values relative to their configuration's mean; and the largest range.
+
+An error smaller than about twice the spread is inside the noise: a simulator cannot be shown to do better than
+the measurement repeats. `validate --noise INDEX` prints the spread beside each error figure.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .config import ScenarioError
+
+QUANTILES = ("mean", "p50", "p90", "p99")
+
+
+def measured_values(trace: str | Path) -> dict[str, float]:
+    """The measured value of every metric validate scores (simulator/validate.py), from the trace alone: a
+    realrun trace or a benchmark file (per-request metrics only)."""
+    from .engine_logs import is_engine_log, read_engine_log
+    from .validate import MEASURABLE_PARTS, _stats, load_trace, measured_parts
+
+    iterations = None
+    if is_engine_log(trace):
+        df = read_engine_log(trace).frame()
+    else:
+        df, iterations, _, _ = load_trace(trace)
+    parts = measured_parts(df)
+    out: dict[str, float] = {}
+    for metric in ("jct", "ttft", "tpot"):
+        st = _stats(parts[metric])
+        for q in QUANTILES:
+            out[f"{metric}_{q}"] = st[q]
+    for part in MEASURABLE_PARTS:
+        if part in parts.columns:
+            out[f"{part}_mean"] = float(parts[part].mean())
+    if iterations is not None and len(iterations):
+        out["iteration_mean"] = float((iterations["end_s"] - iterations["start_s"]).mean())
+    return out
+
+
+def run_to_run_spread(index_csv: str | Path) -> dict:
+    """Each metric's run-to-run spread over the repeated recordings an index lists (module doc)."""
+    from .validate import read_index
+
+    rows = read_index(index_csv, require=("config",))
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(str(r.config), []).append(r)
+    single = sorted(c for c, g in groups.items() if len(g) < 2)
+    if single:
+        raise ScenarioError(
+            f"{index_csv}: config {single[0]!r} has one recording: a run-to-run spread needs repeats of each config"
+        )
+    configurations = {}
+    deviations: dict[str, list[float]] = {}
+    dof: dict[str, int] = {}
+    ranges: dict[str, float] = {}
+    for c, group in sorted(groups.items()):
+        values = [measured_values(r.trace_path) for r in group]
+        metrics = {}
+        for key in sorted(set.intersection(*(set(v) for v in values))):
+            x = np.array([v[key] for v in values], dtype=np.float64)
+            mean = float(x.mean())
+            if not np.isfinite(x).all() or abs(mean) < 1e-12:
+                continue
+            rel = x / mean - 1.0
+            metrics[key] = {
+                "values": [float(v) for v in x],
+                "spread_pct": round(100.0 * float(np.std(x, ddof=1)) / mean, 4),
+                "range_pct": round(100.0 * float(x.max() - x.min()) / mean, 4),
+            }
+            deviations.setdefault(key, []).extend(rel.tolist())
+            dof[key] = dof.get(key, 0) + len(x) - 1
+            ranges[key] = max(ranges.get(key, 0.0), metrics[key]["range_pct"])
+        configurations[c] = {"traces": [r.trace for r in group], "metrics": metrics}
+    spread = {
+        k: round(100.0 * math.sqrt(float(np.sum(np.square(d))) / dof[k]), 4) for k, d in sorted(deviations.items())
+    }
+    return {"index": str(index_csv), "configurations": configurations, "spread_pct": spread, "range_pct": ranges}

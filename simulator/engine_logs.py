@@ -275,7 +275,11 @@ def _aiperf(path: Path, records: list[tuple[int, object]]) -> RequestLog:
     known = bool(len(raw_send)) and not any(isinstance(v, float) and math.isnan(v) for v in raw_send)
     notes = []
     if known:
-        s = check.times(raw_send, "request_start_ns") * 1e-9
+        # epoch nanoseconds (~1.8e18) are exact as Python ints and 256 ns apart as float64: subtract the first first
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in raw_send)
+        first = min(raw_send) if ints and len(raw_send) else 0
+        rel = np.asarray([v - first for v in raw_send], dtype=object) if ints else raw_send
+        s = check.times(rel, "request_start_ns") * 1e-9
         notes.append("send times: metadata.request_start_ns")
     else:
         s = np.full(len(p), np.nan)

@@ -14,13 +14,15 @@ needs to price it at any engine parameters, priced once at neutral ones.
 
 **Engine benchmark files** (simulator/engine_logs.py: vLLM, SGLang, AIPerf) give per-request timings only: no
 phase timestamps, no iteration log. Where the file has the times the client sent each request, the run's
-timeline is rebuilt from them: request r streams its first token at send + TTFT and its k-th at that plus its
-first k − 1 gaps (or evenly spaced at its TPOT where its chunks are not one per token); it is in the decode batch
-from its first token to its last. Then
+timeline is rebuilt from them (`Timeline`): request r streams its first token at send + TTFT and its k-th at that
+plus its first k − 1 gaps (or evenly spaced at its TPOT where its chunks are not one per token); it is in the
+decode batch from joining it to its last token. It joins at its first token where that comes out of the decode
+iteration it joins (ttft_at decode, colocated); where the first token comes out of the prefill (ttft_at prefill)
+it may wait for a transfer or KV room first, so it joins one gap before its second token (`joined_at`). Then
 
 * ``iteration`` items are its inter-token latencies: the k-th gap is one decode iteration of the batch in decode
-  at the gap's midpoint (the count of requests between their first and last token) at its total context (each
-  one's prompt plus the tokens it has streamed), joined by the requests whose first token fell in the gap; where
+  at the gap's midpoint at its total context (each one's prompt plus the tokens it has streamed), joined by the
+  requests that joined in the gap (ttft_at prefill: the first gap, which holds the wait to join, is left out); where
   prefill runs on the decode GPUs (placement shared_gpu or colocated), only gaps during which no request was in
   prefill (between its send and its first token) count, as in a realrun trace. A request whose chunks are not one
   per token gives one item instead: its TPOT, (latency − TTFT) / (output − 1), against the iteration priced at
@@ -261,31 +263,49 @@ def token_times(log: RequestLog) -> list[np.ndarray]:
     return out
 
 
+def joined_at(times: list[np.ndarray], ttft_at: str) -> np.ndarray:
+    """When each request joined the decode batch. Where the first token comes out of the decode iteration a
+    request joins (ttft_at decode, colocated), at its first token; where it comes out of the prefill (ttft_at
+    prefill), the request may wait for a transfer or for KV room before it joins, so it joined when the
+    iteration of its second token started: one gap (its next one, else the first) before that token."""
+    out = np.empty(len(times))
+    for r, t in enumerate(times):
+        if ttft_at != "prefill" or len(t) < 2:
+            out[r] = t[0]
+        else:
+            gap = t[2] - t[1] if len(t) > 2 else t[1] - t[0]
+            out[r] = max(t[0], t[1] - gap)
+    return out
+
+
 class Timeline:
     """The decode batch of a benchmark run rebuilt from its requests' token times: at any time, who is in decode
-    (between its first and last token) and their total context (prompt + tokens streamed so far)."""
+    (from joining it to its last token) and their total context (prompt + tokens streamed so far)."""
 
-    def __init__(self, log: RequestLog, times: list[np.ndarray]):
+    def __init__(self, log: RequestLog, times: list[np.ndarray], joined: np.ndarray | None = None):
         self.first = np.array([t[0] for t in times])
+        self.joined = self.first if joined is None else joined
         self.last = np.array([t[-1] for t in times])
         self.send = log.send_s
         prompt, out = log.prompt_tokens.astype(np.float64), log.output_tokens.astype(np.float64)
-        o1, o2 = np.argsort(self.first, kind="stable"), np.argsort(self.last, kind="stable")
-        self._first, self._last = self.first[o1], self.last[o2]
-        self._cum_p_first = np.concatenate([[0.0], np.cumsum(prompt[o1])])
-        self._cum_p_last = np.concatenate([[0.0], np.cumsum(prompt[o2])])
-        self._cum_o_last = np.concatenate([[0.0], np.cumsum(out[o2])])
+        oj, ol = np.argsort(self.joined, kind="stable"), np.argsort(self.last, kind="stable")
+        self._joined, self._last, self._first = self.joined[oj], self.last[ol], np.sort(self.first)
+        self._cum_p_joined = np.concatenate([[0.0], np.cumsum(prompt[oj])])
+        self._cum_p_last = np.concatenate([[0.0], np.cumsum(prompt[ol])])
+        self._cum_o_last = np.concatenate([[0.0], np.cumsum(out[ol])])
         self._tokens = np.sort(np.concatenate(times))
 
     def batch(self, t: np.ndarray) -> np.ndarray:
-        """Requests in decode at t: first token at or before t, last token after t."""
-        return np.searchsorted(self._first, t, "right") - np.searchsorted(self._last, t, "right")
+        """Requests in decode at t: joined at or before t, last token after t."""
+        return np.searchsorted(self._joined, t, "right") - np.searchsorted(self._last, t, "right")
 
     def context(self, t: np.ndarray) -> np.ndarray:
-        """Their KV tokens: prompts, plus every token streamed by t less those of the requests already done."""
-        started, done = np.searchsorted(self._first, t, "right"), np.searchsorted(self._last, t, "right")
+        """Their KV tokens: their prompts, plus every token streamed by t less those of the requests already done
+        and the first tokens of those still waiting to join (one each)."""
+        joined, done = np.searchsorted(self._joined, t, "right"), np.searchsorted(self._last, t, "right")
+        waiting = np.searchsorted(self._first, t, "right") - joined
         emitted = np.searchsorted(self._tokens, t, "right")
-        return (self._cum_p_first[started] - self._cum_p_last[done]) + emitted - self._cum_o_last[done]
+        return (self._cum_p_joined[joined] - self._cum_p_last[done]) + emitted - self._cum_o_last[done] - waiting
 
     def in_prefill(self, a: np.ndarray, b: np.ndarray, skip: np.ndarray) -> np.ndarray:
         """Whether any request other than skip[i] was in prefill (sent, first token not yet out) during
@@ -298,8 +318,8 @@ class Timeline:
         return out
 
     def joins(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Requests whose first token came out in (a[i], b[i]]: they joined the batch around then."""
-        return np.searchsorted(self._first, b, "right") - np.searchsorted(self._first, a, "right")
+        """Requests that joined the batch in (a[i], b[i]]."""
+        return np.searchsorted(self._joined, b, "right") - np.searchsorted(self._joined, a, "right")
 
 
 def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
@@ -308,13 +328,16 @@ def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
         td.notes.append("left out of the fit: without send times the batch each token was decoded in is unknown")
         return
     times = token_times(log)
-    line = Timeline(log, times)
+    from_prefill = s.ttft_at == "prefill" and s.placement != "colocated"
+    line = Timeline(log, times, joined_at(times, "prefill" if from_prefill else "decode"))
     shares = s.placement in ("shared_gpu", "colocated")  # prefill runs on the decode GPUs
     per_token = log.per_token()
-    # inter-token latencies of the requests that streamed one chunk per token
+    # inter-token latencies of the requests that streamed one chunk per token; where the first token comes out of
+    # the prefill, the first gap also holds the wait to join (transfer, KV room): not an iteration
+    skip = 1 if from_prefill else 0
     req, a, b = [], [], []
-    for r in np.flatnonzero(per_token & (log.output_tokens > 1)):
-        t = times[r]
+    for r in np.flatnonzero(per_token & (log.output_tokens > 1 + skip)):
+        t = times[r][skip:]
         req.append(np.full(len(t) - 1, r))
         a.append(t[:-1])
         b.append(t[1:])
@@ -340,18 +363,17 @@ def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
     rest = np.flatnonzero(~per_token & (log.output_tokens > 1))
     if len(rest):
         if shares:
-            first, last = line.first[rest], line.last[rest]
-            rest = rest[~line.in_prefill(first, last, rest)]
+            rest = rest[~line.in_prefill(line.joined[rest], line.last[rest], rest)]
         if len(rest):
             frac = (np.arange(TPOT_SAMPLES) + 0.5) / TPOT_SAMPLES
-            samples = line.first[rest, None] + frac[None, :] * (line.last[rest] - line.first[rest])[:, None]
+            samples = line.joined[rest, None] + frac[None, :] * (line.last[rest] - line.joined[rest])[:, None]
             n = log.output_tokens[rest] - 1
             items.append(
                 iteration_features(
                     dec,
                     np.maximum(line.batch(samples), 1),
                     line.context(samples).mean(axis=1),
-                    line.joins(line.first[rest], line.last[rest]) / n,
+                    line.joins(line.joined[rest], line.last[rest]) / n,
                     (log.latency_s[rest] - log.ttft_s[rest]) / n,
                 )
             )

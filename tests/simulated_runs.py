@@ -99,13 +99,14 @@ def write_realrun(folder: Path, method: str, df: pd.DataFrame, it: pd.DataFrame)
     return folder
 
 
-def token_times(df: pd.DataFrame, it: pd.DataFrame) -> list[np.ndarray]:
+def token_times(df: pd.DataFrame, it: pd.DataFrame, serial_s: float) -> list[np.ndarray]:
     """Per request, when each output token came out: the first at first_token_s (the prefill's, ttft_at prefill),
-    then one at the end of each decode iteration it ran in (from its decode start to its finish)."""
-    start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
+    then one at the end of each decode iteration it ran in (from its decode start to its finish), the CPU work
+    after it included (iterations.csv rows end before it: simulator/decode.iteration_rows)."""
+    start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy() + serial_s
     out = []
     for first, join, finish, n in zip(df["first_token_s"], df["decode_start_s"], df["finish_s"], df["output_tokens"]):
-        ends = end[(start >= join - 1e-12) & (end <= finish + 1e-12)]
+        ends = end[(start >= join - 1e-12) & (end <= finish + 1e-9)]
         t = np.concatenate([[first], ends])
         assert len(t) == n, (len(t), n)  # one token per iteration: the log and the requests agree
         out.append(t)
@@ -116,7 +117,7 @@ def bench_lists(df: pd.DataFrame, it: pd.DataFrame, noise: float = 0.0, seed: in
     """The per-request lists vLLM's and SGLang's benchmarks save (seconds), from a simulated run; each gap times
     lognormal noise of `noise` (the client's clock and the network), the latency their sum."""
     rng = np.random.default_rng(seed)
-    times = token_times(df, it)
+    times = token_times(df, it, TRUE["decode.host_serial_s_per_iteration"])
     ttft = (df["first_token_s"] - df["arrival_s"]).to_numpy()
     itls = []
     for t in times:

@@ -113,12 +113,22 @@ def token_times(df: pd.DataFrame, it: pd.DataFrame, serial_s: float) -> list[np.
     return out
 
 
-def bench_lists(df: pd.DataFrame, it: pd.DataFrame, noise: float = 0.0, seed: int = 0) -> dict:
+def bench_lists(df: pd.DataFrame, it: pd.DataFrame | None, noise: float = 0.0, seed: int = 0) -> dict:
     """The per-request lists vLLM's and SGLang's benchmarks save (seconds), from a simulated run; each gap times
-    lognormal noise of `noise` (the client's clock and the network), the latency their sum."""
+    lognormal noise of `noise` (the client's clock and the network), the latency their sum. Without the run's
+    iterations (`it` None: a run of several replicas), no gaps: every request one chunk after its first token."""
     rng = np.random.default_rng(seed)
-    times = token_times(df, it, TRUE["decode.host_serial_s_per_iteration"])
     ttft = (df["first_token_s"] - df["arrival_s"]).to_numpy()
+    if it is None:
+        return {
+            "input_lens": df["prompt_tokens"].astype(int).tolist(),
+            "output_lens": df["output_tokens"].astype(int).tolist(),
+            "ttfts": ttft.tolist(),
+            "itls": [[] for _ in range(len(df))],
+            "latencies": (df["finish_s"] - df["arrival_s"]).tolist(),
+            "errors": [""] * len(df),
+        }
+    times = token_times(df, it, TRUE["decode.host_serial_s_per_iteration"])
     itls = []
     for t in times:
         g = np.diff(t)
@@ -134,7 +144,7 @@ def bench_lists(df: pd.DataFrame, it: pd.DataFrame, noise: float = 0.0, seed: in
     }
 
 
-def write_vllm(path: Path, df: pd.DataFrame, it: pd.DataFrame, rate: float, noise: float = 0.0) -> Path:
+def write_vllm(path: Path, df: pd.DataFrame, it: pd.DataFrame | None, rate: float, noise: float = 0.0) -> Path:
     """`vllm bench serve --save-result --save-detailed`'s JSON (vllm/benchmarks/serve.py): start_times on the
     client's perf_counter clock (an arbitrary origin)."""
     doc = {"backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct", "request_rate": rate, "burstiness": 1.0}

@@ -19,7 +19,7 @@ from simulator.calibrate import fit_engine, load_index
 from simulator.config import ScenarioError, parse_scenario
 from simulator.engine import PARAMETERS, apply_values
 from simulator.engine_logs import read_engine_log
-from simulator.fit_items import Timeline, token_times
+from simulator.fit_items import Timeline, joined_at, token_times
 from simulator.validate import validate
 
 KVQUANT = {"name": "kvquant", "outlier_fraction": 0.0052083, "dequant_kernel": "unfused"}
@@ -163,6 +163,12 @@ def test_the_rebuilt_timeline_counts_the_batch_and_its_context_by_hand():
     assert line.batch(np.array([1.12, 1.17])).tolist() == [2, 1]
     assert line.context(np.array([1.12, 1.17])).tolist() == [153, 102]
     assert line.joins(np.array([1.0]), np.array([1.06])).tolist() == [1]
+    # ttft_at prefill: A joins one gap before its second token (1.1 - 0.1 = 1.0), B (two tokens, one gap) one
+    # gap before its second (1.15 - 0.1 = 1.05); had B joined only at 1.14, then at 1.12 it would be waiting
+    # with its first token out: batch 1, context 100 + 2 (A) and not B's 50 + 1
+    assert joined_at(times, "prefill").tolist() == pytest.approx([1.0, 1.05])
+    late = Timeline(log, times, np.array([1.0, 1.14]))
+    assert late.batch(np.array([1.12])).tolist() == [1] and late.context(np.array([1.12])).tolist() == [102]
 
 
 # ---- simulated runs in each format ---------------------------------------------------------------------
@@ -277,3 +283,63 @@ def test_a_run_without_send_times_is_left_out_of_a_fit_saying_why(tmp_path):
     (td,) = load_index(tmp_path / "index.csv")
     assert td.blocks == {}
     assert any("left out of the fit: without send times" in n for n in td.notes)
+
+
+def _hand_log_run(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "hand.json"
+    path.write_text(
+        json.dumps({"backend": "vllm", "request_rate": 1.0, "errors": [""] * len(doc["input_lens"]), **doc})
+    )
+    raw = raw_system()
+    raw["methods"] = [KVQUANT]
+    (tmp_path / "sys.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "index.csv").write_text("trace,scenario\nhand.json,sys.yaml\n")
+    return tmp_path / "index.csv"
+
+
+def test_items_of_a_hand_made_run(tmp_path):
+    """Three requests on the shared-GPU system (ttft_at prefill): A sent at 0, first token 0.1, then gaps 0.5 (it
+    waited to join), 0.01, 0.01; B sent at 0.2 while A is in flight; C sent at 2.0 when nothing is. Decode items:
+    A's and C's gaps after the first (the first holds the wait), B's likewise, none 0.5 s; prefill items: the
+    first-token times of A and C, the requests that found the engine idle (B did not)."""
+    index = _hand_log_run(
+        tmp_path,
+        {
+            "input_lens": [1000, 500, 2000],
+            "output_lens": [4, 3, 3],
+            "ttfts": [0.1, 0.15, 0.2],
+            "itls": [[0.5, 0.01, 0.01], [0.02, 0.02], [0.03, 0.03]],
+            "latencies": [0.62, 0.19, 0.26],
+            "start_times": [0.0, 0.2, 2.0],
+        },
+    )
+    (td,) = load_index(index)
+    assert sorted(td.blocks["iteration"]["meas"].tolist()) == pytest.approx([0.01, 0.01, 0.02, 0.03])
+    assert td.blocks["prefill"]["meas"].tolist() == pytest.approx([0.1, 0.2])
+    assert td.blocks["prefill"]["requests"].tolist() == [1.0, 1.0]
+
+
+def test_a_fit_on_colocated_runs_holds_what_colocated_does_not_use(tmp_path):
+    """Placement colocated prices prefill chunks with the decode pool's settings and moves no KV: a fit on such
+    runs holds the prefill pool's and the link's parameters, saying why, so its file applies to a colocated
+    scenario (where a fitted prefill efficiency would be refused)."""
+    from simulator.calibrate import engine_file
+    from simulator.engine import not_applied_in
+    from simulator.load import load_scenario
+
+    raw = raw_system(seed=3, rate_rps=2.0, n=40)
+    raw["placement"] = "colocated"
+    raw["methods"] = [KVQUANT]
+    ((_, df, it),) = simulate(raw, TRUE)
+    write_vllm(tmp_path / "c.json", df, None, 2.0)  # two replicas: no per-token gaps, TPOT items
+    (tmp_path / "sys.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "index.csv").write_text("trace,scenario\nc.json,sys.yaml\n")
+    traces = load_index(tmp_path / "index.csv")
+    assert "prefill" not in traces[0].blocks and any("placement colocated" in n for n in traces[0].notes)
+    fit = fit_engine(traces)
+    assert not set(fit.fitted) & not_applied_in("colocated")
+    assert "placement colocated does not use it" in fit.held["prefill.prefill_efficiency"]
+    (tmp_path / "engine.json").write_text(json.dumps(engine_file(fit, traces, "index.csv", "test", "0")))
+    raw["calibration"] = {"engine": "engine.json"}
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(raw))
+    assert load_scenario(tmp_path / "calibrated.yaml").placement == "colocated"

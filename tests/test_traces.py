@@ -242,3 +242,50 @@ def test_a_sweep_over_a_trace_scenario(tmp_path):
     with Executor("serial") as ex:
         table = run_sweep(spec, base, ex).table
     assert len(table) == 4 and (table["error"] == "").all() and (table["completed"] == 4).all()
+
+
+def test_a_window_ends_before_its_end_so_adjacent_windows_partition_the_trace(tmp_path):
+    """[start_s, start_s + duration_s): a request arriving exactly at the end belongs to the next window, never
+    to both: windows [0, 2) and [2, 4) of arrivals 0, 1, 2, 3, 4 hold 0, 1 and 2, 3."""
+    path = write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,1\n1,11,1\n2,12,1\n3,13,1\n4,14,1\n")
+    first = load_trace(trace(path, "csv", start_s=0.0, duration_s=2.0))
+    second = load_trace(trace(path, "csv", start_s=2.0, duration_s=2.0))
+    assert first.prompt_tokens.tolist() == [10, 11] and second.prompt_tokens.tolist() == [12, 13]
+    assert second.arrival_s.tolist() == [0.0, 1.0]
+
+
+def test_mooncake_without_a_trailing_newline_keeps_its_last_row(tmp_path):
+    path = write(tmp_path, "m.jsonl", "\n".join(json.dumps(r) for r in MOONCAKE))  # no newline after the last
+    t = load_trace(trace(path, "mooncake"))
+    assert t.prompt_tokens.tolist() == [6955, 6472, 700] and t.arrival_s.tolist() == [0.0, 2.5, 4.0]
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"input_lens": 3, "output_lens": [1]}, "input_lens: expected a list"),
+        ({"input_lens": [1, 2], "output_lens": [1, 1], "errors": 3}, "errors: expected a list"),
+        ({"input_lens": [1, 2], "output_lens": [1, 1], "start_times": 0.5}, "start_times: expected a list"),
+        ({"input_lens": [1, 2], "output_lens": None}, "output_lens: expected a list"),
+        ({"input_lens": [[1], [2]], "output_lens": [1, 1]}, "input_lens: '[1]' is not a number"),
+        ({"input_lens": [1, 2], "output_lens": [1, 1], "request_rate": "fast"}, "request_rate: 'fast' is not a rate"),
+    ],
+)
+def test_malformed_vllm_benchmark_json_is_one_line(tmp_path, doc, message):
+    path = write(tmp_path, "v.json", json.dumps(doc))
+    with pytest.raises(ScenarioError) as e:
+        load_trace(trace(path, "vllm_bench"))
+    assert message in str(e.value) and "v.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_negative_vllm_request_rate_is_refused_not_replayed_at_zero(tmp_path):
+    doc = {"request_rate": -2, "input_lens": [100, 200], "output_lens": [10, 20]}
+    with pytest.raises(ScenarioError, match=r"request_rate: '-2' is not a rate > 0"):
+        load_trace(trace(write(tmp_path, "v.json", json.dumps(doc)), "vllm_bench"))
+
+
+def test_a_mooncake_block_hash_that_is_not_an_integer_is_one_line(tmp_path):
+    row = {"timestamp": 0, "input_length": 700, "output_length": 3, "hash_ids": [60, {"a": 1}]}
+    path = write(tmp_path, "m.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(ScenarioError, match=r"line 1: hash_ids: .* is not a block hash"):
+        load_trace(trace(path, "mooncake"))

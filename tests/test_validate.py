@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
 from helpers import TINY
-from simulator.config import parse_scenario
+from simulator.config import ScenarioError, parse_scenario
 from simulator.run import run_scenario
 from simulator.validate import validate
 
@@ -143,3 +145,45 @@ def test_validation_page_is_figures_then_a_collapsible_scenario(tmp_path):
     assert "<nav>" in page and 'class="glance"' in page
     body = page[page.index("<main>") : page.index("</main>")]
     assert body.count("<pre>") == body.count("<details>") > 0 and '"jct_mean_error_pct"' not in body
+
+
+def test_tpot_counts_the_tokens_after_the_first(tmp_path):
+    """TPOT is the time from the first token to the last over the output tokens after the first: a request of
+    5 tokens whose first comes at 1.0 s and last at 2.0 s has TPOT (2.0 − 1.0) / (5 − 1) = 0.25 s, one of 3
+    tokens from 0.5 to 0.7 s 0.1 s; one of 1 token has none."""
+    from simulator.validate import measured_parts
+
+    df = pd.DataFrame(
+        {
+            "arrival_s": [0.0, 0.0, 0.0],
+            "prompt_tokens": [10, 10, 10],
+            "output_tokens": [5, 3, 1],
+            "first_token_s": [1.0, 0.5, 0.3],
+            "finish_s": [2.0, 0.7, 0.3],
+        }
+    )
+    tpot = measured_parts(df)["tpot"]
+    assert tpot.iloc[0] == pytest.approx(0.25) and tpot.iloc[1] == pytest.approx(0.1) and np.isnan(tpot.iloc[2])
+
+
+def test_a_trace_whose_meta_contradicts_the_scenario_is_refused(tmp_path):
+    """A 70B trace against an 8B scenario would be scored (+348 %) and fitted as the 8B's: refused in one line
+    naming the field, by validate and by calibrate."""
+    trace, scen = _setup(tmp_path)
+    (trace / "meta.json").write_text(json.dumps({"method": "hack", "model": "llama-3.1-70b"}))
+    with pytest.raises(ScenarioError) as e:
+        validate(trace, scen)
+    assert "meta.json: model 'llama-3.1-70b' contradicts" in str(e.value) and "model.preset" in str(e.value)
+    (trace / "meta.json").write_text(json.dumps({"method": "hack", "model": "llama-3.1-8b", "link_gbps": 40}))
+    with pytest.raises(ScenarioError, match="link_gbps 40 contradicts .*network.bandwidth_gbps 10"):
+        validate(trace, scen)
+    idx = tmp_path / "index.csv"
+    idx.write_text(f"trace,scenario\n{trace},{scen}\n")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(idx), "--out", str(tmp_path / "e.json")],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "link_gbps" in p.stderr and "Traceback" not in p.stderr
+    (trace / "meta.json").write_text(json.dumps({"method": "hack", "model": "llama-3.1-8b", "link_gbps": 10}))
+    assert validate(trace, scen)["requests"] == 40  # agreeing fields pass

@@ -1,0 +1,146 @@
+"""Cross-validation (simulator/crossval.py) holds out what it says it holds out: each run's held-out prediction
+comes from a fit on exactly the other runs, its held-out-configuration one from a fit on exactly the other
+configurations' runs; no fit means none; a configuration predicted worse than with no fit is flagged; and a
+SIGTERM ends the workers with the caller."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simulator import crossval
+from simulator.fit_items import TraceData
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ["a", "a", "b", "b", "b", "c"]
+
+
+def _traces() -> list[TraceData]:
+    return [
+        TraceData(name=f"t{i}", scenario=f"{c}.yaml", configuration=c, method="m", family="baseline", values0={})
+        for i, c in enumerate(CONFIGS)
+    ]
+
+
+class _Row:
+    def __init__(self, i: int):
+        self.trace, self.trace_path, self.scenario_path, self.method = f"t{i}", Path(f"t{i}"), Path("s"), None
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """Fits that record which runs they were given (as a bit mask in a parameter value) and scores that read it
+    back: the folds are checked without fitting or simulating anything."""
+    traces = _traces()
+    monkeypatch.setattr(crossval, "load_index", lambda index: traces)
+    monkeypatch.setattr("simulator.validate.read_index", lambda index: [_Row(i) for i in range(len(traces))])
+
+    class Fit:
+        def __init__(self, used):
+            self.fitted = {"network.latency_s": float(sum(2 ** int(td.name[1:]) for td in used))}
+
+    monkeypatch.setattr(crossval, "fit_engine", lambda used: Fit(used))
+
+    def score(td, trace_path, scenario_path, method, values):
+        mask = -1.0 if values is None else values["network.latency_s"]
+        return {"jct_mean_error_pct": mask, "ttft_p50_error_pct": 0.0, "tpot_p50_error_pct": 0.0}
+
+    monkeypatch.setattr(crossval, "_score", score)
+    monkeypatch.setattr(crossval, "dequantize_shares", lambda *a: [])
+    return crossval.cross_validate("index.csv", workers=1)
+
+
+def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
+    everyone = 2 ** len(CONFIGS) - 1
+    for i, (r, config) in enumerate(zip(spied["per_trace"], CONFIGS)):
+        same = sum(2**j for j, c in enumerate(CONFIGS) if c == config)
+        assert r["no_fit"]["jct_mean_error_pct"] == -1.0  # no fit at all
+        assert r["in_sample"]["jct_mean_error_pct"] == everyone
+        assert r["held_out"]["jct_mean_error_pct"] == everyone - 2**i, r["trace"]
+        # leave one configuration out: none of its runs, all of the others'
+        assert r["held_out_configuration"]["jct_mean_error_pct"] == everyone - same, r["trace"]
+
+
+def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
+    per_trace = [
+        {
+            "configuration": "a",
+            "no_fit": {"jct_mean_error_pct": -3.0},
+            "held_out_configuration": {"jct_mean_error_pct": 4.0},
+        },
+        {
+            "configuration": "a",
+            "no_fit": {"jct_mean_error_pct": 3.4},
+            "held_out_configuration": {"jct_mean_error_pct": -3.0},
+        },
+        {
+            "configuration": "b",
+            "no_fit": {"jct_mean_error_pct": 10.0},
+            "held_out_configuration": {"jct_mean_error_pct": 2.0},
+        },
+    ]
+    for r in per_trace:
+        r["in_sample"], r["held_out"] = {}, {}
+    rows = {c["configuration"]: c for c in crossval.by_configuration(per_trace)}
+    # a: mean |error| 3.5 held out against 3.2 with no fit: worse; b: 2 against 10
+    assert rows["a"]["held_out_configuration_jct_mean_abs_error_pct"] == 3.5
+    assert rows["a"]["no_fit_jct_mean_abs_error_pct"] == 3.2
+    assert rows["a"]["worse_than_no_fit"] and not rows["b"]["worse_than_no_fit"]
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return set()
+    return {int(x) for x in text.split()}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the worker processes")
+def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path):
+    """validate --cv --workers 2 on the committed traces, SIGTERM once its workers exist: it exits 128 + 15 with
+    one line and no traceback, and no worker outlives it."""
+    index = ROOT / "realrun/traces/h200_graphs/index.csv"
+    p = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(index), "--cv", "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    workers: set[int] = set()
+    deadline = time.monotonic() + 300  # the state waited for is "workers started", however slow the machine
+    while time.monotonic() < deadline and p.poll() is None:
+        workers = _children(p.pid)
+        if len(workers) >= 2:
+            break
+        time.sleep(0.2)
+    assert len(workers) >= 2, "the workers never started"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "interrupted by SIGTERM" in err and len(err.strip().splitlines()) == 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+        time.sleep(0.2)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists() and "zombie" not in _state(w)]
+    assert not alive, alive
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_fold_list_makes_no_held_out_fold_without_runs_to_fit():
+    one = _traces()[:1]
+    assert crossval.folds(one) == [("in_sample", ())]
+    two = _traces()[:2]  # two runs of one configuration
+    assert crossval.folds(two) == [("in_sample", ()), ("held_out", (0,)), ("held_out", (1,))]

@@ -1,0 +1,132 @@
+"""The noise floor (simulator/noise.py): the run-to-run spread of each metric over repeated recordings, from
+synthetic repeats made here with hand-chosen times, and shown beside every error figure validate prints."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.config import ScenarioError
+from simulator.noise import run_to_run_spread
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# three configurations, three recordings each; every request of a recording takes the same JCT, so its mean is it
+JCT_S = {"a": [1.0, 1.1, 0.9], "b": [2.0, 2.0, 2.0], "c": [1.0, 1.2, 1.1]}
+
+
+def _recording(folder: Path, jct_s: float, n: int = 4) -> Path:
+    """A realrun trace whose requests arrive 1 s apart, each prefilled at once in 0.1 s and finished jct_s after
+    its arrival, with 5 output tokens (TPOT = (jct − 0.1) / 4)."""
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        a = float(i)
+        rows.append(
+            {
+                "request_id": i,
+                "method": "baseline",
+                "arrival_s": a,
+                "prompt_tokens": 100,
+                "output_tokens": 5,
+                "prefill_start_s": a,
+                "prefill_end_s": a + 0.1,
+                "quantize_end_s": a + 0.1,
+                "transfer_start_s": a + 0.1,
+                "transfer_end_s": a + 0.1,
+                "decode_start_s": a + 0.1,
+                "first_token_s": a + 0.1,
+                "finish_s": a + jct_s,
+            }
+        )
+    pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
+    (folder / "meta.json").write_text(json.dumps({"method": "baseline"}))
+    return folder
+
+
+def _repeats(tmp_path: Path) -> Path:
+    rows = []
+    for config, values in JCT_S.items():
+        for r, jct in enumerate(values):
+            _recording(tmp_path / f"{config}{r}", jct)
+            rows.append((f"{config}{r}", "s.yaml", config))
+    index = tmp_path / "repeats.csv"
+    pd.DataFrame(rows, columns=["trace", "scenario", "config"]).to_csv(index, index=False)
+    return index
+
+
+def test_the_spread_of_repeated_recordings_by_hand(tmp_path):
+    """Per configuration the sample sd over the mean: a: sd(1.0, 1.1, 0.9) = 0.1 over 1.0 = 10 %; b: 0;
+    c: sd(1.0, 1.2, 1.1) = 0.1 over 1.1 = 9.09 %. Pooled: sqrt(Σ (v/m − 1)² / Σ (k − 1)) =
+    sqrt((0.01 + 0.01 + 0 + 2 · (0.1/1.1)²) / 6). Ranges: 20 %, 0, 18.18 %."""
+    s = run_to_run_spread(_repeats(tmp_path))
+    a, b, c = (s["configurations"][k]["metrics"]["jct_mean"] for k in "abc")
+    assert a["spread_pct"] == pytest.approx(10.0, abs=1e-3) and b["spread_pct"] == 0.0
+    assert c["spread_pct"] == pytest.approx(100 * 0.1 / 1.1, abs=1e-3)
+    pooled = 100 * math.sqrt((0.01 + 0.01 + 2 * (0.1 / 1.1) ** 2) / 6)
+    assert s["spread_pct"]["jct_mean"] == pytest.approx(pooled, abs=1e-3)
+    assert s["range_pct"]["jct_mean"] == pytest.approx(20.0, abs=1e-3)
+    # TPOT moves with JCT here: (jct − 0.1) / 4; TTFT does not move at all
+    tpot_a = [(j - 0.1) / 4 for j in JCT_S["a"]]
+    assert s["configurations"]["a"]["metrics"]["tpot_mean"]["spread_pct"] == pytest.approx(
+        100 * pd.Series(tpot_a).std() / pd.Series(tpot_a).mean(), abs=1e-3
+    )
+    assert s["spread_pct"]["ttft_mean"] == 0.0
+
+
+def test_a_configuration_recorded_once_is_refused(tmp_path):
+    index = _repeats(tmp_path)
+    df = pd.read_csv(index)
+    df.loc[0, "config"] = "lonely"
+    df.to_csv(index, index=False)
+    with pytest.raises(ScenarioError, match="config 'lonely' has one recording"):
+        run_to_run_spread(index)
+    df.drop(columns="config").to_csv(index, index=False)
+    with pytest.raises(ScenarioError, match="needs columns trace, scenario, config"):
+        run_to_run_spread(index)
+
+
+def test_validate_prints_the_spread_beside_each_error(tmp_path):
+    """validate --noise: the terminal table has a run-to-run column, --json carries the spreads, and the page
+    shows them beside the errors."""
+    index = _repeats(tmp_path)
+    scen = tmp_path / "s.yaml"
+    raw = {
+        "name": "one",
+        "model": "llama-3.1-8b",
+        "ttft_at": "prefill",
+        "prefill": {"gpu": "h200", "replicas": 1, "max_batch_requests": 1},
+        "decode": {"gpu": "h200", "replicas": 1},
+        "network": {"bandwidth_gbps": 100},
+        "workload": {
+            "input_tokens": {"kind": "fixed", "tokens": 100},
+            "output_tokens": {"kind": "fixed", "tokens": 5},
+            "arrival": {"kind": "poisson", "rate_rps": 1.0},
+            "requests": 4,
+        },
+        "methods": ["baseline"],
+    }
+    import yaml
+
+    scen.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "val"
+    args = [sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path / "a0"), "--scenario", str(scen)]
+    p = subprocess.run([*args, "--noise", str(index), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("jct mean"))
+    pooled = 100 * math.sqrt((0.01 + 0.01 + 2 * (0.1 / 1.1) ** 2) / 6)
+    assert line.rstrip().endswith(f"±{pooled:.1f}%")
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["noise"]["spread_pct"]["jct_mean"] == pytest.approx(pooled, abs=1e-3)
+    page = (out / "validation.html").read_text()
+    assert "run-to-run spread" in page and f"±{pooled:.1f}%" in page
+    p = subprocess.run(
+        [*args, "--json", "--noise", str(tmp_path / "none.csv")], capture_output=True, text=True, cwd=ROOT
+    )
+    assert p.returncode == 2 and "--noise" in p.stderr and "Traceback" not in p.stderr

@@ -729,6 +729,7 @@ def format_fit(doc: dict) -> str:
                         ["parameter", "value", "std err", "unit", "prior", "shape"],
                         rows,
                         title=f"{title}: fitted to {doc['fit']['traces']} traces",
+                        right=("value", "std err"),
                     )
                 )
             )

@@ -1,8 +1,8 @@
 """Score an engine calibration on runs it has not seen: held out by trace and, the headline, by configuration.
 
 `cross_validate(index)` fits the engine (simulator/calibrate.py) on all runs of an index (in-sample), on all but
-one (leave one trace out) and on all but one configuration (the index's `config` column, else the scenario's
-name: model × link × workload), and simulates each run with the calibration fitted without it. Beside them, each
+one (leave one trace out) and on all but one configuration (the runs of one scenario: model × link ×
+workload), and simulates each run with the calibration fitted without it. Beside them, each
 run is simulated with no fit at all (the scenario's own values: the kernels' prices and the scenario's engine
 terms). The held-out-configuration figures are the ones to quote: they say how a calibration carries to a
 setting it was not fitted on; a configuration whose held-out fit predicts it worse than no fit is flagged.
@@ -132,10 +132,7 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     if "held_out" not in result:
         result["notes"].append("held out (trace): needs two runs or more (a fit without the only run has no data)")
     if "held_out_configuration" not in result:
-        result["notes"].append(
-            "held out (configuration): needs two configurations or more (the index's config column, else the "
-            "scenarios' names)"
-        )
+        result["notes"].append("held out (configuration): needs two configurations or more (runs of two scenarios)")
     result["configurations"] = by_configuration(per_trace)
     worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]
     result["worse_than_no_fit"] = worse

@@ -169,7 +169,7 @@ def iteration_features(dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarra
         "decode_per_ctx": 0.0 if first is None else first.decode_per_ctx_s,
         "dequant_per_ctx": 0.0 if first is None else first.dequant_per_ctx_s,
         "approx_per_ctx": 0.0 if first is None else first.approx_per_ctx_s,
-        "small_kernel_s": dec._small_kernel_s(),
+        "small_kernel_s": dec._small_kernel_s(in_graph=dec.decode_graphs),  # as ReplicaCostModel._iteration prices them
         "layers": float(dec.model.layers),
         "stage_layers": dec.model.layers / dec.parallel.pipeline,
     }

@@ -1,7 +1,8 @@
 """The noise floor: how much a metric moves between recordings of the same configuration, method and seed.
 
 A repeats index is a CSV with columns `trace`, `scenario` and `config`; rows sharing `config` are recordings of
-one configuration (same system, method, requests and seed), such as `realrun/traces/h200_repeats/index.csv`.
+one configuration (same system, method, requests and seed), such as `realrun/traces/h200_repeats/index.csv`;
+a config recorded once gives no spread and is listed apart (`single_recordings`).
 For every metric `validate` reports an error on (the mean and p50/p90/p99 of JCT, TTFT and TPOT, each breakdown
 part's mean, the decode iteration's mean), `run_to_run_spread` computes from the recordings alone, no simulation:
 
@@ -60,11 +61,10 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     groups: dict[str, list] = {}
     for r in rows:
         groups.setdefault(str(r.config), []).append(r)
-    single = sorted(c for c, g in groups.items() if len(g) < 2)
-    if single:
-        raise ScenarioError(
-            f"{index_csv}: config {single[0]!r} has one recording: a run-to-run spread needs repeats of each config"
-        )
+    single = sorted(c for c, g in groups.items() if len(g) < 2)  # no degree of freedom: said, left out
+    if len(single) == len(groups):
+        raise ScenarioError(f"{index_csv}: every config has one recording: a run-to-run spread needs repeats")
+    groups = {c: g for c, g in groups.items() if c not in single}
     configurations = {}
     deviations: dict[str, list[float]] = {}
     dof: dict[str, int] = {}
@@ -90,4 +90,10 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     spread = {
         k: round(100.0 * math.sqrt(float(np.sum(np.square(d))) / dof[k]), 4) for k, d in sorted(deviations.items())
     }
-    return {"index": str(index_csv), "configurations": configurations, "spread_pct": spread, "range_pct": ranges}
+    return {
+        "index": str(index_csv),
+        "configurations": configurations,
+        "spread_pct": spread,
+        "range_pct": ranges,
+        "single_recordings": single,
+    }

@@ -411,7 +411,7 @@ class IndexRow(NamedTuple):
     trace_path: Path
     scenario_path: Path
     method: str | None = None  # a benchmark file's method (realrun traces name theirs in meta.json)
-    config: str | None = None  # the configuration it records (repeats share it; default: the scenario's name)
+    config: str | None = None  # a repeats index's group: recordings of one configuration, method and seed
 
 
 def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[IndexRow]:

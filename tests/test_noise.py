@@ -80,12 +80,18 @@ def test_the_spread_of_repeated_recordings_by_hand(tmp_path):
     assert s["spread_pct"]["ttft_mean"] == 0.0
 
 
-def test_a_configuration_recorded_once_is_refused(tmp_path):
+def test_a_configuration_recorded_once_gives_no_spread(tmp_path):
+    """A config with one recording has no degree of freedom: it is listed apart and the pooled spread is the
+    others' (a's recordings 1.1 and 0.9 left: sd 0.1414 over 1.0); an index of single recordings is refused."""
     index = _repeats(tmp_path)
     df = pd.read_csv(index)
     df.loc[0, "config"] = "lonely"
     df.to_csv(index, index=False)
-    with pytest.raises(ScenarioError, match="config 'lonely' has one recording"):
+    s = run_to_run_spread(index)
+    assert s["single_recordings"] == ["lonely"] and "lonely" not in s["configurations"]
+    assert s["configurations"]["a"]["metrics"]["jct_mean"]["spread_pct"] == pytest.approx(100 * 0.2 / 2**0.5, abs=1e-3)
+    df.assign(config=[f"c{i}" for i in range(len(df))]).to_csv(index, index=False)
+    with pytest.raises(ScenarioError, match="every config has one recording"):
         run_to_run_spread(index)
     df.drop(columns="config").to_csv(index, index=False)
     with pytest.raises(ScenarioError, match="needs columns trace, scenario, config"):

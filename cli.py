@@ -335,13 +335,18 @@ def validate(
     trace: Path = typer.Argument(
         ...,
         help="a trace folder (requests.csv, iterations.csv, meta.json) or its "
-        "requests.csv; or an index.csv (columns trace, scenario: paths relative to the "
-        "repository or the index) to validate many traces and print one table",
+        "requests.csv; a vLLM, SGLang or AIPerf benchmark file (.json, .jsonl); or an index.csv "
+        "(columns trace, scenario, optional method: paths relative to the "
+        "repository or the index) to validate many runs and print one table",
     ),
     scenario: Path | None = typer.Option(
         None, "--scenario", help="the scenario describing the measured system (required for one trace)"
     ),
-    method: str | None = typer.Option(None, "--method", help="the trace's method (default: from meta.json)"),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        help="the run's method (default: a realrun trace's meta.json; for a benchmark file, the scenario's only method)",
+    ),
     out: Path | None = typer.Option(None, "--out", help="write validation.json and validation.html (figure) here"),
     set_: list[str] = typer.Option([], "--set", help="path.to.field=value overrides of the scenario"),
     plotlyjs: str | None = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
@@ -459,8 +464,8 @@ def calibrate(
     traces: Path | None = typer.Option(
         None,
         "--traces",
-        help="an index.csv of measured traces (columns trace, "
-        "scenario): fit an engine calibration to them (no GPU needed)",
+        help="an index.csv of measured runs (columns trace, scenario; optional method): realrun traces or "
+        "benchmark files; fit an engine calibration to them (no GPU needed)",
     ),
     out: Path | None = typer.Option(
         None,
@@ -484,8 +489,9 @@ def calibrate(
     Kernel profiling: other arguments are passed to `python -m kernels_calibration.profile` (e.g. --out DIR,
     --quick).  Engine calibration: fits what kernel profiles cannot see (decode loop gap and host issue time,
     extra kernels, join time, prefill efficiency and host time, link efficiency and latency, per-method
-    implementation factors) by bounded least squares on the traces' iterations and phase durations, with
-    standard errors; a scenario uses the file through `calibration: {engine: FILE}`.
+    implementation factors and launch floors) to realrun traces or vLLM, SGLang and AIPerf benchmark files, a
+    MAP fit toward the kernels' prices with stated priors: what the runs do not constrain stays where the kernels
+    put it; a scenario uses the file through `calibration: {engine: FILE}`.
 
     Derived profile (--derive GPU --out DIR): the measured H200 kernels split by the unit that spends their
     time and repriced at the GPU's rates (kernels_calibration/derive.py); use it with --profile DIR/profile.json."""

@@ -261,12 +261,14 @@ def _map(fn, items: list, workers: int) -> list:
     try:
         out = list(pool.map(fn, items))
     except BaseException:
+        # end the workers first, then let the executor's manager thread see them gone and stop: a shutdown
+        # that does not wait leaves that thread to write to a closed pipe at exit ("Bad file descriptor")
         procs = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(timeout=5)
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
     return out

@@ -124,7 +124,7 @@ def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err and "interrupted by SIGTERM" in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and "interrupted by SIGTERM" in err and len(err.strip().splitlines()) == 1, err
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
         time.sleep(0.2)

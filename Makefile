@@ -21,7 +21,10 @@ run: $(VENV)/.core-installed
 	$(PY) cli.py simulate $(SCENARIO) --out out/default
 
 # Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
+# Chromium and kaleido are installed here, so a browser test fails rather than skips without them
+# (tests/reports/browser_required.py); hypothesis draws its derandomised "ci" profile (tests/conftest.py).
 TEST_WORKERS ?= 2
+test: export HACKSIM_REQUIRE_BROWSER = 1
 test: lint docs
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 

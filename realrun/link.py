@@ -14,6 +14,11 @@ chunks are sent at once until the clock is ahead again (a token bucket that fill
 busy), so only the last chunk's wake-up latency shows in a transfer's end time.
 The main thread must not hold the GIL for long stretches: the harness lowers the interpreter's
 switch interval (see harness.py).
+
+The clock and the sleep are the caller's (`clock`, `sleep`): the harness passes the wall clock and
+time.sleep; the tests pass a simulated clock whose sleep advances it, so the pacing is checked exactly
+and does not depend on the machine's load (tests/realrun/test_link.py).  `start=False` leaves the
+thread unstarted until `start()`: transfers submitted before it begin at one instant.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import collections
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,11 +46,20 @@ class Transfer:
 
 
 class Link:
-    def __init__(self, gbps: float, clock, device: torch.device, chunk_bytes: int = CHUNK_BYTES):
+    def __init__(
+        self,
+        gbps: float,
+        clock: Callable[[], float],
+        device: torch.device,
+        chunk_bytes: int = CHUNK_BYTES,
+        sleep: Callable[[float], None] = time.sleep,
+        start: bool = True,
+    ):
         if gbps <= 0:
             raise ValueError("link rate must be > 0 Gbps")
         self.bytes_per_s = gbps * 1e9 / 8
         self.clock = clock
+        self.sleep = sleep
         self.device = device
         self.chunk = chunk_bytes
         self.cuda = device.type == "cuda"
@@ -61,6 +76,11 @@ class Link:
             self.stream = None
             self.staging = torch.empty(chunk_bytes, dtype=torch.uint8)
         self.thread = threading.Thread(target=self._run, name="link", daemon=True)
+        if start:
+            self.thread.start()
+
+    def start(self) -> None:
+        """Start serving (a link built with start=False)."""
         self.thread.start()
 
     def submit(self, tr: Transfer) -> None:
@@ -72,7 +92,8 @@ class Link:
     def close(self) -> None:
         self._stop.set()
         self._in.put(None)
-        self.thread.join(timeout=10)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout=10)
 
     def _copy_chunk(self, tr: Transfer, n: int) -> None:
         a, b = tr.offset, tr.offset + n
@@ -114,7 +135,7 @@ class Link:
             wire_s += n / self.bytes_per_s
             delay = wire_s - self.clock()
             if delay > 0:
-                time.sleep(delay)
+                self.sleep(delay)
             if tr.offset >= tr.src.numel():
                 tr.end_s = self.clock()
                 self.done.put(tr)

@@ -6,5 +6,6 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 else
-  echo "note: chromium not installed and cannot apt-get install it; the browser test will be skipped" >&2
+  echo "note: chromium not installed and cannot apt-get install it: make test's browser tests will fail" \
+       "(install chromium or set BROWSER_PATH; a plain pytest run skips them)" >&2
 fi

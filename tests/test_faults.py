@@ -220,7 +220,7 @@ FAULT = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     faults=st.lists(FAULT, min_size=1, max_size=6),
     policy=st.sampled_from(["resend", "reprefill", "fail"]),

@@ -385,7 +385,7 @@ SETTINGS = {
 }
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     setting=st.sampled_from(sorted(SETTINGS)),
     faults=st.lists(st.one_of(REPLICA_FAULT, LINK_FAULT), min_size=1, max_size=6),

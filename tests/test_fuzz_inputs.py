@@ -26,8 +26,8 @@ TRACE_SCENARIO = ROOT / "scenarios" / "measured" / "h200_8b_10gbps.yaml"
 FUZZ = settings(
     max_examples=int(os.environ.get("HACKSIM_FUZZ_EXAMPLES", 30)),
     deadline=None,
-    derandomize=not os.environ.get("HACKSIM_FUZZ_EXAMPLES"),
-    database=None,
+    # derandomised (tests/conftest.py's ci profile) unless told how many examples to draw
+    **({"derandomize": False} if os.environ.get("HACKSIM_FUZZ_EXAMPLES") else {}),
     suppress_health_check=list(HealthCheck),
 )
 

@@ -1,7 +1,15 @@
-"""The emulated link: a lone transfer takes bytes*8/R; concurrent transfers share R fairly; bytes arrive intact.
-Tolerances: 30 ms absolute for thread wake-up jitter on a loaded 2-core CI machine."""
+"""The emulated link (realrun/link.py): a lone transfer takes bytes*8/R, concurrent transfers take chunks in
+turn, a late wake-up costs no link time while the link stays busy, an idle link saves no credit, bytes
+arrive intact.
+
+The pacing is checked against a simulated clock whose sleep advances it (SimClock): every chunk's start
+time is then exact and does not depend on the machine's load. One loose real-time test checks that the
+wall clock and time.sleep drive the same pacer (a transfer never ends early, and ends within seconds)."""
+
+from __future__ import annotations
 
 import time
+import zlib
 
 import pytest
 import torch
@@ -10,76 +18,192 @@ from realrun.link import Link, Transfer
 
 RATE_GBPS = 0.2
 MIB = 1 << 20
+CHUNK = MIB // 4
+CHUNK_S = CHUNK * 8 / (RATE_GBPS * 1e9)  # one chunk's wire time
+WAIT_S = 30  # a real-time bound on waiting for the link thread; only reached if the test fails
 
 
-def _clock():
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0
+class SimClock:
+    """Simulated time for the link thread: only `sleep` moves it. `late[i]` makes the i-th sleep wake that many
+    seconds late; `at(t, fn)` runs fn at time t inside the sleep that crosses t (in the link thread, so a
+    transfer submitted mid-flight joins at an exact instant)."""
+
+    def __init__(self):
+        self.now_s = 0.0
+        self.sleeps: list[float] = []
+        self.late: dict[int, float] = {}
+        self._due: list[tuple[float, object]] = []
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def at(self, time_s: float, fn) -> None:
+        self._due.append((time_s, fn))
+        self._due.sort(key=lambda d: d[0])
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds > 0
+        self.sleeps.append(seconds)
+        wake_s = self.now_s + seconds + self.late.get(len(self.sleeps) - 1, 0.0)
+        while self._due and self._due[0][0] <= wake_s:
+            self.now_s, fn = self._due.pop(0)
+            fn()
+        self.now_s = wake_s
+
+
+class RecordingLink(Link):
+    """Logs each chunk as (transfer key, bytes, clock when it was taken)."""
+
+    def __init__(self, *args, **kwargs):
+        self.chunks: list[tuple[object, int, float]] = []
+        super().__init__(*args, **kwargs)
+
+    def _copy_chunk(self, tr, n):
+        self.chunks.append((tr.key, n, self.clock()))
+        super()._copy_chunk(tr, n)
 
 
 def _buf(n, seed):
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
-def _run(sizes, chunk=MIB, rate_gbps=RATE_GBPS):
-    link = Link(rate_gbps, _clock(), torch.device("cpu"), chunk_bytes=chunk)
-    trs = [Transfer(i, _buf(n, i), torch.zeros(n, dtype=torch.uint8)) for i, n in enumerate(sizes)]
+def _transfer(key, n):
+    return Transfer(key, _buf(n, zlib.crc32(key.encode())), torch.zeros(n, dtype=torch.uint8))
+
+
+def _sim_link(clock: SimClock, chunk=CHUNK) -> RecordingLink:
+    return RecordingLink(RATE_GBPS, clock, torch.device("cpu"), chunk_bytes=chunk, sleep=clock.sleep, start=False)
+
+
+def _run_together(sizes, clock=None):
+    """Transfers submitted at one instant (before the link thread starts), served to the end."""
+    clock = clock or SimClock()
+    link = _sim_link(clock)
+    trs = [_transfer(k, n) for k, n in sizes.items()]
     try:
         for tr in trs:
             link.submit(tr)
-        got = [link.done.get(timeout=30) for _ in trs]
+        link.start()
+        done = [link.done.get(timeout=WAIT_S) for _ in trs]
     finally:
         link.close()
-    return trs, got
+    for tr in trs:
+        assert torch.equal(tr.src, tr.dst)
+    return link, {tr.key: tr for tr in trs}, [tr.key for tr in done]
+
+
+def _times(link, key):
+    return [t for k, _, t in link.chunks if k == key]
 
 
 def test_lone_transfer_takes_bytes_over_rate():
-    n = 16 * MIB
-    (tr,), _ = _run([n])
-    expect = n * 8 / (RATE_GBPS * 1e9)
-    assert tr.end_s - tr.start_s == pytest.approx(expect, rel=0.04, abs=0.03)
-    assert torch.equal(tr.src, tr.dst)
+    link, trs, _ = _run_together({"a": 4 * MIB})
+    a = trs["a"]
+    assert (a.start_s, a.end_s) == (0.0, pytest.approx(4 * MIB * 8 / (RATE_GBPS * 1e9), rel=1e-12))
+    assert _times(link, "a") == pytest.approx([i * CHUNK_S for i in range(16)], rel=1e-12, abs=1e-15)
 
 
 def test_unaligned_size_and_partial_last_chunk():
-    n = 3 * MIB + 12345
-    (tr,), _ = _run([n])
-    assert tr.end_s - tr.start_s == pytest.approx(n * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.03)
-    assert torch.equal(tr.src, tr.dst)
+    n = 3 * CHUNK + 12345
+    link, trs, _ = _run_together({"a": n})
+    assert [b for _, b, _ in link.chunks] == [CHUNK, CHUNK, CHUNK, 12345]
+    assert trs["a"].end_s == pytest.approx(n * 8 / (RATE_GBPS * 1e9), rel=1e-12)  # the last chunk's bytes only
 
 
-def test_concurrent_transfers_share_fairly():
-    # 2 MiB and 6 MiB together: round robin gives each half the rate while both are in flight, so
-    # the small one ends after 2 * 2 MiB of wire time (less up to one chunk: chunks are whole, the
-    # first may go before the second transfer is in) and the large one after all 8 MiB.
-    small, large, chunk = 2 * MIB, 6 * MIB, MIB // 4
-    # The pacing is wall-clock: a starved link thread can only finish late, never early.  So the rate is
-    # checked from below, exactly, and the sharing as the ratio of the two durations, which a uniform
-    # delay leaves alone: fair sharing gives 2 small / (small + large) = 0.5, first-come-first-served
-    # 0.25 (small first) or 1 (large first).
-    # At a quarter of the other tests' rate (1.3 s in all) a stall of the link thread up to 0.4 s while both
-    # are in flight keeps the ratio inside the band.
-    rate_gbps = RATE_GBPS / 4
-    (a, b), _ = _run([small, large], chunk=chunk, rate_gbps=rate_gbps)
-    unit = 8 / (rate_gbps * 1e9)
-    a_s, b_s = a.end_s - a.start_s, b.end_s - b.start_s
-    assert a_s >= 2 * small * unit - chunk * unit - 0.03
-    assert b_s >= (small + large) * unit - 0.03
-    assert 0.38 <= a_s / b_s <= 0.62
-    assert a.end_s < b.end_s
+def test_concurrent_transfers_take_chunks_in_turn():
+    """2 MiB and 6 MiB (8 and 24 chunks) together: chunks alternate while both are in flight, so the small one's
+    8th chunk is the 15th on the wire and it ends after 15 chunk times (half the rate: 2 x 8 less the turn it
+    went first); the large one ends after all 32."""
+    link, trs, done = _run_together({"small": 2 * MIB, "large": 6 * MIB})
+    order = [k for k, _, _ in link.chunks]
+    assert order == ["small", "large"] * 8 + ["large"] * 16
+    assert [t for _, _, t in link.chunks] == pytest.approx([i * CHUNK_S for i in range(32)], rel=1e-12, abs=1e-15)
+    assert trs["small"].end_s == pytest.approx(15 * CHUNK_S, rel=1e-12)
+    assert trs["large"].end_s == pytest.approx(32 * CHUNK_S, rel=1e-12)
+    assert done == ["small", "large"]
+
+
+def test_a_transfer_joining_mid_flight_shares_from_its_next_chunk():
+    """A (6 chunks) alone from 0; B (2 chunks) submitted at 2.5 chunk times, while A's third chunk is on the wire:
+    A's chunks at 0, 1, 2, then A and B alternate (A 3, B 4, A 5, B 6, A 7): B ends at 7, A at 8."""
+    clock = SimClock()
+    link = _sim_link(clock)
+    a, b = _transfer("a", 6 * CHUNK), _transfer("b", 2 * CHUNK)
+    clock.at(2.5 * CHUNK_S, lambda: link.submit(b))
+    try:
+        link.submit(a)
+        link.start()
+        done = [link.done.get(timeout=WAIT_S) for _ in range(2)]
+    finally:
+        link.close()
+    assert b.start_s == pytest.approx(2.5 * CHUNK_S, rel=1e-12)
+    assert [k for k, _, _ in link.chunks] == ["a", "a", "a", "a", "b", "a", "b", "a"]
+    assert _times(link, "b") == pytest.approx([4 * CHUNK_S, 6 * CHUNK_S], rel=1e-12)
+    assert (b.end_s, a.end_s) == (pytest.approx(7 * CHUNK_S, rel=1e-12), pytest.approx(8 * CHUNK_S, rel=1e-12))
+    assert [tr.key for tr in done] == ["b", "a"]
     assert torch.equal(a.src, a.dst) and torch.equal(b.src, b.dst)
 
 
+def test_a_late_wake_up_costs_no_link_time_while_busy():
+    """8 chunks; the sleep after the 3rd chunk wakes 2.5 chunk times late (at 5.5). The wire clock is then behind:
+    chunks 4 and 5 go at once (5.5), the 6th after a half-chunk sleep (6), and the transfer still ends at 8, not
+    10.5 (the token bucket of the module docstring)."""
+    clock = SimClock()
+    clock.late[2] = 2.5 * CHUNK_S
+    link, trs, _ = _run_together({"a": 8 * CHUNK}, clock)
+    c = CHUNK_S
+    assert _times(link, "a") == pytest.approx([0, c, 2 * c, 5.5 * c, 5.5 * c, 5.5 * c, 6 * c, 7 * c], rel=1e-12)
+    assert clock.sleeps == pytest.approx([c, c, c, 0.5 * c, c, c], rel=1e-9)
+    assert trs["a"].end_s == pytest.approx(8 * c, rel=1e-12)
+
+
 def test_idle_link_saves_no_credit():
-    link = Link(RATE_GBPS, _clock(), torch.device("cpu"), chunk_bytes=MIB)
+    """A 1-chunk transfer ends at 1; the link idles 0.3 s; a 2-chunk transfer then takes its full 2 chunk times
+    (an idle link that kept its wire clock would send it at once)."""
+    clock = SimClock()
+    link = _sim_link(clock)
+    first, second = _transfer("first", CHUNK), _transfer("second", 2 * CHUNK)
     try:
-        first = Transfer(0, _buf(MIB, 0), torch.zeros(MIB, dtype=torch.uint8))
         link.submit(first)
-        link.done.get(timeout=30)
-        time.sleep(0.3)  # idle time must not let the next transfer burst
-        second = Transfer(1, _buf(2 * MIB, 1), torch.zeros(2 * MIB, dtype=torch.uint8))
+        link.start()
+        link.done.get(timeout=WAIT_S)
+        clock.now_s += 0.3  # the link thread is blocked on its empty queue: no race
         link.submit(second)
-        link.done.get(timeout=30)
+        link.done.get(timeout=WAIT_S)
     finally:
         link.close()
-    assert second.end_s - second.start_s == pytest.approx(2 * MIB * 8 / (RATE_GBPS * 1e9), rel=0.05, abs=0.03)
+    assert first.end_s == pytest.approx(CHUNK_S, rel=1e-12)
+    assert second.start_s == pytest.approx(CHUNK_S + 0.3, rel=1e-12)
+    assert second.end_s - second.start_s == pytest.approx(2 * CHUNK_S, rel=1e-9)
+
+
+def test_an_empty_transfer_ends_at_once_and_takes_no_turn():
+    link, trs, done = _run_together({"empty": 0, "a": 2 * CHUNK})
+    assert trs["empty"].end_s == trs["empty"].start_s == 0.0
+    assert [k for k, _, _ in link.chunks] == ["a", "a"] and done == ["empty", "a"]
+    assert trs["a"].end_s == pytest.approx(2 * CHUNK_S, rel=1e-12)
+
+
+def test_mismatched_sizes_are_refused():
+    link = _sim_link(SimClock())
+    with pytest.raises(ValueError, match="sizes differ"):
+        link.submit(Transfer(0, _buf(10, 0), torch.zeros(11, dtype=torch.uint8)))
+    link.close()
+
+
+def test_wall_clock_smoke():
+    """The harness's clock and time.sleep: a 4 MiB transfer at 0.2 Gbps (0.17 s) never ends early (the pacer
+    sleeps at least until each chunk's wire time) and ends within seconds even on a loaded machine; the bytes
+    arrive intact."""
+    t0 = time.perf_counter()
+    link = Link(RATE_GBPS, lambda: time.perf_counter() - t0, torch.device("cpu"), chunk_bytes=MIB)
+    n = 4 * MIB
+    tr = _transfer("a", n)
+    try:
+        link.submit(tr)
+        link.done.get(timeout=WAIT_S)
+    finally:
+        link.close()
+    expect_s = n * 8 / (RATE_GBPS * 1e9)
+    assert expect_s * (1 - 1e-9) <= tr.end_s - tr.start_s < expect_s + 5.0
+    assert torch.equal(tr.src, tr.dst)

@@ -4,7 +4,6 @@ legend), a page that loads plotly.js from a path draws too, and the simulate pag
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,16 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_required import BROWSER, require_browser
 from report_fake_run import write_fake_run
 from report_png import read_png
 
 from reports import build_report
 
-BROWSER = os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    BROWSER is None,
-    reason="no Chromium: install Debian's chromium (scripts/install_test_system_deps.sh) or set BROWSER_PATH",
-)
+
+@pytest.fixture(autouse=True, scope="module")
+def _chromium_present():
+    require_browser()  # skipped without Chromium, failed under make test or CI (browser_required.py)
+
 
 N_FIGURES = 7
 HACK_RED = (220, 38, 38)

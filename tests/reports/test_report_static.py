@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import builtins
-import importlib.util
-import os
-import shutil
 
 import pytest
+from browser_required import require_browser, require_kaleido
 from report_fake_run import write_fake_run
 
 from reports import export_static
 from reports.static import StaticExportError, find_browser
 
-HAVE_KALEIDO = importlib.util.find_spec("kaleido") is not None
-HAVE_BROWSER = bool(os.environ.get("BROWSER_PATH") or shutil.which("chromium") or shutil.which("chromium-browser"))
 
-
-@pytest.mark.skipif(not HAVE_KALEIDO, reason="kaleido is not installed (pip install 'kaleido>=1')")
-@pytest.mark.skipif(not HAVE_BROWSER, reason="no Chromium: install Debian's chromium or set BROWSER_PATH")
 def test_png_and_svg_written_offline(tmp_path):
+    require_kaleido()  # skipped without them, failed under make test or CI (browser_required.py)
+    require_browser()
     run = write_fake_run(tmp_path, n_requests=20)
     paths = export_static(run, ("png", "svg"), names=["cdf_jct", "decode_memory"], scale=1)
     assert sorted(p.name for p in paths) == ["cdf_jct.png", "cdf_jct.svg", "decode_memory.png", "decode_memory.svg"]

@@ -46,6 +46,20 @@ RESULT_VERSION = "1"
 SALT_GLOBS = ("simulator/**/*.py", "costmodel/**/*.py", "catalog/*.py", "catalog/data/*")
 
 
+# The exit status when the Ray cluster's head stops answering during a run.
+EXIT_CLUSTER_LOST = 3
+
+
+def command_line() -> str:
+    """The command that is running, as a shell would take it again (`python cli.py ...` for a script)."""
+    import shlex
+
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        argv.insert(0, "python")
+    return shlex.join(argv)
+
+
 # ---- stopping on signals ------------------------------------------------------------------------
 class Interrupted(KeyboardInterrupt):
     """A run stopped by SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, batch schedulers) or SIGHUP."""
@@ -68,8 +82,17 @@ def stop_on_signals():
     its workers and the caller says how to resume; later ones are ignored while that cleanup runs (a
     second Ctrl-C must not tear it apart with a traceback). Outside the main thread, a no-op."""
     fired: list[int] = []
+    owner = os.getpid()
 
     def handler(signum, _frame):
+        if os.getpid() != owner:
+            # A forked pool worker inherits this handler until its initializer resets it: a SIGTERM
+            # there (the parent ending its workers) ends it as the default would, with no traceback;
+            # Ctrl-C and SIGHUP reach the parent too, which acts on them.
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
         if not fired:
             fired.append(signum)
             raise Interrupted(signum)
@@ -219,6 +242,14 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 # ---- backends -------------------------------------------------------------------------------------
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s share, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass
 class Stats:
     simulated: int = 0  # points actually simulated in this run
@@ -248,7 +279,7 @@ class Executor:
         if jobs is not None and jobs < 1:
             raise PlanningError(f"--jobs must be >= 1, got {jobs}")
         self.backend = backend
-        self.jobs = jobs or os.cpu_count() or 1
+        self.jobs = jobs or usable_cores()
         self.ray_address = ray_address
         self.connect_timeout_s = connect_timeout_s
         self.progress = progress
@@ -283,11 +314,17 @@ class Executor:
         if pool is None:
             return
         procs = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(timeout=5)
+        # The pool's manager thread closes its wake-up pipe once it sees the workers gone. Python's exit
+        # hook for process pools writes to that pipe: racing the close, it printed a "Bad file descriptor"
+        # traceback after the interrupted message. Waiting for the thread here ends the race.
+        if manager is not None:
+            manager.join(timeout=10)
 
     # -- Ray --
     def _start_ray(self) -> None:
@@ -346,10 +383,12 @@ class Executor:
                 yield t.key, simulate_point(t.scenario_json)
         elif self.backend == "pool":
             if self._pool is None:
+                # Python forks every worker of a pool up front: no more than there are points to run.
+                workers = min(self.jobs, len(todo))
                 self._pool = cf.ProcessPoolExecutor(
-                    max_workers=self.jobs, initializer=_warm_worker, initargs=(os.getpid(),)
+                    max_workers=workers, initializer=_warm_worker, initargs=(os.getpid(),)
                 )
-                self.stats.workers = self.jobs
+                self.stats.workers = workers
             futures = {self._pool.submit(simulate_point, t.scenario_json): t.key for t in todo}
             try:
                 for f in cf.as_completed(futures):

@@ -290,6 +290,8 @@ class Executor:
         self._ray = None
         self._ray_started = False
         self._ray_fn = None
+        self._ray_output = None  # raycluster.RayOutput while a Ray this started runs
+        self._watch = None  # raycluster.HeadWatch on that Ray's head
 
     def __enter__(self) -> Executor:
         if self.backend == "ray":
@@ -303,9 +305,15 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if self._ray is not None and self._ray_started:
             self._ray.shutdown()
         self._ray = None
+        if self._ray_output is not None:
+            self._ray_output.restore()
+            self._ray_output = None
 
     def _kill_pool(self) -> None:
         """Stop now (Ctrl-C, an error): drop queued points and end the workers instead of waiting for
@@ -332,14 +340,50 @@ class Executor:
 
         ray = raycluster.import_ray(self.ray_address)
         if not ray.is_initialized():  # else: a Ray the caller started; it is the caller's to stop
-            if self.ray_address:
-                raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
-            else:
-                raycluster.start_local(ray, self.jobs)
+            self._ray_output = raycluster.RayOutput()
+            try:
+                if self.ray_address:
+                    raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
+                else:
+                    raycluster.start_local(ray, self.jobs, self.connect_timeout_s)
+            except BaseException:
+                self._ray_output.restore()
+                self._ray_output = None
+                raise
             self._ray_started = True
+            head = raycluster.gcs_address(ray, self.ray_address)
+            if head is not None:
+                from reports.terminal import json_errors_on
+
+                as_json = json_errors_on()  # read here: the watch thread has a context of its own
+                self._watch = raycluster.HeadWatch(
+                    head, self.connect_timeout_s, lambda s: self._head_lost(head, s, as_json)
+                )
+                self._watch.start()
         self._ray = ray
         self._ray_fn = self._ray.remote(num_cpus=1, max_retries=2)(simulate_point)
         self.stats.workers = int(self._ray.cluster_resources().get("CPU", 0))
+
+    def _head_lost(self, head: str, seconds: float, as_json: bool) -> None:
+        """In the watch thread: say that the head is gone, what is cached and how to resume, and end the
+        process now (Ray's calls would wait for the head, and its exit hooks too)."""
+        from reports.terminal import to_json
+
+        cache = self.cache.root
+        kept = (
+            f"the {self.stats.simulated} point(s) finished in this run are cached in {cache}; once the cluster is "
+            f"back, run the same command to resume: {command_line()}"
+            if cache is not None
+            else "give --out DIR to keep finished points for a rerun"
+        )
+        message = f"the Ray head at {head} has not answered for {seconds:.0f} s (--ray-timeout): {kept}"
+        try:
+            sys.stderr.write(f"\nerror: {message}\n")
+            sys.stderr.flush()
+            if as_json and self._ray_output is not None:
+                self._ray_output.write_result(to_json({"error": message}) + "\n")
+        finally:
+            os._exit(EXIT_CLUSTER_LOST)
 
     # -- dispatch --
     def run(self, tasks: Iterable[Task], progress: bool | None = None) -> dict[str, dict]:
@@ -408,6 +452,10 @@ class Executor:
                     done, pending = ray.wait(pending, num_returns=min(len(pending), 64), timeout=0.5)
                     for ref in done:
                         yield refs[ref], ray.get(ref)
+            except Exception:
+                if self._watch is not None:
+                    self._watch.settle(self.connect_timeout_s + 5)  # a lost head: the watch ends the process
+                raise
             except BaseException:
                 for ref in pending:
                     ray.cancel(ref, force=True)

@@ -14,8 +14,8 @@ plus its method. With SLOs in the sweep file, its goodput for one seed is the hi
 throughput among its rows that meet every target (0 if none does); without SLOs it is simply the
 highest throughput. With a `workload.seed` axis a configuration's goodput is the mean over its seeds,
 with their range; two configurations whose ranges overlap are a tie, since the seeds do not tell them
-apart: neither dominates the other on goodput, so at one cost both stand on the Pareto front, marked
-as tied. With one seed nothing shows the noise, and the page says so.
+apart: neither dominates the other on goodput, so at one cost both stand on the Pareto front and share
+a tie number. With one seed nothing shows the noise, and the page says so.
 
 Axes and metrics are named in words with their unit (`jct_p90_s` is "JCT p90 (s)"); a heatmap cell
 where every run meets the SLOs carries a ✓.
@@ -139,21 +139,29 @@ def pareto_front(conf: pd.DataFrame) -> pd.Series:
     return flags
 
 
-def ties(conf: pd.DataFrame, front: pd.Series) -> dict:
-    """For each configuration on the front, the others on it at the same cost whose goodput it cannot be told
-    apart from (overlapping seed ranges)."""
-    on = conf.loc[front]
-    out = {}
+def tie_groups(conf: pd.DataFrame, front: pd.Series) -> dict:
+    """Configurations on the front at one cost whose goodputs cannot be told apart (seed ranges that overlap,
+    directly or through others), numbered 1, 2, ... cheapest first: {index: group}; one alone has none."""
+    on = conf.loc[front].sort_values(["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable")
+    groups: dict = {}
+    members: list[list] = []
     for i in on.index:
         lo_i, hi_i = _range(on, i)
-        out[i] = [
-            on.at[j, "config"]
-            for j in on.index
-            if j != i
-            and on.at[j, "cost_usd_per_hour"] == on.at[i, "cost_usd_per_hour"]
-            and not (_range(on, j)[0] > hi_i or _range(on, j)[1] < lo_i)
-        ]
-    return out
+        for group in members:
+            j = group[-1]
+            if on.at[j, "cost_usd_per_hour"] == on.at[i, "cost_usd_per_hour"] and not (
+                _range(on, j)[0] > hi_i or _range(on, j)[1] < lo_i
+            ):
+                group.append(i)
+                break
+        else:
+            members.append([i])
+    n = 0
+    for group in members:
+        if len(group) > 1:
+            n += 1
+            groups.update({i: n for i in group})
+    return groups
 
 
 # ---- figures ------------------------------------------------------------------------------------------------
@@ -444,9 +452,14 @@ def sweep_page(
             + " Cost counts instances only (network is not priced)."
         )
         on_front = pareto_front(conf)
-        tied = ties(conf, on_front)
-        front = conf.loc[on_front].assign(tied_with=lambda d: [", ".join(tied[i]) for i in d.index])
-        front = front.sort_values("cost_usd_per_hour", kind="stable")
+        groups = tie_groups(conf, on_front)
+        sizes = pd.Series(groups).value_counts().to_dict() if groups else {}
+        front = conf.loc[on_front].assign(
+            tie=lambda d: [
+                f"tie {groups[i]} ({sizes[groups[i]]} configurations)" if i in groups else "" for i in d.index
+            ]
+        )
+        front = front.sort_values(["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable")
         seeds = int(conf["seeds"].max()) if "seeds" in conf.columns and len(conf) else 1
         if seeds > 1:
             lead += (
@@ -457,15 +470,15 @@ def sweep_page(
                 goodput_range_rps=[
                     f"{a:.4g}–{b:.4g}" for a, b in zip(front["goodput_min_rps"], front["goodput_max_rps"])
                 ]
-            )[["config", "cost_usd_per_hour", "goodput_rps", "goodput_range_rps", "seeds", "tied_with"]]
+            )[["config", "cost_usd_per_hour", "goodput_rps", "goodput_range_rps", "seeds", "tie"]]
         else:
-            shown = front[["config", "cost_usd_per_hour", "goodput_rps", "rows", "tied_with"]]
+            shown = front[["config", "cost_usd_per_hour", "goodput_rps", "rows", "tie"]]
         seed_notes = (
             ()
             if seeds > 1
             else (
                 "Each configuration ran with one workload seed, so a goodput difference here may be seed-to-seed "
-                "noise (a few percent at a few hundred requests) and only exact equality is called a tie: add a "
+                "noise, which nothing in this sweep measures, and only exact equality is called a tie: add a "
                 f"{SEED_AXIS} axis (e.g. [0, 1, 2]) to see the spread and call ties ties.",
             )
         )
@@ -477,9 +490,9 @@ def sweep_page(
                 ("cost-goodput",),
                 notes=cost_notes + seed_notes,
                 body_html="<h3>Pareto front</h3><p class='lead'>Configurations that no other "
-                "beats on both cost per hour and goodput, cheapest first; a tie names the configurations "
-                "it cannot be told apart from at the same cost.</p>"
-                + _table_html(shown, {"config", "tied_with"}, "table-pareto"),
+                "beats on both cost per hour and goodput, cheapest first; configurations at one cost whose "
+                "goodputs the seeds cannot tell apart share a tie number.</p>"
+                + _table_html(shown, {"config", "tie"}, "table-pareto"),
             )
         )
     # Open on the most informative figure: the cost figure only when costs differ.

@@ -18,6 +18,7 @@ written. The same scenario and seed give byte-identical outputs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ from typing import NoReturn
 
 import typer
 
-from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP, ProgressBar, Say
+from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP, ProgressBar, Say, errors_as_json, print_error
 from scenarios import resolve as resolve_example
 
 __version__ = "0.1.0"
@@ -35,6 +36,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Help text as written: rich markup would eat `.[images]` as a style tag, and its option table cuts a
+    # long word at the terminal's edge (`--slo`'s example at 80 columns).
+    rich_markup_mode=None,
     help="Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines).",
 )
 
@@ -54,26 +58,32 @@ def main(
     ),
 ) -> None:
     """Simulate disaggregated LLM inference with compressed KV caches (HACK and baselines)."""
+    errors_as_json(False)  # a command with --json turns it on
 
 
 def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    """One `error:` line on stderr (and a JSON error object on stdout with --json), exit 2."""
+    print_error(message)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
 class RunOutputs:
     """`simulate --out DIR`: each method's tables are appended to CSV files in a temporary folder inside
-    DIR as soon as it has run (so a long run never holds them all), the JSON files follow at the end,
-    then every file moves into DIR together. `discard()` leaves DIR as it was (removed if this made it)."""
+    DIR as soon as it has run (so a long run never holds them all); the JSON files and the report follow
+    at the end, built in the same folder, then every file moves into DIR together, with Ctrl-C and
+    SIGTERM held off for the moment the moves take. `discard()` leaves DIR as it was (removed if this
+    made it). The temporary folder's name carries this machine's name and process id, so a later run
+    removes one that a killed run (SIGKILL, a power cut) left behind."""
 
     TABLES = ("requests.csv", "memory.csv", "links.csv")
 
     def __init__(self, out: Path, quote_text: bool = False):
-        from simulator.files import CsvAppender
+        from simulator.files import CsvAppender, remove_stale_temps, temp_prefix
 
-        self.out, self.made = out, not out.exists()
+        self.out, self.made, self.done = out, not out.exists(), False
         out.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".hacksim-", dir=out))
+        remove_stale_temps(out)
+        self.tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(), dir=out))
         self.tables = [CsvAppender(self.tmp / name, quote_text) for name in self.TABLES]
 
     def add(self, _method: str, *tables) -> None:
@@ -82,8 +92,11 @@ class RunOutputs:
             for chunk in chunks:
                 out.write(chunk)
 
-    def finish(self, result) -> None:
-        from simulator.files import strict_json
+    def finish(self, result, report: bool = False, plotlyjs: str | None = None) -> list[str]:
+        """Write the JSON files (and report.html) beside the tables, then move them all into DIR; returns
+        the names moved. Without a report, a report.html of an earlier run in DIR is removed: it would
+        describe other tables."""
+        from simulator.files import held_signals, strict_json
 
         try:
             for table in self.tables:
@@ -91,14 +104,28 @@ class RunOutputs:
             (self.tmp / "summary.json").write_text(strict_json(result.summary) + "\n")
             (self.tmp / "scenario.json").write_text(strict_json(result.scenario.model_dump(mode="json")) + "\n")
             (self.tmp / "profiles.json").write_text(strict_json(result.profiles()) + "\n")
-            for f in sorted(self.tmp.iterdir()):
-                os.replace(f, self.out / f.name)
+            if report:
+                _build_report(self.tmp, plotlyjs, final_dir=self.out)
+            names = sorted(f.name for f in self.tmp.iterdir())
+            with held_signals():
+                for name in names:
+                    os.replace(self.tmp / name, self.out / name)
+                if "report.html" not in names:
+                    (self.out / "report.html").unlink(missing_ok=True)
+                self.done = True
+            return names
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def discard(self) -> None:
+        """Remove what this run wrote, unless every file is already in place."""
+        if self.done:
+            return
         for table in self.tables:
-            table.close()
+            try:
+                table.close()
+            except OSError:  # a full disk: the folder goes anyway
+                pass
         shutil.rmtree(self.tmp, ignore_errors=True)
         if self.made:
             shutil.rmtree(self.out, ignore_errors=True)
@@ -157,13 +184,81 @@ def format_table(summary: dict) -> str:
         "JCT vs base",
     ]
     title = f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}"
-    return render(table(heads, rows, title=title))
+    return "\n".join([render(table(heads, rows, title=title)), *utilisation_lines(summary)])
+
+
+# Each pool's share of a request's time: the breakdown parts spent waiting for it or in it. The KV waits
+# in prefill host memory (transfer_queue) for room on a decode replica, so that wait is decode's.
+POOL_PARTS = {
+    "prefill": ("prefill_queue", "prefill", "quantize"),
+    "network": ("transfer",),
+    "decode": ("transfer_queue", "decode_queue", "decode", "dequantize", "approximation", "preemption"),
+}
+
+
+def utilisation_lines(summary: dict) -> list[str]:
+    """Under the table: each pool's utilisation (summary.json's, simulator/overload.py: the work a pool was
+    asked for over what it can deliver while requests arrive), the busiest pool, and how much of the mean
+    JCT goes to waiting for it and running in it; the range over methods where they differ."""
+    methods = {n: m for n, m in summary["methods"].items() if isinstance(m.get("utilisation"), dict)}
+    util = {n: {p: _number(m["utilisation"].get(p)) for p in POOL_PARTS} for n, m in methods.items()}
+    util = {n: u for n, u in util.items() if any(math.isfinite(v) for v in u.values())}
+    if not util:
+        return []
+    pools = ", ".join(f"{p} {_span([u[p] for u in util.values()], _pct)}" for p in POOL_PARTS)
+    lines = [f"utilisation while requests arrive: {pools}"]
+    busiest = {n: max(POOL_PARTS, key=lambda p: u[p] if math.isfinite(u[p]) else -1.0) for n, u in util.items()}
+    kinds = list(dict.fromkeys(busiest.values()))
+    if len(kinds) > 1:
+        return lines + [
+            "bottleneck: " + "; ".join(f"{p} ({', '.join(n for n in util if busiest[n] == p)})" for p in kinds)
+        ]
+    pool = kinds[0]
+    spent = [sum(_number(methods[n]["breakdown_s"].get(k)) for k in POOL_PARTS[pool]) for n in util]
+    jct = [_number(methods[n]["jct_s"]["mean"]) for n in util]
+    share = [s / j for s, j in zip(spent, jct) if j > 0]
+    every = "every method" if len(util) > 1 else next(iter(util))
+    line = f"bottleneck: {pool} for {every} ({_span([u[pool] for u in util.values()], _pct)} busy)"
+    if share:
+        line += (
+            f": waiting for and running in {pool} is {_span(spent, _secs)} of the {_span(jct, _secs)} mean JCT "
+            f"({_span([100 * x for x in share], lambda v: f'{v:.0f}')} %)"
+        )
+    return lines + [line]
+
+
+def _number(v) -> float:
+    if v == "Infinity":
+        return math.inf
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _pct(u: float) -> str:
+    if math.isinf(u):
+        return "unbounded"
+    return f"{100 * u:.0f} %" if 100 * u >= 9.5 else f"{100 * u:.1f} %"
+
+
+def _secs(v: float) -> str:
+    return f"{v:.1f} s"
+
+
+def _span(values: list[float], fmt) -> str:
+    """`lo-hi` over the finite values (one value where they print alike), `–` for none."""
+    finite = sorted(v for v in values if not math.isnan(v))
+    if not finite:
+        return "–"
+    lo, hi = fmt(finite[0]), fmt(finite[-1])
+    if lo == hi:
+        return lo
+    unit = next((u for u in (" %", " s") if lo.endswith(u) and hi.endswith(u)), "")
+    return f"{lo.removesuffix(unit)}-{hi}"
 
 
 @app.command()
 def simulate(
     scenario: Path = typer.Argument(..., help="scenario YAML"),
-    out: Path | None = typer.Option(
+    out: str | None = typer.Option(
         None,
         "--out",
         help="write summary.json, requests.csv, memory.csv, links.csv, "
@@ -184,6 +279,8 @@ def simulate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
+    errors_as_json(as_json)
+    from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
     from simulator.faults import faults_line
     from simulator.files import check_out_dir
@@ -203,28 +300,41 @@ def simulate(
         fail(f"--methods {methods!r}: no method names (give e.g. --methods baseline,hack)")
     say = Say(as_json, quiet)
     scenario = resolve_example(scenario)
+    out_dir = None if out is None else Path(out)
     writer = None
-    try:
-        if out is not None:
-            check_out_dir(out, ScenarioError)
-        cfg = load_scenario(scenario, overrides)
-        if out is not None:
-            names = [m.output_name for m in cfg.methods] + [link.name for link in cfg.network.links or []]
-            writer = RunOutputs(out, quote_text=any(ch in n for n in names for ch in ',"\r\n'))
-        with ProgressBar(0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods") as bar:
-            result = run_scenario(
-                cfg,
-                source=str(scenario),
-                methods=chosen,
-                progress=lambda _name: bar.advance(),
-                sink=None if writer is None else writer.add,
-            )
-    except BaseException as e:
-        if writer is not None:
-            writer.discard()
-        if isinstance(e, ScenarioError):
-            fail(str(e))
-        raise
+    with stop_on_signals():
+        try:
+            if out is not None:
+                check_out_dir(out, ScenarioError)
+            cfg = load_scenario(scenario, overrides)
+            if out_dir is not None:
+                names = [m.output_name for m in cfg.methods] + [link.name for link in cfg.network.links or []]
+                writer = RunOutputs(out_dir, quote_text=any(ch in n for n in names for ch in ',"\r\n'))
+            with ProgressBar(
+                0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods"
+            ) as bar:
+                result = run_scenario(
+                    cfg,
+                    source=str(scenario),
+                    methods=chosen,
+                    progress=lambda _name: bar.advance(),
+                    sink=None if writer is None else writer.add,
+                )
+            moved = [] if writer is None else writer.finish(result, report, plotlyjs)
+        except BaseException as e:
+            if writer is not None:
+                writer.discard()
+            if isinstance(e, ScenarioError):
+                fail(str(e))
+            if isinstance(e, OSError) and out_dir is not None:
+                fail(f"--out {out_dir}: cannot write the outputs: {e.strerror or e}; nothing was written")
+            if isinstance(e, KeyboardInterrupt):
+                name = e.name if isinstance(e, Interrupted) else "SIGINT"
+                kept = writer is not None and writer.done
+                where = "" if out_dir is None else f"; {out_dir} " + ("holds the run" if kept else "is as it was")
+                print_error(f"interrupted by {name}{where}", prefix="")
+                raise typer.Exit(128 + (e.signum if isinstance(e, Interrupted) else 2)) from None
+            raise
     say.result(format_table(result.summary), result.summary)
     if not quiet:  # how the pools are priced: roofline, a profile for another GPU, derived GPU fields
         for line in result.resolved.warnings:
@@ -234,22 +344,17 @@ def simulate(
         typer.echo(warning, err=True)
     if cfg.faults and not quiet:
         say(faults_line(result.summary))
-    if writer is not None:
-        writer.finish(result)
-        written = f"wrote {out}/summary.json, requests.csv, memory.csv, links.csv"
-        if report:
-            path = _build_report(writer.out, plotlyjs)
-            if path is not None:
-                written += f", {path.name}"
-        say(written)
+    if out_dir is not None:
+        shown = [n for n in ("summary.json", "requests.csv", "memory.csv", "links.csv", "report.html") if n in moved]
+        say(f"wrote {out_dir}/{shown[0]}, " + ", ".join(shown[1:]))
 
 
-def _build_report(out: Path, plotlyjs: str | None = None) -> Path | None:
+def _build_report(out: Path, plotlyjs: str | None = None, final_dir: Path | None = None) -> Path | None:
     try:
         from reports import build_report
     except ImportError:
         return None
-    return build_report(out, plotlyjs=plotlyjs)
+    return build_report(out, plotlyjs=plotlyjs, final_dir=final_dir)
 
 
 @app.command("scenarios")
@@ -271,12 +376,29 @@ def list_scenarios() -> None:
     typer.echo(render(table(["name", "description"], rows, title=f"examples in {EXAMPLES_DIR}", left=2)))
 
 
-@app.command()
-def schema() -> None:
-    """Print the scenario JSON Schema, shorthand included (shipped as scenarios/schema.json)."""
-    from simulator.schema import input_schema
+SCHEMA_KINDS = ("scenario", "sweep", "candidates")
 
-    typer.echo(json.dumps(input_schema(), indent=2))
+
+@app.command()
+def schema(
+    kind: str = typer.Argument(
+        "scenario",
+        help="scenario (shipped as scenarios/schema.json), sweep (scenarios/sweeps/sweep.schema.json) or "
+        "candidates (plan --candidates; scenarios/sweeps/candidates.schema.json)",
+    ),
+) -> None:
+    """Print the JSON Schema of a scenario (shorthand included), sweep or candidates file."""
+    if kind == "scenario":
+        from simulator.schema import input_schema
+
+        doc = input_schema()
+    elif kind in SCHEMA_KINDS:
+        from planning.schema import candidates_schema, sweep_schema
+
+        doc = sweep_schema() if kind == "sweep" else candidates_schema()
+    else:
+        fail(f"schema {kind!r}: choose from {', '.join(SCHEMA_KINDS)}")
+    typer.echo(json.dumps(doc, indent=2))
 
 
 @app.command()
@@ -316,6 +438,8 @@ def report(
         path = _build_report(run_dir, plotlyjs)
     except RunDataError as e:
         fail(str(e))
+    except OSError as e:  # a full disk: write_page removed its temporary file
+        fail(f"{run_dir}: cannot write report.html: {e.strerror or e}")
     if path is None:
         fail("reports package unavailable")
     typer.echo(f"wrote {path}")
@@ -327,6 +451,8 @@ def report(
             paths = export_static(run_dir, formats=formats)
         except StaticExportError as e:
             fail(str(e))
+        except OSError as e:
+            fail(f"{run_dir / 'figures'}: cannot write the images: {e.strerror or e}")
         typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
 
 
@@ -369,6 +495,7 @@ def validate(
 ) -> None:
     """Simulate the configuration of a measured run (a realrun TRACE, or a vLLM, SGLang or AIPerf benchmark
     file) and report the simulator's errors."""
+    errors_as_json(as_json)
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
     from simulator.noise import run_to_run_spread
@@ -495,6 +622,7 @@ def calibrate(
 
     Derived profile (--derive GPU --out DIR): the measured H200 kernels split by the unit that spends their
     time and repriced at the GPU's rates (kernels_calibration/derive.py); use it with --profile DIR/profile.json."""
+    errors_as_json(as_json)
     if traces is not None and derive is not None:
         fail("calibrate: --traces and --derive are separate jobs; give one")
     if traces is not None:

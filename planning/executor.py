@@ -46,6 +46,20 @@ RESULT_VERSION = "1"
 SALT_GLOBS = ("simulator/**/*.py", "costmodel/**/*.py", "catalog/*.py", "catalog/data/*")
 
 
+# The exit status when the Ray cluster's head stops answering during a run.
+EXIT_CLUSTER_LOST = 3
+
+
+def command_line() -> str:
+    """The command that is running, as a shell would take it again (`python cli.py ...` for a script)."""
+    import shlex
+
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        argv.insert(0, "python")
+    return shlex.join(argv)
+
+
 # ---- stopping on signals ------------------------------------------------------------------------
 class Interrupted(KeyboardInterrupt):
     """A run stopped by SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, batch schedulers) or SIGHUP."""
@@ -68,8 +82,17 @@ def stop_on_signals():
     its workers and the caller says how to resume; later ones are ignored while that cleanup runs (a
     second Ctrl-C must not tear it apart with a traceback). Outside the main thread, a no-op."""
     fired: list[int] = []
+    owner = os.getpid()
 
     def handler(signum, _frame):
+        if os.getpid() != owner:
+            # A forked pool worker inherits this handler until its initializer resets it: a SIGTERM
+            # there (the parent ending its workers) ends it as the default would, with no traceback;
+            # Ctrl-C and SIGHUP reach the parent too, which acts on them.
+            if signum == signal.SIGTERM:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
         if not fired:
             fired.append(signum)
             raise Interrupted(signum)
@@ -219,6 +242,14 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 # ---- backends -------------------------------------------------------------------------------------
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s share, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass
 class Stats:
     simulated: int = 0  # points actually simulated in this run
@@ -248,7 +279,7 @@ class Executor:
         if jobs is not None and jobs < 1:
             raise PlanningError(f"--jobs must be >= 1, got {jobs}")
         self.backend = backend
-        self.jobs = jobs or os.cpu_count() or 1
+        self.jobs = jobs or usable_cores()
         self.ray_address = ray_address
         self.connect_timeout_s = connect_timeout_s
         self.progress = progress
@@ -259,6 +290,8 @@ class Executor:
         self._ray = None
         self._ray_started = False
         self._ray_fn = None
+        self._ray_output = None  # raycluster.RayOutput while a Ray this started runs
+        self._watch = None  # raycluster.HeadWatch on that Ray's head
 
     def __enter__(self) -> Executor:
         if self.backend == "ray":
@@ -272,9 +305,15 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if self._ray is not None and self._ray_started:
             self._ray.shutdown()
         self._ray = None
+        if self._ray_output is not None:
+            self._ray_output.restore()
+            self._ray_output = None
 
     def _kill_pool(self) -> None:
         """Stop now (Ctrl-C, an error): drop queued points and end the workers instead of waiting for
@@ -283,11 +322,17 @@ class Executor:
         if pool is None:
             return
         procs = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(timeout=5)
+        # The pool's manager thread closes its wake-up pipe once it sees the workers gone. Python's exit
+        # hook for process pools writes to that pipe: racing the close, it printed a "Bad file descriptor"
+        # traceback after the interrupted message. Waiting for the thread here ends the race.
+        if manager is not None:
+            manager.join(timeout=10)
 
     # -- Ray --
     def _start_ray(self) -> None:
@@ -295,14 +340,50 @@ class Executor:
 
         ray = raycluster.import_ray(self.ray_address)
         if not ray.is_initialized():  # else: a Ray the caller started; it is the caller's to stop
-            if self.ray_address:
-                raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
-            else:
-                raycluster.start_local(ray, self.jobs)
+            self._ray_output = raycluster.RayOutput()
+            try:
+                if self.ray_address:
+                    raycluster.connect(ray, self.ray_address, self.connect_timeout_s)
+                else:
+                    raycluster.start_local(ray, self.jobs, self.connect_timeout_s)
+            except BaseException:
+                self._ray_output.restore()
+                self._ray_output = None
+                raise
             self._ray_started = True
+            head = raycluster.gcs_address(ray, self.ray_address)
+            if head is not None:
+                from reports.terminal import json_errors_on
+
+                as_json = json_errors_on()  # read here: the watch thread has a context of its own
+                self._watch = raycluster.HeadWatch(
+                    head, self.connect_timeout_s, lambda s: self._head_lost(head, s, as_json)
+                )
+                self._watch.start()
         self._ray = ray
         self._ray_fn = self._ray.remote(num_cpus=1, max_retries=2)(simulate_point)
         self.stats.workers = int(self._ray.cluster_resources().get("CPU", 0))
+
+    def _head_lost(self, head: str, seconds: float, as_json: bool) -> None:
+        """In the watch thread: say that the head is gone, what is cached and how to resume, and end the
+        process now (Ray's calls would wait for the head, and its exit hooks too)."""
+        from reports.terminal import to_json
+
+        cache = self.cache.root
+        kept = (
+            f"the {self.stats.simulated} point(s) finished in this run are cached in {cache}; once the cluster is "
+            f"back, run the same command to resume: {command_line()}"
+            if cache is not None
+            else "give --out DIR to keep finished points for a rerun"
+        )
+        message = f"the Ray head at {head} has not answered for {seconds:.0f} s (--ray-timeout): {kept}"
+        try:
+            sys.stderr.write(f"\nerror: {message}\n")
+            sys.stderr.flush()
+            if as_json and self._ray_output is not None:
+                self._ray_output.write_result(to_json({"error": message}) + "\n")
+        finally:
+            os._exit(EXIT_CLUSTER_LOST)
 
     # -- dispatch --
     def run(self, tasks: Iterable[Task], progress: bool | None = None) -> dict[str, dict]:
@@ -346,10 +427,12 @@ class Executor:
                 yield t.key, simulate_point(t.scenario_json)
         elif self.backend == "pool":
             if self._pool is None:
+                # Python forks every worker of a pool up front: no more than there are points to run.
+                workers = min(self.jobs, len(todo))
                 self._pool = cf.ProcessPoolExecutor(
-                    max_workers=self.jobs, initializer=_warm_worker, initargs=(os.getpid(),)
+                    max_workers=workers, initializer=_warm_worker, initargs=(os.getpid(),)
                 )
-                self.stats.workers = self.jobs
+                self.stats.workers = workers
             futures = {self._pool.submit(simulate_point, t.scenario_json): t.key for t in todo}
             try:
                 for f in cf.as_completed(futures):
@@ -369,6 +452,10 @@ class Executor:
                     done, pending = ray.wait(pending, num_returns=min(len(pending), 64), timeout=0.5)
                     for ref in done:
                         yield refs[ref], ray.get(ref)
+            except Exception:
+                if self._watch is not None:
+                    self._watch.settle(self.connect_timeout_s + 5)  # a lost head: the watch ends the process
+                raise
             except BaseException:
                 for ref in pending:
                     ray.cancel(ref, force=True)

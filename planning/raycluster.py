@@ -21,6 +21,23 @@ Each thing a real cluster needs, and how it is met here:
 - **Loopback only, locally.** A local Ray binds 127.0.0.1. Ray replaces 127.0.0.1 by the machine's
   address unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, which Ray reads when it is first imported,
   so `import_ray` sets it before that import when the Ray wanted is on this machine.
+- **A local Ray of its own.** `ray.init()` without an address joins a cluster it finds (`RAY_ADDRESS`,
+  or one `ray start` left in /tmp/ray) and then refuses `num_cpus` ("When connecting to an existing
+  cluster, num_cpus and num_gpus must not be provided"); `start_local` passes `address="local"`, which
+  always starts a new one (`canonicalize_bootstrap_address` in ray/_private/services.py, Ray 2.60).
+- **Stdout is the result's.** Ray's driver prints the error messages the cluster publishes (a worker
+  or a whole node lost, with its crash report) on stdout, from a thread of its own
+  (`listen_error_messages` in ray/_private/worker.py, Ray 2.60, with `is_err: False`), whatever
+  `log_to_driver` says. `RayOutput` sends the process's stdout to stderr, file descriptor and
+  `sys.stdout` both, from before `ray.init` until after `ray.shutdown`; the commands print their result
+  once Ray is shut down, so `--json` output stays valid.
+- **Our SIGTERM handler.** `ray.init` installs its own (`sys.exit(signum)`), which would skip the
+  "interrupted: run the same command to resume" path; `_keep_sigterm` puts the caller's back.
+- **A head that stops answering.** Ray's driver gives up on a lost GCS after
+  `gcs_rpc_server_reconnect_timeout_s` (60 s) by exiting with status 1 from C++, saying nothing of
+  the run. `HeadWatch` opens a TCP connection to the head's GCS every second; when none succeeds for
+  `--ray-timeout` seconds it says what happened, how many points are cached and the command that
+  resumes, and ends the process (EXIT_CLUSTER_LOST); Ray's own limit is raised above ours for that.
 """
 
 from __future__ import annotations
@@ -165,14 +182,16 @@ def stage_worker_code(dest: Path, root: Path = ROOT) -> Path:
 
 def connect(ray, address: str, timeout_s: float) -> None:
     """ray.init against an existing cluster, shipping only the project's code; one-line PlanningError on failure."""
-    if not timeout_s > 0:
-        raise PlanningError(f"--ray-timeout must be > 0, got {timeout_s}")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise PlanningError(f"--ray-timeout must be > 0 seconds and finite, got {timeout_s}")
     if address != "auto":
         probe(address, timeout_s)
     with (
         tempfile.TemporaryDirectory(prefix="hacksim-ray-") as tmp,
         _captured_stderr() as captured,
+        _keep_sigterm(),
         _env_default("RAY_gcs_server_port_wait_time_s", str(max(1, math.ceil(timeout_s)))),
+        _env_default("RAY_gcs_rpc_server_reconnect_timeout_s", str(ray_gives_up_s(timeout_s))),
     ):
         env = {"working_dir": str(stage_worker_code(Path(tmp)))}
         try:
@@ -198,12 +217,18 @@ def explain(address: str, error: Exception, ray_output: str) -> str:
     return f"--ray-address {address}: cannot connect: {first}"
 
 
-def start_local(ray, jobs: int) -> None:
-    """A Ray on this machine, bound to 127.0.0.1, with the checkout on the workers' path."""
+def start_local(ray, jobs: int, timeout_s: float = 30.0) -> None:
+    """A new Ray on this machine, of its own whatever else runs here, bound to 127.0.0.1, with the
+    checkout on the workers' path."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with _captured_stderr():  # Ray's notes about the token it generates for a new local cluster
+    with (
+        _captured_stderr(),  # Ray's notes about the token it generates for a new local cluster
+        _keep_sigterm(),
+        _env_default("RAY_gcs_rpc_server_reconnect_timeout_s", str(ray_gives_up_s(timeout_s))),
+    ):
         try:
             ray.init(
+                address="local",
                 num_cpus=jobs,
                 runtime_env={"env_vars": {"PYTHONPATH": path}},
                 include_dashboard=False,
@@ -214,6 +239,136 @@ def start_local(ray, jobs: int) -> None:
         except Exception as e:  # noqa: BLE001 - whatever stops Ray from starting, said in one line
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise PlanningError(f"--ray: cannot start a local Ray: {first}") from None
+
+
+def ray_gives_up_s(timeout_s: float) -> int:
+    """Ray's own wait for a lost GCS, kept above HeadWatch's so that ours speaks first."""
+    return max(60, math.ceil(timeout_s) + 30)
+
+
+@contextlib.contextmanager
+def _keep_sigterm():
+    """Put back the SIGTERM handler `ray.init` replaces (in the main thread, where handlers live)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class RayOutput:
+    """While Ray runs in this process, what it prints to stdout goes to stderr: file descriptor 1 points
+    at descriptor 2 and `sys.stdout` is `sys.stderr`; `restore()` puts both back."""
+
+    def __init__(self):
+        sys.stdout.flush()
+        self._fd = os.dup(1)
+        self._stdout = sys.stdout
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+    def write_result(self, text: str) -> None:
+        """Write to the real stdout (the result, while Ray's output goes to stderr)."""
+        if self._fd is not None:
+            os.write(self._fd, text.encode())
+
+    def restore(self) -> None:
+        if self._fd is None:
+            return
+        sys.stdout.flush()
+        os.dup2(self._fd, 1)
+        os.close(self._fd)
+        sys.stdout = self._stdout
+        self._fd = None
+
+
+def gcs_address(ray, given: str | None) -> str | None:
+    """HOST:PORT of the cluster's GCS, as Ray knows it (else the address given, less any ray://)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - Ray Client, or an older Ray: fall back on what was given
+        if given and given != "auto":
+            host, port = split_address(given)
+            return f"{host}:{port}"
+        return None
+
+
+def reachable(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to HOST:PORT opens within `timeout_s`."""
+    host, port = split_address(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+class HeadWatch:
+    """Calls `on_lost(seconds)` once no connection to the head's GCS has opened for `timeout_s` seconds,
+    probing every `interval_s` in a daemon thread (`start`/`stop`), or on each `check()` (tests drive
+    that with their own `probe` and `clock`)."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        on_lost,
+        probe=reachable,
+        clock=None,
+        interval_s: float = 1.0,
+    ):
+        import threading
+        import time
+
+        self.address, self.timeout_s, self.on_lost = address, timeout_s, on_lost
+        self.probe, self.clock, self.interval_s = probe, clock or time.monotonic, interval_s
+        self.last_ok = self.clock()
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> bool:
+        """One probe; True once the head has been unreachable for `timeout_s` (and `on_lost` was called)."""
+        if self.lost:
+            return True
+        now = self.clock()
+        if self.probe(self.address):
+            self.last_ok = now
+        elif now - self.last_ok >= self.timeout_s:
+            self.lost = True
+            self.on_lost(now - self.last_ok)
+        return self.lost
+
+    def settle(self, limit_s: float) -> None:
+        """After Ray raised: return at once if the head answers; else wait (at most `limit_s`) for the watch
+        to find it lost, which ends the process."""
+        import time
+
+        if self.probe(self.address):
+            return
+        end = time.monotonic() + limit_s
+        while not self.lost and time.monotonic() < end:
+            time.sleep(0.2)
+
+    def start(self) -> None:
+        import threading
+
+        def loop():
+            while not self._stop.wait(self.interval_s):
+                if self.check():
+                    return
+
+        self._thread = threading.Thread(target=loop, name="hacksim-ray-head-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 @contextlib.contextmanager

@@ -9,9 +9,16 @@ colours they have in every other report (reports/style.py). Figures:
 - heatmaps of a metric over two axes, one panel per method, the median over any other axes;
 - with a single varying axis, the metric against it, one line per method.
 
-Goodput: a configuration is a row's axis values other than the arrival rate, plus its method.
-With SLOs in the sweep file, its goodput is the highest measured throughput among its rows that
-meet every target (0 if none does); without SLOs it is simply the highest throughput.
+Goodput: a configuration is a row's axis values other than the arrival rate and the workload seed,
+plus its method. With SLOs in the sweep file, its goodput for one seed is the highest measured
+throughput among its rows that meet every target (0 if none does); without SLOs it is simply the
+highest throughput. With a `workload.seed` axis a configuration's goodput is the mean over its seeds,
+with their range; two configurations whose ranges overlap are a tie, since the seeds do not tell them
+apart: neither dominates the other on goodput, so at one cost both stand on the Pareto front and share
+a tie number. With one seed nothing shows the noise, and the page says so.
+
+Axes and metrics are named in words with their unit (`jct_p90_s` is "JCT p90 (s)"); a heatmap cell
+where every run meets the SLOs carries a ✓.
 """
 
 from __future__ import annotations
@@ -28,24 +35,57 @@ from reports.page import Page, Section, render_page, write_page
 from reports.style import method_colours, method_label
 
 RATE_AXIS = "workload.arrival.rate_rps"
+SEED_AXIS = "workload.seed"
+MEETS = "✓"
+_WORDS = {"jct": "JCT", "ttft": "TTFT", "tpot": "TPOT", "kv": "KV", "usd": "USD", "gpu": "GPU", "slo": "SLO"}
 
 
 def _esc(x) -> str:
     return html.escape(str(x))
 
 
+def readable(column: str) -> str:
+    """A column or axis path in words with its unit: `jct_p90_s` -> "JCT p90 (s)",
+    `network.bandwidth_gbps` -> "network bandwidth (Gbit/s)", `methods.0.partition` -> "methods[0] partition"."""
+    from .sweep import UNIT_SUFFIXES, column_unit
+
+    unit = column_unit(column)
+    stem = column
+    for suffix, u in UNIT_SUFFIXES:
+        if u == unit and column.endswith(suffix):
+            stem = column[: -len(suffix)]
+            break
+    parts: list[str] = []
+    for part in stem.split("."):
+        if part.isdigit() and parts:
+            parts[-1] += f"[{part}]"
+        else:
+            parts.append(" ".join(_WORDS.get(w, w) for w in part.split("_") if w))
+    text = " ".join(parts)
+    return f"{text} ({unit})" if unit else text
+
+
 # ---- goodput and the Pareto front ------------------------------------------------------------------------
 def config_columns_of(df: pd.DataFrame, axis_paths: list[str]) -> list[str]:
-    """The axes that make a configuration: all but the arrival rate (goodput is taken over it) and the
-    `methods` list (the `method` column says which method the row is)."""
-    return [p for p in axis_paths if p not in (RATE_AXIS, "methods") and p in df.columns]
+    """The axes that make a configuration: all but the arrival rate (goodput is taken over it), the
+    workload seed (goodput is averaged over it) and the `methods` list (the `method` column says which
+    method the row is)."""
+    return [p for p in axis_paths if p not in (RATE_AXIS, SEED_AXIS, "methods") and p in df.columns]
+
+
+def seed_column(df: pd.DataFrame) -> str | None:
+    """The column holding each row's workload seed: the swept axis, else the table's `seed`."""
+    return next((c for c in (SEED_AXIS, "seed") if c in df.columns), None)
 
 
 def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
-    """One row per configuration: its axis values, cost per hour, goodput and the rows it came from."""
+    """One row per configuration: its axis values, cost per hour, goodput (the mean over its seeds, with
+    their minimum and maximum), how many seeds and rows it came from."""
     ok = df.loc[df["error"] == ""].copy() if "error" in df.columns else df.copy()
     if ok.empty:
-        return pd.DataFrame(columns=["config", "cost_usd_per_hour", "goodput_rps"])
+        return pd.DataFrame(
+            columns=["config", "cost_usd_per_hour", "goodput_rps", "goodput_min_rps", "goodput_max_rps", "seeds"]
+        )
     keys = config_columns_of(ok, axis_paths)
     good = ok["throughput_rps"].where(ok["meets_slo"], 0.0) if "meets_slo" in ok.columns else ok["throughput_rps"]
     ok["_goodput"] = good.astype(float)
@@ -53,11 +93,17 @@ def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
     for k in reversed(keys):
         label = k + "=" + ok[k].astype(str) + ", " + label
     ok["config"] = label
-    g = ok.groupby("config", sort=False)
+    seed = seed_column(ok)
+    ok["_seed"] = ok[seed].astype(str) if seed is not None else ""
+    per_seed = ok.groupby(["config", "_seed"], sort=False)["_goodput"].max()  # the best rate within the SLOs
+    g, by_seed = ok.groupby("config", sort=False), per_seed.groupby(level="config", sort=False)
     out = pd.DataFrame(
         {
             "cost_usd_per_hour": g["cost_usd_per_hour"].first(),
-            "goodput_rps": g["_goodput"].max(),
+            "goodput_rps": by_seed.mean(),
+            "goodput_min_rps": by_seed.min(),
+            "goodput_max_rps": by_seed.max(),
+            "seeds": by_seed.size(),
             "method": g["method"].first(),
             "rows": g.size(),
         }
@@ -65,18 +111,57 @@ def configurations(df: pd.DataFrame, axis_paths: list[str]) -> pd.DataFrame:
     return out
 
 
+def _range(conf: pd.DataFrame, i) -> tuple[float, float]:
+    r = conf.loc[i]
+    lo = r["goodput_min_rps"] if "goodput_min_rps" in conf.columns else r["goodput_rps"]
+    hi = r["goodput_max_rps"] if "goodput_max_rps" in conf.columns else r["goodput_rps"]
+    return float(lo), float(hi)
+
+
 def pareto_front(conf: pd.DataFrame) -> pd.Series:
-    """True for configurations that no other beats on both cost (lower) and goodput (higher)."""
+    """True for configurations that no other dominates: one dominates another when it costs no more and
+    its goodput is clearly higher (its lowest seed above the other's highest), or costs less and is not
+    clearly lower. Goodputs whose seed ranges overlap are ties; with one seed that is equality."""
     flags = pd.Series(False, index=conf.index)
     valid = conf.loc[conf["cost_usd_per_hour"].notna() & (conf["goodput_rps"] > 0)]
-    best = -math.inf
-    for i, r in valid.sort_values(
-        ["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable"
-    ).iterrows():
-        if r["goodput_rps"] > best:
-            flags[i] = True
-            best = r["goodput_rps"]
+    for i in valid.index:
+        cost_i, (lo_i, hi_i) = valid.at[i, "cost_usd_per_hour"], _range(valid, i)
+        dominated = False
+        for j in valid.index:
+            if j == i:
+                continue
+            cost_j, (lo_j, hi_j) = valid.at[j, "cost_usd_per_hour"], _range(valid, j)
+            higher, lower = lo_j > hi_i, hi_j < lo_i
+            if (cost_j <= cost_i and higher) or (cost_j < cost_i and not lower):
+                dominated = True
+                break
+        flags[i] = not dominated
     return flags
+
+
+def tie_groups(conf: pd.DataFrame, front: pd.Series) -> dict:
+    """Configurations on the front at one cost whose goodputs cannot be told apart (seed ranges that overlap,
+    directly or through others), numbered 1, 2, ... cheapest first: {index: group}; one alone has none."""
+    on = conf.loc[front].sort_values(["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable")
+    groups: dict = {}
+    members: list[list] = []
+    for i in on.index:
+        lo_i, hi_i = _range(on, i)
+        for group in members:
+            j = group[-1]
+            if on.at[j, "cost_usd_per_hour"] == on.at[i, "cost_usd_per_hour"] and not (
+                _range(on, j)[0] > hi_i or _range(on, j)[1] < lo_i
+            ):
+                group.append(i)
+                break
+        else:
+            members.append([i])
+    n = 0
+    for group in members:
+        if len(group) > 1:
+            n += 1
+            groups.update({i: n for i in group})
+    return groups
 
 
 # ---- figures ------------------------------------------------------------------------------------------------
@@ -85,6 +170,7 @@ def cost_goodput_figure(conf: pd.DataFrame, has_slo: bool) -> go.Figure:
     front = pareto_front(conf)
     fig = go.Figure()
     colours = method_colours([str(m) for m in dict.fromkeys(conf["method"])])
+    spread = "seeds" in conf.columns and bool((conf["seeds"] > 1).any())
     for method, part in conf.groupby("method", sort=False):
         fig.add_trace(
             go.Scatter(
@@ -93,8 +179,20 @@ def cost_goodput_figure(conf: pd.DataFrame, has_slo: bool) -> go.Figure:
                 mode="markers",
                 name=method_label(str(method)),
                 marker=dict(size=9, color=colours[str(method)], opacity=0.75),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(part["goodput_max_rps"] - part["goodput_rps"]).to_numpy(),
+                    arrayminus=(part["goodput_rps"] - part["goodput_min_rps"]).to_numpy(),
+                    thickness=1.2,
+                    width=4,
+                )
+                if spread
+                else None,
                 text=part["config"],
-                hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.3g} req/s<extra></extra>",
+                hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.3g} req/s"
+                + (" (mean over seeds; bar: their range)" if spread else "")
+                + "<extra></extra>",
             )
         )
     pf = conf.loc[front].sort_values("cost_usd_per_hour")
@@ -133,6 +231,8 @@ def _ordered(values) -> list[str]:
 
 
 def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[str]) -> go.Figure:
+    """`metric` per (x, y) cell, one panel per method, the median over `others`; a cell where every run
+    meets the SLOs (the table's `meets_slo`) carries a ✓ after its value."""
     ok = df.loc[(df["error"] == "") & df[metric].notna()] if metric in df.columns else df.iloc[0:0]
     methods = list(dict.fromkeys(ok["method"]))
     cols = min(len(methods), 3) or 1
@@ -146,31 +246,55 @@ def heatmap_figure(df: pd.DataFrame, x: str, y: str, metric: str, others: list[s
     )
     xs, ys = _ordered(ok[x]), _ordered(ok[y])
     lo, hi = (float(ok[metric].min()), float(ok[metric].max())) if len(ok) else (0.0, 1.0)
+    has_slo = "meets_slo" in ok.columns
+    rx, ry, rm = readable(x), readable(y), readable(metric)
     for k, m in enumerate(methods):
         part = ok.loc[ok["method"] == m].assign(_x=lambda d: d[x].astype(str), _y=lambda d: d[y].astype(str))
         piv = part.pivot_table(index="_y", columns="_x", values=metric, aggfunc="median").reindex(index=ys, columns=xs)
         z = [[None if pd.isna(v) else float(v) for v in row] for row in piv.to_numpy()]
+        meets = (
+            part.assign(_m=part["meets_slo"].astype(float))
+            .pivot_table(index="_y", columns="_x", values="_m", aggfunc="mean")
+            .reindex(index=ys, columns=xs)
+            .to_numpy()
+            if has_slo
+            else None
+        )
+        text = [
+            [
+                "" if v is None else f"{v:.3g}" + (f" {MEETS}" if meets is not None and meets[i][j] == 1 else "")
+                for j, v in enumerate(row)
+            ]
+            for i, row in enumerate(z)
+        ]
+        share = (
+            [[("–" if pd.isna(f) else f"{100 * f:.0f}%") for f in row] for row in meets] if meets is not None else None
+        )
         fig.add_trace(
             go.Heatmap(
                 z=z,
                 x=xs,
                 y=ys,
+                text=text,
+                customdata=share,
                 coloraxis="coloraxis",
-                texttemplate="%{z:.3g}",
-                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{metric}=%{{z:.4g}}<extra>{m}</extra>",
+                texttemplate="%{text}",
+                hovertemplate=f"{rx} = %{{x}}<br>{ry} = %{{y}}<br>{rm} = %{{z:.4g}}"
+                + ("<br>runs meeting the SLOs: %{customdata}" if has_slo else "")
+                + f"<extra>{method_label(str(m))}</extra>",
             ),
             row=k // cols + 1,
             col=k % cols + 1,
         )
-        fig.update_xaxes(title_text=x, type="category", row=k // cols + 1, col=k % cols + 1)
-        fig.update_yaxes(title_text=y, type="category", row=k // cols + 1, col=k % cols + 1)
-    agg = f" (median over {', '.join(others)})" if others else ""
+        fig.update_xaxes(title_text=rx, type="category", row=k // cols + 1, col=k % cols + 1)
+        fig.update_yaxes(title_text=ry, type="category", row=k // cols + 1, col=k % cols + 1)
+    agg = f" (median over {', '.join(readable(o) for o in others)})" if others else ""
     fig.update_layout(
         height=340 * rows + 60,
         margin=dict(l=70, r=20, t=70, b=50),
         template="plotly_white",
-        title=f"{metric} over {x} and {y}{agg}",
-        coloraxis=dict(colorscale="Viridis", cmin=lo, cmax=hi, colorbar=dict(title=metric)),
+        title=f"{rm} over {rx} and {ry}{agg}" + (f"; {MEETS}: every run meets the SLOs" if has_slo else ""),
+        coloraxis=dict(colorscale="Viridis", cmin=lo, cmax=hi, colorbar=dict(title=rm)),
     )
     return fig
 
@@ -190,9 +314,9 @@ def line_figure(df: pd.DataFrame, x: str, metric: str) -> go.Figure:
     fig.update_layout(
         height=400,
         template="plotly_white",
-        title=f"{metric} against {x}",
-        xaxis_title=x,
-        yaxis_title=metric,
+        title=f"{readable(metric)} against {readable(x)}",
+        xaxis_title=readable(x),
+        yaxis_title=readable(metric),
         xaxis_type="category",
     )
     return fig
@@ -226,6 +350,14 @@ def _table_html(df: pd.DataFrame, left: set[str], table_id: str) -> str:
     )
 
 
+def _goodput_text(r) -> str:
+    """`1.2 req/s`, or with several seeds `1.2 req/s (1.1–1.3 over 3 seeds)`."""
+    text = f"{r['goodput_rps']:.3g} req/s"
+    if r.get("seeds", 1) > 1:
+        text += f" ({r['goodput_min_rps']:.3g}–{r['goodput_max_rps']:.3g} over {int(r['seeds'])} seeds)"
+    return text
+
+
 def _glance_html(df: pd.DataFrame, conf: pd.DataFrame, slo: dict) -> str:
     """Per method: rows, rows within the SLOs, the best goodput and what its configuration costs."""
     ok = df.loc[df["error"] == ""] if "error" in df.columns else df
@@ -240,7 +372,7 @@ def _glance_html(df: pd.DataFrame, conf: pd.DataFrame, slo: dict) -> str:
             .sort_values(["goodput_rps", "cost_usd_per_hour"], ascending=[False, True])
             .head(1)
         )
-        good = f"{best['goodput_rps'].iloc[0]:.3g} req/s" if len(best) else "–"
+        good = _goodput_text(best.iloc[0]) if len(best) else "–"
         cost = best["cost_usd_per_hour"].iloc[0] if len(best) else math.nan
         rows.append(
             f'<tr><td><span class="sw" style="background:{colours[m]}"></span>{_esc(method_label(m))}</td>'
@@ -298,13 +430,19 @@ def sweep_page(
             continue
         fid = f"heatmap-{i}" if y else f"line-{i}"
         figures[fid] = heatmap_figure(df, x, y, metric, others_of(x, y)) if y else line_figure(df, x, metric)
-        lead = f"{metric} per cell, one panel per method." if y else f"{metric} against {x}, one line per method."
-        metric_sections.append(Section(fid, f"{metric} over {x}" + (f" and {y}" if y else ""), lead, (fid,)))
+        lead = (
+            f"{readable(metric)} per cell, one panel per method"
+            + (f"; {MEETS} marks a cell where every run meets the SLOs." if slo and "meets_slo" in df.columns else ".")
+            if y
+            else f"{readable(metric)} against {readable(x)}, one line per method."
+        )
+        heading = f"{readable(metric)} over {readable(x)}" + (f" and {readable(y)}" if y else "")
+        metric_sections.append(Section(fid, heading, lead, (fid,)))
     cost_sections = []
     if len(conf):
         figures["cost-goodput"] = cost_goodput_figure(conf, bool(slo))
         lead = (
-            "One marker per configuration (axis values other than the arrival rate, and method). "
+            "One marker per configuration (axis values other than the arrival rate and the seed, and method). "
             + (
                 "Goodput: the highest measured throughput among its rows that meet every SLO, so it moves in the "
                 "steps of the swept rates; `plan` bisects on the rate instead."
@@ -313,19 +451,48 @@ def sweep_page(
             )
             + " Cost counts instances only (network is not priced)."
         )
-        front = conf.loc[pareto_front(conf)].sort_values("cost_usd_per_hour")
+        on_front = pareto_front(conf)
+        groups = tie_groups(conf, on_front)
+        sizes = pd.Series(groups).value_counts().to_dict() if groups else {}
+        front = conf.loc[on_front].assign(
+            tie=lambda d: [
+                f"tie {groups[i]} ({sizes[groups[i]]} configurations)" if i in groups else "" for i in d.index
+            ]
+        )
+        front = front.sort_values(["cost_usd_per_hour", "goodput_rps"], ascending=[True, False], kind="stable")
+        seeds = int(conf["seeds"].max()) if "seeds" in conf.columns and len(conf) else 1
+        if seeds > 1:
+            lead += (
+                f" Goodput is the mean over {seeds} workload seeds; the bars and the range column give the lowest and "
+                "highest seed. Configurations whose ranges overlap cannot be told apart: they are ties."
+            )
+            shown = front.assign(
+                goodput_range_rps=[
+                    f"{a:.4g}–{b:.4g}" for a, b in zip(front["goodput_min_rps"], front["goodput_max_rps"])
+                ]
+            )[["config", "cost_usd_per_hour", "goodput_rps", "goodput_range_rps", "seeds", "tie"]]
+        else:
+            shown = front[["config", "cost_usd_per_hour", "goodput_rps", "rows", "tie"]]
+        seed_notes = (
+            ()
+            if seeds > 1
+            else (
+                "Each configuration ran with one workload seed, so a goodput difference here may be seed-to-seed "
+                "noise, which nothing in this sweep measures, and only exact equality is called a tie: add a "
+                f"{SEED_AXIS} axis (e.g. [0, 1, 2]) to see the spread and call ties ties.",
+            )
+        )
         cost_sections.append(
             Section(
                 "cost-goodput",
                 "Cost per hour against goodput",
                 lead,
                 ("cost-goodput",),
-                notes=cost_notes,
+                notes=cost_notes + seed_notes,
                 body_html="<h3>Pareto front</h3><p class='lead'>Configurations that no other "
-                "beats on both cost per hour and goodput, cheapest first.</p>"
-                + _table_html(
-                    front[["config", "cost_usd_per_hour", "goodput_rps", "rows"]], {"config"}, "table-pareto"
-                ),
+                "beats on both cost per hour and goodput, cheapest first; configurations at one cost whose "
+                "goodputs the seeds cannot tell apart share a tie number.</p>"
+                + _table_html(shown, {"config", "tie"}, "table-pareto"),
             )
         )
     # Open on the most informative figure: the cost figure only when costs differ.
@@ -366,8 +533,12 @@ def render(df: pd.DataFrame, *, plotlyjs: str | None = None, **kw) -> str:
     return render_page(sweep_page(df, **kw), plotlyjs=plotlyjs)
 
 
-def write_report(df: pd.DataFrame, out: Path, *, plotlyjs: str | None = None, **kw) -> Path:
-    return write_page(sweep_page(df, **kw), Path(out) / "report.html", plotlyjs=plotlyjs)
+def write_report(
+    df: pd.DataFrame, out: Path, *, plotlyjs: str | None = None, page_dir: Path | None = None, **kw
+) -> Path:
+    """`out/report.html`; `page_dir`: the folder the page moves to, when `out` is a temporary one."""
+    page_path = None if page_dir is None else Path(page_dir) / "report.html"
+    return write_page(sweep_page(df, **kw), Path(out) / "report.html", plotlyjs=plotlyjs, page_path=page_path)
 
 
 def figure_names(path: Path) -> list[str]:

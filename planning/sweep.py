@@ -29,6 +29,7 @@ import copy
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.config import Scenario, ScenarioError, first_error, parse_scenario, read_yaml, set_path
+from simulator.files import strict_json
 from simulator.load import resolve_workload_files
 from simulator.resolve import instances_per_replica, network_bandwidth_gbps, price_usd_per_hour
 
@@ -57,6 +59,10 @@ def parse_slo(text: str | dict | None) -> dict[str, float]:
             if "=" not in item:
                 raise PlanningError(f"--slo {item!r}: expected metric=seconds, e.g. ttft_p99_s=60")
             k, v = item.split("=", 1)
+            if k.strip() in pairs:
+                raise PlanningError(
+                    f"--slo {k.strip()}: given twice ({pairs[k.strip()]} and {v.strip()}); give it once"
+                )
             pairs[k.strip()] = v.strip()
         text = pairs
     out = {}
@@ -105,9 +111,22 @@ class ReportSpec(_Strict):
     )
 
 
+# A sweep of more points than this is refused (split it, or list the points that matter); past
+# WARN_SWEEP_POINTS the sweep command warns before it starts. A point at the shipped sweeps' 300 requests
+# takes about a second per method on one core, so 10,000 points are hours on a workstation.
+MAX_SWEEP_POINTS = 100_000
+WARN_SWEEP_POINTS = 10_000
+# A sweep's name becomes a folder under out/sweeps/: one plain path component, short enough for any file system.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,99}")
+
+
 class SweepSpec(_Strict):
-    name: str | None = Field(None, description="label in outputs; default: the file's stem")
-    description: str = ""
+    name: str | None = Field(
+        None,
+        description="label in outputs and the folder under out/sweeps/ by default: letters, digits and _ . + = -, "
+        "at most 100 characters, not starting with a dot; default: the file's stem",
+    )
+    description: str = Field("", description="what the sweep asks, shown on its report")
     base: str = Field(description="base scenario YAML, relative to the sweep file")
     mode: Literal["grid", "list"] = Field(
         "grid", description="grid: every combination of the axes; list: the points as given"
@@ -119,7 +138,18 @@ class SweepSpec(_Strict):
     )
     points: list[dict[str, Any]] | None = Field(None, description="list: one mapping path -> value per point")
     slo: dict[str, float] = Field(default_factory=dict, description="optional targets (seconds) for goodput")
-    report: ReportSpec = Field(default_factory=ReportSpec)
+    report: ReportSpec = Field(default_factory=ReportSpec, description="what the report shows")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not SWEEP_NAME.fullmatch(v):
+            shown = v if len(v) <= 60 else f"{v[:40]}... ({len(v)} characters)"
+            raise ValueError(
+                f"{shown!r} is not a plain folder name: letters, digits and _ . + = -, at most 100 characters, "
+                "not starting with a dot (the name becomes out/sweeps/NAME)"
+            )
+        return v
 
     @field_validator("axes")
     @classmethod
@@ -158,7 +188,21 @@ class SweepSpec(_Strict):
                 if dup:
                     raise ValueError(f"axis {sorted(dup)[0]} appears twice")
                 seen |= set(group)
+        n = self.point_count()
+        if n > MAX_SWEEP_POINTS:
+            raise ValueError(
+                f"{n:,} points, more than the {MAX_SWEEP_POINTS:,} a sweep may have: split it into several sweeps "
+                "or list the points that matter (mode: list)"
+            )
         return self
+
+    def point_count(self) -> int:
+        """How many points `expand` gives, without expanding them."""
+        if self.mode == "list":
+            return len(self.points or [])
+        return math.prod(len(v) for v in self.axes.values()) * math.prod(
+            len(next(iter(g.values()))) for g in self.linked
+        )
 
     def axis_paths(self) -> list[str]:
         if self.mode == "list":
@@ -193,7 +237,10 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     if not base.exists():
         raise PlanningError(f"{path}: base: no such file {base}")
     if spec.name is None:
-        spec = spec.model_copy(update={"name": path.stem})
+        try:
+            spec = spec.model_copy(update={"name": SweepSpec._name(path.stem)})
+        except ValueError as e:
+            raise PlanningError(f"{path}: name (the file's stem, as none is given): {e}") from None
     return spec, base
 
 
@@ -322,7 +369,34 @@ def run_sweep(spec: SweepSpec, base_path: Path, executor: Executor, source: str 
 
 INT_COLUMNS = tuple(
     f"{p}_{k}" for p in ("prefill", "decode") for k in ("tensor_parallel", "pipeline_parallel", "replicas", "instances")
-) + ("requests", "seed", "completed")
+) + (
+    "requests",
+    "seed",
+    "completed",
+    "failed",
+    "retried",
+    "preemptions",
+    "decode_memory_blocks",
+    "decode_memory_block_tokens",
+    "decode_memory_gpus",
+)
+BOOL_COLUMNS = ("stable", "meets_slo")
+# A config column that says again what an axis of the same name sets (the axis keeps the value as given,
+# error rows included); dropped from the table when that axis is swept.
+AXIS_TWINS = {
+    **{
+        f"{p}.{k}": f"{p}_{k}"
+        for p in ("prefill", "decode")
+        for k in ("instance", "tensor_parallel", "pipeline_parallel", "replicas")
+    },
+    "network.bandwidth_gbps": "network_bandwidth_gbps",
+    "workload.arrival.rate_rps": "rate_rps",
+    "workload.requests": "requests",
+    "workload.seed": "seed",
+}
+# Summary fields that repeat another under a second name (decode_memory's kv_capacity_bytes is
+# decode_kv_capacity_bytes).
+REPEATED_METRICS = ("decode_memory_kv_capacity_bytes",)
 
 
 def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[str, dict]) -> pd.DataFrame:
@@ -354,10 +428,43 @@ def build_table(spec: SweepSpec, points, tasks: dict[int, Task], results: dict[s
         for r in df.to_dict(orient="records"):
             ok.append(not r["error"] and not slo_misses(r, spec.slo))
         df["meets_slo"] = ok
-    for c in INT_COLUMNS:
-        if c in df.columns:
-            df[c] = df[c].astype("Int64")  # stays integer beside error rows (empty in CSV)
+    return tidy(df, paths)
+
+
+def tidy(df: pd.DataFrame, paths: list[str]) -> pd.DataFrame:
+    """Each fact in one column of one type: a config column that repeats a swept axis and a metric that
+    repeats another go; byte counts are whole bytes and counts integers (Int64: empty beside error rows);
+    yes/no columns are booleans (empty beside error rows)."""
+    drop = [AXIS_TWINS[p] for p in paths if AXIS_TWINS.get(p) in df.columns]
+    drop += [c for c in REPEATED_METRICS if c in df.columns]
+    if "methods" in paths and "methods" in df.columns and "method" in df.columns:
+        bare = df["methods"].map(lambda v: _bare_method(v)) == df["method"]
+        if bool(bare.all()):  # each value a one-name list: the method column says it
+            drop.append("methods")
+    df = df.drop(columns=drop)
+    for c in df.columns:
+        if c in INT_COLUMNS or c.startswith("prefill_attention_"):
+            df[c] = df[c].astype("Int64")
+        elif _byte_count(c) and pd.api.types.is_numeric_dtype(df[c]):
+            df[c] = df[c].round().astype("Int64")
+        elif c in BOOL_COLUMNS and df[c].dtype == object:  # True/False beside NaN on error rows
+            df[c] = df[c].astype("boolean")
     return df.loc[:, _column_order(list(df.columns))]
+
+
+def _byte_count(column: str) -> bool:
+    """`peak_decode_memory_bytes`, `decode_memory_kv_pool_bytes_per_gpu`: a number of bytes (bytes per token
+    is a mean, and stays fractional)."""
+    return column.endswith("_bytes") or "_bytes_per_" in column and not column.endswith("_bytes_per_token")
+
+
+def _bare_method(v: Any) -> str | None:
+    """The name in a `methods` axis value that is a list of one bare name (`["hack"]`), else None."""
+    try:
+        value = json.loads(v) if isinstance(v, str) else v
+    except ValueError:
+        return None
+    return value[0] if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str) else None
 
 
 # Metric columns in reading order; any the simulator adds later follow, sorted by name.
@@ -387,23 +494,117 @@ def parquet_available() -> bool:
     return True
 
 
-def write_table(df: pd.DataFrame, out: Path) -> tuple[list[Path], str | None]:
-    """results.csv, and results.parquet when pyarrow is installed; returns (written, note)."""
-    import os
+def write_table(df: pd.DataFrame, out: Path, metadata: dict | None = None) -> tuple[list[Path], str | None]:
+    """results.csv, and results.parquet when pyarrow is installed (with `metadata` and each column's unit
+    in its metadata: `parquet_metadata`); returns (written, note). An empty `error` is an empty field in
+    the CSV and null in the Parquet file."""
+    from simulator.files import write_atomically
 
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    tmp = out / ".results.csv.tmp"
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out / "results.csv")
-    written.append(out / "results.csv")
+    df = df.assign(error=df["error"].where(df["error"] != "", None)) if "error" in df.columns else df
+    written = [write_atomically(out / "results.csv", lambda p: df.to_csv(p, index=False))]
     if not parquet_available():
         return written, "results.parquet not written: pyarrow is not installed (pip install pyarrow); wrote CSV only"
-    tmp = out / ".results.parquet.tmp"
-    _parquet_safe(df).to_parquet(tmp, index=False, engine="pyarrow")
-    os.replace(tmp, out / "results.parquet")
-    written.append(out / "results.parquet")
+    written.append(write_atomically(out / "results.parquet", lambda p: _write_parquet(df, p, metadata or {})))
     return written, None
+
+
+# Units by the end of a column's name (the house's unit suffixes), longest first.
+UNIT_SUFFIXES = (
+    ("_bytes_per_token", "bytes/token"),
+    ("_bytes_per_gpu", "bytes"),
+    ("_usd_per_hour", "USD/h"),
+    ("_bytes", "bytes"),
+    ("_gbps", "Gbit/s"),
+    ("_rps", "requests/s"),
+    ("_gib", "GiB"),
+    ("_s", "s"),
+)
+
+
+def column_unit(column: str) -> str | None:
+    """The unit of a results column, from its name: `jct_p90_s` -> s; utilisation is a fraction of capacity."""
+    if column.startswith("utilisation_") or column.endswith("_utilization"):
+        return "fraction of capacity"
+    return next((unit for suffix, unit in UNIT_SUFFIXES if column.endswith(suffix)), None)
+
+
+def _write_parquet(df: pd.DataFrame, path: Path, metadata: dict) -> None:
+    """The table with `hacksim` in the file's metadata (JSON: what the sweep ran and each column's unit) and
+    each column's unit in its field's metadata (`unit`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(_parquet_safe(df), preserve_index=False)
+    units = {c: u for c in df.columns if (u := column_unit(str(c))) is not None}
+    fields = [f.with_metadata({"unit": units[f.name]}) if f.name in units else f for f in table.schema]
+    meta = dict(table.schema.metadata or {})
+    meta[b"hacksim"] = strict_json({**metadata, "units": units}, indent=None, sort_keys=True).encode()
+    pq.write_table(pa.Table.from_arrays(table.columns, schema=pa.schema(fields, metadata=meta)), path)
+
+
+def write_sweep_outputs(
+    result: SweepResult,
+    out: Path,
+    sweep_file: Path,
+    base: Path,
+    *,
+    report: bool = True,
+    plotlyjs: str | None = None,
+    stats_line: str = "",
+) -> tuple[list[Path], list[str], dict]:
+    """results.csv, results.parquet, report.html and sweep.json, written into a temporary folder inside `out`
+    and moved in together (signals held), so an interrupt or a full disk leaves `out` as it was; without a
+    report, an earlier run's report.html goes. Returns (the tables and report written, notes, sweep.json's
+    content)."""
+    import shutil
+    import tempfile
+
+    from simulator.files import move_into, remove_stale_temps, strict_json, temp_prefix
+
+    from .report import write_report
+
+    spec, df = result.spec, result.table
+    failed = df.loc[df["error"] != ""]
+    doc = {
+        "sweep": str(sweep_file),
+        "base": str(base),
+        "spec": spec.model_dump(),
+        "points": result.points,
+        "rows": len(df),
+        "errors": len(failed),
+        "first_error": None
+        if failed.empty
+        else {k: failed.iloc[0][k] for k in ("point", "method", "error")} | {"point": int(failed.iloc[0]["point"])},
+    }
+    metadata = {"sweep": doc["spec"], "sweep_file": str(sweep_file), "base_file": str(base), "base": read_base(base)}
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(), dir=out))
+    try:
+        tables, note = write_table(df, tmp, metadata)
+        if report:
+            write_report(
+                df,
+                tmp,
+                page_dir=out,
+                name=spec.name or sweep_file.stem,
+                description=spec.description,
+                base=str(base),
+                axis_paths=spec.axis_paths(),
+                slo=spec.slo,
+                heatmaps=spec.report.heatmaps,
+                stats_line=stats_line,
+                plotlyjs=plotlyjs,
+            )
+        (tmp / "sweep.json").write_text(strict_json(doc) + "\n")
+        names = move_into(tmp, out)
+        if not report:
+            (out / "report.html").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    written = [out / p.name for p in tables] + ([out / "report.html"] if "report.html" in names else [])
+    return written, [note] if note else [], doc
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,7 @@ labels, colours and order come from the method registry (`costmodel.methods`: pu
 Files (all optional but ``summary.json``; a missing one leaves its section with a note):
 
 - ``summary.json``   per-method statistics: completed, jct_s/ttft_s/tpot_s {mean,p50,p90,p99},
-  breakdown_s (nine parts, seconds), peak_decode_memory_bytes, kv_bytes_per_token {wire,memory},
+  breakdown_s (the parts of BREAKDOWN_PARTS, seconds), peak_decode_memory_bytes, kv_bytes_per_token {wire,memory},
   throughput_rps.
 - ``requests.csv``   one row per request per method (latencies in seconds, sizes in bytes).
 - ``memory.csv``     step function of decode memory: method, replica, time_s, used_bytes, capacity_bytes.
@@ -43,6 +43,12 @@ BREAKDOWN_PARTS = (
     "approximation",
     "preemption",
 )
+_COUNTS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def parts_in_words(n: int = len(BREAKDOWN_PARTS)) -> str:
+    """How many parts the breakdown has, as prose writes it ("ten"), so a sentence never miscounts them."""
+    return _COUNTS[n] if 0 <= n < len(_COUNTS) else str(n)
 
 
 def order_methods(methods) -> list[str]:

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .data import BREAKDOWN_PARTS, RunData
+from .data import BREAKDOWN_PARTS, RunData, parts_in_words
 from .style import (
     PART_COLOURS,
     PART_LABELS,
@@ -125,7 +125,7 @@ def fig_breakdown(run: RunData) -> go.Figure | None:
     )
     fig.update_layout(
         base_layout(
-            "Where a request's time goes: mean JCT in nine parts",
+            f"Where a request's time goes: mean JCT in {parts_in_words()} parts",
             barmode="stack",
             yaxis_title="mean time per request (s)",
             xaxis_title=None,
@@ -303,7 +303,7 @@ def fig_memory(run: RunData, max_points: int = MAX_POINTS) -> go.Figure | None:
         fig.update_yaxes(title_text="GiB", row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(replicas), col=1)
     fig.update_layout(base_layout("Decode memory in use over time, per replica", height=170 + 230 * len(replicas)))
-    mark_faults(fig, run, len(replicas), t_end)
+    mark_faults(fig, run, t_end)
     return fig
 
 
@@ -336,26 +336,59 @@ def fault_windows(run: RunData) -> list[tuple[float, float, str]]:
     return out
 
 
-def mark_faults(fig: go.Figure, run: RunData, rows: int, t_end: float) -> None:
-    """Shade each fault window on every panel of a time-series figure, labelled on the top one."""
-    for start, end, label in fault_windows(run):
-        if start >= t_end:
-            continue
-        for row in range(1, rows + 1):
-            fig.add_vrect(
-                x0=start,
-                x1=min(end, t_end),
-                fillcolor=FAULT_FILL,
-                opacity=0.12,
-                line_width=0,
-                layer="below",
-                annotation_text=label if row == 1 else None,
-                annotation_position="top left",
-                annotation_font=dict(size=10, color=FAULT_FILL),
-                # plotly leaves row and col unannotated: pyright reads str from their default, "all"
-                row=row,  # pyright: ignore[reportArgumentType]
-                col=1,  # pyright: ignore[reportArgumentType]
+# Past this many windows a figure names them in its title instead of labelling each one (hundreds of labels
+# would cover one another).
+MAX_FAULT_LABELS = 20
+
+
+def mark_faults(fig: go.Figure, run: RunData, t_end: float) -> None:
+    """Shade each fault window across every panel of a time-series figure (the panels share one time axis)
+    and label it above the top panel; many windows are counted in the title instead.
+
+    The shapes and labels are set on the layout in one go: plotly's add_vrect per window and panel
+    re-validated the whole layout each time, so 100 windows took minutes, and left a default "new text"
+    label on every panel but the first."""
+    windows = [(start, min(end, t_end), label) for start, end, label in fault_windows(run) if start < t_end]
+    if not windows:
+        return
+    shapes = [
+        dict(
+            type="rect",
+            xref="x",
+            yref="paper",
+            x0=start,
+            x1=end,
+            y0=0,
+            y1=1,
+            fillcolor=FAULT_FILL,
+            opacity=0.12,
+            line_width=0,
+            layer="below",
+        )
+        for start, end, _ in windows
+    ]
+    labels = []
+    if len(windows) <= MAX_FAULT_LABELS:
+        labels = [
+            dict(
+                x=start,
+                xref="x",
+                y=1,
+                yref="paper",
+                yanchor="bottom",
+                xanchor="left",
+                text=label,
+                showarrow=False,
+                font=dict(size=10, color=FAULT_FILL),
             )
+            for start, _, label in windows
+        ]
+    else:
+        kinds = ", ".join(dict.fromkeys(label.split(" ", 2)[0] + " faults" for *_, label in windows))
+        fig.update_layout(title_text=f"{fig.layout.title.text} · {len(windows)} fault windows shaded ({kinds})")
+    fig.update_layout(
+        shapes=list(fig.layout.shapes or ()) + shapes, annotations=list(fig.layout.annotations or ()) + labels
+    )
 
 
 def link_capacities(run: RunData) -> dict[str, float]:
@@ -510,7 +543,7 @@ def fig_links(run: RunData, n_windows: int = LINK_WINDOWS) -> go.Figure | None:
             f"Link throughput over time (mean over {window_s:.3g} s windows) vs capacity", height=150 + 200 * len(shown)
         )
     )
-    mark_faults(fig, run, len(shown), t_end)
+    mark_faults(fig, run, t_end)
     return fig
 
 

@@ -13,11 +13,12 @@ import html
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .banners import overload_banner
-from .data import RunData, load_run
+from .data import RunData, load_run, parts_in_words
 from .figures import figure_notes, make_figures
 from .page import FIGURES_SCRIPT_ID, Page, Section, write_page
 from .style import fmt_bytes, fmt_pct, fmt_seconds, method_colours, method_label
@@ -36,7 +37,7 @@ FIGURE_SECTIONS = (
     (
         "breakdown",
         "JCT breakdown",
-        "Mean seconds per request in each of the nine phases, stacked; the label on top is the total.",
+        f"Mean seconds per request in each of the {parts_in_words()} phases, stacked; the label on top is the total.",
         ("jct_breakdown",),
     ),
     (
@@ -132,26 +133,56 @@ def _glance_html(run: RunData) -> str:
     )
 
 
+def _requests_per_method(run: RunData) -> int | None:
+    """Requests each method was given: summary.json's `requests`, else completed + failed of a method."""
+    n = run.summary.get("requests")
+    if isinstance(n, (int, float)) and not isinstance(n, bool):
+        return int(n)
+    for m in run.methods:
+        stats = run.summary["methods"].get(m) or {}
+        done, failed = stats.get("completed"), stats.get("failed", 0)
+        if isinstance(done, (int, float)):
+            return int(done) + int(failed or 0)
+    return None
+
+
+def _outcomes_line(run: RunData) -> str | None:
+    """Per method, how many requests failed (and why) and were retried, when any was."""
+    parts = []
+    for m in run.methods:
+        stats = run.summary["methods"].get(m) or {}
+        failed, retried = int(stats.get("failed") or 0), int(stats.get("retried") or 0)
+        if failed or retried:
+            why = ", ".join(f"{int(k):,} {r}" for r, k in (stats.get("failure_reasons") or {}).items())
+            parts.append(
+                f"{method_label(m)}: {int(stats.get('completed') or 0):,} completed, {failed:,} failed"
+                + (f" ({why})" if why else "")
+                + f", {retried:,} retried"
+            )
+    return "requests that a fault hit · " + "; ".join(parts) if parts else None
+
+
 def _subtitles(run: RunData) -> tuple[str, ...]:
     methods = run.methods
-    first = run.summary["methods"].get(methods[0], {}) if methods else {}
-    done = first.get("completed")
+    n = _requests_per_method(run)
     line = (
         f"run folder {run.run_dir.name} · {len(methods)} method(s) · "
         + ("baseline: " + method_label(run.baseline) if run.baseline else "no baseline in this run")
-        + f" · {'–' if done is None else f'{int(done):,}'} requests per method, seed "
+        + f" · {'–' if n is None else f'{n:,}'} requests per method, seed "
         + f"{run.summary.get('seed', '–')}"
     )
+    outcomes = _outcomes_line(run)
+    lines = (line,) if outcomes is None else (line, outcomes)
     profs = {role: (run.profiles or {}).get(role) for role in ("prefill", "decode")}
     profs = {k: v for k, v in profs.items() if isinstance(v, dict)}
     if not profs:
-        return (line,)
+        return lines
     cal = "calibration: " + ", ".join(
         f"{role} {p.get('gpu', '?')} {p.get('source', 'unknown')}"
         + (f" from {p['derived_from']}" if p.get("derived_from") else "")
         for role, p in profs.items()
     )
-    return (line, cal)
+    return (*lines, cal)
 
 
 def _changes_html(run: RunData) -> str:
@@ -403,20 +434,35 @@ def report_page(run: RunData, figures: dict, notes: dict[str, str]) -> Page:
     )
 
 
-def build_report(run_dir: str | Path, *, progress: Progress | None = None, plotlyjs: str | None = None) -> Path:
+def build_report(
+    run_dir: str | Path,
+    *,
+    progress: Progress | None = None,
+    plotlyjs: str | None = None,
+    final_dir: str | Path | None = None,
+) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path.
 
     ``progress``, if given, is called as ``progress(done, total, label)`` after each step; ``plotlyjs``
-    (a path or URL) loads plotly.js from there instead of embedding it.
+    (a path or URL) loads plotly.js from there instead of embedding it. ``final_dir``: the folder the
+    run's files will move to (simulate builds the report beside the tables in a temporary folder and
+    moves them together), named on the page and the base of a relative ``plotlyjs`` path.
     """
     steps = ("read run files", "build figures", "write report.html")
     tick = (lambda i: progress(i + 1, len(steps), steps[i])) if progress else (lambda i: None)
     run = load_run(run_dir)
+    final = Path(run_dir) if final_dir is None else Path(final_dir)
+    run = replace(run, run_dir=final)
     tick(0)
     figures = make_figures(run)
     notes = figure_notes(run)
     tick(1)
-    out = write_page(report_page(run, figures, notes), Path(run_dir) / "report.html", plotlyjs=plotlyjs)
+    out = write_page(
+        report_page(run, figures, notes),
+        Path(run_dir) / "report.html",
+        plotlyjs=plotlyjs,
+        page_path=final / "report.html",
+    )
     tick(2)
     return out
 

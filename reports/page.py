@@ -101,10 +101,17 @@ def render_page(page: Page, *, plotlyjs: str | None = None, page_path: Path | No
     )
 
 
-def write_page(page: Page, path: str | Path, *, plotlyjs: str | None = None) -> Path:
-    """Render `page` to `path` atomically (a temporary file, then a rename); returns `path`."""
+def write_page(page: Page, path: str | Path, *, plotlyjs: str | None = None, page_path: Path | None = None) -> Path:
+    """Render `page` to `path` atomically (a temporary file, then a rename; a failed write, a full disk
+    say, removes the temporary file); returns `path`. `page_path`: where the page will be read from,
+    when it is written elsewhere first (a relative `plotlyjs` path is written relative to it)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(render_page(page, plotlyjs=plotlyjs, page_path=path), encoding="utf-8")
-    os.replace(tmp, path)
+    text = render_page(page, plotlyjs=plotlyjs, page_path=path if page_path is None else page_path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -7,9 +7,11 @@ is not a terminal, wide enough that no column is cut.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -25,6 +27,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 PLAIN_WIDTH = 200  # columns for a table printed to a pipe or a file
 JSON_HELP = "print the result as JSON on stdout (other messages go to stderr)"
@@ -53,6 +56,27 @@ def to_json(obj) -> str:
         return o
 
     return json.dumps(clean(obj), indent=2, allow_nan=False)
+
+
+_JSON_ERRORS = contextvars.ContextVar("json_errors", default=False)
+
+
+def errors_as_json(on: bool) -> None:
+    """Whether `print_error` also prints a JSON error object on stdout: a command with --json says so first
+    thing; the CLI's callback turns it off before every command."""
+    _JSON_ERRORS.set(on)
+
+
+def json_errors_on() -> bool:
+    return _JSON_ERRORS.get()
+
+
+def print_error(message: str, prefix: str = "error: ") -> None:
+    """A failed command's one `error:` line on stderr; with --json (`errors_as_json(True)`) also
+    `{"error": message}` on stdout, so a pipeline reading stdout sees why."""
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    if _JSON_ERRORS.get():
+        print(to_json({"error": message}), flush=True)
 
 
 class Say:
@@ -138,16 +162,37 @@ def table(
     """A rich Table in the house style: the first `left` columns left-aligned, the rest right-aligned
     (numbers), or, given `right`, just those columns right-aligned; an optional title above and summary
     rows under a gap."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t = Table(
+        title=None if title is None else Text(one_line(title), no_wrap=True, overflow="ignore"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
     for i, c in enumerate(columns):
         flush_right = c in right if right is not None else i >= left
-        t.add_column(c, justify="right" if flush_right else "left", no_wrap=True)
+        t.add_column(Text(c), justify="right" if flush_right else "left", no_wrap=True)
     rows, footer_rows = list(rows), list(footer_rows)
     for i, r in enumerate(rows):
-        t.add_row(*r, end_section=bool(footer_rows) and i == len(rows) - 1)
+        t.add_row(*_cells(r), end_section=bool(footer_rows) and i == len(rows) - 1)
     for r in footer_rows:
-        t.add_row(*r)
+        t.add_row(*_cells(r))
     return t
+
+
+def _cells(row: Sequence) -> list:
+    """Text as it is: a name from the user's file is neither rich markup (`[bold]`, `[/x]`) nor broken
+    over lines by a line break in it."""
+    return [Text(one_line(c)) if isinstance(c, str) else c for c in row]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters written as escapes (`\\n`), so a name read
+    from a file prints on one line."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 def render(*renderables, stream=None) -> str:

@@ -26,7 +26,9 @@ def resolve(path: str | Path) -> Path:
     parts = path.parts[1:] if path.parts[:1] == ("scenarios",) else path.parts
     if not parts:
         return path
-    for candidate in (EXAMPLES_DIR.joinpath(*parts), EXAMPLES_DIR.joinpath(*parts).with_suffix(".yaml")):
+    named = EXAMPLES_DIR.joinpath(*parts)
+    # `.yaml` added, not swapped in: `measured/h200g_70b8l_2.5gbps` has a dot that is not a suffix
+    for candidate in (named, named.with_name(named.name + ".yaml")):
         if candidate.is_file() and candidate.suffix == ".yaml":
             return candidate
     return path

@@ -156,8 +156,8 @@ def example_block(run: Run) -> str:
         (`summary.json`, `breakdown_s`); the prefill pool is
         {percent_span([m["utilisation"]["prefill"] for m in each])}{U}% busy while the
         {d.replicas * decode_gpus} GPUs of the decode pool are at most
-        {math.ceil(100 * max(m["utilisation"]["decode"] for m in each))}{U}% busy (`utilisation`), so TTFT is
-        nearly all of the JCT. What a compressed KV cache changes here is the transfer over the {bandwidth}
+        {math.ceil(100 * max(m["utilisation"]["decode"] for m in each))}{U}% busy (the two lines under the
+        table, from `utilisation`), so TTFT is nearly all of the JCT. What a compressed KV cache changes here is the transfer over the {bandwidth}
         link: {base["breakdown_s"]["transfer"]:.2f}{U}s in FP16,
         {span([ms[n]["breakdown_s"]["transfer"] for n in TWO_BIT], ".2f")}{U}s in the 2-bit formats (CacheGen,
         KVQuant, HACK), {ms["fp8"]["breakdown_s"]["transfer"]:.2f}{U}s in FP8; that is nearly all of their

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import catalog
+from costmodel.methods import REFERENCE, MethodConfig
 from costmodel.methods import REGISTRY as METHOD_REGISTRY
-from costmodel.methods import MethodConfig
 
 from . import files
 
@@ -788,6 +788,11 @@ class CalibrationConfig(_Strict):
 FAULT_KINDS = ("link_degradation", "link_outage", "prefill_replica_down", "decode_replica_down")
 
 
+# The least a degraded link keeps: below it the run's times are not a slowdown but an outage that never ends
+# (1e-300 of 10 Gbps "completed" with a mean JCT of 3e301 s); link_outage says that outright.
+MIN_LINK_FACTOR = 1e-6
+
+
 class FaultEvent(_Strict):
     """A timed fault: during [start_s, end_s) a link runs at `factor` of its capacity (link_degradation)
     or carries nothing (link_outage), or a replica is down (its work and the KV it holds are lost)."""
@@ -804,7 +809,11 @@ class FaultEvent(_Strict):
     start_s: float = Field(ge=0, le=1e12, description="when the fault begins, simulated seconds")
     end_s: Unlimited = Field(description="when it ends (.inf: never)")
     factor: float | None = Field(
-        None, gt=0, lt=1, description="link_degradation: the fraction of its capacity the link keeps"
+        None,
+        ge=MIN_LINK_FACTOR,
+        lt=1,
+        description="link_degradation: the fraction of its capacity the link keeps, at least 1e-6 (a 10 Gbps "
+        "link kept at 1e-6 moves a 1 GB KV in 9 days: anything less is an outage, link_outage)",
     )
 
     @model_validator(mode="after")
@@ -892,6 +901,12 @@ class Scenario(_Strict):
         names = [m.output_name for m in self.methods]
         if len(set(names)) != len(names):
             raise ValueError(f"methods: duplicate output names {names}; give each a distinct label")
+        for i, m in enumerate(self.methods):
+            if m.output_name == REFERENCE and m.name != REFERENCE:
+                raise ValueError(
+                    f"methods.{i}.label: {REFERENCE!r} names the comparison base (FP16 KV), which every change is "
+                    f"measured against; give this {m.name} another label"
+                )
         from .implementations import implementation_refusal
 
         for i, m in enumerate(self.methods):
@@ -1014,12 +1029,9 @@ def _child(node: Any, k: str, parent_key: str | None, dotted: str) -> Any:
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """`path.to.field=value` pairs; values parsed as YAML (so `10`, `true`, `[a, b]` work)."""
     for item in overrides:
-        if "=" not in item:
-            raise ScenarioError(f"--set {item!r}: expected path.to.field=value")
-        path, value = item.split("=", 1)
-        parsed = files.parse_yaml(value, f"--set {item!r}", ScenarioError)
+        path, parsed = files.parse_override(item, ScenarioError)
         try:
-            set_path(raw, path.strip(), parsed)
+            set_path(raw, path, parsed)
         except ScenarioError as e:
             raise ScenarioError(f"--set {item!r}: {e}") from None
     return raw

@@ -8,22 +8,30 @@ Every reader here turns a problem into one exception with a one-line message tha
   would block) or a binary file is refused before it is parsed.
 - YAML is PyYAML's safe loader with aliases bounded: anchors and aliases are legal, but a document
   whose aliases would expand past `MAX_YAML_NODES` nodes (the "billion laughs" shape), or refer to
-  themselves, is refused before anything expands it; so is nesting deeper than `MAX_YAML_DEPTH`.
+  themselves, is refused before anything expands it; so is nesting deeper than `MAX_YAML_DEPTH`, a
+  key given twice in one mapping (PyYAML would keep the last silently; a merge `<<:` may still be
+  overridden), and an integer longer than Python reads (`sys.get_int_max_str_digits()`, 4300).
 - JSON is written strictly (RFC 8259): NaN becomes null and ±infinity the strings "Infinity" /
   "-Infinity" (pydantic's `ser_json_inf_nan="strings"` spelling, which the scenario schema reads back
   for the fields where infinity means something, such as an unlimited bandwidth).
 - `check_out_dir` says before a run whether its output folder can be written, so a long run is
-  never thrown away at the end.
+  never thrown away at the end; `remove_stale_temps` clears the temporary folders of runs that were
+  killed before they could clean up.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import re
+import shutil
+import signal
+import socket
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +88,31 @@ class _BoundedLoader(yaml.SafeLoader):
             _check_expansion(node)
         return node
 
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key.value!r} given twice (lines {seen[key.value]} and {line})",
+                        key.start_mark,
+                    )
+                seen[key.value] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # longer than sys.get_int_max_str_digits(): Python refuses to read it
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(str(node.value))} digits is more than can be read", node.start_mark
+            ) from None
+
 
 class _AliasBomb(yaml.YAMLError):
     pass
@@ -87,6 +120,7 @@ class _AliasBomb(yaml.YAMLError):
 
 # YAML 1.1 (PyYAML's SafeLoader) reads `1e-5` as a string: a float needs a dot there. Read exponent-only
 # numbers as floats, as YAML 1.2 and JSON do, so a scenario may write `s_per_unit: 3.7e-12` or `1e-5`.
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 _BoundedLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
@@ -127,6 +161,17 @@ def _children(node) -> list:
     if isinstance(node, yaml.MappingNode):
         return [x for pair in node.value for x in pair]
     return []
+
+
+def parse_override(item: str, error: type[Exception]) -> tuple[str, Any]:
+    """`--set path.to.field=value` -> (path, the value read as YAML). An empty value is refused rather than
+    read as null (which would quietly leave the field at its default); `null` says it outright."""
+    if "=" not in item:
+        raise error(f"--set {item!r}: expected path.to.field=value")
+    path, value = item.split("=", 1)
+    if not value.strip():
+        raise error(f"--set {item!r}: no value after '=' (write null to clear an optional field)")
+    return path.strip(), parse_yaml(value, f"--set {item!r}", error)
 
 
 def parse_yaml(text: str, source: str, error: type[Exception]) -> Any:
@@ -243,9 +288,32 @@ def _csv_field(v: str) -> str:
 
 
 # ---- output folders --------------------------------------------------------------------------------
+def write_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` into a temporary file beside `path`, then rename it to `path`; a failed write (a full
+    disk, an interrupt) removes the temporary file and leaves `path` as it was."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def check_out_dir(path: str | Path, error: type[Exception], option: str = "--out") -> None:
-    """Refuse now, before any work, an output folder that cannot be created or written."""
-    path = given = Path(path)
+    """Refuse now, before any work, an output folder that cannot be created or written (an empty
+    name too: it would be the current folder)."""
+    if str(path) == "":
+        raise error(f"{option} '': an empty folder name (give a folder, or . for the current one)")
+    try:
+        _check_out_dir(Path(path), error, option)
+    except OSError as e:  # a name longer than the file system allows, a loop of links, ...
+        raise error(f"{option} {path}: {e.strerror or e}") from None
+
+
+def _check_out_dir(path: Path, error: type[Exception], option: str) -> None:
+    given = path
     probe = path
     while not probe.exists():
         if probe.is_symlink():
@@ -263,3 +331,55 @@ def check_out_dir(path: str | Path, error: type[Exception], option: str = "--out
         os.rmdir(tempfile.mkdtemp(prefix=".hacksim-probe-", dir=probe))  # root passes os.access everywhere
     except OSError:
         raise error(f"{option} {given}: {probe} is not writable") from None
+
+
+def temp_prefix() -> str:
+    """`.hacksim-HOST-PID-`: the name of a temporary output folder, as `remove_stale_temps` reads it back."""
+    return f".hacksim-{socket.gethostname()}-{os.getpid()}-"
+
+
+class held_signals:
+    """Hold SIGINT, SIGTERM and SIGHUP (delivered when the block ends) while files move into place, so an
+    interrupt never leaves half of a run's files beside the previous run's other half."""
+
+    SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+    def __enter__(self) -> None:
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+
+    def __exit__(self, *exc) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+
+
+def move_into(tmp: Path, out: Path) -> list[str]:
+    """Move every file of the folder `tmp` into `out` (replacing files of the same names) with signals
+    held; returns the names moved."""
+    names = sorted(f.name for f in tmp.iterdir())
+    with held_signals():
+        for name in names:
+            os.replace(tmp / name, out / name)
+    return names
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove `.hacksim-HOST-PID-*` folders in `folder` left by a run on this machine whose process is
+    gone (killed with SIGKILL, or the machine stopped); returns them. A folder of a live process, or of
+    another machine (a shared file system), stays."""
+    host = socket.gethostname()
+    gone = []
+    for p in Path(folder).glob(f".hacksim-{glob.escape(host)}-*-*"):
+        pid = p.name[len(f".hacksim-{host}-") :].split("-", 1)[0]
+        if p.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

@@ -8,6 +8,7 @@ The schema module reads no file a scenario names, so this loader sits above both
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from .config import Scenario, ScenarioError, apply_overrides, parse_scenario, read_yaml
@@ -17,6 +18,10 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """The scenario in a YAML file, `overrides` (`path.to.field=value`) applied, and the files it names resolved."""
     path = Path(path)
     raw = read_yaml(path)
+    if isinstance(raw, dict) and "base" in raw and {"axes", "points", "linked"} & set(raw) and "model" not in raw:
+        raise ScenarioError(
+            f"{path}: a sweep file (a base scenario and axes), not a scenario: run `hacksim sweep {path}`"
+        )
     if isinstance(raw, dict) and overrides:
         try:
             raw = apply_overrides(raw, overrides)
@@ -40,13 +45,16 @@ def resolve_workload_files(scenario: Scenario, folder: Path, source: str) -> Sce
 def _workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
     wl = scenario.workload
     update: dict = {}
-    if wl.trace_csv is not None and not Path(wl.trace_csv).is_absolute():
-        update["trace_csv"] = str((folder / wl.trace_csv).resolve())
+    if wl.trace_csv is not None:
+        if not Path(wl.trace_csv).is_absolute():
+            update["trace_csv"] = str((folder / wl.trace_csv).resolve())
+        _regular_file(Path(update.get("trace_csv", wl.trace_csv)), source, "workload.trace_csv")
     trace = wl.trace
     if trace is not None:
         if not Path(trace.path).is_absolute():
             trace = trace.model_copy(update={"path": str((folder / trace.path).resolve())})
             update["trace"] = trace
+        _regular_file(Path(trace.path), source, "workload.trace.path")
         if wl.requests is None:
             from .traces import load_trace  # pandas, and the file read, only for a scenario that needs them
 
@@ -54,3 +62,18 @@ def _workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
     if not update:
         return scenario
     return scenario.model_copy(update={"workload": wl.model_copy(update=update)})
+
+
+def _regular_file(path: Path, source: str, field: str) -> None:
+    """Refuse, before any reader opens it, a trace path that is not a regular file: a folder (the readers'
+    errors differ by format), or a FIFO or device, which would block the reader forever."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return  # the trace's reader says so, in its own words
+    except OSError as e:
+        raise ScenarioError(f"{source}: {field}: {path}: cannot read it ({e.strerror or e})") from None
+    if stat.S_ISDIR(mode):
+        raise ScenarioError(f"{source}: {field}: {path} is a folder, not a trace file")
+    if not stat.S_ISREG(mode):
+        raise ScenarioError(f"{source}: {field}: {path} is not a regular file (a FIFO or a device?)")

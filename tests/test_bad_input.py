@@ -305,7 +305,7 @@ def test_infinite_bandwidth_crosses_sweep_workers(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(tmp_path / "o" / "results.csv")
-    assert df["network_bandwidth_gbps"].tolist() == [10, math.inf]
+    assert df["network.bandwidth_gbps"].tolist() == [10, math.inf]
     assert df["breakdown_transfer_s"].iloc[0] > 0 and df["breakdown_transfer_s"].iloc[1] == 0
     check_strict_json(tmp_path / "o")
 
@@ -350,3 +350,108 @@ def test_refusal_in_a_fresh_process_prints_no_traceback(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: {path}: aliases")
+
+
+# ---- rough edges found by probing (issue 30) ----------------------------------------------------------
+def _with_workload(tmp_path: Path, workload: dict) -> Path:
+    raw = yaml.safe_load(DEFAULT.read_text())
+    raw["workload"] = workload
+    return _scenario_text(tmp_path, yaml.safe_dump(raw))
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+@pytest.mark.parametrize("field", ["trace", "trace_csv"])
+def test_a_trace_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, kind, field):
+    """A folder ended in a reader's traceback; a FIFO blocked the reader forever (the case bound fails it)."""
+    target = tmp_path / "t"
+    target.mkdir() if kind == "folder" else os.mkfifo(target)
+    workload = (
+        {"trace": {"format": "azure", "path": "t"}, "requests": 5}
+        if field == "trace"
+        else {"trace_csv": "t", "arrival": {"kind": "poisson", "rate_rps": 1}, "requests": 5}
+    )
+    path = _with_workload(tmp_path, workload)
+    line = assert_contract(invoke("simulate", path, "--out", tmp_path / "out", seconds=10), names=(str(path),))
+    where = "workload.trace.path" if field == "trace" else "workload.trace_csv"
+    assert where in line and str(target) in line
+    assert ("is a folder" if kind == "folder" else "not a regular file") in line
+
+
+def test_an_integer_longer_than_python_reads_is_one_line(tmp_path):
+    digits = "1" * 5000
+    path = _scenario_text(tmp_path, DEFAULT.read_text().replace("requests: 300", f"requests: {digits}"))
+    line = assert_contract(invoke("simulate", path), names=(str(path),))
+    assert "5000 digits" in line and "line " in line
+    line = assert_contract(invoke("simulate", DEFAULT, "--set", f"network.bandwidth_gbps={digits}"), names=("--set",))
+    assert "5000 digits" in line
+
+
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
+    """PyYAML keeps the last of two equal keys; a scenario or sweep that says a thing twice is refused."""
+    text = DEFAULT.read_text().replace("network:\n", "network:\n  bandwidth_gbps: 40\n", 1)
+    assert text.count("bandwidth_gbps") == 2
+    path = _scenario_text(tmp_path, text)
+    line = assert_contract(invoke("simulate", path), names=(str(path),))
+    assert "'bandwidth_gbps' given twice" in line
+    # a merge key may still be overridden
+    assert read_yaml(_scenario_text(tmp_path, "a: &a {x: 1}\nb: {<<: *a, x: 2}\n", "m.yaml"), ValueError) == {
+        "a": {"x": 1},
+        "b": {"x": 2},
+    }
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--out", ""], "--out '': an empty folder name"),
+        (["--out", "x" * 300], "File name too long"),
+        (["--set", "network.bandwidth_gbps="], "no value after '='"),
+        (["--set", "network.bandwidth_gbps=  "], "no value after '='"),
+    ],
+    ids=["empty-out", "long-out", "empty-set", "blank-set"],
+)
+def test_empty_and_overlong_options(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    line = assert_contract(invoke("simulate", DEFAULT, "--requests", "5", *args), names=("--out", "--set"))
+    assert message in line
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even into the current folder
+
+
+def test_a_label_that_would_become_the_comparison_base_is_refused(tmp_path):
+    raw = yaml.safe_load(DEFAULT.read_text())
+    raw["methods"] = [{"name": "hack", "label": "baseline"}, "fp8"]
+    path = _scenario_text(tmp_path, yaml.safe_dump(raw))
+    line = assert_contract(invoke("simulate", path), names=(str(path),))
+    assert "methods.0.label" in line and "comparison base" in line
+    raw["methods"] = [{"name": "baseline", "label": "baseline"}, {"name": "hack", "label": "hack_pi64"}]
+    assert load_scenario(_scenario_text(tmp_path, yaml.safe_dump(raw), "ok.yaml")).methods[0].output_name == "baseline"
+
+
+def test_a_link_kept_at_almost_nothing_is_refused():
+    """A factor of 1e-300 "completed" with a mean JCT of 3e301 s; below 1e-6 a link is out, not slow."""
+    fault = {"kind": "link_degradation", "target": "p0", "start_s": 0, "end_s": 10}
+    with pytest.raises(ScenarioError, match=r"faults\.0\.factor: Input should be greater than or equal to 0\.000001"):
+        load_scenario(DEFAULT, [f"faults=[{json.dumps({**fault, 'factor': 1e-300})}]"])
+    ok = load_scenario(DEFAULT, [f"faults=[{json.dumps({**fault, 'factor': 1e-6})}]"])
+    assert ok.faults[0].factor == 1e-6
+
+
+def test_simulate_on_a_sweep_file_says_to_run_sweep():
+    sweep = ROOT / "scenarios" / "sweeps" / "a10g_bandwidth_methods.yaml"
+    line = assert_contract(invoke("simulate", sweep), names=(str(sweep),))
+    assert "a sweep file" in line and f"sweep {sweep}" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["simulate", DEFAULT, "--set", "network.bandwidth_gbps=-1", "--json"],
+        ["plan", DEFAULT, "--rate", "1", "--slo", "ttft_p99_s=1,ttft_p99_s=2", "--json"],
+        ["sweep", "no_such_sweep.yaml", "--json"],
+    ],
+    ids=["simulate", "plan", "sweep"],
+)
+def test_with_json_a_failure_is_a_json_object_on_stdout_too(args):
+    r = invoke(*args)
+    line = assert_contract(r, names=("error",))
+    assert json.loads(r.stdout) == {"error": line.removeprefix("error: ")}

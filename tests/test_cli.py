@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -285,3 +286,198 @@ def test_scenarios_lists_every_shipped_example():
         p.relative_to(ROOT / "scenarios").with_suffix("").as_posix() for p in (ROOT / "scenarios").rglob("*.yaml")
     )
     assert [line.split()[0] for line in r.stdout.splitlines()[3:]] == shipped
+
+
+def test_every_listed_name_runs_as_its_file():
+    """`measured/h200g_70b8l_2.5gbps` once failed: the `.5gbps` was taken for a file extension."""
+    from scenarios import EXAMPLES_DIR
+    from scenarios import resolve as resolve_example
+
+    names = [line.split()[0] for line in cli("scenarios").stdout.splitlines()[3:]]
+    assert "measured/h200g_70b8l_2.5gbps" in names
+    for name in names:
+        assert resolve_example(name) == EXAMPLES_DIR / f"{name}.yaml", name
+    r = cli("simulate", "measured/h200g_70b8l_2.5gbps", "--requests", "3", "--methods", "baseline", cwd="/")
+    assert r.returncode == 0, r.stderr
+
+
+def test_help_is_printed_as_written():
+    """Rich markup read `.[images]` as a style tag ("(needs '.')"); its table cut --slo's example at 80 columns."""
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "report", "--help"], capture_output=True, text=True, env=env
+    )
+    assert "(needs '.[images]')" in r.stdout
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "--help"], capture_output=True, text=True, env=env
+    )
+    assert "ttft_p99_s=60,tpot_p99_s=0.5" in r.stdout and "…" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_a_name_from_a_file_prints_on_one_line_and_as_written():
+    from cli import format_table
+
+    summary = json.loads(
+        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--methods", "baseline,hack", "--json").stdout
+    )
+    summary["scenario"] = "two\nlines [bold]x[/]"
+    summary["methods"]["hack[pi32]"] = summary["methods"].pop("hack")
+    text = format_table(summary)
+    lines = text.splitlines()
+    assert lines[0] == "scenario two\\nlines [bold]x[/]: 4 requests, seed 0"
+    assert lines[1].split()[0] == "method" and any(line.startswith("hack[pi32] ") for line in lines)
+
+
+def _summary(util: dict[str, dict], breakdown: dict[str, dict], jct: dict[str, float]) -> dict:
+    return {
+        "scenario": "s",
+        "requests": 10,
+        "seed": 0,
+        "methods": {m: {"utilisation": util[m], "breakdown_s": breakdown[m], "jct_s": {"mean": jct[m]}} for m in util},
+    }
+
+
+def test_under_the_table_each_pools_utilisation_and_the_bottleneck():
+    """Hand-worked: prefill 81.5 % and 82.4 % busy, network 43 % and 5.5 %, decode 0.84 % and 0.14 %; prefill
+    is the busiest pool for both methods. Waiting for and running in prefill (queue + prefill + quantize):
+    13.14 + 16.76 + 0 = 29.90 s of 36.64 s (82 %) and 13.25 + 16.76 + 0.01 = 30.02 s of 31.72 s (95 %)."""
+    from cli import utilisation_lines
+
+    parts = dict.fromkeys(
+        ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode"), 0.0
+    )
+    summary = _summary(
+        {
+            "baseline": {"prefill": 0.815, "network": 0.43, "decode": 0.0084},
+            "hack": {"prefill": 0.824, "network": 0.055, "decode": 0.0014},
+        },
+        {
+            "baseline": {**parts, "prefill_queue": 13.14, "prefill": 16.76, "transfer": 5.66},
+            "hack": {**parts, "prefill_queue": 13.25, "prefill": 16.76, "quantize": 0.01, "transfer": 0.75},
+        },
+        {"baseline": 36.64, "hack": 31.72},
+    )
+    assert utilisation_lines(summary) == [
+        "utilisation while requests arrive: prefill 82 %, network 5.5-43 %, decode 0.1-0.8 %",
+        "bottleneck: prefill for every method (82 % busy): waiting for and running in prefill is 29.9-30.0 s of "
+        "the 31.7-36.6 s mean JCT (82-95 %)",
+    ]
+    summary["methods"]["hack"]["utilisation"]["network"] = 1.7  # a slow link for hack alone
+    assert utilisation_lines(summary)[1] == "bottleneck: prefill (baseline); network (hack)"
+    assert utilisation_lines(_summary({"a": {"prefill": math.nan}}, {"a": parts}, {"a": 1.0})) == []
+
+
+def test_the_default_scenario_says_where_its_time_goes():
+    """The first run's TTFT is most of its JCT: the table says prefill is the bottleneck."""
+    r = cli("simulate", "a10g_10gbps", "--requests", "40", cwd="/")
+    tail = r.stdout.splitlines()[-2:]
+    assert tail[0].startswith("utilisation while requests arrive: prefill ")
+    assert tail[1].startswith("bottleneck: prefill for every method")
+
+
+# ---- outputs: all of a run or none of it --------------------------------------------------------------
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_ctrl_c_while_the_report_is_built_leaves_the_previous_run(tmp_path, monkeypatch):
+    """The report is built beside the new tables in the temporary folder, and all move in together."""
+    from typer.testing import CliRunner
+
+    import cli as cli_module
+
+    out = tmp_path / "o"
+    args = ["simulate", "scenarios/a10g_10gbps.yaml", "--methods", "baseline", "--out", str(out), "--plotlyjs", "p.js"]
+    assert CliRunner().invoke(cli_module.app, [*args, "--requests", "4"]).exit_code == 0
+    before = _files(out)
+    assert "report.html" in before
+
+    def interrupt(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "_build_report", interrupt)
+    r = CliRunner().invoke(cli_module.app, [*args, "--requests", "5"])
+    assert r.exit_code == 130 and r.stderr == f"interrupted by SIGINT; {out} is as it was\n"
+    assert _files(out) == before
+
+
+def test_without_a_report_an_old_report_goes(tmp_path):
+    out = tmp_path / "o"
+    assert (
+        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--out", out, "--plotlyjs", "p.js").returncode
+        == 0
+    )
+    assert (out / "report.html").is_file()
+    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "5", "--out", out, "--no-report")
+    assert r.returncode == 0 and not (out / "report.html").exists()
+
+
+def test_sigterm_leaves_no_temporary_folder_and_a_later_run_clears_a_killed_ones(tmp_path):
+    import os
+    import signal
+    import socket
+    import time
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "simulate", "a10g_10gbps", "--requests", "300000", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):  # the run's temporary folder appears once the scenario is loaded
+            if list(out.glob(".hacksim-*")) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and list(out.glob(".hacksim-*"))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and stderr == f"interrupted by SIGTERM; {out} is as it was\n", stderr
+    assert not out.exists()
+    # a run killed outright (SIGKILL) cannot clean up: the next run into the folder does, and leaves a live one
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    (out / f".hacksim-{host}-{int(dead.stdout)}-abc").mkdir()
+    (out / f".hacksim-{host}-{os.getpid()}-def").mkdir()
+    assert cli("simulate", "a10g_10gbps", "--requests", "4", "--out", out, "--no-report").returncode == 0
+    assert sorted(p.name for p in out.glob(".hacksim-*")) == [f".hacksim-{host}-{os.getpid()}-def"]
+
+
+def _limited(max_bytes: int):
+    """Run a child with writes past `max_bytes` failing as on a full disk (EFBIG: Python ignores SIGXFSZ)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+@pytest.mark.parametrize("limit_bytes", [100_000, 1_000_000], ids=["tables", "report"])
+def test_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, limit_bytes):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "simulate", "a10g_10gbps", "--requests", "300", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(limit_bytes),
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: --out {out}: cannot write the outputs: File too large")
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]  # no tables, no .report.html.tmp*, no .hacksim-*
+    # rebuilding the report of a finished run into a full disk: one line, no temporary file left
+    run = tmp_path / "run"
+    assert cli("simulate", "a10g_10gbps", "--requests", "20", "--out", run, "--no-report").returncode == 0
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "report", str(run)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limited(1_000_000),
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "File too large" in r.stderr, r.stderr[-2000:]
+    assert not list(run.glob(".report.html.tmp*")) and not (run / "report.html").exists()

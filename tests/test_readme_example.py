@@ -42,7 +42,9 @@ def test_the_block_holds_what_make_run_prints():
     printed = CliRunner().invoke(cli.app, ["simulate", str(rx.ROOT / rx.SCENARIO)])
     assert printed.exit_code == 0, printed.output
     assert fenced == printed.output + f"wrote {rx.OUT}/summary.json, requests.csv, memory.csv, links.csv, report.html\n"
-    rows = [line.split()[0] for line in fenced.splitlines()[3:-1]]
+    lines = fenced.splitlines()
+    rows = [line.split()[0] for line in lines[3:-3]]  # the last three: utilisation, bottleneck, wrote
+    assert lines[-3].startswith("utilisation while requests arrive: ") and lines[-2].startswith("bottleneck: ")
     assert rows == ["baseline", "cachegen", "kvquant", "fp8", "hack"]
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
-from planning.report import configurations, pareto_front, render
+from planning.report import configurations, pareto_front, render, tie_groups
 
 
 def _table():
@@ -88,3 +89,112 @@ def test_methods_wear_the_colours_of_every_other_report():
             if t.name != "Pareto front"
         }
         assert shown == {method_label(m): colour(m) for m in ("baseline", "cachegen", "hack")}
+
+
+# ---- seeds, ties and readable heatmaps (issue 30) ----------------------------------------------------------
+def _seeded(goodput: dict[str, tuple[float, list[float]]]) -> pd.DataFrame:
+    """One row per (configuration, seed) at one rate, meeting the SLO, with the given throughput per seed."""
+    rows = []
+    for inst, (cost, per_seed) in goodput.items():
+        for seed, tput in enumerate(per_seed):
+            rows.append(
+                {
+                    "point": len(rows),
+                    "prefill.instance": inst,
+                    "workload.seed": seed,
+                    "method": "hack",
+                    "cost_usd_per_hour": cost,
+                    "throughput_rps": tput,
+                    "meets_slo": True,
+                    "jct_p90_s": 1.0,
+                    "error": "",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+AXES = ["prefill.instance", "workload.seed"]
+
+
+def test_goodput_is_the_mean_over_seeds_with_its_range():
+    conf = configurations(_seeded({"a": (10.0, [1.0, 1.2, 1.1])}), AXES).set_index("config")
+    r = conf.loc["prefill.instance=a, hack"]
+    assert (r["goodput_rps"], r["goodput_min_rps"], r["goodput_max_rps"], r["seeds"]) == pytest.approx(
+        (1.1, 1.0, 1.2, 3)
+    )
+
+
+def test_a_difference_inside_the_seeds_spread_is_a_tie():
+    """At one cost: a (1.000 mean) and b (0.998) overlap, so both stand, tied; c is clearly lower. A cheaper
+    tie dominates a dearer one: d costs more than a for no clear gain."""
+    table = _seeded(
+        {
+            "a": (10.0, [0.98, 1.00, 1.02]),
+            "b": (10.0, [0.97, 1.00, 1.024]),
+            "c": (10.0, [0.90, 0.91, 0.92]),
+            "d": (12.0, [1.00, 1.01, 1.03]),
+            "e": (12.0, [1.10, 1.11, 1.12]),
+        }
+    )
+    conf = configurations(table, AXES)
+    front = pareto_front(conf)
+    on = set(conf.loc[front, "config"])
+    assert on == {"prefill.instance=a, hack", "prefill.instance=b, hack", "prefill.instance=e, hack"}
+    groups = {conf.at[i, "config"]: g for i, g in tie_groups(conf, front).items()}
+    assert groups == {"prefill.instance=a, hack": 1, "prefill.instance=b, hack": 1}  # e stands alone
+    page = render(table, name="t", description="", base="b.yaml", axis_paths=AXES, slo={"jct_p90_s": 2.0})
+    assert "over 3 seeds" in page and "goodput_range_rps" in page and page.count("tie 1 (2 configurations)") == 2
+
+
+def test_one_seed_says_that_noise_is_not_shown():
+    page = render(
+        _seeded({"a": (10.0, [1.0]), "b": (10.0, [0.998])}),
+        name="t",
+        description="",
+        base="b.yaml",
+        axis_paths=AXES,
+        slo={"jct_p90_s": 2.0},
+    )
+    assert "ran with one workload seed" in page and "add a workload.seed axis" in page
+
+
+@pytest.mark.parametrize(
+    "column, words",
+    [
+        ("jct_p90_s", "JCT p90 (s)"),
+        ("network.bandwidth_gbps", "network bandwidth (Gbit/s)"),
+        ("workload.arrival.rate_rps", "workload arrival rate (requests/s)"),
+        ("methods.0.partition", "methods[0] partition"),
+        ("peak_decode_memory_bytes", "peak decode memory (bytes)"),
+        ("kv_wire_bytes_per_token", "KV wire (bytes/token)"),
+        ("cost_usd_per_hour", "cost (USD/h)"),
+        ("prefill.replicas", "prefill replicas"),
+    ],
+)
+def test_columns_read_as_words_with_units(column, words):
+    from planning.report import readable
+
+    assert readable(column) == words
+
+
+def test_heatmap_cells_that_meet_the_slos_are_marked():
+    """Rate 1: both instances meet the SLO; rate 2: only b; so three cells of four carry the mark."""
+    from planning.report import heatmap_figure
+
+    table = _table()
+    fig = heatmap_figure(table, "prefill.instance", "workload.arrival.rate_rps", "jct_p90_s", [])
+    trace = fig.data[0]
+    marks = {(x, y): text.endswith("✓") for y, row in zip(trace.y, trace.text) for x, text in zip(trace.x, row) if text}
+    assert marks == {
+        ("a", "1.0"): True,
+        ("b", "1.0"): True,
+        ("c", "1.0"): True,
+        ("d", "1.0"): False,
+        ("a", "2.0"): False,
+        ("b", "2.0"): True,
+        ("c", "2.0"): True,
+        ("d", "2.0"): False,
+    }
+    assert fig.layout.xaxis.title.text == "prefill instance"
+    assert fig.layout.yaxis.title.text == "workload arrival rate (requests/s)"
+    assert fig.layout.coloraxis.colorbar.title.text == "JCT p90 (s)"

@@ -124,3 +124,53 @@ def test_workers_die_with_a_killed_parent(tmp_path):
             if _running(w):
                 os.kill(w, signal.SIGKILL)
         proc.communicate(timeout=DEADLINE_S)
+
+
+def test_killing_the_pool_waits_for_its_manager_thread():
+    """Python's exit hook for process pools writes to the pool's wake-up pipe while the pool's manager thread
+    closes it: a sweep stopped by SIGTERM printed an `OSError: [Errno 9] Bad file descriptor` traceback after
+    its message (1 run in 8). Once `_kill_pool` returns, the manager thread has ended, so there is no race."""
+    import concurrent.futures as cf
+
+    from planning.executor import Executor
+
+    ex = Executor("pool", jobs=2)
+    ex._pool = cf.ProcessPoolExecutor(max_workers=2)
+    futures = [ex._pool.submit(time.sleep, 60) for _ in range(4)]
+    futures[0].running() or time.sleep(0.5)
+    manager = ex._pool._executor_manager_thread
+    assert manager is not None and manager.is_alive()
+    ex._kill_pool()
+    assert not manager.is_alive()
+
+
+def test_a_forked_worker_ends_quietly_on_sigterm_before_its_initializer():
+    """A pool worker is forked with the parent's handler, which raised `Interrupted` in the worker (a traceback
+    from the child) when the parent ended its workers before their initializer had reset it."""
+    from planning.executor import stop_on_signals
+
+    with stop_on_signals():
+        pid = os.fork()
+        if pid == 0:  # the child: what a worker does between fork and its initializer
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+
+
+def test_the_pool_forks_no_more_workers_than_there_are_points(base_file):
+    """Python forks every worker of a pool up front: --jobs 8 for two points forks two."""
+    import yaml
+
+    from planning.executor import Executor, Task
+    from simulator.config import parse_scenario
+
+    raw = yaml.safe_load(base_file.read_text())
+    tasks = [Task.of(parse_scenario({**raw, "workload": {**raw["workload"], "seed": s}}, "t")) for s in (1, 2)]
+    with Executor("pool", jobs=8) as ex:
+        ex.run(tasks, progress=False)
+        assert ex.stats.workers == 2

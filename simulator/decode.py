@@ -360,7 +360,8 @@ class DecodeReplica:
     def _start_segment(self) -> None:
         blocks, sched, k = self.blocks, self.sched, self.iteration
         stall_s = 0.0
-        if sched is not None:  # the step: decode rows' blocks (preempting), chunks, waiting requests
+        if sched is not None and (sched.pending or (blocks is not None and blocks.counts[k % blocks.bt])):
+            # the step: decode rows' blocks (preempting), chunks, waiting requests
             before = self.reserved_bytes
             stall_s = sched.compose(k)
             if stall_s:

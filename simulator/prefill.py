@@ -90,6 +90,7 @@ class PrefillReplica:
         self.chunk_tokens = chunk_tokens  # None: chunked prefill off
         self.partial: list[list[int]] = []  # chunked prefill: [rid, tokens done] of the prompts being prefilled
         self.inflight_bytes = 0.0  # KV pool bytes of the prompts being prefilled (the rest can cache prefixes)
+        self.pool_cache = prefix is not None and bool(prefix.prefill) and prefix.in_pool["prefill"]
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -163,7 +164,8 @@ class PrefillReplica:
         rec.approx_prefill[rid] = 0.0
         rec.kv_held[rid] = True
         self.parked_bytes += rec.wire_bytes[rid]
-        self.inflight_bytes += self.cost.kv_memory_bytes(rec.prompt[rid])
+        if self.pool_cache:
+            self.inflight_bytes += self.cost.kv_memory_bytes(rec.prompt[rid])
 
     def try_start(self) -> bool:
         """Start the next step if there is work and the GPU is ours; True if it started."""
@@ -203,7 +205,8 @@ class PrefillReplica:
                     if part[0] == rid:
                         part[1] = d + n
             self.partial = [p for p in self.partial if p[1] < rec.prompt[p[0]]]
-        if prefix is not None:
+        if self.pool_cache:
+            assert prefix is not None
             prefix.prefill_trim(self.index, self.cost.kv_capacity_bytes - self.inflight_bytes)
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
@@ -261,7 +264,8 @@ class PrefillReplica:
         rec = self.rec
         for rid in done:
             self.outstanding_tokens -= rec.prompt[rid]
-            self.inflight_bytes -= self.cost.kv_memory_bytes(rec.prompt[rid])
+            if self.pool_cache:
+                self.inflight_bytes -= self.cost.kv_memory_bytes(rec.prompt[rid])
             if self.prefix is not None:
                 self.prefix.prefill_end(self.index, rid, self.cost.kv_capacity_bytes - self.inflight_bytes)
         if done:

@@ -51,6 +51,7 @@ class PrefixCache:
         self._evictable = 0.0  # bytes of the unpinned blocks and runs
         self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
         self.hit_tokens = 0
+        self.resumed_hit_tokens = 0  # tokens preempted requests found here when they came back
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -439,6 +440,8 @@ class EngineCache:
             cache.lookup_tokens += pc.rec.prompt[rid]
             cache.hit_tokens += hit
             pc.prefill_cached[rid] = hit
+        else:
+            cache.resumed_hit_tokens += hit
 
     def computed(self, rid: int, tokens: int) -> None:
         """The request's `tokens` are all computed here: its prompt's whole blocks are cached (in the KV pool,

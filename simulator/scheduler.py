@@ -65,7 +65,7 @@ class Job:
     """A request whose tokens this replica computes in chunks: a colocated prompt (`first`), or a preempted
     request coming back (by recompute, or by swap when `swapped` bytes wait in host memory)."""
 
-    __slots__ = ("rid", "target", "done", "held", "left", "first", "started", "t0", "cum0", "swapped")
+    __slots__ = ("rid", "target", "done", "held", "left", "first", "started", "lost", "t0", "cum0", "swapped")
 
     def __init__(self, rid: int, target: int, left: int, first: bool, t0: float = 0.0, cum0: tuple = ()):
         self.rid = rid
@@ -75,6 +75,7 @@ class Job:
         self.left = left  # decode iterations after the token its last chunk yields
         self.first = first  # a prompt not yet prefilled (its last chunk yields the first token)
         self.started = False  # a prompt that has run a chunk here (preempted since)
+        self.lost = 0  # tokens whose KV was computed before it was preempted
         self.t0 = t0  # when it was preempted
         self.cum0 = cum0  # the replica's running sums then
         self.swapped = 0.0  # bytes of its KV in host memory (swap)
@@ -121,8 +122,13 @@ class StepScheduler:
         self.outstanding_tokens += rec.prompt[rid]
 
     def arrived(self, rid: int) -> None:
-        """A request's transferred KV is here: it joins as a waiting request of one token."""
-        self.waiting.append(rid)
+        """A request's transferred KV is here: it joins as a waiting request of one token. With nothing waiting
+        or partly computed before it, it joins the next step's decode rows directly (compose puts it back in
+        line if that step preempts)."""
+        if self.waiting or self.partial:
+            self.waiting.append(rid)
+        else:
+            self.rep.joining.append(rid)
         self.rep.wake()
 
     @property
@@ -160,7 +166,10 @@ class StepScheduler:
                     free += int(held // blocks.block_bytes)
                     stall += self._preempt_row(rid, k, held)
                 rep.reserved_bytes += need * blocks.block_bytes
-        budget = self.budget_tokens - rep.batch
+        if preempted and rep.joining:  # joiners wait behind the preempted: none is scheduled in this step
+            self.waiting.extend(rep.joining)
+            rep.joining = []
+        budget = self.budget_tokens - rep.batch - len(rep.joining)
         self.step = []
         i = 0
         while i < len(self.partial) and budget > 0:
@@ -269,7 +278,7 @@ class StepScheduler:
             else:
                 self.resumes -= 1
                 rep.reserved_bytes += need
-                rec.recomputed[job.rid] += job.target - hit
+            rec.recomputed[job.rid] += max(0, job.lost - hit)
             job.done, job.held = hit, need
             self.partial.append(job)
             self.step.append((job, n))
@@ -288,6 +297,7 @@ class StepScheduler:
     def after_step(self) -> None:
         """The step ran: its chunks advance; a request whose tokens are all computed yields its token, then
         decodes from the next step (or finishes, with that token its last)."""
+        self.retry = False
         step, pc = self.step, self.share
         if not step:
             return
@@ -336,6 +346,7 @@ class StepScheduler:
         # it had fed ctx - 1 tokens; its step k would have fed token ctx and yielded an output token, which
         # the chunk completing its recompute yields instead
         job = Job(rid, ctx, left - 1, False, rep.env.now, tuple(rep.cum))
+        job.lost = ctx - 1
         self.rec.preemptions[rid] += 1
         stall = 0.0
         if self.swap and rep.host_reserved_bytes + held <= rep.host_capacity_bytes:
@@ -364,7 +375,7 @@ class StepScheduler:
             rep.host_reserved_bytes -= self.rec.host_kv_bytes[job.rid]
         else:
             self.resumes += 1
-        job.done, job.held = 0, 0.0
+        job.lost, job.done, job.held = job.done, 0, 0.0
         self.waiting.appendleft(job)
 
     # ---- faults -------------------------------------------------------------------------------------

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 
 from helpers import scenario
 from simulator.admission import first_block_shortage
-from simulator.decode import segment_time_s
+from simulator.decode import DecodeReplica, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 
 
@@ -94,10 +95,36 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
         assert sum(row[f"{p}_s"] for p in BREAKDOWN_PARTS) == pytest.approx(row.jct_s, rel=1e-12)
     assert r.memory["used_bytes"].max() == 40 * block  # never more than the 40 blocks
     recomputed = list(r.runs["baseline"].records.recomputed)
-    assert recomputed == ([0, 320] if preemption == "recompute" else [0, 0])
+    assert recomputed == ([0, 319] if preemption == "recompute" else [0, 0])  # B's KV of 319 tokens, again
     # reserve admits one at a time: the second waits for the first's final KV (2 x 23 blocks > 40)
     res = run_scenario(_two_requests(tmp_path, preemption, **{"decode.admission": "reserve"})).requests
     assert res["preemptions"].sum() == 0 and res["transfer_queue_s"].max() > 0
+
+
+def test_a_preempted_request_waits_a_step_then_recomputes_in_chunks(tmp_path):
+    """The two requests above with chunk_tokens 16, no prefix cache. At 65 B (320 tokens, 319 computed) is
+    preempted; in that step no waiting request is scheduled (vLLM schedules waiting ones only in a step that
+    preempted none). From 66 B recomputes 16 tokens a step beside A's row, a block each (19 free, A takes one
+    at 81): after 83 it holds 18 blocks (288 tokens) and none is free, so at 84 it cannot grow and, the newest
+    running request, preempts itself. From 85 it starts again (A takes its block at 97); A finishes at 99
+    with B at 240 tokens; B's last 5 chunks run alone (100..104, the last yielding its token) and its last 35
+    decode iterations from 105 at context 321."""
+    s = _two_requests(tmp_path, "recompute", **{"decode.chunk_tokens": 16})
+    r = run_scenario(s, keep_runs=True)
+    df = r.requests.sort_values("request_id")
+    a, b = df.iloc[0], df.iloc[1]
+    rec = r.runs["baseline"].records
+    assert df["preemptions"].tolist() == [0, 2] and list(rec.recomputed) == [0, 319 + 288]
+    _, dec = resolve(s).costs(s.methods[0])
+    L = dec.model.layers
+
+    def alone(n, past, sample):  # a step of one chunk on an otherwise idle replica (baseline: nothing to encode)
+        head = dec._lm_head_s(1) if sample else 0.0
+        return L * (dec._dense_layer_s(n) + dec.prefill_attention_s((past + n,), (past,))[0]) + head
+
+    tail = sum(alone(16, past, past == 304) for past in (240, 256, 272, 288, 304))
+    tail += segment_time_s(dec.iteration(1), 35, 321 - 105, 1, 105)
+    assert b.finish_s - a.finish_s == pytest.approx(tail, rel=1e-12)
 
 
 @pytest.mark.parametrize("a_output, hit_blocks", [(100, 17), (80, 19)])
@@ -105,15 +132,16 @@ def test_a_preempted_request_recomputes_only_its_blocks_evicted_meanwhile(tmp_pa
     """The two requests above with prefix caching in the KV pool's free blocks (vLLM's default). At 65 B frees
     its 20 blocks: its 19 full ones (304 of its 319 computed tokens) stay cached as free blocks, tail first in
     line for eviction. A (100 outputs) takes a block at 81 and at 97 with nothing else free: the cache gives up
-    B's last two; at 100 B hits 17 blocks (272 tokens) and recomputes 48 tokens. A with 80 outputs finishes at
-    80 before needing another block: B hits all 19 and recomputes 16."""
+    B's last two; at 100 B hits 17 blocks (272 tokens), computes 48 tokens of which 47 again (its 320th is its
+    next output's). A with 80 outputs finishes at 80 before needing another block: B hits all 19 and
+    recomputes 15."""
     s = _two_requests(tmp_path, "recompute", outputs=(a_output, 100), **{"decode.prefix_caching": True})
     r = run_scenario(s, keep_runs=True)
     df = r.requests.sort_values("request_id")
     a, b = df.iloc[0], df.iloc[1]
     rec = r.runs["baseline"].records
     hit = hit_blocks * 16
-    assert list(rec.recomputed) == [0, 320 - hit] and b.preemptions == 1
+    assert list(rec.recomputed) == [0, 319 - hit] and b.preemptions == 1
     _, dec = resolve(s).costs(s.methods[0])
     L = dec.model.layers
     back = L * (dec._dense_layer_s(320 - hit) + dec.prefill_attention_s((320,), (hit,))[0]) + dec._lm_head_s(1)
@@ -175,3 +203,43 @@ def test_on_demand_runs_more_requests_at_once_than_reserve_and_compressed_kv_pre
     assert base_on["transfer_queue_s"].mean() < base_off["transfer_queue_s"].mean()
     pre = {m: v["preemptions"] for m, v in on.summary["methods"].items()}
     assert pre["hack"] < pre["baseline"]
+
+
+@pytest.mark.parametrize("placement", ["separate", "shared_gpu", "colocated"])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_under_pressure_a_cache_in_the_kv_pool_holds_only_what_requests_leave_free(placement, preemption):
+    """Memory pressure with prefix caching in the KV pool's free blocks (vLLM's default), in each placement:
+    requests are preempted and come back, hitting their cached blocks; at every step the requests' blocks
+    plus the cache's stay within the pool, every request finishes once, its breakdown adds up, and nothing is
+    left reserved or pinned."""
+    changes = {
+        **PRESSURE,
+        "workload.requests": 150,
+        "placement": placement,
+        "prefill.prefix_caching": True,
+        "decode.prefix_caching": True,
+        "prefill.chunk_tokens": 1024,
+        "decode.chunk_tokens": 1024,
+        "decode.preemption": preemption,
+        "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 64},
+        "methods": ["baseline"],
+    }
+    worst = []
+    start = DecodeReplica._start_segment
+
+    def checked_start(rep):
+        assert rep.cache is not None and rep.cache.in_pool
+        worst.append((rep.reserved_bytes + rep.cache.cache.evictable_bytes) / rep.capacity_bytes)
+        start(rep)
+
+    with mock.patch.object(DecodeReplica, "_start_segment", checked_start):
+        r = run_scenario(scenario(**changes), keep_runs=True)
+    m, run = r.summary["methods"]["baseline"], r.runs["baseline"]
+    assert max(worst) <= 1 + 1e-12 and max(worst) > 0.99  # the pool filled up, cache included
+    assert m["completed"] == 150 and m["preemptions"] > 0 and m["prefix_cache"]["decode"]["hit_tokens"] > 0
+    if preemption == "recompute":  # preempted requests come back to part of their blocks
+        assert sum(c.resumed_hit_tokens for c in run.prefix.decode) > 0
+    df = r.requests
+    np.testing.assert_allclose(sum(df[f"{p}_s"] for p in BREAKDOWN_PARTS), df["jct_s"], rtol=1e-9, atol=1e-9)
+    for rep in run.decode_replicas:
+        assert abs(rep.reserved_bytes) < 1e-3 and rep.slots_used == 0 and rep.cache.cache.pinned_blocks() == 0

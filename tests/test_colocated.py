@@ -96,26 +96,27 @@ def test_a_step_takes_running_chunks_first_then_waiting_prompts_within_the_budge
     assert df["finish_s"].tolist() == pytest.approx([t3, t3, t3], rel=1e-12)
 
 
-def test_decode_rows_share_a_step_with_a_chunk_and_pay_for_it(tmp_path):
-    """budget 2048, chunk_tokens 2048: A (1000 tokens) and B (3000) at 0. Step 0: A 1000 (its first token), B
-    1048. Step 1: A's decode row (context 1001), then B's rest, 1952 tokens, in one pass: the row's iteration
-    plus what the chunk adds. Step 2: both decode (A's last token, B's second and last)."""
+def test_decode_rows_take_their_tokens_first_and_share_a_step_with_a_chunk(tmp_path):
+    """budget 2048, chunk_tokens 2048: A (1000 tokens, 3 outputs) and B (3100, 2 outputs) at 0. Step 0: A 1000
+    (its first token), B 1048. Step 1: A's decode row (context 1001) takes 1 token, so B's chunk is min(2052,
+    2048, 2047) = 2047, in one pass with the row: the row's iteration plus what the chunk adds. Step 2: A's row
+    and B's last 5 tokens (B's first token; A's last). Step 3: B's row (context 3101), its last token."""
     s, r = colo(
         tmp_path,
-        [(0, 1000, 3), (0, 3000, 2)],
+        [(0, 1000, 3), (0, 3100, 2)],
         **{"decode.max_batch_tokens": 2048, "decode.chunk_tokens": 2048},
     )
     a, b = (row for _, row in r.requests.sort_values("request_id").iterrows())
     _, dec = resolve(s).costs(s.methods[0])
+    per_ctx = dec.iteration(1).per_ctx_s
     t1 = step_s(dec, 0, ((1000, 0), (1048, 0)), 1)
-    t2 = t1 + step_s(dec, 1, ((1952, 1048),), 1) + dec.iteration(1).per_ctx_s * 1001
-    t3 = t2 + segment_time_s(dec.iteration(2), 1, (1002 - 2) + (3001 - 2), 2, 2)
-    assert (a.prefill_end_s, b.prefill_end_s) == (pytest.approx(t1, rel=1e-12), pytest.approx(t2, rel=1e-12))
-    assert a.finish_s == pytest.approx(t3, rel=1e-12) and b.finish_s == pytest.approx(t3, rel=1e-12)
-    assert a.decode_s == pytest.approx(t3 - t1, rel=1e-12)  # the chunk's share of step 1 is A's decode time too
-    summary = r.summary["methods"]["baseline"]
-    # the engine's prefill share: the chunks' parts of steps 0 and 1
-    assert summary["utilisation"]["prefill"] > 0
+    t2 = t1 + step_s(dec, 1, ((2047, 1048),), 0) + per_ctx * 1001
+    t3 = t2 + step_s(dec, 1, ((5, 3095),), 1) + per_ctx * 1002
+    t4 = t3 + segment_time_s(dec.iteration(1), 1, 3101 - 3, 1, 3)
+    assert (a.prefill_end_s, b.prefill_end_s) == (pytest.approx(t1, rel=1e-12), pytest.approx(t3, rel=1e-12))
+    assert a.finish_s == pytest.approx(t3, rel=1e-12) and b.finish_s == pytest.approx(t4, rel=1e-12)
+    assert a.decode_s == pytest.approx(t3 - t1, rel=1e-12)  # the chunks' share of its steps is A's decode time too
+    assert r.summary["methods"]["baseline"]["utilisation"]["prefill"] > 0
 
 
 def test_running_requests_are_capped_by_max_batch_requests(tmp_path):
@@ -132,15 +133,19 @@ def test_running_requests_are_capped_by_max_batch_requests(tmp_path):
 
 
 def test_without_chunk_tokens_prompts_are_never_split(tmp_path):
-    """Chunked prefill off, budget 3000: P0 (4096 tokens) runs whole, alone in step 0; P1 (1000) does not fit the
-    budget P0 left and waits: step 1 is P0's decode row and P1 whole."""
-    s, r = colo(tmp_path, [(0, 4096, 3), (0, 1000, 2)], **{"decode.max_batch_tokens": 3000})
-    a, b = (row for _, row in r.requests.sort_values("request_id").iterrows())
+    """Chunked prefill off, budget 3000: P0 (4096 tokens) runs whole, alone in step 0. Step 1: P0's row, P1
+    (2000) whole, P2 (1500) does not fit the 999 left and waits. Step 2: P0's and P1's rows and P2 whole."""
+    s, r = colo(tmp_path, [(0, 4096, 4), (0, 2000, 2), (0, 1500, 2)], **{"decode.max_batch_tokens": 3000})
+    p0, p1, p2 = (row for _, row in r.requests.sort_values("request_id").iterrows())
     _, dec = resolve(s).costs(s.methods[0])
+    per_ctx = dec.iteration(1).per_ctx_s
     t1 = step_s(dec, 0, ((4096, 0),), 1)
-    t2 = t1 + step_s(dec, 1, ((1000, 0),), 1) + dec.iteration(1).per_ctx_s * 4097
-    assert (a.prefill_end_s, b.prefill_start_s) == (pytest.approx(t1, rel=1e-12), pytest.approx(t1, rel=1e-12))
-    assert b.prefill_end_s == pytest.approx(t2, rel=1e-12)
+    t2 = t1 + step_s(dec, 1, ((2000, 0),), 1) + per_ctx * 4097
+    t3 = t2 + step_s(dec, 2, ((1500, 0),), 1) + per_ctx * (4098 + 2001)
+    t4 = t3 + segment_time_s(dec.iteration(2), 1, (4097 - 1) + (1501 - 3), 2, 3)
+    assert [p0.prefill_end_s, p1.prefill_end_s, p2.prefill_end_s] == pytest.approx([t1, t2, t3], rel=1e-12)
+    assert [p1.prefill_start_s, p2.prefill_start_s] == pytest.approx([t1, t2], rel=1e-12)
+    assert [p0.finish_s, p1.finish_s, p2.finish_s] == pytest.approx([t4, t3, t4], rel=1e-12)
 
 
 def test_finished_prompts_leave_the_engines_routing_count(tmp_path):

@@ -1,25 +1,29 @@
-"""A decode replica: continuous batching with memory admission, advanced in closed form.
+"""A decode replica (or a colocated engine): continuous batching with memory admission, advanced in closed form.
 
-Requests are admitted by the router, which reserves their final KV footprint (prompt + output
-tokens in the method's memory format, plus its per-request reserve) against `capacity_bytes`
-before the transfer starts, so memory never exceeds capacity and nothing is preempted. After its
-KV has arrived, a request joins the batch at the next iteration boundary and takes part in
-``records.decode_iterations[rid]`` iterations, its context in the first being ``records.join_context[rid]``
-(the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the
-end of that first iteration.
+Requests are admitted by the router, which reserves decode memory for them before the transfer starts: their
+final KV (`decode.admission: reserve`, nothing is ever preempted) or the blocks of their first decode
+iteration, later ones allocated as contexts grow (`on_demand`, simulator/admission.py; a step whose blocks do
+not fit preempts). After its KV has arrived a request joins the batch at the next iteration boundary and takes
+part in ``records.decode_iterations[rid]`` iterations, its context in the first being ``records.join_context[rid]``
+(the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the end of that
+first iteration. Where the replica prefills (a colocated engine's prompts, a preempted request's recompute),
+vLLM's step scheduler (simulator/scheduler.py, `sched`) composes each step: it joins, preempts and takes
+waiting requests at the boundary, and a step with prefill chunks is one iteration priced with them.
 
 Between changes of batch membership every iteration costs ``fixed(B) + per_ctx * S_k`` where the
 batch's total context grows by B each iteration (S_k = C + B·k at replica iteration k), so n
 iterations take ``n·fixed + per_ctx·(n·C + B·(n·k + n(n-1)/2))``: one SimPy event per change of
 membership, none per token.  An engine that issues iterations from the CPU makes each one last at
 least host(B) (``IterationCost.host_s``); the host-bound iterations are the segment's first ones
-(GPU time grows with the context), so the segment still has a closed form. Per-request decode/dequantize/approximation times are the replica's
-running sums of those parts between the request's join and finish (a snapshot at join). The replica is a small state
+(GPU time grows with the context), so the segment still has a closed form. Per-request decode/dequantize/
+approximation times are the replica's running sums of those parts between the request's join and finish (a
+snapshot at join; a preempted request's snapshots skip the iterations it sat out). The replica is a small state
 machine driven by SimPy timeouts: a segment timer, replaced by an earlier one when a request
 arrives mid-segment (it joins at the end of the iteration in progress).
 
 A replica that goes down (simulator/faults.py) loses every request it holds (joined, waiting to
-join, or reserved with its KV on the way) and its memory; it admits nothing until it is back.
+join, preempted, being prefilled, or reserved with its KV on the way) and its memory; it admits nothing
+until it is back.
 """
 
 from __future__ import annotations

@@ -384,31 +384,6 @@ class ReplicaCostModel:
             return c
         return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
 
-    def chunked_prefill(self, prompt_tokens: int, chunk_tokens: int, cached_tokens: int = 0) -> PrefillCost:
-        """One prompt prefilled in chunks of at most `chunk_tokens` new tokens (after `cached_tokens` already
-        there), each a forward pass attending to the earlier ones.  The chunks follow each other through the
-        pipeline stages (a chunk reaches a stage after the previous one has left it, and finds its KV there):
-        latency = the earlier chunks' stage times + the last chunk's latency; the encode of each chunk's KV
-        adds up."""
-        memo = self._memo.setdefault("chunked", {})
-        key = (prompt_tokens, chunk_tokens, cached_tokens)
-        c = memo.get(key)
-        if c is None:
-            parts, done = [], cached_tokens
-            while done < prompt_tokens:
-                n = min(chunk_tokens, prompt_tokens - done)
-                parts.append(self.prefill((done + n,), (done,)))
-                done += n
-            ahead = sum(p.stage_s for p in parts[:-1])
-            c = memo[key] = PrefillCost(
-                stage_s=ahead + parts[-1].stage_s,
-                latency_s=ahead + parts[-1].latency_s,
-                approximation_s=sum(p.approximation_s for p in parts),
-                encode_s=sum(p.encode_s for p in parts),
-                forms=parts[0].forms,
-            )
-        return c
-
     def prefill_attention_s(
         self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
     ) -> tuple[float, float, tuple[str, ...]]:

@@ -305,11 +305,13 @@ class DecodeReplica:
     def recover(self) -> None:
         self.down = False
 
-    def unreserve(self, kv_bytes: float, host_bytes: float = 0.0) -> None:
-        """A reservation whose KV will not arrive (its transfer was lost)."""
+    def unreserve(self, rid: int, kv_bytes: float, host_bytes: float = 0.0) -> None:
+        """A reservation whose KV will not arrive (its transfer was lost): its prefix-cache hits here go too."""
         self.reserved_bytes -= kv_bytes
         self.host_reserved_bytes -= host_bytes
         self.slots_used -= 1
+        if self.cache is not None:
+            self.cache.release(rid, 0, False)
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 

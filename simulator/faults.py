@@ -168,7 +168,7 @@ class FaultInjector:
             link, rep = router.transfers.pop(r)
             link.abort({r})
             if not rep.down:  # (a shared_gpu pair's own decode side has lost its memory already)
-                rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
+                rep.unreserve(r, rec.admit_bytes[r], rec.host_kv_bytes[r])
         for r in lost + on_host + moving:
             rec.kv_held[r] = False
         # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
@@ -222,7 +222,7 @@ class FaultInjector:
         rec, router = self.rec, self._separate()
         for r in rids:
             _, rep = router.transfers.pop(r)
-            rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
+            rep.unreserve(r, rec.admit_bytes[r], rec.host_kv_bytes[r])
             self._hit(r, kind)
 
     # ---- a request's fate ----------------------------------------------------------------------------

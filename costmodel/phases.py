@@ -386,31 +386,6 @@ class ReplicaCostModel:
             return c
         return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
 
-    def chunked_prefill(self, prompt_tokens: int, chunk_tokens: int, cached_tokens: int = 0) -> PrefillCost:
-        """One prompt prefilled in chunks of at most `chunk_tokens` new tokens (after `cached_tokens` already
-        there), each a forward pass attending to the earlier ones.  The chunks follow each other through the
-        pipeline stages (a chunk reaches a stage after the previous one has left it, and finds its KV there):
-        latency = the earlier chunks' stage times + the last chunk's latency; the encode of each chunk's KV
-        adds up."""
-        memo = self._memo.setdefault("chunked", {})
-        key = (prompt_tokens, chunk_tokens, cached_tokens)
-        c = memo.get(key)
-        if c is None:
-            parts, done = [], cached_tokens
-            while done < prompt_tokens:
-                n = min(chunk_tokens, prompt_tokens - done)
-                parts.append(self.prefill((done + n,), (done,)))
-                done += n
-            ahead = sum(p.stage_s for p in parts[:-1])
-            c = memo[key] = PrefillCost(
-                stage_s=ahead + parts[-1].stage_s,
-                latency_s=ahead + parts[-1].latency_s,
-                approximation_s=sum(p.approximation_s for p in parts),
-                encode_s=sum(p.encode_s for p in parts),
-                forms=parts[0].forms,
-            )
-        return c
-
     def prefill_attention_s(
         self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
     ) -> tuple[float, float, tuple[str, ...]]:
@@ -651,50 +626,69 @@ class ReplicaCostModel:
             host_s=host + serial if host > 0 else 0.0,
         )
 
-    def mixed_iteration(
-        self, batch_size: int, chunk_tokens: int, chunk_past_tokens: int, last_chunk: bool
+    def mixed_step(
+        self, batch_size: int, chunks: tuple[tuple[int, int], ...], samples: int
     ) -> tuple[IterationCost, PrefillCost]:
-        """One iteration of a colocated replica (chunked prefill): `batch_size` decode rows and one prefill
-        chunk of `chunk_tokens` new tokens attending to `chunk_past_tokens` earlier ones, in one forward
-        pass (the dense layers see B + n rows), then the chunk's KV encoded; the LM head runs for the
-        decode rows and, on the prompt's last chunk, its first token.  Returns the iteration (still
-        fixed + per_ctx · S over the decode rows' context: the chunk only adds to the fixed part) and the
-        chunk's own share (latency_s: what it adds; approximation_s: its homomorphic correction).  The
-        earlier chunks' KV is read in the memory format, restored to FP16 where the attention form needs it."""
+        """One step of an engine that runs prefill chunks beside its decode rows (vLLM v1's scheduler:
+        simulator/scheduler.py): `batch_size` decode rows and, per chunk, (new tokens, earlier tokens of the same
+        request whose KV is there), in one forward pass: the dense layers see B + Σ new rows and read the
+        weights once; each chunk attends to its earlier tokens (read in the memory format, restored to FP16
+        where the attention form needs it) and to itself, causally; the chunks' new KV is written in the
+        method's memory format (CacheGen's is FP16: nothing to encode); the LM head runs for the decode rows
+        and the `samples` chunks that end their request's prefill (each yields a token); with pipeline stages
+        the activations of every row cross to the next stage.
+
+        Returns the step (still fixed + per_ctx · S over the decode rows' context: the chunks add to the fixed
+        part) and the chunks' share of it (latency_s: what they add to the decode rows' iteration;
+        approximation_s: their homomorphic correction; encode_s: their KV encoding, inside latency_s)."""
+        key = (batch_size, chunks, samples)
+        memo = self._memo.setdefault("mixed", {})
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
         L, stages = self.model.layers, self.parallel.pipeline
-        attn_s, approx_s, forms = self.prefill_attention_s((chunk_past_tokens + chunk_tokens,), (chunk_past_tokens,))
-        head_rows = batch_size + (1 if last_chunk else 0)
+        new = sum(n for n, _ in chunks)
+        attn_s, approx_s, forms = self.prefill_attention_s(
+            tuple(past + n for n, past in chunks), tuple(past for _, past in chunks)
+        )
         if batch_size:
             base = self.iteration(batch_size)
             added = (
-                L * (self._dense_layer_s(batch_size + chunk_tokens) - self._dense_layer_s(batch_size))
-                + self._lm_head_s(head_rows)
+                L * (self._dense_layer_s(batch_size + new) - self._dense_layer_s(batch_size))
+                + self._lm_head_s(batch_size + samples)
                 - self._lm_head_s(batch_size)
+                + (stages - 1) * (self._stage_hop_s(batch_size + new) - self._stage_hop_s(batch_size))
             )
         else:
             base = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)
             added = (
-                L * self._dense_layer_s(chunk_tokens)
-                + (self._lm_head_s(1) if last_chunk else 0.0)
-                + (stages - 1) * self._stage_hop_s(chunk_tokens)
+                L * self._dense_layer_s(new)
+                + (self._lm_head_s(samples) if samples else 0.0)
+                + (stages - 1) * self._stage_hop_s(new)
                 + self.host_serial_s_per_iteration
             )
         # the chunk's KV written in the replica's memory format (CacheGen's is FP16: nothing to encode)
-        encode_s = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, chunk_tokens)
+        encode_s = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, new)
         added += L * attn_s + encode_s
         it = IterationCost(
             decode_fixed_s=base.decode_fixed_s + added,
             decode_per_ctx_s=base.decode_per_ctx_s,
             dequant_per_ctx_s=base.dequant_per_ctx_s,
+            dequant_fixed_s=base.dequant_fixed_s,
             approx_fixed_s=base.approx_fixed_s,
             approx_per_ctx_s=base.approx_per_ctx_s,
             fetch_fixed_s=base.fetch_fixed_s,
             fetch_per_ctx_s=base.fetch_per_ctx_s,
             host_s=base.host_s,
         )
-        return it, PrefillCost(
-            stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s, forms=forms
+        out = (
+            it,
+            PrefillCost(stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s, forms=forms),
         )
+        if len(memo) >= PREFILL_MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = out
+        return out
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:

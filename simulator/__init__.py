@@ -7,9 +7,10 @@ Modules, bottom up (the import graph has no cycles: tests/test_imports.py):
 * `columns`: typed per-request columns, row logs, and `Records`, the one object a method's entities write
   what happens to each request into;
 * the entities, one module each, each owning its state: `prefill.PrefillReplica`, `link.Link`,
-  `decode.DecodeReplica` (with `admission.OnDemandBlocks`, its on-demand KV blocks), `router.Router`
-  (`colocated` for a placement without transfers), and the controllers `faults.FaultInjector` and
-  `prefix_cache.PrefixCaching`;
+  `decode.DecodeReplica` (with `admission.OnDemandBlocks`, its on-demand KV blocks, and
+  `scheduler.StepScheduler`, vLLM's steps where it prefills: colocated prompts, preempted requests'
+  recompute), `router.Router` (`colocated` for a placement without transfers), and the controllers
+  `faults.FaultInjector` and `prefix_cache.PrefixCaching`;
 * `run`: builds a method's entities, wires them to one another and to its `Records`, runs them, and turns
   the records into the summary and the output tables.
 

@@ -1,27 +1,15 @@
-"""On-demand KV blocks on a decode replica, with preemption (`decode.admission: on_demand`, the default).
+"""On-demand KV blocks of a replica's decode rows (`decode.admission: on_demand`, the default).
 
 vLLM and SGLang do not reserve a request's final KV when they admit it: they allocate KV blocks of
-`block_tokens` tokens as its context grows, and when a step needs a block that is not free they preempt the
-newest running request (vLLM's scheduler: `self.running.pop()`, the last scheduled) until it fits.
-A preempted request frees its blocks and waits at the head of the replica's queue (the most recently
-preempted first); it comes back, before any new request is admitted to the replica, once its blocks are
-free again, either
-
-* `recompute` (the default; vLLM V1's only mode): its prompt and generated tokens are prefilled again on the
-  decode GPU (all but the last, which its next iteration computes, as after a KV transfer), a prefill the
-  whole batch waits for, or
-* `swap`: its KV went to host memory over PCIe when it was preempted and comes back the same way; the batch
-  waits for both copies (recompute instead when the host memory is full).
-
-A request is admitted (by the router, before its transfer) with the blocks of its first decode iteration's
-context; a request that joined at iteration j with context c in it holds ⌈(c + k − j)/block_tokens⌉ blocks at
-iteration k, one more at each k ≡ j − c + 1 (mod block_tokens). With the running requests counted by that
-phase, the iteration at which the next block would not fit is closed form (`first_block_shortage`), so
-a segment of iterations ends at the next finish or that shortage, whichever is first: one event per batch
-change, none per token.
-
-Time: a preempted request's time out of the batch, and every stall a recompute or swap puts on the batch
-(everyone in it waits), is the breakdown part `preemption`.
+`block_tokens` tokens as its context grows (vLLM: `KVCacheManager.allocate_slots` each step). A request is
+admitted (by the router, before its transfer) with the blocks of its first decode iteration's context; a
+request that joined at iteration j with context c in it holds ⌈(c + k − j)/block_tokens⌉ blocks at iteration
+k, one more at each k ≡ j − c + 1 (mod block_tokens). With the running requests counted by that phase, the
+iteration at which the next block would not fit is closed form (`first_block_shortage`), so a segment of
+iterations ends at the next finish or that shortage, whichever is first: one event per batch change, none
+per token. At that iteration the step scheduler (simulator/scheduler.py) preempts the newest running
+requests until the blocks fit, as vLLM's scheduler does, and brings preempted requests back (by recompute,
+through the prefix cache, or by swap).
 """
 
 from __future__ import annotations
@@ -32,13 +20,8 @@ from typing import TYPE_CHECKING
 
 from costmodel.memory import kv_blocks
 
-from .timers import call_in
-
 if TYPE_CHECKING:
-    from .columns import Records
     from .decode import DecodeReplica
-
-PREEMPTION = 4  # index of the preemption seconds in DecodeReplica.cum
 
 
 def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
@@ -62,11 +45,9 @@ def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, bloc
 
 
 class OnDemandBlocks:
-    def __init__(self, replica: DecodeReplica, records: Records, swap: bool):
+    def __init__(self, replica: DecodeReplica):
         cost = replica.cost
         self.rep = replica
-        self.rec = records
-        self.swap = swap
         self.bt = cost.block_tokens
         self.block_bytes = cost.block_bytes
         self.reserve_bytes = cost.kv_memory_bytes(0)  # the method's fixed per-request buffer
@@ -76,24 +57,31 @@ class OnDemandBlocks:
         self.running: dict[int, tuple[int, int, int, int]] = {}
         self._plan: tuple[int, int] = (0, 0)  # the running segment's later iterations, whose blocks it is promised
         self._planned: float | None = 0.0  # their bytes (None: not counted yet)
-        self.waiting: list[tuple] = []  # preempted: (rid, context, iterations left, time, cum, swapped bytes)
 
     def clear(self) -> list[int]:
-        """The replica went down (simulator/faults.py): forget every request; returns the running ones and the
-        preempted ones waiting to come back."""
-        lost = list(self.running) + [w[0] for w in self.waiting]
+        """The replica went down (simulator/faults.py): forget every request; returns the running ones."""
+        lost = list(self.running)
         self.counts = [0] * self.bt
         self.running.clear()
         self._plan, self._planned = (0, 0), 0.0
-        self.waiting = []
         return lost
 
-    def admit_bytes(self, context: int) -> float:
-        return self.rep.cost.kv_memory_bytes(context)
-
-    def _free_blocks(self) -> int:
+    def free_blocks(self) -> int:
         rep = self.rep
         return int((rep.capacity_bytes - rep.reserved_bytes) // self.block_bytes) if self.block_bytes > 0 else 2**62
+
+    def newest(self) -> int:
+        """The running request that joined last (vLLM preempts the tail of its running list)."""
+        return next(reversed(self.running))
+
+    def phase(self, rid: int) -> int:
+        return self.running[rid][0]
+
+    def remove(self, rid: int) -> tuple[int, int, int, int]:
+        """A running request preempted: its (phase, join iteration, context at join, finish iteration)."""
+        st = self.running.pop(rid)
+        self.counts[st[0]] -= 1
+        return st
 
     def held_bytes(self, rid: int, k: int) -> float:
         """Bytes the running request holds once iteration k's blocks are allocated."""
@@ -168,78 +156,3 @@ class OnDemandBlocks:
         else:
             self.rep.reserved_bytes += self._new_blocks(k, n) * self.block_bytes
         self._plan, self._planned = (0, 0), 0.0
-
-    def boundary(self) -> float:
-        """At the start of iteration k: take its new blocks, preempting the newest running requests while
-        they do not fit, then bring back preempted requests that fit. Returns the stall (seconds) the batch's
-        next iteration carries."""
-        rep, k = self.rep, self.rep.iteration
-        need = self.counts[k % self.bt]
-        if not need and not self.waiting:
-            return 0.0
-        free = self._free_blocks() if need else 0
-        stall = 0.0
-        while need > free and self.running:
-            rid = next(reversed(self.running))
-            if self.running[rid][0] == k % self.bt:
-                need -= 1
-            held = self.held_bytes(rid, k - 1)
-            free += int(held // self.block_bytes)
-            stall += self._preempt(rid, k, held)
-        rep.reserved_bytes += need * self.block_bytes
-        stall += self._readmit()
-        if stall:
-            rep.cum[PREEMPTION] += stall
-        return stall
-
-    def _preempt(self, rid: int, k: int, held: float) -> float:
-        rep, rec = self.rep, self.rec
-        phase, j, c, fin = self.running.pop(rid)
-        left = fin - k
-        self.counts[phase] -= 1
-        rep.batch -= 1
-        rep.ctx_offset -= c - j
-        rep.reserved_bytes -= held
-        rec.preemptions[rid] += 1
-        swapped = 0.0
-        if self.swap and rep.host_reserved_bytes + held <= rep.host_capacity_bytes:
-            swapped = held
-            rep.host_reserved_bytes += held
-        self.waiting.append((rid, c + k - j, left, rep.env.now, tuple(rep.cum), swapped))
-        return rep.cost.swap_s(swapped) if swapped else 0.0
-
-    def _readmit(self) -> float:
-        rep, rec, k = self.rep, self.rec, self.rep.iteration
-        recompute: list[int] = []
-        snaps = (rec.snap_decode, rec.snap_dequant, rec.snap_approx, rec.snap_fetch, rec.snap_preempt)
-        stall = 0.0
-        back = False
-        while self.waiting:
-            rid, ctx, left, t0, cum0, swapped = self.waiting[-1]
-            need = self.admit_bytes(ctx)
-            if rep.reserved_bytes + need > rep.capacity_bytes:
-                break
-            self.waiting.pop()
-            back = True
-            rep.reserved_bytes += need
-            rec.preempt_s[rid] += rep.env.now - t0
-            # the sums of the iterations it sat out do not count as its decode time
-            for i, (now_v, then_v) in enumerate(zip(rep.cum, cum0)):
-                snaps[i][rid] += now_v - then_v
-            if swapped:
-                rep.host_reserved_bytes -= swapped
-                stall += rep.cost.swap_s(swapped)
-            else:
-                recompute.append(max(1, ctx - 1))
-            rep.ctx_offset += ctx - k
-            rep.batch += 1
-            heapq.heappush(rep.finish_heap, (k + left, rid))
-            self.join(rid, k, ctx, k + left)
-        if recompute:
-            c = rep.cost.prefill(tuple(recompute))
-            stall += c.latency_s + c.encode_s
-        if back and not self.waiting:
-            listener = rep.listener
-            assert listener is not None
-            call_in(rep.env, 0, lambda _e: listener.on_memory_freed())
-        return stall

@@ -1,126 +1,46 @@
-"""Colocated serving (`placement: colocated`): every GPU serves both phases, with chunked prefill.
+"""Colocated serving (`placement: colocated`): every engine serves both phases, as one vLLM engine does.
 
-Each replica is a decode replica (simulator/decode.py) that also holds a queue of prompts. While a prompt
-is being prefilled, every iteration is a mixed one: the running decode rows plus one chunk of at most
-`prefill.chunk_tokens` of that prompt's tokens, attending to its earlier chunks, in one forward pass
-(`ReplicaCostModel.mixed_iteration`: the dense layers see B + n rows, the chunk's KV is encoded in the
-method's format, its last chunk yields the first token). One prompt is prefilled at a time, in arrival
-order; between prompts the decode batch advances in closed form as on a decode replica, so events are
-one per chunk and one per batch change, none per token.
+Each engine is a decode replica (simulator/decode.py) configured as the decode pool, with vLLM's step scheduler
+(simulator/scheduler.py): each step its decode rows, then the chunks of prompts being prefilled, then waiting
+prompts first come first served, within `max_batch_tokens` and `max_batch_requests` (`chunk_tokens` caps a
+prompt's chunk; without it a prompt is never split). A step with chunks is one forward pass over all its rows
+(`ReplicaCostModel.mixed_step`: the dense layers see every row and read the weights once, each chunk attends
+to its prompt's earlier tokens, its KV is written in the method's memory format, a prompt's last chunk yields
+its first token); between such steps the decode batch advances in closed form, so events are one per step
+that carries prefill work and one per batch change, none per token.
 
-There is no transfer: the prompt's KV is written in the replica's own format where it is read. A prompt
-starts once its replica can admit it (the decode admission: on demand, the blocks of its prompt and first
-token; reserve, its final KV), and it joins the decode batch at the end of its last chunk, whose token is
-the client's first, so decode runs one iteration per further output token. The router sends each arrival to
-the replica with the fewest queued prompt tokens. The replicas are the GPUs of both pools:
-`prefill.replicas + decode.replicas` of them, each configured as the decode pool (both pools must name the
-same GPU and parallelism).
+There is no transfer: the prompt's KV is written in the engine's own format where it is read; the client's
+first token is the last chunk's, and decode runs one iteration per further output token. Prompt blocks are
+allocated chunk by chunk (on-demand admission) or the final KV reserved when the prompt starts (reserve).
+The engines are `prefill.replicas + decode.replicas` (every GPU of both pools; the prefill pool may be left
+out or given 0 replicas, so one engine on one GPU is `decode.replicas: 1`). The router sends each arrival to
+the engine with the fewest prompt tokens queued or being prefilled (ties: the lowest index); a prompt leaves
+that count when its prefill ends.
 
-A replica that goes down (simulator/faults.py) loses its decode requests and the prompt it was prefilling
-(the chunks done so far with it); its queued prompts move to the live replicas, and arrivals wait while
-none is up.
+An engine that goes down (simulator/faults.py) loses its decode requests, the prompts it was prefilling and
+the preempted ones it held (in arrival order); the prompts still waiting move to the live engines, and
+arrivals wait while none is up.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .columns import Records
     from .decode import DecodeReplica
-
-
-class ChunkedPrefill:
-    """The prompt queue of one colocated replica and the chunk in progress."""
-
-    def __init__(self, replica: DecodeReplica, records: Records, chunk_tokens: int):
-        self.rep = replica
-        self.rec = records
-        self.chunk_tokens = chunk_tokens
-        self.queue: deque[int] = deque()
-        self.outstanding_tokens = 0
-        self.current: int | None = None  # the prompt being prefilled
-        self.done_tokens = 0
-        self.chunk: tuple | None = None  # the chunk of the running iteration: (tokens, PrefillCost)
-        self.busy_s = 0.0  # Σ the chunks' share of the replica's time
-        self._memo: dict = {}
-
-    def enqueue(self, rid: int) -> None:
-        self.queue.append(rid)
-        self.outstanding_tokens += self.rec.prompt[rid]
-        self.rep.wake()
-
-    def next_chunk(self):
-        """At an iteration boundary: the mixed iteration's cost if a chunk runs in it, else None."""
-        rep, rec = self.rep, self.rec
-        if self.current is None:
-            if not self.queue:
-                return None
-            rid = self.queue[0]
-            if not rep.has_room(rec.admit_bytes[rid], rec.host_kv_bytes[rid]):
-                return None
-            self.queue.popleft()
-            rep.reserve(rec.admit_bytes[rid], rec.host_kv_bytes[rid])
-            self.current, self.done_tokens = rid, 0
-            rec.prefill_start[rid] = rep.env.now
-            rec.prefill_replica[rid] = rec.decode_replica[rid] = rep.index
-            rec.approx_prefill[rid] = 0.0
-        rid = self.current
-        prompt = rec.prompt[rid]
-        n = min(self.chunk_tokens, prompt - self.done_tokens)
-        key = (rep.batch, n, self.done_tokens, self.done_tokens + n == prompt)
-        cost = self._memo.get(key)
-        if cost is None:
-            cost = self._memo[key] = rep.cost.mixed_iteration(*key)
-        self.chunk = (n, cost[1])
-        return cost[0]
-
-    def fail(self) -> tuple[list[int], list[int]]:
-        """The replica went down (simulator/faults.py): returns (the prompt being prefilled, whose chunks done
-        so far are lost, and the prompts still queued)."""
-        lost = [] if self.current is None else [self.current]
-        queued = list(self.queue)
-        self.queue.clear()
-        self.current, self.chunk, self.done_tokens, self.outstanding_tokens = None, None, 0, 0
-        return lost, queued
-
-    def after_iteration(self) -> None:
-        """The iteration that ran the chunk ended: the prompt advances, and after its last chunk it joins the
-        decode batch (or finishes, with one output token)."""
-        if self.chunk is None:
-            return
-        (n, pc), self.chunk = self.chunk, None
-        rec, rep, rid = self.rec, self.rep, self.current
-        assert rid is not None  # a chunk ran: its prompt is the current one
-        self.busy_s += pc.latency_s
-        rec.approx_prefill[rid] += pc.approximation_s
-        self.done_tokens += n
-        if self.done_tokens < rec.prompt[rid]:
-            return
-        self.current = None
-        self.outstanding_tokens -= rec.prompt[rid]
-        now = rep.env.now
-        rec.prefill_end[rid] = rec.encode_end[rid] = now
-        rec.prefill_form[rid] = pc.forms[0] if pc.forms else ""
-        if rec.decode_iterations[rid] == 0:
-            rec.finish_without_decode(rid)
-            rep.release(rid, rec.admit_bytes[rid])
-        else:
-            rec.transfer_start[rid] = rec.transfer_end[rid] = now
-            rep.joining.append(rid)
+    from .scheduler import StepScheduler
 
 
 class ColocatedRouter:
-    """Arrivals go to the live replica with the fewest queued prompt tokens (ties: the lowest index); while
-    every replica is down they wait in a backlog (simulator/faults.py)."""
+    """Arrivals go to the live engine with the fewest prompt tokens queued or being prefilled (ties: the lowest
+    index); while every engine is down they wait in a backlog (simulator/faults.py)."""
 
-    def __init__(self, replicas: list[DecodeReplica], prefills: list[ChunkedPrefill]):
+    def __init__(self, replicas: list[DecodeReplica], prefills: list[StepScheduler]):
         self.replicas = replicas
-        self.prefills = prefills  # replica i's prompt queue
+        self.prefills = prefills  # engine i's scheduler
         self.links: dict = {}
         self.hold_kv = False  # no KV is parked on another host: a request's KV is written where it decodes
-        self.live = prefills  # the prompt queues of the replicas that are up
+        self.live = prefills  # the schedulers of the engines that are up
         self.backlog: list[int] = []
 
     def on_arrivals(self, rids: list[int]) -> None:
@@ -128,15 +48,22 @@ class ColocatedRouter:
         if not live:
             self.backlog.extend(rids)
             return
-        for rid in rids:
+        touched = []
+        for rid in rids:  # every arrival of the instant is queued before a step starts (they may share it)
             best = min(live, key=lambda c: (c.outstanding_tokens, c.rep.index))
-            best.enqueue(rid)
+            best.enqueue_prompt(rid)
+            touched.append(best)
+        for sched in sorted(set(touched), key=lambda c: c.rep.index):
+            sched.rep.wake()
 
     def replica_down(self, i: int) -> tuple[list[int], list[int]]:
-        """Replica i goes down: returns (the requests it held, decoding or being prefilled, and the prompts
-        still queued there), in that order of fate; it takes no work until `replica_up`."""
-        lost_prompt, queued = self.prefills[i].fail()
-        lost = self.replicas[i].fail() + lost_prompt
+        """Engine i goes down: returns (the requests it held, and the prompts still waiting there, which can go
+        elsewhere); it takes no work until `replica_up`."""
+        rep = self.replicas[i]
+        queued = self.prefills[i].take_prompts()
+        lost = rep.fail()
+        if rep.cache is not None:
+            rep.cache.clear()
         self.live = [c for c in self.prefills if not c.rep.down]
         return lost, queued
 
@@ -148,19 +75,7 @@ class ColocatedRouter:
             self.on_arrivals(backlog)
 
     def on_memory_freed(self) -> None:
-        for colo in self.prefills:
-            if colo.queue:
-                colo.rep.wake()
+        """Memory freed: the engine's next step looks at its waiting prompts anyway (a finish ends a segment)."""
 
     def release_kv(self, rid: int) -> None:
         """Nothing to release: a colocated request's KV is written where it decodes."""
-
-
-def build(records: Records, replicas: list[DecodeReplica], chunk_tokens: int) -> ColocatedRouter:
-    prefills = [ChunkedPrefill(rep, records, chunk_tokens) for rep in replicas]
-    router = ColocatedRouter(replicas, prefills)
-    for rep, colo in zip(replicas, prefills):
-        rep.colo = colo
-        rep.listener = router
-        rep.on_arrival = False  # the KV is written here in the memory format: nothing arrives to decode
-    return router

@@ -81,7 +81,7 @@ class Records:
     Written during the run: the times in seconds (`prefill_start` .. `finish`), the breakdown sums
     (`approx_prefill`, `decode_s`, `dequant_s`, `approx_decode`, `fetch_s`, `preempt_s`) with the decode
     replica's running sums at join (`snap_*`), the replicas and prefill form a request took, `kv_held`
-    (its KV counts in its prefill replica's host memory), `preemptions`, `retries`, `failure` (why it
+    (its KV counts in its prefill replica's host memory), `preemptions`, `recomputed`, `retries`, `failure` (why it
     failed, "" if it did not), the `completed` and `failed` counts, and the memory and link logs.
     """
 
@@ -119,6 +119,7 @@ class Records:
         self.snap_decode, self.snap_dequant, self.snap_approx = nans(n), nans(n), nans(n)
         self.snap_fetch, self.snap_preempt = nans(n), nans(n)
         self.preemptions = filled(n, 0)
+        self.recomputed = filled(n, 0)  # tokens computed again after preemptions (cache hits excluded)
         self.preempt_s = floats(np.zeros(n))
         self.prefill_replica = filled(n, -1)
         self.prefill_form = [""] * n  # the prefill attention form each request ran (fp16 / homomorphic)

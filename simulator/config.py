@@ -254,21 +254,27 @@ class PoolConfig(_Strict):
     gpu: GPUConfig | None = Field(None, description="GPU preset key or mapping; defaults to the instance's GPU")
     tensor_parallel: int = Field(1, ge=1, le=1024, description="GPUs per pipeline stage (within one instance)")
     pipeline_parallel: int = Field(1, ge=1, le=1024, description="pipeline stages per replica (may span instances)")
-    replicas: int = Field(1, ge=1, le=4096, description="model replicas in the pool")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=4096,
+        description="model replicas in the pool (0: only a prefill pool under placement colocated, whose "
+        "engines are then the decode pool's replicas alone)",
+    )
     max_batch_requests: int = Field(
         256,
         ge=1,
         le=2**20,
-        description="most requests in one batch (vLLM's "
-        "max_num_seqs; also sizes the sampler's share of the activation peak)",
+        description="most requests running at once on a replica (vLLM's max_num_seqs: a step takes a "
+        "waiting request only while fewer run); also sizes the sampler's share of the activation peak",
     )
     max_batch_tokens: int = Field(
         16384,
         ge=1,
         le=2**30,
-        description="prefill: most prompt tokens per batch (a longer "
-        "prompt runs alone); also the profile run's tokens, which size the activation "
-        "peak (vLLM's max_num_batched_tokens)",
+        description="most tokens one step (forward pass) computes (vLLM's max_num_batched_tokens): a "
+        "decode row counts one, a prompt or its chunk its tokens (without chunk_tokens a longer prompt "
+        "runs alone); also the profile run's tokens, which size the activation peak",
     )
     gpu_memory_utilization: float = Field(
         0.9,
@@ -400,10 +406,12 @@ class PoolConfig(_Strict):
         None,
         ge=1,
         le=2**30,
-        description="prefill: most prompt tokens per forward "
-        "pass (chunked prefill); a longer prompt runs as chunks, each attending to the "
-        "earlier ones. With placement colocated, the chunk each iteration carries "
-        "(default: max_batch_tokens)",
+        description="chunked prefill (vLLM's enable_chunked_prefill, with long_prefill_token_threshold = "
+        "chunk_tokens): a prompt, or a preempted request's recompute, is split into chunks of at most this many "
+        "tokens per step, several requests' chunks sharing a step's max_batch_tokens, each chunk attending "
+        "to the earlier ones (give max_batch_tokens or more for vLLM's default, chunks limited by the "
+        "step's budget alone); null: never split, a step takes whole prompts while they fit its "
+        "max_batch_tokens and a longer one runs alone (simulator/scheduler.py)",
     )
     admission: Literal["reserve", "on_demand"] = Field(
         "on_demand",
@@ -419,16 +427,18 @@ class PoolConfig(_Strict):
     prefix_caching: bool = Field(
         False,
         description="keep prompts' KV by prefix block (the workload's hash blocks) "
-        "and skip what is cached: on prefill its compute, on decode its transfer "
-        "(simulator/prefix_cache.py)",
+        "and skip what is cached: on prefill its compute, on decode its transfer, and a preempted request "
+        "recomputes only its blocks evicted meanwhile (vLLM's automatic prefix caching; "
+        "simulator/prefix_cache.py)",
     )
     prefix_cache_gib: float | None = Field(
         None,
         gt=0,
         le=2**30,
-        description="with prefix_caching: the cache's "
-        "capacity per replica, taken out of the KV pool and counted in the "
-        "method's KV bytes (a compressed format caches more prefix)",
+        description="with prefix_caching: a separate region of this many GiB per replica, taken out of "
+        "the KV pool, holding prompts' prefix blocks only; null (default): the cache is the KV pool's free "
+        "blocks, as in vLLM (a freed block keeps its hash until an allocation needs it); both count in "
+        "the method's KV bytes (a compressed format caches more prefix)",
     )
     join_s_per_request: float = Field(
         0.0,
@@ -465,8 +475,11 @@ class PoolConfig(_Strict):
     def _layout(self) -> PoolConfig:
         if self.gpu is None:
             raise ValueError("give an instance or a gpu")
-        if self.prefix_caching and self.prefix_cache_gib is None:
-            raise ValueError("prefix_caching: give prefix_cache_gib (the cache's capacity per replica)")
+        if self.max_batch_tokens < self.max_batch_requests:  # vLLM's SchedulerConfig refuses it too
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must be at least max_batch_requests "
+                f"({self.max_batch_requests}): every running request's decode row fits one step"
+            )
         if self.instance is not None:
             per = catalog.entry("instances", self.instance)["gpus"]
             if self.tensor_parallel > per:
@@ -843,7 +856,11 @@ class Scenario(_Strict):
     name: str = Field(description="scenario name, used in outputs")
     description: str = Field("", description="what this scenario represents")
     model: ModelConfig
-    prefill: PoolConfig
+    prefill: PoolConfig = Field(
+        None,  # type: ignore[assignment]  # filled in before validation (_colocated_prefill) or refused
+        description="the prefill pool; required unless placement is colocated, where it defaults to the "
+        "decode pool's settings with 0 replicas (the engines are then the decode pool's replicas)",
+    )
     decode: PoolConfig
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     workload: WorkloadConfig
@@ -868,9 +885,22 @@ class Scenario(_Strict):
         description="separate: prefill and decode on their own GPUs; shared_gpu: prefill replica i "
         "and decode replica i share the same GPUs in one process and take turns: a waiting prefill batch runs at "
         "the next decode iteration boundary, one batch per boundary (how realrun measures on one GPU); "
-        "colocated: every replica of both pools serves both phases, each iteration its decode rows plus one "
-        "chunk of prefill.chunk_tokens of a prompt, no KV transfer (simulator/colocated.py)",
+        "colocated: every replica of both pools (prefill.replicas + decode.replicas engines; the prefill pool "
+        "may be left out, or given 0 replicas) serves both phases as one vLLM engine configured as the decode "
+        "pool, each step its decode rows plus prompt chunks within max_batch_tokens, no KV transfer "
+        "(simulator/colocated.py, simulator/scheduler.py)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _colocated_prefill(cls, v: Any) -> Any:
+        """placement colocated without a prefill pool: the engines are the decode pool's replicas alone."""
+        if isinstance(v, dict) and v.get("prefill") is None:
+            if v.get("placement") != "colocated":
+                raise ValueError("prefill: required unless placement is colocated")
+            if isinstance(v.get("decode"), dict):
+                v = {**v, "prefill": {**v["decode"], "replicas": 0}}
+        return v
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -921,6 +951,8 @@ class Scenario(_Strict):
                 for r in link.decode_replicas:
                     if not 0 <= r < self.decode.replicas:
                         raise ValueError(f"network.links[{link.name}]: decode replica {r} does not exist")
+        if self.decode.replicas < 1:
+            raise ValueError("decode.replicas: a scenario needs at least one decode replica")
         if self.placement == "colocated":
             p, d = self.prefill, self.decode
             if (p.gpu, p.tensor_parallel, p.pipeline_parallel) != (d.gpu, d.tensor_parallel, d.pipeline_parallel):
@@ -928,8 +960,14 @@ class Scenario(_Strict):
                     "placement colocated runs both phases on every replica of both pools: give them the "
                     "same gpu, tensor_parallel and pipeline_parallel"
                 )
-            if p.prefix_caching or d.prefix_caching:
-                raise ValueError("placement colocated: prefix caching is modelled for separate pools only")
+            for name in ("chunk_tokens", "prefix_caching", "prefix_cache_gib"):
+                if getattr(p, name) != getattr(d, name):
+                    raise ValueError(
+                        f"prefill.{name}: placement colocated runs every engine as the decode pool is "
+                        f"configured; give decode.{name} the same value (or leave the prefill pool out)"
+                    )
+        elif self.prefill.replicas < 1:
+            raise ValueError("prefill.replicas: 0 prefill replicas only with placement colocated")
         if self.placement == "shared_gpu" and self.prefill.replicas != self.decode.replicas:
             raise ValueError(
                 "placement shared_gpu pairs prefill and decode replicas: give both pools the same number of replicas"
@@ -948,14 +986,14 @@ class Scenario(_Strict):
                         f"{pool_name}.expert_parallel: {self.model.experts} experts do not spread evenly "
                         f"over tensor_parallel={pool.tensor_parallel} x data_parallel={pool.data_parallel} GPUs"
                     )
-        if self.network.bandwidth_gbps is None and self.prefill.instance is None:
+        if self.network.bandwidth_gbps is None and self.prefill.instance is None and self.needs_network:
             raise ValueError("network.bandwidth_gbps is required when the prefill pool names no instance")
         links = (
             [link.name for link in self.network.links]
             if self.network.links is not None
             else [f"p{p}" for p in range(self.prefill.replicas)]
         )
-        colocated_replicas = self.prefill.replicas + self.decode.replicas
+        colocated_replicas = self.engines
         for i, f in enumerate(self.faults):
             if isinstance(f.target, str):  # a link kind (FaultEvent: link kinds name a link, replica kinds an index)
                 if self.placement == "colocated":
@@ -977,6 +1015,16 @@ class Scenario(_Strict):
                         f"faults.{i}.target: no {f.kind.split('_')[0]} replica {f.target} (the pool has {pool.replicas})"
                     )
         return self
+
+    @property
+    def engines(self) -> int:
+        """placement colocated: the engines serving both phases (every replica of both pools)."""
+        return self.prefill.replicas + self.decode.replicas
+
+    @property
+    def needs_network(self) -> bool:
+        """Whether anything crosses the network: KV transfers, or a colocated engine's pipeline stages."""
+        return self.placement != "colocated" or self.decode.pipeline_parallel > 1
 
 
 # ---- loading ----------------------------------------------------------------------------

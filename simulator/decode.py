@@ -1,25 +1,29 @@
-"""A decode replica: continuous batching with memory admission, advanced in closed form.
+"""A decode replica (or a colocated engine): continuous batching with memory admission, advanced in closed form.
 
-Requests are admitted by the router, which reserves their final KV footprint (prompt + output
-tokens in the method's memory format, plus its per-request reserve) against `capacity_bytes`
-before the transfer starts, so memory never exceeds capacity and nothing is preempted. After its
-KV has arrived, a request joins the batch at the next iteration boundary and takes part in
-``records.decode_iterations[rid]`` iterations, its context in the first being ``records.join_context[rid]``
-(the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the
-end of that first iteration.
+Requests are admitted by the router, which reserves decode memory for them before the transfer starts: their
+final KV (`decode.admission: reserve`, nothing is ever preempted) or the blocks of their first decode
+iteration, later ones allocated as contexts grow (`on_demand`, simulator/admission.py; a step whose blocks do
+not fit preempts). After its KV has arrived a request joins the batch at the next iteration boundary and takes
+part in ``records.decode_iterations[rid]`` iterations, its context in the first being ``records.join_context[rid]``
+(the scenario's ttft_at decides both: simulator/run.py); with ttft_at decode its first token is the end of that
+first iteration. Where the replica prefills (a colocated engine's prompts, a preempted request's recompute),
+vLLM's step scheduler (simulator/scheduler.py, `sched`) composes each step: it joins, preempts and takes
+waiting requests at the boundary, and a step with prefill chunks is one iteration priced with them.
 
 Between changes of batch membership every iteration costs ``fixed(B) + per_ctx * S_k`` where the
 batch's total context grows by B each iteration (S_k = C + B·k at replica iteration k), so n
 iterations take ``n·fixed + per_ctx·(n·C + B·(n·k + n(n-1)/2))``: one SimPy event per change of
 membership, none per token.  An engine that issues iterations from the CPU makes each one last at
 least host(B) (``IterationCost.host_s``); the host-bound iterations are the segment's first ones
-(GPU time grows with the context), so the segment still has a closed form. Per-request decode/dequantize/approximation times are the replica's
-running sums of those parts between the request's join and finish (a snapshot at join). The replica is a small state
+(GPU time grows with the context), so the segment still has a closed form. Per-request decode/dequantize/
+approximation times are the replica's running sums of those parts between the request's join and finish (a
+snapshot at join; a preempted request's snapshots skip the iterations it sat out). The replica is a small state
 machine driven by SimPy timeouts: a segment timer, replaced by an earlier one when a request
 arrives mid-segment (it joins at the end of the iteration in progress).
 
 A replica that goes down (simulator/faults.py) loses every request it holds (joined, waiting to
-join, or reserved with its KV on the way) and its memory; it admits nothing until it is back.
+join, preempted, being prefilled, or reserved with its KV on the way) and its memory; it admits nothing
+until it is back.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import simpy
 from costmodel.phases import IterationCost, ReplicaCostModel
 
 from .columns import Records
+from .scheduler import PREEMPTION
 from .timers import call_in
 
 
@@ -48,16 +53,24 @@ class DecodeListener(Protocol):
 
 
 class BlockAllocator(Protocol):
-    """On-demand KV blocks and preemption (simulator/admission.py), as the replica drives them."""
+    """On-demand KV blocks of the decode rows (simulator/admission.py), as the replica drives them."""
 
     bt: int  # tokens per block
+    block_bytes: float
     counts: list[int]  # running requests by block phase
-    waiting: list  # preempted requests
 
     @property
     def planned_bytes(self) -> float: ...
 
-    def boundary(self) -> float: ...
+    def free_blocks(self) -> int: ...
+
+    def newest(self) -> int: ...
+
+    def phase(self, rid: int) -> int: ...
+
+    def held_bytes(self, rid: int, k: int) -> float: ...
+
+    def remove(self, rid: int) -> tuple[int, int, int, int]: ...
 
     def plan(self, k: int, n: int) -> None: ...
 
@@ -72,12 +85,36 @@ class BlockAllocator(Protocol):
     def clear(self) -> list[int]: ...
 
 
-class ColocatedPrefill(Protocol):
-    """The prompts a colocated replica prefills in chunks between decode iterations (simulator/colocated.py)."""
+class Steps(Protocol):
+    """vLLM's step scheduler on this replica (simulator/scheduler.py): preempted requests coming back, colocated
+    prompts, transferred requests waiting to join, and each step's prefill chunks."""
 
-    def next_chunk(self) -> IterationCost | None: ...
+    resumes: int
+    step: list
+    retry: bool
 
-    def after_iteration(self) -> None: ...
+    @property
+    def pending(self) -> bool: ...
+
+    def arrived(self, rid: int) -> None: ...
+
+    def compose(self, k: int) -> float: ...
+
+    def cost(self) -> IterationCost: ...
+
+    def after_step(self) -> None: ...
+
+    def fail(self) -> tuple[list[int], list[int]]: ...
+
+
+class Cache(Protocol):
+    """The replica's prefix cache (simulator/prefix_cache.py), as the replica drives it."""
+
+    def release(self, rid: int, computed_tokens: int, preempted: bool) -> None: ...
+
+    def trim(self, free_bytes: float) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class PrefillPartner(Protocol):
@@ -180,17 +217,19 @@ class DecodeReplica:
         self._prefill_waiting = False
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = blocks(self) if blocks is not None else None
-        self.colo: ColocatedPrefill | None = None  # placement colocated: the prompts this replica prefills
+        # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
+        self.sched: Steps | None = None
+        self.cache: Cache | None = None  # a prefix cache in the KV pool's free blocks (simulator/prefix_cache.py)
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
         if self.down:
             return False
         if self.blocks is not None:  # on demand: not into the running segment's blocks, nor before the preempted
-            blocks = self.blocks
-            if blocks.waiting:
+            sched = self.sched
+            if sched is not None and sched.resumes:
                 return False
-            kv_bytes += blocks.planned_bytes
+            kv_bytes += self.blocks.planned_bytes
         return (
             self.slots_used < self.max_batch_requests
             and self.reserved_bytes + kv_bytes <= self.capacity_bytes
@@ -203,9 +242,15 @@ class DecodeReplica:
         self.slots_used += 1
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
+        if self.cache is not None:
+            self.cache.trim(self.capacity_bytes - self.reserved_bytes)
 
     def arrive(self, rid: int) -> None:
-        """The request's KV is here; it joins at the next iteration boundary."""
+        """The request's KV is here; it joins at the next iteration boundary (with a step scheduler, as a
+        waiting request of one token)."""
+        if self.sched is not None:
+            self.sched.arrived(rid)
+            return
         self.joining.append(rid)
         self.wake()
 
@@ -219,13 +264,10 @@ class DecodeReplica:
         elif not self._cut:
             self._cut_at_next_boundary()
 
-    def release(self, rid: int, kv_bytes: float) -> None:
-        """A request admitted here leaves without decoding (colocated: one output token, from its prefill)."""
-        self.reserved_bytes -= kv_bytes
-        self.host_reserved_bytes -= self.rec.host_kv_bytes[rid]
-        self.slots_used -= 1
-        if self.memory_log is not None:
-            self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
+    def trim_cache(self) -> None:
+        """A prefix cache in the KV pool's free blocks keeps no more than the blocks requests leave free."""
+        if self.cache is not None:
+            self.cache.trim(self.capacity_bytes - self.reserved_bytes)
 
     def _cut_at_next_boundary(self) -> None:
         """End the running segment with the iteration in progress."""
@@ -242,12 +284,13 @@ class DecodeReplica:
     def fail(self) -> list[int]:
         """The replica goes down: returns the requests it was decoding or about to (their KV is lost).
         Requests reserved here whose KV is still on the way are the router's to collect."""
-        lost = list(self.joining)
+        arrived, held = self.sched.fail() if self.sched is not None else ([], [])
+        lost = self.joining + arrived
         if self.blocks is None:
             lost += [rid for _, rid in self.finish_heap]
-        else:  # on demand: the running requests and the preempted ones waiting to come back
+        else:  # on demand: the running requests
             lost += self.blocks.clear()
-        lost = list(dict.fromkeys(lost))
+        lost = list(dict.fromkeys(lost + held))  # ... then those partly computed, ready or preempted
         self.joining.clear()
         self.finish_heap.clear()
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
@@ -262,11 +305,13 @@ class DecodeReplica:
     def recover(self) -> None:
         self.down = False
 
-    def unreserve(self, kv_bytes: float, host_bytes: float = 0.0) -> None:
-        """A reservation whose KV will not arrive (its transfer was lost)."""
+    def unreserve(self, rid: int, kv_bytes: float, host_bytes: float = 0.0) -> None:
+        """A reservation whose KV will not arrive (its transfer was lost): its prefix-cache hits here go too."""
         self.reserved_bytes -= kv_bytes
         self.host_reserved_bytes -= host_bytes
         self.slots_used -= 1
+        if self.cache is not None:
+            self.cache.release(rid, 0, False)
         if self.memory_log is not None:
             self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
 
@@ -289,7 +334,8 @@ class DecodeReplica:
 
     def resume_after_prefill(self) -> None:
         self._paused = False
-        if self._seg is None and (self.batch or self.joining):
+        sched = self.sched
+        if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
 
     # ---- the batch ----------------------------------------------------------------------------
@@ -305,8 +351,8 @@ class DecodeReplica:
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         self._finish_due()
-        if self.colo is not None:
-            self.colo.after_iteration()
+        if self.sched is not None:
+            self.sched.after_step()
         if self._prefill_waiting:
             self._prefill_waiting = False
             self._seg = None
@@ -318,29 +364,32 @@ class DecodeReplica:
         self._start_segment()
 
     def _start_segment(self) -> None:
-        blocks = self.blocks
-        # on demand: iteration k's new blocks (preempting if they do not fit) and the preempted coming back
-        stall_s = (
-            blocks.boundary()
-            if blocks is not None and (blocks.counts[self.iteration % blocks.bt] or blocks.waiting)
-            else 0.0
-        )
+        blocks, sched, k = self.blocks, self.sched, self.iteration
+        stall_s = 0.0
+        if sched is not None and (sched.pending or (blocks is not None and blocks.counts[k % blocks.bt])):
+            # the step: decode rows' blocks (preempting), chunks, waiting requests
+            before = self.reserved_bytes
+            stall_s = sched.compose(k)
+            if stall_s:
+                self.cum[PREEMPTION] += stall_s  # everyone in the batch waits for the swap copies
+            if self.memory_log is not None and self.reserved_bytes != before:
+                self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
         joined = self.joining  # _admit_joining gives the replica a fresh list
         pending_s = self._admit_joining() + stall_s
-        chunk_cost = self.colo.next_chunk() if self.colo is not None else None
-        if not self.batch and chunk_cost is None:
+        chunks = sched is not None and sched.step
+        if not self.batch and not chunks:
             self._seg = None
             return
-        cost = chunk_cost or self.cost.iteration(self.batch)
-        k, c, b, now = self.iteration, self.ctx_offset, self.batch, self.env.now
+        cost = sched.cost() if chunks and sched is not None else self.cost.iteration(self.batch)
+        c, b, now = self.ctx_offset, self.batch, self.env.now
         if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
             first = now + pending_s + segment_time_s(cost, 1, c, b, k)
             for rid in joined:
                 self.rec.first_token[rid] = first
-        if chunk_cost is not None:
-            n = 1  # an iteration with a prefill chunk (placement colocated)
+        if chunks or (sched is not None and sched.retry):
+            n = 1  # a step with prefill chunks, or one after a preemption that others wait behind
             if blocks is not None:
                 blocks.plan(k, 1)
         elif blocks is None:
@@ -352,6 +401,73 @@ class DecodeReplica:
         self._seg = (now, cost, n, pending_s)
         self._cut = False
         self._schedule(seg_s)
+
+    # ---- requests the step scheduler hands over (simulator/scheduler.py) ----------------------------
+    def join_ready(self, jobs: list) -> None:
+        """Requests whose tokens finished computing here in the last step decode from iteration k: a
+        colocated prompt (its last chunk yielded the first token) or a preempted request whose recompute
+        yielded its next token. They hold the blocks of their computed tokens; their context at k is one more."""
+        rec, k, now, cum = self.rec, self.iteration, self.env.now, self.cum
+        for job in jobs:
+            rid = job.rid
+            if job.first:
+                rec.decode_join[rid] = now
+                (
+                    rec.snap_decode[rid],
+                    rec.snap_dequant[rid],
+                    rec.snap_approx[rid],
+                    rec.snap_fetch[rid],
+                    rec.snap_preempt[rid],
+                ) = cum
+            else:
+                self._back(job)
+            self._add_row(rid, k, job.target + 1, k + job.left)
+
+    def rejoin(self, job, k: int, held: float) -> None:
+        """A swapped request back at iteration k, its KV copied in (`held` bytes): it decodes as planned."""
+        self._back(job)
+        self._add_row(job.rid, k, job.target, k + job.left)
+
+    def _back(self, job) -> None:
+        """A preempted request is back: its time away is preemption, and the running sums of the iterations
+        it sat out are not its own."""
+        rec, rid = self.rec, job.rid
+        rec.preempt_s[rid] += self.env.now - job.t0
+        snaps = (rec.snap_decode, rec.snap_dequant, rec.snap_approx, rec.snap_fetch, rec.snap_preempt)
+        for i, (now_v, then_v) in enumerate(zip(self.cum, job.cum0)):
+            snaps[i][rid] += now_v - then_v
+
+    def _add_row(self, rid: int, k: int, context: int, finish: int) -> None:
+        self.ctx_offset += context - k
+        self.batch += 1
+        heapq.heappush(self.finish_heap, (finish, rid))
+        if self.blocks is not None:
+            self.blocks.join(rid, k, context, finish)
+
+    def remove_row(self, rid: int, k: int, held: float) -> tuple[int, int]:
+        """A decode row preempted at iteration k, holding `held` bytes: returns (its context at k, its
+        iterations left from k)."""
+        assert self.blocks is not None  # only on-demand admission preempts
+        _, j, c, fin = self.blocks.remove(rid)
+        self.batch -= 1
+        self.ctx_offset -= c - j
+        self.reserved_bytes -= held
+        return c + k - j, fin - k
+
+    def finish_job(self, job) -> None:
+        """A preempted request whose recompute yielded its last token finishes without decoding again."""
+        self._back(job)
+        self._finished(job.rid, job.held)
+        self._freed(job.held)
+
+    def leave_without_decode(self, rid: int, held: float) -> None:
+        """A colocated prompt whose first token was its only one leaves (Records.finish_without_decode)."""
+        self.reserved_bytes -= held
+        self.host_reserved_bytes -= self.rec.host_kv_bytes[rid]
+        self.slots_used -= 1
+        if self.cache is not None:
+            self.cache.release(rid, self.rec.prompt[rid], False)
+        self._freed(held)
 
     def _admit_joining(self) -> float:
         """Join the waiting requests; returns the work the next iteration carries for them: the engine's
@@ -408,14 +524,14 @@ class DecodeReplica:
             self.blocks.allocate(k + 1, n - 1)
             if self.memory_log is not None:
                 self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
+            if self.cache is not None:
+                self.trim_cache()
         self.iteration += n
 
     def _finish_due(self) -> None:
-        rec, now = self.rec, self.env.now
+        rec = self.rec
         freed = 0.0
         heap = self.finish_heap
-        listener = self.listener
-        assert listener is not None
         blocks = self.blocks
         while heap and heap[0][0] <= self.iteration:
             fin, rid = heapq.heappop(heap)
@@ -428,25 +544,38 @@ class DecodeReplica:
                 # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
                 ctx_term = rec.join_context[rid] + rec.decode_iterations[rid] - self.iteration
                 held = rec.kv_bytes[rid]
-            rec.finish[rid] = now
-            rec.decode_s[rid] = self.cum[0] - rec.snap_decode[rid]
-            rec.dequant_s[rid] = self.cum[1] - rec.snap_dequant[rid]
-            rec.approx_decode[rid] = self.cum[2] - rec.snap_approx[rid]
-            rec.fetch_s[rid] = self.cum[3] - rec.snap_fetch[rid]
-            rec.preempt_s[rid] += self.cum[4] - rec.snap_preempt[rid]
+            self._finished(rid, held)
             self.ctx_offset -= ctx_term
             self.batch -= 1
-            self.slots_used -= 1
-            self.reserved_bytes -= held
-            self.host_reserved_bytes -= rec.host_kv_bytes[rid]
             freed += held
-            rec.completed += 1
-            if listener.hold_kv:
-                listener.release_kv(rid)
         if freed:
-            if self.memory_log is not None:
-                self.memory_log.append((now, self.index, self.reserved_bytes))
-            listener.on_memory_freed()
+            self._freed(freed)
+
+    def _finished(self, rid: int, held: float) -> None:
+        """A request's last token is out: its records, and its memory and slot go."""
+        rec, cum = self.rec, self.cum
+        rec.finish[rid] = self.env.now
+        rec.decode_s[rid] = cum[0] - rec.snap_decode[rid]
+        rec.dequant_s[rid] = cum[1] - rec.snap_dequant[rid]
+        rec.approx_decode[rid] = cum[2] - rec.snap_approx[rid]
+        rec.fetch_s[rid] = cum[3] - rec.snap_fetch[rid]
+        rec.preempt_s[rid] += cum[4] - rec.snap_preempt[rid]
+        self.slots_used -= 1
+        self.reserved_bytes -= held
+        self.host_reserved_bytes -= rec.host_kv_bytes[rid]
+        rec.completed += 1
+        if self.cache is not None:
+            self.cache.release(rid, rec.prompt[rid] + rec.output[rid], False)
+        listener = self.listener
+        assert listener is not None
+        if listener.hold_kv:
+            listener.release_kv(rid)
+
+    def _freed(self, bytes_: float) -> None:
+        if self.memory_log is not None:
+            self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
+        assert self.listener is not None
+        self.listener.on_memory_freed()
 
 
 def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:

@@ -27,9 +27,9 @@ Where the two phases share GPUs, a replica down takes both phases on its GPUs:
   side, at the same instant; it comes back decode side first, so its prefill finds the GPU free); the
   links are those of separate pools and fail the same way.
 - placement colocated: each replica runs both phases, and either kind takes down replica `target` (the
-  index requests.csv gives, 0 .. prefill.replicas + decode.replicas - 1): its decode requests and the
-  prompt it was prefilling are hit (in arrival order); its queued prompts move to the live replicas, in
-  their order (or wait for one to come back). Nothing is parked on another host, so `resend` prefills
+  index requests.csv gives, 0 .. prefill.replicas + decode.replicas - 1): its decode requests, the prompts
+  it was prefilling and the preempted requests it held are hit (in arrival order); the prompts still
+  waiting there move to the live replicas, in their order (or wait for one to come back). Nothing is parked on another host, so `resend` prefills
   again as `reprefill` does. There is no link, so link faults are refused (simulator/config.py).
 
 `fault_policy.on_loss` decides the fate of a request that lost its KV:
@@ -168,7 +168,7 @@ class FaultInjector:
             link, rep = router.transfers.pop(r)
             link.abort({r})
             if not rep.down:  # (a shared_gpu pair's own decode side has lost its memory already)
-                rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
+                rep.unreserve(r, rec.admit_bytes[r], rec.host_kv_bytes[r])
         for r in lost + on_host + moving:
             rec.kv_held[r] = False
         # the KV of requests decoding elsewhere (kept for a re-send) died with the host too
@@ -222,7 +222,7 @@ class FaultInjector:
         rec, router = self.rec, self._separate()
         for r in rids:
             _, rep = router.transfers.pop(r)
-            rep.unreserve(rec.admit_bytes[r], rec.host_kv_bytes[r])
+            rep.unreserve(r, rec.admit_bytes[r], rec.host_kv_bytes[r])
             self._hit(r, kind)
 
     # ---- a request's fate ----------------------------------------------------------------------------

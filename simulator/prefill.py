@@ -1,15 +1,24 @@
-"""A prefill replica: FCFS batching of prompts, pipelined stages, quantization after the forward pass.
+"""A prefill replica: vLLM's step scheduler on a prefill-only instance, pipelined stages, quantization after
+the forward pass.
 
-A small state machine driven by SimPy timeouts (no process per request). A batch takes queued requests in arrival order while it stays within
-`max_batch_requests` and `max_batch_tokens` (a prompt longer than the token limit runs alone).
-The replica is busy for the bottleneck stage plus the encode (quantize / entropy-code) step;
-the batch's first tokens appear `latency_s` after it starts (all pipeline stages). KV waiting
-for a decode replica is parked in this replica's host memory; when that memory is full the
-replica does not start the next batch (back-pressure), and the wait counts as prefill queueing.
+A small state machine driven by SimPy timeouts (no process per request). Each step follows vLLM v1's scheduler
+(simulator/scheduler.py gives the rules and the source): prompts being prefilled in chunks continue first,
+then queued prompts in arrival order while fewer than `max_batch_requests` run, each getting min(tokens left,
+`chunk_tokens`, budget left) of the step's `max_batch_tokens` (a prompt's cached prefix is not computed and
+does not count). Without `chunk_tokens` (chunked prefill off) prompts are never split: a step takes whole
+prompts while they fit and a longer one runs alone. A prefill instance's prompts do not decode here (their
+first token is sampled and the request leaves with its KV), so nothing is preempted: its KV pool holds the
+prompts being prefilled, and the prefix cache the rest. A step is one forward pass over its chunks
+(`ReplicaCostModel.prefill` with each chunk's earlier tokens as already there).
 
-A replica that goes down (simulator/faults.py) loses the batches it is running and the KV parked in
-its host memory; its queue is handed back to the router; timers of the lost batches are ignored
-through a version counter.
+The replica is busy for the bottleneck stage plus the encode (quantize / entropy-code) step; the prompts a
+step completes have their first tokens `latency_s` after it starts (all pipeline stages) and their KV after
+the encode. KV waiting for a decode replica is parked in this replica's host memory from the prompt's first
+step; when that memory is full no new prompt starts (back-pressure), and the wait counts as prefill queueing.
+
+A replica that goes down (simulator/faults.py) loses the prompts it is prefilling and the KV parked in its
+host memory; its queue is handed back to the router; timers of the lost steps are ignored through a version
+counter.
 """
 
 from __future__ import annotations
@@ -74,11 +83,14 @@ class PrefillReplica:
         self.parked_bytes = 0.0  # KV in host memory waiting for / in transfer
         self._idle = True
         self.down = False  # a fault has taken the replica out
-        self.running: list[list[int]] = []  # batches started whose KV is not ready yet
+        self.running: list[list[int]] = []  # steps started whose KV is not encoded yet
         self._version = 0
         self.partner: GPUSharer | None = None  # the decode replica sharing this GPU (placement: shared_gpu)
-        self.busy_s = 0.0  # Σ time a batch held the replica (its load, simulator/overload.py)
-        self.chunk_tokens = chunk_tokens
+        self.busy_s = 0.0  # Σ time a step held the replica (its load, simulator/overload.py)
+        self.chunk_tokens = chunk_tokens  # None: chunked prefill off
+        self.partial: list[list[int]] = []  # chunked prefill: [rid, tokens done] of the prompts being prefilled
+        self.inflight_bytes = 0.0  # KV pool bytes of the prompts being prefilled (the rest can cache prefixes)
+        self.pool_cache = prefix is not None and bool(prefix.prefill) and prefix.in_pool["prefill"]
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -94,73 +106,141 @@ class PrefillReplica:
         if self._idle and self.queue:
             self.try_start()
 
-    def _take_batch(self) -> list[int]:
-        prompt = self.rec.prompt
-        batch = [self.queue.popleft()]
-        tokens = prompt[batch[0]]
-        limit = min(self.max_batch_tokens, self.chunk_tokens or self.max_batch_tokens)
+    def _take_batch(self) -> tuple[list[int], tuple[int, ...] | None]:
+        """Chunked prefill off: the step's whole prompts, in order, while they fit max_batch_tokens (a longer
+        one alone) and max_batch_requests; with their cached tokens (None: no prefix cache)."""
+        prompt, i = self.rec.prompt, self.index
+        prefix = self.prefix if self.prefix is not None and self.prefix.prefill else None
+        rid = self.queue.popleft()
+        batch = [rid]
+        cached = [prefix.prefill_begin(i, rid)] if prefix is not None else None
+        tokens = prompt[rid] - (cached[0] if cached else 0)
         while self.queue and len(batch) < self.max_batch_requests:
-            nxt = prompt[self.queue[0]]
-            if tokens + nxt > limit:
+            nxt = self.queue[0]
+            new = prompt[nxt] - (prefix.prefill_peek(i, nxt) if prefix is not None else 0)
+            if tokens + new > self.max_batch_tokens:
                 break
-            batch.append(self.queue.popleft())
-            tokens += nxt
-        return batch
+            self.queue.popleft()
+            batch.append(nxt)
+            if cached is not None and prefix is not None:
+                cached.append(prefix.prefill_begin(i, nxt))
+            tokens += new
+        return batch, None if cached is None else tuple(cached)
+
+    def _take_chunks(self, chunk_tokens: int) -> list[list[int]]:
+        """Chunked prefill: the step's chunks, [rid, tokens done, new tokens]: the prompts being prefilled
+        first, then queued ones while budget is left and fewer than max_batch_requests run."""
+        prompt, prefix, i = self.rec.prompt, self.prefix, self.index
+        budget = self.max_batch_tokens
+        step = []
+        for part in self.partial:
+            if budget <= 0:
+                break
+            n = min(prompt[part[0]] - part[1], chunk_tokens, budget)
+            step.append([part[0], part[1], n])
+            budget -= n
+        while self.queue and budget > 0 and len(self.partial) < self.max_batch_requests:
+            rid = self.queue[0]
+            if step and not self._host_room(rid):
+                break
+            self.queue.popleft()
+            done = prefix.prefill_begin(i, rid) if prefix is not None else 0
+            n = min(prompt[rid] - done, chunk_tokens, budget)
+            self.partial.append([rid, done])
+            self._begin(rid)
+            step.append([rid, done, n])
+            budget -= n
+        return step
+
+    def _host_room(self, rid: int) -> bool:
+        """Back-pressure: a new prompt's KV must fit in host memory beside the KV parked there."""
+        return self.parked_bytes == 0 or self.parked_bytes + self.rec.wire_bytes[rid] <= self.host_memory_bytes
+
+    def _begin(self, rid: int) -> None:
+        """A prompt's first step: its KV will be parked in host memory, and its GPU blocks are taken."""
+        rec = self.rec
+        rec.prefill_replica[rid] = self.index
+        rec.prefill_start[rid] = self.env.now
+        rec.approx_prefill[rid] = 0.0
+        rec.kv_held[rid] = True
+        self.parked_bytes += rec.wire_bytes[rid]
+        if self.pool_cache:
+            self.inflight_bytes += self.cost.kv_memory_bytes(rec.prompt[rid])
 
     def try_start(self) -> bool:
-        """Start the next batch if there is one and the GPU is ours; True if it started."""
+        """Start the next step if there is work and the GPU is ours; True if it started."""
         rec, env, prefix = self.rec, self.env, self.prefix
-        if not self.queue or self.down:
+        if not (self.queue or self.partial) or self.down:
             self._idle = True
             return False
-        # Back-pressure: the batch's KV must fit in host memory if no decode replica takes it.
-        if self.parked_bytes > 0 and self.parked_bytes + rec.wire_bytes[self.queue[0]] > self.host_memory_bytes:
+        # Back-pressure: a new prompt's KV must fit in host memory if no decode replica takes it.
+        if not self.partial and not self._host_room(self.queue[0]):
             self._idle = True
             return False
         if self.partner is not None and not self.partner.paused and not self.partner.yield_gpu():
             self._idle = True  # the decode partner hands the GPU over at its next boundary
             return False
         self._idle = False
-        batch = self._take_batch()
-        cached = prefix.prefill_start(self.index, batch) if prefix is not None else None
-        if self.chunk_tokens and len(batch) == 1 and rec.prompt[batch[0]] > self.chunk_tokens:
-            # prefill.chunk_tokens: a longer prompt runs alone, as chunks back to back
-            cost = self.cost.chunked_prefill(rec.prompt[batch[0]], self.chunk_tokens, cached[0] if cached else 0)
-        else:
-            cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
         start = env.now
+        if self.chunk_tokens is None:
+            batch, cached = self._take_batch()
+            for rid in batch:
+                self._begin(rid)
+            cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
+            forms = cost.forms
+            done = batch
+        else:
+            step = self._take_chunks(self.chunk_tokens)
+            cost = self.cost.prefill(tuple(d + n for _, d, n in step), tuple(d for _, d, _ in step))
+            forms = cost.forms
+            batch, done = [], []
+            for (rid, d, n), form in zip(step, forms):
+                batch.append(rid)
+                rec.approx_prefill[rid] += cost.approximation_s
+                if d + n == rec.prompt[rid]:
+                    done.append(rid)
+                    rec.prefill_form[rid] = form
+            for part in self.partial:
+                for rid, d, n in step:
+                    if part[0] == rid:
+                        part[1] = d + n
+            self.partial = [p for p in self.partial if p[1] < rec.prompt[p[0]]]
+        if self.pool_cache:
+            assert prefix is not None
+            prefix.prefill_trim(self.index, self.cost.kv_capacity_bytes - self.inflight_bytes)
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
-        for rid, form in zip(batch, cost.forms):
-            rec.prefill_replica[rid] = self.index
-            rec.prefill_form[rid] = form
-            rec.prefill_start[rid] = start
+        if self.chunk_tokens is None:
+            for rid, form in zip(batch, forms):
+                rec.prefill_form[rid] = form
+                rec.approx_prefill[rid] = cost.approximation_s
+        for rid in done:
             rec.prefill_end[rid] = prefill_end
             rec.encode_end[rid] = encode_end
-            rec.approx_prefill[rid] = cost.approximation_s
-            rec.kv_held[rid] = True
-            self.parked_bytes += rec.wire_bytes[rid]
         self.running.append(batch)
         assert self.listener is not None
-        self.listener.on_prefill_started(batch, self, start, encode_end)
+        if done:
+            self.listener.on_prefill_started(done, self, start, encode_end)
         busy_s = cost.stage_s + cost.encode_s
         self.busy_s += busy_s
         v = self._version
-        if busy_s == encode_end - start:  # one stage: the batch is done when the replica is free
-            call_in(env, busy_s, lambda _e: v == self._version and self._done_then_next(batch))
+        if busy_s == encode_end - start:  # one stage: the step is done when the replica is free
+            call_in(env, busy_s, lambda _e: v == self._version and self._done_then_next(batch, done))
         else:
-            call_in(env, encode_end - start, lambda _e: v == self._version and self._done(batch))
+            call_in(env, encode_end - start, lambda _e: v == self._version and self._done(batch, done))
             call_in(env, busy_s, lambda _e: v == self._version and self._next())
         return True
 
     def fail(self) -> tuple[list[int], list[int]]:
-        """The replica goes down: returns (requests whose batch was running, requests still queued)."""
-        lost = [r for b in self.running for r in b]
+        """The replica goes down: returns (requests whose prefill had started, requests still queued)."""
+        lost = list(dict.fromkeys([r for b in self.running for r in b] + [p[0] for p in self.partial]))
         queued = list(self.queue)
         self.queue.clear()
         self.running.clear()
+        self.partial.clear()
         self.outstanding_tokens = 0
         self.parked_bytes = 0.0  # the host's memory, and every KV parked in it, is gone
+        self.inflight_bytes = 0.0
         self.down, self._idle = True, True
         self._version += 1
         return lost, queued
@@ -174,15 +254,20 @@ class PrefillReplica:
             self.partner.resume_after_prefill()
         self.try_start()
 
-    def _done_then_next(self, batch: list[int]) -> None:
-        self._done(batch)
+    def _done_then_next(self, batch: list[int], done: list[int]) -> None:
+        self._done(batch, done)
         self._next()
 
-    def _done(self, batch: list[int]) -> None:
+    def _done(self, batch: list[int], done: list[int]) -> None:
+        """A step's KV is encoded: the prompts it completed go on (their KV leaves the GPU for host memory)."""
         self.running.remove(batch)
-        if self.prefix is not None:
-            self.prefix.prefill_done(self.index, batch)
-        for rid in batch:
-            self.outstanding_tokens -= self.rec.prompt[rid]
-        assert self.listener is not None
-        self.listener.on_kv_ready(batch, self)
+        rec = self.rec
+        for rid in done:
+            self.outstanding_tokens -= rec.prompt[rid]
+            if self.pool_cache:
+                self.inflight_bytes -= self.cost.kv_memory_bytes(rec.prompt[rid])
+            if self.prefix is not None:
+                self.prefix.prefill_end(self.index, rid, self.cost.kv_capacity_bytes - self.inflight_bytes)
+        if done:
+            assert self.listener is not None
+            self.listener.on_kv_ready(done, self)

@@ -3,18 +3,31 @@
 This is vLLM's automatic prefix caching (and SGLang's radix cache) at the granularity of a workload's
 hash blocks: a Mooncake trace's `hash_ids` (512 tokens each) or `workload.prefix_sharing`'s. Block i of
 a prompt is identified by one hash that stands for the whole prefix up to it, so a prompt hits the
-longest run of its leading blocks that are cached. Each block holds `block_bytes`: the method's KV for
-`block_tokens` tokens, so a compressed format fits more blocks in the same capacity.
+longest run of its leading blocks that are cached, and only a prompt's whole blocks are cached (its last,
+partial block is its own). Each block holds `block_bytes`: the method's KV for `block_tokens` tokens, so a
+compressed format fits more blocks in the same memory.
 
-Blocks a running request uses are pinned (a reference count) and cannot be evicted; unpinned blocks
-queue in recency order, and a prompt's blocks are touched tail first, so its head is the most recent
-and eviction takes tails before the prefixes they extend (as vLLM frees a finished sequence's blocks).
-The cache only keeps the bookkeeping: `evictable_bytes` lets its owner take memory back for requests
-(one KV pool shared by requests and cached blocks), `capacity_bytes` bounds what it may hold.
+Where the cache lives (`prefix_cache_gib`):
+* In the KV pool's free blocks (the default), as in vLLM (`vllm/v1/core/block_pool.py`,
+  `kv_cache_manager.py`, read at commit 00024d31): a block keeps its hash while a request uses it (pinned,
+  counted in that request's memory) and after it is freed, in a free queue, until an allocation needs it.
+  Freed blocks queue in the order they were freed, each request's tail first (`KVCacheManager.free` frees
+  in reverse order, so tail blocks are evicted first), and allocations take the least recently freed. So the
+  cache holds at most the pool's free bytes: its owner trims it (`trim`) whenever requests take memory.
+  Besides its prompt's hash blocks, a preempted request's own blocks past them (whole blocks of
+  `engine_block_tokens`: its prompt's last partial hash block and what it generated) are kept as one run
+  under its id, evicted tail first, which only that request hits when it comes back.
+* In a separate region of `prefix_cache_gib` per replica taken out of the KV pool (`capacity_bytes`), holding
+  prompts' whole hash blocks copied from the requests that computed them; a running prefill pins the blocks it
+  uses, and nothing else is kept.
+
+A block shared by two running requests is counted in each one's memory (vLLM holds it once), so memory is
+over-counted, never under, where running requests share a prefix.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -24,17 +37,28 @@ if TYPE_CHECKING:
 
 
 class PrefixCache:
-    def __init__(self, capacity_bytes: float, block_bytes: float, block_tokens: int):
-        self.capacity_bytes = capacity_bytes
+    def __init__(
+        self, capacity_bytes: float, block_bytes: float, block_tokens: int, token_bytes: float = 0.0, unit: int = 1
+    ):
+        self.capacity_bytes = capacity_bytes  # math.inf in the KV pool: its owner trims it (`evict`)
         self.block_bytes = block_bytes
         self.block_tokens = block_tokens
+        self.token_bytes = token_bytes  # a run's bytes per token
+        self.unit = unit  # runs are evicted in whole engine blocks of this many tokens
         self._pins: dict[int, int] = {}  # cached block -> requests using it
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned blocks, least recent first
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned blocks and runs, least recent first
+        self._runs: dict[int, tuple[int, int]] = {}  # -(rid + 1) -> (first token, tokens) of a request's own blocks
+        self._evictable = 0.0  # bytes of the unpinned blocks and runs
         self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
         self.hit_tokens = 0
+        self.resumed_hit_tokens = 0  # tokens preempted requests found here when they came back
 
     def __len__(self) -> int:
         return len(self._pins)
+
+    def pinned_blocks(self) -> int:
+        """Blocks running requests use."""
+        return len(self._pins) - sum(1 for h in self._lru if h >= 0)
 
     @property
     def used_bytes(self) -> float:
@@ -42,7 +66,7 @@ class PrefixCache:
 
     @property
     def evictable_bytes(self) -> float:
-        return len(self._lru) * self.block_bytes
+        return self._evictable
 
     def cached_blocks(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt are cached (no side effects)."""
@@ -84,6 +108,7 @@ class PrefixCache:
                     break
             pins[h] = 0
             lru[h] = None
+            self._evictable += b
             room -= b
             added += 1
             if pin:
@@ -92,7 +117,8 @@ class PrefixCache:
         return added
 
     def unpin(self, hashes: Sequence[int]) -> None:
-        """A request done with its prefix blocks: the last user returns each to the recency queue."""
+        """A request done with its prefix blocks: the last user returns each to the recency queue, the prompt's
+        tail first (its head is the most recent)."""
         pins, lru = self._pins, self._lru
         for h in reversed(hashes):
             n = pins.get(h)
@@ -101,21 +127,60 @@ class PrefixCache:
             pins[h] = n - 1
             if n == 1:
                 lru[h] = None
+                self._evictable += self.block_bytes
+
+    def add_run(self, rid: int, start: int, tokens: int) -> None:
+        """A preempted request's own blocks from token `start` on (past its prompt's hash blocks it holds),
+        freed as the most recent."""
+        key = -(rid + 1)
+        self._drop_run(key)
+        if tokens <= 0:
+            return
+        self._runs[key] = (start, tokens)
+        self._lru[key] = None
+        self._evictable += tokens * self.token_bytes
+
+    def run(self, rid: int) -> tuple[int, int]:
+        """A request's run: (its first token, tokens kept); (0, 0) if none."""
+        return self._runs.get(-(rid + 1), (0, 0))
+
+    def take_run(self, rid: int) -> None:
+        """The request is back: its run leaves the cache (its blocks are its own again)."""
+        self._drop_run(-(rid + 1))
+
+    def _drop_run(self, key: int) -> None:
+        run = self._runs.pop(key, None)
+        if run is not None:
+            del self._lru[key]
+            self._evictable -= run[1] * self.token_bytes
 
     def evict(self, bytes_: float, keep: Sequence[int] = ()) -> float:
-        """Drop least recent unpinned blocks until at least `bytes_` are freed (or none is left, or only
-        blocks of `keep` are); returns the bytes freed."""
+        """Drop least recent unpinned blocks (and runs, tail first, in whole engine blocks) until at least
+        `bytes_` are freed (or none is left, or only blocks of `keep` are); returns the bytes freed."""
         freed = 0.0
-        lru, pins = self._lru, self._pins
+        lru, pins, runs = self._lru, self._pins, self._runs
         kept = []
         keep_set = set(keep) if keep else ()
         while freed < bytes_ and lru:
-            h, _ = lru.popitem(last=False)
+            h = next(iter(lru))
+            if h < 0:  # a run: its tail blocks first
+                start, tokens = runs[h]
+                want = math.ceil((bytes_ - freed) / self.token_bytes / self.unit) * self.unit
+                if want < tokens:
+                    runs[h] = (start, tokens - want)
+                    freed += want * self.token_bytes
+                    self._evictable -= want * self.token_bytes
+                    break
+                freed += tokens * self.token_bytes
+                self._drop_run(h)
+                continue
+            del lru[h]
             if h in keep_set:
                 kept.append(h)
                 continue
             del pins[h]
             freed += self.block_bytes
+            self._evictable -= self.block_bytes
         for h in reversed(kept):
             lru[h] = None
             lru.move_to_end(h, last=False)
@@ -123,15 +188,22 @@ class PrefixCache:
 
     def clear(self) -> None:
         """The replica went down (simulator/faults.py): every block is gone, pinned or not (its pins were the
-        lost batches'); the lookup counters keep what was looked up."""
+        lost requests'); the lookup counters keep what was looked up."""
         self._pins.clear()
         self._lru.clear()
+        self._runs.clear()
+        self._evictable = 0.0
 
     def _pin(self, h: int) -> None:
         n = self._pins[h]
         if n == 0:
             del self._lru[h]
+            self._evictable -= self.block_bytes
         self._pins[h] = n + 1
+
+    def touch(self, hashes: Sequence[int]) -> None:
+        """The blocks become the most recent, the prompt's head last."""
+        self._touch(hashes)
 
     def _touch(self, hashes: Sequence[int]) -> None:
         lru = self._lru
@@ -153,46 +225,75 @@ class PrefixCache:
 
 class PrefixCaching:
     """One method run's prefix caches: one per replica of each pool that caches (`prefill.prefix_caching`,
-    `decode.prefix_caching`), each of `prefix_cache_gib` in the method's memory format, and the per-request
-    cached tokens they gave.
+    `decode.prefix_caching`; under placement colocated, one per engine, as the decode pool says), in the
+    method's memory format, and the per-request cached tokens they gave.
 
-    * Prefill: when a batch starts, each prompt looks up its replica's cache; its cached prefix is not
-      computed (the cost model prices L − c rows attending to the c cached keys, a compressed prefix
-      restored to FP16 where the attention form needs it) and stays pinned until the batch ends, when the
-      prompt's whole blocks are cached.
-    * Decode: when the router admits a request to a decode replica, its prompt looks up that replica's
-      cache; the cached prefix is copied into the request's own blocks there and is not transferred (the
-      wire carries the rest). When the KV has arrived its whole blocks are cached. The cache is a region of
-      `prefix_cache_gib` taken out of the decode replica's KV pool; requests reserve their own blocks in the
-      rest, as without caching.
+    * Prefill (separate pools): when a prompt starts its prefill, it looks up its replica's cache; its cached
+      prefix is not computed (the cost model prices the rest attending to the cached keys, a compressed prefix
+      restored to FP16 where the attention form needs it) and stays pinned until its prefill ends, when its
+      whole blocks are cached. In the KV pool, the cache holds what the prompts being prefilled leave free.
+    * Decode (separate pools): when the router admits a request to a decode replica, its prompt looks up that
+      replica's cache; the cached prefix is not transferred (the wire carries the rest). When the KV has
+      arrived its whole blocks are cached: in the KV pool they are the request's own, pinned until it finishes
+      or is preempted; in a region, copies.
+    * Engines (colocated, and a decode replica's preempted requests): a prompt looks up when it is scheduled,
+      computes the rest in chunks, and its whole blocks are cached when its prefill ends; a preempted request
+      frees its blocks into the cache and, when it is scheduled again, hits what was not evicted meanwhile.
     * Faults: a replica that goes down loses its cache (`replica_down`); a request retried afterwards looks
       up again where it goes next, and the lookup counts in the hit rate like any other.
+    The hit rate counts each prompt's first lookup on a replica, not a preempted request's.
     """
 
-    def __init__(self, records: Records, method_name: str, reqs, pre_cost, dec_cost, scenario, source: str):
+    def __init__(
+        self,
+        records: Records,
+        method_name: str,
+        reqs,
+        pre_cost,
+        dec_cost,
+        scenario,
+        source: str,
+        prefill_replicas: int,
+        decode_replicas: int,
+    ):
         from costmodel.specs import GIB
 
         from .config import ScenarioError
 
         self.rec = records
-        self.hashes = reqs.block_hashes
-        self.hash_tokens = reqs.hash_block_tokens
         n = len(reqs)
+        self.hashes = reqs.block_hashes if reqs.block_hashes is not None else _NoHashes()
+        self.hash_tokens = reqs.hash_block_tokens
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
+        self.pinned = [0] * n  # leading hash blocks a request pins where the cache is in the KV pool
         self.sent_bytes = records.wire_bytes  # what each transfer carries (a copy once a decode hit cuts one)
         self.prefill: list[PrefixCache] = []
         self.decode: list[PrefixCache] = []
+        self.in_pool = {"prefill": False, "decode": False}
+        self.pool_bytes = {"prefill": pre_cost.kv_capacity_bytes, "decode": dec_cost.kv_capacity_bytes}
         self.decode_region_bytes = 0.0
-        for pool, cost, caches in (("prefill", pre_cost, self.prefill), ("decode", dec_cost, self.decode)):
+        for pool, cost, caches, replicas in (
+            ("prefill", pre_cost, self.prefill, prefill_replicas),
+            ("decode", dec_cost, self.decode, decode_replicas),
+        ):
             cfg = getattr(scenario, pool)
-            if not cfg.prefix_caching:
+            if not cfg.prefix_caching or not replicas:
                 continue
             gib = cfg.prefix_cache_gib
-            if self.hashes is None:
+            token_bytes = cost.method.memory_bytes_per_token(cost.model) * cost.kv_replication
+            block = self.hash_tokens * token_bytes
+            if gib is None:  # in the KV pool's free blocks
+                self.in_pool[pool] = True
+                caches.extend(
+                    PrefixCache(math.inf, block, self.hash_tokens, token_bytes, cost.block_tokens)
+                    for _ in range(replicas)
+                )
+                continue
+            if reqs.block_hashes is None:
                 raise ScenarioError(
-                    f"{source}: {pool}.prefix_caching: the workload has no prefix blocks (give "
-                    f"workload.prefix_sharing or a Mooncake trace's hash_ids)"
+                    f"{source}: {pool}.prefix_cache_gib: the workload has no prefix blocks to keep in a region "
+                    f"(give workload.prefix_sharing or a Mooncake trace's hash_ids)"
                 )
             cap = gib * GIB
             if cap >= cost.kv_capacity_bytes:
@@ -200,8 +301,7 @@ class PrefixCaching:
                     f"{source}: {pool}.prefix_cache_gib: {gib} GiB is not less than the replica's KV "
                     f"pool ({cost.kv_capacity_bytes / GIB:.2f} GiB, {method_name})"
                 )
-            block = self.hash_tokens * cost.method.memory_bytes_per_token(cost.model) * cost.kv_replication
-            caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(cfg.replicas))
+            caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(replicas))
             if pool == "decode":
                 self.decode_region_bytes = cap
         self.wire_per_token = pre_cost.wire_bytes(1) - pre_cost.wire_bytes(0)
@@ -209,34 +309,58 @@ class PrefixCaching:
     def _whole_blocks(self, rid: int):
         return self.hashes[rid][: self.rec.prompt[rid] // self.hash_tokens]
 
-    # ---- prefill hooks ------------------------------------------------------------------------
-    def prefill_start(self, replica: int, batch: list[int]) -> tuple[int, ...] | None:
-        """The cached tokens of each prompt of a starting batch (None: this pool does not cache)."""
-        if not self.prefill:
-            return None
-        cache, prompt, out = self.prefill[replica], self.rec.prompt, []
-        for rid in batch:
-            hashes = self.hashes[rid]
-            hit = cache.lookup(hashes, prompt[rid])
-            cache.pin(hashes[: -(-hit // self.hash_tokens)])
-            self.prefill_cached[rid] = hit
-            out.append(hit)
-        return tuple(out)
+    def engine(self, replica: int) -> EngineCache | None:
+        """Replica `replica`'s cache as its step scheduler and decode rows use it (None: the pool does not cache)."""
+        return EngineCache(self, replica) if self.decode else None
 
-    def prefill_done(self, replica: int, batch: list[int]) -> None:
+    # ---- prefill hooks ------------------------------------------------------------------------
+    def prefill_begin(self, replica: int, rid: int) -> int:
+        """A prompt starts its prefill: its cached tokens (0 where this pool does not cache), pinned until
+        `prefill_end`."""
+        if not self.prefill:
+            return 0
+        cache, hashes = self.prefill[replica], self.hashes[rid]
+        hit = cache.lookup(hashes, self.rec.prompt[rid])
+        cache.pin(hashes[: -(-hit // self.hash_tokens)])
+        self.prefill_cached[rid] = hit
+        return hit
+
+    def prefill_peek(self, replica: int, rid: int) -> int:
+        """The cached tokens a queued prompt would find now (no side effects)."""
+        cache = self.prefill[replica]
+        hit = cache.cached_blocks(self.hashes[rid]) * self.hash_tokens
+        return min(hit, self.rec.prompt[rid] - 1)
+
+    def prefill_end(self, replica: int, rid: int, free_bytes: float) -> None:
+        """A prompt's prefill ended: its whole blocks are cached (in the KV pool: within the `free_bytes` the
+        prompts being prefilled leave)."""
         if not self.prefill:
             return
         cache = self.prefill[replica]
-        for rid in batch:
-            cache.unpin(self.hashes[rid][: -(-self.prefill_cached[rid] // self.hash_tokens)])
-            cache.insert(self._whole_blocks(rid))
+        cache.unpin(self.hashes[rid][: -(-self.prefill_cached[rid] // self.hash_tokens)])
+        cache.insert(self._whole_blocks(rid))
+        if self.in_pool["prefill"]:
+            self.prefill_trim(replica, free_bytes)
 
-    # ---- decode hooks -------------------------------------------------------------------------
+    def prefill_trim(self, replica: int, free_bytes: float) -> None:
+        """In the KV pool: the cache keeps no more than `free_bytes`."""
+        if self.in_pool["prefill"]:
+            cache = self.prefill[replica]
+            if cache.evictable_bytes > free_bytes:
+                cache.evict(cache.evictable_bytes - free_bytes)
+
+    # ---- decode hooks (the router) ----------------------------------------------------------------
     def decode_admit(self, rid: int, replica: int) -> None:
-        """A request admitted to a decode replica: its cached prefix there is not sent."""
+        """A request admitted to a decode replica: its cached prefix there is not sent (in the KV pool: it is
+        the request's own from now, pinned)."""
         if not self.decode:
             return
-        hit = self.decode[replica].lookup(self.hashes[rid], self.rec.prompt[rid])
+        cache, hashes = self.decode[replica], self.hashes[rid]
+        hit = cache.lookup(hashes, self.rec.prompt[rid])
+        if self.in_pool["decode"]:
+            blocks = -(-hit // self.hash_tokens)
+            cache.pin(hashes[:blocks])
+            self.pinned[rid] = blocks
         if hit or self.decode_cached[rid]:  # a request sent again after a fault may miss where it hit before
             if self.sent_bytes is self.rec.wire_bytes:
                 self.sent_bytes = list(self.rec.wire_bytes)
@@ -244,8 +368,14 @@ class PrefixCaching:
             self.sent_bytes[rid] = self.rec.wire_bytes[rid] - hit * self.wire_per_token
 
     def decode_arrived(self, rid: int, replica: int) -> None:
-        if self.decode:
-            self.decode[replica].insert(self._whole_blocks(rid))
+        if not self.decode:
+            return
+        whole = self._whole_blocks(rid)
+        if self.in_pool["decode"]:
+            self.decode[replica].insert(whole[self.pinned[rid] :], pin=True, room_bytes=math.inf)
+            self.pinned[rid] = len(whole)
+        else:
+            self.decode[replica].insert(whole)
 
     # ---- faults -------------------------------------------------------------------------------
     def replica_down(self, pool: str, replica: int) -> None:
@@ -262,12 +392,100 @@ class PrefixCaching:
             if caches:
                 looked = sum(c.lookup_tokens for c in caches)
                 hit = sum(c.hit_tokens for c in caches)
+                in_pool = self.in_pool[pool]
                 out[pool] = {
                     "hit_rate": hit / looked if looked else 0.0,
                     "hit_tokens": int(hit),
                     "lookup_tokens": int(looked),
-                    "capacity_bytes": float(caches[0].capacity_bytes),
+                    "in_kv_pool": in_pool,
+                    "capacity_bytes": float(self.pool_bytes[pool] if in_pool else caches[0].capacity_bytes),
                     "block_bytes": float(caches[0].block_bytes),
                     "cached_blocks_at_end": [len(c) for c in caches],
                 }
         return out
+
+
+class EngineCache:
+    """The prefix cache of one engine replica (a decode replica, or a colocated engine) as its step scheduler
+    (simulator/scheduler.py) and its decode rows use it."""
+
+    def __init__(self, caching: PrefixCaching, replica: int):
+        self.pc = caching
+        self.cache = caching.decode[replica]
+        self.in_pool = caching.in_pool["decode"]
+
+    def peek(self, rid: int, tokens: int) -> int:
+        """Tokens of a request with `tokens` to compute whose KV is cached here (at most tokens − 1): its
+        prompt's leading cached blocks, then a preempted request's run where every block before it hit."""
+        pc = self.pc
+        hit = self.cache.cached_blocks(pc.hashes[rid]) * pc.hash_tokens
+        start, run = self.cache.run(rid)
+        if run and hit >= start:
+            hit = max(hit, start + run)
+        return min(hit, tokens - 1)
+
+    def take(self, rid: int, hit: int, count: bool) -> None:
+        """The request is scheduled with `hit` tokens cached: its hit blocks become its own (pinned; in a
+        region, the most recent), its run leaves the cache; a prompt's first lookup counts in the hit rate."""
+        pc, cache = self.pc, self.cache
+        hashes = pc.hashes[rid]
+        blocks = min(-(-hit // pc.hash_tokens), len(hashes))
+        if self.in_pool:
+            cache.pin(hashes[:blocks])
+            pc.pinned[rid] = blocks
+            cache.take_run(rid)
+        else:
+            cache.touch(hashes[:blocks])
+        if count:
+            cache.lookup_tokens += pc.rec.prompt[rid]
+            cache.hit_tokens += hit
+            pc.prefill_cached[rid] = hit
+        else:
+            cache.resumed_hit_tokens += hit
+
+    def computed(self, rid: int, tokens: int) -> None:
+        """The request's `tokens` are all computed here: its prompt's whole blocks are cached (in the KV pool,
+        pinned as its own)."""
+        pc = self.pc
+        whole = pc._whole_blocks(rid)
+        if self.in_pool:
+            self.cache.insert(whole[pc.pinned[rid] :], pin=True, room_bytes=math.inf)
+            pc.pinned[rid] = len(whole)
+        else:
+            self.cache.insert(whole)
+
+    def release(self, rid: int, computed_tokens: int, preempted: bool) -> None:
+        """The request frees its blocks (it finished, or was preempted with `computed_tokens` computed): in the
+        KV pool they stay cached as free blocks, tail first, a preempted request's own blocks past its prompt's
+        hash blocks as its run."""
+        if not self.in_pool:
+            return
+        pc, cache = self.pc, self.cache
+        hashes = pc.hashes[rid]
+        pinned = pc.pinned[rid]
+        if preempted:
+            # the prompt's whole hash blocks it computed are cached (the ones it hit are pinned already)
+            whole = min(computed_tokens, pc.rec.prompt[rid]) // pc.hash_tokens
+            if whole > pinned:
+                cache.insert(hashes[pinned:whole], pin=True, room_bytes=math.inf)
+                pinned = whole
+            start = pinned * pc.hash_tokens
+            cache.add_run(rid, start, computed_tokens // cache.unit * cache.unit - start)
+        cache.unpin(hashes[:pinned])
+        pc.pinned[rid] = 0
+
+    def trim(self, free_bytes: float) -> None:
+        """In the KV pool: the cache keeps no more than the `free_bytes` requests leave."""
+        cache = self.cache
+        if self.in_pool and cache.evictable_bytes > free_bytes:
+            cache.evict(cache.evictable_bytes - free_bytes)
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+
+class _NoHashes:
+    """A workload without prefix blocks: every prompt is its own (nothing is shared between requests)."""
+
+    def __getitem__(self, rid: int) -> tuple:
+        return ()

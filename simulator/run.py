@@ -39,6 +39,7 @@ from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
 from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
+from .scheduler import StepScheduler
 from .timers import call_in
 from .workload import Requests, make_requests
 
@@ -112,8 +113,24 @@ class MethodRun:
                 f"({columns.view(rec.host_kv_bytes).max() / GIB:.2f} GiB) exceeds the decode host memory "
                 f"({decode_host / GIB:.2f} GiB)"
             )
-        caching = s.prefill.prefix_caching or s.decode.prefix_caching
-        self.prefix = PrefixCaching(rec, method.output_name, reqs, pre_cost, dec_cost, s, source) if caching else None
+        together = s.placement == "colocated"  # every engine serves both phases, configured as the decode pool
+        engines = s.engines if together else res.decode.replicas
+        caching = s.decode.prefix_caching or (s.prefill.prefix_caching and not together)
+        self.prefix = (
+            PrefixCaching(
+                rec,
+                method.output_name,
+                reqs,
+                pre_cost,
+                dec_cost,
+                s,
+                source,
+                prefill_replicas=0 if together else res.prefill.replicas,
+                decode_replicas=engines,
+            )
+            if caching
+            else None
+        )
         region_bytes = self.prefix.decode_region_bytes if self.prefix else 0.0
         too_big = float(columns.view(rec.kv_bytes).max())
         if too_big > dec_cost.kv_capacity_bytes - region_bytes:
@@ -126,7 +143,6 @@ class MethodRun:
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
-        together = s.placement == "colocated"  # every GPU of both pools, configured as the decode pool
         self.prefill_replicas = (
             []
             if together
@@ -157,7 +173,7 @@ class MethodRun:
                 rec,
                 decode_host,
                 region_bytes,
-                blocks=(lambda rep: OnDemandBlocks(rep, rec, swap)) if on_demand else None,
+                blocks=OnDemandBlocks if on_demand else None,
             )
 
         self.dp_groups: list[data_parallel.LockstepGroup] = []
@@ -166,15 +182,26 @@ class MethodRun:
                 env, dec_cost, dec_pool.replicas, dp, decode_replica
             )
         else:
-            self.decode_replicas = [
-                decode_replica(i, dec_cost) for i in range(dec_pool.replicas + (pre_pool.replicas if together else 0))
-            ]
+            self.decode_replicas = [decode_replica(i, dec_cost) for i in range(engines)]
+        # vLLM's step scheduler (simulator/scheduler.py) where a replica prefills: colocated prompts, and the
+        # recompute of requests preempted under on-demand admission
+        scheds = []
+        for rep in self.decode_replicas:
+            cache = self.prefix.engine(rep.index) if self.prefix is not None else None
+            rep.cache = cache
+            if together or on_demand:
+                sched = StepScheduler(
+                    rep, rec, dec_pool.max_batch_tokens, dec_pool.max_batch_requests, s.decode.chunk_tokens, swap, cache
+                )
+                rep.sched = sched
+                scheds.append(sched)
         self.faults = None
         self.router: Router | colocated.ColocatedRouter
         if together:
-            self.router = colocated.build(
-                rec, self.decode_replicas, s.prefill.chunk_tokens or pre_pool.max_batch_tokens
-            )
+            self.router = router = colocated.ColocatedRouter(self.decode_replicas, scheds)
+            for rep in self.decode_replicas:
+                rep.listener = router
+                rep.on_arrival = False  # the KV is written here in the memory format: nothing arrives to decode
             self.faults = FaultInjector(rec, env, self.router, s.faults, s.fault_policy) if s.faults else None
             return
         if res.shared_gpu:

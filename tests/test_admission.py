@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 
 from helpers import scenario
 from simulator.admission import first_block_shortage
-from simulator.decode import segment_time_s
+from simulator.decode import DecodeReplica, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 
 
@@ -37,13 +38,13 @@ def test_first_block_shortage_matches_iteration_by_iteration_allocation():
         assert first_block_shortage(counts, k0, free, bt) == want
 
 
-def _two_requests(tmp_path, preemption: str, **changes):
+def _two_requests(tmp_path, preemption: str, outputs=(100, 100), **changes):
     """Two requests prefilled together (256-token prompts, 100 output tokens, FP16 KV of Llama-3.1-8B: 2 MiB
     blocks of 16 tokens) on a decode pool of 40 blocks. Their KV arrives at once: A starts alone, B joins at
     the next boundary (iteration 1); with 16 blocks each at admission, A takes one more at iterations 1, 17,
     33, 49, B at 2, 18, 34, 50, and at 65 A's block does not fit: B, the newest, is preempted."""
     trace = tmp_path / "two.csv"
-    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,256,100\n0,256,100\n")
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"0,256,{o}\n" for o in outputs))
     return scenario(
         **{
             "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
@@ -58,8 +59,14 @@ def _two_requests(tmp_path, preemption: str, **changes):
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_path, preemption):
+    """vLLM's rules (simulator/scheduler.py): at 65 B is preempted and put back at the head of the waiting queue;
+    no waiting request is scheduled in that step; from 66 B does not fit beside A (20 blocks of 19 free) and
+    waits until A finishes (at 100). Swap: B's 20 blocks go to host memory and come back (the batch waits for
+    both copies) and B decodes from 100 as planned. Recompute: B's KV is dropped; at 100 it is scheduled as a
+    waiting request of its 320 tokens (prompt + 64 outputs), all in one step (chunked prefill off, budget
+    16384), whose last token yields its next output; it decodes its last 35 from 101 at context 321."""
     s = _two_requests(tmp_path, preemption)
-    r = run_scenario(s)
+    r = run_scenario(s, keep_runs=True)
     df = r.requests.sort_values("request_id")
     a, b = df.iloc[0], df.iloc[1]
     assert df["preemptions"].tolist() == [0, 1] and r.summary["methods"]["baseline"]["preemptions"] == 1
@@ -71,22 +78,76 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
     # at 65 B held ceil(319 / 16) = 20 blocks; A takes one of them, 19 stay free: B (context 320) waits
     swap_out = dec.swap_s(20 * block) if preemption == "swap" else 0.0
     seg2 = swap_out + segment_time_s(it1, 35, 256, 1, 65)  # 65..99: A alone, then A finishes
-    back = (
-        dec.swap_s(20 * block) if preemption == "swap" else dec.prefill((319,)).latency_s + dec.prefill((319,)).encode_s
-    )  # B's 320 tokens but the last
-    seg3 = back + segment_time_s(it1, 36, 320 - 100, 1, 100)  # 100..135: B's last 36 iterations
+    if preemption == "swap":
+        back = dec.swap_s(20 * block)
+        seg3 = segment_time_s(it1, 36, 320 - 100, 1, 100)  # 100..135: B's last 36 iterations
+    else:
+        L = dec.model.layers
+        back = L * (dec._dense_layer_s(320) + dec.prefill_attention_s((320,))[0]) + dec._lm_head_s(1)
+        seg3 = segment_time_s(it1, 35, 321 - 101, 1, 101)  # 101..135: B's last 35 iterations
     assert b.decode_start_s - a.decode_start_s == pytest.approx(seg0, rel=1e-12)
     assert a.finish_s - a.decode_start_s == pytest.approx(seg0 + seg1 + seg2, rel=1e-12)
-    assert b.finish_s - b.decode_start_s == pytest.approx(seg1 + seg2 + seg3, rel=1e-12)
+    assert b.finish_s - b.decode_start_s == pytest.approx(seg1 + seg2 + back + seg3, rel=1e-12)
     assert b.preemption_s == pytest.approx(seg2 + back, rel=1e-12)
     assert a.preemption_s == pytest.approx(swap_out, rel=1e-12, abs=1e-15)  # A waited for the swap-out only
-    assert b.decode_s == pytest.approx(seg1 + seg3 - back, rel=1e-12)
+    assert b.decode_s == pytest.approx(seg1 + seg3, rel=1e-12)
     for row in (a, b):
         assert sum(row[f"{p}_s"] for p in BREAKDOWN_PARTS) == pytest.approx(row.jct_s, rel=1e-12)
     assert r.memory["used_bytes"].max() == 40 * block  # never more than the 40 blocks
+    recomputed = list(r.runs["baseline"].records.recomputed)
+    assert recomputed == ([0, 319] if preemption == "recompute" else [0, 0])  # B's KV of 319 tokens, again
     # reserve admits one at a time: the second waits for the first's final KV (2 x 23 blocks > 40)
     res = run_scenario(_two_requests(tmp_path, preemption, **{"decode.admission": "reserve"})).requests
     assert res["preemptions"].sum() == 0 and res["transfer_queue_s"].max() > 0
+
+
+def test_a_preempted_request_waits_a_step_then_recomputes_in_chunks(tmp_path):
+    """The two requests above with chunk_tokens 16, no prefix cache. At 65 B (320 tokens, 319 computed) is
+    preempted; in that step no waiting request is scheduled (vLLM schedules waiting ones only in a step that
+    preempted none). From 66 B recomputes 16 tokens a step beside A's row, a block each (19 free, A takes one
+    at 81): after 83 it holds 18 blocks (288 tokens) and none is free, so at 84 it cannot grow and, the newest
+    running request, preempts itself. From 85 it starts again (A takes its block at 97); A finishes at 99
+    with B at 240 tokens; B's last 5 chunks run alone (100..104, the last yielding its token) and its last 35
+    decode iterations from 105 at context 321."""
+    s = _two_requests(tmp_path, "recompute", **{"decode.chunk_tokens": 16})
+    r = run_scenario(s, keep_runs=True)
+    df = r.requests.sort_values("request_id")
+    a, b = df.iloc[0], df.iloc[1]
+    rec = r.runs["baseline"].records
+    assert df["preemptions"].tolist() == [0, 2] and list(rec.recomputed) == [0, 319 + 288]
+    _, dec = resolve(s).costs(s.methods[0])
+    L = dec.model.layers
+
+    def alone(n, past, sample):  # a step of one chunk on an otherwise idle replica (baseline: nothing to encode)
+        head = dec._lm_head_s(1) if sample else 0.0
+        return L * (dec._dense_layer_s(n) + dec.prefill_attention_s((past + n,), (past,))[0]) + head
+
+    tail = sum(alone(16, past, past == 304) for past in (240, 256, 272, 288, 304))
+    tail += segment_time_s(dec.iteration(1), 35, 321 - 105, 1, 105)
+    assert b.finish_s - a.finish_s == pytest.approx(tail, rel=1e-12)
+
+
+@pytest.mark.parametrize("a_output, hit_blocks", [(100, 17), (80, 19)])
+def test_a_preempted_request_recomputes_only_its_blocks_evicted_meanwhile(tmp_path, a_output, hit_blocks):
+    """The two requests above with prefix caching in the KV pool's free blocks (vLLM's default). At 65 B frees
+    its 20 blocks: its 19 full ones (304 of its 319 computed tokens) stay cached as free blocks, tail first in
+    line for eviction. A (100 outputs) takes a block at 81 and at 97 with nothing else free: the cache gives up
+    B's last two; at 100 B hits 17 blocks (272 tokens), computes 48 tokens of which 47 again (its 320th is its
+    next output's). A with 80 outputs finishes at 80 before needing another block: B hits all 19 and
+    recomputes 15."""
+    s = _two_requests(tmp_path, "recompute", outputs=(a_output, 100), **{"decode.prefix_caching": True})
+    r = run_scenario(s, keep_runs=True)
+    df = r.requests.sort_values("request_id")
+    a, b = df.iloc[0], df.iloc[1]
+    rec = r.runs["baseline"].records
+    hit = hit_blocks * 16
+    assert list(rec.recomputed) == [0, 319 - hit] and b.preemptions == 1
+    _, dec = resolve(s).costs(s.methods[0])
+    L = dec.model.layers
+    back = L * (dec._dense_layer_s(320 - hit) + dec.prefill_attention_s((320,), (hit,))[0]) + dec._lm_head_s(1)
+    resume = a_output  # B comes back as A finishes
+    seg3 = segment_time_s(dec.iteration(1), 35, 321 - (resume + 1), 1, resume + 1)
+    assert b.finish_s - a.finish_s == pytest.approx(back + seg3, rel=1e-12)
 
 
 @pytest.mark.parametrize("method", ["baseline", "hack", "cachegen", "kvquant", "fp8"])
@@ -142,3 +203,43 @@ def test_on_demand_runs_more_requests_at_once_than_reserve_and_compressed_kv_pre
     assert base_on["transfer_queue_s"].mean() < base_off["transfer_queue_s"].mean()
     pre = {m: v["preemptions"] for m, v in on.summary["methods"].items()}
     assert pre["hack"] < pre["baseline"]
+
+
+@pytest.mark.parametrize("placement", ["separate", "shared_gpu", "colocated"])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_under_pressure_a_cache_in_the_kv_pool_holds_only_what_requests_leave_free(placement, preemption):
+    """Memory pressure with prefix caching in the KV pool's free blocks (vLLM's default), in each placement:
+    requests are preempted and come back, hitting their cached blocks; at every step the requests' blocks
+    plus the cache's stay within the pool, every request finishes once, its breakdown adds up, and nothing is
+    left reserved or pinned."""
+    changes = {
+        **PRESSURE,
+        "workload.requests": 150,
+        "placement": placement,
+        "prefill.prefix_caching": True,
+        "decode.prefix_caching": True,
+        "prefill.chunk_tokens": 1024,
+        "decode.chunk_tokens": 1024,
+        "decode.preemption": preemption,
+        "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 64},
+        "methods": ["baseline"],
+    }
+    worst = []
+    start = DecodeReplica._start_segment
+
+    def checked_start(rep):
+        assert rep.cache is not None and rep.cache.in_pool
+        worst.append((rep.reserved_bytes + rep.cache.cache.evictable_bytes) / rep.capacity_bytes)
+        start(rep)
+
+    with mock.patch.object(DecodeReplica, "_start_segment", checked_start):
+        r = run_scenario(scenario(**changes), keep_runs=True)
+    m, run = r.summary["methods"]["baseline"], r.runs["baseline"]
+    assert max(worst) <= 1 + 1e-12 and max(worst) > 0.99  # the pool filled up, cache included
+    assert m["completed"] == 150 and m["preemptions"] > 0 and m["prefix_cache"]["decode"]["hit_tokens"] > 0
+    if preemption == "recompute":  # preempted requests come back to part of their blocks
+        assert sum(c.resumed_hit_tokens for c in run.prefix.decode) > 0
+    df = r.requests
+    np.testing.assert_allclose(sum(df[f"{p}_s"] for p in BREAKDOWN_PARTS), df["jct_s"], rtol=1e-9, atol=1e-9)
+    for rep in run.decode_replicas:
+        assert abs(rep.reserved_bytes) < 1e-3 and rep.slots_used == 0 and rep.cache.cache.pinned_blocks() == 0

@@ -1,4 +1,5 @@
-"""Chunked prefill (prefill.chunk_tokens) and placement colocated: closed forms, queueing, direction."""
+"""vLLM's step scheduler in colocated placement and chunked prefill: step compositions worked by hand from the
+scheduler's rules (simulator/scheduler.py), step prices from the cost model's parts, queueing, direction."""
 
 from __future__ import annotations
 
@@ -12,62 +13,151 @@ from simulator.load import load_scenario
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 
 
+def colo(tmp_path, rows, methods=("baseline",), **changes):
+    """One colocated engine (the prefill pool left out) serving the trace `rows` of (arrival_s, prompt, output)."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
+    s = scenario(
+        placement="colocated",
+        methods=list(methods),
+        **{
+            "prefill": None,
+            "workload": {"trace_csv": str(path), "arrival": {"kind": "trace"}, "requests": len(rows)},
+            **changes,
+        },
+    )
+    return s, run_scenario(s, keep_runs=True)
+
+
+def step_s(dec, b: int, chunks, samples: int) -> float:
+    """A step's fixed time from the cost model's parts: b decode rows' iteration (its fixed part), the dense
+    layers over the chunks' rows added to the rows' (one pass: the weights are read once), the LM head over the
+    rows and the chunks that end a prompt, each chunk's attention to its earlier tokens and itself, and the
+    chunks' new KV encoded in the method's memory format (CacheGen's is FP16)."""
+    L = dec.model.layers
+    n = sum(c for c, _ in chunks)
+    attn, _, _ = dec.prefill_attention_s(tuple(p + c for c, p in chunks), tuple(p for _, p in chunks))
+    encode = 0.0 if dec.method.dequantize_on_arrival else L * dec._encode_layer_s(n)
+    if b == 0:
+        head = dec._lm_head_s(samples) if samples else 0.0
+        return L * dec._dense_layer_s(n) + head + L * attn + encode
+    dense = L * (dec._dense_layer_s(b + n) - dec._dense_layer_s(b))
+    head = dec._lm_head_s(b + samples) - dec._lm_head_s(b)
+    return dec.iteration(b).fixed_s + dense + head + L * attn + encode
+
+
 @pytest.mark.parametrize("method", ["baseline", "hack", "kvquant", "cachegen", "fp8"])
-def test_lone_colocated_request_runs_its_chunks_then_decodes_in_closed_form(method):
-    """4096-token prompt in 1536-token chunks (1536, 1536, 1024), each an iteration of an otherwise idle
-    replica; the last chunk's token is the first; then 31 decode iterations from context 4097."""
-    s = scenario(methods=[method], placement="colocated", **{"prefill.chunk_tokens": 1536})
-    row = next(run_scenario(s).requests.itertuples())
+def test_lone_colocated_request_runs_its_chunks_then_decodes_in_closed_form(tmp_path, method):
+    """One engine, a 4096-token prompt in chunks of 1536 (chunk_tokens; budget 16384): steps of 1536, 1536 and
+    1024 tokens on an otherwise idle engine, the last yielding the first token; then 31 decode iterations from
+    context 4097. The compressed formats encode each chunk's KV (KVQuant, HACK, FP8), CacheGen does not."""
+    s, r = colo(tmp_path, [(0, 4096, 32)], [method], **{"decode.chunk_tokens": 1536})
+    row = next(r.requests.itertuples())
     _, dec = resolve(s).costs(s.methods[0])
-    chunks = [
-        dec.mixed_iteration(0, n, past, last)
-        for n, past, last in ((1536, 0, False), (1536, 1536, False), (1024, 3072, True))
-    ]
-    prefill_s = sum(it.fixed_s for it, _ in chunks)
+    steps = [((1536, 0),), ((1536, 1536),), ((1024, 3072),)]
+    prefill_s = sum(step_s(dec, 0, c, int(i == 2)) for i, c in enumerate(steps))
     assert row.prefill_end_s - row.prefill_start_s == pytest.approx(prefill_s, rel=1e-12)
+    # each step's price holds its KV encode (KVQuant, HACK, FP8); CacheGen's memory format is FP16
+    charged = 0.0 if dec.method.dequantize_on_arrival else dec._encode_layer_s(1536)
+    assert (charged > 0) == (method in ("hack", "kvquant", "fp8"))
     assert row.prefill_start_s == row.arrival_s and row.first_token_s == row.prefill_end_s
     assert row.transfer_s == 0 and row.kv_wire_bytes > 0 and row.quantize_s == 0
-    decode_s = segment_time_s(dec.iteration(1), 31, 4097 - 3, 1, 3)
+    it = dec.iteration(1)
+    decode_s = segment_time_s(it, 31, 4097 - 3, 1, 3)
     assert row.finish_s - row.decode_start_s == pytest.approx(decode_s, rel=1e-12)
     assert row.decode_start_s == row.prefill_end_s
-    it = dec.iteration(1)
-    approx = sum(pc.approximation_s for _, pc in chunks) + segment_sum_s(
+    _, _, forms = dec.prefill_attention_s((4096,), (3072,))
+    approx = sum(dec.model.layers * dec.prefill_attention_s((p + c,), (p,))[1] for ((c, p),) in steps) + segment_sum_s(
         it.approx_fixed_s, it.approx_per_ctx_s, 31, 4094, 1, 3
     )
     assert row.approximation_s == pytest.approx(approx, rel=1e-12, abs=1e-15)
-    assert (row.approximation_s > 0) == (method == "hack")
+    assert (row.approximation_s > 0) == (method == "hack") and row.prefill_attention == forms[0]
     assert sum(getattr(row, f"{p}_s") for p in BREAKDOWN_PARTS) == pytest.approx(row.jct_s, rel=1e-12)
 
 
-def test_a_chunk_beside_decode_rows_costs_what_it_adds_to_their_iteration():
-    s = scenario(methods=["hack"])
+def test_a_step_takes_running_chunks_first_then_waiting_prompts_within_the_budget(tmp_path):
+    """budget 3000 (max_batch_tokens), chunk_tokens 2048, prompts of 4096, 1000 and 500 tokens at 0 (4 output
+    tokens each). Step 0: P0 min(4096, 2048, 3000) = 2048, P1 min(1000, 2048, 952) = 952, budget spent, P2
+    waits. Step 1: the running first: P0 2048 (done), P1 48 (done), then P2 500 (done): three first tokens.
+    Steps 2-4: three decode rows from contexts 4097, 1001, 501."""
+    s, r = colo(
+        tmp_path,
+        [(0, 4096, 4), (0, 1000, 4), (0, 500, 4)],
+        **{"decode.max_batch_tokens": 3000, "decode.chunk_tokens": 2048},
+    )
+    df = r.requests.sort_values("request_id")
     _, dec = resolve(s).costs(s.methods[0])
-    it, pc = dec.mixed_iteration(8, 512, 1024, False)
-    base = dec.iteration(8)
-    assert it.fixed_s - base.fixed_s == pytest.approx(pc.latency_s, rel=1e-12) and pc.latency_s > 0
-    assert it.per_ctx_s == base.per_ctx_s
-    # the chunk shares the weight reads with the decode rows: cheaper than alone
-    alone, _ = dec.mixed_iteration(0, 512, 1024, False)
-    assert pc.latency_s < alone.fixed_s
+    t1 = step_s(dec, 0, ((2048, 0), (952, 0)), 0)
+    t2 = t1 + step_s(dec, 0, ((2048, 2048), (48, 952), (500, 0)), 3)
+    t3 = t2 + segment_time_s(dec.iteration(3), 3, (4097 - 2) + (1001 - 2) + (501 - 2), 3, 2)
+    assert df["prefill_start_s"].tolist() == pytest.approx([0, 0, t1], rel=1e-12)
+    assert df["prefill_end_s"].tolist() == pytest.approx([t2, t2, t2], rel=1e-12)
+    assert df["first_token_s"].tolist() == pytest.approx([t2, t2, t2], rel=1e-12)
+    assert df["finish_s"].tolist() == pytest.approx([t3, t3, t3], rel=1e-12)
 
 
-@pytest.mark.parametrize("method", ["baseline", "hack"])
-def test_separate_prefill_in_chunks_is_the_sum_of_its_chunks(method):
-    s = scenario(methods=[method], **{"prefill.chunk_tokens": 1000})
-    row = next(run_scenario(s).requests.itertuples())
-    pre, _ = resolve(s).costs(s.methods[0])
-    parts = [
-        pre.prefill((past + n,), (past,))
-        for past, n in ((0, 1000), (1000, 1000), (2000, 1000), (3000, 1000), (4000, 96))
-    ]
-    assert row.prefill_end_s - row.prefill_start_s == pytest.approx(sum(p.latency_s for p in parts), rel=1e-12)
-    assert row.quantize_end_s - row.prefill_end_s == pytest.approx(sum(p.encode_s for p in parts), rel=1e-12)
-    # chunks re-read the earlier chunks' KV and launch more kernels: never faster than one pass
-    assert row.prefill_end_s - row.prefill_start_s >= pre.prefill((4096,)).latency_s
+def test_decode_rows_take_their_tokens_first_and_share_a_step_with_a_chunk(tmp_path):
+    """budget 2048, chunk_tokens 2048: A (1000 tokens, 3 outputs) and B (3100, 2 outputs) at 0. Step 0: A 1000
+    (its first token), B 1048. Step 1: A's decode row (context 1001) takes 1 token, so B's chunk is min(2052,
+    2048, 2047) = 2047, in one pass with the row: the row's iteration plus what the chunk adds. Step 2: A's row
+    and B's last 5 tokens (B's first token; A's last). Step 3: B's row (context 3101), its last token."""
+    s, r = colo(
+        tmp_path,
+        [(0, 1000, 3), (0, 3100, 2)],
+        **{"decode.max_batch_tokens": 2048, "decode.chunk_tokens": 2048},
+    )
+    a, b = (row for _, row in r.requests.sort_values("request_id").iterrows())
+    _, dec = resolve(s).costs(s.methods[0])
+    per_ctx = dec.iteration(1).per_ctx_s
+    t1 = step_s(dec, 0, ((1000, 0), (1048, 0)), 1)
+    t2 = t1 + step_s(dec, 1, ((2047, 1048),), 0) + per_ctx * 1001
+    t3 = t2 + step_s(dec, 1, ((5, 3095),), 1) + per_ctx * 1002
+    t4 = t3 + segment_time_s(dec.iteration(1), 1, 3101 - 3, 1, 3)
+    assert (a.prefill_end_s, b.prefill_end_s) == (pytest.approx(t1, rel=1e-12), pytest.approx(t3, rel=1e-12))
+    assert a.finish_s == pytest.approx(t3, rel=1e-12) and b.finish_s == pytest.approx(t4, rel=1e-12)
+    assert a.decode_s == pytest.approx(t3 - t1, rel=1e-12)  # the chunks' share of its steps is A's decode time too
+    assert r.summary["methods"]["baseline"]["utilisation"]["prefill"] > 0
+
+
+def test_running_requests_are_capped_by_max_batch_requests(tmp_path):
+    """max_batch_requests 2: three prompts of 500 at 0, 3 output tokens each. Step 0 takes P0 and P1 (budget left
+    but two run), P2 waits until one finishes: both finish at the end of step 2, P2 starts at step 3."""
+    s, r = colo(tmp_path, [(0, 500, 3)] * 3, **{"decode.max_batch_requests": 2, "decode.chunk_tokens": 2048})
+    df = r.requests.sort_values("request_id")
+    _, dec = resolve(s).costs(s.methods[0])
+    t1 = step_s(dec, 0, ((500, 0), (500, 0)), 2)
+    t3 = t1 + segment_time_s(dec.iteration(2), 2, 2 * (501 - 1), 2, 1)
+    t4 = t3 + step_s(dec, 0, ((500, 0),), 1)
+    assert df["prefill_start_s"].tolist() == pytest.approx([0, 0, t3], rel=1e-12)
+    assert df["prefill_end_s"].tolist() == pytest.approx([t1, t1, t4], rel=1e-12)
+
+
+def test_without_chunk_tokens_prompts_are_never_split(tmp_path):
+    """Chunked prefill off, budget 3000: P0 (4096 tokens) runs whole, alone in step 0. Step 1: P0's row, P1
+    (2000) whole, P2 (1500) does not fit the 999 left and waits. Step 2: P0's and P1's rows and P2 whole."""
+    s, r = colo(tmp_path, [(0, 4096, 4), (0, 2000, 2), (0, 1500, 2)], **{"decode.max_batch_tokens": 3000})
+    p0, p1, p2 = (row for _, row in r.requests.sort_values("request_id").iterrows())
+    _, dec = resolve(s).costs(s.methods[0])
+    per_ctx = dec.iteration(1).per_ctx_s
+    t1 = step_s(dec, 0, ((4096, 0),), 1)
+    t2 = t1 + step_s(dec, 1, ((2000, 0),), 1) + per_ctx * 4097
+    t3 = t2 + step_s(dec, 2, ((1500, 0),), 1) + per_ctx * (4098 + 2001)
+    t4 = t3 + segment_time_s(dec.iteration(2), 1, (4097 - 1) + (1501 - 3), 2, 3)
+    assert [p0.prefill_end_s, p1.prefill_end_s, p2.prefill_end_s] == pytest.approx([t1, t2, t3], rel=1e-12)
+    assert [p1.prefill_start_s, p2.prefill_start_s] == pytest.approx([t1, t2], rel=1e-12)
+    assert [p0.finish_s, p1.finish_s, p2.finish_s] == pytest.approx([t4, t3, t4], rel=1e-12)
+
+
+def test_finished_prompts_leave_the_engines_routing_count(tmp_path):
+    """Two engines, prompts 100 s apart (each done long before the next): every one finds both engines idle and
+    goes to the lowest index."""
+    s, r = colo(tmp_path, [(100 * i, 2048, 4) for i in range(6)], prefill={"gpu": "a100_80gb", "replicas": 1})
+    assert r.requests["decode_replica"].tolist() == [0] * 6
 
 
 def test_md1_queueing_delay_at_a_chunked_prefill():
-    """Poisson arrivals, one prefill server, every prompt run as the same chunks: mean wait = ρD / (2(1-ρ))."""
+    """Poisson arrivals, one prefill server, every prompt run as the same chunks (one prompt at a time:
+    max_batch_requests 1): mean wait = ρD / (2(1-ρ))."""
     fixed = {
         "workload.output_tokens": {"kind": "fixed", "tokens": 2},
         "network.bandwidth_gbps": 400,
@@ -75,7 +165,9 @@ def test_md1_queueing_delay_at_a_chunked_prefill():
         "methods": ["baseline"],
     }
     base = scenario(**fixed)
-    service_s = resolve(base).costs(base.methods[0])[0].chunked_prefill(4096, 1024).stage_s
+    pre, _ = resolve(base).costs(base.methods[0])
+    parts = [pre.prefill((past + 1024,), (past,)) for past in (0, 1024, 2048, 3072)]
+    service_s = sum(p.stage_s + p.encode_s for p in parts)
     rho = 0.5
     s = scenario(
         **fixed, **{"workload.requests": 20000, "workload.arrival": {"kind": "poisson", "rate_rps": rho / service_s}}
@@ -84,19 +176,62 @@ def test_md1_queueing_delay_at_a_chunked_prefill():
     assert df["prefill_queue_s"].mean() == pytest.approx(rho * service_s / (2 * (1 - rho)), rel=0.07)
 
 
+@pytest.mark.parametrize("method", ["baseline", "hack"])
+def test_separate_prefill_in_chunks_is_the_sum_of_its_steps(method):
+    """A lone 4096-token prompt with chunk_tokens 1000 on a prefill instance: five steps (1000 x 4, then 96), each
+    a forward pass over its chunk attending to the earlier ones, its KV encoded before the next."""
+    s = scenario(methods=[method], **{"prefill.chunk_tokens": 1000})
+    row = next(run_scenario(s).requests.itertuples())
+    pre, _ = resolve(s).costs(s.methods[0])
+    parts = [
+        pre.prefill((past + n,), (past,))
+        for past, n in ((0, 1000), (1000, 1000), (2000, 1000), (3000, 1000), (4000, 96))
+    ]
+    ahead = sum(p.stage_s + p.encode_s for p in parts[:-1])
+    assert row.prefill_end_s - row.prefill_start_s == pytest.approx(ahead + parts[-1].latency_s, rel=1e-12)
+    assert row.quantize_end_s - row.prefill_end_s == pytest.approx(parts[-1].encode_s, rel=1e-12)
+    # chunks re-read the earlier chunks' KV and launch more kernels: never faster than one pass
+    assert row.prefill_end_s - row.prefill_start_s >= pre.prefill((4096,)).latency_s
+
+
+def test_a_prefill_instance_packs_several_prompts_chunks_into_its_budget(tmp_path):
+    """budget 3000, chunk_tokens 2048, prompts of 4096 and 1000 at 0 on one prefill instance (max_batch_requests
+    4): step 0 is P0's 2048 and P1's 952, step 1 P0's 2048 and P1's 48: both complete in it."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,4096,2\n0,1000,2\n")
+    s = scenario(
+        methods=["baseline"],
+        **{
+            "workload": {"trace_csv": str(path), "arrival": {"kind": "trace"}, "requests": 2},
+            "prefill.max_batch_tokens": 3000,
+            "prefill.max_batch_requests": 4,
+            "prefill.chunk_tokens": 2048,
+        },
+    )
+    df = run_scenario(s).requests.sort_values("request_id")
+    pre, _ = resolve(s).costs(s.methods[0])
+    s0 = pre.prefill((2048, 952), (0, 0))
+    s1 = pre.prefill((4096, 1000), (2048, 952))
+    end = s0.stage_s + s0.encode_s + s1.latency_s
+    assert df["prefill_start_s"].tolist() == [0, 0]
+    assert df["prefill_end_s"].tolist() == pytest.approx([end, end], rel=1e-12)
+
+
 def test_colocated_prefill_queueing_lies_between_a_pooled_and_a_split_queue():
-    """One-token requests (prefill only) on two colocated replicas, each prompt the same chunks: the router
-    sends each arrival to the replica with fewer queued tokens, so the wait is below two independent M/D/1
-    queues at half the rate each, and both replicas serve."""
+    """One-token requests (prefill only) on two colocated engines, each running one prompt at a time
+    (max_batch_requests 1) in the same chunks: the router sends each arrival to the engine with fewer prompt
+    tokens queued, so the wait is below two independent M/D/1 queues at half the rate each, and both serve."""
     fixed = {
         "workload.output_tokens": {"kind": "fixed", "tokens": 1},
         "prefill.chunk_tokens": 2048,
+        "decode.chunk_tokens": 2048,
+        "decode.max_batch_requests": 1,
         "placement": "colocated",
         "methods": ["baseline"],
     }
     base = scenario(**fixed)
     _, dec = resolve(base).costs(base.methods[0])
-    service_s = dec.mixed_iteration(0, 2048, 0, False)[0].fixed_s + dec.mixed_iteration(0, 2048, 2048, True)[0].fixed_s
+    service_s = step_s(dec, 0, ((2048, 0),), 0) + step_s(dec, 0, ((2048, 2048),), 1)
     rho = 0.6
     s = scenario(
         **fixed,
@@ -125,15 +260,25 @@ def test_colocated_saves_the_transfer_and_pays_in_decode_iterations():
     assert col.requests["decode_replica"].max() == 3 and sep.requests["decode_replica"].max() == 1
 
 
+def test_one_engine_on_one_gpu_is_the_decode_pool_alone():
+    """The shipped one-GPU scenario: placement colocated without a prefill pool is one engine."""
+    s = load_scenario("scenarios/one_gpu_vllm.yaml", ["workload.requests=40"])
+    assert s.prefill.replicas == 0 and s.engines == 1
+    r = run_scenario(s)
+    assert set(r.requests["decode_replica"]) == {0} and set(r.requests["prefill_replica"]) == {0}
+    assert all(m["completed"] == 40 for m in r.summary["methods"].values())
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
         ({"placement": "colocated", "prefill.gpu": "h100"}, "same gpu, tensor_parallel and pipeline_parallel"),
-        (
-            {"placement": "colocated", "prefill.prefix_caching": True, "prefill.prefix_cache_gib": 1},
-            "prefix caching is modelled for separate pools only",
-        ),
+        ({"placement": "colocated", "prefill.chunk_tokens": 512}, "prefill.chunk_tokens: placement colocated"),
+        ({"placement": "colocated", "decode.prefix_caching": True}, "prefill.prefix_caching: placement colocated"),
         ({"prefill.chunk_tokens": 0}, "prefill.chunk_tokens"),
+        ({"prefill.replicas": 0}, "prefill.replicas: 0 prefill replicas only with placement colocated"),
+        ({"prefill": None}, "prefill: required unless placement is colocated"),
+        ({"decode.max_batch_requests": 512, "decode.max_batch_tokens": 256}, "must be at least max_batch_requests"),
     ],
 )
 def test_bad_colocated_settings_name_the_field(changes, message):

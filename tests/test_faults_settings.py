@@ -249,20 +249,18 @@ def test_shared_gpu_link_faults_are_those_of_separate_pools(tmp_path, costs, pol
 @pytest.fixture(scope="module")
 def colo():
     """A lone 4096-token prompt on an idle colocated replica of TINY (chunks of 1536): its prefill P (three
-    chunk iterations) and decode Dc (31 iterations from context 4097)."""
+    chunk steps) and decode Dc (31 iterations from context 4097)."""
     s = scenario(methods=["baseline"], placement="colocated")
     _, dec = resolve(s).costs(s.methods[0])
     chunks = [
-        dec.mixed_iteration(0, n, past, last)
-        for n, past, last in ((1536, 0, False), (1536, 1536, False), (1024, 3072, True))
+        dec.mixed_step(0, ((n, past),), last) for n, past, last in ((1536, 0, 0), (1536, 1536, 0), (1024, 3072, 1))
     ]
     return sum(it.fixed_s for it, _ in chunks), segment_time_s(dec.iteration(1), 31, 4097 - 3, 1, 3)
 
 
 def colocated(tmp_path, faults, policy=None, rows=(0,), **changes):
-    return run(
-        faults, policy, placement="colocated", **{"prefill.chunk_tokens": 1536, **changes}, **trace(tmp_path, rows)
-    )
+    chunks = {"prefill.chunk_tokens": 1536, "decode.chunk_tokens": 1536}
+    return run(faults, policy, placement="colocated", **{**chunks, **changes}, **trace(tmp_path, rows))
 
 
 @pytest.mark.parametrize("kind", ["prefill_replica_down", "decode_replica_down"])
@@ -311,10 +309,14 @@ def test_colocated_fail_stranded_and_queued_prompts(tmp_path, colo):
     down_for_good = [{"kind": "prefill_replica_down", "target": t, "start_s": P / 2, "end_s": math.inf} for t in (0, 1)]
     _, m, _ = colocated(tmp_path, down_for_good)
     assert m["failure_reasons"] == {"stranded": 1} and m["retried"] == 1
-    # three prompts at 0: 0 and 2 queue on replica 0, 1 on replica 1; replica 0 goes down during prompt 0's
-    # first chunk: prompt 0 is retried, prompt 2 moves to replica 1 unretried, after prompt 0 (arrival order)
+    # three prompts at 0: 0 and 2 queue on replica 0, 1 on replica 1, each replica running one request at a time;
+    # replica 0 goes down during prompt 0's first chunk: prompt 0 is retried, prompt 2 moves to replica 1
+    # unretried, after prompt 0 (arrival order)
     rows, m, _ = colocated(
-        tmp_path, [{"kind": "decode_replica_down", "target": 0, "start_s": P / 6, "end_s": 1e6}], rows=(0, 0, 0)
+        tmp_path,
+        [{"kind": "decode_replica_down", "target": 0, "start_s": P / 6, "end_s": 1e6}],
+        rows=(0, 0, 0),
+        **{"decode.max_batch_requests": 1},
     )
     assert rows["decode_replica"].tolist() == [1, 1, 1] and rows["retries"].tolist() == [1, 0, 0]
     assert rows.iloc[0].prefill_start_s < rows.iloc[2].prefill_start_s
@@ -381,7 +383,21 @@ SETTINGS = {
         "decode.prefix_cache_gib": 0.5,
         "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256},
     },
-    "colocated": {"placement": "colocated", "prefill.chunk_tokens": 1024},
+    "colocated": {"placement": "colocated", "prefill.chunk_tokens": 1024, "decode.chunk_tokens": 1024},
+    "colocated_prefix_caching": {
+        "placement": "colocated",
+        "prefill.chunk_tokens": 1024,
+        "decode.chunk_tokens": 1024,
+        "prefill.prefix_caching": True,
+        "decode.prefix_caching": True,
+        "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256},
+    },
+    "separate_prefix_caching_in_kv_pool": {
+        "prefill.prefix_caching": True,
+        "decode.prefix_caching": True,
+        "decode.chunk_tokens": 512,
+        "workload.prefix_sharing": {"groups": 3, "shared_tokens": 1024, "block_tokens": 256},
+    },
 }
 
 
@@ -397,7 +413,7 @@ SETTINGS = {
 def test_every_request_ends_once_in_every_setting(setting, faults, policy, retries, stream, admission):
     """Completed + failed == requests, each request once; memory within capacity; every prefix cache's pins
     returned and its bytes those of its blocks."""
-    if setting == "colocated":
+    if setting.startswith("colocated"):
         faults = [f for f in faults if not f["kind"].startswith("link")] or [
             {"kind": "decode_replica_down", "target": 0, "start_s": 5.0, "end_s": 8.0}
         ]
@@ -439,9 +455,14 @@ def test_every_request_ends_once_in_every_setting(setting, faults, policy, retri
             1 + 1e-12
         )
         if r.prefix is not None:
-            for cache in r.prefix.prefill + r.prefix.decode:
-                assert cache.used_bytes == cache.evictable_bytes <= cache.capacity_bytes  # no pin left behind
-                assert cache.hit_tokens <= cache.lookup_tokens
+            for pool, caches in (("prefill", r.prefix.prefill), ("decode", r.prefix.decode)):
+                for cache in caches:
+                    assert cache.pinned_blocks() == 0  # no pin left behind
+                    if r.prefix.in_pool[pool]:  # within the free KV pool: everything has ended, all of it
+                        assert cache.evictable_bytes <= r.prefix.pool_bytes[pool] * (1 + 1e-12)
+                    else:
+                        assert cache.used_bytes == cache.evictable_bytes <= cache.capacity_bytes
+                    assert cache.hit_tokens <= cache.lookup_tokens
 
 
 def test_the_report_names_what_a_replica_fault_takes_down(tmp_path):

@@ -205,11 +205,105 @@ def test_mooncake_hash_ids_feed_the_cache(tmp_path):
     assert df["prefill_cached_tokens"].tolist() == [0, 1024, 0]  # blocks 1, 2 (whole blocks only cached)
 
 
+def _trace(tmp_path, rows):
+    """A Mooncake trace of (timestamp ms, prompt tokens, hash ids), 4 output tokens each."""
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": n, "output_length": 4, "hash_ids": h}) + "\n"
+            for t, n, h in rows
+        )
+    )
+    return {"workload": {"trace": {"format": "mooncake", "path": str(path)}, "requests": len(rows)}}
+
+
+@pytest.mark.parametrize("where", ["region", "kv_pool"])
+def test_a_prompts_partial_last_block_is_not_cached(tmp_path, where):
+    """A 1500-token prompt has two whole 512-token blocks and a partial third: only the two are cached, so a
+    later prompt with the same three leading hashes and more hits 1024 tokens, on both pools."""
+    cache = CACHED if where == "region" else {"prefill.prefix_caching": True, "decode.prefix_caching": True}
+    s = scenario(
+        **cache,
+        **_trace(tmp_path, [(0, 1500, [1, 2, 3]), (60000, 2000, [1, 2, 3, 4])]),
+        methods=["baseline"],
+    )
+    df = run_scenario(s).requests
+    assert df["prefill_cached_tokens"].tolist() == [0, 1024]
+    assert df["decode_cached_tokens"].tolist() == [0, 1024]
+
+
+def test_a_region_is_sized_in_gib(tmp_path):
+    """prefix_cache_gib is 2^30 bytes: a region of 4.12 blocks' worth of GiB holds 4 blocks (4.12 / 1.0737 GB
+    would hold 3): five prompts of distinct single blocks leave the last four cached."""
+    s0 = scenario(methods=["baseline"])
+    pre, _ = resolve(s0).costs(s0.methods[0])
+    block = 512 * pre.method.memory_bytes_per_token(pre.model)
+    gib = 4.12 * block / 2**30
+    rows = [(60000 * i, 600, [10 + i]) for i in range(5)]
+    s = scenario(
+        **{**CACHED, "prefill.prefix_cache_gib": gib, "decode.prefix_cache_gib": gib},
+        **_trace(tmp_path, rows),
+        methods=["baseline"],
+    )
+    pc = run_scenario(s).summary["methods"]["baseline"]["prefix_cache"]
+    for pool in ("prefill", "decode"):
+        assert pc[pool]["capacity_bytes"] == gib * 2**30 and not pc[pool]["in_kv_pool"]
+        assert pc[pool]["cached_blocks_at_end"] == [4]
+
+
+def test_in_the_kv_pool_the_cache_holds_what_requests_leave_free(tmp_path):
+    """Without prefix_cache_gib the cache lives in the KV pool's free blocks: a decode replica's lookups hit
+    whatever a finished request's blocks left there (nothing is taken out of the pool for it), and
+    requests take evictable blocks back as they need them."""
+    s = scenario(
+        **{"prefill.prefix_caching": True, "decode.prefix_caching": True},
+        **{
+            "workload.requests": 2,
+            "methods": ["baseline"],
+            "workload.prefix_sharing": {"groups": 1, "shared_tokens": 3072},
+        },
+    )
+    r = run_scenario(s, keep_runs=True)
+    df = r.requests
+    assert df["prefill_cached_tokens"].tolist() == [0, 3072] and df["decode_cached_tokens"].tolist() == [0, 3072]
+    run = r.runs["baseline"]
+    dec = run.decode_replicas[0]
+    assert dec.capacity_bytes == run.dec_cost.kv_capacity_bytes  # no region taken out
+    pc = r.summary["methods"]["baseline"]["prefix_cache"]["decode"]
+    assert pc["in_kv_pool"] and pc["capacity_bytes"] == run.dec_cost.kv_capacity_bytes
+    # both prompts' whole blocks (8 per 4096 tokens, 6 shared) are cached as free blocks
+    assert pc["cached_blocks_at_end"] == [10]
+
+
+def test_colocated_engines_cache_prefixes_too(tmp_path):
+    """placement colocated with prefix caching: the second prompt of a group computes only its uncached rest
+    (its first step is 1024 new tokens against 3072 cached)."""
+    s = scenario(
+        **{
+            "placement": "colocated",
+            "prefill": None,
+            "decode.prefix_caching": True,
+            "workload.requests": 2,
+            "workload.arrival": {"kind": "poisson", "rate_rps": 0.001},
+            "methods": ["hack"],
+            "workload.prefix_sharing": {"groups": 1, "shared_tokens": 3072},
+        }
+    )
+    df = run_scenario(s).requests
+    _, dec = resolve(s).costs(s.methods[0])
+    assert df["prefill_cached_tokens"].tolist() == [0, 3072]
+    it, _ = dec.mixed_step(0, ((1024, 3072),), 1)
+    second = df.iloc[1]
+    assert second.prefill_end_s - second.prefill_start_s == pytest.approx(it.fixed_s, rel=1e-12)
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"prefill.prefix_caching": True}, "prefix_caching: give prefix_cache_gib"),
-        ({**CACHED}, "prefill.prefix_caching: the workload has no prefix blocks"),
+        (
+            {"prefill.prefix_caching": True, "prefill.prefix_cache_gib": 1},
+            "prefill.prefix_cache_gib: the workload has no prefix blocks",
+        ),
         (
             {**CACHED, "workload.prefix_sharing": {"groups": 2, "shared_tokens": 512}, "decode.prefix_cache_gib": 1000},
             "decode.prefix_cache_gib: 1000",

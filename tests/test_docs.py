@@ -160,7 +160,7 @@ def test_command_reference_has_every_command(hooks):
     """cli.py's commands (its docstring lists them), each with its usage line and its own options."""
     page = hooks.cli_page()
     for name in ("simulate", "scenarios", "schema", "report", "validate", "calibrate", "sweep", "plan"):
-        assert f"\n## {name}\n\n```text\n Usage: python cli.py {name} [OPTIONS]" in page, name
+        assert f"\n## {name}\n\n```text\nUsage: python cli.py {name} [OPTIONS]" in page, name
     simulate = page.split("\n## simulate\n", 1)[1].split("\n## ", 1)[0]
     assert "path.to.field=value (repeatable), e.g." in simulate and "--set" in simulate  # cli.py's --set help
     assert "--rate" not in simulate  # plan's option, in plan's section only

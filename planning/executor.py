@@ -35,6 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from simulator.files import strict_json, unjson_inf
+from simulator.process_pool import end_now
 
 from . import ROOT, PlanningError
 
@@ -321,18 +322,7 @@ class Executor:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        manager = getattr(pool, "_executor_manager_thread", None)
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-        # The pool's manager thread closes its wake-up pipe once it sees the workers gone. Python's exit
-        # hook for process pools writes to that pipe: racing the close, it printed a "Bad file descriptor"
-        # traceback after the interrupted message. Waiting for the thread here ends the race.
-        if manager is not None:
-            manager.join(timeout=10)
+        end_now(pool)
 
     # -- Ray --
     def _start_ray(self) -> None:

@@ -44,11 +44,29 @@ def _esc(x) -> str:
     return html.escape(str(x))
 
 
+# Units by the end of a column's name (the house's unit suffixes), longest first.
+UNIT_SUFFIXES = (
+    ("_bytes_per_token", "bytes/token"),
+    ("_bytes_per_gpu", "bytes"),
+    ("_usd_per_hour", "USD/h"),
+    ("_bytes", "bytes"),
+    ("_gbps", "Gbit/s"),
+    ("_rps", "requests/s"),
+    ("_gib", "GiB"),
+    ("_s", "s"),
+)
+
+
+def column_unit(column: str) -> str | None:
+    """The unit of a results column, from its name: `jct_p90_s` -> s; utilisation is a fraction of capacity."""
+    if column.startswith("utilisation_") or column.endswith("_utilization"):
+        return "fraction of capacity"
+    return next((unit for suffix, unit in UNIT_SUFFIXES if column.endswith(suffix)), None)
+
+
 def readable(column: str) -> str:
     """A column or axis path in words with its unit: `jct_p90_s` -> "JCT p90 (s)",
     `network.bandwidth_gbps` -> "network bandwidth (Gbit/s)", `methods.0.partition` -> "methods[0] partition"."""
-    from .sweep import UNIT_SUFFIXES, column_unit
-
     unit = column_unit(column)
     stem = column
     for suffix, u in UNIT_SUFFIXES:

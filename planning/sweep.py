@@ -509,26 +509,6 @@ def write_table(df: pd.DataFrame, out: Path, metadata: dict | None = None) -> tu
     return written, None
 
 
-# Units by the end of a column's name (the house's unit suffixes), longest first.
-UNIT_SUFFIXES = (
-    ("_bytes_per_token", "bytes/token"),
-    ("_bytes_per_gpu", "bytes"),
-    ("_usd_per_hour", "USD/h"),
-    ("_bytes", "bytes"),
-    ("_gbps", "Gbit/s"),
-    ("_rps", "requests/s"),
-    ("_gib", "GiB"),
-    ("_s", "s"),
-)
-
-
-def column_unit(column: str) -> str | None:
-    """The unit of a results column, from its name: `jct_p90_s` -> s; utilisation is a fraction of capacity."""
-    if column.startswith("utilisation_") or column.endswith("_utilization"):
-        return "fraction of capacity"
-    return next((unit for suffix, unit in UNIT_SUFFIXES if column.endswith(suffix)), None)
-
-
 def _write_parquet(df: pd.DataFrame, path: Path, metadata: dict) -> None:
     """The table with `hacksim` in the file's metadata (JSON: what the sweep ran and each column's unit) and
     each column's unit in its field's metadata (`unit`)."""
@@ -536,6 +516,8 @@ def _write_parquet(df: pd.DataFrame, path: Path, metadata: dict) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(_parquet_safe(df), preserve_index=False)
+    from .report import column_unit
+
     units = {c: u for c in df.columns if (u := column_unit(str(c))) is not None}
     fields = [f.with_metadata({"unit": units[f.name]}) if f.name in units else f for f in table.schema]
     meta = dict(table.schema.metadata or {})

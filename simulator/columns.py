@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
+# A decode replica's cumulative seconds (DecodeReplica.cum): running decode, dequantize, approximation, fetch,
+# preemption; the step scheduler (scheduler.py) adds to the last.
+PREEMPTION = 4
+
 
 def floats(values) -> array:
     """A float64 column holding `values` (a numpy array or any iterable)."""

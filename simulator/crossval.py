@@ -257,18 +257,13 @@ def _map(fn, items: list, workers: int) -> list:
         return [fn(x) for x in items]
     from concurrent.futures import ProcessPoolExecutor
 
+    from simulator.process_pool import end_now
+
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
     try:
         out = list(pool.map(fn, items))
     except BaseException:
-        # end the workers first, then let the executor's manager thread see them gone and stop: a shutdown
-        # that does not wait leaves that thread to write to a closed pipe at exit ("Bad file descriptor")
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-        pool.shutdown(wait=True, cancel_futures=True)
+        end_now(pool)  # the workers ended, the manager thread joined: no traceback at exit
         raise
     pool.shutdown(wait=True)
     return out

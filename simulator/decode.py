@@ -37,8 +37,7 @@ import simpy
 
 from costmodel.phases import IterationCost, ReplicaCostModel
 
-from .columns import Records
-from .scheduler import PREEMPTION
+from .columns import PREEMPTION, Records
 from .timers import call_in
 
 

@@ -51,14 +51,13 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .columns import PREEMPTION
 from .timers import call_in
 
 if TYPE_CHECKING:
     from .columns import Records
     from .decode import DecodeReplica
     from .prefix_cache import EngineCache
-
-PREEMPTION = 4  # index of the preemption seconds in DecodeReplica.cum
 
 
 class Job:

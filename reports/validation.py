@@ -26,6 +26,7 @@ INDEX_METRICS = (
     ("tpot_p50_error_pct", "TPOT p50", PART_COLOURS["decode"]),
     ("prefill_mean_error_pct", "prefill", PART_COLOURS["quantize"]),
     ("transfer_mean_error_pct", "transfer", PART_COLOURS["transfer"]),
+    ("kv_wait_mean_error_pct", "KV wait", PART_COLOURS["transfer_queue"]),
 )
 
 
@@ -48,6 +49,10 @@ def _rows(v: dict) -> list[tuple[str, float, float, float | None, str]]:
                     key,
                 )
             )
+        if metric == "jct" and v.get("kv_wait_s"):  # the wait for KV room beside the JCT (simulator/validate.py)
+            kv = v["kv_wait_s"]
+            key = "kv_wait_mean_error_pct"
+            rows.append(("KV wait mean", kv["measured"], kv["simulated"], v.get(key), key))
     for part, mp in v["breakdown_s"].items():
         key = f"{part}_mean_error_pct"
         rows.append((f"{part} mean", mp["measured"], mp["simulated"], v.get(key), key))
@@ -62,7 +67,9 @@ def _spread(noise: dict | None, error_key: str) -> float | None:
     """The run-to-run spread (%) of the metric behind an error (simulator/noise.py, in validation.json)."""
     if not noise:
         return None
-    return noise.get("spread_pct", {}).get(error_key.removesuffix("_error_pct"))
+    key = error_key.removesuffix("_error_pct")
+    key = "transfer_queue_mean" if key == "kv_wait_mean" else key  # the KV wait is the transfer_queue part
+    return noise.get("spread_pct", {}).get(key)
 
 
 def _spread_cell(x: float | None) -> str:
@@ -130,6 +137,13 @@ def _error_cell(e: float | None, goal_pct: float = GOAL_PCT) -> str:
     return f'<td class="{tone}">{_esc(fmt_pct(e))}</td>'
 
 
+def _seconds_cell(e: float | None) -> str:
+    """An error in seconds (simulated − measured), where a percentage of a wait near 0 says nothing."""
+    if e is None or (isinstance(e, float) and math.isnan(e)):
+        return '<td class="na">n/a</td>'
+    return f"<td>{e:+.3f} s</td>"
+
+
 def _metric_table(v: dict) -> str:
     noise = v.get("noise")
     body = "".join(
@@ -192,6 +206,15 @@ def validation_page(v: dict) -> Page:
         )
         for m, q in (("jct", "mean"), ("ttft", "p50"), ("tpot", "p50"))
     ]
+    if v.get("kv_wait_s"):
+        kv = v["kv_wait_s"]
+        glance.append(
+            (
+                "KV wait error",
+                f"{fmt_pct(v.get('kv_wait_mean_error_pct'))} ({kv['error_s']:+.3f} s)",
+                _tone(v.get("kv_wait_mean_error_pct"), GOAL_PCT),
+            )
+        )
     if "iteration_mean_error_pct" in v:
         glance.append(
             (
@@ -270,10 +293,11 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
 
 def _index_table(rows: list[dict], noise: dict | None = None) -> str:
     keys = [k for k, _, _ in INDEX_METRICS]
-    head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS)
+    head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS) + "<th>KV wait (s)</th>"
     body = "".join(
         f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
         + "".join(_error_cell(r.get(k), JCT_MEAN_GOAL_PCT if k == "jct_mean_error_pct" else GOAL_PCT) for k in keys)
+        + _seconds_cell(r.get("kv_wait_error_s"))
         + "</tr>"
         for r in rows
     )
@@ -282,7 +306,7 @@ def _index_table(rows: list[dict], noise: dict | None = None) -> str:
         foot = (
             "<tfoot><tr><td>run-to-run spread</td><td></td>"
             + "".join(_spread_cell(_spread(noise, k)) for k in keys)
-            + "</tr></tfoot>"
+            + "<td></td></tr></tfoot>"
         )
     return (
         f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'

@@ -419,6 +419,13 @@ class PoolConfig(_Strict):
         "grows and preempts the newest running request when a block is not free; reserve admits a request only "
         "with its final KV free and never preempts (simulator/admission.py)",
     )
+    batch_slot_at: Literal["admission", "join"] = Field(
+        "admission",
+        description="decode, admission reserve: when a request takes one of the max_batch_requests batch slots: "
+        "at admission, with its memory, before its transfer (admission), or when it joins the batch (join: "
+        "realrun/harness.py admits by memory alone before the transfer, so the KV moves and waits at the join "
+        "for a slot, holding its memory)",
+    )
     preemption: Literal["recompute", "swap"] = Field(
         "recompute",
         description="decode, on_demand: a preempted request's KV is dropped and its prompt + "
@@ -558,6 +565,37 @@ class NetworkConfig(_Strict):
         max_length=4096,
         description="explicit topology; default: one link per prefill replica reaching every decode replica",
     )
+    kv_connector: Literal["host_parked", "nixl_pull", "p2p_push"] = Field(
+        default="host_parked",
+        description="where a prefilled request's KV waits for its decode replica (simulator/connectors.py): "
+        "host_parked: in the prefill host's memory (prefill.host_memory_gib), the decode admits it before the "
+        "transfer; nixl_pull (vLLM NixlConnector): in the prefill GPU's KV pool until the decode has read it, "
+        "new prompts wait for pool room; p2p_push (vLLM P2pNcclConnector, PUT_ASYNC): pushed at once to a "
+        "decode replica (round robin) into its GPU buffer (kv_buffer_gib, then its host pool, p2p_pool_gib), "
+        "where it waits for decode memory; the prefill's next step waits for the push",
+    )
+    kv_buffer_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="kv_connector p2p_push: each decode replica's GPU receive buffer (vLLM kv_buffer_size), taken "
+        "out of its KV pool; default vLLM's 1e9 bytes",
+    )
+    p2p_pool_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=2**20,
+        description="kv_connector p2p_push: pinned host memory on each decode replica for pushed KV the buffer "
+        "cannot take (vLLM mem_pool_size_gb); default vLLM's 32",
+    )
+
+    @model_validator(mode="after")
+    def _connector_fields(self) -> NetworkConfig:
+        if self.kv_connector != "p2p_push":
+            for name in ("kv_buffer_gib", "p2p_pool_gib"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only with kv_connector p2p_push, not {self.kv_connector}")
+        return self
 
 
 # ---- workload ---------------------------------------------------------------------------
@@ -926,6 +964,20 @@ class Scenario(_Strict):
         if d.prefix_caching or self.prefill.prefix_caching:
             raise ValueError("decode.data_parallel: prefix caching is not modelled with data-parallel engines")
 
+    def _connector(self) -> None:
+        """network.kv_connector other than host_parked: what simulator/connectors.py models (ValueError)."""
+        c = self.network.kv_connector
+        if self.placement == "colocated":
+            raise ValueError(f"network.kv_connector: {c}: placement colocated transfers no KV")
+        if c == "p2p_push":
+            for why, bad in (
+                ("decode.data_parallel", self.decode.data_parallel > 1),
+                ("faults", bool(self.faults)),
+                ("prefix caching", self.decode.prefix_caching or self.prefill.prefix_caching),
+            ):
+                if bad:
+                    raise ValueError(f"network.kv_connector: p2p_push is not modelled with {why}")
+
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         names = [m.output_name for m in self.methods]
@@ -976,6 +1028,16 @@ class Scenario(_Strict):
             raise ValueError("prefill.data_parallel: data-parallel engines are modelled on the decode pool only")
         if self.decode.data_parallel > 1:
             self._data_parallel_decode()
+        if self.network.kv_connector != "host_parked":
+            self._connector()
+        if self.prefill.batch_slot_at != "admission":
+            raise ValueError("prefill.batch_slot_at: a decode pool's setting (a prefill replica does not join a batch)")
+        if self.decode.batch_slot_at == "join":
+            if self.decode.admission != "reserve" or self.placement == "colocated" or self.decode.data_parallel > 1:
+                raise ValueError(
+                    "decode.batch_slot_at: join is modelled with decode.admission reserve, placement separate or "
+                    "shared_gpu, and one engine per decode replica (realrun's rule)"
+                )
         for pool_name in ("prefill", "decode"):
             pool = getattr(self, pool_name)
             if pool.expert_parallel:

@@ -199,6 +199,9 @@ class DecodeReplica:
         self.host_capacity_bytes = host_capacity_bytes  # offloaded KV (PQCache, HCAttention)
         self.host_reserved_bytes = 0.0
         self.slots_used = 0  # admitted (reserved) requests, joined or not
+        # decode.batch_slot_at join (realrun's rule): admission takes no batch slot; joins wait for one
+        self.slots_at_join = False
+        self.admit_slots: float = max_batch_requests
         self.memory_log = records.memory_log  # (time_s, replica, used_bytes)
         self.joining: list[int] = []  # KV arrived, waiting for the next boundary
         self.finish_heap: list[tuple[int, int]] = []  # (finish iteration, rid)
@@ -230,7 +233,7 @@ class DecodeReplica:
                 return False
             kv_bytes += self.blocks.planned_bytes
         return (
-            self.slots_used < self.max_batch_requests
+            self.slots_used < self.admit_slots
             and self.reserved_bytes + kv_bytes <= self.capacity_bytes
             and self.host_reserved_bytes + host_bytes <= self.host_capacity_bytes
         )
@@ -258,6 +261,8 @@ class DecodeReplica:
         segment with the iteration in progress."""
         if self._paused:
             return  # the shared GPU is running a prefill; we resume after it
+        if self.slots_at_join and self.batch >= self.max_batch_requests:
+            return  # no batch slot: the joiner waits for the next finish, which ends the segment anyway
         if self._seg is None:
             self._start_segment()
         elif not self._cut:
@@ -373,8 +378,14 @@ class DecodeReplica:
                 self.cum[PREEMPTION] += stall_s  # everyone in the batch waits for the swap copies
             if self.memory_log is not None and self.reserved_bytes != before:
                 self.memory_log.append((self.env.now, self.index, self.reserved_bytes))
+        wait = None
+        if self.slots_at_join and len(self.joining) > self.max_batch_requests - self.batch:
+            room = self.max_batch_requests - self.batch  # realrun: joins up to max_batch_requests running
+            self.joining, wait = self.joining[:room], self.joining[room:]
         joined = self.joining  # _admit_joining gives the replica a fresh list
         pending_s = self._admit_joining() + stall_s
+        if wait:
+            self.joining = wait
         chunks = sched is not None and sched.step
         if not self.batch and not chunks:
             self._seg = None

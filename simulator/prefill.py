@@ -68,6 +68,9 @@ class PrefillReplica:
         records: Records,
         prefix: PrefixCaching | None,
         chunk_tokens: int | None,
+        held_bytes=None,
+        kv_in_pool: bool = False,
+        wait_for_push: bool = False,
     ):
         self.env = env
         self.index = index
@@ -91,6 +94,14 @@ class PrefillReplica:
         self.partial: list[list[int]] = []  # chunked prefill: [rid, tokens done] of the prompts being prefilled
         self.inflight_bytes = 0.0  # KV pool bytes of the prompts being prefilled (the rest can cache prefixes)
         self.pool_cache = prefix is not None and bool(prefix.prefill) and prefix.in_pool["prefill"]
+        # Where a prompt's KV waits for its decode replica (simulator/connectors.py): `held_bytes[rid]` it holds
+        # from its first step against `host_memory_bytes` (host_parked: its wire bytes in host memory; nixl_pull:
+        # its blocks in this GPU's KV pool, `kv_in_pool`), or (p2p_push, `wait_for_push`) nothing is held and a
+        # step waits until the KV pushed by the earlier ones has left
+        self.held_bytes = records.wire_bytes if held_bytes is None else held_bytes
+        self.kv_in_pool = kv_in_pool
+        self.wait_for_push = wait_for_push
+        self.pushing = 0  # p2p_push: requests whose KV is being pushed
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -101,8 +112,14 @@ class PrefillReplica:
         if self._idle:
             self.try_start()
 
-    def release_parked(self, bytes_: float) -> None:
-        self.parked_bytes -= bytes_
+    def release_parked(self, rid: int) -> None:
+        """The request's KV has left (or is no longer kept): what it held here is free."""
+        if self.wait_for_push:
+            self.pushing -= 1
+            if self._idle and not self.pushing and (self.queue or self.partial):
+                self.try_start()
+            return
+        self.parked_bytes -= self.held_bytes[rid]
         if self._idle and self.queue:
             self.try_start()
 
@@ -153,8 +170,22 @@ class PrefillReplica:
         return step
 
     def _host_room(self, rid: int) -> bool:
-        """Back-pressure: a new prompt's KV must fit in host memory beside the KV parked there."""
-        return self.parked_bytes == 0 or self.parked_bytes + self.rec.wire_bytes[rid] <= self.host_memory_bytes
+        """Back-pressure: a new prompt's KV must fit in host memory (nixl_pull: the KV pool) beside the KV held
+        there (p2p_push holds none: `wait_for_push` gates the steps instead)."""
+        if self.wait_for_push:
+            return True
+        return self.parked_bytes == 0 or self.parked_bytes + self.held_bytes[rid] <= self.host_memory_bytes
+
+    def hold_pushed(self, rid: int) -> None:
+        """p2p_push: the request's KV is being pushed; the next step waits until it has left (vLLM's
+        wait_for_save)."""
+        self.rec.kv_held[rid] = True
+        self.pushing += 1
+
+    def _pool_free_bytes(self) -> float:
+        """KV pool bytes the prefix cache may keep: the prompts being prefilled hold theirs, and under nixl_pull
+        so do the prefilled prompts whose KV the decode has not read yet."""
+        return self.cost.kv_capacity_bytes - (self.parked_bytes if self.kv_in_pool else self.inflight_bytes)
 
     def _begin(self, rid: int) -> None:
         """A prompt's first step: its KV will be parked in host memory, and its GPU blocks are taken."""
@@ -162,8 +193,9 @@ class PrefillReplica:
         rec.prefill_replica[rid] = self.index
         rec.prefill_start[rid] = self.env.now
         rec.approx_prefill[rid] = 0.0
-        rec.kv_held[rid] = True
-        self.parked_bytes += rec.wire_bytes[rid]
+        if not self.wait_for_push:
+            rec.kv_held[rid] = True
+            self.parked_bytes += self.held_bytes[rid]
         if self.pool_cache:
             self.inflight_bytes += self.cost.kv_memory_bytes(rec.prompt[rid])
 
@@ -175,6 +207,9 @@ class PrefillReplica:
             return False
         # Back-pressure: a new prompt's KV must fit in host memory if no decode replica takes it.
         if not self.partial and not self._host_room(self.queue[0]):
+            self._idle = True
+            return False
+        if self.pushing:  # p2p_push: the earlier steps' KV is still leaving
             self._idle = True
             return False
         if self.partner is not None and not self.partner.paused and not self.partner.yield_gpu():
@@ -207,7 +242,7 @@ class PrefillReplica:
             self.partial = [p for p in self.partial if p[1] < rec.prompt[p[0]]]
         if self.pool_cache:
             assert prefix is not None
-            prefix.prefill_trim(self.index, self.cost.kv_capacity_bytes - self.inflight_bytes)
+            prefix.prefill_trim(self.index, self._pool_free_bytes())
         prefill_end = start + cost.latency_s
         encode_end = prefill_end + cost.encode_s
         if self.chunk_tokens is None:
@@ -240,6 +275,7 @@ class PrefillReplica:
         self.partial.clear()
         self.outstanding_tokens = 0
         self.parked_bytes = 0.0  # the host's memory, and every KV parked in it, is gone
+        self.pushing = 0
         self.inflight_bytes = 0.0
         self.down, self._idle = True, True
         self._version += 1
@@ -267,7 +303,7 @@ class PrefillReplica:
             if self.pool_cache:
                 self.inflight_bytes -= self.cost.kv_memory_bytes(rec.prompt[rid])
             if self.prefix is not None:
-                self.prefix.prefill_end(self.index, rid, self.cost.kv_capacity_bytes - self.inflight_bytes)
+                self.prefix.prefill_end(self.index, rid, self._pool_free_bytes())
         if done:
             assert self.listener is not None
             self.listener.on_kv_ready(done, self)

@@ -7,6 +7,9 @@
   reserved fraction of its KV capacity; while the head fits nowhere, everyone behind it waits too
   (strict FIFO, no overtaking). That wait is the KV parked in prefill host memory.
 * Admission reserves decode memory and starts the transfer on the link joining the two replicas.
+* Where the KV waits follows `network.kv_connector` (simulator/connectors.py): in prefill host memory
+  (host_parked, the default) or the prefill GPU's KV pool (nixl_pull), both as above; or (p2p_push) it is
+  pushed at once to a decode replica picked round robin and waits there for decode memory (`push`).
 * Faults (simulator/faults.py): a replica that is down takes no work and a link that is out carries
   none; arrivals wait in a backlog while every prefill replica is down. The KV of a request stays
   parked in its prefill replica's host memory until it has arrived (`hold_kv`: until the request
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .columns import Records
+    from .connectors import P2PPush
     from .decode import DecodeReplica
     from .link import Link
     from .prefill import PrefillReplica
@@ -53,6 +57,7 @@ class Router:
         self.backlog: list[int] = []  # arrivals while every prefill replica is down
         self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
+        self.push: P2PPush | None = None  # network.kv_connector p2p_push (simulator/connectors.py)
         for rep in (*prefill, *decode):
             rep.listener = self
 
@@ -95,6 +100,8 @@ class Router:
                 # The prefill's token is the whole output (ttft_at prefill, one output token): no KV moves, no decode.
                 rec.finish_without_decode(rid)
                 self.release_kv(rid)
+            elif self.push is not None:
+                self.push.push(rid)
             else:
                 self.pending.append(rid)
         self.try_admit()
@@ -103,6 +110,9 @@ class Router:
         self.try_admit()
 
     def try_admit(self) -> None:
+        if self.push is not None:
+            self.push.try_admit()
+            return
         rec = self.rec
         while self.pending:
             rid = self.pending[0]
@@ -127,7 +137,9 @@ class Router:
             best.reserve(need, host)
             self._transfer(rid, p, best)
 
-    def _transfer(self, rid: int, p: int, rep: DecodeReplica) -> None:
+    def _transfer(self, rid: int, p: int, rep: DecodeReplica, arrive=None) -> None:
+        """Move the request's KV from prefill replica p to `rep`; when it is there, `arrive(rid, rep)` (by default
+        the request joins the replica, which admitted it)."""
         rec = self.rec
         link = self.links[(p, rep.index)]
         now = link.env.now
@@ -150,17 +162,21 @@ class Router:
                 self.release_kv(r)
             if self.prefix is not None:
                 self.prefix.decode_arrived(r, rep.index)
-            rep.arrive(r)
+            if arrive is None:
+                rep.arrive(r)
+            else:
+                arrive(r, rep)
 
         self.transfers[rid] = (link, rep)
         link.start(rid, bytes_, cap, done, not_before_s=not_before)
 
     def release_kv(self, rid: int) -> None:
-        """The request's KV leaves its prefill replica's host memory (unless a fault already took it)."""
+        """The request's KV leaves its prefill replica (host memory, KV pool or push queue), unless a fault already
+        took it."""
         rec = self.rec
         if rec.kv_held[rid]:
             rec.kv_held[rid] = False
-            self.prefill[rec.prefill_replica[rid]].release_parked(rec.wire_bytes[rid])
+            self.prefill[rec.prefill_replica[rid]].release_parked(rid)
 
 
 def _least_loaded(replicas: list[PrefillReplica]) -> PrefillReplica:

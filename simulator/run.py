@@ -31,6 +31,7 @@ from costmodel.specs import GIB
 from . import colocated, columns, data_parallel
 from .admission import OnDemandBlocks
 from .config import Scenario, ScenarioError
+from .connectors import P2P_BUFFER_BYTES, P2P_POOL_GIB, P2PPush
 from .decode import DecodeReplica
 from .faults import STRANDED, FaultInjector
 from .link import Link
@@ -132,6 +133,12 @@ class MethodRun:
             else None
         )
         region_bytes = self.prefix.decode_region_bytes if self.prefix else 0.0
+        connector = s.network.kv_connector  # where the KV waits for its decode replica (simulator/connectors.py)
+        buffer_bytes = 0.0
+        if connector == "p2p_push":  # the decode GPU's receive buffer comes out of its KV pool
+            net_cfg = s.network
+            buffer_bytes = net_cfg.kv_buffer_gib * GIB if net_cfg.kv_buffer_gib is not None else P2P_BUFFER_BYTES
+            region_bytes += buffer_bytes
         too_big = float(columns.view(rec.kv_bytes).max())
         if too_big > dec_cost.kv_capacity_bytes - region_bytes:
             i = int(np.argmax(columns.view(rec.kv_bytes)))
@@ -143,6 +150,10 @@ class MethodRun:
 
         pre_pool, dec_pool, net = res.prefill, res.decode, res.network
         host = pre_pool.host_memory_bytes
+        held = None  # host_parked: each request holds its wire bytes in prefill host memory
+        if connector == "nixl_pull":  # its prompt's blocks in the prefill GPU's KV pool
+            held = columns.floats(_per_value(pre_cost.kv_memory_bytes, prompt))
+            host = pre_cost.kv_capacity_bytes
         self.prefill_replicas = (
             []
             if together
@@ -157,6 +168,9 @@ class MethodRun:
                     rec,
                     self.prefix,
                     s.prefill.chunk_tokens,
+                    held,
+                    kv_in_pool=connector == "nixl_pull",
+                    wait_for_push=connector == "p2p_push",
                 )
                 for i in range(pre_pool.replicas)
             ]
@@ -183,6 +197,9 @@ class MethodRun:
             )
         else:
             self.decode_replicas = [decode_replica(i, dec_cost) for i in range(engines)]
+        if s.decode.batch_slot_at == "join":  # realrun's rule: slots at the join, not at admission
+            for rep in self.decode_replicas:
+                rep.slots_at_join, rep.admit_slots = True, math.inf
         # vLLM's step scheduler (simulator/scheduler.py) where a replica prefills: colocated prompts, and the
         # recompute of requests preempted under on-demand admission
         scheds = []
@@ -228,7 +245,17 @@ class MethodRun:
         self.router = router = (
             data_parallel.DataParallelRouter(*args, groups=self.dp_groups) if dp > 1 else Router(*args)
         )
-        if columns.view(rec.wire_bytes).max() > host:
+        if connector == "p2p_push":
+            pool_gib = s.network.p2p_pool_gib if s.network.p2p_pool_gib is not None else P2P_POOL_GIB
+            router.push = P2PPush(router, buffer_bytes, pool_gib * GIB, source)
+        elif connector == "nixl_pull":
+            if held is not None and columns.view(held).max() > host:
+                raise ScenarioError(
+                    f"{source}: network.kv_connector: nixl_pull holds a prompt's KV in the prefill KV pool; one "
+                    f"request's prompt needs {columns.view(held).max() / GIB:.2f} GiB, more than the pool's "
+                    f"{host / GIB:.2f} GiB"
+                )
+        elif columns.view(rec.wire_bytes).max() > host:
             raise ScenarioError(
                 f"{source}: prefill.host_memory_gib: one request's KV "
                 f"({columns.view(rec.wire_bytes).max() / GIB:.2f}"

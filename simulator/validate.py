@@ -24,6 +24,13 @@ dequantize + approximation, which a trace cannot split), and, with `iterations.c
 time the cost model predicts for each measured batch (batch size and total context) — the direct check of the
 per-iteration model, free of queueing. With a repeats index (simulator/noise.py) each error figure has the
 run-to-run spread of its metric beside it.
+
+The wait for KV room is reported beside the JCT error (`kv_wait_s`): per request, the time from its KV being
+ready (`quantize_end_s`) to its transfer's start (`transfer_start_s`), which is when the decode side admits it
+(realrun/harness.py admits by memory before the transfer, and so does the simulator's router), averaged over
+the requests: measured, simulated, the error in percent and in seconds (the measured wait may be about 0,
+where a percentage says nothing). With `network.kv_connector: p2p_push` the simulated KV waits on the decode
+side after its transfer instead, in `decode_queue`.
 """
 
 from __future__ import annotations
@@ -304,6 +311,15 @@ def validate(
         out[f"{part}_mean_error_pct"] = (
             _err_pct(p, mm) if mm > 1e-3 * max(out["metrics"]["jct_s"]["measured"]["mean"], 1e-9) else None
         )
+    # the wait for KV room, per request (module doc): the mean, its error in % (where the measured wait is not
+    # negligible against the JCT, as for the parts) and in seconds
+    if "transfer_queue" in meas.columns:
+        mm, p = float(meas["transfer_queue"].mean()), float(sim_parts["transfer_queue"].mean())
+        out["kv_wait_s"] = {"measured": mm, "simulated": p, "error_s": p - mm}
+        out["kv_wait_mean_error_pct"] = out["transfer_queue_mean_error_pct"]
+        out["kv_wait_error_s"] = p - mm
+    else:
+        out["kv_wait_mean_error_pct"] = out["kv_wait_error_s"] = None
     # what the trace cannot resolve, simulated: dequantization's share of the mean JCT
     out["dequantize_share_pct"] = (
         100.0 * float(sim["dequantize_s"].mean()) / out["metrics"]["jct_s"]["simulated"]["mean"]
@@ -351,6 +367,13 @@ def format_validation(v: dict) -> str:
         m, p = v["metrics"][f"{metric}_s"]["measured"], v["metrics"][f"{metric}_s"]["simulated"]
         for q in ("mean", "p50", "p90", "p99"):
             rows.append(row(f"{metric} {q} (s)", f"{m[q]:.4f}", f"{p[q]:.4f}", f"{metric}_{q}_error_pct"))
+        if metric == "jct" and v.get("kv_wait_s"):
+            kv = v["kv_wait_s"]
+            r = row(
+                "kv wait mean (s)", f"{kv['measured']:.4f}", f"{kv['simulated']:.4f}", "transfer_queue_mean_error_pct"
+            )
+            r[3] += f" ({kv['error_s']:+.4f} s)"
+            rows.append(r)
     for part, mp in v["breakdown_s"].items():
         rows.append(
             row(f"{part} mean (s)", f"{mp['measured']:.4f}", f"{mp['simulated']:.4f}", f"{part}_mean_error_pct")
@@ -381,7 +404,18 @@ def spread_of(noise: dict | None, error_key: str) -> float | None:
     (jct_mean_error_pct: jct_mean); None without repeats of it."""
     if not noise:
         return None
-    return noise["spread_pct"].get(error_key.removesuffix("_error_pct"))
+    key = error_key.removesuffix("_error_pct")
+    return noise["spread_pct"].get(KV_WAIT_SPREAD.get(key, key))
+
+
+KV_WAIT_SPREAD = {"kv_wait_mean": "transfer_queue_mean"}  # the KV wait is the measured transfer_queue part
+
+
+def _cell(key: str, e: float | None) -> str:
+    """An index table's cell: an error in % or, for `*_error_s`, in seconds."""
+    if key.endswith("_error_s"):
+        return "n/a" if e is None else f"{e:+.3f} s"
+    return _pct(e)
 
 
 def _pct(e: float | None) -> str:
@@ -400,6 +434,8 @@ SUMMARY_KEYS = (
     "transfer_mean_error_pct",
     "decode_mean_error_pct",
     "iteration_mean_error_pct",
+    "kv_wait_mean_error_pct",
+    "kv_wait_error_s",
 )
 
 
@@ -467,15 +503,15 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
 def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     from reports.terminal import render, table
 
-    heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration")
-    body = [[r["trace"], *(_pct(r[k]) for k in SUMMARY_KEYS)] for r in rows]
+    heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration", "kv wait", "kv wait (s)")
+    body = [[r["trace"], *(_cell(k, r[k]) for k in SUMMARY_KEYS)] for r in rows]
     summary = []
     for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
         vals = [
             fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
             for k in SUMMARY_KEYS
         ]
-        summary.append([label, *(_pct(None if v is None else float(v)) for v in vals)])
+        summary.append([label, *(_cell(k, None if v is None else float(v)) for k, v in zip(SUMMARY_KEYS, vals))])
     if noise:
         summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in SUMMARY_KEYS)])
     text = render(table(["trace", *heads], body, footer_rows=summary))

@@ -187,3 +187,42 @@ def test_a_trace_whose_meta_contradicts_the_scenario_is_refused(tmp_path):
     assert p.returncode == 2 and "link_gbps" in p.stderr and "Traceback" not in p.stderr
     (trace / "meta.json").write_text(json.dumps({"method": "hack", "model": "llama-3.1-8b", "link_gbps": 10}))
     assert validate(trace, scen)["requests"] == 40  # agreeing fields pass
+
+
+def test_validate_reports_the_wait_for_kv_room(tmp_path):
+    """The KV wait per request: transfer_start_s - quantize_end_s (its KV ready to its admission), averaged;
+    in %, and in seconds for a measured wait of about 0."""
+    from reports.validation import validation_page
+    from simulator.validate import format_validation, format_validation_table
+
+    trace, scen = _setup(tmp_path)
+    own = pd.read_csv(trace / "requests.csv")
+    sim_wait = float((np.maximum(own.transfer_start_s, own.quantize_end_s) - own.quantize_end_s).mean())
+    # the "measured" run: every transfer starts 0.5 s after the KV is ready, the rest of its timeline shifted
+    measured = own.copy()
+    shift = measured["quantize_end_s"] + 0.5 - measured["transfer_start_s"]
+    later = measured["first_token_s"] >= measured["transfer_start_s"]
+    for col in ("transfer_start_s", "transfer_end_s", "decode_start_s", "finish_s"):
+        measured[col] += shift
+    measured.loc[later, "first_token_s"] += shift[later]
+    measured.to_csv(trace / "requests.csv", index=False)
+    v = validate(trace, scen)
+    kv = v["kv_wait_s"]
+    assert kv["measured"] == pytest.approx(0.5)
+    assert kv["simulated"] == pytest.approx(sim_wait)
+    assert v["kv_wait_error_s"] == pytest.approx(sim_wait - 0.5)
+    assert v["kv_wait_mean_error_pct"] == pytest.approx(100 * (sim_wait - 0.5) / 0.5)
+    text = format_validation(v)
+    assert "kv wait mean (s)" in text and f"({sim_wait - 0.5:+.4f} s)" in text
+    row = {"trace": "t", "scenario": "s", "method": "hack", "requests": 40}
+    row |= {k: v.get(k) for k in ("jct_mean_error_pct", "kv_wait_mean_error_pct", "kv_wait_error_s")}
+    table = format_validation_table([row | {k: None for k in _other_summary_keys()}])
+    assert "kv wait (s)" in table and f"{sim_wait - 0.5:+.3f} s" in table
+    page = validation_page(v)
+    assert "KV wait error" in page.summary_html and f"{sim_wait - 0.5:+.3f} s" in page.summary_html
+
+
+def _other_summary_keys():
+    from simulator.validate import SUMMARY_KEYS
+
+    return [k for k in SUMMARY_KEYS if k not in ("jct_mean_error_pct", "kv_wait_mean_error_pct", "kv_wait_error_s")]

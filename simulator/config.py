@@ -424,7 +424,7 @@ class PoolConfig(_Strict):
         description="decode, admission reserve: when a request takes one of the max_batch_requests batch slots: "
         "at admission, with its memory, before its transfer (admission), or when it joins the batch (join: "
         "realrun/harness.py admits by memory alone before the transfer, so the KV moves and waits at the join "
-        "for a slot, holding its memory)",
+        "for a slot, holding its memory); placement colocated moves no KV, so both are its scheduler's rule",
     )
     preemption: Literal["recompute", "swap"] = Field(
         "recompute",
@@ -1032,11 +1032,11 @@ class Scenario(_Strict):
             self._connector()
         if self.prefill.batch_slot_at != "admission":
             raise ValueError("prefill.batch_slot_at: a decode pool's setting (a prefill replica does not join a batch)")
-        if self.decode.batch_slot_at == "join":
-            if self.decode.admission != "reserve" or self.placement == "colocated" or self.decode.data_parallel > 1:
+        if self.decode.batch_slot_at == "join" and self.placement != "colocated":  # colocated: no transfer, the same
+            if self.decode.admission != "reserve" or self.decode.data_parallel > 1:
                 raise ValueError(
-                    "decode.batch_slot_at: join is modelled with decode.admission reserve, placement separate or "
-                    "shared_gpu, and one engine per decode replica (realrun's rule)"
+                    "decode.batch_slot_at: join is modelled with decode.admission reserve and one engine per decode "
+                    "replica (realrun's rule)"
                 )
         for pool_name in ("prefill", "decode"):
             pool = getattr(self, pool_name)

@@ -13,8 +13,10 @@ prompts being prefilled, and the prefix cache the rest. A step is one forward pa
 
 The replica is busy for the bottleneck stage plus the encode (quantize / entropy-code) step; the prompts a
 step completes have their first tokens `latency_s` after it starts (all pipeline stages) and their KV after
-the encode. KV waiting for a decode replica is parked in this replica's host memory from the prompt's first
-step; when that memory is full no new prompt starts (back-pressure), and the wait counts as prefill queueing.
+the encode. KV waiting for a decode replica is held where `network.kv_connector` keeps it (simulator/connectors.py)
+from the prompt's first step: in this replica's host memory (host_parked) or its GPU KV pool (nixl_pull); when
+that is full no new prompt starts (back-pressure), and the wait counts as prefill queueing. Under p2p_push
+nothing is held, but no step starts while KV of the earlier ones is being pushed.
 
 A replica that goes down (simulator/faults.py) loses the prompts it is prefilling and the KV parked in its
 host memory; its queue is handed back to the router; timers of the lost steps are ignored through a version
@@ -24,6 +26,7 @@ counter.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import simpy
@@ -68,7 +71,7 @@ class PrefillReplica:
         records: Records,
         prefix: PrefixCaching | None,
         chunk_tokens: int | None,
-        held_bytes=None,
+        held_bytes: Sequence[float] | None = None,
         kv_in_pool: bool = False,
         wait_for_push: bool = False,
     ):

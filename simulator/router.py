@@ -19,15 +19,22 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .columns import Records
-    from .connectors import P2PPush
     from .decode import DecodeReplica
     from .link import Link
     from .prefill import PrefillReplica
     from .prefix_cache import PrefixCaching
+
+
+class Pusher(Protocol):
+    """network.kv_connector p2p_push (simulator/connectors.py): KV pushed at once, admitted on the decode side."""
+
+    def push(self, rid: int) -> None: ...
+
+    def try_admit(self) -> None: ...
 
 
 class Router:
@@ -57,7 +64,7 @@ class Router:
         self.backlog: list[int] = []  # arrivals while every prefill replica is down
         self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
-        self.push: P2PPush | None = None  # network.kv_connector p2p_push (simulator/connectors.py)
+        self.push: Pusher | None = None  # network.kv_connector p2p_push (simulator/connectors.P2PPush)
         for rep in (*prefill, *decode):
             rep.listener = self
 

@@ -197,7 +197,7 @@ class MethodRun:
             )
         else:
             self.decode_replicas = [decode_replica(i, dec_cost) for i in range(engines)]
-        if s.decode.batch_slot_at == "join":  # realrun's rule: slots at the join, not at admission
+        if s.decode.batch_slot_at == "join" and not together:  # realrun's rule: slots at the join, not at admission
             for rep in self.decode_replicas:
                 rep.slots_at_join, rep.admit_slots = True, math.inf
         # vLLM's step scheduler (simulator/scheduler.py) where a replica prefills: colocated prompts, and the

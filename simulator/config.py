@@ -974,6 +974,8 @@ class Scenario(_Strict):
                 ("decode.data_parallel", self.decode.data_parallel > 1),
                 ("faults", bool(self.faults)),
                 ("prefix caching", self.decode.prefix_caching or self.prefill.prefix_caching),
+                # each stage waits for its own layers' pushes (wait_for_save per worker): not the replica-wide wait
+                ("prefill.pipeline_parallel > 1", self.prefill.pipeline_parallel > 1),
             ):
                 if bad:
                     raise ValueError(f"network.kv_connector: p2p_push is not modelled with {why}")

@@ -40,8 +40,8 @@ disaggregated_serving_p2p_nccl_xpyd/disagg_proxy_p2p_nccl_xpyd.py` (main of 2025
   leaves the buffer or pool. The pool allocator raises "Insufficient memory" when full (the engine's
   listener does not catch it): a run where pushed KV overflows the pool stops with an error naming the field.
   Not modelled: the pool's power-of-two block rounding; the first token waiting for `wait_for_save` (the
-  simulator's first token is the forward's end); data-parallel decode engines, faults and prefix caching with
-  this connector (refused).
+  simulator's first token is the forward's end); data-parallel decode engines, faults, prefix caching and a
+  pipeline-parallel prefill (each stage's worker waits for its own layers' pushes) with this connector (refused).
 """
 
 from __future__ import annotations

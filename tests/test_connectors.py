@@ -148,6 +148,7 @@ def test_p2p_push_pool_overflow_stops_with_the_field(tmp_path):
         ({"network.kv_connector": "nixl_pull", "network.p2p_pool_gib": 1.0}, "p2p_pool_gib: only with"),
         ({"network.kv_connector": "p2p_push", "decode.prefix_caching": True}, "p2p_push is not modelled with prefix"),
         ({"network.kv_connector": "nixl_pull", "placement": "colocated"}, "colocated transfers no KV"),
+        ({"network.kv_connector": "p2p_push", "prefill.pipeline_parallel": 2}, "p2p_push is not modelled with prefill"),
         ({"decode.batch_slot_at": "join", "decode.admission": "on_demand"}, "decode.batch_slot_at"),
         ({"prefill.batch_slot_at": "join"}, "prefill.batch_slot_at"),
     ],

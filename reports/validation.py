@@ -141,7 +141,7 @@ def _seconds_cell(e: float | None) -> str:
     """An error in seconds (simulated − measured), where a percentage of a wait near 0 says nothing."""
     if e is None or (isinstance(e, float) and math.isnan(e)):
         return '<td class="na">n/a</td>'
-    return f"<td>{e:+.3f} s</td>"
+    return f"<td>{round(e, 3) or 0.0:+.3f} s</td>"  # no "-0.000 s"
 
 
 def _metric_table(v: dict) -> str:
@@ -211,7 +211,7 @@ def validation_page(v: dict) -> Page:
         glance.append(
             (
                 "KV wait error",
-                f"{fmt_pct(v.get('kv_wait_mean_error_pct'))} ({kv['error_s']:+.3f} s)",
+                f"{fmt_pct(v.get('kv_wait_mean_error_pct'))} ({round(kv['error_s'], 3) or 0.0:+.3f} s)",
                 _tone(v.get("kv_wait_mean_error_pct"), GOAL_PCT),
             )
         )

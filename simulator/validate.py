@@ -372,7 +372,7 @@ def format_validation(v: dict) -> str:
             r = row(
                 "kv wait mean (s)", f"{kv['measured']:.4f}", f"{kv['simulated']:.4f}", "transfer_queue_mean_error_pct"
             )
-            r[3] += f" ({kv['error_s']:+.4f} s)"
+            r[3] += f" ({round(kv['error_s'], 4) or 0.0:+.4f} s)"
             rows.append(r)
     for part, mp in v["breakdown_s"].items():
         rows.append(
@@ -414,7 +414,7 @@ KV_WAIT_SPREAD = {"kv_wait_mean": "transfer_queue_mean"}  # the KV wait is the m
 def _cell(key: str, e: float | None) -> str:
     """An index table's cell: an error in % or, for `*_error_s`, in seconds."""
     if key.endswith("_error_s"):
-        return "n/a" if e is None else f"{e:+.3f} s"
+        return "n/a" if e is None else f"{round(e, 3) or 0.0:+.3f} s"  # no "-0.000 s"
     return _pct(e)
 
 

@@ -692,7 +692,7 @@ class ReplicaCostModel:
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:
-        return prompt_tokens * self.method.wire_bytes_per_token(self.model) + self.method.wire_fixed_bytes(self.model)
+        return self.method.wire_bytes(self.model, prompt_tokens)
 
     def swap_s(self, kv_bytes: float) -> float:
         """KV of one request copied between the replica's GPUs and host memory (preemption by swapping), each

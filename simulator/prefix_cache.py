@@ -304,7 +304,7 @@ class PrefixCaching:
             caches.extend(PrefixCache(cap, block, self.hash_tokens) for _ in range(replicas))
             if pool == "decode":
                 self.decode_region_bytes = cap
-        self.wire_per_token = pre_cost.wire_bytes(1) - pre_cost.wire_bytes(0)
+        self.wire_per_token = pre_cost.method.wire_bytes_per_token(pre_cost.model)
 
     def _whole_blocks(self, rid: int):
         return self.hashes[rid][: self.rec.prompt[rid] // self.hash_tokens]

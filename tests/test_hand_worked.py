@@ -142,6 +142,29 @@ def test_bytes_per_token_and_per_request_on_llama_8b():
     assert make_method("hcattention").host_bytes_per_token(model) == 65536
 
 
+def test_the_open_v_block_crosses_the_wire_in_fp16():
+    # HACK with RQE quantizes V per channel in blocks of Pi = 64 tokens and keeps the open block in FP16
+    # (hack_method.md): a 259-token prompt sends 259 tokens of codes for K, 256 for V, and 3 V tokens in FP16:
+    # 259 x 21,504 + 3 x 1024 (kv_dim) x 32 layers x (2 - 0.328125) = 5,569,536 + 164,352 = 5,733,888 B,
+    # what realrun's HACK wire buffer holds (realrun/kvformats.py; its meta.json: 22,138.6 B per token at 259
+    # tokens = 5,733,897 B with its 16-byte alignment)
+    model = _model()
+    hack = make_method("hack")
+    assert hack.wire_bytes(model, 259) == 5733888
+    assert hack.wire_bytes(model, 256) == 256 * 21504  # no open block
+    assert hack.wire_bytes(model, 319) == 319 * 21504 + 63 * 32768 * 1.671875
+    assert make_method("hack_no_rqe").wire_bytes(model, 259) == 259 * 21504  # the open block is quantized
+    # realrun's KVQuant-style format: 0.3125 B per element (20,480 B per token), V in 64-token blocks:
+    # 259 x 20,480 + 3 x 32,768 x (2 - 0.3125) = 5,304,320 + 165,888 = 5,470,208 B (realrun: 5,470,210 B);
+    # decode memory reserves a whole FP16 block: 64 x 32,768 x 1.6875 = 3,538,944 B
+    kvq = make_method("kvquant", outlier_fraction=0.0052083, v_block_tokens=64)
+    assert kvq.wire_bytes(model, 259) == pytest.approx(5470208, rel=1e-6)
+    assert kvq.memory_reserve_bytes_per_request(model) == pytest.approx(3538944, rel=1e-6)
+    # KVQuant as published quantizes V per token: nothing stays in FP16
+    assert make_method("kvquant").wire_bytes(model, 259) == pytest.approx(259 * 0.34125 * 65536)
+    assert make_method("kvquant").memory_reserve_bytes_per_request(model) == 0
+
+
 # ---- decode-layer costs of the methods that price their own (FP4, PQCache, HCAttention) ----------------
 def _env(kernels: dict, has_fp4: bool = False):
     """One decode layer of Llama-3.1-8B on one GPU: 8 KV heads x 128 x (K, V) = 2048 KV elements per context

@@ -26,9 +26,9 @@ BOUNDS = {
     "h200g_70b8l_1gbps_baseline_r8_rep1": (3, 7),
     "h200g_70b8l_1gbps_baseline_r8_rep2": (5, 6),
     "h200g_70b8l_1gbps_baseline_r8_rep3": (5, 6),
-    "h200g_70b8l_1gbps_hack_r8_rep1": (11, 9),
-    "h200g_70b8l_1gbps_hack_r8_rep2": (8, 8),
-    "h200g_70b8l_1gbps_hack_r8_rep3": (14, 8),
+    "h200g_70b8l_1gbps_hack_r8_rep1": (10, 9),
+    "h200g_70b8l_1gbps_hack_r8_rep2": (6, 8),
+    "h200g_70b8l_1gbps_hack_r8_rep3": (12, 8),
     "h200g_8b_kvsat_baseline_r2.5_rep1": (4, 3),
     "h200g_8b_kvsat_baseline_r2.5_rep2": (4, 3),
     "h200g_8b_kvsat_baseline_r2.5_rep3": (3, 3),
@@ -39,9 +39,9 @@ BOUNDS = {
     "h200g_8b_small_baseline_r5_rep1": (7, 3),
     "h200g_8b_small_baseline_r5_rep2": (3, 4),
     "h200g_8b_small_baseline_r5_rep3": (3, 4),
-    "h200g_8b_small_hack_r5_rep1": (11, 5),
-    "h200g_8b_small_hack_r5_rep2": (15, 4),
-    "h200g_8b_small_hack_r5_rep3": (12, 4),
+    "h200g_8b_small_hack_r5_rep1": (7, 5),
+    "h200g_8b_small_hack_r5_rep2": (12, 4),
+    "h200g_8b_small_hack_r5_rep3": (8, 4),
     "h200g_8b_small_kvquant_r5": (12, 4),
 }
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
@@ -83,7 +83,7 @@ def test_errors_within_what_the_model_achieves(rows):
         assert abs(rows[name]["jct_mean_error_pct"]) <= jct, (name, rows[name]["jct_mean_error_pct"])
         assert abs(rows[name]["iteration_mean_error_pct"]) <= iteration, name
     mean = sum(abs(r["jct_mean_error_pct"]) for r in rows.values()) / len(rows)
-    assert mean <= 6.0  # achieved 5.5 %
+    assert mean <= 5.0  # issue 27's goal; achieved 4.7 % (5.5 % before the open V block and the prefill host floor)
 
 
 def test_small_batch_iterations_within_5_percent(rows):

@@ -138,7 +138,7 @@ def test_a_request_after_its_group_computes_and_sends_only_the_uncached_rest():
         assert second["prefill_end_s"] - second["prefill_start_s"] == pytest.approx(
             pre.prefill((4096,), (3072,)).latency_s, rel=1e-12
         )
-        sent = pre.wire_bytes(4096) - 3072 * (pre.wire_bytes(1) - pre.wire_bytes(0))
+        sent = pre.wire_bytes(4096) - 3072 * pre.method.wire_bytes_per_token(pre.model)
         assert second["transfer_s"] == pytest.approx(sent / (10e9 / 8), rel=1e-9)
         assert first["transfer_s"] == pytest.approx(pre.wire_bytes(4096) / (10e9 / 8), rel=1e-9)
         pc = r.summary["methods"][method]["prefix_cache"]

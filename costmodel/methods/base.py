@@ -35,6 +35,12 @@ def sum_bytes(bits: int, partition: int) -> int:
     return 1 if bits + math.ceil(math.log2(partition)) <= 8 else 2
 
 
+def open_v_block_excess_bytes(model: ModelSpec, tokens: int, bytes_per_element: float) -> float:
+    """FP16 bytes beyond `bytes_per_element` of `tokens` V tokens held in FP16, every layer: the open (not yet
+    full) block of a format that quantizes V per channel in blocks of tokens."""
+    return tokens * model.kv_dim * model.layers * (FP16_BYTES - bytes_per_element)
+
+
 def fit_or(profile: CalibrationProfile, key: str, roofline_s_per_unit: float) -> float:
     """A kernel's measured seconds per unit where the profile has it, else the roofline estimate."""
     fit = profile.kernels.get(key)
@@ -261,6 +267,20 @@ class KVMethod(BaseModel):
     def wire_fixed_bytes(self, model: ModelSpec) -> float:
         """Bytes sent once per request besides the per-token KV (e.g. PQ centroids)."""
         return 0.0
+
+    def wire_partial_block_bytes(self, model: ModelSpec, prompt_tokens: int) -> float:
+        """Bytes a prompt of `prompt_tokens` sends beyond its tokens' format because its last, partly filled
+        block of V goes in FP16 (a method that quantizes V in blocks of tokens and keeps the open one in FP16)."""
+        return 0.0
+
+    def wire_bytes(self, model: ModelSpec, prompt_tokens: int) -> float:
+        """Bytes one prompt's KV sends prefill -> decode: its tokens in the wire format, the open V block's FP16
+        excess, and the fixed part."""
+        return (
+            prompt_tokens * self.wire_bytes_per_token(model)
+            + self.wire_partial_block_bytes(model, prompt_tokens)
+            + self.wire_fixed_bytes(model)
+        )
 
     def host_bytes_per_token(self, model: ModelSpec) -> float:
         """Decode-side host (CPU) memory one token's KV occupies, for methods that offload."""

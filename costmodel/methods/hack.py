@@ -25,8 +25,17 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 
 from ..calibration import CalibrationProfile, KernelFit
-from ..specs import FP16_BYTES, ModelSpec
-from .base import FP16_META_BYTES, PREFILL_KERNELS, DecodeEnv, KVMethod, code_bytes, decode_fit, sum_bytes
+from ..specs import ModelSpec
+from .base import (
+    FP16_META_BYTES,
+    PREFILL_KERNELS,
+    DecodeEnv,
+    KVMethod,
+    code_bytes,
+    decode_fit,
+    open_v_block_excess_bytes,
+    sum_bytes,
+)
 
 
 class HACK(KVMethod):
@@ -143,8 +152,14 @@ class HACK(KVMethod):
         if not self.requantization_elimination:
             return 0.0
         # Up to Π V tokens per layer held in FP16 instead of codes.
-        v_elements = self.partition * model.kv_dim * model.layers
-        return v_elements * (FP16_BYTES - self._bytes_per_element())
+        return open_v_block_excess_bytes(model, self.partition, self._bytes_per_element())
+
+    def wire_partial_block_bytes(self, model: ModelSpec, prompt_tokens: int) -> float:
+        """With RQE the prompt's last, partly filled V block (prompt mod Π tokens) is not quantized: it is the
+        FP16 tail the decode side keeps extending (hack_method.md, RQE), so it crosses the wire in FP16."""
+        if not self.requantization_elimination:
+            return 0.0
+        return open_v_block_excess_bytes(model, prompt_tokens % self.partition, self._bytes_per_element())
 
     def approximation_ops(self, model: ModelSpec) -> tuple[float, float]:
         """Decode correction ops per query head per iteration, split (fixed, per context token).

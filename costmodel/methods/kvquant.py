@@ -3,7 +3,10 @@
 Attention runs in FP16, so every decode iteration dequantizes the whole stored KV: unfused (to
 FP16 memory, then attend: what HACK compared against) or fused in registers. Source: the KVQuant
 paper (arXiv 2401.18079): 1 % outliers stored as FP16 value + index (CSR), one FP16 scale and zero
-point per 128-element vector.
+point per 128-element vector.  `v_block_tokens` describes a variant that quantizes V per channel in blocks of
+tokens and keeps the open, not yet full block in FP16 (KIVI's full-precision residual of recent tokens, arXiv
+2402.02750; realrun's KVQuant-style format, realrun/kvformats.py, with HACK's Π = 64 blocks): the prompt's last
+partial block crosses the wire in FP16 and decode memory reserves one FP16 block per request.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from ..calibration import CalibrationProfile, KernelFit
-from .base import DEQUANTIZE_ROLE, KVMethod, code_bytes, dequantize_role_fits
+from ..specs import ModelSpec
+from .base import DEQUANTIZE_ROLE, KVMethod, code_bytes, dequantize_role_fits, open_v_block_excess_bytes
 
 KVQUANT_OUTLIER_BYTES = 6.0  # FP16 value + 32-bit column index (CSR), per outlier
 KVQUANT_META_BYTES_PER_VECTOR = 4.0  # FP16 scale + zero point per token (V) or channel (K)
@@ -28,6 +32,14 @@ class KVQuant(KVMethod):
     dequant_kernel: Literal["unfused", "fused"] = Field(
         "unfused",
         description="unfused: dequantize to FP16 memory then attend (what HACK compared); fused: in registers",
+    )
+    v_block_tokens: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="V quantized per channel in blocks of this many tokens, the open (not yet full) block kept in "
+        "FP16: on the wire (the prompt's last partial block) and in decode memory (one block reserved per "
+        "request); 0: every V token quantized as it comes (KVQuant's per-token V)",
     )
 
     display_label: ClassVar[str] = "KVQuant"
@@ -57,3 +69,11 @@ class KVQuant(KVMethod):
         )
 
     memory_bytes_per_element = wire_bytes_per_element
+
+    def memory_reserve_bytes_per_request(self, model: ModelSpec) -> float:
+        return open_v_block_excess_bytes(model, self.v_block_tokens, self.wire_bytes_per_element())
+
+    def wire_partial_block_bytes(self, model: ModelSpec, prompt_tokens: int) -> float:
+        if not self.v_block_tokens:
+            return 0.0
+        return open_v_block_excess_bytes(model, prompt_tokens % self.v_block_tokens, self.wire_bytes_per_element())

@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -129,6 +130,35 @@ class RunOutputs:
         shutil.rmtree(self.tmp, ignore_errors=True)
         if self.made:
             shutil.rmtree(self.out, ignore_errors=True)
+
+
+def write_together(out: Path, files: dict[str, Callable[[Path], object]]) -> list[str]:
+    """Each `files[name](path)` writes one output into a temporary folder inside `out`; then all move into
+    `out` together with signals held (simulator.files.move_into). A full disk or an interrupt leaves `out` as
+    it was (removed if this made it): a failed write is one `error:` line, exit 2."""
+    from simulator.files import move_into, remove_stale_temps, temp_prefix
+
+    made = not out.exists()
+    tmp = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out)
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(), dir=out))
+        for name, write in files.items():
+            write(tmp / name)
+        return move_into(tmp, out)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = None
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(e, OSError):
+            fail(f"--out {out}: cannot write {', '.join(files)}: {e.strerror or e}; nothing was written")
+        raise
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_outputs(result, out: Path) -> None:
@@ -529,21 +559,25 @@ def validate(
     if spread is not None:
         noise_doc = {"index": spread["index"], "spread_pct": spread["spread_pct"], "range_pct": spread["range_pct"]}
         doc = {"traces": result, "noise": noise_doc} if isinstance(result, list) else {**result, "noise": noise_doc}
+    text = strict_json(doc) + "\n"
+    if out is not None:  # written before the result is printed: a failed write prints no result
+        from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
+
+        def page(path: Path) -> None:
+            if many:
+                write_validation_index_report(
+                    jsonable(result), path, plotlyjs=plotlyjs, noise=spread, page_path=out / path.name
+                )
+            else:
+                write_validation_report(jsonable(doc), path, plotlyjs=plotlyjs, page_path=out / path.name)
+
+        write_together(out, {"validation.json": lambda path: path.write_text(text), "validation.html": page})
     say = Say(as_json, quiet)
     if isinstance(result, list):
         say.result(format_validation_table(result, spread), doc)
     else:
         say.result(format_validation(doc if isinstance(doc, dict) else result), doc)
-    text = strict_json(doc) + "\n"
     if out is not None:
-        from reports.validation import write_validation_index_report, write_validation_report  # plotly: only here
-
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "validation.json").write_text(text)
-        if many:
-            write_validation_index_report(jsonable(result), out / "validation.html", plotlyjs=plotlyjs, noise=spread)
-        else:
-            write_validation_report(jsonable(doc), out / "validation.html", plotlyjs=plotlyjs)
         say(f"wrote {out}/validation.json, validation.html")
 
 
@@ -577,11 +611,12 @@ def _validate_cv(
     except Interrupted as e:
         typer.echo(f"validate --cv: interrupted by {e.name}; nothing written", err=True)
         raise typer.Exit(128 + e.signum) from None
+    if out is not None:  # written before the result is printed: a failed write prints no result
+        text = strict_json(result) + "\n"
+        write_together(out, {"validation.json": lambda path: path.write_text(text)})
     say = Say(as_json, quiet)
     say.result(format_cv(result), result)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "validation.json").write_text(strict_json(result) + "\n")
         say(f"wrote {out}/validation.json")
 
 

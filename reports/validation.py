@@ -257,8 +257,11 @@ def validation_page(v: dict) -> Page:
     )
 
 
-def write_validation_report(v: dict, path: str | Path, *, plotlyjs: str | None = None) -> Path:
-    return write_page(validation_page(v), path, plotlyjs=plotlyjs)
+def write_validation_report(
+    v: dict, path: str | Path, *, plotlyjs: str | None = None, page_path: Path | None = None
+) -> Path:
+    """`page_path`: where the page will be read from, when it is written elsewhere first (write_page)."""
+    return write_page(validation_page(v), path, plotlyjs=plotlyjs, page_path=page_path)
 
 
 def validation_index_figure(rows: list[dict]) -> go.Figure:
@@ -354,6 +357,11 @@ def validation_index_page(rows: list[dict], noise: dict | None = None) -> Page:
 
 
 def write_validation_index_report(
-    rows: list[dict], path: str | Path, *, plotlyjs: str | None = None, noise: dict | None = None
+    rows: list[dict],
+    path: str | Path,
+    *,
+    plotlyjs: str | None = None,
+    noise: dict | None = None,
+    page_path: Path | None = None,
 ) -> Path:
-    return write_page(validation_index_page(rows, noise), path, plotlyjs=plotlyjs)
+    return write_page(validation_index_page(rows, noise), path, plotlyjs=plotlyjs, page_path=page_path)

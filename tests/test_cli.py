@@ -481,3 +481,31 @@ def test_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, limit
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "File too large" in r.stderr, r.stderr[-2000:]
     assert not list(run.glob(".report.html.tmp*")) and not (run / "report.html").exists()
+
+
+def test_validate_into_a_full_disk_is_one_line_and_writes_nothing(tmp_path):
+    """validate --out writes validation.json and validation.html together (a temporary folder moved in), so a
+    full disk neither leaves the new JSON beside no page (or an earlier run's) nor ends in a traceback; the
+    result is printed only once the files are in place."""
+    trace = ROOT / "realrun/traces/h200_graphs/h200g_70b8l_1gbps_baseline_r8"
+    scenario = ROOT / "scenarios/measured/h200g_70b8l_1gbps.yaml"
+    args = [sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scenario)]
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    for folder in (out, tmp_path / "new"):
+        r = subprocess.run([*args, "--out", str(folder)], capture_output=True, text=True, preexec_fn=_limited(20_000))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr == (
+            f"error: --out {folder}: cannot write validation.json, validation.html: File too large; nothing was "
+            "written\n"
+        )
+        assert r.stdout == ""
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert not (tmp_path / "new").exists()
+    r = subprocess.run(
+        [*args, "--out", "o", "--plotlyjs", "js/p.js", "-q"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "validation.html", "validation.json"]
+    assert 'src="../js/p.js"' in (out / "validation.html").read_text()  # relative to the page, not the temp folder

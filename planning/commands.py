@@ -72,7 +72,9 @@ def _interrupted(e: KeyboardInterrupt, ex, cache: Path | None) -> NoReturn:
 
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     done = 0 if ex is None else ex.stats.simulated
-    if cache is not None:
+    if cache is not None and not cache.is_dir():  # no point had finished, nor in an earlier run: none cached
+        msg = f"interrupted by {signal.Signals(signum).name} before any point finished; nothing was written"
+    elif cache is not None:
         msg = (
             f"interrupted by {signal.Signals(signum).name}: the {done} point(s) finished in this run are cached "
             f"in {cache}; run the same command to resume: {command_line()}"

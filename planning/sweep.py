@@ -70,11 +70,15 @@ def parse_slo(text: str | dict | None) -> dict[str, float]:
         if k not in SLO_METRICS:
             raise PlanningError(f"slo {k!r}: unknown metric; use one of {', '.join(SLO_METRICS)}")
         try:
+            if isinstance(v, bool):
+                raise TypeError
             out[k] = float(v)
         except (TypeError, ValueError):
             raise PlanningError(f"slo {k}={v!r}: not a number of seconds") from None
         if not out[k] > 0:
             raise PlanningError(f"slo {k}={v}: must be > 0 seconds")
+        if math.isinf(out[k]):
+            raise PlanningError(f"slo {k}={v}: a target must be finite; leave {k} out to set no target on it")
     return out
 
 

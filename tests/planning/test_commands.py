@@ -66,6 +66,7 @@ def test_sweep_writes_parquet_when_pyarrow_is_there(tmp_path, base_file, run):
         (["plan", "{base}", "--rate", "0", "--slo", "ttft_p99_s=3"], "--rate must be > 0"),
         (["plan", "{base}", "--rate", "inf", "--slo", "ttft_p99_s=3"], "--rate must be > 0 requests/s and finite"),
         (["plan", "{base}", "--rate", "nan", "--slo", "ttft_p99_s=3"], "--rate must be > 0 requests/s and finite"),
+        (["plan", "{base}", "--rate", "1", "--slo", "ttft_p99_s=inf"], "a target must be finite; leave ttft_p99_s out"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, base_file, run, args, message):
@@ -275,6 +276,22 @@ def test_an_interrupted_write_leaves_the_previous_outputs(tmp_path, base_file, r
     assert r.exit_code == 130 and "interrupted by SIGINT" in r.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert not list(out.glob(".hacksim-*"))
+
+
+def test_an_interrupt_before_any_point_finished_names_no_cache(tmp_path, base_file, run, monkeypatch):
+    """Ctrl-C before the first point ends: no cache folder exists, so the message offers no resume from it."""
+
+    def stop(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "run_sweep", stop)
+    out = tmp_path / "o"
+    r = run("sweep", write_sweep(tmp_path, SPEC), "--out", out, "--jobs", "1")
+    assert r.exit_code == 130 and r.stderr == "interrupted by SIGINT before any point finished; nothing was written\n"
+    assert not out.exists()
+    (out / ".cache").mkdir(parents=True)  # an earlier run's points: those a rerun resumes from
+    r = run("sweep", write_sweep(tmp_path, SPEC), "--out", out, "--jobs", "1")
+    assert r.exit_code == 130 and f"are cached in {out / '.cache'}; run the same command to resume" in r.stderr
 
 
 def test_sweep_and_candidates_files_have_schemas():

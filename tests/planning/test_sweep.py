@@ -70,7 +70,10 @@ def test_bad_sweep_files_fail_with_one_line(tmp_path, base_file, spec, message):
 
 def test_parse_slo():
     assert parse_slo("ttft_p99_s=60, tpot_p99_s=0.5") == {"ttft_p99_s": 60.0, "tpot_p99_s": 0.5}
-    for bad in ("ttft_p99_s", "ttft_p99_s=x", "latency=3", "jct_p90_s=-1"):
+    for bad in ("ttft_p99_s", "ttft_p99_s=x", "latency=3", "jct_p90_s=-1", "jct_p90_s=inf", "jct_p90_s=nan"):
+        with pytest.raises(PlanningError):
+            parse_slo(bad)
+    for bad in ({"ttft_p99_s": True}, {"ttft_p99_s": float("inf")}):  # a sweep file's slo mapping
         with pytest.raises(PlanningError):
             parse_slo(bad)
 

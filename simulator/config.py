@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -1145,7 +1146,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         try:
             set_path(raw, path, parsed)
         except ScenarioError as e:
-            raise ScenarioError(f"--set {item!r}: {e}") from None
+            raise ScenarioError(f"--set {files.shown(item)}: {e}") from None
     return raw
 
 
@@ -1178,8 +1179,14 @@ def read_yaml(path: Path, error: type[Exception] = ScenarioError, what: str = "s
 def first_error(source: str, err: ValidationError, what: str = "scenario") -> str:
     """One line for a pydantic error: source, dotted field, message (and how many more)."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    loc = ".".join(_cut(str(p)) for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
     msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    msg = re.sub(r"'([^'\n]{81,})'", lambda m: files.shown(m.group(1)), msg)  # a quoted 5,000-character input
     more = len(err.errors()) - 1
     tail = f" (and {more} more)" if more else ""
     return f"{source}: {loc or what}: {msg}{tail}"
+
+
+def _cut(name: str, limit: int = 80) -> str:
+    """A field name for a one-line message: a long one (a key a fuzzer made) cut to its start and length."""
+    return name if len(name) <= limit else f"{name[: limit // 2]}... ({len(name):,} characters)"

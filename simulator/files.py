@@ -163,15 +163,21 @@ def _children(node) -> list:
     return []
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for a one-line message; a long one cut to its start and its length (a 5,000-digit value
+    would otherwise fill the terminal)."""
+    return repr(text) if len(text) <= limit else f"{text[: limit // 2]!r}... ({len(text):,} characters)"
+
+
 def parse_override(item: str, error: type[Exception]) -> tuple[str, Any]:
     """`--set path.to.field=value` -> (path, the value read as YAML). An empty value is refused rather than
     read as null (which would quietly leave the field at its default); `null` says it outright."""
     if "=" not in item:
-        raise error(f"--set {item!r}: expected path.to.field=value")
+        raise error(f"--set {shown(item)}: expected path.to.field=value")
     path, value = item.split("=", 1)
     if not value.strip():
-        raise error(f"--set {item!r}: no value after '=' (write null to clear an optional field)")
-    return path.strip(), parse_yaml(value, f"--set {item!r}", error)
+        raise error(f"--set {shown(item)}: no value after '=' (write null to clear an optional field)")
+    return path.strip(), parse_yaml(value, f"--set {shown(item)}", error)
 
 
 def parse_yaml(text: str, source: str, error: type[Exception]) -> Any:

@@ -386,6 +386,35 @@ def test_an_integer_longer_than_python_reads_is_one_line(tmp_path):
     assert "5000 digits" in line
 
 
+@pytest.mark.parametrize(
+    "override, kept",
+    [
+        ("workload.requests=" + "9" * 5000, "--set 'workload.requests=9999999999999999999999'... (5,018 characters)"),
+        ("x" * 5000, "--set 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (5,000 characters): expected"),
+        (
+            "model=" + "x" * 5000,
+            "unknown model 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (5,000 characters); known:",
+        ),
+        (
+            "network." + "x" * 5000 + "=1",
+            "network.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (5,000 characters): unknown field",
+        ),
+        (
+            "methods=[" + "x" * 5000 + "]",
+            "Input tag 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (5,000 characters) found",
+        ),
+    ],
+    ids=["digits", "no-equals", "model", "field", "method"],
+)
+def test_a_long_value_is_cut_in_the_one_line_error(override, kept):
+    """A 5,000-character value or key is named by its start and its length, not echoed whole: the line stays
+    one a terminal shows (it was over 5,000 characters)."""
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(DEFAULT, [override])
+    line = str(e.value)
+    assert kept in line and len(line) < 500 and "\n" not in line, line[:300]
+
+
 def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
     """PyYAML keeps the last of two equal keys; a scenario or sweep that says a thing twice is refused."""
     text = DEFAULT.read_text().replace("network:\n", "network:\n  bandwidth_gbps: 40\n", 1)

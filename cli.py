@@ -170,7 +170,7 @@ def write_outputs(result, out: Path) -> None:
     writer.finish(result)
 
 
-def format_table(summary: dict) -> str:
+def format_table(summary: dict, placement: str = "separate") -> str:
     """The comparison, one row per method; `JCT vs base` is negative where a method takes less time."""
     from costmodel.methods import REFERENCE
     from reports.terminal import render, table
@@ -214,7 +214,7 @@ def format_table(summary: dict) -> str:
         "JCT vs base",
     ]
     title = f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}"
-    return "\n".join([render(table(heads, rows, title=title)), *utilisation_lines(summary)])
+    return "\n".join([render(table(heads, rows, title=title)), *utilisation_lines(summary, placement)])
 
 
 # Each pool's share of a request's time: the breakdown parts spent waiting for it or in it. The KV waits
@@ -226,10 +226,15 @@ POOL_PARTS = {
 }
 
 
-def utilisation_lines(summary: dict) -> list[str]:
+def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
     """Under the table: each pool's utilisation (summary.json's, simulator/overload.py: the work a pool was
     asked for over what it can deliver while requests arrive), the busiest pool, and how much of the mean
-    JCT goes to waiting for it and running in it; the range over methods where they differ."""
+    JCT goes to waiting for it and running in it; the range over methods where they differ.
+
+    With both phases in one engine (placement colocated) there is no pool to call the bottleneck: prefill's
+    utilisation is the share of the GPUs' time its chunks take (simulator/run.py), and the decode steps run in
+    the rest, stretched by the chunks beside them (the engine's TPOT); the second line says that and splits
+    the mean JCT between the phases instead."""
     methods = {n: m for n, m in summary["methods"].items() if isinstance(m.get("utilisation"), dict)}
     util = {n: {p: _number(m["utilisation"].get(p)) for p in POOL_PARTS} for n, m in methods.items()}
     util = {n: u for n, u in util.items() if any(math.isfinite(v) for v in u.values())}
@@ -237,6 +242,25 @@ def utilisation_lines(summary: dict) -> list[str]:
         return []
     pools = ", ".join(f"{p} {_span([u[p] for u in util.values()], _pct)}" for p in POOL_PARTS)
     lines = [f"utilisation while requests arrive: {pools}"]
+    if placement == "colocated":
+        shares = {
+            pool: [
+                100
+                * sum(_number(methods[n]["breakdown_s"].get(k, 0.0)) for k in parts)
+                / _number(methods[n]["jct_s"]["mean"])
+                for n in util
+                if _number(methods[n]["jct_s"]["mean"]) > 0
+            ]
+            for pool, parts in POOL_PARTS.items()
+        }
+        split = ", ".join(
+            f"{pool} {_span(v, lambda x: f'{x:.0f} %')}" for pool, v in shares.items() if v and max(v) >= 0.5
+        )
+        return lines + [
+            f"one engine serves both phases (placement colocated): prefill chunks take "
+            f"{_span([u['prefill'] for u in util.values()], _pct)} of its GPUs' time and decode steps share the "
+            f"rest; the mean JCT is {split or '–'}"
+        ]
     busiest = {n: max(POOL_PARTS, key=lambda p: u[p] if math.isfinite(u[p]) else -1.0) for n, u in util.items()}
     kinds = list(dict.fromkeys(busiest.values()))
     if len(kinds) > 1:
@@ -365,7 +389,7 @@ def simulate(
                 print_error(f"interrupted by {name}{where}", prefix="")
                 raise typer.Exit(128 + (e.signum if isinstance(e, Interrupted) else 2)) from None
             raise
-    say.result(format_table(result.summary), result.summary)
+    say.result(format_table(result.summary, cfg.placement), result.summary)
     if not quiet:  # how the pools are priced: roofline, a profile for another GPU, derived GPU fields
         for line in result.resolved.warnings:
             typer.echo(f"warning: {line}", err=True)

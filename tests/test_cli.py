@@ -368,12 +368,45 @@ def test_under_the_table_each_pools_utilisation_and_the_bottleneck():
     assert utilisation_lines(_summary({"a": {"prefill": math.nan}}, {"a": parts}, {"a": 1.0})) == []
 
 
+def test_with_both_phases_in_one_engine_the_mean_jct_is_split_between_them():
+    """A colocated engine has no pool to call the bottleneck (prefill 60 % busy while the JCT is nearly all
+    decode was called "bottleneck: prefill"). Hand-worked: prefill 60.5 % and 61 % of the GPUs' time; JCT
+    0.1 + 0.2 = 0.3 s of 6.0 s in prefill (5 %), 5.7 s decoding (95 %); 0.12 + 0.24 = 0.36 s of 12.0 s (3 %),
+    11.64 s (97 %); the network, 0 s, left out."""
+    from cli import utilisation_lines
+
+    parts = dict.fromkeys(
+        ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode"), 0.0
+    )
+    summary = _summary(
+        {
+            "baseline": {"prefill": 0.605, "network": 0.0, "decode": 0.047},
+            "fp8": {"prefill": 0.61, "network": 0.0, "decode": 0.17},
+        },
+        {
+            "baseline": {**parts, "prefill_queue": 0.1, "prefill": 0.2, "decode": 5.7},
+            "fp8": {**parts, "prefill_queue": 0.12, "prefill": 0.24, "decode": 11.64},
+        },
+        {"baseline": 6.0, "fp8": 12.0},
+    )
+    assert utilisation_lines(summary, "colocated") == [
+        "utilisation while requests arrive: prefill 60-61 %, network 0.0 %, decode 4.7-17 %",
+        "one engine serves both phases (placement colocated): prefill chunks take 60-61 % of its GPUs' time and "
+        "decode steps share the rest; the mean JCT is prefill 3-5 %, decode 95-97 %",
+    ]
+    assert utilisation_lines(summary)[1].startswith("bottleneck: prefill for every method")  # as if separate
+    assert utilisation_lines(summary, "shared_gpu")[1].startswith("bottleneck: prefill")  # the link is apart
+
+
 def test_the_default_scenario_says_where_its_time_goes():
-    """The first run's TTFT is most of its JCT: the table says prefill is the bottleneck."""
+    """The first run's TTFT is most of its JCT: the table says prefill is the bottleneck; one engine on one GPU
+    (colocated) splits its JCT between the phases instead."""
     r = cli("simulate", "a10g_10gbps", "--requests", "40", cwd="/")
     tail = r.stdout.splitlines()[-2:]
     assert tail[0].startswith("utilisation while requests arrive: prefill ")
     assert tail[1].startswith("bottleneck: prefill for every method")
+    r = cli("simulate", "one_gpu_vllm", "--requests", "40", cwd="/")
+    assert r.stdout.splitlines()[-1].startswith("one engine serves both phases (placement colocated): prefill chunks")
 
 
 # ---- outputs: all of a run or none of it --------------------------------------------------------------

@@ -44,8 +44,9 @@ docs: $(VENV)/.test-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The README's worked example (also the manual's home page) rewritten from a fresh run of the default scenario: the
-# table `make run` prints and every figure of the text under it (scripts/readme_example.py). Run it after a change
-# that moves them; tests/test_readme_example.py fails until then.
+# table `make run` prints and every figure of the text under it; and its two short examples (one engine on one GPU,
+# a DP x EP MoE model) from fresh runs of theirs (scripts/readme_example.py). Run it after a change that moves
+# them; tests/test_readme_example.py fails until then.
 readme-example: $(VENV)/.core-installed
 	$(PY) -m scripts.readme_example
 

@@ -1,12 +1,16 @@
-"""The README's worked example, generated from one fresh run of the default scenario.
+"""The README's worked example, generated from one fresh run of the default scenario, and its two short
+examples (one engine on one GPU, a DP x EP MoE model), each from a fresh run of its scenario.
 
-    python -m scripts.readme_example           # rewrite the README's example block (make readme-example)
-    python -m scripts.readme_example --check   # exit 1 if the README's block is not what a fresh run gives
+    python -m scripts.readme_example           # rewrite the README's example blocks (make readme-example)
+    python -m scripts.readme_example --check   # exit 1 if a block is not what a fresh run gives
 
 The block (between the README's `[start:example]` and `[end:example]` markers, which the manual's home page
 includes too) is `make run`'s table for scenarios/a10g_10gbps.yaml and the text under it; every figure in that text
 comes from the same run, and the scenario's description from the scenario itself. So whoever changes pricing
 refreshes it with one command, and tests/test_readme_example.py fails while it is stale.
+
+The short examples (between `[start:one-gpu]` / `[end:one-gpu]` and `[start:moe]` / `[end:moe]`) are a command,
+what it prints and one sentence, its figures from the same run and its claims checked the same way.
 
 The text also makes claims that are not figures (the setting is prefill-bound, the transfer is nearly all of
 the compressed formats' lead, dequantization costs little). `claims_failing` checks each against the run before
@@ -34,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 SCENARIO = "scenarios/a10g_10gbps.yaml"  # the Makefile's default SCENARIO, what `make run` simulates
 OUT = "out/default"  # where `make run` writes
-START = "<!-- --8<-- [start:example] -->"
+START = "<!-- --8<-- [start:example] -->"  # the worked example's markers
 END = "<!-- --8<-- [end:example] -->"
 TWO_BIT = ("cachegen", "kvquant", "hack")  # the formats the text calls 2-bit, against FP16 (baseline) and FP8
 WIDTH = 112  # the README's prose lines
@@ -171,17 +175,129 @@ def example_block(run: Run) -> str:
     return f"{_wrap(setting)}\n\n```text\n{output}\n```\n\n{_wrap(shows)}\n"
 
 
-def readme_block(text: str) -> str:
-    """The README's example block, between its markers."""
-    m = re.search(re.escape(START) + r"\n(.*?)" + re.escape(END), text, flags=re.S)
+# ---- the short examples: one engine on one GPU, a DP x EP MoE model --------------------------------------
+@dataclass
+class Short:
+    """A short example: `hacksim simulate NAME`'s output and one sentence, from one run of scenarios/NAME.yaml."""
+
+    name: str  # the scenario's name (scenarios/NAME.yaml), and the command's argument
+    marker: str  # the README's markers: [start:MARKER] ... [end:MARKER]
+
+
+ONE_GPU = Short("one_gpu_vllm", "one-gpu")
+MOE = Short("moe_dp_ep", "moe")
+SHORTS = (ONE_GPU, MOE)
+
+
+def run_short(short: Short) -> tuple[Scenario, dict, str]:
+    """(the scenario, summary.json's content, what `hacksim simulate NAME` prints) for one short example."""
+    import cli
+    from simulator.load import load_scenario
+    from simulator.run import run_scenario
+
+    path = f"scenarios/{short.name}.yaml"
+    cfg = load_scenario(ROOT / path)
+    result = run_scenario(cfg, source=path)
+    with contextlib.redirect_stdout(io.StringIO()):
+        table = cli.format_table(result.summary, cfg.placement)
+    return cfg, result.summary, table
+
+
+def _jct_share(m: dict, parts: tuple[str, ...]) -> float:
+    return sum(m["breakdown_s"][k] for k in parts) / m["jct_s"]["mean"]
+
+
+DECODE_PARTS = ("decode_queue", "decode", "dequantize", "approximation", "preemption")
+
+
+def short_claims_failing(short: Short, summary: dict) -> list[str]:
+    """The sentence's claims that the run does not bear out (none, while the sentence is right)."""
+    ms = summary["methods"]
+    base = ms.get("baseline")
+    if base is None:
+        return [f"{short.name}: the sentence compares with baseline; the run has {', '.join(ms)}"]
+    failing = []
+    if short is ONE_GPU:
+        if any(name not in ms for name in ("fp8", "kvquant", "hack")):
+            return [f"{short.name}: the sentence names fp8, kvquant and hack; the run has {', '.join(ms)}"]
+        for name, m in ms.items():
+            if _jct_share(m, DECODE_PARTS) < 0.8:
+                failing.append(f"decode is most of the JCT: under 80 % of {name}'s")
+            if m["breakdown_s"]["transfer"] != 0:
+                failing.append(f"nothing crosses a network: {name} has a transfer")
+        if not ms["fp8"]["jct_s"]["mean"] < base["jct_s"]["mean"]:
+            failing.append("FP8 is faster than FP16: it is not")
+        if 2 * ms["fp8"]["kv_bytes_per_token"]["memory"] != base["kv_bytes_per_token"]["memory"]:
+            failing.append("FP8 KV reads half the bytes: its KV bytes per token are not half of FP16's")
+        for name in ("kvquant", "hack"):
+            if not ms[name]["tpot_s"]["mean"] > base["tpot_s"]["mean"]:
+                failing.append(f"the 2-bit formats' decode steps cost more: {name}'s TPOT is not above FP16's")
+    else:
+        for name, m in ms.items():
+            if name == "baseline":
+                continue
+            lead_s = base["jct_s"]["mean"] - m["jct_s"]["mean"]
+            saved_s = base["breakdown_s"]["transfer"] - m["breakdown_s"]["transfer"]
+            if not (lead_s > 0 and 0.8 * lead_s <= saved_s <= 1.25 * lead_s):
+                failing.append(
+                    f"the transfer is nearly all of the lead: {name} leads FP16 by {lead_s:.2f} s of JCT, "
+                    f"saves {saved_s:.2f} s of transfer"
+                )
+    return failing
+
+
+def short_block(short: Short, cfg: Scenario, summary: dict, table: str) -> str:
+    """The README's block for a short example: the command, its output, one sentence."""
+    ms = summary["methods"]
+    each, base = list(ms.values()), ms["baseline"]
+    d = cfg.decode
+    if short is ONE_GPU:
+        sentence = f"""
+            One vLLM engine on one {_gpu(d)} serves both phases ({cfg.model.name}, `vllm serve`'s step limits:
+            {d.max_batch_tokens}{U}tokens and {d.max_batch_requests}{U}requests a step, decode rows first, then
+            chunks of waiting prompts). TTFT stays short
+            ({span([m["ttft_s"]["mean"] for m in each], ".2f")}{U}s) and decode is
+            {span([100 * _jct_share(m, DECODE_PARTS) for m in each], ".0f")}{U}% of the JCT, its steps stretched by the
+            prefill chunks beside them; FP8 KV reads half the bytes and is
+            {100 * (1 - ms["fp8"]["jct_s"]["mean"] / base["jct_s"]["mean"]):.1f}{U}% faster, while with no network
+            to cross the 2-bit formats only add work to each step (TPOT
+            {1e3 * ms["hack"]["tpot_s"]["mean"]:.1f}{U}ms with HACK, {1e3 * ms["kvquant"]["tpot_s"]["mean"]:.1f}{U}ms
+            with KVQuant, against {1e3 * base["tpot_s"]["mean"]:.1f}{U}ms in FP16)."""
+    else:
+        p = cfg.prefill
+        assert p is not None  # moe_dp_ep has a prefill pool
+        leads = [100 * (1 - m["jct_s"]["mean"] / base["jct_s"]["mean"]) for n, m in ms.items() if n != "baseline"]
+        others = [m["breakdown_s"]["transfer"] for n, m in ms.items() if n not in ("baseline", "fp8")]
+        sentence = f"""
+            {cfg.model.name} decoded by {d.data_parallel} engines of one {_gpu(d)} each (data-parallel attention,
+            each with its own KV pool and requests) whose experts are spread over all {d.data_parallel} GPUs
+            (expert parallelism: two all-to-alls per layer), fed by {_gpu(p)} prefill over
+            {cfg.network.bandwidth_gbps:g}{U}Gbps: the compressed formats cut the FP16 transfer of
+            {base["breakdown_s"]["transfer"]:.2f}{U}s to {span(others, ".2f")}{U}s (FP8:
+            {ms["fp8"]["breakdown_s"]["transfer"]:.2f}{U}s), nearly all of their {span(leads, ".1f")}{U}% lead;
+            `--set decode.data_parallel=1 --set decode.tensor_parallel=8` runs the same GPUs as one TP{U}8
+            engine ([Serving policies](docs/serving.md) compares them)."""
+    command = f"$ .venv/bin/hacksim simulate {short.name}"
+    return f"```text\n{command}\n{table.rstrip()}\n```\n\n{_wrap(sentence)}\n"
+
+
+def readme_block(text: str, marker: str = "example") -> str:
+    """The README's block between the markers [start:MARKER] and [end:MARKER]."""
+    start, end = _markers(marker)
+    m = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, flags=re.S)
     if m is None:
-        raise ValueError(f"{README.name}: no block between {START} and {END}")
+        raise ValueError(f"{README.name}: no block between {start} and {end}")
     return m.group(1)
 
 
-def with_block(text: str, block: str) -> str:
-    """`text` with `block` between its example markers."""
-    return text[: text.index(START) + len(START)] + "\n" + block + text[text.index(END) :]
+def with_block(text: str, block: str, marker: str = "example") -> str:
+    """`text` with `block` between its MARKER markers."""
+    start, end = _markers(marker)
+    return text[: text.index(start) + len(start)] + "\n" + block + text[text.index(end) :]
+
+
+def _markers(marker: str) -> tuple[str, str]:
+    return f"<!-- --8<-- [start:{marker}] -->", f"<!-- --8<-- [end:{marker}] -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,21 +306,34 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     run = run_default()
     failing = claims_failing(run.summary)
+    blocks = {"example": (SCENARIO, lambda: example_block(run))}
+    for short in SHORTS:
+        cfg, summary, table = run_short(short)
+        failing += short_claims_failing(short, summary)
+        blocks[short.marker] = (
+            f"scenarios/{short.name}.yaml",
+            lambda s=short, c=cfg, m=summary, t=table: short_block(s, c, m, t),
+        )
     if failing:
         print("the README's text no longer holds; rewrite it (scripts/readme_example.py):", file=sys.stderr)
         for claim in failing:
             print(f"  {claim}", file=sys.stderr)
         return 1
     text = README.read_text()
-    block = example_block(run)
-    if readme_block(text) == block:
-        print(f"{README.name}: the worked example matches a fresh run of {SCENARIO}")
+    stale = []
+    for marker, (source, make) in blocks.items():
+        block = make()
+        if readme_block(text, marker) != block:
+            stale.append(source)
+            text = with_block(text, block, marker)
+    if not stale:
+        print(f"{README.name}: the examples match fresh runs of {', '.join(s for s, _ in blocks.values())}")
         return 0
     if args.check:
-        print(f"{README.name}: the worked example is stale; run `make readme-example`", file=sys.stderr)
+        print(f"{README.name}: stale examples ({', '.join(stale)}); run `make readme-example`", file=sys.stderr)
         return 1
-    README.write_text(with_block(text, block))
-    print(f"{README.name}: rewrote the worked example from a fresh run of {SCENARIO}")
+    README.write_text(text)
+    print(f"{README.name}: rewrote the examples of {', '.join(stale)} from fresh runs")
     return 0
 
 

@@ -48,6 +48,93 @@ def test_the_block_holds_what_make_run_prints():
     assert rows == ["baseline", "cachegen", "kvquant", "fp8", "hack"]
 
 
+@pytest.fixture(scope="module")
+def shorts() -> dict:
+    return {short.marker: rx.run_short(short) for short in rx.SHORTS}
+
+
+@pytest.mark.parametrize("short", rx.SHORTS, ids=lambda s: s.name)
+def test_each_short_example_is_a_fresh_run_whose_sentence_holds(short, shorts):
+    cfg, summary, table = shorts[short.marker]
+    assert rx.short_claims_failing(short, summary) == []
+    block = rx.readme_block(rx.README.read_text(), short.marker)
+    assert block == rx.short_block(short, cfg, summary, table), "README's example is stale: run `make readme-example`"
+
+
+@pytest.mark.parametrize("short", rx.SHORTS, ids=lambda s: s.name)
+def test_a_short_example_shows_what_its_command_prints(short):
+    """The fenced text is the command and `simulate`'s own stdout for it (run here through the CLI)."""
+    from typer.testing import CliRunner
+
+    import cli
+
+    block = rx.readme_block(rx.README.read_text(), short.marker)
+    fenced = block.split("```text\n", 1)[1].split("```", 1)[0]
+    command, printed = fenced.split("\n", 1)
+    assert command == f"$ .venv/bin/hacksim simulate {short.name}"
+    r = CliRunner().invoke(cli.app, command.split()[2:])
+    assert r.exit_code == 0, r.output
+    assert printed == r.stdout
+
+
+def _short(jct_s, tpot_s, transfer_s, decode_s, kv_bytes=131072):
+    return {
+        "jct_s": {"mean": jct_s},
+        "tpot_s": {"mean": tpot_s},
+        "kv_bytes_per_token": {"memory": kv_bytes},
+        "breakdown_s": {
+            "transfer": transfer_s,
+            "decode_queue": 0.0,
+            "decode": decode_s,
+            "dequantize": 0.0,
+            "approximation": 0.0,
+            "preemption": 0.0,
+        },
+    }
+
+
+# One engine on one GPU, by hand: decode 6.5 of 6.9 s (94 %), no transfer, FP8 at half the bytes and faster,
+# the 2-bit formats' TPOT above FP16's. Then DP x EP: each format's lead (1.2, 0.8 s) within 0.8-1.25 of the
+# transfer it saves (1.25, 0.76 s).
+ONE_GPU_HOLDS = {
+    "methods": {
+        "baseline": _short(6.9, 0.0235, 0.0, 6.5),
+        "fp8": _short(6.2, 0.0211, 0.0, 5.9, kv_bytes=65536),
+        "kvquant": _short(24.5, 0.087, 0.0, 24.0, kv_bytes=22364),
+        "hack": _short(11.6, 0.0407, 0.0, 11.2, kv_bytes=21504),
+    }
+}
+MOE_HOLDS = {
+    "methods": {
+        "baseline": _short(3.8, 0.0074, 1.42, 0.4),
+        "cachegen": _short(2.6, 0.0074, 0.17, 0.4),
+        "fp8": _short(3.0, 0.0072, 0.66, 0.4),
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "short, summary, method, change, claim",
+    [
+        (rx.ONE_GPU, ONE_GPU_HOLDS, "hack", {"tpot_s": {"mean": 0.02}}, "hack's TPOT is not above"),
+        (rx.ONE_GPU, ONE_GPU_HOLDS, "fp8", {"jct_s": {"mean": 7.0}}, "FP8 is faster"),
+        (rx.ONE_GPU, ONE_GPU_HOLDS, "fp8", {"kv_bytes_per_token": {"memory": 98304}}, "half the bytes"),
+        (rx.MOE, MOE_HOLDS, "cachegen", {"jct_s": {"mean": 3.5}}, "cachegen leads FP16 by 0.30 s"),
+    ],
+)
+def test_a_short_claim_that_stops_holding_is_named(short, summary, method, change, claim):
+    assert rx.short_claims_failing(short, summary) == []
+    changed = copy.deepcopy(summary)
+    changed["methods"][method].update(change)
+    failing = rx.short_claims_failing(short, changed)
+    assert len(failing) == 1 and claim in failing[0], failing
+    changed = copy.deepcopy(summary)
+    changed["methods"]["baseline"]["breakdown_s"]["decode"] = 0.1  # decode 0.1 of 6.9 s: prefill-bound
+    assert short is rx.MOE or "decode is most of the JCT: under 80 % of baseline's" in rx.short_claims_failing(
+        short, changed
+    )
+
+
 def test_span_quotes_a_range_or_one_figure():
     assert rx.span([0.574, 0.778, 0.747], ".2f") == "0.57–0.78"
     assert rx.span([16.756, 16.7561], ".1f") == "16.8"
@@ -112,17 +199,26 @@ def test_a_missing_method_is_named():
     assert "fp8" in rx.claims_failing(summary)[0]
 
 
-def test_check_and_rewrite(run, tmp_path, monkeypatch):
-    """--check leaves a stale README alone and exits 1; the rewrite replaces only the block; then --check passes."""
+def test_check_and_rewrite(run, shorts, tmp_path, monkeypatch):
+    """--check leaves a stale README alone and exits 1; the rewrite replaces only the blocks; then --check passes."""
     readme = tmp_path / "README.md"
-    stale = f"# title\n\nbefore\n{rx.START}\nan old table\n{rx.END}\n\nafter\n"
+    one_start, one_end = rx._markers("one-gpu")
+    moe_start, moe_end = rx._markers("moe")
+    stale = (
+        f"# title\n\nbefore\n{rx.START}\nan old table\n{rx.END}\n\nbetween\n{one_start}\nold\n{one_end}\n"
+        f"{moe_start}\n{moe_end}\n\nafter\n"
+    )
     readme.write_text(stale)
     monkeypatch.setattr(rx, "README", readme)
     monkeypatch.setattr(rx, "run_default", lambda: run)
+    monkeypatch.setattr(rx, "run_short", lambda short: shorts[short.marker])
     assert rx.main(["--check"]) == 1
     assert readme.read_text() == stale
     assert rx.main([]) == 0
     text = readme.read_text()
-    assert text.startswith(f"# title\n\nbefore\n{rx.START}\n") and text.endswith(f"{rx.END}\n\nafter\n")
+    assert text.startswith(f"# title\n\nbefore\n{rx.START}\n") and text.endswith(f"{moe_end}\n\nafter\n")
+    assert f"{rx.END}\n\nbetween\n{one_start}\n" in text
     assert rx.readme_block(text) == rx.example_block(run)
+    for short in rx.SHORTS:
+        assert rx.readme_block(text, short.marker) == rx.short_block(short, *shorts[short.marker])
     assert rx.main(["--check"]) == 0

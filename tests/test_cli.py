@@ -20,9 +20,32 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml")) + sorted((ROOT / "scenar
 
 
 def cli(*args, cwd=ROOT):
+    """The CLI in a fresh process: for what only a process shows (byte-identical runs across hash seeds,
+    signals, resource limits, the interpreter's own exit)."""
     return subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, cwd=cwd
     )
+
+
+def here(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    """The CLI in this process (typer's CliRunner, from `cwd`), as `cli` returns it: a fresh interpreter
+    costs about a second of CPU in imports. An exception the CLI did not turn into an exit code is raised
+    here, so a traceback fails the test as it would print in a process."""
+    import os
+
+    from typer.testing import CliRunner
+
+    import cli as cli_module
+
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(cli_module.app, [str(a) for a in args])
+    finally:
+        os.chdir(before)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -86,10 +109,10 @@ def test_simulate_writes_outputs_and_is_byte_reproducible(tmp_path):
 
 
 def test_methods_option_selects_and_rejects(tmp_path):
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "baseline,hack")
+    r = here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "baseline,hack")
     assert r.returncode == 0, r.stderr
     assert "kvquant" not in r.stdout
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "pqcache")
+    r = here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "10", "--methods", "pqcache")
     assert r.returncode == 2 and "pqcache" in r.stderr
 
 
@@ -116,7 +139,7 @@ def _bad(tmp_path, mutate):
 def test_bad_scenarios_fail_with_one_line(tmp_path, mutate, field):
     path = _bad(tmp_path, mutate)
     out = tmp_path / "out"
-    r = cli("simulate", path, "--requests", "5", "--out", out)
+    r = here("simulate", path, "--requests", "5", "--out", out)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -126,14 +149,14 @@ def test_bad_scenarios_fail_with_one_line(tmp_path, mutate, field):
 
 
 def test_missing_file_and_bad_set(tmp_path):
-    r = cli("simulate", tmp_path / "nope.yaml")
+    r = here("simulate", tmp_path / "nope.yaml")
     assert r.returncode == 2 and "no such file" in r.stderr
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--set", "network.bandwidth_gbps")
+    r = here("simulate", "scenarios/a10g_10gbps.yaml", "--set", "network.bandwidth_gbps")
     assert r.returncode == 2 and "--set" in r.stderr
 
 
 def test_schema_is_json_schema():
-    r = cli("schema")
+    r = here("schema")
     assert r.returncode == 0
     schema = json.loads(r.stdout)
     assert schema["additionalProperties"] is False
@@ -202,7 +225,7 @@ def test_calibrate_without_gpu_fails_cleanly(tmp_path):
 
 def test_simulate_profile_option_uses_the_given_profile(tmp_path):
     out = tmp_path / "o"
-    r = cli(
+    r = here(
         "simulate",
         "scenarios/a10g_10gbps.yaml",
         "--requests",
@@ -227,7 +250,7 @@ def test_version_matches_the_package_metadata():
 
     import cli as cli_module
 
-    r = cli("--version")
+    r = here("--version")
     assert r.returncode == 0 and r.stdout == f"hacksim {cli_module.__version__}\n"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "cli.__version__"}
@@ -237,7 +260,7 @@ def test_version_matches_the_package_metadata():
 def test_json_is_the_summary_and_quiet_prints_nothing(tmp_path):
     """--json: stdout is summary.json's content, the other lines go to stderr; --quiet: stdout is empty.
     A shipped example is found by name from any folder."""
-    r = cli(
+    r = here(
         "simulate",
         "a10g_10gbps",
         "--requests",
@@ -253,7 +276,7 @@ def test_json_is_the_summary_and_quiet_prints_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads((tmp_path / "o" / "summary.json").read_text())
     assert "wrote" in r.stderr
-    q = cli(
+    q = here(
         "simulate",
         "scenarios/a10g_10gbps.yaml",
         "--requests",
@@ -270,17 +293,19 @@ def test_json_is_the_summary_and_quiet_prints_nothing(tmp_path):
 
 
 def test_the_table_says_less_time_with_a_minus():
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack")
+    r = here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack")
     hack = next(line for line in r.stdout.splitlines() if line.startswith("hack"))
     summary = json.loads(
-        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack", "--json").stdout
+        here(
+            "simulate", "scenarios/a10g_10gbps.yaml", "--requests", "12", "--methods", "baseline,hack", "--json"
+        ).stdout
     )["methods"]
     change = 100 * (summary["hack"]["jct_s"]["mean"] / summary["baseline"]["jct_s"]["mean"] - 1)
     assert change < 0 and hack.split()[-1] == f"{change:+.1f}%"
 
 
 def test_scenarios_lists_every_shipped_example():
-    r = cli("scenarios")
+    r = here("scenarios")
     assert r.returncode == 0
     shipped = sorted(
         p.relative_to(ROOT / "scenarios").with_suffix("").as_posix() for p in (ROOT / "scenarios").rglob("*.yaml")
@@ -293,11 +318,11 @@ def test_every_listed_name_runs_as_its_file():
     from scenarios import EXAMPLES_DIR
     from scenarios import resolve as resolve_example
 
-    names = [line.split()[0] for line in cli("scenarios").stdout.splitlines()[3:]]
+    names = [line.split()[0] for line in here("scenarios").stdout.splitlines()[3:]]
     assert "measured/h200g_70b8l_2.5gbps" in names
     for name in names:
         assert resolve_example(name) == EXAMPLES_DIR / f"{name}.yaml", name
-    r = cli("simulate", "measured/h200g_70b8l_2.5gbps", "--requests", "3", "--methods", "baseline", cwd="/")
+    r = here("simulate", "measured/h200g_70b8l_2.5gbps", "--requests", "3", "--methods", "baseline", cwd="/")
     assert r.returncode == 0, r.stderr
 
 
@@ -319,7 +344,7 @@ def test_a_name_from_a_file_prints_on_one_line_and_as_written():
     from cli import format_table
 
     summary = json.loads(
-        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--methods", "baseline,hack", "--json").stdout
+        here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--methods", "baseline,hack", "--json").stdout
     )
     summary["scenario"] = "two\nlines [bold]x[/]"
     summary["methods"]["hack[pi32]"] = summary["methods"].pop("hack")
@@ -401,11 +426,11 @@ def test_with_both_phases_in_one_engine_the_mean_jct_is_split_between_them():
 def test_the_default_scenario_says_where_its_time_goes():
     """The first run's TTFT is most of its JCT: the table says prefill is the bottleneck; one engine on one GPU
     (colocated) splits its JCT between the phases instead."""
-    r = cli("simulate", "a10g_10gbps", "--requests", "40", cwd="/")
+    r = here("simulate", "a10g_10gbps", "--requests", "40", cwd="/")
     tail = r.stdout.splitlines()[-2:]
     assert tail[0].startswith("utilisation while requests arrive: prefill ")
     assert tail[1].startswith("bottleneck: prefill for every method")
-    r = cli("simulate", "one_gpu_vllm", "--requests", "40", cwd="/")
+    r = here("simulate", "one_gpu_vllm", "--requests", "40", cwd="/")
     assert r.stdout.splitlines()[-1].startswith("one engine serves both phases (placement colocated): prefill chunks")
 
 
@@ -438,11 +463,11 @@ def test_ctrl_c_while_the_report_is_built_leaves_the_previous_run(tmp_path, monk
 def test_without_a_report_an_old_report_goes(tmp_path):
     out = tmp_path / "o"
     assert (
-        cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--out", out, "--plotlyjs", "p.js").returncode
+        here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "4", "--out", out, "--plotlyjs", "p.js").returncode
         == 0
     )
     assert (out / "report.html").is_file()
-    r = cli("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "5", "--out", out, "--no-report")
+    r = here("simulate", "scenarios/a10g_10gbps.yaml", "--requests", "5", "--out", out, "--no-report")
     assert r.returncode == 0 and not (out / "report.html").exists()
 
 
@@ -478,7 +503,7 @@ def test_sigterm_leaves_no_temporary_folder_and_a_later_run_clears_a_killed_ones
     host = socket.gethostname()
     (out / f".hacksim-{host}-{int(dead.stdout)}-abc").mkdir()
     (out / f".hacksim-{host}-{os.getpid()}-def").mkdir()
-    assert cli("simulate", "a10g_10gbps", "--requests", "4", "--out", out, "--no-report").returncode == 0
+    assert here("simulate", "a10g_10gbps", "--requests", "4", "--out", out, "--no-report").returncode == 0
     assert sorted(p.name for p in out.glob(".hacksim-*")) == [f".hacksim-{host}-{os.getpid()}-def"]
 
 
@@ -495,7 +520,8 @@ def test_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, limit
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     r = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "simulate", "a10g_10gbps", "--requests", "300", "--out", str(out)],
+        # 80 requests: requests.csv alone is about 160 kB (over the tables' limit), every table under 1 MB
+        [sys.executable, str(ROOT / "cli.py"), "simulate", "a10g_10gbps", "--requests", "80", "--out", str(out)],
         capture_output=True,
         text=True,
         preexec_fn=_limited(limit_bytes),
@@ -505,7 +531,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, limit
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]  # no tables, no .report.html.tmp*, no .hacksim-*
     # rebuilding the report of a finished run into a full disk: one line, no temporary file left
     run = tmp_path / "run"
-    assert cli("simulate", "a10g_10gbps", "--requests", "20", "--out", run, "--no-report").returncode == 0
+    assert here("simulate", "a10g_10gbps", "--requests", "20", "--out", run, "--no-report").returncode == 0
     r = subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), "report", str(run)],
         capture_output=True,
@@ -536,9 +562,7 @@ def test_validate_into_a_full_disk_is_one_line_and_writes_nothing(tmp_path):
         assert r.stdout == ""
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert not (tmp_path / "new").exists()
-    r = subprocess.run(
-        [*args, "--out", "o", "--plotlyjs", "js/p.js", "-q"], capture_output=True, text=True, cwd=tmp_path
-    )
+    r = here(*args[2:], "--out", "o", "--plotlyjs", "js/p.js", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "validation.html", "validation.json"]
     assert 'src="../js/p.js"' in (out / "validation.html").read_text()  # relative to the page, not the temp folder

@@ -4,14 +4,13 @@ arrivals and lengths; filters, window and rate_scale; bad rows refused in one li
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from contract import invoke
 from simulator.config import ScenarioError, TraceConfig
 from simulator.load import load_scenario
 from simulator.run import run_scenario
@@ -217,12 +216,9 @@ def test_a_bad_trace_is_one_line_naming_file_and_row(tmp_path, fmt, name, text, 
         write(tmp_path, name, text)
     scen = tmp_path / "scenario.yaml"
     scen.write_text(yaml.safe_dump({**BASE, "workload": {"trace": {"format": fmt, "path": name}}}, sort_keys=False))
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "simulate", str(scen), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    r = invoke("simulate", scen, "--out", tmp_path / "o")  # in this process: a fresh one costs a second of imports
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: ") and str(tmp_path / name) in r.stderr and message in r.stderr
     assert not (tmp_path / "o").exists()
 

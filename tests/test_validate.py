@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,19 @@ from simulator.run import run_scenario
 from simulator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def here(*args) -> subprocess.CompletedProcess:
+    """The CLI in this process (typer's CliRunner), as subprocess.run returns it: a fresh interpreter costs a
+    second of imports. An exception the CLI did not turn into an exit code is raised, as a traceback fails."""
+    from typer.testing import CliRunner
+
+    import cli
+
+    r = CliRunner().invoke(cli.app, [str(a) for a in args])
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
 
 
 def _setup(tmp_path, scale_decode: float = 1.0):
@@ -77,27 +89,15 @@ def test_validate_sees_a_slower_decode(tmp_path):
 def test_validate_cli_writes_json_and_figure(tmp_path):
     trace, scen = _setup(tmp_path)
     out = tmp_path / "val"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    r = here("validate", str(trace), "--scenario", str(scen), "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "jct mean" in r.stdout
-    as_json = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(trace), "--scenario", str(scen), "--json"],
-        capture_output=True,
-        text=True,
-    )
+    as_json = here("validate", str(trace), "--scenario", str(scen), "--json")
     v = json.loads(as_json.stdout)
     assert "jct_mean_error_pct" in v and "ttft_p50_error_pct" in v and "tpot_p99_error_pct" in v
     assert v == json.loads((out / "validation.json").read_text())
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
-    bad = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(tmp_path), "--scenario", str(scen)],
-        capture_output=True,
-        text=True,
-    )
+    bad = here("validate", str(tmp_path), "--scenario", str(scen))
     assert bad.returncode == 2 and "requests.csv" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -108,27 +108,17 @@ def test_validate_index_table_json_figure_and_bad_index(tmp_path):
     idx = tmp_path / "index.csv"
     idx.write_text(f"trace,scenario\n{trace.name},{scen.name}\n{trace},{scen}\n")  # relative and absolute
     out = tmp_path / "val"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--out", str(out)], capture_output=True, text=True
-    )
+    r = here("validate", str(idx), "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "mean |error|" in r.stdout and "max |error|" in r.stdout
-    quiet = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(idx), "--json", "--quiet"],
-        capture_output=True,
-        text=True,
-    )
+    quiet = here("validate", str(idx), "--json", "--quiet")
     rows = json.loads(quiet.stdout)
     assert quiet.stderr == "" and rows == json.loads((out / "validation.json").read_text())
     assert len(rows) == 2 and all(abs(row["jct_mean_error_pct"]) < 1e-6 for row in rows)  # its own trace
     assert "Plotly.newPlot" in (out / "validation.html").read_text()
     bad = tmp_path / "bad.csv"
     bad.write_text("path,scen\nx,y\n")
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(bad), "--out", str(tmp_path / "none")],
-        capture_output=True,
-        text=True,
-    )
+    r = here("validate", str(bad), "--out", str(tmp_path / "none"))
     assert r.returncode == 2 and "bad.csv" in r.stderr and "trace" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
 
@@ -179,11 +169,7 @@ def test_a_trace_whose_meta_contradicts_the_scenario_is_refused(tmp_path):
         validate(trace, scen)
     idx = tmp_path / "index.csv"
     idx.write_text(f"trace,scenario\n{trace},{scen}\n")
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "calibrate", "--traces", str(idx), "--out", str(tmp_path / "e.json")],
-        capture_output=True,
-        text=True,
-    )
+    p = here("calibrate", "--traces", str(idx), "--out", str(tmp_path / "e.json"))
     assert p.returncode == 2 and "link_gbps" in p.stderr and "Traceback" not in p.stderr
     (trace / "meta.json").write_text(json.dumps({"method": "hack", "model": "llama-3.1-8b", "link_gbps": 10}))
     assert validate(trace, scen)["requests"] == 40  # agreeing fields pass

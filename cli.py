@@ -182,20 +182,20 @@ def format_table(summary: dict, placement: str = "separate") -> str:
         b = m["breakdown_s"]
         vs = ""
         if base is not None and name != REFERENCE:
-            vs = f"{100 * (m['jct_s']['mean'] / base['jct_s']['mean'] - 1):+.1f}%"
+            vs = _cell(100 * (_number(m["jct_s"]["mean"]) / _number(base["jct_s"]["mean"]) - 1), "+.1f", "%")
         rows.append(
             [
                 name,
                 f"{m['completed']}",
-                f"{m['jct_s']['mean']:.2f}s",
-                f"{m['jct_s']['p90']:.2f}s",
-                f"{m['ttft_s']['mean']:.2f}s",
-                f"{1e3 * m['tpot_s']['mean']:.1f}",
-                f"{b['transfer']:.2f}s",
-                f"{b['dequantize']:.3f}s",
-                f"{b['approximation']:.3f}s",
-                f"{m['kv_bytes_per_token']['wire']:.0f}",
-                f"{m['peak_decode_memory_bytes'] / 2**30:.1f}",
+                _cell(m["jct_s"]["mean"], ".2f", "s"),
+                _cell(m["jct_s"]["p90"], ".2f", "s"),
+                _cell(m["ttft_s"]["mean"], ".2f", "s"),
+                _cell(1e3 * _number(m["tpot_s"]["mean"]), ".1f"),
+                _cell(b["transfer"], ".2f", "s"),
+                _cell(b["dequantize"], ".3f", "s"),
+                _cell(b["approximation"], ".3f", "s"),
+                _cell(m["kv_bytes_per_token"]["wire"], ".0f"),
+                _cell(_number(m["peak_decode_memory_bytes"]) / 2**30, ".1f"),
                 vs,
             ]
         )
@@ -279,6 +279,13 @@ def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
             f"({_span([100 * x for x in share], lambda v: f'{v:.0f}')} %)"
         )
     return lines + [line]
+
+
+def _cell(v, spec: str, unit: str = "") -> str:
+    """A table cell: `v` formatted, or `–` where there is no figure (no request completed: a mean over none is
+    NaN in memory and null in summary.json)."""
+    x = _number(v)
+    return f"{x:{spec}}{unit}" if math.isfinite(x) else "–"
 
 
 def _number(v) -> float:

@@ -313,6 +313,30 @@ def test_scenarios_lists_every_shipped_example():
     assert [line.split()[0] for line in r.stdout.splitlines()[3:]] == shipped
 
 
+def test_a_method_with_no_completed_request_shows_dashes_not_nan(tmp_path):
+    """Both decode replicas down for good and fail on loss: no request completes, so every mean is over none.
+    The table said `nans` and `+nan%`; it shows `–` there and keeps the figures that exist (KV bytes per token,
+    peak memory). summary.json, read back, holds null for those means: the same table."""
+    from cli import format_table
+
+    raw = yaml.safe_load((ROOT / "scenarios" / "faults_decode_loss.yaml").read_text())
+    raw["fault_policy"] = {"on_loss": "fail"}
+    raw["faults"] = [
+        {"kind": "decode_replica_down", "target": i, "start_s": 0, "end_s": float("inf")} for i in range(2)
+    ]
+    path = tmp_path / "all_fail.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = here("simulate", path, "--requests", "12", "--out", tmp_path / "o", "--no-report")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[0] in ("baseline", "hack")}
+    assert rows["baseline"][1:9] == ["0"] + ["–"] * 7 and rows["baseline"][9] == "327680"
+    assert rows["hack"][1:9] == ["0"] + ["–"] * 7 and rows["hack"][-1] == "–"
+    assert "nan" not in r.stdout
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["methods"]["hack"]["jct_s"]["mean"] is None
+    assert format_table(summary).splitlines()[:5] == r.stdout.splitlines()[:5]
+
+
 def test_every_listed_name_runs_as_its_file():
     """`measured/h200g_70b8l_2.5gbps` once failed: the `.5gbps` was taken for a file extension."""
     from scenarios import EXAMPLES_DIR

@@ -28,7 +28,16 @@ from typing import NoReturn
 
 import typer
 
-from reports.terminal import JSON_HELP, PLOTLYJS_HELP, QUIET_HELP, ProgressBar, Say, errors_as_json, print_error
+from reports.terminal import (
+    JSON_HELP,
+    PLOTLYJS_HELP,
+    QUIET_HELP,
+    ProgressBar,
+    Say,
+    errors_as_json,
+    plotlyjs_refusal,
+    print_error,
+)
 from scenarios import resolve as resolve_example
 
 __version__ = "0.1.0"
@@ -359,6 +368,11 @@ def simulate(
     chosen = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     if chosen == []:
         fail(f"--methods {methods!r}: no method names (give e.g. --methods baseline,hack)")
+    twice = next((m for i, m in enumerate(chosen or []) if m in chosen[:i]), None)
+    if twice is not None:
+        fail(f"--methods {methods!r}: {twice} given twice; give each method once")
+    if plotlyjs_refusal(plotlyjs):
+        fail(str(plotlyjs_refusal(plotlyjs)))
     say = Say(as_json, quiet)
     scenario = resolve_example(scenario)
     out_dir = None if out is None else Path(out)
@@ -476,6 +490,8 @@ def report(
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir
 
+    if plotlyjs_refusal(plotlyjs):
+        fail(str(plotlyjs_refusal(plotlyjs)))
     if not (run_dir / "summary.json").is_file():
         fail(f"{run_dir}: no summary.json (run simulate --out {run_dir} first)")
     formats = ()
@@ -563,6 +579,8 @@ def validate(
     from simulator.validate import format_validation, format_validation_table, validate_index
     from simulator.validate import validate as run_validate
 
+    if plotlyjs_refusal(plotlyjs):
+        fail(str(plotlyjs_refusal(plotlyjs)))
     many = trace.suffix == ".csv" and trace.name != "requests.csv"
     spread = None
     if noise is not None:

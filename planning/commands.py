@@ -114,7 +114,7 @@ def register_commands(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     ) -> None:
         """Simulate every point of SWEEP_FILE and write one tidy table (CSV and Parquet) plus a report."""
-        from reports.terminal import Say
+        from reports.terminal import Say, plotlyjs_refusal
         from scenarios import resolve as resolve_example
         from simulator.files import check_out_dir
 
@@ -123,6 +123,8 @@ def register_commands(app: typer.Typer) -> None:
 
         errors_as_json(as_json)
         say = Say(as_json, quiet)
+        if plotlyjs_refusal(plotlyjs):
+            _fail(str(plotlyjs_refusal(plotlyjs)))
         sweep_file = resolve_example(sweep_file)
         ex, out_dir = None, None
         with stop_on_signals():

@@ -38,6 +38,14 @@ PLOTLYJS_HELP = (
 )
 
 
+def plotlyjs_refusal(plotlyjs: str | None) -> str | None:
+    """Why `--plotlyjs VALUE` cannot be used (None: it can). An empty or blank value was written as
+    `src=".."` (the page's folder), a page whose figures never draw."""
+    if plotlyjs is not None and not plotlyjs.strip():
+        return f"--plotlyjs {plotlyjs!r}: give a path or URL of plotly.js, or leave the option out to embed it"
+    return None
+
+
 def to_json(obj) -> str:
     """Strict JSON as the output files write it (simulator/files.py): NaN becomes null, ±infinity the
     strings "Infinity" / "-Infinity", numpy scalars plain numbers."""

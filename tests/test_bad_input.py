@@ -436,14 +436,27 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path):
         (["--out", "x" * 300], "File name too long"),
         (["--set", "network.bandwidth_gbps="], "no value after '='"),
         (["--set", "network.bandwidth_gbps=  "], "no value after '='"),
+        # src=".." on the page (its folder): a report whose figures never draw
+        (["--out", "o", "--plotlyjs", ""], "--plotlyjs '': give a path or URL of plotly.js"),
+        # ran baseline once, silently
+        (["--methods", "baseline,hack,baseline"], "baseline given twice"),
     ],
-    ids=["empty-out", "long-out", "empty-set", "blank-set"],
+    ids=["empty-out", "long-out", "empty-set", "blank-set", "empty-plotlyjs", "method-twice"],
 )
 def test_empty_and_overlong_options(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    line = assert_contract(invoke("simulate", DEFAULT, "--requests", "5", *args), names=("--out", "--set"))
+    line = assert_contract(
+        invoke("simulate", DEFAULT, "--requests", "5", *args), names=("--out", "--set", "--plotlyjs", "--methods")
+    )
     assert message in line
     assert list(tmp_path.iterdir()) == []  # nothing written, not even into the current folder
+
+
+@pytest.mark.parametrize("command", ["report", "validate", "sweep"])
+def test_an_empty_plotlyjs_is_refused_by_every_command_that_writes_a_page(tmp_path, command):
+    args = {"report": [tmp_path], "validate": [tmp_path / "i.csv"], "sweep": [tmp_path / "s.yaml"]}[command]
+    line = assert_contract(invoke(command, *args, "--plotlyjs", " "), names=("--plotlyjs",))
+    assert "give a path or URL of plotly.js" in line
 
 
 def test_a_label_that_would_become_the_comparison_base_is_refused(tmp_path):

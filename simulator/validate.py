@@ -452,7 +452,8 @@ class IndexRow(NamedTuple):
 
 def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[IndexRow]:
     """An index's rows (columns trace, scenario; optional method, config, and `require`d ones); relative paths
-    are tried against the current directory, then the index's folder."""
+    are tried against the current directory, then the index's folder, then hacksim's own folder (the shipped
+    indexes name `scenarios/measured/...` as the repository has them, so they run from any folder)."""
     index_csv = Path(index_csv)
     idx = read_csv_table(index_csv, ScenarioError, "trace index")
     need = ("trace", "scenario", *require)
@@ -469,7 +470,11 @@ def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[Ind
 
     def where(p: str) -> Path:
         q = Path(p)
-        return q if q.exists() or q.is_absolute() else index_csv.parent / q
+        if q.exists() or q.is_absolute() or (index_csv.parent / q).exists():
+            return q if q.exists() or q.is_absolute() else index_csv.parent / q
+        from .resolve import REPO_ROOT
+
+        return REPO_ROOT / q if (REPO_ROOT / q).exists() else index_csv.parent / q
 
     def optional(col: str) -> list[str | None]:
         if col not in idx.columns:

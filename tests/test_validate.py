@@ -212,3 +212,20 @@ def _other_summary_keys():
     from simulator.validate import SUMMARY_KEYS
 
     return [k for k in SUMMARY_KEYS if k not in ("jct_mean_error_pct", "kv_wait_mean_error_pct", "kv_wait_error_s")]
+
+
+def test_a_shipped_index_reads_from_any_folder(tmp_path, monkeypatch):
+    """The shipped indexes name their scenarios as the repository has them (scenarios/measured/...): from
+    another folder they were looked for beside the index and not found (`no such file`); hacksim's own folder
+    is now the last place tried. A path found in the current folder or beside the index still wins."""
+    from simulator.validate import read_index
+
+    index = ROOT / "realrun" / "traces" / "h200_graphs" / "index.csv"
+    monkeypatch.chdir(tmp_path)
+    rows = read_index(index)
+    assert rows[0].scenario == "scenarios/measured/h200g_70b8l_1gbps.yaml"
+    assert rows[0].scenario_path == ROOT / "scenarios" / "measured" / "h200g_70b8l_1gbps.yaml"
+    assert rows[0].trace_path == index.parent / rows[0].trace
+    (tmp_path / "scenarios" / "measured").mkdir(parents=True)
+    (tmp_path / "scenarios" / "measured" / "h200g_70b8l_1gbps.yaml").write_text("mine")
+    assert read_index(index)[0].scenario_path == Path("scenarios/measured/h200g_70b8l_1gbps.yaml")

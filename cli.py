@@ -266,7 +266,7 @@ def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
             f"{pool} {_span(v, lambda x: f'{x:.0f} %')}" for pool, v in shares.items() if v and max(v) >= 0.5
         )
         return lines + [
-            f"one engine serves both phases (placement colocated): prefill chunks take "
+            f"each engine serves both phases (placement colocated): prefill chunks take "
             f"{_span([u['prefill'] for u in util.values()], _pct)} of its GPUs' time and decode steps share the "
             f"rest; the mean JCT is {split or '–'}"
         ]

@@ -440,7 +440,7 @@ def test_with_both_phases_in_one_engine_the_mean_jct_is_split_between_them():
     )
     assert utilisation_lines(summary, "colocated") == [
         "utilisation while requests arrive: prefill 60-61 %, network 0.0 %, decode 4.7-17 %",
-        "one engine serves both phases (placement colocated): prefill chunks take 60-61 % of its GPUs' time and "
+        "each engine serves both phases (placement colocated): prefill chunks take 60-61 % of its GPUs' time and "
         "decode steps share the rest; the mean JCT is prefill 3-5 %, decode 95-97 %",
     ]
     assert utilisation_lines(summary)[1].startswith("bottleneck: prefill for every method")  # as if separate
@@ -455,7 +455,7 @@ def test_the_default_scenario_says_where_its_time_goes():
     assert tail[0].startswith("utilisation while requests arrive: prefill ")
     assert tail[1].startswith("bottleneck: prefill for every method")
     r = here("simulate", "one_gpu_vllm", "--requests", "40", cwd="/")
-    assert r.stdout.splitlines()[-1].startswith("one engine serves both phases (placement colocated): prefill chunks")
+    assert r.stdout.splitlines()[-1].startswith("each engine serves both phases (placement colocated): prefill chunks")
 
 
 # ---- outputs: all of a run or none of it --------------------------------------------------------------

@@ -368,7 +368,8 @@ def simulate(
     chosen = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     if chosen == []:
         fail(f"--methods {methods!r}: no method names (give e.g. --methods baseline,hack)")
-    twice = next((m for i, m in enumerate(chosen or []) if m in chosen[:i]), None)
+    names = chosen or []
+    twice = next((m for i, m in enumerate(names) if m in names[:i]), None)
     if twice is not None:
         fail(f"--methods {methods!r}: {twice} given twice; give each method once")
     if plotlyjs_refusal(plotlyjs):

@@ -215,8 +215,12 @@ def test_separate_placement_two_processes(tmp_path, method, stream):
         t = [float(r[c]) for c in order]
         assert all(math.isfinite(x) for x in t) and t == sorted(t)
         assert float(r["transfer_start_s"]) <= float(r["transfer_end_s"]) <= float(r["decode_start_s"])
-        if stream:  # announced at prefill start, before the forward
-            assert float(r["prefill_start_s"]) <= float(r["transfer_start_s"])
+        if stream:
+            # announced when its prefill batch is formed, before the forward stamps prefill_start_s
+            # (realrun/separate.py): the decode process may admit it and stamp transfer_start_s in between, so
+            # the protocol orders the transfer after the arrival only (prefill_start_s before it failed 1 run in
+            # ~10 under load: 0.003494 > 0.003335 s)
+            assert float(r["arrival_s"]) <= float(r["transfer_start_s"])
         else:
             assert float(r["transfer_start_s"]) >= float(r["quantize_end_s"])
     its = list(csv.DictReader(open(path / "iterations.csv")))

@@ -126,12 +126,21 @@ class Link:
     def _reschedule(self) -> None:
         self._rates()
         self._version += 1
-        if self.log is not None:
-            self.log.append((self.env.now, len(self.flows), sum(f.rate for f in self.flows)))
-        moving = [f for f in self.flows if f.rate > 0]
-        if not moving:
-            return  # idle, or an outage: nothing drains until the capacity returns
-        dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
+        flows = self.flows
+        if len(flows) == 1:  # the usual case, without the general case's lists and generators (same arithmetic)
+            f = flows[0]
+            if self.log is not None:
+                self.log.append((self.env.now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
+            if not f.rate > 0:
+                return  # an outage: nothing drains until the capacity returns
+            dt = max(f.remaining_bytes, 0.0) / f.rate
+        else:
+            if self.log is not None:
+                self.log.append((self.env.now, len(flows), sum(f.rate for f in flows)))
+            moving = [f for f in flows if f.rate > 0]
+            if not moving:
+                return  # idle, or an outage: nothing drains until the capacity returns
+            dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
         version = self._version
         call_in(self.env, dt, lambda _e: self._on_timer(version))
 
@@ -141,12 +150,14 @@ class Link:
         self._advance()
         now = self.env.now
         done, left = [], []
+        drained = self._drained
         for f in self.flows:
-            (done if self._drained(f, now) else left).append(f)
+            (done if drained(f, now) else left).append(f)
         self.flows = left
         self._reschedule()
+        latency_s = self.latency_s
         for f in done:
-            finish = max(now, f.not_before_s) + self.latency_s
+            finish = max(now, f.not_before_s) + latency_s
             if finish <= now:
                 f.on_done(f.rid, now)
             else:

@@ -7,12 +7,18 @@ the order they were set, and carry the same ids; the event is a bare object with
 `Environment.step` reads (`callbacks`, `_ok`) instead of a `Timeout` built through `Event.__init__` and
 `schedule`. A run makes one or two of these per request per entity, so their cost is a tenth of the
 event loop's.
+
+`run(env)` drives the queue to its end as `env.run()` does, event by event in the same order on the same
+clock; it calls a timer's function straight from the queue entry, where `Environment.step` would swap its
+callback list out and loop over it (a run's every event is a timer: that call and loop were a tenth of its
+time). Any other event (a process, a `Timeout`) goes through SimPy's own protocol, exactly as `step` runs it,
+so entities and tests may mix them. tests/test_timers.py runs random timelines through both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import Any
 
 import simpy
@@ -24,7 +30,7 @@ class _Timer:
     _ok = True  # Environment.step: a timer never fails
 
     def __init__(self, fn: Callable[[Any], object]):
-        self.callbacks: list | None = [fn]
+        self.callbacks: list[Callable[[Any], object]] = [fn]  # Environment.step sets it to None once run
 
 
 def call_in(env: simpy.Environment, delay_s: float, fn: Callable[[Any], object]) -> None:
@@ -33,3 +39,23 @@ def call_in(env: simpy.Environment, delay_s: float, fn: Callable[[Any], object])
         raise ValueError(f"negative delay {delay_s}")
     # SimPy types its queue as holding Events; a _Timer has the two attributes Environment.step reads
     heappush(env._queue, (env._now + delay_s, NORMAL, next(env._eid), _Timer(fn)))  # pyright: ignore[reportArgumentType]
+
+
+def run(env: simpy.Environment) -> None:
+    """Process every event on `env`'s queue until it is empty: what ``env.run()`` does, faster for timers."""
+    queue: Any = env._queue  # (time, priority, id, event): a _Timer or any SimPy event
+    timer = _Timer
+    while queue:
+        env._now, _, _, event = heappop(queue)
+        if type(event) is timer:
+            event.callbacks[0](event)
+            continue
+        # Environment.step (simpy 4.1): callbacks, then a failure nobody defused is raised (no `until` here, so
+        # no StopSimulation to catch)
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc

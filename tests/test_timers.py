@@ -9,11 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.timers import call_in
+from simulator.timers import run as drive_queue
 
 DELAYS = st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.5]), min_size=1, max_size=12)
 
 
-def _trace(delays, use_call_in: list[bool]):
+def _trace(delays, use_call_in: list[bool], drive=simpy.Environment.run):
     """Set one timer per delay, each through call_in or env.timeout, and a process that sleeps on
     env.timeout beside them; each callback sets a follow-up timer of the same kind. Returns what ran, when."""
     env = simpy.Environment()
@@ -40,8 +41,8 @@ def _trace(delays, use_call_in: list[bool]):
             log.append((env.now, "proc"))
 
     env.process(proc())
-    env.run()
-    return log, next(env._eid)
+    drive(env)
+    return log, next(env._eid), env.now
 
 
 @settings(max_examples=60, deadline=None)
@@ -51,6 +52,30 @@ def test_call_in_runs_as_a_timeout_would(delays, data):
     ref = _trace(delays, [False] * len(delays))
     assert _trace(delays, [True] * len(delays)) == ref  # same order, same clock, same number of event ids
     assert _trace(delays, mixed) == ref  # and mixed with timeouts
+
+
+@settings(max_examples=60, deadline=None)
+@given(delays=DELAYS, data=st.data())
+def test_the_queue_driver_runs_what_env_run_runs(delays, data):
+    """timers.run against SimPy's Environment.run over the same queue: timers, timeouts and a process, in the
+    same order on the same clock."""
+    mixed = data.draw(st.lists(st.booleans(), min_size=len(delays), max_size=len(delays)))
+    assert _trace(delays, mixed, drive_queue) == _trace(delays, mixed)
+
+
+def test_the_queue_driver_raises_a_failed_event_as_simpy_does():
+    import pytest
+
+    env = simpy.Environment()
+
+    def proc():
+        yield env.timeout(1.0)
+        raise KeyError("lost")
+
+    env.process(proc())
+    with pytest.raises(KeyError, match="lost"):
+        drive_queue(env)
+    assert env.now == 1.0
 
 
 def test_same_instant_timers_run_in_the_order_they_were_set():

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/a10g_10gbps.yaml
 
-.PHONY: run test lint docs readme-example format mutate clean
+.PHONY: run test lint docs readme-example format mutate clean compiled
 
 $(VENV)/.core-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,15 +17,28 @@ $(VENV)/.test-installed: $(VENV)/.core-installed
 	bash scripts/install_test_system_deps.sh
 	touch $@
 
-run: $(VENV)/.core-installed
+run: $(VENV)/.core-installed $(VENV)/.compiled
 	$(PY) cli.py simulate $(SCENARIO) --out out/default
+
+# The simulator's event-loop modules compiled by mypyc from their own source into build/mypyc/ (scripts/
+# build_compiled.py; simulator/compiled.py loads them while they match the sources): the same outputs, byte for byte,
+# in about half the CPU time. Optional: where mypy cannot be installed or there is no C compiler, the build is
+# skipped and the simulator runs as Python. The stamp is remade when a simulator source changes.
+MYPY_VERSION := 2.4.1
+compiled: $(VENV)/.compiled
+$(VENV)/.compiled: $(VENV)/.core-installed $(wildcard simulator/*.py) scripts/build_compiled.py
+	-$(PY) -m pip install -q 'mypy==$(MYPY_VERSION)'
+	$(PY) -m scripts.build_compiled
+	touch $@
 
 # Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
 # Chromium and kaleido are installed here, so a browser test fails rather than skips without them
-# (tests/reports/browser_required.py); hypothesis draws its derandomised "ci" profile (tests/conftest.py).
+# (tests/reports/browser_required.py); hypothesis draws its derandomised "ci" profile (tests/conftest.py). The compiled
+# modules are built first, and tests/test_compiled.py fails rather than skips without them.
 TEST_WORKERS ?= 2
 test: export HACKSIM_REQUIRE_BROWSER = 1
-test: lint docs
+test: export HACKSIM_REQUIRE_COMPILED = 1
+test: lint docs $(VENV)/.compiled
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (lint and format check) over the tree, then pyright (basic mode, [tool.pyright] in pyproject.toml) with the
@@ -63,4 +76,4 @@ mutate: $(VENV)/.test-installed
 	$(VENV)/bin/mutmut results
 
 clean:
-	rm -rf $(VENV) out mutants site
+	rm -rf $(VENV) out mutants site build/mypyc

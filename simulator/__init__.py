@@ -11,6 +11,7 @@ Modules, bottom up (the import graph has no cycles: tests/test_imports.py):
   `scheduler.StepScheduler`, vLLM's steps where it prefills: colocated prompts, preempted requests'
   recompute), `router.Router` (`colocated` for a placement without transfers), and the controllers
   `faults.FaultInjector` and `prefix_cache.PrefixCaching`;
+* `compiled`: the hot modules as mypyc compiles them (`make compiled`), used when built and current;
 * `run`: builds a method's entities, wires them to one another and to its `Records`, runs them, and turns
   the records into the summary and the output tables.
 
@@ -41,3 +42,7 @@ instant (simulator/faults.py). Requests
 arriving at one instant are handed to the router together (`run.MethodRun._arrive`), so they can share a
 prefill batch; a decode replica's joiners wait for the end of the iteration in progress.
 """
+
+from .compiled import activate as _activate
+
+COMPILED = _activate(__path__)  # the hot modules mypyc compiled, when built and current (simulator/compiled.py)

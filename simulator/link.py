@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import simpy
 
@@ -149,7 +150,8 @@ class Link:
             return
         self._advance()
         now = self.env.now
-        done, left = [], []
+        done: list[Flow] = []
+        left: list[Flow] = []
         drained = self._drained
         for f in self.flows:
             (done if drained(f, now) else left).append(f)
@@ -162,9 +164,9 @@ class Link:
                 f.on_done(f.rid, now)
             else:
                 self.waiting[f.rid] = f
-                call_in(self.env, finish - now, lambda _e, f=f, t=finish: self._arrived(f, t))
+                call_in(self.env, finish - now, partial(self._arrived, f, finish))
 
-    def _arrived(self, f: Flow, t: float) -> None:
+    def _arrived(self, f: Flow, t: float, _event: object = None) -> None:
         if f.cancelled:
             return
         del self.waiting[f.rid]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 import simpy
@@ -263,10 +264,10 @@ class PrefillReplica:
         self.busy_s += busy_s
         v = self._version
         if busy_s == encode_end - start:  # one stage: the step is done when the replica is free
-            call_in(env, busy_s, lambda _e: v == self._version and self._done_then_next(batch, done))
+            call_in(env, busy_s, partial(self._step_end, v, batch, done))
         else:
-            call_in(env, encode_end - start, lambda _e: v == self._version and self._done(batch, done))
-            call_in(env, busy_s, lambda _e: v == self._version and self._next())
+            call_in(env, encode_end - start, partial(self._encoded, v, batch, done))
+            call_in(env, busy_s, partial(self._free, v))
         return True
 
     def fail(self) -> tuple[list[int], list[int]]:
@@ -293,9 +294,19 @@ class PrefillReplica:
             self.partner.resume_after_prefill()
         self.try_start()
 
-    def _done_then_next(self, batch: list[int], done: list[int]) -> None:
-        self._done(batch, done)
-        self._next()
+    # a step's timers (version: the replica's when the step started; a fault since voids them)
+    def _step_end(self, version: int, batch: list[int], done: list[int], _event: object = None) -> None:
+        if version == self._version:
+            self._done(batch, done)
+            self._next()
+
+    def _encoded(self, version: int, batch: list[int], done: list[int], _event: object = None) -> None:
+        if version == self._version:
+            self._done(batch, done)
+
+    def _free(self, version: int, _event: object = None) -> None:
+        if version == self._version:
+            self._next()
 
     def _done(self, batch: list[int], done: list[int]) -> None:
         """A step's KV is encoded: the prompts it completed go on (their KV leaves the GPU for host memory)."""

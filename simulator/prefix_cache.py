@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import MutableSequence, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -267,7 +267,9 @@ class PrefixCaching:
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
         self.pinned = [0] * n  # leading hash blocks a request pins where the cache is in the KV pool
-        self.sent_bytes = records.wire_bytes  # what each transfer carries (a copy once a decode hit cuts one)
+        self.sent_bytes: MutableSequence[float] = (
+            records.wire_bytes
+        )  # what each transfer carries (a copy once a decode hit cuts one)
         self.prefill: list[PrefixCache] = []
         self.decode: list[PrefixCache] = []
         self.in_pool = {"prefill": False, "decode": False}

@@ -65,8 +65,10 @@ class Router:
         self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
         self.push: Pusher | None = None  # network.kv_connector p2p_push (simulator/connectors.P2PPush)
-        for rep in (*prefill, *decode):
+        for rep in prefill:
             rep.listener = self
+        for drep in decode:
+            drep.listener = self
 
     def on_arrivals(self, rids: list[int]) -> None:
         """Requests arriving at one instant are all queued before any prefill batch starts, so they

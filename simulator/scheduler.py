@@ -51,6 +51,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from costmodel.phases import PrefillCost
+
 from .columns import PREEMPTION
 from .timers import call_in
 
@@ -107,7 +109,7 @@ class StepScheduler:
         self.resumes = 0  # preempted requests among `waiting` (the router admits nothing new meanwhile)
         self.partial: list[Job] = []
         self.step: list[tuple[Job, int]] = []  # this step's chunks: (job, new tokens)
-        self.share = None  # the running step's chunk share (PrefillCost)
+        self.share: PrefillCost | None = None  # the running step's chunk share
         self.ready: list[Job] = []  # finished their tokens in the last step: decode rows from the next
         self.retry = False  # a request was preempted this step and others wait: the next step looks again
         self.outstanding_tokens = 0  # prompt tokens queued or being prefilled here (the colocated router's load)

@@ -37,8 +37,8 @@ def call_in(env: simpy.Environment, delay_s: float, fn: Callable[[Any], object])
     """Run `fn(event)` `delay_s` seconds from now (after every event already set for that instant)."""
     if delay_s < 0:
         raise ValueError(f"negative delay {delay_s}")
-    # SimPy types its queue as holding Events; a _Timer has the two attributes Environment.step reads
-    heappush(env._queue, (env._now + delay_s, NORMAL, next(env._eid), _Timer(fn)))  # pyright: ignore[reportArgumentType]
+    queue: list = env._queue  # SimPy types it as holding Events; a _Timer has the two attributes Environment.step reads
+    heappush(queue, (env._now + delay_s, NORMAL, next(env._eid), _Timer(fn)))
 
 
 def run(env: simpy.Environment) -> None:

@@ -7,7 +7,12 @@ Hypothesis profiles (HYPOTHESIS_PROFILE picks one; `ci` by default, so `make tes
 - random: fresh examples each run, failures saved in .hypothesis/ and replayed first next time, for looking
   beyond the fixed examples locally: `HYPOTHESIS_PROFILE=random .venv/bin/python -m pytest tests/test_properties.py`
   (a failure prints the @reproduce_failure line that replays it anywhere).
-A test's own @settings override the profile only for what they name (max_examples, mostly)."""
+A test's own @settings override the profile only for what they name (max_examples, mostly).
+
+The tests run the simulator as Python (HACKSIM_PURE_PYTHON=1, set here before anything imports it): the Python
+modules are the model, and tests/test_compiled.py checks the mypyc-compiled ones against them in child
+processes. `HACKSIM_PURE_PYTHON= pytest ...` (set, empty) runs the whole suite on the compiled modules instead
+(tests that patch a method of an entity class then fail: a compiled class cannot be patched)."""
 
 import os
 import sys
@@ -15,6 +20,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+
+os.environ.setdefault("HACKSIM_PURE_PYTHON", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -1,0 +1,103 @@
+"""The compiled hot modules (mypyc: simulator/compiled.py, scripts/build_compiled.py) against the Python ones.
+
+The tests run the simulator as Python (tests/conftest.py sets HACKSIM_PURE_PYTHON): it is the model. Here a
+child process runs random small scenarios, drawn from the property tests' engine settings (every placement,
+on-demand and reserve admission, recompute and swap preemption, chunked prefill, prefix caching in the pool
+or a region), once with the compiled modules and once as Python, and every output must be the same bytes.
+Without a build the test skips, unless HACKSIM_REQUIRE_COMPILED is set (`make test` builds first and sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.compiled import MODULES, current
+from test_properties import cluster, engines
+
+CHILD = Path(__file__).resolve().parent / "compiled_child.py"
+
+
+def _engine_changes(changes: dict) -> dict:
+    """test_properties' engine settings as scenario changes (as its engine test turns them)."""
+    changes = dict(changes)
+    chunk, caching = changes.pop("chunk_tokens"), changes.pop("caching")
+    if changes["placement"] == "shared_gpu":
+        changes["decode.replicas"] = changes["prefill.replicas"]
+    changes["decode.max_batch_tokens"] = max(changes["decode.max_batch_tokens"], changes["decode.max_batch_requests"])
+    sharing = changes.pop("workload.prefix_sharing")
+    if caching == "region" and sharing is None:
+        caching = "off"
+    if sharing is not None:
+        changes["workload.prefix_sharing"] = sharing
+    for pool in ("prefill", "decode"):
+        changes[f"{pool}.chunk_tokens"] = chunk
+        changes[f"{pool}.prefix_caching"] = caching != "off"
+        if caching == "region":
+            changes[f"{pool}.prefix_cache_gib"] = 0.25
+    return changes
+
+
+def _cluster_changes(changes: dict) -> dict:
+    changes = dict(changes)
+    if changes["placement"] == "shared_gpu":
+        changes["decode.replicas"] = changes["prefill.replicas"]
+    return changes
+
+
+def _run(cases: list[dict], pure: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "HACKSIM_PURE_PYTHON"}
+    if pure:
+        env["HACKSIM_PURE_PYTHON"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(CHILD)], input=json.dumps(cases), capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _require_build() -> None:
+    if not current():
+        if os.environ.get("HACKSIM_REQUIRE_COMPILED"):
+            pytest.fail("the compiled modules are not built or not current: make compiled")
+        pytest.skip("the compiled modules are not built (make compiled)")
+
+
+SCENARIOS = st.lists(st.one_of(engines.map(_engine_changes), cluster.map(_cluster_changes)), min_size=10, max_size=10)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(SCENARIOS)
+def test_compiled_modules_give_the_python_modules_outputs_byte_for_byte(cases):
+    _require_build()
+    compiled, pure = _run(cases, pure=False), _run(cases, pure=True)
+    assert compiled["compiled"] == list(MODULES) and pure["compiled"] == []
+    assert compiled["digests"] == pure["digests"]
+
+
+def test_an_edited_module_runs_as_python(tmp_path, monkeypatch):
+    """A source that no longer matches the build's manifest turns the build off (as does HACKSIM_PURE_PYTHON)."""
+    import simulator.compiled as c
+
+    _require_build()
+    pkg = tmp_path / "simulator"
+    pkg.mkdir()
+    for m in MODULES:
+        (pkg / f"{m}.py").write_bytes((c.PACKAGE_DIR / f"{m}.py").read_bytes())
+    monkeypatch.setattr(c, "PACKAGE_DIR", pkg)
+    monkeypatch.delenv("HACKSIM_PURE_PYTHON", raising=False)
+    path: list[str] = []
+    assert c.activate(path) == MODULES and path == [str(c.BUILD_DIR / "simulator")]
+    (pkg / "decode.py").write_text((pkg / "decode.py").read_text() + "\n# edited\n")
+    path = []
+    assert c.activate(path) == () and path == []
+    monkeypatch.setenv("HACKSIM_PURE_PYTHON", "1")
+    (pkg / "decode.py").write_bytes((c.PACKAGE_DIR / "decode.py").read_bytes())
+    assert c.activate(path) == () and path == []

@@ -1,12 +1,15 @@
 """Simulator speed: simulated requests per wall-second, start-up time and peak memory.
 
     python benchmarks/sim_speed.py [--requests 100000] [--method hack] [--scenario scenarios/a10g_10gbps.yaml]
+                                   [--set path.to.field=value ...]
 
 Start-up is the wall time from interpreter start to a validated scenario with its requests drawn
 and cost models built (imports included); the event loop is timed separately, in wall and CPU time (on
 a shared machine the CPU time says more about the code; the 1-minute load average is recorded beside
 both). Results are printed and, with --json, written for committing (benchmarks/results/) with their
-provenance: git revision, date, command, machine and versions.
+provenance: git revision, date, command, machine and versions, and which simulator modules ran compiled
+(simulator/compiled.py; none where HACKSIM_PURE_PYTHON=1, or in a tree from before them).
+benchmarks/paired.py runs it back to back against older revisions.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import simulator  # noqa: E402
 from simulator.load import load_scenario  # noqa: E402
 from simulator.resolve import resolve  # noqa: E402
 from simulator.run import MethodRun, summarize  # noqa: E402
@@ -41,10 +45,11 @@ def main() -> None:
     ap.add_argument("--scenario", default="scenarios/a10g_10gbps.yaml")
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--method", default="hack")
+    ap.add_argument("--set", action="append", default=[], help="path.to.field=value (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    s = load_scenario(args.scenario, [f"workload.requests={args.requests}"])
+    s = load_scenario(args.scenario, [f"workload.requests={args.requests}", *args.set])
     res = resolve(s, args.scenario)
     reqs = make_requests(s)
     cfg = next(m for m in s.methods if m.output_name == args.method)
@@ -63,6 +68,7 @@ def main() -> None:
 
     out = {
         "scenario": args.scenario,
+        "set": args.set,
         "method": args.method,
         "requests": args.requests,
         "startup_s": round(startup_s, 3),
@@ -80,6 +86,7 @@ def main() -> None:
         "load_average_1m_before": round(load_before, 2),
         "load_average_1m_after": round(os.getloadavg()[0], 2),
         "versions": versions(),
+        "compiled": list(getattr(simulator, "COMPILED", ())),
         "git_revision": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),

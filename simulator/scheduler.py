@@ -114,6 +114,15 @@ class StepScheduler:
         self.retry = False  # a request was preempted this step and others wait: the next step looks again
         self.outstanding_tokens = 0  # prompt tokens queued or being prefilled here (the colocated router's load)
         self.busy_s = 0.0  # Σ prompt chunks' share of the replica's time (prefill utilisation)
+        self._kv_memo: dict[int, float] = {}  # tokens -> the replica's KV bytes for them (_kv_bytes)
+
+    def _kv_bytes(self, tokens: int) -> float:
+        """`ReplicaCostModel.kv_memory_bytes(tokens)` of the replica, priced once per token count (a step asks for
+        every chunk's)."""
+        b = self._kv_memo.get(tokens)
+        if b is None:
+            b = self._kv_memo[tokens] = self.rep.cost.kv_memory_bytes(tokens)
+        return b
 
     # ---- what enters ----------------------------------------------------------------------------
     def enqueue_prompt(self, rid: int) -> None:
@@ -208,7 +217,7 @@ class StepScheduler:
         rep = self.rep
         if rep.blocks is None:  # reserve admission: its final KV was reserved when it started
             return 0
-        need = rep.cost.kv_memory_bytes(tokens) - job.held
+        need = self._kv_bytes(tokens) - job.held
         gone = 0
         while rep.reserved_bytes + need > rep.capacity_bytes:
             victim = self.partial[-1]
@@ -238,7 +247,7 @@ class StepScheduler:
                 skipped.append(waiting.popleft())
                 continue
             if job.swapped:  # swap: its KV comes back over PCIe and it decodes in this step
-                need = rep.cost.kv_memory_bytes(job.target)
+                need = self._kv_bytes(job.target)
                 if rep.reserved_bytes + need > rep.capacity_bytes:
                     blocked = True
                     continue
@@ -262,7 +271,7 @@ class StepScheduler:
             if rep.blocks is None:  # reserve admission: the final KV, when a prompt starts
                 need = rec.admit_bytes[job.rid] if job.first else 0.0
             else:
-                need = rep.cost.kv_memory_bytes(hit + n)
+                need = self._kv_bytes(hit + n)
             if not n or rep.reserved_bytes + need > rep.capacity_bytes:
                 blocked = True
                 continue

@@ -67,7 +67,7 @@ class SharedPrefixBlocks:
     def __getitem__(self, i: int) -> list[int]:
         base = self.group[i] * self.shared_blocks
         first = self.first_own[i]
-        return [base + j for j in range(self._shared[i])] + list(range(first, first + self.own_blocks[i]))
+        return [*range(base, base + self._shared[i]), *range(first, first + self.own_blocks[i])]
 
     def reordered(self, order: np.ndarray) -> SharedPrefixBlocks:
         out = object.__new__(SharedPrefixBlocks)

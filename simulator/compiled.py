@@ -24,6 +24,7 @@ BUILD_DIR = PACKAGE_DIR.parent / "build" / "mypyc"
 # subclassed by a Python one, so the data-parallel router (dp_router) compiles with the router it extends.
 MODULES = (
     "timers",
+    "arrivals",
     "columns",
     "link",
     "admission",

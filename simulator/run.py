@@ -30,6 +30,7 @@ from costmodel.specs import GIB
 
 from . import colocated, columns, data_parallel
 from .admission import OnDemandBlocks
+from .arrivals import Arrivals
 from .config import Scenario, ScenarioError
 from .connectors import P2P_BUFFER_BYTES, P2P_POOL_GIB, P2PPush
 from .decode import DecodeReplica
@@ -41,7 +42,6 @@ from .prefix_cache import PrefixCaching
 from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
 from .router import Router
 from .scheduler import StepScheduler
-from .timers import call_in
 from .timers import run as drive_queue
 from .workload import Requests, make_requests
 
@@ -264,21 +264,9 @@ class MethodRun:
             )
         self.faults = FaultInjector(rec, env, router, s.faults, s.fault_policy) if s.faults else None
 
-    def _arrive(self, rid: int) -> None:
-        """Route every request arriving now, then set a timer for the next arrival."""
-        arrival, n = self.records.arrival, self.n
-        now = arrival[rid]
-        first = rid
-        while rid < n and arrival[rid] <= now:
-            rid += 1
-        self.router.on_arrivals(list(range(first, rid)))
-        if rid < n:
-            call_in(self.env, arrival[rid] - now, lambda _e, r=rid: self._arrive(r))
-
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""
-        if self.n:
-            call_in(self.env, self.records.arrival[0], lambda _e: self._arrive(0))
+        Arrivals(self.env, self.records.arrival, self.router.on_arrivals).start()
         drive(self.env)
         if self.records.completed + self.records.failed != self.n:
             if self.faults is None:

@@ -201,7 +201,7 @@ class DecodeReplica:
         self.slots_used = 0  # admitted (reserved) requests, joined or not
         # decode.batch_slot_at join (realrun's rule): admission takes no batch slot; joins wait for one
         self.slots_at_join = False
-        self.admit_slots: float = max_batch_requests
+        self.admit_slots: float = float(max_batch_requests)  # math.inf under batch_slot_at join
         self.memory_log = records.memory_log  # (time_s, replica, used_bytes)
         self.joining: list[int] = []  # KV arrived, waiting for the next boundary
         self.finish_heap: list[tuple[int, int]] = []  # (finish iteration, rid)

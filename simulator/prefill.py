@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import simpy
 
-from costmodel.phases import PrefillCost, ReplicaCostModel
+from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
 from .timers import call_in
@@ -106,15 +106,6 @@ class PrefillReplica:
         self.kv_in_pool = kv_in_pool
         self.wait_for_push = wait_for_push
         self.pushing = 0  # p2p_push: requests whose KV is being pushed
-        self._one_prompt: dict[int, PrefillCost] = {}  # prompt tokens -> a one-prompt batch's price
-
-    def _one_prompt_cost(self, tokens: int) -> PrefillCost:
-        """`cost.prefill((tokens,))`, kept per prompt length (the cost model prices a length once too, but builds
-        its result again for every batch)."""
-        c = self._one_prompt.get(tokens)
-        if c is None:
-            c = self._one_prompt[tokens] = self.cost.prefill((tokens,), None)
-        return c
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -234,10 +225,7 @@ class PrefillReplica:
             batch, cached = self._take_batch()
             for rid in batch:
                 self._begin(rid)
-            if cached is None and len(batch) == 1:  # the usual batch: one prompt, nothing cached
-                cost = self._one_prompt_cost(rec.prompt[batch[0]])
-            else:
-                cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
+            cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
             forms = cost.forms
             done = batch
         else:

@@ -30,7 +30,7 @@ class _Timer:
     _ok = True  # Environment.step: a timer never fails
 
     def __init__(self, fn: Callable[[Any], object]):
-        self.callbacks: list[Callable[[Any], object]] = [fn]  # Environment.step sets it to None once run
+        self.callbacks: list[Callable[[Any], object]] | None = [fn]  # Environment.step sets it to None once run
 
 
 def call_in(env: simpy.Environment, delay_s: float, fn: Callable[[Any], object]) -> None:
@@ -48,7 +48,8 @@ def run(env: simpy.Environment) -> None:
     while queue:
         env._now, _, _, event = heappop(queue)
         if type(event) is timer:
-            event.callbacks[0](event)
+            fns: Any = event.callbacks  # a list until Environment.step runs it (never, here)
+            fns[0](event)
             continue
         # Environment.step (simpy 4.1): callbacks, then a failure nobody defused is raised (no `until` here, so
         # no StopSimulation to catch)

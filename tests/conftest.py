@@ -12,7 +12,8 @@ A test's own @settings override the profile only for what they name (max_example
 The tests run the simulator as Python (HACKSIM_PURE_PYTHON=1, set here before anything imports it): the Python
 modules are the model, and tests/test_compiled.py checks the mypyc-compiled ones against them in child
 processes. `HACKSIM_PURE_PYTHON= pytest ...` (set, empty) runs the whole suite on the compiled modules instead
-(tests that patch a method of an entity class then fail: a compiled class cannot be patched)."""
+(tests that patch a method of an entity class, or hand it a stand-in of another type, then fail: a compiled class
+cannot be patched and checks the declared types)."""
 
 import os
 import sys

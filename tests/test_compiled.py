@@ -20,29 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.compiled import MODULES, current
-from test_properties import cluster, engines
+from test_properties import cluster, engine_changes, engines
 
 CHILD = Path(__file__).resolve().parent / "compiled_child.py"
-
-
-def _engine_changes(changes: dict) -> dict:
-    """test_properties' engine settings as scenario changes (as its engine test turns them)."""
-    changes = dict(changes)
-    chunk, caching = changes.pop("chunk_tokens"), changes.pop("caching")
-    if changes["placement"] == "shared_gpu":
-        changes["decode.replicas"] = changes["prefill.replicas"]
-    changes["decode.max_batch_tokens"] = max(changes["decode.max_batch_tokens"], changes["decode.max_batch_requests"])
-    sharing = changes.pop("workload.prefix_sharing")
-    if caching == "region" and sharing is None:
-        caching = "off"
-    if sharing is not None:
-        changes["workload.prefix_sharing"] = sharing
-    for pool in ("prefill", "decode"):
-        changes[f"{pool}.chunk_tokens"] = chunk
-        changes[f"{pool}.prefix_caching"] = caching != "off"
-        if caching == "region":
-            changes[f"{pool}.prefix_cache_gib"] = 0.25
-    return changes
 
 
 def _cluster_changes(changes: dict) -> dict:
@@ -70,7 +50,7 @@ def _require_build() -> None:
         pytest.skip("the compiled modules are not built (make compiled)")
 
 
-SCENARIOS = st.lists(st.one_of(engines.map(_engine_changes), cluster.map(_cluster_changes)), min_size=10, max_size=10)
+SCENARIOS = st.lists(st.one_of(engines.map(engine_changes), cluster.map(_cluster_changes)), min_size=10, max_size=10)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

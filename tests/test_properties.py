@@ -136,13 +136,9 @@ engines = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(engines)
-def test_every_engine_setting_finishes_each_request_once_within_memory(changes):
-    """vLLM's step scheduler in every placement, with preemption (recompute, swap) and prefix caching (in the KV
-    pool's free blocks, or a region): every request finishes exactly once, its breakdown adds up to its JCT,
-    requests never hold more than a replica's KV pool, and a cache in the pool never holds more than they leave
-    free (checked whenever a replica starts a step); at the end nothing is reserved and no block is pinned."""
+def engine_changes(changes: dict) -> dict:
+    """An `engines` draw as scenario changes: chunk size and caching mode spread over both pools, a shared GPU's
+    decode replicas matching its prefill replicas, a token budget no smaller than the request limit."""
     changes = dict(changes)
     chunk, caching = changes.pop("chunk_tokens"), changes.pop("caching")
     if changes["placement"] == "shared_gpu":
@@ -158,7 +154,17 @@ def test_every_engine_setting_finishes_each_request_once_within_memory(changes):
         changes[f"{pool}.prefix_caching"] = caching != "off"
         if caching == "region":
             changes[f"{pool}.prefix_cache_gib"] = 0.25
-    s = scenario(**changes)
+    return changes
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(engines)
+def test_every_engine_setting_finishes_each_request_once_within_memory(changes):
+    """vLLM's step scheduler in every placement, with preemption (recompute, swap) and prefix caching (in the KV
+    pool's free blocks, or a region): every request finishes exactly once, its breakdown adds up to its JCT,
+    requests never hold more than a replica's KV pool, and a cache in the pool never holds more than they leave
+    free (checked whenever a replica starts a step); at the end nothing is reserved and no block is pinned."""
+    s = scenario(**engine_changes(changes))
 
     checked = []
     start = DecodeReplica._start_segment

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from realrun.trace import REQUEST_COLUMNS
 from simulator.config import parse_scenario
 from simulator.decode import iteration_rows
 from simulator.engine import apply_values
@@ -36,21 +37,6 @@ TRUE = {
     "methods.hack.approximation": 1.3,
     "methods.hack.prefill_issue_s_per_layer": 4e-4,
 }
-COLUMNS = [
-    "request_id",
-    "method",
-    "arrival_s",
-    "prompt_tokens",
-    "output_tokens",
-    "prefill_start_s",
-    "prefill_end_s",
-    "quantize_end_s",
-    "transfer_start_s",
-    "transfer_end_s",
-    "decode_start_s",
-    "first_token_s",
-    "finish_s",
-]
 
 
 def raw_system(seed: int = 3, layers: int | None = None, gbps: float = 10, rate_rps: float = 6.0, n: int = 80) -> dict:
@@ -93,7 +79,7 @@ def simulate(
 
 def write_realrun(folder: Path, method: str, df: pd.DataFrame, it: pd.DataFrame) -> Path:
     folder.mkdir(parents=True)
-    df[COLUMNS].to_csv(folder / "requests.csv", index=False)
+    df[REQUEST_COLUMNS].to_csv(folder / "requests.csv", index=False)
     it.to_csv(folder / "iterations.csv", index=False)
     (folder / "meta.json").write_text(json.dumps({"method": method, "decode_mode": "graphs"}))
     return folder

@@ -5,7 +5,7 @@
 # after each configuration and every 20 s, so a cut-off call still returns what finished) plus
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
-#   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below)
+#   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -28,6 +28,8 @@
 #             (same seed, back to back in one process) and KVQuant-style once:
 #             h200g_8b_small      r5  80 requests  span ~16 s  (decode batches 1-16)
 #             h200g_70b8l_1gbps   r8  150 requests span ~20 s  (link-bound; FP16 and HACK only)
+#   part hostlink: hostcal on the 32-layer 8B with the link idle and busy at 2.5, 10 and 40 Gbps, 128-384- and
+#             1024-3072-token prompts, then the 2-layer 8B at every load and range (~490 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -121,6 +123,17 @@ if [ "$PART" = noise ]; then
   rec h200g_8b_small M8 50 256 2048 32 256 16 16 150 80 3 "baseline hack" 5
   rec h200g_8b_small M8 50 256 2048 32 256 16 16 60 80 1 "kvquant" 5
   rec h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 180 150 3 "baseline hack" 8
+elif [ "$PART" = hostlink ]; then
+  # issue 28: the host time per decode iteration, per prefill and per quantize step with the link idle and busy at
+  # the recordings' link rates, on the recordings' 32-layer 8B at their two prompt ranges (hostcal_link_*.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then HC=(--smoke --requests 4); else HC=(--sets "llama-3.1-8b:32"); fi
+  step 170 hostlink_short python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 2.5 40 \
+    --prompt-ranges 128-384 --out "$OUT/hostcal_link_short.csv" "${HC[@]}"
+  step 170 hostlink_long python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 40 10 \
+    --prompt-ranges 1024-3072 --out "$OUT/hostcal_link_long.csv" "${HC[@]}"
+  if [ "${REALRUN_SMOKE:-0}" != 1 ]; then HC=(--sets "llama-3.1-8b:2"); fi
+  step 150 hostlink_2l python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 2.5 10 40 \
+    --prompt-ranges 128-384 1024-3072 --out "$OUT/hostcal_link_2l.csv" "${HC[@]}"
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

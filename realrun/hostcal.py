@@ -52,6 +52,19 @@ def main(argv=None) -> int:
         "to see how the link thread's activity moves the host time",
     )
     ap.add_argument(
+        "--prompt-ranges",
+        nargs="+",
+        default=["512-1024"],
+        help="prompt lengths LO-HI (tokens) of the 24 requests; every set runs once per range (column prompt_range)",
+    )
+    ap.add_argument(
+        "--load-chunk-bytes",
+        type=int,
+        default=1 << 20,
+        help="chunk size of the busy link (default 1 MiB, the chunk of every committed recording: "
+        "realrun/device_run.sh passes --chunk-mib 1)",
+    )
+    ap.add_argument(
         "--profile-first",
         type=Path,
         default=None,
@@ -72,12 +85,17 @@ def main(argv=None) -> int:
         return 2
     rows = []
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    prompt_range = (512, 1024) if not a.smoke else (40, 90)
+    try:
+        ranges = [tuple(int(x) for x in r.split("-")) for r in a.prompt_ranges]
+        if any(len(r) != 2 or not 0 < r[0] < r[1] for r in ranges):
+            raise ValueError
+    except ValueError:
+        print(f"--prompt-ranges: expected LO-HI with 0 < LO < HI, got {a.prompt_ranges}", file=sys.stderr)
+        return 2
+    if a.smoke:
+        ranges = [(40, 90)]
+    chunk_bytes = a.load_chunk_bytes
     dev = torch.device("cpu" if a.smoke else "cuda")
-    work = [
-        Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
-        for i in range(a.requests)
-    ]
     sets = []
     for part in a.sets.split(";"):
         name, layer_list = part.split(":")
@@ -85,11 +103,16 @@ def main(argv=None) -> int:
             sets.append((name, layers, ("baseline", "kvquant", "hack") + (("baseline",) if not sets else ())))
     if a.smoke:
         sets = [("tiny", 1, ("baseline", "hack", "baseline"))]
-    for load_gbps, (model_name, layers, methods) in [(g, st) for g in a.link_load_gbps for st in sets]:
+    runs = [(pr, g, st) for pr in ranges for g in a.link_load_gbps for st in sets]
+    for prompt_range, load_gbps, (model_name, layers, methods) in runs:
+        work = [
+            Request(i, 0.0, prompt_range[0] + (37 * i) % (prompt_range[1] - prompt_range[0]), 40 if not a.smoke else 3)
+            for i in range(a.requests)
+        ]
         shape = model_shape(model_name, layers)
-        model = RandomLlama(shape, dev, seed=1, max_positions=1200)
+        model = RandomLlama(shape, dev, seed=1, max_positions=max(1200, prompt_range[1] + 1100))
         seen: dict[str, int] = {}
-        print(f"-- link load {load_gbps:g} Gbps", flush=True)
+        print(f"-- prompts {prompt_range[0]}-{prompt_range[1]}, link load {load_gbps:g} Gbps", flush=True)
         for method in methods:
             seen[method] = seen.get(method, 0) + 1
             cfg = RunConfig(
@@ -105,7 +128,7 @@ def main(argv=None) -> int:
             try:
                 warmup(h, prompt_range, (3, 40))
                 h.host_issue.clear()
-                load = LinkLoad(load_gbps, dev) if load_gbps > 0 else None
+                load = LinkLoad(load_gbps, dev, chunk_bytes) if load_gbps > 0 else None
                 if (
                     a.profile_first is not None
                     and (model_name, layers, method) == sets[0][:2] + (methods[0],)
@@ -134,6 +157,7 @@ def main(argv=None) -> int:
                             layers=layers,
                             decode_mode=a.decode_mode,
                             link_load_gbps=load_gbps,
+                            prompt_range=f"{prompt_range[0]}-{prompt_range[1]}",
                             **{"pass": seen[method]},
                             batch_size=it[3],
                             tokens=it[4],
@@ -141,6 +165,7 @@ def main(argv=None) -> int:
                             wall_s=wall,
                             start_s=it[1],
                             end_s=it[2],
+                            quantize_s="",
                         )
                     )
                 for r in req_rows:  # prefill_start_s, prefill_end_s are columns 5 and 6
@@ -152,6 +177,7 @@ def main(argv=None) -> int:
                             layers=layers,
                             decode_mode=a.decode_mode,
                             link_load_gbps=load_gbps,
+                            prompt_range=f"{prompt_range[0]}-{prompt_range[1]}",
                             **{"pass": seen[method]},
                             batch_size=1,
                             tokens=r[3],
@@ -159,6 +185,7 @@ def main(argv=None) -> int:
                             wall_s=r[6] - r[5],
                             start_s=r[5],
                             end_s=r[6],
+                            quantize_s=r[7] - r[6],
                         )
                     )
             finally:
@@ -171,6 +198,8 @@ def main(argv=None) -> int:
                 and r["layers"] == layers
                 and r["model"] == model_name
                 and r["pass"] == seen[method]
+                and r["prompt_range"] == f"{prompt_range[0]}-{prompt_range[1]}"
+                and r["link_load_gbps"] == load_gbps
             ]
             pre = [
                 r
@@ -180,7 +209,10 @@ def main(argv=None) -> int:
                 and r["layers"] == layers
                 and r["model"] == model_name
                 and r["pass"] == seen[method]
+                and r["prompt_range"] == f"{prompt_range[0]}-{prompt_range[1]}"
+                and r["link_load_gbps"] == load_gbps
             ]
+            _write(a.out, rows)  # after every run: a run cut off by a time limit keeps what finished
             print(
                 f"{model_name} L{layers} {method} pass {seen[method]}: {len(dec)} iterations, host issue "
                 f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
@@ -191,14 +223,20 @@ def main(argv=None) -> int:
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    with a.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    _write(a.out, rows)
     print("scenario fields:", fit_host([a.out]), flush=True)
     for row in gap_distribution([a.out]):
         print("host time per iteration:", row, flush=True)
     return 0
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
 
 
 class LinkLoad:
@@ -206,14 +244,14 @@ class LinkLoad:
     bytes after another, GPU -> pinned host -> GPU on the link's own stream and thread, as the harness's own link
     moves KV.  The harness's decode loop then shares the CPU and the copy engines with it."""
 
-    def __init__(self, gbps: float, device):
+    def __init__(self, gbps: float, device, chunk_bytes: int):
         import threading
         import time
 
         from .link import Link, Transfer
 
         self._transfer = Transfer
-        self.link = Link(gbps, time.perf_counter, device, 1 << 20)
+        self.link = Link(gbps, time.perf_counter, device, chunk_bytes)
         n = max(1 << 20, int(gbps * 1e9 / 8 * 0.25))
         self.src = torch.zeros(n, dtype=torch.uint8, device=device)
         self.dst = torch.empty_like(self.src)

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -557,6 +557,35 @@ class ReplicaCostModel:
         t = self.profile.kernel("dequantize.kv").time_s(elements)
         t += self._entropy_coding_s("entropy_decode.kv", elements)
         return self.model.layers / self.parallel.pipeline * t * self.dequantize_factor
+
+    # ---- the host's level -------------------------------------------------------------------
+    def with_host_factor(self, factor: float) -> ReplicaCostModel:
+        """The same replica with every host term `factor` times longer: the decode issue terms and loop gap, the
+        join, the prefill floor (per batch, layer, request, and the method's own per layer) and the quantize
+        step's floor. Where the host shares its interpreter with a link endpoint that is moving KV (realrun's link
+        thread takes the GIL for every chunk), the same CPU work takes longer (simulator/link.py, EndpointHost).
+        The GPU terms are the same. Itself when factor is 1 or it has no host terms."""
+        terms = (
+            self.host_issue_s_per_iteration,
+            self.host_issue_s_per_layer,
+            self.host_issue_s_per_request,
+            self.host_serial_s_per_iteration,
+            self.join_s_per_request,
+            self.method_prefill_issue_s_per_layer,
+            self.method_quantize_issue_s_per_layer,
+        )
+        if factor == 1.0 or not any(terms):
+            return self
+        return replace(
+            self,
+            host_issue_s_per_iteration=self.host_issue_s_per_iteration * factor,
+            host_issue_s_per_layer=self.host_issue_s_per_layer * factor,
+            host_issue_s_per_request=self.host_issue_s_per_request * factor,
+            host_serial_s_per_iteration=self.host_serial_s_per_iteration * factor,
+            join_s_per_request=self.join_s_per_request * factor,
+            method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * factor,
+            method_quantize_issue_s_per_layer=self.method_quantize_issue_s_per_layer * factor,
+        )
 
     # ---- decode ---------------------------------------------------------------------------
     def iteration(self, batch_size: int) -> IterationCost:

@@ -423,5 +423,92 @@ def fit_prefill_host(paths) -> dict:
     }
 
 
+def _host_terms(g, prompt_range: str) -> dict:
+    """One run's host terms (hostcal rows of one method, model, layers, pass, link load and prompt range): the
+    serial host time per decode iteration (mean issue of the iterations no request joined + mean loop gap with
+    no prefill between), the join per joining request (as fit_host), the median prefill wall where it waits on
+    the host, and the median quantize step."""
+    import numpy as np
+
+    dec = g[g.kind == "decode"].sort_values("start_s")
+    pre = g[g.kind == "prefill"]
+    pf = pre[["start_s", "end_s"]].to_numpy(dtype=float)
+    b = dec.batch_size.to_numpy()
+    joined = np.r_[b[:1], np.maximum(0, np.diff(b))]
+    grew = joined > 0
+    issue = dec.host_issue_s.to_numpy(dtype=float)
+    gaps = [
+        s - e
+        for e, s in zip(dec.end_s.to_numpy(dtype=float)[:-1], dec.start_s.to_numpy(dtype=float)[1:])
+        if not ((pf[:, 0] < s) & (pf[:, 1] > e)).any()
+    ]
+    out = {}
+    if (~grew).any() and gaps:
+        out["serial"] = float(issue[~grew].mean() + np.mean(gaps))
+    if grew.any() and (~grew).any():
+        out["join"] = float(((issue[grew] - issue[~grew].mean()) / joined[grew]).mean())
+    layers, method = int(g.layers.iloc[0]), str(g.method.iloc[0])
+    short = int(prompt_range.split("-")[1]) <= 512
+    if len(pre) and (layers == 2 or method == "hack" or short):
+        out["prefill"] = float(pre.wall_s.median())
+    if "quantize_s" in pre.columns and pre.quantize_s.notna().any():
+        out["quantize"] = float(pre.quantize_s.median())
+    return out
+
+
+def fit_link_host(paths) -> dict:
+    """The host's level while the link moves KV, from hostcal CSVs with the link idle and kept busy
+    (--link-load-gbps 0 R ...): realrun's link is a Python thread in the harness's process, and while it moves
+    chunks every host term slows by about the same factor. Per run (file, prompt range, model, layers, method,
+    pass; the first baseline pass left out where a second exists, as fit_host) its host terms (_host_terms: the
+    serial time per decode iteration, the join per request, the prefill wall where it waits on the host: 2-layer
+    runs, HACK's, and prompts of at most 512 tokens, and the quantize step) busy over the same run's idle; then
+    the scenario fields network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) by least squares
+    of ratio = a + b x load (Gbps) over every (run, term, load). Also per load the mean ratio and the count."""
+    import numpy as np
+    import pandas as pd
+
+    loads, ratios = [], []
+    for path in paths:
+        d = pd.read_csv(path)
+        if "link_load_gbps" not in d.columns:
+            continue
+        if "prompt_range" not in d.columns:
+            d["prompt_range"] = "512-1024"
+        keys = ["prompt_range", "model", "layers", "method", "pass"]
+        for key, g in d.groupby(keys, sort=True):
+            pr, model, layers, method, pass_ = key
+            if (
+                method == "baseline"
+                and pass_ == 1
+                and (
+                    (d.method == "baseline")
+                    & (d.model == model)
+                    & (d.layers == layers)
+                    & (d.prompt_range == pr)
+                    & (d["pass"] == 2)
+                ).any()
+            ):
+                continue
+            idle_rows = g[g.link_load_gbps == 0]
+            if idle_rows.empty:
+                continue
+            idle = _host_terms(idle_rows, pr)
+            for load, busy_rows in g[g.link_load_gbps > 0].groupby("link_load_gbps", sort=True):
+                busy = _host_terms(busy_rows, pr)
+                for term, v in busy.items():
+                    if idle.get(term, 0.0) > 0:
+                        loads.append(float(load))
+                        ratios.append(v / idle[term])
+    x, y = np.array(loads), np.array(ratios)
+    coef, *_ = np.linalg.lstsq(np.c_[np.ones(len(x)), x], y, rcond=None)
+    return {
+        "link_busy_host_factor": float(coef[0]),
+        "link_busy_host_factor_per_gbps": float(coef[1]),
+        "by_load": {float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)},
+        "items": len(y),
+    }
+
+
 if __name__ == "__main__":
     sys.exit(main())

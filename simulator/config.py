@@ -589,6 +589,23 @@ class NetworkConfig(_Strict):
         description="kv_connector p2p_push: pinned host memory on each decode replica for pushed KV the buffer "
         "cannot take (vLLM mem_pool_size_gb); default vLLM's 32",
     )
+    link_busy_host_factor: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=10.0,
+        description="where each replica's host work shares its process with the link's endpoint (realrun: the link "
+        "is a Python thread beside the engine loop): while a transfer to or from the process is in flight, its host "
+        "terms (decode loop gap, issue and join; prefill floor; quantize floor) take this factor plus "
+        "link_busy_host_factor_per_gbps x the link's rate (bandwidth x efficiency, Gbps); measured by realrun.hostcal "
+        "--link-load-gbps, fitted by realrun.hostcal.fit_link_host. 1 and 0 (the defaults): off",
+    )
+    link_busy_host_factor_per_gbps: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.2,
+        description="how the host factor while the link is busy grows with the link's rate, per Gbps (its chunks "
+        "come that much more often); see link_busy_host_factor",
+    )
 
     @model_validator(mode="after")
     def _connector_fields(self) -> NetworkConfig:
@@ -965,6 +982,18 @@ class Scenario(_Strict):
         if d.prefix_caching or self.prefill.prefix_caching:
             raise ValueError("decode.data_parallel: prefix caching is not modelled with data-parallel engines")
 
+    def _link_busy_host(self) -> None:
+        """network.link_busy_host_factor: what simulator/link.py (EndpointHost) models (ValueError naming the field)."""
+        for why, bad in (
+            ("placement colocated (no KV moves)", self.placement == "colocated"),
+            ("network.links (one link rate per scenario)", self.network.links is not None),
+            ("faults", bool(self.faults)),
+            ("decode.data_parallel", self.decode.data_parallel > 1),
+            ("network.bandwidth_gbps .inf", self.network.bandwidth_gbps == math.inf),
+        ):
+            if bad:
+                raise ValueError(f"network.link_busy_host_factor: not modelled with {why}")
+
     def _connector(self) -> None:
         """network.kv_connector other than host_parked: what simulator/connectors.py models (ValueError)."""
         c = self.network.kv_connector
@@ -1033,6 +1062,8 @@ class Scenario(_Strict):
             self._data_parallel_decode()
         if self.network.kv_connector != "host_parked":
             self._connector()
+        if self.network.link_busy_host_factor != 1.0 or self.network.link_busy_host_factor_per_gbps != 0.0:
+            self._link_busy_host()
         if self.prefill.batch_slot_at != "admission":
             raise ValueError("prefill.batch_slot_at: a decode pool's setting (a prefill replica does not join a batch)")
         if self.decode.batch_slot_at == "join" and self.placement != "colocated":  # colocated: no transfer, the same

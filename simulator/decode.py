@@ -222,6 +222,10 @@ class DecodeReplica:
         # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
         self.sched: Steps | None = None
         self.cache: Cache | None = None  # a prefix cache in the KV pool's free blocks (simulator/prefix_cache.py)
+        # network.link_host_busy_factor: the host shares its process with a link endpoint (simulator/link.py,
+        # EndpointHost); (idle, busy) cost models, the busy one's host terms taken while a transfer is in flight
+        self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
+        self.link_busy = False
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
@@ -342,6 +346,15 @@ class DecodeReplica:
         if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
 
+    # ---- a host shared with a link endpoint (network.link_host_busy_factor) ----------------------
+    def link_busy_changed(self, busy: bool) -> None:
+        """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:
+        iterations from the next boundary on take that level's host terms (the one in progress keeps its own)."""
+        self.link_busy = busy
+        levels = self.host_levels
+        if levels is not None and levels[0] is not levels[1] and self._seg is not None and not self._cut:
+            self._cut_at_next_boundary()
+
     # ---- the batch ----------------------------------------------------------------------------
     def _schedule(self, delay_s: float) -> None:
         self._version += 1
@@ -368,6 +381,9 @@ class DecodeReplica:
         self._start_segment()
 
     def _start_segment(self) -> None:
+        levels = self.host_levels
+        if levels is not None:  # the host terms of the link's state (a change cut the last segment here)
+            self.cost = levels[1] if self.link_busy else levels[0]
         blocks, sched, k = self.blocks, self.sched, self.iteration
         stall_s = 0.0
         if sched is not None and (sched.pending or (blocks is not None and blocks.counts[k % blocks.bt])):

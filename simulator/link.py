@@ -7,6 +7,11 @@ cap, the rest split what is left equally. One SimPy timeout per change; stale ti
 ignored through a version counter. A streaming flow (layer-by-layer KV) also carries the time
 before which it cannot finish, because the last layer's KV does not exist before prefill ends.
 
+Where the host work of replicas shares a process with a link endpoint (network.link_host_busy_factor: realrun,
+whose link is a Python thread beside the harness's loop), `EndpointHost` is that process: it counts the transfers
+in flight to or from it and tells its replicas when the first starts and when the last ends, so their host terms
+follow the link's state (simulator/decode.py, simulator/prefill.py).
+
 Faults (simulator/faults.py) scale the capacity (`set_factor`: a degraded link, or 0 for an outage,
 during which nothing moves) and abort flows (`abort`: their bytes are lost; a flow that has drained
 but waits out its latency is cancelled too).
@@ -17,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 import simpy
 
@@ -24,6 +30,36 @@ from .columns import RowLog
 from .timers import call_in
 
 EPS_BYTES = 1e-3
+
+
+class LinkStateListener(Protocol):
+    """A replica whose host terms follow the link's state (DecodeReplica, PrefillReplica)."""
+
+    def link_busy_changed(self, busy: bool) -> None: ...
+
+
+class EndpointHost:
+    """One process whose host work shares the CPU (and the interpreter) with a link endpoint: the replicas in it
+    (a prefill and a decode replica under placement shared_gpu, else one) hear `link_busy_changed(True)` when a
+    transfer to or from the process starts with none in flight, and `(False)` when the last one ends."""
+
+    __slots__ = ("flows", "members")
+
+    def __init__(self, members: list[LinkStateListener]):
+        self.flows = 0  # transfers in flight to or from this process
+        self.members = members
+
+    def started(self) -> None:
+        self.flows += 1
+        if self.flows == 1:
+            for m in self.members:
+                m.link_busy_changed(True)
+
+    def ended(self) -> None:
+        self.flows -= 1
+        if self.flows == 0:
+            for m in self.members:
+                m.link_busy_changed(False)
 
 
 class Flow:

@@ -106,6 +106,11 @@ class PrefillReplica:
         self.kv_in_pool = kv_in_pool
         self.wait_for_push = wait_for_push
         self.pushing = 0  # p2p_push: requests whose KV is being pushed
+        # network.link_host_busy_factor: the host shares its process with a link endpoint (simulator/link.py,
+        # EndpointHost); (idle, busy) cost models: a step started while a transfer is in flight takes the busy
+        # one's host floors (prefill and quantize)
+        self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
+        self.link_busy = False
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -221,6 +226,9 @@ class PrefillReplica:
             return False
         self._idle = False
         start = env.now
+        levels = self.host_levels
+        if levels is not None:  # the host floors of the link's state now
+            self.cost = levels[1] if self.link_busy else levels[0]
         if self.chunk_tokens is None:
             batch, cached = self._take_batch()
             for rid in batch:
@@ -269,6 +277,11 @@ class PrefillReplica:
             call_in(env, encode_end - start, partial(self._encoded, v, batch, done))
             call_in(env, busy_s, partial(self._free, v))
         return True
+
+    def link_busy_changed(self, busy: bool) -> None:
+        """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:
+        the next step takes that level's host floors (a step in progress keeps its own)."""
+        self.link_busy = busy
 
     def fail(self) -> tuple[list[int], list[int]]:
         """The replica goes down: returns (requests whose prefill had started, requests still queued)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .columns import Records
     from .decode import DecodeReplica
-    from .link import Link
+    from .link import EndpointHost, Link
     from .prefill import PrefillReplica
     from .prefix_cache import PrefixCaching
 
@@ -65,6 +65,10 @@ class Router:
         self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
         self.push: Pusher | None = None  # network.kv_connector p2p_push (simulator/connectors.P2PPush)
+        # network.link_host_busy_factor: the process of each prefill and decode replica (simulator/link.py), told
+        # when transfers to or from it are in flight; None: no host shares a process with a link endpoint
+        self.prefill_hosts: list[EndpointHost] | None = None
+        self.decode_hosts: list[EndpointHost] | None = None
         for rep in prefill:
             rep.listener = self
         for drep in decode:
@@ -164,9 +168,18 @@ class Router:
             # ... and then takes its own bytes at the flow's rate (never faster than the link itself)
             not_before = ready + bytes_ / self.layers / min(self.flow_cap, link.capacity)
 
-        def done(r: int, t: float, rep=rep) -> None:
+        hosts: tuple[EndpointHost, ...] = ()
+        if self.prefill_hosts is not None and self.decode_hosts is not None:
+            src, dst = self.prefill_hosts[p], self.decode_hosts[rep.index]
+            hosts = (src,) if src is dst else (src, dst)  # shared_gpu: one process
+            for h in hosts:
+                h.started()
+
+        def done(r: int, t: float, rep=rep, hosts=hosts) -> None:
             rec.transfer_end[r] = t
             del self.transfers[r]
+            for h in hosts:  # before the request joins: an idle replica starts at the idle level
+                h.ended()
             if not self.hold_kv:
                 self.release_kv(r)
             if self.prefix is not None:

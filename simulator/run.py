@@ -35,11 +35,11 @@ from .config import Scenario, ScenarioError
 from .connectors import P2P_BUFFER_BYTES, P2P_POOL_GIB, P2PPush
 from .decode import DecodeReplica
 from .faults import STRANDED, FaultInjector
-from .link import Link
+from .link import EndpointHost, Link
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
-from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, resolve
+from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, link_busy_host_factor, resolve
 from .router import Router
 from .scheduler import StepScheduler
 from .timers import run as drive_queue
@@ -246,6 +246,9 @@ class MethodRun:
         self.router = router = (
             data_parallel.DataParallelRouter(*args, groups=self.dp_groups) if dp > 1 else Router(*args)
         )
+        factor = link_busy_host_factor(s)
+        if factor != 1.0:  # each process's host terms follow its link endpoint's state (simulator/link.py)
+            self._link_busy_host(router, factor, res.shared_gpu)
         if connector == "p2p_push":
             pool_gib = s.network.p2p_pool_gib if s.network.p2p_pool_gib is not None else P2P_POOL_GIB
             router.push = P2PPush(router, buffer_bytes, pool_gib * GIB, source)
@@ -263,6 +266,20 @@ class MethodRun:
                 f" GiB) exceeds the host memory for parked KV ({host / GIB:.2f} GiB)"
             )
         self.faults = FaultInjector(rec, env, router, s.faults, s.fault_policy) if s.faults else None
+
+    def _link_busy_host(self, router: Router, factor: float, shared_gpu: bool) -> None:
+        """network.link_busy_host_factor: each replica gets its idle and busy cost models, and the router the process
+        of each replica (under shared_gpu, prefill replica i and decode replica i are one process)."""
+        for rep in self.prefill_replicas:
+            rep.host_levels = (rep.cost, rep.cost.with_host_factor(factor))
+        for drep in self.decode_replicas:
+            drep.host_levels = (drep.cost, drep.cost.with_host_factor(factor))
+        if shared_gpu:
+            pairs = [EndpointHost([p, d]) for p, d in zip(self.prefill_replicas, self.decode_replicas)]
+            router.prefill_hosts = router.decode_hosts = pairs
+        else:
+            router.prefill_hosts = [EndpointHost([p]) for p in self.prefill_replicas]
+            router.decode_hosts = [EndpointHost([d]) for d in self.decode_replicas]
 
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""

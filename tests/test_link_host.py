@@ -1,0 +1,237 @@
+"""A host shared with a link endpoint (network.link_busy_host_factor): the host terms follow the link's state.
+
+realrun's link is a Python thread in the harness's process; while it moves KV the harness's host work slows
+(realrun/traces/h200_repeats/hostcal_link*.csv). The simulator keeps two cost models per replica, idle and busy
+(ReplicaCostModel.with_host_factor), and each process (simulator/link.py, EndpointHost) tells its replicas when
+the first transfer to or from it starts and the last one ends. The timelines here are worked by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import simpy
+
+from costmodel.phases import IterationCost
+from helpers import scenario
+from realrun.hostcal import fit_link_host
+from simulator.columns import Records
+from simulator.config import ScenarioError, parse_scenario
+from simulator.decode import DecodeReplica, iteration_rows
+from simulator.link import EndpointHost
+from simulator.run import run_scenario
+
+
+class _Cost:
+    """A decode replica's cost model reduced to what the replica asks: every iteration costs `fixed_s`."""
+
+    def __init__(self, fixed_s: float, serial_s: float = 0.0):
+        self.kv_capacity_bytes = 1e12
+        self.method = SimpleNamespace(dequantize_on_arrival=False)
+        self.join_s_per_request = 0.0
+        self.host_serial_s_per_iteration = serial_s
+        self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
+
+    def iteration(self, batch_size: int) -> IterationCost:
+        return self._it
+
+
+class _Listener:
+    hold_kv = False
+
+    def release_kv(self, rid: int) -> None:
+        pass
+
+    def on_memory_freed(self) -> None:
+        pass
+
+
+def _decode_timeline(idle: _Cost, busy: _Cost, transfer: tuple[float, float] | None):
+    """One request (10 decode iterations) joins at 0; another request's transfer is in flight over `transfer`."""
+    env = simpy.Environment()
+    one = np.ones(1)
+    rec = Records(
+        prompt=one * 100,
+        output=one * 11,
+        arrival_s=one * 0,
+        wire_bytes=one,
+        kv_bytes=one,
+        admit_bytes=None,
+        host_kv_bytes=one * 0,
+        decode_iterations=one * 10,
+        join_context=one * 100,
+        ttft_at_decode=False,
+    )
+    rec.iteration_log = []
+    rep = DecodeReplica(env, 0, cast(Any, idle), 64, rec)
+    rep.listener = _Listener()
+    rep.host_levels = cast(Any, (idle, busy))
+    host = EndpointHost([rep])
+    rep.reserve(1.0)
+    rep.arrive(0)
+    if transfer is not None:
+        env.process(_at(env, transfer[0], host.started))
+        env.process(_at(env, transfer[1], host.ended))
+    env.run()
+    return float(rec.finish[0]), rec.iteration_log
+
+
+def _at(env, t, fn):
+    yield env.timeout(t)
+    fn()
+
+
+def test_iterations_before_during_and_after_a_transfer_take_their_level():
+    """Idle 10 ms, busy 12 ms per iteration; a transfer from 25 to 61 ms. Iterations 0-2 start idle (0, 10, 20 ms;
+    the one in progress at 25 ms keeps its level), 3-5 busy (30, 42, 54 ms; the one in progress at 61 ms keeps its
+    level), 6-9 idle again (66, 76, 86, 96 ms): the request finishes at 106 ms, in three segments."""
+    finish, log = _decode_timeline(_Cost(0.010), _Cost(0.012), (0.025, 0.061))
+    assert finish == pytest.approx(0.106, abs=1e-12)
+    starts = [r[0] for r in iteration_rows(log)]
+    assert starts == pytest.approx([0.0, 0.010, 0.020, 0.030, 0.042, 0.054, 0.066, 0.076, 0.086, 0.096], abs=1e-12)
+    assert len(log) == 3
+
+
+def test_the_iteration_rows_end_before_each_levels_loop_gap():
+    """iteration_rows ends a row before the loop gap of its own level: idle 1 ms, busy 3 ms of the 10 / 12 ms."""
+    _, log = _decode_timeline(_Cost(0.010, serial_s=0.001), _Cost(0.012, serial_s=0.003), (0.025, 0.061))
+    rows = iteration_rows(log)
+    assert [r[1] - r[0] for r in rows] == pytest.approx([0.009] * 3 + [0.009] * 3 + [0.009] * 4, abs=1e-12)
+
+
+def test_equal_levels_cut_nothing():
+    """The same cost model for both levels: one segment, the 10 iterations of 10 ms, as without any transfer."""
+    idle = _Cost(0.010)
+    finish, log = _decode_timeline(idle, idle, (0.025, 0.061))
+    assert finish == pytest.approx(0.100, abs=1e-12) and len(log) == 1
+    alone, log_alone = _decode_timeline(idle, idle, None)
+    assert alone == finish and [e[:6] for e in log_alone] == [e[:6] for e in log]
+
+
+# ---- through a whole run ------------------------------------------------------------------------------------
+FLOOR_S = 0.05  # prefill.host_issue_s_per_iteration: far above the GPU time of a 256-token prompt
+SHARED = {
+    "placement": "shared_gpu",
+    "methods": ["baseline"],
+    "prefill.host_issue_s_per_iteration": FLOOR_S,
+    "network.bandwidth_gbps": 1.0,  # 256 FP16 tokens of the 8B: 33.5 MB, 0.268 s on the wire
+    "workload.input_tokens": {"kind": "fixed", "tokens": 256},
+    "workload.output_tokens": {"kind": "fixed", "tokens": 8},
+    "workload.arrival": {"kind": "poisson", "rate_rps": 3.0},
+    "workload.requests": 12,
+}
+
+
+def _prefills(**changes):
+    return run_scenario(scenario(**{**SHARED, **changes})).requests
+
+
+def test_a_prefill_started_while_a_transfer_is_in_flight_takes_the_busy_floor():
+    """1.2 + 0.05 x 1 Gbps = 1.25 times the 50 ms floor, 62.5 ms, for a prefill that starts while another request's
+    KV is on the wire (shared_gpu: one process); 50 ms otherwise; every prefill 50 ms with the factor off."""
+    df = _prefills(**{"network.link_busy_host_factor": 1.2, "network.link_busy_host_factor_per_gbps": 0.05})
+    dur = (df.prefill_end_s - df.prefill_start_s).to_numpy()
+    start, t0, t1 = df.prefill_start_s.to_numpy(), df.transfer_start_s.to_numpy(), df.transfer_end_s.to_numpy()
+    busy = np.array([((t0 <= s) & (s < t1)).any() for s in start])
+    assert busy.any() and (~busy[1:]).any()  # some after a transfer has ended
+    assert dur[busy] == pytest.approx(1.25 * FLOOR_S, rel=1e-9)
+    assert dur[~busy] == pytest.approx(FLOOR_S, rel=1e-9)
+    off = _prefills()
+    assert (off.prefill_end_s - off.prefill_start_s).to_numpy() == pytest.approx(FLOOR_S, rel=1e-9)
+
+
+def test_the_field_off_gives_the_same_bytes(tmp_path):
+    """A scenario that spells out the defaults runs byte for byte as one that leaves them out."""
+    a = _prefills()
+    b = _prefills(**{"network.link_busy_host_factor": 1.0, "network.link_busy_host_factor_per_gbps": 0.0})
+    assert a.to_csv() == b.to_csv()
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"placement": "colocated"}, "placement colocated"),
+        ({"faults": [{"kind": "link_outage", "start_s": 1.0, "end_s": 2.0, "target": "p0"}]}, "faults"),
+    ],
+)
+def test_refused_where_not_modelled(changes, why):
+    with pytest.raises((ScenarioError, ValueError), match=f"link_busy_host_factor.*{why}"):
+        scenario(**{"network.link_busy_host_factor": 1.5, **changes})
+
+
+def test_the_busy_cost_model_scales_every_host_term_and_nothing_else():
+    """with_host_factor(2): each host term doubled, the GPU terms as they were; factor 1 or no host term: itself."""
+    from costmodel.phases import ReplicaCostModel
+
+    from costmodel.methods import make_method
+    from simulator.resolve import resolve
+
+    _, dec = resolve(scenario(methods=["kvquant"]), "t").costs(make_method("kvquant"))
+    terms = {
+        "host_issue_s_per_iteration": 1e-3,
+        "host_issue_s_per_layer": 2e-5,
+        "host_issue_s_per_request": 3e-6,
+        "host_serial_s_per_iteration": 4e-4,
+        "join_s_per_request": 5e-4,
+        "method_prefill_issue_s_per_layer": 6e-5,
+        "method_quantize_issue_s_per_layer": 7e-5,
+    }
+    from dataclasses import replace
+
+    base: ReplicaCostModel = replace(dec, **terms)
+    busy = base.with_host_factor(2.0)
+    for name, v in terms.items():
+        assert getattr(busy, name) == 2 * v, name
+    assert busy.iteration(8).decode_per_ctx_s == base.iteration(8).decode_per_ctx_s
+    assert busy.iteration(8).dequant_fixed_s == base.iteration(8).dequant_fixed_s
+    assert busy.iteration(8).decode_fixed_s == pytest.approx(base.iteration(8).decode_fixed_s + 4e-4, rel=1e-12)
+    assert base.with_host_factor(1.0) is base
+    none = replace(base, **{k: 0.0 for k in terms})
+    assert none.with_host_factor(2.0) is none
+
+
+def test_fit_link_host_by_hand(tmp_path):
+    """fit_link_host on hand-made runs: one run idle and at 10 and 40 Gbps, whose loop gap, join, prefill and
+    quantize all slow by 1.5 at 10 Gbps and 2.25 at 40 Gbps: the line through them is 1.25 + 0.025 per Gbps."""
+    head = "kind,method,model,layers,decode_mode,link_load_gbps,prompt_range,pass,batch_size,tokens,host_issue_s,wall_s,start_s,end_s,quantize_s\n"
+    lines = []
+    for load, f in ((0.0, 1.0), (10.0, 1.5), (40.0, 2.25)):
+        t = 0.0
+        # decode: batch 1 joins (issue 1 + 0.6 joined), then three iterations without a join (issue 0.2 ms), loop
+        # gaps 0.3 ms: serial 0.5 ms, join 0.6 ms idle
+        for b, issue in ((1, 0.8e-3), (1, 0.2e-3), (1, 0.2e-3), (1, 0.2e-3)):
+            lines.append(f"decode,hack,m,2,graphs,{load},128-384,1,{b},100,{issue * f},0.001,{t},{t + 0.001}\n")
+            t += 0.001 + 0.3e-3 * f
+        lines.append(f"prefill,hack,m,2,graphs,{load},128-384,1,1,200,,{0.004 * f},10,{10 + 0.004 * f},{0.001 * f}\n")
+    (tmp_path / "h.csv").write_text(head + "".join(lines))
+    fit = fit_link_host([tmp_path / "h.csv"])
+    assert fit["items"] == 8
+    assert fit["link_busy_host_factor"] == pytest.approx(1.25, rel=1e-9)
+    assert fit["link_busy_host_factor_per_gbps"] == pytest.approx(0.025, rel=1e-9)
+
+
+def test_parse_accepts_the_measured_fields():
+    from helpers import TINY
+
+    raw = {**TINY, "network": {**TINY["network"], "link_busy_host_factor": 1.33}}
+    assert parse_scenario(raw, "t").network.link_busy_host_factor == 1.33
+
+
+def test_the_measured_scenarios_take_the_hostcal_fit():
+    """The h200g_* scenarios' busy-link host factor is fit_link_host on the committed hostcal runs (link idle and
+    kept busy at 2.5-50 Gbps), not a fit to any trace."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    fit = fit_link_host(sorted((root / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
+    assert fit["items"] == 134
+    for path in (root / "scenarios/measured").glob("h200g_*.yaml"):
+        net = yaml.safe_load(path.read_text())["network"]
+        assert net["link_busy_host_factor"] == pytest.approx(fit["link_busy_host_factor"], rel=0.02), path.name
+        assert net["link_busy_host_factor_per_gbps"] == pytest.approx(
+            fit["link_busy_host_factor_per_gbps"], rel=0.02
+        ), path.name

@@ -501,10 +501,15 @@ def fit_link_host(paths) -> dict:
                         loads.append(float(load))
                         ratios.append(v / idle[term])
     x, y = np.array(loads), np.array(ratios)
-    coef, *_ = np.linalg.lstsq(np.c_[np.ones(len(x)), x], y, rcond=None)
+    a = np.c_[np.ones(len(x)), x]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    # standard errors of the two (ordinary least squares, each item an observation)
+    dof = max(len(y) - 2, 1)
+    cov = float(np.sum((y - a @ coef) ** 2)) / dof * np.linalg.inv(a.T @ a)
     return {
         "link_busy_host_factor": float(coef[0]),
         "link_busy_host_factor_per_gbps": float(coef[1]),
+        "stderr": [float(np.sqrt(cov[0, 0])), float(np.sqrt(cov[1, 1]))],
         "by_load": {float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)},
         "items": len(y),
     }

@@ -24,6 +24,10 @@ systematic error on a kind is taken as one observation with the run-to-run sprea
 * every transfer's duration: the link's fluid max-min sharing replayed from the measured transfer starts with the
   priced wire bytes, at line rate × efficiency, plus the latency.
 
+Where a transfer was in flight at an item's start, its host terms (the loop gap, issue and joins; the prefill and
+quantize floors) take network.link_busy_host_factor + link_busy_host_factor_per_gbps × the line rate, as the
+simulator prices them (simulator/link.py, EndpointHost): two more host parameters, fitted beside the idle ones.
+
 The cost model is used directly: each trace's batches are priced once at neutral engine parameters and the
 parameters enter those prices the way `ReplicaCostModel` applies them (on a trace the simulator generated, the
 fit reproduces every item to rounding: tests/test_calibrate.py), so a fit takes seconds, not a simulation per
@@ -80,8 +84,16 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     blk, m = td.blocks[kind], td.family
     fq, fd, fa = (v[f"methods.{m}.{s}"] for s in FACTOR_STEPS)
     d: dict[str, np.ndarray] = {}
+    # the host terms' factor: 1, or while a transfer was in flight (where the host shares its process with the link
+    # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py)
+    busy = blk.get("busy")
+    if busy is None or kind == "transfer":
+        busy = np.zeros(len(blk["meas"]))
+    fb = v["network.link_busy_host_factor"] + v["network.link_busy_host_factor_per_gbps"] * td.link_gbps
+    f = 1.0 + busy * (fb - 1.0)
+    host_s = np.zeros_like(f)  # the host time the factor multiplies, where it counts (for its derivatives)
     if kind == "iteration":
-        serial = v["decode.host_serial_s_per_iteration"]
+        serial = v["decode.host_serial_s_per_iteration"] * f
         ctx = blk["ctx"]
         gpu = (
             blk["fixed0"]
@@ -95,22 +107,23 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
             v["decode.host_issue_s_per_iteration"]
             + blk["stage_layers"] * v["decode.host_issue_s_per_layer"]
             + blk["batch"] * v["decode.host_issue_s_per_request"]
-        )
+        ) * f
         host = np.where(issue > 0, issue + blk["lm_head"] + serial, 0.0)
-        pred = np.maximum(gpu, host) + v["decode.join_s_per_request"] * blk["joins"]
+        join = v["decode.join_s_per_request"] * blk["joins"] * f
+        pred = np.maximum(gpu, host) + join
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
-            one = np.ones_like(ctx)
+            host_s = serial + h * issue + join
             d = {
-                "decode.host_serial_s_per_iteration": one,
+                "decode.host_serial_s_per_iteration": f,
                 "decode.extra_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
-                "decode.join_s_per_request": blk["joins"],
+                "decode.join_s_per_request": blk["joins"] * f,
                 f"methods.{m}.dequantize": g * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
                 f"methods.{m}.approximation": g * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
-                "decode.host_issue_s_per_iteration": h,
-                "decode.host_issue_s_per_layer": h * blk["stage_layers"],
-                "decode.host_issue_s_per_request": h * blk["batch"],
+                "decode.host_issue_s_per_iteration": h * f,
+                "decode.host_issue_s_per_layer": h * blk["stage_layers"] * f,
+                "decode.host_issue_s_per_request": h * blk["batch"] * f,
             }
     elif kind == "prefill":
         work = blk["gpu0"] + (fa - 1.0) * blk["approx0"]
@@ -121,27 +134,29 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
             v["prefill.host_issue_s_per_iteration"]
             + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + mi)
             + blk["requests"] * v["prefill.host_issue_s_per_request"]
-        )
+        ) * f
         pred = np.maximum(gpu, host) + blk["rest"]
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
+            host_s = h * host
             d = {
                 "prefill.prefill_efficiency": -g * work / eff**2,
                 f"methods.{m}.approximation": g * blk["approx0"] / eff,
-                "prefill.host_issue_s_per_iteration": h,
-                "prefill.host_issue_s_per_layer": h * blk["layers"],
-                f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"],
-                "prefill.host_issue_s_per_request": h * blk["requests"],
+                "prefill.host_issue_s_per_iteration": h * f,
+                "prefill.host_issue_s_per_layer": h * blk["layers"] * f,
+                f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * f,
+                "prefill.host_issue_s_per_request": h * blk["requests"] * f,
             }
     elif kind == "quantize":
         gpu = fq * blk["enc0"]
-        host = blk["layers"] * v[f"methods.{m}.quantize_issue_s_per_layer"]
+        host = blk["layers"] * v[f"methods.{m}.quantize_issue_s_per_layer"] * f
         pred = np.maximum(gpu, host)
         g = (gpu >= host).astype(float)
+        host_s = (1 - g) * host
         d = {
             f"methods.{m}.quantize": g * blk["enc0"],
-            f"methods.{m}.quantize_issue_s_per_layer": (1 - g) * blk["layers"],
+            f"methods.{m}.quantize_issue_s_per_layer": (1 - g) * blk["layers"] * f,
         }
     elif kind == "transfer":
 
@@ -158,6 +173,10 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
         raise ValueError(kind)
     if not wrt:
         return pred
+    if kind != "transfer":  # d host_s·f / d a = host_s / f where busy; b: the same times the rate
+        per_a = np.divide(busy * host_s, f, out=np.zeros_like(f), where=f > 0)
+        d["network.link_busy_host_factor"] = per_a
+        d["network.link_busy_host_factor_per_gbps"] = per_a * td.link_gbps
     zero = np.zeros_like(pred)
     return pred, {n: d.get(n, zero) for n in wrt}
 
@@ -203,6 +222,8 @@ def depends(name: str, td: TraceData) -> list[str]:
             "approximation": ["iteration", "prefill"],
             "prefill_issue_s_per_layer": ["prefill"],
         }[rest[1]]
+    elif name.startswith("network.link_busy_host"):  # the host terms' level while the link moves KV
+        kinds = ["iteration", "prefill", "quantize"]
     else:
         kinds = {"decode": ["iteration"], "prefill": ["prefill"], "network": ["transfer"]}[head]
     return [k for k in kinds if k in td.blocks]

@@ -596,7 +596,7 @@ class NetworkConfig(_Strict):
         description="where each replica's host work shares its process with the link's endpoint (realrun: the link "
         "is a Python thread beside the engine loop): while a transfer to or from the process is in flight, its host "
         "terms (decode loop gap, issue and join; prefill floor; quantize floor) take this factor plus "
-        "link_busy_host_factor_per_gbps x the link's rate (bandwidth x efficiency, Gbps); measured by realrun.hostcal "
+        "link_busy_host_factor_per_gbps x the link's line rate (bandwidth_gbps); measured by realrun.hostcal "
         "--link-load-gbps, fitted by realrun.hostcal.fit_link_host. 1 and 0 (the defaults): off",
     )
     link_busy_host_factor_per_gbps: float = Field(

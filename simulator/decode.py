@@ -222,7 +222,7 @@ class DecodeReplica:
         # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
         self.sched: Steps | None = None
         self.cache: Cache | None = None  # a prefix cache in the KV pool's free blocks (simulator/prefix_cache.py)
-        # network.link_host_busy_factor: the host shares its process with a link endpoint (simulator/link.py,
+        # network.link_busy_host_factor: the host shares its process with a link endpoint (simulator/link.py,
         # EndpointHost); (idle, busy) cost models, the busy one's host terms taken while a transfer is in flight
         self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
         self.link_busy = False
@@ -346,7 +346,7 @@ class DecodeReplica:
         if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
 
-    # ---- a host shared with a link endpoint (network.link_host_busy_factor) ----------------------
+    # ---- a host shared with a link endpoint (network.link_busy_host_factor) ----------------------
     def link_busy_changed(self, busy: bool) -> None:
         """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:
         iterations from the next boundary on take that level's host terms (the one in progress keeps its own)."""

@@ -190,6 +190,26 @@ PARAMETERS: dict[str, Parameter] = {
             shape="per transfer",
             prior_width=1e-3,
         ),
+        Parameter(
+            "network.link_busy_host_factor",
+            (1.0, 10.0),
+            "factor",
+            "where the host shares its process with the link's endpoint: every host term's factor while a transfer "
+            "to or from the process is in flight, at a link rate near 0 (realrun: its link thread takes the GIL)",
+            scope="host",
+            shape="multiplies the host terms while the link moves KV",
+            prior_width=0.1,  # realrun.hostcal.fit_link_host's standard error (0.098)
+            neutral=1.0,
+        ),
+        Parameter(
+            "network.link_busy_host_factor_per_gbps",
+            (0.0, 0.2),
+            "1/Gbps",
+            "how that factor grows with the link's rate (its chunks come that much more often)",
+            scope="host",
+            shape="per Gbps of the link, while it moves KV",
+            prior_width=0.003,  # realrun.hostcal.fit_link_host's standard error (0.0032)
+        ),
     )
 }
 for _m in METHOD_REGISTRY:

@@ -12,6 +12,9 @@ needs to price it at any engine parameters, priced once at neutral ones.
 * ``quantize``: its quantize step, prefill end to quantize end (methods that quantize after prefill);
 * ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts.
 
+Each iteration, prefill and quantize item also says whether a transfer was in flight at its start (``busy``: where
+the host shares its process with the link's endpoint its host terms then take network.link_busy_host_factor).
+
 **Engine benchmark files** (simulator/engine_logs.py: vLLM, SGLang, AIPerf) give per-request timings only: no
 phase timestamps, no iteration log. Where the file has the times the client sent each request, the run's
 timeline is rebuilt from them (`Timeline`): request r streams its first token at send + TTFT and its k-th at that
@@ -31,6 +34,7 @@ it may wait for a transfer or KV room first, so it joins one gap before its seco
   first token no other request was in flight): a one-request prefill, plus (``ttft_at: decode``) the rest of the
   way to the first token priced at the scenario's values (quantize, the transfer at line rate, the first decode
   iteration). Client-side time (HTTP, tokenization) is not modelled apart and lands in the prefill host floor.
+  A benchmark file has no transfer times: its items are all priced at the idle host level.
 
 What cannot be rebuilt is left out, and `TraceData.notes` says so: without send times the batch each token was
 decoded in is unknown, and the file gives no item (its requests still validate: simulator/validate.py); with
@@ -72,6 +76,7 @@ class TraceData:
     source: str = "realrun"  # or the benchmark format (simulator/engine_logs.py)
     placement: str = "separate"
     notes: list[str] = field(default_factory=list)  # what the run lacks, and what it gives the fit instead
+    link_gbps: float = 0.0  # the link's line rate: the busy host factor grows with it (network.link_busy_host_factor)
 
 
 def scenario_values(s) -> dict[str, float]:
@@ -121,6 +126,8 @@ def load_trace_data(
         placement=s.placement,
         notes=list(m.notes),
     )
+    rate = network_bandwidth_gbps(s)
+    td.link_gbps = rate if math.isfinite(rate) else 0.0
     for f in m.files:
         td.files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
     if m.log is not None:
@@ -145,7 +152,9 @@ def load_trace_data(
 
 
 # ---- realrun traces ------------------------------------------------------------------------------------
-def iteration_features(dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarray, meas: np.ndarray) -> dict:
+def iteration_features(
+    dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarray, meas: np.ndarray, busy: np.ndarray | None = None
+) -> dict:
     """What the cost model needs to price decode items at any engine parameters (calibrate.predict): per item
     its batch, total context and joining requests, and the iteration's parts at neutral parameters. `batch`
     may be a (items, samples) array: each item is then the mean of its samples' iterations (a TPOT item)."""
@@ -162,6 +171,7 @@ def iteration_features(dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarra
         "batch": b2.mean(axis=1).astype(np.float64) if len(b2) else np.zeros(0),
         "ctx": ctx.astype(np.float64),
         "joins": joins.astype(np.float64),
+        "busy": np.zeros(len(meas)) if busy is None else busy.astype(np.float64),  # 1: a transfer in flight
         "fixed0": mean_of(lambda k, c: c.decode_fixed_s),
         "dequant_fixed0": mean_of(lambda k, c: c.dequant_fixed_s),
         "approx_fixed0": mean_of(lambda k, c: c.approx_fixed_s),
@@ -190,9 +200,20 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     no_prefill = np.searchsorted(prefills, end[i]) == np.searchsorted(prefills, start[nxt])
     went_on = joins[nxt] < b[nxt]
     keep = _evenly(i[no_prefill & went_on])
-    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep])
+    busy = link_busy_at(df, start[keep])
+    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy)
     blk["all"] = len(it)
     return blk
+
+
+def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """1 where a transfer was in flight at time t[i] (started at or before it, not yet ended), else 0: the host
+    terms' level where the host shares its process with the link's endpoint (network.link_busy_host_factor)."""
+    moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
+    starts = np.sort(df["transfer_start_s"].to_numpy()[moved])
+    ends = np.sort(df["transfer_end_s"].to_numpy()[moved])
+    flying = np.searchsorted(starts, t, "right") - np.searchsorted(ends, t, "right")
+    return (flying > 0).astype(np.float64)
 
 
 def _evenly(keep: np.ndarray) -> np.ndarray:
@@ -203,7 +224,13 @@ def _evenly(keep: np.ndarray) -> np.ndarray:
     return keep
 
 
-def prefill_block(prompts: list[tuple[int, ...]], meas: np.ndarray, pre, rest: np.ndarray | None = None) -> dict:
+def prefill_block(
+    prompts: list[tuple[int, ...]],
+    meas: np.ndarray,
+    pre,
+    rest: np.ndarray | None = None,
+    busy: np.ndarray | None = None,
+) -> dict:
     """Prefill items: batches of these prompts measured `meas` seconds, each plus `rest` seconds the fit holds."""
     costs = [pre.prefill(p) for p in prompts]
     hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
@@ -216,6 +243,7 @@ def prefill_block(prompts: list[tuple[int, ...]], meas: np.ndarray, pre, rest: n
         "requests": np.array([len(p) for p in prompts], dtype=np.float64),
         "layers": float(pre.model.layers),
         "rest": np.zeros(len(prompts)) if rest is None else rest,
+        "busy": np.zeros(len(prompts)) if busy is None else busy,  # 1: a transfer in flight at its start
     }
 
 
@@ -224,7 +252,12 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
     g = df.groupby("prefill_start_s", sort=True)
     first = g.head(1).sort_values("prefill_start_s")
     prompts = [tuple(int(p) for p in grp["prompt_tokens"]) for _, grp in g]
-    prefill = prefill_block(prompts, (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(), pre)
+    prefill = prefill_block(
+        prompts,
+        (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(),
+        pre,
+        busy=link_busy_at(df, first["prefill_start_s"].to_numpy()),
+    )
     enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
     quantize = None
     if pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all():
@@ -232,6 +265,7 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
             "meas": (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy(),
             "enc0": enc0,
             "layers": pre.model.layers / pre.parallel.pipeline,
+            "busy": link_busy_at(df, first["prefill_end_s"].to_numpy()),
         }
     return prefill, quantize
 
@@ -419,6 +453,6 @@ def _to_first_token_s(s, pre, dec, prompt: int) -> float:
 
 def _concat_items(items: list[dict]) -> dict:
     out = dict(items[0])
-    for key in ("meas", "batch", "ctx", "joins", "fixed0", "dequant_fixed0", "approx_fixed0", "lm_head"):
+    for key in ("meas", "batch", "ctx", "joins", "busy", "fixed0", "dequant_fixed0", "approx_fixed0", "lm_head"):
         out[key] = np.concatenate([it[key] for it in items])
     return out

@@ -7,7 +7,7 @@ cap, the rest split what is left equally. One SimPy timeout per change; stale ti
 ignored through a version counter. A streaming flow (layer-by-layer KV) also carries the time
 before which it cannot finish, because the last layer's KV does not exist before prefill ends.
 
-Where the host work of replicas shares a process with a link endpoint (network.link_host_busy_factor: realrun,
+Where the host work of replicas shares a process with a link endpoint (network.link_busy_host_factor: realrun,
 whose link is a Python thread beside the harness's loop), `EndpointHost` is that process: it counts the transfers
 in flight to or from it and tells its replicas when the first starts and when the last ends, so their host terms
 follow the link's state (simulator/decode.py, simulator/prefill.py).

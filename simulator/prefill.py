@@ -106,7 +106,7 @@ class PrefillReplica:
         self.kv_in_pool = kv_in_pool
         self.wait_for_push = wait_for_push
         self.pushing = 0  # p2p_push: requests whose KV is being pushed
-        # network.link_host_busy_factor: the host shares its process with a link endpoint (simulator/link.py,
+        # network.link_busy_host_factor: the host shares its process with a link endpoint (simulator/link.py,
         # EndpointHost); (idle, busy) cost models: a step started while a transfer is in flight takes the busy
         # one's host floors (prefill and quantize)
         self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None

@@ -256,12 +256,12 @@ def network_bandwidth_gbps(s: Scenario) -> float:
 
 def link_busy_host_factor(s: Scenario) -> float:
     """The factor on the host terms of a process while a transfer to or from it is in flight (simulator/link.py,
-    EndpointHost): network.link_busy_host_factor + link_busy_host_factor_per_gbps x the link's rate (bandwidth x
-    efficiency); 1: the host does not share its process with the link (the default)."""
+    EndpointHost): network.link_busy_host_factor + link_busy_host_factor_per_gbps x the link's line rate (Gbps: the
+    rate realrun paces its chunks at); 1: the host does not share its process with the link (the default)."""
     n = s.network
     if n.link_busy_host_factor == 1.0 and n.link_busy_host_factor_per_gbps == 0.0:
         return 1.0
-    return n.link_busy_host_factor + n.link_busy_host_factor_per_gbps * network_bandwidth_gbps(s) * n.efficiency
+    return n.link_busy_host_factor + n.link_busy_host_factor_per_gbps * network_bandwidth_gbps(s)
 
 
 def interconnect_kind(pool: PoolConfig) -> str:

@@ -65,7 +65,7 @@ class Router:
         self.transfers: dict[int, tuple] = {}  # request -> (link, decode replica) while its KV moves
         self.hold_kv = False
         self.push: Pusher | None = None  # network.kv_connector p2p_push (simulator/connectors.P2PPush)
-        # network.link_host_busy_factor: the process of each prefill and decode replica (simulator/link.py), told
+        # network.link_busy_host_factor: the process of each prefill and decode replica (simulator/link.py), told
         # when transfers to or from it are in flight; None: no host shares a process with a link endpoint
         self.prefill_hosts: list[EndpointHost] | None = None
         self.decode_hosts: list[EndpointHost] | None = None

@@ -81,3 +81,32 @@ def test_an_edited_module_runs_as_python(tmp_path, monkeypatch):
     monkeypatch.setenv("HACKSIM_PURE_PYTHON", "1")
     (pkg / "decode.py").write_bytes((c.PACKAGE_DIR / "decode.py").read_bytes())
     assert c.activate(path) == () and path == []
+
+
+_BUSY = {
+    "methods": ["baseline", "hack"],
+    "network.bandwidth_gbps": 2.0,
+    "decode.host_serial_s_per_iteration": 6e-4,
+    "decode.join_s_per_request": 6e-4,
+    "prefill.host_issue_s_per_iteration": 0.01,
+    "workload.requests": 24,
+    "workload.arrival": {"kind": "poisson", "rate_rps": 4.0},
+    "workload.input_tokens": {"kind": "fixed", "tokens": 512},
+}
+_LEVEL = {"network.link_busy_host_factor": 1.4, "network.link_busy_host_factor_per_gbps": 0.02}
+BUSY_LINK_CASES = [
+    {**_BUSY, **_LEVEL, "placement": "shared_gpu"},
+    {**_BUSY, **_LEVEL, "prefill.replicas": 2, "decode.replicas": 2},
+    {**_BUSY, "placement": "shared_gpu"},
+]
+
+
+def test_compiled_modules_price_the_busy_link_host_level_as_python():
+    """network.link_busy_host_factor (simulator/link.py EndpointHost, the decode segment cut where the link's state
+    changes): the compiled modules give the Python modules' outputs, byte for byte, shared_gpu and separate; the level
+    is on (the shared_gpu run without it differs)."""
+    _require_build()
+    compiled, pure = _run(BUSY_LINK_CASES, pure=False), _run(BUSY_LINK_CASES, pure=True)
+    assert compiled["compiled"] == list(MODULES)
+    assert compiled["digests"] == pure["digests"]
+    assert pure["digests"][0] != pure["digests"][2]

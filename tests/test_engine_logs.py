@@ -185,7 +185,7 @@ def _truth_scenario(folder: Path, raw: dict) -> Path:
 
 @pytest.mark.parametrize("fmt", ["vllm", "aiperf"])
 def test_a_run_validates_to_zero_error_against_the_system_that_made_it(tmp_path, fmt):
-    raw = raw_system(seed=3, rate_rps=6.0)
+    raw = raw_system(seed=3, rate_rps=6.0, link_busy=False)
     raw["methods"] = [KVQUANT]
     ((method, df, it),) = simulate(raw, TRUE)
     path = write_vllm(tmp_path / "v.json", df, it, 6.0) if fmt == "vllm" else write_aiperf(tmp_path / "p.jsonl", df, it)
@@ -201,7 +201,7 @@ def test_a_run_validates_to_zero_error_against_the_system_that_made_it(tmp_path,
 def test_a_run_without_send_times_arrives_by_the_scenario(tmp_path):
     """SGLang at a finite rate records no send times: the requests (their lengths) arrive by the scenario's
     arrival process, only distributions compare, and the result says so."""
-    raw = raw_system(seed=3, rate_rps=6.0)
+    raw = raw_system(seed=3, rate_rps=6.0, link_busy=False)
     raw["methods"] = [KVQUANT]
     ((_, df, it),) = simulate(raw, TRUE)
     lists = {"backend": "sglang", "request_rate": 6.0, "max_concurrency": None}
@@ -225,7 +225,7 @@ def _runs(folder: Path, fmt: str, noise: float) -> Path:
     rows = []
     for label, layers, gbps in SYSTEMS:
         for seed in (3, 4):
-            raw = raw_system(seed=seed, layers=layers, gbps=gbps, rate_rps=2.0, n=60)
+            raw = raw_system(seed=seed, layers=layers, gbps=gbps, rate_rps=2.0, n=60, link_busy=False)
             scen = folder / f"{label}.yaml"
             scen.write_text(yaml.safe_dump(raw))
             burst = copy.deepcopy(raw)
@@ -272,7 +272,7 @@ def test_a_fit_from_per_request_timings_recovers_the_engine(tmp_path, fmt):
 
 
 def test_a_run_without_send_times_is_left_out_of_a_fit_saying_why(tmp_path):
-    raw = raw_system(seed=3, rate_rps=6.0)
+    raw = raw_system(seed=3, rate_rps=6.0, link_busy=False)
     ((_, df, it),) = simulate(raw, TRUE, methods=["kvquant"])
     from simulated_runs import bench_lists
 
@@ -290,7 +290,7 @@ def _hand_log_run(tmp_path: Path, doc: dict) -> Path:
     path.write_text(
         json.dumps({"backend": "vllm", "request_rate": 1.0, "errors": [""] * len(doc["input_lens"]), **doc})
     )
-    raw = raw_system()
+    raw = raw_system(link_busy=False)
     raw["methods"] = [KVQUANT]
     (tmp_path / "sys.yaml").write_text(yaml.safe_dump(raw))
     (tmp_path / "index.csv").write_text("trace,scenario\nhand.json,sys.yaml\n")
@@ -327,7 +327,7 @@ def test_a_fit_on_colocated_runs_holds_what_colocated_does_not_use(tmp_path):
     from simulator.engine import not_applied_in
     from simulator.load import load_scenario
 
-    raw = raw_system(seed=3, rate_rps=2.0, n=40)
+    raw = raw_system(seed=3, rate_rps=2.0, n=40, link_busy=False)
     raw["placement"] = "colocated"
     raw["methods"] = [KVQUANT]
     ((_, df, it),) = simulate(raw, TRUE)

@@ -165,9 +165,8 @@ def test_refused_where_not_modelled(changes, why):
 
 def test_the_busy_cost_model_scales_every_host_term_and_nothing_else():
     """with_host_factor(2): each host term doubled, the GPU terms as they were; factor 1 or no host term: itself."""
-    from costmodel.phases import ReplicaCostModel
-
     from costmodel.methods import make_method
+    from costmodel.phases import ReplicaCostModel
     from simulator.resolve import resolve
 
     _, dec = resolve(scenario(methods=["kvquant"]), "t").costs(make_method("kvquant"))
@@ -235,3 +234,38 @@ def test_the_measured_scenarios_take_the_hostcal_fit():
         assert net["link_busy_host_factor_per_gbps"] == pytest.approx(
             fit["link_busy_host_factor_per_gbps"], rel=0.02
         ), path.name
+
+
+# ---- calibrate: the busy level as two host parameters ---------------------------------------------------------
+def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold():
+    """On a recorded trace (8b_sat HACK at 40 Gbps, realrun: one process), an item flagged busy (a transfer in flight
+    at its start) has its host time times a + b x 40; an idle one none. calibrate.predict's derivatives in a and b
+    match central differences."""
+    from simulator.calibrate import predict
+    from simulator.fit_items import load_trace_data
+
+    root = Path(__file__).resolve().parent.parent
+    td = load_trace_data(
+        root / "realrun/traces/h200_graphs/h200g_8b_sat_hack_r9", root / "scenarios/measured/h200g_8b_sat.yaml"
+    )
+    assert td.link_gbps == 40.0
+    v = dict(td.values0)
+    names = ("network.link_busy_host_factor", "network.link_busy_host_factor_per_gbps")
+    for kind in ("iteration", "prefill", "quantize"):
+        busy = td.blocks[kind]["busy"]
+        if kind != "quantize":  # at 40 Gbps the earlier request's KV has left before a prefill ends
+            assert 0 < busy.sum() < len(busy), kind
+        off = predict(td, kind, {**v, names[0]: 1.0, names[1]: 0.0})
+        on = predict(td, kind, v)
+        assert (on[busy == 0] == off[busy == 0]).all(), kind
+        assert (on[busy == 1] >= off[busy == 1]).all(), kind
+        _, d = predict(td, kind, v, names)
+        for n, h in zip(names, (1e-4, 1e-6)):
+            fd = (predict(td, kind, {**v, n: v[n] + h}) - predict(td, kind, {**v, n: v[n] - h})) / (2 * h)
+            assert d[n] == pytest.approx(fd, rel=1e-5, abs=1e-9), (kind, n)
+    # by hand, an iteration: the loop gap 0.63 ms and the joins' 0.61 ms each take (1.33 + 0.0215 x 40) = 2.19 x
+    blk = td.blocks["iteration"]
+    i = int(np.flatnonzero(blk["busy"] == 1)[0])
+    extra = (1.33 + 0.0215 * 40 - 1) * (0.00063 + 0.00061 * blk["joins"][i])
+    off = predict(td, "iteration", {**v, names[0]: 1.0, names[1]: 0.0})
+    assert predict(td, "iteration", v)[i] - off[i] == pytest.approx(extra, rel=1e-9)

@@ -25,33 +25,33 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_graphs"
 # trace: (|mean decode error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2
 BOUNDS = {
-    "h200g_70b8l_1gbps_baseline_r8": (4, 6),
-    "h200g_70b8l_1gbps_hack_r8": (3, 7),
-    "h200g_70b8l_1gbps_kvquant_r8": (8, 8),
-    "h200g_70b8l_2.5gbps_baseline_r10": (5, 7),
-    "h200g_70b8l_2.5gbps_hack_r10": (9, 9),
-    "h200g_70b8l_2.5gbps_kvquant_r10": (8, 9),
-    "h200g_70b8l_dq_baseline_r7.3": (10, 10),
-    "h200g_70b8l_dq_baseline_r8.8": (14, 11),
-    "h200g_70b8l_dq_hack_r7.3": (14, 12),
-    "h200g_70b8l_dq_hack_r8.8": (20, 15),
-    "h200g_70b8l_dq_kvquant_r7.3": (14, 10),
-    "h200g_70b8l_dq_kvquant_r8.8": (20, 11),
-    "h200g_8b_2.5gbps_baseline_r7.5": (5, 7),
-    "h200g_8b_2.5gbps_hack_r7.5": (8, 3),
-    "h200g_8b_2.5gbps_kvquant_r7.5": (22, 3),
-    "h200g_8b_mem_baseline_r7.5": (5, 4),
-    "h200g_8b_mem_baseline_r8.5": (3, 4),
-    "h200g_8b_mem_hack_r7.5": (16, 7),
-    "h200g_8b_mem_hack_r8.5": (11, 6),
-    "h200g_8b_mem_kvquant_r7.5": (12, 5),
-    "h200g_8b_mem_kvquant_r8.5": (10, 4),
-    "h200g_8b_sat_baseline_r11": (25, 8),
-    "h200g_8b_sat_baseline_r9": (15, 6),
-    "h200g_8b_sat_hack_r11": (37, 12),
-    "h200g_8b_sat_hack_r9": (37, 11),
-    "h200g_8b_sat_kvquant_r11": (42, 9),
-    "h200g_8b_sat_kvquant_r9": (36, 7),
+    "h200g_70b8l_1gbps_baseline_r8": (7, 6),
+    "h200g_70b8l_1gbps_hack_r8": (4, 7),
+    "h200g_70b8l_1gbps_kvquant_r8": (7, 8),
+    "h200g_70b8l_2.5gbps_baseline_r10": (4, 7),
+    "h200g_70b8l_2.5gbps_hack_r10": (8, 9),
+    "h200g_70b8l_2.5gbps_kvquant_r10": (7, 9),
+    "h200g_70b8l_dq_baseline_r7.3": (7, 10),
+    "h200g_70b8l_dq_baseline_r8.8": (11, 11),
+    "h200g_70b8l_dq_hack_r7.3": (13, 12),
+    "h200g_70b8l_dq_hack_r8.8": (18, 15),
+    "h200g_70b8l_dq_kvquant_r7.3": (13, 10),
+    "h200g_70b8l_dq_kvquant_r8.8": (19, 11),
+    "h200g_8b_2.5gbps_baseline_r7.5": (10, 7),
+    "h200g_8b_2.5gbps_hack_r7.5": (4, 3),
+    "h200g_8b_2.5gbps_kvquant_r7.5": (20, 3),
+    "h200g_8b_mem_baseline_r7.5": (3, 4),
+    "h200g_8b_mem_baseline_r8.5": (4, 4),
+    "h200g_8b_mem_hack_r7.5": (15, 7),
+    "h200g_8b_mem_hack_r8.5": (10, 6),
+    "h200g_8b_mem_kvquant_r7.5": (11, 5),
+    "h200g_8b_mem_kvquant_r8.5": (9, 4),
+    "h200g_8b_sat_baseline_r11": (20, 8),
+    "h200g_8b_sat_baseline_r9": (11, 6),
+    "h200g_8b_sat_hack_r11": (30, 12),
+    "h200g_8b_sat_hack_r9": (30, 11),
+    "h200g_8b_sat_kvquant_r11": (40, 9),
+    "h200g_8b_sat_kvquant_r9": (34, 7),
 }
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
@@ -153,18 +153,19 @@ def test_errors_within_what_the_model_achieves(rows):
     def mean_abs(key):
         return sum(abs(r[key]) for r in rows) / len(rows)
 
-    # achieved: 14.6, 21.1, 13.8, 8.9, 3.8, 5.2 %; decode 12.8 % (small kernels priced inside the graph since
-    # 2026-12-03: the launch-priced ones had hidden part of the host time these rows carry; see
-    # tests/kernels/test_step_profile.py for the step replays themselves; the 2-bit formats' open V block on the
-    # wire and the prefill's host floor from hostcal since: 15.6, 24.3, 14.6, 12.6, 8.4, 5.2 %, decode 13.5 % before)
-    assert mean_abs("jct_mean_error_pct") <= 16.0
-    assert mean_abs("ttft_p50_error_pct") <= 23.0
-    assert mean_abs("tpot_p50_error_pct") <= 15.5
-    assert mean_abs("prefill_mean_error_pct") <= 11.0
+    # achieved: 12.4, 18.3, 11.6, 7.3, 3.1, 5.2 %; decode 11.2 % (the host terms at the link's busy level while a
+    # transfer is in flight since: 14.6, 21.1, 13.8, 8.9, 3.8, 5.2 %, decode 12.8 % before; small kernels priced
+    # inside the graph since 2026-12-03: the launch-priced ones had hidden part of the host time these rows carry;
+    # see tests/kernels/test_step_profile.py for the step replays themselves; the 2-bit formats' open V block on
+    # the wire and the prefill's host floor from hostcal since: 15.6, 24.3, 14.6, 12.6, 8.4, 5.2 %, decode 13.5 %)
+    assert mean_abs("jct_mean_error_pct") <= 14.0
+    assert mean_abs("ttft_p50_error_pct") <= 20.0
+    assert mean_abs("tpot_p50_error_pct") <= 13.5
+    assert mean_abs("prefill_mean_error_pct") <= 9.0
     transfer = [abs(r["transfer_mean_error_pct"]) for r in rows if r["transfer_mean_error_pct"] is not None]
-    assert len(transfer) == 23 and sum(transfer) / len(transfer) <= 5.0
+    assert len(transfer) == 23 and sum(transfer) / len(transfer) <= 4.5
     assert mean_abs("iteration_mean_error_pct") <= 7.0
-    assert mean_abs("decode_mean_error_pct") <= 15.0
+    assert mean_abs("decode_mean_error_pct") <= 13.0
     # the link-bound 70B-shape configurations are where the model holds best
     link = [r for r in rows if "70b8l_1gbps" in r["trace"] or "70b8l_2.5gbps" in r["trace"]]
     assert len(link) == 6 and all(abs(r["jct_mean_error_pct"]) <= 9 for r in link)

@@ -226,6 +226,8 @@ def main(argv=None) -> int:
     _write(a.out, rows)
     if 0.0 in a.link_load_gbps:  # the scenario fields come from the runs with the link idle
         print("scenario fields:", fit_host([a.out]), flush=True)
+        if any(g > 0 for g in a.link_load_gbps):  # and the busy level from the same runs idle and busy
+            print("busy-link host level:", fit_link_host([a.out]), flush=True)
     for row in gap_distribution([a.out]):
         print("host time per iteration:", row, flush=True)
     return 0
@@ -464,7 +466,8 @@ def fit_link_host(paths) -> dict:
     serial time per decode iteration, the join per request, the prefill wall where it waits on the host: 2-layer
     runs, HACK's, and prompts of at most 512 tokens, and the quantize step) busy over the same run's idle; then
     the scenario fields network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) by least squares
-    of ratio = a + b x load (Gbps) over every (run, term, load). Also per load the mean ratio and the count."""
+    of ratio = a + b x load (Gbps) over every (run, term, load), with their standard errors (b = 0 where the runs
+    have one busy load). Also per load the mean ratio and the count."""
     import numpy as np
     import pandas as pd
 
@@ -501,6 +504,17 @@ def fit_link_host(paths) -> dict:
                         loads.append(float(load))
                         ratios.append(v / idle[term])
     x, y = np.array(loads), np.array(ratios)
+    if len(np.unique(x)) < 2:  # one busy rate (or none): the factor alone, no slope
+        n = len(y)
+        return {
+            "link_busy_host_factor": float(y.mean()) if n else 1.0,
+            "link_busy_host_factor_per_gbps": 0.0,
+            "stderr": [float(y.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"), float("nan")],
+            "by_load": {
+                float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)
+            },
+            "items": n,
+        }
     a = np.c_[np.ones(len(x)), x]
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     # standard errors of the two (ordinary least squares, each item an observation)

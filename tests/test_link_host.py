@@ -269,3 +269,20 @@ def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold(
     extra = (1.33 + 0.0215 * 40 - 1) * (0.00063 + 0.00061 * blk["joins"][i])
     off = predict(td, "iteration", {**v, names[0]: 1.0, names[1]: 0.0})
     assert predict(td, "iteration", v)[i] - off[i] == pytest.approx(extra, rel=1e-9)
+
+
+def test_fit_link_host_with_one_busy_load_gives_the_factor_alone(tmp_path):
+    """Runs idle and at one busy load cannot tell a slope: the mean ratio, b = 0 (here every term 1.5x at 10 Gbps)."""
+    head = "kind,method,model,layers,link_load_gbps,prompt_range,pass,batch_size,tokens,host_issue_s,wall_s,start_s,end_s\n"
+    lines = []
+    for load, f in ((0.0, 1.0), (10.0, 1.5)):
+        t = 0.0
+        for issue in (0.8e-3, 0.2e-3, 0.2e-3, 0.2e-3):
+            lines.append(f"decode,hack,m,2,{load},128-384,1,1,100,{issue * f},0.001,{t},{t + 0.001}\n")
+            t += 0.001 + 0.3e-3 * f
+        lines.append(f"prefill,hack,m,2,{load},128-384,1,1,200,,{0.004 * f},10,{10 + 0.004 * f}\n")
+    (tmp_path / "h.csv").write_text(head + "".join(lines))
+    fit = fit_link_host([tmp_path / "h.csv"])
+    assert fit["items"] == 3  # loop gap, join, prefill (no quantize column)
+    assert fit["link_busy_host_factor"] == pytest.approx(1.5, rel=1e-9)
+    assert fit["link_busy_host_factor_per_gbps"] == 0.0

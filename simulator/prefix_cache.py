@@ -88,6 +88,25 @@ class PrefixCache:
         self.hit_tokens += hit
         return hit
 
+    def lookup_pin(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+        """`lookup`, then `pin` of the blocks the hit covers, in one pass: the cached blocks the hit leaves out
+        become the most recent (the prompt's head last), the others leave the recency queue pinned, where
+        lookup's move of them to its end would have been undone."""
+        n = self.cached_blocks(hashes)
+        bt = self.block_tokens
+        hit = min(n * bt, prompt_tokens - 1)
+        pinned = -(-hit // bt)
+        lru = self._lru
+        for i in range(n - 1, pinned - 1, -1):
+            h = hashes[i]
+            if h in lru:
+                lru.move_to_end(h)
+        for i in range(pinned):
+            self._pin(hashes[i])
+        self.lookup_tokens += prompt_tokens
+        self.hit_tokens += hit
+        return hit
+
     def insert(self, hashes: Sequence[int], pin: bool = False, room_bytes: float | None = None) -> int:
         """Cache the prompt's leading blocks that fit (each new block first evicts the least recent unpinned
         ones beyond capacity or beyond `room_bytes` of new bytes); with `pin`, every block inserted or
@@ -321,9 +340,7 @@ class PrefixCaching:
         `prefill_end`."""
         if not self.prefill:
             return 0
-        cache, hashes = self.prefill[replica], self.hashes[rid]
-        hit = cache.lookup(hashes, self.rec.prompt[rid])
-        cache.pin(hashes[: -(-hit // self.hash_tokens)])
+        hit = self.prefill[replica].lookup_pin(self.hashes[rid], self.rec.prompt[rid])
         self.prefill_cached[rid] = hit
         return hit
 
@@ -358,11 +375,11 @@ class PrefixCaching:
         if not self.decode:
             return
         cache, hashes = self.decode[replica], self.hashes[rid]
-        hit = cache.lookup(hashes, self.rec.prompt[rid])
         if self.in_pool["decode"]:
-            blocks = -(-hit // self.hash_tokens)
-            cache.pin(hashes[:blocks])
-            self.pinned[rid] = blocks
+            hit = cache.lookup_pin(hashes, self.rec.prompt[rid])
+            self.pinned[rid] = -(-hit // self.hash_tokens)
+        else:
+            hit = cache.lookup(hashes, self.rec.prompt[rid])
         if hit or self.decode_cached[rid]:  # a request sent again after a fault may miss where it hit before
             if self.sent_bytes is self.rec.wire_bytes:
                 self.sent_bytes = list(self.rec.wire_bytes)

@@ -3,7 +3,8 @@
     python benchmarks/paired.py --against ad46b8a --against d501956 [--rounds 3] [--json PATH]
 
 Each revision is checked out (`git archive`) into a temporary folder and given this tree's benchmark scripts, so
-every tree runs the same measurement of its own simulator. Then, round by round and scenario by scenario, each
+every tree runs the same measurement of its own simulator; a revision with `scripts/build_compiled.py` has its
+event loop compiled first (mypyc, as `make run` does), so it runs as it runs by default. Then, round by round and scenario by scenario, each
 tree runs sim_speed.py in its own process, one after the other: the references, this tree as it runs by default
 (its compiled modules where built: simulator/compiled.py) and this tree as Python (HACKSIM_PURE_PYTHON=1). A
 shared machine's load moves every figure, and pairing runs back to back lets the ratios cancel most of it; the
@@ -43,6 +44,8 @@ def checkout(rev: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     for script in ("sim_speed.py", "scale_1m.py"):  # the same measurement for every tree
         shutil.copy(ROOT / "benchmarks" / script, tree / "benchmarks" / script)
+    if (tree / "scripts" / "build_compiled.py").exists():  # a revision that compiles its event loop runs compiled
+        subprocess.run([sys.executable, "-m", "scripts.build_compiled"], cwd=tree, check=True, capture_output=True)
     return tree
 
 

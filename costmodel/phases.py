@@ -68,6 +68,7 @@ from .specs import FP16_BYTES, GIB, GPUSpec, ModelSpec, Parallelism
 CPU_FLOPS_PER_VCPU = 20e9  # K-Means distance FLOPs per vCPU-second: AVX2 FMA peak ≈ 40 GFLOP/s per
 # vCPU at 2.5 GHz (2 vCPUs per core), half of it sustained (an assumption)
 PREFILL_MEMO_ENTRIES = 4096  # prefill costs remembered per replica model (batches repeat in short runs)
+CHUNKS_MEMO_ENTRIES = 1 << 15  # mixed steps' chunk attention remembered per replica model (~200 bytes each)
 ONE_PROMPT_TABLE_TOKENS = 1 << 17  # one-prompt batches priced from a table by length below this (5 MB at most)
 _ONE_PROMPT_FIELDS = 5  # ReplicaCostModel._one_prompt_prefill: stage_s, latency_s, approximation_s, encode_s, form
 _ONE_FORM = tuple((form,) for form in PREFILL_KERNELS)  # a one-prompt batch's forms, by code
@@ -130,6 +131,20 @@ class IterationCost:
 
     def time_s(self, total_ctx_tokens: float) -> float:
         return max(self.fixed_s + self.per_ctx_s * total_ctx_tokens, self.host_s)
+
+    def with_decode_fixed_added(self, added_s: float) -> IterationCost:
+        """This iteration with `added_s` more fixed decode time (a mixed step's chunks): what
+        `dataclasses.replace(self, decode_fixed_s=self.decode_fixed_s + added_s)` builds, the same sums in the
+        same order, without the frozen dataclass's __init__ (a colocated run builds one for most of its steps)."""
+        fields = dict(self.__dict__)
+        decode_fixed_s = fields["decode_fixed_s"] = self.decode_fixed_s + added_s
+        fields["fixed_s"] = decode_fixed_s + self.dequant_fixed_s + self.approx_fixed_s
+        out = object.__new__(IterationCost)
+        object.__setattr__(out, "__dict__", fields)
+        return out
+
+
+_NO_ITERATION = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)  # a mixed step without decode rows
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -397,6 +412,18 @@ class ReplicaCostModel:
         attends in FP16 (`_cached_to_fp16_s`)."""
         k = self._prefill_terms()
         fpp, form_of = k.flops_per_pair, k.form_of
+        if len(prompt_tokens) == 1:  # one prompt (most batches, most chunks): the loop below, without its lists
+            L = prompt_tokens[0]
+            c = 0 if cached_tokens is None else cached_tokens[0]
+            n = L * (L + 1) / 2 if cached_tokens is None else (L - c) * c + (L - c) * (L - c + 1) / 2
+            form = form_of(fpp * n)
+            t = (k.fits.get(form) or self.profile.kernel(PREFILL_KERNELS[form])).time_s(fpp * n)
+            approx = 0.0
+            if form == "homomorphic":
+                approx = min(t, k.q_heads_per_gpu * n * k.approx_ops_per_pair / k.alu_instr_per_s)
+            if c and form == "fp16":
+                t += self._cached_to_fp16_s(c)
+            return t, approx, (form,)
         if cached_tokens is None:
             pairs = [L * (L + 1) / 2 for L in prompt_tokens]
         else:
@@ -677,47 +704,70 @@ class ReplicaCostModel:
             return hit
         L, stages = self.model.layers, self.parallel.pipeline
         new = sum(n for n, _ in chunks)
-        attn_s, approx_s, forms = self.prefill_attention_s(
-            tuple(past + n for n, past in chunks), tuple(past for _, past in chunks)
-        )
+        attn_s, approx_s, forms = self._chunks_attention(chunks)
         if batch_size:
             base = self.iteration(batch_size)
             added = (
                 L * (self._dense_layer_s(batch_size + new) - self._dense_layer_s(batch_size))
-                + self._lm_head_s(batch_size + samples)
-                - self._lm_head_s(batch_size)
+                + self._lm_head_rows_s(batch_size + samples)
+                - self._lm_head_rows_s(batch_size)
                 + (stages - 1) * (self._stage_hop_s(batch_size + new) - self._stage_hop_s(batch_size))
             )
         else:
-            base = IterationCost(0.0, 0.0, 0.0, 0.0, 0.0, host_s=0.0)
+            base = _NO_ITERATION
             added = (
                 L * self._dense_layer_s(new)
-                + (self._lm_head_s(samples) if samples else 0.0)
+                + (self._lm_head_rows_s(samples) if samples else 0.0)
                 + (stages - 1) * self._stage_hop_s(new)
                 + self.host_serial_s_per_iteration
             )
-        # the chunk's KV written in the replica's memory format (CacheGen's is FP16: nothing to encode)
-        encode_s = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, new)
-        added += L * attn_s + encode_s
-        it = IterationCost(
-            decode_fixed_s=base.decode_fixed_s + added,
-            decode_per_ctx_s=base.decode_per_ctx_s,
-            dequant_per_ctx_s=base.dequant_per_ctx_s,
-            dequant_fixed_s=base.dequant_fixed_s,
-            approx_fixed_s=base.approx_fixed_s,
-            approx_per_ctx_s=base.approx_per_ctx_s,
-            fetch_fixed_s=base.fetch_fixed_s,
-            fetch_per_ctx_s=base.fetch_per_ctx_s,
-            host_s=base.host_s,
-        )
+        added += L * attn_s + self._chunks_encode_s(new)
         out = (
-            it,
-            PrefillCost(stage_s=added, latency_s=added, approximation_s=L * approx_s, encode_s=encode_s, forms=forms),
+            base.with_decode_fixed_added(added),
+            PrefillCost(
+                stage_s=added,
+                latency_s=added,
+                approximation_s=L * approx_s,
+                encode_s=self._chunks_encode_s(new),
+                forms=forms,
+            ),
         )
         if len(memo) >= PREFILL_MEMO_ENTRIES:
             memo.clear()
         memo[key] = out
         return out
+
+    def _chunks_attention(self, chunks: tuple[tuple[int, int], ...]) -> tuple[float, float, tuple[str, ...]]:
+        """prefill_attention_s of a mixed step's chunks ((new tokens, earlier tokens) each), memoised by the
+        chunks alone: a step's price changes with its decode rows, its chunks' attention does not (a long
+        prompt's chunks come back at the same offsets, step after step and prompt after prompt)."""
+        memo = self._memo.setdefault("chunks_attention", {})
+        c = memo.get(chunks)
+        if c is None:
+            if len(memo) >= CHUNKS_MEMO_ENTRIES:
+                memo.clear()
+            c = memo[chunks] = self.prefill_attention_s(
+                tuple(past + n for n, past in chunks), tuple(past for _, past in chunks)
+            )
+        return c
+
+    def _chunks_encode_s(self, tokens: int) -> float:
+        """The KV of a mixed step's `tokens` new tokens written in the replica's memory format (CacheGen's is
+        FP16: nothing to encode), memoised by the token count (at most max_batch_tokens of them)."""
+        memo = self._memo.setdefault("chunks_encode", {})
+        c = memo.get(tokens)
+        if c is None:
+            L, stages = self.model.layers, self.parallel.pipeline
+            c = memo[tokens] = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, tokens)
+        return c
+
+    def _lm_head_rows_s(self, rows: int) -> float:
+        """_lm_head_s(rows), memoised by the row count (a step has at most max_batch_tokens rows)."""
+        memo = self._memo.setdefault("lm_head", {})
+        c = memo.get(rows)
+        if c is None:
+            c = memo[rows] = self._lm_head_s(rows)
+        return c
 
     # ---- transfer and memory --------------------------------------------------------------
     def wire_bytes(self, prompt_tokens: int) -> float:
@@ -735,9 +785,11 @@ class ReplicaCostModel:
     def kv_memory_bytes(self, context_tokens: int) -> float:
         """Decode memory one request holds at `context_tokens` (across the replica's GPUs): whole KV blocks
         (costmodel/memory.kv_blocks) plus the method's fixed per-request buffer (HACK's FP16 V tail)."""
-        m = self.model
-        reserve = self.kv_replication * self.method.memory_reserve_bytes_per_request(m)
-        block = self.block_bytes
+        terms = self._memo.get("kv_memory")
+        if terms is None:  # the two terms that do not depend on the tokens, looked up once
+            reserve = self.kv_replication * self.method.memory_reserve_bytes_per_request(self.model)
+            terms = self._memo["kv_memory"] = (reserve, self.block_bytes)
+        reserve, block = terms
         if block <= 0:
             return reserve
         return kv_blocks(context_tokens, self.block_tokens) * block + reserve
@@ -773,8 +825,12 @@ class ReplicaCostModel:
 
     @property
     def kv_capacity_bytes(self) -> float:
-        """KV bytes the whole replica can hold (all its GPUs), in whole blocks, in `kv_memory_bytes` terms."""
-        return self.memory.kv_capacity_bytes
+        """KV bytes the whole replica can hold (all its GPUs), in whole blocks, in `kv_memory_bytes` terms (kept:
+        a prefill replica asks for it with every prompt)."""
+        c = self._memo.get("kv_capacity")
+        if c is None:
+            c = self._memo["kv_capacity"] = self.memory.kv_capacity_bytes
+        return c
 
     def check_fits(self, pool: str) -> None:
         mem = self.memory

@@ -30,10 +30,17 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import MutableSequence, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .columns import Records
+
+# A block's hash (a run's key: -(rid + 1)). Any, not int: compiled (simulator/compiled.py), an int is unboxed from
+# the hash list and boxed again for every dict operation, a new object for each hash above 256, whose lookup then
+# compares by value (callgrind: a third of the cache's instructions); as Any the list's own objects are used.
+Hash = Any
+_RECENT_LISTS = 4096  # PrefixCaching.blocks_of: hash lists kept (a request's are asked for between its arrival and
+# its KV's arrival at decode; ~1 KB each for a 9K-token prompt of 512-token blocks)
 
 
 class PrefixCache:
@@ -45,8 +52,8 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.token_bytes = token_bytes  # a run's bytes per token
         self.unit = unit  # runs are evicted in whole engine blocks of this many tokens
-        self._pins: dict[int, int] = {}  # cached block -> requests using it
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned blocks and runs, least recent first
+        self._pins: dict[Hash, int] = {}  # cached block -> requests using it
+        self._lru: OrderedDict[Hash, None] = OrderedDict()  # unpinned blocks and runs, least recent first
         self._runs: dict[int, tuple[int, int]] = {}  # -(rid + 1) -> (first token, tokens) of a request's own blocks
         self._evictable = 0.0  # bytes of the unpinned blocks and runs
         self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
@@ -68,7 +75,7 @@ class PrefixCache:
     def evictable_bytes(self) -> float:
         return self._evictable
 
-    def cached_blocks(self, hashes: Sequence[int]) -> int:
+    def cached_blocks(self, hashes: Sequence[Hash]) -> int:
         """How many leading blocks of a prompt are cached (no side effects)."""
         pins = self._pins
         n = 0
@@ -78,7 +85,7 @@ class PrefixCache:
             n += 1
         return n
 
-    def lookup(self, hashes: Sequence[int], prompt_tokens: int) -> int:
+    def lookup(self, hashes: Sequence[Hash], prompt_tokens: int) -> int:
         """The prompt's cached prefix in tokens, counted in the hit rate; its blocks become the most recent.
         At least the prompt's last token is always computed (it yields the first output token)."""
         n = self.cached_blocks(hashes)
@@ -88,7 +95,27 @@ class PrefixCache:
         self.hit_tokens += hit
         return hit
 
-    def insert(self, hashes: Sequence[int], pin: bool = False, room_bytes: float | None = None) -> int:
+    def lookup_pin(self, hashes: Sequence[Hash], prompt_tokens: int) -> int:
+        """`lookup`, then `pin` of the blocks the hit covers, in one pass: the cached blocks the hit leaves out
+        become the most recent (the prompt's head last), the others leave the recency queue pinned, where
+        lookup's move of them to its end would have been undone."""
+        n = self.cached_blocks(hashes)
+        bt = self.block_tokens
+        hit = min(n * bt, prompt_tokens - 1)
+        pinned = -(-hit // bt)
+        lru = self._lru
+        move_to_end = lru.move_to_end
+        for i in range(n - 1, pinned - 1, -1):
+            h = hashes[i]
+            if h in lru:
+                move_to_end(h)
+        for i in range(pinned):
+            self._pin(hashes[i])
+        self.lookup_tokens += prompt_tokens
+        self.hit_tokens += hit
+        return hit
+
+    def insert(self, hashes: Sequence[Hash], pin: bool = False, room_bytes: float | None = None) -> int:
         """Cache the prompt's leading blocks that fit (each new block first evicts the least recent unpinned
         ones beyond capacity or beyond `room_bytes` of new bytes); with `pin`, every block inserted or
         already cached is pinned. Returns the number of new blocks, which stop at the first that does not
@@ -116,7 +143,7 @@ class PrefixCache:
         self._touch(hashes)
         return added
 
-    def unpin(self, hashes: Sequence[int]) -> None:
+    def unpin(self, hashes: Sequence[Hash]) -> None:
         """A request done with its prefix blocks: the last user returns each to the recency queue, the prompt's
         tail first (its head is the most recent)."""
         pins, lru = self._pins, self._lru
@@ -154,12 +181,12 @@ class PrefixCache:
             del self._lru[key]
             self._evictable -= run[1] * self.token_bytes
 
-    def evict(self, bytes_: float, keep: Sequence[int] = ()) -> float:
+    def evict(self, bytes_: float, keep: Sequence[Hash] = ()) -> float:
         """Drop least recent unpinned blocks (and runs, tail first, in whole engine blocks) until at least
         `bytes_` are freed (or none is left, or only blocks of `keep` are); returns the bytes freed."""
         freed = 0.0
         lru, pins, runs = self._lru, self._pins, self._runs
-        kept = []
+        kept: list[object] = []
         keep_set = set(keep) if keep else ()
         while freed < bytes_ and lru:
             h = next(iter(lru))
@@ -194,24 +221,25 @@ class PrefixCache:
         self._runs.clear()
         self._evictable = 0.0
 
-    def _pin(self, h: int) -> None:
+    def _pin(self, h: Hash) -> None:
         n = self._pins[h]
         if n == 0:
             del self._lru[h]
             self._evictable -= self.block_bytes
         self._pins[h] = n + 1
 
-    def touch(self, hashes: Sequence[int]) -> None:
+    def touch(self, hashes: Sequence[Hash]) -> None:
         """The blocks become the most recent, the prompt's head last."""
         self._touch(hashes)
 
-    def _touch(self, hashes: Sequence[int]) -> None:
+    def _touch(self, hashes: Sequence[Hash]) -> None:
         lru = self._lru
+        move_to_end = lru.move_to_end  # bound once: a method looked up by name is a slow call from compiled code
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)
+                move_to_end(h)
 
-    def pin(self, hashes: Sequence[int]) -> None:
+    def pin(self, hashes: Sequence[Hash]) -> None:
         """Pin cached blocks a running request uses (none of them is evicted until `unpin`)."""
         pins = self._pins
         for h in hashes:
@@ -263,6 +291,7 @@ class PrefixCaching:
         self.rec = records
         n = len(reqs)
         self.hashes = reqs.block_hashes if reqs.block_hashes is not None else _NoHashes()
+        self._recent: OrderedDict[int, Sequence[Hash]] = OrderedDict()  # rid -> its hash list (blocks_of)
         self.hash_tokens = reqs.hash_block_tokens
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
@@ -308,8 +337,20 @@ class PrefixCaching:
                 self.decode_region_bytes = cap
         self.wire_per_token = pre_cost.method.wire_bytes_per_token(pre_cost.model)
 
+    def blocks_of(self, rid: int) -> Sequence[Hash]:
+        """Request `rid`'s prompt hash blocks. A prefix-sharing workload makes a request's list on demand
+        (workload.SharedPrefixBlocks), and a request's hooks ask for it four or five times: the lists of the last
+        `_RECENT_LISTS` requests asked about are kept."""
+        recent = self._recent
+        got = recent.get(rid)
+        if got is None:
+            got = recent[rid] = self.hashes[rid]
+            if len(recent) > _RECENT_LISTS:
+                recent.popitem(last=False)
+        return got
+
     def _whole_blocks(self, rid: int):
-        return self.hashes[rid][: self.rec.prompt[rid] // self.hash_tokens]
+        return self.blocks_of(rid)[: self.rec.prompt[rid] // self.hash_tokens]
 
     def engine(self, replica: int) -> EngineCache | None:
         """Replica `replica`'s cache as its step scheduler and decode rows use it (None: the pool does not cache)."""
@@ -321,16 +362,14 @@ class PrefixCaching:
         `prefill_end`."""
         if not self.prefill:
             return 0
-        cache, hashes = self.prefill[replica], self.hashes[rid]
-        hit = cache.lookup(hashes, self.rec.prompt[rid])
-        cache.pin(hashes[: -(-hit // self.hash_tokens)])
+        hit = self.prefill[replica].lookup_pin(self.blocks_of(rid), self.rec.prompt[rid])
         self.prefill_cached[rid] = hit
         return hit
 
     def prefill_peek(self, replica: int, rid: int) -> int:
         """The cached tokens a queued prompt would find now (no side effects)."""
         cache = self.prefill[replica]
-        hit = cache.cached_blocks(self.hashes[rid]) * self.hash_tokens
+        hit = cache.cached_blocks(self.blocks_of(rid)) * self.hash_tokens
         return min(hit, self.rec.prompt[rid] - 1)
 
     def prefill_end(self, replica: int, rid: int, free_bytes: float) -> None:
@@ -339,7 +378,7 @@ class PrefixCaching:
         if not self.prefill:
             return
         cache = self.prefill[replica]
-        cache.unpin(self.hashes[rid][: -(-self.prefill_cached[rid] // self.hash_tokens)])
+        cache.unpin(self.blocks_of(rid)[: -(-self.prefill_cached[rid] // self.hash_tokens)])
         cache.insert(self._whole_blocks(rid))
         if self.in_pool["prefill"]:
             self.prefill_trim(replica, free_bytes)
@@ -357,12 +396,12 @@ class PrefixCaching:
         the request's own from now, pinned)."""
         if not self.decode:
             return
-        cache, hashes = self.decode[replica], self.hashes[rid]
-        hit = cache.lookup(hashes, self.rec.prompt[rid])
+        cache, hashes = self.decode[replica], self.blocks_of(rid)
         if self.in_pool["decode"]:
-            blocks = -(-hit // self.hash_tokens)
-            cache.pin(hashes[:blocks])
-            self.pinned[rid] = blocks
+            hit = cache.lookup_pin(hashes, self.rec.prompt[rid])
+            self.pinned[rid] = -(-hit // self.hash_tokens)
+        else:
+            hit = cache.lookup(hashes, self.rec.prompt[rid])
         if hit or self.decode_cached[rid]:  # a request sent again after a fault may miss where it hit before
             if self.sent_bytes is self.rec.wire_bytes:
                 self.sent_bytes = list(self.rec.wire_bytes)
@@ -420,7 +459,7 @@ class EngineCache:
         """Tokens of a request with `tokens` to compute whose KV is cached here (at most tokens − 1): its
         prompt's leading cached blocks, then a preempted request's run where every block before it hit."""
         pc = self.pc
-        hit = self.cache.cached_blocks(pc.hashes[rid]) * pc.hash_tokens
+        hit = self.cache.cached_blocks(pc.blocks_of(rid)) * pc.hash_tokens
         start, run = self.cache.run(rid)
         if run and hit >= start:
             hit = max(hit, start + run)
@@ -430,7 +469,7 @@ class EngineCache:
         """The request is scheduled with `hit` tokens cached: its hit blocks become its own (pinned; in a
         region, the most recent), its run leaves the cache; a prompt's first lookup counts in the hit rate."""
         pc, cache = self.pc, self.cache
-        hashes = pc.hashes[rid]
+        hashes = pc.blocks_of(rid)
         blocks = min(-(-hit // pc.hash_tokens), len(hashes))
         if self.in_pool:
             cache.pin(hashes[:blocks])
@@ -463,7 +502,7 @@ class EngineCache:
         if not self.in_pool:
             return
         pc, cache = self.pc, self.cache
-        hashes = pc.hashes[rid]
+        hashes = pc.blocks_of(rid)
         pinned = pc.pinned[rid]
         if preempted:
             # the prompt's whole hash blocks it computed are cached (the ones it hit are pinned already)

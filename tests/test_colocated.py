@@ -46,6 +46,33 @@ def step_s(dec, b: int, chunks, samples: int) -> float:
     return dec.iteration(b).fixed_s + dense + head + L * attn + encode
 
 
+@pytest.mark.parametrize("method", ["baseline", "hack", "cachegen"])
+def test_a_mixed_step_is_priced_from_its_parts_whatever_was_priced_before(method):
+    """mixed_step keeps each chunk set's attention and each token count's encoding apart from the decode rows:
+    the same chunks beside other decode rows, or ending a prompt or not, price from step_s's parts every time;
+    the step's per-context and non-decode parts are the rows' plain iteration's."""
+    s = scenario(methods=[method], placement="colocated")
+    _, dec = resolve(s).costs(s.methods[0])
+    for chunks, b, samples in (
+        (((1536, 0),), 8, 0),
+        (((1536, 3072),), 0, 1),  # the same new tokens after earlier ones
+        (((1536, 3072),), 8, 0),
+        (((1536, 3072),), 8, 1),
+        (((1536, 3072),), 40, 1),
+        (((1536, 0),), 0, 1),
+    ):
+        it, share = dec.mixed_step(b, chunks, samples)
+        assert it.fixed_s == pytest.approx(step_s(dec, b, chunks, samples), rel=1e-12)
+        base = dec.iteration(b) if b else None
+        assert it.per_ctx_s == (base.per_ctx_s if base else 0.0)
+        assert (it.dequant_fixed_s, it.approx_fixed_s, it.host_s) == (
+            (base.dequant_fixed_s, base.approx_fixed_s, base.host_s) if base else (0.0, 0.0, 0.0)
+        )
+        assert share.latency_s == pytest.approx(it.fixed_s - (base.fixed_s if base else 0.0), rel=1e-9)
+    two = ((512, 0), (1000, 2048))
+    assert dec.mixed_step(4, two, 1)[0].fixed_s == pytest.approx(step_s(dec, 4, two, 1), rel=1e-12)
+
+
 @pytest.mark.parametrize("method", ["baseline", "hack", "kvquant", "cachegen", "fp8"])
 def test_lone_colocated_request_runs_its_chunks_then_decodes_in_closed_form(tmp_path, method):
     """One engine, a 4096-token prompt in chunks of 1536 (chunk_tokens; budget 16384): steps of 1536, 1536 and

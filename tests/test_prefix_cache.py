@@ -43,6 +43,21 @@ def test_eviction_is_least_recently_used_tail_first_and_spares_pinned_blocks():
     assert c.evict(1.0) == 1.0 and c.cached_blocks([6, 7]) == 1  # the tail went first
 
 
+def test_lookup_pin_pins_the_hit_blocks_and_makes_the_rest_most_recent():
+    """lookup_pin (a prefill's lookup and pin in one pass): the blocks the hit covers leave the recency queue
+    pinned; a cached block past the hit (the prompt's last token is always computed) becomes the most recent."""
+    c = PrefixCache(capacity_bytes=5.0, block_bytes=1.0, block_tokens=4)
+    c.insert([1, 2, 3])  # queue, least recent first: 3, 2, 1
+    c.insert([7, 8])  # 3, 2, 1, 8, 7
+    assert c.lookup_pin([1, 2, 3], 9) == 8  # three blocks cached, 8 tokens hit: blocks 1 and 2 pinned
+    assert (c.hit_tokens, c.lookup_tokens) == (8, 9)
+    assert c.pinned_blocks() == 2 and c.evictable_bytes == 3.0  # 8, 7, 3 queue, 3 the most recent
+    assert c.evict(2.0) == 2.0 and c.cached_blocks([3]) == 1 and c.cached_blocks([8]) == c.cached_blocks([7]) == 0
+    assert c.evict(10.0) == 1.0 and c.cached_blocks([1, 2, 3]) == 2  # 3 went; pinned 1 and 2 stay
+    c.unpin([1, 2])
+    assert c.evictable_bytes == 2.0 and c.evict(1.0) == 1.0 and c.cached_blocks([1, 2]) == 1  # the tail first
+
+
 def test_insert_within_given_room_and_evict_for_an_owner():
     c = PrefixCache(capacity_bytes=100.0, block_bytes=2.0, block_tokens=16)
     assert c.insert([1, 2, 3], room_bytes=4.0) == 2  # the owner's pool had room for two

@@ -113,3 +113,21 @@ def test_columns_read_and_log_without_copies():
     assert len(log) == 2 and log.table().tolist() == [[0.0, 1.0, 2.5], [1.0, 0.0, 3.5]]
     assert list(log) == [(0.0, 1.0, 2.5), (1.0, 0.0, 3.5)] and log.column(2).tolist() == [2.5, 3.5]
     assert columns.view(columns.nans(0)).shape == (0,)
+
+
+def test_row_log_keeps_every_row_in_order_across_its_batches():
+    """RowLog packs its rows into the array a batch at a time: rows on either side of a batch boundary, and the
+    rows of a batch not yet packed, all read back in order, each number as the float it was given."""
+    log = columns.RowLog(3)
+    n = 2 * columns._FLUSH_ROWS + 5  # two packed batches and five rows still in the list
+    for i in range(n):
+        log.append((i / 8, i, -i - 0.25))
+    assert len(log) == n
+    t = log.table()
+    assert t.shape == (n, 3)
+    assert t[:, 0].tolist() == [i / 8 for i in range(n)]
+    assert t[:, 1].tolist() == [float(i) for i in range(n)]
+    assert t[:, 2].tolist() == [-i - 0.25 for i in range(n)]
+    del t  # a view of the array: it must not grow while one is alive
+    log.append((1.0, 2, 3.0))  # after a read: appended behind the rows read
+    assert len(log) == n + 1 and list(log)[-2:] == [((n - 1) / 8, n - 1.0, -(n - 1) - 0.25), (1.0, 2.0, 3.0)]

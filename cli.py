@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from reports.terminal import (
     JSON_HELP,
@@ -37,12 +38,38 @@ from reports.terminal import (
     errors_as_json,
     plotlyjs_refusal,
     print_error,
+    to_json,
 )
 from scenarios import resolve as resolve_example
 
+try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
+    from typer._click.exceptions import UsageError
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import UsageError
+
 __version__ = "0.1.0"
 
+class _Commands(TyperGroup):
+    """The commands, with usage errors (a missing or misspelt option, a value of the wrong type) answered in JSON
+    on stdout too when the command line asks for --json: click reports them before the command runs, so the
+    command's own `errors_as_json` never comes into play and a pipeline reading stdout saw nothing."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        ctx.meta["hacksim.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            argv = ctx.meta.get("hacksim.argv", [])
+            if "--json" in argv[: argv.index("--") if "--" in argv else None]:
+                print(to_json({"error": e.format_message()}), flush=True)
+            raise
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
 import pytest
 
 from helpers import scenario
-from simulator.admission import first_block_shortage
+from simulator.admission import OnDemandBlocks, first_block_shortage
 from simulator.decode import DecodeReplica, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 
@@ -36,6 +37,43 @@ def test_first_block_shortage_matches_iteration_by_iteration_allocation():
             if not reqs:
                 break
         assert first_block_shortage(counts, k0, free, bt) == want
+
+
+def _blocks(block_tokens: int = 4, block_bytes: float = 1000.0) -> OnDemandBlocks:
+    """OnDemandBlocks of a replica with no fixed per-request buffer (the blocks' arithmetic alone)."""
+    cost = SimpleNamespace(block_tokens=block_tokens, block_bytes=block_bytes, kv_memory_bytes=lambda _t: 0.0)
+    return OnDemandBlocks(SimpleNamespace(cost=cost, reserved_bytes=0.0, capacity_bytes=1e9, finish_heap=[]))
+
+
+def test_a_segment_is_promised_the_blocks_of_its_later_iterations_only():
+    """Blocks of 4 tokens. A request that joins at iteration 0 with context 3 takes a new block when its context
+    reaches 5, 9, ... (iterations 2, 6, 10, 14: phase 2); one with context 4 at iterations 1, 5, 9, 13 (phase 1).
+    Before any segment nothing is promised. A segment of iterations 10..12 is promised the blocks of 11 and 12:
+    none (11 and 12 are phases 3 and 0); of 10..14, those of 11..14: one each (13 and 14), 2000 bytes."""
+    b = _blocks()
+    assert b.planned_bytes == 0.0
+    b.join(0, 0, 3, 100)
+    b.join(1, 0, 4, 100)
+    assert b.counts == [0, 1, 1, 0]
+    b.plan(10, 3)
+    assert b.planned_bytes == 0.0
+    b.plan(10, 5)
+    assert b.planned_bytes == 2000.0
+
+
+def test_a_replica_down_forgets_its_blocks_phases():
+    """After clear() (the replica went down) a request joining at 0 with context 1 (phase 0: a new block at 4,
+    8, ...) is the only one counted: a segment of 0..2 is promised nothing, of 0..4 one block."""
+    b = _blocks()
+    b.join(0, 0, 3, 100)
+    b.join(1, 0, 4, 100)
+    assert b.clear() == [0, 1]
+    b.join(2, 0, 1, 100)
+    assert b.counts == [1, 0, 0, 0]
+    b.plan(0, 3)
+    assert b.planned_bytes == 0.0
+    b.plan(0, 5)
+    assert b.planned_bytes == 1000.0
 
 
 def _two_requests(tmp_path, preemption: str, outputs=(100, 100), **changes):

@@ -163,6 +163,28 @@ def test_a_fixed_launch_cost_is_fitted_as_one_and_carries_to_long_prompts():
     assert predict(long, "quantize", v)[0] == pytest.approx(layers * 0.5e-3)
 
 
+def test_the_files_residuals_by_hand():
+    """residual_summary: per kind, the relative errors' RMS and mean per trace, averaged over the traces (each
+    weighs the same), before (the scenarios' values) and after the fit. Quantize items priced at the kernel's
+    enc0 (factor 1, no launch floor): trace a, enc0 1 ms against 0.8 and 1.25 ms measured: +25 % and -20 %
+    (mean 2.5 %, RMS sqrt((0.0625 + 0.04) / 2) = 22.638 %); trace b, 2 ms against 2.5 ms: -20 %. Before: mean
+    (2.5 - 20) / 2 = -8.75 %, RMS (22.638 + 20) / 2 = 21.319 %. With the factor at 1.2: a +50 % and -4 % (mean
+    23 %, RMS sqrt((0.25 + 0.0016) / 2) = 35.468 %), b -4 %: mean 9.5 %, RMS 19.734 %."""
+    from simulator.calibrate import residual_summary
+
+    a = _quantize_trace("a", np.array([1e-3, 1e-3]), np.array([0.8e-3, 1.25e-3]), 8.0)
+    b = _quantize_trace("b", np.array([2e-3]), np.array([2.5e-3]), 8.0)
+    assert a.values0["methods.kvquant.quantize_issue_s_per_layer"] == 0.0
+    got = residual_summary([a, b], {"methods.kvquant.quantize": 1.2})
+    assert list(got) == ["quantize"]
+    q = got["quantize"]
+    assert (q["items"], q["traces"]) == (3, 2)
+    assert q["mean_pct_before"] == pytest.approx(-8.75, abs=1e-3)
+    assert q["rms_pct_before"] == pytest.approx(21.319, abs=1e-3)
+    assert q["mean_pct_after"] == pytest.approx(9.5, abs=1e-3)
+    assert q["rms_pct_after"] == pytest.approx(19.734, abs=1e-3)
+
+
 def test_traces_weigh_equally_whatever_their_items():
     """The data term is Σ over traces and kinds of the mean squared relative error over DATA_SIGMA²: a trace of
     10 items and one of 1000 each contribute their mean, so a long run cannot outvote a short one."""

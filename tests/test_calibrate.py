@@ -81,6 +81,8 @@ def test_the_cost_model_reprices_a_simulated_trace_to_rounding(simulated):
     and the Link apply them, is the simulator's own time: the fit's model is the simulator's."""
     _, traces = simulated
     assert len(traces) == 12
+    # each run keeps its scenario as the index names it (the engine file lists them), not the resolved path
+    assert {td.scenario for td in traces} == {"big.yaml", "small.yaml"}
     for td in traces:
         v = {**td.values0, **TRUE}
         assert set(td.blocks) >= {"iteration", "prefill", "transfer"}

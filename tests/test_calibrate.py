@@ -187,6 +187,40 @@ def test_the_files_residuals_by_hand():
     assert q["rms_pct_after"] == pytest.approx(19.734, abs=1e-3)
 
 
+def test_a_host_bound_prefills_slope_in_the_per_request_issue_time_is_its_requests():
+    """predict's exact derivatives (the fit's Jacobian): a prefill batch priced max(GPU, host) with host =
+    per-iteration + layers x per-layer + requests x per-request issue time. Batches of 2 and 3 requests whose
+    host time (8 x 0.1 ms + 2 or 3 x 1 ms) exceeds their GPU time (1 us) move by 2 and 3 s per second of
+    per-request issue time; a GPU-bound batch of 4 (1 s of GPU time) not at all, and its slope in the
+    efficiency is -work / efficiency^2 = -1."""
+    values0 = {n: p.neutral for n, p in PARAMETERS.items()}
+    values0.update({"prefill.host_issue_s_per_layer": 1e-4, "prefill.host_issue_s_per_request": 1e-3})
+    z = np.zeros(3)
+    blk = {
+        "meas": np.ones(3),
+        "gpu0": np.array([1e-6, 1e-6, 1.0]),
+        "approx0": z,
+        "hop": z,
+        "rest": z,
+        "layers": np.full(3, 8.0),
+        "requests": np.array([2.0, 3.0, 4.0]),
+    }
+    td = TraceData(
+        name="p",
+        scenario="s",
+        configuration="c",
+        method="kvquant",
+        family="kvquant",
+        values0=values0,
+        blocks={"prefill": blk},
+    )
+    names = ("prefill.host_issue_s_per_request", "prefill.prefill_efficiency")
+    pred, d = predict(td, "prefill", values0, names)
+    np.testing.assert_allclose(pred, [8e-4 + 2e-3, 8e-4 + 3e-3, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(d["prefill.host_issue_s_per_request"], [2.0, 3.0, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(d["prefill.prefill_efficiency"], [0.0, 0.0, -1.0], rtol=1e-12)
+
+
 def test_traces_weigh_equally_whatever_their_items():
     """The data term is Σ over traces and kinds of the mean squared relative error over DATA_SIGMA²: a trace of
     10 items and one of 1000 each contribute their mean, so a long run cannot outvote a short one."""

@@ -1,9 +1,11 @@
 """Sampled mutation testing, area by area: a kill ratio per area in an hour rather than `make mutate`'s hours.
 
-    python -m scripts.mutation_sample                       # every area, 10 mutants each, seed 0 (make mutate-sample)
-    python -m scripts.mutation_sample --per-area 20 --seed 1 --area faults --area link
+    python -m scripts.mutation_sample --json out/mutants.json    # every area, 20 mutants each, seed 0 (make mutate-sample)
+    python -m scripts.mutation_sample --per-area 40 --seed 1 --area faults --area link
+    python -m scripts.mutation_sample --rerun out/mutants.json   # after adding tests: only the survivors again
 
-Each area (AREAS below) is a set of product modules and the tests written for them. The mutants are mutmut's
+Each area (AREAS below) is a set of product modules and the test files written for them, wherever they live (the
+colocated router's fault tests sit with the faults'). The mutants are mutmut's
 own (mutmut.mutation.file_mutation.create_mutations, the operators `make mutate` applies: a number + 1, a string
 wrapped in XX, an operator or comparison swapped, an argument dropped or set to None, ...), every mutation inside a
 function of the area's modules, in the order mutmut makes them. A fixed-seed random sample of `--per-area` of them
@@ -17,7 +19,9 @@ The ratio is "k of n sampled mutants killed" with the Wilson score 95 % interval
 of mutants (sampling without replacement from a finite population only narrows it). It is a lower bound for the
 whole suite: a mutant that survives the area's tests may fall to another area's. Each survivor is printed as a
 diff, to be read: a real gap wants a test, an equivalent mutant (no input can tell it apart) is named as such in
-docs/testing.md, where the last run's figures are.
+docs/testing.md, where the last run's figures are. `--rerun` an earlier `--json` of the same seed and size once
+tests are added: the mutants it killed stay killed (a test added cannot revive one), the survivors run again, and an
+area whose modules changed since runs whole (its sample is another).
 
 One process at a time, at the priority it is started with (the Makefile target: nice -n 19).
 """
@@ -50,21 +54,27 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "admission": (("simulator/admission.py",), ("tests/test_admission.py",)),
     "prefix caching": (("simulator/prefix_cache.py",), ("tests/test_prefix_cache.py",)),
-    "colocated": (("simulator/colocated.py",), ("tests/test_colocated.py",)),
-    "MoE": (("costmodel/expert_parallel.py",), ("tests/test_moe_bites.py", "tests/test_moe.py")),
-    "trace readers": (("simulator/traces.py", "simulator/trace_rows.py"), ("tests/test_traces.py",)),
+    "colocated": (("simulator/colocated.py",), ("tests/test_colocated.py", "tests/test_faults_settings.py")),
+    "MoE": (
+        ("costmodel/expert_parallel.py",),
+        ("tests/test_moe_bites.py", "tests/test_moe.py", "tests/test_data_parallel.py"),
+    ),
+    "trace readers": (
+        ("simulator/traces.py", "simulator/trace_rows.py"),
+        ("tests/test_traces.py", "tests/test_bad_input.py"),
+    ),
     "calibration": (
         ("simulator/calibrate.py", "simulator/fit_items.py", "costmodel/calibration.py"),
         ("tests/test_calibrate.py", "tests/test_engine_logs.py"),
     ),
     "validate": (
         ("simulator/validate.py", "simulator/crossval.py"),
-        ("tests/test_validate.py", "tests/test_crossval.py"),
+        ("tests/test_validate.py", "tests/test_crossval.py", "tests/test_engine_logs.py", "tests/test_noise.py"),
     ),
     "overload": (("simulator/overload.py",), ("tests/test_overload_bites.py", "tests/test_overload.py")),
     "derivation": (
         ("kernels_calibration/derive.py",),
-        ("tests/kernels/test_derive_hand.py", "tests/kernels/test_profiles.py"),
+        ("tests/kernels/test_derive_hand.py", "tests/kernels/test_profiles.py", "tests/test_hardware.py"),
     ),
     "reports' data": (
         ("reports/data.py",),
@@ -99,29 +109,30 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 @dataclass(frozen=True)
 class Mutant:
-    path: str  # relative to the repository root
+    path: str  # relative to the tree's root
     function: str  # the top-level function or Class.method it sits in
     index: int  # its place among mutmut's mutations of that function, from 1
     line: int
+    original: str = field(repr=False, compare=False)  # the module as it is
     make: Callable[[], str] = field(repr=False, compare=False)  # the whole mutated module
 
     def source(self) -> str:
         return self.make()
 
     def diff(self) -> str:
-        original = (ROOT / self.path).read_text().splitlines(True)
-        lines = difflib.unified_diff(original, self.source().splitlines(True), n=0)
+        lines = difflib.unified_diff(self.original.splitlines(True), self.source().splitlines(True), n=0)
         return "".join(line for line in lines if not line.startswith(("---", "+++", "@@")))
 
 
-def mutants_of(path: str) -> list[Mutant]:
-    """Every mutmut mutation inside a function or method of `path` (what mutmut makes mutants of), in mutmut's
-    order."""
+def mutants_of(root: Path, path: str) -> list[Mutant]:
+    """Every mutmut mutation inside a function or method of `root / path` (what mutmut makes mutants of), in
+    mutmut's order."""
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
     from mutmut.mutation.file_mutation import create_mutations, deep_replace
 
-    module, mutations, _, _ = create_mutations(path, (ROOT / path).read_text())
+    original = (root / path).read_text()
+    module, mutations, _, _ = create_mutations(path, original)
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     owners = _owners(module)
     out, seen = [], {}
@@ -140,7 +151,7 @@ def mutants_of(path: str) -> list[Mutant]:
             continue
         seen[name] = seen.get(name, 0) + 1
         pos = positions.get(m.original_node)
-        out.append(Mutant(path, name, seen[name], pos.start.line if pos else 0, maker(m)))
+        out.append(Mutant(path, name, seen[name], pos.start.line if pos else 0, original, maker(m)))
     return out
 
 
@@ -159,9 +170,9 @@ def _owners(module) -> dict[int, str]:
     return names
 
 
-def sample(area: str, per_area: int, seed: int) -> tuple[int, list[Mutant]]:
-    """(how many mutants the area has, the fixed-seed sample of them)."""
-    population = [m for path in AREAS[area][0] for m in mutants_of(path)]
+def sample(root: Path, area: str, per_area: int, seed: int) -> tuple[int, list[Mutant]]:
+    """(how many mutants the area has in the tree at `root`, the fixed-seed sample of them)."""
+    population = [m for path in AREAS[area][0] for m in mutants_of(root, path)]
     rng = random.Random(f"{seed}:{area}")
     picked = sorted(rng.sample(range(len(population)), min(per_area, len(population))))
     return len(population), [population[i] for i in picked]
@@ -230,33 +241,38 @@ class Scratch:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_area(scratch: Scratch, area: str, per_area: int, seed: int, log) -> dict:
+def run_area(scratch: Scratch, area: str, per_area: int, seed: int, log, before: dict | None = None) -> dict:
+    """The area's sample run. With `before` (this area's result from an earlier run of the same seed and size),
+    the mutants it killed count as killed without a run, when the area's modules have not changed since (the
+    same mutants: the tests are the only thing that moved, and a test added cannot let a killed mutant live)."""
     paths, tests = AREAS[area]
-    total, picked = sample(area, per_area, seed)
+    total, picked = sample(scratch.dir, area, per_area, seed)  # the copy: edits to the tree meanwhile stay out
+    diffs = [m.diff() for m in picked]
+    known = {}
+    if before is not None and before.get("mutants") == total and [o["diff"] for o in before["outcomes"]] == diffs:
+        known = {i: o["outcome"] for i, o in enumerate(before["outcomes"]) if o["outcome"] != "passed"}
     clean, clean_s = scratch.run(tests, timeout_s=3600)
-    log(f"{area}: {total} mutants, {len(picked)} sampled; clean run {clean} in {clean_s:.0f} s")
+    log(
+        f"{area}: {total} mutants, {len(picked)} sampled ({len(known)} killed before); clean run {clean} in "
+        f"{clean_s:.0f} s"
+    )
     result = {"area": area, "modules": list(paths), "tests": list(tests), "mutants": total, "clean_s": clean_s}
     if clean != "passed":
         return {**result, "error": f"the area's tests do not pass unmutated ({clean})"}
     timeout_s = max(10 * clean_s, clean_s + 120)
     outcomes = []
-    for m in picked:
+    for i, (m, diff) in enumerate(zip(picked, diffs)):
+        entry = {"path": m.path, "function": m.function, "index": m.index, "line": m.line, "diff": diff}
+        if i in known:
+            outcomes.append({**entry, "outcome": known[i], "carried": True})
+            continue
         scratch.write(m.path, m.source())
         try:
             outcome, took_s = scratch.run(tests, timeout_s)
         finally:
-            scratch.write(m.path, (ROOT / m.path).read_text())
+            scratch.write(m.path, m.original)
         log(f"  {outcome:7s} {took_s:5.0f} s  {m.path}:{m.line} {m.function} #{m.index}")
-        outcomes.append(
-            {
-                "path": m.path,
-                "function": m.function,
-                "index": m.index,
-                "line": m.line,
-                "diff": m.diff(),
-                "outcome": outcome,
-            }
-        )
+        outcomes.append({**entry, "outcome": outcome})
     killed = sum(o["outcome"] != "passed" for o in outcomes)
     lo, hi = wilson(killed, len(outcomes))
     return {**result, "sampled": len(outcomes), "killed": killed, "interval": [lo, hi], "outcomes": outcomes}
@@ -277,11 +293,17 @@ def summary_line(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-area", type=int, default=10, help="mutants sampled per area (default 10)")
+    parser.add_argument("--per-area", type=int, default=20, help="mutants sampled per area (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--area", action="append", choices=sorted(AREAS), help="only this area (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every outcome here")
     parser.add_argument("--list", action="store_true", help="print each area's sample and stop")
+    parser.add_argument(
+        "--rerun",
+        type=Path,
+        help="an earlier --json of the same seed and size: run only the mutants that survived it (in areas whose "
+        "modules are unchanged; an area whose modules changed runs whole)",
+    )
     args = parser.parse_args(argv)
     if args.per_area < 1:
         parser.error("--per-area must be at least 1")
@@ -292,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for area in areas:
-            total, picked = sample(area, args.per_area, args.seed)
+            total, picked = sample(ROOT, area, args.per_area, args.seed)
             print(f"{area}: {len(picked)} of {total}")
             for m in picked:
                 print(
@@ -300,11 +322,19 @@ def main(argv: list[str] | None = None) -> int:
                     + "".join(f"    {d}" for d in m.diff().splitlines(True))
                 )
         return 0
+    before = {}
+    if args.rerun:
+        prev = json.loads(args.rerun.read_text())
+        if (prev["seed"], prev["per_area"]) != (args.seed, args.per_area):
+            parser.error(f"--rerun {args.rerun}: seed {prev['seed']}, {prev['per_area']} per area: give the same")
+        before = {r["area"]: r for r in prev["areas"] if "outcomes" in r}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     scratch = Scratch()
     results = []
     try:
         for area in areas:
-            results.append(run_area(scratch, area, args.per_area, args.seed, log))
+            results.append(run_area(scratch, area, args.per_area, args.seed, log, before.get(area)))
             if args.json:
                 args.json.write_text(
                     json.dumps({"seed": args.seed, "per_area": args.per_area, "areas": results}, indent=1)

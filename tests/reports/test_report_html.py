@@ -513,3 +513,24 @@ def test_validation_header_and_table_colour_an_error_alike():
     table = page.sections[1].body_html
     row = dict(re.findall(r'<tr><td>([^<]+)</td><td>[^<]*</td><td>[^<]*</td><td class="(\w+)">', table))
     assert header == [row["JCT mean"], row["TTFT p50"], row["TPOT p50"]] == ["worse", "better", "worse"]
+
+
+def test_a_run_folder_with_only_a_summary_loads_and_says_what_is_missing(tmp_path):
+    """Only summary.json is required: a summary without methods loads as none, and every table or file the
+    folder lacks is one note (its figure is left out); a summary that is not UTF-8 is one line naming the file
+    and why."""
+    from reports.data import RunDataError
+
+    (tmp_path / "summary.json").write_text('{"scenario": "s"}')
+    run = load_run(tmp_path)
+    assert run.summary["methods"] == {} and run.requests is None and run.scenario is None
+    assert run.notes == (
+        "requests.csv not found: its figure is left out.",
+        "memory.csv not found: its figure is left out.",
+        "links.csv not found: its figure is left out.",
+        "scenario.json not found.",
+        "profiles.json not found.",
+    )
+    (tmp_path / "summary.json").write_bytes(b'{"scenario": "\xff"}')
+    with pytest.raises(RunDataError, match=r"summary.json: cannot read \(UnicodeDecodeError\)$"):
+        load_run(tmp_path)

@@ -49,6 +49,7 @@ except ImportError:  # older typer runs on click itself
 
 __version__ = "0.1.0"
 
+
 class _Commands(TyperGroup):
     """The commands, with usage errors (a missing or misspelt option, a value of the wrong type) answered in JSON
     on stdout too when the command line asks for --json: click reports them before the command runs, so the

@@ -85,7 +85,7 @@ def _two_requests(tmp_path, preemption: str, outputs=(100, 100), **changes):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"0,256,{o}\n" for o in outputs))
     return scenario(
         **{
-            "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
+            "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": len(outputs)},
             "prefill.max_batch_requests": 2,
             "decode.kv_capacity_gib": 40 * 2 / 1024,
             "decode.preemption": preemption,
@@ -137,6 +137,19 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
     # reserve admits one at a time: the second waits for the first's final KV (2 x 23 blocks > 40)
     res = run_scenario(_two_requests(tmp_path, preemption, **{"decode.admission": "reserve"})).requests
     assert res["preemptions"].sum() == 0 and res["transfer_queue_s"].max() > 0
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_the_router_admits_again_as_soon_as_the_preempted_request_is_back(tmp_path, preemption):
+    """The two requests above and a third, C, prefilled next: its KV waits on the prefill host (A and B leave too
+    few blocks), and from 65 the router admits nothing while B, preempted, waits to come back (vLLM serves
+    preempted requests before new ones). When A finishes, B is back in the batch and the router is told at
+    once: C's transfer starts at A's finish, not later at B's."""
+    s = _two_requests(tmp_path, preemption, outputs=(100, 100, 50))
+    df = run_scenario(s).requests.sort_values("request_id")
+    a, b, c = df.iloc[0], df.iloc[1], df.iloc[2]
+    assert b.preemptions == 1 and c.prefill_end_s < a.finish_s
+    assert c.transfer_start_s == a.finish_s < b.finish_s
 
 
 def test_a_preempted_request_waits_a_step_then_recomputes_in_chunks(tmp_path):

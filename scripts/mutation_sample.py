@@ -82,7 +82,10 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "scheduler": (("simulator/scheduler.py",), ("tests/test_admission.py", "tests/test_colocated.py")),
     "connectors": (("simulator/connectors.py",), ("tests/test_connectors.py",)),
-    "link": (("simulator/link.py",), ("tests/test_hand_worked.py", "tests/test_simulator.py")),
+    "link": (
+        ("simulator/link.py",),
+        ("tests/test_hand_worked.py", "tests/test_simulator.py", "tests/test_faults_bites.py", "tests/test_faults.py"),
+    ),
     "decode": (
         ("simulator/decode.py",),
         ("tests/test_simulator.py", "tests/test_memory.py", "tests/test_admission.py"),

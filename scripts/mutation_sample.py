@@ -88,7 +88,14 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "decode": (
         ("simulator/decode.py",),
-        ("tests/test_simulator.py", "tests/test_memory.py", "tests/test_admission.py"),
+        (
+            "tests/test_simulator.py",
+            "tests/test_memory.py",
+            "tests/test_admission.py",
+            "tests/test_faults.py",
+            "tests/test_faults_settings.py",
+            "tests/test_offload_methods.py",
+        ),
     ),
     "prefill": (("simulator/prefill.py",), ("tests/test_simulator.py", "tests/test_prefill_forms.py")),
     "costmodel": (

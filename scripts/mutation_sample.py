@@ -97,7 +97,17 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_offload_methods.py",
         ),
     ),
-    "prefill": (("simulator/prefill.py",), ("tests/test_simulator.py", "tests/test_prefill_forms.py")),
+    "prefill": (
+        ("simulator/prefill.py",),
+        (
+            "tests/test_simulator.py",
+            "tests/test_prefill_forms.py",
+            "tests/test_colocated.py",
+            "tests/test_prefix_cache.py",
+            "tests/test_connectors.py",
+            "tests/test_faults.py",
+        ),
+    ),
     "costmodel": (
         (
             "costmodel/phases.py",

@@ -122,7 +122,18 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "costmodel/methods/cachegen.py",
             "costmodel/methods/fp8.py",
         ),
-        ("tests/test_hand_worked.py", "tests/test_methods.py", "tests/test_collectives.py", "tests/test_memory.py"),
+        (
+            "tests/test_hand_worked.py",
+            "tests/test_methods.py",
+            "tests/test_collectives.py",
+            "tests/test_memory.py",
+            "tests/test_prefill_forms.py",
+            "tests/test_implementations.py",
+            "tests/test_step_profile.py",
+            "tests/test_moe.py",
+            "tests/test_colocated.py",
+            "tests/kernels/test_profiles.py",
+        ),
     ),
 }
 

@@ -133,6 +133,7 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_moe.py",
             "tests/test_colocated.py",
             "tests/kernels/test_profiles.py",
+            "tests/test_offload_methods.py",
         ),
     ),
 }

@@ -363,3 +363,28 @@ def test_bad_prefix_caching_settings_name_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
         s = scenario(**changes, methods=["baseline"])
         run_scenario(s)
+
+
+def test_a_prefill_batch_counts_only_the_uncached_tokens_against_its_budget(tmp_path):
+    """Prefill cache of 1 GiB, every prompt's first 2048 tokens shared: request 0 (t = 0) leaves them cached;
+    requests 1 and 2 (4096 tokens, t = 100) each compute 4096 - 2048 = 2048 new tokens, 4096 together, which fit
+    a 4096-token step: one batch, both starting at 100 and ending together."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,4096,32\n100,4096,32\n100,4096,32\n")
+    s = scenario(
+        methods=["baseline"],
+        **{
+            "prefill.prefix_caching": True,
+            "prefill.prefix_cache_gib": 1,
+            "prefill.max_batch_tokens": 4096,
+            "prefill.max_batch_requests": 2,
+            "workload.prefix_sharing": {"groups": 1, "shared_tokens": 2048, "block_tokens": 512},
+            "workload.trace_csv": str(path),
+            "workload.requests": 3,
+            "workload.arrival": {"kind": "trace"},
+        },
+    )
+    rows = run_scenario(s).requests.sort_values("request_id")
+    assert rows["prefill_cached_tokens"].tolist() == [0, 2048, 2048]
+    assert rows["prefill_start_s"].tolist()[1:] == [100.0, 100.0]
+    assert rows["prefill_end_s"].iloc[1] == rows["prefill_end_s"].iloc[2]

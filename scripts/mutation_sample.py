@@ -36,6 +36,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         before = {r["area"]: r for r in prev["areas"] if "outcomes" in r}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the finally below: the copy is removed
     scratch = Scratch()
     results = []
     try:

@@ -172,3 +172,14 @@ def test_fp8s_cast_after_prefill_reads_fp16_and_writes_fp8_by_hand():
     p = pre.profile
     want = p.launch_overhead_s + 4096 * 2 * 8 * 128 * 3 / (p.memory_gbps * 1e9)
     assert pre._encode_layer_s(4096) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_hack_prices_a_partition_by_its_own_measured_decode_fit():
+    """HACK.decode_kernel: a partition the profile measured (the H200's decode_attn.hack_pi128) is priced by
+    that fit, not by Π = 64's."""
+    from costmodel.calibration import load_profile
+
+    prof = load_profile(Path(__file__).resolve().parent.parent / "kernels_calibration/profiles/h200/profile.json")
+    pi128 = make_method("hack", partition=128)
+    assert pi128.decode_kernel(prof) is prof.kernels["decode_attn.hack_pi128"]
+    assert make_method("hack").decode_kernel(prof) is not prof.kernels["decode_attn.hack_pi128"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from reports.terminal import (
     JSON_HELP,
@@ -37,12 +38,39 @@ from reports.terminal import (
     errors_as_json,
     plotlyjs_refusal,
     print_error,
+    to_json,
 )
 from scenarios import resolve as resolve_example
 
+try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
+    from typer._click.exceptions import UsageError
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import UsageError
+
 __version__ = "0.1.0"
 
+
+class _Commands(TyperGroup):
+    """The commands, with usage errors (a missing or misspelt option, a value of the wrong type) answered in JSON
+    on stdout too when the command line asks for --json: click reports them before the command runs, so the
+    command's own `errors_as_json` never comes into play and a pipeline reading stdout saw nothing."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        ctx.meta["hacksim.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            argv = ctx.meta.get("hacksim.argv", [])
+            if "--json" in argv[: argv.index("--") if "--" in argv else None]:
+                print(to_json({"error": e.format_message()}), flush=True)
+            raise
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -243,7 +271,11 @@ def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
     With both phases in one engine (placement colocated) there is no pool to call the bottleneck: prefill's
     utilisation is the share of the GPUs' time its chunks take (simulator/run.py), and the decode steps run in
     the rest, stretched by the chunks beside them (the engine's TPOT); the second line says that and splits
-    the mean JCT between the phases instead."""
+    the mean JCT between the phases instead.
+
+    With prefill and decode replicas on the same GPUs (placement shared_gpu) the busier of the two pools is
+    those GPUs, not one pool: the line names the shared GPUs, gives both pools' utilisation and counts the time
+    spent waiting for and running in either phase."""
     methods = {n: m for n, m in summary["methods"].items() if isinstance(m.get("utilisation"), dict)}
     util = {n: {p: _number(m["utilisation"].get(p)) for p in POOL_PARTS} for n, m in methods.items()}
     util = {n: u for n, u in util.items() if any(math.isfinite(v) for v in u.values())}
@@ -270,21 +302,34 @@ def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
             f"{_span([u['prefill'] for u in util.values()], _pct)} of its GPUs' time and decode steps share the "
             f"rest; the mean JCT is {split or '–'}"
         ]
-    busiest = {n: max(POOL_PARTS, key=lambda p: u[p] if math.isfinite(u[p]) else -1.0) for n, u in util.items()}
+    # placement shared_gpu: prefill replica i and decode replica i run on the same GPUs, so whichever of the two
+    # pools is busier, the bottleneck is those GPUs, and the time a request spends on them is both phases'
+    shared = placement == "shared_gpu"
+    gpus = "the shared GPUs"
+    parts = {**POOL_PARTS, gpus: POOL_PARTS["prefill"] + POOL_PARTS["decode"]}
+
+    def group(pool: str) -> str:
+        return gpus if shared and pool != "network" else pool
+
+    busiest = {n: group(max(POOL_PARTS, key=lambda p: u[p] if math.isfinite(u[p]) else -1.0)) for n, u in util.items()}
     kinds = list(dict.fromkeys(busiest.values()))
     if len(kinds) > 1:
         return lines + [
             "bottleneck: " + "; ".join(f"{p} ({', '.join(n for n in util if busiest[n] == p)})" for p in kinds)
         ]
     pool = kinds[0]
-    spent = [sum(_number(methods[n]["breakdown_s"].get(k)) for k in POOL_PARTS[pool]) for n in util]
+    spent = [sum(_number(methods[n]["breakdown_s"].get(k)) for k in parts[pool]) for n in util]
     jct = [_number(methods[n]["jct_s"]["mean"]) for n in util]
     share = [s / j for s, j in zip(spent, jct) if j > 0]
     every = "every method" if len(util) > 1 else next(iter(util))
-    line = f"bottleneck: {pool} for {every} ({_span([u[pool] for u in util.values()], _pct)} busy)"
+    if pool == gpus:
+        busy = ", ".join(f"{p} {_span([u[p] for u in util.values()], _pct)}" for p in ("prefill", "decode"))
+        line, where = f"bottleneck: {gpus} (both pools) for {every} ({busy} busy)", "prefill or decode"
+    else:
+        line, where = f"bottleneck: {pool} for {every} ({_span([u[pool] for u in util.values()], _pct)} busy)", pool
     if share:
         line += (
-            f": waiting for and running in {pool} is {_span(spent, _secs)} of the {_span(jct, _secs)} mean JCT "
+            f": waiting for and running in {where} is {_span(spent, _secs)} of the {_span(jct, _secs)} mean JCT "
             f"({_span([100 * x for x in share], lambda v: f'{v:.0f}')} %)"
         )
     return lines + [line]

@@ -48,6 +48,8 @@ def read_csv_table(path: str | Path, error: type[Exception], what: str = "trace"
         raise error(f"{path}: is a directory, not a CSV file")
     if not path.exists():
         raise error(f"{path}: no such file")
+    if not path.is_file():  # a FIFO would block the reader for ever
+        raise error(f"{path}: not a regular file (a FIFO or a device?)")
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:

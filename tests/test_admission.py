@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
 import pytest
 
 from helpers import scenario
-from simulator.admission import first_block_shortage
+from simulator.admission import OnDemandBlocks, first_block_shortage
 from simulator.decode import DecodeReplica, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
 
@@ -38,6 +39,43 @@ def test_first_block_shortage_matches_iteration_by_iteration_allocation():
         assert first_block_shortage(counts, k0, free, bt) == want
 
 
+def _blocks(block_tokens: int = 4, block_bytes: float = 1000.0) -> OnDemandBlocks:
+    """OnDemandBlocks of a replica with no fixed per-request buffer (the blocks' arithmetic alone)."""
+    cost = SimpleNamespace(block_tokens=block_tokens, block_bytes=block_bytes, kv_memory_bytes=lambda _t: 0.0)
+    return OnDemandBlocks(SimpleNamespace(cost=cost, reserved_bytes=0.0, capacity_bytes=1e9, finish_heap=[]))
+
+
+def test_a_segment_is_promised_the_blocks_of_its_later_iterations_only():
+    """Blocks of 4 tokens. A request that joins at iteration 0 with context 3 takes a new block when its context
+    reaches 5, 9, ... (iterations 2, 6, 10, 14: phase 2); one with context 4 at iterations 1, 5, 9, 13 (phase 1).
+    Before any segment nothing is promised. A segment of iterations 10..12 is promised the blocks of 11 and 12:
+    none (11 and 12 are phases 3 and 0); of 10..14, those of 11..14: one each (13 and 14), 2000 bytes."""
+    b = _blocks()
+    assert b.planned_bytes == 0.0
+    b.join(0, 0, 3, 100)
+    b.join(1, 0, 4, 100)
+    assert b.counts == [0, 1, 1, 0]
+    b.plan(10, 3)
+    assert b.planned_bytes == 0.0
+    b.plan(10, 5)
+    assert b.planned_bytes == 2000.0
+
+
+def test_a_replica_down_forgets_its_blocks_phases():
+    """After clear() (the replica went down) a request joining at 0 with context 1 (phase 0: a new block at 4,
+    8, ...) is the only one counted: a segment of 0..2 is promised nothing, of 0..4 one block."""
+    b = _blocks()
+    b.join(0, 0, 3, 100)
+    b.join(1, 0, 4, 100)
+    assert b.clear() == [0, 1]
+    b.join(2, 0, 1, 100)
+    assert b.counts == [1, 0, 0, 0]
+    b.plan(0, 3)
+    assert b.planned_bytes == 0.0
+    b.plan(0, 5)
+    assert b.planned_bytes == 1000.0
+
+
 def _two_requests(tmp_path, preemption: str, outputs=(100, 100), **changes):
     """Two requests prefilled together (256-token prompts, 100 output tokens, FP16 KV of Llama-3.1-8B: 2 MiB
     blocks of 16 tokens) on a decode pool of 40 blocks. Their KV arrives at once: A starts alone, B joins at
@@ -47,7 +85,7 @@ def _two_requests(tmp_path, preemption: str, outputs=(100, 100), **changes):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"0,256,{o}\n" for o in outputs))
     return scenario(
         **{
-            "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": 2},
+            "workload": {"trace_csv": str(trace), "arrival": {"kind": "trace"}, "requests": len(outputs)},
             "prefill.max_batch_requests": 2,
             "decode.kv_capacity_gib": 40 * 2 / 1024,
             "decode.preemption": preemption,
@@ -99,6 +137,19 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
     # reserve admits one at a time: the second waits for the first's final KV (2 x 23 blocks > 40)
     res = run_scenario(_two_requests(tmp_path, preemption, **{"decode.admission": "reserve"})).requests
     assert res["preemptions"].sum() == 0 and res["transfer_queue_s"].max() > 0
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_the_router_admits_again_as_soon_as_the_preempted_request_is_back(tmp_path, preemption):
+    """The two requests above and a third, C, prefilled next: its KV waits on the prefill host (A and B leave too
+    few blocks), and from 65 the router admits nothing while B, preempted, waits to come back (vLLM serves
+    preempted requests before new ones). When A finishes, B is back in the batch and the router is told at
+    once: C's transfer starts at A's finish, not later at B's."""
+    s = _two_requests(tmp_path, preemption, outputs=(100, 100, 50))
+    df = run_scenario(s).requests.sort_values("request_id")
+    a, b, c = df.iloc[0], df.iloc[1], df.iloc[2]
+    assert b.preemptions == 1 and c.prefill_end_s < a.finish_s
+    assert c.transfer_start_s == a.finish_s < b.finish_s
 
 
 def test_a_preempted_request_waits_a_step_then_recomputes_in_chunks(tmp_path):

@@ -497,3 +497,38 @@ def test_with_json_a_failure_is_a_json_object_on_stdout_too(args):
     r = invoke(*args)
     line = assert_contract(r, names=("error",))
     assert json.loads(r.stdout) == {"error": line.removeprefix("error: ")}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", DEFAULT, "--rate", "1", "--json"], "Missing option '--slo'."),
+        (["simulate", DEFAULT, "--json", "--bogus"], "No such option: --bogus"),
+        (["sweep", "x.yaml", "--jobs", "many", "--json"], "Invalid value for '--jobs'"),
+    ],
+    ids=["missing", "unknown", "type"],
+)
+def test_with_json_a_usage_error_is_a_json_object_on_stdout_too(args, message):
+    """A usage error comes from the command-line parser, before the command (and its --json error path) runs:
+    stdout was empty. Without --json stdout stays empty."""
+    r = invoke(*args)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert json.loads(r.stdout)["error"].startswith(message) and message in r.stderr
+    r = invoke(*[a for a in args if a != "--json"])
+    assert r.exit_code == 2 and r.stdout == "" and message in r.stderr
+
+
+@pytest.mark.parametrize("where", ["trace", "requests.csv", "index"])
+def test_validate_refuses_a_fifo_at_once(tmp_path, where):
+    """`validate` read a FIFO given as the trace (or as a trace folder's requests.csv, or as an index) with
+    pandas, which blocked for ever (the case bound fails a hang)."""
+    if where == "requests.csv":
+        (tmp_path / "t").mkdir()
+        fifo, args = tmp_path / "t" / "requests.csv", ["validate", tmp_path / "t", "--scenario", DEFAULT]
+    elif where == "trace":
+        fifo, args = tmp_path / "t.csv", ["validate", tmp_path / "t.csv", "--scenario", DEFAULT]
+    else:
+        fifo, args = tmp_path / "index.csv", ["validate", tmp_path / "index.csv"]
+    os.mkfifo(fifo)
+    line = assert_contract(invoke(*args, seconds=10), names=(str(fifo),))
+    assert "not a regular file" in line

@@ -81,6 +81,8 @@ def test_the_cost_model_reprices_a_simulated_trace_to_rounding(simulated):
     and the Link apply them, is the simulator's own time: the fit's model is the simulator's."""
     _, traces = simulated
     assert len(traces) == 12
+    # each run keeps its scenario as the index names it (the engine file lists them), not the resolved path
+    assert {td.scenario for td in traces} == {"big.yaml", "small.yaml"}
     for td in traces:
         v = {**td.values0, **TRUE}
         assert set(td.blocks) >= {"iteration", "prefill", "transfer"}
@@ -161,6 +163,62 @@ def test_a_fixed_launch_cost_is_fitted_as_one_and_carries_to_long_prompts():
     long = _quantize_trace("long", np.array([layers * 0.5e-3]), np.array([1.0]), layers)
     v = {**long.values0, **fit.fitted}
     assert predict(long, "quantize", v)[0] == pytest.approx(layers * 0.5e-3)
+
+
+def test_the_files_residuals_by_hand():
+    """residual_summary: per kind, the relative errors' RMS and mean per trace, averaged over the traces (each
+    weighs the same), before (the scenarios' values) and after the fit. Quantize items priced at the kernel's
+    enc0 (factor 1, no launch floor): trace a, enc0 1 ms against 0.8 and 1.25 ms measured: +25 % and -20 %
+    (mean 2.5 %, RMS sqrt((0.0625 + 0.04) / 2) = 22.638 %); trace b, 2 ms against 2.5 ms: -20 %. Before: mean
+    (2.5 - 20) / 2 = -8.75 %, RMS (22.638 + 20) / 2 = 21.319 %. With the factor at 1.2: a +50 % and -4 % (mean
+    23 %, RMS sqrt((0.25 + 0.0016) / 2) = 35.468 %), b -4 %: mean 9.5 %, RMS 19.734 %."""
+    from simulator.calibrate import residual_summary
+
+    a = _quantize_trace("a", np.array([1e-3, 1e-3]), np.array([0.8e-3, 1.25e-3]), 8.0)
+    b = _quantize_trace("b", np.array([2e-3]), np.array([2.5e-3]), 8.0)
+    assert a.values0["methods.kvquant.quantize_issue_s_per_layer"] == 0.0
+    got = residual_summary([a, b], {"methods.kvquant.quantize": 1.2})
+    assert list(got) == ["quantize"]
+    q = got["quantize"]
+    assert (q["items"], q["traces"]) == (3, 2)
+    assert q["mean_pct_before"] == pytest.approx(-8.75, abs=1e-3)
+    assert q["rms_pct_before"] == pytest.approx(21.319, abs=1e-3)
+    assert q["mean_pct_after"] == pytest.approx(9.5, abs=1e-3)
+    assert q["rms_pct_after"] == pytest.approx(19.734, abs=1e-3)
+
+
+def test_a_host_bound_prefills_slope_in_the_per_request_issue_time_is_its_requests():
+    """predict's exact derivatives (the fit's Jacobian): a prefill batch priced max(GPU, host) with host =
+    per-iteration + layers x per-layer + requests x per-request issue time. Batches of 2 and 3 requests whose
+    host time (8 x 0.1 ms + 2 or 3 x 1 ms) exceeds their GPU time (1 us) move by 2 and 3 s per second of
+    per-request issue time; a GPU-bound batch of 4 (1 s of GPU time) not at all, and its slope in the
+    efficiency is -work / efficiency^2 = -1."""
+    values0 = {n: p.neutral for n, p in PARAMETERS.items()}
+    values0.update({"prefill.host_issue_s_per_layer": 1e-4, "prefill.host_issue_s_per_request": 1e-3})
+    z = np.zeros(3)
+    blk = {
+        "meas": np.ones(3),
+        "gpu0": np.array([1e-6, 1e-6, 1.0]),
+        "approx0": z,
+        "hop": z,
+        "rest": z,
+        "layers": np.full(3, 8.0),
+        "requests": np.array([2.0, 3.0, 4.0]),
+    }
+    td = TraceData(
+        name="p",
+        scenario="s",
+        configuration="c",
+        method="kvquant",
+        family="kvquant",
+        values0=values0,
+        blocks={"prefill": blk},
+    )
+    names = ("prefill.host_issue_s_per_request", "prefill.prefill_efficiency")
+    pred, d = predict(td, "prefill", values0, names)
+    np.testing.assert_allclose(pred, [8e-4 + 2e-3, 8e-4 + 3e-3, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(d["prefill.host_issue_s_per_request"], [2.0, 3.0, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(d["prefill.prefill_efficiency"], [0.0, 0.0, -1.0], rtol=1e-12)
 
 
 def test_traces_weigh_equally_whatever_their_items():

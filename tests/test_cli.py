@@ -378,6 +378,20 @@ def test_a_name_from_a_file_prints_on_one_line_and_as_written():
     assert lines[1].split()[0] == "method" and any(line.startswith("hack[pi32] ") for line in lines)
 
 
+POOL_PARTS_ALL = (
+    "prefill_queue",
+    "prefill",
+    "quantize",
+    "transfer_queue",
+    "transfer",
+    "decode_queue",
+    "decode",
+    "dequantize",
+    "approximation",
+    "preemption",
+)
+
+
 def _summary(util: dict[str, dict], breakdown: dict[str, dict], jct: dict[str, float]) -> dict:
     return {
         "scenario": "s",
@@ -444,7 +458,55 @@ def test_with_both_phases_in_one_engine_the_mean_jct_is_split_between_them():
         "decode steps share the rest; the mean JCT is prefill 3-5 %, decode 95-97 %",
     ]
     assert utilisation_lines(summary)[1].startswith("bottleneck: prefill for every method")  # as if separate
-    assert utilisation_lines(summary, "shared_gpu")[1].startswith("bottleneck: prefill")  # the link is apart
+
+
+def test_with_prefill_and_decode_on_the_same_gpus_the_bottleneck_is_those_gpus():
+    """placement shared_gpu: the busier of prefill and decode is the GPUs both run on, not one pool (the line
+    said "bottleneck: prefill"). Hand-worked: prefill 20 % and 15 % busy, decode 12 % and 11 %, network 2 % and
+    12 %; prefill is the busiest pool for both methods, so the shared GPUs are the bottleneck. Waiting for and
+    running in either phase: 0.01 + 0.03 + 0.02 (transfer_queue) + 1.34 = 1.40 s of 1.42 s (99 %, the 0.02 s
+    transfer apart) and 0.04 + 0.01 (quantize) + 0.10 (decode_queue) + 1.42 + 0.001 (approximation) = 1.571 s
+    of 1.58 s (99 %). With the link busiest for one method, the line names the GPUs and the link."""
+    from cli import utilisation_lines
+
+    zero = dict.fromkeys(POOL_PARTS_ALL, 0.0)
+    summary = _summary(
+        {
+            "baseline": {"prefill": 0.20, "network": 0.02, "decode": 0.12},
+            "hack": {"prefill": 0.15, "network": 0.12, "decode": 0.11},
+        },
+        {
+            "baseline": {
+                **zero,
+                "prefill_queue": 0.01,
+                "prefill": 0.03,
+                "transfer_queue": 0.02,
+                "decode": 1.34,
+                "transfer": 0.02,
+            },
+            "hack": {
+                **zero,
+                "prefill": 0.04,
+                "quantize": 0.01,
+                "decode_queue": 0.10,
+                "decode": 1.42,
+                "approximation": 0.001,
+                "transfer": 0.009,
+            },
+        },
+        {"baseline": 1.42, "hack": 1.58},
+    )
+    assert utilisation_lines(summary, "shared_gpu") == [
+        "utilisation while requests arrive: prefill 15-20 %, network 2.0-12 %, decode 11-12 %",
+        "bottleneck: the shared GPUs (both pools) for every method (prefill 15-20 %, decode 11-12 % busy): waiting "
+        "for and running in prefill or decode is 1.4-1.6 s of the 1.4-1.6 s mean JCT (99 %)",
+    ]
+    assert utilisation_lines(summary)[1].startswith("bottleneck: prefill for every method (15-20 % busy)")
+    summary["methods"]["hack"]["utilisation"]["decode"] = 0.5  # decode busiest for hack: still the same GPUs
+    assert utilisation_lines(summary, "shared_gpu")[1].startswith("bottleneck: the shared GPUs (both pools) for")
+    assert utilisation_lines(summary)[1] == "bottleneck: prefill (baseline); decode (hack)"
+    summary["methods"]["hack"]["utilisation"]["network"] = 1.7  # a slow link for hack alone
+    assert utilisation_lines(summary, "shared_gpu")[1] == "bottleneck: the shared GPUs (baseline); network (hack)"
 
 
 def test_the_default_scenario_says_where_its_time_goes():

@@ -182,6 +182,17 @@ def test_finished_prompts_leave_the_engines_routing_count(tmp_path):
     assert r.requests["decode_replica"].tolist() == [0] * 6
 
 
+def test_prompts_arriving_together_spread_over_the_engines_and_start_at_once(tmp_path):
+    """Two engines, two 4096-token prompts at 0: the first goes to engine 0 (both idle: the lowest index), the
+    second to engine 1 (fewer prompt tokens queued); both engines start at 0, each with its prompt alone (one
+    step of 4096 tokens, no chunk_tokens), so both first tokens come at the lone step's price."""
+    s, r = colo(tmp_path, [(0, 4096, 8), (0, 4096, 8)], **{"decode.replicas": 2})
+    df = r.requests.sort_values("request_id")
+    _, dec = resolve(s).costs(s.methods[0])
+    assert df["decode_replica"].tolist() == [0, 1] and df["prefill_start_s"].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(df["prefill_end_s"], step_s(dec, 0, ((4096, 0),), 1), rtol=1e-12)
+
+
 def test_md1_queueing_delay_at_a_chunked_prefill():
     """Poisson arrivals, one prefill server, every prompt run as the same chunks (one prompt at a time:
     max_batch_requests 1): mean wait = ρD / (2(1-ρ))."""

@@ -124,6 +124,31 @@ def test_p2p_push_pushes_at_once_and_the_kv_waits_on_the_decode_side(tmp_path, b
     assert df.decode_queue_s[2] > P  # the wait is on the decode side
 
 
+def test_p2p_push_fills_the_gpu_buffer_then_the_host_pool_to_the_byte(tmp_path):
+    """A 0.3 GiB buffer, KV of 0.125 GiB each, decode memory for one request at a time: pushes land every P + T
+    while requests leave every decode, so the waiting KV piles up. When request 5 lands (1.09 s), requests 3 and
+    4 wait in the buffer (0.25 GiB): 0.375 GiB would not fit, so its KV goes to the host pool, here exactly its
+    0.125 GiB (a pool may be filled to the byte), and it joins only after the PCIe copy back; every request
+    before it joins the moment the one before finishes."""
+    s = _scenario(
+        tmp_path,
+        n=6,
+        **{
+            "network.kv_connector": "p2p_push",
+            "network.kv_buffer_gib": 0.3,
+            "network.p2p_pool_gib": 0.125,
+            "decode.kv_capacity_gib": 0.5,
+        },
+    )
+    P, T, wire, dec = _prices(s)
+    assert wire == 0.125 * 2**30
+    load = wire / (dec.gpu.pcie_gb_per_s * 1e9)
+    df = _run(s)
+    assert df.transfer_end_s[3] < df.transfer_end_s[5] < df.decode_start_s[3]  # 3 and 4 still wait when 5 lands
+    joins = list(df.decode_start_s[1:] - df.finish_s[:-1].to_numpy())
+    assert joins == pytest.approx([0.0, 0.0, 0.0, 0.0, load], abs=1e-12)
+
+
 def test_p2p_push_pool_overflow_stops_with_the_field(tmp_path):
     # pushes land every P + T (0.18 s) while requests leave every decode (0.35 s): request 3 lands while 2
     # still waits in the pool, which holds one
@@ -137,8 +162,9 @@ def test_p2p_push_pool_overflow_stops_with_the_field(tmp_path):
             "decode.kv_capacity_gib": 0.3,
         },
     )
-    with pytest.raises(ScenarioError, match="network.p2p_pool_gib"):
-        run_scenario(s)
+    with pytest.raises(ScenarioError, match="network.p2p_pool_gib") as e:
+        run_scenario(s, source="pool.yaml")  # the error names the file, as every refusal does
+    assert str(e.value).startswith("pool.yaml: network.p2p_pool_gib: KV pushed to decode replica 0 overflows")
 
 
 @pytest.mark.parametrize(

@@ -32,11 +32,9 @@ class _Row:
         self.trace, self.trace_path, self.scenario_path, self.method = f"t{i}", Path(f"t{i}"), Path("s"), None
 
 
-@pytest.fixture
-def spied(monkeypatch):
+def _spy(monkeypatch, traces: list[TraceData]) -> None:
     """Fits that record which runs they were given (as a bit mask in a parameter value) and scores that read it
     back: the folds are checked without fitting or simulating anything."""
-    traces = _traces()
     monkeypatch.setattr(crossval, "load_index", lambda index: traces)
     monkeypatch.setattr("simulator.validate.read_index", lambda index: [_Row(i) for i in range(len(traces))])
 
@@ -52,6 +50,11 @@ def spied(monkeypatch):
 
     monkeypatch.setattr(crossval, "_score", score)
     monkeypatch.setattr(crossval, "dequantize_shares", lambda *a: [])
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    _spy(monkeypatch, _traces())
     return crossval.cross_validate("index.csv", workers=1)
 
 
@@ -64,6 +67,21 @@ def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
         assert r["held_out"]["jct_mean_error_pct"] == everyone - 2**i, r["trace"]
         # leave one configuration out: none of its runs, all of the others'
         assert r["held_out_configuration"]["jct_mean_error_pct"] == everyone - same, r["trace"]
+
+
+def test_runs_of_one_configuration_have_no_held_out_configuration_and_say_why(monkeypatch):
+    """Two runs of one scenario: each is held out from a fit on the other, but no configuration can be (a fit
+    without the only one has no data): the result says so, and carries the run-to-run spread it was given."""
+    traces = [
+        TraceData(name=f"t{i}", scenario="a.yaml", configuration="a", method="m", family="baseline", values0={})
+        for i in range(2)
+    ]
+    _spy(monkeypatch, traces)
+    noise = {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5}, "range_pct": {}}
+    result = crossval.cross_validate("index.csv", workers=1, noise=noise)
+    assert "held_out" in result and "held_out_configuration" not in result
+    assert result["notes"] == ["held out (configuration): needs two configurations or more (runs of two scenarios)"]
+    assert result["noise"] == {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5}}
 
 
 def test_a_configuration_predicted_worse_than_no_fit_is_flagged():

@@ -16,7 +16,7 @@ import catalog
 from costmodel import expert_parallel
 from costmodel.memory import NON_TORCH_BYTES_TPN, SAMPLER_LOGIT_COPIES
 from costmodel.phases import ReplicaCostModel
-from costmodel.specs import FP16_BYTES, GIB
+from costmodel.specs import FP16_BYTES, GIB, Parallelism
 from helpers import scenario
 from simulator.config import ScenarioError
 from simulator.data_parallel import DataParallelRouter
@@ -162,6 +162,22 @@ def test_weights_and_kv_pool_per_gpu_by_hand():
     _, tp8 = resolve(s8).costs(s8.methods[0])
     assert tp8.block_bytes == 2 * block
     assert tp8.memory.weights_bytes == pytest.approx((2 * other + 2 * expert_params) / 8, rel=1e-12)
+
+
+def test_weights_per_gpu_of_a_replica_in_pipeline_stages_by_hand():
+    """Without data parallelism every weight, experts included, is spread over the replica's T x PP GPUs: Qwen3-
+    30B-A3B at TP 2 x PP 2 holds params x 2 / 4 bytes per GPU, sliced or whole experts alike; at DP 2 x TP 2 x
+    PP 2 the experts of a stage go over its 4 GPUs of the EP group (the stage's half of them over DP x TP), the
+    rest over the engine's 4."""
+    s = load_scenario("scenarios/moe_dp_ep.yaml")
+    model = resolve(s).costs(s.methods[0])[1].model
+    experts = L * E * 3 * H * EI
+    for ep in (False, True):
+        par = Parallelism(tensor=2, pipeline=2, expert_parallel=ep)
+        assert expert_parallel.weights_bytes_per_gpu(model, par) == pytest.approx(2 * model.params / 4, rel=1e-12)
+    par = Parallelism(tensor=2, pipeline=2, expert_parallel=True, data_parallel=2)
+    want = 2 * ((model.params - experts) / 4 + experts / (2 * 2 * 2))
+    assert expert_parallel.weights_bytes_per_gpu(model, par) == pytest.approx(want, rel=1e-12)
 
 
 # ---- lock-step ---------------------------------------------------------------------------------------------------

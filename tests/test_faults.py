@@ -344,3 +344,82 @@ def test_streamed_request_cut_by_an_outage_then_lost_with_its_prefill_ends_once(
     m = run_scenario(s).summary["methods"]["baseline"]
     assert m["failed"] >= 1
     assert m["completed"] + m["failed"] == 30
+
+
+# ---- replica faults that overlap (the module doc: "a replica is down while any of its faults is active") ----
+def test_a_replica_stays_down_until_its_last_fault_ends(tmp_path, lone):
+    """Two prefill_replica_down on replica 0, [L/2, L/2 + 3) and [L/2 + 1, L/2 + 5): the prompt lost at L/2
+    prefills again when the later one ends, L/2 + 5 (not at L/2 + 3, where the first ends), and is hit once."""
+    L, T, D = lone
+    down = {"kind": "prefill_replica_down", "target": 0}
+    row, m = run_one(
+        tmp_path, [{**down, "start_s": L / 2, "end_s": L / 2 + 3}, {**down, "start_s": L / 2 + 1, "end_s": L / 2 + 5}]
+    )
+    assert row.prefill_start_s == pytest.approx(L / 2 + 5, rel=1e-12)
+    assert row.finish_s == pytest.approx(L / 2 + 5 + L + T + D, rel=1e-12)
+    assert row.retries == 1 and m["retried"] == 1 and m["completed"] == 1
+
+
+def test_a_decode_replica_back_does_not_bring_back_the_prefill_replica_of_its_index(tmp_path, lone):
+    """decode replica 0 down on [L/4, L/2 + 2), prefill replica 0 (the only one) down on [L/2, L/2 + 5): the
+    prompt lost at L/2 waits for its prefill replica, back at L/2 + 5, not at L/2 + 2 when decode 0 is."""
+    L, T, D = lone
+    row, m = run_one(
+        tmp_path,
+        [
+            {"kind": "prefill_replica_down", "target": 0, "start_s": L / 2, "end_s": L / 2 + 5},
+            {"kind": "decode_replica_down", "target": 0, "start_s": L / 4, "end_s": L / 2 + 2},
+        ],
+    )
+    assert row.prefill_start_s == pytest.approx(L / 2 + 5, rel=1e-12)
+    assert row.finish_s == pytest.approx(L / 2 + 5 + L + T + D, rel=1e-12)
+    assert row.retries == 1 and m["completed"] == 1
+
+
+def test_resend_keeps_the_kv_held_on_a_prefill_host_that_stays_up(tmp_path, lone):
+    """on_loss resend, two prefill replicas (a link each), one decode replica, two prompts at 0 (one per prefill
+    replica, both decoding by L + T). Prefill replica 0 goes down at 5 s: the copy of request 0's KV on its host
+    dies, request 1's on replica 1 does not. Decode replica 0 down on [6, 8): request 1 is sent again from
+    replica 1's host when it is back (its prefill stays [0, L)), request 0 prefills again on replica 1 at 6;
+    both KVs then share replica 1's link from 8: 2T."""
+    L, T, _ = lone
+    trace = tmp_path / "two.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,4096,1000\n0,4096,1000\n")
+    s = faulty(
+        methods=["baseline"],
+        faults=[
+            {"kind": "prefill_replica_down", "target": 0, "start_s": 5.0, "end_s": 50.0},
+            {"kind": "decode_replica_down", "target": 0, "start_s": 6.0, "end_s": 8.0},
+        ],
+        fault_policy={"on_loss": "resend"},
+        **{
+            "prefill.replicas": 2,
+            "workload.trace_csv": str(trace),
+            "workload.requests": 2,
+            "workload.arrival": {"kind": "trace"},
+        },
+    )
+    rows = run_scenario(s).requests
+    r0, r1 = rows.iloc[0], rows.iloc[1]
+    assert (r1.prefill_replica, r1.prefill_start_s, r1.retries) == (1, 0.0, 1)
+    assert r1.prefill_end_s == pytest.approx(L, rel=1e-12)
+    assert (r0.prefill_replica, r0.prefill_start_s, r0.retries) == (1, 6.0, 1)
+    assert r0.prefill_end_s == pytest.approx(6.0 + L, rel=1e-12)
+    for r in (r0, r1):
+        assert r.transfer_start_s == 8.0 and r.transfer_end_s == pytest.approx(8.0 + 2 * T, rel=1e-12)
+
+
+def test_the_faults_line_counts_failures_by_reason_and_retries():
+    """Hand-worked: one line, per method, failed (by reason, in the summary's order) and retried."""
+    from simulator.faults import faults_line
+
+    summary = {
+        "methods": {
+            "baseline": {"failed": 2, "failure_reasons": {"link_outage": 1, "stranded": 1}, "retried": 3},
+            "hack": {"failed": 0, "failure_reasons": {}, "retried": 0},
+        }
+    }
+    assert (
+        faults_line(summary)
+        == "faults: baseline 2 failed (1 link_outage, 1 stranded), 3 retried; hack 0 failed, 0 retried"
+    )

@@ -122,13 +122,16 @@ def test_decode_down_loses_the_cache_a_request_was_sent_against(tmp_path, costs,
     )
 
 
-def test_link_outage_with_a_decode_cache_resends_what_the_cache_lacks(tmp_path, costs):
-    """The cache outlives a link: the re-sent request looks up again (counted), hits again, sends Tc."""
+@pytest.mark.parametrize("cache_gib", [1, None], ids=["own", "in_pool"])
+def test_link_outage_with_a_decode_cache_resends_what_the_cache_lacks(tmp_path, costs, cache_gib):
+    """The cache outlives a link: the re-sent request looks up again (counted), hits again, sends Tc. The cache
+    in its own memory, or in the KV pool's free blocks (where the cut transfer's reservation also gives back the
+    pins of its hits before the lookup again)."""
     L, Tc, D = costs["L"], costs["Tc"], costs["D"]
     cut, back = 100 + L + Tc / 2, 100 + L + Tc / 2 + 5
     rows, m, _ = run(
         [{"kind": "link_outage", "target": "p0", "start_s": cut, "end_s": back}],
-        **DECODE_CACHE,
+        **{**DECODE_CACHE, "decode.prefix_cache_gib": cache_gib},
         **trace(tmp_path, [0, 100]),
     )
     row = rows.iloc[1]

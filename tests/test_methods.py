@@ -158,3 +158,28 @@ def test_tied_embeddings_store_the_lm_head_once_and_qkv_bias_counts_its_vectors(
     bias_bytes = m.layers * (m.q_dim + 2 * m.kv_dim) * 2
     pool = lambda r: r["methods"]["baseline"]["decode_memory"]["kv_pool_bytes_per_gpu"]  # noqa: E731 (one GPU)
     assert pool(b) - pool(a) == pytest.approx(bias_bytes)
+
+
+def test_fp8s_cast_after_prefill_reads_fp16_and_writes_fp8_by_hand():
+    """FP8's encode is a cast: per layer on one GPU, one launch and each new K and V element read in FP16 and
+    written in FP8 (3 bytes) at the profile's memory bandwidth. TINY's prefill (Llama-3.1-8B at TP 1): 4096
+    tokens x 2 x 8 KV heads x 128 dims = 8,388,608 elements, 25,165,824 bytes."""
+    from helpers import scenario
+    from simulator.resolve import resolve
+
+    s = scenario(methods=["fp8"])
+    pre, _ = resolve(s).costs(s.methods[0])
+    p = pre.profile
+    want = p.launch_overhead_s + 4096 * 2 * 8 * 128 * 3 / (p.memory_gbps * 1e9)
+    assert pre._encode_layer_s(4096) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_hack_prices_a_partition_by_its_own_measured_decode_fit():
+    """HACK.decode_kernel: a partition the profile measured (the H200's decode_attn.hack_pi128) is priced by
+    that fit, not by Π = 64's."""
+    from costmodel.calibration import load_profile
+
+    prof = load_profile(Path(__file__).resolve().parent.parent / "kernels_calibration/profiles/h200/profile.json")
+    pi128 = make_method("hack", partition=128)
+    assert pi128.decode_kernel(prof) is prof.kernels["decode_attn.hack_pi128"]
+    assert make_method("hack").decode_kernel(prof) is not prof.kernels["decode_attn.hack_pi128"]

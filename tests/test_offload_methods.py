@@ -133,3 +133,16 @@ def test_measured_scoring_fits_replace_the_roofline_estimate():
             for prof in (base, slow)
         ]
         assert costs[1].approx_per_ctx_s > 3 * costs[0].approx_per_ctx_s
+
+
+def test_pqcache_fetches_its_missed_top_k_over_pcie_by_hand():
+    """PQCache's fetch per context token and layer on one GPU: the top-k fraction (0.2) it attends, less the
+    half its GPU cache holds (cache_hit_rate 0.5), of the token's K and V (2 x 8 KV heads x 128 dims of
+    Llama-3.1-8B at TP 1) in FP16, over the GPU's PCIe link (its catalog rate, GB/s as 1e9 bytes/s)."""
+    s = offload_scenario(methods=["pqcache"])
+    _, dec = resolve(s).costs(s.methods[0])
+    env = dec.decode_env()
+    assert env.kv_units_per_token == 2 * 8 * 128
+    _, per_ctx = dec.method.decode_layer_terms(env)
+    want = 0.2 * (1 - 0.5) * 2 * 8 * 128 * 2 / (dec.gpu.pcie_gb_per_s * 1e9)
+    assert per_ctx["fetch"] == pytest.approx(want, rel=1e-12, abs=0)

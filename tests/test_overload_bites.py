@@ -94,3 +94,26 @@ def test_pqcache_over_its_host_memory_is_unstable():
     assert m["utilisation"]["decode"] > 2
     assert m["utilisation"]["prefill"] < 0.2 and m["utilisation"]["network"] < 0.2
     assert m["stable"] is False
+
+
+def test_hand_worked_short_window_and_too_few_requests():
+    """Two arrivals 0.25 s apart: window 0.5 s, less than a second of capacity per pool. Prefill busy 0.2 s on
+    one replica: 0.4; 0.3e9 bytes on a 1e9 B/s link: 0.6; decode slots 0.5 s held of 2 slots x 0.5 s: 0.5 (memory
+    0.1e9 B x 0.5 s / (1e9 B x 0.5 s) = 0.1). One arrival has no window: every pool NaN."""
+    args = {
+        "prefill_busy_s": 0.2,
+        "prefill_replicas": 1,
+        "link_bytes": {"p0": 0.3e9},
+        "link_capacity_bytes_per_s": {"p0": 1e9},
+        "held_s": np.array([0.25, 0.25]),
+        "held_kv_bytes": np.array([0.1e9, 0.1e9]),
+        "held_host_bytes": np.zeros(2),
+        "decode_replicas": 1,
+        "decode_kv_capacity_bytes": 1e9,
+        "decode_host_capacity_bytes": 0.0,
+        "decode_max_batch": 2,
+    }
+    u = utilisation(arrival_s=np.array([0.0, 0.25]), **args)
+    assert u == pytest.approx({"prefill": 0.4, "network": 0.6, "decode": 0.5}, rel=1e-12)
+    none = utilisation(arrival_s=np.array([3.0]), **args)
+    assert list(none) == ["prefill", "network", "decode"] and all(np.isnan(v) for v in none.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -62,6 +63,54 @@ def test_insert_within_given_room_and_evict_for_an_owner():
     c = PrefixCache(capacity_bytes=100.0, block_bytes=2.0, block_tokens=16)
     assert c.insert([1, 2, 3], room_bytes=4.0) == 2  # the owner's pool had room for two
     assert c.evict(3.0) == 4.0 and len(c) == 0
+
+
+def test_a_preempted_requests_run_is_evicted_tail_first_in_whole_engine_blocks():
+    """A run of 40 tokens at 1 byte each, engine blocks of 4 tokens: 6 bytes wanted take 2 whole blocks off its
+    tail (8 tokens: ceil(6 / 1 / 4) x 4), the run keeps its first 32; 40 bytes more take the rest."""
+    c = PrefixCache(capacity_bytes=math.inf, block_bytes=16.0, block_tokens=16, token_bytes=1.0, unit=4)
+    c.add_run(0, 0, 40)
+    assert c.evictable_bytes == 40.0
+    assert c.evict(6.0) == 8.0 and c.run(0) == (0, 32) and c.evictable_bytes == 32.0
+    assert c.evict(40.0) == 32.0 and c.run(0) == (0, 0) and c.evictable_bytes == 0.0
+
+
+def test_an_engine_finds_at_most_all_but_the_last_token_cached():
+    """vLLM computes at least a request's last token (it yields the next output). Blocks of 16, a 32-token
+    prompt whose 2 blocks are cached: 31 of 32 to compute are found cached; with 8 more tokens (a request
+    preempted after 8 outputs) 32 of 40. Its own run of those 8 (from token 32) makes 40 of 41 cached, 40 of 40
+    capped at 39."""
+    from types import SimpleNamespace
+
+    from simulator.prefix_cache import EngineCache
+
+    cache = PrefixCache(capacity_bytes=math.inf, block_bytes=16.0, block_tokens=16, token_bytes=1.0)
+    cache.insert([11, 12])
+    engine = EngineCache(
+        SimpleNamespace(decode=[cache], in_pool={"decode": True}, hashes={0: [11, 12]}, hash_tokens=16), 0
+    )
+    assert (engine.peek(0, 32), engine.peek(0, 40)) == (31, 32)
+    cache.add_run(0, 32, 8)
+    assert (engine.peek(0, 41), engine.peek(0, 40)) == (40, 39)
+
+
+def test_in_the_kv_pool_an_arrived_prompts_blocks_are_its_own_until_it_ends():
+    """Decode cache in the KV pool: a request's KV arrives (a 40-token prompt, hash blocks of 16: 2 whole blocks,
+    none found cached); its whole blocks enter the cache pinned, as the request's own memory: nothing of them
+    can be evicted while it runs, and they are free (evictable) once it releases them."""
+    from types import SimpleNamespace
+
+    from simulator.prefix_cache import PrefixCaching
+
+    cache = PrefixCache(capacity_bytes=math.inf, block_bytes=16.0, block_tokens=16, token_bytes=1.0)
+    pc = SimpleNamespace(
+        decode=[cache], in_pool={"decode": True}, pinned=[0], _whole_blocks=lambda rid: [21, 22, 23][: 40 // 16]
+    )
+    PrefixCaching.decode_arrived(pc, 0, 0)  # type: ignore[arg-type]
+    assert pc.pinned == [2] and cache.pinned_blocks() == 2 and len(cache) == 2
+    assert cache.evictable_bytes == 0.0 and cache.evict(1e9) == 0.0 and cache.cached_blocks([21, 22]) == 2
+    cache.unpin([21, 22])
+    assert cache.evictable_bytes == 32.0
 
 
 def test_prefix_sharing_workload_gives_each_group_the_same_leading_blocks():
@@ -329,3 +378,28 @@ def test_bad_prefix_caching_settings_name_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
         s = scenario(**changes, methods=["baseline"])
         run_scenario(s)
+
+
+def test_a_prefill_batch_counts_only_the_uncached_tokens_against_its_budget(tmp_path):
+    """Prefill cache of 1 GiB, every prompt's first 2048 tokens shared: request 0 (t = 0) leaves them cached;
+    requests 1 and 2 (4096 tokens, t = 100) each compute 4096 - 2048 = 2048 new tokens, 4096 together, which fit
+    a 4096-token step: one batch, both starting at 100 and ending together."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,4096,32\n100,4096,32\n100,4096,32\n")
+    s = scenario(
+        methods=["baseline"],
+        **{
+            "prefill.prefix_caching": True,
+            "prefill.prefix_cache_gib": 1,
+            "prefill.max_batch_tokens": 4096,
+            "prefill.max_batch_requests": 2,
+            "workload.prefix_sharing": {"groups": 1, "shared_tokens": 2048, "block_tokens": 512},
+            "workload.trace_csv": str(path),
+            "workload.requests": 3,
+            "workload.arrival": {"kind": "trace"},
+        },
+    )
+    rows = run_scenario(s).requests.sort_values("request_id")
+    assert rows["prefill_cached_tokens"].tolist() == [0, 2048, 2048]
+    assert rows["prefill_start_s"].tolist()[1:] == [100.0, 100.0]
+    assert rows["prefill_end_s"].iloc[1] == rows["prefill_end_s"].iloc[2]

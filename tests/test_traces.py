@@ -265,6 +265,18 @@ def test_mooncake_without_a_trailing_newline_keeps_its_last_row(tmp_path):
         ({"input_lens": [1, 2], "output_lens": None}, "output_lens: expected a list"),
         ({"input_lens": [[1], [2]], "output_lens": [1, 1]}, "input_lens: '[1]' is not a number"),
         ({"input_lens": [1, 2], "output_lens": [1, 1], "request_rate": "fast"}, "request_rate: 'fast' is not a rate"),
+        (
+            {"duration": 3, "output_lens": [1]},
+            (
+                ": no input_lens and output_lens: save the benchmark with --save-result (and --save-detailed on newer "
+                "vLLM)"
+            ),
+        ),
+        # rows are the requests' positions in the lists, from 1
+        (
+            {"input_lens": [10, 20, 30], "output_lens": [5, 5, 5], "start_times": [0.0, 2.0, 1.0]},
+            "request 3: arrival_s 1 is earlier than the row above (2)",
+        ),
     ],
 )
 def test_malformed_vllm_benchmark_json_is_one_line(tmp_path, doc, message):

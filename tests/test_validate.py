@@ -156,6 +156,35 @@ def test_tpot_counts_the_tokens_after_the_first(tmp_path):
     assert tpot.iloc[0] == pytest.approx(0.25) and tpot.iloc[1] == pytest.approx(0.1) and np.isnan(tpot.iloc[2])
 
 
+def test_a_measured_requests_breakdown_by_hand():
+    """The parts of a request with every phase timestamp, by the simulator's definitions. Request 0: arrival 0,
+    prefill 1-3, quantize to 3.5, transfer 4-6, decode 6.5-10: queue 1, prefill 2, quantize 0.5, transfer queue
+    0.5, transfer 2, decode queue 0.5, decode 3.5. Request 1 streams its KV during the prefill (transfer 2-3.2,
+    before its quantize ends at 3.5): the transfer counts from the quantize's end, none of it queued, 0 s long,
+    and decode waits from 3.5 to 4."""
+    from simulator.validate import measured_parts
+
+    df = pd.DataFrame(
+        {
+            "arrival_s": [0.0, 0.0],
+            "prefill_start_s": [1.0, 1.0],
+            "prefill_end_s": [3.0, 3.0],
+            "quantize_end_s": [3.5, 3.5],
+            "transfer_start_s": [4.0, 2.0],
+            "transfer_end_s": [6.0, 3.2],
+            "decode_start_s": [6.5, 4.0],
+            "finish_s": [10.0, 6.0],
+            "output_tokens": [5, 5],
+        }
+    )
+    parts = measured_parts(df)
+    cols = ["prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode"]
+    np.testing.assert_allclose(parts[cols].iloc[0], [1.0, 2.0, 0.5, 0.5, 2.0, 0.5, 3.5], rtol=1e-12)
+    np.testing.assert_allclose(parts[cols].iloc[1], [1.0, 2.0, 0.5, 0.0, 0.0, 0.5, 2.0], rtol=1e-12)
+    np.testing.assert_allclose(parts[cols].sum(axis=1), parts["jct"], rtol=1e-12)
+    np.testing.assert_allclose(parts["ttft"], [3.0, 3.0], rtol=1e-12)  # no first_token_s: the prefill's end
+
+
 def test_a_trace_whose_meta_contradicts_the_scenario_is_refused(tmp_path):
     """A 70B trace against an 8B scenario would be scored (+348 %) and fitted as the 8B's: refused in one line
     naming the field, by validate and by calibrate."""

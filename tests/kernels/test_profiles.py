@@ -159,6 +159,22 @@ def test_integer_products_are_exact_on_fp16_inputs_with_fp32_accumulation():
         assert np.abs(exact).max() < 2**24
 
 
+def test_derive_reference_prints_what_kernel_work_keeps(capsys):
+    """`python -m kernels_calibration.derive --reference` prints the Python that costmodel/kernel_work.py keeps
+    as REFERENCE_RATES and REFERENCE_PARTS: run as code, it gives the committed values (to its 4-7 digits)."""
+    from costmodel.kernel_work import REFERENCE_PARTS, REFERENCE_RATES, UnitRates
+    from kernels_calibration.derive import print_reference
+
+    print_reference(json.loads((PROFILES / "h200" / "profile.json").read_text()))
+    namespace: dict = {"UnitRates": UnitRates}
+    exec(capsys.readouterr().out, namespace)
+    for unit in ("hbm", "fp16_tensor", "int8_tensor", "sfu", "alu"):
+        assert getattr(namespace["REFERENCE_RATES"], unit) == approx(getattr(REFERENCE_RATES, unit), rel=1e-5)
+    assert namespace["REFERENCE_PARTS"].keys() == REFERENCE_PARTS.keys()
+    for name, p in namespace["REFERENCE_PARTS"].items():
+        assert p == approx(REFERENCE_PARTS[name], rel=1e-3, abs=1e-30), name
+
+
 def test_roofline_prices_kernels_like_the_derivation():
     """The roofline reprices the same H200 split (kernel_work.REFERENCE_PARTS, which must match the committed
     H200 profile), so for every catalog GPU it agrees with the derived profile's per-unit costs."""

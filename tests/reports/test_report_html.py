@@ -513,3 +513,37 @@ def test_validation_header_and_table_colour_an_error_alike():
     table = page.sections[1].body_html
     row = dict(re.findall(r'<tr><td>([^<]+)</td><td>[^<]*</td><td>[^<]*</td><td class="(\w+)">', table))
     assert header == [row["JCT mean"], row["TTFT p50"], row["TPOT p50"]] == ["worse", "better", "worse"]
+
+
+def test_a_run_folder_with_only_a_summary_loads_and_says_what_is_missing(tmp_path):
+    """Only summary.json is required: a summary without methods loads as none, and every table or file the
+    folder lacks is one note (its figure is left out); a summary that is not UTF-8 is one line naming the file
+    and why."""
+    from reports.data import RunDataError
+
+    (tmp_path / "summary.json").write_text('{"scenario": "s"}')
+    run = load_run(tmp_path)
+    assert run.summary["methods"] == {} and run.requests is None and run.scenario is None
+    assert run.notes == (
+        "requests.csv not found: its figure is left out.",
+        "memory.csv not found: its figure is left out.",
+        "links.csv not found: its figure is left out.",
+        "scenario.json not found.",
+        "profiles.json not found.",
+    )
+    (tmp_path / "summary.json").write_bytes(b'{"scenario": "\xff"}')
+    with pytest.raises(RunDataError, match=r"summary.json: cannot read \(UnicodeDecodeError\)$"):
+        load_run(tmp_path)
+
+
+def test_requests_csv_is_read_for_the_latencies_alone_when_the_summary_has_the_breakdown(tmp_path):
+    """A long run's requests.csv has a few dozen columns per request: the report reads the four its latency
+    figures need, and the breakdown parts only when summary.json lacks a method's breakdown."""
+    d = write_fake_run(tmp_path / "run", methods=("baseline", "hack"))
+    assert set(load_run(d).requests.columns) == {"method", "jct_s", "ttft_s", "tpot_s"}
+    summary = json.loads((d / "summary.json").read_text())
+    del summary["methods"]["hack"]["breakdown_s"]
+    (d / "summary.json").write_text(json.dumps(summary))
+    parts = {f"{p}_s" for p in BREAKDOWN_PARTS} & set(pd.read_csv(d / "requests.csv", nrows=0).columns)
+    assert len(parts) >= 9  # the fake run's (no preemption column)
+    assert set(load_run(d).requests.columns) == {"method", "jct_s", "ttft_s", "tpot_s"} | parts

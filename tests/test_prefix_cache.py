@@ -86,8 +86,12 @@ def test_an_engine_finds_at_most_all_but_the_last_token_cached():
 
     cache = PrefixCache(capacity_bytes=math.inf, block_bytes=16.0, block_tokens=16, token_bytes=1.0)
     cache.insert([11, 12])
+    hashes = {0: [11, 12]}
     engine = EngineCache(
-        SimpleNamespace(decode=[cache], in_pool={"decode": True}, hashes={0: [11, 12]}, hash_tokens=16), 0
+        SimpleNamespace(
+            decode=[cache], in_pool={"decode": True}, hashes=hashes, blocks_of=hashes.__getitem__, hash_tokens=16
+        ),
+        0,
     )
     assert (engine.peek(0, 32), engine.peek(0, 40)) == (31, 32)
     cache.add_run(0, 32, 8)

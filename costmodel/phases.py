@@ -184,6 +184,7 @@ class ReplicaCostModel:
     approximation_factor: float = 1.0
     method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer of the method's own prefill launches
     method_quantize_issue_s_per_layer: float = 0.0  # CPU time per layer to issue its quantize and pack launches
+    method_decode_kernels_per_layer: float = 0.0  # small kernels per decode layer the method runs beyond its fit
 
     # per-instance cost caches (prefill by batch, iterations by batch size, dense layers by token count)
     _memo: dict = field(default_factory=lambda: {"prefill": {}, "iteration": {}, "dense": {}}, init=False, repr=False)
@@ -659,6 +660,8 @@ class ReplicaCostModel:
         # small kernels besides the attention fit: the new token's KV write where the profiled kernel does
         # not include it (the quantized kernels were timed with their append), and the engine's own
         small = (0 if self.method.decode_kernel_includes_append else 1) + self.extra_kernels_per_layer
+        if self.method_decode_kernels_per_layer:  # (a float only where set: the default's sum stays an int's)
+            small += self.method_decode_kernels_per_layer
         launch_s += small * self._small_kernel_s(in_graph=self.decode_graphs)
         dense_s = self._dense_layer_s(rows) - self._graph_saving_s_per_layer()
         decode_fixed = (

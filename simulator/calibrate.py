@@ -81,23 +81,63 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     """Predicted seconds of every measured item of one kind at engine parameter values v (every name);
     with `wrt`, also {name: d prediction / d value} for those names (exact: the model is linear in each
     parameter on either side of its max(GPU, host) floor; the link's efficiency by central differences)."""
+    blk = td.blocks[kind]
+    # the host terms' factor: 1, or while a transfer is in flight (where the host shares its process with the link
+    # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py)
+    fb = v["network.link_busy_host_factor"] + v["network.link_busy_host_factor_per_gbps"] * td.link_gbps
+    n = len(blk["meas"])
+    if kind == "transfer":
+        return _predict_transfer(blk, v, wrt)
+    if kind == "iteration":  # at the level at its start (an iteration in progress keeps it: simulator/decode.py)
+        busy = blk.get("busy")
+        f = 1.0 + (np.zeros(n) if busy is None else busy) * (fb - 1.0)
+        pred, d, host_s = _predict_steps(td, kind, v, f, wrt)
+        w_b = np.zeros(n) if busy is None else busy.astype(np.float64)
+    elif kind in ("prefill", "quantize") and not blk.get("busy_left_s", np.zeros(1)).any():  # all idle
+        f = np.ones(n)
+        pred, d, host_s = _predict_steps(td, kind, v, f, wrt)
+        w_b = np.zeros(n)
+    elif kind in ("prefill", "quantize"):
+        # at the busy level for the seconds the transfers in flight at its start last, at the idle one after
+        # (simulator/prefill.py, `_busy_part`): T_b if that lasts T_b, else R + (1 - R / T_b) T_i
+        left = blk["busy_left_s"]
+        t_i, d_i, _ = _predict_steps(td, kind, v, np.ones(n), wrt)
+        t_b, d_b, host_s = _predict_steps(td, kind, v, np.full(n, fb), wrt)
+        rest = blk["rest"] if kind == "prefill" else np.zeros(n)
+        t_i, t_b = t_i - rest, t_b - rest
+        whole = left >= t_b
+        safe_b = np.where(t_b > 0, t_b, 1.0)
+        pred = np.where(whole, t_b, left + (1.0 - left / safe_b) * t_i) + rest
+        w_b = np.where(whole, 1.0, left * t_i / safe_b**2)  # d pred / d T_b
+        w_i = np.where(whole, 0.0, 1.0 - left / safe_b)  # d pred / d T_i
+        d = {k: w_b * d_b[k] + w_i * d_i[k] for k in d_b}
+        f = np.full(n, fb)
+    else:
+        raise ValueError(kind)
+    if not wrt:
+        return pred
+    # d (host_s x f) / d a = host_s / f on the busy part; b: the same times the rate
+    per_a = w_b * np.divide(host_s, f, out=np.zeros_like(f), where=f > 0)
+    d["network.link_busy_host_factor"] = per_a
+    d["network.link_busy_host_factor_per_gbps"] = per_a * td.link_gbps
+    zero = np.zeros_like(pred)
+    return pred, {name: d.get(name, zero) for name in wrt}
+
+
+def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray, wrt: tuple[str, ...]):
+    """Iteration, prefill or quantize items with every host term times f[i]: (seconds, derivatives by name, the
+    host seconds that f multiplies where they count)."""
     blk, m = td.blocks[kind], td.family
     fq, fd, fa = (v[f"methods.{m}.{s}"] for s in FACTOR_STEPS)
     d: dict[str, np.ndarray] = {}
-    # the host terms' factor: 1, or while a transfer was in flight (where the host shares its process with the link
-    # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py)
-    busy = blk.get("busy")
-    if busy is None or kind == "transfer":
-        busy = np.zeros(len(blk["meas"]))
-    fb = v["network.link_busy_host_factor"] + v["network.link_busy_host_factor_per_gbps"] * td.link_gbps
-    f = 1.0 + busy * (fb - 1.0)
-    host_s = np.zeros_like(f)  # the host time the factor multiplies, where it counts (for its derivatives)
+    host_s = np.zeros_like(f)
     if kind == "iteration":
+        mk = v.get(f"methods.{m}.decode_kernels_per_layer", 0.0)
         serial = v["decode.host_serial_s_per_iteration"] * f
         ctx = blk["ctx"]
         gpu = (
             blk["fixed0"]
-            + blk["layers"] * v["decode.extra_kernels_per_layer"] * blk["small_kernel_s"]
+            + blk["layers"] * (v["decode.extra_kernels_per_layer"] + mk) * blk["small_kernel_s"]
             + serial
             + fd * blk["dequant_fixed0"]
             + fa * blk["approx_fixed0"]
@@ -118,6 +158,7 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
             d = {
                 "decode.host_serial_s_per_iteration": f,
                 "decode.extra_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
+                f"methods.{m}.decode_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
                 "decode.join_s_per_request": blk["joins"] * f,
                 f"methods.{m}.dequantize": g * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
                 f"methods.{m}.approximation": g * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
@@ -148,7 +189,7 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
                 f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * f,
                 "prefill.host_issue_s_per_request": h * blk["requests"] * f,
             }
-    elif kind == "quantize":
+    else:  # quantize
         gpu = fq * blk["enc0"]
         host = blk["layers"] * v[f"methods.{m}.quantize_issue_s_per_layer"] * f
         pred = np.maximum(gpu, host)
@@ -158,27 +199,24 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
             f"methods.{m}.quantize": g * blk["enc0"],
             f"methods.{m}.quantize_issue_s_per_layer": (1 - g) * blk["layers"] * f,
         }
-    elif kind == "transfer":
+    return pred, d, host_s
 
-        def at(eff: float, lat: float) -> np.ndarray:
-            return processor_sharing_s(blk["start"], blk["bytes"], blk["line_bytes_per_s"] * eff) + lat
 
-        eff = v["network.efficiency"]
-        pred = at(eff, v["network.latency_s"])
-        if "network.efficiency" in wrt:
-            h = 1e-6 * eff
-            d["network.efficiency"] = (at(eff + h, 0.0) - at(eff - h, 0.0)) / (2 * h)
-        d["network.latency_s"] = np.ones_like(pred)
-    else:
-        raise ValueError(kind)
+def _predict_transfer(blk: dict, v: dict[str, float], wrt: tuple[str, ...]):
+    def at(eff: float, lat: float) -> np.ndarray:
+        return processor_sharing_s(blk["start"], blk["bytes"], blk["line_bytes_per_s"] * eff) + lat
+
+    eff = v["network.efficiency"]
+    pred = at(eff, v["network.latency_s"])
     if not wrt:
         return pred
-    if kind != "transfer":  # d host_s·f / d a = host_s / f where busy; b: the same times the rate
-        per_a = np.divide(busy * host_s, f, out=np.zeros_like(f), where=f > 0)
-        d["network.link_busy_host_factor"] = per_a
-        d["network.link_busy_host_factor_per_gbps"] = per_a * td.link_gbps
+    d: dict[str, np.ndarray] = {}
+    if "network.efficiency" in wrt:
+        h = 1e-6 * eff
+        d["network.efficiency"] = (at(eff + h, 0.0) - at(eff - h, 0.0)) / (2 * h)
+    d["network.latency_s"] = np.ones_like(pred)
     zero = np.zeros_like(pred)
-    return pred, {n: d.get(n, zero) for n in wrt}
+    return pred, {name: d.get(name, zero) for name in wrt}
 
 
 def processor_sharing_s(start: np.ndarray, size: np.ndarray, rate: float) -> np.ndarray:
@@ -221,6 +259,7 @@ def depends(name: str, td: TraceData) -> list[str]:
             "dequantize": ["iteration"],
             "approximation": ["iteration", "prefill"],
             "prefill_issue_s_per_layer": ["prefill"],
+            "decode_kernels_per_layer": ["iteration"],
         }[rest[1]]
     elif name.startswith("network.link_busy_host"):  # the host terms' level while the link moves KV
         kinds = ["iteration", "prefill", "quantize"]

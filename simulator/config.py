@@ -822,6 +822,13 @@ class ImplementationFactors(_Strict):
         description="CPU time per layer to issue the method's quantize and pack launches after prefill, where "
         "the engine issues them from the CPU: the quantize step lasts at least this per layer",
     )
+    decode_kernels_per_layer: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="small kernels per layer the method's decode step runs beyond its profiled kernel (e.g. its "
+        "new token's quantize and pack run apart): each costs the decode pool's small-kernel time",
+    )
 
 
 class CalibrationConfig(_Strict):

@@ -18,7 +18,8 @@ The file (JSON, strict)::
      "fit": {...}, "provenance": {...}}
 
 NAME is one of ``PARAMETERS`` below (a scenario path; ``methods.<method>.<step>`` for the implementation
-factors, ``methods.<method>.quantize_issue_s_per_layer`` and ``methods.<method>.prefill_issue_s_per_layer``);
+factors, ``methods.<method>.quantize_issue_s_per_layer``, ``methods.<method>.prefill_issue_s_per_layer`` and
+``methods.<method>.decode_kernels_per_layer``);
 ``stderr`` is the fit's posterior standard deviation (null when held); ``scope`` says whether the parameter is
 machine-specific host time (``host``: this CPU and engine build) or GPU or link work (``gpu``, ``link``: they
 carry to another run of the same kernels and link); ``shape`` what it scales with; ``prior`` the centre and width
@@ -246,7 +247,22 @@ for _m in METHOD_REGISTRY:
             shape="per layer per prefill batch (adds to the prefill floor)",
             prior_width=5e-4,
         )
-METHOD_STEPS = (*FACTOR_STEPS, "quantize_issue_s_per_layer", "prefill_issue_s_per_layer")
+        PARAMETERS[f"methods.{_m}.decode_kernels_per_layer"] = Parameter(
+            f"methods.{_m}.decode_kernels_per_layer",
+            (0.0, 50.0),
+            "kernels",
+            f"small kernels per layer {_m}'s decode step runs beyond its profiled kernel and the FP16 model's "
+            f"(its new token's quantize and pack apart, say), each at the small-kernel time",
+            scope="gpu",
+            shape="per layer per decode step (beyond decode.extra_kernels_per_layer)",
+            prior_width=4.0,  # as decode.extra_kernels_per_layer's
+        )
+METHOD_STEPS = (
+    *FACTOR_STEPS,
+    "quantize_issue_s_per_layer",
+    "prefill_issue_s_per_layer",
+    "decode_kernels_per_layer",
+)
 
 
 class ParameterRecord(BaseModel):

@@ -12,8 +12,9 @@ needs to price it at any engine parameters, priced once at neutral ones.
 * ``quantize``: its quantize step, prefill end to quantize end (methods that quantize after prefill);
 * ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts.
 
-Each iteration, prefill and quantize item also says whether a transfer was in flight at its start (``busy``: where
-the host shares its process with the link's endpoint its host terms then take network.link_busy_host_factor).
+Each iteration item also says whether a transfer was in flight at its start (``busy``: where the host shares its
+process with the link's endpoint its host terms then take network.link_busy_host_factor), and each prefill and
+quantize item for how many seconds from its start (``busy_left_s``: until the transfers in flight then have ended).
 
 **Engine benchmark files** (simulator/engine_logs.py: vLLM, SGLang, AIPerf) give per-request timings only: no
 phase timestamps, no iteration log. Where the file has the times the client sent each request, the run's
@@ -216,6 +217,23 @@ def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:
     return (flying > 0).astype(np.float64)
 
 
+def link_busy_left(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """Seconds from t[i] until every transfer in flight at t[i] has ended (0 where none is): a prefill or quantize
+    step runs at the busy host level that long and at the idle one after (simulator/prefill.py, `_busy_part`; no
+    transfer starts during a step where the host shares its process with the link endpoint: realrun)."""
+    moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
+    starts = df["transfer_start_s"].to_numpy()[moved]
+    ends = df["transfer_end_s"].to_numpy()[moved]
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    last_end = np.maximum.accumulate(ends) if len(ends) else ends  # of the transfers started so far
+    k = np.searchsorted(starts, t, "right")  # transfers started at or before t[i]
+    out = np.zeros(len(t))
+    has = k > 0
+    out[has] = np.maximum(last_end[k[has] - 1] - t[has], 0.0)
+    return out
+
+
 def _evenly(keep: np.ndarray) -> np.ndarray:
     """At most MAX_ITERATIONS of the items, evenly spaced: consecutive iterations of a run are not independent
     observations (the fit's weight per trace does not change; its standard errors grow honestly)."""
@@ -229,9 +247,10 @@ def prefill_block(
     meas: np.ndarray,
     pre,
     rest: np.ndarray | None = None,
-    busy: np.ndarray | None = None,
+    busy_left_s: np.ndarray | None = None,
 ) -> dict:
-    """Prefill items: batches of these prompts measured `meas` seconds, each plus `rest` seconds the fit holds."""
+    """Prefill items: batches of these prompts measured `meas` seconds, each plus `rest` seconds the fit holds;
+    `busy_left_s`: the seconds each starts with transfers in flight (until the last of them ends)."""
     costs = [pre.prefill(p) for p in prompts]
     hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
     latency0 = np.array([c.latency_s for c in costs])
@@ -243,7 +262,8 @@ def prefill_block(
         "requests": np.array([len(p) for p in prompts], dtype=np.float64),
         "layers": float(pre.model.layers),
         "rest": np.zeros(len(prompts)) if rest is None else rest,
-        "busy": np.zeros(len(prompts)) if busy is None else busy,  # 1: a transfer in flight at its start
+        # seconds from its start until the transfers in flight then have all ended (0: none in flight)
+        "busy_left_s": np.zeros(len(prompts)) if busy_left_s is None else busy_left_s,
     }
 
 
@@ -256,7 +276,7 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
         prompts,
         (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(),
         pre,
-        busy=link_busy_at(df, first["prefill_start_s"].to_numpy()),
+        busy_left_s=link_busy_left(df, first["prefill_start_s"].to_numpy()),
     )
     enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
     quantize = None
@@ -265,7 +285,7 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
             "meas": (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy(),
             "enc0": enc0,
             "layers": pre.model.layers / pre.parallel.pipeline,
-            "busy": link_busy_at(df, first["prefill_end_s"].to_numpy()),
+            "busy_left_s": link_busy_left(df, first["prefill_end_s"].to_numpy()),
         }
     return prefill, quantize
 

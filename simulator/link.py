@@ -43,27 +43,50 @@ class EndpointHost:
     (a prefill and a decode replica under placement shared_gpu, else one) hear `link_busy_changed(True)` when a
     transfer to or from the process starts with none in flight, and `(False)` when the last one ends."""
 
-    __slots__ = ("flows", "members")
+    __slots__ = ("flows", "links", "members")
 
     def __init__(self, members: list[LinkStateListener]):
         self.flows = 0  # transfers in flight to or from this process
+        self.links: dict[Link, int] = {}  # the links they are on, with how many each
         self.members = members
 
-    def started(self) -> None:
+    def started(self, link: Link) -> None:
         self.flows += 1
+        self.links[link] = self.links.get(link, 0) + 1
         if self.flows == 1:
             for m in self.members:
                 m.link_busy_changed(True)
 
-    def ended(self) -> None:
+    def ended(self, link: Link) -> None:
         self.flows -= 1
+        n = self.links[link] - 1
+        if n:
+            self.links[link] = n
+        else:
+            del self.links[link]
         if self.flows == 0:
             for m in self.members:
                 m.link_busy_changed(False)
 
+    def busy_left_s(self) -> float:
+        """How long the transfers in flight now keep this process busy if no other starts: until the last of them
+        arrives, on the links they are on (each link's flows drained as the link shares it; inf in an outage)."""
+        if not self.flows:
+            return 0.0
+        return max(link.drain_end_s() for link in self.links) - next(iter(self.links)).env.now
+
 
 class Flow:
-    __slots__ = ("rid", "remaining_bytes", "cap_bytes_per_s", "not_before_s", "on_done", "rate", "cancelled")
+    __slots__ = (
+        "rid",
+        "remaining_bytes",
+        "cap_bytes_per_s",
+        "not_before_s",
+        "on_done",
+        "rate",
+        "cancelled",
+        "finish_s",
+    )
 
     def __init__(
         self,
@@ -80,6 +103,7 @@ class Flow:
         self.on_done = on_done
         self.rate = 0.0
         self.cancelled = False
+        self.finish_s = math.inf  # drained, waiting out the latency: when it arrives
 
 
 class Link:
@@ -131,6 +155,39 @@ class Link:
         self.flows = [f for f in self.flows if not f.cancelled]
         self._reschedule()
         return [f.rid for f in gone]
+
+    def drain_end_s(self) -> float:
+        """When the last transfer on the link now arrives if no other starts and the capacity holds: its flows
+        drained as `_rates` shares the link, each arriving max(drained, not_before_s) + latency; inf in an
+        outage. Reads the state, changes nothing."""
+        now = self.env.now
+        end = max([f.finish_s for f in self.waiting.values()], default=now)
+        dt0 = now - self._last_s
+        left = [[max(f.remaining_bytes - f.rate * dt0, 0.0), f.cap_bytes_per_s, f.not_before_s] for f in self.flows]
+        left.sort(key=lambda x: x[1])  # by cap, as _rates fills them
+        t = now
+        while left:
+            cap_left, n = self.capacity, len(left)
+            rates = []
+            for i, x in enumerate(left):
+                r = min(x[1], cap_left / (n - i))
+                rates.append(r)
+                if cap_left != math.inf:
+                    cap_left -= r
+            moving = [x[0] / r for x, r in zip(left, rates) if r > 0]
+            if not moving:
+                return math.inf
+            dt = min(moving)
+            t += dt
+            rest = []
+            for x, r in zip(left, rates):
+                x[0] -= r * dt
+                if x[0] <= EPS_BYTES + 1e-9 * r:
+                    end = max(end, max(t, x[2]) + self.latency_s)
+                else:
+                    rest.append(x)
+            left = rest
+        return end
 
     def _advance(self) -> None:
         dt = self.env.now - self._last_s
@@ -200,6 +257,7 @@ class Link:
                 f.on_done(f.rid, now)
             else:
                 self.waiting[f.rid] = f
+                f.finish_s = finish
                 call_in(self.env, finish - now, partial(self._arrived, f, finish))
 
     def _arrived(self, f: Flow, t: float, _event: object = None) -> None:

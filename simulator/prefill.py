@@ -38,6 +38,9 @@ from .columns import Records
 from .timers import call_in
 
 if TYPE_CHECKING:
+    from costmodel.phases import PrefillCost
+
+    from .link import EndpointHost
     from .prefix_cache import PrefixCaching
 
 
@@ -111,6 +114,7 @@ class PrefillReplica:
         # one's host floors (prefill and quantize)
         self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
         self.link_busy = False
+        self.endpoint: EndpointHost | None = None  # its process, with the transfers in flight
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -233,13 +237,20 @@ class PrefillReplica:
             batch, cached = self._take_batch()
             for rid in batch:
                 self._begin(rid)
-            cost = self.cost.prefill(tuple([rec.prompt[r] for r in batch]), cached)
-            forms = cost.forms
-            done = batch
+            prompts = tuple([rec.prompt[r] for r in batch])
         else:
             step = self._take_chunks(self.chunk_tokens)
-            cost = self.cost.prefill(tuple(d + n for _, d, n in step), tuple(d for _, d, _ in step))
-            forms = cost.forms
+            prompts, cached = tuple(d + n for _, d, n in step), tuple(d for _, d, _ in step)
+        cost = self.cost.prefill(prompts, cached)
+        forms = cost.forms
+        latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
+        if levels is not None and self.link_busy and self.endpoint is not None:
+            latency_s, encode_s, busy_s = self._busy_part(
+                levels[0].prefill(prompts, cached), latency_s, encode_s, busy_s
+            )
+        if self.chunk_tokens is None:
+            done = batch
+        else:
             batch, done = [], []
             for (rid, d, n), form in zip(step, forms):
                 batch.append(rid)
@@ -255,8 +266,8 @@ class PrefillReplica:
         if self.pool_cache:
             assert prefix is not None
             prefix.prefill_trim(self.index, self._pool_free_bytes())
-        prefill_end = start + cost.latency_s
-        encode_end = prefill_end + cost.encode_s
+        prefill_end = start + latency_s
+        encode_end = prefill_end + encode_s
         if self.chunk_tokens is None:
             for rid, form in zip(batch, forms):
                 rec.prefill_form[rid] = form
@@ -268,7 +279,6 @@ class PrefillReplica:
         assert self.listener is not None
         if done:
             self.listener.on_prefill_started(done, self, start, encode_end)
-        busy_s = cost.stage_s + cost.encode_s
         self.busy_s += busy_s
         v = self._version
         if busy_s == encode_end - start:  # one stage: the step is done when the replica is free
@@ -277,6 +287,28 @@ class PrefillReplica:
             call_in(env, encode_end - start, partial(self._encoded, v, batch, done))
             call_in(env, busy_s, partial(self._free, v))
         return True
+
+    def _busy_part(
+        self, idle: PrefillCost, latency_s: float, encode_s: float, busy_s: float
+    ) -> tuple[float, float, float]:
+        """A step that starts while transfers are in flight runs at the busy level until the last of them arrives
+        (`EndpointHost.busy_left_s`: one prefill at a time in a process, and no transfer of its own starts before
+        its KV is encoded) and at the idle level after. A part of the step (the forward pass, then the encode) that
+        takes x_b seconds at the busy level and x_i at the idle one, starting with R seconds of the busy part left,
+        takes x_b if R >= x_b, else R + (1 - R / x_b) x_i: its work done at the busy pace for R, the rest at the
+        idle one. Transfers that start during the step (from another process into a shared_gpu pair) leave it
+        as it is. Returns (latency, encode, busy) seconds."""
+        assert self.endpoint is not None
+        left_s = self.endpoint.busy_left_s()
+
+        def part(r: float, x_b: float, x_i: float) -> float:
+            return x_b if r >= x_b else r + (1.0 - r / x_b) * x_i
+
+        stage_b = busy_s - encode_s
+        lat = part(left_s, latency_s, idle.latency_s)
+        enc = part(max(left_s - lat, 0.0), encode_s, idle.encode_s)
+        stage = lat if stage_b == latency_s and idle.stage_s == idle.latency_s else part(left_s, stage_b, idle.stage_s)
+        return lat, enc, stage + part(max(left_s - stage, 0.0), encode_s, idle.encode_s)
 
     def link_busy_changed(self, busy: bool) -> None:
         """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:

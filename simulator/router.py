@@ -173,13 +173,13 @@ class Router:
             src, dst = self.prefill_hosts[p], self.decode_hosts[rep.index]
             hosts = (src,) if src is dst else (src, dst)  # shared_gpu: one process
             for h in hosts:
-                h.started()
+                h.started(link)
 
         def done(r: int, t: float, rep=rep, hosts=hosts) -> None:
             rec.transfer_end[r] = t
             del self.transfers[r]
             for h in hosts:  # before the request joins: an idle replica starts at the idle level
-                h.ended()
+                h.ended(link)
             if not self.hold_kv:
                 self.release_kv(r)
             if self.prefix is not None:

@@ -280,6 +280,8 @@ class MethodRun:
         else:
             router.prefill_hosts = [EndpointHost([p]) for p in self.prefill_replicas]
             router.decode_hosts = [EndpointHost([d]) for d in self.decode_replicas]
+        for rep, host in zip(self.prefill_replicas, router.prefill_hosts):
+            rep.endpoint = host
 
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""

@@ -36,6 +36,7 @@ TRUE = {
     "methods.hack.quantize": 3.0,
     "methods.hack.approximation": 1.3,
     "methods.hack.prefill_issue_s_per_layer": 4e-4,
+    "methods.hack.decode_kernels_per_layer": 4.0,
 }
 
 

@@ -19,30 +19,30 @@ from simulator.crossval import cross_validate
 ROOT = Path(__file__).resolve().parent.parent
 INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 
-# achieved (docs/calibration.md) + 2 pp; the host terms at the link's busy level while a transfer is in flight
-# (network.link_busy_host_factor, fitted beside the idle ones) since: held out by configuration 6.6 -> 5.3 % mean,
-# 23.7 -> 14.6 % max
+# achieved (docs/calibration.md) + 2 pp. Since the prefill and quantize steps take the busy host level only while
+# the transfers in flight at their start last, and HACK's and KVQuant-style's decode steps have their own small
+# kernels per layer: held out by configuration 5.3 -> 5.6 % mean, 14.6 -> 19.3 % max (8b_sat HACK r9: its
+# busy-start prefills had been priced busy throughout, +20 % over their host floor, and that masked its
+# under-priced queueing at 0.9 of capacity; docs/calibration.md), no configuration worse than no fit (was one)
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 4.9 + 2,
-    "jct_max_abs_error_pct": 14.0 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.8 + 2,
-    "ttft_p50_mean_abs_error_pct": 9.2 + 2,
+    "jct_mean_abs_error_pct": 5.5 + 2,
+    "jct_max_abs_error_pct": 18.9 + 2,
+    "tpot_p50_mean_abs_error_pct": 5.5 + 2,
+    "ttft_p50_mean_abs_error_pct": 8.8 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 5.3 + 2,
-    "jct_max_abs_error_pct": 14.6 + 2,
-    "tpot_p50_mean_abs_error_pct": 5.3 + 2,
-    "ttft_p50_mean_abs_error_pct": 11.4 + 2,
+    "jct_mean_abs_error_pct": 5.6 + 2,
+    "jct_max_abs_error_pct": 19.3 + 2,
+    "tpot_p50_mean_abs_error_pct": 5.5 + 2,
+    "ttft_p50_mean_abs_error_pct": 9.8 + 2,
 }
-TRACES_WITHIN_10PCT = 21 - 2
+TRACES_WITHIN_10PCT = 22 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
-DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.1 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.1 + 2}
-# Held out, 8b_2.5gbps is predicted worse than with no fit (9.5 against 8.2 %; docs/calibration.md, goals): its
-# no-fit price takes hostcal's busy level (1.38x at 2.5 Gbps), which prices its host-bound 32-layer HACK prefills,
-# while a fit on the other configurations' items puts that level at 1.09 + 0.0215/Gbps (their decode iterations
-# slow less while the link moves KV than hostcal's). A known miss of issue 28's goal, listed so that any other
-# configuration turning worse, or this one recovering, fails here.
-WORSE_THAN_NO_FIT = ["h200g_8b_2.5gbps"]
+DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.3 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.2 + 2}
+# Held out, no configuration is predicted worse than with no fit (8b_2.5gbps was, 9.5 against 8.2 %, while a
+# prefill took the busy level for its whole length and the fit lowered that level to 1.09; it is now held at
+# hostcal's 1.33 + 0.0215/Gbps): any configuration turning worse fails here.
+WORSE_THAN_NO_FIT: list[str] = []
 
 
 @pytest.fixture(scope="module")

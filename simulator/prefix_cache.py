@@ -43,6 +43,22 @@ _RECENT_LISTS = 4096  # PrefixCaching.blocks_of: hash lists kept (a request's ar
 # its KV's arrival at decode; ~1 KB each for a 9K-token prompt of 512-token blocks)
 
 
+class _Entry:
+    """A cached block (or a preempted request's run) and its place in the recency queue: a doubly linked list
+    through the entries themselves, so a move is a few pointer writes in compiled code where an OrderedDict's
+    `move_to_end` is a call by name and a hash lookup (~350 instructions)."""
+
+    def __init__(self, key: Hash, run: bool) -> None:
+        self.key = key
+        self.run = run  # a preempted request's own blocks (key -(rid + 1)), not a prompt's hash block
+        self.pins = 0  # requests using it (a block)
+        self.linked = False  # in the recency queue
+        self.start = 0  # a run's first token
+        self.tokens = 0  # a run's tokens
+        self.prev: _Entry | None = None  # the next less recent entry in the queue
+        self.next: _Entry | None = None  # the next more recent one
+
+
 class PrefixCache:
     def __init__(
         self, capacity_bytes: float, block_bytes: float, block_tokens: int, token_bytes: float = 0.0, unit: int = 1
@@ -52,35 +68,86 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.token_bytes = token_bytes  # a run's bytes per token
         self.unit = unit  # runs are evicted in whole engine blocks of this many tokens
-        self._pins: dict[Hash, int] = {}  # cached block -> requests using it
-        self._lru: OrderedDict[Hash, None] = OrderedDict()  # unpinned blocks and runs, least recent first
-        self._runs: dict[int, tuple[int, int]] = {}  # -(rid + 1) -> (first token, tokens) of a request's own blocks
+        self._blocks: dict[Hash, _Entry] = {}  # cached block -> its entry (pins, place in the queue)
+        self._runs: dict[int, _Entry] = {}  # -(rid + 1) -> a request's own blocks (first token, tokens)
+        # the recency queue of unpinned blocks and runs, least recent first (vLLM's free block queue)
+        self._head: _Entry | None = None
+        self._tail: _Entry | None = None
         self._evictable = 0.0  # bytes of the unpinned blocks and runs
         self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
         self.hit_tokens = 0
         self.resumed_hit_tokens = 0  # tokens preempted requests found here when they came back
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self._blocks)
 
     def pinned_blocks(self) -> int:
         """Blocks running requests use."""
-        return len(self._pins) - sum(1 for h in self._lru if h >= 0)
+        queued = 0
+        e = self._head
+        while e is not None:
+            if not e.run:
+                queued += 1
+            e = e.next
+        return len(self._blocks) - queued
 
     @property
     def used_bytes(self) -> float:
-        return len(self._pins) * self.block_bytes
+        return len(self._blocks) * self.block_bytes
 
     @property
     def evictable_bytes(self) -> float:
         return self._evictable
 
+    # ---- the recency queue ----------------------------------------------------------------------
+    def _unlink(self, e: _Entry) -> None:
+        p, n = e.prev, e.next
+        if p is None:
+            self._head = n
+        else:
+            p.next = n
+        if n is None:
+            self._tail = p
+        else:
+            n.prev = p
+        e.prev = None
+        e.next = None
+        e.linked = False
+
+    def _append(self, e: _Entry) -> None:
+        """`e` (not queued) becomes the most recent."""
+        t = self._tail
+        e.prev = t
+        if t is None:
+            self._head = e
+        else:
+            t.next = e
+        self._tail = e
+        e.linked = True
+
+    def _to_end(self, e: _Entry) -> None:
+        """`e` (queued) becomes the most recent."""
+        if e is not self._tail:
+            self._unlink(e)
+            self._append(e)
+
+    def _push_front(self, e: _Entry) -> None:
+        """`e` (not queued) becomes the least recent."""
+        h = self._head
+        e.next = h
+        if h is None:
+            self._tail = e
+        else:
+            h.prev = e
+        self._head = e
+        e.linked = True
+
     def cached_blocks(self, hashes: Sequence[Hash]) -> int:
         """How many leading blocks of a prompt are cached (no side effects)."""
-        pins = self._pins
+        blocks = self._blocks
         n = 0
         for h in hashes:
-            if h not in pins:
+            if h not in blocks:
                 break
             n += 1
         return n
@@ -89,7 +156,7 @@ class PrefixCache:
         """The prompt's cached prefix in tokens, counted in the hit rate; its blocks become the most recent.
         At least the prompt's last token is always computed (it yields the first output token)."""
         n = self.cached_blocks(hashes)
-        self._touch(hashes[:n])
+        self._touch(hashes, n)
         hit = min(n * self.block_tokens, prompt_tokens - 1)
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
@@ -103,14 +170,13 @@ class PrefixCache:
         bt = self.block_tokens
         hit = min(n * bt, prompt_tokens - 1)
         pinned = -(-hit // bt)
-        lru = self._lru
-        move_to_end = lru.move_to_end
+        blocks = self._blocks
         for i in range(n - 1, pinned - 1, -1):
-            h = hashes[i]
-            if h in lru:
-                move_to_end(h)
+            e = blocks[hashes[i]]
+            if e.linked:
+                self._to_end(e)
         for i in range(pinned):
-            self._pin(hashes[i])
+            self._pin(blocks[hashes[i]])
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit
@@ -120,40 +186,43 @@ class PrefixCache:
         ones beyond capacity or beyond `room_bytes` of new bytes); with `pin`, every block inserted or
         already cached is pinned. Returns the number of new blocks, which stop at the first that does not
         fit (a prefix without its head is useless)."""
-        pins, lru, b = self._pins, self._lru, self.block_bytes
+        blocks, b = self._blocks, self.block_bytes
         added = 0
         room = self.capacity_bytes - self.used_bytes if room_bytes is None else room_bytes
         for h in hashes:
-            if h in pins:
+            e = blocks.get(h)
+            if e is not None:
                 if pin:
-                    self._pin(h)
+                    self._pin(e)
                 continue
             if b > room:
                 freed = self.evict(b - room, keep=hashes)
                 room += freed
                 if b > room:
                     break
-            pins[h] = 0
-            lru[h] = None
+            e = blocks[h] = _Entry(h, False)
+            self._append(e)
             self._evictable += b
             room -= b
             added += 1
             if pin:
-                self._pin(h)
-        self._touch(hashes)
+                self._pin(e)
+        self._touch(hashes, len(hashes))
         return added
 
     def unpin(self, hashes: Sequence[Hash]) -> None:
         """A request done with its prefix blocks: the last user returns each to the recency queue, the prompt's
         tail first (its head is the most recent)."""
-        pins, lru = self._pins, self._lru
-        for h in reversed(hashes):
-            n = pins.get(h)
-            if n is None:
+        blocks = self._blocks
+        for i in range(len(hashes) - 1, -1, -1):
+            e = blocks.get(hashes[i])
+            if e is None:
                 continue
-            pins[h] = n - 1
+            n = e.pins
+            e.pins = n - 1
             if n == 1:
-                lru[h] = None
+                if not e.linked:
+                    self._append(e)
                 self._evictable += self.block_bytes
 
     def add_run(self, rid: int, start: int, tokens: int) -> None:
@@ -163,88 +232,101 @@ class PrefixCache:
         self._drop_run(key)
         if tokens <= 0:
             return
-        self._runs[key] = (start, tokens)
-        self._lru[key] = None
+        e = self._runs[key] = _Entry(key, True)
+        e.start = start
+        e.tokens = tokens
+        self._append(e)
         self._evictable += tokens * self.token_bytes
 
     def run(self, rid: int) -> tuple[int, int]:
         """A request's run: (its first token, tokens kept); (0, 0) if none."""
-        return self._runs.get(-(rid + 1), (0, 0))
+        e = self._runs.get(-(rid + 1))
+        return (0, 0) if e is None else (e.start, e.tokens)
 
     def take_run(self, rid: int) -> None:
         """The request is back: its run leaves the cache (its blocks are its own again)."""
         self._drop_run(-(rid + 1))
 
     def _drop_run(self, key: int) -> None:
-        run = self._runs.pop(key, None)
-        if run is not None:
-            del self._lru[key]
-            self._evictable -= run[1] * self.token_bytes
+        e = self._runs.pop(key, None)
+        if e is not None:
+            self._unlink(e)
+            self._evictable -= e.tokens * self.token_bytes
 
     def evict(self, bytes_: float, keep: Sequence[Hash] = ()) -> float:
         """Drop least recent unpinned blocks (and runs, tail first, in whole engine blocks) until at least
         `bytes_` are freed (or none is left, or only blocks of `keep` are); returns the bytes freed."""
         freed = 0.0
-        lru, pins, runs = self._lru, self._pins, self._runs
-        kept: list[object] = []
-        keep_set = set(keep) if keep else ()
-        while freed < bytes_ and lru:
-            h = next(iter(lru))
-            if h < 0:  # a run: its tail blocks first
-                start, tokens = runs[h]
+        blocks = self._blocks
+        kept: list[_Entry] = []
+        keep_set = set(keep) if keep else set()
+        while freed < bytes_:
+            e = self._head
+            if e is None:
+                break
+            if e.run:  # a run: its tail blocks first
                 want = math.ceil((bytes_ - freed) / self.token_bytes / self.unit) * self.unit
-                if want < tokens:
-                    runs[h] = (start, tokens - want)
+                if want < e.tokens:
+                    e.tokens -= want
                     freed += want * self.token_bytes
                     self._evictable -= want * self.token_bytes
                     break
-                freed += tokens * self.token_bytes
-                self._drop_run(h)
+                freed += e.tokens * self.token_bytes
+                self._drop_run(e.key)
                 continue
-            del lru[h]
-            if h in keep_set:
-                kept.append(h)
+            self._unlink(e)
+            if e.key in keep_set:
+                kept.append(e)
                 continue
-            del pins[h]
+            del blocks[e.key]
             freed += self.block_bytes
             self._evictable -= self.block_bytes
-        for h in reversed(kept):
-            lru[h] = None
-            lru.move_to_end(h, last=False)
+        for i in range(len(kept) - 1, -1, -1):
+            self._push_front(kept[i])
         return freed
 
     def clear(self) -> None:
         """The replica went down (simulator/faults.py): every block is gone, pinned or not (its pins were the
         lost requests'); the lookup counters keep what was looked up."""
-        self._pins.clear()
-        self._lru.clear()
+        e = self._head
+        while e is not None:  # unlinked one by one: no reference cycle is left for the collector
+            n = e.next
+            e.prev = None
+            e.next = None
+            e.linked = False
+            e = n
+        self._head = None
+        self._tail = None
+        self._blocks.clear()
         self._runs.clear()
         self._evictable = 0.0
 
-    def _pin(self, h: Hash) -> None:
-        n = self._pins[h]
-        if n == 0:
-            del self._lru[h]
+    def _pin(self, e: _Entry) -> None:
+        if e.pins == 0:
+            if e.linked:
+                self._unlink(e)
             self._evictable -= self.block_bytes
-        self._pins[h] = n + 1
+        e.pins += 1
 
     def touch(self, hashes: Sequence[Hash]) -> None:
         """The blocks become the most recent, the prompt's head last."""
-        self._touch(hashes)
+        self._touch(hashes, len(hashes))
 
-    def _touch(self, hashes: Sequence[Hash]) -> None:
-        lru = self._lru
-        move_to_end = lru.move_to_end  # bound once: a method looked up by name is a slow call from compiled code
-        for h in reversed(hashes):
-            if h in lru:
-                move_to_end(h)
+    def _touch(self, hashes: Sequence[Hash], n: int) -> None:
+        """hashes[:n] that are queued become the most recent, the prompt's head last."""
+        blocks = self._blocks
+        for i in range(n - 1, -1, -1):
+            e = blocks.get(hashes[i])
+            if e is not None and e.linked:
+                self._to_end(e)
 
     def pin(self, hashes: Sequence[Hash]) -> None:
         """Pin cached blocks a running request uses (none of them is evicted until `unpin`)."""
-        pins = self._pins
+        blocks = self._blocks
         for h in hashes:
-            if h in pins:
-                self._pin(h)
+            e = blocks.get(h)
+            if e is not None:
+                self._pin(e)
 
     @property
     def hit_rate(self) -> float:

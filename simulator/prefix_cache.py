@@ -43,6 +43,11 @@ _RECENT_LISTS = 4096  # PrefixCaching.blocks_of: hash lists kept (a request's ar
 # its KV's arrival at decode; ~1 KB each for a 9K-token prompt of 512-token blocks)
 
 
+def _as_list(hashes: Sequence[Hash]) -> list[Hash]:
+    """A prompt's hashes as a list (compiled, a list is indexed directly; any other sequence through calls)."""
+    return hashes if isinstance(hashes, list) else list(hashes)
+
+
 class _Entry:
     """A cached block (or a preempted request's run) and its place in the recency queue: a doubly linked list
     through the entries themselves, so a move is a few pointer writes in compiled code where an OrderedDict's
@@ -53,6 +58,7 @@ class _Entry:
         self.run = run  # a preempted request's own blocks (key -(rid + 1)), not a prompt's hash block
         self.pins = 0  # requests using it (a block)
         self.linked = False  # in the recency queue
+        self.kept = False  # not to be evicted now: a block of the prompt being inserted
         self.start = 0  # a run's first token
         self.tokens = 0  # a run's tokens
         self.prev: _Entry | None = None  # the next less recent entry in the queue
@@ -152,11 +158,26 @@ class PrefixCache:
             n += 1
         return n
 
+    def _leading(self, hs: list[Hash]) -> list[_Entry]:
+        """The entries of the prompt's leading cached blocks (one lookup a block, reused by the caller)."""
+        blocks = self._blocks
+        out: list[_Entry] = []
+        for h in hs:
+            e = blocks.get(h)
+            if e is None:
+                break
+            out.append(e)
+        return out
+
     def lookup(self, hashes: Sequence[Hash], prompt_tokens: int) -> int:
         """The prompt's cached prefix in tokens, counted in the hit rate; its blocks become the most recent.
         At least the prompt's last token is always computed (it yields the first output token)."""
-        n = self.cached_blocks(hashes)
-        self._touch(hashes, n)
+        found = self._leading(_as_list(hashes))
+        n = len(found)
+        for i in range(n - 1, -1, -1):
+            e = found[i]
+            if e.linked:
+                self._to_end(e)
         hit = min(n * self.block_tokens, prompt_tokens - 1)
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
@@ -166,17 +187,17 @@ class PrefixCache:
         """`lookup`, then `pin` of the blocks the hit covers, in one pass: the cached blocks the hit leaves out
         become the most recent (the prompt's head last), the others leave the recency queue pinned, where
         lookup's move of them to its end would have been undone."""
-        n = self.cached_blocks(hashes)
+        found = self._leading(_as_list(hashes))
+        n = len(found)
         bt = self.block_tokens
         hit = min(n * bt, prompt_tokens - 1)
         pinned = -(-hit // bt)
-        blocks = self._blocks
         for i in range(n - 1, pinned - 1, -1):
-            e = blocks[hashes[i]]
+            e = found[i]
             if e.linked:
                 self._to_end(e)
         for i in range(pinned):
-            self._pin(blocks[hashes[i]])
+            self._pin(found[i])
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit
@@ -185,37 +206,88 @@ class PrefixCache:
         """Cache the prompt's leading blocks that fit (each new block first evicts the least recent unpinned
         ones beyond capacity or beyond `room_bytes` of new bytes); with `pin`, every block inserted or
         already cached is pinned. Returns the number of new blocks, which stop at the first that does not
-        fit (a prefix without its head is useless)."""
+        fit (a prefix without its head is useless); then every cached one becomes the most recent, the
+        prompt's head last."""
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        return self._insert(hs, len(hs), [blocks.get(h) for h in hs], pin, room_bytes)
+
+    def unpin_insert(self, hashes: Sequence[Hash], pinned: int, whole: int) -> int:
+        """`unpin(hashes[:pinned])`, then `insert(hashes[:whole])`, with one lookup a block: a prefill done
+        with the blocks it hit caches its prompt's whole blocks."""
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        pinned = min(pinned, len(hs))
+        whole = min(whole, len(hs))
+        found = [blocks.get(hs[i]) for i in range(max(pinned, whole))]
+        b = self.block_bytes
+        for i in range(pinned - 1, -1, -1):
+            e = found[i]
+            if e is None:
+                continue
+            n = e.pins
+            e.pins = n - 1
+            if n == 1:
+                if not e.linked:
+                    self._append(e)
+                self._evictable += b
+        return self._insert(hs, whole, found, False, None)
+
+    def _insert(
+        self, hs: list[Hash], count: int, found: list[_Entry | None], pin: bool, room_bytes: float | None
+    ) -> int:
+        """`insert(hs[:count])`, where found[i] is hs[i]'s entry as it was before (None: not cached then). The
+        blocks of hs[:count] are never evicted here, so an entry found stays current."""
         blocks, b = self._blocks, self.block_bytes
         added = 0
         room = self.capacity_bytes - self.used_bytes if room_bytes is None else room_bytes
-        for h in hashes:
-            e = blocks.get(h)
-            if e is not None:
-                if pin:
-                    self._pin(e)
-                continue
-            if b > room:
-                freed = self.evict(b - room, keep=hashes)
-                room += freed
-                if b > room:
-                    break
-            e = blocks[h] = _Entry(h, False)
-            self._append(e)
-            self._evictable += b
-            room -= b
-            added += 1
+        marked = False  # the prompt's cached blocks are marked kept (where an eviction is needed)
+        for i in range(count):
+            e = found[i]
+            if e is None:
+                h = hs[i]
+                e = blocks.get(h)  # a block listed twice was inserted at its first place
+                if e is None:
+                    if b > room:
+                        if not marked:  # every cached block of hs[:count] is in found (the rest are not cached)
+                            marked = True
+                            for j in range(count):
+                                f = found[j]
+                                if f is not None:
+                                    f.kept = True
+                        room += self._evict(b - room, None)
+                        if b > room:
+                            break
+                    e = blocks[h] = _Entry(h, False)
+                    e.kept = marked
+                    self._append(e)
+                    self._evictable += b
+                    room -= b
+                    added += 1
+                found[i] = e
             if pin:
                 self._pin(e)
-        self._touch(hashes, len(hashes))
+        # every cached block of the prompt becomes the most recent, head last. found[i] is None only past the first
+        # block that did not fit, where it was not cached, or where its hash is listed again after one inserted
+        # here: the move at that first place, later in this loop, decides where it goes.
+        for i in range(count - 1, -1, -1):
+            e = found[i]
+            if e is not None and e.linked:
+                self._to_end(e)
+        if marked:
+            for j in range(count):
+                f = found[j]
+                if f is not None:
+                    f.kept = False
         return added
 
     def unpin(self, hashes: Sequence[Hash]) -> None:
         """A request done with its prefix blocks: the last user returns each to the recency queue, the prompt's
         tail first (its head is the most recent)."""
+        hs = _as_list(hashes)
         blocks = self._blocks
-        for i in range(len(hashes) - 1, -1, -1):
-            e = blocks.get(hashes[i])
+        for i in range(len(hs) - 1, -1, -1):
+            e = blocks.get(hs[i])
             if e is None:
                 continue
             n = e.pins
@@ -256,10 +328,12 @@ class PrefixCache:
     def evict(self, bytes_: float, keep: Sequence[Hash] = ()) -> float:
         """Drop least recent unpinned blocks (and runs, tail first, in whole engine blocks) until at least
         `bytes_` are freed (or none is left, or only blocks of `keep` are); returns the bytes freed."""
+        return self._evict(bytes_, set(keep) if keep else None)
+
+    def _evict(self, bytes_: float, keep_set: set[Hash] | None) -> float:
         freed = 0.0
         blocks = self._blocks
         kept: list[_Entry] = []
-        keep_set = set(keep) if keep else set()
         while freed < bytes_:
             e = self._head
             if e is None:
@@ -275,7 +349,7 @@ class PrefixCache:
                 self._drop_run(e.key)
                 continue
             self._unlink(e)
-            if e.key in keep_set:
+            if e.kept or (keep_set is not None and e.key in keep_set):
                 kept.append(e)
                 continue
             del blocks[e.key]
@@ -310,13 +384,10 @@ class PrefixCache:
 
     def touch(self, hashes: Sequence[Hash]) -> None:
         """The blocks become the most recent, the prompt's head last."""
-        self._touch(hashes, len(hashes))
-
-    def _touch(self, hashes: Sequence[Hash], n: int) -> None:
-        """hashes[:n] that are queued become the most recent, the prompt's head last."""
+        hs = _as_list(hashes)
         blocks = self._blocks
-        for i in range(n - 1, -1, -1):
-            e = blocks.get(hashes[i])
+        for i in range(len(hs) - 1, -1, -1):
+            e = blocks.get(hs[i])
             if e is not None and e.linked:
                 self._to_end(e)
 
@@ -373,7 +444,7 @@ class PrefixCaching:
         self.rec = records
         n = len(reqs)
         self.hashes = reqs.block_hashes if reqs.block_hashes is not None else _NoHashes()
-        self._recent: OrderedDict[int, Sequence[Hash]] = OrderedDict()  # rid -> its hash list (blocks_of)
+        self._recent: OrderedDict[int, list[Hash]] = OrderedDict()  # rid -> its hash list (blocks_of)
         self.hash_tokens = reqs.hash_block_tokens
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
@@ -419,14 +490,14 @@ class PrefixCaching:
                 self.decode_region_bytes = cap
         self.wire_per_token = pre_cost.method.wire_bytes_per_token(pre_cost.model)
 
-    def blocks_of(self, rid: int) -> Sequence[Hash]:
+    def blocks_of(self, rid: int) -> list[Hash]:
         """Request `rid`'s prompt hash blocks. A prefix-sharing workload makes a request's list on demand
         (workload.SharedPrefixBlocks), and a request's hooks ask for it four or five times: the lists of the last
         `_RECENT_LISTS` requests asked about are kept."""
         recent = self._recent
         got = recent.get(rid)
         if got is None:
-            got = recent[rid] = self.hashes[rid]
+            got = recent[rid] = _as_list(self.hashes[rid])  # a list: the cache indexes it directly
             if len(recent) > _RECENT_LISTS:
                 recent.popitem(last=False)
         return got
@@ -460,8 +531,8 @@ class PrefixCaching:
         if not self.prefill:
             return
         cache = self.prefill[replica]
-        cache.unpin(self.blocks_of(rid)[: -(-self.prefill_cached[rid] // self.hash_tokens)])
-        cache.insert(self._whole_blocks(rid))
+        ht = self.hash_tokens
+        cache.unpin_insert(self.blocks_of(rid), -(-self.prefill_cached[rid] // ht), self.rec.prompt[rid] // ht)
         if self.in_pool["prefill"]:
             self.prefill_trim(replica, free_bytes)
 

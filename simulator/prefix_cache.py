@@ -21,6 +21,11 @@ Where the cache lives (`prefix_cache_gib`):
   prompts' whole hash blocks copied from the requests that computed them; a running prefill pins the blocks it
   uses, and nothing else is kept.
 
+The recency queue is a doubly linked list through the cached blocks' entries (`_Entry`: pins, place), as vLLM's
+free block queue is (`FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`: a hit block leaves the middle
+of the queue in O(1)); each hook looks its prompt's blocks up once and works on the entries it found.
+tests/test_prefix_cache_lru.py checks the order against the per-block OrderedDict model it replaced.
+
 A block shared by two running requests is counted in each one's memory (vLLM holds it once), so memory is
 over-counted, never under, where running requests share a prefix.
 """

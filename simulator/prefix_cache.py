@@ -58,6 +58,8 @@ class _Entry:
     through the entries themselves, so a move is a few pointer writes in compiled code where an OrderedDict's
     `move_to_end` is a call by name and a hash lookup (~350 instructions)."""
 
+    __slots__ = ("key", "run", "pins", "linked", "kept", "start", "tokens", "prev", "next")
+
     def __init__(self, key: Hash, run: bool) -> None:
         self.key = key
         self.run = run  # a preempted request's own blocks (key -(rid + 1)), not a prompt's hash block
@@ -137,10 +139,45 @@ class PrefixCache:
         e.linked = True
 
     def _to_end(self, e: _Entry) -> None:
-        """`e` (queued) becomes the most recent."""
-        if e is not self._tail:
-            self._unlink(e)
-            self._append(e)
+        """`e` (queued) becomes the most recent (`_unlink`, then `_append`, written out: the hottest move)."""
+        t = self._tail
+        if e is t:
+            return
+        p, n = e.prev, e.next
+        if p is None:
+            self._head = n
+        else:
+            p.next = n
+        if n is not None:  # not the tail, so it has a next
+            n.prev = p
+        e.prev = t
+        e.next = None
+        if t is not None:
+            t.next = e
+        self._tail = e
+
+    def _requeue(self, found: list[_Entry | None], lo: int, hi: int) -> None:
+        """The queued entries of found[lo:hi] become the most recent, found[hi - 1] first and found[lo] last (a
+        prompt's head the most recent): `_to_end` of each, written out, the queue's ends kept in locals."""
+        head, tail = self._head, self._tail
+        for i in range(hi - 1, lo - 1, -1):
+            e = found[i]
+            if e is None or not e.linked or e is tail:
+                continue
+            p, n = e.prev, e.next
+            if p is None:
+                head = n
+            else:
+                p.next = n
+            if n is not None:  # (always: e is queued and not the tail)
+                n.prev = p
+            e.prev = tail
+            e.next = None
+            if tail is not None:  # (always, as above)
+                tail.next = e
+            tail = e
+        self._head = head
+        self._tail = tail
 
     def _push_front(self, e: _Entry) -> None:
         """`e` (not queued) becomes the least recent."""
@@ -163,10 +200,10 @@ class PrefixCache:
             n += 1
         return n
 
-    def _leading(self, hs: list[Hash]) -> list[_Entry]:
+    def _leading(self, hs: list[Hash]) -> list[_Entry | None]:
         """The entries of the prompt's leading cached blocks (one lookup a block, reused by the caller)."""
         blocks = self._blocks
-        out: list[_Entry] = []
+        out: list[_Entry | None] = []
         for h in hs:
             e = blocks.get(h)
             if e is None:
@@ -179,10 +216,7 @@ class PrefixCache:
         At least the prompt's last token is always computed (it yields the first output token)."""
         found = self._leading(_as_list(hashes))
         n = len(found)
-        for i in range(n - 1, -1, -1):
-            e = found[i]
-            if e.linked:
-                self._to_end(e)
+        self._requeue(found, 0, n)
         hit = min(n * self.block_tokens, prompt_tokens - 1)
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
@@ -197,12 +231,17 @@ class PrefixCache:
         bt = self.block_tokens
         hit = min(n * bt, prompt_tokens - 1)
         pinned = -(-hit // bt)
-        for i in range(n - 1, pinned - 1, -1):
+        self._requeue(found, pinned, n)
+        b = self.block_bytes
+        for i in range(pinned):  # `_pin`, written out
             e = found[i]
-            if e.linked:
-                self._to_end(e)
-        for i in range(pinned):
-            self._pin(found[i])
+            if e is None:  # (none is: found holds the leading cached blocks)
+                continue
+            if e.pins == 0:
+                if e.linked:
+                    self._unlink(e)
+                self._evictable -= b
+            e.pins += 1
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit
@@ -275,10 +314,7 @@ class PrefixCache:
         # every cached block of the prompt becomes the most recent, head last. found[i] is None only past the first
         # block that did not fit, where it was not cached, or where its hash is listed again after one inserted
         # here: the move at that first place, later in this loop, decides where it goes.
-        for i in range(count - 1, -1, -1):
-            e = found[i]
-            if e is not None and e.linked:
-                self._to_end(e)
+        self._requeue(found, 0, count)
         if marked:
             for j in range(count):
                 f = found[j]

@@ -233,15 +233,29 @@ class PrefixCache:
         pinned = -(-hit // bt)
         self._requeue(found, pinned, n)
         b = self.block_bytes
-        for i in range(pinned):  # `_pin`, written out
+        head, tail = self._head, self._tail
+        for i in range(pinned):  # `_pin` of each, `_unlink` written out, the queue's ends in locals
             e = found[i]
             if e is None:  # (none is: found holds the leading cached blocks)
                 continue
             if e.pins == 0:
                 if e.linked:
-                    self._unlink(e)
+                    p, nx = e.prev, e.next
+                    if p is None:
+                        head = nx
+                    else:
+                        p.next = nx
+                    if nx is None:
+                        tail = p
+                    else:
+                        nx.prev = p
+                    e.prev = None
+                    e.next = None
+                    e.linked = False
                 self._evictable -= b
             e.pins += 1
+        self._head = head
+        self._tail = tail
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit
@@ -265,7 +279,8 @@ class PrefixCache:
         whole = min(whole, len(hs))
         found = [blocks.get(hs[i]) for i in range(max(pinned, whole))]
         b = self.block_bytes
-        for i in range(pinned - 1, -1, -1):
+        head, tail = self._head, self._tail
+        for i in range(pinned - 1, -1, -1):  # `unpin`, `_append` written out, the queue's ends in locals
             e = found[i]
             if e is None:
                 continue
@@ -273,8 +288,16 @@ class PrefixCache:
             e.pins = n - 1
             if n == 1:
                 if not e.linked:
-                    self._append(e)
+                    e.prev = tail
+                    if tail is None:
+                        head = e
+                    else:
+                        tail.next = e
+                    tail = e
+                    e.linked = True
                 self._evictable += b
+        self._head = head
+        self._tail = tail
         return self._insert(hs, whole, found, False, None)
 
     def _insert(

@@ -21,6 +21,11 @@ Where the cache lives (`prefix_cache_gib`):
   prompts' whole hash blocks copied from the requests that computed them; a running prefill pins the blocks it
   uses, and nothing else is kept.
 
+The recency queue is a doubly linked list through the cached blocks' entries (`_Entry`: pins, place), as vLLM's
+free block queue is (`FreeKVCacheBlockQueue` in `vllm/v1/core/kv_cache_utils.py`: a hit block leaves the middle
+of the queue in O(1)); each hook looks its prompt's blocks up once and works on the entries it found.
+tests/test_prefix_cache_lru.py checks the order against the per-block OrderedDict model it replaced.
+
 A block shared by two running requests is counted in each one's memory (vLLM holds it once), so memory is
 over-counted, never under, where running requests share a prefix.
 """
@@ -43,6 +48,30 @@ _RECENT_LISTS = 4096  # PrefixCaching.blocks_of: hash lists kept (a request's ar
 # its KV's arrival at decode; ~1 KB each for a 9K-token prompt of 512-token blocks)
 
 
+def _as_list(hashes: Sequence[Hash]) -> list[Hash]:
+    """A prompt's hashes as a list (compiled, a list is indexed directly; any other sequence through calls)."""
+    return hashes if isinstance(hashes, list) else list(hashes)
+
+
+class _Entry:
+    """A cached block (or a preempted request's run) and its place in the recency queue: a doubly linked list
+    through the entries themselves, so a move is a few pointer writes in compiled code where an OrderedDict's
+    `move_to_end` is a call by name and a hash lookup (~350 instructions)."""
+
+    __slots__ = ("key", "run", "pins", "linked", "kept", "start", "tokens", "prev", "next")
+
+    def __init__(self, key: Hash, run: bool) -> None:
+        self.key = key
+        self.run = run  # a preempted request's own blocks (key -(rid + 1)), not a prompt's hash block
+        self.pins = 0  # requests using it (a block)
+        self.linked = False  # in the recency queue
+        self.kept = False  # not to be evicted now: a block of the prompt being inserted
+        self.start = 0  # a run's first token
+        self.tokens = 0  # a run's tokens
+        self.prev: _Entry | None = None  # the next less recent entry in the queue
+        self.next: _Entry | None = None  # the next more recent one
+
+
 class PrefixCache:
     def __init__(
         self, capacity_bytes: float, block_bytes: float, block_tokens: int, token_bytes: float = 0.0, unit: int = 1
@@ -52,44 +81,142 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.token_bytes = token_bytes  # a run's bytes per token
         self.unit = unit  # runs are evicted in whole engine blocks of this many tokens
-        self._pins: dict[Hash, int] = {}  # cached block -> requests using it
-        self._lru: OrderedDict[Hash, None] = OrderedDict()  # unpinned blocks and runs, least recent first
-        self._runs: dict[int, tuple[int, int]] = {}  # -(rid + 1) -> (first token, tokens) of a request's own blocks
+        self._blocks: dict[Hash, _Entry] = {}  # cached block -> its entry (pins, place in the queue)
+        self._runs: dict[int, _Entry] = {}  # -(rid + 1) -> a request's own blocks (first token, tokens)
+        # the recency queue of unpinned blocks and runs, least recent first (vLLM's free block queue)
+        self._head: _Entry | None = None
+        self._tail: _Entry | None = None
         self._evictable = 0.0  # bytes of the unpinned blocks and runs
         self.lookup_tokens = 0  # prompt tokens looked up (hit rate = hit_tokens / lookup_tokens)
         self.hit_tokens = 0
         self.resumed_hit_tokens = 0  # tokens preempted requests found here when they came back
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self._blocks)
 
     def pinned_blocks(self) -> int:
         """Blocks running requests use."""
-        return len(self._pins) - sum(1 for h in self._lru if h >= 0)
+        queued = 0
+        e = self._head
+        while e is not None:
+            if not e.run:
+                queued += 1
+            e = e.next
+        return len(self._blocks) - queued
 
     @property
     def used_bytes(self) -> float:
-        return len(self._pins) * self.block_bytes
+        return len(self._blocks) * self.block_bytes
 
     @property
     def evictable_bytes(self) -> float:
         return self._evictable
 
+    # ---- the recency queue ----------------------------------------------------------------------
+    def _unlink(self, e: _Entry) -> None:
+        p, n = e.prev, e.next
+        if p is None:
+            self._head = n
+        else:
+            p.next = n
+        if n is None:
+            self._tail = p
+        else:
+            n.prev = p
+        e.prev = None
+        e.next = None
+        e.linked = False
+
+    def _append(self, e: _Entry) -> None:
+        """`e` (not queued) becomes the most recent."""
+        t = self._tail
+        e.prev = t
+        if t is None:
+            self._head = e
+        else:
+            t.next = e
+        self._tail = e
+        e.linked = True
+
+    def _to_end(self, e: _Entry) -> None:
+        """`e` (queued) becomes the most recent (`_unlink`, then `_append`, written out: the hottest move)."""
+        t = self._tail
+        if e is t:
+            return
+        p, n = e.prev, e.next
+        if p is None:
+            self._head = n
+        else:
+            p.next = n
+        if n is not None:  # not the tail, so it has a next
+            n.prev = p
+        e.prev = t
+        e.next = None
+        if t is not None:
+            t.next = e
+        self._tail = e
+
+    def _requeue(self, found: list[_Entry | None], lo: int, hi: int) -> None:
+        """The queued entries of found[lo:hi] become the most recent, found[hi - 1] first and found[lo] last (a
+        prompt's head the most recent): `_to_end` of each, written out, the queue's ends kept in locals."""
+        head, tail = self._head, self._tail
+        for i in range(hi - 1, lo - 1, -1):
+            e = found[i]
+            if e is None or not e.linked or e is tail:
+                continue
+            p, n = e.prev, e.next
+            if p is None:
+                head = n
+            else:
+                p.next = n
+            if n is not None:  # (always: e is queued and not the tail)
+                n.prev = p
+            e.prev = tail
+            e.next = None
+            if tail is not None:  # (always, as above)
+                tail.next = e
+            tail = e
+        self._head = head
+        self._tail = tail
+
+    def _push_front(self, e: _Entry) -> None:
+        """`e` (not queued) becomes the least recent."""
+        h = self._head
+        e.next = h
+        if h is None:
+            self._tail = e
+        else:
+            h.prev = e
+        self._head = e
+        e.linked = True
+
     def cached_blocks(self, hashes: Sequence[Hash]) -> int:
         """How many leading blocks of a prompt are cached (no side effects)."""
-        pins = self._pins
+        blocks = self._blocks
         n = 0
         for h in hashes:
-            if h not in pins:
+            if h not in blocks:
                 break
             n += 1
         return n
 
+    def _leading(self, hs: list[Hash]) -> list[_Entry | None]:
+        """The entries of the prompt's leading cached blocks (one lookup a block, reused by the caller)."""
+        blocks = self._blocks
+        out: list[_Entry | None] = []
+        for h in hs:
+            e = blocks.get(h)
+            if e is None:
+                break
+            out.append(e)
+        return out
+
     def lookup(self, hashes: Sequence[Hash], prompt_tokens: int) -> int:
         """The prompt's cached prefix in tokens, counted in the hit rate; its blocks become the most recent.
         At least the prompt's last token is always computed (it yields the first output token)."""
-        n = self.cached_blocks(hashes)
-        self._touch(hashes[:n])
+        found = self._leading(_as_list(hashes))
+        n = len(found)
+        self._requeue(found, 0, n)
         hit = min(n * self.block_tokens, prompt_tokens - 1)
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
@@ -99,18 +226,36 @@ class PrefixCache:
         """`lookup`, then `pin` of the blocks the hit covers, in one pass: the cached blocks the hit leaves out
         become the most recent (the prompt's head last), the others leave the recency queue pinned, where
         lookup's move of them to its end would have been undone."""
-        n = self.cached_blocks(hashes)
+        found = self._leading(_as_list(hashes))
+        n = len(found)
         bt = self.block_tokens
         hit = min(n * bt, prompt_tokens - 1)
         pinned = -(-hit // bt)
-        lru = self._lru
-        move_to_end = lru.move_to_end
-        for i in range(n - 1, pinned - 1, -1):
-            h = hashes[i]
-            if h in lru:
-                move_to_end(h)
-        for i in range(pinned):
-            self._pin(hashes[i])
+        self._requeue(found, pinned, n)
+        b = self.block_bytes
+        head, tail = self._head, self._tail
+        for i in range(pinned):  # `_pin` of each, `_unlink` written out, the queue's ends in locals
+            e = found[i]
+            if e is None:  # (none is: found holds the leading cached blocks)
+                continue
+            if e.pins == 0:
+                if e.linked:
+                    p, nx = e.prev, e.next
+                    if p is None:
+                        head = nx
+                    else:
+                        p.next = nx
+                    if nx is None:
+                        tail = p
+                    else:
+                        nx.prev = p
+                    e.prev = None
+                    e.next = None
+                    e.linked = False
+                self._evictable -= b
+            e.pins += 1
+        self._head = head
+        self._tail = tail
         self.lookup_tokens += prompt_tokens
         self.hit_tokens += hit
         return hit
@@ -119,41 +264,101 @@ class PrefixCache:
         """Cache the prompt's leading blocks that fit (each new block first evicts the least recent unpinned
         ones beyond capacity or beyond `room_bytes` of new bytes); with `pin`, every block inserted or
         already cached is pinned. Returns the number of new blocks, which stop at the first that does not
-        fit (a prefix without its head is useless)."""
-        pins, lru, b = self._pins, self._lru, self.block_bytes
+        fit (a prefix without its head is useless); then every cached one becomes the most recent, the
+        prompt's head last."""
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        return self._insert(hs, len(hs), [blocks.get(h) for h in hs], pin, room_bytes)
+
+    def unpin_insert(self, hashes: Sequence[Hash], pinned: int, whole: int) -> int:
+        """`unpin(hashes[:pinned])`, then `insert(hashes[:whole])`, with one lookup a block: a prefill done
+        with the blocks it hit caches its prompt's whole blocks."""
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        pinned = min(pinned, len(hs))
+        whole = min(whole, len(hs))
+        found = [blocks.get(hs[i]) for i in range(max(pinned, whole))]
+        b = self.block_bytes
+        head, tail = self._head, self._tail
+        for i in range(pinned - 1, -1, -1):  # `unpin`, `_append` written out, the queue's ends in locals
+            e = found[i]
+            if e is None:
+                continue
+            n = e.pins
+            e.pins = n - 1
+            if n == 1:
+                if not e.linked:
+                    e.prev = tail
+                    if tail is None:
+                        head = e
+                    else:
+                        tail.next = e
+                    tail = e
+                    e.linked = True
+                self._evictable += b
+        self._head = head
+        self._tail = tail
+        return self._insert(hs, whole, found, False, None)
+
+    def _insert(
+        self, hs: list[Hash], count: int, found: list[_Entry | None], pin: bool, room_bytes: float | None
+    ) -> int:
+        """`insert(hs[:count])`, where found[i] is hs[i]'s entry as it was before (None: not cached then). The
+        blocks of hs[:count] are never evicted here, so an entry found stays current."""
+        blocks, b = self._blocks, self.block_bytes
         added = 0
         room = self.capacity_bytes - self.used_bytes if room_bytes is None else room_bytes
-        for h in hashes:
-            if h in pins:
-                if pin:
-                    self._pin(h)
-                continue
-            if b > room:
-                freed = self.evict(b - room, keep=hashes)
-                room += freed
-                if b > room:
-                    break
-            pins[h] = 0
-            lru[h] = None
-            self._evictable += b
-            room -= b
-            added += 1
+        marked = False  # the prompt's cached blocks are marked kept (where an eviction is needed)
+        for i in range(count):
+            e = found[i]
+            if e is None:
+                h = hs[i]
+                e = blocks.get(h)  # a block listed twice was inserted at its first place
+                if e is None:
+                    if b > room:
+                        if not marked:  # every cached block of hs[:count] is in found (the rest are not cached)
+                            marked = True
+                            for j in range(count):
+                                f = found[j]
+                                if f is not None:
+                                    f.kept = True
+                        room += self._evict(b - room, None)
+                        if b > room:
+                            break
+                    e = blocks[h] = _Entry(h, False)
+                    e.kept = marked
+                    self._append(e)
+                    self._evictable += b
+                    room -= b
+                    added += 1
+                found[i] = e
             if pin:
-                self._pin(h)
-        self._touch(hashes)
+                self._pin(e)
+        # every cached block of the prompt becomes the most recent, head last. found[i] is None only past the first
+        # block that did not fit, where it was not cached, or where its hash is listed again after one inserted
+        # here: the move at that first place, later in this loop, decides where it goes.
+        self._requeue(found, 0, count)
+        if marked:
+            for j in range(count):
+                f = found[j]
+                if f is not None:
+                    f.kept = False
         return added
 
     def unpin(self, hashes: Sequence[Hash]) -> None:
         """A request done with its prefix blocks: the last user returns each to the recency queue, the prompt's
         tail first (its head is the most recent)."""
-        pins, lru = self._pins, self._lru
-        for h in reversed(hashes):
-            n = pins.get(h)
-            if n is None:
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        for i in range(len(hs) - 1, -1, -1):
+            e = blocks.get(hs[i])
+            if e is None:
                 continue
-            pins[h] = n - 1
+            n = e.pins
+            e.pins = n - 1
             if n == 1:
-                lru[h] = None
+                if not e.linked:
+                    self._append(e)
                 self._evictable += self.block_bytes
 
     def add_run(self, rid: int, start: int, tokens: int) -> None:
@@ -163,88 +368,100 @@ class PrefixCache:
         self._drop_run(key)
         if tokens <= 0:
             return
-        self._runs[key] = (start, tokens)
-        self._lru[key] = None
+        e = self._runs[key] = _Entry(key, True)
+        e.start = start
+        e.tokens = tokens
+        self._append(e)
         self._evictable += tokens * self.token_bytes
 
     def run(self, rid: int) -> tuple[int, int]:
         """A request's run: (its first token, tokens kept); (0, 0) if none."""
-        return self._runs.get(-(rid + 1), (0, 0))
+        e = self._runs.get(-(rid + 1))
+        return (0, 0) if e is None else (e.start, e.tokens)
 
     def take_run(self, rid: int) -> None:
         """The request is back: its run leaves the cache (its blocks are its own again)."""
         self._drop_run(-(rid + 1))
 
     def _drop_run(self, key: int) -> None:
-        run = self._runs.pop(key, None)
-        if run is not None:
-            del self._lru[key]
-            self._evictable -= run[1] * self.token_bytes
+        e = self._runs.pop(key, None)
+        if e is not None:
+            self._unlink(e)
+            self._evictable -= e.tokens * self.token_bytes
 
     def evict(self, bytes_: float, keep: Sequence[Hash] = ()) -> float:
         """Drop least recent unpinned blocks (and runs, tail first, in whole engine blocks) until at least
         `bytes_` are freed (or none is left, or only blocks of `keep` are); returns the bytes freed."""
+        return self._evict(bytes_, set(keep) if keep else None)
+
+    def _evict(self, bytes_: float, keep_set: set[Hash] | None) -> float:
         freed = 0.0
-        lru, pins, runs = self._lru, self._pins, self._runs
-        kept: list[object] = []
-        keep_set = set(keep) if keep else ()
-        while freed < bytes_ and lru:
-            h = next(iter(lru))
-            if h < 0:  # a run: its tail blocks first
-                start, tokens = runs[h]
+        blocks = self._blocks
+        kept: list[_Entry] = []
+        while freed < bytes_:
+            e = self._head
+            if e is None:
+                break
+            if e.run:  # a run: its tail blocks first
                 want = math.ceil((bytes_ - freed) / self.token_bytes / self.unit) * self.unit
-                if want < tokens:
-                    runs[h] = (start, tokens - want)
+                if want < e.tokens:
+                    e.tokens -= want
                     freed += want * self.token_bytes
                     self._evictable -= want * self.token_bytes
                     break
-                freed += tokens * self.token_bytes
-                self._drop_run(h)
+                freed += e.tokens * self.token_bytes
+                self._drop_run(e.key)
                 continue
-            del lru[h]
-            if h in keep_set:
-                kept.append(h)
+            self._unlink(e)
+            if e.kept or (keep_set is not None and e.key in keep_set):
+                kept.append(e)
                 continue
-            del pins[h]
+            del blocks[e.key]
             freed += self.block_bytes
             self._evictable -= self.block_bytes
-        for h in reversed(kept):
-            lru[h] = None
-            lru.move_to_end(h, last=False)
+        for i in range(len(kept) - 1, -1, -1):
+            self._push_front(kept[i])
         return freed
 
     def clear(self) -> None:
         """The replica went down (simulator/faults.py): every block is gone, pinned or not (its pins were the
         lost requests'); the lookup counters keep what was looked up."""
-        self._pins.clear()
-        self._lru.clear()
+        e = self._head
+        while e is not None:  # unlinked one by one: no reference cycle is left for the collector
+            n = e.next
+            e.prev = None
+            e.next = None
+            e.linked = False
+            e = n
+        self._head = None
+        self._tail = None
+        self._blocks.clear()
         self._runs.clear()
         self._evictable = 0.0
 
-    def _pin(self, h: Hash) -> None:
-        n = self._pins[h]
-        if n == 0:
-            del self._lru[h]
+    def _pin(self, e: _Entry) -> None:
+        if e.pins == 0:
+            if e.linked:
+                self._unlink(e)
             self._evictable -= self.block_bytes
-        self._pins[h] = n + 1
+        e.pins += 1
 
     def touch(self, hashes: Sequence[Hash]) -> None:
         """The blocks become the most recent, the prompt's head last."""
-        self._touch(hashes)
-
-    def _touch(self, hashes: Sequence[Hash]) -> None:
-        lru = self._lru
-        move_to_end = lru.move_to_end  # bound once: a method looked up by name is a slow call from compiled code
-        for h in reversed(hashes):
-            if h in lru:
-                move_to_end(h)
+        hs = _as_list(hashes)
+        blocks = self._blocks
+        for i in range(len(hs) - 1, -1, -1):
+            e = blocks.get(hs[i])
+            if e is not None and e.linked:
+                self._to_end(e)
 
     def pin(self, hashes: Sequence[Hash]) -> None:
         """Pin cached blocks a running request uses (none of them is evicted until `unpin`)."""
-        pins = self._pins
+        blocks = self._blocks
         for h in hashes:
-            if h in pins:
-                self._pin(h)
+            e = blocks.get(h)
+            if e is not None:
+                self._pin(e)
 
     @property
     def hit_rate(self) -> float:
@@ -291,7 +508,7 @@ class PrefixCaching:
         self.rec = records
         n = len(reqs)
         self.hashes = reqs.block_hashes if reqs.block_hashes is not None else _NoHashes()
-        self._recent: OrderedDict[int, Sequence[Hash]] = OrderedDict()  # rid -> its hash list (blocks_of)
+        self._recent: OrderedDict[int, list[Hash]] = OrderedDict()  # rid -> its hash list (blocks_of)
         self.hash_tokens = reqs.hash_block_tokens
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
@@ -337,14 +554,14 @@ class PrefixCaching:
                 self.decode_region_bytes = cap
         self.wire_per_token = pre_cost.method.wire_bytes_per_token(pre_cost.model)
 
-    def blocks_of(self, rid: int) -> Sequence[Hash]:
+    def blocks_of(self, rid: int) -> list[Hash]:
         """Request `rid`'s prompt hash blocks. A prefix-sharing workload makes a request's list on demand
         (workload.SharedPrefixBlocks), and a request's hooks ask for it four or five times: the lists of the last
         `_RECENT_LISTS` requests asked about are kept."""
         recent = self._recent
         got = recent.get(rid)
         if got is None:
-            got = recent[rid] = self.hashes[rid]
+            got = recent[rid] = _as_list(self.hashes[rid])  # a list: the cache indexes it directly
             if len(recent) > _RECENT_LISTS:
                 recent.popitem(last=False)
         return got
@@ -378,8 +595,8 @@ class PrefixCaching:
         if not self.prefill:
             return
         cache = self.prefill[replica]
-        cache.unpin(self.blocks_of(rid)[: -(-self.prefill_cached[rid] // self.hash_tokens)])
-        cache.insert(self._whole_blocks(rid))
+        ht = self.hash_tokens
+        cache.unpin_insert(self.blocks_of(rid), -(-self.prefill_cached[rid] // ht), self.rec.prompt[rid] // ht)
         if self.in_pool["prefill"]:
             self.prefill_trim(replica, free_bytes)
 

@@ -284,7 +284,7 @@ class StepScheduler:
                 rep.reserve(need, host)
                 if not job.started:
                     job.started = True
-                    rec.prefill_start[job.rid] = rep.env.now
+                    rec.prefill_start[job.rid] = rep.env._now
                     rec.prefill_replica[job.rid] = rec.decode_replica[job.rid] = rep.index
                     rec.approx_prefill[job.rid] = 0.0
             else:
@@ -333,7 +333,7 @@ class StepScheduler:
             rep.cum[PREEMPTION] += moved
         if recompute < tokens:
             self.busy_s += pc.latency_s * (tokens - recompute) / tokens
-        now = rep.env.now
+        now = rep.env._now
         for job, n in step:
             rid = job.rid
             if job.first:
@@ -366,7 +366,7 @@ class StepScheduler:
         ctx, left = rep.remove_row(rid, k, held)
         # it had fed ctx - 1 tokens; its step k would have fed token ctx and yielded an output token, which
         # the chunk completing its recompute yields instead
-        job = Job(rid, ctx, left - 1, False, rep.env.now, tuple(rep.cum))
+        job = Job(rid, ctx, left - 1, False, rep.env._now, tuple(rep.cum))
         job.lost = ctx - 1
         self.rec.preemptions[rid] += 1
         stall = 0.0

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -150,7 +151,9 @@ class Router:
             best.reserve(need, host)
             self._transfer(rid, p, best)
 
-    def _transfer(self, rid: int, p: int, rep: DecodeReplica, arrive=None) -> None:
+    def _transfer(
+        self, rid: int, p: int, rep: DecodeReplica, arrive: Callable[[int, DecodeReplica], None] | None = None
+    ) -> None:
         """Move the request's KV from prefill replica p to `rep`; when it is there, `arrive(rid, rep)` (by default
         the request joins the replica, which admitted it)."""
         rec = self.rec
@@ -175,7 +178,7 @@ class Router:
             for h in hosts:
                 h.started()
 
-        def done(r: int, t: float, rep=rep, hosts=hosts) -> None:
+        def done(r: int, t: float) -> None:  # typed captures: compiled, rep.arrive is a direct call
             rec.transfer_end[r] = t
             del self.transfers[r]
             for h in hosts:  # before the request joins: an idle replica starts at the idle level

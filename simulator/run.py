@@ -9,6 +9,7 @@ per-request tables are built as pandas DataFrames a chunk of rows at a time for 
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections import Counter
@@ -284,7 +285,16 @@ class MethodRun:
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""
         Arrivals(self.env, self.records.arrival, self.router.on_arrivals).start()
-        drive(self.env)
+        # What exists before the loop (the scenario, the cost models and their tables, the requests' columns) is
+        # kept out of the cyclic collector's way while the loop runs: its full collections scanned it every time
+        # (a colocated run of 30,000 requests: 3 of them, 0.18 s of its 1.4 s; 0.03 s frozen). The collector
+        # still runs over what the loop makes; the loop makes no reference cycles (none left to collect after the
+        # default, colocated, prefix-caching and swap runs).
+        gc.freeze()
+        try:
+            drive(self.env)
+        finally:
+            gc.unfreeze()
         if self.records.completed + self.records.failed != self.n:
             if self.faults is None:
                 raise RuntimeError(

@@ -362,7 +362,10 @@ class ReplicaCostModel:
         )
 
     def _kv_elements_per_token_per_gpu_layer(self) -> int:
-        return 2 * self.kv_heads_per_gpu * self.model.head_dim
+        n = self._memo.get("kv_elements")
+        if n is None:  # looked up once: every new prompt length's encoding asks for it
+            n = self._memo["kv_elements"] = 2 * self.kv_heads_per_gpu * self.model.head_dim
+        return n
 
     # ---- prefill ------------------------------------------------------------------------
     def prefill(self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None) -> PrefillCost:
@@ -465,7 +468,17 @@ class ReplicaCostModel:
     def _cached_to_fp16_s(self, tokens: int) -> float:
         """One layer's cached KV of `tokens` tokens restored to FP16 on one GPU for FP16 attention: nothing
         for FP16 KV, a cast for FP8 / FP4, the dequantize kernel for quantized formats (entropy decoding
-        included where the format is entropy-coded).  PQCache keeps full KV: nothing."""
+        included where the format is entropy-coded).  PQCache keeps full KV: nothing.  Memoised by the token
+        count: a colocated chunk's earlier tokens and a prefix hit come back at the same counts."""
+        memo = self._memo.setdefault("cached_to_fp16", {})
+        t = memo.get(tokens)
+        if t is None:
+            if len(memo) >= CHUNKS_MEMO_ENTRIES:
+                memo.clear()
+            t = memo[tokens] = self._cached_to_fp16_uncached_s(tokens)
+        return t
+
+    def _cached_to_fp16_uncached_s(self, tokens: int) -> float:
         enc = self.method.encode
         if enc is None or enc == "pq" or self.method.dequantize_on_arrival:  # kept in FP16 (CacheGen decodes once)
             return 0.0

@@ -7,7 +7,6 @@ A module of its own so that it compiles with the entities (simulator/compiled.py
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import simpy
 
@@ -22,7 +21,7 @@ class Arrivals:
 
     def start(self) -> None:
         if len(self.arrival_s):
-            call_in(self.env, self.arrival_s[0], partial(self._arrive, 0))
+            self._next(0, self.arrival_s[0])
 
     def _arrive(self, rid: int, _event: object = None) -> None:
         """Route every request arriving now, then set a timer for the next arrival."""
@@ -33,4 +32,8 @@ class Arrivals:
             rid += 1
         self.on_arrivals(list(range(first, rid)))
         if rid < n:
-            call_in(self.env, arrival[rid] - now, partial(self._arrive, rid))
+            self._next(rid, arrival[rid] - now)
+
+    def _next(self, rid: int, delay_s: float) -> None:
+        """The timer of the next arrival instant (a closure: compiled, it calls `_arrive` directly)."""
+        call_in(self.env, delay_s, lambda _e: self._arrive(rid))

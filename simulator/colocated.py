@@ -48,9 +48,14 @@ class ColocatedRouter:
         if not live:
             self.backlog.extend(rids)
             return
+        if len(rids) == 1:  # most instants: one arrival
+            best = _least_loaded(live)
+            best.enqueue_prompt(rids[0])
+            best.rep.wake()
+            return
         touched = []
         for rid in rids:  # every arrival of the instant is queued before a step starts (they may share it)
-            best = min(live, key=lambda c: (c.outstanding_tokens, c.rep.index))
+            best = _least_loaded(live)
             best.enqueue_prompt(rid)
             touched.append(best)
         for sched in sorted(set(touched), key=lambda c: c.rep.index):
@@ -79,3 +84,15 @@ class ColocatedRouter:
 
     def release_kv(self, rid: int) -> None:
         """Nothing to release: a colocated request's KV is written where it decodes."""
+
+
+def _least_loaded(live: list[StepScheduler]) -> StepScheduler:
+    """The engine with the fewest prompt tokens queued or being prefilled, the lowest index among equals (what
+    `min` by (tokens, index) picks, without its key function's tuples)."""
+    best = live[0]
+    for c in live:
+        if c.outstanding_tokens < best.outstanding_tokens or (
+            c.outstanding_tokens == best.outstanding_tokens and c.rep.index < best.rep.index
+        ):
+            best = c
+    return best

@@ -28,6 +28,7 @@ MODULES = (
     "columns",
     "link",
     "admission",
+    "step_price",
     "scheduler",
     "decode",
     "prefill",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import Protocol
 
 import simpy
@@ -190,11 +189,11 @@ class Link:
         return end
 
     def _advance(self) -> None:
-        dt = self.env.now - self._last_s
+        dt = self.env._now - self._last_s
         if dt > 0:
             for f in self.flows:
                 f.remaining_bytes -= f.rate * dt
-        self._last_s = self.env.now
+        self._last_s = self.env._now
 
     def _rates(self) -> None:
         flows = self.flows
@@ -224,13 +223,13 @@ class Link:
         if len(flows) == 1:  # the usual case, without the general case's lists and generators (same arithmetic)
             f = flows[0]
             if self.log is not None:
-                self.log.append((self.env.now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
+                self.log.append((self.env._now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
             if not f.rate > 0:
                 return  # an outage: nothing drains until the capacity returns
             dt = max(f.remaining_bytes, 0.0) / f.rate
         else:
             if self.log is not None:
-                self.log.append((self.env.now, len(flows), sum(f.rate for f in flows)))
+                self.log.append((self.env._now, len(flows), sum(f.rate for f in flows)))
             moving = [f for f in flows if f.rate > 0]
             if not moving:
                 return  # idle, or an outage: nothing drains until the capacity returns
@@ -242,7 +241,7 @@ class Link:
         if version != self._version:
             return
         self._advance()
-        now = self.env.now
+        now = self.env._now
         done: list[Flow] = []
         left: list[Flow] = []
         drained = self._drained
@@ -258,7 +257,11 @@ class Link:
             else:
                 self.waiting[f.rid] = f
                 f.finish_s = finish
-                call_in(self.env, finish - now, partial(self._arrived, f, finish))
+                self._arrival_timer(f, finish, finish - now)
+
+    def _arrival_timer(self, f: Flow, finish: float, delay_s: float) -> None:
+        """The timer of a flow's KV arriving (a closure: compiled, it calls `_arrived` directly)."""
+        call_in(self.env, delay_s, lambda _e: self._arrived(f, finish))
 
     def _arrived(self, f: Flow, t: float, _event: object = None) -> None:
         if f.cancelled:

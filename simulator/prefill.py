@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 import simpy
@@ -204,7 +203,7 @@ class PrefillReplica:
         """A prompt's first step: its KV will be parked in host memory, and its GPU blocks are taken."""
         rec = self.rec
         rec.prefill_replica[rid] = self.index
-        rec.prefill_start[rid] = self.env.now
+        rec.prefill_start[rid] = self.env._now
         rec.approx_prefill[rid] = 0.0
         if not self.wait_for_push:
             rec.kv_held[rid] = True
@@ -229,7 +228,7 @@ class PrefillReplica:
             self._idle = True  # the decode partner hands the GPU over at its next boundary
             return False
         self._idle = False
-        start = env.now
+        start = env._now
         levels = self.host_levels
         if levels is not None:  # the host floors of the link's state now
             self.cost = levels[1] if self.link_busy else levels[0]
@@ -280,12 +279,7 @@ class PrefillReplica:
         if done:
             self.listener.on_prefill_started(done, self, start, encode_end)
         self.busy_s += busy_s
-        v = self._version
-        if busy_s == encode_end - start:  # one stage: the step is done when the replica is free
-            call_in(env, busy_s, partial(self._step_end, v, batch, done))
-        else:
-            call_in(env, encode_end - start, partial(self._encoded, v, batch, done))
-            call_in(env, busy_s, partial(self._free, v))
+        self._set_timers(busy_s, encode_end - start, self._version, batch, done)
         return True
 
     def _busy_part(
@@ -309,6 +303,17 @@ class PrefillReplica:
         enc = part(max(left_s - lat, 0.0), encode_s, idle.encode_s)
         stage = lat if stage_b == latency_s and idle.stage_s == idle.latency_s else part(left_s, stage_b, idle.stage_s)
         return lat, enc, stage + part(max(left_s - stage, 0.0), encode_s, idle.encode_s)
+
+    def _set_timers(self, busy_s: float, encoded_s: float, v: int, batch: list[int], done: list[int]) -> None:
+        """A step's timers: its KV encoded after `encoded_s`, the replica free after `busy_s` (one timer where
+        they coincide). Closures, not functools.partial of bound methods: compiled, they call the method
+        directly."""
+        env = self.env
+        if busy_s == encoded_s:  # one stage: the step is done when the replica is free
+            call_in(env, busy_s, lambda _e: self._step_end(v, batch, done))
+        else:
+            call_in(env, encoded_s, lambda _e: self._encoded(v, batch, done))
+            call_in(env, busy_s, lambda _e: self._free(v))
 
     def link_busy_changed(self, busy: bool) -> None:
         """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:

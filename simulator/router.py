@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -150,12 +151,14 @@ class Router:
             best.reserve(need, host)
             self._transfer(rid, p, best)
 
-    def _transfer(self, rid: int, p: int, rep: DecodeReplica, arrive=None) -> None:
+    def _transfer(
+        self, rid: int, p: int, rep: DecodeReplica, arrive: Callable[[int, DecodeReplica], None] | None = None
+    ) -> None:
         """Move the request's KV from prefill replica p to `rep`; when it is there, `arrive(rid, rep)` (by default
         the request joins the replica, which admitted it)."""
         rec = self.rec
         link = self.links[(p, rep.index)]
-        now = link.env.now
+        now = link.env._now
         rec.decode_replica[rid] = rep.index
         rec.transfer_start[rid] = now
         bytes_ = rec.wire_bytes[rid] if self.prefix is None else self.prefix.sent_bytes[rid]
@@ -175,7 +178,7 @@ class Router:
             for h in hosts:
                 h.started(link)
 
-        def done(r: int, t: float, rep=rep, hosts=hosts) -> None:
+        def done(r: int, t: float) -> None:  # typed captures: compiled, rep.arrive is a direct call
             rec.transfer_end[r] = t
             del self.transfers[r]
             for h in hosts:  # before the request joins: an idle replica starts at the idle level

@@ -9,6 +9,7 @@ per-request tables are built as pandas DataFrames a chunk of rows at a time for 
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections import Counter
@@ -286,7 +287,15 @@ class MethodRun:
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""
         Arrivals(self.env, self.records.arrival, self.router.on_arrivals).start()
-        drive(self.env)
+        # The cyclic garbage collector is off while the loop runs: its collections found nothing to free there (the
+        # loop makes no reference cycles: none left after the default, colocated, prefix-caching, swap and fault
+        # runs, tests/test_scale.py) and rescanned everything built before it (the scenario, the cost models and
+        # their tables): 0.24 s of a 1.4 s colocated run of 30,000 requests. Reference counting frees as before.
+        gc.disable()
+        try:
+            drive(self.env)
+        finally:
+            gc.enable()
         if self.records.completed + self.records.failed != self.n:
             if self.faults is None:
                 raise RuntimeError(

@@ -51,9 +51,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from costmodel.phases import PrefillCost
+from costmodel.phases import IterationCost, PrefillCost, ReplicaCostModel
 
 from .columns import PREEMPTION
+from .step_price import StepPrices
 from .timers import call_in
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class StepScheduler:
         self.outstanding_tokens = 0  # prompt tokens queued or being prefilled here (the colocated router's load)
         self.busy_s = 0.0  # Σ prompt chunks' share of the replica's time (prefill utilisation)
         self._kv_memo: dict[int, float] = {}  # tokens -> the replica's KV bytes for them (_kv_bytes)
+        self._prices: dict[ReplicaCostModel, StepPrices] = {}  # a step's price per cost model (cost)
 
     def _kv_bytes(self, tokens: int) -> float:
         """`ReplicaCostModel.kv_memory_bytes(tokens)` of the replica, priced once per token count (a step asks for
@@ -282,7 +284,7 @@ class StepScheduler:
                 rep.reserve(need, host)
                 if not job.started:
                     job.started = True
-                    rec.prefill_start[job.rid] = rep.env.now
+                    rec.prefill_start[job.rid] = rep.env._now
                     rec.prefill_replica[job.rid] = rec.decode_replica[job.rid] = rep.index
                     rec.approx_prefill[job.rid] = 0.0
             else:
@@ -297,11 +299,20 @@ class StepScheduler:
             waiting.extendleft(reversed(skipped))
         return stall
 
-    def cost(self):
-        """This step's price: the replica's decode rows with the chunks (ReplicaCostModel.mixed_step)."""
-        step = self.step
-        samples = sum(1 for job, n in step if job.done + n == job.target)
-        it, self.share = self.rep.cost.mixed_step(self.rep.batch, tuple((n, job.done) for job, n in step), samples)
+    def cost(self) -> IterationCost:
+        """This step's price: the replica's decode rows with the chunks (ReplicaCostModel.mixed_step, from the
+        replica's cost model's typed tables: simulator/step_price.py)."""
+        cost = self.rep.cost
+        prices = self._prices.get(cost)
+        if prices is None:  # the replica's cost model changes with its host's level (network.link_busy_host_factor)
+            prices = self._prices[cost] = StepPrices(cost)
+        samples = 0
+        chunks: list[tuple[int, int]] = []
+        for job, n in self.step:
+            if job.done + n == job.target:
+                samples += 1
+            chunks.append((n, job.done))
+        it, self.share = prices.price(self.rep.batch, tuple(chunks), samples)
         return it
 
     def after_step(self) -> None:
@@ -322,7 +333,7 @@ class StepScheduler:
             rep.cum[PREEMPTION] += moved
         if recompute < tokens:
             self.busy_s += pc.latency_s * (tokens - recompute) / tokens
-        now = rep.env.now
+        now = rep.env._now
         for job, n in step:
             rid = job.rid
             if job.first:
@@ -355,7 +366,7 @@ class StepScheduler:
         ctx, left = rep.remove_row(rid, k, held)
         # it had fed ctx - 1 tokens; its step k would have fed token ctx and yielded an output token, which
         # the chunk completing its recompute yields instead
-        job = Job(rid, ctx, left - 1, False, rep.env.now, tuple(rep.cum))
+        job = Job(rid, ctx, left - 1, False, rep.env._now, tuple(rep.cum))
         job.lost = ctx - 1
         self.rec.preemptions[rid] += 1
         stall = 0.0

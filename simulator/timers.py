@@ -13,6 +13,12 @@ clock; it calls a timer's function straight from the queue entry, where `Environ
 callback list out and loop over it (a run's every event is a timer: that call and loop were a tenth of its
 time). Any other event (a process, a `Timeout`) goes through SimPy's own protocol, exactly as `step` runs it,
 so entities and tests may mix them. tests/test_timers.py runs random timelines through both.
+
+The compiled modules read the clock as `env._now`, the field SimPy's `now` property returns: from compiled code
+the property is a call into an interpreted function (16 reads a request in the default scenario), the field
+one dictionary lookup. A timer's function is a closure (`lambda _e: self._method(args)`) rather than a
+`functools.partial` of a bound method: compiled, the closure calls the method directly, where the partial
+goes through the method's Python wrapper and its argument parsing.
 """
 
 from __future__ import annotations

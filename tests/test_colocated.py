@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import scenario
 from simulator.config import ScenarioError
 from simulator.decode import segment_sum_s, segment_time_s
 from simulator.load import load_scenario
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
+from simulator.step_price import StepPrices
 
 
 def colo(tmp_path, rows, methods=("baseline",), **changes):
@@ -71,6 +74,36 @@ def test_a_mixed_step_is_priced_from_its_parts_whatever_was_priced_before(method
         assert share.latency_s == pytest.approx(it.fixed_s - (base.fixed_s if base else 0.0), rel=1e-9)
     two = ((512, 0), (1000, 2048))
     assert dec.mixed_step(4, two, 1)[0].fixed_s == pytest.approx(step_s(dec, 4, two, 1), rel=1e-12)
+
+
+STEPS = st.tuples(
+    st.integers(0, 96),  # decode rows
+    st.lists(st.tuples(st.integers(1, 4096), st.sampled_from([0, 512, 2048, 4096, 6000])), min_size=1, max_size=3),
+    st.integers(0, 3),  # chunks that end their prompt
+)
+
+
+@pytest.mark.parametrize("method", ["baseline", "hack", "cachegen"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"prefill.pipeline_parallel": 2, "decode.pipeline_parallel": 2, "decode.host_serial_s_per_iteration": 3e-4}],
+)
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(STEPS, min_size=1, max_size=6))
+def test_a_step_priced_from_the_typed_tables_is_the_cost_models_step_bit_for_bit(method, changes, steps):
+    """simulator/step_price.py (the colocated hot path) gives ReplicaCostModel.mixed_step's every double,
+    bit for bit, for random steps (decode rows or none, one to three chunks, pipeline stages and a host's serial
+    time or not), each priced against a fresh cost model; a repeated step is the same answer."""
+    s = scenario(methods=[method], placement="colocated", **changes)
+    res = resolve(s)
+    prices = StepPrices(res.costs(s.methods[0])[1])
+    for b, chunks, samples in steps + steps[:1]:
+        chunks = tuple(chunks)
+        samples = min(samples, len(chunks))
+        want_it, want_share = res.costs(s.methods[0])[1].mixed_step(b, chunks, samples)
+        it, share = prices.price(b, chunks, samples)
+        assert dict(it.__dict__) == dict(want_it.__dict__)
+        assert tuple(share) == tuple(want_share)
 
 
 @pytest.mark.parametrize("method", ["baseline", "hack", "kvquant", "cachegen", "fp8"])

@@ -210,11 +210,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
 def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:
     """1 where a transfer was in flight at time t[i] (started at or before it, not yet ended), else 0: the host
     terms' level where the host shares its process with the link's endpoint (network.link_busy_host_factor)."""
-    moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
-    starts = np.sort(df["transfer_start_s"].to_numpy()[moved])
-    ends = np.sort(df["transfer_end_s"].to_numpy()[moved])
-    flying = np.searchsorted(starts, t, "right") - np.searchsorted(ends, t, "right")
-    return (flying > 0).astype(np.float64)
+    return (link_busy_left(df, t) > 0).astype(np.float64)
 
 
 def link_busy_left(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:

@@ -31,6 +31,19 @@ from .timers import call_in
 EPS_BYTES = 1e-3
 
 
+def water_fill(caps: list[float], capacity: float) -> list[float]:
+    """Max-min fair rates of flows with these caps (ascending) on a link of `capacity`: a flow capped below the fair
+    share keeps its cap, the rest split what is left equally."""
+    rates: list[float] = []
+    left, n = capacity, len(caps)
+    for i, cap in enumerate(caps):
+        rate = min(cap, left / (n - i))
+        rates.append(rate)
+        if left != math.inf:  # an unlimited link stays unlimited (inf - inf would be NaN)
+            left -= rate
+    return rates
+
+
 class LinkStateListener(Protocol):
     """A replica whose host terms follow the link's state (DecodeReplica, PrefillReplica)."""
 
@@ -166,13 +179,7 @@ class Link:
         left.sort(key=lambda x: x[1])  # by cap, as _rates fills them
         t = now
         while left:
-            cap_left, n = self.capacity, len(left)
-            rates = []
-            for i, x in enumerate(left):
-                r = min(x[1], cap_left / (n - i))
-                rates.append(r)
-                if cap_left != math.inf:
-                    cap_left -= r
+            rates = water_fill([x[1] for x in left], self.capacity)
             moving = [x[0] / r for x, r in zip(left, rates) if r > 0]
             if not moving:
                 return math.inf
@@ -201,12 +208,8 @@ class Link:
             flows[0].rate = min(flows[0].cap_bytes_per_s, self.capacity)
             return
         flows = sorted(flows, key=lambda f: f.cap_bytes_per_s)
-        left, n = self.capacity, len(flows)
-        for i, f in enumerate(flows):
-            share = left / (n - i)
-            f.rate = min(f.cap_bytes_per_s, share)
-            if left != math.inf:  # an unlimited link stays unlimited (inf - inf would be NaN)
-                left -= f.rate
+        for f, rate in zip(flows, water_fill([f.cap_bytes_per_s for f in flows], self.capacity)):
+            f.rate = rate
 
     @staticmethod
     def _drained(f: Flow, now: float) -> bool:

@@ -244,9 +244,7 @@ class PrefillReplica:
         forms = cost.forms
         latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
         if levels is not None and self.link_busy and self.endpoint is not None:
-            latency_s, encode_s, busy_s = self._busy_part(
-                levels[0].prefill(prompts, cached), latency_s, encode_s, busy_s
-            )
+            latency_s, encode_s, busy_s = self._busy_part(levels[0].prefill(prompts, cached), cost)
         if self.chunk_tokens is None:
             done = batch
         else:
@@ -282,9 +280,7 @@ class PrefillReplica:
         self._set_timers(busy_s, encode_end - start, self._version, batch, done)
         return True
 
-    def _busy_part(
-        self, idle: PrefillCost, latency_s: float, encode_s: float, busy_s: float
-    ) -> tuple[float, float, float]:
+    def _busy_part(self, idle: PrefillCost, busy: PrefillCost) -> tuple[float, float, float]:
         """A step that starts while transfers are in flight runs at the busy level until the last of them arrives
         (`EndpointHost.busy_left_s`: one prefill at a time in a process, and no transfer of its own starts before
         its KV is encoded) and at the idle level after. A part of the step (the forward pass, then the encode) that
@@ -298,11 +294,10 @@ class PrefillReplica:
         def part(r: float, x_b: float, x_i: float) -> float:
             return x_b if r >= x_b else r + (1.0 - r / x_b) * x_i
 
-        stage_b = busy_s - encode_s
-        lat = part(left_s, latency_s, idle.latency_s)
-        enc = part(max(left_s - lat, 0.0), encode_s, idle.encode_s)
-        stage = lat if stage_b == latency_s and idle.stage_s == idle.latency_s else part(left_s, stage_b, idle.stage_s)
-        return lat, enc, stage + part(max(left_s - stage, 0.0), encode_s, idle.encode_s)
+        lat = part(left_s, busy.latency_s, idle.latency_s)
+        enc = part(max(left_s - lat, 0.0), busy.encode_s, idle.encode_s)
+        stage = part(left_s, busy.stage_s, idle.stage_s)
+        return lat, enc, stage + part(max(left_s - stage, 0.0), busy.encode_s, idle.encode_s)
 
     def _set_timers(self, busy_s: float, encoded_s: float, v: int, batch: list[int], done: list[int]) -> None:
         """A step's timers: its KV encoded after `encoded_s`, the replica free after `busy_s` (one timer where

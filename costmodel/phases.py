@@ -536,14 +536,20 @@ class ReplicaCostModel:
             + batch_requests * self.host_issue_s_per_request
         )
 
-    def _encode_s(self, layers: float, tokens: int) -> float:
+    def _encode_s(self, layers: float, tokens: int, wire: bool = True) -> float:
         """The quantize step of `tokens` new tokens over `layers` layers as the engine runs it: the profile's
         kernel times the quantize factor, and at least the CPU time to issue its launches where the engine
-        issues them one by one (method_quantize_issue_s_per_layer; 0: no floor)."""
+        issues them one by one (method_quantize_issue_s_per_layer; 0: no floor). A method with no quantize
+        kernel (FP16) has a step only where the engine packs its KV for the wire layer by layer (`wire`, and a
+        nonzero issue time: realrun copies each layer's K and V into a flat send buffer, realrun/kvformats.py
+        Baseline.encode_layer); its copies' GPU time, a few microseconds a layer, is under that floor."""
+        issue_s = layers * self.method_quantize_issue_s_per_layer
+        if self.method.encode is None:
+            return issue_s if wire else 0.0
         gpu_s = layers * self._encode_layer_s(tokens) * self.quantize_factor
         if gpu_s <= 0.0:  # no quantize step: nothing to issue
             return 0.0
-        return max(gpu_s, layers * self.method_quantize_issue_s_per_layer)
+        return max(gpu_s, issue_s)
 
     def _encode_layer_s(self, tokens: int) -> float:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
@@ -774,7 +780,7 @@ class ReplicaCostModel:
         c = memo.get(tokens)
         if c is None:
             L, stages = self.model.layers, self.parallel.pipeline
-            c = memo[tokens] = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, tokens)
+            c = memo[tokens] = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, tokens, False)
         return c
 
     def _lm_head_rows_s(self, rows: int) -> float:

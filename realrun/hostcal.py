@@ -425,6 +425,52 @@ def fit_prefill_host(paths) -> dict:
     }
 
 
+def fit_quantize_host(paths) -> dict:
+    """Each method's quantize step as a CPU floor per layer (costmodel/phases.py, _encode_s: at least layers x
+    quantize_issue_s_per_layer), from hostcal CSVs with the link idle: the step after the forward (packing the KV
+    into the flat send buffer, and for KVQuant its quantize kernels) is launched layer by layer from Python and
+    lasts about the same whatever the prompt (hostcal_link_long/short: 1-3K and 128-384-token prompts within a
+    factor 1.3-1.8 of each other at 32 layers, against 5-10x more KV). Per method: least squares through the origin
+    of the median quantize step of each (file, prompt range, model, layers, pass) group on its layer count (groups
+    of 32 layers weigh the most; the first baseline pass left out where a second exists, as fit_host)."""
+    import numpy as np
+    import pandas as pd
+
+    xs: dict[str, list[float]] = {}
+    ys: dict[str, list[float]] = {}
+    for path in paths:
+        d = pd.read_csv(path)
+        if "quantize_s" not in d.columns:
+            continue
+        if "link_load_gbps" in d.columns:
+            d = d[d.link_load_gbps == 0]
+        if "prompt_range" not in d.columns:
+            d["prompt_range"] = "512-1024"
+        d = d[(d.kind == "prefill") & d.quantize_s.notna()]
+        for (pr, model, layers, method, pass_), g in d.groupby(
+            ["prompt_range", "model", "layers", "method", "pass"], sort=True
+        ):
+            if (
+                method == "baseline"
+                and pass_ == 1
+                and (
+                    (d.method == method)
+                    & (d.model == model)
+                    & (d.layers == layers)
+                    & (d.prompt_range == pr)
+                    & (d["pass"] == 2)
+                ).any()
+            ):
+                continue
+            xs.setdefault(method, []).append(float(layers))
+            ys.setdefault(method, []).append(float(g.quantize_s.median()))
+    out = {}
+    for method in sorted(xs):
+        x, y = np.array(xs[method]), np.array(ys[method])
+        out[method] = {"quantize_issue_s_per_layer": float(x @ y / (x @ x)), "groups": len(x)}
+    return out
+
+
 def _host_terms(g, prompt_range: str) -> dict:
     """One run's host terms (hostcal rows of one method, model, layers, pass, link load and prompt range): the
     serial host time per decode iteration (mean issue of the iterations no request joined + mean loop gap with

@@ -67,6 +67,7 @@ from .resolve import REPO_ROOT
 DATA_SIGMA = 0.05
 KINDS = ("iteration", "prefill", "quantize", "transfer")
 HELD_PREFIX = "; held at the prior's centre: "
+FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
 IDENTIFIED = 0.5  # fitted when the posterior sd is at most this fraction of the prior's
 
 
@@ -417,9 +418,16 @@ def _starts(traces, names, start, warm=None) -> list[np.ndarray]:
         return [x0]
     x1 = x0.copy()
     for i in floors:
-        same = sum(_floor_kind(names[k]) == _floor_kind(names[i]) for k in floors)
+        same = sum(_floor_kind(names[k]) == _floor_kind(names[i]) and _shares_items(names[k], names[i]) for k in floors)
         x1[i] = floor_probe(names[i], traces) / (2 * same)
     return [x0, np.clip(x1, lo, hi)]
+
+
+def _shares_items(a: str, b: str) -> bool:
+    """Two floors of one kind add up in the same items unless they belong to two different methods."""
+    ma = a.split(".")[1] if a.startswith("methods.") else None
+    mb = b.split(".")[1] if b.startswith("methods.") else None
+    return ma is None or mb is None or ma == mb
 
 
 def _bounds(names) -> tuple[np.ndarray, np.ndarray]:
@@ -806,6 +814,14 @@ def format_fit(doc: dict) -> str:
         for k, v in doc["fit"]["residuals"].items()
     ]
     out.append(render(table(["residual", "items", "rms before", "rms after", "mean before", "mean after"], res)))
+    far = [(n, r, prior_distance(r)) for n, r in params.items() if r["fitted"]]
+    far = [(n, r, z) for n, r, z in far if z > FAR_FROM_PRIOR]
+    if far:
+        out.append(
+            f"fitted more than {FAR_FROM_PRIOR:g} prior widths from where the kernels and the scenarios put them (the runs "
+            "disagree with that value: a term the model lacks may be carried here, and may not carry to other settings):"
+        )
+        out += [f"  {n}: {r['prior']['centre']:.4g} -> {r['value']:.4g}, {z:.1f} widths" for n, r, z in far]
     out.append("held at the prior's centre (where the kernels and the scenarios put them):")
     out += [
         f"  {n} = {r['value']:.4g}: {r['note'].split(HELD_PREFIX)[-1]}" for n, r in params.items() if not r["fitted"]
@@ -815,6 +831,14 @@ def format_fit(doc: dict) -> str:
         out.append("what the runs lack, and what they gave the fit instead:")
         out += [f"  {name}: {'; '.join(notes)}" for name, notes in lacking if notes]
     return "\n".join(out)
+
+
+def prior_distance(r: dict) -> float:
+    """How far a parameter record's value lies from its prior's centre, in prior widths (on ln for a factor)."""
+    p = r["prior"]
+    if p["of"] == "ln(value)":
+        return abs(math.log(max(r["value"], 1e-300) / max(p["centre"], 1e-300))) / p["width"]
+    return abs(r["value"] - p["centre"]) / p["width"]
 
 
 def _prior_text(r: dict) -> str:

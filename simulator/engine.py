@@ -152,7 +152,9 @@ PARAMETERS: dict[str, Parameter] = {
             "CPU issue time of a prefill batch, fixed part",
             scope="host",
             shape="per prefill batch (a floor)",
-            prior_width=5e-3,
+            # twice realrun.hostcal.fit_prefill_host's standard error (0.16 ms): the spread of a host term between
+            # machines and builds beside the measurement's own (as network.link_busy_host_factor's width)
+            prior_width=3.2e-4,
         ),
         Parameter(
             "prefill.host_issue_s_per_layer",
@@ -161,7 +163,7 @@ PARAMETERS: dict[str, Parameter] = {
             "CPU issue time per layer of a prefill batch (eager launches)",
             scope="host",
             shape="per layer per prefill batch (a floor)",
-            prior_width=5e-4,
+            prior_width=2e-4,  # twice fit_prefill_host's standard error (0.097 ms)
         ),
         Parameter(
             "prefill.host_issue_s_per_request",
@@ -245,7 +247,7 @@ for _m in METHOD_REGISTRY:
             f"issues prefill from the CPU (adds to the prefill host floor)",
             scope="host",
             shape="per layer per prefill batch (adds to the prefill floor)",
-            prior_width=5e-4,
+            prior_width=2e-4,  # twice fit_prefill_host's standard error of HACK's (0.093 ms)
         )
         PARAMETERS[f"methods.{_m}.decode_kernels_per_layer"] = Parameter(
             f"methods.{_m}.decode_kernels_per_layer",

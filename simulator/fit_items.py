@@ -268,20 +268,28 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
     g = df.groupby("prefill_start_s", sort=True)
     first = g.head(1).sort_values("prefill_start_s")
     prompts = [tuple(int(p) for p in grp["prompt_tokens"]) for _, grp in g]
-    prefill = prefill_block(
-        prompts,
-        (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy(),
-        pre,
-        busy_left_s=link_busy_left(df, first["prefill_start_s"].to_numpy()),
-    )
-    enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
+    took_s = (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy()
+    busy_left_s = link_busy_left(df, first["prefill_start_s"].to_numpy())
+    prefill = prefill_block(prompts, took_s, pre, busy_left_s=busy_left_s)
     quantize = None
-    if pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all():
+    measured_q = (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy()
+    if pre.method.encode is None:
+        # no quantize kernel (FP16): a step the trace records is the engine packing the KV for the wire, a host
+        # floor (ReplicaCostModel._encode_s), with no GPU work to scale
+        enc0 = np.zeros(len(prompts))
+        packs = bool(len(measured_q)) and bool((measured_q > 0).all())
+    else:
+        enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
+        packs = False
+    if packs or (pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all()):
         quantize = {
-            "meas": (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy(),
+            "meas": measured_q,
             "enc0": enc0,
             "layers": pre.model.layers / pre.parallel.pipeline,
-            "busy_left_s": link_busy_left(df, first["prefill_end_s"].to_numpy()),
+            # the step's level is set at its start (simulator/prefill.py, _busy_part): what is left of the
+            # transfers in flight then once the forward pass is done; a transfer that starts during the step leaves
+            # it as it is (in realrun none does: its transfers start after the quantize step)
+            "busy_left_s": np.maximum(busy_left_s - took_s, 0.0),
         }
     return prefill, quantize
 

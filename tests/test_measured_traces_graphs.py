@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from realrun.hostcal import fit_host, fit_prefill_host
+from realrun.hostcal import fit_host, fit_prefill_host, fit_quantize_host
 from simulator.validate import validate_index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +112,38 @@ def test_prefill_host_floor_in_the_scenarios_comes_from_the_microbenchmark():
         assert pre["host_issue_s_per_iteration"] == pytest.approx(fit["host_issue_s_per_iteration"], rel=0.02)
         assert pre["host_issue_s_per_layer"] == pytest.approx(fit["host_issue_s_per_layer"], rel=0.02)
         hack = raw["calibration"]["implementation_factors"]["hack"]
-        assert hack == {"prefill_issue_s_per_layer": pytest.approx(fit["hack_prefill_issue_s_per_layer"], rel=0.02)}
+        assert hack["prefill_issue_s_per_layer"] == pytest.approx(fit["hack_prefill_issue_s_per_layer"], rel=0.02)
+
+
+def test_quantize_floors_in_the_scenarios_come_from_the_microbenchmark():
+    """The quantize step after prefill (FP16: the pack for the wire) of every method: realrun.hostcal.fit_quantize_host
+    on the hostcal runs with the link idle (32 and 2 layers, short and long prompts), not a trace fit."""
+    fit = fit_quantize_host(sorted((ROOT / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
+    assert {m: f["groups"] for m, f in fit.items()} == {"baseline": 4, "hack": 4, "kvquant": 4}
+    for scen in (ROOT / "scenarios/measured").glob("h200g_*.yaml"):
+        factors = yaml.safe_load(scen.read_text())["calibration"]["implementation_factors"]
+        for method, f in fit.items():
+            got = factors[method]["quantize_issue_s_per_layer"]
+            assert got == pytest.approx(f["quantize_issue_s_per_layer"], rel=0.01), (scen.name, method)
+
+
+def test_quantize_floor_fit_by_hand(tmp_path):
+    """fit_quantize_host on hand-made rows: FP16's medians 0.2 ms at 2 layers and 1.5 ms at 32 layers give the slope
+    through the origin (2 x 0.2 + 32 x 1.5) / (2^2 + 32^2) = 48.4 / 1028 ms per layer; the first FP16 pass (a second
+    exists), a busy link's rows and rows without a quantize step stay out."""
+    head = "kind,method,model,layers,decode_mode,link_load_gbps,prompt_range,pass,quantize_s\n"
+    rows = [
+        "prefill,baseline,llama-3.1-8b,2,graphs,0.0,1024-3072,1,0.009",
+        "prefill,baseline,llama-3.1-8b,2,graphs,0.0,1024-3072,2,0.0001",
+        "prefill,baseline,llama-3.1-8b,2,graphs,0.0,1024-3072,2,0.0002",
+        "prefill,baseline,llama-3.1-8b,2,graphs,0.0,1024-3072,2,0.0003",
+        "prefill,baseline,llama-3.1-8b,32,graphs,0.0,1024-3072,2,0.0015",
+        "prefill,baseline,llama-3.1-8b,32,graphs,40.0,1024-3072,2,0.0090",
+        "decode,baseline,llama-3.1-8b,32,graphs,0.0,1024-3072,2,",
+    ]
+    (tmp_path / "q.csv").write_text(head + "\n".join(rows) + "\n")
+    fit = fit_quantize_host([tmp_path / "q.csv"])
+    assert fit == {"baseline": {"quantize_issue_s_per_layer": pytest.approx(48.4e-3 / 1028), "groups": 2}}
 
 
 def test_prefill_host_fit_by_hand(tmp_path):

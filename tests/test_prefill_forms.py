@@ -138,3 +138,22 @@ def test_other_methods_run_fp16_prefill_and_outputs_carry_the_form(tmp_path):
     assert "prefill_attention" in (out / "requests.csv").read_text().splitlines()[0].split(",")
     assert json.loads((out / "summary.json").read_text())["methods"]["hack"]["prefill_attention"] == {"fp16": 1}
     assert "prefill attention" in (out / "report.html").read_text()
+
+
+def test_fp16_packs_for_the_wire_only_where_the_engine_issues_a_pack():
+    """FP16 has no quantize kernel: its step after prefill is the engine's copy of each layer's K and V into a flat
+    send buffer (realrun: Baseline.encode_layer), priced as its CPU issue time per layer where one is given
+    (calibration.implementation_factors.baseline.quantize_issue_s_per_layer), none otherwise, and none for a
+    colocated step's chunks, whose KV stays in the replica (nothing is sent)."""
+    plain = scenario(methods=["baseline"])
+    packed = scenario(
+        methods=["baseline"],
+        **{"calibration.implementation_factors": {"baseline": {"quantize_issue_s_per_layer": 4e-5}}},
+    )
+    layers = resolve(plain).model.layers
+    assert resolve(plain).costs(plain.methods[0])[0].prefill((PROMPT,), None).encode_s == 0.0
+    pre = resolve(packed).costs(packed.methods[0])[0]
+    assert pre.prefill((PROMPT,), None).encode_s == pytest.approx(layers * 4e-5, rel=1e-12)
+    assert pre._chunks_encode_s(PROMPT) == 0.0
+    row = next(run_scenario(packed).requests.itertuples())
+    assert row.quantize_end_s - row.prefill_end_s == pytest.approx(layers * 4e-5, rel=1e-9)

@@ -404,15 +404,8 @@ class MethodRun:
 
     def memory_frame(self, lo: int = 0, hi: int | None = None) -> pd.DataFrame:
         """Rows lo:hi of memory.csv (all by default)."""
-        log = self.records.memory_log.table()[lo:hi]
-        return pd.DataFrame(
-            {
-                "method": self.method.output_name,
-                "replica": log[:, 1].astype(np.int64),
-                "time_s": log[:, 0].copy(),
-                "used_bytes": log[:, 2].copy(),
-                "capacity_bytes": np.full(len(log), float(self.dec_cost.kv_capacity_bytes)),
-            }
+        return memory_table(
+            self.method.output_name, self.records.memory_log.table()[lo:hi], float(self.dec_cost.kv_capacity_bytes)
         )
 
     def links_frame(self) -> pd.DataFrame:
@@ -428,17 +421,86 @@ class MethodRun:
             t = log.table()
             step = rows or max(len(t), 1)
             for lo in range(0, max(len(t), 1), step):
-                c = t[lo : lo + step]
-                yield pd.DataFrame(
-                    {
-                        "method": self.method.output_name,
-                        "link": name,
-                        "time_s": c[:, 0].copy(),
-                        "active_flows": c[:, 1].astype(np.int64),
-                        "throughput_gbps": c[:, 2] * 8 / 1e9,
-                        "capacity_gbps": np.full(len(c), float(self.link_capacity_gbps[name])),
-                    }
-                )
+                yield link_table(self.method.output_name, name, t[lo : lo + step], self.link_capacity_gbps[name])
+
+    def figure_columns(self) -> FigureColumns:
+        """What the report draws of this run, without building its tables (`figure_tables`)."""
+        parts: dict[str, list[np.ndarray]] = {c: [np.zeros(0)] for c in FIGURE_LATENCIES}
+        for lo in range(0, self.n, CHUNK_ROWS):  # a chunk at a time: 3 of the 14 columns are kept
+            lat = self.latencies(lo, lo + CHUNK_ROWS)
+            for c in FIGURE_LATENCIES:
+                parts[c].append(lat[c])
+        return FigureColumns(
+            self.method.output_name,
+            {c: np.concatenate(p) for c, p in parts.items()},
+            self.records.memory_log.table(),
+            float(self.dec_cost.kv_capacity_bytes),
+            {name: (log.table(), float(self.link_capacity_gbps[name])) for name, log in self.records.link_logs.items()},
+        )
+
+
+def memory_table(method: str, log: np.ndarray, capacity_bytes: float) -> pd.DataFrame:
+    """memory.csv's rows from memory-log rows (time_s, replica, used_bytes)."""
+    return pd.DataFrame(
+        {
+            "method": method,
+            "replica": log[:, 1].astype(np.int64),
+            "time_s": log[:, 0].copy(),
+            "used_bytes": log[:, 2].copy(),
+            "capacity_bytes": np.full(len(log), capacity_bytes),
+        }
+    )
+
+
+def link_table(method: str, link: str, log: np.ndarray, capacity_gbps: float) -> pd.DataFrame:
+    """links.csv's rows of one link from its log rows (time_s, active_flows, bytes_per_s)."""
+    return pd.DataFrame(
+        {
+            "method": method,
+            "link": link,
+            "time_s": log[:, 0].copy(),
+            "active_flows": log[:, 1].astype(np.int64),
+            "throughput_gbps": log[:, 2] * 8 / 1e9,
+            "capacity_gbps": np.full(len(log), float(capacity_gbps)),
+        }
+    )
+
+
+FIGURE_LATENCIES = ("jct_s", "ttft_s", "tpot_s")  # the requests.csv columns the report draws
+
+
+@dataclass(frozen=True)
+class FigureColumns:
+    """One method's columns the report draws: its latencies and its memory and link logs (the logs' own arrays,
+    shared, not copied: held after the run is gone, they cost what the run already held)."""
+
+    method: str
+    latencies: dict[str, np.ndarray]
+    memory_log: np.ndarray  # (rows, 3): time_s, replica, used_bytes
+    kv_capacity_bytes: float
+    link_logs: dict[str, tuple[np.ndarray, float]]  # link -> (rows, 3) time_s, active_flows, bytes_per_s; Gbps
+
+
+def figure_tables(runs: list[FigureColumns]) -> dict[str, pd.DataFrame]:
+    """The report's tables for these methods' runs, by file name: what the report would read back from
+    requests.csv (the latencies), memory.csv and links.csv, with the same rows and values, the methods' and links'
+    names as categories. A file with no rows at all (links.csv without links) is left out, as it is not written."""
+
+    def labels(frame: pd.DataFrame, *names: str) -> pd.DataFrame:
+        for name in names:
+            frame[name] = frame[name].astype("category")
+        return frame
+
+    out = {
+        "requests.csv": labels(_concat([pd.DataFrame({"method": r.method, **r.latencies}) for r in runs]), "method"),
+        "memory.csv": labels(
+            _concat([memory_table(r.method, r.memory_log, r.kv_capacity_bytes) for r in runs]), "method"
+        ),
+    }
+    links = [link_table(r.method, name, log, cap) for r in runs for name, (log, cap) in r.link_logs.items()]
+    if links:
+        out["links.csv"] = labels(_concat(links), "method", "link")
+    return out
 
 
 def _per_value(fn: Callable[[int], float], tokens: np.ndarray) -> np.ndarray:
@@ -673,8 +735,9 @@ def run_scenario(
 ) -> ScenarioResult:
     """Simulate every method of the scenario over the same requests.
 
-    With `sink`, each method's tables go to `sink(name, requests, memory, links)` as soon as it has run
-    and the result keeps only the summary (its tables are empty): a long run holds one method's tables
+    With `sink`, each method's tables go to `sink(name, requests, memory, links, figure_columns)` as soon as
+    it has run (the tables as iterables of frames; `figure_columns()` gives what the report draws, for a sink that
+    keeps it) and the result keeps only the summary (its tables are empty): a long run holds one method's tables
     at a time. Without, the result holds every method's tables."""
     chosen = [m for m in s.methods if methods is None or m.output_name in methods]
     if methods is not None:
@@ -700,7 +763,13 @@ def run_scenario(
         run.simulate()
         summaries[run.method.output_name] = summarize(run)
         if sink is not None:
-            sink(run.method.output_name, run.request_chunks(), run.memory_chunks(), run.link_chunks())
+            sink(
+                run.method.output_name,
+                run.request_chunks(),
+                run.memory_chunks(),
+                run.link_chunks(),
+                run.figure_columns,
+            )
         else:
             frames.append(run.requests_frame())
             mems.append(run.memory_frame())

@@ -271,8 +271,8 @@ class CsvAppender:
     """A CSV file written by pyarrow's CSV formatter, a chunk of rows at a time, from DataFrames with the same
     columns (no text copy of a whole table in memory). Numbers are written in the shortest form that reads back
     to the same float (`0`, `0.00001`, `4.02951405568e+11`), NaN as an empty field. Text is written bare, or,
-    with `quote_text`, every text field that needs it quoted (for tables whose text may hold a comma, a quote or
-    a line break). Slices of `CSV_SLICE_ROWS` rows are formatted on `CSV_THREADS` threads while the caller
+    with `quote_text`, every text field quoted (for tables whose text may hold a comma, a quote or a line
+    break). Slices of `CSV_SLICE_ROWS` rows are formatted on `CSV_THREADS` threads while the caller
     builds the next chunk, and written in order; at most `2 x CSV_THREADS` slices wait at a time."""
 
     def __init__(self, path: str | Path, quote_text: bool = False, chunk_rows: int = CSV_CHUNK_ROWS):

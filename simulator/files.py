@@ -257,6 +257,16 @@ def _csv_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads are not there, so the child makes its own pool when it needs one."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _csv_text(table, options):
     """The rows of a pyarrow Table as CSV text (a pyarrow Buffer), without the header."""
     import pyarrow as pa

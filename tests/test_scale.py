@@ -254,3 +254,28 @@ def test_report_from_the_held_tables_is_the_report_from_the_files(tmp_path, monk
     for df in (again.requests, again.memory, again.links):
         if df is not None:
             assert all(df[c].dtype == "category" for c in ("method", "link") if c in df)
+
+
+def test_a_forked_child_writes_csv_with_its_own_threads(tmp_path):
+    """The CSV threads of a process do not exist in a child it forks (a process pool's worker): the child makes
+    its own pool rather than queueing slices for threads that are not there (it would wait for ever)."""
+    import multiprocessing
+
+    import simulator.files as files
+
+    parent = CsvAppender(tmp_path / "parent.csv")
+    parent.write(pd.DataFrame({"x": [1, 2]}))
+    parent.close()
+    assert files._pool is not None
+    child = multiprocessing.get_context("fork").Process(target=_write_one, args=(tmp_path / "child.csv",))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and (tmp_path / "child.csv").read_text() == "x\n1\n2\n"
+
+
+def _write_one(path):
+    out = CsvAppender(path)
+    out.write(pd.DataFrame({"x": [1, 2]}))
+    out.close()

@@ -112,9 +112,9 @@ class RunOutputs:
     at the end, built in the same folder, then every file moves into DIR together, with Ctrl-C and
     SIGTERM held off for the moment the moves take. `discard()` leaves DIR as it was (removed if this
     made it). The temporary folder's name carries this machine's name and process id, so a later run
-    removes one that a killed run (SIGKILL, a power cut) left behind. With `report`, the rows the report
-    draws (requests.csv's latencies, memory.csv and links.csv) are kept as they are written and handed to
-    it, so it never reads back the files just written (a million requests' 620 MB of CSV)."""
+    removes one that a killed run (SIGKILL, a power cut) left behind. With `report`, what the report draws
+    of each method (simulator.run.FigureColumns: its latencies and its memory and link logs) is kept and
+    handed to it, so it never reads back the files just written (a million requests' 620 MB of CSV)."""
 
     TABLES = ("requests.csv", "memory.csv", "links.csv")
 

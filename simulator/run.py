@@ -4,7 +4,9 @@
 fresh SimPy environment over the same requests. Records are typed columns during the run (one
 machine number per value, simulator/columns.py); the summary is computed from them, and the
 per-request tables are built as pandas DataFrames a chunk of rows at a time for whoever writes them
-(`sink`), so a run of a million requests never holds a whole table. Nothing is printed or written here.
+(`sink`), so a run of a million requests never holds a whole table; what the report draws of a run
+(`FigureColumns`: three latency columns and the memory and link logs' own arrays) is handed over beside
+them, so the report need not read the written files back. Nothing is printed or written here.
 """
 
 from __future__ import annotations

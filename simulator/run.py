@@ -790,6 +790,11 @@ def run_scenario(
         if keep_runs:
             runs[run.method.output_name] = run
         del run
+        if sink is not None and cfg is not chosen[-1]:
+            # A finished run's entities refer to each other and the collector was off while it ran: free it now,
+            # before the next method's run is built beside it (simulate --out of 250,000 requests, two methods: peak RSS
+            # 612 -> 535 MB). A sweep point runs one method: nothing to collect for.
+            gc.collect()
         if progress is not None:
             progress(cfg.output_name)
     summary = {"scenario": s.name, "seed": s.workload.seed, "requests": len(reqs), "methods": summaries}

@@ -279,3 +279,37 @@ def _write_one(path):
     out = CsvAppender(path)
     out.write(pd.DataFrame({"x": [1, 2]}))
     out.close()
+
+
+def test_a_finished_run_is_freed_before_the_next_method_is_built(monkeypatch):
+    """A run's entities and its SimPy environment refer to each other, so a finished method's are freed by the cyclic
+    collector, not when the run's last name goes; run_scenario collects them before building the next method's
+    run, so a long multi-method run holds one method's at a time, not two."""
+    import weakref
+
+    import simulator.run as run_module
+
+    made: list = []
+    init = run_module.MethodRun.__init__
+
+    def tracking(self, *a, **k):
+        init(self, *a, **k)
+        made.append(weakref.ref(self.env))  # the entities and their SimPy environment: the cycles
+
+    monkeypatch.setattr(run_module.MethodRun, "__init__", tracking)
+    alive: list = []
+
+    def sink(_name, *tables):
+        alive.append([r() is not None for r in made])
+
+    s = load_scenario(FAULTS, ["workload.requests=60"])
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10**9)  # no automatic collection: at a million requests none may come for seconds
+    try:
+        run_scenario(s, sink=sink)
+    finally:
+        gc.set_threshold(*thresholds)
+    assert len(alive) == len(s.methods) > 1
+    assert alive == [[False] * k + [True] for k in range(len(s.methods))]

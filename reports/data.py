@@ -129,11 +129,28 @@ def _read_csv(
         raise RunDataError(
             f"{path}: not a readable CSV ({str(e).strip().splitlines()[-1] if str(e) else type(e).__name__})"
         ) from None
+    return _checked(path.name, df, required, notes)
+
+
+def _checked(name: str, df: pd.DataFrame, required: tuple[str, ...], notes: list[str]) -> pd.DataFrame | None:
     missing = [c for c in required if c not in df.columns]
     if missing:
-        notes.append(f"{path.name} lacks column(s) {', '.join(missing)}: its figure is left out.")
+        notes.append(f"{name} lacks column(s) {', '.join(missing)}: its figure is left out.")
         return None
     return df
+
+
+def _held(
+    name: str, df: pd.DataFrame, required: tuple[str, ...], notes: list[str], usecols=None, labels=("method",)
+) -> pd.DataFrame | None:
+    """A table handed over in memory, shaped as `_read_csv` reads its file: the same columns, the labels as
+    categories (the CSV's numbers read back to the same floats: they are written in their shortest exact form)."""
+    if usecols is not None and not all(usecols(c) for c in df.columns):
+        df = df.loc[:, [c for c in df.columns if usecols(c)]]
+    text = [c for c in labels if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype)]
+    if text:
+        df = df.assign(**{c: df[c].astype("category") for c in text})
+    return _checked(name, df, required, notes)
 
 
 def _read_json(path: Path, notes: list[str]) -> dict | None:
@@ -155,9 +172,26 @@ def _json_object(path: Path) -> dict:
     return data
 
 
-def load_run(run_dir: str | Path) -> RunData:
-    """Load a run directory; only ``summary.json`` is required."""
+REQUEST_COLUMNS = ("method", "jct_s", "ttft_s", "tpot_s")  # of requests.csv, what the figures read
+
+
+def request_columns(summary: dict) -> set[str]:
+    """The columns of requests.csv the report reads: the latencies, and the breakdown parts where summary.json
+    lacks them."""
+    wanted: set[str] = set(REQUEST_COLUMNS)
+    if not all(m.get("breakdown_s") for m in summary["methods"].values()):
+        wanted |= {f"{p}_s" for p in BREAKDOWN_PARTS}
+    return wanted
+
+
+def load_run(run_dir: str | Path, tables: dict[str, pd.DataFrame] | None = None) -> RunData:
+    """Load a run directory; only ``summary.json`` is required.
+
+    ``tables``: requests, memory and links frames the writer of the folder's CSV files still holds, by file
+    name ("requests.csv", ...), used instead of reading those files back (simulate hands them over); a frame
+    that lacks a column the report reads is not used, and its file is read."""
     run_dir = Path(run_dir)
+    tables = tables or {}
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise FileNotFoundError(f"{summary_path} not found: is {run_dir} the --out folder of a simulate run?")
@@ -166,17 +200,16 @@ def load_run(run_dir: str | Path) -> RunData:
     summary.setdefault("methods", {})
     if not isinstance(summary["methods"], dict) or not all(isinstance(m, dict) for m in summary["methods"].values()):
         raise RunDataError(f"{summary_path}: methods: expected an object of per-method objects")
-    # only the columns the figures read: the latencies, and the breakdown parts where summary.json lacks them
-    wanted = {"method", "jct_s", "ttft_s", "tpot_s"}
-    if not all(m.get("breakdown_s") for m in summary["methods"].values()):
-        wanted |= {f"{p}_s" for p in BREAKDOWN_PARTS}
-    requests = _read_csv(
-        run_dir / "requests.csv", ("method", "jct_s", "ttft_s", "tpot_s"), notes, usecols=lambda c: c in wanted
-    )
-    memory = _read_csv(run_dir / "memory.csv", ("method", "replica", "time_s", "used_bytes", "capacity_bytes"), notes)
-    links = _read_csv(
-        run_dir / "links.csv", ("method", "link", "time_s", "throughput_gbps"), notes, labels=("method", "link")
-    )
+
+    def table(name: str, required: tuple[str, ...], usecols: set[str] | None = None, labels=("method",)):
+        held, pick = tables.get(name), None if usecols is None else usecols.__contains__
+        if held is not None and all(c in held.columns for c in usecols or required):
+            return _held(name, held, required, notes, pick, labels)
+        return _read_csv(run_dir / name, required, notes, pick, labels)
+
+    requests = table("requests.csv", REQUEST_COLUMNS, usecols=request_columns(summary))
+    memory = table("memory.csv", ("method", "replica", "time_s", "used_bytes", "capacity_bytes"))
+    links = table("links.csv", ("method", "link", "time_s", "throughput_gbps"), labels=("method", "link"))
     scenario = _read_json(run_dir / "scenario.json", notes)
     profiles = _read_json(run_dir / "profiles.json", notes)
     return RunData(run_dir, summary, requests, memory, links, scenario, profiles, tuple(notes))

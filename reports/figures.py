@@ -741,7 +741,7 @@ def figure_notes(run: RunData) -> dict[str, str]:
         parts = []
         if run.links["link"].nunique() > MAX_PANELS:
             parts.append(f"Showing the {MAX_PANELS} busiest of {run.links['link'].nunique()} links.")
-        unknown = sorted(set(run.links["link"]) - set(link_capacities(run)))
+        unknown = sorted(set(run.links["link"].unique()) - set(link_capacities(run)))
         if unknown:
             parts.append(
                 f"No capacity found for {', '.join(unknown[:6])}{'…' if len(unknown) > 6 else ''} "

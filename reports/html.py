@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .banners import overload_banner
 from .data import RunData, load_run, parts_in_words
@@ -23,6 +23,9 @@ from .figures import figure_notes, make_figures
 from .page import FIGURES_SCRIPT_ID, Page, Section, write_page
 from .style import fmt_bytes, fmt_pct, fmt_seconds, method_colours, method_label
 from .tables import HIGHER_IS_BETTER, METRICS, changes_table, latency_table, metric_values
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Progress = Callable[[int, int, str], None]
 
@@ -440,17 +443,19 @@ def build_report(
     progress: Progress | None = None,
     plotlyjs: str | None = None,
     final_dir: str | Path | None = None,
+    tables: dict[str, pd.DataFrame] | None = None,
 ) -> Path:
     """Write ``run_dir/report.html`` from the run's files and return its path.
 
     ``progress``, if given, is called as ``progress(done, total, label)`` after each step; ``plotlyjs``
     (a path or URL) loads plotly.js from there instead of embedding it. ``final_dir``: the folder the
     run's files will move to (simulate builds the report beside the tables in a temporary folder and
-    moves them together), named on the page and the base of a relative ``plotlyjs`` path.
+    moves them together), named on the page and the base of a relative ``plotlyjs`` path. ``tables``: the
+    CSV files' frames, still in memory where they were written (`load_run`), so they are not read back.
     """
     steps = ("read run files", "build figures", "write report.html")
     tick = (lambda i: progress(i + 1, len(steps), steps[i])) if progress else (lambda i: None)
-    run = load_run(run_dir)
+    run = load_run(run_dir, tables)
     final = Path(run_dir) if final_dir is None else Path(final_dir)
     run = replace(run, run_dir=final)
     tick(0)

@@ -158,3 +158,158 @@ def test_the_event_loop_runs_without_the_cyclic_collector_and_makes_no_cycles():
     with pytest.raises(RuntimeError, match="drive failed"):
         run.simulate(lambda env: drive(env, fail=True))
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_csv_slices_formatted_on_threads_are_written_in_order(tmp_path, monkeypatch, threads):
+    """CsvAppender formats slices of rows on worker threads and writes their text in order: a hand-worked table
+    cut into 2-row slices (3-row chunks, then a second write) comes out as one file, row after row, whatever the
+    number of threads; numbers in their shortest exact form, NaN empty; with quote_text every text field quoted."""
+    import simulator.files as files
+
+    monkeypatch.setattr(files, "CSV_SLICE_ROWS", 2)
+    monkeypatch.setattr(files, "CSV_THREADS", threads)
+    monkeypatch.setattr(files, "_pool", None)
+    t = [0.0, 1e-5, 402951405568.0, np.nan, 0.1 + 0.2]
+    plain = pd.DataFrame({"method": ["hack", "fp8", "hack", "hack", "hack"], "n": np.arange(5), "t": t})
+    out = CsvAppender(tmp_path / "plain.csv", chunk_rows=3)
+    out.write(plain)
+    out.write(plain.iloc[:1])
+    out.close()
+    assert (tmp_path / "plain.csv").read_text() == (
+        "method,n,t\nhack,0,0\nfp8,1,0.00001\nhack,2,4.02951405568e+11\nhack,3,\nhack,4,0.30000000000000004\nhack,0,0\n"
+    )
+    text = plain.assign(method=["hack", "a,b", "hack", 'x"y', "hack"])
+    out = CsvAppender(tmp_path / "quoted.csv", quote_text=True, chunk_rows=3)
+    out.write(text)
+    out.close()
+    assert (tmp_path / "quoted.csv").read_text() == (
+        'method,n,t\n"hack",0,0\n"a,b",1,0.00001\n"hack",2,4.02951405568e+11\n"x""y",3,\n"hack",4,0.30000000000000004\n'
+    )
+
+
+def test_a_slice_that_cannot_be_formatted_fails_the_file_and_closes_it(tmp_path):
+    """A slice's error on a worker thread (text with a comma, not quoted) is raised where its text would have been
+    written, and the file is closed all the same."""
+    import pyarrow as pa
+
+    out = CsvAppender(tmp_path / "t.csv")
+    out.write(pd.DataFrame({"method": ["a,b"]}))
+    with pytest.raises(pa.ArrowInvalid, match="structural characters"):
+        out.close()
+    assert out._file is None and not out._pending
+    out.abandon()  # a run that failed: closing again is harmless
+
+
+@pytest.mark.parametrize(
+    "scenario, overrides",
+    [
+        (FAULTS, ["workload.requests=240"]),  # failed rows, links, three methods
+        (ROOT / "scenarios" / "colocated_vs_disaggregated.yaml", ["workload.requests=60", "placement=colocated"]),
+    ],
+    ids=["faults", "colocated-no-links"],
+)
+def test_report_from_the_held_tables_is_the_report_from_the_files(tmp_path, monkeypatch, scenario, overrides):
+    """simulate --out hands the report the tables it still holds (figure_tables) rather than letting it read
+    back the CSV files; the page is byte for byte the one `report` builds from the files afterwards, and the
+    tables are the files' rows (a run without links writes no links.csv and hands over none)."""
+    import reports.data
+    from reports.data import load_run
+    from simulator.run import figure_tables
+
+    out = tmp_path / "out"
+    sets = [a for o in overrides for a in ("--set", o)]
+    read_csv = reports.data._read_csv
+
+    def no_read_back(path, *a, **k):  # a missing file (links.csv without links) is only noted
+        assert not path.exists(), f"simulate read back {path}"
+        return read_csv(path, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(reports.data, "_read_csv", no_read_back)
+        r = invoke("simulate", scenario, *sets, "--out", out, "--quiet")
+    assert r.exit_code == 0, r.stderr
+    held_page = (out / "report.html").read_bytes()
+    r = invoke("report", out)
+    assert r.exit_code == 0, r.stderr
+    assert (out / "report.html").read_bytes() == held_page
+    result = run_scenario(load_scenario(scenario, overrides), keep_runs=True)
+    tables = figure_tables([run.figure_columns() for run in result.runs.values()])
+    assert sorted(tables) == sorted(n for n in ("requests.csv", "memory.csv", "links.csv") if (out / n).exists())
+    held, read = load_run(out, tables), load_run(out)
+    assert held.notes == read.notes
+    for name in ("requests", "memory", "links"):
+        a, b = getattr(held, name), getattr(read, name)
+        if b is None:
+            assert a is None
+            continue
+        assert list(a.columns) == list(b.columns) and len(a) == len(b) > 0
+        pd.testing.assert_frame_equal(a, b, check_dtype=False, check_exact=True)
+        for label in ("method", "link"):
+            if label in a:
+                assert a[label].dtype == "category" and list(a[label]) == list(b[label])
+    # frames whose names are plain text are read as the files are: names as categories
+    plain = {n: t.astype({c: str for c in ("method", "link") if c in t}) for n, t in tables.items()}
+    again = load_run(out, plain)
+    for df in (again.requests, again.memory, again.links):
+        if df is not None:
+            assert all(df[c].dtype == "category" for c in ("method", "link") if c in df)
+
+
+def test_a_forked_child_writes_csv_with_its_own_threads(tmp_path):
+    """The CSV threads of a process do not exist in a child it forks (a process pool's worker): the child makes
+    its own pool rather than queueing slices for threads that are not there (it would wait for ever)."""
+    import multiprocessing
+
+    import simulator.files as files
+
+    parent = CsvAppender(tmp_path / "parent.csv")
+    parent.write(pd.DataFrame({"x": [1, 2]}))
+    parent.close()
+    assert files._pool is not None
+    child = multiprocessing.get_context("fork").Process(target=_write_one, args=(tmp_path / "child.csv",))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and (tmp_path / "child.csv").read_text() == "x\n1\n2\n"
+
+
+def _write_one(path):
+    out = CsvAppender(path)
+    out.write(pd.DataFrame({"x": [1, 2]}))
+    out.close()
+
+
+def test_a_finished_run_is_freed_before_the_next_method_is_built(monkeypatch):
+    """A run's entities and its SimPy environment refer to each other, so a finished method's are freed by the cyclic
+    collector, not when the run's last name goes; run_scenario collects them before building the next method's
+    run, so a long multi-method run holds one method's at a time, not two."""
+    import weakref
+
+    import simulator.run as run_module
+
+    made: list = []
+    init = run_module.MethodRun.__init__
+
+    def tracking(self, *a, **k):
+        init(self, *a, **k)
+        made.append(weakref.ref(self.env))  # the entities and their SimPy environment: the cycles
+
+    monkeypatch.setattr(run_module.MethodRun, "__init__", tracking)
+    alive: list = []
+
+    def sink(_name, *tables):
+        alive.append([r() is not None for r in made])
+
+    s = load_scenario(FAULTS, ["workload.requests=60"])
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10**9)  # no automatic collection: at a million requests none may come for seconds
+    try:
+        run_scenario(s, sink=sink)
+    finally:
+        gc.set_threshold(*thresholds)
+    assert len(alive) == len(s.methods) > 1
+    assert alive == [[False] * k + [True] for k in range(len(s.methods))]

@@ -21,28 +21,30 @@ from simulator.validate import validate_index
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_repeats"
-# trace: (|mean JCT error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2
+# trace: (|mean JCT error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2. Since the
+# scenarios carry hostcal's quantize floors and FP16's pack step, KVQuant-style and HACK tightened by 1-6 points and
+# two FP16 traces (already predicted long) loosened by one: their pack adds 1.1-1.9 ms a request
 BOUNDS = {
     "h200g_70b8l_1gbps_baseline_r8_rep1": (5, 7),
     "h200g_70b8l_1gbps_baseline_r8_rep2": (7, 6),
-    "h200g_70b8l_1gbps_baseline_r8_rep3": (6, 6),
-    "h200g_70b8l_1gbps_hack_r8_rep1": (9, 9),
-    "h200g_70b8l_1gbps_hack_r8_rep2": (5, 8),
-    "h200g_70b8l_1gbps_hack_r8_rep3": (11, 8),
+    "h200g_70b8l_1gbps_baseline_r8_rep3": (7, 6),
+    "h200g_70b8l_1gbps_hack_r8_rep1": (8, 9),
+    "h200g_70b8l_1gbps_hack_r8_rep2": (4, 8),
+    "h200g_70b8l_1gbps_hack_r8_rep3": (10, 8),
     "h200g_8b_kvsat_baseline_r2.5_rep1": (4, 3),
     "h200g_8b_kvsat_baseline_r2.5_rep2": (7, 3),
     "h200g_8b_kvsat_baseline_r2.5_rep3": (6, 3),
-    "h200g_8b_kvsat_hack_r2.5_rep1": (9, 6),
-    "h200g_8b_kvsat_hack_r2.5_rep2": (8, 6),
-    "h200g_8b_kvsat_hack_r2.5_rep3": (13, 7),
-    "h200g_8b_kvsat_kvquant_r2.5": (11, 4),
-    "h200g_8b_small_baseline_r5_rep1": (5, 3),
+    "h200g_8b_kvsat_hack_r2.5_rep1": (8, 6),
+    "h200g_8b_kvsat_hack_r2.5_rep2": (7, 6),
+    "h200g_8b_kvsat_hack_r2.5_rep3": (12, 7),
+    "h200g_8b_kvsat_kvquant_r2.5": (7, 4),
+    "h200g_8b_small_baseline_r5_rep1": (4, 3),
     "h200g_8b_small_baseline_r5_rep2": (4, 4),
-    "h200g_8b_small_baseline_r5_rep3": (4, 4),
-    "h200g_8b_small_hack_r5_rep1": (6, 5),
-    "h200g_8b_small_hack_r5_rep2": (11, 4),
-    "h200g_8b_small_hack_r5_rep3": (8, 4),
-    "h200g_8b_small_kvquant_r5": (11, 4),
+    "h200g_8b_small_baseline_r5_rep3": (5, 4),
+    "h200g_8b_small_hack_r5_rep1": (4, 5),
+    "h200g_8b_small_hack_r5_rep2": (9, 4),
+    "h200g_8b_small_hack_r5_rep3": (6, 4),
+    "h200g_8b_small_kvquant_r5": (5, 4),
 }
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
@@ -83,8 +85,9 @@ def test_errors_within_what_the_model_achieves(rows):
         assert abs(rows[name]["jct_mean_error_pct"]) <= jct, (name, rows[name]["jct_mean_error_pct"])
         assert abs(rows[name]["iteration_mean_error_pct"]) <= iteration, name
     mean = sum(abs(r["jct_mean_error_pct"]) for r in rows.values()) / len(rows)
-    # issue 27's goal; achieved 4.9 % (4.7 % before the host terms took the link's busy level: the FP16 decodes at
-    # 1 and 50 Gbps run 1-3 points longer; 5.5 % before the open V block and the prefill host floor)
+    # issue 27's goal; achieved 4.0 % since the scenarios carry hostcal's quantize floors and FP16's pack (4.9 %
+    # before; 4.7 % before the host terms took the link's busy level; 5.5 % before the open V block and the prefill
+    # host floor)
     assert mean <= 5.0
 
 

@@ -425,31 +425,15 @@ class ReplicaCostModel:
         scalar path (the same operations in the same order, elementwise: numpy's float64 add, multiply,
         divide, minimum and maximum round as Python's floats do, and nothing is fused).  None where the method's
         prefill form has no bulk twin (KVMethod.has_bulk_prefill_form)."""
-        method = self.method
-        if not method.has_bulk_prefill_form():
+        if not self.method.has_bulk_prefill_form():
             return None
-        m, p, k = self.model, self.profile, self._prefill_terms()
+        m, k, method = self.model, self._prefill_terms(), self.method
         L = np.arange(lo, hi, dtype=np.float64)
-        # prefill_attention_s, one prompt, nothing cached
-        n = L * (L + 1) / 2
-        flops = k.flops_per_pair * n
-        codes = method.prefill_form_codes(p, flops)
-        attn_s = np.zeros(len(L))
-        approx_s = np.zeros(len(L))
-        for code in np.unique(codes).tolist():
-            form = _FORMS[code]
-            fit = k.fits.get(form) or p.kernel(PREFILL_KERNELS[form])
-            at = codes == code
-            t = fit.overhead_s + fit.s_per_unit * flops
-            attn_s = np.where(at, t, attn_s)
-            if form == "homomorphic":
-                correction_s = k.q_heads_per_gpu * n * k.approx_ops_per_pair / k.alu_instr_per_s
-                approx_s = np.where(at, np.minimum(t, correction_s), approx_s)
+        attn_s, approx_s, codes = self._attention_block(0, L)
         # _prefill
         attn_s = attn_s + (self.approximation_factor - 1.0) * approx_s
         approx_s = approx_s * (self.approximation_factor / self.prefill_efficiency)
-        self._dense_layer_s(hi - 1)  # the dense table covers the block
-        layer_s = (self._memo["dense"]["table"][lo:hi] + attn_s) / self.prefill_efficiency
+        layer_s = (self.dense_layer_block(lo, hi) + attn_s) / self.prefill_efficiency
         per_batch = k.batch.get(1)
         if per_batch is None:
             per_batch = k.batch[1] = (self._lm_head_s(1) / self.prefill_efficiency, self.prefill_host_s(1))
@@ -467,6 +451,47 @@ class ReplicaCostModel:
         out = np.empty((len(L), _ONE_PROMPT_FIELDS))
         out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4] = stage_s, latency_s, m.layers * approx_s, encode_s, codes
         return out
+
+    def one_chunk_attention_block(self, past: int, lo: int, hi: int) -> np.ndarray | None:
+        """`prefill_attention_s((past + n,), (past,))` for every lo <= n < hi at once (a chunk of n new tokens
+        after `past` computed ones, as a colocated step prices it): a (hi - lo) x 3 float64 array of the seconds,
+        the homomorphic correction and the form's code, the same doubles as the scalar path.  None where the
+        method's prefill form has no bulk twin."""
+        if not self.method.has_bulk_prefill_form():
+            return None
+        attn_s, approx_s, codes = self._attention_block(past, np.arange(lo, hi, dtype=np.float64))
+        out = np.empty((hi - lo, 3))
+        out[:, 0], out[:, 1], out[:, 2] = attn_s, approx_s, codes
+        return out
+
+    def _attention_block(self, past: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """prefill_attention_s of one prompt of past + n tokens whose first `past` have KV (0: none cached), for
+        each n of `new` (float64, whole numbers): the one-prompt branch's operations elementwise, in its order."""
+        k, p = self._prefill_terms(), self.profile
+        if past:
+            L = past + new
+            n = (L - past) * past + (L - past) * (L - past + 1) / 2
+        else:
+            n = new * (new + 1) / 2
+        flops = k.flops_per_pair * n
+        codes = self.method.prefill_form_codes(p, flops)
+        first = int(codes[0])
+        one_form = bool((codes == first).all())  # most blocks: one form throughout
+        attn_s = approx_s = np.zeros(len(new))
+        for code in (first,) if one_form else range(len(_FORMS)):
+            form = _FORMS[code]
+            at = codes == code
+            if not one_form and not at.any():
+                continue
+            fit = k.fits.get(form) or p.kernel(PREFILL_KERNELS[form])
+            t = fit.time_s(flops)
+            if form == "homomorphic":
+                correction_s = np.minimum(t, k.q_heads_per_gpu * n * k.approx_ops_per_pair / k.alu_instr_per_s)
+                approx_s = correction_s if one_form else np.where(at, correction_s, approx_s)
+            if past and form == "fp16":
+                t = t + self._cached_to_fp16_s(past)
+            attn_s = t if one_form else np.where(at, t, attn_s)
+        return attn_s, approx_s, codes
 
     def prefill_attention_s(
         self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
@@ -626,7 +651,7 @@ class ReplicaCostModel:
         """Quantize (and entropy-code) one layer's new KV on one GPU after prefill (tokens may be a numpy array)."""
         enc = self.method.encode
         if enc is None:
-            return 0.0
+            return tokens * 0.0  # 0.0, or zeros
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
         if enc == "cast":  # read FP16, write FP8 / FP4
@@ -871,6 +896,18 @@ class ReplicaCostModel:
             L, stages = self.model.layers, self.parallel.pipeline
             c = memo[tokens] = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, tokens, False)
         return c
+
+    def chunks_encode_block(self, lo: int, hi: int) -> np.ndarray:
+        """`_chunks_encode_s(t)` for every lo <= t < hi at once (numpy, the same doubles: `_encode_s` elementwise)."""
+        if self.method.dequantize_on_arrival:
+            return np.zeros(hi - lo)
+        L, stages = self.model.layers, self.parallel.pipeline
+        return self._encode_s(L / stages, np.arange(lo, hi, dtype=np.float64))
+
+    def dense_layer_block(self, lo: int, hi: int) -> np.ndarray:
+        """`_dense_layer_s(t)` for every lo <= t < hi: a slice of its table."""
+        self._dense_layer_s(hi - 1)  # the table covers the block
+        return self._memo["dense"]["table"][lo:hi]
 
     def _lm_head_rows_s(self, rows: int) -> float:
         """_lm_head_s(rows), memoised by the row count (a step has at most max_batch_tokens rows)."""

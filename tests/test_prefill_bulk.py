@@ -12,9 +12,13 @@ import pytest
 
 from costmodel.calibration import KernelFit
 from costmodel.methods import HACK, REGISTRY, make_method
-from costmodel.phases import ONE_PROMPT_BLOCK, ReplicaCostModel
+from costmodel.methods.base import PREFILL_KERNELS
+from costmodel.phases import ONE_PROMPT_BLOCK, ONE_PROMPT_TABLE_TOKENS, PrefillCost, ReplicaCostModel
 from helpers import scenario
 from simulator.resolve import resolve
+from simulator.step_price import PrefillPrices
+
+FORMS = tuple(PREFILL_KERNELS)  # a form's code is its index
 
 # what a replica can change about a one-prompt price: the engine's factors and floors, the host issue floor, PQCache's
 # host CPUs, pipeline stages (the hop, the stage share of the LM head)
@@ -43,8 +47,12 @@ def replica(method, settings: dict, profile=None) -> ReplicaCostModel:
     return dataclasses.replace(pre, method=method, profile=profile or pre.profile, **settings)
 
 
-def bits(cost) -> tuple:
-    return (*(struct.pack("<d", x) for x in cost[:4]), cost.forms)
+def double(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def bits(cost: PrefillCost) -> tuple:
+    return (*(double(x) for x in cost[:4]), cost.forms)
 
 
 def lengths(seed: int) -> list[int]:
@@ -99,3 +107,52 @@ def test_a_method_whose_form_has_no_bulk_twin_is_priced_length_by_length():
     scalar = dataclasses.replace(bulk)
     for n in lengths(7)[:40]:
         assert bits(bulk.prefill((n,))) == bits(scalar._prefill((n,), None)), n
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_block_of_chunk_lengths_after_the_same_earlier_tokens_is_each_chunks_attention(name, setting):
+    """one_chunk_attention_block(past, lo, hi): prefill_attention_s((past + n,), (past,)) for each n, bit for bit
+    (a colocated step's chunk: its earlier tokens restored to FP16 where the form attends in FP16)."""
+    cost = replica(make_method(name), SETTINGS[setting])
+    rng = random.Random(sum(map(ord, name + setting)))
+    for past in (0, 1, 2048, 6000, rng.randrange(1, 1 << 16)):
+        lo = rng.randrange(0, 4) * ONE_PROMPT_BLOCK
+        block = cost.one_chunk_attention_block(past, lo, lo + ONE_PROMPT_BLOCK)
+        assert block is not None and block.shape == (ONE_PROMPT_BLOCK, 3)
+        for n in [max(lo, 1), lo + ONE_PROMPT_BLOCK - 1] + [
+            rng.randrange(max(lo, 1), lo + ONE_PROMPT_BLOCK) for _ in range(30)
+        ]:
+            t, approx, forms = dataclasses.replace(cost).prefill_attention_s((past + n,), (past,))
+            got = block[n - lo]
+            assert (double(got[0]), double(got[1]), FORMS[int(got[2])]) == (double(t), double(approx), forms[0]), n
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_block_of_token_counts_encodes_and_runs_the_dense_layers_as_each_count_alone(name, setting):
+    """chunks_encode_block and dense_layer_block (a colocated step's tables): _chunks_encode_s and _dense_layer_s of
+    each count, bit for bit."""
+    cost = replica(make_method(name), SETTINGS[setting])
+    for lo in (0, 3 * ONE_PROMPT_BLOCK):
+        encode, dense = (
+            cost.chunks_encode_block(lo, lo + ONE_PROMPT_BLOCK),
+            cost.dense_layer_block(lo, lo + ONE_PROMPT_BLOCK),
+        )
+        scalar = dataclasses.replace(cost)
+        for t in range(lo, lo + ONE_PROMPT_BLOCK, 7):
+            assert double(encode[t - lo]) == double(scalar._chunks_encode_s(t)), t
+            assert double(dense[t - lo]) == double(scalar._dense_layer_s(t)), t
+
+
+def test_a_prefill_replica_keeps_each_lengths_price_as_the_cost_model_gave_it():
+    """simulator/step_price.PrefillPrices: the cost model's one-prompt price per length, the same object when the
+    length comes back; lengths past the cost model's table are asked each time."""
+    cost = replica(HACK(), SETTINGS["engine"])
+    prices = PrefillPrices(cost)
+    scalar = dataclasses.replace(cost)
+    for n in lengths(3)[:60] + [ONE_PROMPT_TABLE_TOKENS + 5]:
+        got = prices.one_prompt(n)
+        assert bits(got) == bits(scalar._prefill((n,), None)), n
+        if n < ONE_PROMPT_TABLE_TOKENS:
+            assert prices.one_prompt(n) is got

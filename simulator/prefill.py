@@ -242,7 +242,7 @@ class PrefillReplica:
         else:
             step = self._take_chunks(self.chunk_tokens)
             prompts, cached = tuple(d + n for _, d, n in step), tuple(d for _, d, _ in step)
-        if cached is None and len(prompts) == 1:  # one prompt, nothing cached: its price by length
+        if cached is None and len(prompts) == 1 and type(self.cost) is ReplicaCostModel:  # its price by length
             cost = self._one_prompt_prices().one_prompt(prompts[0])
         else:
             cost = self.cost.prefill(prompts, cached)
@@ -286,8 +286,8 @@ class PrefillReplica:
         return True
 
     def _one_prompt_prices(self) -> PrefillPrices:
-        """The replica's cost model's one-prompt batches by length (simulator/step_price.py), per cost model (the
-        host levels' two)."""
+        """The replica's cost model's one-prompt batches from its table by length (simulator/step_price.py), per cost
+        model (the host levels' two)."""
         prices = self._prices.get(self.cost)
         if prices is None:
             prices = self._prices[self.cost] = PrefillPrices(self.cost)

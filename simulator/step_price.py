@@ -25,7 +25,7 @@ from __future__ import annotations
 from array import array
 
 from costmodel.methods import PREFILL_KERNELS
-from costmodel.phases import _NO_ITERATION, ONE_PROMPT_TABLE_TOKENS, IterationCost, PrefillCost, ReplicaCostModel
+from costmodel.phases import _NO_ITERATION, _ONE_PROMPT_FIELDS, IterationCost, PrefillCost, ReplicaCostModel
 
 STEP_MEMO_ENTRIES = 4096  # whole steps remembered per cost model (costmodel.phases.PREFILL_MEMO_ENTRIES)
 CHUNKS_MEMO_ENTRIES = 1 << 15  # chunk sets' attention remembered (costmodel.phases.CHUNKS_MEMO_ENTRIES)
@@ -273,25 +273,26 @@ class StepPrices:
 
 class PrefillPrices:
     """One cost model's one-prompt prefill batches (a prompt without a cached prefix: most batches at moderate load)
-    by prompt length: the cost model's own answer (`ReplicaCostModel.prefill((tokens,))`, from its table) kept as
-    the object it returned, so a length asked again is a list read here, not the interpreted call and the new
-    tuple. Lengths below ONE_PROMPT_TABLE_TOKENS (about 200 bytes each asked)."""
+    read from the cost model's own table by length (`ReplicaCostModel._one_prompt_prefill`: four times and the
+    form's code per length, NaN until priced) in compiled code: a length priced before is a few reads and its
+    `PrefillCost`, not the interpreted `prefill` call (~9.6 k instructions); a new one is the cost model's. Nothing
+    is kept per length here (a `PrefillCost` kept per length held ~190 bytes per request while new lengths came)."""
 
     def __init__(self, cost: ReplicaCostModel):
         self.cost = cost
-        self.by_length: list[PrefillCost | None] = []
+        self.table: array = array("d")  # the cost model's table, fetched again after it prices (it may grow)
 
     def one_prompt(self, tokens: int) -> PrefillCost:
-        table = self.by_length
-        if tokens < len(table):
-            c = table[tokens]
-            if c is not None:
-                return c
-        elif tokens < ONE_PROMPT_TABLE_TOKENS:
-            table.extend([None] * (max(tokens + 1, 2 * len(table)) - len(table)))
-        else:
-            return self.cost.prefill((tokens,))
-        c = table[tokens] = self.cost.prefill((tokens,))
+        table = self.table
+        i = tokens * _ONE_PROMPT_FIELDS
+        if i < len(table):
+            stage_s = table[i]
+            if stage_s == stage_s:  # priced
+                return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
+        c = self.cost.prefill((tokens,))
+        grown = self.cost._memo.get("one_prompt")
+        if grown is not None:
+            self.table = grown
         return c
 
 

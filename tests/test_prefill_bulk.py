@@ -145,14 +145,20 @@ def test_a_block_of_token_counts_encodes_and_runs_the_dense_layers_as_each_count
             assert double(dense[t - lo]) == double(scalar._dense_layer_s(t)), t
 
 
-def test_a_prefill_replica_keeps_each_lengths_price_as_the_cost_model_gave_it():
-    """simulator/step_price.PrefillPrices: the cost model's one-prompt price per length, the same object when the
-    length comes back; lengths past the cost model's table are asked each time."""
+def test_a_prefill_replica_reads_a_priced_length_from_the_cost_models_table():
+    """simulator/step_price.PrefillPrices: the cost model's one-prompt price per length; a length priced before is
+    read from the cost model's table without asking it again (its prefill then raises), the same doubles and form;
+    lengths past the table are the cost model's answer."""
     cost = replica(HACK(), SETTINGS["engine"])
     prices = PrefillPrices(cost)
     scalar = dataclasses.replace(cost)
-    for n in lengths(3)[:60] + [ONE_PROMPT_TABLE_TOKENS + 5]:
-        got = prices.one_prompt(n)
-        assert bits(got) == bits(scalar._prefill((n,), None)), n
-        if n < ONE_PROMPT_TABLE_TOKENS:
-            assert prices.one_prompt(n) is got
+    asked = lengths(3)[:60] + [ONE_PROMPT_TABLE_TOKENS + 5]
+    for n in asked:
+        assert bits(prices.one_prompt(n)) == bits(scalar._prefill((n,), None)), n
+
+    def no_more(*_args):
+        raise AssertionError("priced again")
+
+    object.__setattr__(cost, "prefill", no_more)
+    for n in asked[:-1]:
+        assert bits(prices.one_prompt(n)) == bits(scalar._prefill((n,), None)), n

@@ -902,7 +902,8 @@ class ReplicaCostModel:
         if self.method.dequantize_on_arrival:
             return np.zeros(hi - lo)
         L, stages = self.model.layers, self.parallel.pipeline
-        return self._encode_s(L / stages, np.arange(lo, hi, dtype=np.float64))
+        encode_s = self._encode_s(L / stages, np.arange(lo, hi, dtype=np.float64), False)
+        return encode_s if isinstance(encode_s, np.ndarray) else np.full(hi - lo, encode_s)  # no kernel: one number
 
     def dense_layer_block(self, lo: int, hi: int) -> np.ndarray:
         """`_dense_layer_s(t)` for every lo <= t < hi: a slice of its table."""

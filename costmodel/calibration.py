@@ -41,7 +41,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SCHEMA_VERSION = 1
 
@@ -70,7 +73,12 @@ class KernelFit:
     # kernels (kernels_calibration/dense_bench.py, elementwise_in_graph rows); None where not measured
     in_graph_overhead_s: float | None = None
 
-    def time_s(self, units: float) -> float:
+    @overload
+    def time_s(self, units: float) -> float: ...
+    @overload
+    def time_s(self, units: np.ndarray) -> np.ndarray: ...
+    def time_s(self, units):
+        """units may be a numpy array (the cost model prices blocks of prompt lengths at once)."""
         return self.overhead_s + self.s_per_unit * units
 
 

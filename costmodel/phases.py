@@ -54,7 +54,7 @@ import math
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -71,6 +71,8 @@ PREFILL_MEMO_ENTRIES = 4096  # prefill costs remembered per replica model (batch
 CHUNKS_MEMO_ENTRIES = 1 << 15  # mixed steps' chunk attention remembered per replica model (~200 bytes each)
 ONE_PROMPT_TABLE_TOKENS = 1 << 17  # one-prompt batches priced from a table by length below this (5 MB at most)
 _ONE_PROMPT_FIELDS = 5  # ReplicaCostModel._one_prompt_prefill: stage_s, latency_s, approximation_s, encode_s, form
+ONE_PROMPT_BLOCK = 1024  # one-prompt batches priced this many lengths at a time (_one_prompt_block)
+_FORMS = tuple(PREFILL_KERNELS)  # the prefill forms by code (KVMethod.prefill_form_codes)
 _ONE_FORM = tuple((form,) for form in PREFILL_KERNELS)  # a one-prompt batch's forms, by code
 _FORM_CODES = {form: float(i) for i, form in enumerate(PREFILL_KERNELS)}
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
@@ -352,8 +354,13 @@ class ReplicaCostModel:
     def _lm_head_s(self, rows: int) -> float:
         return self.gemm_s(rows, self.model.vocab_size / self.parallel.tensor, self.model.hidden_size)
 
-    def _stage_hop_s(self, tokens: int) -> float:
-        """The activations of `tokens` rows sent to the next pipeline stage over the network."""
+    @overload
+    def _stage_hop_s(self, tokens: int) -> float: ...
+    @overload
+    def _stage_hop_s(self, tokens: np.ndarray) -> np.ndarray: ...
+    def _stage_hop_s(self, tokens):
+        """The activations of `tokens` rows sent to the next pipeline stage over the network (tokens may be a numpy
+        array)."""
         par = self.parallel
         if par.pipeline == 1:
             return 0.0
@@ -383,11 +390,11 @@ class ReplicaCostModel:
         return c
 
     def _one_prompt_prefill(self, prompt_tokens: int) -> PrefillCost:
-        """A batch of one prompt without a cached prefix (most batches at moderate load), priced once per
-        prompt length: a table by length, grown in doublings, of the four times and the form (NaN: not yet
-        priced).  40 bytes per length up to the longest prompt (1.3 MB for 32k tokens) whatever the run's
-        length, where a memo of cost objects by batch grows with the run and a bounded one prices most
-        batches again."""
+        """A batch of one prompt without a cached prefix (most batches at moderate load), priced from a table by
+        length of the four times and the form (NaN: not yet priced), filled ONE_PROMPT_BLOCK lengths at a time
+        by `_one_prompt_block` (numpy: the same doubles as `_prefill`) and grown in doublings.  40 bytes per
+        length up to the longest prompt (1.3 MB for 32k tokens) whatever the run's length, where a memo of cost
+        objects by batch grows with the run and a bounded one prices most batches again."""
         table = self._memo.get("one_prompt")
         i = prompt_tokens * _ONE_PROMPT_FIELDS
         if table is None or i >= len(table):
@@ -398,12 +405,93 @@ class ReplicaCostModel:
             table = self._memo["one_prompt"] = grown
         stage_s = table[i]
         if stage_s != stage_s:  # NaN: not priced yet
-            c = self._prefill((prompt_tokens,), None)
-            table[i : i + _ONE_PROMPT_FIELDS] = array(
-                "d", (c.stage_s, c.latency_s, c.approximation_s, c.encode_s, _FORM_CODES[c.forms[0]])
-            )
-            return c
+            lo = prompt_tokens - prompt_tokens % ONE_PROMPT_BLOCK
+            block = self._one_prompt_block(lo, lo + ONE_PROMPT_BLOCK)
+            if block is None:  # a form without a bulk twin: this length alone, by the scalar path
+                c = self._prefill((prompt_tokens,), None)
+                table[i : i + _ONE_PROMPT_FIELDS] = array(
+                    "d", (c.stage_s, c.latency_s, c.approximation_s, c.encode_s, _FORM_CODES[c.forms[0]])
+                )
+                return c
+            rows = array("d")
+            rows.frombytes(block.tobytes())
+            table[lo * _ONE_PROMPT_FIELDS : (lo + ONE_PROMPT_BLOCK) * _ONE_PROMPT_FIELDS] = rows
+            stage_s = table[i]
         return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
+
+    def _one_prompt_block(self, lo: int, hi: int) -> np.ndarray | None:
+        """`_prefill((L,), None)` for every length lo <= L < hi at once: a (hi - lo) x 5 float64 array of
+        stage_s, latency_s, approximation_s, encode_s and the form's code, each column the same doubles as the
+        scalar path (the same operations in the same order, elementwise: numpy's float64 add, multiply,
+        divide, minimum and maximum round as Python's floats do, and nothing is fused).  None where the method's
+        prefill form has no bulk twin (KVMethod.has_bulk_prefill_form)."""
+        if not self.method.has_bulk_prefill_form():
+            return None
+        m, k, method = self.model, self._prefill_terms(), self.method
+        L = np.arange(lo, hi, dtype=np.float64)
+        attn_s, approx_s, codes = self._attention_block(0, L)
+        # _prefill
+        attn_s = attn_s + (self.approximation_factor - 1.0) * approx_s
+        approx_s = approx_s * (self.approximation_factor / self.prefill_efficiency)
+        layer_s = (self.dense_layer_block(lo, hi) + attn_s) / self.prefill_efficiency
+        per_batch = k.batch.get(1)
+        if per_batch is None:
+            per_batch = k.batch[1] = (self._lm_head_s(1) / self.prefill_efficiency, self.prefill_host_s(1))
+        lm_head_s, host_s = per_batch
+        stages = self.parallel.pipeline
+        stage_s = k.layers_per_stage * layer_s + lm_head_s / stages
+        latency_s = m.layers * layer_s + lm_head_s
+        if stages > 1:
+            latency_s = latency_s + (stages - 1) * self._stage_hop_s(L)
+        stage_s, latency_s = np.maximum(stage_s, host_s / stages), np.maximum(latency_s, host_s)
+        encode_s = self._encode_s(m.layers / stages, L)
+        if method.encode == "pq":
+            with np.errstate(divide="ignore"):  # length 0 clusters nothing (its scalar price divides by zero)
+                encode_s = self._pq_construction_excess_s(L, latency_s)
+        out = np.empty((len(L), _ONE_PROMPT_FIELDS))
+        out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4] = stage_s, latency_s, m.layers * approx_s, encode_s, codes
+        return out
+
+    def one_chunk_attention_block(self, past: int, lo: int, hi: int) -> np.ndarray | None:
+        """`prefill_attention_s((past + n,), (past,))` for every lo <= n < hi at once (a chunk of n new tokens
+        after `past` computed ones, as a colocated step prices it): a (hi - lo) x 3 float64 array of the seconds,
+        the homomorphic correction and the form's code, the same doubles as the scalar path.  None where the
+        method's prefill form has no bulk twin."""
+        if not self.method.has_bulk_prefill_form():
+            return None
+        attn_s, approx_s, codes = self._attention_block(past, np.arange(lo, hi, dtype=np.float64))
+        out = np.empty((hi - lo, 3))
+        out[:, 0], out[:, 1], out[:, 2] = attn_s, approx_s, codes
+        return out
+
+    def _attention_block(self, past: int, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """prefill_attention_s of one prompt of past + n tokens whose first `past` have KV (0: none cached), for
+        each n of `new` (float64, whole numbers): the one-prompt branch's operations elementwise, in its order."""
+        k, p = self._prefill_terms(), self.profile
+        if past:
+            L = past + new
+            n = (L - past) * past + (L - past) * (L - past + 1) / 2
+        else:
+            n = new * (new + 1) / 2
+        flops = k.flops_per_pair * n
+        codes = self.method.prefill_form_codes(p, flops)
+        first = int(codes[0])
+        one_form = bool((codes == first).all())  # most blocks: one form throughout
+        attn_s = approx_s = np.zeros(len(new))
+        for code in (first,) if one_form else range(len(_FORMS)):
+            form = _FORMS[code]
+            at = codes == code
+            if not one_form and not at.any():
+                continue
+            fit = k.fits.get(form) or p.kernel(PREFILL_KERNELS[form])
+            t = fit.time_s(flops)
+            if form == "homomorphic":
+                correction_s = np.minimum(t, k.q_heads_per_gpu * n * k.approx_ops_per_pair / k.alu_instr_per_s)
+                approx_s = correction_s if one_form else np.where(at, correction_s, approx_s)
+            if past and form == "fp16":
+                t = t + self._cached_to_fp16_s(past)
+            attn_s = t if one_form else np.where(at, t, attn_s)
+        return attn_s, approx_s, codes
 
     def prefill_attention_s(
         self, prompt_tokens: tuple[int, ...], cached_tokens: tuple[int, ...] | None = None
@@ -536,26 +624,34 @@ class ReplicaCostModel:
             + batch_requests * self.host_issue_s_per_request
         )
 
-    def _encode_s(self, layers: float, tokens: int, wire: bool = True) -> float:
+    @overload
+    def _encode_s(self, layers: float, tokens: int, wire: bool = True) -> float: ...
+    @overload
+    def _encode_s(self, layers: float, tokens: np.ndarray, wire: bool = True) -> np.ndarray | float: ...
+    def _encode_s(self, layers, tokens, wire=True):
         """The quantize step of `tokens` new tokens over `layers` layers as the engine runs it: the profile's
         kernel times the quantize factor, and at least the CPU time to issue its launches where the engine
         issues them one by one (method_quantize_issue_s_per_layer; 0: no floor). A method with no quantize
         kernel (FP16) has a step only where the engine packs its KV for the wire layer by layer (`wire`, and a
         nonzero issue time: realrun copies each layer's K and V into a flat send buffer, realrun/kvformats.py
-        Baseline.encode_layer); its copies' GPU time, a few microseconds a layer, is under that floor."""
+        Baseline.encode_layer); its copies' GPU time, a few microseconds a layer, is under that floor.  tokens
+        may be a numpy array of token counts (_one_prompt_block; a method without a quantize kernel then gets
+        the one number for every count)."""
         issue_s = layers * self.method_quantize_issue_s_per_layer
         if self.method.encode is None:
             return issue_s if wire else 0.0
         gpu_s = layers * self._encode_layer_s(tokens) * self.quantize_factor
+        if isinstance(gpu_s, np.ndarray):
+            return np.where(gpu_s <= 0.0, 0.0, np.maximum(gpu_s, issue_s))
         if gpu_s <= 0.0:  # no quantize step: nothing to issue
             return 0.0
         return max(gpu_s, issue_s)
 
-    def _encode_layer_s(self, tokens: int) -> float:
-        """Quantize (and entropy-code) one layer's new KV on one GPU after prefill."""
+    def _encode_layer_s(self, tokens):
+        """Quantize (and entropy-code) one layer's new KV on one GPU after prefill (tokens may be a numpy array)."""
         enc = self.method.encode
         if enc is None:
-            return 0.0
+            return tokens * 0.0  # 0.0, or zeros
         elements = tokens * self._kv_elements_per_token_per_gpu_layer()
         p = self.profile
         if enc == "cast":  # read FP16, write FP8 / FP4
@@ -567,7 +663,11 @@ class ReplicaCostModel:
             t += self._entropy_coding_s("entropy_encode.kv", elements)
         return t
 
-    def _entropy_coding_s(self, key: str, elements: float) -> float:
+    @overload
+    def _entropy_coding_s(self, key: str, elements: float) -> float: ...
+    @overload
+    def _entropy_coding_s(self, key: str, elements: np.ndarray) -> np.ndarray: ...
+    def _entropy_coding_s(self, key, elements):
         """Arithmetic (de)coding of `elements` symbols on one GPU: the profile's fit where a scenario or an
         implementation profile gave one, else ENTROPY_CODING_INSTR_PER_ELEMENT at the CUDA-core rate."""
         fit = self.profile.kernels.get(key)
@@ -575,8 +675,8 @@ class ReplicaCostModel:
             return fit.time_s(elements)
         return elements * ENTROPY_CODING_INSTR_PER_ELEMENT / alu_instr_per_s(self.gpu)
 
-    def kmeans_iteration_s(self, tokens: int) -> float:
-        """One K-Means iteration over the batch's keys on the replica's host CPUs."""
+    def kmeans_iteration_s(self, tokens):
+        """One K-Means iteration over the batch's keys on the replica's host CPUs (tokens may be a numpy array)."""
         if self.host_vcpus <= 0:
             raise ModelDoesNotFit(
                 f"{self.method.output_name} clusters keys on the host CPUs, but the pool has no vCPUs "
@@ -586,13 +686,27 @@ class ReplicaCostModel:
             tokens * self.method.kmeans_flops_per_token_iteration(self.model) / (self.host_vcpus * CPU_FLOPS_PER_VCPU)
         )
 
-    def pq_iterations(self, tokens: int, gpu_latency_s: float) -> int:
-        """PQCache's adaptive cap: as many iterations as fit in the GPU prefill time, at least one."""
+    @overload
+    def pq_iterations(self, tokens: int, gpu_latency_s: float) -> int: ...
+    @overload
+    def pq_iterations(self, tokens: np.ndarray, gpu_latency_s: np.ndarray) -> np.ndarray: ...
+    def pq_iterations(self, tokens, gpu_latency_s):
+        """PQCache's adaptive cap: as many iterations as fit in the GPU prefill time, at least one (numpy arrays of
+        tokens and times: the same counts as floats)."""
+        if isinstance(gpu_latency_s, np.ndarray):
+            fit = np.trunc(gpu_latency_s / self.kmeans_iteration_s(tokens))
+            return np.maximum(1.0, np.minimum(float(self.method.kmeans_iteration_cap()), fit))
         return max(1, min(self.method.kmeans_iteration_cap(), int(gpu_latency_s / self.kmeans_iteration_s(tokens))))
 
-    def _pq_construction_excess_s(self, tokens: int, gpu_latency_s: float) -> float:
-        """K-Means runs beside the GPU prefill; only what outlasts it delays the request."""
+    @overload
+    def _pq_construction_excess_s(self, tokens: int, gpu_latency_s: float) -> float: ...
+    @overload
+    def _pq_construction_excess_s(self, tokens: np.ndarray, gpu_latency_s: np.ndarray) -> np.ndarray: ...
+    def _pq_construction_excess_s(self, tokens, gpu_latency_s):
+        """K-Means runs beside the GPU prefill; only what outlasts it delays the request (numpy arrays allowed)."""
         total = self.pq_iterations(tokens, gpu_latency_s) * self.kmeans_iteration_s(tokens)
+        if isinstance(total, np.ndarray):
+            return np.maximum(0.0, total - gpu_latency_s)
         return max(0.0, total - gpu_latency_s)
 
     # ---- arrival at decode ----------------------------------------------------------------
@@ -782,6 +896,19 @@ class ReplicaCostModel:
             L, stages = self.model.layers, self.parallel.pipeline
             c = memo[tokens] = 0.0 if self.method.dequantize_on_arrival else self._encode_s(L / stages, tokens, False)
         return c
+
+    def chunks_encode_block(self, lo: int, hi: int) -> np.ndarray:
+        """`_chunks_encode_s(t)` for every lo <= t < hi at once (numpy, the same doubles: `_encode_s` elementwise)."""
+        if self.method.dequantize_on_arrival:
+            return np.zeros(hi - lo)
+        L, stages = self.model.layers, self.parallel.pipeline
+        encode_s = self._encode_s(L / stages, np.arange(lo, hi, dtype=np.float64), False)
+        return encode_s if isinstance(encode_s, np.ndarray) else np.full(hi - lo, encode_s)  # no kernel: one number
+
+    def dense_layer_block(self, lo: int, hi: int) -> np.ndarray:
+        """`_dense_layer_s(t)` for every lo <= t < hi: a slice of its table."""
+        self._dense_layer_s(hi - 1)  # the table covers the block
+        return self._memo["dense"]["table"][lo:hi]
 
     def _lm_head_rows_s(self, rows: int) -> float:
         """_lm_head_s(rows), memoised by the row count (a step has at most max_batch_tokens rows)."""

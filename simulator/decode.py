@@ -35,9 +35,10 @@ from typing import Protocol
 
 import simpy
 
-from costmodel.phases import IterationCost, ReplicaCostModel
+from costmodel.phases import ReplicaCostModel
 
 from .columns import PREEMPTION, Records
+from .step_price import Iteration, StepPrices, iteration_of
 from .timers import call_in
 
 
@@ -99,7 +100,7 @@ class Steps(Protocol):
 
     def compose(self, k: int) -> float: ...
 
-    def cost(self) -> IterationCost: ...
+    def cost(self) -> Iteration: ...
 
     def after_step(self) -> None: ...
 
@@ -127,10 +128,10 @@ def segment_sum_s(fixed_s: float, per_ctx_s: float, n: float, c: float, b: int, 
     return n * fixed_s + per_ctx_s * (n * c + b * (n * k + n * (n - 1) / 2))
 
 
-def host_bound_count(cost: IterationCost, n: float, c: float, b: int, k: int) -> float:
+def host_bound_count(cost: Iteration, n: float, c: float, b: int, k: int) -> float:
     """How many of iterations k .. k+n-1 wait on the host (GPU time below cost.host_s): the first
     ones, since the GPU time grows with the context.  n may be math.inf."""
-    h = getattr(cost, "host_s", 0.0)
+    h = cost.host_s
     if h <= 0:
         return 0
     f, p = cost.fixed_s, cost.per_ctx_s
@@ -140,12 +141,12 @@ def host_bound_count(cost: IterationCost, n: float, c: float, b: int, k: int) ->
     return min(n, max(0, first_gpu_bound - k))
 
 
-def segment_time_s(cost: IterationCost, n: int, c: float, b: int, k: int) -> float:
+def segment_time_s(cost: Iteration, n: int, c: float, b: int, k: int) -> float:
     """Wall time of iterations k .. k+n-1: each max(fixed + per_ctx·S_j, host)."""
-    if getattr(cost, "host_s", 0.0) <= 0:  # no host floor (host_bound_count: none wait on the host)
+    if cost.host_s <= 0:  # no host floor (host_bound_count: none wait on the host)
         return segment_sum_s(cost.fixed_s, cost.per_ctx_s, n, c, b, k)
     nh = host_bound_count(cost, n, c, b, k)
-    return nh * getattr(cost, "host_s", 0.0) + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n - nh, c, b, k + nh)
+    return nh * cost.host_s + segment_sum_s(cost.fixed_s, cost.per_ctx_s, n - nh, c, b, k + nh)
 
 
 def _gpu_iterations_within(f: float, p: float, elapsed_s: float, c: float, b: int, k: int) -> int:
@@ -162,9 +163,9 @@ def _gpu_iterations_within(f: float, p: float, elapsed_s: float, c: float, b: in
     return n
 
 
-def iterations_within(cost: IterationCost, elapsed_s: float, c: float, b: int, k: int) -> int:
+def iterations_within(cost: Iteration, elapsed_s: float, c: float, b: int, k: int) -> int:
     """Whole iterations, counted from iteration k, that finish within `elapsed_s`."""
-    h = getattr(cost, "host_s", 0.0)
+    h = cost.host_s
     nh = host_bound_count(cost, math.inf, c, b, k)
     if nh > 0:
         done = int(elapsed_s / h * (1 + 1e-12))
@@ -226,6 +227,8 @@ class DecodeReplica:
         # EndpointHost); (idle, busy) cost models, the busy one's host terms taken while a transfer is in flight
         self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
         self.link_busy = False
+        # the decode iteration by batch size as an Iteration (simulator/step_price.py), per cost model (_iteration)
+        self._iterations: dict[ReplicaCostModel, StepPrices] = {}
 
     # ---- admission (called by the router) ---------------------------------------------------
     def has_room(self, kv_bytes: float, host_bytes: float = 0.0) -> bool:
@@ -406,7 +409,7 @@ class DecodeReplica:
         if not self.batch and not chunks:
             self._seg = None
             return
-        cost = sched.cost() if chunks and sched is not None else self.cost.iteration(self.batch)
+        cost = sched.cost() if chunks and sched is not None else self._iteration()
         c, b, now = self.ctx_offset, self.batch, self.env._now
         if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
@@ -529,7 +532,20 @@ class DecodeReplica:
         self.cum[0] += join_s  # likewise the engine's join work, as decode
         return arrival_s + join_s
 
-    def _advance(self, n: int, cost: IterationCost) -> None:
+    def _iteration(self) -> Iteration:
+        """The cost model's decode iteration at the batch's size, as an `Iteration`: from a table by batch size
+        per cost model (the host levels' two) where the iteration depends on the batch size alone (the cost
+        model's own `iteration`), else read from the cost model each time (a data-parallel engine's lock-step
+        iteration depends on its group: simulator/data_parallel.py; a test's stand-in)."""
+        cost = self.cost
+        if type(cost) is not ReplicaCostModel:
+            return iteration_of(cost.iteration(self.batch))
+        prices = self._iterations.get(cost)
+        if prices is None:
+            prices = self._iterations[cost] = StepPrices(cost)
+        return prices.iteration(self.batch)
+
+    def _advance(self, n: int, cost: Iteration) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
         if self.rec.iteration_log is not None:  # off unless asked for: a row per iteration is not the hot path's
             seg = self._seg

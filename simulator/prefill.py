@@ -34,6 +34,7 @@ import simpy
 from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
+from .step_price import PrefillPrices
 from .timers import call_in
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class PrefillReplica:
         self.host_levels: tuple[ReplicaCostModel, ReplicaCostModel] | None = None
         self.link_busy = False
         self.endpoint: EndpointHost | None = None  # its process, with the transfers in flight
+        self._prices: dict[ReplicaCostModel, PrefillPrices] = {}  # one-prompt batches' prices (_one_prompt_prices)
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -240,7 +242,10 @@ class PrefillReplica:
         else:
             step = self._take_chunks(self.chunk_tokens)
             prompts, cached = tuple(d + n for _, d, n in step), tuple(d for _, d, _ in step)
-        cost = self.cost.prefill(prompts, cached)
+        if cached is None and len(prompts) == 1 and type(self.cost) is ReplicaCostModel:  # its price by length
+            cost = self._one_prompt_prices().one_prompt(prompts[0])
+        else:
+            cost = self.cost.prefill(prompts, cached)
         forms = cost.forms
         latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
         if levels is not None and self.link_busy and self.endpoint is not None:
@@ -279,6 +284,14 @@ class PrefillReplica:
         self.busy_s += busy_s
         self._set_timers(busy_s, encode_end - start, self._version, batch, done)
         return True
+
+    def _one_prompt_prices(self) -> PrefillPrices:
+        """The replica's cost model's one-prompt batches from its table by length (simulator/step_price.py), per cost
+        model (the host levels' two)."""
+        prices = self._prices.get(self.cost)
+        if prices is None:
+            prices = self._prices[self.cost] = PrefillPrices(self.cost)
+        return prices
 
     def _busy_part(self, idle: PrefillCost, busy: PrefillCost) -> tuple[float, float, float]:
         """A step that starts while transfers are in flight runs at the busy level until the last of them arrives

@@ -51,10 +51,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from costmodel.phases import IterationCost, PrefillCost, ReplicaCostModel
+from costmodel.phases import PrefillCost, ReplicaCostModel
 
 from .columns import PREEMPTION
-from .step_price import StepPrices
+from .step_price import Iteration, StepPrices
 from .timers import call_in
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ class StepScheduler:
             waiting.extendleft(reversed(skipped))
         return stall
 
-    def cost(self) -> IterationCost:
+    def cost(self) -> Iteration:
         """This step's price: the replica's decode rows with the chunks (ReplicaCostModel.mixed_step, from the
         replica's cost model's typed tables: simulator/step_price.py)."""
         cost = self.rep.cost

@@ -13,6 +13,7 @@ from helpers import scenario
 from simulator.admission import OnDemandBlocks, first_block_shortage
 from simulator.decode import DecodeReplica, segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
+from simulator.step_price import iteration_of
 
 
 def test_first_block_shortage_matches_iteration_by_iteration_allocation():
@@ -109,7 +110,7 @@ def test_two_requests_outgrowing_memory_preempt_the_newest_in_closed_form(tmp_pa
     a, b = df.iloc[0], df.iloc[1]
     assert df["preemptions"].tolist() == [0, 1] and r.summary["methods"]["baseline"]["preemptions"] == 1
     _, dec = resolve(s).costs(s.methods[0])
-    it1, it2 = dec.iteration(1), dec.iteration(2)
+    it1, it2 = iteration_of(dec.iteration(1)), iteration_of(dec.iteration(2))
     block = dec.block_bytes
     seg0 = segment_time_s(it1, 1, 256, 1, 0)  # iteration 0: A alone
     seg1 = segment_time_s(it2, 64, 256 + 255, 2, 1)  # 1..64: both (context offsets 256 - 0, 256 - 1)
@@ -174,7 +175,7 @@ def test_a_preempted_request_waits_a_step_then_recomputes_in_chunks(tmp_path):
         return L * (dec._dense_layer_s(n) + dec.prefill_attention_s((past + n,), (past,))[0]) + head
 
     tail = sum(alone(16, past, past == 304) for past in (240, 256, 272, 288, 304))
-    tail += segment_time_s(dec.iteration(1), 35, 321 - 105, 1, 105)
+    tail += segment_time_s(iteration_of(dec.iteration(1)), 35, 321 - 105, 1, 105)
     assert b.finish_s - a.finish_s == pytest.approx(tail, rel=1e-12)
 
 
@@ -197,7 +198,7 @@ def test_a_preempted_request_recomputes_only_its_blocks_evicted_meanwhile(tmp_pa
     L = dec.model.layers
     back = L * (dec._dense_layer_s(320 - hit) + dec.prefill_attention_s((320,), (hit,))[0]) + dec._lm_head_s(1)
     resume = a_output  # B comes back as A finishes
-    seg3 = segment_time_s(dec.iteration(1), 35, 321 - (resume + 1), 1, resume + 1)
+    seg3 = segment_time_s(iteration_of(dec.iteration(1)), 35, 321 - (resume + 1), 1, resume + 1)
     assert b.finish_s - a.finish_s == pytest.approx(back + seg3, rel=1e-12)
 
 

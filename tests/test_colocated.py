@@ -3,17 +3,21 @@ scheduler's rules (simulator/scheduler.py), step prices from the cost model's pa
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.phases import IterationCost
 from helpers import scenario
 from simulator.config import ScenarioError
 from simulator.decode import segment_sum_s, segment_time_s
 from simulator.load import load_scenario
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
-from simulator.step_price import StepPrices
+from simulator.step_price import CHUNK_BLOCK, CHUNK_BLOCK_AFTER, StepPrices, iteration_of
 
 
 def colo(tmp_path, rows, methods=("baseline",), **changes):
@@ -83,6 +87,13 @@ STEPS = st.tuples(
 )
 
 
+ITERATION_FIELDS = [f.name for f in dataclasses.fields(IterationCost)]  # the computed sums too
+
+
+def bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
 @pytest.mark.parametrize("method", ["baseline", "hack", "cachegen"])
 @pytest.mark.parametrize(
     "changes",
@@ -102,8 +113,30 @@ def test_a_step_priced_from_the_typed_tables_is_the_cost_models_step_bit_for_bit
         samples = min(samples, len(chunks))
         want_it, want_share = res.costs(s.methods[0])[1].mixed_step(b, chunks, samples)
         it, share = prices.price(b, chunks, samples)
-        assert dict(it.__dict__) == dict(want_it.__dict__)
+        assert [bits(getattr(it, f)) for f in ITERATION_FIELDS] == [bits(getattr(want_it, f)) for f in ITERATION_FIELDS]
         assert tuple(share) == tuple(want_share)
+
+
+@pytest.mark.parametrize("method", ["baseline", "hack", "kvquant"])
+def test_chunks_after_the_same_earlier_tokens_come_from_a_table_bit_for_bit(method):
+    """Once CHUNK_BLOCK_AFTER lengths after the same earlier tokens were priced one by one, the rest come from a
+    table the cost model fills a block at a time: every step is still mixed_step's, bit for bit, and a length
+    priced both ways is the same double."""
+    s = scenario(methods=[method], placement="colocated")
+    res = resolve(s)
+    prices = StepPrices(res.costs(s.methods[0])[1])
+    rng = np.random.default_rng(5)
+    lengths = [int(n) for n in rng.integers(1, 3 * CHUNK_BLOCK, 60)] + [1, CHUNK_BLOCK - 1, CHUNK_BLOCK]
+    for past in (0, 2048, 5000):
+        for n in lengths + lengths[:CHUNK_BLOCK_AFTER]:  # the first lengths again, from the table
+            b = int(rng.integers(0, 40))
+            want_it, want_share = res.costs(s.methods[0])[1].mixed_step(b, ((n, past),), 1)
+            it, share = prices.price(b, ((n, past),), 1)
+            assert [bits(getattr(it, f)) for f in ITERATION_FIELDS] == [
+                bits(getattr(want_it, f)) for f in ITERATION_FIELDS
+            ]
+            assert [bits(x) for x in share[:4]] == [bits(x) for x in want_share[:4]] and share.forms == want_share.forms
+        assert past in prices.chunk_tables
 
 
 @pytest.mark.parametrize("method", ["baseline", "hack", "kvquant", "cachegen", "fp8"])
@@ -122,7 +155,7 @@ def test_lone_colocated_request_runs_its_chunks_then_decodes_in_closed_form(tmp_
     assert (charged > 0) == (method in ("hack", "kvquant", "fp8"))
     assert row.prefill_start_s == row.arrival_s and row.first_token_s == row.prefill_end_s
     assert row.transfer_s == 0 and row.kv_wire_bytes > 0 and row.quantize_s == 0
-    it = dec.iteration(1)
+    it = iteration_of(dec.iteration(1))
     decode_s = segment_time_s(it, 31, 4097 - 3, 1, 3)
     assert row.finish_s - row.decode_start_s == pytest.approx(decode_s, rel=1e-12)
     assert row.decode_start_s == row.prefill_end_s
@@ -149,7 +182,7 @@ def test_a_step_takes_running_chunks_first_then_waiting_prompts_within_the_budge
     _, dec = resolve(s).costs(s.methods[0])
     t1 = step_s(dec, 0, ((2048, 0), (952, 0)), 0)
     t2 = t1 + step_s(dec, 0, ((2048, 2048), (48, 952), (500, 0)), 3)
-    t3 = t2 + segment_time_s(dec.iteration(3), 3, (4097 - 2) + (1001 - 2) + (501 - 2), 3, 2)
+    t3 = t2 + segment_time_s(iteration_of(dec.iteration(3)), 3, (4097 - 2) + (1001 - 2) + (501 - 2), 3, 2)
     assert df["prefill_start_s"].tolist() == pytest.approx([0, 0, t1], rel=1e-12)
     assert df["prefill_end_s"].tolist() == pytest.approx([t2, t2, t2], rel=1e-12)
     assert df["first_token_s"].tolist() == pytest.approx([t2, t2, t2], rel=1e-12)
@@ -172,7 +205,7 @@ def test_decode_rows_take_their_tokens_first_and_share_a_step_with_a_chunk(tmp_p
     t1 = step_s(dec, 0, ((1000, 0), (1048, 0)), 1)
     t2 = t1 + step_s(dec, 1, ((2047, 1048),), 0) + per_ctx * 1001
     t3 = t2 + step_s(dec, 1, ((5, 3095),), 1) + per_ctx * 1002
-    t4 = t3 + segment_time_s(dec.iteration(1), 1, 3101 - 3, 1, 3)
+    t4 = t3 + segment_time_s(iteration_of(dec.iteration(1)), 1, 3101 - 3, 1, 3)
     assert (a.prefill_end_s, b.prefill_end_s) == (pytest.approx(t1, rel=1e-12), pytest.approx(t3, rel=1e-12))
     assert a.finish_s == pytest.approx(t3, rel=1e-12) and b.finish_s == pytest.approx(t4, rel=1e-12)
     assert a.decode_s == pytest.approx(t3 - t1, rel=1e-12)  # the chunks' share of its steps is A's decode time too
@@ -186,7 +219,7 @@ def test_running_requests_are_capped_by_max_batch_requests(tmp_path):
     df = r.requests.sort_values("request_id")
     _, dec = resolve(s).costs(s.methods[0])
     t1 = step_s(dec, 0, ((500, 0), (500, 0)), 2)
-    t3 = t1 + segment_time_s(dec.iteration(2), 2, 2 * (501 - 1), 2, 1)
+    t3 = t1 + segment_time_s(iteration_of(dec.iteration(2)), 2, 2 * (501 - 1), 2, 1)
     t4 = t3 + step_s(dec, 0, ((500, 0),), 1)
     assert df["prefill_start_s"].tolist() == pytest.approx([0, 0, t3], rel=1e-12)
     assert df["prefill_end_s"].tolist() == pytest.approx([t1, t1, t4], rel=1e-12)
@@ -202,7 +235,7 @@ def test_without_chunk_tokens_prompts_are_never_split(tmp_path):
     t1 = step_s(dec, 0, ((4096, 0),), 1)
     t2 = t1 + step_s(dec, 1, ((2000, 0),), 1) + per_ctx * 4097
     t3 = t2 + step_s(dec, 2, ((1500, 0),), 1) + per_ctx * (4098 + 2001)
-    t4 = t3 + segment_time_s(dec.iteration(2), 1, (4097 - 1) + (1501 - 3), 2, 3)
+    t4 = t3 + segment_time_s(iteration_of(dec.iteration(2)), 1, (4097 - 1) + (1501 - 3), 2, 3)
     assert [p0.prefill_end_s, p1.prefill_end_s, p2.prefill_end_s] == pytest.approx([t1, t2, t3], rel=1e-12)
     assert [p1.prefill_start_s, p2.prefill_start_s] == pytest.approx([t1, t2], rel=1e-12)
     assert [p0.finish_s, p1.finish_s, p2.finish_s] == pytest.approx([t4, t3, t4], rel=1e-12)

@@ -19,6 +19,7 @@ from reports.figures import fault_windows
 from simulator.config import ScenarioError
 from simulator.decode import segment_time_s
 from simulator.run import BREAKDOWN_PARTS, resolve, run_scenario
+from simulator.step_price import iteration_of
 
 PARTS = [f"{p}_s" for p in BREAKDOWN_PARTS]
 SHARED = {"groups": 1, "shared_tokens": 2048, "block_tokens": 512}  # every prompt's first 4 blocks
@@ -258,7 +259,7 @@ def colo():
     chunks = [
         dec.mixed_step(0, ((n, past),), last) for n, past, last in ((1536, 0, 0), (1536, 1536, 0), (1024, 3072, 1))
     ]
-    return sum(it.fixed_s for it, _ in chunks), segment_time_s(dec.iteration(1), 31, 4097 - 3, 1, 3)
+    return sum(it.fixed_s for it, _ in chunks), segment_time_s(iteration_of(dec.iteration(1)), 31, 4097 - 3, 1, 3)
 
 
 def colocated(tmp_path, faults, policy=None, rows=(0,), **changes):

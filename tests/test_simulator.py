@@ -13,6 +13,7 @@ from helpers import scenario
 from simulator.decode import iterations_within, segment_sum_s
 from simulator.resolve import resolve
 from simulator.run import run_scenario
+from simulator.step_price import Iteration
 from simulator.workload import make_requests
 
 PARTS = [
@@ -220,6 +221,12 @@ def test_same_seed_same_results_other_seed_differs():
     assert not a.equals(c)
 
 
+def only_fixed_and_per_ctx(fixed_s: float, per_ctx_s: float, host_s: float = 0.0) -> Iteration:
+    """An iteration costing fixed_s + per_ctx_s · context (all of it decode), at least host_s."""
+    zero = 0.0
+    return Iteration(fixed_s, per_ctx_s, zero, zero, zero, zero, zero, zero, host_s, fixed_s, per_ctx_s)
+
+
 def test_closed_form_segment_matches_iteration_by_iteration():
     rng = np.random.default_rng(3)
     for _ in range(50):
@@ -233,11 +240,9 @@ def test_closed_form_segment_matches_iteration_by_iteration():
         step = sum(f + p * (c + b * j) for j in range(k, k + n))
         assert segment_sum_s(f, p, n, c, b, k) == pytest.approx(step, rel=1e-9)
 
-        class Cost:
-            fixed_s, per_ctx_s = f, p
-
+        cost = only_fixed_and_per_ctx(f, p)
         elapsed = rng.uniform(0, step)
-        m = iterations_within(Cost, elapsed, c, b, k)
+        m = iterations_within(cost, elapsed, c, b, k)
         assert segment_sum_s(f, p, m, c, b, k) <= elapsed * (1 + 1e-12)
         assert segment_sum_s(f, p, m + 1, c, b, k) > elapsed
 
@@ -260,15 +265,13 @@ def test_closed_form_with_host_issue_matches_iteration_by_iteration():
         gpu = [f + p * (c + b * j) for j in range(k, k + n)]
         h = float(rng.choice([0.0, rng.uniform(0.5, 1.5) * gpu[len(gpu) // 2], 2 * gpu[-1]]))
 
-        class Cost:
-            fixed_s, per_ctx_s, host_s = f, p, h
-
+        cost = only_fixed_and_per_ctx(f, p, h)
         step = sum(max(g, h) for g in gpu)
-        assert segment_time_s(Cost, n, c, b, k) == pytest.approx(step, rel=1e-9)
+        assert segment_time_s(cost, n, c, b, k) == pytest.approx(step, rel=1e-9)
         elapsed = rng.uniform(0, step)
-        m = iterations_within(Cost, elapsed, c, b, k)
-        assert segment_time_s(Cost, m, c, b, k) <= elapsed * (1 + 1e-9)
-        assert segment_time_s(Cost, m + 1, c, b, k) > elapsed * (1 - 1e-9)
+        m = iterations_within(cost, elapsed, c, b, k)
+        assert segment_time_s(cost, m, c, b, k) <= elapsed * (1 + 1e-9)
+        assert segment_time_s(cost, m + 1, c, b, k) > elapsed * (1 - 1e-9)
 
 
 def test_host_issue_sets_a_floor_under_decode_iterations():

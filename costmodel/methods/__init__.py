@@ -20,6 +20,9 @@ frozen strict pydantic model deriving from `base.KVMethod`, with
 * the KV format and cost methods `base.KVMethod` defines (bytes per element / token, per-request
   reserve, host bytes, decode kernel, ``decode_layer_terms``, ``approximation_ops``, ...),
   overridden where the format differs from FP16.
+* where it overrides ``prefill_form``, ``prefill_form_codes`` beside it: the same choice over a numpy
+  array of prompts (the cost model prices a block of prompt lengths with it; without it, each length is
+  priced alone).
 
 Adding a method = one module here, one entry in `MethodConfig` below (the order is the display
 order), and its tests. No other product module names a method: the scenario schema, reports,

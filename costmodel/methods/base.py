@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..calibration import CalibrationProfile, KernelFit
@@ -24,6 +25,7 @@ FP16_META_BYTES = 2 * FP16_BYTES  # one min and one scale per partition, FP16 ea
 # The forms prefill attention can take and the profile kernel that prices each: FlashAttention in FP16
 # (every method; a quantizing method quantizes its KV after it), or the homomorphic kernel on INT8 codes.
 PREFILL_KERNELS = {"fp16": "prefill_attn.fp16", "homomorphic": "prefill_attn.hack"}
+PREFILL_FORM_CODES = {form: i for i, form in enumerate(PREFILL_KERNELS)}  # a form's index (prefill_form_codes)
 
 
 def code_bytes(bits: int) -> float:
@@ -221,6 +223,21 @@ class KVMethod(BaseModel):
         """Which prefill attention runs for one prompt of `attn_flops` causal attention FLOPs (one launch
         per layer on one GPU): a key of PREFILL_KERNELS."""
         return "fp16"
+
+    def prefill_form_codes(self, profile: CalibrationProfile, attn_flops: np.ndarray) -> np.ndarray:
+        """`prefill_form` of many prompts at once (a numpy array of their attention FLOPs), each form as its
+        index in PREFILL_KERNELS: the same choice from the same doubles (ReplicaCostModel prices a block of
+        prompt lengths with it). A class that overrides `prefill_form` overrides this beside it; where it does
+        not, the cost model prices each length by `prefill_form` (`has_bulk_prefill_form`)."""
+        return np.full(len(attn_flops), PREFILL_FORM_CODES["fp16"], dtype=np.int64)
+
+    def has_bulk_prefill_form(self) -> bool:
+        """Whether `prefill_form_codes` is the bulk twin of this class's `prefill_form`: the class that defines
+        the one first (in method resolution order) defines the other."""
+        for cls in type(self).__mro__:
+            if "prefill_form" in cls.__dict__:
+                return "prefill_form_codes" in cls.__dict__
+        return False
 
     @property
     def decode_attention(self) -> str:

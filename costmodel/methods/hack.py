@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import numpy as np
 from pydantic import Field, field_validator
 
 from ..calibration import CalibrationProfile, KernelFit
 from ..specs import ModelSpec
 from .base import (
     FP16_META_BYTES,
+    PREFILL_FORM_CODES,
     PREFILL_KERNELS,
     DecodeEnv,
     KVMethod,
@@ -107,6 +109,15 @@ class HACK(KVMethod):
         fp16 = profile.kernel(PREFILL_KERNELS["fp16"]).time_s(attn_flops)
         hom = profile.kernel(PREFILL_KERNELS["homomorphic"]).time_s(attn_flops)
         return "homomorphic" if hom < fp16 else "fp16"
+
+    def prefill_form_codes(self, profile: CalibrationProfile, attn_flops: np.ndarray) -> np.ndarray:
+        """`prefill_form` over an array of prompts' attention FLOPs: the same kernel times (overhead plus rate
+        times FLOPs, elementwise) and the same comparison."""
+        if self.prefill_attention != "auto":
+            return np.full(len(attn_flops), PREFILL_FORM_CODES[self.prefill_attention], dtype=np.int64)
+        fp16 = profile.kernel(PREFILL_KERNELS["fp16"]).time_s(attn_flops)
+        hom = profile.kernel(PREFILL_KERNELS["homomorphic"]).time_s(attn_flops)
+        return np.where(hom < fp16, PREFILL_FORM_CODES["homomorphic"], PREFILL_FORM_CODES["fp16"])
 
     @property
     def decode_attention(self) -> str:

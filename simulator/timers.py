@@ -27,6 +27,8 @@ returns): compiled entities read it natively, where ``env._now`` is a dictionary
 from __future__ import annotations
 
 from collections.abc import Callable
+from heapq import heappop, heappush
+from types import FunctionType
 from typing import Any
 
 import simpy
@@ -48,6 +50,20 @@ class Timer:
     def fire(self) -> None:
         raise NotImplementedError
 
+    def __lt__(self, other: Timer) -> bool:
+        """The heap's order (as Python: `heapq` compares with it)."""
+        return self.time_s < other.time_s or (self.time_s == other.time_s and self.eid < other.eid)
+
+
+def _probe() -> None:
+    pass
+
+
+# Compiled by mypyc, a module's function is a builtin, not a Python function. Then the loop sifts its heap itself
+# on the timers' C fields; as Python, `heapq`'s C code sifts it (through `Timer.__lt__`), which is faster there
+# than the sift written out in Python. The same heap either way: a list of timers in heap order of (time, id).
+_NATIVE = not isinstance(_probe, FunctionType)
+
 
 class _Call(Timer):
     """`call_in`'s timer: `fn(timer)`."""
@@ -67,7 +83,7 @@ class Loop:
     `Timer`s by (time, id), merged with SimPy's queue in `step`; the count of SimPy's event ids (``env._eid``
     is this object, `__next__`), and the clock (`now`, mirrored to ``env._now``)."""
 
-    __slots__ = ("env", "heap", "queue", "now", "next_eid")
+    __slots__ = ("env", "heap", "queue", "now", "next_eid", "native")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
@@ -75,6 +91,7 @@ class Loop:
         self.queue: list[Any] = env._queue  # SimPy's (time, priority, id, event) entries
         self.now: float = env._now
         self.next_eid: int = next(env._eid)  # the id SimPy would give next: none is skipped
+        self.native = _NATIVE  # a field: compiled, a module global is a dictionary lookup
 
     def __iter__(self) -> Loop:
         return self
@@ -93,6 +110,9 @@ class Loop:
         timer.time_s = time_s
         timer.eid = eid
         heap = self.heap
+        if not self.native:
+            heappush(heap, timer)
+            return
         heap.append(timer)
         pos = len(heap) - 1
         while pos > 0:  # sift up (heapq's _siftdown)
@@ -114,6 +134,8 @@ class Loop:
     def _pop(self) -> Timer:
         """Take the earliest timer off the heap (a non-empty one)."""
         heap = self.heap
+        if not self.native:
+            return heappop(heap)
         last = heap.pop()
         n = len(heap)
         if n == 0:

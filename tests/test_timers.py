@@ -6,10 +6,13 @@ where a SimPy change shows."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator import timers
 from simulator.timers import Timer, call_in, loop
 from simulator.timers import run as drive_queue
 
@@ -107,26 +110,43 @@ class _Logged(Timer):
         self.log.append(self.tag)
 
 
+@contextmanager
+def _heap(native: bool):
+    """The loop's heap sifted by its own code (`native`: what runs compiled) or by heapq (what runs as Python)."""
+    was = timers._NATIVE
+    timers._NATIVE = native
+    try:
+        yield
+    finally:
+        timers._NATIVE = was
+
+
 @settings(max_examples=40, deadline=None)
-@given(times=st.lists(st.integers(0, 6).map(lambda k: k / 4), min_size=1, max_size=300))
-def test_the_heap_pops_by_time_then_id(times):
+@given(times=st.lists(st.integers(0, 6).map(lambda k: k / 4), min_size=1, max_size=300), native=st.booleans())
+def test_the_heap_pops_by_time_then_id(times, native):
     """Hundreds of timers, many at one instant (a heap of depth 8): they fire by time, ties by the order set."""
-    env = simpy.Environment()
-    lp, log = loop(env), []
-    for i, t in enumerate(times):
-        lp.set_at(_Logged(log, i), t)
-    drive_queue(env)
+    with _heap(native):
+        env = simpy.Environment()
+        lp, log = loop(env), []
+        for i, t in enumerate(times):
+            lp.set_at(_Logged(log, i), t)
+        drive_queue(env)
     assert log == sorted(range(len(times)), key=lambda i: (times[i], i))
 
 
 @settings(max_examples=40, deadline=None)
-@given(delays=st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=1, max_size=60), data=st.data())
-def test_many_timers_run_as_timeouts_would(delays, data):
+@given(
+    delays=st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=1, max_size=60),
+    native=st.booleans(),
+    data=st.data(),
+)
+def test_many_timers_run_as_timeouts_would(delays, native, data):
     """A deeper heap than _trace's: every timer sets a follow-up, mixed with SimPy timeouts, both drivers."""
     mixed = data.draw(st.lists(st.booleans(), min_size=len(delays), max_size=len(delays)))
     ref = _trace(delays, [False] * len(delays))
-    assert _trace(delays, mixed) == ref
-    assert _trace(delays, mixed, drive_queue) == ref
+    with _heap(native):
+        assert _trace(delays, mixed) == ref
+        assert _trace(delays, mixed, drive_queue) == ref
 
 
 def _until_trace(use_call_in: bool):
@@ -162,3 +182,24 @@ def test_the_loop_continues_simpy_s_event_ids():
     drive_queue(env)
     assert log == ["timeout 1", "timer 1", "timer 2", "timeout 2"]
     assert next(env._eid) == 4 and env.now == 2.0
+
+
+def test_the_loop_sifts_its_own_heap_only_when_compiled():
+    """As Python (the tests' default) heapq sifts; in a child with the compiled modules, the loop's own code."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from simulator.compiled import current
+
+    assert timers._NATIVE is False
+    if not current():
+        if os.environ.get("HACKSIM_REQUIRE_COMPILED"):
+            pytest.fail("the compiled modules are not built or not current: make compiled")
+        pytest.skip("the compiled modules are not built (make compiled)")
+    env = {k: v for k, v in os.environ.items() if k != "HACKSIM_PURE_PYTHON"}
+    code = "import simulator, simulator.timers as t; print('timers' in simulator.COMPILED, t._NATIVE)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]

@@ -130,7 +130,9 @@ def test_the_heap_pops_by_time_then_id(times, native):
         lp, log = loop(env), []
         for i, t in enumerate(times):
             lp.set_at(_Logged(log, i), t)
+        assert env.peek() == min(times)
         drive_queue(env)
+        assert env.peek() == float("inf")
     assert log == sorted(range(len(times)), key=lambda i: (times[i], i))
 
 

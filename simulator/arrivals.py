@@ -22,7 +22,6 @@ class Arrivals(Timer):
     __slots__ = ("loop", "arrival_s", "on_arrivals", "rid")
 
     def __init__(self, env: simpy.Environment, arrival_s: Sequence[float], on_arrivals: Callable[[list[int]], None]):
-        super().__init__()
         self.loop = loop(env)
         self.arrival_s = arrival_s  # sorted
         self.on_arrivals = on_arrivals

@@ -625,7 +625,6 @@ class _SegmentEnd(Timer):
     __slots__ = ("rep", "version")
 
     def __init__(self, rep: DecodeReplica, version: int):
-        super().__init__()
         self.rep = rep
         self.version = version
 

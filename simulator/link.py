@@ -279,7 +279,6 @@ class _Drained(Timer):
     __slots__ = ("link", "version")
 
     def __init__(self, link: Link, version: int):
-        super().__init__()
         self.link = link
         self.version = version
 
@@ -293,7 +292,6 @@ class _Arrived(Timer):
     __slots__ = ("link", "flow", "finish_s")
 
     def __init__(self, link: Link, flow: Flow, finish_s: float):
-        super().__init__()
         self.link = link
         self.flow = flow
         self.finish_s = finish_s

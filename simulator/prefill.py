@@ -378,7 +378,6 @@ class _StepTimer(Timer):
     __slots__ = ("rep", "kind", "version", "batch", "done")
 
     def __init__(self, rep: PrefillReplica, kind: int, version: int, batch: list[int], done: list[int]):
-        super().__init__()
         self.rep = rep
         self.kind = kind
         self.version = version

@@ -42,10 +42,9 @@ class Timer:
     again after it fired: `arrivals.Arrivals`)."""
 
     __slots__ = ("time_s", "eid")
-
-    def __init__(self) -> None:
-        self.time_s = 0.0
-        self.eid = 0
+    # set by the loop when the timer is set (no __init__ to call: a subclass's own is the only one that runs)
+    time_s: float
+    eid: int
 
     def fire(self) -> None:
         raise NotImplementedError
@@ -68,7 +67,6 @@ class _Call(Timer):
     __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[[Any], object]):
-        super().__init__()
         self.fn = fn
 
     def fire(self) -> None:
@@ -128,7 +126,14 @@ class Loop:
         """Put `timer` on the heap `delay_s` seconds from now."""
         if delay_s < 0:
             raise ValueError(f"negative delay {delay_s}")
-        self.set_at(timer, self.now + delay_s)
+        if self.native:
+            self.set_at(timer, self.now + delay_s)
+            return
+        eid = self.next_eid  # as Python, set_at's part written out: a call is a tenth of a microsecond
+        self.next_eid = eid + 1
+        time_s = timer.time_s = self.now + delay_s
+        timer.eid = eid
+        heappush(self.entries, (time_s, eid, timer))
 
     def _pop(self) -> Timer:
         """Take the earliest timer off the heap (a non-empty one)."""

@@ -103,7 +103,6 @@ def test_a_negative_delay_is_refused():
 
 class _Logged(Timer):
     def __init__(self, log: list, tag: object):
-        super().__init__()
         self.log, self.tag = log, tag
 
     def fire(self) -> None:

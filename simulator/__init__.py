@@ -23,14 +23,16 @@ module that builds it.
 The event protocol on top of SimPy
 ----------------------------------
 SimPy's `Environment` is the event loop, but no entity runs a SimPy process per request or per batch. Each
-entity is a small state machine driven by **callbacks on bare timers**:
-``timers.call_in(env, delay_s, fn)`` schedules `fn` at ``now + delay_s`` on SimPy's queue (what
-``env.timeout(delay_s).callbacks.append(fn)`` does, with a lighter event object) without a generator, a
-process object, or a resume per event, so an event costs a heap push and a function call. There is one
-event per change of a batch or of a link's flow set (the time in between has a closed form:
+entity is a small state machine driven by **timers**: a `timers.Timer` subclass whose `fire()` calls the entity
+(`link._Drained`, `decode._SegmentEnd`, ...), set on the environment's `timers.Loop` with
+``loop.set_in(timer, delay_s)`` (``timers.call_in(env, delay_s, fn)`` for a plain function). The loop keeps the
+timers on a heap of its own, merged with SimPy's queue in SimPy's order (time, priority, event id, the ids drawn
+from one count), so a timer runs exactly where ``env.timeout(delay_s).callbacks.append(fn)`` would, without a
+generator, a process object or a resume per event; an event costs a heap push, a pop and a direct call. There is
+one event per change of a batch or of a link's flow set (the time in between has a closed form:
 simulator/decode.py, simulator/link.py), none per token.
 
-SimPy cannot cancel a scheduled timeout, so a timer that a later decision can make wrong carries a
+A timer cannot be taken back (as a SimPy timeout cannot), so a timer that a later decision can make wrong carries a
 **version stamp**: the entity keeps a counter, a timer captures its value when scheduled, and the entity
 bumps the counter whenever the plan changes (a decode segment cut short because a request joins, a link's
 completions re-planned when a flow starts or ends, a replica taken down by a fault). A callback whose
@@ -39,7 +41,7 @@ stamp no longer matches returns without effect.
 Events at the same instant run in the order they were scheduled (SimPy's FIFO on equal times); the
 faults' timers are scheduled when a method's run is built, so a fault acts before anything else at its
 instant (simulator/faults.py). Requests
-arriving at one instant are handed to the router together (`run.MethodRun._arrive`), so they can share a
+arriving at one instant are handed to the router together (`arrivals.Arrivals`), so they can share a
 prefill batch; a decode replica's joiners wait for the end of the iteration in progress.
 """
 

@@ -1,6 +1,11 @@
 """The workload's arrivals: each request handed to the router at its arrival time, every request of one instant
 together (so they can share a prefill batch), one timer per distinct arrival time.
 
+The arrivals are one timer object (`Arrivals` itself, simulator/timers.py) set again for the next arrival
+instant each time it fires, from the sorted column of arrival times: one heap entry pending at a time, nothing
+made per arrival but the list of the instant's requests. It takes its event id when it is set, at the previous
+arrival instant, as the timer made per instant did, so same-instant events run in the same order.
+
 A module of its own so that it compiles with the entities (simulator/compiled.py); `run.MethodRun` starts it.
 """
 
@@ -10,30 +15,30 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
-from .timers import call_in
+from .timers import Timer, loop
 
 
-class Arrivals:
+class Arrivals(Timer):
+    __slots__ = ("loop", "arrival_s", "on_arrivals", "rid")
+
     def __init__(self, env: simpy.Environment, arrival_s: Sequence[float], on_arrivals: Callable[[list[int]], None]):
-        self.env = env
+        self.loop = loop(env)
         self.arrival_s = arrival_s  # sorted
         self.on_arrivals = on_arrivals
+        self.rid = 0  # the next request to arrive
 
     def start(self) -> None:
         if len(self.arrival_s):
-            self._next(0, self.arrival_s[0])
+            self.loop.set_in(self, self.arrival_s[0])
 
-    def _arrive(self, rid: int, _event: object = None) -> None:
-        """Route every request arriving now, then set a timer for the next arrival."""
+    def fire(self) -> None:
+        """Route every request arriving now, then set the timer again for the next arrival."""
         arrival, n = self.arrival_s, len(self.arrival_s)
+        rid = first = self.rid
         now = arrival[rid]
-        first = rid
         while rid < n and arrival[rid] <= now:
             rid += 1
+        self.rid = rid
         self.on_arrivals(list(range(first, rid)))
         if rid < n:
-            self._next(rid, arrival[rid] - now)
-
-    def _next(self, rid: int, delay_s: float) -> None:
-        """The timer of the next arrival instant (a closure: compiled, it calls `_arrive` directly)."""
-        call_in(self.env, delay_s, lambda _e: self._arrive(rid))
+            self.loop.set_in(self, arrival[rid] - now)

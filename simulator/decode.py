@@ -39,7 +39,7 @@ from costmodel.phases import ReplicaCostModel
 
 from .columns import PREEMPTION, Records
 from .step_price import Iteration, StepPrices, iteration_of
-from .timers import call_in
+from .timers import Timer, loop
 
 
 class DecodeListener(Protocol):
@@ -189,6 +189,7 @@ class DecodeReplica:
         blocks: Callable[[DecodeReplica], BlockAllocator] | None = None,
     ):
         self.env = env
+        self.loop = loop(env)  # its clock and timers (simulator/timers.py)
         self.index = index
         self.cost = cost
         # a decode prefix cache (simulator/prefix_cache.py) takes its region out of the KV pool
@@ -250,7 +251,7 @@ class DecodeReplica:
         self.host_reserved_bytes += host_bytes
         self.slots_used += 1
         if self.memory_log is not None:
-            self.memory_log.append((self.env._now, self.index, self.reserved_bytes))
+            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
         if self.cache is not None:
             self.cache.trim(self.capacity_bytes - self.reserved_bytes)
 
@@ -284,13 +285,13 @@ class DecodeReplica:
         """End the running segment with the iteration in progress."""
         assert self._seg is not None  # called while a segment runs
         start_s, cost, n, pending_s = self._seg
-        elapsed = self.env._now - start_s
+        elapsed = self.loop.now - start_s
         done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
         m = min(n, done + 1)
         boundary_s = pending_s + segment_time_s(cost, m, self.ctx_offset, self.batch, self.iteration)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
-        self._schedule(max(0.0, start_s + boundary_s - self.env._now))
+        self._schedule(max(0.0, start_s + boundary_s - self.loop.now))
 
     def fail(self) -> list[int]:
         """The replica goes down: returns the requests it was decoding or about to (their KV is lost).
@@ -310,7 +311,7 @@ class DecodeReplica:
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
-            self.memory_log.append((self.env._now, self.index, 0.0))
+            self.memory_log.append((self.loop.now, self.index, 0.0))
         return lost
 
     def recover(self) -> None:
@@ -324,7 +325,7 @@ class DecodeReplica:
         if self.cache is not None:
             self.cache.release(rid, 0, False)
         if self.memory_log is not None:
-            self.memory_log.append((self.env._now, self.index, self.reserved_bytes))
+            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
 
     # ---- a GPU shared with a prefill replica (placement: shared_gpu) ---------------------------
     @property
@@ -361,8 +362,7 @@ class DecodeReplica:
     # ---- the batch ----------------------------------------------------------------------------
     def _schedule(self, delay_s: float) -> None:
         self._version += 1
-        version = self._version
-        call_in(self.env, delay_s, lambda _e: self._on_timer(version))
+        self.loop.set_in(_SegmentEnd(self, self._version), delay_s)
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
@@ -396,7 +396,7 @@ class DecodeReplica:
             if stall_s:
                 self.cum[PREEMPTION] += stall_s  # everyone in the batch waits for the swap copies
             if self.memory_log is not None and self.reserved_bytes != before:
-                self.memory_log.append((self.env._now, self.index, self.reserved_bytes))
+                self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
         wait = None
         if self.slots_at_join and len(self.joining) > self.max_batch_requests - self.batch:
             room = self.max_batch_requests - self.batch  # realrun: joins up to max_batch_requests running
@@ -410,7 +410,7 @@ class DecodeReplica:
             self._seg = None
             return
         cost = sched.cost() if chunks and sched is not None else self._iteration()
-        c, b, now = self.ctx_offset, self.batch, self.env._now
+        c, b, now = self.ctx_offset, self.batch, self.loop.now
         if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
@@ -436,7 +436,7 @@ class DecodeReplica:
         """Requests whose tokens finished computing here in the last step decode from iteration k: a
         colocated prompt (its last chunk yielded the first token) or a preempted request whose recompute
         yielded its next token. They hold the blocks of their computed tokens; their context at k is one more."""
-        rec, k, now, cum = self.rec, self.iteration, self.env._now, self.cum
+        rec, k, now, cum = self.rec, self.iteration, self.loop.now, self.cum
         for job in jobs:
             rid = job.rid
             if job.first:
@@ -461,7 +461,7 @@ class DecodeReplica:
         """A preempted request is back: its time away is preemption, and the running sums of the iterations
         it sat out are not its own."""
         rec, rid = self.rec, job.rid
-        rec.preempt_s[rid] += self.env._now - job.t0
+        rec.preempt_s[rid] += self.loop.now - job.t0
         snaps = (rec.snap_decode, rec.snap_dequant, rec.snap_approx, rec.snap_fetch, rec.snap_preempt)
         for i, (now_v, then_v) in enumerate(zip(self.cum, job.cum0)):
             snaps[i][rid] += now_v - then_v
@@ -506,7 +506,7 @@ class DecodeReplica:
         rec, k = self.rec, self.iteration
         arrival_s = 0.0
         join_s = self.cost.join_s_per_request * len(self.joining)
-        now = self.env._now
+        now = self.loop.now
         blocks, heap = self.blocks, self.finish_heap
         for rid in self.joining:
             rec.decode_join[rid] = now
@@ -596,7 +596,7 @@ class DecodeReplica:
     def _finished(self, rid: int, held: float) -> None:
         """A request's last token is out: its records, and its memory and slot go."""
         rec, cum = self.rec, self.cum
-        rec.finish[rid] = self.env._now
+        rec.finish[rid] = self.loop.now
         rec.decode_s[rid] = cum[0] - rec.snap_decode[rid]
         rec.dequant_s[rid] = cum[1] - rec.snap_dequant[rid]
         rec.approx_decode[rid] = cum[2] - rec.snap_approx[rid]
@@ -615,7 +615,7 @@ class DecodeReplica:
 
     def _freed(self, bytes_: float) -> None:
         if self.memory_log is not None:
-            self.memory_log.append((self.env._now, self.index, self.reserved_bytes))
+            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
         assert self.listener is not None
         self.listener.on_memory_freed()
 
@@ -633,3 +633,16 @@ def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
             rows.append((t, t + step - serial, b, c + b * (k + m)))
             t += step
     return rows
+
+
+class _SegmentEnd(Timer):
+    """The end of the decode segment planned at `version` (void once a cut re-planned it)."""
+
+    __slots__ = ("rep", "version")
+
+    def __init__(self, rep: DecodeReplica, version: int):
+        self.rep = rep
+        self.version = version
+
+    def fire(self) -> None:
+        self.rep._on_timer(self.version)

@@ -26,7 +26,7 @@ from typing import Protocol
 import simpy
 
 from .columns import RowLog
-from .timers import call_in
+from .timers import Timer, loop
 
 EPS_BYTES = 1e-3
 
@@ -85,7 +85,7 @@ class EndpointHost:
         arrives, on the links they are on (each link's flows drained as the link shares it; inf in an outage)."""
         if not self.flows:
             return 0.0
-        return max(link.drain_end_s() for link in self.links) - next(iter(self.links)).env.now
+        return max(link.drain_end_s() for link in self.links) - next(iter(self.links)).loop.now
 
 
 class Flow:
@@ -128,6 +128,7 @@ class Link:
         log: RowLog | None = None,
     ):
         self.env = env
+        self.loop = loop(env)  # its clock and timers (simulator/timers.py)
         self.name = name
         self.capacity = self.base_capacity = capacity_bytes_per_s
         self.factor = 1.0  # of base_capacity; 0 during an outage
@@ -172,7 +173,7 @@ class Link:
         """When the last transfer on the link now arrives if no other starts and the capacity holds: its flows
         drained as `_rates` shares the link, each arriving max(drained, not_before_s) + latency; inf in an
         outage. Reads the state, changes nothing."""
-        now = self.env.now
+        now = self.loop.now
         end = max([f.finish_s for f in self.waiting.values()], default=now)
         dt0 = now - self._last_s
         left = [[max(f.remaining_bytes - f.rate * dt0, 0.0), f.cap_bytes_per_s, f.not_before_s] for f in self.flows]
@@ -196,11 +197,11 @@ class Link:
         return end
 
     def _advance(self) -> None:
-        dt = self.env._now - self._last_s
+        dt = self.loop.now - self._last_s
         if dt > 0:
             for f in self.flows:
                 f.remaining_bytes -= f.rate * dt
-        self._last_s = self.env._now
+        self._last_s = self.loop.now
 
     def _rates(self) -> None:
         flows = self.flows
@@ -226,25 +227,24 @@ class Link:
         if len(flows) == 1:  # the usual case, without the general case's lists and generators (same arithmetic)
             f = flows[0]
             if self.log is not None:
-                self.log.append((self.env._now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
+                self.log.append((self.loop.now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
             if not f.rate > 0:
                 return  # an outage: nothing drains until the capacity returns
             dt = max(f.remaining_bytes, 0.0) / f.rate
         else:
             if self.log is not None:
-                self.log.append((self.env._now, len(flows), sum(f.rate for f in flows)))
+                self.log.append((self.loop.now, len(flows), sum(f.rate for f in flows)))
             moving = [f for f in flows if f.rate > 0]
             if not moving:
                 return  # idle, or an outage: nothing drains until the capacity returns
             dt = min(max(f.remaining_bytes, 0.0) / f.rate for f in moving)
-        version = self._version
-        call_in(self.env, dt, lambda _e: self._on_timer(version))
+        self.loop.set_in(_Drained(self, self._version), dt)
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
             return
         self._advance()
-        now = self.env._now
+        now = self.loop.now
         done: list[Flow] = []
         left: list[Flow] = []
         drained = self._drained
@@ -263,11 +263,38 @@ class Link:
                 self._arrival_timer(f, finish, finish - now)
 
     def _arrival_timer(self, f: Flow, finish: float, delay_s: float) -> None:
-        """The timer of a flow's KV arriving (a closure: compiled, it calls `_arrived` directly)."""
-        call_in(self.env, delay_s, lambda _e: self._arrived(f, finish))
+        """The timer of a flow's KV arriving."""
+        self.loop.set_in(_Arrived(self, f, finish), delay_s)
 
-    def _arrived(self, f: Flow, t: float, _event: object = None) -> None:
+    def _arrived(self, f: Flow, t: float) -> None:
         if f.cancelled:
             return
         del self.waiting[f.rid]
         f.on_done(f.rid, t)
+
+
+class _Drained(Timer):
+    """The link's next completion as planned at `version` (void once the flow set or the capacity changed)."""
+
+    __slots__ = ("link", "version")
+
+    def __init__(self, link: Link, version: int):
+        self.link = link
+        self.version = version
+
+    def fire(self) -> None:
+        self.link._on_timer(self.version)
+
+
+class _Arrived(Timer):
+    """A drained flow's last byte arriving, `latency_s` (or its not-before time) after it left."""
+
+    __slots__ = ("link", "flow", "finish_s")
+
+    def __init__(self, link: Link, flow: Flow, finish_s: float):
+        self.link = link
+        self.flow = flow
+        self.finish_s = finish_s
+
+    def fire(self) -> None:
+        self.link._arrived(self.flow, self.finish_s)

@@ -35,7 +35,7 @@ from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
 from .step_price import PrefillPrices
-from .timers import call_in
+from .timers import Timer, loop
 
 if TYPE_CHECKING:
     from costmodel.phases import PrefillCost
@@ -80,6 +80,7 @@ class PrefillReplica:
         wait_for_push: bool = False,
     ):
         self.env = env
+        self.loop = loop(env)  # its clock and timers (simulator/timers.py)
         self.index = index
         self.cost = cost
         self.max_batch_requests = max_batch_requests
@@ -205,7 +206,7 @@ class PrefillReplica:
         """A prompt's first step: its KV will be parked in host memory, and its GPU blocks are taken."""
         rec = self.rec
         rec.prefill_replica[rid] = self.index
-        rec.prefill_start[rid] = self.env._now
+        rec.prefill_start[rid] = self.loop.now
         rec.approx_prefill[rid] = 0.0
         if not self.wait_for_push:
             rec.kv_held[rid] = True
@@ -215,7 +216,7 @@ class PrefillReplica:
 
     def try_start(self) -> bool:
         """Start the next step if there is work and the GPU is ours; True if it started."""
-        rec, env, prefix = self.rec, self.env, self.prefix
+        rec, prefix = self.rec, self.prefix
         if not (self.queue or self.partial) or self.down:
             self._idle = True
             return False
@@ -230,7 +231,7 @@ class PrefillReplica:
             self._idle = True  # the decode partner hands the GPU over at its next boundary
             return False
         self._idle = False
-        start = env._now
+        start = self.loop.now
         levels = self.host_levels
         if levels is not None:  # the host floors of the link's state now
             self.cost = levels[1] if self.link_busy else levels[0]
@@ -314,14 +315,13 @@ class PrefillReplica:
 
     def _set_timers(self, busy_s: float, encoded_s: float, v: int, batch: list[int], done: list[int]) -> None:
         """A step's timers: its KV encoded after `encoded_s`, the replica free after `busy_s` (one timer where
-        they coincide). Closures, not functools.partial of bound methods: compiled, they call the method
-        directly."""
-        env = self.env
+        they coincide)."""
+        lp = self.loop
         if busy_s == encoded_s:  # one stage: the step is done when the replica is free
-            call_in(env, busy_s, lambda _e: self._step_end(v, batch, done))
+            lp.set_in(_StepTimer(self, _STEP_END, v, batch, done), busy_s)
         else:
-            call_in(env, encoded_s, lambda _e: self._encoded(v, batch, done))
-            call_in(env, busy_s, lambda _e: self._free(v))
+            lp.set_in(_StepTimer(self, _ENCODED, v, batch, done), encoded_s)
+            lp.set_in(_StepTimer(self, _FREE, v, batch, done), busy_s)
 
     def link_busy_changed(self, busy: bool) -> None:
         """A transfer to or from this replica's process started with none in flight (busy), or the last one ended:
@@ -353,16 +353,16 @@ class PrefillReplica:
         self.try_start()
 
     # a step's timers (version: the replica's when the step started; a fault since voids them)
-    def _step_end(self, version: int, batch: list[int], done: list[int], _event: object = None) -> None:
+    def _step_end(self, version: int, batch: list[int], done: list[int]) -> None:
         if version == self._version:
             self._done(batch, done)
             self._next()
 
-    def _encoded(self, version: int, batch: list[int], done: list[int], _event: object = None) -> None:
+    def _encoded(self, version: int, batch: list[int], done: list[int]) -> None:
         if version == self._version:
             self._done(batch, done)
 
-    def _free(self, version: int, _event: object = None) -> None:
+    def _free(self, version: int) -> None:
         if version == self._version:
             self._next()
 
@@ -379,3 +379,28 @@ class PrefillReplica:
         if done:
             assert self.listener is not None
             self.listener.on_kv_ready(done, self)
+
+
+_STEP_END, _ENCODED, _FREE = 0, 1, 2
+
+
+class _StepTimer(Timer):
+    """A step's timer: its end (`_STEP_END`: encoded and free at once), its KV encoded, or the replica free;
+    `version` the replica's when the step started."""
+
+    __slots__ = ("rep", "kind", "version", "batch", "done")
+
+    def __init__(self, rep: PrefillReplica, kind: int, version: int, batch: list[int], done: list[int]):
+        self.rep = rep
+        self.kind = kind
+        self.version = version
+        self.batch = batch
+        self.done = done
+
+    def fire(self) -> None:
+        if self.kind == _STEP_END:
+            self.rep._step_end(self.version, self.batch, self.done)
+        elif self.kind == _ENCODED:
+            self.rep._encoded(self.version, self.batch, self.done)
+        else:
+            self.rep._free(self.version)

@@ -158,7 +158,7 @@ class Router:
         the request joins the replica, which admitted it)."""
         rec = self.rec
         link = self.links[(p, rep.index)]
-        now = link.env._now
+        now = link.loop.now
         rec.decode_replica[rid] = rep.index
         rec.transfer_start[rid] = now
         bytes_ = rec.wire_bytes[rid] if self.prefix is None else self.prefix.sent_bytes[rid]

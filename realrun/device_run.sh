@@ -30,6 +30,8 @@
 #             h200g_70b8l_1gbps   r8  150 requests span ~20 s  (link-bound; FP16 and HACK only)
 #   part hostlink: hostcal on the 32-layer 8B with the link idle and busy at 2.5, 10 and 40 Gbps, 128-384- and
 #             1024-3072-token prompts, then the 2-layer 8B at every load and range (~490 s).
+#   part satnoise: smoke, h200g_8b_sat r9 150 requests span ~19 s, FP16 and HACK three times, KVQuant-style once;
+#             h200g_8b_mem r7.5 HACK three times (span ~27 s) with what is left.
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -134,6 +136,14 @@ elif [ "$PART" = hostlink ]; then
   if [ "${REALRUN_SMOKE:-0}" != 1 ]; then HC=(--sets "llama-3.1-8b:2"); fi
   step 150 hostlink_2l python3 -m realrun.hostcal --decode-mode graphs --link-load-gbps 0 2.5 10 40 \
     --prompt-ranges 128-384 1024-3072 --out "$OUT/hostcal_link_2l.csv" "${HC[@]}"
+elif [ "$PART" = satnoise ]; then
+  # issue 28: the run-to-run spread where the GPU is near saturation (8B at 0.75 of FP16's capacity: a step's small
+  # error moves JCT several times over), FP16 and HACK three times, KVQuant-style once; then HACK three times in
+  # the decode-memory-bound configuration (h200g_8b_mem r7.5), if the budget leaves room
+  smoke_or_stop
+  rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 240 150 3 "baseline hack" 9
+  rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 80 150 1 "kvquant" 9
+  rec h200g_8b_mem M8 50 1024 3072 192 448 8 16 150 150 3 "hack" 7.5
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

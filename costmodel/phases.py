@@ -73,6 +73,7 @@ ONE_PROMPT_TABLE_TOKENS = 1 << 17  # one-prompt batches priced from a table by l
 _ONE_PROMPT_FIELDS = 5  # ReplicaCostModel._one_prompt_prefill: stage_s, latency_s, approximation_s, encode_s, form
 ONE_PROMPT_BLOCK = 1024  # one-prompt batches priced this many lengths at a time (_one_prompt_block)
 _FORMS = tuple(PREFILL_KERNELS)  # the prefill forms by code (KVMethod.prefill_form_codes)
+_HOMOMORPHIC = _FORMS.index("homomorphic")
 _ONE_FORM = tuple((form,) for form in PREFILL_KERNELS)  # a one-prompt batch's forms, by code
 _FORM_CODES = {form: float(i) for i, form in enumerate(PREFILL_KERNELS)}
 ENTROPY_CODING_INSTR_PER_ELEMENT = 60.0  # arithmetic (de)coding per 2-bit symbol on CUDA cores (CDF lookup,
@@ -433,7 +434,17 @@ class ReplicaCostModel:
         # _prefill
         attn_s = attn_s + (self.approximation_factor - 1.0) * approx_s
         approx_s = approx_s * (self.approximation_factor / self.prefill_efficiency)
-        layer_s = (self.dense_layer_block(lo, hi) + attn_s) / self.prefill_efficiency
+        dense_s = self.dense_layer_block(lo, hi)
+        in_forward = (codes == _HOMOMORPHIC) & (L > 0)  # quantized inside the forward (_prefill)
+        if in_forward.any() and method.encode is not None:
+            forward_encode_s = self._encode_layer_s(L) * self.quantize_factor
+            layer_s = np.where(
+                in_forward,
+                (dense_s + attn_s + forward_encode_s) / self.prefill_efficiency,
+                (dense_s + attn_s) / self.prefill_efficiency,
+            )
+        else:
+            layer_s = (dense_s + attn_s) / self.prefill_efficiency
         per_batch = k.batch.get(1)
         if per_batch is None:
             per_batch = k.batch[1] = (self._lm_head_s(1) / self.prefill_efficiency, self.prefill_host_s(1))
@@ -445,6 +456,9 @@ class ReplicaCostModel:
             latency_s = latency_s + (stages - 1) * self._stage_hop_s(L)
         stage_s, latency_s = np.maximum(stage_s, host_s / stages), np.maximum(latency_s, host_s)
         encode_s = self._encode_s(m.layers / stages, L)
+        if in_forward.any() and method.encode is not None:  # the pack alone where the forward quantized
+            packs = self._encode_s(m.layers / stages, 0, packs_only=True)
+            encode_s = np.where(in_forward, packs, encode_s)
         if method.encode == "pq":
             with np.errstate(divide="ignore"):  # length 0 clusters nothing (its scalar price divides by zero)
                 encode_s = self._pq_construction_excess_s(L, latency_s)
@@ -588,7 +602,17 @@ class ReplicaCostModel:
         # the engine: its correction against the profile's, its GPU speed against the priced one
         attn_s += (self.approximation_factor - 1.0) * approx_s
         approx_s *= self.approximation_factor / self.prefill_efficiency
-        layer_s = (self._dense_layer_s(tokens) + attn_s) / self.prefill_efficiency
+        # a homomorphic prompt's KV is quantized inside the forward, layer by layer, before its attention reads the
+        # codes; the step after the forward only packs them (`_encode_s`)
+        in_forward = 0
+        if "homomorphic" in forms:
+            news = prompt_tokens if cached_tokens is None else [L - c for L, c in zip(prompt_tokens, cached_tokens)]
+            in_forward = sum(n for n, f in zip(news, forms) if f == "homomorphic")
+        if in_forward:
+            forward_encode_s = self._encode_layer_s(in_forward) * self.quantize_factor
+            layer_s = (self._dense_layer_s(tokens) + attn_s + forward_encode_s) / self.prefill_efficiency
+        else:
+            layer_s = (self._dense_layer_s(tokens) + attn_s) / self.prefill_efficiency
         n = len(prompt_tokens)
         per_batch = k.batch.get(n)
         if per_batch is None:
@@ -601,7 +625,9 @@ class ReplicaCostModel:
         if stages > 1:
             latency_s += (stages - 1) * self._stage_hop_s(tokens)
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
-        encode_s = self._encode_s(m.layers / stages, tokens)
+        encode_s = self._encode_s(
+            m.layers / stages, tokens - in_forward, packs_only=in_forward > 0 and in_forward == tokens
+        )
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
         return PrefillCost(
@@ -625,10 +651,12 @@ class ReplicaCostModel:
         )
 
     @overload
-    def _encode_s(self, layers: float, tokens: int, wire: bool = True) -> float: ...
+    def _encode_s(self, layers: float, tokens: int, wire: bool = True, packs_only: bool = False) -> float: ...
     @overload
-    def _encode_s(self, layers: float, tokens: np.ndarray, wire: bool = True) -> np.ndarray | float: ...
-    def _encode_s(self, layers, tokens, wire=True):
+    def _encode_s(
+        self, layers: float, tokens: np.ndarray, wire: bool = True, packs_only: bool = False
+    ) -> np.ndarray | float: ...
+    def _encode_s(self, layers, tokens, wire=True, packs_only=False):
         """The quantize step of `tokens` new tokens over `layers` layers as the engine runs it: the profile's
         kernel times the quantize factor, and at least the CPU time to issue its launches where the engine
         issues them one by one (method_quantize_issue_s_per_layer; 0: no floor). A method with no quantize
@@ -636,9 +664,11 @@ class ReplicaCostModel:
         nonzero issue time: realrun copies each layer's K and V into a flat send buffer, realrun/kvformats.py
         Baseline.encode_layer); its copies' GPU time, a few microseconds a layer, is under that floor.  tokens
         may be a numpy array of token counts (_one_prompt_block; a method without a quantize kernel then gets
-        the one number for every count)."""
+        the one number for every count).  `packs_only`: the KV was quantized inside the forward (a homomorphic
+        prefill's attention reads the codes), so the step is the pack alone, as for a method without a quantize
+        kernel."""
         issue_s = layers * self.method_quantize_issue_s_per_layer
-        if self.method.encode is None:
+        if self.method.encode is None or packs_only:
             return issue_s if wire else 0.0
         gpu_s = layers * self._encode_layer_s(tokens) * self.quantize_factor
         if isinstance(gpu_s, np.ndarray):
@@ -720,12 +750,23 @@ class ReplicaCostModel:
         return self.model.layers / self.parallel.pipeline * t * self.dequantize_factor
 
     # ---- the host's level -------------------------------------------------------------------
-    def with_host_factor(self, factor: float) -> ReplicaCostModel:
+    def with_host_factor(self, factor: float, prefill_floor_factor: float | None = None) -> ReplicaCostModel:
         """The same replica with every host term `factor` times longer: the decode issue terms and loop gap, the
         join, the prefill floor (per batch, layer, request, and the method's own per layer) and the quantize
         step's floor. Where the host shares its interpreter with a link endpoint that is moving KV (realrun's link
         thread takes the GIL for every chunk), the same CPU work takes longer (simulator/link.py, EndpointHost).
-        The GPU terms are the same. Itself when factor is 1 or it has no host terms."""
+        `prefill_floor_factor` (a prefill replica's, where given): the prefill floor's own factor instead (its
+        terms are host_issue_s_* and the method's prefill issue there). The GPU terms are the same. Itself when
+        the factors are 1 or it has no host terms."""
+        if prefill_floor_factor is not None and prefill_floor_factor != factor:
+            general = self.with_host_factor(factor)
+            return replace(
+                general,
+                host_issue_s_per_iteration=self.host_issue_s_per_iteration * prefill_floor_factor,
+                host_issue_s_per_layer=self.host_issue_s_per_layer * prefill_floor_factor,
+                host_issue_s_per_request=self.host_issue_s_per_request * prefill_floor_factor,
+                method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * prefill_floor_factor,
+            )
         terms = (
             self.host_issue_s_per_iteration,
             self.host_issue_s_per_layer,

@@ -507,17 +507,19 @@ def _host_terms(g, prompt_range: str) -> dict:
 def fit_link_host(paths) -> dict:
     """The host's level while the link moves KV, from hostcal CSVs with the link idle and kept busy
     (--link-load-gbps 0 R ...): realrun's link is a Python thread in the harness's process, and while it moves
-    chunks every host term slows by about the same factor. Per run (file, prompt range, model, layers, method,
-    pass; the first baseline pass left out where a second exists, as fit_host) its host terms (_host_terms: the
-    serial time per decode iteration, the join per request, the prefill wall where it waits on the host: 2-layer
-    runs, HACK's, and prompts of at most 512 tokens, and the quantize step) busy over the same run's idle; then
-    the scenario fields network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) by least squares
-    of ratio = a + b x load (Gbps) over every (run, term, load), with their standard errors (b = 0 where the runs
-    have one busy load). Also per load the mean ratio and the count."""
+    chunks the host terms slow. Per run (file, prompt range, model, layers, method, pass; the first baseline pass
+    left out where a second exists, as fit_host) its host terms (_host_terms: the serial time per decode iteration,
+    the join per request, the prefill wall where it waits on the host: 2-layer runs, HACK's, and prompts of at most
+    512 tokens, and the quantize step) busy over the same run's idle; then the scenario fields
+    network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) by least squares of ratio = a + b x load
+    (Gbps) over every (run, term, load) but the prefill's, with their standard errors (b = 0 where the runs have one
+    busy load), and under "prefill" the same fit of the prefill ratios alone (link_busy_prefill_host_factor and its
+    _per_gbps: the prefill's launches, C++ dispatch mostly, meet the link thread's GIL less often than the decode
+    loop's Python does). Also per load the mean ratio and the count."""
     import numpy as np
     import pandas as pd
 
-    loads, ratios = [], []
+    loads, ratios, prefill = [], [], []
     for path in paths:
         d = pd.read_csv(path)
         if "link_load_gbps" not in d.columns:
@@ -549,28 +551,36 @@ def fit_link_host(paths) -> dict:
                     if idle.get(term, 0.0) > 0:
                         loads.append(float(load))
                         ratios.append(v / idle[term])
-    x, y = np.array(loads), np.array(ratios)
+                        prefill.append(term == "prefill")
+    x, y, p = np.array(loads), np.array(ratios), np.array(prefill, dtype=bool)
+    out = _busy_line(x[~p], y[~p], "link_busy_host_factor")
+    out["prefill"] = _busy_line(x[p], y[p], "link_busy_prefill_host_factor")
+    return out
+
+
+def _busy_line(x, y, name: str) -> dict:
+    """ratio = a + b x load by least squares, with standard errors (each item an observation); b = 0 with one load."""
+    import numpy as np
+
+    by_load = {float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)}
     if len(np.unique(x)) < 2:  # one busy rate (or none): the factor alone, no slope
         n = len(y)
         return {
-            "link_busy_host_factor": float(y.mean()) if n else 1.0,
-            "link_busy_host_factor_per_gbps": 0.0,
+            name: float(y.mean()) if n else 1.0,
+            f"{name}_per_gbps": 0.0,
             "stderr": [float(y.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"), float("nan")],
-            "by_load": {
-                float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)
-            },
+            "by_load": by_load,
             "items": n,
         }
     a = np.c_[np.ones(len(x)), x]
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    # standard errors of the two (ordinary least squares, each item an observation)
     dof = max(len(y) - 2, 1)
     cov = float(np.sum((y - a @ coef) ** 2)) / dof * np.linalg.inv(a.T @ a)
     return {
-        "link_busy_host_factor": float(coef[0]),
-        "link_busy_host_factor_per_gbps": float(coef[1]),
+        name: float(coef[0]),
+        f"{name}_per_gbps": float(coef[1]),
         "stderr": [float(np.sqrt(cov[0, 0])), float(np.sqrt(cov[1, 1]))],
-        "by_load": {float(v): {"mean": float(y[x == v].mean()), "items": int((x == v).sum())} for v in np.unique(x)},
+        "by_load": by_load,
         "items": len(y),
     }
 

@@ -84,8 +84,11 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     parameter on either side of its max(GPU, host) floor; the link's efficiency by central differences)."""
     blk = td.blocks[kind]
     # the host terms' factor: 1, or while a transfer is in flight (where the host shares its process with the link
-    # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py)
-    fb = v["network.link_busy_host_factor"] + v["network.link_busy_host_factor_per_gbps"] * td.link_gbps
+    # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py); a prefill item's floor
+    # takes the prefill floor's own pair (network.link_busy_prefill_host_factor)
+    a_name = "network.link_busy_prefill_host_factor" if kind == "prefill" else "network.link_busy_host_factor"
+    b_name = a_name + "_per_gbps"
+    fb = v[a_name] + v[b_name] * td.link_gbps
     n = len(blk["meas"])
     if kind == "transfer":
         return _predict_transfer(blk, v, wrt)
@@ -119,8 +122,8 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
         return pred
     # d (host_s x f) / d a = host_s / f on the busy part; b: the same times the rate
     per_a = w_b * np.divide(host_s, f, out=np.zeros_like(f), where=f > 0)
-    d["network.link_busy_host_factor"] = per_a
-    d["network.link_busy_host_factor_per_gbps"] = per_a * td.link_gbps
+    d[a_name] = per_a
+    d[b_name] = per_a * td.link_gbps
     zero = np.zeros_like(pred)
     return pred, {name: d.get(name, zero) for name in wrt}
 
@@ -262,8 +265,10 @@ def depends(name: str, td: TraceData) -> list[str]:
             "prefill_issue_s_per_layer": ["prefill"],
             "decode_kernels_per_layer": ["iteration"],
         }[rest[1]]
-    elif name.startswith("network.link_busy_host"):  # the host terms' level while the link moves KV
-        kinds = ["iteration", "prefill", "quantize"]
+    elif name.startswith("network.link_busy_prefill_host"):  # the prefill floor's level while the link moves KV
+        kinds = ["prefill"]
+    elif name.startswith("network.link_busy_host"):  # the other host terms' level while the link moves KV
+        kinds = ["iteration", "quantize"]
     else:
         kinds = {"decode": ["iteration"], "prefill": ["prefill"], "network": ["transfer"]}[head]
     return [k for k in kinds if k in td.blocks]

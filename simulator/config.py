@@ -606,6 +606,21 @@ class NetworkConfig(_Strict):
         description="how the host factor while the link is busy grows with the link's rate, per Gbps (its chunks "
         "come that much more often); see link_busy_host_factor",
     )
+    link_busy_prefill_host_factor: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=10.0,
+        description="the prefill floor's own factor while the link is busy (its launches wait on the GIL less often "
+        "than the decode loop's Python does: realrun.hostcal.fit_link_host measures both), plus "
+        "link_busy_prefill_host_factor_per_gbps x the line rate; default: link_busy_host_factor's",
+    )
+    link_busy_prefill_host_factor_per_gbps: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=0.2,
+        description="how the prefill floor's factor grows with the link's rate, per Gbps; default: "
+        "link_busy_host_factor_per_gbps",
+    )
 
     @model_validator(mode="after")
     def _connector_fields(self) -> NetworkConfig:
@@ -1069,7 +1084,13 @@ class Scenario(_Strict):
             self._data_parallel_decode()
         if self.network.kv_connector != "host_parked":
             self._connector()
-        if self.network.link_busy_host_factor != 1.0 or self.network.link_busy_host_factor_per_gbps != 0.0:
+        n = self.network
+        if (
+            n.link_busy_host_factor != 1.0
+            or n.link_busy_host_factor_per_gbps != 0.0
+            or n.link_busy_prefill_host_factor not in (None, 1.0)
+            or n.link_busy_prefill_host_factor_per_gbps not in (None, 0.0)
+        ):
             self._link_busy_host()
         if self.prefill.batch_slot_at != "admission":
             raise ValueError("prefill.batch_slot_at: a decode pool's setting (a prefill replica does not join a batch)")

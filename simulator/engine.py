@@ -213,6 +213,26 @@ PARAMETERS: dict[str, Parameter] = {
             shape="per Gbps of the link, while it moves KV",
             prior_width=0.003,  # realrun.hostcal.fit_link_host's standard error (0.0032)
         ),
+        Parameter(
+            "network.link_busy_prefill_host_factor",
+            (1.0, 10.0),
+            "factor",
+            "the prefill floor's own factor while a transfer is in flight, at a link rate near 0 (its launches meet the "
+            "link thread's GIL less often than the decode loop's Python does)",
+            scope="host",
+            shape="multiplies the prefill floor while the link moves KV",
+            prior_width=0.22,  # realrun.hostcal.fit_link_host's standard error on the prefill ratios (0.22)
+            neutral=1.0,
+        ),
+        Parameter(
+            "network.link_busy_prefill_host_factor_per_gbps",
+            (0.0, 0.2),
+            "1/Gbps",
+            "how the prefill floor's factor grows with the link's rate",
+            scope="host",
+            shape="per Gbps of the link, while it moves KV",
+            prior_width=0.007,  # realrun.hostcal.fit_link_host's standard error on the prefill ratios (0.007)
+        ),
     )
 }
 for _m in METHOD_REGISTRY:

@@ -55,7 +55,7 @@ import pandas as pd
 
 from .engine import PARAMETERS, apply_values
 from .engine_logs import RequestLog
-from .resolve import network_bandwidth_gbps, resolve
+from .resolve import link_busy_prefill_factors, network_bandwidth_gbps, resolve
 
 MAX_ITERATIONS = 200  # decode items per trace in the fit, evenly spaced (consecutive ones are not independent)
 TPOT_SAMPLES = 16  # times in a request's decode its TPOT item averages the batch and context over
@@ -88,6 +88,9 @@ def scenario_values(s) -> dict[str, float]:
         if head == "methods":
             f = s.calibration.implementation_factors.get(rest[0])
             out[name] = PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
+        elif head == "network" and rest[0].startswith("link_busy_prefill_host_factor"):
+            a, b = link_busy_prefill_factors(s.network)  # the general factor's where not given
+            out[name] = b if rest[0].endswith("_per_gbps") else a
         elif head == "network":
             out[name] = float(getattr(s.network, rest[0]))
         else:
@@ -273,14 +276,14 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
     prefill = prefill_block(prompts, took_s, pre, busy_left_s=busy_left_s)
     quantize = None
     measured_q = (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy()
+    # no quantize kernel after the forward (FP16; a homomorphic prefill, whose forward quantized): a step the trace
+    # records is the engine packing the KV for the wire, a host floor (ReplicaCostModel._encode_s), with no GPU work
+    # to scale (at neutral engine parameters the floors are 0)
     if pre.method.encode is None:
-        # no quantize kernel (FP16): a step the trace records is the engine packing the KV for the wire, a host
-        # floor (ReplicaCostModel._encode_s), with no GPU work to scale
         enc0 = np.zeros(len(prompts))
-        packs = bool(len(measured_q)) and bool((measured_q > 0).all())
     else:
         enc0 = np.array([pre.prefill(p).encode_s for p in prompts])
-        packs = False
+    packs = bool(len(measured_q)) and bool((measured_q > 0).all()) and not (enc0 > 0).any()
     if packs or (pre.method.encode in ("quantize", "quantize_keys", "cast") and (enc0 > 0).all()):
         quantize = {
             "meas": measured_q,

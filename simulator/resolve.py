@@ -265,6 +265,23 @@ def link_busy_host_factor(s: Scenario) -> float:
     return n.link_busy_host_factor + n.link_busy_host_factor_per_gbps * network_bandwidth_gbps(s)
 
 
+def link_busy_prefill_factors(n) -> tuple[float, float]:
+    """network.link_busy_prefill_host_factor and its per-Gbps growth, each the general one's where not given."""
+    a = n.link_busy_host_factor if n.link_busy_prefill_host_factor is None else n.link_busy_prefill_host_factor
+    b = n.link_busy_prefill_host_factor_per_gbps
+    return a, n.link_busy_host_factor_per_gbps if b is None else b
+
+
+def link_busy_prefill_host_factor(s: Scenario) -> float:
+    """The factor on a prefill replica's prefill floor (per batch, layer, request and the method's own per layer)
+    while a transfer to or from its process is in flight: network.link_busy_prefill_host_factor + its per-Gbps
+    growth x the line rate, each the general factor's where not given."""
+    a, b = link_busy_prefill_factors(s.network)
+    if a == 1.0 and b == 0.0:
+        return 1.0
+    return a + b * network_bandwidth_gbps(s)
+
+
 def interconnect_kind(pool: PoolConfig) -> str:
     """The TP interconnect: the pool's, else its instance's, else PCIe."""
     inst = instance_spec(pool.instance)

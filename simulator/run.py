@@ -42,7 +42,7 @@ from .link import EndpointHost, Link
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
-from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, link_busy_host_factor, resolve
+from .resolve import PROFILES_DIR, REPO_ROOT, Resolved, link_busy_host_factor, link_busy_prefill_host_factor, resolve
 from .router import Router
 from .scheduler import StepScheduler
 from .timers import run as drive_queue
@@ -249,9 +249,9 @@ class MethodRun:
         self.router = router = (
             data_parallel.DataParallelRouter(*args, groups=self.dp_groups) if dp > 1 else Router(*args)
         )
-        factor = link_busy_host_factor(s)
+        factor, prefill_factor = link_busy_host_factor(s), link_busy_prefill_host_factor(s)
         if factor != 1.0:  # each process's host terms follow its link endpoint's state (simulator/link.py)
-            self._link_busy_host(router, factor, res.shared_gpu)
+            self._link_busy_host(router, factor, prefill_factor, res.shared_gpu)
         if connector == "p2p_push":
             pool_gib = s.network.p2p_pool_gib if s.network.p2p_pool_gib is not None else P2P_POOL_GIB
             router.push = P2PPush(router, buffer_bytes, pool_gib * GIB, source)
@@ -270,11 +270,12 @@ class MethodRun:
             )
         self.faults = FaultInjector(rec, env, router, s.faults, s.fault_policy) if s.faults else None
 
-    def _link_busy_host(self, router: Router, factor: float, shared_gpu: bool) -> None:
-        """network.link_busy_host_factor: each replica gets its idle and busy cost models, and the router the process
-        of each replica (under shared_gpu, prefill replica i and decode replica i are one process)."""
+    def _link_busy_host(self, router: Router, factor: float, prefill_factor: float, shared_gpu: bool) -> None:
+        """network.link_busy_host_factor: each replica gets its idle and busy cost models (a prefill replica's floor
+        takes link_busy_prefill_host_factor's), and the router the process of each replica (under shared_gpu, prefill
+        replica i and decode replica i are one process)."""
         for rep in self.prefill_replicas:
-            rep.host_levels = (rep.cost, rep.cost.with_host_factor(factor))
+            rep.host_levels = (rep.cost, rep.cost.with_host_factor(factor, prefill_floor_factor=prefill_factor))
         for drep in self.decode_replicas:
             drep.host_levels = (drep.cost, drep.cost.with_host_factor(factor))
         if shared_gpu:

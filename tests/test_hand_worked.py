@@ -557,11 +557,13 @@ def test_hack_request_breakdown(tmp_path, profile_path):
     decode_fixed = L * (dense_layer_s(1, 1, 0.0) + KERNELS["decode_attn.hack"][0]) + LM_HEAD_1_S
     decode = OUT * decode_fixed + L * (4e-13 * 2048 - approx_per_ctx) * CTX_SUM
     approx_dec = L * (OUT * approx_fixed + approx_per_ctx * CTX_SUM)
-    prefill = _prefill_s(hom_s)
+    # the homomorphic kernel reads the codes: the KV is quantized inside the forward, before each layer's attention,
+    # and nothing is left to do after it (no pack floor here)
+    prefill = _prefill_s(hom_s) + quantize
     expected = {
         "prefill_queue": 0.0,
         "prefill": prefill - approx_pre,
-        "quantize": quantize,
+        "quantize": 0.0,
         "transfer_queue": 0.0,
         "transfer": transfer,
         "decode_queue": 0.0,
@@ -571,14 +573,19 @@ def test_hack_request_breakdown(tmp_path, profile_path):
     }
     assert approx_pre > 0 and approx_dec > 0
     _check(df.iloc[0], expected, 0.0)
-    second = dict(expected, prefill_queue=prefill + quantize - 0.001)
+    second = dict(expected, prefill_queue=prefill - 0.001)
     _check(df.iloc[1], second, 0.001)
     # the auto form picks FP16 on this profile (its kernel is the faster): no prefill correction
     auto = _run(tmp_path, profile_path, "hack", [(0.0, P, OUT)]).iloc[0]
     assert auto.prefill_attention == "fp16"
     _check(
         auto,
-        dict(expected, prefill=_prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)), approximation=approx_dec),
+        dict(
+            expected,
+            prefill=_prefill_s(kernel_s("prefill_attn.fp16", ATTN_FLOPS)),
+            quantize=quantize,  # the FP16 form quantizes after its forward
+            approximation=approx_dec,
+        ),
         0.0,
     )
 

@@ -160,6 +160,31 @@ def test_a_prefill_started_while_a_transfer_is_in_flight_takes_the_busy_floor_wh
     assert (off.prefill_end_s - off.prefill_start_s).to_numpy() == pytest.approx(FLOOR_S, rel=1e-9)
 
 
+def test_the_prefill_floor_takes_its_own_busy_factor():
+    """network.link_busy_prefill_host_factor: the prefill floor at 1.1 + 0.05 x 2 Gbps = 1.2 times while a transfer
+    is in flight, not the other host terms' 1.3 (the same run as above, the general pair unchanged); left out, the
+    prefill floor takes the general pair."""
+    changes = {
+        "network.link_busy_host_factor": 1.2,
+        "network.link_busy_host_factor_per_gbps": 0.05,
+        "network.bandwidth_gbps": 2.0,
+        "workload.arrival": {"kind": "poisson", "rate_rps": 8.0},
+        "workload.requests": 20,
+    }
+    general = _prefills(**changes)
+    own = _prefills(
+        **changes,
+        **{"network.link_busy_prefill_host_factor": 1.1, "network.link_busy_prefill_host_factor_per_gbps": 0.05},
+    )
+    for df, f in ((general, 1.3), (own, 1.2)):
+        dur = (df.prefill_end_s - df.prefill_start_s).to_numpy()
+        start, t0, t1 = df.prefill_start_s.to_numpy(), df.transfer_start_s.to_numpy(), df.transfer_end_s.to_numpy()
+        left = np.array([max([e - s for b, e in zip(t0, t1) if b <= s < e], default=0.0) for s in start])
+        whole = left >= f * FLOOR_S
+        assert whole.sum() > 5
+        assert dur[whole] == pytest.approx(f * FLOOR_S, rel=1e-9)
+
+
 def test_a_links_drain_end_by_hand():
     """drain_end_s on a 100 B/s link with 10 ms latency. Flows of 50 B (cap 20 B/s) and 200 B (no cap) from t = 0:
     water-filling gives 20 and 80 B/s, both drain at 2.5 s and arrive at 2.51 s. With a third flow of 100 B (no
@@ -227,26 +252,36 @@ def test_the_busy_cost_model_scales_every_host_term_and_nothing_else():
     assert base.with_host_factor(1.0) is base
     none = replace(base, **{k: 0.0 for k in terms})
     assert none.with_host_factor(2.0) is none
+    # a prefill replica's floor (its host_issue_s_* and the method's prefill issue) by its own factor, the rest by 2
+    own = base.with_host_factor(2.0, prefill_floor_factor=1.25)
+    floor = ("host_issue_s_per_iteration", "host_issue_s_per_layer", "host_issue_s_per_request")
+    for name, v in terms.items():
+        expect = 1.25 * v if name in (*floor, "method_prefill_issue_s_per_layer") else 2 * v
+        assert getattr(own, name) == expect, name
 
 
 def test_fit_link_host_by_hand(tmp_path):
-    """fit_link_host on hand-made runs: one run idle and at 10 and 40 Gbps, whose loop gap, join, prefill and
-    quantize all slow by 1.5 at 10 Gbps and 2.25 at 40 Gbps: the line through them is 1.25 + 0.025 per Gbps."""
+    """fit_link_host on hand-made runs: one run idle and at 10 and 40 Gbps, whose loop gap, join and quantize slow by
+    1.5 at 10 Gbps and 2.25 at 40 Gbps (the line through them is 1.25 + 0.025 per Gbps), the prefill by 1.2 and 1.5
+    (its own line: 1.1 + 0.01 per Gbps)."""
     head = "kind,method,model,layers,decode_mode,link_load_gbps,prompt_range,pass,batch_size,tokens,host_issue_s,wall_s,start_s,end_s,quantize_s\n"
     lines = []
-    for load, f in ((0.0, 1.0), (10.0, 1.5), (40.0, 2.25)):
+    for load, f, fp in ((0.0, 1.0, 1.0), (10.0, 1.5, 1.2), (40.0, 2.25, 1.5)):
         t = 0.0
         # decode: batch 1 joins (issue 1 + 0.6 joined), then three iterations without a join (issue 0.2 ms), loop
         # gaps 0.3 ms: serial 0.5 ms, join 0.6 ms idle
         for b, issue in ((1, 0.8e-3), (1, 0.2e-3), (1, 0.2e-3), (1, 0.2e-3)):
             lines.append(f"decode,hack,m,2,graphs,{load},128-384,1,{b},100,{issue * f},0.001,{t},{t + 0.001}\n")
             t += 0.001 + 0.3e-3 * f
-        lines.append(f"prefill,hack,m,2,graphs,{load},128-384,1,1,200,,{0.004 * f},10,{10 + 0.004 * f},{0.001 * f}\n")
+        lines.append(f"prefill,hack,m,2,graphs,{load},128-384,1,1,200,,{0.004 * fp},10,{10 + 0.004 * fp},{0.001 * f}\n")
     (tmp_path / "h.csv").write_text(head + "".join(lines))
     fit = fit_link_host([tmp_path / "h.csv"])
-    assert fit["items"] == 8
+    assert fit["items"] == 6  # loop gap, join, quantize at two loads
     assert fit["link_busy_host_factor"] == pytest.approx(1.25, rel=1e-9)
     assert fit["link_busy_host_factor_per_gbps"] == pytest.approx(0.025, rel=1e-9)
+    assert fit["prefill"]["items"] == 2
+    assert fit["prefill"]["link_busy_prefill_host_factor"] == pytest.approx(1.1, rel=1e-9)
+    assert fit["prefill"]["link_busy_prefill_host_factor_per_gbps"] == pytest.approx(0.01, rel=1e-9)
 
 
 def test_parse_accepts_the_measured_fields():
@@ -257,19 +292,18 @@ def test_parse_accepts_the_measured_fields():
 
 
 def test_the_measured_scenarios_take_the_hostcal_fit():
-    """The h200g_* scenarios' busy-link host factor is fit_link_host on the committed hostcal runs (link idle and
-    kept busy at 2.5-50 Gbps), not a fit to any trace."""
+    """The h200g_* scenarios' busy-link host factors (the prefill floor's apart) are fit_link_host on the committed
+    hostcal runs (link idle and kept busy at 2.5-50 Gbps), not a fit to any trace."""
     import yaml
 
     root = Path(__file__).resolve().parent.parent
     fit = fit_link_host(sorted((root / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
-    assert fit["items"] == 134
+    assert fit["items"] == 102 and fit["prefill"]["items"] == 32
     for path in (root / "scenarios/measured").glob("h200g_*.yaml"):
         net = yaml.safe_load(path.read_text())["network"]
-        assert net["link_busy_host_factor"] == pytest.approx(fit["link_busy_host_factor"], rel=0.02), path.name
-        assert net["link_busy_host_factor_per_gbps"] == pytest.approx(
-            fit["link_busy_host_factor_per_gbps"], rel=0.02
-        ), path.name
+        for part, names in ((fit, "link_busy_host_factor"), (fit["prefill"], "link_busy_prefill_host_factor")):
+            assert net[names] == pytest.approx(part[names], rel=0.02), path.name
+            assert net[f"{names}_per_gbps"] == pytest.approx(part[f"{names}_per_gbps"], rel=0.02), path.name
 
 
 # ---- calibrate: the busy level as two host parameters ---------------------------------------------------------
@@ -286,8 +320,10 @@ def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold(
     )
     assert td.link_gbps == 40.0
     v = dict(td.values0)
-    names = ("network.link_busy_host_factor", "network.link_busy_host_factor_per_gbps")
     for kind in ("iteration", "prefill", "quantize"):
+        # the prefill floor takes its own pair (network.link_busy_prefill_host_factor), every other host term this one
+        pair = "network.link_busy_prefill_host_factor" if kind == "prefill" else "network.link_busy_host_factor"
+        names = (pair, pair + "_per_gbps")
         blk = td.blocks[kind]
         busy = blk["busy"] if kind == "iteration" else (blk["busy_left_s"] > 0).astype(float)
         if kind != "quantize":  # at 40 Gbps the earlier request's KV has left before a prefill ends
@@ -300,10 +336,11 @@ def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold(
         for n, h in zip(names, (1e-4, 1e-6)):
             fd = (predict(td, kind, {**v, n: v[n] + h}) - predict(td, kind, {**v, n: v[n] - h})) / (2 * h)
             assert d[n] == pytest.approx(fd, rel=1e-5, abs=1e-9), (kind, n)
-    # by hand, an iteration: the loop gap 0.63 ms and the joins' 0.61 ms each take (1.33 + 0.0215 x 40) = 2.19 x
+    # by hand, an iteration: the loop gap 0.63 ms and the joins' 0.61 ms each take (1.31 + 0.0258 x 40) = 2.34 x
+    names = ("network.link_busy_host_factor", "network.link_busy_host_factor_per_gbps")
     blk = td.blocks["iteration"]
     i = int(np.flatnonzero(blk["busy"] == 1)[0])
-    extra = (1.33 + 0.0215 * 40 - 1) * (0.00063 + 0.00061 * blk["joins"][i])
+    extra = (1.31 + 0.0258 * 40 - 1) * (0.00063 + 0.00061 * blk["joins"][i])
     off = predict(td, "iteration", {**v, names[0]: 1.0, names[1]: 0.0})
     assert predict(td, "iteration", v)[i] - off[i] == pytest.approx(extra, rel=1e-9)
 
@@ -332,8 +369,11 @@ def test_calibrate_prices_a_prefill_busy_for_part_of_it_by_hand():
     v = {**td.values0, "prefill.prefill_efficiency": 1.0, "prefill.host_issue_s_per_iteration": 0.050}
     v |= {"prefill.host_issue_s_per_layer": 0.0, "prefill.host_issue_s_per_request": 0.0}
     v |= {f"methods.{td.family}.prefill_issue_s_per_layer": 0.0}
-    v |= {"network.link_busy_host_factor": 1.5, "network.link_busy_host_factor_per_gbps": 0.0}
+    v |= {"network.link_busy_prefill_host_factor": 1.5, "network.link_busy_prefill_host_factor_per_gbps": 0.0}
     expect = [0.050, 0.020 + (1 - 0.020 / 0.075) * 0.050, 0.075]
+    assert predict(td, "prefill", v) == pytest.approx(expect, rel=1e-12)
+    # the other host terms' factor does not reach the prefill floor
+    v |= {"network.link_busy_host_factor": 3.0}
     assert predict(td, "prefill", v) == pytest.approx(expect, rel=1e-12)
 
 
@@ -349,6 +389,8 @@ def test_fit_link_host_with_one_busy_load_gives_the_factor_alone(tmp_path):
         lines.append(f"prefill,hack,m,2,{load},128-384,1,1,200,,{0.004 * f},10,{10 + 0.004 * f}\n")
     (tmp_path / "h.csv").write_text(head + "".join(lines))
     fit = fit_link_host([tmp_path / "h.csv"])
-    assert fit["items"] == 3  # loop gap, join, prefill (no quantize column)
+    assert fit["items"] == 2  # loop gap, join (no quantize column)
     assert fit["link_busy_host_factor"] == pytest.approx(1.5, rel=1e-9)
     assert fit["link_busy_host_factor_per_gbps"] == 0.0
+    assert fit["prefill"]["items"] == 1
+    assert fit["prefill"]["link_busy_prefill_host_factor"] == pytest.approx(1.5, rel=1e-9)

@@ -1,11 +1,12 @@
-"""The repeated H200 recordings (realrun/traces/h200_repeats): three configurations, FP16 and HACK recorded three
+"""The repeated H200 recordings (realrun/traces/h200_repeats): five configurations, FP16 and HACK recorded three
 times each with the same seed back to back in one process (KVQuant-style once), through `validate` with the
 errors the simulator achieves on them (nothing fitted to them).
 
 Configurations (scenarios/measured/h200g_*.yaml): `8b_small` (decode batches 1-16, never recorded before),
 `8b_kvsat` (FP16's decode memory saturated, 5 GiB of KV for 2-6K-token prompts), and the link-bound
-`70b8l_1gbps` again.  Recorded by `bash realrun/device_run.sh REV noise` and `... kvsat`.  The bounds are the
-achieved absolute errors rounded up plus 2 percentage points."""
+`70b8l_1gbps` again, recorded by `bash realrun/device_run.sh REV noise` and `... kvsat`; then `8b_sat` r9 (the GPU
+near saturation: HACK's recordings spread by 11 % in mean JCT) and HACK at `8b_mem` r7.5, by `... satnoise`.  The
+bounds are the achieved absolute errors rounded up plus 2 percentage points."""
 
 from __future__ import annotations
 
@@ -45,7 +46,19 @@ BOUNDS = {
     "h200g_8b_small_hack_r5_rep2": (9, 4),
     "h200g_8b_small_hack_r5_rep3": (6, 4),
     "h200g_8b_small_kvquant_r5": (5, 4),
+    # satnoise, since a homomorphic prefill quantizes inside its forward (HACK at 8b_sat 23.5, 32.9 and 16.3 % before)
+    "h200g_8b_sat_baseline_r9_rep1": (5, 4),
+    "h200g_8b_sat_baseline_r9_rep2": (6, 5),
+    "h200g_8b_sat_baseline_r9_rep3": (4, 4),
+    "h200g_8b_sat_hack_r9_rep1": (22, 10),
+    "h200g_8b_sat_hack_r9_rep2": (32, 11),
+    "h200g_8b_sat_hack_r9_rep3": (14, 9),
+    "h200g_8b_sat_kvquant_r9": (22, 8),
+    "h200g_8b_mem_hack_r7.5_rep1": (14, 7),
+    "h200g_8b_mem_hack_r7.5_rep2": (17, 7),
+    "h200g_8b_mem_hack_r7.5_rep3": (8, 6),
 }
+ISSUE_27 = ("_70b8l_1gbps_", "_8b_kvsat_", "_8b_small_")  # the configurations issue 27's goal was set on
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
 
@@ -68,7 +81,7 @@ def test_every_trace_is_complete_and_repeats_share_their_configuration():
         assert len(reqs) == meta["requests"] and all(math.isfinite(float(r["finish_s"])) for r in reqs)
     # FP16 and HACK three times per configuration, KVQuant-style once; repeats share method, rate and seed
     counts = Counter(r["config"] for r in idx)
-    assert sorted(counts.values()) == [1, 1, 3, 3, 3, 3, 3, 3]
+    assert sorted(counts.values()) == [1] * 3 + [3] * 9
     for config, n in counts.items():
         metas = [json.loads((TRACES / r["trace"] / "meta.json").read_text()) for r in idx if r["config"] == config]
         assert len({(m["method"], m["rate_rps"], m["seed"], m["requests"]) for m in metas}) == 1, config
@@ -84,10 +97,12 @@ def test_errors_within_what_the_model_achieves(rows):
     for name, (jct, iteration) in BOUNDS.items():
         assert abs(rows[name]["jct_mean_error_pct"]) <= jct, (name, rows[name]["jct_mean_error_pct"])
         assert abs(rows[name]["iteration_mean_error_pct"]) <= iteration, name
-    mean = sum(abs(r["jct_mean_error_pct"]) for r in rows.values()) / len(rows)
-    # issue 27's goal; achieved 4.0 % since the scenarios carry hostcal's quantize floors and FP16's pack (4.9 %
-    # before; 4.7 % before the host terms took the link's busy level; 5.5 % before the open V block and the prefill
-    # host floor)
+    first = [r for n, r in rows.items() if any(c in n for c in ISSUE_27)]
+    assert len(first) == 20
+    mean = sum(abs(r["jct_mean_error_pct"]) for r in first) / len(first)
+    # issue 27's goal on its configurations; achieved 3.7 % since a homomorphic prefill quantizes inside its forward
+    # (4.0 % before; 4.9 % before the scenarios carried hostcal's quantize floors and FP16's pack; 4.7 % before the
+    # host terms took the link's busy level; 5.5 % before the open V block and the prefill host floor)
     assert mean <= 5.0
 
 

@@ -19,15 +19,19 @@ PROMPT = 4096
 
 def lone_prefill_closed_form(s, form: str) -> tuple[float, float]:
     """(prefill latency, quantize) of the scenario's one prompt written out from the kernels: every layer runs the
-    dense GEMMs and the chosen attention kernel on 4·H·d·L(L+1)/2 FLOPs, then the quantize kernel on its K/V."""
+    dense GEMMs and the chosen attention kernel on 4·H·d·L(L+1)/2 FLOPs; the FP16 form then runs the quantize kernel
+    on its K/V after the forward, the homomorphic form runs it inside each layer, before its attention reads the
+    codes, and nothing is left after the forward (no pack floor in this scenario)."""
     res = resolve(s)
     pre, _ = res.costs(s.methods[0])
     m, prof = res.model, res.prefill.profile
     flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
     attn = prof.kernel({"fp16": "prefill_attn.fp16", "homomorphic": "prefill_attn.hack"}[form]).time_s(flops)
+    quantize_layer = prof.kernel("quantize.kv").time_s(PROMPT * 2 * m.kv_heads * m.head_dim)
     layer = pre._dense_layer_s(PROMPT) + attn
-    quantize = m.layers * prof.kernel("quantize.kv").time_s(PROMPT * 2 * m.kv_heads * m.head_dim)
-    return m.layers * layer + pre._lm_head_s(1), quantize
+    if form == "homomorphic":
+        return m.layers * (layer + quantize_layer) + pre._lm_head_s(1), 0.0
+    return m.layers * layer + pre._lm_head_s(1), m.layers * quantize_layer
 
 
 @pytest.mark.parametrize("form", ["fp16", "homomorphic"])
@@ -55,14 +59,17 @@ def test_forms_differ_by_the_attention_kernels_only():
     res = resolve(s)
     m, prof = res.model, res.prefill.profile
     flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
+    quantize = m.layers * prof.kernel("quantize.kv").time_s(PROMPT * 2 * m.kv_heads * m.head_dim)
     gap = m.layers * (prof.kernel("prefill_attn.hack").time_s(flops) - prof.kernel("prefill_attn.fp16").time_s(flops))
+    gap += quantize  # the homomorphic form quantizes inside its forward
     got = (rows["homomorphic"].prefill_end_s - rows["homomorphic"].prefill_start_s) - (
         rows["fp16"].prefill_end_s - rows["fp16"].prefill_start_s
     )
     assert got == pytest.approx(gap, rel=1e-9)
-    # the same KV leaves either way
+    # the same KV leaves either way; the homomorphic form's quantize kernel ran in its forward, the FP16 form's after
     assert rows["fp16"].kv_wire_bytes == rows["homomorphic"].kv_wire_bytes
-    assert rows["fp16"].quantize_s == pytest.approx(rows["homomorphic"].quantize_s, rel=1e-12)
+    assert rows["fp16"].quantize_s == pytest.approx(quantize, rel=1e-12)
+    assert rows["homomorphic"].quantize_s == 0.0
 
 
 def test_auto_takes_the_faster_form_per_prompt():
@@ -157,3 +164,33 @@ def test_fp16_packs_for_the_wire_only_where_the_engine_issues_a_pack():
     assert pre._chunks_encode_s(PROMPT) == 0.0
     row = next(run_scenario(packed).requests.itertuples())
     assert row.quantize_end_s - row.prefill_end_s == pytest.approx(layers * 4e-5, rel=1e-9)
+
+
+def test_a_homomorphic_prefill_quantizes_in_its_forward_and_only_packs_after():
+    """The homomorphic kernel reads the codes, so the KV is quantized inside the forward, layer by layer, before each
+    layer's attention (realrun/kvformats.py Hack.prefill_attention: build_cache, then hack_attn_prefill); the step
+    after the forward is the pack for the wire alone (its CPU floor per layer where one is given), however long the
+    quantize kernel is. The FP16 form quantizes after its forward: that step is the kernel or the floor, whichever
+    is longer."""
+    floor_s = 1e-6  # per layer: far below the quantize kernel
+    factors = {"calibration.implementation_factors": {"hack": {"quantize_issue_s_per_layer": floor_s}}}
+    hom = scenario(methods=[{"name": "hack", "prefill_attention": "homomorphic"}], **factors)
+    fp16 = scenario(methods=[{"name": "hack", "prefill_attention": "fp16"}], **factors)
+    res = resolve(hom)
+    m, prof = res.model, res.prefill.profile
+    kernel_s = m.layers * prof.kernel("quantize.kv").time_s(PROMPT * 2 * m.kv_heads * m.head_dim)
+    assert kernel_s > 10 * m.layers * floor_s
+    pre_hom = res.costs(hom.methods[0])[0]
+    pre_fp16 = resolve(fp16).costs(fp16.methods[0])[0]
+    assert pre_hom.prefill((PROMPT,), None).encode_s == pytest.approx(m.layers * floor_s, rel=1e-12)
+    assert pre_fp16.prefill((PROMPT,), None).encode_s == pytest.approx(kernel_s, rel=1e-12)
+    # the kernel's time moved into the forward: the forms' prefills differ by their attention kernels and it
+    flops = 4.0 * m.heads * m.head_dim * PROMPT * (PROMPT + 1) / 2
+    attn_gap = m.layers * (
+        prof.kernel("prefill_attn.hack").time_s(flops) - prof.kernel("prefill_attn.fp16").time_s(flops)
+    )
+    got = pre_hom.prefill((PROMPT,), None).latency_s - pre_fp16.prefill((PROMPT,), None).latency_s
+    assert got == pytest.approx(attn_gap + kernel_s, rel=1e-9)
+    # the bulk price of one prompt (simulator/step_price.PrefillPrices) says the same
+    block = pre_hom._one_prompt_block(PROMPT, PROMPT + 1)
+    assert block is not None and block[0, 3] == pre_hom.prefill((PROMPT,), None).encode_s

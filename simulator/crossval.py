@@ -133,7 +133,7 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
         result["notes"].append("held out (trace): needs two runs or more (a fit without the only run has no data)")
     if "held_out_configuration" not in result:
         result["notes"].append("held out (configuration): needs two configurations or more (runs of two scenarios)")
-    result["configurations"] = by_configuration(per_trace)
+    result["configurations"] = by_configuration(per_trace, noise)
     worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]
     result["worse_than_no_fit"] = worse
     result["per_trace"] = per_trace
@@ -144,9 +144,11 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     return result
 
 
-def by_configuration(per_trace: list[dict]) -> list[dict]:
+def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[dict]:
     """Per configuration: its runs' mean |JCT error| with no fit and held out by configuration, and whether the
-    held-out fit is worse than none (the flag `validate --cv` raises)."""
+    held-out fit is worse than none (the flag `validate --cv` raises); with `noise` (simulator/noise.py), the
+    run-to-run spread of mean JCT over that scenario's repeated recordings where it has some
+    (`run_to_run_jct_mean_pct`, None where not)."""
     out = []
     for c in sorted({r["configuration"] for r in per_trace}):
         rs = [r for r in per_trace if r["configuration"] == c]
@@ -156,6 +158,8 @@ def by_configuration(per_trace: list[dict]) -> list[dict]:
             row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
         nf, ho = row["no_fit_jct_mean_abs_error_pct"], row["held_out_configuration_jct_mean_abs_error_pct"]
         row["worse_than_no_fit"] = bool(nf is not None and ho is not None and ho > nf)
+        if noise is not None:
+            row["run_to_run_jct_mean_pct"] = noise.get("by_scenario", {}).get(c, {}).get("jct_mean")
         out.append(row)
     return out
 
@@ -281,6 +285,9 @@ def format_cv(result: dict) -> str:
     def mag(x):
         return "n/a" if x is None else f"{x:.1f}%"
 
+    def spread_text(x):
+        return "not recorded" if x is None else f"±{x:.1f}%"
+
     schemes = [s for s in SCHEMES if s in result]
     noise = result.get("noise")
     # TPOT and TTFT beside JCT: held out by trace where that exists, else in-sample
@@ -335,14 +342,16 @@ def format_cv(result: dict) -> str:
             str(c["traces"]),
             mag(c["no_fit_jct_mean_abs_error_pct"]),
             mag(c["held_out_configuration_jct_mean_abs_error_pct"]),
+            *([] if "noise" not in result else [spread_text(c.get("run_to_run_jct_mean_pct"))]),
             "WORSE than no fit" if c["worse_than_no_fit"] else "",
         ]
         for c in result["configurations"]
     ]
+    spread_head = [] if "noise" not in result else ["run-to-run (mean JCT)"]
     parts.append(
         render(
             table(
-                ["configuration", "traces", "mean |JCT err| no fit", "held out (config)", ""],
+                ["configuration", "traces", "mean |JCT err| no fit", "held out (config)", *spread_head, ""],
                 configs,
                 title="each configuration predicted by a fit on the others, against no fit",
             )

@@ -10,7 +10,10 @@ part's mean, the decode iteration's mean), `run_to_run_spread` computes from the
   deviation of the v_cr over m_c (in %), and the range, (max − min) / m_c (in %);
 * pooled over configurations, the run-to-run spread of the metric:
   100 · sqrt( Σ_c Σ_r (v_cr / m_c − 1)² / Σ_c (k_c − 1) ), the pooled standard deviation of the recordings'
-  values relative to their configuration's mean; and the largest range.
+  values relative to their configuration's mean; and the largest range;
+* the same pooled spread per scenario (`by_scenario`, keyed by the scenario file's stem, as `validate --cv` names a
+  configuration: its methods and rates together), which `validate --cv --noise` prints beside each held-out
+  configuration's error.
 
 An error smaller than about twice the spread is inside the noise: a simulator cannot be shown to do better than
 the measurement repeats. `validate --noise INDEX` prints the spread beside each error figure.
@@ -53,6 +56,11 @@ def measured_values(trace: str | Path) -> dict[str, float]:
     return out
 
 
+def _pooled(deviations: dict[str, list[float]], dof: dict[str, int]) -> dict[str, float]:
+    """Per metric, 100 x the pooled standard deviation of the relative deviations."""
+    return {k: round(100.0 * math.sqrt(float(np.sum(np.square(d))) / dof[k]), 4) for k, d in sorted(deviations.items())}
+
+
 def run_to_run_spread(index_csv: str | Path) -> dict:
     """Each metric's run-to-run spread over the repeated recordings an index lists (module doc)."""
     from .validate import read_index
@@ -68,6 +76,7 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     configurations = {}
     deviations: dict[str, list[float]] = {}
     dof: dict[str, int] = {}
+    by_scenario: dict[str, tuple[dict[str, list[float]], dict[str, int]]] = {}
     ranges: dict[str, float] = {}
     for c, group in sorted(groups.items()):
         values = [measured_values(r.trace_path) for r in group]
@@ -85,15 +94,17 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
             }
             deviations.setdefault(key, []).extend(rel.tolist())
             dof[key] = dof.get(key, 0) + len(x) - 1
+            devs, dofs = by_scenario.setdefault(Path(str(group[0].scenario)).stem, ({}, {}))
+            devs.setdefault(key, []).extend(rel.tolist())
+            dofs[key] = dofs.get(key, 0) + len(x) - 1
             ranges[key] = max(ranges.get(key, 0.0), metrics[key]["range_pct"])
         configurations[c] = {"traces": [r.trace for r in group], "metrics": metrics}
-    spread = {
-        k: round(100.0 * math.sqrt(float(np.sum(np.square(d))) / dof[k]), 4) for k, d in sorted(deviations.items())
-    }
+    spread = _pooled(deviations, dof)
     return {
         "index": str(index_csv),
         "configurations": configurations,
         "spread_pct": spread,
         "range_pct": ranges,
         "single_recordings": single,
+        "by_scenario": {sc: _pooled(devs, dofs) for sc, (devs, dofs) in sorted(by_scenario.items())},
     }

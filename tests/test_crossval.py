@@ -109,6 +109,26 @@ def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
     assert rows["a"]["held_out_configuration_jct_mean_abs_error_pct"] == 3.5
     assert rows["a"]["no_fit_jct_mean_abs_error_pct"] == 3.2
     assert rows["a"]["worse_than_no_fit"] and not rows["b"]["worse_than_no_fit"]
+    assert "run_to_run_jct_mean_pct" not in rows["a"]
+    # with repeated recordings of scenario a (simulator/noise.py, by_scenario): its spread beside its errors, in the
+    # table validate --cv prints; b was not recorded twice
+    noise = {"index": "r.csv", "spread_pct": {"jct_mean": 2.0}, "by_scenario": {"a": {"jct_mean": 3.25}}}
+    configurations = crossval.by_configuration(per_trace, noise)
+    rows = {c["configuration"]: c for c in configurations}
+    assert rows["a"]["run_to_run_jct_mean_pct"] == 3.25 and rows["b"]["run_to_run_jct_mean_pct"] is None
+    result = {
+        "traces": 3,
+        "per_trace": [{**r, "trace": f"t{i}"} for i, r in enumerate(per_trace)],
+        "configurations": configurations,
+        "worse_than_no_fit": ["a"],
+        "noise": noise,
+        "no_fit": crossval.summarise(per_trace, "no_fit"),
+        "held_out_configuration": crossval.summarise(per_trace, "held_out_configuration"),
+    }
+    text = crossval.format_cv(result)
+    line_a = next(x for x in text.splitlines() if x.startswith("a ") and "WORSE" in x)
+    assert "±3.2%" in line_a or "±3.3%" in line_a
+    assert "not recorded" in next(x for x in text.splitlines() if x.startswith("b "))
 
 
 def _children(pid: int) -> set[int]:

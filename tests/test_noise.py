@@ -136,3 +136,17 @@ def test_validate_prints_the_spread_beside_each_error(tmp_path):
         [*args, "--json", "--noise", str(tmp_path / "none.csv")], capture_output=True, text=True, cwd=ROOT
     )
     assert p.returncode == 2 and "--noise" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_spread_per_scenario_pools_its_configurations(tmp_path):
+    """by_scenario pools the configurations of one scenario file (validate --cv's configuration: its methods and
+    rates together): a and b in s.yaml, c in t.yaml: s pools a's and b's deviations over 4 degrees of freedom,
+    t is c's own."""
+    index = _repeats(tmp_path)
+    df = pd.read_csv(index)
+    df.loc[df.config == "c", "scenario"] = "sub/t.yaml"
+    df.to_csv(index, index=False)
+    s = run_to_run_spread(index)
+    assert sorted(s["by_scenario"]) == ["s", "t"]
+    assert s["by_scenario"]["s"]["jct_mean"] == pytest.approx(100 * math.sqrt((0.01 + 0.01) / 4), abs=1e-3)
+    assert s["by_scenario"]["t"]["jct_mean"] == pytest.approx(100 * 0.1 / 1.1, abs=1e-3)

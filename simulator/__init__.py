@@ -16,9 +16,12 @@ Modules, bottom up (the import graph has no cycles: tests/test_imports.py):
   the records into the summary and the output tables.
 
 An entity gets its `Records` and its partners when it is built and talks to a partner through the
-methods a small `Protocol` in its own module names (`prefill.PrefillListener`, `decode.DecodeListener`,
+methods a small interface in its own module names (`prefill.PrefillListener`, `decode.DecodeListener`,
 `decode.PrefillPartner`, ...), never through the partner's private fields and never by importing the
-module that builds it.
+module that builds it. An interface the event loop calls on every request is a class the partner subclasses
+(a mypyc trait where one partner has several: the router is `prefill.PrefillListener`, `decode.DecodeListener`
+and `arrivals.ArrivalListener`), not a `Protocol`: compiled, a call through it is a direct call through the
+class's method table, where a `Protocol`-typed call was a Python method call by name with its arguments boxed.
 
 The event protocol on top of SimPy
 ----------------------------------

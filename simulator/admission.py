@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from costmodel.memory import kv_blocks
 
+from .decode import BlockAllocator
+
 if TYPE_CHECKING:
     from .decode import DecodeReplica
 
@@ -44,7 +46,7 @@ def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, bloc
     raise AssertionError("unreachable: the counts of one cycle sum to the batch")
 
 
-class OnDemandBlocks:
+class OnDemandBlocks(BlockAllocator):
     def __init__(self, replica: DecodeReplica):
         cost = replica.cost
         self.rep = replica
@@ -131,10 +133,13 @@ class OnDemandBlocks:
         bt = self.bt
         cycles, rest = divmod(n, bt)
         blocks = cycles * len(self.running)
-        if rest:
+        if rest:  # the phases start .. start+rest-1, wrapping past bt (summed in place, no slices)
             counts, start = self.counts, k % bt
             end = start + rest
-            blocks += sum(counts[start:end]) + (sum(counts[: end - bt]) if end > bt else 0)
+            for i in range(start, min(end, bt)):
+                blocks += counts[i]
+            for i in range(end - bt):
+                blocks += counts[i]
         return blocks
 
     def plan(self, k: int, n: int) -> None:
@@ -146,7 +151,8 @@ class OnDemandBlocks:
     @property
     def planned_bytes(self) -> float:
         if self._planned is None:
-            self._planned = self._new_blocks(*self._plan) * self.block_bytes
+            k, n = self._plan
+            self._planned = self._new_blocks(k, n) * self.block_bytes
         return self._planned
 
     def allocate(self, k: int, n: int) -> None:

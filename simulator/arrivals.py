@@ -11,20 +11,28 @@ A module of its own so that it compiles with the entities (simulator/compiled.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import simpy
 
-from .timers import Timer, loop
+from .timers import Timer, loop, trait
+
+
+@trait
+class ArrivalListener:
+    """Who takes the requests of an arrival instant (the router)."""
+
+    def on_arrivals(self, rids: list[int]) -> None:
+        raise NotImplementedError
 
 
 class Arrivals(Timer):
-    __slots__ = ("loop", "arrival_s", "on_arrivals", "rid")
+    __slots__ = ("loop", "arrival_s", "router", "rid")
 
-    def __init__(self, env: simpy.Environment, arrival_s: Sequence[float], on_arrivals: Callable[[list[int]], None]):
+    def __init__(self, env: simpy.Environment, arrival_s: Sequence[float], router: ArrivalListener):
         self.loop = loop(env)
         self.arrival_s = arrival_s  # sorted
-        self.on_arrivals = on_arrivals
+        self.router = router
         self.rid = 0  # the next request to arrive
 
     def start(self) -> None:
@@ -39,6 +47,6 @@ class Arrivals(Timer):
         while rid < n and arrival[rid] <= now:
             rid += 1
         self.rid = rid
-        self.on_arrivals(list(range(first, rid)))
+        self.router.on_arrivals(list(range(first, rid)))
         if rid < n:
             self.loop.set_in(self, arrival[rid] - now)

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .arrivals import ArrivalListener
+from .decode import DecodeListener
+
 if TYPE_CHECKING:
     from .decode import DecodeReplica
     from .scheduler import StepScheduler
 
 
-class ColocatedRouter:
+class ColocatedRouter(DecodeListener, ArrivalListener):
     """Arrivals go to the live engine with the fewest prompt tokens queued or being prefilled (ties: the lowest
     index); while every engine is down they wait in a backlog (simulator/faults.py)."""
 

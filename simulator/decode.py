@@ -39,20 +39,24 @@ from costmodel.phases import ReplicaCostModel
 
 from .columns import PREEMPTION, Records
 from .step_price import Iteration, StepPrices, iteration_of
-from .timers import Timer, loop
+from .timers import Timer, loop, trait
 
 
-class DecodeListener(Protocol):
+@trait
+class DecodeListener:
     """Who admits requests to decode replicas and holds their KV on the prefill side (the router)."""
 
     hold_kv: bool
 
-    def release_kv(self, rid: int) -> None: ...
+    def release_kv(self, rid: int) -> None:
+        raise NotImplementedError
 
-    def on_memory_freed(self) -> None: ...
+    def on_memory_freed(self) -> None:
+        raise NotImplementedError
 
 
-class BlockAllocator(Protocol):
+@trait
+class BlockAllocator:
     """On-demand KV blocks of the decode rows (simulator/admission.py), as the replica drives them."""
 
     bt: int  # tokens per block
@@ -60,32 +64,45 @@ class BlockAllocator(Protocol):
     counts: list[int]  # running requests by block phase
 
     @property
-    def planned_bytes(self) -> float: ...
+    def planned_bytes(self) -> float:
+        raise NotImplementedError
 
-    def free_blocks(self) -> int: ...
+    def free_blocks(self) -> int:
+        raise NotImplementedError
 
-    def newest(self) -> int: ...
+    def newest(self) -> int:
+        raise NotImplementedError
 
-    def phase(self, rid: int) -> int: ...
+    def phase(self, rid: int) -> int:
+        raise NotImplementedError
 
-    def held_bytes(self, rid: int, k: int) -> float: ...
+    def held_bytes(self, rid: int, k: int) -> float:
+        raise NotImplementedError
 
-    def remove(self, rid: int) -> tuple[int, int, int, int]: ...
+    def remove(self, rid: int) -> tuple[int, int, int, int]:
+        raise NotImplementedError
 
-    def plan(self, k: int, n: int) -> None: ...
+    def plan(self, k: int, n: int) -> None:
+        raise NotImplementedError
 
-    def segment_end(self, k: int) -> int: ...
+    def segment_end(self, k: int) -> int:
+        raise NotImplementedError
 
-    def join(self, rid: int, k: int, context: int, finish_iter: int) -> None: ...
+    def join(self, rid: int, k: int, context: int, finish_iter: int) -> None:
+        raise NotImplementedError
 
-    def allocate(self, k: int, n: int) -> None: ...
+    def allocate(self, k: int, n: int) -> None:
+        raise NotImplementedError
 
-    def leave(self, rid: int, fin: int) -> tuple[float, float] | None: ...
+    def leave(self, rid: int, fin: int) -> tuple[float, float] | None:
+        raise NotImplementedError
 
-    def clear(self) -> list[int]: ...
+    def clear(self) -> list[int]:
+        raise NotImplementedError
 
 
-class Steps(Protocol):
+@trait
+class Steps:
     """vLLM's step scheduler on this replica (simulator/scheduler.py): preempted requests coming back, colocated
     prompts, transferred requests waiting to join, and each step's prefill chunks."""
 
@@ -94,27 +111,37 @@ class Steps(Protocol):
     retry: bool
 
     @property
-    def pending(self) -> bool: ...
+    def pending(self) -> bool:
+        raise NotImplementedError
 
-    def arrived(self, rid: int) -> None: ...
+    def arrived(self, rid: int) -> None:
+        raise NotImplementedError
 
-    def compose(self, k: int) -> float: ...
+    def compose(self, k: int) -> float:
+        raise NotImplementedError
 
-    def cost(self) -> Iteration: ...
+    def cost(self) -> Iteration:
+        raise NotImplementedError
 
-    def after_step(self) -> None: ...
+    def after_step(self) -> None:
+        raise NotImplementedError
 
-    def fail(self) -> tuple[list[int], list[int]]: ...
+    def fail(self) -> tuple[list[int], list[int]]:
+        raise NotImplementedError
 
 
-class Cache(Protocol):
+@trait
+class Cache:
     """The replica's prefix cache (simulator/prefix_cache.py), as the replica drives it."""
 
-    def release(self, rid: int, computed_tokens: int, preempted: bool) -> None: ...
+    def release(self, rid: int, computed_tokens: int, preempted: bool) -> None:
+        raise NotImplementedError
 
-    def trim(self, free_bytes: float) -> None: ...
+    def trim(self, free_bytes: float) -> None:
+        raise NotImplementedError
 
-    def clear(self) -> None: ...
+    def clear(self) -> None:
+        raise NotImplementedError
 
 
 class PrefillPartner(Protocol):

@@ -88,31 +88,43 @@ class EndpointHost:
         return max(link.drain_end_s() for link in self.links) - next(iter(self.links)).loop.now
 
 
+class FlowEnd:
+    """What a transfer's arrival runs: `arrived(rid, time_s)`, when its last byte is there. A subclass names what runs
+    (the router's `router._Transfer`), its fields what a closure would capture: compiled, the link calls it
+    directly, where a closure was a Python call with its arguments boxed."""
+
+    def arrived(self, rid: int, time_s: float) -> None:
+        raise NotImplementedError
+
+
+class _Callback(FlowEnd):
+    """`Link.start`'s end: a plain function `on_done(rid, time_s)`."""
+
+    def __init__(self, on_done: Callable[[int, float], None]):
+        self.on_done = on_done
+
+    def arrived(self, rid: int, time_s: float) -> None:
+        self.on_done(rid, time_s)
+
+
 class Flow:
     __slots__ = (
         "rid",
         "remaining_bytes",
         "cap_bytes_per_s",
         "not_before_s",
-        "on_done",
+        "end",
         "rate",
         "cancelled",
         "finish_s",
     )
 
-    def __init__(
-        self,
-        rid: int,
-        bytes_: float,
-        cap_bytes_per_s: float,
-        not_before_s: float,
-        on_done: Callable[[int, float], None],
-    ):
+    def __init__(self, rid: int, bytes_: float, cap_bytes_per_s: float, not_before_s: float, end: FlowEnd):
         self.rid = rid
         self.remaining_bytes = bytes_
         self.cap_bytes_per_s = cap_bytes_per_s
         self.not_before_s = not_before_s
-        self.on_done = on_done
+        self.end = end
         self.rate = 0.0
         self.cancelled = False
         self.finish_s = math.inf  # drained, waiting out the latency: when it arrives
@@ -148,8 +160,12 @@ class Link:
         not_before_s: float = 0.0,
     ) -> None:
         """Begin a transfer; `on_done(rid, time_s)` runs when its last byte has arrived."""
+        self.send(rid, bytes_, cap_bytes_per_s, _Callback(on_done), not_before_s)
+
+    def send(self, rid: int, bytes_: float, cap_bytes_per_s: float, end: FlowEnd, not_before_s: float = 0.0) -> None:
+        """Begin a transfer; `end.arrived(rid, time_s)` runs when its last byte has arrived."""
         self._advance()
-        self.flows.append(Flow(rid, bytes_, cap_bytes_per_s, not_before_s, on_done))
+        self.flows.append(Flow(rid, bytes_, cap_bytes_per_s, not_before_s, end))
         self._reschedule()
 
     def set_factor(self, factor: float) -> None:
@@ -256,7 +272,7 @@ class Link:
         for f in done:
             finish = max(now, f.not_before_s) + latency_s
             if finish <= now:
-                f.on_done(f.rid, now)
+                f.end.arrived(f.rid, now)
             else:
                 self.waiting[f.rid] = f
                 f.finish_s = finish
@@ -270,7 +286,7 @@ class Link:
         if f.cancelled:
             return
         del self.waiting[f.rid]
-        f.on_done(f.rid, t)
+        f.end.arrived(f.rid, t)
 
 
 class _Drained(Timer):

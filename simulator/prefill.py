@@ -35,7 +35,7 @@ from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
 from .step_price import PrefillPrices
-from .timers import Timer, loop
+from .timers import Timer, loop, trait
 
 if TYPE_CHECKING:
     from costmodel.phases import PrefillCost
@@ -44,12 +44,15 @@ if TYPE_CHECKING:
     from .prefix_cache import PrefixCaching
 
 
-class PrefillListener(Protocol):
+@trait
+class PrefillListener:
     """Who takes a batch's KV on (the router)."""
 
-    def on_prefill_started(self, batch: list[int], replica: PrefillReplica, start_s: float, ready_s: float) -> None: ...
+    def on_prefill_started(self, batch: list[int], replica: PrefillReplica, start_s: float, ready_s: float) -> None:
+        raise NotImplementedError
 
-    def on_kv_ready(self, batch: list[int], replica: PrefillReplica) -> None: ...
+    def on_kv_ready(self, batch: list[int], replica: PrefillReplica) -> None:
+        raise NotImplementedError
 
 
 class GPUSharer(Protocol):

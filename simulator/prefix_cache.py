@@ -37,6 +37,8 @@ from collections import OrderedDict
 from collections.abc import MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .decode import Cache
+
 if TYPE_CHECKING:
     from .columns import Records
 
@@ -663,7 +665,7 @@ class PrefixCaching:
         return out
 
 
-class EngineCache:
+class EngineCache(Cache):
     """The prefix cache of one engine replica (a decode replica, or a colocated engine) as its step scheduler
     (simulator/scheduler.py) and its decode rows use it."""
 

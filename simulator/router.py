@@ -22,6 +22,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from .arrivals import ArrivalListener
+from .decode import DecodeListener
+from .link import FlowEnd
+from .prefill import PrefillListener
+
 if TYPE_CHECKING:
     from .columns import Records
     from .decode import DecodeReplica
@@ -38,7 +43,7 @@ class Pusher(Protocol):
     def try_admit(self) -> None: ...
 
 
-class Router:
+class Router(PrefillListener, DecodeListener, ArrivalListener):
     def __init__(
         self,
         records: Records,
@@ -178,22 +183,31 @@ class Router:
             for h in hosts:
                 h.started(link)
 
-        def done(r: int, t: float) -> None:  # typed captures: compiled, rep.arrive is a direct call
-            rec.transfer_end[r] = t
-            del self.transfers[r]
-            for h in hosts:  # before the request joins: an idle replica starts at the idle level
-                h.ended(link)
-            if not self.hold_kv:
-                self.release_kv(r)
-            if self.prefix is not None:
-                self.prefix.decode_arrived(r, rep.index)
-            if arrive is None:
-                rep.arrive(r)
-            else:
-                arrive(r, rep)
-
         self.transfers[rid] = (link, rep)
-        link.start(rid, bytes_, cap, done, not_before_s=not_before)
+        link.send(rid, bytes_, cap, _Transfer(self, link, rep, hosts, arrive), not_before)
+
+    def _arrived(
+        self,
+        rid: int,
+        t: float,
+        link: Link,
+        rep: DecodeReplica,
+        hosts: tuple[EndpointHost, ...],
+        arrive: Callable[[int, DecodeReplica], None] | None,
+    ) -> None:
+        """The request's KV is at `rep` (its transfer on `link` ended at `t`)."""
+        self.rec.transfer_end[rid] = t
+        del self.transfers[rid]
+        for h in hosts:  # before the request joins: an idle replica starts at the idle level
+            h.ended(link)
+        if not self.hold_kv:
+            self.release_kv(rid)
+        if self.prefix is not None:
+            self.prefix.decode_arrived(rid, rep.index)
+        if arrive is None:
+            rep.arrive(rid)
+        else:
+            arrive(rid, rep)
 
     def release_kv(self, rid: int) -> None:
         """The request's KV leaves its prefill replica (host memory, KV pool or push queue), unless a fault already
@@ -202,6 +216,29 @@ class Router:
         if rec.kv_held[rid]:
             rec.kv_held[rid] = False
             self.prefill[rec.prefill_replica[rid]].release_parked(rid)
+
+
+class _Transfer(FlowEnd):
+    """A transfer's end on its link: `Router._arrived` with what the transfer was started with."""
+
+    __slots__ = ("router", "link", "rep", "hosts", "arrive")
+
+    def __init__(
+        self,
+        router: Router,
+        link: Link,
+        rep: DecodeReplica,
+        hosts: tuple[EndpointHost, ...],
+        arrive: Callable[[int, DecodeReplica], None] | None,
+    ):
+        self.router = router
+        self.link = link
+        self.rep = rep
+        self.hosts = hosts
+        self.arrive = arrive
+
+    def arrived(self, rid: int, time_s: float) -> None:
+        self.router._arrived(rid, time_s, self.link, self.rep, self.hosts, self.arrive)
 
 
 def _least_loaded(replicas: list[PrefillReplica]) -> PrefillReplica:

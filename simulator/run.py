@@ -289,7 +289,7 @@ class MethodRun:
 
     def simulate(self, drive: Callable[[simpy.Environment], object] = drive_queue) -> None:
         """Run every request through (`drive`: SimPy's own `Environment.run` gives the same run, slower)."""
-        Arrivals(self.env, self.records.arrival, self.router.on_arrivals).start()
+        Arrivals(self.env, self.records.arrival, self.router).start()
         # The cyclic garbage collector is off while the loop runs: its collections found nothing to free there (the
         # loop makes no reference cycles: none left after the default, colocated, prefix-caching, swap and fault
         # runs, tests/test_scale.py) and rescanned everything built before it (the scenario, the cost models and

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 from costmodel.phases import PrefillCost, ReplicaCostModel
 
 from .columns import PREEMPTION
+from .decode import Steps
 from .step_price import Iteration, StepPrices
 from .timers import call_in
 
@@ -83,7 +84,7 @@ class Job:
         self.swapped = 0.0  # bytes of its KV in host memory (swap)
 
 
-class StepScheduler:
+class StepScheduler(Steps):
     """The waiting queue and the partly computed requests of one engine replica, and each step's chunks.
 
     `waiting` holds Jobs (prompts; preempted requests, at the head) and request ids (KV transferred here,

@@ -35,6 +35,15 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL
 
+try:
+    # mypyc's traits: an interface a compiled class may implement beside its base class (the router is each entity's
+    # listener), called natively through it; a plain base class as Python. mypy brings the package, so the build has it
+    from mypy_extensions import trait
+except ImportError:
+
+    def trait(cls):  # type: ignore[misc,no-redef]
+        return cls
+
 
 class Timer:
     """A timer on a `Loop`: `fire()` runs at `time_s`; `eid` is its SimPy event id (the order among timers and

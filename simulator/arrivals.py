@@ -47,6 +47,6 @@ class Arrivals(Timer):
         while rid < n and arrival[rid] <= now:
             rid += 1
         self.rid = rid
-        self.router.on_arrivals(list(range(first, rid)))
+        self.router.on_arrivals([r for r in range(first, rid)])  # compiled, a C loop (list(range) calls by name)
         if rid < n:
             self.loop.set_in(self, arrival[rid] - now)

@@ -34,12 +34,10 @@ import simpy
 from costmodel.phases import ReplicaCostModel
 
 from .columns import Records
-from .step_price import PrefillPrices
+from .step_price import Prefill, PrefillPrices, prefill_of
 from .timers import Timer, loop, trait
 
 if TYPE_CHECKING:
-    from costmodel.phases import PrefillCost
-
     from .link import EndpointHost
     from .prefix_cache import PrefixCaching
 
@@ -249,11 +247,11 @@ class PrefillReplica:
         if cached is None and len(prompts) == 1 and type(self.cost) is ReplicaCostModel:  # its price by length
             cost = self._one_prompt_prices().one_prompt(prompts[0])
         else:
-            cost = self.cost.prefill(prompts, cached)
+            cost = prefill_of(self.cost.prefill(prompts, cached))
         forms = cost.forms
         latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
         if levels is not None and self.link_busy and self.endpoint is not None:
-            latency_s, encode_s, busy_s = self._busy_part(levels[0].prefill(prompts, cached), cost)
+            latency_s, encode_s, busy_s = self._busy_part(prefill_of(levels[0].prefill(prompts, cached)), cost)
         if self.chunk_tokens is None:
             done = batch
         else:
@@ -297,7 +295,7 @@ class PrefillReplica:
             prices = self._prices[self.cost] = PrefillPrices(self.cost)
         return prices
 
-    def _busy_part(self, idle: PrefillCost, busy: PrefillCost) -> tuple[float, float, float]:
+    def _busy_part(self, idle: Prefill, busy: Prefill) -> tuple[float, float, float]:
         """A step that starts while transfers are in flight runs at the busy level until the last of them arrives
         (`EndpointHost.busy_left_s`: one prefill at a time in a process, and no transfer of its own starts before
         its KV is encoded) and at the idle level after. A part of the step (the forward pass, then the encode) that

@@ -51,11 +51,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from costmodel.phases import PrefillCost, ReplicaCostModel
+from costmodel.phases import ReplicaCostModel
 
 from .columns import PREEMPTION
 from .decode import Steps
-from .step_price import Iteration, StepPrices
+from .step_price import Iteration, Prefill, StepPrices
 from .timers import call_in
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class StepScheduler(Steps):
         self.resumes = 0  # preempted requests among `waiting` (the router admits nothing new meanwhile)
         self.partial: list[Job] = []
         self.step: list[tuple[Job, int]] = []  # this step's chunks: (job, new tokens)
-        self.share: PrefillCost | None = None  # the running step's chunk share
+        self.share: Prefill | None = None  # the running step's chunk share
         self.ready: list[Job] = []  # finished their tokens in the last step: decode rows from the next
         self.retry = False  # a request was preempted this step and others wait: the next step looks again
         self.outstanding_tokens = 0  # prompt tokens queued or being prefilled here (the colocated router's load)

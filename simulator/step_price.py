@@ -104,9 +104,29 @@ def iteration_of(cost: IterationCost) -> Iteration:
 _NO_DECODE = iteration_of(_NO_ITERATION)  # a mixed step without decode rows
 
 
+class Prefill:
+    """A prefill batch's price (or a mixed step's chunk share): costmodel.phases.PrefillCost's numbers as a compiled
+    class, so the entities read C doubles, where the `NamedTuple` was built through its interpreted `__new__` and
+    read by name."""
+
+    def __init__(
+        self, stage_s: float, latency_s: float, approximation_s: float, encode_s: float, forms: tuple[str, ...]
+    ) -> None:
+        self.stage_s = stage_s  # the replica is busy this long before it can take the next batch
+        self.latency_s = latency_s  # the batch's first tokens are ready this long after it starts
+        self.approximation_s = approximation_s  # part of latency_s spent on the homomorphic correction
+        self.encode_s = encode_s  # quantize / entropy-encode after the forward pass (the replica busy too)
+        self.forms = forms  # the prefill attention form each prompt of the batch ran (PREFILL_KERNELS)
+
+
+def prefill_of(cost: PrefillCost) -> Prefill:
+    """The cost model's prefill price as a `Prefill`."""
+    return Prefill(cost.stage_s, cost.latency_s, cost.approximation_s, cost.encode_s, cost.forms)
+
+
 class StepPrices:
     """One cost model's mixed steps: `price(batch_size, chunks, samples)` is `cost.mixed_step(...)`, its iteration
-    an `Iteration`; and its plain iterations, `iteration(batch_size)` (`cost.iteration`)."""
+    an `Iteration` and its chunk share a `Prefill`; and its plain iterations, `iteration(batch_size)` (`cost.iteration`)."""
 
     def __init__(self, cost: ReplicaCostModel):
         self.cost = cost
@@ -129,11 +149,9 @@ class StepPrices:
         self.chunk_tables: dict[int, array] = memo.setdefault("one_chunk_tables", {})
         self.chunk_misses: dict[int, int] = memo.setdefault("one_chunk_misses", {})
         self.bulk_chunks = cost.method.has_bulk_prefill_form()
-        self.steps: dict[tuple, tuple[Iteration, PrefillCost]] = {}
+        self.steps: dict[tuple, tuple[Iteration, Prefill]] = {}
 
-    def price(
-        self, batch_size: int, chunks: tuple[tuple[int, int], ...], samples: int
-    ) -> tuple[Iteration, PrefillCost]:
+    def price(self, batch_size: int, chunks: tuple[tuple[int, int], ...], samples: int) -> tuple[Iteration, Prefill]:
         key = (batch_size, chunks, samples)
         hit = self.steps.get(key)
         if hit is not None:
@@ -160,7 +178,7 @@ class StepPrices:
                 + self.serial_s
             )
         added += L * attn_s + self._encode(new)
-        out = (base.with_decode_fixed_added(added), PrefillCost(added, added, L * approx_s, self._encode(new), forms))
+        out = (base.with_decode_fixed_added(added), Prefill(added, added, L * approx_s, self._encode(new), forms))
         if len(self.steps) >= STEP_MEMO_ENTRIES:
             self.steps.clear()
         self.steps[key] = out
@@ -275,25 +293,25 @@ class PrefillPrices:
     """One cost model's one-prompt prefill batches (a prompt without a cached prefix: most batches at moderate load)
     read from the cost model's own table by length (`ReplicaCostModel._one_prompt_prefill`: four times and the
     form's code per length, NaN until priced) in compiled code: a length priced before is a few reads and its
-    `PrefillCost`, not the interpreted `prefill` call (~9.6 k instructions); a new one is the cost model's. Nothing
-    is kept per length here (a `PrefillCost` kept per length held ~190 bytes per request while new lengths came)."""
+    `Prefill`, not the interpreted `prefill` call (~9.6 k instructions); a new one is the cost model's. Nothing
+    is kept per length here (a price kept per length held ~190 bytes per request while new lengths came)."""
 
     def __init__(self, cost: ReplicaCostModel):
         self.cost = cost
         self.table: array = array("d")  # the cost model's table, fetched again after it prices (it may grow)
 
-    def one_prompt(self, tokens: int) -> PrefillCost:
+    def one_prompt(self, tokens: int) -> Prefill:
         table = self.table
         i = tokens * _ONE_PROMPT_FIELDS
         if i < len(table):
             stage_s = table[i]
             if stage_s == stage_s:  # priced
-                return PrefillCost(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
+                return Prefill(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
         c = self.cost.prefill((tokens,))
         grown = self.cost._memo.get("one_prompt")
         if grown is not None:
             self.table = grown
-        return c
+        return prefill_of(c)
 
 
 def _grow(table: list[float], index: int) -> None:

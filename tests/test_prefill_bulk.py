@@ -16,7 +16,7 @@ from costmodel.methods.base import PREFILL_KERNELS
 from costmodel.phases import ONE_PROMPT_BLOCK, ONE_PROMPT_TABLE_TOKENS, PrefillCost, ReplicaCostModel
 from helpers import scenario
 from simulator.resolve import resolve
-from simulator.step_price import PrefillPrices
+from simulator.step_price import Prefill, PrefillPrices
 
 FORMS = tuple(PREFILL_KERNELS)  # a form's code is its index
 
@@ -51,8 +51,12 @@ def double(x: float) -> bytes:
     return struct.pack("<d", x)
 
 
-def bits(cost: PrefillCost) -> tuple:
-    return (*(double(x) for x in cost[:4]), cost.forms)
+def bits(cost: PrefillCost | Prefill) -> tuple:
+    """A price's four times, bit for bit, and its forms (the cost model's `PrefillCost` or a replica's `Prefill`)."""
+    return (
+        *(double(x) for x in (cost.stage_s, cost.latency_s, cost.approximation_s, cost.encode_s)),
+        cost.forms,
+    )
 
 
 def lengths(seed: int) -> list[int]:

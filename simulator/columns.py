@@ -2,9 +2,16 @@
 
 A run of a million requests keeps about twenty values per request and two log rows per request per
 log. As Python lists of floats and tuples that is ~2 KB per request (a pointer plus a 24-byte float
-object per value, a tuple per row); as typed arrays it is 8 bytes a value. Entities index and assign
-these like lists (`run.finish[rid] = now`), and append log rows as tuples (`log.append((t, r, x))`);
-`numpy` reads them without copying at the end.
+object per value, a tuple per row); as typed columns it is 8 bytes a value. Entities index and assign
+these like lists (`run.finish[rid] = now`), and append log rows (`log.add(t, r, x)`); `numpy` reads them
+without copying at the end.
+
+A request's column is a `librt.vecs.vec[float]` (or `vec[i64]`): mypyc's packed array, which the compiled
+modules index natively (a C load or store), where an `array.array` item was a Python call that boxed the
+index and the value (and parsed the float through `PyArg_Parse`): a fifth of a default run's instructions in
+the event loop (callgrind, compiled). librt is mypyc's runtime library and comes with mypy; without it, as
+Python, `vec_fallback` gives the same API over `array.array`. The logs grow, so they stay `array`s that grow by
+an eighth (a vec doubles).
 """
 
 from __future__ import annotations
@@ -16,6 +23,12 @@ from array import array
 import numpy as np
 import numpy.typing as npt
 
+try:
+    from librt.vecs import vec
+    from mypy_extensions import i64
+except ImportError:  # no librt (no mypy): the same API over array.array, as Python
+    from .vec_fallback import i64, vec  # type: ignore[assignment,no-redef]
+
 # A decode replica's cumulative seconds (DecodeReplica.cum): running decode, dequantize, approximation, fetch,
 # preemption; the step scheduler (scheduler.py) adds to the last.
 PREEMPTION = 4
@@ -23,30 +36,31 @@ PREEMPTION = 4
 _FLUSH_ROWS = 1024  # RowLog: rows kept in a list before they are packed into the array
 
 
-def floats(values) -> array:
+def floats(values) -> vec[float]:
     """A float64 column holding `values` (a numpy array or any iterable)."""
     if isinstance(values, np.ndarray):
-        return array("d", values.astype(np.float64, copy=False).tobytes())
-    return array("d", values)
+        return vec[float](values.astype(np.float64, copy=False))
+    return vec[float](values)
 
 
-def ints(values) -> array:
+def ints(values) -> vec[i64]:
     """An int64 column holding `values`."""
     if isinstance(values, np.ndarray):
-        return array("q", values.astype(np.int64, copy=False).tobytes())
-    return array("q", values)
+        return vec[i64](values.astype(np.int64, copy=False))
+    return vec[i64](values)
 
 
-def nans(n: int) -> array:
-    return array("d", [math.nan]) * n
+def nans(n: int) -> vec[float]:
+    return vec[float](np.full(n, math.nan))
 
 
-def filled(n: int, value: int) -> array:
-    return array("q", [value]) * n
+def filled(n: int, value: int) -> vec[i64]:
+    return vec[i64](np.full(n, value, dtype=np.int64))
 
 
-def view(col: array, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
-    """The column as a numpy array sharing its memory (read-only use: the array must not grow meanwhile)."""
+def view(col, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
+    """The column (or a log's array) as a numpy array sharing its memory (read-only use: a log must not grow
+    meanwhile)."""
     return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
 
 
@@ -70,6 +84,16 @@ class RowLog:
         """A row (a tuple of `width` numbers)."""
         rows = self._rows
         rows.extend(row)
+        if len(rows) >= _FLUSH_ROWS * self.width:
+            self._data.frombytes(self._pack(*rows))
+            rows.clear()
+
+    def add(self, a: float, b: float, c: float) -> None:
+        """A row of three numbers (the memory and link logs'), without a tuple: compiled, three list appends."""
+        rows = self._rows
+        rows.append(a)
+        rows.append(b)
+        rows.append(c)
         if len(rows) >= _FLUSH_ROWS * self.width:
             self._data.frombytes(self._pack(*rows))
             rows.clear()

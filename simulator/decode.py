@@ -278,7 +278,7 @@ class DecodeReplica:
         self.host_reserved_bytes += host_bytes
         self.slots_used += 1
         if self.memory_log is not None:
-            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
+            self.memory_log.add(self.loop.now, self.index, self.reserved_bytes)
         if self.cache is not None:
             self.cache.trim(self.capacity_bytes - self.reserved_bytes)
 
@@ -338,7 +338,7 @@ class DecodeReplica:
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
-            self.memory_log.append((self.loop.now, self.index, 0.0))
+            self.memory_log.add(self.loop.now, self.index, 0.0)
         return lost
 
     def recover(self) -> None:
@@ -352,7 +352,7 @@ class DecodeReplica:
         if self.cache is not None:
             self.cache.release(rid, 0, False)
         if self.memory_log is not None:
-            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
+            self.memory_log.add(self.loop.now, self.index, self.reserved_bytes)
 
     # ---- a GPU shared with a prefill replica (placement: shared_gpu) ---------------------------
     @property
@@ -423,7 +423,7 @@ class DecodeReplica:
             if stall_s:
                 self.cum[PREEMPTION] += stall_s  # everyone in the batch waits for the swap copies
             if self.memory_log is not None and self.reserved_bytes != before:
-                self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
+                self.memory_log.add(self.loop.now, self.index, self.reserved_bytes)
         wait = None
         if self.slots_at_join and len(self.joining) > self.max_batch_requests - self.batch:
             room = self.max_batch_requests - self.batch  # realrun: joins up to max_batch_requests running
@@ -544,7 +544,7 @@ class DecodeReplica:
                 rec.snap_fetch[rid],
                 rec.snap_preempt[rid],
             ) = self.cum
-            context, finish = rec.join_context[rid], k + rec.decode_iterations[rid]
+            context, finish = int(rec.join_context[rid]), k + int(rec.decode_iterations[rid])
             self.ctx_offset += context - k
             heapq.heappush(heap, (finish, rid))
             if blocks is not None:
@@ -592,7 +592,7 @@ class DecodeReplica:
         if self.blocks is not None:
             self.blocks.allocate(k + 1, n - 1)
             if self.memory_log is not None:
-                self.memory_log.append((self.env._now, self.index, self.reserved_bytes))
+                self.memory_log.add(self.env._now, self.index, self.reserved_bytes)
             if self.cache is not None:
                 self.trim_cache()
         self.iteration += n
@@ -611,7 +611,7 @@ class DecodeReplica:
                 ctx_term, held = left
             else:
                 # Remove the request's context from C: its context at iteration k is ctx0 + (k - join).
-                ctx_term = rec.join_context[rid] + rec.decode_iterations[rid] - self.iteration
+                ctx_term = float(int(rec.join_context[rid] + rec.decode_iterations[rid]) - self.iteration)
                 held = rec.kv_bytes[rid]
             self._finished(rid, held)
             self.ctx_offset -= ctx_term
@@ -642,7 +642,7 @@ class DecodeReplica:
 
     def _freed(self, bytes_: float) -> None:
         if self.memory_log is not None:
-            self.memory_log.append((self.loop.now, self.index, self.reserved_bytes))
+            self.memory_log.add(self.loop.now, self.index, self.reserved_bytes)
         assert self.listener is not None
         self.listener.on_memory_freed()
 

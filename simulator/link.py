@@ -243,13 +243,13 @@ class Link:
         if len(flows) == 1:  # the usual case, without the general case's lists and generators (same arithmetic)
             f = flows[0]
             if self.log is not None:
-                self.log.append((self.loop.now, 1, 0 + f.rate))  # 0 + rate: sum()'s float, bit for bit
+                self.log.add(self.loop.now, 1, 0 + f.rate)  # 0 + rate: sum()'s float, bit for bit
             if not f.rate > 0:
                 return  # an outage: nothing drains until the capacity returns
             dt = max(f.remaining_bytes, 0.0) / f.rate
         else:
             if self.log is not None:
-                self.log.append((self.loop.now, len(flows), sum(f.rate for f in flows)))
+                self.log.add(self.loop.now, len(flows), sum(f.rate for f in flows))
             moving = [f for f in flows if f.rate > 0]
             if not moving:
                 return  # idle, or an outage: nothing drains until the capacity returns

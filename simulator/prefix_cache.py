@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 from .decode import Cache
 
 if TYPE_CHECKING:
+    from librt.vecs import vec
+
     from .columns import Records
 
 # A block's hash (a run's key: -(rid + 1)). Any, not int: compiled (simulator/compiled.py), an int is unboxed from
@@ -515,9 +517,10 @@ class PrefixCaching:
         self.prefill_cached = [0] * n  # tokens of each prompt its prefill did not compute
         self.decode_cached = [0] * n  # tokens of each prompt the transfer did not carry
         self.pinned = [0] * n  # leading hash blocks a request pins where the cache is in the KV pool
-        self.sent_bytes: MutableSequence[float] = (
+        self.sent_bytes: MutableSequence[float] | vec[float] = (
             records.wire_bytes
         )  # what each transfer carries (a copy once a decode hit cuts one)
+        self._sent_copied = False
         self.prefill: list[PrefixCache] = []
         self.decode: list[PrefixCache] = []
         self.in_pool = {"prefill": False, "decode": False}
@@ -622,8 +625,9 @@ class PrefixCaching:
         else:
             hit = cache.lookup(hashes, self.rec.prompt[rid])
         if hit or self.decode_cached[rid]:  # a request sent again after a fault may miss where it hit before
-            if self.sent_bytes is self.rec.wire_bytes:
+            if not self._sent_copied:  # a flag: compiled, a column is a value (`is` would compare two boxes)
                 self.sent_bytes = list(self.rec.wire_bytes)
+                self._sent_copied = True
             self.decode_cached[rid] = hit
             self.sent_bytes[rid] = self.rec.wire_bytes[rid] - hit * self.wire_per_token
 

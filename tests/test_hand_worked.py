@@ -19,6 +19,7 @@ from scipy.stats import norm
 
 from costmodel.methods import REGISTRY, make_method
 from helpers import scenario
+from simulator.columns import RowLog
 from simulator.link import Link
 from simulator.run import run_scenario
 
@@ -396,7 +397,7 @@ def test_collectives_report_for_the_outputs():
 # ---- a capped two-flow link -----------------------------------------------------------------------------
 def _finishes(capacity: float, flows: list[tuple[float, float, float]], latency_s: float = 0.0):
     """Run flows (start_s, bytes, cap_bytes_per_s) on one Link; their arrival times and the link's log."""
-    env, log, done = simpy.Environment(), [], {}
+    env, log, done = simpy.Environment(), RowLog(3), {}
     link = Link(env, "l", capacity, latency_s, log)
 
     def starter(rid, start, size, cap):
@@ -406,7 +407,7 @@ def _finishes(capacity: float, flows: list[tuple[float, float, float]], latency_
     for rid, (start, size, cap) in enumerate(flows):
         env.process(starter(rid, start, size, cap))
     env.run()
-    return done, log
+    return done, list(log)
 
 
 def test_capped_flow_leaves_its_unused_share_to_the_uncapped_one():

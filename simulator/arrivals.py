@@ -11,11 +11,14 @@ A module of its own so that it compiles with the entities (simulator/compiled.py
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import simpy
 
 from .timers import Timer, loop, trait
+
+if TYPE_CHECKING:
+    from librt.vecs import vec
 
 
 @trait
@@ -29,7 +32,7 @@ class ArrivalListener:
 class Arrivals(Timer):
     __slots__ = ("loop", "arrival_s", "router", "rid")
 
-    def __init__(self, env: simpy.Environment, arrival_s: Sequence[float], router: ArrivalListener):
+    def __init__(self, env: simpy.Environment, arrival_s: vec[float], router: ArrivalListener):
         self.loop = loop(env)
         self.arrival_s = arrival_s  # sorted
         self.router = router

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import simpy
 
 from .columns import RowLog
 from .timers import Timer, loop
 
-EPS_BYTES = 1e-3
+EPS_BYTES: Final = 1e-3
 
 
 def water_fill(caps: list[float], capacity: float) -> list[float]:
@@ -224,7 +224,7 @@ class Link:
         if len(flows) == 1:  # the usual case: the one flow takes what the link and its cap allow
             flows[0].rate = min(flows[0].cap_bytes_per_s, self.capacity)
             return
-        flows = sorted(flows, key=lambda f: f.cap_bytes_per_s)
+        flows = _by_cap(flows)
         for f, rate in zip(flows, water_fill([f.cap_bytes_per_s for f in flows], self.capacity)):
             f.rate = rate
 
@@ -287,6 +287,23 @@ class Link:
             return
         del self.waiting[f.rid]
         f.end.arrived(f.rid, t)
+
+
+def _by_cap(flows: list[Flow]) -> list[Flow]:
+    """The flows by cap, ascending, equal caps in their order: `sorted` by the cap, by insertion where there are a few
+    (compiled, C comparisons of the caps; sorted's key function is a Python call per flow)."""
+    if len(flows) > 32:
+        return sorted(flows, key=lambda f: f.cap_bytes_per_s)
+    out = list(flows)
+    for i in range(1, len(out)):
+        f = out[i]
+        cap = f.cap_bytes_per_s
+        j = i - 1
+        while j >= 0 and cap < out[j].cap_bytes_per_s:
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = f
+    return out
 
 
 class _Drained(Timer):

@@ -26,8 +26,7 @@ counter.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import simpy
 
@@ -38,6 +37,8 @@ from .step_price import Prefill, PrefillPrices, prefill_of
 from .timers import Timer, loop, trait
 
 if TYPE_CHECKING:
+    from librt.vecs import vec
+
     from .link import EndpointHost
     from .prefix_cache import PrefixCaching
 
@@ -76,7 +77,7 @@ class PrefillReplica:
         records: Records,
         prefix: PrefixCaching | None,
         chunk_tokens: int | None,
-        held_bytes: Sequence[float] | None = None,
+        held_bytes: vec[float] | None = None,
         kv_in_pool: bool = False,
         wait_for_push: bool = False,
     ):
@@ -382,7 +383,9 @@ class PrefillReplica:
             self.listener.on_kv_ready(done, self)
 
 
-_STEP_END, _ENCODED, _FREE = 0, 1, 2
+_STEP_END: Final = 0
+_ENCODED: Final = 1
+_FREE: Final = 2
 
 
 class _StepTimer(Timer):

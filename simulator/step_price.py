@@ -23,18 +23,20 @@ the same doubles as `prefill_attention_s`).
 from __future__ import annotations
 
 from array import array
+from typing import Final
 
 from costmodel.methods import PREFILL_KERNELS
 from costmodel.phases import _NO_ITERATION, _ONE_PROMPT_FIELDS, IterationCost, PrefillCost, ReplicaCostModel
 
-STEP_MEMO_ENTRIES = 4096  # whole steps remembered per cost model (costmodel.phases.PREFILL_MEMO_ENTRIES)
-CHUNKS_MEMO_ENTRIES = 1 << 15  # chunk sets' attention remembered (costmodel.phases.CHUNKS_MEMO_ENTRIES)
-CHUNK_BLOCK = 1024  # chunk lengths (token counts) priced at once: the attention after the same earlier tokens
+STEP_MEMO_ENTRIES: Final = 4096  # whole steps remembered per cost model (costmodel.phases.PREFILL_MEMO_ENTRIES)
+CHUNKS_MEMO_ENTRIES: Final = 1 << 15  # chunk sets' attention remembered (costmodel.phases.CHUNKS_MEMO_ENTRIES)
+CHUNK_BLOCK: Final = 1024  # chunk lengths (token counts) priced at once: the attention after the same earlier tokens
 # (one_chunk_attention_block), the chunks' KV encoding and the dense layers
-CHUNK_BLOCK_AFTER = 4  # ... once that many lengths after them were priced one by one (a block costs a few)
-CHUNK_TABLES = 256  # numbers of earlier tokens with a table (each 24 kB a block), cleared when more
-_NAN = float("nan")
-_ONE_FORM = tuple((form,) for form in PREFILL_KERNELS)  # a chunk's form, by code
+CHUNK_BLOCK_AFTER: Final = 4  # ... once that many lengths after them were priced one by one (a block costs a few)
+CHUNK_TABLES: Final = 256  # numbers of earlier tokens with a table (each 24 kB a block), cleared when more
+_NAN: Final = float("nan")
+_ONE_FORM: Final = tuple((form,) for form in PREFILL_KERNELS)  # a chunk's form, by code
+_FIELDS: Final = _ONE_PROMPT_FIELDS  # compiled: a C global (an imported name is a dictionary lookup)
 
 
 class Iteration:
@@ -302,7 +304,7 @@ class PrefillPrices:
 
     def one_prompt(self, tokens: int) -> Prefill:
         table = self.table
-        i = tokens * _ONE_PROMPT_FIELDS
+        i = tokens * _FIELDS
         if i < len(table):
             stage_s = table[i]
             if stage_s == stage_s:  # priced

@@ -21,7 +21,7 @@ class _Typed:
     def __init__(self, code: str):
         self.code = code
 
-    def __call__(self, items=()) -> array:
+    def __call__(self, items=(), *, capacity: int = 0) -> array:
         if isinstance(items, np.ndarray):  # its bytes, not its items one by one
             col = array(self.code)
             col.frombytes(items.astype(np.float64 if self.code == "d" else np.int64, copy=False).tobytes())

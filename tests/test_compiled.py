@@ -32,10 +32,12 @@ def _cluster_changes(changes: dict) -> dict:
     return changes
 
 
-def _run(cases: list[dict], pure: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "HACKSIM_PURE_PYTHON"}
+def _run(cases: list[dict], pure: bool, librt: bool = True) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("HACKSIM_PURE_PYTHON", "HACKSIM_CHILD_NO_LIBRT")}
     if pure:
         env["HACKSIM_PURE_PYTHON"] = "1"
+    if not librt:
+        env["HACKSIM_CHILD_NO_LIBRT"] = "1"
     proc = subprocess.run(
         [sys.executable, str(CHILD)], input=json.dumps(cases), capture_output=True, text=True, env=env, check=False
     )
@@ -60,6 +62,18 @@ def test_compiled_modules_give_the_python_modules_outputs_byte_for_byte(cases):
     compiled, pure = _run(cases, pure=False), _run(cases, pure=True)
     assert compiled["compiled"] == list(MODULES) and pure["compiled"] == []
     assert compiled["digests"] == pure["digests"]
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(SCENARIOS)
+def test_without_librt_the_columns_are_arrays_with_the_same_outputs(cases):
+    """As Python without librt (no mypy installed), simulator/vec_fallback's arrays stand in for the vec columns
+    (simulator/columns.py): every output is the same bytes as with librt's vecs. Bites: a fallback column of another
+    type or width (an int column as floats, a float column truncated), an append that drops or reorders a log's
+    numbers, or a use of the columns that only a vec supports."""
+    with_vecs, with_arrays = _run(cases, pure=True), _run(cases, pure=True, librt=False)
+    assert (with_vecs["columns"], with_arrays["columns"]) == ("vec[float]", "array")
+    assert with_arrays["digests"] == with_vecs["digests"]
 
 
 def test_an_edited_module_runs_as_python(tmp_path, monkeypatch):

@@ -306,9 +306,10 @@ class PrefillPrices:
         table = self.table
         i = tokens * _FIELDS
         if i < len(table):
-            stage_s = table[i]
+            stage_s: float = table[i]  # typed: compiled, unboxed once and compared in C
             if stage_s == stage_s:  # priced
-                return Prefill(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(table[i + 4])])
+                form: float = table[i + 4]
+                return Prefill(stage_s, table[i + 1], table[i + 2], table[i + 3], _ONE_FORM[int(form)])
         c = self.cost.prefill((tokens,))
         grown = self.cost._memo.get("one_prompt")
         if grown is not None:

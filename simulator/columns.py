@@ -6,32 +6,41 @@ object per value, a tuple per row); as typed columns it is 8 bytes a value. Enti
 these like lists (`run.finish[rid] = now`), and append log rows (`log.add(t, r, x)`); `numpy` reads them
 without copying at the end.
 
-A request's column is a `librt.vecs.vec[float]` (or `vec[i64]`): mypyc's packed array, which the compiled
-modules index natively (a C load or store), where an `array.array` item was a Python call that boxed the
-index and the value (and parsed the float through `PyArg_Parse`): a fifth of a default run's instructions in
-the event loop (callgrind, compiled). librt is mypyc's runtime library and comes with mypy; without it, as
-Python, `vec_fallback` gives the same API over `array.array`. The logs grow, so they stay `array`s that grow by
-an eighth (a vec doubles).
+Compiled (mypyc), a request's column is a `librt.vecs.vec[float]` (or `vec[i64]`): mypyc's packed array, which
+the compiled modules index natively (a C load or store), where an `array.array` item was a Python call that boxed
+the index and the value (and parsed the float through `PyArg_Parse`): a fifth of a default run's instructions in
+the event loop (callgrind). librt is mypyc's runtime library and comes with mypy. As Python the columns are
+`array.array`s (`vec_fallback`, the same API), whose items Python reads faster than a vec's (41 against 79 ns),
+and librt is not needed. The logs grow, so they stay `array`s, which grow by an eighth (a vec doubles).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from array import array
+from types import FunctionType
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-try:
+
+def _probe() -> None:
+    pass
+
+
+# compiled by mypyc, a module's function is a builtin, not a Python function (simulator/timers.py)
+_NATIVE: Final = not isinstance(_probe, FunctionType)
+if _NATIVE:
     from librt.vecs import append as vec_append
     from librt.vecs import vec
     from mypy_extensions import i64
-except ImportError:  # no librt (no mypy): the same API over array.array, as Python (bound through globals() so that
-    # the type checkers, and mypyc, see librt's types alone)
+else:  # as Python: the same API over array.array (bound through globals(), so that the type checkers and mypyc
+    # see librt's types alone)
     from . import vec_fallback
 
-    globals().update(vec=vec_fallback.vec, vec_append=vec_fallback.append, i64=vec_fallback.i64)
+    globals().update(vec=vec_fallback.vec, i64=vec_fallback.i64)  # vec_append: compiled only
 
 # A decode replica's cumulative seconds (DecodeReplica.cum): running decode, dequantize, approximation, fetch,
 # preemption; the step scheduler (scheduler.py) adds to the last.
@@ -71,49 +80,75 @@ def view(col, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
 class RowLog:
     """Rows of `width` numbers appended one at a time, kept flat in a float64 array.
 
-    A row's numbers go into a `vec[float]` of `_FLUSH_ROWS` rows made with room for them (compiled, a C store each),
-    and that chunk into the array by one copy of its buffer when it is full. Before, they went into a list of Python
-    floats packed by one `struct` call, and before that `array.extend` converted each through `PyArg_Parse`; each
-    step kept exactly the C doubles `extend` would have put in the array. The array, unlike a vec, grows by an
-    eighth, not twice: the memory log of a million requests is 72 MB."""
+    Compiled, a row's numbers go into a `vec[float]` of `_FLUSH_ROWS` rows made with room for them (a C store
+    each), and that chunk into the array by one copy of its buffer when it is full; as Python, into a list of
+    Python floats packed by one `struct` call (the array's own `extend` converts each number through
+    `PyArg_Parse`). Either way the array holds exactly the C doubles `extend` would have put in it. The array,
+    unlike a vec, grows by an eighth, not twice: the memory log of a million requests is 72 MB."""
 
-    __slots__ = ("width", "_data", "_chunk")
+    __slots__ = ("width", "_data", "_chunk", "_rows", "_pack")
 
     def __init__(self, width: int):
         self.width = width
         self._data = array("d")
-        self._chunk: vec[float] = vec[float](capacity=_FLUSH_ROWS * width)  # the rows not yet in _data
+        # the rows not yet in _data: compiled, in a chunk; as Python, in a list
+        self._chunk: vec[float] = vec[float](capacity=_FLUSH_ROWS * width if _NATIVE else 0)
+        self._rows: list = []
+        self._pack = struct.Struct(f"{_FLUSH_ROWS * width}d").pack
 
     def append(self, row: tuple) -> None:
         """A row (a tuple of `width` numbers)."""
-        chunk = self._chunk
-        for x in row:
-            chunk = vec_append(chunk, float(x))
-        self._chunk = chunk
-        if len(chunk) >= _FLUSH_ROWS * self.width:
+        if _NATIVE:
+            chunk = self._chunk
+            for x in row:
+                chunk = vec_append(chunk, float(x))
+            self._chunk = chunk
+            if len(chunk) >= _FLUSH_ROWS * self.width:
+                self._flush()
+            return
+        rows = self._rows
+        rows.extend(row)
+        if len(rows) >= _FLUSH_ROWS * self.width:
             self._flush()
 
     def add(self, a: float, b: float, c: float) -> None:
         """A row of three numbers (the memory and link logs'), without a tuple."""
-        chunk = vec_append(vec_append(vec_append(self._chunk, a), b), c)
-        self._chunk = chunk
-        if len(chunk) >= _FLUSH_ROWS * self.width:
+        if _NATIVE:
+            chunk = vec_append(vec_append(vec_append(self._chunk, a), b), c)
+            self._chunk = chunk
+            if len(chunk) >= _FLUSH_ROWS * self.width:
+                self._flush()
+            return
+        rows = self._rows
+        rows.append(a)
+        rows.append(b)
+        rows.append(c)
+        if len(rows) >= _FLUSH_ROWS * self.width:
             self._flush()
 
     def _flush(self) -> None:
-        """The chunk's rows into the array (a copy of its buffer), and a new chunk."""
-        self._data.frombytes(memoryview(self._chunk).cast("B"))  # pyright: ignore[reportArgumentType]  (a buffer)
-        self._chunk = vec[float](capacity=_FLUSH_ROWS * self.width)
+        """The rows held into the array: compiled, a full or partial chunk (a copy of its buffer); as Python, a full
+        list packed by one `struct` call, or a partial one extended."""
+        if _NATIVE:
+            self._data.frombytes(memoryview(self._chunk).cast("B"))  # pyright: ignore[reportArgumentType]  (a buffer)
+            self._chunk = vec[float](capacity=_FLUSH_ROWS * self.width)
+            return
+        rows = self._rows
+        if len(rows) == _FLUSH_ROWS * self.width:
+            self._data.frombytes(self._pack(*rows))
+        else:
+            self._data.extend(rows)
+        rows.clear()
 
     @property
     def data(self) -> array:
-        """Every row so far, flat (the rows still in the chunk are moved into the array first)."""
-        if len(self._chunk):
+        """Every row so far, flat (the rows still held are moved into the array first)."""
+        if len(self._chunk) or self._rows:
             self._flush()
         return self._data
 
     def __len__(self) -> int:
-        return (len(self._data) + len(self._chunk)) // self.width
+        return (len(self._data) + len(self._chunk) + len(self._rows)) // self.width
 
     def table(self) -> np.ndarray:
         """(rows, width) float64, sharing the log's memory."""

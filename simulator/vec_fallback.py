@@ -1,9 +1,9 @@
-"""`librt.vecs`'s `vec` and `append` over `array.array`, for a Python without librt (simulator/columns.py).
+"""`librt.vecs`'s `vec` over `array.array`: a request's columns as Python (simulator/columns.py).
 
 librt (mypyc's runtime library, which mypy brings) gives the compiled modules `vec[float]` and `vec[i64]`, packed
-columns that compiled code indexes natively. Without it the package runs as Python, and these stand in with the
-same behaviour for what the simulator does with a column: index it, assign an item, append (in place here; librt's
-`append` may return a new vec, so callers always keep what it returns), take its length, and read it as a buffer.
+columns that compiled code indexes natively. As Python the columns are arrays, made by this `vec` with the same
+behaviour for what the simulator does with a column: index it, assign an item, take its length, and read it as a
+buffer. Python reads an array's items faster than a vec's, and librt is then not needed.
 """
 
 from __future__ import annotations
@@ -35,8 +35,3 @@ class _Vec:
 
 
 vec = _Vec()
-
-
-def append(v: array, x) -> array:
-    v.append(x)
-    return v

@@ -1,7 +1,7 @@
 """A child process of tests/test_compiled.py: runs the scenarios given on stdin (JSON: a list of tests/helpers.py
 `scenario(**changes)` dicts) and prints, as JSON, which simulator modules ran compiled and a SHA-256 of each
-run's outputs (every column of requests, memory and links, and the summary). With HACKSIM_CHILD_NO_LIBRT set, librt
-cannot be imported (as where mypy is not installed): the columns are simulator/vec_fallback's arrays."""
+run's outputs (every column of requests, memory and links, and the summary), with the type of a request's column.
+With HACKSIM_CHILD_NO_LIBRT set, librt cannot be imported (as where mypy is not installed)."""
 
 from __future__ import annotations
 

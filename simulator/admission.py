@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from types import FunctionType
+from typing import TYPE_CHECKING, Final
 
 from costmodel.memory import kv_blocks
 
@@ -24,6 +25,13 @@ from .decode import BlockAllocator
 
 if TYPE_CHECKING:
     from .decode import DecodeReplica
+
+
+def _probe() -> None:
+    pass
+
+
+_NATIVE: Final = not isinstance(_probe, FunctionType)  # compiled by mypyc (simulator/timers.py)
 
 
 def first_block_shortage(phase_counts: list[int], k: int, free_blocks: int, block_tokens: int) -> float:
@@ -133,10 +141,12 @@ class OnDemandBlocks(BlockAllocator):
         bt = self.bt
         cycles, rest = divmod(n, bt)
         blocks = cycles * len(self.running)
-        if rest:  # the phases start .. start+rest-1, wrapping past bt (summed in place, no slices)
+        if rest:  # the phases start .. start+rest-1, wrapping past bt
             counts, start = self.counts, k % bt
             end = start + rest
-            for i in range(start, min(end, bt)):
+            if not _NATIVE:  # as Python, sum's C loop over slices
+                return blocks + sum(counts[start:end]) + (sum(counts[: end - bt]) if end > bt else 0)
+            for i in range(start, min(end, bt)):  # compiled, a C loop (a slice is a new list, summed by name)
                 blocks += counts[i]
             for i in range(end - bt):
                 blocks += counts[i]

@@ -186,29 +186,6 @@ class Router(PrefillListener, DecodeListener, ArrivalListener):
         self.transfers[rid] = (link, rep)
         link.send(rid, bytes_, cap, _Transfer(self, link, rep, hosts, arrive), not_before)
 
-    def _arrived(
-        self,
-        rid: int,
-        t: float,
-        link: Link,
-        rep: DecodeReplica,
-        hosts: tuple[EndpointHost, ...],
-        arrive: Callable[[int, DecodeReplica], None] | None,
-    ) -> None:
-        """The request's KV is at `rep` (its transfer on `link` ended at `t`)."""
-        self.rec.transfer_end[rid] = t
-        del self.transfers[rid]
-        for h in hosts:  # before the request joins: an idle replica starts at the idle level
-            h.ended(link)
-        if not self.hold_kv:
-            self.release_kv(rid)
-        if self.prefix is not None:
-            self.prefix.decode_arrived(rid, rep.index)
-        if arrive is None:
-            rep.arrive(rid)
-        else:
-            arrive(rid, rep)
-
     def release_kv(self, rid: int) -> None:
         """The request's KV leaves its prefill replica (host memory, KV pool or push queue), unless a fault already
         took it."""
@@ -219,7 +196,7 @@ class Router(PrefillListener, DecodeListener, ArrivalListener):
 
 
 class _Transfer(FlowEnd):
-    """A transfer's end on its link: `Router._arrived` with what the transfer was started with."""
+    """A transfer's end on its link (`Router._transfer`): the request's KV is at `rep`."""
 
     __slots__ = ("router", "link", "rep", "hosts", "arrive")
 
@@ -238,7 +215,19 @@ class _Transfer(FlowEnd):
         self.arrive = arrive
 
     def arrived(self, rid: int, time_s: float) -> None:
-        self.router._arrived(rid, time_s, self.link, self.rep, self.hosts, self.arrive)
+        router, link, rep = self.router, self.link, self.rep
+        router.rec.transfer_end[rid] = time_s
+        del router.transfers[rid]
+        for h in self.hosts:  # before the request joins: an idle replica starts at the idle level
+            h.ended(link)
+        if not router.hold_kv:
+            router.release_kv(rid)
+        if router.prefix is not None:
+            router.prefix.decode_arrived(rid, rep.index)
+        if self.arrive is None:
+            rep.arrive(rid)
+        else:
+            self.arrive(rid, rep)
 
 
 def _least_loaded(replicas: list[PrefillReplica]) -> PrefillReplica:

@@ -18,7 +18,7 @@ import simpy
 from .timers import Timer, loop, trait
 
 if TYPE_CHECKING:
-    from librt.vecs import vec
+    from librt.vecs import vec  # pyright: ignore[reportMissingImports]
 
 
 @trait

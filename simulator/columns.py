@@ -33,8 +33,8 @@ def _probe() -> None:
 # compiled by mypyc, a module's function is a builtin, not a Python function (simulator/timers.py)
 _NATIVE: Final = not isinstance(_probe, FunctionType)
 if _NATIVE:
-    from librt.vecs import append as vec_append
-    from librt.vecs import vec
+    from librt.vecs import append as vec_append  # pyright: ignore[reportMissingImports]
+    from librt.vecs import vec  # pyright: ignore[reportMissingImports]
     from mypy_extensions import i64
 else:  # as Python: the same API over array.array (bound through globals(), so that the type checkers and mypyc
     # see librt's types alone)

@@ -37,7 +37,7 @@ from .step_price import Prefill, PrefillPrices, prefill_of
 from .timers import Timer, loop, trait
 
 if TYPE_CHECKING:
-    from librt.vecs import vec
+    from librt.vecs import vec  # pyright: ignore[reportMissingImports]
 
     from .link import EndpointHost
     from .prefix_cache import PrefixCaching

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from .decode import Cache
 
 if TYPE_CHECKING:
-    from librt.vecs import vec
+    from librt.vecs import vec  # pyright: ignore[reportMissingImports]
 
     from .columns import Records
 

@@ -100,13 +100,26 @@ def export_static(
     kopts = dict(path=browser, mathjax=False)
     if plotly_js.is_file():
         kopts["plotlyjs"] = str(plotly_js)
-    try:
-        kaleido.write_fig_from_object_sync(specs, kopts=kopts)
-    except Exception as e:  # kaleido/choreographer errors are many and deep; say it in one line
-        raise StaticExportError(
-            f"static export with {browser} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
+    # kaleido returns (not raises) a failed render's error, and leaves no file for it; a render can fail once on a
+    # loaded machine (a browser tab's timeout or crash), so the figures left without a file are rendered once more
+    errors: list = []
+    for attempt in range(2):
+        todo = [spec for spec in specs if not spec["path"].is_file()]
+        if not todo:
+            break
+        try:
+            errors = list(kaleido.write_fig_from_object_sync(todo, kopts=kopts) or ())
+        except Exception as e:  # kaleido/choreographer errors are many and deep; say it in one line
+            if attempt:
+                raise StaticExportError(f"static export with {browser} failed: {_one_line(e)}") from e
+            errors = [e]
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        raise StaticExportError(f"static export wrote no file for {', '.join(p.name for p in missing)}")
+        why = f": {_one_line(errors[0])}" if errors else ""
+        raise StaticExportError(f"static export wrote no file for {', '.join(p.name for p in missing)}{why}")
     return paths
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

@@ -57,3 +57,48 @@ def test_browser_lookup(monkeypatch, tmp_path):
 def test_unknown_format_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown image format"):
         export_static(tmp_path, ("gif",))
+
+
+class _FlakyKaleido:
+    """kaleido's write_fig_from_object_sync as it behaves on a loaded machine: the first call renders every figure
+    but `fail` and returns that one's error (kaleido returns failed renders' errors, it does not raise); each later
+    call fails the figures of `always`."""
+
+    def __init__(self, fail: str, always: str = ""):
+        self.fail, self.always, self.calls = fail, always, []
+
+    def write_fig_from_object_sync(self, specs, kopts=None):
+        self.calls.append([s["path"].name for s in specs])
+        errors = []
+        for s in specs:
+            bad = s["path"].name == self.always or (len(self.calls) == 1 and s["path"].name == self.fail)
+            if bad:
+                errors.append(TimeoutError("render timed out\nmore"))
+            else:
+                s["path"].write_bytes(b"x")
+        return tuple(errors)
+
+
+def test_a_render_that_fails_once_is_rendered_again(tmp_path, monkeypatch):
+    """One figure's render fails (a browser tab's timeout under load): only it is rendered again, and the export
+    succeeds; one that fails every time is named in one line with kaleido's reason."""
+    import reports.static as static
+
+    run = write_fake_run(tmp_path, n_requests=20)
+    exe = tmp_path / "chromium"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    flaky = _FlakyKaleido("cdf_jct.png")
+    monkeypatch.setattr(static, "_kaleido", lambda: flaky)
+    paths = export_static(run, ("png", "svg"), names=["cdf_jct", "decode_memory"], scale=1, browser_path=exe)
+    assert all(p.is_file() for p in paths) and len(paths) == 4
+    assert flaky.calls[1] == ["cdf_jct.png"]  # the retry renders the missing figure alone
+    for p in paths:
+        p.unlink()
+    stuck = _FlakyKaleido("", always="decode_memory.svg")
+    monkeypatch.setattr(static, "_kaleido", lambda: stuck)
+    with pytest.raises(
+        StaticExportError, match=r"wrote no file for decode_memory.svg: TimeoutError: render timed out$"
+    ):
+        export_static(run, ("png", "svg"), names=["cdf_jct", "decode_memory"], scale=1, browser_path=exe)
+    assert len(stuck.calls) == 2

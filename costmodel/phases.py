@@ -436,7 +436,8 @@ class ReplicaCostModel:
         approx_s = approx_s * (self.approximation_factor / self.prefill_efficiency)
         dense_s = self.dense_layer_block(lo, hi)
         in_forward = (codes == _HOMOMORPHIC) & (L > 0)  # quantized inside the forward (_prefill)
-        if in_forward.any() and method.encode is not None:
+        any_in_forward = bool(in_forward.any()) and method.encode is not None
+        if any_in_forward:
             forward_encode_s = self._encode_layer_s(L) * self.quantize_factor
             layer_s = np.where(
                 in_forward,
@@ -456,7 +457,7 @@ class ReplicaCostModel:
             latency_s = latency_s + (stages - 1) * self._stage_hop_s(L)
         stage_s, latency_s = np.maximum(stage_s, host_s / stages), np.maximum(latency_s, host_s)
         encode_s = self._encode_s(m.layers / stages, L)
-        if in_forward.any() and method.encode is not None:  # the pack alone where the forward quantized
+        if any_in_forward:  # the pack alone where the forward quantized
             packs = self._encode_s(m.layers / stages, 0, packs_only=True)
             encode_s = np.where(in_forward, packs, encode_s)
         if method.encode == "pq":
@@ -758,15 +759,7 @@ class ReplicaCostModel:
         `prefill_floor_factor` (a prefill replica's, where given): the prefill floor's own factor instead (its
         terms are host_issue_s_* and the method's prefill issue there). The GPU terms are the same. Itself when
         the factors are 1 or it has no host terms."""
-        if prefill_floor_factor is not None and prefill_floor_factor != factor:
-            general = self.with_host_factor(factor)
-            return replace(
-                general,
-                host_issue_s_per_iteration=self.host_issue_s_per_iteration * prefill_floor_factor,
-                host_issue_s_per_layer=self.host_issue_s_per_layer * prefill_floor_factor,
-                host_issue_s_per_request=self.host_issue_s_per_request * prefill_floor_factor,
-                method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * prefill_floor_factor,
-            )
+        floor = factor if prefill_floor_factor is None else prefill_floor_factor
         terms = (
             self.host_issue_s_per_iteration,
             self.host_issue_s_per_layer,
@@ -776,16 +769,16 @@ class ReplicaCostModel:
             self.method_prefill_issue_s_per_layer,
             self.method_quantize_issue_s_per_layer,
         )
-        if factor == 1.0 or not any(terms):
+        if (factor == 1.0 and floor == 1.0) or not any(terms):
             return self
         return replace(
             self,
-            host_issue_s_per_iteration=self.host_issue_s_per_iteration * factor,
-            host_issue_s_per_layer=self.host_issue_s_per_layer * factor,
-            host_issue_s_per_request=self.host_issue_s_per_request * factor,
+            host_issue_s_per_iteration=self.host_issue_s_per_iteration * floor,
+            host_issue_s_per_layer=self.host_issue_s_per_layer * floor,
+            host_issue_s_per_request=self.host_issue_s_per_request * floor,
             host_serial_s_per_iteration=self.host_serial_s_per_iteration * factor,
             join_s_per_request=self.join_s_per_request * factor,
-            method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * factor,
+            method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * floor,
             method_quantize_issue_s_per_layer=self.method_quantize_issue_s_per_layer * factor,
         )
 

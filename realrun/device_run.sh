@@ -6,6 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
+#          | transient
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -32,6 +33,8 @@
 #             1024-3072-token prompts, then the 2-layer 8B at every load and range (~490 s).
 #   part satnoise: smoke, h200g_8b_sat r9 150 requests span ~19 s, FP16 and HACK three times, KVQuant-style once;
 #             h200g_8b_mem r7.5 HACK three times (span ~27 s) with what is left.
+#   part transient: realrun.transient, decode iterations by their distance from a prefill on the shared GPU, link
+#             idle: the 32-layer 8B and the 8-layer 70B, FP16 / KVQuant-style / HACK at batches 8 and 32 (~300 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -144,6 +147,15 @@ elif [ "$PART" = satnoise ]; then
   rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 240 150 3 "baseline hack" 9
   rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 80 150 1 "kvquant" 9
   rec h200g_8b_mem M8 50 1024 3072 192 448 8 16 150 150 3 "hack" 7.5
+elif [ "$PART" = transient ]; then
+  # issue 28: what a prefill leaves behind on the shared GPU (transient.csv); clocks before and after
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
+  fi
+  step 300 transient_8b python3 -m realrun.transient --out "$OUT/transient_8b.csv" "${TR[@]}"
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
+  step 240 transient_70b python3 -m realrun.transient --out "$OUT/transient_70b.csv" "${TR70[@]}"
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

@@ -1,0 +1,188 @@
+"""python -m realrun.transient --out FILE.csv: decode iterations by their distance from a prefill on a shared GPU.
+
+Under placement shared_gpu a prefill (a burst of large GEMMs) and the decode iterations (memory-bound) take
+turns on one GPU.  This measures whether the decode iterations right after a prefill run longer than the ones
+further from it, with the link idle and the batch fixed: B requests of `--context` tokens decode without end
+while, every `--gap` iterations, one event happens at an iteration boundary:
+
+  prefill-L   a prefill of L prompt tokens through the harness's own path (forward, encode); its KV is dropped
+              (no transfer, no join), so the iterations after it differ from the ones before only in what the
+              GPU just did;
+  sleep       the GPU idles as long as the last 1,024-token prefill took (a pause with no work: separates
+              "after a burst of compute" from "after a pause");
+  none        nothing (the reference: the same counting with no event).
+
+Then a dense block: `--dense` prefills of 1,024 tokens, each followed by two iterations (the pattern of a
+saturated pipeline, where transients may add up).  Columns: set (model:layers), method, batch_size, cycle,
+event, event_tokens, event_s (the prefill's or sleep's wall time), k (1 = the first iteration after the event),
+max_context, wall_s.  Nothing here reads a measured trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m realrun.transient", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
+    ap.add_argument("--sets", default="llama-3.1-8b:32", help="model:layers;...")
+    ap.add_argument("--methods", nargs="+", default=["baseline", "kvquant", "hack"])
+    ap.add_argument("--batches", nargs="+", type=int, default=[8, 32])
+    ap.add_argument("--prompts", nargs="+", type=int, default=[256, 1024, 3072])
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--gap", type=int, default=16)
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--dense", type=int, default=10)
+    ap.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new (set, method, batch) runs")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from .harness import GIB, Harness, RunConfig, _Req
+    from .model import RandomLlama, model_shape
+    from .runner import prime_prefill_attention
+    from .workload import Request
+
+    if not torch.cuda.is_available() and not a.smoke:
+        print("transient needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cpu" if a.smoke else "cuda")
+    sets = [(p.split(":")[0], int(p.split(":")[1])) for p in a.sets.split(";")]
+    prompts, context, gap, cycles, batches = a.prompts, a.context, a.gap, a.cycles, a.batches
+    if a.smoke:
+        sets, prompts, context, gap, cycles, batches = [("tiny", 1)], [40, 90], 64, 3, 1, [2]
+        a.dense = 2
+    events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
+    per_cycle = len(events) * gap + 2 * a.dense
+    total_iters = cycles * per_cycle + 4
+    rows: list[dict] = []
+    t_begin = time.perf_counter()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    for model_name, layers in sets:
+        shape = model_shape(model_name, layers)
+        max_tokens = context + total_iters + 8
+        model = RandomLlama(shape, dev, seed=1, max_positions=max(max_tokens, max(prompts)) + 8)
+        for method in a.methods:
+            for b in batches:
+                if time.perf_counter() - t_begin > a.time_limit_s:
+                    print("time limit: stopping", flush=True)
+                    break
+                cfg = RunConfig(
+                    method=method,
+                    link_gbps=10000.0,
+                    kv_capacity_bytes=64 * GIB,
+                    max_decode_batch=b,
+                    max_total_tokens=max_tokens,
+                    seed=1,
+                )
+                h = Harness(model, cfg)
+                try:
+                    assert h.step is not None
+                    h.step.capture_all(min_ctx=context + 1, max_ctx=context + total_iters + 2)
+                    prime_prefill_attention(h, sorted(set(prompts)))
+                    h.t0 = time.perf_counter()
+                    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
+                    for r in run:
+                        h.prefill([r])
+                        r.recv, r.send = r.send, None
+                    h.decode_iteration(run)
+                    rid = [b]
+
+                    def prefill(n: int) -> float:
+                        r = _Req(Request(rid[0], 0.0, n, 1))
+                        rid[0] += 1
+                        h.prefill([r])
+                        r.send = None
+                        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
+
+                    for n in prompts:  # warm: every prefill length once, and iterations after
+                        prefill(n)
+                        for _ in range(4):
+                            h.decode_iteration([])
+                    sleep_s = prefill(1024 if not a.smoke else prompts[-1])
+
+                    def iterate(cycle: int, event: str, tokens: int, event_s: float, count: int) -> None:
+                        for k in range(1, count + 1):
+                            (t0, t1, n, _, _), _ = h.decode_iteration([])
+                            rows.append(
+                                dict(
+                                    set=f"{model_name}:{layers}",
+                                    method=method,
+                                    batch_size=n,
+                                    cycle=cycle,
+                                    event=event,
+                                    event_tokens=tokens,
+                                    event_s=event_s,
+                                    k=k,
+                                    max_context=max(r.stored for r in run),
+                                    wall_s=t1 - t0,
+                                )
+                            )
+
+                    for cycle in range(cycles):
+                        for event, tokens in events:
+                            if event == "prefill":
+                                event_s = prefill(tokens)
+                                if tokens == 1024 or (a.smoke and tokens == prompts[-1]):
+                                    sleep_s = event_s
+                            elif event == "sleep":
+                                t = h.now()
+                                time.sleep(sleep_s)
+                                event_s = h.now() - t
+                            else:
+                                event_s = 0.0
+                            iterate(cycle, event, tokens, event_s, gap)
+                        for _ in range(a.dense):
+                            event_s = prefill(1024 if not a.smoke else prompts[-1])
+                            iterate(cycle, "dense", 1024, event_s, 2)
+                finally:
+                    h.close()
+                _write(a.out, rows)
+                mine = [r for r in rows if r["method"] == method and r["batch_size"] == b]
+                print(f"{model_name}:{layers} {method} B{b}: {_summary(mine, gap)}", flush=True)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    _write(a.out, rows)
+    return 0
+
+
+def _summary(rows: list[dict], gap: int) -> str:
+    """Per event: the mean of k = 1..4 against the same window's last half, in %."""
+    import statistics
+
+    out = []
+    for ev in sorted({(r["event"], r["event_tokens"]) for r in rows if r["event"] != "dense"}):
+        dev = {k: [] for k in range(1, 5)}
+        for cyc in sorted({r["cycle"] for r in rows}):
+            w = [r for r in rows if (r["event"], r["event_tokens"]) == ev and r["cycle"] == cyc]
+            ref = statistics.median([r["wall_s"] for r in w if r["k"] > gap // 2] or [float("nan")])
+            for r in w:
+                if r["k"] in dev:
+                    dev[r["k"]].append(r["wall_s"] / ref - 1)
+        out.append(f"{ev[0]}{ev[1] or ''} " + "/".join(f"{statistics.mean(v) * 100:+.1f}" for v in dev.values() if v))
+    return "; ".join(out)
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,9 @@ Then a dense block: `--dense` prefills of 1,024 tokens, each followed by two ite
 saturated pipeline, where transients may add up).  Columns: set (model:layers), method, batch_size, cycle,
 event, event_tokens, event_s (the prefill's or sleep's wall time), k (1 = the first iteration after the event),
 max_context, wall_s.  Nothing here reads a measured trace.
+
+`--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
+decode.after_prefill_decay_per_iteration from such files (fit_transient).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m realrun.transient", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", nargs="+", type=Path, help="fit the scenario fields from these files; runs nothing")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, interpreter")
     ap.add_argument("--sets", default="llama-3.1-8b:32", help="model:layers;...")
     ap.add_argument("--methods", nargs="+", default=["baseline", "kvquant", "hack"])
@@ -45,14 +49,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dense", type=int, default=10)
     ap.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new (set, method, batch) runs")
     a = ap.parse_args(argv)
+    if a.fit:
+        print(fit_transient(a.fit))
+        return 0
+    if a.out is None:
+        ap.error("--out is required (or --fit)")
     if a.smoke:
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .harness import GIB, Harness, RunConfig, _Req
+    from .harness import GIB, Harness, RunConfig
     from .model import RandomLlama, model_shape
-    from .runner import prime_prefill_attention
-    from .workload import Request
 
     if not torch.cuda.is_available() and not a.smoke:
         print("transient needs a CUDA GPU", file=sys.stderr)
@@ -65,7 +72,7 @@ def main(argv=None) -> int:
         a.dense = 2
     events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
     per_cycle = len(events) * gap + 2 * a.dense
-    total_iters = cycles * per_cycle + 4
+    total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
     rows: list[dict] = []
     t_begin = time.perf_counter()
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -88,64 +95,9 @@ def main(argv=None) -> int:
                 )
                 h = Harness(model, cfg)
                 try:
-                    assert h.step is not None
-                    h.step.capture_all(min_ctx=context + 1, max_ctx=context + total_iters + 2)
-                    prime_prefill_attention(h, sorted(set(prompts)))
-                    h.t0 = time.perf_counter()
-                    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
-                    for r in run:
-                        h.prefill([r])
-                        r.recv, r.send = r.send, None
-                    h.decode_iteration(run)
-                    rid = [b]
-
-                    def prefill(n: int) -> float:
-                        r = _Req(Request(rid[0], 0.0, n, 1))
-                        rid[0] += 1
-                        h.prefill([r])
-                        r.send = None
-                        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
-
-                    for n in prompts:  # warm: every prefill length once, and iterations after
-                        prefill(n)
-                        for _ in range(4):
-                            h.decode_iteration([])
-                    sleep_s = prefill(1024 if not a.smoke else prompts[-1])
-
-                    def iterate(cycle: int, event: str, tokens: int, event_s: float, count: int) -> None:
-                        for k in range(1, count + 1):
-                            (t0, t1, n, _, _), _ = h.decode_iteration([])
-                            rows.append(
-                                dict(
-                                    set=f"{model_name}:{layers}",
-                                    method=method,
-                                    batch_size=n,
-                                    cycle=cycle,
-                                    event=event,
-                                    event_tokens=tokens,
-                                    event_s=event_s,
-                                    k=k,
-                                    max_context=max(r.stored for r in run),
-                                    wall_s=t1 - t0,
-                                )
-                            )
-
-                    for cycle in range(cycles):
-                        for event, tokens in events:
-                            if event == "prefill":
-                                event_s = prefill(tokens)
-                                if tokens == 1024 or (a.smoke and tokens == prompts[-1]):
-                                    sleep_s = event_s
-                            elif event == "sleep":
-                                t = h.now()
-                                time.sleep(sleep_s)
-                                event_s = h.now() - t
-                            else:
-                                event_s = 0.0
-                            iterate(cycle, event, tokens, event_s, gap)
-                        for _ in range(a.dense):
-                            event_s = prefill(1024 if not a.smoke else prompts[-1])
-                            iterate(cycle, "dense", 1024, event_s, 2)
+                    _measure(
+                        h, f"{model_name}:{layers}", method, b, a.smoke, prompts, context, gap, cycles, a.dense, rows
+                    )
                 finally:
                     h.close()
                 _write(a.out, rows)
@@ -156,6 +108,129 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     _write(a.out, rows)
     return 0
+
+
+def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, context, gap, cycles, dense, rows) -> None:
+    """One (set, method, batch): B requests of `context` tokens placed, then the cycles of events (module doc)."""
+    from .harness import _Req
+    from .runner import prime_prefill_attention
+    from .workload import Request
+
+    events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
+    per_cycle = len(events) * gap + 2 * dense
+    assert h.step is not None
+    h.step.capture_all(min_ctx=context + 1, max_ctx=context + cycles * per_cycle + 4 * len(prompts) + 10)
+    prime_prefill_attention(h, sorted(set(prompts)))
+    h.t0 = time.perf_counter()
+    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
+    for r in run:
+        h.prefill([r])
+        r.recv, r.send = r.send, None
+    h.decode_iteration(run)
+    next_id = b
+    timed = 1024 if not smoke else prompts[-1]  # the sleep lasts as long as the last prefill of this length
+
+    def prefill(n: int, rid: int) -> float:
+        r = _Req(Request(rid, 0.0, n, 1))
+        h.prefill([r])
+        r.send = None
+        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
+
+    def iterate(cycle: int, event: str, tokens: int, event_s: float, count: int) -> None:
+        for k in range(1, count + 1):
+            (t0, t1, n, _, _), _ = h.decode_iteration([])
+            rows.append(
+                dict(
+                    set=set_name,
+                    method=method,
+                    batch_size=n,
+                    cycle=cycle,
+                    event=event,
+                    event_tokens=tokens,
+                    event_s=event_s,
+                    k=k,
+                    max_context=max(r.stored for r in run),
+                    wall_s=t1 - t0,
+                )
+            )
+
+    for n in prompts:  # warm: every prefill length once, and iterations after
+        prefill(n, next_id)
+        next_id += 1
+        for _ in range(4):
+            h.decode_iteration([])
+    sleep_s = prefill(timed, next_id)
+    next_id += 1
+    for cycle in range(cycles):
+        for event, tokens in events:
+            if event == "prefill":
+                event_s = prefill(tokens, next_id)
+                next_id += 1
+                if tokens == timed:
+                    sleep_s = event_s
+            elif event == "sleep":
+                t = h.now()
+                time.sleep(sleep_s)
+                event_s = h.now() - t
+            else:
+                event_s = 0.0
+            iterate(cycle, event, tokens, event_s, gap)
+        for _ in range(dense):
+            event_s = prefill(timed, next_id)
+            next_id += 1
+            iterate(cycle, "dense", timed, event_s, 2)
+
+
+def fit_transient(paths) -> dict:
+    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs.
+
+    Every iteration's excess is its wall time less the same (set, method, batch)'s no-event iterations at its
+    context (least squares: one level per graph context bucket, one slope in the context, since the context grows
+    by one token per iteration through a run).  After a prefill of P seconds the model is that the k-th iteration
+    runs fraction x P x (1 - decay) x decay^(k-1) longer; it is fitted (least squares) to the cumulative excess of
+    every prefill window, k = 1 .. gap, all windows at once.  Returns the two values, their standard errors
+    (from the Jacobian; the cumulative points of one window are correlated, so these understate the uncertainty)
+    and the windows' count."""
+    import numpy as np
+    import pandas as pd
+    from scipy.optimize import least_squares
+
+    from .step import bucket, ctx_buckets
+
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    cs = ctx_buckets(int(d["max_context"].max()) + 2)
+    d["bucket"] = [bucket(cs, int(c) + 1) for c in d["max_context"]]
+    curves: list[tuple[float, np.ndarray]] = []
+    for _, g in d.groupby(["set", "method", "batch_size"]):
+        buckets = sorted(g["bucket"].unique())
+
+        def design(df: pd.DataFrame, buckets=buckets) -> np.ndarray:
+            cols = [df["max_context"].to_numpy(np.float64)]
+            cols += [(df["bucket"] == c).to_numpy(np.float64) for c in buckets]
+            return np.column_stack(cols)
+
+        none = g[g["event"] == "none"]
+        coef, *_ = np.linalg.lstsq(design(none), none["wall_s"].to_numpy(), rcond=None)
+        g = g.assign(excess_s=g["wall_s"].to_numpy() - design(g) @ coef)
+        for _, w in g[g["event"] == "prefill"].groupby(["cycle", "event_tokens"]):
+            w = w.sort_values("k")
+            curves.append((float(w["event_s"].iloc[0]), np.cumsum(w["excess_s"].to_numpy())))
+    if not curves:
+        raise ValueError("no prefill windows in the files")
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        frac, decay = p
+        return np.concatenate([e - frac * s * (1.0 - decay ** np.arange(1, len(e) + 1)) for s, e in curves])
+
+    fit = least_squares(residuals, [0.01, 0.8], bounds=([0.0, 0.0], [1.0, 0.999]))
+    cov = np.linalg.pinv(fit.jac.T @ fit.jac) * float(np.mean(fit.fun**2))
+    return {
+        "after_prefill_slowdown_fraction": round(float(fit.x[0]), 4),
+        "after_prefill_decay_per_iteration": round(float(fit.x[1]), 3),
+        "fraction_se": round(float(np.sqrt(cov[0, 0])), 4),
+        "decay_se": round(float(np.sqrt(cov[1, 1])), 3),
+        "windows": len(curves),
+    }
 
 
 def _summary(rows: list[dict], gap: int) -> str:

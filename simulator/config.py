@@ -374,6 +374,23 @@ class PoolConfig(_Strict):
         description="decode: CPU time between iterations during "
         "which the GPU idles (sync on the sampled tokens, scheduling)",
     )
+    after_prefill_slowdown_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="decode, placement shared_gpu: the decode iterations right after a prefill on the shared GPU "
+        "run longer, in all by this fraction of the prefill's time (a clock and power transient after the "
+        "prefill's GEMMs; python -m realrun.transient measures it: 0.0157 on the H200, "
+        "realrun/traces/h200_transient); a later prefill restarts it",
+    )
+    after_prefill_decay_per_iteration: float = Field(
+        0.786,
+        ge=0,
+        lt=1,
+        description="decode, placement shared_gpu: the share of after_prefill_slowdown_fraction's extra time "
+        "still ahead after each iteration (the k-th iteration after the prefill takes fraction x prefill time "
+        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.786 on the H200",
+    )
     cuda_graphs: bool = Field(
         True,
         description="decode: iterations replayed as CUDA graphs, as vLLM (without --enforce-eager) and SGLang do, "
@@ -1080,6 +1097,16 @@ class Scenario(_Strict):
             )
         if self.prefill.data_parallel > 1:
             raise ValueError("prefill.data_parallel: data-parallel engines are modelled on the decode pool only")
+        if self.prefill.after_prefill_slowdown_fraction:
+            raise ValueError(
+                "prefill.after_prefill_slowdown_fraction: it slows the decode iterations after a prefill; "
+                "give it on the decode pool"
+            )
+        if self.decode.after_prefill_slowdown_fraction and self.placement != "shared_gpu":
+            raise ValueError(
+                f"decode.after_prefill_slowdown_fraction: a decode slowdown after a prefill on the same GPU applies "
+                f"to placement shared_gpu only, not {self.placement}"
+            )
         if self.decode.data_parallel > 1:
             self._data_parallel_decode()
         if self.network.kv_connector != "host_parked":

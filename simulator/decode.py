@@ -246,6 +246,14 @@ class DecodeReplica:
         self.partner: PrefillPartner | None = None  # the prefill replica sharing this GPU (placement: shared_gpu)
         self._paused = False  # the shared GPU is running a prefill batch
         self._prefill_waiting = False
+        # decode.after_prefill_slowdown_fraction (shared_gpu): the iterations after a prefill run longer, in all by
+        # fraction x the prefill's time, the k-th by (1 - decay) decay^(k-1) of it; a segment of n iterations
+        # takes its share up front, (1 - decay^n) of what is left (_transient_s)
+        self.after_prefill_fraction = 0.0
+        self.after_prefill_decay = 0.0
+        self._paused_at = 0.0  # when the partner's prefill took the GPU
+        self._transient_s = 0.0  # extra seconds still ahead from the last prefill
+        self._seg_extra_s = 0.0  # the running segment's share of them (in its on-arrival seconds)
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = blocks(self) if blocks is not None else None
         # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
@@ -315,6 +323,10 @@ class DecodeReplica:
         elapsed = self.loop.now - start_s
         done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
         m = min(n, done + 1)
+        if self._transient_s and m < n:  # the segment's share of the after-prefill time, for m iterations
+            extra_s = self._transient_s * (1.0 - self.after_prefill_decay**m)
+            pending_s += extra_s - self._seg_extra_s
+            self._seg_extra_s = extra_s
         boundary_s = pending_s + segment_time_s(cost, m, self.ctx_offset, self.batch, self.iteration)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
@@ -336,6 +348,7 @@ class DecodeReplica:
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
+        self._transient_s = self._seg_extra_s = 0.0
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
             self.memory_log.add(self.loop.now, self.index, 0.0)
@@ -365,6 +378,7 @@ class DecodeReplica:
         the end of the iteration in progress (prefill first at every boundary)."""
         if self._seg is None:
             self._paused = True
+            self._paused_at = self.loop.now
             return True
         self._prefill_waiting = True
         if not self._cut:
@@ -373,6 +387,8 @@ class DecodeReplica:
 
     def resume_after_prefill(self) -> None:
         self._paused = False
+        if self.after_prefill_fraction:  # a later prefill restarts the transient (realrun.transient: no build-up)
+            self._transient_s = max(self._transient_s, self.after_prefill_fraction * (self.loop.now - self._paused_at))
         sched = self.sched
         if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
@@ -397,6 +413,12 @@ class DecodeReplica:
         assert self._seg is not None  # a live timer ends a running segment
         _, cost, n, _ = self._seg
         self._advance(n, cost)
+        if self._transient_s:  # the after-prefill time this segment took counts as decode time
+            self.cum[0] += self._seg_extra_s
+            self._transient_s *= self.after_prefill_decay**n
+            if self._transient_s < 1e-12:
+                self._transient_s = 0.0
+            self._seg_extra_s = 0.0
         self._finish_due()
         if self.sched is not None:
             self.sched.after_step()
@@ -404,6 +426,7 @@ class DecodeReplica:
             self._prefill_waiting = False
             self._seg = None
             self._paused = True
+            self._paused_at = self.loop.now
             assert self.partner is not None
             if self.partner.try_start():
                 return  # the prefill runs; it resumes us when its batch ends
@@ -442,6 +465,8 @@ class DecodeReplica:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
             first = now + pending_s + segment_time_s(cost, 1, c, b, k)
+            if self._transient_s:
+                first += self._transient_s * (1.0 - self.after_prefill_decay)
             for rid in joined:
                 self.rec.first_token[rid] = first
         if chunks or (sched is not None and sched.retry):
@@ -453,6 +478,9 @@ class DecodeReplica:
         else:  # ... or the first iteration whose new KV blocks do not fit
             n = blocks.segment_end(k) - k
             blocks.plan(k, n)  # promised (admission.py)
+        if self._transient_s:
+            self._seg_extra_s = extra_s = self._transient_s * (1.0 - self.after_prefill_decay**n)
+            pending_s += extra_s
         seg_s = pending_s + segment_time_s(cost, n, c, b, k)
         self._seg = (now, cost, n, pending_s)
         self._cut = False

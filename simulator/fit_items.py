@@ -140,6 +140,12 @@ def load_trace_data(
     df, iterations = m.requests, m.iterations
     if iterations is not None and len(iterations):
         td.blocks["iteration"] = _iteration_block(df, iterations, dec)
+        frac = s.decode.after_prefill_slowdown_fraction if s.placement == "shared_gpu" else 0.0
+        if frac:
+            blk = td.blocks["iteration"]
+            blk["after_prefill_s"] = after_prefill_s(
+                df, iterations, blk["start"], frac, s.decode.after_prefill_decay_per_iteration
+            )
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
     if quantize is not None:
         td.blocks["quantize"] = quantize
@@ -207,7 +213,28 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     busy = link_busy_at(df, start[keep])
     blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy)
     blk["all"] = len(it)
+    blk["start"] = start[keep]
     return blk
+
+
+def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction: float, decay: float) -> np.ndarray:
+    """The after-prefill time of the iterations starting at t (decode.after_prefill_slowdown_fraction, placement
+    shared_gpu): after the last prefill that ended before t[i], of P seconds on the GPU (its start to its quantize's
+    end), with j iterations started between its end and t[i], fraction x P x (1 - decay) x decay^j (a later prefill
+    restarts it, as simulator/decode.py does; there a segment takes its iterations' shares up front)."""
+    pre_end = df["quantize_end_s"].to_numpy(np.float64)
+    held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
+    ok = np.isfinite(held)
+    pre_end, held = pre_end[ok], held[ok]
+    order = np.argsort(pre_end, kind="stable")
+    pre_end, held = pre_end[order], held[order]
+    out = np.zeros(len(t))
+    last = np.searchsorted(pre_end, t, "right") - 1  # the last prefill ended at or before t[i]
+    has = last >= 0
+    starts = it["start_s"].to_numpy(np.float64)
+    j = np.searchsorted(starts, t[has], "left") - np.searchsorted(starts, pre_end[last[has]], "left")
+    out[has] = fraction * held[last[has]] * (1.0 - decay) * decay ** np.maximum(j, 0)
+    return out
 
 
 def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:

@@ -228,6 +228,8 @@ class MethodRun:
         if res.shared_gpu:
             for pre, dec in zip(self.prefill_replicas, self.decode_replicas):
                 pre.partner, dec.partner = dec, pre
+                dec.after_prefill_fraction = s.decode.after_prefill_slowdown_fraction
+                dec.after_prefill_decay = s.decode.after_prefill_decay_per_iteration
         link_objs = []
         for spec in net.links:
             log = columns.RowLog(3)  # (time_s, active_flows, throughput_bytes_per_s)

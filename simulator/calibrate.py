@@ -97,8 +97,11 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
         f = 1.0 + (np.zeros(n) if busy is None else busy) * (fb - 1.0)
         pred, d, host_s = _predict_steps(td, kind, v, f, wrt)
         w_b = np.zeros(n) if busy is None else busy.astype(np.float64)
-        if "after_prefill_s" in blk:  # the scenario's after-prefill transient (shared_gpu), not a fitted term
-            pred = pred + blk["after_prefill_s"]
+        unit = blk.get("after_prefill_unit_s")  # shared_gpu: the decode iterations after a prefill run longer
+        if unit is not None:
+            pred = pred + v["decode.after_prefill_slowdown_fraction"] * unit
+            if wrt:
+                d["decode.after_prefill_slowdown_fraction"] = unit
     elif kind in ("prefill", "quantize") and not blk.get("busy_left_s", np.zeros(1)).any():  # all idle
         f = np.ones(n)
         pred, d, host_s = _predict_steps(td, kind, v, f, wrt)

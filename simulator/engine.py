@@ -136,6 +136,16 @@ PARAMETERS: dict[str, Parameter] = {
             prior_width=1e-3,
         ),
         Parameter(
+            "decode.after_prefill_slowdown_fraction",
+            (0.0, 0.5),
+            "fraction",
+            "placement shared_gpu: how much longer the decode iterations after a prefill on the same GPU run, in all, "
+            "as a fraction of the prefill's time (spread over them by decode.after_prefill_decay_per_iteration)",
+            scope="gpu",
+            shape="per second of prefill, over the decode iterations after it",
+            prior_width=0.008,  # the spread of realrun.transient's 12 per-setting fits (model, method, batch): sd 0.0078
+        ),
+        Parameter(
             "prefill.prefill_efficiency",
             (0.05, 1.0),
             "fraction",
@@ -382,10 +392,14 @@ def apply_values(scenario, values: dict[str, float]):
 def not_applied_in(placement: str) -> set[str]:
     """The parameters a placement has no use for: with `colocated` every replica runs both phases configured as
     the decode pool (simulator/colocated.py), so the prefill pool's settings, a method's prefill launches on it
-    and the link (no KV moves) do not enter any time."""
+    and the link (no KV moves) do not enter any time; only `shared_gpu` runs a prefill on a decode replica's GPU
+    between its iterations (decode.after_prefill_slowdown_fraction)."""
+    out = set() if placement == "shared_gpu" else {"decode.after_prefill_slowdown_fraction"}
     if placement != "colocated":
-        return set()
-    return {n for n in PARAMETERS if n.startswith(("prefill.", "network.")) or n.endswith(".prefill_issue_s_per_layer")}
+        return out
+    return out | {
+        n for n in PARAMETERS if n.startswith(("prefill.", "network.")) or n.endswith(".prefill_issue_s_per_layer")
+    }
 
 
 def not_applied(scenario, values: dict[str, float]) -> set[str]:

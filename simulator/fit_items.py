@@ -140,11 +140,10 @@ def load_trace_data(
     df, iterations = m.requests, m.iterations
     if iterations is not None and len(iterations):
         td.blocks["iteration"] = _iteration_block(df, iterations, dec)
-        frac = s.decode.after_prefill_slowdown_fraction if s.placement == "shared_gpu" else 0.0
-        if frac:
+        if s.placement == "shared_gpu":  # per unit of decode.after_prefill_slowdown_fraction (calibrate.predict)
             blk = td.blocks["iteration"]
-            blk["after_prefill_s"] = after_prefill_s(
-                df, iterations, blk["start"], frac, s.decode.after_prefill_decay_per_iteration
+            blk["after_prefill_unit_s"] = after_prefill_s(
+                df, iterations, blk["start"], 1.0, s.decode.after_prefill_decay_per_iteration
             )
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
     if quantize is not None:

@@ -247,13 +247,11 @@ class DecodeReplica:
         self._paused = False  # the shared GPU is running a prefill batch
         self._prefill_waiting = False
         # decode.after_prefill_slowdown_fraction (shared_gpu): the iterations after a prefill run longer, in all by
-        # fraction x the prefill's time, the k-th by (1 - decay) decay^(k-1) of it; a segment of n iterations
-        # takes its share up front, (1 - decay^n) of what is left (_transient_s)
+        # fraction x the prefill's time, the k-th by (1 - decay) decay^(k-1) of it; the running segment's m-th
+        # iteration by _transient_s (1 - decay) decay^m, its first m by _transient_s (1 - decay^m) (_after_s)
         self.after_prefill_fraction = 0.0
         self.after_prefill_decay = 0.0
-        self._paused_at = 0.0  # when the partner's prefill took the GPU
-        self._transient_s = 0.0  # extra seconds still ahead from the last prefill
-        self._seg_extra_s = 0.0  # the running segment's share of them (in its on-arrival seconds)
+        self._transient_s = 0.0  # extra seconds still ahead from the last prefill, at the segment's start
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = blocks(self) if blocks is not None else None
         # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
@@ -321,13 +319,15 @@ class DecodeReplica:
         assert self._seg is not None  # called while a segment runs
         start_s, cost, n, pending_s = self._seg
         elapsed = self.loop.now - start_s
-        done = iterations_within(cost, max(0.0, elapsed - pending_s), self.ctx_offset, self.batch, self.iteration)
+        c, b, k = self.ctx_offset, self.batch, self.iteration
+        if self._transient_s:  # iterations end later by their after-prefill shares: count up from a lower bound
+            done = iterations_within(cost, max(0.0, elapsed - pending_s - self._after_s(n)), c, b, k)
+            while done < n and pending_s + segment_time_s(cost, done + 1, c, b, k) + self._after_s(done + 1) <= elapsed:
+                done += 1
+        else:
+            done = iterations_within(cost, max(0.0, elapsed - pending_s), c, b, k)
         m = min(n, done + 1)
-        if self._transient_s and m < n:  # the segment's share of the after-prefill time, for m iterations
-            extra_s = self._transient_s * (1.0 - self.after_prefill_decay**m)
-            pending_s += extra_s - self._seg_extra_s
-            self._seg_extra_s = extra_s
-        boundary_s = pending_s + segment_time_s(cost, m, self.ctx_offset, self.batch, self.iteration)
+        boundary_s = pending_s + segment_time_s(cost, m, c, b, k) + self._after_s(m)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
         self._schedule(max(0.0, start_s + boundary_s - self.loop.now))
@@ -348,7 +348,7 @@ class DecodeReplica:
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
-        self._transient_s = self._seg_extra_s = 0.0
+        self._transient_s = 0.0
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
             self.memory_log.add(self.loop.now, self.index, 0.0)
@@ -378,17 +378,17 @@ class DecodeReplica:
         the end of the iteration in progress (prefill first at every boundary)."""
         if self._seg is None:
             self._paused = True
-            self._paused_at = self.loop.now
             return True
         self._prefill_waiting = True
         if not self._cut:
             self._cut_at_next_boundary()
         return False
 
-    def resume_after_prefill(self) -> None:
+    def resume_after_prefill(self, prefill_s: float) -> None:
+        """The partner's prefill step (prefill_s from its start to its KV encoded) gave the GPU back."""
         self._paused = False
         if self.after_prefill_fraction:  # a later prefill restarts the transient (realrun.transient: no build-up)
-            self._transient_s = max(self._transient_s, self.after_prefill_fraction * (self.loop.now - self._paused_at))
+            self._transient_s = self.after_prefill_fraction * prefill_s
         sched = self.sched
         if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
@@ -414,11 +414,10 @@ class DecodeReplica:
         _, cost, n, _ = self._seg
         self._advance(n, cost)
         if self._transient_s:  # the after-prefill time this segment took counts as decode time
-            self.cum[0] += self._seg_extra_s
+            self.cum[0] += self._after_s(n)
             self._transient_s *= self.after_prefill_decay**n
             if self._transient_s < 1e-12:
                 self._transient_s = 0.0
-            self._seg_extra_s = 0.0
         self._finish_due()
         if self.sched is not None:
             self.sched.after_step()
@@ -426,7 +425,6 @@ class DecodeReplica:
             self._prefill_waiting = False
             self._seg = None
             self._paused = True
-            self._paused_at = self.loop.now
             assert self.partner is not None
             if self.partner.try_start():
                 return  # the prefill runs; it resumes us when its batch ends
@@ -478,10 +476,7 @@ class DecodeReplica:
         else:  # ... or the first iteration whose new KV blocks do not fit
             n = blocks.segment_end(k) - k
             blocks.plan(k, n)  # promised (admission.py)
-        if self._transient_s:
-            self._seg_extra_s = extra_s = self._transient_s * (1.0 - self.after_prefill_decay**n)
-            pending_s += extra_s
-        seg_s = pending_s + segment_time_s(cost, n, c, b, k)
+        seg_s = pending_s + segment_time_s(cost, n, c, b, k) + self._after_s(n)
         self._seg = (now, cost, n, pending_s)
         self._cut = False
         self._schedule(seg_s)
@@ -600,12 +595,31 @@ class DecodeReplica:
             prices = self._iterations[cost] = StepPrices(cost)
         return prices.iteration(self.batch)
 
+    def _after_s(self, m: int) -> float:
+        """The after-prefill seconds of the running segment's first m iterations."""
+        if not self._transient_s:
+            return 0.0
+        return self._transient_s * (1.0 - self.after_prefill_decay**m)
+
     def _advance(self, n: int, cost: Iteration) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
         if self.rec.iteration_log is not None:  # off unless asked for: a row per iteration is not the hot path's
             seg = self._seg
             assert seg is not None  # a segment is advancing
-            self.rec.iteration_log.append((seg[0], seg[3], n, c, b, k, cost, self.cost.host_serial_s_per_iteration))
+            self.rec.iteration_log.append(
+                (
+                    seg[0],
+                    seg[3],
+                    n,
+                    c,
+                    b,
+                    k,
+                    cost,
+                    self.cost.host_serial_s_per_iteration,
+                    self._transient_s,
+                    self.after_prefill_decay,
+                )
+            )
         cum = self.cum
         ctx = n * c + b * (n * k + n * (n - 1) / 2)  # the iterations' contexts summed (segment_sum_s)
         cum[0] += n * cost.decode_fixed_s + cost.decode_per_ctx_s * ctx
@@ -678,13 +692,16 @@ class DecodeReplica:
 def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
     """A decode replica's iterations as a measured trace records them (iterations.csv: start_s, end_s,
     batch_size, context_tokens) from its segment log (Records.iteration_log): iteration m of a segment
-    starts after the segment's on-arrival work and m iterations; a row ends before the CPU work between
+    starts after the segment's on-arrival work and m iterations (each with its after-prefill share, where a
+    prefill on the shared GPU left one); a row ends before the CPU work between
     iterations (host_serial_s_per_iteration), which a trace's rows leave out."""
     rows = []
-    for start_s, pending_s, n, c, b, k, cost, serial in log:
+    for start_s, pending_s, n, c, b, k, cost, serial, after_s, decay in log:
         t = start_s
         for m in range(n):
             step = segment_time_s(cost, 1, c, b, k + m) + (pending_s if m == 0 else 0.0)
+            if after_s:  # the m-th iteration's share of the after-prefill time
+                step += after_s * (1.0 - decay) * decay**m
             rows.append((t, t + step - serial, b, c + b * (k + m)))
             t += step
     return rows

@@ -423,10 +423,15 @@ def apply_engine_file(scenario, folder: Path, source: str):
         raise ScenarioError(f"{source}: calibration.engine: {e}") from None
     skip = sorted(not_applied(scenario, engine.fitted()), key=list(PARAMETERS).index)
     if skip:
+        why = (
+            "only shared_gpu runs a prefill on a decode replica's GPU between its iterations"
+            if skip[0] == "decode.after_prefill_slowdown_fraction"
+            else "its replicas run prefill as chunks of decode iterations with the decode pool's settings and move "
+            "no KV"
+        )
         raise ScenarioError(
             f"{source}: calibration.engine: {path.name} fitted {skip[0]}, which placement {scenario.placement} "
-            f"does not use (its replicas run prefill as chunks of decode iterations with the decode pool's "
-            f"settings and move no KV); fit the engine on runs of this placement"
+            f"does not use ({why}); fit the engine on runs of this placement"
         )
     out = apply_values(scenario, engine.fitted())
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})

@@ -220,7 +220,7 @@ def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction:
     """The after-prefill time of the iterations starting at t (decode.after_prefill_slowdown_fraction, placement
     shared_gpu): after the last prefill that ended before t[i], of P seconds on the GPU (its start to its quantize's
     end), with j iterations started between its end and t[i], fraction x P x (1 - decay) x decay^j (a later prefill
-    restarts it, as simulator/decode.py does; there a segment takes its iterations' shares up front)."""
+    restarts it, as simulator/decode.py does)."""
     pre_end = df["quantize_end_s"].to_numpy(np.float64)
     held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
     ok = np.isfinite(held)
@@ -228,10 +228,11 @@ def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction:
     order = np.argsort(pre_end, kind="stable")
     pre_end, held = pre_end[order], held[order]
     out = np.zeros(len(t))
-    last = np.searchsorted(pre_end, t, "right") - 1  # the last prefill ended at or before t[i]
+    eps = 1e-9  # times written to a CSV and read back: an iteration starting as the prefill ends may read as before
+    last = np.searchsorted(pre_end, t + eps, "right") - 1  # the last prefill ended at or before t[i]
     has = last >= 0
     starts = it["start_s"].to_numpy(np.float64)
-    j = np.searchsorted(starts, t[has], "left") - np.searchsorted(starts, pre_end[last[has]], "left")
+    j = np.searchsorted(starts, t[has] - eps, "left") - np.searchsorted(starts, pre_end[last[has]] - eps, "left")
     out[has] = fraction * held[last[has]] * (1.0 - decay) * decay ** np.maximum(j, 0)
     return out
 

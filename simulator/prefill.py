@@ -62,7 +62,7 @@ class GPUSharer(Protocol):
 
     def yield_gpu(self) -> bool: ...
 
-    def resume_after_prefill(self) -> None: ...
+    def resume_after_prefill(self, prefill_s: float) -> None: ...
 
 
 class PrefillReplica:
@@ -99,6 +99,7 @@ class PrefillReplica:
         self.running: list[list[int]] = []  # steps started whose KV is not encoded yet
         self._version = 0
         self.partner: GPUSharer | None = None  # the decode replica sharing this GPU (placement: shared_gpu)
+        self._step_s = 0.0  # the last step's start to its KV encoded (the shared GPU's prefill, as a trace times it)
         self.busy_s = 0.0  # Σ time a step held the replica (its load, simulator/overload.py)
         self.chunk_tokens = chunk_tokens  # None: chunked prefill off
         self.partial: list[list[int]] = []  # chunked prefill: [rid, tokens done] of the prompts being prefilled
@@ -285,6 +286,7 @@ class PrefillReplica:
         if done:
             self.listener.on_prefill_started(done, self, start, encode_end)
         self.busy_s += busy_s
+        self._step_s = encode_end - start
         self._set_timers(busy_s, encode_end - start, self._version, batch, done)
         return True
 
@@ -351,7 +353,7 @@ class PrefillReplica:
 
     def _next(self) -> None:
         if self.partner is not None:
-            self.partner.resume_after_prefill()
+            self.partner.resume_after_prefill(self._step_s)
         self.try_start()
 
     # a step's timers (version: the replica's when the step started; a fault since voids them)

@@ -51,10 +51,13 @@ def raw_system(
 ) -> dict:
     """BASE's system (one shared H200, realrun's harness) with a small workload of its own; link_busy False: without
     its host level while the link moves KV (network.link_busy_host_factor: an engine's benchmark file has no
-    transfer times, so a fit from one cannot see that level)."""
+    transfer times, so a fit from one cannot see that level) and without the decode slowdown after a prefill
+    (decode.after_prefill_slowdown_fraction: nor has it the prefills' times)."""
     raw = yaml.safe_load(BASE.read_text())
     if not link_busy:
         raw["network"] = {k: v for k, v in raw["network"].items() if not k.startswith("link_busy")}
+        # nor a prefill's own times, which the decode slowdown after it is counted from
+        raw["decode"] = {k: v for k, v in raw["decode"].items() if not k.startswith("after_prefill")}
     raw["workload"] = {
         "input_tokens": {"kind": "uniform", "min_tokens": 64, "max_tokens": 4096},
         "output_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 96},

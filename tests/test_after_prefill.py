@@ -2,12 +2,13 @@
 
 On the H200 a prefill's GEMMs leave the next memory-bound decode iterations slower (realrun.transient,
 realrun/traces/h200_transient): in all by a fraction of the prefill's time, the k-th iteration by
-(1 - decay) decay^(k-1) of it, a later prefill restarting it. The decode replica takes a segment's share up front.
+(1 - decay) decay^(k-1) of it, a later prefill restarting it (its amplitude replaced, not added to).
 The timelines here are worked by hand.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -67,7 +68,7 @@ class _Prefill:
 
     def _hold(self):
         yield self.env.timeout(self.hold_s)
-        self.rep.resume_after_prefill()
+        self.rep.resume_after_prefill(self.hold_s)
 
 
 def _timeline(fraction: float, decay: float, second_at_s: float | None = None):
@@ -120,8 +121,8 @@ def test_the_iterations_after_the_prefill_take_their_share():
 
 
 def test_a_segment_cut_short_keeps_only_its_iterations_share():
-    """Request 1 arrives at 62 ms: the segment that began at 50 ms (its share 9.92 ms up front) is cut after its
-    first iteration, whose share is 5 ms: it ends at 65 ms. The remaining 5 ms: request 0's last 6 iterations take
+    """Request 1 arrives at 62 ms, during the first iteration of the segment that began at 50 ms (10 ms + its share,
+    5 ms): the segment is cut there, at 65 ms. The remaining 5 ms: request 0's last 6 iterations take
     5 x (1 - 0.5^6), so it finishes as if nothing had joined (every iteration costs the same here); request 1's last
     4 iterations take 5 x 0.5^6 x (1 - 0.5^4)."""
     first, second = _timeline(0.5, 0.5, second_at_s=0.062)
@@ -193,3 +194,46 @@ def test_fit_recovers_known_values(tmp_path):
     assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.02, abs=0.002)
     assert got["after_prefill_decay_per_iteration"] == pytest.approx(0.7, abs=0.05)
     assert got["windows"] == 8
+
+
+def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
+    """An engine file that fitted the after-prefill fraction would change nothing under placement separate: refused
+    in one line naming it and the placement; under shared_gpu it applies."""
+    import json
+
+    import yaml
+
+    from simulator.engine import PARAMETERS
+    from simulator.load import load_scenario
+
+    p = PARAMETERS["decode.after_prefill_slowdown_fraction"]
+    doc = {
+        "kind": "hacksim-engine-calibration",
+        "schema_version": 1,
+        "engine": "test",
+        "parameters": {
+            p.name: {
+                "value": 0.03,
+                "stderr": 0.004,
+                "unit": p.unit,
+                "fitted": True,
+                "scope": p.scope,
+                "shape": p.shape,
+                "prior": {"centre": 0.0157, "width": p.prior_width},
+            }
+        },
+        "provenance": {"traces": []},
+    }
+    (tmp_path / "engine.json").write_text(json.dumps(doc))
+    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "scenarios/measured/h200g_8b_sat.yaml").read_text())
+    raw["calibration"] = {"engine": "engine.json"}
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    assert load_scenario(scen).decode.after_prefill_slowdown_fraction == 0.03
+    raw["placement"] = "separate"
+    raw["decode"] = {k: v for k, v in raw["decode"].items() if not k.startswith("after_prefill")}
+    scen.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(scen)
+    msg = str(e.value)
+    assert "decode.after_prefill_slowdown_fraction" in msg and "placement separate" in msg and "\n" not in msg

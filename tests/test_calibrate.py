@@ -330,8 +330,10 @@ def test_a_fit_the_placement_would_ignore_is_refused(simulated, fitted, tmp_path
     path.write_text(json.dumps(engine_file(fitted, traces, str(indexes["all"]), "test", "0")))
     raw = raw_system()
     raw["placement"] = "colocated"
-    # colocated moves no KV: the scenario's busy-link host level is refused there on its own (test_link_host.py)
+    # colocated moves no KV: the scenario's busy-link host level is refused there on its own (test_link_host.py), and
+    # so is its after-prefill slowdown (no prefill between decode iterations: test_after_prefill.py)
     raw["network"] = {k: v for k, v in raw["network"].items() if not k.startswith("link_busy")}
+    raw["decode"] = {k: v for k, v in raw["decode"].items() if not k.startswith("after_prefill")}
     raw["calibration"] = {"engine": "engine.json"}
     scen = tmp_path / "colocated.yaml"
     scen.write_text(yaml.safe_dump(raw))

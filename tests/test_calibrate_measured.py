@@ -24,22 +24,25 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # prefill floor takes its own busy-link factor (hostcal): held out by configuration 5.0 -> 4.4 % mean, 18.7 ->
 # 13.8 % max (8b_sat HACK r9), no fit 8.4 -> 7.4 % (before: FP16's pack priced, each method's quantize floor fitted
 # from its own start, hostcal's quantize floors, prefill floor priors twice hostcal's standard errors: 5.6 -> 5.0 %)
+# The decode iterations after a prefill on the shared GPU (decode.after_prefill_slowdown_fraction, measured by
+# realrun.transient, not fitted): held out by configuration 4.4 -> 4.3 %, max 13.8 -> 13.1 %; by trace 4.3 -> 4.1 %.
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 4.3 + 2,
-    "jct_max_abs_error_pct": 13.5 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.5 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.3 + 2,
+    "jct_mean_abs_error_pct": 4.1 + 2,
+    "jct_max_abs_error_pct": 13.1 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.3 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.8 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 4.4 + 2,
-    "jct_max_abs_error_pct": 13.8 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.5 + 2,
+    "jct_mean_abs_error_pct": 4.3 + 2,
+    "jct_max_abs_error_pct": 13.1 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.4 + 2,
     "ttft_p50_mean_abs_error_pct": 7.8 + 2,
 }
 TRACES_WITHIN_10PCT = 25 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
-# Held out, one configuration is predicted worse than with no fit: 70b8l_2.5gbps, 3.0 against 2.8 % (it was 2.85
+# Held out, one configuration is predicted worse than with no fit: 70b8l_2.5gbps, 3.1 against 2.6 % (with the
+# after-prefill term; before it 3.0 against 2.8 %; it was 2.85
 # against 2.87 %): the fit pulls the busy-link host factor from hostcal's 1.31 to 1.00, 3.1 prior widths, a conflict
 # `calibrate` lists; at hostcal's value that configuration is predicted at 2.1 %. (Before: 8b_2.5gbps, 9.5 against
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried

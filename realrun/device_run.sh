@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient
+#          | transient | duty
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -35,6 +35,9 @@
 #             h200g_8b_mem r7.5 HACK three times (span ~27 s) with what is left.
 #   part transient: realrun.transient, decode iterations by their distance from a prefill on the shared GPU, link
 #             idle: the 32-layer 8B and the 8-layer 70B, FP16 / KVQuant-style / HACK at batches 8 and 32 (~300 s).
+#   part duty: realrun.transient --duty, decode iterations through 2-second blocks holding the prefills' share of the
+#             GPU at 0, 0.5, 0, 0.25, 0, 0.5, 0 (2,048-token prefills, link idle): the 32-layer 8B and the 8-layer 70B,
+#             FP16 and HACK at batch 32 (~200 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -156,6 +159,17 @@ elif [ "$PART" = transient ]; then
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
   step 240 transient_70b python3 -m realrun.transient --out "$OUT/transient_70b.csv" "${TR70[@]}"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
+elif [ "$PART" = duty ]; then
+  # issue 28: what a sustained share of prefill does to the decode iterations on the shared GPU (duty_*.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
+  fi
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
+  step 250 duty_8b python3 -m realrun.transient --duty --methods baseline hack --batches 32 \
+    --out "$OUT/duty_8b.csv" "${TR[@]}"
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
+  step 250 duty_70b python3 -m realrun.transient --duty --methods baseline hack --batches 32 \
+    --out "$OUT/duty_70b.csv" "${TR70[@]}"
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

@@ -17,6 +17,12 @@ saturated pipeline, where transients may add up).  Columns: set (model:layers), 
 event, event_tokens, event_s (the prefill's or sleep's wall time), k (1 = the first iteration after the event),
 max_context, wall_s.  Nothing here reads a measured trace.
 
+`--duty` measures instead what a sustained share of prefill does (duty.csv): blocks of `--block-s` seconds, each
+holding the prefills' share of the GPU's time at a target (0, 0.5, 0, 0.25, 0, 0.5, 0 by default: a prefill of
+`--duty-prompt` tokens whenever the block's share so far is below its target), the batch fixed, the link idle.
+Columns: set, method, batch_size, block, duty (the target), t_s (from the run's start), k (iterations since the
+last prefill; 0 where none yet in the block), event_s (the last prefill's time), max_context, wall_s.
+
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
 decode.after_prefill_decay_per_iteration from such files (fit_transient).
 """
@@ -48,6 +54,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--dense", type=int, default=10)
     ap.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new (set, method, batch) runs")
+    ap.add_argument("--duty", nargs="*", type=float, default=None, help="duty blocks' targets (module doc)")
+    ap.add_argument("--block-s", type=float, default=2.0)
+    ap.add_argument("--duty-prompt", type=int, default=2048)
     a = ap.parse_args(argv)
     if a.fit:
         print(fit_transient(a.fit))
@@ -70,9 +79,15 @@ def main(argv=None) -> int:
     if a.smoke:
         sets, prompts, context, gap, cycles, batches = [("tiny", 1)], [40, 90], 64, 3, 1, [2]
         a.dense = 2
+    duties = None
+    if a.duty is not None:
+        duties = a.duty or [0.0, 0.5, 0.0, 0.25, 0.0, 0.5, 0.0]
+        prompts = [a.duty_prompt] if not a.smoke else [90]
     events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
     per_cycle = len(events) * gap + 2 * a.dense
     total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
+    if duties is not None:  # at most an iteration per 4 ms
+        total_iters = int(len(duties) * a.block_s / 0.004) + 4 * len(prompts) + 8 if not a.smoke else 200
     rows: list[dict] = []
     t_begin = time.perf_counter()
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,14 +110,28 @@ def main(argv=None) -> int:
                 )
                 h = Harness(model, cfg)
                 try:
-                    _measure(
-                        h, f"{model_name}:{layers}", method, b, a.smoke, prompts, context, gap, cycles, a.dense, rows
-                    )
+                    if duties is not None:
+                        _measure_duty(h, f"{model_name}:{layers}", method, b, prompts[0], context, duties, a, rows)
+                    else:
+                        _measure(
+                            h,
+                            f"{model_name}:{layers}",
+                            method,
+                            b,
+                            a.smoke,
+                            prompts,
+                            context,
+                            gap,
+                            cycles,
+                            a.dense,
+                            rows,
+                        )
                 finally:
                     h.close()
                 _write(a.out, rows)
                 mine = [r for r in rows if r["method"] == method and r["batch_size"] == b]
-                print(f"{model_name}:{layers} {method} B{b}: {_summary(mine, gap)}", flush=True)
+                summary = _duty_summary(mine) if duties is not None else _summary(mine, gap)
+                print(f"{model_name}:{layers} {method} B{b}: {summary}", flush=True)
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -179,6 +208,75 @@ def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, contex
             event_s = prefill(timed, next_id)
             next_id += 1
             iterate(cycle, "dense", timed, event_s, 2)
+
+
+def _measure_duty(h, set_name: str, method: str, b: int, prompt: int, context: int, duties, a, rows) -> None:
+    """One (set, method, batch): B requests of `context` tokens decoding through blocks of target prefill shares."""
+    from .harness import _Req
+    from .runner import prime_prefill_attention
+    from .workload import Request
+
+    block_s = a.block_s if not a.smoke else 0.3
+    assert h.step is not None
+    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
+    prime_prefill_attention(h, [prompt])
+    h.t0 = time.perf_counter()
+    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
+    for r in run:
+        h.prefill([r])
+        r.recv, r.send = r.send, None
+    h.decode_iteration(run)
+    next_id = b
+
+    def prefill() -> float:
+        nonlocal next_id
+        r = _Req(Request(next_id, 0.0, prompt, 1))
+        next_id += 1
+        h.prefill([r])
+        r.send = None
+        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
+
+    for _ in range(3):  # warm
+        prefill()
+        for _ in range(4):
+            h.decode_iteration([])
+    cap = h.cfg.max_total_tokens - 4
+    for block, duty in enumerate(duties):
+        t0 = h.now()
+        pre_s, k, last_s = 0.0, 0, 0.0
+        while h.now() - t0 < block_s and max(r.stored for r in run) < cap:
+            if duty > 0 and pre_s < duty * (h.now() - t0):
+                last_s = prefill()
+                pre_s += last_s
+                k = 0
+            (s0, s1, n, _, _), _ = h.decode_iteration([])
+            k += 1 if (k or pre_s) else 0
+            rows.append(
+                dict(
+                    set=set_name,
+                    method=method,
+                    batch_size=n,
+                    block=block,
+                    duty=duty,
+                    t_s=s0,
+                    k=k,
+                    event_s=last_s,
+                    max_context=max(r.stored for r in run),
+                    wall_s=s1 - s0,
+                )
+            )
+
+
+def _duty_summary(rows: list[dict]) -> str:
+    """Per block: its target and the mean iteration (ms) at k = 0 or k > 4, with the block's iteration count."""
+    import statistics
+
+    out = []
+    for blk in sorted({r["block"] for r in rows}):
+        w = [r for r in rows if r["block"] == blk]
+        far = [r["wall_s"] for r in w if r["k"] == 0 or r["k"] > 4] or [r["wall_s"] for r in w]
+        out.append(f"{w[0]['duty']:g}: {statistics.mean(far) * 1e3:.3f} ms ({len(w)})")
+    return "; ".join(out)
 
 
 def fit_transient(paths) -> dict:

@@ -280,45 +280,51 @@ def _duty_summary(rows: list[dict]) -> str:
 
 
 def fit_transient(paths) -> dict:
-    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs.
+    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs and
+    duty runs (--duty).
 
-    Every iteration's excess is its wall time less the same (set, method, batch)'s no-event iterations at its
-    context (least squares: one level per graph context bucket, one slope in the context, since the context grows
-    by one token per iteration through a run).  After a prefill of P seconds the model is that the k-th iteration
-    runs fraction x P x (1 - decay) x decay^(k-1) longer; it is fitted (least squares) to the cumulative excess of
-    every prefill window, k = 1 .. gap, all windows at once.  Returns the two values, their standard errors
-    (from the Jacobian; the cumulative points of one window are correlated, so these understate the uncertainty)
-    and the windows' count."""
+    Every iteration's excess is its wall time less the same (file, set, method, batch)'s iterations without an
+    event (the "none" windows; the duty runs' blocks at 0) at its context (least squares: one level per graph
+    context bucket, one slope in the context, since the context grows by one token per iteration through a run).
+    After a prefill of P seconds the model is that the k-th iteration runs fraction x P x (1 - decay) x
+    decay^(k-1) longer, a later prefill restarting it; both are fitted (least squares) to every iteration after a
+    prefill at once: the windows after lone prefills, the dense prefills two iterations apart, the duty blocks.
+    Returns the two values, their standard errors (from the Jacobian) and the counts of prefills and iterations."""
     import numpy as np
     import pandas as pd
     from scipy.optimize import least_squares
 
     from .step import bucket, ctx_buckets
 
-    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
-    cs = ctx_buckets(int(d["max_context"].max()) + 2)
-    d["bucket"] = [bucket(cs, int(c) + 1) for c in d["max_context"]]
-    curves: list[tuple[float, np.ndarray]] = []
-    for _, g in d.groupby(["set", "method", "batch_size"]):
-        buckets = sorted(g["bucket"].unique())
+    held, ks, excess = [], [], []
+    prefills = 0
+    for path in paths:
+        d = pd.read_csv(path)
+        duty = "block" in d.columns
+        cs = ctx_buckets(int(d["max_context"].max()) + 2)
+        d["bucket"] = [bucket(cs, int(c) + 1) for c in d["max_context"]]
+        for _, g in d.groupby(["set", "method", "batch_size"]):
+            buckets = sorted(g["bucket"].unique())
 
-        def design(df: pd.DataFrame, buckets=buckets) -> np.ndarray:
-            cols = [df["max_context"].to_numpy(np.float64)]
-            cols += [(df["bucket"] == c).to_numpy(np.float64) for c in buckets]
-            return np.column_stack(cols)
+            def design(df: pd.DataFrame, buckets=buckets) -> np.ndarray:
+                cols = [df["max_context"].to_numpy(np.float64)]
+                cols += [(df["bucket"] == c).to_numpy(np.float64) for c in buckets]
+                return np.column_stack(cols)
 
-        none = g[g["event"] == "none"]
-        coef, *_ = np.linalg.lstsq(design(none), none["wall_s"].to_numpy(), rcond=None)
-        g = g.assign(excess_s=g["wall_s"].to_numpy() - design(g) @ coef)
-        for _, w in g[g["event"] == "prefill"].groupby(["cycle", "event_tokens"]):
-            w = w.sort_values("k")
-            curves.append((float(w["event_s"].iloc[0]), np.cumsum(w["excess_s"].to_numpy())))
-    if not curves:
-        raise ValueError("no prefill windows in the files")
+            quiet = g[g["duty"] == 0] if duty else g[g["event"] == "none"]
+            coef, *_ = np.linalg.lstsq(design(quiet), quiet["wall_s"].to_numpy(), rcond=None)
+            after = g[(g["duty"] > 0) & (g["k"] > 0)] if duty else g[g["event"].isin(["prefill", "dense"])]
+            held.append(after["event_s"].to_numpy(np.float64))
+            ks.append(after["k"].to_numpy(np.float64))
+            excess.append(after["wall_s"].to_numpy() - design(after) @ coef)
+            prefills += int((after["k"] == 1).sum())
+    if not held:
+        raise ValueError("no iterations after a prefill in the files")
+    p_s, k, e = np.concatenate(held), np.concatenate(ks), np.concatenate(excess)
 
-    def residuals(p: np.ndarray) -> np.ndarray:
-        frac, decay = p
-        return np.concatenate([e - frac * s * (1.0 - decay ** np.arange(1, len(e) + 1)) for s, e in curves])
+    def residuals(x: np.ndarray) -> np.ndarray:
+        frac, decay = x
+        return e - frac * p_s * (1.0 - decay) * decay ** (k - 1.0)
 
     fit = least_squares(residuals, [0.01, 0.8], bounds=([0.0, 0.0], [1.0, 0.999]))
     cov = np.linalg.pinv(fit.jac.T @ fit.jac) * float(np.mean(fit.fun**2))
@@ -327,7 +333,8 @@ def fit_transient(paths) -> dict:
         "after_prefill_decay_per_iteration": round(float(fit.x[1]), 3),
         "fraction_se": round(float(np.sqrt(cov[0, 0])), 4),
         "decay_se": round(float(np.sqrt(cov[1, 1])), 3),
-        "windows": len(curves),
+        "prefills": prefills,
+        "iterations": len(e),
     }
 
 

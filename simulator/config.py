@@ -380,16 +380,16 @@ class PoolConfig(_Strict):
         le=1,
         description="decode, placement shared_gpu: the decode iterations right after a prefill on the shared GPU "
         "run longer, in all by this fraction of the prefill's time (a clock and power transient after the "
-        "prefill's GEMMs; python -m realrun.transient measures it: 0.0157 on the H200, "
+        "prefill's GEMMs; python -m realrun.transient measures it: 0.0188 on the H200, "
         "realrun/traces/h200_transient); a later prefill restarts it",
     )
     after_prefill_decay_per_iteration: float = Field(
-        0.786,
+        0.754,
         ge=0,
         lt=1,
         description="decode, placement shared_gpu: the share of after_prefill_slowdown_fraction's extra time "
         "still ahead after each iteration (the k-th iteration after the prefill takes fraction x prefill time "
-        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.786 on the H200",
+        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.754 on the H200",
     )
     cuda_graphs: bool = Field(
         True,

@@ -143,7 +143,7 @@ PARAMETERS: dict[str, Parameter] = {
             "as a fraction of the prefill's time (spread over them by decode.after_prefill_decay_per_iteration)",
             scope="gpu",
             shape="per second of prefill, over the decode iterations after it",
-            prior_width=0.008,  # the spread of realrun.transient's 12 per-setting fits (model, method, batch): sd 0.0078
+            prior_width=0.011,  # the spread of realrun.transient's 16 per-setting fits (model, method, batch, kind): sd 0.011
         ),
         Parameter(
             "prefill.prefill_efficiency",

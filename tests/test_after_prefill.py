@@ -193,7 +193,7 @@ def test_fit_recovers_known_values(tmp_path):
     got = fit_transient([p])
     assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.02, abs=0.002)
     assert got["after_prefill_decay_per_iteration"] == pytest.approx(0.7, abs=0.05)
-    assert got["windows"] == 8
+    assert got["prefills"] == 8
 
 
 def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
@@ -219,7 +219,7 @@ def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
                 "fitted": True,
                 "scope": p.scope,
                 "shape": p.shape,
-                "prior": {"centre": 0.0157, "width": p.prior_width},
+                "prior": {"centre": 0.0188, "width": p.prior_width},
             }
         },
         "provenance": {"traces": []},

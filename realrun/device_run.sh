@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty
+#          | transient | duty | noise70b25 | noise8b25
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -38,6 +38,9 @@
 #   part duty: realrun.transient --duty, decode iterations through 2-second blocks holding the prefills' share of the
 #             GPU at 0, 0.5, 0, 0.25, 0, 0.5, 0 (2,048-token prefills, link idle): the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~200 s).
+#   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
+#             150 requests, FP16 and HACK three times, KVQuant-style once (the run-to-run spread of the configurations
+#             the h200_repeats set had not recorded).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -170,6 +173,14 @@ elif [ "$PART" = duty ]; then
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
   step 250 duty_70b python3 -m realrun.transient --duty --methods baseline hack --batches 32 \
     --out "$OUT/duty_70b.csv" "${TR70[@]}"
+elif [ "$PART" = noise70b25 ]; then
+  smoke_or_stop
+  rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 300 150 3 "baseline hack" 10
+  rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 90 150 1 "kvquant" 10
+elif [ "$PART" = noise8b25 ]; then
+  smoke_or_stop
+  rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 300 150 3 "baseline hack" 7.5
+  rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 90 150 1 "kvquant" 7.5
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

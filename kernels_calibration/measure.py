@@ -84,7 +84,19 @@ def provenance() -> dict:
         except (OSError, subprocess.SubprocessError):
             rev = ""
     info["git_rev"] = rev or "unknown"
+    info["cpu"] = cpu_name()
     return info
+
+
+def cpu_name() -> str:
+    """The host CPU's model and logical CPU count ("unknown" where /proc/cpuinfo is not there): host-bound phases
+    (a Python engine loop, launch-bound prefills) move with it from one machine to the next."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown"
+    models = [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")]
+    return f"{models[0]} x {len(models)}" if models else "unknown"
 
 
 def time_events_s(fn, reps: int, warmup: int = 2) -> float:

@@ -43,6 +43,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": info["date"],
         "git_rev": info["git_rev"],
+        "cpu": info.get("cpu", "unknown"),
         "command": cmd,
     }
 

@@ -48,6 +48,7 @@ META_KEYS = [
     "python",
     "date",
     "git_rev",
+    "cpu",  # the host CPU (kernels_calibration.measure.cpu_name): host-bound phases move with it
     "command",
     "notes",
 ]

@@ -327,7 +327,9 @@ class DecodeReplica:
         else:
             done = iterations_within(cost, max(0.0, elapsed - pending_s), c, b, k)
         m = min(n, done + 1)
-        boundary_s = pending_s + segment_time_s(cost, m, c, b, k) + self._after_s(m)
+        boundary_s = pending_s + segment_time_s(cost, m, c, b, k)
+        if self._transient_s:
+            boundary_s += self._after_s(m)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
         self._schedule(max(0.0, start_s + boundary_s - self.loop.now))
@@ -476,7 +478,9 @@ class DecodeReplica:
         else:  # ... or the first iteration whose new KV blocks do not fit
             n = blocks.segment_end(k) - k
             blocks.plan(k, n)  # promised (admission.py)
-        seg_s = pending_s + segment_time_s(cost, n, c, b, k) + self._after_s(n)
+        seg_s = pending_s + segment_time_s(cost, n, c, b, k)
+        if self._transient_s:  # a prefill on the shared GPU left the iterations after it slower
+            seg_s += self._after_s(n)
         self._seg = (now, cost, n, pending_s)
         self._cut = False
         self._schedule(seg_s)

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25
+#          | transient | duty | noise70b25 | noise8b25 | xfer
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -41,6 +41,9 @@
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
 #             150 requests, FP16 and HACK three times, KVQuant-style once (the run-to-run spread of the configurations
 #             the h200_repeats set had not recorded).
+#   part xfer: realrun.transient --xfer-gbps 2.5 10 40, the loop beside transfers on the harness's own paced link
+#             (short ones of 10 ms of wire, long ones of 300 ms, none), no prefill: the 32-layer 8B and the 8-layer 70B,
+#             FP16 and HACK at batch 32 (~150 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -181,6 +184,14 @@ elif [ "$PART" = noise8b25 ]; then
   smoke_or_stop
   rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 300 150 3 "baseline hack" 7.5
   rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 90 150 1 "kvquant" 7.5
+elif [ "$PART" = xfer ]; then
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
+  fi
+  step 200 xfer_8b python3 -m realrun.transient --xfer-gbps 2.5 10 40 --methods baseline hack --batches 32 \
+    --out "$OUT/xfer_8b.csv" "${TR[@]}"
+  step 200 xfer_70b python3 -m realrun.transient --xfer-gbps 2.5 10 40 --methods baseline hack --batches 32 \
+    --out "$OUT/xfer_70b.csv" "${TR70[@]}"
 elif [ "$PART" = kvsat ]; then
   smoke_or_stop
   rec h200g_8b_kvsat M8 50 2048 6144 192 448 5 16 260 60 3 "baseline hack" 2.5

@@ -23,6 +23,12 @@ holding the prefills' share of the GPU's time at a target (0, 0.5, 0, 0.25, 0, 0
 Columns: set, method, batch_size, block, duty (the target), t_s (from the run's start), k (iterations since the
 last prefill; 0 where none yet in the block), event_s (the last prefill's time), max_context, wall_s.
 
+`--xfer-gbps RATE...` measures instead what a transfer on the harness's own link does to the loop (xfer.csv): per
+rate and cycle, a short transfer (10 ms of wire) then 16 iterations, a long one (300 ms) then 48, and 16 with
+none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps, cycle, event, k, since_start_s
+(the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
+iteration's end to this one's start: the loop's own time), max_context, wall_s.
+
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
 decode.after_prefill_decay_per_iteration from such files (fit_transient).
 """
@@ -57,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duty", nargs="*", type=float, default=None, help="duty blocks' targets (module doc)")
     ap.add_argument("--block-s", type=float, default=2.0)
     ap.add_argument("--duty-prompt", type=int, default=2048)
+    ap.add_argument("--xfer-gbps", nargs="+", type=float, default=None, help="transfer windows at these rates")
     a = ap.parse_args(argv)
     if a.fit:
         print(fit_transient(a.fit))
@@ -86,7 +93,9 @@ def main(argv=None) -> int:
     events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
     per_cycle = len(events) * gap + 2 * a.dense
     total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
-    if duties is not None:  # at most an iteration per 4 ms
+    if a.xfer_gbps:
+        total_iters = len(a.xfer_gbps) * cycles * (16 + 48 + 16) + 8 if not a.smoke else 200
+    elif duties is not None:  # at most an iteration per 4 ms
         total_iters = int(len(duties) * a.block_s / 0.004) + 4 * len(prompts) + 8 if not a.smoke else 200
     rows: list[dict] = []
     t_begin = time.perf_counter()
@@ -110,7 +119,9 @@ def main(argv=None) -> int:
                 )
                 h = Harness(model, cfg)
                 try:
-                    if duties is not None:
+                    if a.xfer_gbps:
+                        _measure_xfer(h, f"{model_name}:{layers}", method, b, context, a.xfer_gbps, cycles, a, rows)
+                    elif duties is not None:
                         _measure_duty(h, f"{model_name}:{layers}", method, b, prompts[0], context, duties, a, rows)
                     else:
                         _measure(
@@ -130,7 +141,10 @@ def main(argv=None) -> int:
                     h.close()
                 _write(a.out, rows)
                 mine = [r for r in rows if r["method"] == method and r["batch_size"] == b]
-                summary = _duty_summary(mine) if duties is not None else _summary(mine, gap)
+                if a.xfer_gbps:
+                    summary = _xfer_summary(mine)
+                else:
+                    summary = _duty_summary(mine) if duties is not None else _summary(mine, gap)
                 print(f"{model_name}:{layers} {method} B{b}: {summary}", flush=True)
         del model
         if torch.cuda.is_available():
@@ -208,6 +222,97 @@ def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, contex
             event_s = prefill(timed, next_id)
             next_id += 1
             iterate(cycle, "dense", timed, event_s, 2)
+
+
+def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cycles: int, a, rows) -> None:
+    """One (set, method, batch): B requests of `context` tokens decoding while transfers run on a paced link."""
+    import torch
+
+    from .harness import _Req
+    from .link import Link, Transfer
+    from .workload import Request
+
+    from .harness import SWITCH_INTERVAL_S
+
+    assert h.step is not None
+    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
+    h.t0 = time.perf_counter()
+    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
+    for r in run:
+        h.prefill([r])
+        r.recv, r.send = r.send, None
+    h.decode_iteration(run)
+    for _ in range(8):
+        h.decode_iteration([])
+    last_end = [h.now()]
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as Harness.run: the link thread gets the GIL back within ~0.5 ms
+
+    for gbps in rates:
+        bytes_per_s = gbps * 1e9 / 8
+        link = Link(gbps, lambda: time.perf_counter() - h.t0, h.device, 1 << 20)
+        try:
+            sizes = {"short": max(1 << 20, int(bytes_per_s * 0.010)), "long": int(bytes_per_s * 0.300)}
+            if a.smoke:
+                sizes = {"short": 1 << 16, "long": 1 << 18}
+            buf = torch.zeros(max(sizes.values()), dtype=torch.uint8, device=h.device)
+            dst = torch.empty_like(buf)
+            for cycle in range(cycles):
+                for event, count in (("short", 16), ("long", 48), ("none", 16)):
+                    start = None
+                    in_flight = False
+                    if event != "none":
+                        n = sizes[event]
+                        tr = Transfer(event, buf[:n], dst[:n])
+                        link.submit(tr)
+                        start, in_flight = tr.start_s, True
+                    for k in range(1, count + 1):
+                        if in_flight:
+                            try:
+                                link.done.get_nowait()
+                                in_flight = False
+                            except Exception:
+                                pass
+                        (s0, s1, n_run, _, _), _ = h.decode_iteration([])
+                        rows.append(
+                            dict(
+                                set=set_name,
+                                method=method,
+                                batch_size=n_run,
+                                link_gbps=gbps,
+                                cycle=cycle,
+                                event=event,
+                                k=k,
+                                since_start_s=(s0 - start) if start is not None else -1.0,
+                                busy=int(in_flight),
+                                gap_s=s0 - last_end[0],
+                                max_context=max(r.stored for r in run),
+                                wall_s=s1 - s0,
+                            )
+                        )
+                        last_end[0] = s1
+                    while in_flight:  # the rest of a long transfer before the next window
+                        link.done.get(timeout=5.0)
+                        in_flight = False
+                    last_end[0] = h.now()
+        finally:
+            link.close()
+    sys.setswitchinterval(old_switch)
+
+
+def _xfer_summary(rows: list[dict]) -> str:
+    """Per rate: the median loop gap (ms) with no transfer, busy in the first 10 ms of one, busy later."""
+    import statistics
+
+    out = []
+    for g in sorted({r["link_gbps"] for r in rows}):
+        w = [r for r in rows if r["link_gbps"] == g and r["k"] > 1]
+        idle = [r["gap_s"] for r in w if not r["busy"]]
+        first = [r["gap_s"] for r in w if r["busy"] and 0 <= r["since_start_s"] < 0.010]
+        later = [r["gap_s"] for r in w if r["busy"] and r["since_start_s"] >= 0.010]
+        med = [statistics.median(x) * 1e3 if x else float("nan") for x in (idle, first, later)]
+        out.append(f"{g:g} Gbps gap idle {med[0]:.3f} / first 10 ms {med[1]:.3f} / later {med[2]:.3f} ms")
+    return "; ".join(out)
 
 
 def _measure_duty(h, set_name: str, method: str, b: int, prompt: int, context: int, duties, a, rows) -> None:

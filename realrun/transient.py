@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     per_cycle = len(events) * gap + 2 * a.dense
     total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
     if a.xfer_gbps:
-        total_iters = len(a.xfer_gbps) * cycles * (16 + 48 + 16) + 8 if not a.smoke else 200
+        total_iters = len(a.xfer_gbps) * cycles * (16 + 48 + 16) + 16
     elif duties is not None:  # at most an iteration per 4 ms
         total_iters = int(len(duties) * a.block_s / 0.004) + 4 * len(prompts) + 8 if not a.smoke else 200
     rows: list[dict] = []
@@ -228,11 +228,9 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
     """One (set, method, batch): B requests of `context` tokens decoding while transfers run on a paced link."""
     import torch
 
-    from .harness import _Req
+    from .harness import SWITCH_INTERVAL_S, _Req
     from .link import Link, Transfer
     from .workload import Request
-
-    from .harness import SWITCH_INTERVAL_S
 
     assert h.step is not None
     h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)

@@ -30,7 +30,8 @@ none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps,
 iteration's end to this one's start: the loop's own time), max_context, wall_s.
 
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
-decode.after_prefill_decay_per_iteration from such files (fit_transient).
+decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient), and
+network.link_busy_host_factor and _per_gbps from the xfer files (fit_xfer).
 """
 
 from __future__ import annotations
@@ -66,7 +67,14 @@ def main(argv=None) -> int:
     ap.add_argument("--xfer-gbps", nargs="+", type=float, default=None, help="transfer windows at these rates")
     a = ap.parse_args(argv)
     if a.fit:
-        print(fit_transient(a.fit))
+        import pandas as pd
+
+        xfer = [p for p in a.fit if "link_gbps" in pd.read_csv(p, nrows=1).columns]
+        rest = [p for p in a.fit if p not in xfer]
+        if rest:
+            print(fit_transient(rest))
+        if xfer:
+            print(fit_xfer(xfer))
         return 0
     if a.out is None:
         ap.error("--out is required (or --fit)")
@@ -438,6 +446,44 @@ def fit_transient(paths) -> dict:
         "decay_se": round(float(np.sqrt(cov[1, 1])), 3),
         "prefills": prefills,
         "iterations": len(e),
+    }
+
+
+def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
+    """network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) from xfer runs: per (set, method,
+    rate, cycle) the mean cadence (an iteration's wall time and the loop gap before it) of the iterations that start
+    10 ms or more into a long transfer, less that of the same cycle's iterations with no transfer (the start's
+    burst left out), is the extra host time per iteration; least squares of extra = c0 + c1 x rate; a = 1 + c0 /
+    host_serial_s, b = c1 / host_serial_s (the simulator multiplies the host terms, the h200g scenarios' 0.63 ms
+    per iteration, by a + b x rate while the link moves KV). With standard errors; a below 1 is reported as
+    estimated (the scenario field is bounded at 1)."""
+    import numpy as np
+    import pandas as pd
+
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = d[d["k"] > 1].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
+    rates, extra = [], []
+    for (_, _, rate, _), x in d.groupby(["set", "method", "link_gbps", "cycle"]):
+        quiet = x[x["event"] == "none"]["cadence_s"]
+        busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
+        if len(quiet) and len(busy) >= 5:
+            rates.append(float(rate))
+            extra.append(float(busy.mean() - quiet.mean()))
+    if len(set(rates)) < 2:
+        raise ValueError("xfer runs at two rates or more are needed")
+    x, y = np.array(rates), np.array(extra)
+    a = np.c_[np.ones(len(x)), x]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    cov = float(np.sum((y - a @ coef) ** 2)) / max(len(y) - 2, 1) * np.linalg.inv(a.T @ a)
+    return {
+        "link_busy_host_factor": round(1.0 + float(coef[0]) / host_serial_s, 3),
+        "link_busy_host_factor_per_gbps": round(float(coef[1]) / host_serial_s, 4),
+        "stderr": [
+            round(float(np.sqrt(cov[0, 0])) / host_serial_s, 3),
+            round(float(np.sqrt(cov[1, 1])) / host_serial_s, 4),
+        ],
+        "extra_s_per_iteration": [round(float(coef[0]), 6), round(float(coef[1]), 7)],
+        "windows": len(y),
     }
 
 

@@ -237,3 +237,43 @@ def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
         load_scenario(scen)
     msg = str(e.value)
     assert "decode.after_prefill_slowdown_fraction" in msg and "placement separate" in msg and "\n" not in msg
+
+
+def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
+    """xfer runs made with 0.63 ms of host time per iteration slowed by 0.02 x the link's Gbps while a transfer is
+    in flight (past its first 10 ms), 1 % noise: the fit gives a = 1 and b = 0.02 within their errors."""
+    from realrun.transient import fit_xfer
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for rate in (2.5, 10.0, 40.0):
+        for cycle in range(4):
+            for event, count in (("short", 16), ("long", 48), ("none", 16)):
+                for k in range(1, count + 1):
+                    since = (k - 1) * 0.009 if event != "none" else -1.0
+                    busy = int(event == "long" or (event == "short" and since < 0.010))
+                    extra = 0.00063 * 0.02 * rate if busy and since >= 0.010 else 0.0
+                    wall = (0.0085 + extra) * (1 + 0.01 * rng.standard_normal())
+                    rows.append(
+                        dict(
+                            set="m:1",
+                            method="baseline",
+                            batch_size=32,
+                            link_gbps=rate,
+                            cycle=cycle,
+                            event=event,
+                            k=k,
+                            since_start_s=since,
+                            busy=busy,
+                            gap_s=0.0003,
+                            max_context=2048,
+                            wall_s=wall,
+                        )
+                    )
+    p = tmp_path / "x.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    got = fit_xfer([p])
+    a_se, b_se = got["stderr"]
+    assert abs(got["link_busy_host_factor"] - 1.0) <= 3 * a_se + 1e-3
+    assert abs(got["link_busy_host_factor_per_gbps"] - 0.02) <= 3 * b_se + 1e-4
+    assert got["windows"] == 12

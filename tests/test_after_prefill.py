@@ -9,7 +9,6 @@ The timelines here are worked by hand.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
@@ -17,37 +16,12 @@ import pandas as pd
 import pytest
 import simpy
 
-from costmodel.phases import IterationCost
+from decode_standins import FixedCost, Listener, records
 from helpers import scenario
 from realrun.transient import fit_transient
-from simulator.columns import Records
 from simulator.config import ScenarioError
 from simulator.decode import DecodeReplica
 from simulator.fit_items import after_prefill_s
-
-
-class _Cost:
-    """Every iteration costs `fixed_s`, nothing else."""
-
-    def __init__(self, fixed_s: float):
-        self.kv_capacity_bytes = 1e12
-        self.method = SimpleNamespace(dequantize_on_arrival=False)
-        self.join_s_per_request = 0.0
-        self.host_serial_s_per_iteration = 0.0
-        self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
-
-    def iteration(self, batch_size: int) -> IterationCost:
-        return self._it
-
-
-class _Listener:
-    hold_kv = False
-
-    def release_kv(self, rid: int) -> None:
-        pass
-
-    def on_memory_freed(self) -> None:
-        pass
 
 
 class _Prefill:
@@ -75,22 +49,9 @@ def _timeline(fraction: float, decay: float, second_at_s: float | None = None):
     """Request 0 (10 iterations of 10 ms) joins at 0; a prefill asks for the GPU at 25 ms and holds it 20 ms;
     request 1 (10 iterations) arrives at second_at_s, if given."""
     env = simpy.Environment()
-    n = 1 if second_at_s is None else 2
-    one = np.ones(n)
-    rec = Records(
-        prompt=one * 100,
-        output=one * 11,
-        arrival_s=one * 0,
-        wire_bytes=one,
-        kv_bytes=one,
-        admit_bytes=None,
-        host_kv_bytes=one * 0,
-        decode_iterations=one * 10,
-        join_context=one * 100,
-        ttft_at_decode=False,
-    )
-    rep = DecodeReplica(env, 0, cast(Any, _Cost(0.010)), 64, rec)
-    rep.listener = _Listener()
+    rec = records(1 if second_at_s is None else 2)
+    rep = DecodeReplica(env, 0, cast(Any, FixedCost(0.010)), 64, rec)
+    rep.listener = Listener()
     rep.after_prefill_fraction, rep.after_prefill_decay = fraction, decay
     rep.partner = cast(Any, _Prefill(env, rep, 0.025, 0.020))
     rep.reserve(1.0)

@@ -9,66 +9,28 @@ the first transfer to or from it starts and the last one ends. The timelines her
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
 import pytest
 import simpy
 
-from costmodel.phases import IterationCost
+from decode_standins import FixedCost, Listener, records
 from helpers import scenario
 from realrun.hostcal import fit_link_host
-from simulator.columns import Records
 from simulator.config import ScenarioError, parse_scenario
 from simulator.decode import DecodeReplica, iteration_rows
 from simulator.link import EndpointHost
 from simulator.run import run_scenario
 
 
-class _Cost:
-    """A decode replica's cost model reduced to what the replica asks: every iteration costs `fixed_s`."""
-
-    def __init__(self, fixed_s: float, serial_s: float = 0.0):
-        self.kv_capacity_bytes = 1e12
-        self.method = SimpleNamespace(dequantize_on_arrival=False)
-        self.join_s_per_request = 0.0
-        self.host_serial_s_per_iteration = serial_s
-        self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
-
-    def iteration(self, batch_size: int) -> IterationCost:
-        return self._it
-
-
-class _Listener:
-    hold_kv = False
-
-    def release_kv(self, rid: int) -> None:
-        pass
-
-    def on_memory_freed(self) -> None:
-        pass
-
-
-def _decode_timeline(idle: _Cost, busy: _Cost, transfer: tuple[float, float] | None):
+def _decode_timeline(idle: FixedCost, busy: FixedCost, transfer: tuple[float, float] | None):
     """One request (10 decode iterations) joins at 0; another request's transfer is in flight over `transfer`."""
     env = simpy.Environment()
-    one = np.ones(1)
-    rec = Records(
-        prompt=one * 100,
-        output=one * 11,
-        arrival_s=one * 0,
-        wire_bytes=one,
-        kv_bytes=one,
-        admit_bytes=None,
-        host_kv_bytes=one * 0,
-        decode_iterations=one * 10,
-        join_context=one * 100,
-        ttft_at_decode=False,
-    )
+    rec = records(1)
     rec.iteration_log = []
     rep = DecodeReplica(env, 0, cast(Any, idle), 64, rec)
-    rep.listener = _Listener()
+    rep.listener = Listener()
     rep.host_levels = cast(Any, (idle, busy))
     host = EndpointHost([rep])
     rep.reserve(1.0)
@@ -90,7 +52,7 @@ def test_iterations_before_during_and_after_a_transfer_take_their_level():
     """Idle 10 ms, busy 12 ms per iteration; a transfer from 25 to 61 ms. Iterations 0-2 start idle (0, 10, 20 ms;
     the one in progress at 25 ms keeps its level), 3-5 busy (30, 42, 54 ms; the one in progress at 61 ms keeps its
     level), 6-9 idle again (66, 76, 86, 96 ms): the request finishes at 106 ms, in three segments."""
-    finish, log = _decode_timeline(_Cost(0.010), _Cost(0.012), (0.025, 0.061))
+    finish, log = _decode_timeline(FixedCost(0.010), FixedCost(0.012), (0.025, 0.061))
     assert finish == pytest.approx(0.106, abs=1e-12)
     starts = [r[0] for r in iteration_rows(log)]
     assert starts == pytest.approx([0.0, 0.010, 0.020, 0.030, 0.042, 0.054, 0.066, 0.076, 0.086, 0.096], abs=1e-12)
@@ -99,14 +61,14 @@ def test_iterations_before_during_and_after_a_transfer_take_their_level():
 
 def test_the_iteration_rows_end_before_each_levels_loop_gap():
     """iteration_rows ends a row before the loop gap of its own level: idle 1 ms, busy 3 ms of the 10 / 12 ms."""
-    _, log = _decode_timeline(_Cost(0.010, serial_s=0.001), _Cost(0.012, serial_s=0.003), (0.025, 0.061))
+    _, log = _decode_timeline(FixedCost(0.010, serial_s=0.001), FixedCost(0.012, serial_s=0.003), (0.025, 0.061))
     rows = iteration_rows(log)
     assert [r[1] - r[0] for r in rows] == pytest.approx([0.009] * 3 + [0.009] * 3 + [0.009] * 4, abs=1e-12)
 
 
 def test_equal_levels_cut_nothing():
     """The same cost model for both levels: one segment, the 10 iterations of 10 ms, as without any transfer."""
-    idle = _Cost(0.010)
+    idle = FixedCost(0.010)
     finish, log = _decode_timeline(idle, idle, (0.025, 0.061))
     assert finish == pytest.approx(0.100, abs=1e-12) and len(log) == 1
     alone, log_alone = _decode_timeline(idle, idle, None)

@@ -161,31 +161,43 @@ def main(argv=None) -> int:
     return 0
 
 
-def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, context, gap, cycles, dense, rows) -> None:
-    """One (set, method, batch): B requests of `context` tokens placed, then the cycles of events (module doc)."""
+def _fixed_batch(h, b: int, context: int, primed) -> list:
+    """Capture every decode graph up to the pool's capacity, prime prefill attention at the `primed` lengths, then
+    place B requests of `context` tokens that never finish (prefilled, joined in one iteration); returns them."""
     from .harness import _Req
     from .runner import prime_prefill_attention
     from .workload import Request
 
-    events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
-    per_cycle = len(events) * gap + 2 * dense
     assert h.step is not None
-    h.step.capture_all(min_ctx=context + 1, max_ctx=context + cycles * per_cycle + 4 * len(prompts) + 10)
-    prime_prefill_attention(h, sorted(set(prompts)))
+    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
+    prime_prefill_attention(h, sorted(set(primed)))
     h.t0 = time.perf_counter()
     run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
     for r in run:
         h.prefill([r])
         r.recv, r.send = r.send, None
     h.decode_iteration(run)
+    return run
+
+
+def _dropped_prefill(h, rid: int, tokens: int) -> float:
+    """A prefill of `tokens` through the harness's own path, its KV dropped (no transfer, no join): its seconds
+    from start to KV encoded."""
+    from .harness import _Req
+    from .workload import Request
+
+    r = _Req(Request(rid, 0.0, tokens, 1))
+    h.prefill([r])
+    r.send = None
+    return r.t["quantize_end_s"] - r.t["prefill_start_s"]
+
+
+def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, context, gap, cycles, dense, rows) -> None:
+    """One (set, method, batch): B requests of `context` tokens placed, then the cycles of events (module doc)."""
+    events = [("prefill", p) for p in prompts] + [("sleep", 0), ("none", 0)]
+    run = _fixed_batch(h, b, context, prompts)
     next_id = b
     timed = 1024 if not smoke else prompts[-1]  # the sleep lasts as long as the last prefill of this length
-
-    def prefill(n: int, rid: int) -> float:
-        r = _Req(Request(rid, 0.0, n, 1))
-        h.prefill([r])
-        r.send = None
-        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
 
     def iterate(cycle: int, event: str, tokens: int, event_s: float, count: int) -> None:
         for k in range(1, count + 1):
@@ -206,16 +218,16 @@ def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, contex
             )
 
     for n in prompts:  # warm: every prefill length once, and iterations after
-        prefill(n, next_id)
+        _dropped_prefill(h, next_id, n)
         next_id += 1
         for _ in range(4):
             h.decode_iteration([])
-    sleep_s = prefill(timed, next_id)
+    sleep_s = _dropped_prefill(h, next_id, timed)
     next_id += 1
     for cycle in range(cycles):
         for event, tokens in events:
             if event == "prefill":
-                event_s = prefill(tokens, next_id)
+                event_s = _dropped_prefill(h, next_id, tokens)
                 next_id += 1
                 if tokens == timed:
                     sleep_s = event_s
@@ -227,7 +239,7 @@ def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, contex
                 event_s = 0.0
             iterate(cycle, event, tokens, event_s, gap)
         for _ in range(dense):
-            event_s = prefill(timed, next_id)
+            event_s = _dropped_prefill(h, next_id, timed)
             next_id += 1
             iterate(cycle, "dense", timed, event_s, 2)
 
@@ -236,18 +248,10 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
     """One (set, method, batch): B requests of `context` tokens decoding while transfers run on a paced link."""
     import torch
 
-    from .harness import SWITCH_INTERVAL_S, _Req
+    from .harness import SWITCH_INTERVAL_S
     from .link import Link, Transfer
-    from .workload import Request
 
-    assert h.step is not None
-    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
-    h.t0 = time.perf_counter()
-    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
-    for r in run:
-        h.prefill([r])
-        r.recv, r.send = r.send, None
-    h.decode_iteration(run)
+    run = _fixed_batch(h, b, context, [])
     for _ in range(8):
         h.decode_iteration([])
     last_end = [h.now()]
@@ -323,29 +327,14 @@ def _xfer_summary(rows: list[dict]) -> str:
 
 def _measure_duty(h, set_name: str, method: str, b: int, prompt: int, context: int, duties, a, rows) -> None:
     """One (set, method, batch): B requests of `context` tokens decoding through blocks of target prefill shares."""
-    from .harness import _Req
-    from .runner import prime_prefill_attention
-    from .workload import Request
-
     block_s = a.block_s if not a.smoke else 0.3
-    assert h.step is not None
-    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
-    prime_prefill_attention(h, [prompt])
-    h.t0 = time.perf_counter()
-    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
-    for r in run:
-        h.prefill([r])
-        r.recv, r.send = r.send, None
-    h.decode_iteration(run)
+    run = _fixed_batch(h, b, context, [prompt])
     next_id = b
 
     def prefill() -> float:
         nonlocal next_id
-        r = _Req(Request(next_id, 0.0, prompt, 1))
         next_id += 1
-        h.prefill([r])
-        r.send = None
-        return r.t["quantize_end_s"] - r.t["prefill_start_s"]
+        return _dropped_prefill(h, next_id - 1, prompt)
 
     for _ in range(3):  # warm
         prefill()

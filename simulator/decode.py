@@ -600,9 +600,7 @@ class DecodeReplica:
         return prices.iteration(self.batch)
 
     def _after_s(self, m: int) -> float:
-        """The after-prefill seconds of the running segment's first m iterations."""
-        if not self._transient_s:
-            return 0.0
+        """The after-prefill seconds of the running segment's first m iterations (its callers skip it where none)."""
         return self._transient_s * (1.0 - self.after_prefill_decay**m)
 
     def _advance(self, n: int, cost: Iteration) -> None:

@@ -287,7 +287,7 @@ class PrefillReplica:
             self.listener.on_prefill_started(done, self, start, encode_end)
         self.busy_s += busy_s
         self._step_s = encode_end - start
-        self._set_timers(busy_s, encode_end - start, self._version, batch, done)
+        self._set_timers(busy_s, self._step_s, self._version, batch, done)
         return True
 
     def _one_prompt_prices(self) -> PrefillPrices:

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -38,6 +38,9 @@
 #   part duty: realrun.transient --duty, decode iterations through 2-second blocks holding the prefills' share of the
 #             GPU at 0, 0.5, 0, 0.25, 0, 0.5, 0 (2,048-token prefills, link idle): the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~200 s).
+#   part dutylong: as duty through 3-second blocks at 0, 0.5, 0.5, 0.5, 0, 0, 0.25, 0.25, 0 (a sustained share as
+#             long as a saturated recording's, then its fall), with the GPU's clocks, temperature and power logged
+#             every 100 ms (smi.csv; the duty rows' unix_s lines them up) (~250 s).
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
 #             150 requests, FP16 and HACK three times, KVQuant-style once (the run-to-run spread of the configurations
 #             the h200_repeats set had not recorded).
@@ -176,6 +179,19 @@ elif [ "$PART" = duty ]; then
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
   step 250 duty_70b python3 -m realrun.transient --duty --methods baseline hack --batches 32 \
     --out "$OUT/duty_70b.csv" "${TR70[@]}"
+elif [ "$PART" = dutylong ]; then
+  # issue 28: does a sustained share of prefill slow the decode iterations beyond the transient after each prefill,
+  # and how fast does that fade (dutylong_*.csv, smi.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
+  fi
+  DL=(--duty 0 0.5 0.5 0.5 0 0 0.25 0.25 0 --block-s 3 --methods baseline hack --batches 32)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 100 > "$OUT/smi.csv" 2>&1 &
+  SMI=$!
+  step 270 dutylong_8b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_8b.csv" "${TR[@]}"
+  step 270 dutylong_70b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_70b.csv" "${TR70[@]}"
+  kill "$SMI" 2>/dev/null
 elif [ "$PART" = noise70b25 ]; then
   smoke_or_stop
   rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 300 150 3 "baseline hack" 10

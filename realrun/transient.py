@@ -20,8 +20,9 @@ max_context, wall_s.  Nothing here reads a measured trace.
 `--duty` measures instead what a sustained share of prefill does (duty.csv): blocks of `--block-s` seconds, each
 holding the prefills' share of the GPU's time at a target (0, 0.5, 0, 0.25, 0, 0.5, 0 by default: a prefill of
 `--duty-prompt` tokens whenever the block's share so far is below its target), the batch fixed, the link idle.
-Columns: set, method, batch_size, block, duty (the target), t_s (from the run's start), k (iterations since the
-last prefill; 0 where none yet in the block), event_s (the last prefill's time), max_context, wall_s.
+Columns: set, method, batch_size, block, duty (the target), t_s (from the run's start), unix_s (the host's clock
+after the iteration: to line up with a GPU clock log), k (iterations since the last prefill; 0 where none yet in the
+block), event_s (the last prefill's time), max_context, wall_s.
 
 `--xfer-gbps RATE...` measures instead what a transfer on the harness's own link does to the loop (xfer.csv): per
 rate and cycle, a short transfer (10 ms of wire) then 16 iterations, a long one (300 ms) then 48, and 16 with
@@ -359,6 +360,7 @@ def _measure_duty(h, set_name: str, method: str, b: int, prompt: int, context: i
                     block=block,
                     duty=duty,
                     t_s=s0,
+                    unix_s=time.time(),
                     k=k,
                     event_s=last_s,
                     max_context=max(r.stored for r in run),

@@ -31,8 +31,10 @@ none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps,
 iteration's end to this one's start: the loop's own time), max_context, wall_s.
 
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
-decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient), and
-network.link_busy_host_factor and _per_gbps from the xfer files (fit_xfer).
+decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient); given a GPU clock log
+(smi.csv, the device part dutylong's), also decode.after_prefill_clock_time_constant_s from it (clock_time_constant)
+and decode.after_prefill_clock_fraction; and network.link_busy_host_factor and _per_gbps from the xfer files
+(fit_xfer).
 """
 
 from __future__ import annotations
@@ -70,10 +72,18 @@ def main(argv=None) -> int:
     if a.fit:
         import pandas as pd
 
-        xfer = [p for p in a.fit if "link_gbps" in pd.read_csv(p, nrows=1).columns]
-        rest = [p for p in a.fit if p not in xfer]
+        heads = {p: pd.read_csv(p, nrows=1, skipinitialspace=True).columns for p in a.fit}
+        xfer = [p for p in a.fit if "link_gbps" in heads[p]]
+        smi = [p for p in a.fit if "timestamp" in heads[p]]
+        rest = [p for p in a.fit if p not in xfer and p not in smi]
+        tau = None
+        if smi:  # the clock's fade, from the log and the duty runs beside it (their unix_s)
+            clocked = [p for p in rest if "unix_s" in heads[p]]
+            fade = clock_time_constant(smi[0], clocked)
+            print(fade)
+            tau = fade["after_prefill_clock_time_constant_s"]
         if rest:
-            print(fit_transient(rest))
+            print(fit_transient(rest, tau))
         if xfer:
             print(fit_xfer(xfer))
         return 0
@@ -381,62 +391,153 @@ def _duty_summary(rows: list[dict]) -> str:
     return "; ".join(out)
 
 
-def fit_transient(paths) -> dict:
-    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs and
-    duty runs (--duty).
+LOOP_GAP_S = 0.0006  # the loop's own time between iterations (realrun.hostcal: 0.63 ms), where a file has no clock
 
-    Every iteration's excess is its wall time less the same (file, set, method, batch)'s iterations without an
-    event (the "none" windows; the duty runs' blocks at 0) at its context (least squares: one level per graph
-    context bucket, one slope in the context, since the context grows by one token per iteration through a run).
-    After a prefill of P seconds the model is that the k-th iteration runs fraction x P x (1 - decay) x
-    decay^(k-1) longer, a later prefill restarting it; both are fitted (least squares) to every iteration after a
-    prefill at once: the windows after lone prefills, the dense prefills two iterations apart, the duty blocks.
-    Returns the two values, their standard errors (from the Jacobian) and the counts of prefills and iterations."""
+
+def _timeline(g, duty: bool):
+    """Per iteration of one (set, method, batch) run: its start (s) and the prefills before it as (end, seconds) arrays.
+    A duty file carries the starts (t_s; a prefill ends as the first iteration after it starts); a transient file's
+    are rebuilt from the rows' order: each event's time, then each iteration's wall time and the loop's gap."""
+    import numpy as np
+
+    w, k, p = g["wall_s"].to_numpy(), g["k"].to_numpy(), g["event_s"].to_numpy()
+    if duty:
+        t = g["t_s"].to_numpy()
+        first = k == 1
+        return t, t[first], p[first]
+    ev = g["event"].to_numpy()
+    t, ends, held, now = np.zeros(len(g)), [], [], 0.0
+    for i in range(len(g)):
+        if k[i] == 1 and ev[i] != "none":
+            now += p[i]
+            if ev[i] != "sleep":
+                ends.append(now)
+                held.append(p[i])
+        t[i] = now
+        now += w[i] + LOOP_GAP_S
+    return t, np.array(ends), np.array(held)
+
+
+def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
+    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs and
+    duty runs (--duty), with clock_tau_s also decode.after_prefill_clock_fraction (the prefills' clock slowdown,
+    fading with that time constant: clock_time_constant).
+
+    Per (file, set, method, batch) an iteration's time without any prefill is one level per graph context bucket
+    plus one slope in the context (the context grows by one token per iteration through a run). After a prefill of
+    P seconds the k-th iteration runs fraction x P x (1 - decay) x decay^(k-1) longer, a later prefill restarting
+    it; and, with clock_tau_s, every iteration's time is (1 + s) times its level, s = clock x sum over the prefills
+    before it of P / tau x exp(-(its start - the prefill's end) / tau). All are fitted at once (least squares of the
+    relative residual, the levels solved for at each step, so a slow fade does not leak into the reference) to every
+    iteration: the windows after lone prefills, the dense prefills two iterations apart, the duty blocks and the
+    quiet ones. Returns the values, their standard errors (from the Jacobian) and the counts of prefills and
+    iterations."""
     import numpy as np
     import pandas as pd
     from scipy.optimize import least_squares
 
     from .step import bucket, ctx_buckets
 
-    held, ks, excess = [], [], []
+    runs = []
     prefills = 0
     for path in paths:
         d = pd.read_csv(path)
         duty = "block" in d.columns
         cs = ctx_buckets(int(d["max_context"].max()) + 2)
         d["bucket"] = [bucket(cs, int(c) + 1) for c in d["max_context"]]
-        for _, g in d.groupby(["set", "method", "batch_size"]):
-            buckets = sorted(g["bucket"].unique())
-
-            def design(df: pd.DataFrame, buckets=buckets) -> np.ndarray:
-                cols = [df["max_context"].to_numpy(np.float64)]
-                cols += [(df["bucket"] == c).to_numpy(np.float64) for c in buckets]
-                return np.column_stack(cols)
-
-            quiet = g[g["duty"] == 0] if duty else g[g["event"] == "none"]
-            coef, *_ = np.linalg.lstsq(design(quiet), quiet["wall_s"].to_numpy(), rcond=None)
-            after = g[(g["duty"] > 0) & (g["k"] > 0)] if duty else g[g["event"].isin(["prefill", "dense"])]
-            held.append(after["event_s"].to_numpy(np.float64))
-            ks.append(after["k"].to_numpy(np.float64))
-            excess.append(after["wall_s"].to_numpy() - design(after) @ coef)
-            prefills += int((after["k"] == 1).sum())
-    if not held:
+        for _, g in d.groupby(["set", "method", "batch_size"], sort=False):
+            g = g.reset_index(drop=True)
+            after = ((g["duty"] > 0) & (g["k"] > 0)) if duty else g["event"].isin(["prefill", "dense"])
+            t, ends, held = _timeline(g, duty)
+            slow = np.zeros(len(g))
+            if clock_tau_s:
+                for e, p in zip(ends, held):
+                    on = t >= e - 1e-9
+                    slow[on] += p / clock_tau_s * np.exp(-(t[on] - e) / clock_tau_s)
+            cols = [g["max_context"].to_numpy(np.float64)]
+            cols += [(g["bucket"] == c).to_numpy(np.float64) for c in sorted(g["bucket"].unique())]
+            runs.append(
+                dict(
+                    levels=np.column_stack(cols),
+                    wall=g["wall_s"].to_numpy(np.float64),
+                    k=g["k"].to_numpy(np.float64),
+                    held=np.where(after, g["event_s"].to_numpy(np.float64), 0.0),
+                    slow=slow,
+                )
+            )
+            prefills += int((after & (g["k"] == 1)).sum())
+    if not prefills:
         raise ValueError("no iterations after a prefill in the files")
-    p_s, k, e = np.concatenate(held), np.concatenate(ks), np.concatenate(excess)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        frac, decay = x
-        return e - frac * p_s * (1.0 - decay) * decay ** (k - 1.0)
+        frac, decay, clock = x
+        out = []
+        for r in runs:
+            fast = frac * r["held"] * (1.0 - decay) * decay ** np.maximum(r["k"] - 1.0, 0.0)
+            a = r["levels"] * (1.0 + clock * r["slow"])[:, None]
+            coef, *_ = np.linalg.lstsq(a, r["wall"] - fast, rcond=None)
+            base = a @ coef
+            out.append((r["wall"] - fast - base) / base)
+        return np.concatenate(out)
 
-    fit = least_squares(residuals, [0.01, 0.8], bounds=([0.0, 0.0], [1.0, 0.999]))
+    hi = 1.0 if clock_tau_s else 1e-12  # without a time constant the clock term stays out
+    fit = least_squares(residuals, [0.01, 0.8, 0.0], bounds=([0.0, 0.0, 0.0], [1.0, 0.999, hi]))
     cov = np.linalg.pinv(fit.jac.T @ fit.jac) * float(np.mean(fit.fun**2))
-    return {
+    out = {
         "after_prefill_slowdown_fraction": round(float(fit.x[0]), 4),
         "after_prefill_decay_per_iteration": round(float(fit.x[1]), 3),
         "fraction_se": round(float(np.sqrt(cov[0, 0])), 4),
         "decay_se": round(float(np.sqrt(cov[1, 1])), 3),
-        "prefills": prefills,
-        "iterations": len(e),
+    }
+    if clock_tau_s:
+        out["after_prefill_clock_fraction"] = round(float(fit.x[2]), 4)
+        out["clock_fraction_se"] = round(float(np.sqrt(cov[2, 2])), 4)
+        out["after_prefill_clock_time_constant_s"] = clock_tau_s
+    out["residual_rms_pct"] = round(100 * float(np.sqrt(np.mean(fit.fun**2))), 3)
+    out["prefills"] = prefills
+    out["iterations"] = len(fit.fun)
+    return out
+
+
+def clock_time_constant(smi_path, duty_paths) -> dict:
+    """decode.after_prefill_clock_time_constant_s from a GPU clock log (nvidia-smi every 100 ms, the device part
+    dutylong's smi.csv) and the duty runs it was taken beside (their unix_s): after the last prefill of every block
+    with prefills that a block at 0 follows, the SM clock's deficit below its top, by 0.1-s bins 0.1-0.5 s after the
+    prefill's end (the first 0.1 s still holds the prefill's own drop); tau from a straight line through the log of
+    the bins' means."""
+    import numpy as np
+    import pandas as pd
+
+    smi = pd.read_csv(smi_path, skipinitialspace=True)
+    smi.columns = [c.strip() for c in smi.columns]
+    clock = next(c for c in smi.columns if c.startswith("clocks.current.sm") or c.startswith("clocks.sm"))
+    when = pd.to_datetime(smi["timestamp"], format="%Y/%m/%d %H:%M:%S.%f").astype("datetime64[ns]")
+    unix = when.astype("int64").to_numpy() / 1e9
+    deficit = float(smi[clock].max()) - smi[clock].to_numpy(np.float64)
+    dts, defs = [], []
+    for path in duty_paths:
+        d = pd.read_csv(path)
+        for _, g in d.groupby(["set", "method", "batch_size"]):
+            blocks = g.groupby("block")["duty"].first()
+            for blk, duty in blocks.items():
+                if duty <= 0 or blocks.get(blk + 1, 1.0) != 0:
+                    continue
+                first = g[(g["block"] == blk) & (g["k"] == 1)]
+                end = float((first["unix_s"] - first["wall_s"]).max())
+                near = (unix > end) & (unix < end + 0.6)
+                dts.append(unix[near] - end)
+                defs.append(deficit[near])
+    if not dts:
+        raise ValueError("no block with prefills followed by one at 0 in the duty files")
+    dt, df = np.concatenate(dts), np.concatenate(defs)
+    bins = np.arange(0.1, 0.55, 0.1)
+    means = np.array([df[(dt >= b - 0.05) & (dt < b + 0.05)].mean() for b in bins])
+    ok = means > 0
+    slope, _ = np.polyfit(bins[ok], np.log(means[ok]), 1)
+    return {
+        "after_prefill_clock_time_constant_s": round(float(-1.0 / slope), 3),
+        "sm_clock_deficit_mhz": {f"{b:.1f}": round(float(m), 1) for b, m in zip(bins, means)},
+        "blocks": len(dts),
     }
 
 

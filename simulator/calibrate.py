@@ -158,19 +158,24 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
             + blk["batch"] * v["decode.host_issue_s_per_request"]
         ) * f
         host = np.where(issue > 0, issue + blk["lm_head"] + serial, 0.0)
+        # shared_gpu: the GPU's part slower by the prefills' clock slowdown (decode.after_prefill_clock_fraction)
+        slow = 1.0 + blk.get("clock_slowdown", 0.0)
+        if "clock_slowdown" in blk:
+            gpu = serial + (gpu - serial) * slow
         join = v["decode.join_s_per_request"] * blk["joins"] * f
         pred = np.maximum(gpu, host) + join
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
             host_s = serial + h * issue + join
+            gs = g * slow
             d = {
                 "decode.host_serial_s_per_iteration": f,
-                "decode.extra_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
-                f"methods.{m}.decode_kernels_per_layer": g * blk["layers"] * blk["small_kernel_s"],
+                "decode.extra_kernels_per_layer": gs * blk["layers"] * blk["small_kernel_s"],
+                f"methods.{m}.decode_kernels_per_layer": gs * blk["layers"] * blk["small_kernel_s"],
                 "decode.join_s_per_request": blk["joins"] * f,
-                f"methods.{m}.dequantize": g * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
-                f"methods.{m}.approximation": g * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
+                f"methods.{m}.dequantize": gs * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
+                f"methods.{m}.approximation": gs * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
                 "decode.host_issue_s_per_iteration": h * f,
                 "decode.host_issue_s_per_layer": h * blk["stage_layers"] * f,
                 "decode.host_issue_s_per_request": h * blk["batch"] * f,

@@ -380,16 +380,34 @@ class PoolConfig(_Strict):
         le=1,
         description="decode, placement shared_gpu: the decode iterations right after a prefill on the shared GPU "
         "run longer, in all by this fraction of the prefill's time (a clock and power transient after the "
-        "prefill's GEMMs; python -m realrun.transient measures it: 0.0188 on the H200, "
+        "prefill's GEMMs; python -m realrun.transient measures it: 0.0129 on the H200, "
         "realrun/traces/h200_transient); a later prefill restarts it",
     )
     after_prefill_decay_per_iteration: float = Field(
-        0.754,
+        0.726,
         ge=0,
         lt=1,
         description="decode, placement shared_gpu: the share of after_prefill_slowdown_fraction's extra time "
         "still ahead after each iteration (the k-th iteration after the prefill takes fraction x prefill time "
-        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.754 on the H200",
+        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.726 on the H200",
+    )
+    after_prefill_clock_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="decode, placement shared_gpu: the GPU's power limit lowers its clocks after the prefills' "
+        "GEMMs, so the decode iterations run slower by a fraction that a prefill of P seconds raises by this x P / "
+        "after_prefill_clock_time_constant_s and that fades with that time constant; the prefills' shares add (at a "
+        "steady share d of the GPU's time in prefill the iterations run about this x d slower). Measured by "
+        "python -m realrun.transient --fit: 0.0156 on the H200 (realrun/traces/h200_transient)",
+    )
+    after_prefill_clock_time_constant_s: float = Field(
+        0.129,
+        gt=0,
+        le=60,
+        description="decode, placement shared_gpu: how fast the clock slowdown after a prefill fades "
+        "(after_prefill_clock_fraction); the H200's SM clock recovers with 0.129 s after the last prefill "
+        "(realrun.transient.clock_time_constant on realrun/traces/h200_transient/smi.csv)",
     )
     cuda_graphs: bool = Field(
         True,
@@ -1102,11 +1120,17 @@ class Scenario(_Strict):
                 "prefill.after_prefill_slowdown_fraction: it slows the decode iterations after a prefill; "
                 "give it on the decode pool"
             )
-        if self.decode.after_prefill_slowdown_fraction and self.placement != "shared_gpu":
+        if self.prefill.after_prefill_clock_fraction:
             raise ValueError(
-                f"decode.after_prefill_slowdown_fraction: a decode slowdown after a prefill on the same GPU applies "
-                f"to placement shared_gpu only, not {self.placement}"
+                "prefill.after_prefill_clock_fraction: it slows the decode iterations after a prefill; "
+                "give it on the decode pool"
             )
+        for name in ("after_prefill_slowdown_fraction", "after_prefill_clock_fraction"):
+            if getattr(self.decode, name) and self.placement != "shared_gpu":
+                raise ValueError(
+                    f"decode.{name}: a decode slowdown after a prefill on the same GPU applies "
+                    f"to placement shared_gpu only, not {self.placement}"
+                )
         if self.decode.data_parallel > 1:
             self._data_parallel_decode()
         if self.network.kv_connector != "host_parked":

@@ -252,6 +252,16 @@ class DecodeReplica:
         self.after_prefill_fraction = 0.0
         self.after_prefill_decay = 0.0
         self._transient_s = 0.0  # extra seconds still ahead from the last prefill, at the segment's start
+        # decode.after_prefill_clock_fraction (shared_gpu): the power limit's lower clocks after the prefills slow the
+        # GPU's part of each iteration by a fraction that every prefill of P s raises by clock_fraction x P / tau and
+        # that fades in time with tau (clock_tau_s); the running segment's m-th iteration takes _clock_s (1 - r) r^m
+        # more, r = exp(-its first iteration / tau) (its GPU time and cadence taken as the first iteration's)
+        self.clock_fraction = 0.0
+        self.clock_tau_s = 1.0
+        self._clock = 0.0  # the slowdown (fraction of the GPU time) at _clock_at_s
+        self._clock_at_s = 0.0
+        self._clock_s = 0.0  # the running segment's clock seconds, all its iterations to come (a geometric sum)
+        self._clock_decay = 0.0  # r
         # decode.admission on_demand: KV blocks allocated as contexts grow, preemption (simulator/admission.py)
         self.blocks = blocks(self) if blocks is not None else None
         # vLLM's steps (simulator/scheduler.py): preempted requests back by recompute or swap, colocated prompts
@@ -320,7 +330,7 @@ class DecodeReplica:
         start_s, cost, n, pending_s = self._seg
         elapsed = self.loop.now - start_s
         c, b, k = self.ctx_offset, self.batch, self.iteration
-        if self._transient_s:  # iterations end later by their after-prefill shares: count up from a lower bound
+        if self._transient_s or self._clock_s:  # iterations end later by their after-prefill shares: count up
             done = iterations_within(cost, max(0.0, elapsed - pending_s - self._after_s(n)), c, b, k)
             while done < n and pending_s + segment_time_s(cost, done + 1, c, b, k) + self._after_s(done + 1) <= elapsed:
                 done += 1
@@ -328,7 +338,7 @@ class DecodeReplica:
             done = iterations_within(cost, max(0.0, elapsed - pending_s), c, b, k)
         m = min(n, done + 1)
         boundary_s = pending_s + segment_time_s(cost, m, c, b, k)
-        if self._transient_s:
+        if self._transient_s or self._clock_s:
             boundary_s += self._after_s(m)
         self._seg = (start_s, cost, m, pending_s)
         self._cut = True
@@ -350,7 +360,7 @@ class DecodeReplica:
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
-        self._transient_s = 0.0
+        self._transient_s = self._clock = self._clock_s = 0.0
         self._version += 1  # the running segment's timer is void
         if self.memory_log is not None:
             self.memory_log.add(self.loop.now, self.index, 0.0)
@@ -391,6 +401,12 @@ class DecodeReplica:
         self._paused = False
         if self.after_prefill_fraction:  # a later prefill restarts the transient (realrun.transient: no build-up)
             self._transient_s = self.after_prefill_fraction * prefill_s
+        if self.clock_fraction:  # the prefills' clock slowdowns add, each fading from its end
+            now, tau = self.loop.now, self.clock_tau_s
+            self._clock = (
+                self._clock * math.exp(-(now - self._clock_at_s) / tau) + self.clock_fraction * prefill_s / tau
+            )
+            self._clock_at_s = now
         sched = self.sched
         if self._seg is None and (self.batch or self.joining or (sched is not None and sched.pending)):
             self._start_segment()
@@ -415,11 +431,12 @@ class DecodeReplica:
         assert self._seg is not None  # a live timer ends a running segment
         _, cost, n, _ = self._seg
         self._advance(n, cost)
-        if self._transient_s:  # the after-prefill time this segment took counts as decode time
+        if self._transient_s or self._clock_s:  # the after-prefill time this segment took counts as decode time
             self.cum[0] += self._after_s(n)
             self._transient_s *= self.after_prefill_decay**n
             if self._transient_s < 1e-12:
                 self._transient_s = 0.0
+            self._clock_s = 0.0  # the next segment takes the clock's state at its start
         self._finish_due()
         if self.sched is not None:
             self.sched.after_step()
@@ -461,12 +478,14 @@ class DecodeReplica:
             return
         cost = sched.cost() if chunks and sched is not None else self._iteration()
         c, b, now = self.ctx_offset, self.batch, self.loop.now
+        if self._clock:
+            self._clock_segment(cost, now + pending_s, c, b, k)
         if joined and self.rec.ttft_at_decode:
             # the joiners' first token: the end of this segment's first iteration, which always runs whole
             # (a cut ends a segment at the end of the iteration in progress)
             first = now + pending_s + segment_time_s(cost, 1, c, b, k)
-            if self._transient_s:
-                first += self._transient_s * (1.0 - self.after_prefill_decay)
+            if self._transient_s or self._clock_s:
+                first += self._after_s(1)
             for rid in joined:
                 self.rec.first_token[rid] = first
         if chunks or (sched is not None and sched.retry):
@@ -479,7 +498,7 @@ class DecodeReplica:
             n = blocks.segment_end(k) - k
             blocks.plan(k, n)  # promised (admission.py)
         seg_s = pending_s + segment_time_s(cost, n, c, b, k)
-        if self._transient_s:  # a prefill on the shared GPU left the iterations after it slower
+        if self._transient_s or self._clock_s:  # a prefill on the shared GPU left the iterations after it slower
             seg_s += self._after_s(n)
         self._seg = (now, cost, n, pending_s)
         self._cut = False
@@ -601,7 +620,25 @@ class DecodeReplica:
 
     def _after_s(self, m: int) -> float:
         """The after-prefill seconds of the running segment's first m iterations (its callers skip it where none)."""
-        return self._transient_s * (1.0 - self.after_prefill_decay**m)
+        return self._transient_s * (1.0 - self.after_prefill_decay**m) + self._clock_s * (1.0 - self._clock_decay**m)
+
+    def _clock_segment(self, cost: Iteration, first_at_s: float, c: float, b: int, k: int) -> None:
+        """The clock slowdown's seconds for the segment whose first iteration starts at first_at_s (after the
+        segment's on-arrival work): the slowdown faded to then times that iteration's GPU time (none where the host
+        bounds it), fading per iteration as that iteration's wall time over tau (the later iterations' own lengths
+        and shares left out: 1e-3 of the clock's seconds at the H200 scenarios' 5-15 ms iterations)."""
+        tau = self.clock_tau_s
+        s0 = self._clock * math.exp(-(first_at_s - self._clock_at_s) / tau)
+        if s0 < 1e-9:  # faded: nothing more to count
+            self._clock = self._clock_s = 0.0
+            return
+        self._clock, self._clock_at_s = s0, first_at_s
+        gpu_s = cost.fixed_s + cost.per_ctx_s * (c + b * k)
+        first_s = max(gpu_s, cost.host_s)
+        gpu_s -= self.cost.host_serial_s_per_iteration  # the CPU's gap between iterations keeps its pace
+        r = math.exp(-first_s / tau)
+        self._clock_s = s0 * gpu_s / (1.0 - r) if gpu_s > 0 and gpu_s + 1e-15 >= cost.host_s else 0.0
+        self._clock_decay = r
 
     def _advance(self, n: int, cost: Iteration) -> None:
         c, b, k = self.ctx_offset, self.batch, self.iteration
@@ -620,6 +657,8 @@ class DecodeReplica:
                     self.cost.host_serial_s_per_iteration,
                     self._transient_s,
                     self.after_prefill_decay,
+                    self._clock_s,
+                    self._clock_decay,
                 )
             )
         cum = self.cum
@@ -698,12 +737,14 @@ def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
     prefill on the shared GPU left one); a row ends before the CPU work between
     iterations (host_serial_s_per_iteration), which a trace's rows leave out."""
     rows = []
-    for start_s, pending_s, n, c, b, k, cost, serial, after_s, decay in log:
+    for start_s, pending_s, n, c, b, k, cost, serial, after_s, decay, clock_s, clock_decay in log:
         t = start_s
         for m in range(n):
             step = segment_time_s(cost, 1, c, b, k + m) + (pending_s if m == 0 else 0.0)
             if after_s:  # the m-th iteration's share of the after-prefill time
                 step += after_s * (1.0 - decay) * decay**m
+            if clock_s:  # ... and of the clock slowdown
+                step += clock_s * (1.0 - clock_decay) * clock_decay**m
             rows.append((t, t + step - serial, b, c + b * (k + m)))
             t += step
     return rows

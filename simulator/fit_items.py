@@ -145,6 +145,13 @@ def load_trace_data(
             blk["after_prefill_unit_s"] = after_prefill_s(
                 df, iterations, blk["start"], 1.0, s.decode.after_prefill_decay_per_iteration
             )
+            if s.decode.after_prefill_clock_fraction:  # the GPU's part runs this much slower (calibrate.predict)
+                blk["clock_slowdown"] = clock_slowdown(
+                    df,
+                    blk["start"],
+                    s.decode.after_prefill_clock_fraction,
+                    s.decode.after_prefill_clock_time_constant_s,
+                )
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
     if quantize is not None:
         td.blocks["quantize"] = quantize
@@ -235,6 +242,20 @@ def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction:
     j = np.searchsorted(starts, t[has] - eps, "left") - np.searchsorted(starts, pre_end[last[has]] - eps, "left")
     out[has] = fraction * held[last[has]] * (1.0 - decay) * decay ** np.maximum(j, 0)
     return out
+
+
+def clock_slowdown(df: pd.DataFrame, t: np.ndarray, fraction: float, tau_s: float) -> np.ndarray:
+    """The clock slowdown at times t (decode.after_prefill_clock_fraction, placement shared_gpu): over the prefills
+    that ended at or before t[i], each of P seconds on the GPU (its start to its quantize's end), fraction x P / tau x
+    exp(-(t[i] - its end) / tau), as simulator/decode.py counts it."""
+    pre_end = df["quantize_end_s"].to_numpy(np.float64)
+    held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
+    ok = np.isfinite(held)
+    pre_end, held = pre_end[ok], held[ok]
+    eps = 1e-9  # as after_prefill_s: a CSV's rounding may put an iteration starting as the prefill ends before it
+    dt = t[:, None] - pre_end[None, :]
+    w = np.where(dt >= -eps, np.exp(-np.maximum(dt, 0.0) / tau_s), 0.0)
+    return fraction / tau_s * (w @ held)
 
 
 def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:

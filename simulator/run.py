@@ -230,6 +230,8 @@ class MethodRun:
                 pre.partner, dec.partner = dec, pre
                 dec.after_prefill_fraction = s.decode.after_prefill_slowdown_fraction
                 dec.after_prefill_decay = s.decode.after_prefill_decay_per_iteration
+                dec.clock_fraction = s.decode.after_prefill_clock_fraction
+                dec.clock_tau_s = s.decode.after_prefill_clock_time_constant_s
         link_objs = []
         for spec in net.links:
             log = columns.RowLog(3)  # (time_s, active_flows, throughput_bytes_per_s)

@@ -48,12 +48,17 @@ def raw_system(
     rate_rps: float = 6.0,
     n: int = 80,
     link_busy: bool = True,
+    clock: bool = False,
 ) -> dict:
     """BASE's system (one shared H200, realrun's harness) with a small workload of its own; link_busy False: without
     its host level while the link moves KV (network.link_busy_host_factor: an engine's benchmark file has no
     transfer times, so a fit from one cannot see that level) and without the decode slowdown after a prefill
-    (decode.after_prefill_slowdown_fraction: nor has it the prefills' times)."""
+    (decode.after_prefill_slowdown_fraction: nor has it the prefills' times). Without the prefills' clock slowdown
+    (decode.after_prefill_clock_fraction) unless `clock`: the simulator prices its fade per segment, a trace's items
+    exactly, so they agree to about 1 % of its seconds, not to rounding (test_after_prefill)."""
     raw = yaml.safe_load(BASE.read_text())
+    if not clock:
+        raw["decode"] = {k: v for k, v in raw["decode"].items() if not k.startswith("after_prefill_clock")}
     if not link_busy:
         raw["network"] = {k: v for k, v in raw["network"].items() if not k.startswith("link_busy")}
         # nor a prefill's own times, which the decode slowdown after it is counted from

@@ -1,9 +1,11 @@
-"""The decode iterations after a prefill on a shared GPU (decode.after_prefill_slowdown_fraction, placement shared_gpu).
+"""The decode iterations after a prefill on a shared GPU (decode.after_prefill_slowdown_fraction and
+decode.after_prefill_clock_fraction, placement shared_gpu).
 
 On the H200 a prefill's GEMMs leave the next memory-bound decode iterations slower (realrun.transient,
 realrun/traces/h200_transient): in all by a fraction of the prefill's time, the k-th iteration by
-(1 - decay) decay^(k-1) of it, a later prefill restarting it (its amplitude replaced, not added to).
-The timelines here are worked by hand.
+(1 - decay) decay^(k-1) of it, a later prefill restarting it (its amplitude replaced, not added to); and the power
+limit's lower clocks slow the GPU's part of every iteration by a fraction each prefill of P s raises by
+clock x P / tau, fading with tau in time, the prefills' fractions adding. The timelines here are worked by hand.
 """
 
 from __future__ import annotations
@@ -21,39 +23,49 @@ from helpers import scenario
 from realrun.transient import fit_transient
 from simulator.config import ScenarioError
 from simulator.decode import DecodeReplica
-from simulator.fit_items import after_prefill_s
+from simulator.fit_items import after_prefill_s, clock_slowdown
 
 
 class _Prefill:
-    """A partner prefill that asks for the GPU at `ask_s` and holds it `hold_s` once given."""
+    """A partner prefill that asks for the GPU at each (ask_s, hold_s) and holds it hold_s once given."""
 
-    def __init__(self, env, rep, ask_s: float, hold_s: float):
-        self.env, self.rep, self.hold_s = env, rep, hold_s
-        env.process(self._ask(ask_s))
+    def __init__(self, env, rep, asks: list[tuple[float, float]]):
+        self.env, self.rep, self.holds = env, rep, []
+        for ask_s, hold_s in asks:
+            env.process(self._ask(ask_s, hold_s))
 
-    def _ask(self, at_s: float):
+    def _ask(self, at_s: float, hold_s: float):
         yield self.env.timeout(at_s)
+        self.holds.append(hold_s)
         if self.rep.yield_gpu():
             self.try_start()
 
     def try_start(self) -> bool:
-        self.env.process(self._hold())
+        self.env.process(self._hold(self.holds.pop(0)))
         return True
 
-    def _hold(self):
-        yield self.env.timeout(self.hold_s)
-        self.rep.resume_after_prefill(self.hold_s)
+    def _hold(self, hold_s: float):
+        yield self.env.timeout(hold_s)
+        self.rep.resume_after_prefill(hold_s)
 
 
-def _timeline(fraction: float, decay: float, second_at_s: float | None = None):
-    """Request 0 (10 iterations of 10 ms) joins at 0; a prefill asks for the GPU at 25 ms and holds it 20 ms;
-    request 1 (10 iterations) arrives at second_at_s, if given."""
+def _timeline(
+    fraction: float,
+    decay: float,
+    second_at_s: float | None = None,
+    clock: tuple[float, float] = (0.0, 1.0),
+    asks: tuple[tuple[float, float], ...] = ((0.025, 0.020),),
+):
+    """Request 0 (10 iterations of 10 ms, 1 ms of it the CPU's gap) joins at 0; a prefill asks for the GPU at 25 ms
+    and holds it 20 ms (or `asks`); request 1 (10 iterations) arrives at second_at_s, if given; clock: the clock
+    slowdown's (fraction, tau)."""
     env = simpy.Environment()
     rec = records(1 if second_at_s is None else 2)
-    rep = DecodeReplica(env, 0, cast(Any, FixedCost(0.010)), 64, rec)
+    rep = DecodeReplica(env, 0, cast(Any, FixedCost(0.010, serial_s=0.001)), 64, rec)
     rep.listener = Listener()
     rep.after_prefill_fraction, rep.after_prefill_decay = fraction, decay
-    rep.partner = cast(Any, _Prefill(env, rep, 0.025, 0.020))
+    rep.clock_fraction, rep.clock_tau_s = clock
+    rep.partner = cast(Any, _Prefill(env, rep, list(asks)))
     rep.reserve(1.0)
     rep.arrive(0)
     if second_at_s is not None:
@@ -91,12 +103,44 @@ def test_a_segment_cut_short_keeps_only_its_iterations_share():
     assert second == pytest.approx(first + 0.005 * 0.5**6 * (1 - 0.5**4) + 0.040, abs=1e-12)
 
 
+def test_the_clock_slowdown_fades_in_time_over_the_iterations_after_the_prefill():
+    """clock 0.1, tau 50 ms: the 20 ms prefill ending at 50 ms leaves the GPU's 9 ms of each iteration 0.1 x 20 / 50
+    = 4 % slower, fading with 50 ms: the m-th of the 7 iterations after it by 0.04 x 9 ms x r^m, r = exp(-10 / 50)
+    (its first iteration's wall time over tau)."""
+    r = np.exp(-0.010 / 0.050)
+    extra = 0.04 * 0.009 * sum(r**m for m in range(7))
+    assert _timeline(0.0, 0.5, clock=(0.1, 0.050)) == pytest.approx([0.120 + extra], abs=1e-12)
+    # with the after-prefill transient too, the two add
+    both = 0.010 * (1 - 0.5**7) + extra
+    assert _timeline(0.5, 0.5, clock=(0.1, 0.050)) == pytest.approx([0.120 + both], abs=1e-12)
+
+
+def test_the_prefills_clock_slowdowns_add_up():
+    """Two 20 ms prefills asking at 25 and 75 ms: the first runs 30-50 ms; iterations from 50 ms, the m-th longer by
+    s1 x 9 ms x r^m (s1 = 0.04); the second asks during the third (50 + 20 ms and shares .. ), runs from that
+    iteration's end e to e + 20 ms, and leaves s1 faded over e + 20 - 50 ms plus 0.04; the 4 iterations after it
+    take that x 9 ms x r^m."""
+    tau, s1 = 0.050, 0.04
+    r = np.exp(-0.010 / tau)
+    e = 0.080 + s1 * 0.009 * (1 + r + r**2)  # three iterations after the first prefill, with their shares
+    s2 = s1 * np.exp(-(e + 0.020 - 0.050) / tau) + s1
+    want = e + 0.020 + 0.040 + s2 * 0.009 * sum(r**m for m in range(4))
+    assert _timeline(0.0, 0.5, clock=(0.1, tau), asks=((0.025, 0.020), (0.075, 0.020))) == pytest.approx(
+        [want], abs=1e-12
+    )
+
+
 def test_refused_where_not_modelled():
     with pytest.raises((ScenarioError, ValueError), match="after_prefill_slowdown_fraction.*shared_gpu only"):
         scenario(**{"decode.after_prefill_slowdown_fraction": 0.02})
     with pytest.raises((ScenarioError, ValueError), match="prefill.after_prefill_slowdown_fraction"):
         scenario(placement="shared_gpu", **{"prefill.after_prefill_slowdown_fraction": 0.02})
     scenario(placement="shared_gpu", **{"decode.after_prefill_slowdown_fraction": 0.02})
+    with pytest.raises((ScenarioError, ValueError), match="after_prefill_clock_fraction.*shared_gpu only"):
+        scenario(**{"decode.after_prefill_clock_fraction": 0.02})
+    with pytest.raises((ScenarioError, ValueError), match="prefill.after_prefill_clock_fraction"):
+        scenario(placement="shared_gpu", **{"prefill.after_prefill_clock_fraction": 0.02})
+    scenario(placement="shared_gpu", **{"decode.after_prefill_clock_fraction": 0.02})
 
 
 def test_a_shared_gpu_run_slows_by_it():
@@ -119,6 +163,49 @@ def test_trace_items_carry_it_by_their_distance_from_the_prefill():
     it = pd.DataFrame({"start_s": [0.95, 1.1, 1.12, 1.14]})
     got = after_prefill_s(df, it, it["start_s"].to_numpy(), 0.1, 0.5)
     assert got == pytest.approx([0.0, 0.01 * 0.5, 0.01 * 0.25, 0.01 * 0.125], abs=1e-15)
+
+
+def test_trace_items_carry_the_clock_slowdown_by_the_time_since_each_prefill():
+    """Prefills of 0.1 s ending at 1.1 s and of 0.05 s ending at 1.2 s, clock 0.02, tau 0.1 s: nothing before the
+    first; 0.02 x 0.1 / 0.1 = 2 % at its end, faded by exp(-0.05 / 0.1) 50 ms later; after the second, both."""
+    df = pd.DataFrame({"prefill_start_s": [1.0, 1.15], "quantize_end_s": [1.1, 1.2]})
+    t = np.array([1.05, 1.1, 1.15, 1.25])
+    got = clock_slowdown(df, t, 0.02, 0.1)
+    want = [0.0, 0.02, 0.02 * np.exp(-0.5), 0.02 * np.exp(-1.5) + 0.01 * np.exp(-0.5)]
+    assert got == pytest.approx(want, abs=1e-15)
+
+
+def test_trace_items_price_a_simulated_run_with_the_clock_to_its_approximation(tmp_path):
+    """A run simulated with the clock slowdown (the H200 scenario's), written as a trace: its iteration items at the
+    true values agree with the simulator's cadence to within 2 % of the clock's seconds (the simulator takes each
+    segment's fade at its first iteration's length: simulator/decode.py, _clock_segment), though the clock adds
+    far more than that."""
+    import yaml
+
+    from simulated_runs import TRUE, raw_system, simulate, write_realrun
+    from simulator.calibrate import load_index, predict
+
+    raw = raw_system(seed=3, clock=True)
+    assert raw["decode"]["after_prefill_clock_fraction"] > 0
+    tmp = tmp_path
+    (tmp / "s.yaml").write_text(yaml.safe_dump(raw))
+    rows = []
+    for method, df, it in simulate(raw, TRUE, methods=["hack"]):
+        write_realrun(tmp / method, method, df, it)
+        rows.append(f"{method},s.yaml")
+    (tmp / "index.csv").write_text("trace,scenario\n" + "\n".join(rows) + "\n")
+    (td,) = load_index(tmp / "index.csv")
+    blk = td.blocks["iteration"]
+    v = {**td.values0, **TRUE}
+    with_clock = predict(td, "iteration", v)
+    slow = blk.pop("clock_slowdown")
+    without = predict(td, "iteration", v)
+    blk["clock_slowdown"] = slow
+    share = with_clock - without
+    err = with_clock - blk["meas"]
+    assert np.sqrt(np.mean(share**2)) > 1e-5  # tens of microseconds per iteration
+    assert np.sqrt(np.mean(err**2)) <= 0.02 * np.sqrt(np.mean(share**2))
+    assert np.abs(err).max() <= 0.05 * np.abs(share).max()
 
 
 def _synthetic(fraction: float, decay: float, seed: int) -> pd.DataFrame:
@@ -155,6 +242,82 @@ def test_fit_recovers_known_values(tmp_path):
     assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.02, abs=0.002)
     assert got["after_prefill_decay_per_iteration"] == pytest.approx(0.7, abs=0.05)
     assert got["prefills"] == 8
+
+
+def _duty_run(clock: float, tau_s: float, seed: int, fraction: float = 0.01, decay: float = 0.7) -> pd.DataFrame:
+    """Duty runs as realrun.transient --duty writes them (t_s, unix_s from 1e9 s): 8 ms iterations (context growing 1
+    token each, 2 us per token) through 3-s blocks at 0, 0.5, 0 and 0.25 of the time in 40 ms prefills; each
+    iteration (1 + clock x sum P / tau exp(-dt / tau)) times its level plus the after-prefill transient, 0.3 %
+    noise."""
+    rng = np.random.default_rng(seed)
+    rows, t, ctx, ends = [], 0.0, 2048, []
+    for block, duty in enumerate((0.0, 0.5, 0.0, 0.25, 0.0)):
+        t0, pre, k, last = t, 0.0, 0, 0.0
+        while t - t0 < 3.0:
+            if duty and pre < duty * (t - t0):
+                t += 0.040
+                pre, k, last = pre + 0.040, 0, 0.040
+                ends.append(t)
+            ctx += 1
+            k += 1 if (k or pre) else 0
+            s = sum(0.040 / tau_s * np.exp(-(t - e) / tau_s) for e in ends if t - e < 20 * tau_s)
+            level = 0.008 + 2e-6 * (ctx - 2048)
+            fast = fraction * last * (1 - decay) * decay ** (k - 1) if k else 0.0
+            wall = (level * (1 + clock * s) + fast) * (1 + 0.003 * rng.standard_normal())
+            rows.append(
+                dict(
+                    set="m:1",
+                    method="baseline",
+                    batch_size=32,
+                    block=block,
+                    duty=duty,
+                    t_s=t,
+                    unix_s=1e9 + t + wall,
+                    k=k,
+                    event_s=last,
+                    max_context=ctx,
+                    wall_s=wall,
+                )
+            )
+            t += wall + 0.0006
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_the_clock_slowdown(tmp_path):
+    p = tmp_path / "duty.csv"
+    _duty_run(0.02, 0.12, seed=4).to_csv(p, index=False)
+    got = fit_transient([p], clock_tau_s=0.12)
+    assert got["after_prefill_clock_fraction"] == pytest.approx(0.02, abs=3 * got["clock_fraction_se"] + 1e-3)
+    assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.01, abs=3 * got["fraction_se"] + 1e-3)
+    # without the time constant the clock term stays out
+    assert "after_prefill_clock_fraction" not in fit_transient([p])
+
+
+def test_the_clock_time_constant_from_a_clock_log(tmp_path):
+    """A clock log every 100 ms beside the duty run: 1,980 MHz less 300 x exp(-dt / 0.12 s) after each block's last
+    prefill (the deficit during the blocks at 150 MHz): tau comes back."""
+    from realrun.transient import clock_time_constant
+
+    d = _duty_run(0.02, 0.12, seed=4)
+    p = tmp_path / "duty.csv"
+    d.to_csv(p, index=False)
+    ends = []
+    for blk in (1, 3):
+        first = d[(d["block"] == blk) & (d["k"] == 1)]
+        ends.append(float((first["unix_s"] - first["wall_s"]).max()))
+    ts = np.arange(1e9, 1e9 + float(d["t_s"].max()), 0.1)
+    clock = np.full(len(ts), 1980.0)
+    for blk, e in zip((1, 3), ends):
+        inside = d[d["block"] == blk]
+        clock[(ts >= inside["unix_s"].min()) & (ts < e)] = 1830.0
+        after = ts >= e
+        clock[after] -= 300 * np.exp(-(ts[after] - e) / 0.12)
+    stamps = pd.to_datetime(ts, unit="s").strftime("%Y/%m/%d %H:%M:%S.%f").str[:-3]
+    smi = tmp_path / "smi.csv"
+    pd.DataFrame({"timestamp": stamps, "clocks.current.sm [MHz]": clock.round()}).to_csv(smi, index=False)
+    got = clock_time_constant(smi, [p])
+    assert got["blocks"] == 2
+    assert got["after_prefill_clock_time_constant_s"] == pytest.approx(0.12, rel=0.1)
 
 
 def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
@@ -238,3 +401,27 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     assert abs(got["link_busy_host_factor"] - 1.0) <= 3 * a_se + 1e-3
     assert abs(got["link_busy_host_factor_per_gbps"] - 0.02) <= 3 * b_se + 1e-4
     assert got["windows"] == 12
+
+
+def test_the_committed_probe_runs_give_the_h200_scenarios_values():
+    """realrun.transient --fit on the committed files (realrun/traces/h200_transient) gives the four numbers the h200g
+    scenarios carry: they come from the probe, not from a trace."""
+    import glob
+
+    import yaml
+
+    from realrun.transient import clock_time_constant
+
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "realrun/traces/h200_transient"
+    runs = sorted(glob.glob(str(folder / "transient_*.csv"))) + sorted(glob.glob(str(folder / "duty*.csv")))
+    tau = clock_time_constant(folder / "smi.csv", sorted(glob.glob(str(folder / "dutylong_*.csv"))))
+    got = fit_transient(runs, tau["after_prefill_clock_time_constant_s"])
+    decode = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())["decode"]
+    for name in (
+        "after_prefill_slowdown_fraction",
+        "after_prefill_decay_per_iteration",
+        "after_prefill_clock_fraction",
+        "after_prefill_clock_time_constant_s",
+    ):
+        assert got[name] == decode[name], name

@@ -626,7 +626,8 @@ class DecodeReplica:
         """The clock slowdown's seconds for the segment whose first iteration starts at first_at_s (after the
         segment's on-arrival work): the slowdown faded to then times that iteration's GPU time (none where the host
         bounds it), fading per iteration as that iteration's wall time over tau (the later iterations' own lengths
-        and shares left out: 1e-3 of the clock's seconds at the H200 scenarios' 5-15 ms iterations)."""
+        and shares left out: about 1 % of the clock's seconds at the H200 scenarios' 5-15 ms iterations, against
+        a trace's items, which take each iteration's own start: tests/test_after_prefill.py)."""
         tau = self.clock_tau_s
         s0 = self._clock * math.exp(-(first_at_s - self._clock_at_s) / tau)
         if s0 < 1e-9:  # faded: nothing more to count

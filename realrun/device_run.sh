@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -41,6 +41,8 @@
 #   part dutylong: as duty through 3-second blocks at 0, 0.5, 0.5, 0.5, 0, 0, 0.25, 0.25, 0 (a sustained share as
 #             long as a saturated recording's, then its fall), with the GPU's clocks, temperature and power logged
 #             every 100 ms (smi.csv; the duty rows' unix_s lines them up) (~250 s).
+#   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
+#             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
 #             150 requests, FP16 and HACK three times, KVQuant-style once (the run-to-run spread of the configurations
 #             the h200_repeats set had not recorded).
@@ -192,6 +194,13 @@ elif [ "$PART" = dutylong ]; then
   step 270 dutylong_8b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_8b.csv" "${TR[@]}"
   step 270 dutylong_70b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
+elif [ "$PART" = mix ]; then
+  # issue 28: does a batch of spread contexts (a recording's) cost more than its total prices (mix_*.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32" --batches 8 16 32); TR70=(--sets "llama-3.1-70b:8" --batches 8 16 32)
+  fi
+  step 270 mix_8b python3 -m realrun.transient --mix --out "$OUT/mix_8b.csv" "${TR[@]}"
+  step 270 mix_70b python3 -m realrun.transient --mix --out "$OUT/mix_70b.csv" "${TR70[@]}"
 elif [ "$PART" = noise70b25 ]; then
   smoke_or_stop
   rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 300 150 3 "baseline hack" 10

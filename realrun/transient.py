@@ -30,6 +30,11 @@ none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps,
 (the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
 iteration's end to this one's start: the loop's own time), max_context, wall_s.
 
+`--mix` measures instead whether a batch's spread of contexts costs more than its total (mix.csv): per batch size,
+B requests of `--context` tokens each and B spread evenly over 0.5-1.5 x that (the same total), 64 iterations each
+after 8 to warm, link idle, no prefill. Columns: set, method, batch_size, kind (uniform, spread), k, max_context,
+context_tokens, wall_s.
+
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
 decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient); given a GPU clock log
 (smi.csv, the device part dutylong's), also decode.after_prefill_clock_time_constant_s from it (clock_time_constant)
@@ -68,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-s", type=float, default=2.0)
     ap.add_argument("--duty-prompt", type=int, default=2048)
     ap.add_argument("--xfer-gbps", nargs="+", type=float, default=None, help="transfer windows at these rates")
+    ap.add_argument("--mix", action="store_true", help="uniform against spread contexts at the same sum (module doc)")
     a = ap.parse_args(argv)
     if a.fit:
         import pandas as pd
@@ -114,6 +120,8 @@ def main(argv=None) -> int:
     total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
     if a.xfer_gbps:
         total_iters = len(a.xfer_gbps) * cycles * (16 + 48 + 16) + 16
+    elif a.mix:  # the spread batch's longest request starts at 1.5 x the context
+        total_iters = MIX_ITERATIONS + context // 2 + 8
     elif duties is not None:  # at most an iteration per 4 ms
         total_iters = int(len(duties) * a.block_s / 0.004) + 4 * len(prompts) + 8 if not a.smoke else 200
     rows: list[dict] = []
@@ -136,6 +144,11 @@ def main(argv=None) -> int:
                     max_total_tokens=max_tokens,
                     seed=1,
                 )
+                if a.mix:  # a harness per kind: its requests never finish
+                    _measure_mix(model, cfg, f"{model_name}:{layers}", method, b, context, a.smoke, rows)
+                    _write(a.out, rows)
+                    print(f"{model_name}:{layers} {method} B{b}: {_mix_summary(_mine(rows, method, b))}", flush=True)
+                    continue
                 h = Harness(model, cfg)
                 try:
                     if a.xfer_gbps:
@@ -159,7 +172,7 @@ def main(argv=None) -> int:
                 finally:
                     h.close()
                 _write(a.out, rows)
-                mine = [r for r in rows if r["method"] == method and r["batch_size"] == b]
+                mine = _mine(rows, method, b)
                 if a.xfer_gbps:
                     summary = _xfer_summary(mine)
                 else:
@@ -172,23 +185,77 @@ def main(argv=None) -> int:
     return 0
 
 
-def _fixed_batch(h, b: int, context: int, primed) -> list:
+def _fixed_batch(h, b: int, context: int, primed, contexts: list[int] | None = None) -> list:
     """Capture every decode graph up to the pool's capacity, prime prefill attention at the `primed` lengths, then
-    place B requests of `context` tokens that never finish (prefilled, joined in one iteration); returns them."""
+    place B requests of `context` tokens (or of `contexts`, one each) that never finish (prefilled, joined in one
+    iteration); returns them."""
     from .harness import _Req
     from .runner import prime_prefill_attention
     from .workload import Request
 
     assert h.step is not None
-    h.step.capture_all(min_ctx=context + 1, max_ctx=h.cfg.max_total_tokens - 2)
+    lengths = contexts or [context] * b
+    h.step.capture_all(min_ctx=max(lengths) + 1, max_ctx=h.cfg.max_total_tokens - 2)
     prime_prefill_attention(h, sorted(set(primed)))
     h.t0 = time.perf_counter()
-    run = [_Req(Request(i, 0.0, context, 10**9)) for i in range(b)]
+    run = [_Req(Request(i, 0.0, n, 10**9)) for i, n in enumerate(lengths)]
     for r in run:
         h.prefill([r])
         r.recv, r.send = r.send, None
     h.decode_iteration(run)
     return run
+
+
+MIX_ITERATIONS = 64
+
+
+def _mine(rows: list[dict], method: str, b: int) -> list[dict]:
+    return [r for r in rows if r["method"] == method and r["batch_size"] == b]
+
+
+def _mix_contexts(b: int, context: int) -> dict[str, list[int]]:
+    """B contexts summing to B x context: all equal, and spread evenly over 0.5-1.5 x context (a recording's batch:
+    prompts of 1-3K tokens at different points of their decode)."""
+    spread = [int(round(context * (0.5 + i / max(b - 1, 1)))) for i in range(b)]
+    spread[-1] += b * context - sum(spread)
+    return {"uniform": [context] * b, "spread": spread}
+
+
+def _measure_mix(model, cfg, set_name: str, method: str, b: int, context: int, smoke: bool, rows) -> None:
+    """One (set, method, batch): the same total context as B equal requests and as B spread ones, each in a harness
+    of its own, 8 iterations to warm, then MIX_ITERATIONS timed (link idle, no prefill)."""
+    from .harness import Harness
+
+    count = 4 if smoke else MIX_ITERATIONS
+    for kind, contexts in _mix_contexts(b, context).items():
+        h = Harness(model, cfg)
+        try:
+            run = _fixed_batch(h, b, context, [], contexts)
+            for k in range(-8, count):
+                (t0, t1, n, total, _), _ = h.decode_iteration([])
+                if k >= 0:
+                    rows.append(
+                        dict(
+                            set=set_name,
+                            method=method,
+                            batch_size=n,
+                            kind=kind,
+                            k=k,
+                            max_context=max(r.stored for r in run),
+                            context_tokens=total,
+                            wall_s=t1 - t0,
+                        )
+                    )
+        finally:
+            h.close()
+
+
+def _mix_summary(rows: list[dict]) -> str:
+    """The spread batch's mean iteration against the uniform one's (ms, and the spread one's excess in %)."""
+    import statistics
+
+    mean = {k: statistics.mean(r["wall_s"] for r in rows if r["kind"] == k) for k in ("uniform", "spread")}
+    return f"uniform {mean['uniform'] * 1e3:.3f} ms, spread {mean['spread'] * 1e3:.3f} ms ({(mean['spread'] / mean['uniform'] - 1) * 100:+.2f} %)"
 
 
 def _dropped_prefill(h, rid: int, tokens: int) -> float:

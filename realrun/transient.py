@@ -38,8 +38,8 @@ context_tokens, wall_s.
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
 decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient); given a GPU clock log
 (smi.csv, the device part dutylong's), also decode.after_prefill_clock_time_constant_s from it (clock_time_constant)
-and decode.after_prefill_clock_fraction; and network.link_busy_host_factor and _per_gbps from the xfer files
-(fit_xfer).
+and decode.after_prefill_clock_fraction; network.link_busy_host_factor and _per_gbps from the xfer files
+(fit_xfer); and from the mix files the spread batches' excess (mix_excess).
 """
 
 from __future__ import annotations
@@ -81,7 +81,10 @@ def main(argv=None) -> int:
         heads = {p: pd.read_csv(p, nrows=1, skipinitialspace=True).columns for p in a.fit}
         xfer = [p for p in a.fit if "link_gbps" in heads[p]]
         smi = [p for p in a.fit if "timestamp" in heads[p]]
-        rest = [p for p in a.fit if p not in xfer and p not in smi]
+        mix = [p for p in a.fit if "kind" in heads[p]]
+        rest = [p for p in a.fit if p not in xfer and p not in smi and p not in mix]
+        if mix:
+            print(mix_excess(mix))
         tau = None
         if smi:  # the clock's fade, from the log and the duty runs beside it (their unix_s)
             clocked = [p for p in rest if "unix_s" in heads[p]]
@@ -256,6 +259,16 @@ def _mix_summary(rows: list[dict]) -> str:
 
     mean = {k: statistics.mean(r["wall_s"] for r in rows if r["kind"] == k) for k in ("uniform", "spread")}
     return f"uniform {mean['uniform'] * 1e3:.3f} ms, spread {mean['spread'] * 1e3:.3f} ms ({(mean['spread'] / mean['uniform'] - 1) * 100:+.2f} %)"
+
+
+def mix_excess(paths) -> dict[str, float]:
+    """From --mix runs: per set, method and batch, the spread batch's mean iteration over the uniform one's, in %."""
+    import pandas as pd
+
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    mean = d.groupby(["set", "method", "batch_size", "kind"])["wall_s"].mean().unstack("kind")
+    pct = (mean["spread"] / mean["uniform"] - 1.0) * 100.0
+    return {f"{k[0]} {k[1]} B{k[2]}": round(float(v), 2) for k, v in pct.items()}
 
 
 def _dropped_prefill(h, rid: int, tokens: int) -> float:

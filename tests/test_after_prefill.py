@@ -425,3 +425,23 @@ def test_the_committed_probe_runs_give_the_h200_scenarios_values():
         "after_prefill_clock_time_constant_s",
     ):
         assert got[name] == decode[name], name
+
+
+def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):
+    """realrun.transient --fit takes every probe file at once (the scenario files' command): the mix runs give the
+    spread batch's excess over the uniform one (5 % here), the rest their fits."""
+    from realrun.transient import main, mix_excess
+
+    rows = [
+        dict(set="m:1", method="hack", batch_size=8, kind=kind, k=k, max_context=2048, context_tokens=16384, wall_s=w)
+        for kind, w in (("uniform", 0.010), ("spread", 0.0105))
+        for k in range(4)
+    ]
+    mix = tmp_path / "mix.csv"
+    pd.DataFrame(rows).to_csv(mix, index=False)
+    assert mix_excess([mix]) == {"m:1 hack B8": pytest.approx(5.0)}
+    duty = tmp_path / "duty.csv"
+    _duty_run(0.02, 0.12, seed=4).to_csv(duty, index=False)
+    assert main(["--fit", str(mix), str(duty)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "m:1 hack B8" in out[0] and "after_prefill_slowdown_fraction" in out[1]

@@ -181,6 +181,7 @@ class ReplicaCostModel:
     non_torch_override_bytes: float | None = None  # per GPU: replaces the non-torch estimate
     # What the engine adds to the kernels' prices (an engine calibration, simulator/engine.py; see the module doc)
     join_s_per_request: float = 0.0  # decode: extra time of the iteration a request joins, per request
+    leave_s_per_request: float = 0.0  # decode: extra time of the iteration after a request leaves, per request
     prefill_efficiency: float = 1.0  # prefill: fraction of the priced GPU speed reached
     quantize_factor: float = 1.0  # the engine's quantize / dequantize / correction time over the
     dequantize_factor: float = 1.0  # profile's price
@@ -766,6 +767,7 @@ class ReplicaCostModel:
             self.host_issue_s_per_request,
             self.host_serial_s_per_iteration,
             self.join_s_per_request,
+            self.leave_s_per_request,
             self.method_prefill_issue_s_per_layer,
             self.method_quantize_issue_s_per_layer,
         )
@@ -778,6 +780,7 @@ class ReplicaCostModel:
             host_issue_s_per_request=self.host_issue_s_per_request * floor,
             host_serial_s_per_iteration=self.host_serial_s_per_iteration * factor,
             join_s_per_request=self.join_s_per_request * factor,
+            leave_s_per_request=self.leave_s_per_request * factor,
             method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * floor,
             method_quantize_issue_s_per_layer=self.method_quantize_issue_s_per_layer * factor,
         )

@@ -162,7 +162,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         slow = 1.0 + blk.get("clock_slowdown", 0.0)
         if "clock_slowdown" in blk:
             gpu = serial + (gpu - serial) * slow
-        join = v["decode.join_s_per_request"] * blk["joins"] * f
+        join = (v["decode.join_s_per_request"] * blk["joins"] + v["decode.leave_s_per_request"] * blk["leaves"]) * f
         pred = np.maximum(gpu, host) + join
         if wrt:
             g = (gpu >= host).astype(float)
@@ -174,6 +174,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
                 "decode.extra_kernels_per_layer": gs * blk["layers"] * blk["small_kernel_s"],
                 f"methods.{m}.decode_kernels_per_layer": gs * blk["layers"] * blk["small_kernel_s"],
                 "decode.join_s_per_request": blk["joins"] * f,
+                "decode.leave_s_per_request": blk["leaves"] * f,
                 f"methods.{m}.dequantize": gs * (blk["dequant_fixed0"] + blk["dequant_per_ctx"] * ctx),
                 f"methods.{m}.approximation": gs * (blk["approx_fixed0"] + blk["approx_per_ctx"] * ctx),
                 "decode.host_issue_s_per_iteration": h * f,

@@ -491,6 +491,14 @@ class PoolConfig(_Strict):
         "joins takes, per joining request (placing its received KV in the batch, the "
         "engine's bookkeeping)",
     )
+    leave_s_per_request: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="decode: how much longer the iteration after a request leaves the batch takes, per leaving "
+        "request (realrun keeps its batch slots dense: the last running request's KV moves into the slot a "
+        "finished one left, in the next iteration; an engine's own bookkeeping of a finish)",
+    )
     prefill_efficiency: float = Field(
         1.0,
         gt=0,

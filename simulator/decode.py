@@ -240,6 +240,7 @@ class DecodeReplica:
         self.cum = [0.0, 0.0, 0.0, 0.0, 0.0]  # running decode, dequantize, approximation, fetch, preemption seconds
         self._seg: tuple | None = None  # running segment: (start_s, cost, iterations, on-arrival s)
         self._cut = False  # the segment was cut short for a joining request
+        self._left = 0  # requests that left since the last segment started (decode.leave_s_per_request)
         self._version = 0  # timers of superseded segments are ignored
         self.on_arrival = cost.method.dequantize_on_arrival
         self.down = False  # a fault has taken the replica out
@@ -359,6 +360,7 @@ class DecodeReplica:
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
+        self._left = 0
         self._paused = self._prefill_waiting = False  # shared_gpu: the partner prefill went down with it
         self._transient_s = self._clock = self._clock_s = 0.0
         self._version += 1  # the running segment's timer is void
@@ -469,6 +471,10 @@ class DecodeReplica:
             room = self.max_batch_requests - self.batch  # realrun: joins up to max_batch_requests running
             self.joining, wait = self.joining[:room], self.joining[room:]
         joined = self.joining  # _admit_joining gives the replica a fresh list
+        # the work the last leavers left to this iteration, where requests stayed (none to move into their slots
+        # otherwise)
+        leave_s = self.cost.leave_s_per_request * self._left if self.batch else 0.0
+        self._left = 0
         pending_s = self._admit_joining() + stall_s
         if wait:
             self.joining = wait
@@ -476,6 +482,9 @@ class DecodeReplica:
         if not self.batch and not chunks:
             self._seg = None
             return
+        if leave_s:
+            pending_s += leave_s
+            self.cum[0] += leave_s  # everyone in the batch waits for it: decode time
         cost = sched.cost() if chunks and sched is not None else self._iteration()
         c, b, now = self.ctx_offset, self.batch, self.loop.now
         if self._clock:
@@ -698,6 +707,7 @@ class DecodeReplica:
                 ctx_term = float(int(rec.join_context[rid] + rec.decode_iterations[rid]) - self.iteration)
                 held = rec.kv_bytes[rid]
             self._finished(rid, held)
+            self._left += 1
             self.ctx_offset -= ctx_term
             self.batch -= 1
             freed += held

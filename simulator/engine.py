@@ -136,6 +136,16 @@ PARAMETERS: dict[str, Parameter] = {
             prior_width=1e-3,
         ),
         Parameter(
+            "decode.leave_s_per_request",
+            (0.0, 0.02),
+            "s",
+            "extra time of the iteration after a request leaves the batch, per leaving request (a KV move to keep "
+            "the slots dense, bookkeeping)",
+            scope="host",
+            shape="per leaving request",
+            prior_width=1e-3,
+        ),
+        Parameter(
             "decode.after_prefill_slowdown_fraction",
             (0.0, 0.5),
             "fraction",

@@ -169,11 +169,19 @@ def load_trace_data(
 
 # ---- realrun traces ------------------------------------------------------------------------------------
 def iteration_features(
-    dec, batch: np.ndarray, ctx: np.ndarray, joins: np.ndarray, meas: np.ndarray, busy: np.ndarray | None = None
+    dec,
+    batch: np.ndarray,
+    ctx: np.ndarray,
+    joins: np.ndarray,
+    meas: np.ndarray,
+    busy: np.ndarray | None = None,
+    leaves: np.ndarray | None = None,
 ) -> dict:
     """What the cost model needs to price decode items at any engine parameters (calibrate.predict): per item
-    its batch, total context and joining requests, and the iteration's parts at neutral parameters. `batch`
-    may be a (items, samples) array: each item is then the mean of its samples' iterations (a TPOT item)."""
+    its batch, total context, joining requests and requests that left in the iteration before (none where not
+    given: a benchmark file's token times do not place a finish in an iteration), and the iteration's parts at
+    neutral parameters. `batch` may be a (items, samples) array: each item is then the mean of its samples'
+    iterations (a TPOT item)."""
     b2 = np.atleast_2d(batch.T).T if batch.ndim == 1 else batch  # (items, samples)
     cost = {int(bb): dec.iteration(int(bb)) for bb in np.unique(b2)}
     first = next(iter(cost.values()), None)
@@ -187,6 +195,7 @@ def iteration_features(
         "batch": b2.mean(axis=1).astype(np.float64) if len(b2) else np.zeros(0),
         "ctx": ctx.astype(np.float64),
         "joins": joins.astype(np.float64),
+        "leaves": np.zeros(len(meas)) if leaves is None else leaves.astype(np.float64),
         "busy": np.zeros(len(meas)) if busy is None else busy.astype(np.float64),  # 1: a transfer in flight
         "fixed0": mean_of(lambda k, c: c.decode_fixed_s),
         "dequant_fixed0": mean_of(lambda k, c: c.dequant_fixed_s),
@@ -208,6 +217,13 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     joins = np.zeros(len(it), dtype=np.int64)
     k = np.searchsorted(start, df["decode_start_s"].to_numpy())  # decode_start_s = the joining iteration's start
     np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
+    # a request that finished in iteration j leaves work to j + 1 where requests stayed (decode.leave_s_per_request):
+    # j is the last iteration starting before its finish (a simulated trace's finish is its row's end plus the
+    # CPU's gap)
+    leaves = np.zeros(len(it), dtype=np.int64)
+    j = np.searchsorted(start, df["finish_s"].to_numpy() - 1e-9, "left")  # = j + 1
+    np.add.at(leaves, j[(j > 0) & (j < len(it))], 1)
+    leaves[joins >= b] = 0  # every request of it new: the batch had emptied
     prefills = np.sort(df["prefill_start_s"].to_numpy())
     # the cadence of iteration i, to the next one's start, where the engine went straight on: no prefill
     # ran between them and the batch did not empty (every request of the next one new: it waited)
@@ -217,7 +233,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     went_on = joins[nxt] < b[nxt]
     keep = _evenly(i[no_prefill & went_on])
     busy = link_busy_at(df, start[keep])
-    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy)
+    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy, leaves[keep])
     blk["all"] = len(it)
     blk["start"] = start[keep]
     return blk
@@ -528,6 +544,17 @@ def _to_first_token_s(s, pre, dec, prompt: int) -> float:
 
 def _concat_items(items: list[dict]) -> dict:
     out = dict(items[0])
-    for key in ("meas", "batch", "ctx", "joins", "busy", "fixed0", "dequant_fixed0", "approx_fixed0", "lm_head"):
+    for key in (
+        "meas",
+        "batch",
+        "ctx",
+        "joins",
+        "leaves",
+        "busy",
+        "fixed0",
+        "dequant_fixed0",
+        "approx_fixed0",
+        "lm_head",
+    ):
         out[key] = np.concatenate([it[key] for it in items])
     return out

@@ -18,6 +18,7 @@ class FixedCost:
         self.kv_capacity_bytes = 1e12
         self.method = SimpleNamespace(dequantize_on_arrival=False)
         self.join_s_per_request = 0.0
+        self.leave_s_per_request = 0.0
         self.host_serial_s_per_iteration = serial_s
         self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
 
@@ -35,9 +36,11 @@ class Listener:
         pass
 
 
-def records(n: int, iterations: int = 10) -> Records:
-    """n requests of 100 prompt tokens and `iterations` decode iterations each, all arrived at 0."""
+def records(n: int, iterations: int | list[int] = 10) -> Records:
+    """n requests of 100 prompt tokens and `iterations` decode iterations each (or one count per request), all
+    arrived at 0."""
     one = np.ones(n)
+    iterations = np.asarray(iterations, dtype=np.float64) * one
     return Records(
         prompt=one * 100,
         output=one * (iterations + 1),

@@ -26,6 +26,7 @@ BASE = ROOT / "scenarios" / "measured" / "h200g_8b_sat.yaml"
 TRUE = {
     "decode.host_serial_s_per_iteration": 0.0004,
     "decode.join_s_per_request": 0.001,
+    "decode.leave_s_per_request": 0.0006,
     "prefill.prefill_efficiency": 0.8,
     "prefill.host_issue_s_per_iteration": 0.0025,
     "network.efficiency": 0.7,

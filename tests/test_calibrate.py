@@ -98,6 +98,7 @@ def test_fit_recovers_known_parameters_within_their_posterior_sd(simulated, fitt
     fit = fitted
     must = {
         "decode.host_serial_s_per_iteration",
+        "decode.leave_s_per_request",  # the iterations after a finish
         "prefill.prefill_efficiency",
         # the prefill floor per batch: its truth 2.5 ms lies 2.6 prior widths (hostcal's) from the scenario's 1.66,
         # which 8- and 32-layer runs cannot tell from the floor per layer: held, and the per-layer one within 3 sd

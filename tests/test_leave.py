@@ -1,0 +1,112 @@
+"""The iteration after a request leaves the batch (decode.leave_s_per_request).
+
+realrun keeps its batch slots dense: when a request finishes, the last running request's KV moves into its slot, in
+the next iteration (realrun/harness.py, `place`); the 27 h200_graphs recordings show those iterations 0.27-0.64 ms
+longer than their neighbours. The simulator adds the time to the first iteration after the finish; the timelines
+here are worked by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pandas as pd
+import pytest
+import simpy
+
+from decode_standins import FixedCost, Listener, records
+from simulator.decode import DecodeReplica
+
+
+def _finishes(leave_s: float, iterations: list[int]) -> list[float]:
+    """Requests of the given decode iterations (10 ms each): the first joins at 0, the others at the first
+    boundary (10 ms); leave_s per leaving request."""
+    env = simpy.Environment()
+    rec = records(len(iterations), iterations)
+    cost = FixedCost(0.010)
+    cost.leave_s_per_request = leave_s
+    rep = DecodeReplica(env, 0, cast(Any, cost), 64, rec)
+    rep.listener = Listener()
+    for rid in range(len(iterations)):
+        rep.reserve(1.0)
+        rep.arrive(rid)
+    env.run()
+    return [float(x) for x in rec.finish]
+
+
+def test_the_iteration_after_a_finish_carries_the_leave():
+    """Requests of 3, 5 and 5 iterations: the first leaves at 30 ms, the others (from 10 ms) at 60; with 2 ms per
+    leaver the iteration after 30 ms takes 12 ms: 62. Three leaving at 40 ms ([4, 3, 3, 5]): the next iteration
+    takes 6 ms more, the last request's fifth iteration ends at 66 ms."""
+    assert _finishes(0.0, [3, 5, 5]) == pytest.approx([0.030, 0.060, 0.060], abs=1e-12)
+    assert _finishes(0.002, [3, 5, 5]) == pytest.approx([0.030, 0.062, 0.062], abs=1e-12)
+    assert _finishes(0.002, [4, 3, 3, 5]) == pytest.approx([0.040, 0.040, 0.040, 0.066], abs=1e-12)
+
+
+def test_the_last_leaver_leaves_nothing_to_a_later_batch():
+    """When the batch empties, nobody moves: a request arriving later starts without the leave time."""
+    env = simpy.Environment()
+    rec = records(2, iterations=3)
+    cost = FixedCost(0.010)
+    cost.leave_s_per_request = 0.002
+    rep = DecodeReplica(env, 0, cast(Any, cost), 64, rec)
+    rep.listener = Listener()
+    rep.reserve(1.0)
+    rep.arrive(0)
+
+    def later():
+        yield env.timeout(0.100)
+        rep.reserve(1.0)
+        rep.arrive(1)
+
+    env.process(later())
+    env.run()
+    assert [float(x) for x in rec.finish] == pytest.approx([0.030, 0.130], abs=1e-12)
+
+
+def test_trace_items_count_the_leavers_of_the_iteration_before():
+    """Rows at 0, 10, 20, 30 ms (9 ms each; the CPU's gap after); a request finishing at the end of the second row
+    (or, in a simulated trace, after its gap) leaves work to the third."""
+    from simulator.fit_items import _iteration_block
+    from simulator.load import load_scenario
+    from simulator.run import resolve
+
+    it = pd.DataFrame(
+        {
+            "start_s": [0.0, 0.010, 0.020, 0.030],
+            "end_s": [0.009, 0.019, 0.029, 0.039],
+            "batch_size": [2, 2, 1, 1],
+            "context_tokens": [200, 202, 101, 102],
+        }
+    )
+    for finish in (0.019, 0.020):
+        df = pd.DataFrame(
+            {
+                "decode_start_s": [0.0, 0.0],
+                "finish_s": [finish, 0.039],
+                "prefill_start_s": [-1.0, -1.0],
+                "transfer_start_s": [-1.0, -1.0],
+                "transfer_end_s": [-0.5, -0.5],
+            }
+        )
+        s = load_scenario("scenarios/measured/h200g_8b_sat.yaml")
+        _, dec = resolve(s, "x").costs(s.methods[0])
+        blk = _iteration_block(df, it, dec)
+        assert list(blk["leaves"]) == [0, 0, 1], finish
+
+
+def test_leavers_followed_only_by_new_requests_leave_nothing():
+    """Request 0 (3 iterations) alone, request 1 waiting for a slot (max batch 1) joins as it leaves: nobody stayed,
+    nothing moves: 1 starts at 30 ms without the leave time."""
+    env = simpy.Environment()
+    rec = records(2, iterations=3)
+    cost = FixedCost(0.010)
+    cost.leave_s_per_request = 0.002
+    rep = DecodeReplica(env, 0, cast(Any, cost), 1, rec)
+    rep.slots_at_join = True
+    rep.listener = Listener()
+    for rid in (0, 1):
+        rep.reserve(1.0)
+        rep.arrive(rid)
+    env.run()
+    assert [float(x) for x in rec.finish] == pytest.approx([0.030, 0.060], abs=1e-12)

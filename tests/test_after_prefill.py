@@ -343,7 +343,7 @@ def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
                 "fitted": True,
                 "scope": p.scope,
                 "shape": p.shape,
-                "prior": {"centre": 0.0188, "width": p.prior_width},
+                "prior": {"centre": 0.0129, "width": p.prior_width},
             }
         },
         "provenance": {"traces": []},

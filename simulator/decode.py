@@ -473,7 +473,7 @@ class DecodeReplica:
         joined = self.joining  # _admit_joining gives the replica a fresh list
         # the work the last leavers left to this iteration, where requests stayed (none to move into their slots
         # otherwise)
-        leave_s = self.cost.leave_s_per_request * self._left if self.batch else 0.0
+        leave_s = self.cost.leave_s_per_request * self._left if self._left and self.batch else 0.0
         self._left = 0
         pending_s = self._admit_joining() + stall_s
         if wait:

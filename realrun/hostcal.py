@@ -326,11 +326,14 @@ def fit_host(paths) -> dict:
     (the previous iteration ended with a sync), so it adds to the loop gap: host_serial = gap + mean
     issue, and the issue terms are 0; an iteration that a request joins issues more (the joins' KV placement
     and slot bookkeeping): join_s_per_request = the mean, over groups, of (issue of an iteration with joins -
-    the group's mean issue without) / joins.  Rows with a busy link (link_load_gbps > 0) are left out."""
+    the group's mean issue without) / joins; and the iteration after requests left (the batch shrank: the last
+    running request's KV moves into a freed slot) likewise: leave_s_per_request = the mean, over groups, of (issue
+    of such an iteration - the group's mean issue of iterations whose batch neither grew nor shrank) / leavers.
+    Rows with a busy link (link_load_gbps > 0) are left out."""
     import numpy as np
     import pandas as pd
 
-    means, gaps, joins = [], [], []
+    means, gaps, joins, leaves = [], [], [], []
     graphs = False
     for path in paths:
         d = pd.read_csv(path)
@@ -351,6 +354,11 @@ def fit_host(paths) -> dict:
             means.append((key[1], key[2], float(issue[~grew].mean())))
             if grew.any() and (~grew).any():  # the host time a joining request adds to its first iteration
                 joins.append(float(((issue[grew] - issue[~grew].mean()) / joined[grew]).mean()))
+            left = np.r_[0, np.maximum(0, -np.diff(b))]
+            shrank = (left > 0) & ~grew
+            steady = (left == 0) & ~grew
+            if shrank.any() and steady.any():  # ... and a leaving one to the iteration after it
+                leaves.append(float(((issue[shrank] - issue[steady].mean()) / left[shrank]).mean()))
         if "start_s" in d.columns:
             for _, g in d.groupby(["method", "model", "layers", "pass"], sort=False):
                 dec = g[g.kind == "decode"].sort_values("start_s")
@@ -370,6 +378,7 @@ def fit_host(paths) -> dict:
             "host_issue_s_per_layer": 0.0,
             "host_serial_s_per_iteration": gap + issue,
             "join_s_per_request": float(np.mean(joins)) if joins else 0.0,
+            "leave_s_per_request": float(np.mean(leaves)) if leaves else 0.0,
             "issue_s": issue,
             "gap_s": gap,
             "groups": len(means),

@@ -28,24 +28,24 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # realrun.transient, not fitted): held out by configuration 4.4 -> 4.2 %, max 13.8 -> 13.0 %; by trace 4.3 -> 4.0 %.
 # The prefills' clock slowdown (decode.after_prefill_clock_fraction, the power cap, measured by realrun.transient with
 # the GPU's clock logged, not fitted): by configuration 4.24 -> 4.13 % (max 13.04 -> 13.00 %), by trace 4.05 -> 3.93 %.
-# The iteration after a request leaves (decode.leave_s_per_request, fitted): by configuration 4.13 -> 3.98 % (max
-# 13.00 -> 12.04 %), by trace 3.93 -> 3.75 % (max 12.4 -> 11.9 %).
+# The iteration after a request leaves (decode.leave_s_per_request, hostcal's 0.18 ms in the scenarios, fitted): by
+# configuration 4.13 -> 4.03 % (max 13.00 -> 12.44 %), by trace 3.93 -> 3.77 % (max 12.4 -> 11.9 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.75 + 2,
+    "jct_mean_abs_error_pct": 3.8 + 2,
     "jct_max_abs_error_pct": 11.9 + 2,
     "tpot_p50_mean_abs_error_pct": 4.0 + 2,
     "ttft_p50_mean_abs_error_pct": 6.3 + 2,
 }
 HELD_OUT_CONFIGURATION = {
     "jct_mean_abs_error_pct": 4.0 + 2,
-    "jct_max_abs_error_pct": 12.0 + 2,
+    "jct_max_abs_error_pct": 12.4 + 2,
     "tpot_p50_mean_abs_error_pct": 4.1 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.3 + 2,
+    "ttft_p50_mean_abs_error_pct": 7.5 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
-# Held out, one configuration is predicted worse than with no fit: 70b8l_2.5gbps, 3.2 against 2.5 % (with the clock
+# Held out, one configuration is predicted worse than with no fit: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
 # term; 3.1 against 2.6 % with the after-prefill term alone; before it 3.0 against 2.8 %; it was 2.85
 # against 2.87 %): the fit pulls the busy-link host factor from hostcal's 1.31 to 1.00, 3.1 prior widths, a conflict
 # `calibrate` lists; at hostcal's value that configuration is predicted at 2.1 %. (Before: 8b_2.5gbps, 9.5 against

@@ -110,3 +110,24 @@ def test_leavers_followed_only_by_new_requests_leave_nothing():
         rep.arrive(rid)
     env.run()
     assert [float(x) for x in rec.finish] == pytest.approx([0.030, 0.060], abs=1e-12)
+
+
+def test_hostcal_measures_the_leave_beside_the_join(tmp_path):
+    """hostcal rows of a graphs run: 0.25 ms of issue per iteration, 0.6 ms more per joining request in its first
+    iteration, 0.2 ms more per leaver in the iteration after the batch shrank: fit_host gives both back."""
+    from realrun.hostcal import fit_host
+
+    batches = [1, 2, 2, 3, 3, 3, 2, 2, 4, 4, 2, 2, 2]
+    rows, prev = [], 0
+    for b in batches:
+        issue = 0.00025 + 0.0006 * max(0, b - prev) + 0.0002 * max(0, prev - b)
+        rows.append(
+            dict(kind="decode", method="baseline", model="llama-3.1-8b", layers=2, decode_mode="graphs", **{"pass": 1})
+            | dict(batch_size=b, tokens=0, host_issue_s=issue, wall_s=0.001)
+        )
+        prev = b
+    p = tmp_path / "hostcal.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    got = fit_host([p])
+    assert got["leave_s_per_request"] == pytest.approx(0.0002, abs=1e-12)
+    assert got["host_serial_s_per_iteration"] > 0

@@ -97,6 +97,7 @@ def test_host_time_in_the_scenarios_comes_from_the_microbenchmark():
         assert dec["host_issue_s_per_iteration"] == 0 and dec["host_issue_s_per_layer"] == 0
         assert dec["host_serial_s_per_iteration"] == pytest.approx(fit["host_serial_s_per_iteration"], rel=0.02)
         assert dec["join_s_per_request"] == pytest.approx(fit["join_s_per_request"], rel=0.02)
+        assert dec["leave_s_per_request"] == pytest.approx(fit["leave_s_per_request"], rel=0.02)
 
 
 def test_prefill_host_floor_in_the_scenarios_comes_from_the_microbenchmark():

@@ -253,21 +253,26 @@ def _measure_mix(model, cfg, set_name: str, method: str, b: int, context: int, s
             h.close()
 
 
+def _mix_means(d):
+    """Per set, method and batch of --mix rows (a DataFrame): the mean iteration (s) of each kind, and the spread
+    batch's excess over the uniform one's (%, column `excess_pct`)."""
+    mean = d.groupby(["set", "method", "batch_size", "kind"])["wall_s"].mean().unstack("kind")
+    return mean.assign(excess_pct=(mean["spread"] / mean["uniform"] - 1.0) * 100.0)
+
+
 def _mix_summary(rows: list[dict]) -> str:
     """The spread batch's mean iteration against the uniform one's (ms, and the spread one's excess in %)."""
-    import statistics
+    import pandas as pd
 
-    mean = {k: statistics.mean(r["wall_s"] for r in rows if r["kind"] == k) for k in ("uniform", "spread")}
-    return f"uniform {mean['uniform'] * 1e3:.3f} ms, spread {mean['spread'] * 1e3:.3f} ms ({(mean['spread'] / mean['uniform'] - 1) * 100:+.2f} %)"
+    m = _mix_means(pd.DataFrame(rows)).iloc[0]
+    return f"uniform {m['uniform'] * 1e3:.3f} ms, spread {m['spread'] * 1e3:.3f} ms ({m['excess_pct']:+.2f} %)"
 
 
 def mix_excess(paths) -> dict[str, float]:
     """From --mix runs: per set, method and batch, the spread batch's mean iteration over the uniform one's, in %."""
     import pandas as pd
 
-    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
-    mean = d.groupby(["set", "method", "batch_size", "kind"])["wall_s"].mean().unstack("kind")
-    pct = (mean["spread"] / mean["uniform"] - 1.0) * 100.0
+    pct = _mix_means(pd.concat([pd.read_csv(p) for p in paths], ignore_index=True))["excess_pct"]
     return {f"{k[0]} {k[1]} B{k[2]}": round(float(v), 2) for k, v in pct.items()}
 
 

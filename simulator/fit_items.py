@@ -221,7 +221,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     # j is the last iteration starting before its finish (a simulated trace's finish is its row's end plus the
     # CPU's gap)
     leaves = np.zeros(len(it), dtype=np.int64)
-    j = np.searchsorted(start, df["finish_s"].to_numpy() - 1e-9, "left")  # = j + 1
+    j = np.searchsorted(start, df["finish_s"].to_numpy() - CSV_EPS_S, "left")  # = j + 1
     np.add.at(leaves, j[(j > 0) & (j < len(it))], 1)
     leaves[joins >= b] = 0  # every request of it new: the batch had emptied
     prefills = np.sort(df["prefill_start_s"].to_numpy())
@@ -239,19 +239,30 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     return blk
 
 
+# times written to a CSV and read back: an iteration starting as a prefill ends (or a request finishes) may read as
+# a hair before it
+CSV_EPS_S = 1e-9
+
+
+def _prefills_on_gpu(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each prefill's end on the shared GPU (its quantize's end) and its seconds there (from its start), in the
+    requests' order, those not prefilled left out."""
+    pre_end = df["quantize_end_s"].to_numpy(np.float64)
+    held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
+    ok = np.isfinite(held)
+    return pre_end[ok], held[ok]
+
+
 def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction: float, decay: float) -> np.ndarray:
     """The after-prefill time of the iterations starting at t (decode.after_prefill_slowdown_fraction, placement
     shared_gpu): after the last prefill that ended before t[i], of P seconds on the GPU (its start to its quantize's
     end), with j iterations started between its end and t[i], fraction x P x (1 - decay) x decay^j (a later prefill
     restarts it, as simulator/decode.py does)."""
-    pre_end = df["quantize_end_s"].to_numpy(np.float64)
-    held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
-    ok = np.isfinite(held)
-    pre_end, held = pre_end[ok], held[ok]
+    pre_end, held = _prefills_on_gpu(df)
     order = np.argsort(pre_end, kind="stable")
     pre_end, held = pre_end[order], held[order]
     out = np.zeros(len(t))
-    eps = 1e-9  # times written to a CSV and read back: an iteration starting as the prefill ends may read as before
+    eps = CSV_EPS_S
     last = np.searchsorted(pre_end, t + eps, "right") - 1  # the last prefill ended at or before t[i]
     has = last >= 0
     starts = it["start_s"].to_numpy(np.float64)
@@ -264,13 +275,9 @@ def clock_slowdown(df: pd.DataFrame, t: np.ndarray, fraction: float, tau_s: floa
     """The clock slowdown at times t (decode.after_prefill_clock_fraction, placement shared_gpu): over the prefills
     that ended at or before t[i], each of P seconds on the GPU (its start to its quantize's end), fraction x P / tau x
     exp(-(t[i] - its end) / tau), as simulator/decode.py counts it."""
-    pre_end = df["quantize_end_s"].to_numpy(np.float64)
-    held = pre_end - df["prefill_start_s"].to_numpy(np.float64)
-    ok = np.isfinite(held)
-    pre_end, held = pre_end[ok], held[ok]
-    eps = 1e-9  # as after_prefill_s: a CSV's rounding may put an iteration starting as the prefill ends before it
+    pre_end, held = _prefills_on_gpu(df)
     dt = t[:, None] - pre_end[None, :]
-    w = np.where(dt >= -eps, np.exp(-np.maximum(dt, 0.0) / tau_s), 0.0)
+    w = np.where(dt >= -CSV_EPS_S, np.exp(-np.maximum(dt, 0.0) / tau_s), 0.0)
     return fraction / tau_s * (w @ held)
 
 

@@ -73,6 +73,12 @@ def main(argv=None) -> int:
         help="shared_gpu: record each (method, rate) this many times back to back, same workload and seed "
         "(folders <label>_<method>_r<rate>_rep<k>): the run-to-run spread",
     )
+    ap.add_argument(
+        "--step-times",
+        action="store_true",
+        help="shared_gpu: time each decode iteration's parts (host issue; KV placement and the step graph on the GPU "
+        "by CUDA events) into steps.csv beside the trace",
+    )
     a = ap.parse_args(argv)
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -146,6 +152,7 @@ def main(argv=None) -> int:
         label=a.label,
         log=lambda s: print(s, flush=True),
         repeats=a.repeats,
+        step_times=a.step_times,
     )
     return 0 if len(written) == len(a.method) * len(a.rate) * a.repeats else 1
 

@@ -51,6 +51,9 @@
 #             FP16 and HACK at batch 32 (~150 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
+#   part steps: smoke, then h200g_8b_sat r9 (FP16, HACK), h200g_8b_mem r8.5 (HACK), h200g_70b8l_2.5gbps r10 (HACK),
+#             150 requests each, with --step-times: each iteration's host issue, KV placement and step graph on the GPU
+#             (steps.csv beside each trace), to split where the saturated recordings' iterations spend their time.
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HACKSIM_GIT_REV="${1:-unknown}"
@@ -89,7 +92,7 @@ step() {  # step LIMIT_S LABEL CMD...
 DEV=(); CHK8=(--model llama-3.1-8b --layers 2 --prompts 1000 333 1537); CHK70=(--model llama-3.1-70b --layers 2 --prompts 2500 333 1537)
 SMOKE=(--model llama-3.1-8b --layers 2 --prompt-range 256 600 --output-range 4 8)
 M8=(--model llama-3.1-8b); M70=(--model llama-3.1-70b --layers 8)
-N=150; LIMIT_RUN=75
+N=150; LIMIT_RUN=75; REC_EXTRA=()
 if [ "${REALRUN_SMOKE:-0}" = 1 ]; then   # CPU plumbing check of this script: tiny model, tiny lengths
   DEV=(--device cpu); CHK8=(--model tiny --layers 1 --prompts 40 97 130); CHK70=("${CHK8[@]}")
   SMOKE=(--model tiny --layers 1 --prompt-range 20 60 --output-range 2 3)
@@ -119,7 +122,7 @@ rec() {
   step "$lim" "$label" python3 -m realrun --method $meths "${model[@]}" --link-gbps "$link" \
     --rate "$@" --requests "$n" --seed 1 --kv-capacity-gib "$kv" --prefill-host-memory-gib "$parked" \
     "${sm[@]}" --max-decode-batch 64 --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
-    --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}"
+    --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}" "${REC_EXTRA[@]}"
 }
 smoke_or_stop() {
   step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
@@ -142,6 +145,13 @@ if [ "$PART" = noise ]; then
   rec h200g_8b_small M8 50 256 2048 32 256 16 16 150 80 3 "baseline hack" 5
   rec h200g_8b_small M8 50 256 2048 32 256 16 16 60 80 1 "kvquant" 5
   rec h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 180 150 3 "baseline hack" 8
+elif [ "$PART" = steps ]; then
+  # issue 28: where a saturated recording's iterations spend their time (steps.csv beside each trace)
+  smoke_or_stop
+  REC_EXTRA=(--step-times)
+  rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline hack" 9
+  rec h200g_8b_mem M8 50 1024 3072 192 448 8 16 90 150 1 "hack" 8.5
+  rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 90 150 1 "hack" 10
 elif [ "$PART" = hostlink ]; then
   # issue 28: the host time per decode iteration, per prefill and per quantize step with the link idle and busy at
   # the recordings' link rates, on the recordings' 32-layer 8B at their two prompt ranges (hostcal_link_*.csv)

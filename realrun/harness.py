@@ -84,6 +84,7 @@ class RunConfig:
     chunk_bytes: int = CHUNK_BYTES
     seed: int = 0
     time_limit_s: float = 600.0  # abort a run that never drains (an unstable rate)
+    step_times: bool = False  # time each iteration's parts on the GPU (CUDA events): Harness.step_rows
 
 
 @dataclass
@@ -126,6 +127,9 @@ class Harness:
         self.slots: list[_Req | None] = []
         self.host_issue: list[tuple[float, float]] = []  # (host time to issue, wall) per iteration
         self.moves: list[tuple[int, int]] = []  # (joins, compactions) per iteration
+        # with cfg.step_times, per iteration: (host issue s, KV placement on the GPU s, the step's graph on the GPU s,
+        # joins, compactions, batch bucket, context bucket)
+        self.step_rows: list[tuple] = []
 
     def close(self) -> None:
         if self.step is not None:
@@ -240,8 +244,14 @@ class Harness:
         t_start = self.now()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(dev)
+        timed = self.cfg.step_times and self.cuda
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if timed else []
         segs = self.place(joining)
+        if timed:
+            ev[0].record()
         kvcopy.kvcopy(segs, m.shape.layers, m.shape.kv_heads, dev)
+        if timed:
+            ev[1].record()
         for r in joining:
             r.recv = None
             r.t["decode_start_s"] = t_start
@@ -249,11 +259,21 @@ class Harness:
         n = len(run)
         stored = [r.stored for r in run]
         self.step.set_inputs([r.tok for r in run], stored)
-        self.step.run(n, max(stored) + 1)
+        if timed:
+            ev[2].record()
+        shape = self.step.run(n, max(stored) + 1)
+        if timed:
+            ev[3].record()
         t_issued = time.perf_counter() - self.t0
         t_end = self.now()
         toks = self.step.tok_out[:n].tolist()
         self.host_issue.append((t_issued - t_start, t_end - t_start))
+        if timed:
+            joins, moved = self.moves[-1]
+            self.step_rows.append(
+                (t_issued - t_start, ev[0].elapsed_time(ev[1]) / 1e3, ev[2].elapsed_time(ev[3]) / 1e3, joins, moved)
+                + tuple(shape)
+            )
         peak = torch.cuda.max_memory_allocated(dev) if self.cuda else 0
         finished = []
         for i, r in enumerate(run):

@@ -10,6 +10,7 @@ of 64 (split counts are the kernels' own choice, a function of the longest conte
 
 from __future__ import annotations
 
+import csv
 import platform
 import shlex
 import sys
@@ -94,6 +95,19 @@ def prime_prefill_attention(h: Harness, lengths: list[int]) -> None:
         h.method.prefill_attention(q, kv, kv)
     h._sync()
 
+
+# steps.csv (--step-times): per decode iteration the host's issue (its start to the graph launch), the KV placement's
+# and the step graph's GPU time (CUDA events around each launch), the joins and compactions, the bucket it ran at
+STEP_COLUMNS = [
+    "iteration",
+    "host_issue_s",
+    "place_gpu_s",
+    "step_gpu_s",
+    "joins",
+    "compactions",
+    "batch_bucket",
+    "context_bucket",
+]
 
 PREFILL_ATTENTION = {
     "baseline": "torch SDPA causal (flash)",
@@ -189,6 +203,7 @@ def _one_run(
     shape, cfg = h.model.shape, h.cfg
     h.host_issue.clear()
     h.moves.clear()
+    h.step_rows.clear()
     getattr(h.method, "quantize_events", []).clear()
     rows, iters, complete = h.run(work)
     meta = {
@@ -212,6 +227,11 @@ def _one_run(
         "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens),
     }
     write_trace(path, rows, iters, meta)
+    if h.step_rows:  # --step-times: beside the trace, one row per iteration (the iterations.csv order)
+        with open(path / "steps.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(STEP_COLUMNS)
+            w.writerows((i,) + tuple(r) for i, r in enumerate(h.step_rows))
     hi_ = h.host_issue or [(0.0, 0.0)]
     issue, wall = (sum(x[0] for x in hi_) / len(hi_), sum(x[1] for x in hi_) / len(hi_))
     fin = [r for r in rows if r[12] == r[12]]
@@ -263,6 +283,7 @@ def run_set(
     pack=None,
     log=print,
     repeats: int = 1,
+    step_times: bool = False,
 ) -> list[Path]:
     """Each method in turn on one model (weights built once): its warm-up, then one run per rate, `repeats`
     times back to back (the same workload and seed; the spread between them is the run-to-run noise of one
@@ -290,6 +311,7 @@ def run_set(
             time_limit_s=time_limit_s,
             decode_mode=decode_mode,
             prefill_host_memory_bytes=prefill_host_memory_gib * GIB,
+            step_times=step_times,
             **kw,
         )
         h = None

@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     import torch  # after argparse: --help stays fast
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.step_times and (device == "cpu" or a.placement == "separate"):
+        ap.error("--step-times times the GPU by CUDA events: placement shared_gpu on a CUDA device")
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
     if a.placement == "separate":

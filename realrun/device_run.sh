@@ -148,7 +148,7 @@ if [ "$PART" = noise ]; then
 elif [ "$PART" = steps ]; then
   # issue 28: where a saturated recording's iterations spend their time (steps.csv beside each trace)
   smoke_or_stop
-  REC_EXTRA=(--step-times)
+  [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)  # CUDA events: not on the smoke's CPU
   rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline hack" 9
   rec h200g_8b_mem M8 50 1024 3072 192 448 8 16 90 150 1 "hack" 8.5
   rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 90 150 1 "hack" 10

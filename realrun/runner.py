@@ -22,6 +22,7 @@ import torch
 
 from .harness import GIB, Harness, RunConfig
 from .model import RandomLlama, model_shape
+from .steps import STEP_COLUMNS
 from .trace import write_trace
 from .workload import Request, poisson_workload
 
@@ -95,19 +96,6 @@ def prime_prefill_attention(h: Harness, lengths: list[int]) -> None:
         h.method.prefill_attention(q, kv, kv)
     h._sync()
 
-
-# steps.csv (--step-times): per decode iteration the host's issue (its start to the graph launch), the KV placement's
-# and the step graph's GPU time (CUDA events around each launch), the joins and compactions, the bucket it ran at
-STEP_COLUMNS = [
-    "iteration",
-    "host_issue_s",
-    "place_gpu_s",
-    "step_gpu_s",
-    "joins",
-    "compactions",
-    "batch_bucket",
-    "context_bucket",
-]
 
 PREFILL_ATTENTION = {
     "baseline": "torch SDPA causal (flash)",

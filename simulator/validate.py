@@ -348,6 +348,32 @@ def validate(
         out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
         rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
+        steps = m.files[0].parent / "steps.csv"
+        if m.source == "realrun" and steps.exists():
+            out.update(_step_split(steps, dec, predicted_it))
+    return out
+
+
+def _step_split(steps: Path, dec, predicted_it: np.ndarray) -> dict:
+    """A step-timed recording (realrun --step-times: steps.csv beside the trace, realrun/steps.py) split into the
+    host's serial time per iteration (its steady iterations: no join, compaction or transfer; the loop gap before
+    each plus its issue) and the step graph's GPU time (every iteration, CUDA events), each against its price: the
+    scenario's host_serial_s_per_iteration and the iteration's price without it (the kernels' alone: on a shared
+    GPU the after-prefill slowdowns are in the measured GPU time, not in this price)."""
+    from realrun.steps import iteration_parts
+
+    try:
+        parts = iteration_parts(steps.parent)
+    except (KeyError, ValueError, pd.errors.ParserError) as e:
+        raise ScenarioError(f"{steps}: not a step-times file ({e})") from None
+    serial = parts.host_serial_s[(parts.kind == "steady") & parts.host_serial_s.notna()]
+    gpu = parts.step_gpu_s.to_numpy(float) + parts.place_gpu_s.to_numpy(float)
+    out: dict = {"step_gpu_s": {"measured_mean": float(gpu.mean()), "predicted_mean": float(predicted_it.mean())}}
+    out["step_gpu_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(gpu.mean()))
+    if len(serial):
+        priced = dec.host_serial_s_per_iteration
+        out["host_serial_s"] = {"measured_mean": float(serial.mean()), "predicted_mean": priced, "count": len(serial)}
+        out["host_serial_mean_error_pct"] = _err_pct(priced, float(serial.mean()))
     return out
 
 
@@ -388,6 +414,16 @@ def format_validation(v: dict) -> str:
                 "iteration_mean_error_pct",
             )
         )
+    for key, label in (("step_gpu_s", "step GPU mean (s)"), ("host_serial_s", "host serial mean (s)")):
+        if key in v:
+            rows.append(
+                row(
+                    label,
+                    f"{v[key]['measured_mean']:.5f}",
+                    f"{v[key]['predicted_mean']:.5f}",
+                    f"{key.removesuffix('_s')}_mean_error_pct",
+                )
+            )
     title = f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}"
     heads = ["metric", "measured", "simulated", "error"] + (["run-to-run"] if noise else [])
     text = render(table(heads, rows, title=title))

@@ -2,8 +2,8 @@
 
 A recording made with `python -m realrun ... --step-times` carries steps.csv beside its trace (realrun/runner.py,
 STEP_COLUMNS): per decode iteration the host's issue (from the iteration's start to the step graph's launch: slot
-bookkeeping, the KV placement's launch, the input copy) and, by CUDA events, the KV placement's and the step graph's
-time on the GPU. With the trace's own rows that splits every iteration into
+bookkeeping, the KV placement's launch, the input copy; with the four CUDA events' own few microseconds) and, by
+those events, the KV placement's and the step graph's time on the GPU. With the trace's own rows that splits every iteration into
 
   host serial   the loop's time between the previous iteration's end and this one's start (reading the tokens
                 back, bookkeeping, arrivals, admission) plus this iteration's issue: the GPU idles through both;

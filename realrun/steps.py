@@ -54,6 +54,12 @@ def iteration_parts(trace: str | Path):
     missing = [c for c in STEP_COLUMNS if c not in st.columns]
     if missing:
         raise ValueError(f"missing columns {', '.join(missing)}")
+    for col in STEP_COLUMNS:
+        v = pd.to_numeric(st[col], errors="coerce").to_numpy(float)
+        bad = ~np.isfinite(v) | (v < 0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"line {k + 2}: {col} {st[col].iloc[k]!r} is not a finite number >= 0")
     st = st.sort_values("iteration").reset_index(drop=True)
     if len(st) != len(it):
         raise ValueError(f"{len(st)} rows where iterations.csv has {len(it)}")

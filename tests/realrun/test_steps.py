@@ -101,6 +101,14 @@ def test_mismatch_and_cli(tmp_path, capsys):
         iteration_parts(tmp_path)
     assert main([str(tmp_path)]) == 2
     assert "steps.csv: 5 rows where iterations.csv has 6" in capsys.readouterr().err
+    for col, value in (("step_gpu_s", "x"), ("host_issue_s", -1.0), ("joins", float("nan"))):
+        _write(tmp_path)
+        st = pd.read_csv(tmp_path / "steps.csv")
+        st[col] = st[col].astype(object)
+        st.loc[3, col] = value
+        st.to_csv(tmp_path / "steps.csv", index=False)
+        assert main([str(tmp_path)]) == 2
+        assert f"steps.csv: line 5: {col}" in capsys.readouterr().err
     _write(tmp_path)
     assert main([str(tmp_path)]) == 0
     assert "join" in capsys.readouterr().out

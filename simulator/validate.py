@@ -473,6 +473,10 @@ SUMMARY_KEYS = (
     "kv_wait_mean_error_pct",
     "kv_wait_error_s",
 )
+HEADS = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration", "kv wait", "kv wait (s)")
+# step-timed recordings only (realrun --step-times): an index table shows them where a row has them
+STEP_KEYS = ("step_gpu_mean_error_pct", "host_serial_mean_error_pct")
+STEP_HEADS = ("step GPU", "host serial")
 
 
 class IndexRow(NamedTuple):
@@ -525,7 +529,7 @@ def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[Ind
 
 def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
     """Validate every trace an index lists (read_index).  One dict per trace: its name, scenario and the
-    SUMMARY_KEYS errors."""
+    SUMMARY_KEYS errors (and STEP_KEYS', None without steps.csv)."""
     rows = []
     for r in read_index(index_csv):
         v = validate(r.trace_path, r.scenario_path, overrides, r.method)
@@ -535,7 +539,7 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
                 "scenario": r.scenario,
                 "method": v["method"],
                 "requests": v["requests"],
-                **{k: v.get(k) for k in SUMMARY_KEYS},
+                **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
             }
         )
     return rows
@@ -544,17 +548,18 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
 def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     from reports.terminal import render, table
 
-    heads = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration", "kv wait", "kv wait (s)")
-    body = [[r["trace"], *(_cell(k, r[k]) for k in SUMMARY_KEYS)] for r in rows]
+    steps = any(r.get(k) is not None for r in rows for k in STEP_KEYS)
+    keys, heads = (SUMMARY_KEYS + STEP_KEYS, HEADS + STEP_HEADS) if steps else (SUMMARY_KEYS, HEADS)
+    body = [[r["trace"], *(_cell(k, r.get(k)) for k in keys)] for r in rows]
     summary = []
     for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
         vals = [
-            fn([abs(r[k]) for r in rows if r[k] is not None]) if any(r[k] is not None for r in rows) else None
-            for k in SUMMARY_KEYS
+            fn([abs(r[k]) for r in rows if r.get(k) is not None]) if any(r.get(k) is not None for r in rows) else None
+            for k in keys
         ]
-        summary.append([label, *(_cell(k, None if v is None else float(v)) for k, v in zip(SUMMARY_KEYS, vals))])
+        summary.append([label, *(_cell(k, None if v is None else float(v)) for k, v in zip(keys, vals))])
     if noise:
-        summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in SUMMARY_KEYS)])
+        summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in keys)])
     text = render(table(["trace", *heads], body, footer_rows=summary))
     if noise:
         text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"

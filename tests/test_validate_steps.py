@@ -62,3 +62,16 @@ def test_broken_steps_file_refused(tmp_path):
     r = invoke("validate", t, "--scenario", SCENARIO)
     assert assert_contract(r, names=("steps.csv",)) is not None
     assert np.isfinite(st.step_gpu_s).all()
+
+
+def test_index_table_columns(tmp_path):
+    from simulator.validate import format_validation_table
+
+    rows = [
+        {"trace": "a", **dict.fromkeys(("jct_mean_error_pct",), 1.0), "step_gpu_mean_error_pct": -2.0},
+        {"trace": "b", "jct_mean_error_pct": -3.0, "host_serial_mean_error_pct": 30.0},
+    ]
+    text = format_validation_table(rows)
+    assert "step GPU" in text and "host serial" in text and "+30.0%" in text
+    # without a step-timed trace the table keeps its columns
+    assert "step GPU" not in format_validation_table([{"trace": "a", "jct_mean_error_pct": 1.0}])

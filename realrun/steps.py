@@ -3,7 +3,8 @@
 A recording made with `python -m realrun ... --step-times` carries steps.csv beside its trace (realrun/runner.py,
 STEP_COLUMNS): per decode iteration the host's issue (from the iteration's start to the step graph's launch: slot
 bookkeeping, the KV placement's launch, the input copy; with the four CUDA events' own few microseconds) and, by
-those events, the KV placement's and the step graph's time on the GPU. With the trace's own rows that splits every iteration into
+those events, the KV placement's and the step graph's time on the GPU. With the trace's own rows that splits every
+iteration into
 
   host serial   the loop's time between the previous iteration's end and this one's start (reading the tokens
                 back, bookkeeping, arrivals, admission) plus this iteration's issue: the GPU idles through both;
@@ -12,8 +13,10 @@ those events, the KV placement's and the step graph's time on the GPU. With the 
 
 `iteration_parts` gives them per iteration with the iteration's kind: *join* (a request joins in it), *compaction*
 (a request left before it: the last running one's KV moves into its slot), *link busy* (a transfer in flight
-between its start and the next one's), else *steady*; a loop gap holding a prefill is left out. `summarise` gives per kind the means and medians, and for the steady ones the host serial's growth per
-running request (least squares over the batch sizes the run went through). Nothing here is fitted to a trace's
+between its start and the next one's), else *steady*; a loop gap holding a prefill is left out (`parts_of` does the
+same from frames already read: `validate` passes the trace it loaded). `summarise` gives per kind the means and
+medians, and for the steady ones the host serial's growth per running request (least squares over the batch sizes the
+run went through). Nothing here is fitted to a trace's
 request times.
 """
 
@@ -40,17 +43,25 @@ STEP_COLUMNS = [
 
 
 def iteration_parts(trace: str | Path):
-    """Per decode iteration of a trace with steps.csv (iterations.csv order): batch_size, host_issue_s,
-    place_gpu_s, step_gpu_s, loop_gap_s (its end to the next start; NaN for the last and where a prefill ran
-    between), host_serial_s (the loop gap before it plus its issue; NaN where that gap held a prefill), kind
-    (module doc)."""
-    import numpy as np
+    """Per decode iteration of a trace folder with steps.csv: parts_of its iterations.csv, requests.csv and
+    steps.csv."""
     import pandas as pd
 
     trace = Path(trace)
-    it = pd.read_csv(trace / "iterations.csv").sort_values("iteration").reset_index(drop=True)
-    rq = pd.read_csv(trace / "requests.csv")
-    st = pd.read_csv(trace / "steps.csv")
+    files = ("iterations.csv", "requests.csv", "steps.csv")
+    return parts_of(*(pd.read_csv(trace / f) for f in files))
+
+
+def parts_of(iterations, requests, steps):
+    """Per decode iteration (the iteration column's order): batch_size, host_issue_s, place_gpu_s, step_gpu_s,
+    loop_gap_s (its end to the next start; NaN for the last and where a prefill ran between), host_serial_s (the loop
+    gap before it plus its issue; NaN where that gap held a prefill), kind (module doc). ValueError names a bad
+    steps row or a count that does not match the iterations."""
+    import numpy as np
+    import pandas as pd
+
+    it = iterations.sort_values("iteration").reset_index(drop=True)
+    rq, st = requests, steps
     missing = [c for c in STEP_COLUMNS if c not in st.columns]
     if missing:
         raise ValueError(f"missing columns {', '.join(missing)}")

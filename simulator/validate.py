@@ -350,20 +350,20 @@ def validate(
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
         steps = m.files[0].parent / "steps.csv"
         if m.source == "realrun" and steps.exists():
-            out.update(_step_split(steps, dec, predicted_it))
+            out.update(_step_split(steps, m, dec, predicted_it))
     return out
 
 
-def _step_split(steps: Path, dec, predicted_it: np.ndarray) -> dict:
+def _step_split(steps: Path, m: Measured, dec, predicted_it: np.ndarray) -> dict:
     """A step-timed recording (realrun --step-times: steps.csv beside the trace, realrun/steps.py) split into the
     host's serial time per iteration (its steady iterations: no join, compaction or transfer; the loop gap before
     each plus its issue) and the step graph's GPU time (every iteration, CUDA events), each against its price: the
     scenario's host_serial_s_per_iteration and the iteration's price without it (the kernels' alone: on a shared
     GPU the after-prefill slowdowns are in the measured GPU time, not in this price)."""
-    from realrun.steps import iteration_parts
+    from realrun.steps import parts_of
 
     try:
-        parts = iteration_parts(steps.parent)
+        parts = parts_of(m.iterations, m.requests, pd.read_csv(steps))
     except (KeyError, ValueError, pd.errors.ParserError) as e:
         raise ScenarioError(f"{steps}: not a step-times file ({e})") from None
     serial = parts.host_serial_s[(parts.kind == "steady") & parts.host_serial_s.notna()]

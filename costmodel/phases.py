@@ -182,6 +182,9 @@ class ReplicaCostModel:
     # What the engine adds to the kernels' prices (an engine calibration, simulator/engine.py; see the module doc)
     join_s_per_request: float = 0.0  # decode: extra time of the iteration a request joins, per request
     leave_s_per_request: float = 0.0  # decode: extra time of the iteration after a request leaves, per request
+    # decode: the engine's KV copies inside the GPU at a batch change (a join's KV into its slot, a leaver's slot
+    # refilled), bytes per second one way; 0: none (placement_s)
+    kv_placement_bytes_per_s: float = 0.0
     prefill_efficiency: float = 1.0  # prefill: fraction of the priced GPU speed reached
     quantize_factor: float = 1.0  # the engine's quantize / dequantize / correction time over the
     dequantize_factor: float = 1.0  # profile's price
@@ -979,6 +982,15 @@ class ReplicaCostModel:
         if block <= 0:
             return reserve
         return kv_blocks(context_tokens, self.block_tokens) * block + reserve
+
+    def placement_s(self, context_tokens: float) -> float:
+        """GPU seconds the engine spends copying one request's KV of `context_tokens` tokens within the decode GPU
+        at a batch change (kv_placement_bytes_per_s; 0 where the engine makes no such copy): its decode memory
+        over the copy's rate (realrun.placecal measures the rate)."""
+        rate = self.kv_placement_bytes_per_s
+        if rate <= 0:
+            return 0.0
+        return self.kv_memory_bytes(max(1, int(round(context_tokens)))) / rate
 
     @property
     def block_bytes(self) -> float:

@@ -76,7 +76,8 @@ def main(argv=None) -> int:
         for method in a.methods:
             _measure(model_name, layers, method, tokens, repeats, a.launch_batch, dev, rows)
             _write(a.out, rows)
-            print(f"{model_name}:{layers} {method}: {_summary([r for r in rows if r['method'] == method])}", flush=True)
+            mine = [r for r in rows if r["method"] == method and r["set"] == f"{model_name}:{layers}"]
+            print(f"{model_name}:{layers} {method}: {_summary(mine)}", flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     _write(a.out, rows)

@@ -164,6 +164,8 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
             gpu = serial + (gpu - serial) * slow
         join = (v["decode.join_s_per_request"] * blk["joins"] + v["decode.leave_s_per_request"] * blk["leaves"]) * f
         pred = np.maximum(gpu, host) + join
+        if "place_s" in blk:  # the engine's KV copies at a batch change: GPU time at the scenario's rate
+            pred = pred + blk["place_s"]
         if wrt:
             g = (gpu >= host).astype(float)
             h = 1.0 - g

@@ -499,6 +499,17 @@ class PoolConfig(_Strict):
         "request (realrun keeps its batch slots dense: the last running request's KV moves into the slot a "
         "finished one left, in the next iteration; an engine's own bookkeeping of a finish)",
     )
+    kv_placement_gb_per_s: float = Field(
+        0.0,
+        ge=0,
+        le=1e6,
+        description="decode: the rate (GB/s, one way) at which the engine copies KV inside the decode GPU at a "
+        "batch change: each joining request's received KV into its batch slot, and after requests leave the "
+        "last running ones' KV into the slots they left (realrun keeps its slots dense: realrun/kvcopy.py); "
+        "that iteration takes the bytes over this rate longer (GPU time, beside join_s_per_request and "
+        "leave_s_per_request, the host's part). 0 (default): no such copy (the KV lands in its paged blocks, "
+        "as through vLLM's KV connectors)",
+    )
     prefill_efficiency: float = Field(
         1.0,
         gt=0,

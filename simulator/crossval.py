@@ -358,9 +358,18 @@ def format_cv(result: dict) -> str:
         )
     )
     if result["worse_than_no_fit"]:
+        by_name = {c["configuration"]: c for c in result["configurations"]}
+
+        def how_much(name: str) -> str:
+            c = by_name[name]
+            d = c["held_out_configuration_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
+            spread = c.get("run_to_run_jct_mean_pct")
+            noise = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
+            return f"{name} (by {d:.1f} points{noise})"
+
         parts.append(
             f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
-            + ", ".join(result["worse_than_no_fit"])
+            + ", ".join(how_much(n) for n in result["worse_than_no_fit"])
         )
     parts += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(parts)

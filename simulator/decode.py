@@ -473,7 +473,11 @@ class DecodeReplica:
         joined = self.joining  # _admit_joining gives the replica a fresh list
         # the work the last leavers left to this iteration, where requests stayed (none to move into their slots
         # otherwise)
-        leave_s = self.cost.leave_s_per_request * self._left if self._left and self.batch else 0.0
+        leave_s = 0.0
+        if self._left and self.batch:
+            leave_s = self.cost.leave_s_per_request * self._left
+            if self.cost.kv_placement_bytes_per_s > 0:  # the KV moved into their slots (kv_placement_gb_per_s)
+                leave_s += self._moves_s(self._left)
         self._left = 0
         pending_s = self._admit_joining() + stall_s
         if wait:
@@ -587,7 +591,11 @@ class DecodeReplica:
             return 0.0
         rec, k = self.rec, self.iteration
         arrival_s = 0.0
-        join_s = self.cost.join_s_per_request * len(self.joining)
+        cost = self.cost
+        join_s = cost.join_s_per_request * len(self.joining)
+        if cost.kv_placement_bytes_per_s > 0:  # each one's KV copied into its slot (kv_placement_gb_per_s)
+            for rid in self.joining:
+                join_s += cost.placement_s(int(rec.join_context[rid]))
         now = self.loop.now
         blocks, heap = self.blocks, self.finish_heap
         for rid in self.joining:
@@ -613,6 +621,15 @@ class DecodeReplica:
         self.cum[1] += arrival_s
         self.cum[0] += join_s  # likewise the engine's join work, as decode
         return arrival_s + join_s
+
+    def _moves_s(self, left: int) -> float:
+        """The KV copies after `left` requests left a batch that kept self.batch (kv_placement_gb_per_s): the
+        engine refills each slot a leaver left below the new batch size with the last running request's KV
+        (realrun.harness.place), in expectation left x batch / (batch + left) moves (the leavers' slots uniform
+        among the batch's) of a request at the batch's mean context."""
+        b = self.batch
+        mean_ctx = (self.ctx_offset + b * self.iteration) / b
+        return left * b / (b + left) * self.cost.placement_s(mean_ctx)
 
     def _iteration(self) -> Iteration:
         """The cost model's decode iteration at the batch's size, as an `Iteration`: from a table by batch size

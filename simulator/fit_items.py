@@ -139,7 +139,8 @@ def load_trace_data(
         return td
     df, iterations = m.requests, m.iterations
     if iterations is not None and len(iterations):
-        td.blocks["iteration"] = _iteration_block(df, iterations, dec)
+        from_decode = s.ttft_at == "decode" and s.placement != "colocated"  # as the simulator's join context
+        td.blocks["iteration"] = _iteration_block(df, iterations, dec, 0 if from_decode else 1)
         if s.placement == "shared_gpu":  # per unit of decode.after_prefill_slowdown_fraction (calibrate.predict)
             blk = td.blocks["iteration"]
             blk["after_prefill_unit_s"] = after_prefill_s(
@@ -210,13 +211,19 @@ def iteration_features(
     }
 
 
-def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
+def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens: int = 1) -> dict:
     start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
     b = it["batch_size"].to_numpy().astype(np.int64)
     ctx = it["context_tokens"].to_numpy().astype(np.float64)
     joins = np.zeros(len(it), dtype=np.int64)
     k = np.searchsorted(start, df["decode_start_s"].to_numpy())  # decode_start_s = the joining iteration's start
     np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
+    place = np.zeros(len(it))  # the engine's KV copies (decode.kv_placement_gb_per_s), GPU seconds, as the replica's
+    joined_ctx = np.zeros(len(it))  # the joiners' context in their first iteration (the simulator's join_context)
+    if dec.kv_placement_bytes_per_s > 0:
+        first = df["prompt_tokens"].to_numpy() + join_extra_tokens
+        np.add.at(place, np.clip(k, 0, len(it) - 1), [dec.placement_s(int(p)) for p in first])
+        np.add.at(joined_ctx, np.clip(k, 0, len(it) - 1), first)
     # a request that finished in iteration j leaves work to j + 1 where requests stayed (decode.leave_s_per_request):
     # j is the last iteration starting before its finish (a simulated trace's finish is its row's end plus the
     # CPU's gap)
@@ -224,6 +231,11 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     j = np.searchsorted(start, df["finish_s"].to_numpy() - CSV_EPS_S, "left")  # = j + 1
     np.add.at(leaves, j[(j > 0) & (j < len(it))], 1)
     leaves[joins >= b] = 0  # every request of it new: the batch had emptied
+    if dec.kv_placement_bytes_per_s > 0:  # after leavers, the expected moves (simulator/decode.py, _moves_s): of
+        # the requests that stayed, at their mean context in this iteration
+        for i in np.flatnonzero(leaves):
+            stay = b[i] - joins[i]
+            place[i] += leaves[i] * stay / (stay + leaves[i]) * dec.placement_s((ctx[i] - joined_ctx[i]) / stay)
     prefills = np.sort(df["prefill_start_s"].to_numpy())
     # the cadence of iteration i, to the next one's start, where the engine went straight on: no prefill
     # ran between them and the batch did not empty (every request of the next one new: it waited)
@@ -234,6 +246,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec) -> dict:
     keep = _evenly(i[no_prefill & went_on])
     busy = link_busy_at(df, start[keep])
     blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy, leaves[keep])
+    blk["place_s"] = place[keep]
     blk["all"] = len(it)
     blk["start"] = start[keep]
     return blk

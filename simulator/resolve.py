@@ -114,6 +114,7 @@ class PoolLayout:
     non_torch_override_bytes: float | None  # per GPU: replaces the non-torch estimate
     join_s_per_request: float = 0.0  # decode: the engine's extra time in the iteration a request joins
     leave_s_per_request: float = 0.0  # decode: ... and in the iteration after a request leaves
+    kv_placement_bytes_per_s: float = 0.0  # decode: the engine's KV copies at a batch change (0: none)
     prefill_efficiency: float = 1.0  # prefill: the fraction of the priced GPU speed the engine reaches
     gpu_derived: tuple[tuple[str, object, str], ...] = ()  # (field, value, rule) the GPU's spec left out
     warnings: tuple[str, ...] = ()  # roofline pricing, a profile for another GPU, derived GPU fields
@@ -160,6 +161,7 @@ class PoolLayout:
             non_torch_override_bytes=self.non_torch_override_bytes,
             join_s_per_request=self.join_s_per_request,
             leave_s_per_request=self.leave_s_per_request,
+            kv_placement_bytes_per_s=self.kv_placement_bytes_per_s,
             prefill_efficiency=self.prefill_efficiency,
             **engine,
         )
@@ -476,6 +478,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         non_torch_override_bytes=None if pool.non_torch_gib is None else pool.non_torch_gib * GIB,
         join_s_per_request=pool.join_s_per_request if name == "decode" else 0.0,
         leave_s_per_request=pool.leave_s_per_request if name == "decode" else 0.0,
+        kv_placement_bytes_per_s=pool.kv_placement_gb_per_s * 1e9 if name == "decode" else 0.0,
         prefill_efficiency=pool.prefill_efficiency if name == "prefill" else 1.0,
         gpu_derived=tuple((k, v["value"], v["rule"]) for k, v in derived.items()),
         warnings=tuple(warnings),

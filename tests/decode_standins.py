@@ -19,8 +19,13 @@ class FixedCost:
         self.method = SimpleNamespace(dequantize_on_arrival=False)
         self.join_s_per_request = 0.0
         self.leave_s_per_request = 0.0
+        self.kv_placement_bytes_per_s = 0.0
+        self.placement_s_per_token = 0.0  # what placement_s charges per context token (with a rate set)
         self.host_serial_s_per_iteration = serial_s
         self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
+
+    def placement_s(self, context_tokens: float) -> float:
+        return self.placement_s_per_token * context_tokens
 
     def iteration(self, batch_size: int) -> IterationCost:
         return self._it

@@ -30,17 +30,19 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # the GPU's clock logged, not fitted): by configuration 4.24 -> 4.13 % (max 13.04 -> 13.00 %), by trace 4.05 -> 3.93 %.
 # The iteration after a request leaves (decode.leave_s_per_request, hostcal's 0.18 ms in the scenarios, fitted): by
 # configuration 4.13 -> 4.03 % (max 13.00 -> 12.44 %), by trace 3.93 -> 3.77 % (max 12.4 -> 11.9 %).
+# The KV copies at a batch change (decode.kv_placement_gb_per_s, measured by realrun.placecal, not fitted): by
+# configuration 4.03 -> 3.95 % (max 12.44 -> 12.07 %), by trace 3.77 -> 3.70 % (max 11.9 -> 12.1 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.8 + 2,
-    "jct_max_abs_error_pct": 11.9 + 2,
+    "jct_mean_abs_error_pct": 3.7 + 2,
+    "jct_max_abs_error_pct": 12.1 + 2,
     "tpot_p50_mean_abs_error_pct": 4.0 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.3 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.4 + 2,
 }
 HELD_OUT_CONFIGURATION = {
     "jct_mean_abs_error_pct": 4.0 + 2,
-    "jct_max_abs_error_pct": 12.4 + 2,
+    "jct_max_abs_error_pct": 12.1 + 2,
     "tpot_p50_mean_abs_error_pct": 4.1 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.5 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
@@ -96,9 +98,10 @@ def test_dequantization_share_of_the_kvquant_traces(cv):
 
 # Two configurations no fit has seen (realrun/traces/h200_steps/index_new_configs.csv: the 8B HACK at 2 req/s, the
 # 70B-8L HACK at 25 req/s over 40 Gbps), mean |JCT error| over the two: no fit 8.2 %, the engine fitted on all 27
-# graph-mode traces 7.1 % (-4.5 and -9.6 %). Bound: achieved + 2, and the fit no worse than no fit there.
+# graph-mode traces 7.4 % (-4.5 and -10.3 %; 7.1 % before the KV copies: the 70B run's 200 joins at the fit's lower
+# join time). Bound: achieved + 2, and the fit no worse than no fit there.
 NEW_CONFIGS = ROOT / "realrun/traces/h200_steps/index_new_configs.csv"
-NEW_CONFIGS_FITTED_PCT = 7.1 + 2
+NEW_CONFIGS_FITTED_PCT = 7.4 + 2
 
 
 def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):

@@ -129,6 +129,11 @@ def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
     line_a = next(x for x in text.splitlines() if x.startswith("a ") and "WORSE" in x)
     assert "±3.2%" in line_a or "±3.3%" in line_a
     assert "not recorded" in next(x for x in text.splitlines() if x.startswith("b "))
+    # the flag says by how much, against the configuration's own run-to-run spread
+    flag = next(x for x in text.splitlines() if x.startswith("flag:"))
+    assert flag.endswith("a (by 0.3 points; its recordings' mean JCT spreads ±3.2 % run to run)") or flag.endswith(
+        "a (by 0.3 points; its recordings' mean JCT spreads ±3.3 % run to run)"
+    ), flag
 
 
 def _children(pid: int) -> set[int]:

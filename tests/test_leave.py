@@ -66,7 +66,7 @@ def test_the_last_leaver_leaves_nothing_to_a_later_batch():
 
 def test_trace_items_count_the_leavers_of_the_iteration_before():
     """Rows at 0, 10, 20, 30 ms (9 ms each; the CPU's gap after); a request finishing at the end of the second row
-    (or, in a simulated trace, after its gap) leaves work to the third."""
+    (or, in a simulated trace, after its gap) leaves work to the third, and its KV copies with it."""
     from simulator.fit_items import _iteration_block
     from simulator.load import load_scenario
     from simulator.run import resolve
@@ -83,6 +83,7 @@ def test_trace_items_count_the_leavers_of_the_iteration_before():
         df = pd.DataFrame(
             {
                 "decode_start_s": [0.0, 0.0],
+                "prompt_tokens": [99, 99],
                 "finish_s": [finish, 0.039],
                 "prefill_start_s": [-1.0, -1.0],
                 "transfer_start_s": [-1.0, -1.0],
@@ -93,6 +94,12 @@ def test_trace_items_count_the_leavers_of_the_iteration_before():
         _, dec = resolve(s, "x").costs(s.methods[0])
         blk = _iteration_block(df, it, dec)
         assert list(blk["leaves"]) == [0, 0, 1], finish
+        # the scenario's KV copies (decode.kv_placement_gb_per_s): the two joins' 100 tokens each (the prompt and
+        # the prefill's token) in the first row, half a move of the stayer at its 101 tokens in the third (its
+        # slot a coin flip from being the last), as the replica charges them (test_kv_placement_at_joins...)
+        assert dec.kv_placement_bytes_per_s > 0
+        want = [2 * dec.placement_s(100), 0.0, 0.5 * dec.placement_s(101)]
+        assert list(blk["place_s"]) == pytest.approx(want, rel=1e-12), finish
 
 
 def test_leavers_followed_only_by_new_requests_leave_nothing():
@@ -131,3 +138,46 @@ def test_hostcal_measures_the_leave_beside_the_join(tmp_path):
     got = fit_host([p])
     assert got["leave_s_per_request"] == pytest.approx(0.0002, abs=1e-12)
     assert got["host_serial_s_per_iteration"] > 0
+
+
+def _placed(per_token_s: float, iterations: list[int]) -> list[float]:
+    """Requests of 100 prompt tokens and the given decode iterations (10 ms each), the first joining at 0, the
+    others at the first boundary, with the engine's KV copies at a batch change costing per_token_s per context
+    token (decode.kv_placement_gb_per_s)."""
+    env = simpy.Environment()
+    rec = records(len(iterations), iterations)
+    cost = FixedCost(0.010)
+    cost.kv_placement_bytes_per_s = 1.0 if per_token_s else 0.0
+    cost.placement_s_per_token = per_token_s
+    rep = DecodeReplica(env, 0, cast(Any, cost), 64, rec)
+    rep.listener = Listener()
+    for rid in range(len(iterations)):
+        rep.reserve(1.0)
+        rep.arrive(rid)
+    env.run()
+    return [float(x) for x in rec.finish]
+
+
+def test_kv_placement_at_joins_and_after_leavers():
+    """10 us per token: the first request's 100 tokens placed before the first iteration (1 ms: it ends at 11 ms),
+    the second's before the second (22 ms); the first request's third iteration ends at 32 ms and it leaves. The
+    batch keeps one: an even chance the leaver's slot was the last (nothing moves), so half a move of the stayer at
+    its 102 tokens (joined at 100 in iteration 1, now iteration 3): 0.51 ms before the fourth iteration (42.51 ms);
+    the second request's fifth and last iteration ends at 62.51 ms. Without a rate, no copy time at all
+    (leave_s_per_request is 0 here either way)."""
+    assert _placed(0.0, [3, 5]) == pytest.approx([0.030, 0.060], abs=1e-12)
+    assert _placed(1e-5, [3, 5]) == pytest.approx([0.032, 0.06251], abs=1e-12)
+
+
+def test_placement_prices_a_requests_decode_memory_over_the_rate():
+    """The FP16 8B holds 32 layers x 8 KV heads x 128 x (K, V) x 2 B = 131,072 B per token (blocks of one token):
+    2,048 tokens over the measured scenario's 870 GB/s is 0.3086 ms; a scenario without the field copies nothing."""
+    from simulator.load import load_scenario
+    from simulator.run import resolve
+
+    s = load_scenario("scenarios/measured/h200g_8b_sat.yaml")
+    _, dec = resolve(s, "x").costs(next(m for m in s.methods if m.name == "baseline"))
+    assert dec.placement_s(2048) == pytest.approx(2048 * 131072 / 870e9, rel=1e-12)
+    s0 = s.model_copy(update={"decode": s.decode.model_copy(update={"kv_placement_gb_per_s": 0.0})})
+    _, dec0 = resolve(s0, "x").costs(next(m for m in s0.methods if m.name == "baseline"))
+    assert dec0.placement_s(2048) == 0.0

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -54,6 +54,8 @@
 #   part steps: smoke, then h200g_8b_sat r9 (FP16, HACK), h200g_8b_mem r8.5 (HACK), h200g_70b8l_2.5gbps r10 (HACK),
 #             150 requests each, with --step-times: each iteration's host issue, KV placement and step graph on the GPU
 #             (steps.csv beside each trace), to split where the saturated recordings' iterations spend their time.
+#   part long: smoke, then h200g_8b_long r1 (8-16K-token prompts, 64-256-token outputs, 40 requests; every method,
+#             step-timed): a configuration never measured (~350 s).
 #   part place: realrun.placecal, the KV placement copy (joins and moves, 256-16,384 tokens) against its bytes and the
 #             step graph's launch CPU time: the 32- and 8-layer 8B and the 8-layer 70B, every method (~120 s).
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -229,6 +231,11 @@ elif [ "$PART" = xfer ]; then
     --out "$OUT/xfer_8b.csv" "${TR[@]}"
   step 200 xfer_70b python3 -m realrun.transient --xfer-gbps 2.5 10 40 --methods baseline hack --batches 32 \
     --out "$OUT/xfer_70b.csv" "${TR70[@]}"
+elif [ "$PART" = long ]; then
+  # issue 28: a configuration never measured, long prompts (8-16K tokens): does the calibration carry there
+  smoke_or_stop
+  [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
+  rec h200g_8b_long M8 40 8192 16384 64 256 32 16 420 40 1 "baseline kvquant hack" 1
 elif [ "$PART" = place ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then PC=(--smoke); else PC=(); fi
   step 300 placecal python3 -m realrun.placecal --out "$OUT/placecal.csv" "${PC[@]}"

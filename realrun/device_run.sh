@@ -54,8 +54,8 @@
 #   part steps: smoke, then h200g_8b_sat r9 (FP16, HACK), h200g_8b_mem r8.5 (HACK), h200g_70b8l_2.5gbps r10 (HACK),
 #             150 requests each, with --step-times: each iteration's host issue, KV placement and step graph on the GPU
 #             (steps.csv beside each trace), to split where the saturated recordings' iterations spend their time.
-#   part long: smoke, then h200g_8b_long r1 (8-16K-token prompts, 64-256-token outputs, 40 requests; every method,
-#             step-timed): a configuration never measured (~350 s).
+#   part long: smoke, then h200g_8b_long r1 (8-16K-token prompts, 64-256-token outputs, 40 requests, decode batches
+#             to 32; every method, step-timed): a configuration never measured (~300 s).
 #   part place: realrun.placecal, the KV placement copy (joins and moves, 256-16,384 tokens) against its bytes and the
 #             step graph's launch CPU time: the 32- and 8-layer 8B and the 8-layer 70B, every method (~120 s).
 # Each step's limit is cut to what is left of BUDGET_S, so the call ends inside its 600 s.
@@ -125,7 +125,7 @@ rec() {
   # shellcheck disable=SC2086  # METHODS is a word list
   step "$lim" "$label" python3 -m realrun --method $meths "${model[@]}" --link-gbps "$link" \
     --rate "$@" --requests "$n" --seed 1 --kv-capacity-gib "$kv" --prefill-host-memory-gib "$parked" \
-    "${sm[@]}" --max-decode-batch 64 --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
+    "${sm[@]}" --max-decode-batch "${MAXB:-64}" --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
     --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}" "${REC_EXTRA[@]}"
 }
 smoke_or_stop() {
@@ -235,6 +235,7 @@ elif [ "$PART" = long ]; then
   # issue 28: a configuration never measured, long prompts (8-16K tokens): does the calibration carry there
   smoke_or_stop
   [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
+  MAXB=32  # the slot pool holds max batch x 16.7K tokens: 64 FP16 slots would not fit; 32 GiB of KV holds <= 31
   rec h200g_8b_long M8 40 8192 16384 64 256 32 16 420 40 1 "baseline kvquant hack" 1
 elif [ "$PART" = place ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then PC=(--smoke); else PC=(); fi

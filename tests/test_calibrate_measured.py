@@ -116,3 +116,28 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
     mean_fitted, mean_none = sum(fitted) / 2, sum(none) / 2
     assert mean_fitted <= NEW_CONFIGS_FITTED_PCT, (fitted, none)
     assert mean_fitted <= mean_none, (fitted, none)
+
+
+# A third configuration no fit has seen, long prompts (realrun/traces/h200_long: the 8B at 8-16K tokens, 1 req/s,
+# every method): no fit FP16 +0.4, KVQuant-style -2.2, HACK +4.4 % (mean 2.3 %); the engine fitted on the 27 traces
+# -0.1, +1.4, +13.3 % (mean 4.9 %): its prefill efficiency (0.947, fitted on prompts of up to 4K tokens) prices HACK's
+# long prefills 5.5 % long, where realrun.prefillcal measures them at their profiled price (HACK's prefill does not
+# pull the clock into the power cap as FP16's does). A known gap, stated: the bounds are achieved + 2, and HACK's
+# fitted error is pinned above its no-fit one, so fixing it has to change this test.
+LONG = ROOT / "realrun/traces/h200_long/index.csv"
+LONG_NO_FIT_PCT, LONG_FITTED_PCT = 2.3 + 2, 4.9 + 2
+
+
+def test_long_prompts_against_no_fit(cv):
+    from simulator.validate import read_index, validate
+
+    values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
+    fitted, none = {}, {}
+    for row in read_index(LONG):
+        key = row.trace_path.name.split("_")[3]
+        fitted[key] = validate(row.trace_path, row.scenario_path, engine_values=values)["jct_mean_error_pct"]
+        none[key] = validate(row.trace_path, row.scenario_path)["jct_mean_error_pct"]
+    assert sorted(fitted) == ["baseline", "hack", "kvquant"]
+    assert sum(abs(x) for x in none.values()) / 3 <= LONG_NO_FIT_PCT, none
+    assert sum(abs(x) for x in fitted.values()) / 3 <= LONG_FITTED_PCT, fitted
+    assert fitted["hack"] > none["hack"] + 5, (fitted, none)  # the gap above

@@ -15,7 +15,10 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   iterations that the GPU waits for (an engine that synchronises on each iteration's tokens and then
   schedules the next) adds decode.host_serial_s_per_iteration to every iteration.
 * What an engine adds to the kernels' prices (an engine calibration fitted from its measured runs,
-  simulator/engine.py): its prefill reaches ``prefill_efficiency`` of the priced GPU speed and, issued
+  simulator/engine.py): its prefill reaches ``prefill_efficiency`` of the priced GPU speed on the model's work
+  (dense layers, FP16 attention, LM head, the quantize inside a homomorphic forward: the kernels that hold the
+  H200 in its power cap) while HACK's homomorphic attention runs at its profiled price (realrun.prefillcal:
+  realrun/traces/h200_transient/prefillcal.csv) and, issued
   from the CPU, lasts at least the prefill pool's host_issue_s_* time; its quantize, dequantize and
   homomorphic-correction steps take ``*_factor`` times the profile's price, its own prefill launches add
   ``method_prefill_issue_s_per_layer`` to the prefill host floor, its quantize step lasts at least
@@ -437,19 +440,16 @@ class ReplicaCostModel:
         attn_s, approx_s, codes = self._attention_block(0, L)
         # _prefill
         attn_s = attn_s + (self.approximation_factor - 1.0) * approx_s
-        approx_s = approx_s * (self.approximation_factor / self.prefill_efficiency)
+        approx_s = approx_s * self.approximation_factor
         dense_s = self.dense_layer_block(lo, hi)
+        own_s = np.where(codes == _HOMOMORPHIC, attn_s, 0.0)  # the homomorphic kernel: at its profiled price
         in_forward = (codes == _HOMOMORPHIC) & (L > 0)  # quantized inside the forward (_prefill)
         any_in_forward = bool(in_forward.any()) and method.encode is not None
+        model_s = dense_s + (attn_s - own_s)
         if any_in_forward:
             forward_encode_s = self._encode_layer_s(L) * self.quantize_factor
-            layer_s = np.where(
-                in_forward,
-                (dense_s + attn_s + forward_encode_s) / self.prefill_efficiency,
-                (dense_s + attn_s) / self.prefill_efficiency,
-            )
-        else:
-            layer_s = (dense_s + attn_s) / self.prefill_efficiency
+            model_s = np.where(in_forward, model_s + forward_encode_s, model_s)
+        layer_s = model_s / self.prefill_efficiency + own_s
         per_batch = k.batch.get(1)
         if per_batch is None:
             per_batch = k.batch[1] = (self._lm_head_s(1) / self.prefill_efficiency, self.prefill_host_s(1))
@@ -555,6 +555,24 @@ class ReplicaCostModel:
                 attn_s += self._cached_to_fp16_s(restored)
         return attn_s, approx_s, forms
 
+    def _homomorphic_attention_s(
+        self,
+        prompt_tokens: tuple[int, ...],
+        cached_tokens: tuple[int, ...] | None,
+        forms: tuple[str, ...],
+        attn_s: float,
+    ) -> float:
+        """Of one layer's prefill attention `attn_s` (the correction factor applied), the homomorphic form's kernel:
+        all of it where every prompt took that form, else that form's launch over its prompts alone."""
+        if all(f == "homomorphic" for f in forms):
+            return attn_s
+        keep = [i for i, f in enumerate(forms) if f == "homomorphic"]
+        t, approx, _ = self.prefill_attention_s(
+            tuple(prompt_tokens[i] for i in keep),
+            None if cached_tokens is None else tuple(cached_tokens[i] for i in keep),
+        )
+        return t + (self.approximation_factor - 1.0) * approx
+
     def _prefill_terms(self) -> _PrefillTerms:
         """What pricing a prefill batch needs that does not depend on the batch, looked up once."""
         k = self._memo.get("prefill_terms")
@@ -604,20 +622,22 @@ class ReplicaCostModel:
         m, k = self.model, self._prefill_terms()
         tokens = sum(prompt_tokens) if cached_tokens is None else sum(prompt_tokens) - sum(cached_tokens)
         attn_s, approx_s, forms = self.prefill_attention_s(prompt_tokens, cached_tokens)
-        # the engine: its correction against the profile's, its GPU speed against the priced one
+        # the engine: its correction against the profile's, its GPU speed against the priced one on the model's work;
+        # the homomorphic attention kernel (its correction included) at its profiled price (module doc)
         attn_s += (self.approximation_factor - 1.0) * approx_s
-        approx_s *= self.approximation_factor / self.prefill_efficiency
+        approx_s *= self.approximation_factor
+        own_s = 0.0
         # a homomorphic prompt's KV is quantized inside the forward, layer by layer, before its attention reads the
         # codes; the step after the forward only packs them (`_encode_s`)
         in_forward = 0
         if "homomorphic" in forms:
+            own_s = self._homomorphic_attention_s(prompt_tokens, cached_tokens, forms, attn_s)
             news = prompt_tokens if cached_tokens is None else [L - c for L, c in zip(prompt_tokens, cached_tokens)]
             in_forward = sum(n for n, f in zip(news, forms) if f == "homomorphic")
+        model_s = self._dense_layer_s(tokens) + (attn_s - own_s)
         if in_forward:
-            forward_encode_s = self._encode_layer_s(in_forward) * self.quantize_factor
-            layer_s = (self._dense_layer_s(tokens) + attn_s + forward_encode_s) / self.prefill_efficiency
-        else:
-            layer_s = (self._dense_layer_s(tokens) + attn_s) / self.prefill_efficiency
+            model_s += self._encode_layer_s(in_forward) * self.quantize_factor
+        layer_s = model_s / self.prefill_efficiency + own_s
         n = len(prompt_tokens)
         per_batch = k.batch.get(n)
         if per_batch is None:

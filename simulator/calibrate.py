@@ -184,9 +184,10 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
                 "decode.host_issue_s_per_request": h * blk["batch"] * f,
             }
     elif kind == "prefill":
-        work = blk["gpu0"] + (fa - 1.0) * blk["approx0"]
+        # the model's work at the engine's speed, the method's own kernels (its correction among them) as profiled
+        model = blk.get("model0", blk["gpu0"])
         eff = v["prefill.prefill_efficiency"]
-        gpu = work / eff + blk["hop"]
+        gpu = model / eff + (blk["gpu0"] - model) + (fa - 1.0) * blk["approx0"] + blk["hop"]
         mi = v.get(f"methods.{m}.prefill_issue_s_per_layer", 0.0)
         host = (
             v["prefill.host_issue_s_per_iteration"]
@@ -199,8 +200,8 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
             h = 1.0 - g
             host_s = h * host
             d = {
-                "prefill.prefill_efficiency": -g * work / eff**2,
-                f"methods.{m}.approximation": g * blk["approx0"] / eff,
+                "prefill.prefill_efficiency": -g * model / eff**2,
+                f"methods.{m}.approximation": g * blk["approx0"],
                 "prefill.host_issue_s_per_iteration": h * f,
                 "prefill.host_issue_s_per_layer": h * blk["layers"] * f,
                 f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * f,

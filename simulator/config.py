@@ -515,7 +515,8 @@ class PoolConfig(_Strict):
         gt=0,
         le=1,
         description="prefill: the fraction of the profile-priced GPU "
-        "speed the engine's prefill reaches (its time is the priced time over this)",
+        "speed the engine's prefill reaches on the model's work (dense layers, FP16 attention, LM head: its time "
+        "is the priced time over this); HACK's homomorphic attention kernel runs at its profiled price",
     )
 
     @model_validator(mode="before")

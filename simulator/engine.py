@@ -159,9 +159,10 @@ PARAMETERS: dict[str, Parameter] = {
             "prefill.prefill_efficiency",
             (0.05, 1.0),
             "fraction",
-            "the fraction of the profile-priced GPU speed the engine's prefill reaches",
+            "the fraction of the profile-priced GPU speed the engine's prefill reaches on the model's work (HACK's "
+            "homomorphic attention runs at its profiled price)",
             scope="gpu",
-            shape="per token (divides the priced GPU work)",
+            shape="per token (divides the priced GPU work of the model)",
             prior_width=0.1,
             neutral=1.0,
         ),

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -337,9 +337,14 @@ def prefill_block(
     costs = [pre.prefill(p) for p in prompts]
     hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
     latency0 = np.array([c.latency_s for c in costs])
+    # the part prefill_efficiency divides (the model's work, not the method's own kernels: costmodel/phases.py), from
+    # the price at half the speed: model / 0.5 - model / 1
+    half = replace(pre, prefill_efficiency=0.5)
+    model0 = np.array([half.prefill(p).latency_s for p in prompts]) - latency0
     return {
         "meas": meas,
         "gpu0": latency0 - hop,
+        "model0": model0,
         "approx0": np.array([c.approximation_s for c in costs]),
         "hop": hop,
         "requests": np.array([len(p) for p in prompts], dtype=np.float64),

@@ -32,29 +32,34 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # configuration 4.13 -> 4.03 % (max 13.00 -> 12.44 %), by trace 3.93 -> 3.77 % (max 12.4 -> 11.9 %).
 # The KV copies at a batch change (decode.kv_placement_gb_per_s, measured by realrun.placecal, not fitted): by
 # configuration 4.03 -> 3.95 % (max 12.44 -> 12.07 %), by trace 3.77 -> 3.70 % (max 11.9 -> 12.1 %).
+# The prefill efficiency on the model's work only, HACK's homomorphic attention at its profiled price (realrun.prefillcal:
+# HACK's prefill is not power-capped; for the long prompts of realrun/traces/h200_long): by configuration 3.95 -> 4.18 %
+# (max 12.07 -> 13.35 %), by trace 3.70 -> 3.85 % (max 12.1 -> 13.3 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.7 + 2,
-    "jct_max_abs_error_pct": 12.1 + 2,
+    "jct_mean_abs_error_pct": 3.9 + 2,
+    "jct_max_abs_error_pct": 13.3 + 2,
     "tpot_p50_mean_abs_error_pct": 4.0 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.4 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.8 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 4.0 + 2,
-    "jct_max_abs_error_pct": 12.1 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.1 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
+    "jct_mean_abs_error_pct": 4.2 + 2,
+    "jct_max_abs_error_pct": 13.4 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.3 + 2,
+    "ttft_p50_mean_abs_error_pct": 7.6 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
-# Held out, one configuration is predicted worse than with no fit: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
+# Held out, since the prefill efficiency leaves HACK's homomorphic attention at its profiled price (docs/calibration.md,
+# "Long prompts"), 8b_2.5gbps is predicted worse than with no fit too: 5.86 against 5.71 % (by 0.15 points; its
+# recordings spread +-9.9 % across sessions). Before that, one: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
 # term; 3.1 against 2.6 % with the after-prefill term alone; before it 3.0 against 2.8 %; it was 2.85
 # against 2.87 %): the fit pulls the busy-link host factor from hostcal's 1.31 to 1.00, 3.1 prior widths, a conflict
 # `calibrate` lists; at hostcal's value that configuration is predicted at 2.1 %. (Before: 8b_2.5gbps, 9.5 against
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps"]
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps", "h200g_8b_2.5gbps"]
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +125,13 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
 
 # A third configuration no fit has seen, long prompts (realrun/traces/h200_long: the 8B at 8-16K tokens, 1 req/s,
 # every method): no fit FP16 +0.4, KVQuant-style -2.2, HACK +4.4 % (mean 2.3 %); the engine fitted on the 27 traces
-# -0.1, +1.4, +13.3 % (mean 4.9 %): its prefill efficiency (0.947, fitted on prompts of up to 4K tokens) prices HACK's
-# long prefills 5.5 % long, where realrun.prefillcal measures them at their profiled price (HACK's prefill does not
-# pull the clock into the power cap as FP16's does). A known gap, stated: the bounds are achieved + 2, and HACK's
-# fitted error is pinned above its no-fit one, so fixing it has to change this test.
+# -0.0, +1.3, +9.2 % (mean 3.5 %; -0.1, +1.4, +13.3 % while the prefill efficiency, 0.947 from prompts of up to 4K
+# tokens, divided HACK's homomorphic attention too, which realrun.prefillcal finds at its profiled price: HACK's prefill
+# does not pull the clock into the power cap as FP16's does). HACK's prefill is still priced 2.9 % long there (its
+# GEMMs take the efficiency). A known gap, stated: the bounds are achieved + 2, and HACK's fitted error is pinned
+# above its no-fit one, so fixing it has to change this test.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
-LONG_NO_FIT_PCT, LONG_FITTED_PCT = 2.3 + 2, 4.9 + 2
+LONG_NO_FIT_PCT, LONG_FITTED_PCT = 2.3 + 2, 3.5 + 2
 
 
 def test_long_prompts_against_no_fit(cv):
@@ -140,4 +146,4 @@ def test_long_prompts_against_no_fit(cv):
     assert sorted(fitted) == ["baseline", "hack", "kvquant"]
     assert sum(abs(x) for x in none.values()) / 3 <= LONG_NO_FIT_PCT, none
     assert sum(abs(x) for x in fitted.values()) / 3 <= LONG_FITTED_PCT, fitted
-    assert fitted["hack"] > none["hack"] + 5, (fitted, none)  # the gap above
+    assert fitted["hack"] > none["hack"] + 3, (fitted, none)  # the gap above

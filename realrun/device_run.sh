@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | prefill
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -56,6 +56,8 @@
 #             (steps.csv beside each trace), to split where the saturated recordings' iterations spend their time.
 #   part long: smoke, then h200g_8b_long r1 (8-16K-token prompts, 64-256-token outputs, 40 requests, decode batches
 #             to 32; every method, step-timed): a configuration never measured (~300 s).
+#   part long70: smoke, then h200g_70b8l_long r1.5 (8 layers of the 70B, 6-12K-token prompts, 64-256-token outputs,
+#             60 requests, every method, step-timed): a configuration never measured (~330 s).
 #   part prefill: realrun.prefillcal, the harness's prefill alone at 1-16K tokens, FP16 and HACK on the 32-layer 8B,
 #             back to back and rested, the GPU's clocks and power logged every 100 ms (smi_prefill.csv) (~150 s).
 #   part place: realrun.placecal, the KV placement copy (joins and moves, 256-16,384 tokens) against its bytes and the
@@ -239,6 +241,11 @@ elif [ "$PART" = long ]; then
   [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
   MAXB=32  # the slot pool holds max batch x 16.7K tokens: 64 FP16 slots would not fit; 32 GiB of KV holds <= 31
   rec h200g_8b_long M8 40 8192 16384 64 256 32 16 420 40 1 "baseline kvquant hack" 1
+elif [ "$PART" = long70 ]; then
+  # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
+  smoke_or_stop
+  [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
+  rec h200g_70b8l_long M70 25 6144 12288 64 256 24 16 420 60 1 "baseline kvquant hack" 1.5
 elif [ "$PART" = prefill ]; then
   # issue 28: the prefill alone by prompt length, back to back and rested, with the GPU's clocks logged (smi.csv)
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then PF=(--smoke); else PF=(); fi

@@ -123,27 +123,34 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
     assert mean_fitted <= mean_none, (fitted, none)
 
 
-# A third configuration no fit has seen, long prompts (realrun/traces/h200_long: the 8B at 8-16K tokens, 1 req/s,
-# every method): no fit FP16 +0.4, KVQuant-style -2.2, HACK +4.4 % (mean 2.3 %); the engine fitted on the 27 traces
-# -0.0, +1.3, +9.2 % (mean 3.5 %; -0.1, +1.4, +13.3 % while the prefill efficiency, 0.947 from prompts of up to 4K
-# tokens, divided HACK's homomorphic attention too, which realrun.prefillcal finds at its profiled price: HACK's prefill
-# does not pull the clock into the power cap as FP16's does). HACK's prefill is still priced 2.9 % long there (its
-# GEMMs take the efficiency). A known gap, stated: the bounds are achieved + 2, and HACK's fitted error is pinned
-# above its no-fit one, so fixing it has to change this test.
+# Configurations no fit has seen, long prompts (realrun/traces/h200_long, every method). The 8B at 8-16K tokens, 1
+# req/s: no fit FP16 +0.4, KVQuant-style -2.2, HACK +4.4 % (mean 2.3 %); the engine fitted on the 27 traces -0.0,
+# +1.3, +9.2 % (mean 3.5 %; -0.1, +1.4, +13.3 % while the prefill efficiency, 0.947 from prompts of up to 4K tokens,
+# divided HACK's homomorphic attention too, which realrun.prefillcal finds at its profiled price: HACK's prefill does
+# not pull the clock into the power cap as FP16's does). HACK's prefill is still priced 2.9 % long there (its GEMMs
+# take the efficiency): a known gap, pinned (HACK fitted more than 3 points above no fit), so fixing it has to change
+# this test. 8 layers of the 70B at 6-12K tokens, 1.5 req/s (recorded after that change): no fit -1.5, -2.7, -2.8 %
+# (mean 2.3 %), fitted -0.2, +0.2, +1.4 % (mean 0.6 %; HACK +4.1 % before it). Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
-LONG_NO_FIT_PCT, LONG_FITTED_PCT = 2.3 + 2, 3.5 + 2
+LONG_PCT = {"8b": (2.3 + 2, 3.5 + 2), "70b8l": (2.3 + 2, 0.6 + 2)}  # (no fit, fitted) mean |JCT error|
 
 
 def test_long_prompts_against_no_fit(cv):
     from simulator.validate import read_index, validate
 
     values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
-    fitted, none = {}, {}
+    fitted: dict[tuple[str, str], float] = {}
+    none: dict[tuple[str, str], float] = {}
     for row in read_index(LONG):
-        key = row.trace_path.name.split("_")[3]
+        parts = row.trace_path.name.split("_")  # h200g, model, long, method, rate
+        key = (parts[1], parts[3])
         fitted[key] = validate(row.trace_path, row.scenario_path, engine_values=values)["jct_mean_error_pct"]
         none[key] = validate(row.trace_path, row.scenario_path)["jct_mean_error_pct"]
-    assert sorted(fitted) == ["baseline", "hack", "kvquant"]
-    assert sum(abs(x) for x in none.values()) / 3 <= LONG_NO_FIT_PCT, none
-    assert sum(abs(x) for x in fitted.values()) / 3 <= LONG_FITTED_PCT, fitted
-    assert fitted["hack"] > none["hack"] + 3, (fitted, none)  # the gap above
+    assert len(fitted) == 6
+    for model, (bound_none, bound_fitted) in LONG_PCT.items():
+        mine = [k for k in fitted if k[0] == model]
+        assert len(mine) == 3, model
+        assert sum(abs(none[k]) for k in mine) / 3 <= bound_none, (model, none)
+        assert sum(abs(fitted[k]) for k in mine) / 3 <= bound_fitted, (model, fitted)
+    assert fitted[("8b", "hack")] > none[("8b", "hack")] + 3, (fitted, none)  # the gap above
+    assert abs(fitted[("70b8l", "hack")]) <= abs(none[("70b8l", "hack")]), (fitted, none)

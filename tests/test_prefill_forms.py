@@ -194,3 +194,33 @@ def test_a_homomorphic_prefill_quantizes_in_its_forward_and_only_packs_after():
     # the bulk price of one prompt (simulator/step_price.PrefillPrices) says the same
     block = pre_hom._one_prompt_block(PROMPT, PROMPT + 1)
     assert block is not None and block[0, 3] == pre_hom.prefill((PROMPT,), None).encode_s
+
+
+def test_prefill_efficiency_divides_the_models_work_not_the_homomorphic_kernel():
+    """The engine's prefill efficiency (a power-cap slowdown, realrun.prefillcal) divides the model's work, and HACK's
+    homomorphic attention stays at its profiled price: at half the speed an FP16 prefill takes twice as long, a HACK
+    one twice its time less its homomorphic attention (layers x that kernel's price) plus that attention once. In a
+    batch of mixed forms the homomorphic part is that form's launch over its prompts alone."""
+    from dataclasses import replace
+
+    from simulator.fit_items import neutral
+    from simulator.load import load_scenario
+    from simulator.run import resolve
+
+    s = load_scenario("scenarios/measured/h200g_8b_sat.yaml")
+    res = resolve(neutral(s), "x")
+    for name in ("baseline", "hack"):
+        pre, _ = res.costs(next(m for m in s.methods if m.name == name))
+        half = replace(pre, prefill_efficiency=0.5)
+        for prompt in (2048, 12288):
+            full_s, slow_s = pre.prefill((prompt,)).latency_s, half.prefill((prompt,)).latency_s
+            own_s = 0.0
+            if name == "hack":
+                attn_s, _, forms = pre.prefill_attention_s((prompt,))
+                assert forms == ("homomorphic",)
+                own_s = pre.model.layers * attn_s
+                assert own_s > 0.3 * full_s if prompt == 12288 else own_s > 0
+            assert slow_s == pytest.approx(2 * (full_s - own_s) + own_s, rel=1e-9), (name, prompt)
+    pre, _ = res.costs(next(m for m in s.methods if m.name == "hack"))
+    mixed = pre._homomorphic_attention_s((1024, 4096), None, ("fp16", "homomorphic"), 1.0)
+    assert mixed == pytest.approx(pre.prefill_attention_s((4096,))[0], rel=1e-12)

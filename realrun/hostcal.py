@@ -23,11 +23,12 @@ harness loop's own time, during which the GPU idles).
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 import torch
+
+from .probes import write_rows
 
 
 def main(argv=None) -> int:
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
                 and r["prompt_range"] == f"{prompt_range[0]}-{prompt_range[1]}"
                 and r["link_load_gbps"] == load_gbps
             ]
-            _write(a.out, rows)  # after every run: a run cut off by a time limit keeps what finished
+            write_rows(a.out, rows)  # after every run: a run cut off by a time limit keeps what finished
             print(
                 f"{model_name} L{layers} {method} pass {seen[method]}: {len(dec)} iterations, host issue "
                 f"{sum(r['host_issue_s'] for r in dec) / len(dec) * 1e3:.3f} ms, wall "
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _write(a.out, rows)
+    write_rows(a.out, rows)
     if 0.0 in a.link_load_gbps:  # the scenario fields come from the runs with the link idle
         print("scenario fields:", fit_host([a.out]), flush=True)
         if any(g > 0 for g in a.link_load_gbps):  # and the busy level from the same runs idle and busy
@@ -231,15 +232,6 @@ def main(argv=None) -> int:
     for row in gap_distribution([a.out]):
         print("host time per iteration:", row, flush=True)
     return 0
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)
 
 
 class LinkLoad:

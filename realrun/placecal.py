@@ -24,13 +24,14 @@ Nothing here reads a measured trace.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .probes import parse_sets, probe_device, write_rows
 
 SETS = "llama-3.1-8b:32;llama-3.1-8b:8;llama-3.1-70b:8"
 BUSY_CYCLES = 2_000_000  # torch.cuda._sleep before the timed call: about 1 ms of GPU time at the H200's clocks
@@ -58,15 +59,10 @@ def main(argv=None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required (or --fit)")
-    if a.smoke:
-        import os
-
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if not torch.cuda.is_available() and not a.smoke:
-        print("placecal needs a CUDA GPU", file=sys.stderr)
+    dev = probe_device("placecal", a.smoke)
+    if dev is None:
         return 2
-    dev = torch.device("cpu" if a.smoke else "cuda")
-    sets = [(p.split(":")[0], int(p.split(":")[1])) for p in a.sets.split(";")]
+    sets = parse_sets(a.sets)
     tokens, repeats = a.tokens, a.repeats
     if a.smoke:
         sets, tokens, repeats = [("tiny", 1)], [40, 90], 2
@@ -75,12 +71,12 @@ def main(argv=None) -> int:
     for model_name, layers in sets:
         for method in a.methods:
             _measure(model_name, layers, method, tokens, repeats, a.launch_batch, dev, rows)
-            _write(a.out, rows)
+            write_rows(a.out, rows)
             mine = [r for r in rows if r["method"] == method and r["set"] == f"{model_name}:{layers}"]
             print(f"{model_name}:{layers} {method}: {_summary(mine)}", flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _write(a.out, rows)
+    write_rows(a.out, rows)
     return 0
 
 
@@ -114,11 +110,11 @@ def _measure(model_name, layers, method, tokens, repeats, launch_batch, dev, row
                         return meth.join_segments(0, recv, p)
                     return meth.move_segments(1, 0, p)
 
+                segs = [s for s in segments() if s is not None]
+                moved = sum(s[2] for s in segs) * shape.layers * shape.kv_heads
                 for rep in range(repeats + 2):
                     t = _time_copy(segments, kvcopy, shape, dev, cuda)
                     if rep >= 2:
-                        segs = [s for s in segments() if s is not None]
-                        moved = sum(s[2] for s in segs) * shape.layers * shape.kv_heads
                         rows.append(
                             dict(
                                 kind=kind,
@@ -254,15 +250,6 @@ def format_fit(f: dict) -> str:
     for s, v in sorted(f["launch_s"].items()):
         lines.append(f"graph launch CPU time {s}: {v * 1e6:.0f} us")
     return "\n".join(lines)
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ GPU kept busy, as a saturated pipeline's prefills) and --repeats each after --re
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .probes import parse_sets, probe_device, write_rows
 
 
 def main(argv=None) -> int:
@@ -33,19 +34,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--rest-s", type=float, default=1.0)
     a = ap.parse_args(argv)
-    if a.smoke:
-        import os
-
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if not torch.cuda.is_available() and not a.smoke:
-        print("prefillcal needs a CUDA GPU", file=sys.stderr)
+    dev = probe_device("prefillcal", a.smoke)
+    if dev is None:
         return 2
     from .harness import GIB, Harness, RunConfig, _Req
     from .model import RandomLlama, model_shape
     from .workload import Request
 
-    dev = torch.device("cpu" if a.smoke else "cuda")
-    sets = [(p.split(":")[0], int(p.split(":")[1])) for p in a.sets.split(";")]
+    sets = parse_sets(a.sets)
     tokens, repeats, rest_s = a.tokens, a.repeats, a.rest_s
     if a.smoke:
         sets, tokens, repeats, rest_s = [("tiny", 1)], [40, 90], 1, 0.01
@@ -96,23 +92,14 @@ def main(argv=None) -> int:
                         f"rested {res[len(res) // 2] * 1e3:.1f} ms",
                         flush=True,
                     )
-                    _write(a.out, rows)
+                    write_rows(a.out, rows)
             finally:
                 h.close()
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _write(a.out, rows)
+    write_rows(a.out, rows)
     return 0
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
 
 
 if __name__ == "__main__":

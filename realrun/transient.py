@@ -45,12 +45,13 @@ and decode.after_prefill_clock_fraction; network.link_busy_host_factor and _per_
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .probes import parse_sets, probe_device, write_rows
 
 
 def main(argv=None) -> int:
@@ -98,18 +99,13 @@ def main(argv=None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required (or --fit)")
-    if a.smoke:
-        import os
-
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    dev = probe_device("transient", a.smoke)
+    if dev is None:
+        return 2
     from .harness import GIB, Harness, RunConfig
     from .model import RandomLlama, model_shape
 
-    if not torch.cuda.is_available() and not a.smoke:
-        print("transient needs a CUDA GPU", file=sys.stderr)
-        return 2
-    dev = torch.device("cpu" if a.smoke else "cuda")
-    sets = [(p.split(":")[0], int(p.split(":")[1])) for p in a.sets.split(";")]
+    sets = parse_sets(a.sets)
     prompts, context, gap, cycles, batches = a.prompts, a.context, a.gap, a.cycles, a.batches
     if a.smoke:
         sets, prompts, context, gap, cycles, batches = [("tiny", 1)], [40, 90], 64, 3, 1, [2]
@@ -149,7 +145,7 @@ def main(argv=None) -> int:
                 )
                 if a.mix:  # a harness per kind: its requests never finish
                     _measure_mix(model, cfg, f"{model_name}:{layers}", method, b, context, a.smoke, rows)
-                    _write(a.out, rows)
+                    write_rows(a.out, rows)
                     print(f"{model_name}:{layers} {method} B{b}: {_mix_summary(_mine(rows, method, b))}", flush=True)
                     continue
                 h = Harness(model, cfg)
@@ -174,7 +170,7 @@ def main(argv=None) -> int:
                         )
                 finally:
                     h.close()
-                _write(a.out, rows)
+                write_rows(a.out, rows)
                 mine = _mine(rows, method, b)
                 if a.xfer_gbps:
                     summary = _xfer_summary(mine)
@@ -184,7 +180,7 @@ def main(argv=None) -> int:
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    _write(a.out, rows)
+    write_rows(a.out, rows)
     return 0
 
 
@@ -679,15 +675,6 @@ def _summary(rows: list[dict], gap: int) -> str:
                     dev[r["k"]].append(r["wall_s"] / ref - 1)
         out.append(f"{ev[0]}{ev[1] or ''} " + "/".join(f"{statistics.mean(v) * 100:+.1f}" for v in dev.values() if v))
     return "; ".join(out)
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,16 @@ from decode_standins import FixedCost, Listener, records
 from simulator.decode import DecodeReplica
 
 
-def _finishes(leave_s: float, iterations: list[int]) -> list[float]:
-    """Requests of the given decode iterations (10 ms each): the first joins at 0, the others at the first
-    boundary (10 ms); leave_s per leaving request."""
+def _finishes(leave_s: float, iterations: list[int], per_token_s: float = 0.0) -> list[float]:
+    """Requests of 100 prompt tokens and the given decode iterations (10 ms each): the first joins at 0, the others
+    at the first boundary (10 ms); leave_s per leaving request; the engine's KV copies at a batch change costing
+    per_token_s per context token (decode.kv_placement_gb_per_s)."""
     env = simpy.Environment()
     rec = records(len(iterations), iterations)
     cost = FixedCost(0.010)
     cost.leave_s_per_request = leave_s
+    cost.kv_placement_bytes_per_s = 1.0 if per_token_s else 0.0
+    cost.placement_s_per_token = per_token_s
     rep = DecodeReplica(env, 0, cast(Any, cost), 64, rec)
     rep.listener = Listener()
     for rid in range(len(iterations)):
@@ -140,24 +143,6 @@ def test_hostcal_measures_the_leave_beside_the_join(tmp_path):
     assert got["host_serial_s_per_iteration"] > 0
 
 
-def _placed(per_token_s: float, iterations: list[int]) -> list[float]:
-    """Requests of 100 prompt tokens and the given decode iterations (10 ms each), the first joining at 0, the
-    others at the first boundary, with the engine's KV copies at a batch change costing per_token_s per context
-    token (decode.kv_placement_gb_per_s)."""
-    env = simpy.Environment()
-    rec = records(len(iterations), iterations)
-    cost = FixedCost(0.010)
-    cost.kv_placement_bytes_per_s = 1.0 if per_token_s else 0.0
-    cost.placement_s_per_token = per_token_s
-    rep = DecodeReplica(env, 0, cast(Any, cost), 64, rec)
-    rep.listener = Listener()
-    for rid in range(len(iterations)):
-        rep.reserve(1.0)
-        rep.arrive(rid)
-    env.run()
-    return [float(x) for x in rec.finish]
-
-
 def test_kv_placement_at_joins_and_after_leavers():
     """10 us per token: the first request's 100 tokens placed before the first iteration (1 ms: it ends at 11 ms),
     the second's before the second (22 ms); the first request's third iteration ends at 32 ms and it leaves. The
@@ -165,8 +150,8 @@ def test_kv_placement_at_joins_and_after_leavers():
     its 102 tokens (joined at 100 in iteration 1, now iteration 3): 0.51 ms before the fourth iteration (42.51 ms);
     the second request's fifth and last iteration ends at 62.51 ms. Without a rate, no copy time at all
     (leave_s_per_request is 0 here either way)."""
-    assert _placed(0.0, [3, 5]) == pytest.approx([0.030, 0.060], abs=1e-12)
-    assert _placed(1e-5, [3, 5]) == pytest.approx([0.032, 0.06251], abs=1e-12)
+    assert _finishes(0.0, [3, 5]) == pytest.approx([0.030, 0.060], abs=1e-12)
+    assert _finishes(0.0, [3, 5], per_token_s=1e-5) == pytest.approx([0.032, 0.06251], abs=1e-12)
 
 
 def test_placement_prices_a_requests_decode_memory_over_the_rate():

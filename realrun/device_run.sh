@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -35,6 +35,8 @@
 #             h200g_8b_mem r7.5 HACK three times (span ~27 s) with what is left.
 #   part transient: realrun.transient, decode iterations by their distance from a prefill on the shared GPU, link
 #             idle: the 32-layer 8B and the 8-layer 70B, FP16 / KVQuant-style / HACK at batches 8 and 32 (~300 s).
+#   part translong: realrun.transient with 1,024-, 8,192- and 16,384-token prefills (0.05-0.9 s), 32 iterations after
+#             each, batch 32, every method: the 32-layer 8B and the 8-layer 70B, clocks logged (~400 s).
 #   part duty: realrun.transient --duty, decode iterations through 2-second blocks holding the prefills' share of the
 #             GPU at 0, 0.5, 0, 0.25, 0, 0.5, 0 (2,048-token prefills, link idle): the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~200 s).
@@ -188,6 +190,20 @@ elif [ "$PART" = transient ]; then
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
   step 240 transient_70b python3 -m realrun.transient --out "$OUT/transient_70b.csv" "${TR70[@]}"
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv 2>&1 | tee -a "$LOG"
+elif [ "$PART" = translong ]; then
+  # issue 28: what a long prefill (8-16K tokens, 0.4-0.9 s) leaves behind on the shared GPU: the transient and the
+  # clock's fade after it, beside 1,024-token prefills as the short reference (translong_*.csv); clocks logged every
+  # 100 ms (smi_translong.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32" --prompts 1024 8192 16384 --gap 32 --cycles 4 --batches 32)
+    TR70=(--sets "llama-3.1-70b:8" --prompts 1024 8192 16384 --gap 32 --cycles 4 --batches 32)
+  fi
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 100 > "$OUT/smi_translong.csv" 2>&1 &
+  SMI=$!
+  step 280 translong_8b python3 -m realrun.transient --out "$OUT/translong_8b.csv" "${TR[@]}"
+  step 280 translong_70b python3 -m realrun.transient --out "$OUT/translong_70b.csv" "${TR70[@]}"
+  kill "$SMI" 2>/dev/null
 elif [ "$PART" = duty ]; then
   # issue 28: what a sustained share of prefill does to the decode iterations on the shared GPU (duty_*.csv)
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else

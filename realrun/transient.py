@@ -15,7 +15,8 @@ while, every `--gap` iterations, one event happens at an iteration boundary:
 Then a dense block: `--dense` prefills of 1,024 tokens, each followed by two iterations (the pattern of a
 saturated pipeline, where transients may add up).  Columns: set (model:layers), method, batch_size, cycle,
 event, event_tokens, event_s (the prefill's or sleep's wall time), k (1 = the first iteration after the event),
-max_context, wall_s.  Nothing here reads a measured trace.
+max_context, wall_s, unix_s (the host's clock after the iteration: to line up with a GPU clock log; files from
+before it have none).  Nothing here reads a measured trace.
 
 `--duty` measures instead what a sustained share of prefill does (duty.csv): blocks of `--block-s` seconds, each
 holding the prefills' share of the GPU's time at a target (0, 0.5, 0, 0.25, 0, 0.5, 0 by default: a prefill of
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
             print(mix_excess(mix))
         tau = None
         if smi:  # the clock's fade, from the log and the duty runs beside it (their unix_s)
-            clocked = [p for p in rest if "unix_s" in heads[p]]
+            clocked = [p for p in rest if "unix_s" in heads[p] and "block" in heads[p]]
             fade = clock_time_constant(smi[0], clocked)
             print(fade)
             tau = fade["after_prefill_clock_time_constant_s"]
@@ -306,6 +307,7 @@ def _measure(h, set_name: str, method: str, b: int, smoke: bool, prompts, contex
                     k=k,
                     max_context=max(r.stored for r in run),
                     wall_s=t1 - t0,
+                    unix_s=time.time(),
                 )
             )
 

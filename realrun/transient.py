@@ -502,19 +502,21 @@ def _timeline(g, duty: bool):
 
 
 def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
-    """decode.after_prefill_slowdown_fraction and decode.after_prefill_decay_per_iteration from transient runs and
-    duty runs (--duty), with clock_tau_s also decode.after_prefill_clock_fraction (the prefills' clock slowdown,
-    fading with that time constant: clock_time_constant).
+    """decode.after_prefill_slowdown_fraction, decode.after_prefill_decay_per_iteration and
+    decode.after_prefill_saturation_s from transient runs and duty runs (--duty), with clock_tau_s also
+    decode.after_prefill_clock_fraction (the prefills' clock slowdown, fading with that time constant:
+    clock_time_constant).
 
     Per (file, set, method, batch) an iteration's time without any prefill is one level per graph context bucket
     plus one slope in the context (the context grows by one token per iteration through a run). After a prefill of
-    P seconds the k-th iteration runs fraction x P x (1 - decay) x decay^(k-1) longer, a later prefill restarting
-    it; and, with clock_tau_s, every iteration's time is (1 + s) times its level, s = clock x sum over the prefills
-    before it of P / tau x exp(-(its start - the prefill's end) / tau). All are fitted at once (least squares of the
-    relative residual, the levels solved for at each step, so a slow fade does not leak into the reference) to every
-    iteration: the windows after lone prefills, the dense prefills two iterations apart, the duty blocks and the
-    quiet ones. Returns the values, their standard errors (from the Jacobian) and the counts of prefills and
-    iterations."""
+    P seconds the k-th iteration runs fraction x S (1 - exp(-P / S)) x (1 - decay) x decay^(k-1) longer (S the
+    saturation; fraction x P for P << S), a later prefill restarting it; and, with clock_tau_s, every iteration's
+    time is (1 + s) times its level, s = clock x sum over the prefills before it of (1 - exp(-P / tau)) x
+    exp(-(its start - the prefill's end) / tau) (a first-order lag toward the clock level while each prefill runs,
+    fading after it). All are fitted at once (least squares of the relative residual, the levels solved for at each
+    step, so a slow fade does not leak into the reference) to every iteration: the windows after lone prefills, the
+    dense prefills two iterations apart, the duty blocks and the quiet ones. Returns the values, their standard
+    errors (from the Jacobian) and the counts of prefills and iterations."""
     import numpy as np
     import pandas as pd
     from scipy.optimize import least_squares
@@ -536,7 +538,7 @@ def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
             if clock_tau_s:
                 for e, p in zip(ends, held):
                     on = t >= e - 1e-9
-                    slow[on] += p / clock_tau_s * np.exp(-(t[on] - e) / clock_tau_s)
+                    slow[on] += -np.expm1(-p / clock_tau_s) * np.exp(-(t[on] - e) / clock_tau_s)
             cols = [g["max_context"].to_numpy(np.float64)]
             cols += [(g["bucket"] == c).to_numpy(np.float64) for c in sorted(g["bucket"].unique())]
             runs.append(
@@ -553,10 +555,11 @@ def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
         raise ValueError("no iterations after a prefill in the files")
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        frac, decay, clock = x
+        frac, decay, clock, sat = x
         out = []
         for r in runs:
-            fast = frac * r["held"] * (1.0 - decay) * decay ** np.maximum(r["k"] - 1.0, 0.0)
+            amp = -sat * np.expm1(-r["held"] / sat)
+            fast = frac * amp * (1.0 - decay) * decay ** np.maximum(r["k"] - 1.0, 0.0)
             a = r["levels"] * (1.0 + clock * r["slow"])[:, None]
             coef, *_ = np.linalg.lstsq(a, r["wall"] - fast, rcond=None)
             base = a @ coef
@@ -564,13 +567,16 @@ def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
         return np.concatenate(out)
 
     hi = 1.0 if clock_tau_s else 1e-12  # without a time constant the clock term stays out
-    fit = least_squares(residuals, [0.01, 0.8, 0.0], bounds=([0.0, 0.0, 0.0], [1.0, 0.999, hi]))
+    x0, lo, top = [0.01, 0.8, 0.0, 0.1], [0.0, 0.0, 0.0, 1e-3], [1.0, 0.999, hi, 60.0]
+    fit = least_squares(residuals, x0, bounds=(lo, top))
     cov = np.linalg.pinv(fit.jac.T @ fit.jac) * float(np.mean(fit.fun**2))
     out = {
         "after_prefill_slowdown_fraction": round(float(fit.x[0]), 4),
         "after_prefill_decay_per_iteration": round(float(fit.x[1]), 3),
+        "after_prefill_saturation_s": round(float(fit.x[3]), 4),
         "fraction_se": round(float(np.sqrt(cov[0, 0])), 4),
         "decay_se": round(float(np.sqrt(cov[1, 1])), 3),
+        "saturation_se": round(float(np.sqrt(cov[3, 3])), 4),
     }
     if clock_tau_s:
         out["after_prefill_clock_fraction"] = round(float(fit.x[2]), 4)

@@ -379,9 +379,18 @@ class PoolConfig(_Strict):
         ge=0,
         le=1,
         description="decode, placement shared_gpu: the decode iterations right after a prefill on the shared GPU "
-        "run longer, in all by this fraction of the prefill's time (a clock and power transient after the "
-        "prefill's GEMMs; python -m realrun.transient measures it: 0.0129 on the H200, "
-        "realrun/traces/h200_transient); a later prefill restarts it",
+        "run longer, in all by this fraction of the prefill's time, that time saturating at "
+        "after_prefill_saturation_s (a transient after the prefill's GEMMs; python -m realrun.transient "
+        "measures it: 0.0234 on the H200, realrun/traces/h200_transient); a later prefill restarts it",
+    )
+    after_prefill_saturation_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="decode, placement shared_gpu: the prefill time at which after_prefill_slowdown_fraction's "
+        "extra time saturates: a prefill of P seconds leaves fraction x S x (1 - exp(-P / S)) behind (0: fraction "
+        "x P, no saturation); realrun.transient: 0.069 s on the H200 (after 0.2-0.9 s prefills the iterations run "
+        "about as much longer as after 0.07-0.1 s ones)",
     )
     after_prefill_decay_per_iteration: float = Field(
         0.726,
@@ -396,10 +405,10 @@ class PoolConfig(_Strict):
         ge=0,
         le=1,
         description="decode, placement shared_gpu: the GPU's power limit lowers its clocks after the prefills' "
-        "GEMMs, so the decode iterations run slower by a fraction that a prefill of P seconds raises by this x P / "
-        "after_prefill_clock_time_constant_s and that fades with that time constant; the prefills' shares add (at a "
-        "steady share d of the GPU's time in prefill the iterations run about this x d slower). Measured by "
-        "python -m realrun.transient --fit: 0.0156 on the H200 (realrun/traces/h200_transient)",
+        "GEMMs, so the decode iterations run slower by a fraction that a prefill of P seconds raises by this x "
+        "(1 - exp(-P / after_prefill_clock_time_constant_s)) (a lag toward this level while the prefill runs) and "
+        "that fades with that time constant; the prefills' shares add. Measured by python -m realrun.transient "
+        "--fit: 0.0103 on the H200 (realrun/traces/h200_transient)",
     )
     after_prefill_clock_time_constant_s: float = Field(
         0.129,
@@ -1135,17 +1144,13 @@ class Scenario(_Strict):
             )
         if self.prefill.data_parallel > 1:
             raise ValueError("prefill.data_parallel: data-parallel engines are modelled on the decode pool only")
-        if self.prefill.after_prefill_slowdown_fraction:
-            raise ValueError(
-                "prefill.after_prefill_slowdown_fraction: it slows the decode iterations after a prefill; "
-                "give it on the decode pool"
-            )
-        if self.prefill.after_prefill_clock_fraction:
-            raise ValueError(
-                "prefill.after_prefill_clock_fraction: it slows the decode iterations after a prefill; "
-                "give it on the decode pool"
-            )
-        for name in ("after_prefill_slowdown_fraction", "after_prefill_clock_fraction"):
+        slowdowns = ("after_prefill_slowdown_fraction", "after_prefill_saturation_s", "after_prefill_clock_fraction")
+        for name in slowdowns:
+            if getattr(self.prefill, name):
+                raise ValueError(
+                    f"prefill.{name}: it slows the decode iterations after a prefill; give it on the decode pool"
+                )
+        for name in slowdowns:
             if getattr(self.decode, name) and self.placement != "shared_gpu":
                 raise ValueError(
                     f"decode.{name}: a decode slowdown after a prefill on the same GPU applies "

@@ -150,6 +150,23 @@ class PrefillPartner(Protocol):
     def try_start(self) -> bool: ...
 
 
+def transient_amplitude_s(prefill_s: float, saturation_s: float) -> float:
+    """What decode.after_prefill_slowdown_fraction multiplies after a prefill of prefill_s seconds: the prefill's
+    seconds, saturating at decode.after_prefill_saturation_s (saturation_s x (1 - exp(-prefill_s / saturation_s));
+    0: no saturation). realrun.transient: after 0.2-0.9 s prefills the iterations run about as much longer as after
+    0.07-0.1 s ones (realrun/traces/h200_transient/translong_*.csv)."""
+    if saturation_s <= 0.0:
+        return prefill_s
+    return -saturation_s * math.expm1(-prefill_s / saturation_s)
+
+
+def clock_share(prefill_s: float, tau_s: float) -> float:
+    """The clock slowdown a prefill of prefill_s seconds leaves at its end, per unit of
+    decode.after_prefill_clock_fraction: a first-order lag toward the capped level while the prefill runs,
+    1 - exp(-prefill_s / tau) (prefill_s / tau for a short one; at most 1 for one much longer than tau)."""
+    return -math.expm1(-prefill_s / tau_s)
+
+
 def segment_sum_s(fixed_s: float, per_ctx_s: float, n: float, c: float, b: int, k: float) -> float:
     """Sum over iterations j = k .. k+n-1 of fixed + per_ctx * (c + b·j)."""
     return n * fixed_s + per_ctx_s * (n * c + b * (n * k + n * (n - 1) / 2))
@@ -248,14 +265,16 @@ class DecodeReplica:
         self._paused = False  # the shared GPU is running a prefill batch
         self._prefill_waiting = False
         # decode.after_prefill_slowdown_fraction (shared_gpu): the iterations after a prefill run longer, in all by
-        # fraction x the prefill's time, the k-th by (1 - decay) decay^(k-1) of it; the running segment's m-th
-        # iteration by _transient_s (1 - decay) decay^m, its first m by _transient_s (1 - decay^m) (_after_s)
+        # fraction x the prefill's time (saturating at after_prefill_sat_s: transient_amplitude_s), the k-th by
+        # (1 - decay) decay^(k-1) of it; the running segment's m-th iteration by _transient_s (1 - decay) decay^m,
+        # its first m by _transient_s (1 - decay^m) (_after_s)
         self.after_prefill_fraction = 0.0
         self.after_prefill_decay = 0.0
+        self.after_prefill_sat_s = 0.0
         self._transient_s = 0.0  # extra seconds still ahead from the last prefill, at the segment's start
         # decode.after_prefill_clock_fraction (shared_gpu): the power limit's lower clocks after the prefills slow the
-        # GPU's part of each iteration by a fraction that every prefill of P s raises by clock_fraction x P / tau and
-        # that fades in time with tau (clock_tau_s); the running segment's m-th iteration takes _clock_s (1 - r) r^m
+        # GPU's part of each iteration by a fraction that every prefill of P s raises by clock_fraction x
+        # (1 - exp(-P / tau)) (clock_share) and that fades in time with tau (clock_tau_s); the running segment's m-th iteration takes _clock_s (1 - r) r^m
         # more, r = exp(-its first iteration / tau) (its GPU time and cadence taken as the first iteration's)
         self.clock_fraction = 0.0
         self.clock_tau_s = 1.0
@@ -402,11 +421,11 @@ class DecodeReplica:
         """The partner's prefill step (prefill_s from its start to its KV encoded) gave the GPU back."""
         self._paused = False
         if self.after_prefill_fraction:  # a later prefill restarts the transient (realrun.transient: no build-up)
-            self._transient_s = self.after_prefill_fraction * prefill_s
+            self._transient_s = self.after_prefill_fraction * transient_amplitude_s(prefill_s, self.after_prefill_sat_s)
         if self.clock_fraction:  # the prefills' clock slowdowns add, each fading from its end
             now, tau = self.loop.now, self.clock_tau_s
-            self._clock = (
-                self._clock * math.exp(-(now - self._clock_at_s) / tau) + self.clock_fraction * prefill_s / tau
+            self._clock = self._clock * math.exp(-(now - self._clock_at_s) / tau) + self.clock_fraction * clock_share(
+                prefill_s, tau
             )
             self._clock_at_s = now
         sched = self.sched

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .decode import clock_share, transient_amplitude_s
 from .engine import PARAMETERS, apply_values
 from .engine_logs import RequestLog
 from .resolve import link_busy_prefill_factors, network_bandwidth_gbps, resolve
@@ -144,7 +145,12 @@ def load_trace_data(
         if s.placement == "shared_gpu":  # per unit of decode.after_prefill_slowdown_fraction (calibrate.predict)
             blk = td.blocks["iteration"]
             blk["after_prefill_unit_s"] = after_prefill_s(
-                df, iterations, blk["start"], 1.0, s.decode.after_prefill_decay_per_iteration
+                df,
+                iterations,
+                blk["start"],
+                1.0,
+                s.decode.after_prefill_decay_per_iteration,
+                s.decode.after_prefill_saturation_s,
             )
             if s.decode.after_prefill_clock_fraction:  # the GPU's part runs this much slower (calibrate.predict)
                 blk["clock_slowdown"] = clock_slowdown(
@@ -266,12 +272,16 @@ def _prefills_on_gpu(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return pre_end[ok], held[ok]
 
 
-def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction: float, decay: float) -> np.ndarray:
+def after_prefill_s(
+    df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction: float, decay: float, saturation_s: float = 0.0
+) -> np.ndarray:
     """The after-prefill time of the iterations starting at t (decode.after_prefill_slowdown_fraction, placement
     shared_gpu): after the last prefill that ended before t[i], of P seconds on the GPU (its start to its quantize's
-    end), with j iterations started between its end and t[i], fraction x P x (1 - decay) x decay^j (a later prefill
-    restarts it, as simulator/decode.py does)."""
+    end), with j iterations started between its end and t[i], fraction x A(P) x (1 - decay) x decay^j, A the
+    prefill's seconds saturating at saturation_s (transient_amplitude_s; a later prefill restarts it, as
+    simulator/decode.py does)."""
     pre_end, held = _prefills_on_gpu(df)
+    held = np.array([transient_amplitude_s(float(p), saturation_s) for p in held])
     order = np.argsort(pre_end, kind="stable")
     pre_end, held = pre_end[order], held[order]
     out = np.zeros(len(t))
@@ -286,12 +296,13 @@ def after_prefill_s(df: pd.DataFrame, it: pd.DataFrame, t: np.ndarray, fraction:
 
 def clock_slowdown(df: pd.DataFrame, t: np.ndarray, fraction: float, tau_s: float) -> np.ndarray:
     """The clock slowdown at times t (decode.after_prefill_clock_fraction, placement shared_gpu): over the prefills
-    that ended at or before t[i], each of P seconds on the GPU (its start to its quantize's end), fraction x P / tau x
-    exp(-(t[i] - its end) / tau), as simulator/decode.py counts it."""
+    that ended at or before t[i], each of P seconds on the GPU (its start to its quantize's end), fraction x
+    (1 - exp(-P / tau)) x exp(-(t[i] - its end) / tau) (clock_share), as simulator/decode.py counts it."""
     pre_end, held = _prefills_on_gpu(df)
+    share = np.array([clock_share(float(p), tau_s) for p in held])
     dt = t[:, None] - pre_end[None, :]
     w = np.where(dt >= -CSV_EPS_S, np.exp(-np.maximum(dt, 0.0) / tau_s), 0.0)
-    return fraction / tau_s * (w @ held)
+    return fraction * (w @ share)
 
 
 def link_busy_at(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:

@@ -230,6 +230,7 @@ class MethodRun:
                 pre.partner, dec.partner = dec, pre
                 dec.after_prefill_fraction = s.decode.after_prefill_slowdown_fraction
                 dec.after_prefill_decay = s.decode.after_prefill_decay_per_iteration
+                dec.after_prefill_sat_s = s.decode.after_prefill_saturation_s
                 dec.clock_fraction = s.decode.after_prefill_clock_fraction
                 dec.clock_tau_s = s.decode.after_prefill_clock_time_constant_s
         link_objs = []

@@ -2,10 +2,11 @@
 decode.after_prefill_clock_fraction, placement shared_gpu).
 
 On the H200 a prefill's GEMMs leave the next memory-bound decode iterations slower (realrun.transient,
-realrun/traces/h200_transient): in all by a fraction of the prefill's time, the k-th iteration by
-(1 - decay) decay^(k-1) of it, a later prefill restarting it (its amplitude replaced, not added to); and the power
-limit's lower clocks slow the GPU's part of every iteration by a fraction each prefill of P s raises by
-clock x P / tau, fading with tau in time, the prefills' fractions adding. The timelines here are worked by hand.
+realrun/traces/h200_transient): in all by a fraction of the prefill's time (that time saturating at S: S x
+(1 - exp(-P / S)), decode.after_prefill_saturation_s), the k-th iteration by (1 - decay) decay^(k-1) of it, a later
+prefill restarting it (its amplitude replaced, not added to); and the power limit's lower clocks slow the GPU's part
+of every iteration by a fraction each prefill of P s raises by clock x (1 - exp(-P / tau)), fading with tau in time,
+the prefills' fractions adding. The timelines here are worked by hand.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from decode_standins import FixedCost, Listener, records
 from helpers import scenario
 from realrun.transient import fit_transient
 from simulator.config import ScenarioError
-from simulator.decode import DecodeReplica
+from simulator.decode import DecodeReplica, transient_amplitude_s
 from simulator.fit_items import after_prefill_s, clock_slowdown
 
 
@@ -55,15 +56,17 @@ def _timeline(
     second_at_s: float | None = None,
     clock: tuple[float, float] = (0.0, 1.0),
     asks: tuple[tuple[float, float], ...] = ((0.025, 0.020),),
+    saturation_s: float = 0.0,
 ):
     """Request 0 (10 iterations of 10 ms, 1 ms of it the CPU's gap) joins at 0; a prefill asks for the GPU at 25 ms
     and holds it 20 ms (or `asks`); request 1 (10 iterations) arrives at second_at_s, if given; clock: the clock
-    slowdown's (fraction, tau)."""
+    slowdown's (fraction, tau); saturation_s: decode.after_prefill_saturation_s."""
     env = simpy.Environment()
     rec = records(1 if second_at_s is None else 2)
     rep = DecodeReplica(env, 0, cast(Any, FixedCost(0.010, serial_s=0.001)), 64, rec)
     rep.listener = Listener()
     rep.after_prefill_fraction, rep.after_prefill_decay = fraction, decay
+    rep.after_prefill_sat_s = saturation_s
     rep.clock_fraction, rep.clock_tau_s = clock
     rep.partner = cast(Any, _Prefill(env, rep, list(asks)))
     rep.reserve(1.0)
@@ -104,11 +107,11 @@ def test_a_segment_cut_short_keeps_only_its_iterations_share():
 
 
 def test_the_clock_slowdown_fades_in_time_over_the_iterations_after_the_prefill():
-    """clock 0.1, tau 50 ms: the 20 ms prefill ending at 50 ms leaves the GPU's 9 ms of each iteration 0.1 x 20 / 50
-    = 4 % slower, fading with 50 ms: the m-th of the 7 iterations after it by 0.04 x 9 ms x r^m, r = exp(-10 / 50)
-    (its first iteration's wall time over tau)."""
+    """clock 0.1, tau 50 ms: the 20 ms prefill ending at 50 ms leaves the GPU's 9 ms of each iteration
+    0.1 x (1 - exp(-20 / 50)) = 3.30 % slower, fading with 50 ms: the m-th of the 7 iterations after it by
+    0.0330 x 9 ms x r^m, r = exp(-10 / 50) (its first iteration's wall time over tau)."""
     r = np.exp(-0.010 / 0.050)
-    extra = 0.04 * 0.009 * sum(r**m for m in range(7))
+    extra = 0.1 * (1 - np.exp(-0.4)) * 0.009 * sum(r**m for m in range(7))
     assert _timeline(0.0, 0.5, clock=(0.1, 0.050)) == pytest.approx([0.120 + extra], abs=1e-12)
     # with the after-prefill transient too, the two add
     both = 0.010 * (1 - 0.5**7) + extra
@@ -117,10 +120,11 @@ def test_the_clock_slowdown_fades_in_time_over_the_iterations_after_the_prefill(
 
 def test_the_prefills_clock_slowdowns_add_up():
     """Two 20 ms prefills asking at 25 and 75 ms: the first runs 30-50 ms; iterations from 50 ms, the m-th longer by
-    s1 x 9 ms x r^m (s1 = 0.04); the second asks during the third (50 + 20 ms and shares .. ), runs from that
+    s1 x 9 ms x r^m (s1 = 0.1 x (1 - exp(-20 / 50))); the second asks during the third (50 + 20 ms and shares .. ), runs from that
     iteration's end e to e + 20 ms, and leaves s1 faded over e + 20 - 50 ms plus 0.04; the 4 iterations after it
     take that x 9 ms x r^m."""
-    tau, s1 = 0.050, 0.04
+    tau = 0.050
+    s1 = 0.1 * (1 - np.exp(-0.020 / tau))
     r = np.exp(-0.010 / tau)
     e = 0.080 + s1 * 0.009 * (1 + r + r**2)  # three iterations after the first prefill, with their shares
     s2 = s1 * np.exp(-(e + 0.020 - 0.050) / tau) + s1
@@ -128,6 +132,19 @@ def test_the_prefills_clock_slowdowns_add_up():
     assert _timeline(0.0, 0.5, clock=(0.1, tau), asks=((0.025, 0.020), (0.075, 0.020))) == pytest.approx(
         [want], abs=1e-12
     )
+
+
+def test_a_long_prefill_leaves_a_saturated_transient():
+    """fraction 0.5, decay 0.5, saturation 10 ms: the 20 ms prefill leaves 0.5 x 10 ms x (1 - exp(-2)) = 4.32 ms
+    over the 7 iterations after it, (1 - 0.5^7) of it (against 0.5 x 20 ms = 10 ms unsaturated); a 1 ms one nearly
+    its own 0.5 ms (10 x (1 - exp(-0.1)) = 0.952 ms of prefill)."""
+    amp = 0.5 * 0.010 * (1 - np.exp(-2.0))
+    assert _timeline(0.5, 0.5, saturation_s=0.010) == pytest.approx([0.120 + amp * (1 - 0.5**7)], abs=1e-12)
+    amp = 0.5 * 0.010 * (1 - np.exp(-0.1))
+    got = _timeline(0.5, 0.5, saturation_s=0.010, asks=((0.025, 0.001),))
+    assert got == pytest.approx([0.101 + amp * (1 - 0.5**7)], abs=1e-12)
+    assert transient_amplitude_s(0.001, 0.010) == pytest.approx(0.000952, abs=1e-6)
+    assert transient_amplitude_s(0.02, 0.0) == 0.02  # 0: unsaturated
 
 
 def test_refused_where_not_modelled():
@@ -141,6 +158,10 @@ def test_refused_where_not_modelled():
     with pytest.raises((ScenarioError, ValueError), match="prefill.after_prefill_clock_fraction"):
         scenario(placement="shared_gpu", **{"prefill.after_prefill_clock_fraction": 0.02})
     scenario(placement="shared_gpu", **{"decode.after_prefill_clock_fraction": 0.02})
+    with pytest.raises((ScenarioError, ValueError), match="after_prefill_saturation_s.*shared_gpu only"):
+        scenario(**{"decode.after_prefill_saturation_s": 0.07})
+    with pytest.raises((ScenarioError, ValueError), match="prefill.after_prefill_saturation_s"):
+        scenario(placement="shared_gpu", **{"prefill.after_prefill_saturation_s": 0.07})
 
 
 def test_a_shared_gpu_run_slows_by_it():
@@ -163,15 +184,21 @@ def test_trace_items_carry_it_by_their_distance_from_the_prefill():
     it = pd.DataFrame({"start_s": [0.95, 1.1, 1.12, 1.14]})
     got = after_prefill_s(df, it, it["start_s"].to_numpy(), 0.1, 0.5)
     assert got == pytest.approx([0.0, 0.01 * 0.5, 0.01 * 0.25, 0.01 * 0.125], abs=1e-15)
+    # saturating at 50 ms: 0.1 x 50 ms x (1 - exp(-2)) in place of 0.1 x 100 ms
+    got = after_prefill_s(df, it, it["start_s"].to_numpy(), 0.1, 0.5, saturation_s=0.05)
+    amp = 0.1 * 0.05 * (1 - np.exp(-2.0))
+    assert got == pytest.approx([0.0, amp * 0.5, amp * 0.25, amp * 0.125], abs=1e-15)
 
 
 def test_trace_items_carry_the_clock_slowdown_by_the_time_since_each_prefill():
     """Prefills of 0.1 s ending at 1.1 s and of 0.05 s ending at 1.2 s, clock 0.02, tau 0.1 s: nothing before the
-    first; 0.02 x 0.1 / 0.1 = 2 % at its end, faded by exp(-0.05 / 0.1) 50 ms later; after the second, both."""
+    first; 0.02 x (1 - exp(-0.1 / 0.1)) = 1.26 % at its end, faded by exp(-0.05 / 0.1) 50 ms later; after the
+    second, both (its own 0.02 x (1 - exp(-0.5)))."""
     df = pd.DataFrame({"prefill_start_s": [1.0, 1.15], "quantize_end_s": [1.1, 1.2]})
     t = np.array([1.05, 1.1, 1.15, 1.25])
     got = clock_slowdown(df, t, 0.02, 0.1)
-    want = [0.0, 0.02, 0.02 * np.exp(-0.5), 0.02 * np.exp(-1.5) + 0.01 * np.exp(-0.5)]
+    s1, s2 = 0.02 * (1 - np.exp(-1.0)), 0.02 * (1 - np.exp(-0.5))
+    want = [0.0, s1, s1 * np.exp(-0.5), s1 * np.exp(-1.5) + s2 * np.exp(-0.5)]
     assert got == pytest.approx(want, abs=1e-15)
 
 
@@ -208,16 +235,19 @@ def test_trace_items_price_a_simulated_run_with_the_clock_to_its_approximation(t
     assert np.abs(err).max() <= 0.05 * np.abs(share).max()
 
 
-def _synthetic(fraction: float, decay: float, seed: int) -> pd.DataFrame:
+def _synthetic(fraction: float, decay: float, seed: int, saturation_s: float = 1e9) -> pd.DataFrame:
     """Transient runs as realrun.transient writes them: 8 ms iterations growing 2 us per context token, 0.2 %
-    noise, after each prefill of P s the k-th iteration fraction x P x (1 - decay) decay^(k-1) longer."""
+    noise, after each prefill of P s the k-th iteration fraction x S (1 - exp(-P / S)) x (1 - decay) decay^(k-1)
+    longer (S = saturation_s: about P by default)."""
     rng = np.random.default_rng(seed)
     rows, ctx = [], 2048
+    events = [("prefill", 256, 0.012), ("prefill", 3072, 0.085), ("prefill", 16384, 0.6), ("none", 0, 0.0)]
     for cycle in range(4):
-        for event, tokens, event_s in [("prefill", 256, 0.012), ("prefill", 3072, 0.085), ("none", 0, 0.0)]:
+        for event, tokens, event_s in events:
+            amp = -saturation_s * np.expm1(-event_s / saturation_s)
             for k in range(1, 17):
                 ctx += 1
-                wall = 0.008 + 2e-6 * (ctx - 2048) + fraction * event_s * (1 - decay) * decay ** (k - 1)
+                wall = 0.008 + 2e-6 * (ctx - 2048) + fraction * amp * (1 - decay) * decay ** (k - 1)
                 rows.append(
                     dict(
                         set="m:1",
@@ -237,18 +267,24 @@ def _synthetic(fraction: float, decay: float, seed: int) -> pd.DataFrame:
 
 def test_fit_recovers_known_values(tmp_path):
     p = tmp_path / "t.csv"
-    _synthetic(0.02, 0.7, seed=3).to_csv(p, index=False)
+    _synthetic(0.02, 0.7, seed=3, saturation_s=0.08).to_csv(p, index=False)
     got = fit_transient([p])
     assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.02, abs=0.002)
     assert got["after_prefill_decay_per_iteration"] == pytest.approx(0.7, abs=0.05)
-    assert got["prefills"] == 8
+    assert got["after_prefill_saturation_s"] == pytest.approx(0.08, rel=0.15)
+    assert got["prefills"] == 12
+    # a transient that does not saturate (linear in the prefill's time up to 0.6 s): the saturation comes out long
+    _synthetic(0.02, 0.7, seed=3).to_csv(p, index=False)
+    got = fit_transient([p])
+    assert got["after_prefill_slowdown_fraction"] == pytest.approx(0.02, abs=0.002)
+    assert got["after_prefill_saturation_s"] > 3.0
 
 
 def _duty_run(clock: float, tau_s: float, seed: int, fraction: float = 0.01, decay: float = 0.7) -> pd.DataFrame:
     """Duty runs as realrun.transient --duty writes them (t_s, unix_s from 1e9 s): 8 ms iterations (context growing 1
     token each, 2 us per token) through 3-s blocks at 0, 0.5, 0 and 0.25 of the time in 40 ms prefills; each
-    iteration (1 + clock x sum P / tau exp(-dt / tau)) times its level plus the after-prefill transient, 0.3 %
-    noise."""
+    iteration (1 + clock x sum (1 - exp(-P / tau)) exp(-dt / tau)) times its level plus the after-prefill
+    transient, 0.3 % noise."""
     rng = np.random.default_rng(seed)
     rows, t, ctx, ends = [], 0.0, 2048, []
     for block, duty in enumerate((0.0, 0.5, 0.0, 0.25, 0.0)):
@@ -260,7 +296,7 @@ def _duty_run(clock: float, tau_s: float, seed: int, fraction: float = 0.01, dec
                 ends.append(t)
             ctx += 1
             k += 1 if (k or pre) else 0
-            s = sum(0.040 / tau_s * np.exp(-(t - e) / tau_s) for e in ends if t - e < 20 * tau_s)
+            s = sum(-np.expm1(-0.040 / tau_s) * np.exp(-(t - e) / tau_s) for e in ends if t - e < 20 * tau_s)
             level = 0.008 + 2e-6 * (ctx - 2048)
             fast = fraction * last * (1 - decay) * decay ** (k - 1) if k else 0.0
             wall = (level * (1 + clock * s) + fast) * (1 + 0.003 * rng.standard_normal())
@@ -404,7 +440,7 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
 
 
 def test_the_committed_probe_runs_give_the_h200_scenarios_values():
-    """realrun.transient --fit on the committed files (realrun/traces/h200_transient) gives the four numbers the h200g
+    """realrun.transient --fit on the committed files (realrun/traces/h200_transient) gives the five numbers the h200g
     scenarios carry: they come from the probe, not from a trace."""
     import glob
 
@@ -415,12 +451,14 @@ def test_the_committed_probe_runs_give_the_h200_scenarios_values():
     root = Path(__file__).resolve().parent.parent
     folder = root / "realrun/traces/h200_transient"
     runs = sorted(glob.glob(str(folder / "transient_*.csv"))) + sorted(glob.glob(str(folder / "duty*.csv")))
+    runs += sorted(glob.glob(str(folder / "translong_*.csv")))
     tau = clock_time_constant(folder / "smi.csv", sorted(glob.glob(str(folder / "dutylong_*.csv"))))
     got = fit_transient(runs, tau["after_prefill_clock_time_constant_s"])
     decode = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())["decode"]
     for name in (
         "after_prefill_slowdown_fraction",
         "after_prefill_decay_per_iteration",
+        "after_prefill_saturation_s",
         "after_prefill_clock_fraction",
         "after_prefill_clock_time_constant_s",
     ):

@@ -35,17 +35,19 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # The prefill efficiency on the model's work only, HACK's homomorphic attention at its profiled price (realrun.prefillcal:
 # HACK's prefill is not power-capped; for the long prompts of realrun/traces/h200_long): by configuration 3.95 -> 4.18 %
 # (max 12.07 -> 13.35 %), by trace 3.70 -> 3.85 % (max 12.1 -> 13.3 %).
+# The after-prefill transient saturating and the clock lagging (realrun.transient with 0.2-0.9 s prefills, not
+# fitted): by configuration 4.18 -> 4.22 % (max 13.35 -> 13.72 %), by trace 3.85 -> 3.97 % (max 13.3 -> 13.7 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.9 + 2,
-    "jct_max_abs_error_pct": 13.3 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.0 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.8 + 2,
+    "jct_mean_abs_error_pct": 4.0 + 2,
+    "jct_max_abs_error_pct": 13.7 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.1 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.7 + 2,
 }
 HELD_OUT_CONFIGURATION = {
     "jct_mean_abs_error_pct": 4.2 + 2,
-    "jct_max_abs_error_pct": 13.4 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.3 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.6 + 2,
+    "jct_max_abs_error_pct": 13.7 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.4 + 2,
+    "ttft_p50_mean_abs_error_pct": 7.8 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
@@ -103,10 +105,11 @@ def test_dequantization_share_of_the_kvquant_traces(cv):
 
 # Two configurations no fit has seen (realrun/traces/h200_steps/index_new_configs.csv: the 8B HACK at 2 req/s, the
 # 70B-8L HACK at 25 req/s over 40 Gbps), mean |JCT error| over the two: no fit 8.2 %, the engine fitted on all 27
-# graph-mode traces 7.4 % (-4.5 and -10.3 %; 7.1 % before the KV copies: the 70B run's 200 joins at the fit's lower
-# join time). Bound: achieved + 2, and the fit no worse than no fit there.
+# graph-mode traces 7.3 % (-4.6 and -10.1 %; 7.4 % before the after-prefill terms saturated; 7.1 % before the KV
+# copies: the 70B run's 200 joins at the fit's lower join time). Bound: achieved + 2, and the fit no worse than no
+# fit there.
 NEW_CONFIGS = ROOT / "realrun/traces/h200_steps/index_new_configs.csv"
-NEW_CONFIGS_FITTED_PCT = 7.4 + 2
+NEW_CONFIGS_FITTED_PCT = 7.3 + 2
 
 
 def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
@@ -130,9 +133,12 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
 # not pull the clock into the power cap as FP16's does). HACK's prefill is still priced 2.9 % long there (its GEMMs
 # take the efficiency): a known gap, pinned (HACK fitted more than 3 points above no fit), so fixing it has to change
 # this test. 8 layers of the 70B at 6-12K tokens, 1.5 req/s (recorded after that change): no fit -1.5, -2.7, -2.8 %
-# (mean 2.3 %), fitted -0.2, +0.2, +1.4 % (mean 0.6 %; HACK +4.1 % before it). Bounds: achieved + 2.
+# (mean 2.3 %), fitted -0.2, +0.2, +1.4 % (mean 0.6 %; HACK +4.1 % before it). Then the after-prefill terms
+# saturate (realrun.transient after 0.2-0.9 s prefills: the linear forms priced the iterations after these prompts'
+# prefills up to 9x too long): the 8B no fit -0.4, -3.4, +2.7 % (mean 2.2 %), fitted -0.5, +0.2, +7.7 % (mean 2.8 %);
+# the 70B no fit -2.0, -3.1, -3.3 % (mean 2.8 %), fitted -0.8, -0.3, +0.5 % (mean 0.5 %). Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
-LONG_PCT = {"8b": (2.3 + 2, 3.5 + 2), "70b8l": (2.3 + 2, 0.6 + 2)}  # (no fit, fitted) mean |JCT error|
+LONG_PCT = {"8b": (2.2 + 2, 2.8 + 2), "70b8l": (2.8 + 2, 0.5 + 2)}  # (no fit, fitted) mean |JCT error|
 
 
 def test_long_prompts_against_no_fit(cv):

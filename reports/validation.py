@@ -60,6 +60,10 @@ def _rows(v: dict) -> list[tuple[str, float, float, float | None, str]]:
         it = v["iteration_s"]
         key = "iteration_mean_error_pct"
         rows.append(("decode iteration mean", it["measured_mean"], it["predicted_mean"], v.get(key), key))
+    if "cadence_s" in v:
+        c = v["cadence_s"]
+        key = "cadence_mean_error_pct"
+        rows.append(("decode cadence mean", c["measured_mean"], c["predicted_mean"], v.get(key), key))
     return rows
 
 

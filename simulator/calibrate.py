@@ -768,7 +768,7 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
 def load_index(index_csv: str | Path) -> list[TraceData]:
     """Every run an index lists (validate.read_index: trace, scenario; optional method), priced once; its
     configuration is its scenario's name (an index's `config` column groups repeats: simulator/noise.py)."""
-    from .validate import read_index
+    from .measured import read_index
 
     return [
         load_trace_data(r.trace_path, r.scenario_path, r.trace, r.scenario, method=r.method)

@@ -47,6 +47,7 @@ TRACE_KEYS = (
     "transfer_mean_error_pct",
     "decode_mean_error_pct",
     "iteration_mean_error_pct",
+    "cadence_mean_error_pct",
 )
 SCHEMES = ("no_fit", "in_sample", "held_out", "held_out_configuration")
 HEADS = {
@@ -60,7 +61,7 @@ HEADS = {
 def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | None, values: dict | None) -> dict:
     from .validate import validate
 
-    v = validate(trace_path, scenario_path, method=method, engine_values=values)
+    v = validate(trace_path, scenario_path, method=method, engine_values=values, items=td)
     out = {k: v.get(k) for k in TRACE_KEYS}
     out["dequantize_share_pct"] = v.get("dequantize_share_pct")
     return out
@@ -100,7 +101,7 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     by configuration (each configuration's runs predicted by a fit without any of them): per run the errors of
     each, their means, and per configuration no fit against the held-out fit (module doc).  `workers` > 1 fits
     and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside the figures."""
-    from .validate import read_index
+    from .measured import read_index
 
     rows = read_index(index_csv)
     traces = load_index(index_csv)
@@ -172,7 +173,7 @@ def measured_dequantize_share_pct(trace: Path, reference: Path) -> float:
     method's iterations is its dequantization (its attention runs the same FP16 kernel on the dequantized
     cache; the line difference also holds its 2-bit append against the FP16 one); each request in the
     batch waits for it, as the simulator counts it."""
-    from .validate import load_trace
+    from .measured import load_trace
 
     def line(it: pd.DataFrame) -> np.ndarray:
         x = np.column_stack([np.ones(len(it)), it["batch_size"], it["context_tokens"]])

@@ -111,11 +111,13 @@ def load_trace_data(
     scenario_label: str | None = None,
     method: str | None = None,
     configuration: str | None = None,
+    overrides: list[str] | None = None,
 ) -> TraceData:
-    """A realrun trace (folder or requests.csv) or an engine benchmark file, priced against the scenario."""
-    from .validate import load_measured
+    """A realrun trace (folder or requests.csv) or an engine benchmark file, priced against the scenario (with
+    `overrides`, key=value as `--set` gives them)."""
+    from .measured import load_measured
 
-    m = load_measured(trace, scenario_path, method=method)
+    m = load_measured(trace, scenario_path, overrides, method=method)
     s, cfg = m.scenario, m.config
     res = resolve(neutral(s), str(scenario_path))
     pre, dec = res.costs(cfg)

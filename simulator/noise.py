@@ -35,7 +35,8 @@ def measured_values(trace: str | Path) -> dict[str, float]:
     """The measured value of every metric validate scores (simulator/validate.py), from the trace alone: a
     realrun trace or a benchmark file (per-request metrics only)."""
     from .engine_logs import is_engine_log, read_engine_log
-    from .validate import MEASURABLE_PARTS, _stats, load_trace, measured_parts
+    from .measured import load_trace
+    from .validate import MEASURABLE_PARTS, _stats, measured_parts
 
     iterations = None
     if is_engine_log(trace):
@@ -63,7 +64,7 @@ def _pooled(deviations: dict[str, list[float]], dof: dict[str, int]) -> dict[str
 
 def run_to_run_spread(index_csv: str | Path) -> dict:
     """Each metric's run-to-run spread over the repeated recordings an index lists (module doc)."""
-    from .validate import read_index
+    from .measured import read_index
 
     rows = read_index(index_csv, require=("config",))
     groups: dict[str, list] = {}

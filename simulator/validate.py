@@ -35,184 +35,17 @@ side after its transfer instead, in `decode_queue`.
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from costmodel.methods import KVMethod
-
-from . import files
-from .config import Scenario, ScenarioError
-from .engine_logs import RequestLog, is_engine_log, read_engine_log
-from .load import load_scenario
+from .config import ScenarioError
+from .measured import Measured, load_measured, read_index
 from .run import run_scenario
-from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, read_csv_table
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
-GIB = 2**30
-
-
-def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict, Path]:
-    """The trace's requests (checked row by row, see simulator.trace_rows), its iterations and meta."""
-    path = Path(path)
-    folder = path if path.is_dir() else path.parent
-    req_path = folder / "requests.csv" if path.is_dir() else path
-    if not req_path.exists():
-        raise ScenarioError(f"{path}: no requests.csv")
-    df = check_trace_rows(read_csv_table(req_path, ScenarioError), str(req_path), MEASURED_TRACE, ScenarioError)
-    if "quantize_end_s" not in df.columns:
-        df["quantize_end_s"] = df["prefill_end_s"]
-    it_path = folder / "iterations.csv"
-    iterations = None
-    if it_path.exists():
-        iterations = read_csv_table(it_path, ScenarioError)
-        if len(iterations):
-            iterations = check_trace_rows(iterations, str(it_path), MEASURED_ITERATIONS, ScenarioError)
-    meta_path = folder / "meta.json"
-    meta = {}
-    if meta_path.exists():
-        try:
-            meta = json.loads(files.read_text(meta_path, ScenarioError, "meta.json"))
-        except json.JSONDecodeError as e:
-            raise ScenarioError(f"{meta_path}: line {e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(meta, dict):
-            raise ScenarioError(f"{meta_path}: expected a JSON object")
-        if "method" in meta and not isinstance(meta["method"], str):
-            raise ScenarioError(f"{meta_path}: method: expected a method name")
-    return df.reset_index(drop=True), iterations, meta, req_path
-
-
-@dataclass
-class Measured:
-    """A measured run read and the scenario that describes it, with the run's own requests as its workload."""
-
-    source: str  # "realrun", or the benchmark format (simulator/engine_logs.py)
-    requests: pd.DataFrame  # the measured trace's columns it has (a benchmark file: arrival, lengths, first, finish)
-    iterations: pd.DataFrame | None
-    meta: dict
-    scenario: Scenario
-    config: KVMethod  # the method's entry in it
-    files: list[Path]
-    log: RequestLog | None = None
-    notes: list[str] = field(default_factory=list)
-    workdir: tempfile.TemporaryDirectory | None = None  # holds a benchmark file's requests as the workload CSV
-
-
-def load_measured(
-    trace: str | Path, scenario_path: str | Path, overrides: list[str] | None = None, method: str | None = None
-) -> Measured:
-    """A realrun trace or a benchmark file (module doc) with the scenario loaded to replay its requests: its
-    lengths, and its arrivals where it has send times (else the scenario's arrival process)."""
-    trace = Path(trace)
-    if is_engine_log(trace):
-        return _load_log(trace, scenario_path, overrides, method)
-    df, iterations, meta, req_path = load_trace(trace)
-    method = method or meta.get("method")
-    if method is None:
-        raise ScenarioError(f"{trace}: no method in meta.json; pass --method")
-    ov = list(overrides or []) + [
-        f"workload.trace_csv={req_path.resolve()}",
-        "workload.arrival={kind: trace}",
-        f"workload.requests={len(df)}",
-    ]
-    s = load_scenario(scenario_path, ov)
-    cfg = _method(s, method, scenario_path)
-    check_meta(meta, s, req_path.parent / "meta.json", scenario_path)
-    found = [req_path.parent / f for f in ("requests.csv", "iterations.csv", "meta.json")]
-    return Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f.exists()])
-
-
-def _load_log(trace: Path, scenario_path, overrides, method: str | None) -> Measured:
-    log = read_engine_log(trace)
-    df = log.frame()
-    tmp = tempfile.TemporaryDirectory(prefix="hacksim-log-")
-    csv = Path(tmp.name) / "requests.csv"
-    df[["arrival_s", "prompt_tokens", "output_tokens"]].to_csv(csv, index=False)
-    ov = list(overrides or []) + [f"workload.trace_csv={csv}", f"workload.requests={len(df)}"]
-    if log.sends_known:
-        ov.append("workload.arrival={kind: trace}")
-    s = load_scenario(scenario_path, ov)
-    notes = list(log.notes)
-    if not log.sends_known:
-        arrival = s.workload.arrival
-        if arrival is None or arrival.kind == "trace":
-            raise ScenarioError(
-                f"{trace}: the file has no send times, and {scenario_path} no arrival process (workload.arrival) "
-                f"to replay its requests with"
-            )
-        notes.append(f"arrivals: the scenario's workload.arrival ({_arrival(arrival)}, seed {s.workload.seed})")
-        rate = getattr(arrival, "rate_rps", None)
-        if log.request_rate is not None and math.isfinite(log.request_rate) and rate != log.request_rate:
-            notes.append(
-                f"the file's request_rate ({log.request_rate:g} req/s) differs from the scenario's ({rate} req/s)"
-            )
-    notes.append("no phase timestamps and no iterations: only JCT, TTFT and TPOT are compared")
-    if method is None:
-        if len(s.methods) != 1:
-            names = ", ".join(m.output_name for m in s.methods)
-            raise ScenarioError(
-                f"{trace}: a benchmark file names no method: pass --method (or a method column in the index), or "
-                f"give a scenario with one method (this one has {names})"
-            )
-        method = s.methods[0].output_name
-    cfg = _method(s, method, scenario_path)
-    return Measured(log.format, df, None, dict(log.meta), s, cfg, [trace], log, notes, tmp)
-
-
-def _arrival(a) -> str:
-    rate = getattr(a, "rate_rps", None)
-    return f"{a.kind} at {rate:g} req/s" if rate is not None else a.kind
-
-
-def _method(s, method: str, scenario_path):
-    cfg = next((m for m in s.methods if m.output_name == method), None)
-    if cfg is None:
-        raise ScenarioError(f"{scenario_path}: methods: the trace's method {method!r} is not in the scenario")
-    return cfg
-
-
-# meta.json keys realrun writes (realrun/harness.py) and the scenario value each must agree with
-META_FIELDS = (
-    ("model", "model.preset", lambda s: s.model.preset),
-    ("layers", "model.layers", lambda s: s.model.layers),
-    ("link_gbps", "network.bandwidth_gbps", lambda s: s.network.bandwidth_gbps),
-    ("placement", "placement", lambda s: s.placement),
-    ("max_decode_batch", "decode.max_batch_requests", lambda s: s.decode.max_batch_requests),
-    ("prefill_max_batch_requests", "prefill.max_batch_requests", lambda s: s.prefill.max_batch_requests),
-    (
-        "kv_capacity_bytes",
-        "decode.kv_capacity_gib",
-        lambda s: None if s.decode.kv_capacity_gib is None else s.decode.kv_capacity_gib * GIB,
-    ),
-)
-
-
-def check_meta(meta: dict, s, meta_path: Path, scenario_path) -> None:
-    """Refuse a trace whose meta.json contradicts the scenario it is validated or fitted against, naming the
-    field: a 70B run against an 8B scenario would be scored and fitted as if it were the 8B's."""
-    for key, where, get in META_FIELDS:
-        if key not in meta or meta[key] is None:
-            continue
-        want = get(s)
-        if want is None:
-            continue
-        got = meta[key]
-        same = (
-            math.isclose(float(got), float(want), rel_tol=1e-6)
-            if isinstance(got, (int, float)) and not isinstance(got, bool) and isinstance(want, (int, float))
-            else str(got) == str(want)
-        )
-        if not same:
-            raise ScenarioError(
-                f"{meta_path}: {key} {got!r} contradicts {scenario_path}'s {where} {want!r}: validate a trace "
-                f"against the scenario of the system that recorded it"
-            )
 
 
 PHASE_COLUMNS = (
@@ -262,16 +95,43 @@ def _err_pct(sim: float, meas: float) -> float | None:
     return 100.0 * (sim - meas) / meas
 
 
+def _cadence(trace, scenario_path, overrides, method, s, items) -> dict | None:
+    """The decode iterations' cadence (a realrun trace: each iteration's start to the next one's where the engine
+    went straight on; a benchmark file: the inter-token latencies outside any prefill) against its price with
+    everything the engine model adds to the kernels (joins, leavers, the KV copies, the after-prefill slowdowns,
+    the busy link's host factor and the CPU's gap): the fit's iteration items (fit_items, calibrate.predict) at the
+    simulated scenario's engine values. Unlike the iteration rows (`iteration_s`: each row against the steady
+    iteration's price less the CPU's gap, part of which realrun spends inside its rows), like for like. None where
+    the run has no such items."""
+    from .calibrate import predict
+    from .fit_items import load_trace_data, scenario_values
+
+    td = items if items is not None else load_trace_data(trace, scenario_path, method=method, overrides=overrides)
+    blk = td.blocks.get("iteration")
+    if blk is None or not len(blk["meas"]):
+        return None
+    pred = np.asarray(predict(td, "iteration", scenario_values(s)), dtype=np.float64)
+    meas = np.asarray(blk["meas"], dtype=np.float64)
+    return {
+        "measured_mean": float(meas.mean()),
+        "predicted_mean": float(pred.mean()),
+        "count": int(len(meas)),
+        "median_abs_error_pct": float(100 * np.median(np.abs(pred - meas) / np.maximum(meas, 1e-12))),
+    }
+
+
 def validate(
     trace: str | Path,
     scenario_path: str | Path,
     overrides: list[str] | None = None,
     method: str | None = None,
     engine_values: dict[str, float] | None = None,
+    items=None,
 ) -> dict:
     """Simulate the run's system and compare; `engine_values` (engine.PARAMETERS names) replace the scenario's
     engine parameters (a calibration fitted in memory: simulator/crossval.py), those the scenario's placement
-    applies (engine.not_applied: the rest are listed in `notes`)."""
+    applies (engine.not_applied: the rest are listed in `notes`); `items`: the trace's fit items
+    (fit_items.load_trace_data, priced as here), if the caller has them."""
     m = load_measured(trace, scenario_path, overrides, method)
     s, method, df, notes = m.scenario, m.config.output_name, m.requests, list(m.notes)
     if engine_values:
@@ -348,6 +208,10 @@ def validate(
         out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
         rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
+    cadence = _cadence(trace, scenario_path, overrides, method, s, items)
+    if cadence is not None:
+        out["cadence_s"] = cadence
+        out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])
         steps = m.files[0].parent / "steps.csv"
         if m.source == "realrun" and steps.exists():
             out.update(_step_split(steps, m, dec, predicted_it))
@@ -414,6 +278,11 @@ def format_validation(v: dict) -> str:
                 "iteration_mean_error_pct",
             )
         )
+    if "cadence_s" in v:
+        c = v["cadence_s"]
+        rows.append(
+            row("cadence mean (s)", f"{c['measured_mean']:.5f}", f"{c['predicted_mean']:.5f}", "cadence_mean_error_pct")
+        )
     for key, label in (("step_gpu_s", "step GPU mean (s)"), ("host_serial_s", "host serial mean (s)")):
         if key in v:
             rows.append(
@@ -470,61 +339,25 @@ SUMMARY_KEYS = (
     "transfer_mean_error_pct",
     "decode_mean_error_pct",
     "iteration_mean_error_pct",
+    "cadence_mean_error_pct",
     "kv_wait_mean_error_pct",
     "kv_wait_error_s",
 )
-HEADS = ("jct mean", "ttft p50", "tpot p50", "prefill", "transfer", "decode", "iteration", "kv wait", "kv wait (s)")
+HEADS = (
+    "jct mean",
+    "ttft p50",
+    "tpot p50",
+    "prefill",
+    "transfer",
+    "decode",
+    "iteration",
+    "cadence",
+    "kv wait",
+    "kv wait (s)",
+)
 # step-timed recordings only (realrun --step-times): an index table shows them where a row has them
 STEP_KEYS = ("step_gpu_mean_error_pct", "host_serial_mean_error_pct")
 STEP_HEADS = ("step GPU", "host serial")
-
-
-class IndexRow(NamedTuple):
-    """One row of an index: the trace and scenario as written, their paths, and the optional columns."""
-
-    trace: str
-    scenario: str
-    trace_path: Path
-    scenario_path: Path
-    method: str | None = None  # a benchmark file's method (realrun traces name theirs in meta.json)
-    config: str | None = None  # a repeats index's group: recordings of one configuration, method and seed
-
-
-def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[IndexRow]:
-    """An index's rows (columns trace, scenario; optional method, config, and `require`d ones); relative paths
-    are tried against the current directory, then the index's folder, then hacksim's own folder (the shipped
-    indexes name `scenarios/measured/...` as the repository has them, so they run from any folder)."""
-    index_csv = Path(index_csv)
-    idx = read_csv_table(index_csv, ScenarioError, "trace index")
-    need = ("trace", "scenario", *require)
-    missing = set(need) - set(idx.columns)
-    if missing:
-        raise ScenarioError(
-            f"{index_csv}: the index needs columns {', '.join(need)} (missing {', '.join(sorted(missing))})"
-        )
-    if not len(idx):
-        raise ScenarioError(f"{index_csv}: no rows")
-    blank = idx.loc[:, list(need)].isna().any(axis=1).to_numpy()
-    if blank.any():
-        raise ScenarioError(f"{index_csv} line {int(np.argmax(blank)) + 2}: empty {' or '.join(need)}")
-
-    def where(p: str) -> Path:
-        q = Path(p)
-        if q.exists() or q.is_absolute() or (index_csv.parent / q).exists():
-            return q if q.exists() or q.is_absolute() else index_csv.parent / q
-        from .resolve import REPO_ROOT
-
-        return REPO_ROOT / q if (REPO_ROOT / q).exists() else index_csv.parent / q
-
-    def optional(col: str) -> list[str | None]:
-        if col not in idx.columns:
-            return [None] * len(idx)
-        return [None if (isinstance(v, float) and math.isnan(v)) else str(v) for v in idx[col]]
-
-    return [
-        IndexRow(str(t), str(scen), where(str(t)), where(str(scen)), m, c)
-        for t, scen, m, c in zip(idx["trace"], idx["scenario"], optional("method"), optional("config"))
-    ]
 
 
 def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:

@@ -113,7 +113,8 @@ NEW_CONFIGS_FITTED_PCT = 7.3 + 2
 
 
 def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
-    from simulator.validate import read_index, validate
+    from simulator.measured import read_index
+    from simulator.validate import validate
 
     values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
     fitted, none = [], []
@@ -142,7 +143,8 @@ LONG_PCT = {"8b": (2.2 + 2, 2.8 + 2), "70b8l": (2.8 + 2, 0.5 + 2)}  # (no fit, f
 
 
 def test_long_prompts_against_no_fit(cv):
-    from simulator.validate import read_index, validate
+    from simulator.measured import read_index
+    from simulator.validate import validate
 
     values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
     fitted: dict[tuple[str, str], float] = {}

@@ -247,7 +247,7 @@ def test_a_shipped_index_reads_from_any_folder(tmp_path, monkeypatch):
     """The shipped indexes name their scenarios as the repository has them (scenarios/measured/...): from
     another folder they were looked for beside the index and not found (`no such file`); hacksim's own folder
     is now the last place tried. A path found in the current folder or beside the index still wins."""
-    from simulator.validate import read_index
+    from simulator.measured import read_index
 
     index = ROOT / "realrun" / "traces" / "h200_graphs" / "index.csv"
     monkeypatch.chdir(tmp_path)

@@ -274,8 +274,9 @@ class DecodeReplica:
         self._transient_s = 0.0  # extra seconds still ahead from the last prefill, at the segment's start
         # decode.after_prefill_clock_fraction (shared_gpu): the power limit's lower clocks after the prefills slow the
         # GPU's part of each iteration by a fraction that every prefill of P s raises by clock_fraction x
-        # (1 - exp(-P / tau)) (clock_share) and that fades in time with tau (clock_tau_s); the running segment's m-th iteration takes _clock_s (1 - r) r^m
-        # more, r = exp(-its first iteration / tau) (its GPU time and cadence taken as the first iteration's)
+        # (1 - exp(-P / tau)) (clock_share) and that fades in time with tau (clock_tau_s); the running segment's
+        # m-th iteration takes _clock_s (1 - r) r^m more, r = exp(-its first iteration / tau) (its GPU time and
+        # cadence taken as the first iteration's)
         self.clock_fraction = 0.0
         self.clock_tau_s = 1.0
         self._clock = 0.0  # the slowdown (fraction of the GPU time) at _clock_at_s

@@ -23,8 +23,8 @@ one token have none), for the mean of each breakdown part the trace can resolve 
 dequantize + approximation, which a trace cannot split), and, with `iterations.csv`, for the decode iteration
 time the cost model predicts for each measured batch (batch size and total context) — the direct check of the
 per-iteration model, free of queueing — and for the cadence (`_cadence`: each iteration's start to the next one's,
-priced with every engine term as the fit's items are). With a repeats index (simulator/noise.py) each error figure has the
-run-to-run spread of its metric beside it.
+priced with every engine term as the fit's items are). With a repeats index (simulator/noise.py) each error figure
+has the run-to-run spread of its metric beside it.
 
 The wait for KV room is reported beside the JCT error (`kv_wait_s`): per request, the time from its KV being
 ready (`quantize_end_s`) to its transfer's start (`transfer_start_s`), which is when the decode side admits it

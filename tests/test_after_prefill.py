@@ -120,8 +120,8 @@ def test_the_clock_slowdown_fades_in_time_over_the_iterations_after_the_prefill(
 
 def test_the_prefills_clock_slowdowns_add_up():
     """Two 20 ms prefills asking at 25 and 75 ms: the first runs 30-50 ms; iterations from 50 ms, the m-th longer by
-    s1 x 9 ms x r^m (s1 = 0.1 x (1 - exp(-20 / 50))); the second asks during the third (50 + 20 ms and shares .. ), runs from that
-    iteration's end e to e + 20 ms, and leaves s1 faded over e + 20 - 50 ms plus 0.04; the 4 iterations after it
+    s1 x 9 ms x r^m (s1 = 0.1 x (1 - exp(-20 / 50))); the second asks during the third (50 + 20 ms and shares .. ),
+    runs from that iteration's end e to e + 20 ms, and leaves s1 faded over e + 20 - 50 ms plus s1; the 4 after it
     take that x 9 ms x r^m."""
     tau = 0.050
     s1 = 0.1 * (1 - np.exp(-0.020 / tau))

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -37,6 +37,8 @@
 #             idle: the 32-layer 8B and the 8-layer 70B, FP16 / KVQuant-style / HACK at batches 8 and 32 (~300 s).
 #   part translong: realrun.transient with 1,024-, 8,192- and 16,384-token prefills (0.05-0.9 s), 32 iterations after
 #             each, batch 32, every method: the 32-layer 8B and the 8-layer 70B, clocks logged (~400 s).
+#   part shortpre: realrun.prefillcal and realrun.transient at 128-512-token prompts on the 32- and 8-layer 8B and the
+#             8-layer 70B, every method: the short prefills' host floor alone and between decode iterations (~400 s).
 #   part duty: realrun.transient --duty, decode iterations through 2-second blocks holding the prefills' share of the
 #             GPU at 0, 0.5, 0, 0.25, 0, 0.5, 0 (2,048-token prefills, link idle): the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~200 s).
@@ -204,6 +206,22 @@ elif [ "$PART" = translong ]; then
   step 280 translong_8b python3 -m realrun.transient --out "$OUT/translong_8b.csv" "${TR[@]}"
   step 280 translong_70b python3 -m realrun.transient --out "$OUT/translong_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
+elif [ "$PART" = shortpre ]; then
+  # issue 28: the host floor of short-prompt prefills (128-512 tokens) on the 32- and 8-layer 8B and the 8-layer 70B,
+  # each alone back to back and rested (prefillcal_short.csv) and between decode iterations of a batch of 8
+  # (shortpre_*.csv): per batch against per layer on one host, and whether a decode iteration before a prefill
+  # lengthens it
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then PF=(--smoke); TR=(--smoke); TR8=(--smoke); TR70=(--smoke); else
+    PF=(--sets "llama-3.1-8b:32;llama-3.1-8b:8;llama-3.1-70b:8" --tokens 128 256 512 --repeats 8 --rest-s 0.3
+      --methods baseline kvquant hack)
+    SP=(--prompts 128 256 512 --batches 8 --gap 4 --cycles 8 --dense 0)
+    TR=(--sets "llama-3.1-8b:32" "${SP[@]}"); TR8=(--sets "llama-3.1-8b:8" "${SP[@]}")
+    TR70=(--sets "llama-3.1-70b:8" "${SP[@]}")
+  fi
+  step 150 prefillcal_short python3 -m realrun.prefillcal --out "$OUT/prefillcal_short.csv" "${PF[@]}"
+  step 120 shortpre_8b python3 -m realrun.transient --out "$OUT/shortpre_8b.csv" "${TR[@]}"
+  step 120 shortpre_8b8 python3 -m realrun.transient --out "$OUT/shortpre_8b8.csv" "${TR8[@]}"
+  step 120 shortpre_70b python3 -m realrun.transient --out "$OUT/shortpre_70b.csv" "${TR70[@]}"
 elif [ "$PART" = duty ]; then
   # issue 28: what a sustained share of prefill does to the decode iterations on the shared GPU (duty_*.csv)
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else

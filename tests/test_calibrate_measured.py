@@ -54,7 +54,9 @@ TRACES_WITHIN_10PCT = 26 - 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
 # Held out, since the prefill efficiency leaves HACK's homomorphic attention at its profiled price (docs/calibration.md,
 # "Long prompts"), 8b_2.5gbps is predicted worse than with no fit too: 5.86 against 5.71 % (by 0.15 points; its
-# recordings spread +-9.9 % across sessions). Before that, one: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
+# recordings spread +-9.9 % across sessions; 5.85 against 5.60 % and 70b8l_2.5gbps 3.31 against 2.30 % since the
+# after-prefill terms saturate: a fold without 8b_2.5gbps, whose 32-layer FP16 prefills at 130-384 tokens are the only
+# host-bound short ones, fits the prefill floor per layer from 8-layer runs, 0.53 ms, and prices them +35 %). Before that, one: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
 # term; 3.1 against 2.6 % with the after-prefill term alone; before it 3.0 against 2.8 %; it was 2.85
 # against 2.87 %): the fit pulls the busy-link host factor from hostcal's 1.31 to 1.00, 3.1 prior widths, a conflict
 # `calibrate` lists; at hostcal's value that configuration is predicted at 2.1 %. (Before: 8b_2.5gbps, 9.5 against

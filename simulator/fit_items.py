@@ -56,6 +56,7 @@ import pandas as pd
 from .decode import clock_share, transient_amplitude_s
 from .engine import PARAMETERS, apply_values
 from .engine_logs import RequestLog
+from .measured import Measured, load_measured
 from .resolve import link_busy_prefill_factors, network_bandwidth_gbps, resolve
 
 MAX_ITERATIONS = 200  # decode items per trace in the fit, evenly spaced (consecutive ones are not independent)
@@ -111,18 +112,26 @@ def load_trace_data(
     scenario_label: str | None = None,
     method: str | None = None,
     configuration: str | None = None,
-    overrides: list[str] | None = None,
 ) -> TraceData:
-    """A realrun trace (folder or requests.csv) or an engine benchmark file, priced against the scenario (with
-    `overrides`, key=value as `--set` gives them)."""
-    from .measured import load_measured
+    """A realrun trace (folder or requests.csv) or an engine benchmark file, priced against the scenario."""
+    m = load_measured(trace, scenario_path, method=method)
+    return trace_data(m, scenario_path, name or str(trace), scenario_label, configuration)
 
-    m = load_measured(trace, scenario_path, overrides, method=method)
+
+def trace_data(
+    m: Measured,
+    scenario_path: str | Path,
+    name: str,
+    scenario_label: str | None = None,
+    configuration: str | None = None,
+) -> TraceData:
+    """A measured run already read (measured.load_measured) priced against its scenario: load_trace_data for a
+    caller that holds the run (validate)."""
     s, cfg = m.scenario, m.config
     res = resolve(neutral(s), str(scenario_path))
     pre, dec = res.costs(cfg)
     td = TraceData(
-        name=name or str(trace),
+        name=name,
         scenario=scenario_label or str(scenario_path),
         configuration=configuration or Path(str(scenario_label or scenario_path)).stem,
         method=cfg.output_name,

@@ -96,7 +96,7 @@ def _err_pct(sim: float, meas: float) -> float | None:
     return 100.0 * (sim - meas) / meas
 
 
-def _cadence(trace, scenario_path, overrides, method, s, items) -> dict | None:
+def _cadence(m: Measured, trace, scenario_path, s, items) -> dict | None:
     """The decode iterations' cadence (a realrun trace: each iteration's start to the next one's where the engine
     went straight on; a benchmark file: the inter-token latencies outside any prefill) against its price with
     everything the engine model adds to the kernels (joins, leavers, the KV copies, the after-prefill slowdowns,
@@ -105,9 +105,9 @@ def _cadence(trace, scenario_path, overrides, method, s, items) -> dict | None:
     iteration's price less the CPU's gap, part of which realrun spends inside its rows), like for like. None where
     the run has no such items."""
     from .calibrate import predict
-    from .fit_items import load_trace_data, scenario_values
+    from .fit_items import scenario_values, trace_data
 
-    td = items if items is not None else load_trace_data(trace, scenario_path, method=method, overrides=overrides)
+    td = items if items is not None else trace_data(m, scenario_path, str(trace))
     blk = td.blocks.get("iteration")
     if blk is None or not len(blk["meas"]):
         return None
@@ -132,7 +132,7 @@ def validate(
     """Simulate the run's system and compare; `engine_values` (engine.PARAMETERS names) replace the scenario's
     engine parameters (a calibration fitted in memory: simulator/crossval.py), those the scenario's placement
     applies (engine.not_applied: the rest are listed in `notes`); `items`: the trace's fit items
-    (fit_items.load_trace_data, priced as here), if the caller has them."""
+    (fit_items.load_trace_data, priced as here), if the caller has them, else priced from the run read here."""
     m = load_measured(trace, scenario_path, overrides, method)
     s, method, df, notes = m.scenario, m.config.output_name, m.requests, list(m.notes)
     if engine_values:
@@ -209,7 +209,7 @@ def validate(
         out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
         rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
-    cadence = _cadence(trace, scenario_path, overrides, method, s, items)
+    cadence = _cadence(m, trace, scenario_path, s, items)
     if cadence is not None:
         out["cadence_s"] = cadence
         out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])

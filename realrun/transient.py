@@ -39,8 +39,10 @@ context_tokens, wall_s.
 `--fit FILE...` (no GPU) prints the scenario fields decode.after_prefill_slowdown_fraction and
 decode.after_prefill_decay_per_iteration from the transient and duty files (fit_transient); given a GPU clock log
 (smi.csv, the device part dutylong's), also decode.after_prefill_clock_time_constant_s from it (clock_time_constant)
-and decode.after_prefill_clock_fraction; network.link_busy_host_factor and _per_gbps from the xfer files
-(fit_xfer); and from the mix files the spread batches' excess (mix_excess).
+and decode.after_prefill_clock_fraction; from the files that time iterations on the host's clock (duty, translong) the
+CPU's time a pass through a prefill adds, prefill.host_serial_s_per_iteration (prefill_pass_s);
+network.link_busy_host_factor and _per_gbps from the xfer files (fit_xfer); and from the mix files the spread
+batches' excess (mix_excess).
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ def main(argv=None) -> int:
             tau = fade["after_prefill_clock_time_constant_s"]
         if rest:
             print(fit_transient(rest, tau))
+            timed = [p for p in rest if "unix_s" in heads[p] or "t_s" in heads[p]]
+            try:
+                print(prefill_pass_s(timed))
+            except ValueError:  # no file times a pass through a prefill against a plain one
+                pass
         if xfer:
             print(fit_xfer(xfer))
         return 0
@@ -628,6 +635,43 @@ def clock_time_constant(smi_path, duty_paths) -> dict:
         "sm_clock_deficit_mhz": {f"{b:.1f}": round(float(m), 1) for b, m in zip(bins, means)},
         "blocks": len(dts),
     }
+
+
+def prefill_pass_s(paths) -> dict:
+    """What a pass of the loop through a prefill costs the CPU beyond a plain pass (prefill.host_serial_s_per_iteration:
+    the simulator holds the shared GPU that long after a prefill batch's KV is encoded), from files that time the
+    iterations on the host's clock: a duty file's t_s (each iteration's start: the CPU's time before iteration i is
+    t_s[i] - t_s[i - 1] - wall_s[i - 1]) or a transient file's unix_s (after each iteration: unix_s[i] - unix_s[i - 1]
+    - wall_s[i]). Per (file, set, method, batch): the mean of that time before the first iteration after a prefill, less
+    the prefill's own (event_s), against its mean before the other iterations; the value is the mean over them, with
+    its standard error. The probes' pass has the harness's prefill (the prompt's upload, the forward, the encode, the
+    tokens read back) but not the live loop's admission and the link's submit, so it is the live loop's lower
+    bound."""
+    import numpy as np
+    import pandas as pd
+
+    extra = []
+    for path in paths:
+        d = pd.read_csv(path)
+        for _, g in d.groupby(["set", "method", "batch_size"], sort=False):
+            w, k, ev = g["wall_s"].to_numpy(), g["k"].to_numpy(), g["event_s"].to_numpy()
+            if "block" in g:  # a duty file: t_s is the iteration's start, k counts from the last prefill
+                t = g["t_s"].to_numpy()
+                host = t[1:] - t[:-1] - w[:-1]
+                same = g["block"].to_numpy()[1:] == g["block"].to_numpy()[:-1]
+                after = same & (k[1:] == 1)
+                plain = same & (k[1:] != 1)
+            else:  # a transient file: unix_s after each iteration, k = 1 the first after the event
+                host = np.diff(g["unix_s"].to_numpy()) - w[1:]
+                after = (k[1:] == 1) & (g["event"].to_numpy()[1:] == "prefill")
+                plain = k[1:] != 1
+            if after.any() and plain.any():
+                extra.append(float(np.mean(host[after] - ev[1:][after]) - np.mean(host[plain])))
+    if not extra:
+        raise ValueError("no file times its iterations on the host's clock with prefills between them")
+    x = np.array(extra)
+    sd = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+    return {"prefill.host_serial_s_per_iteration": float(x.mean()), "stderr": sd, "settings": len(x)}
 
 
 def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:

@@ -65,7 +65,7 @@ from .resolve import REPO_ROOT
 # A trace's systematic relative error on one kind of item, the unit of the data term: the run-to-run spread of
 # repeated recordings (issue 28: 1-7 % in mean JCT on the H200; simulator/noise.py measures it per metric).
 DATA_SIGMA = 0.05
-KINDS = ("iteration", "prefill", "quantize", "transfer")
+KINDS = ("iteration", "prefill", "quantize", "transfer", "handoff")
 HELD_PREFIX = "; held at the prior's centre: "
 FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
 IDENTIFIED = 0.5  # fitted when the posterior sd is at most this fraction of the prior's
@@ -92,6 +92,8 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     n = len(blk["meas"])
     if kind == "transfer":
         return _predict_transfer(blk, v, wrt)
+    if kind == "handoff":
+        return _predict_handoff(blk, v, wrt, fb - 1.0, td.link_gbps)
     if kind == "iteration":  # at the level at its start (an iteration in progress keeps it: simulator/decode.py)
         busy = blk.get("busy")
         f = 1.0 + (np.zeros(n) if busy is None else busy) * (fb - 1.0)
@@ -220,6 +222,25 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
     return pred, d, host_s
 
 
+def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_extra: float, gbps: float):
+    """What a pass of the loop through a prefill costs the CPU beyond a plain pass on a shared GPU: the prefill batch's
+    serial time, at the level of its start (a host term: network.link_busy_host_factor while a transfer is in
+    flight; `busy_step` the share of the passes that start so)."""
+    serial = v["prefill.host_serial_s_per_iteration"]
+    f_step = 1.0 + blk["busy_step"] * busy_extra
+    pred = serial * f_step
+    if not wrt:
+        return pred
+    per_a = blk["busy_step"] * serial
+    d = {
+        "prefill.host_serial_s_per_iteration": f_step,
+        "network.link_busy_host_factor": per_a,
+        "network.link_busy_host_factor_per_gbps": per_a * gbps,
+    }
+    zero = np.zeros_like(pred)
+    return pred, {name: d.get(name, zero) for name in wrt}
+
+
 def _predict_transfer(blk: dict, v: dict[str, float], wrt: tuple[str, ...]):
     def at(eff: float, lat: float) -> np.ndarray:
         return processor_sharing_s(blk["start"], blk["bytes"], blk["line_bytes_per_s"] * eff) + lat
@@ -282,7 +303,9 @@ def depends(name: str, td: TraceData) -> list[str]:
     elif name.startswith("network.link_busy_prefill_host"):  # the prefill floor's level while the link moves KV
         kinds = ["prefill"]
     elif name.startswith("network.link_busy_host"):  # the other host terms' level while the link moves KV
-        kinds = ["iteration", "quantize"]
+        kinds = ["iteration", "quantize", "handoff"]
+    elif name == "prefill.host_serial_s_per_iteration":  # the prefill step's CPU time after it (shared_gpu)
+        kinds = ["handoff"]
     else:
         kinds = {"decode": ["iteration"], "prefill": ["prefill"], "network": ["transfer"]}[head]
     return [k for k in kinds if k in td.blocks]

@@ -372,7 +372,9 @@ class PoolConfig(_Strict):
         ge=0,
         le=3600,
         description="decode: CPU time between iterations during "
-        "which the GPU idles (sync on the sampled tokens, scheduling)",
+        "which the GPU idles (sync on the sampled tokens, scheduling); prefill: CPU time per prefill batch "
+        "during which the GPU idles, after its KV is encoded (handing the KV on, preparing the next step's "
+        "inputs); under placement shared_gpu the decode waits for it too",
     )
     after_prefill_slowdown_fraction: float = Field(
         0.0,

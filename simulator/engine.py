@@ -196,6 +196,16 @@ PARAMETERS: dict[str, Parameter] = {
             prior_width=5e-4,
         ),
         Parameter(
+            "prefill.host_serial_s_per_iteration",
+            (0.0, 0.02),
+            "s",
+            "CPU time per prefill batch while the GPU waits, after its KV is encoded (handing the KV on, the next "
+            "step's inputs); on a shared GPU the decode waits for it too",
+            scope="host",
+            shape="per prefill batch",
+            prior_width=5e-4,  # as the decode loop's gap: a Python loop's bookkeeping, a fraction of a millisecond
+        ),
+        Parameter(
             "network.efficiency",
             (0.05, 1.0),
             "fraction",

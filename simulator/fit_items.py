@@ -10,7 +10,10 @@ needs to price it at any engine parameters, priced once at neutral ones.
   and the batch did not empty, at the measured batch size and total context, with the requests joining it;
 * ``prefill``: every prefill batch (the requests that started together), start to end;
 * ``quantize``: its quantize step, prefill end to quantize end (methods that quantize after prefill);
-* ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts.
+* ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts;
+* ``handoff`` (placement shared_gpu): what a pass of the loop through a prefill costs the CPU beyond a plain pass
+  (the iteration's end to the prefill's start plus its quantize's end to the next iteration's start, less the
+  loop's plain gap): the prefill batch's serial time, one item per trace (`_handoff_block`).
 
 Each iteration item also says whether a transfer was in flight at its start (``busy``: where the host shares its
 process with the link's endpoint its host terms then take network.link_busy_host_factor), and each prefill and
@@ -170,6 +173,8 @@ def trace_data(
                     s.decode.after_prefill_clock_fraction,
                     s.decode.after_prefill_clock_time_constant_s,
                 )
+        if s.placement == "shared_gpu":
+            td.blocks["handoff"] = _handoff_block(df, iterations)
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
     if quantize is not None:
         td.blocks["quantize"] = quantize
@@ -272,6 +277,54 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens:
 # times written to a CSV and read back: an iteration starting as a prefill ends (or a request finishes) may read as
 # a hair before it
 CSV_EPS_S = 1e-9
+
+
+def _handoff_block(df: pd.DataFrame, it: pd.DataFrame) -> dict:
+    """Placement shared_gpu: what a pass of the loop through a prefill costs the CPU beyond a plain pass, the prefill
+    batch's serial time (prefill.host_serial_s_per_iteration, simulator/prefill.py). A pass the loop went straight
+    through: from a decode iteration's end to the prefill's start, plus from its quantize's end to the next
+    iteration's start, less the run's mean gap between two iterations with nothing between them (the loop's own
+    gap, in the simulator decode.host_serial_s_per_iteration with the issue before the launch, which a row holds).
+    Only where the request had arrived by the iteration's end (the loop did not wait for it), and where the next
+    iteration kept a request of the one before (it did not wait for a join); the gap subtracted is the mean of the
+    gaps at the link's level at the iteration's start (a transfer in flight slows the CPU). One item, the mean: a
+    CPU's time of a millisecond spreads by tens of % from one pass to the next, and a least squares of relative
+    errors would pull toward the short ones; what a run's timeline sums is the mean (its price is linear in the
+    levels, so `busy_step`, the share of the passes that start while a transfer is in flight, prices it exactly)."""
+    starts, ends = it["start_s"].to_numpy(np.float64), it["end_s"].to_numpy(np.float64)
+    b = it["batch_size"].to_numpy()
+    joins = np.zeros(len(it), dtype=np.int64)
+    k = np.searchsorted(starts, df["decode_start_s"].to_numpy(np.float64))
+    np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
+    g = df.groupby("prefill_start_s", sort=True)
+    first = g.head(1).sort_values("prefill_start_s")
+    ps = first["prefill_start_s"].to_numpy(np.float64)
+    qe = first["quantize_end_s"].to_numpy(np.float64)
+    arrived = np.asarray(g["arrival_s"].max(), dtype=np.float64)  # the batch's last arrival
+    # the plain gaps: no prefill between the two iterations, the batch went on
+    j = np.arange(len(it) - 1)
+    plain = (np.searchsorted(ps, ends[j]) == np.searchsorted(ps, starts[j + 1])) & (joins[j + 1] < b[j + 1])
+    gap_level = link_busy_at(df, starts[j[plain]])
+    gaps = (starts[j + 1] - ends[j])[plain]
+    i = np.searchsorted(ends, ps + CSV_EPS_S, "right") - 1  # the last iteration ended by the prefill's start
+    nxt = i + 1
+    ok = (i >= 0) & (nxt < len(it)) & np.isfinite(qe)
+    ok[ok] &= (arrived[ok] <= ends[i[ok]] + CSV_EPS_S) & (starts[nxt[ok]] >= qe[ok] - CSV_EPS_S)
+    # one prefill between them, and the next iteration went on with the batch
+    later = np.searchsorted(ps, starts[np.minimum(nxt, len(it) - 1)] - CSV_EPS_S, "left")
+    ok &= later == np.arange(len(ps)) + 1
+    ok[ok] &= joins[nxt[ok]] < b[nxt[ok]]
+    i, ps, qe, nxt = i[ok], ps[ok], qe[ok], nxt[ok]
+    if not (len(i) and len(gaps)):
+        return {"meas": np.zeros(0), "busy_step": np.zeros(0), "count": 0}
+    level = link_busy_at(df, starts[i])
+    mean_gap = {x: float(gaps[gap_level == x].mean()) if (gap_level == x).any() else float(gaps.mean()) for x in (0, 1)}
+    plain_s = np.where(level > 0, mean_gap[1], mean_gap[0])
+    return {
+        "meas": np.array([np.mean((ps - ends[i]) + (starts[nxt] - qe) - plain_s)]),
+        "busy_step": np.array([link_busy_at(df, ps).mean()]),
+        "count": len(i),
+    }
 
 
 def _prefills_on_gpu(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

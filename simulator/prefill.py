@@ -254,6 +254,9 @@ class PrefillReplica:
         latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
         if levels is not None and self.link_busy and self.endpoint is not None:
             latency_s, encode_s, busy_s = self._busy_part(prefill_of(levels[0].prefill(prompts, cached)), cost)
+        # the CPU's work after the step while the GPU waits (prefill.host_serial_s_per_iteration, at the level of the
+        # step's start): the replica, and on a shared GPU the decode, wait for it; the KV is encoded before it
+        busy_s += self.cost.host_serial_s_per_iteration
         if self.chunk_tokens is None:
             done = batch
         else:

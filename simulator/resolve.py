@@ -32,8 +32,10 @@ reads the frozen `Resolved` it returns. The defaults it fills in:
   `per_flow_gbps` caps one transfer.
 
 The engine's host costs: on the decode pool every term (`host_issue_s_*`, `host_serial_s_per_iteration`,
-`extra_kernels_per_layer`); on the prefill pool the issue terms only (`host_issue_s_*`, 0 by default: a
-prefill batch lasts at least the CPU time to issue it, for an engine that launches prefill eagerly).
+`extra_kernels_per_layer`); on the prefill pool the issue terms (`host_issue_s_*`, 0 by default: a prefill batch
+lasts at least the CPU time to issue it, for an engine that launches prefill eagerly) and the serial time per batch
+(`host_serial_s_per_iteration`: the CPU's work between a batch's KV encoded and the next step while the GPU waits,
+simulator/prefill.py).
 What an engine calibration fits (simulator/engine.py; `calibration.engine` applies its file when the
 scenario is loaded) arrives here as scenario values: `decode.join_s_per_request`,
 `prefill.prefill_efficiency`, and per method `calibration.implementation_factors` (all neutral by default).
@@ -448,12 +450,12 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         host_bytes = DEFAULT_HOST_MEMORY_BYTES
     else:
         host_bytes = inst.host_memory_gib / 2 * GIB * per
-    decode = name != "prefill"  # serial time and extra kernels are decode's (0 on the prefill pool)
+    decode = name != "prefill"  # extra kernels and graphs are decode's (0 on the prefill pool)
     host = HostCosts(
         issue_s_per_iteration=pool.host_issue_s_per_iteration,
         issue_s_per_layer=pool.host_issue_s_per_layer,
         issue_s_per_request=pool.host_issue_s_per_request,
-        serial_s_per_iteration=pool.host_serial_s_per_iteration if decode else 0.0,
+        serial_s_per_iteration=pool.host_serial_s_per_iteration,
         extra_kernels_per_layer=pool.extra_kernels_per_layer if decode else 0,
         decode_graphs=pool.cuda_graphs and decode,
     )

@@ -29,6 +29,7 @@ TRUE = {
     "decode.leave_s_per_request": 0.0006,
     "prefill.prefill_efficiency": 0.8,
     "prefill.host_issue_s_per_iteration": 0.0025,
+    "prefill.host_serial_s_per_iteration": 0.0007,
     "network.efficiency": 0.7,
     "network.latency_s": 0.002,
     "methods.baseline.quantize_issue_s_per_layer": 4e-5,

@@ -21,7 +21,7 @@ import simpy
 
 from decode_standins import FixedCost, Listener, records
 from helpers import scenario
-from realrun.transient import fit_transient
+from realrun.transient import fit_transient, prefill_pass_s
 from simulator.config import ScenarioError
 from simulator.decode import DecodeReplica, transient_amplitude_s
 from simulator.fit_items import after_prefill_s, clock_slowdown
@@ -463,6 +463,50 @@ def test_the_committed_probe_runs_give_the_h200_scenarios_values():
         "after_prefill_clock_time_constant_s",
     ):
         assert got[name] == decode[name], name
+    # the CPU's time a pass through a prefill adds, from the files that time iterations on the host's clock
+    timed = sorted(glob.glob(str(folder / "duty*.csv"))) + sorted(glob.glob(str(folder / "translong_*.csv")))
+    prefill = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())["prefill"]
+    serial = prefill_pass_s(timed)
+    assert serial["settings"] == 14
+    assert round(serial["prefill.host_serial_s_per_iteration"], 4) == prefill["host_serial_s_per_iteration"]
+
+
+def test_prefill_pass_s_recovers_a_known_pass(tmp_path):
+    """A duty file whose passes through a prefill take 0.3 ms more CPU than the plain ones (0.2 ms) gives 0.3 ms; a
+    transient file timed on unix_s the same; a file with no prefill between its iterations is refused."""
+    rows, t = [], 0.0
+    for i in range(40):
+        k = i % 4 + 1  # a prefill of 20 ms before every fourth iteration
+        pre = 0.020 if k == 1 else 0.0
+        t += pre + (0.0005 if k == 1 else 0.0002)  # the CPU's time before this iteration
+        rows.append(
+            dict(
+                set="m:1",
+                method="hack",
+                batch_size=8,
+                block=0,
+                duty=0.5,
+                t_s=t,
+                k=k,
+                event_s=0.020,
+                max_context=2048,
+                wall_s=0.005,
+            )
+        )
+        t += 0.005
+    duty = tmp_path / "duty.csv"
+    pd.DataFrame(rows).to_csv(duty, index=False)
+    assert prefill_pass_s([duty])["prefill.host_serial_s_per_iteration"] == pytest.approx(0.0003)
+    tr = [dict(r, event="prefill", unix_s=r["t_s"] + r["wall_s"]) for r in rows]
+    for r in tr:
+        del r["block"], r["t_s"]
+    trans = tmp_path / "trans.csv"
+    pd.DataFrame(tr).to_csv(trans, index=False)
+    assert prefill_pass_s([trans])["prefill.host_serial_s_per_iteration"] == pytest.approx(0.0003)
+    flat = tmp_path / "flat.csv"
+    pd.DataFrame([dict(r, k=2) for r in rows]).to_csv(flat, index=False)
+    with pytest.raises(ValueError):
+        prefill_pass_s([flat])
 
 
 def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):

@@ -85,7 +85,8 @@ def test_the_cost_model_reprices_a_simulated_trace_to_rounding(simulated):
     assert {td.scenario for td in traces} == {"big.yaml", "small.yaml"}
     for td in traces:
         v = {**td.values0, **TRUE}
-        assert set(td.blocks) >= {"iteration", "prefill", "transfer"}
+        assert set(td.blocks) >= {"iteration", "prefill", "transfer", "handoff"}
+        assert td.blocks["handoff"]["count"] > 10 and td.blocks["handoff"]["meas"][0] > 0, td.name
         for kind, blk in td.blocks.items():
             assert predict(td, kind, v) == pytest.approx(blk["meas"], rel=1e-9), (td.name, kind)
 
@@ -103,6 +104,7 @@ def test_fit_recovers_known_parameters_within_their_posterior_sd(simulated, fitt
         # the prefill floor per batch: its truth 2.5 ms lies 2.6 prior widths (hostcal's) from the scenario's 1.66,
         # which 8- and 32-layer runs cannot tell from the floor per layer: held, and the per-layer one within 3 sd
         "prefill.host_issue_s_per_layer",
+        "prefill.host_serial_s_per_iteration",  # the CPU's time a pass through a prefill adds (handoff items)
         "network.efficiency",
         "network.latency_s",
         "methods.kvquant.quantize_issue_s_per_layer",  # launch-bound: the scenario's floors bind over the kernels

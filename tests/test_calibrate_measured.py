@@ -37,23 +37,28 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # (max 12.07 -> 13.35 %), by trace 3.70 -> 3.85 % (max 12.1 -> 13.3 %).
 # The after-prefill transient saturating and the clock lagging (realrun.transient with 0.2-0.9 s prefills, not
 # fitted): by configuration 4.18 -> 4.22 % (max 13.35 -> 13.72 %), by trace 3.85 -> 3.97 % (max 13.3 -> 13.7 %).
+# The CPU's time a pass of the loop through a prefill adds (prefill.host_serial_s_per_iteration, 0.40 ms from
+# realrun.transient's probes in the scenarios, fitted to the traces' handoff items: 0.40 ms): by configuration 4.22 ->
+# 3.9 % (max 13.7 -> 12.5 %), by trace 3.97 -> 3.7 % (max 13.7 -> 12.8 %); no fit 6.5 -> 5.7 %.
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 4.0 + 2,
-    "jct_max_abs_error_pct": 13.7 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.1 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.7 + 2,
+    "jct_mean_abs_error_pct": 3.7 + 2,
+    "jct_max_abs_error_pct": 12.8 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.3 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 4.2 + 2,
-    "jct_max_abs_error_pct": 13.7 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.4 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.8 + 2,
+    "jct_mean_abs_error_pct": 3.9 + 2,
+    "jct_max_abs_error_pct": 12.5 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
-# Held out, since the prefill efficiency leaves HACK's homomorphic attention at its profiled price (docs/calibration.md,
-# "Long prompts"), 8b_2.5gbps is predicted worse than with no fit too: 5.86 against 5.71 % (by 0.15 points; its
+# Held out, since a pass through a prefill costs the CPU its serial time (the scenarios carry the probes' 0.40 ms, so no
+# fit improves too), one: 70b8l_2.5gbps, 2.3 against 2.0 % (by 0.3 points; its recordings spread +-5.3 %); 8b_2.5gbps
+# 5.7 against 5.8 %. Since the prefill efficiency leaves HACK's homomorphic attention at its profiled price
+# (docs/calibration.md, "Long prompts"), 8b_2.5gbps was predicted worse than with no fit too: 5.86 against 5.71 % (by 0.15 points; its
 # recordings spread +-9.9 % across sessions; 5.85 against 5.60 % and 70b8l_2.5gbps 3.31 against 2.30 % since the
 # after-prefill terms saturate: a fold without 8b_2.5gbps, whose 32-layer FP16 prefills at 130-384 tokens are the only
 # host-bound short ones, fits the prefill floor per layer from 8-layer runs, 0.53 ms, and prices them +35 %). Before that, one: 70b8l_2.5gbps, 3.3 against 2.4 % (with the clock
@@ -63,7 +68,7 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps", "h200g_8b_2.5gbps"]
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps"]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ needs to price it at any engine parameters, priced once at neutral ones.
 * ``transfer``: every transfer, start to end, replayed on one fair-shared link from the measured starts;
 * ``handoff`` (placement shared_gpu): what a pass of the loop through a prefill costs the CPU beyond a plain pass
   (the iteration's end to the prefill's start plus its quantize's end to the next iteration's start, less the
-  loop's plain gap): the prefill batch's serial time, one item per trace (`_handoff_block`).
+  loop's plain gap): the prefill batch's serial time, one item per trace (`_handoff_block`); with placement
+  separate and one prefill replica, from a batch's quantize end to the next batch's start where that one was
+  waiting (`_backlog_block`).
 
 Each iteration item also says whether a transfer was in flight at its start (``busy``: where the host shares its
 process with the link's endpoint its host terms then take network.link_busy_host_factor), and each prefill and
@@ -175,6 +177,10 @@ def trace_data(
                 )
         if s.placement == "shared_gpu":
             td.blocks["handoff"] = _handoff_block(df, iterations)
+    if s.placement == "separate" and s.prefill.replicas == 1:
+        backlog = _backlog_block(df)
+        if backlog["count"]:
+            td.blocks["handoff"] = backlog
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
     if quantize is not None:
         td.blocks["quantize"] = quantize
@@ -324,6 +330,31 @@ def _handoff_block(df: pd.DataFrame, it: pd.DataFrame) -> dict:
         "meas": np.array([np.mean((ps - ends[i]) + (starts[nxt] - qe) - plain_s)]),
         "busy_step": np.array([link_busy_at(df, ps).mean()]),
         "count": len(i),
+    }
+
+
+def _backlog_block(df: pd.DataFrame) -> dict:
+    """Placement separate, one prefill replica: the prefill batch's serial time where the next batch was waiting, from
+    a batch's quantize end to the next one's start (prefill.host_serial_s_per_iteration, at the level of the batch's
+    start); one item, the mean (as `_handoff_block`). A batch that starts as a transfer ends (within 1 us) is left
+    out: the parked-KV budget may have held it back."""
+    g = df.groupby("prefill_start_s", sort=True)
+    first = g.head(1).sort_values("prefill_start_s")
+    ps = first["prefill_start_s"].to_numpy(np.float64)
+    qe = first["quantize_end_s"].to_numpy(np.float64)
+    arrived = np.asarray(g["arrival_s"].max(), dtype=np.float64)
+    waiting = (arrived[1:] <= qe[:-1] + CSV_EPS_S) & np.isfinite(qe[:-1])  # the next batch was there: no idle wait
+    # ... and not held back by the parked-KV budget, which a transfer's end releases
+    ends = np.sort(df["transfer_end_s"].to_numpy(np.float64))
+    at = np.searchsorted(ends, ps[1:] - 1e-6)
+    released = (at < len(ends)) & (np.abs(ends[np.minimum(at, len(ends) - 1)] - ps[1:]) <= 1e-6)
+    waiting &= ~released
+    if not waiting.any():
+        return {"meas": np.zeros(0), "busy_step": np.zeros(0), "count": 0}
+    return {
+        "meas": np.array([np.mean((ps[1:] - qe[:-1])[waiting])]),
+        "busy_step": np.array([link_busy_at(df, ps[:-1][waiting]).mean()]),
+        "count": int(waiting.sum()),
     }
 
 

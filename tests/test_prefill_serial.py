@@ -8,10 +8,13 @@ import copy
 
 import numpy as np
 import pytest
+import yaml
 
-from simulated_runs import raw_system, simulate
+from simulated_runs import raw_system, simulate, write_realrun
+from simulator.calibrate import predict
 from simulator.config import parse_scenario
 from simulator.engine import not_applied
+from simulator.fit_items import load_trace_data
 
 SERIAL_S = 0.0015
 
@@ -47,6 +50,21 @@ def test_each_prefill_batch_holds_its_replica_for_the_serial_time(placement):
             else:  # the decode had nothing to run: the next prefill starts the serial time after
                 assert nxt - end_q == pytest.approx(serial, abs=1e-9)
         assert resumed >= len(gap) // 2
+
+
+def test_a_separate_runs_backlog_gives_the_fit_its_serial_time(tmp_path):
+    """From a separate placement's trace with a prefill backlog, the fit's handoff item is the serial time the run
+    was made with, repriced to rounding at the link's levels."""
+    raw = _backlog("separate", SERIAL_S)
+    raw["network"] = {**raw["network"], "link_busy_host_factor": 1.3}  # a level the item has to take
+    scen = tmp_path / "sep.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    method, df, it = simulate(raw, {}, methods=["hack"])[0]
+    td = load_trace_data(write_realrun(tmp_path / "run", method, df, it), scen)
+    blk = td.blocks["handoff"]
+    assert blk["count"] == len(df) - 1
+    assert predict(td, "handoff", td.values0) == pytest.approx(blk["meas"], rel=1e-9)
+    assert blk["meas"][0] >= SERIAL_S
 
 
 def test_a_colocated_scenario_does_not_apply_it():

@@ -223,9 +223,10 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
 
 
 def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_extra: float, gbps: float):
-    """What a pass of the loop through a prefill costs the CPU beyond a plain pass on a shared GPU: the prefill batch's
-    serial time, at the level of its start (a host term: network.link_busy_host_factor while a transfer is in
-    flight; `busy_step` the share of the passes that start so)."""
+    """What a pass of the loop through a prefill costs the CPU beyond a plain pass on a shared GPU (or, placement
+    separate, the wait between a prefill batch's KV encoded and the next batch's start): the prefill batch's serial
+    time, at the level of its start (a host term: network.link_busy_host_factor while a transfer is in flight;
+    `busy_step` the share of the passes that start so)."""
     serial = v["prefill.host_serial_s_per_iteration"]
     f_step = 1.0 + blk["busy_step"] * busy_extra
     pred = serial * f_step
@@ -304,7 +305,7 @@ def depends(name: str, td: TraceData) -> list[str]:
         kinds = ["prefill"]
     elif name.startswith("network.link_busy_host"):  # the other host terms' level while the link moves KV
         kinds = ["iteration", "quantize", "handoff"]
-    elif name == "prefill.host_serial_s_per_iteration":  # the prefill step's CPU time after it (shared_gpu)
+    elif name == "prefill.host_serial_s_per_iteration":  # the prefill step's CPU time after it
         kinds = ["handoff"]
     else:
         kinds = {"decode": ["iteration"], "prefill": ["prefill"], "network": ["transfer"]}[head]

@@ -243,9 +243,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens:
     start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
     b = it["batch_size"].to_numpy().astype(np.int64)
     ctx = it["context_tokens"].to_numpy().astype(np.float64)
-    joins = np.zeros(len(it), dtype=np.int64)
-    k = np.searchsorted(start, df["decode_start_s"].to_numpy())  # decode_start_s = the joining iteration's start
-    np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
+    joins, k = _joins(df, start)
     place = np.zeros(len(it))  # the engine's KV copies (decode.kv_placement_gb_per_s), GPU seconds, as the replica's
     joined_ctx = np.zeros(len(it))  # the joiners' context in their first iteration (the simulator's join_context)
     if dec.kv_placement_bytes_per_s > 0:
@@ -264,14 +262,8 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens:
         for i in np.flatnonzero(leaves):
             stay = b[i] - joins[i]
             place[i] += leaves[i] * stay / (stay + leaves[i]) * dec.placement_s((ctx[i] - joined_ctx[i]) / stay)
-    prefills = np.sort(df["prefill_start_s"].to_numpy())
-    # the cadence of iteration i, to the next one's start, where the engine went straight on: no prefill
-    # ran between them and the batch did not empty (every request of the next one new: it waited)
-    nxt = np.arange(1, len(it))
-    i = nxt - 1
-    no_prefill = np.searchsorted(prefills, end[i]) == np.searchsorted(prefills, start[nxt])
-    went_on = joins[nxt] < b[nxt]
-    keep = _evenly(i[no_prefill & went_on])
+    # the cadence of iteration i, to the next one's start, where the engine went straight on
+    keep = _evenly(np.flatnonzero(_straight_on(df, start, end, joins, b)))
     busy = link_busy_at(df, start[keep])
     blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy, leaves[keep])
     blk["place_s"] = place[keep]
@@ -283,6 +275,38 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens:
 # times written to a CSV and read back: an iteration starting as a prefill ends (or a request finishes) may read as
 # a hair before it
 CSV_EPS_S = 1e-9
+
+
+def _joins(df: pd.DataFrame, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration the requests joining it, and per request the iteration it joins (decode_start_s = the joining
+    iteration's start)."""
+    joins = np.zeros(len(starts), dtype=np.int64)
+    k = np.searchsorted(starts, df["decode_start_s"].to_numpy())
+    np.add.at(joins, np.clip(k, 0, len(starts) - 1), 1)
+    return joins, k
+
+
+def _straight_on(
+    df: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, joins: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """For iterations 0..n-2, whether the engine went straight on to the next one: no prefill started between them
+    and the batch did not empty (every request of the next one new: it waited)."""
+    prefills = np.sort(df["prefill_start_s"].to_numpy())
+    nxt = np.arange(1, len(starts))
+    no_prefill = np.searchsorted(prefills, ends[nxt - 1]) == np.searchsorted(prefills, starts[nxt])
+    return no_prefill & (joins[nxt] < b[nxt])
+
+
+def _prefill_batches(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per prefill batch (the requests that started together), in order: its start, its quantize's end and its last
+    request's arrival."""
+    g = df.groupby("prefill_start_s", sort=True)
+    first = g.head(1).sort_values("prefill_start_s")
+    return (
+        first["prefill_start_s"].to_numpy(np.float64),
+        first["quantize_end_s"].to_numpy(np.float64),
+        np.asarray(g["arrival_s"].max(), dtype=np.float64),
+    )
 
 
 def _handoff_block(df: pd.DataFrame, it: pd.DataFrame) -> dict:
@@ -299,19 +323,12 @@ def _handoff_block(df: pd.DataFrame, it: pd.DataFrame) -> dict:
     levels, so `busy_step`, the share of the passes that start while a transfer is in flight, prices it exactly)."""
     starts, ends = it["start_s"].to_numpy(np.float64), it["end_s"].to_numpy(np.float64)
     b = it["batch_size"].to_numpy()
-    joins = np.zeros(len(it), dtype=np.int64)
-    k = np.searchsorted(starts, df["decode_start_s"].to_numpy(np.float64))
-    np.add.at(joins, np.clip(k, 0, len(it) - 1), 1)
-    g = df.groupby("prefill_start_s", sort=True)
-    first = g.head(1).sort_values("prefill_start_s")
-    ps = first["prefill_start_s"].to_numpy(np.float64)
-    qe = first["quantize_end_s"].to_numpy(np.float64)
-    arrived = np.asarray(g["arrival_s"].max(), dtype=np.float64)  # the batch's last arrival
+    joins, _ = _joins(df, starts)
+    ps, qe, arrived = _prefill_batches(df)
     # the plain gaps: no prefill between the two iterations, the batch went on
-    j = np.arange(len(it) - 1)
-    plain = (np.searchsorted(ps, ends[j]) == np.searchsorted(ps, starts[j + 1])) & (joins[j + 1] < b[j + 1])
-    gap_level = link_busy_at(df, starts[j[plain]])
-    gaps = (starts[j + 1] - ends[j])[plain]
+    j = np.flatnonzero(_straight_on(df, starts, ends, joins, b))
+    gap_level = link_busy_at(df, starts[j])
+    gaps = starts[j + 1] - ends[j]
     i = np.searchsorted(ends, ps + CSV_EPS_S, "right") - 1  # the last iteration ended by the prefill's start
     nxt = i + 1
     ok = (i >= 0) & (nxt < len(it)) & np.isfinite(qe)
@@ -338,11 +355,7 @@ def _backlog_block(df: pd.DataFrame) -> dict:
     a batch's quantize end to the next one's start (prefill.host_serial_s_per_iteration, at the level of the batch's
     start); one item, the mean (as `_handoff_block`). A batch that starts as a transfer ends (within 1 us) is left
     out: the parked-KV budget may have held it back."""
-    g = df.groupby("prefill_start_s", sort=True)
-    first = g.head(1).sort_values("prefill_start_s")
-    ps = first["prefill_start_s"].to_numpy(np.float64)
-    qe = first["quantize_end_s"].to_numpy(np.float64)
-    arrived = np.asarray(g["arrival_s"].max(), dtype=np.float64)
+    ps, qe, arrived = _prefill_batches(df)
     waiting = (arrived[1:] <= qe[:-1] + CSV_EPS_S) & np.isfinite(qe[:-1])  # the next batch was there: no idle wait
     # ... and not held back by the parked-KV budget, which a transfer's end releases
     ends = np.sort(df["transfer_end_s"].to_numpy(np.float64))

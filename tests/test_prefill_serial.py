@@ -4,8 +4,6 @@ a colocated scenario refuses a fitted value (its replicas run prefill with the d
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import yaml
@@ -21,7 +19,7 @@ SERIAL_S = 0.0015
 
 def _backlog(placement: str, serial_s: float) -> dict:
     """BASE's system with every request arriving at once (a prefill backlog), at the given placement and serial."""
-    raw = copy.deepcopy(raw_system(seed=5, n=12, link_busy=False))
+    raw = raw_system(seed=5, n=12, link_busy=False)
     raw["placement"] = placement
     raw["workload"]["arrival"] = {"kind": "poisson", "rate_rps": 1e6}
     raw["prefill"]["host_serial_s_per_iteration"] = serial_s

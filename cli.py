@@ -766,6 +766,20 @@ def calibrate(
         "(catalog/data/gpus.yaml) or a YAML file holding one GPU's fields (the short spec: memory_bytes or "
         "memory_gib, memory_bandwidth_gb_per_s, fp16_tensor_tflops, sms, boost_clock_ghz)",
     ),
+    base: Path | None = typer.Option(
+        None,
+        "--base",
+        help="with --traces: an engine calibration file to start from (its fitted values become the runs' "
+        "scenarios' own: where the fit starts and the priors' centres); what the refit does not fit is carried "
+        "through to --out",
+    ),
+    refit: str | None = typer.Option(
+        None,
+        "--refit",
+        help="with --traces: what to fit: all (every parameter; the default without --base), host (the machine's "
+        "host-scope terms, GPU and link ones held), machine (one factor on every host time term: a CPU faster or "
+        "slower than the base's; the default with --base, identifiable from a single run)",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -784,8 +798,10 @@ def calibrate(
     errors_as_json(as_json)
     if traces is not None and derive is not None:
         fail("calibrate: --traces and --derive are separate jobs; give one")
+    if traces is None and (base is not None or refit is not None):
+        fail(f"calibrate: {'--base' if base is not None else '--refit'} refits an engine calibration: give --traces")
     if traces is not None:
-        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet)
+        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet, base, refit)
         return
     if derive is not None:
         _derive_profile(derive, out, list(ctx.args), quiet)
@@ -859,10 +875,18 @@ def _derive_profile(gpu: str, out: Path | None, extra: list[str], quiet: bool) -
         typer.echo(f"wrote {path} (use it with --profile {path} or calibration.decode_profile)")
 
 
-def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: bool, quiet: bool) -> None:
-    from simulator.calibrate import engine_file, fit_engine, format_fit, load_index
+def _calibrate_engine(
+    index: Path,
+    out: Path | None,
+    extra: list[str],
+    as_json: bool,
+    quiet: bool,
+    base_path: Path | None = None,
+    refit: str | None = None,
+) -> None:
+    from simulator.calibrate import REFITS, engine_file, fit_engine, format_fit, load_index
     from simulator.config import ScenarioError
-    from simulator.engine import EngineFile
+    from simulator.engine import EngineFile, read_engine_file
     from simulator.files import strict_json
 
     if extra:
@@ -871,13 +895,29 @@ def _calibrate_engine(index: Path, out: Path | None, extra: list[str], as_json: 
         fail("calibrate --traces: --out FILE (the engine calibration file to write) is required")
     if out.exists() and out.is_dir():
         fail(f"{out}: --out is a folder; give the engine calibration file's path")
+    if refit is None:
+        refit = "all" if base_path is None else "machine"
+    if refit not in REFITS:
+        fail(f"calibrate --refit: {refit!r} is not one of {', '.join(REFITS)}")
+    base = None
+    if base_path is not None:
+        try:
+            engine = read_engine_file(base_path, ScenarioError)
+        except ScenarioError as e:
+            fail(f"calibrate --base: {e}")
+        base = {n: (r.value, r.stderr) for n, r in engine.parameters.items() if r.fitted}
     _check_writable(out)  # before the fit: a fit of minutes must not end in a permission error
     try:
         traces = load_index(index)
-        fit = fit_engine(traces)
+        fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path))
     except ScenarioError as e:
         fail(str(e))
-    doc = engine_file(fit, traces, str(index), f"calibrate --traces {index} --out {out}", __version__)
+    command = f"calibrate --traces {index} --out {out}"
+    if base_path is not None:
+        command += f" --base {base_path}"
+    if refit != ("all" if base_path is None else "machine"):
+        command += f" --refit {refit}"
+    doc = engine_file(fit, traces, str(index), command, __version__)
     EngineFile.model_validate(doc)  # what a scenario will read back
     text = strict_json(doc) + "\n"
     tmp = out.with_name(f".{out.name}.tmp")

@@ -44,6 +44,13 @@ identified goes first and the rest are refitted). So a parameter the runs do not
 kernels put it, and a prompt length, layer count or link the runs never saw is priced by the kernels' shapes,
 not by a factor fitted elsewhere. The count of extra kernels is rounded to a whole number and the rest refitted.
 Standard errors are those posterior deviations.
+
+A refit on a base calibration (`fit_engine(traces, refit, base)`, calibrate --base FILE --refit ...) moves a
+calibration to another machine: the base's fitted values become the traces' scenarios' own, and `refit` says what
+is fitted from there: every parameter ("all"), the host-scope ones ("host", GPU and link terms held), or one factor
+on every host time term at once ("machine", `_fit_machine`: a CPU faster or slower than the base's runs the same
+loop, launches and packing proportionally so; one factor is identifiable from a single run). What the refit holds
+that the base fitted is written through, marked as carried.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import heapq
 import math
 import platform
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, overload
 
@@ -69,6 +76,14 @@ KINDS = ("iteration", "prefill", "quantize", "transfer", "handoff")
 HELD_PREFIX = "; held at the prior's centre: "
 FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
 IDENTIFIED = 0.5  # fitted when the posterior sd is at most this fraction of the prior's
+CARRIED_PREFIX = "; carried from the base calibration, not refitted: "
+# What a refit on a base calibration fits (calibrate --base FILE --refit ...): every parameter (all), the
+# machine's terms (host: each host-scope parameter, priors centred on the base's values), or one factor on every
+# host time term of the base (machine: a faster or slower CPU runs the same Python loop, launches and packing
+# proportionally faster or slower; GPU and link terms carry to the same GPU and link).
+REFITS = ("all", "host", "machine")
+MACHINE_FACTOR = "machine_host_factor"
+MACHINE_PRIOR_WIDTH = math.log(2.0)  # of ln(factor): one sd is a CPU twice as fast or half as fast
 
 
 def prior_sd(name: str, at: float) -> float:
@@ -321,6 +336,10 @@ class FitResult:
     held: dict[str, str]  # parameter -> why it was held
     residuals: dict  # kind -> {before/after rms, mean}
     start: dict[str, float]  # each candidate's prior centre (where the fit starts)
+    refit: str = "all"  # REFITS
+    base: str | None = None  # the base calibration's path, with --base
+    carried: set[str] = field(default_factory=set)  # base-fitted parameters written through unrefitted
+    factor: dict | None = None  # refit machine: the factor's value, stderr, prior and the terms it scales
 
 
 def _start_value(name: str, traces: list[TraceData]) -> float:
@@ -544,16 +563,46 @@ def collinear(j: np.ndarray, i: int) -> bool:
 COLLINEAR = "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
 
 
-def fit_engine(traces: list[TraceData]) -> FitResult:
+def fit_engine(
+    traces: list[TraceData],
+    refit: str = "all",
+    base: dict[str, tuple[float, float | None]] | None = None,
+    base_name: str | None = None,
+) -> FitResult:
     """Fit every engine parameter the traces identify (module doc); hold the rest at the prior's centre.
+    With `base` (a calibration's fitted parameters: name -> (value, stderr)), those values are the traces'
+    scenarios' own before the fit (where it starts, the priors' centres, the residuals' "before"); `refit`
+    (REFITS) says what is fitted: every parameter, the host-scope ones, or one machine factor on every host
+    time term; what a refit holds that the base fitted is written through (carried).
     BLAS runs single-threaded: the matrices are small, and threads only contend (with a process pool too)."""
     from threadpoolctl import threadpool_limits
 
+    if refit not in REFITS:
+        raise ValueError(f"refit must be one of {', '.join(REFITS)}, got {refit!r}")
+    if base:
+        values = {n: v for n, (v, _) in base.items()}
+        traces = [
+            replace(td, values0={**td.values0, **{n: v for n, v in values.items() if n in td.values0}}) for td in traces
+        ]
     with threadpool_limits(1):
-        return _fit_engine(traces)
+        fit = _fit_engine(traces, refit)
+    if base:
+        fit.base = base_name
+        for n, (v, se) in base.items():
+            if n in fit.values and n not in fit.fitted and n not in _placement_held(fit):
+                fit.fitted[n] = v
+                fit.values[n] = v
+                fit.carried.add(n)
+                if se is not None:
+                    fit.stderr[n] = se
+    return fit
 
 
-def _fit_engine(traces: list[TraceData]) -> FitResult:
+def _placement_held(fit: FitResult) -> set[str]:
+    return {n for n, why in fit.held.items() if why.startswith("placement ")}
+
+
+def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
     from .engine import not_applied_in
 
     families = sorted({td.family for td in traces})
@@ -572,6 +621,11 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
                 f"of decode iterations with the decode pool's settings, and move no KV)"
             )
             continue
+        if refit != "all" and PARAMETERS[n].scope != "host":
+            held[n] = f"--refit {refit} fits the machine's (host) terms; this one is {PARAMETERS[n].scope}"
+            continue
+        if refit == "machine":
+            continue  # _fit_machine: one factor on the host time terms
         if not kinds_of[n]:
             held[n] = "no residual of these traces depends on it"
             continue
@@ -598,6 +652,8 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
             held[n] = "no residual moves with it (" + _why_flat(n) + ")"
             continue
         active.append(n)
+    if refit == "machine":
+        return _fit_machine(traces, candidates, start, base, held, kinds_of)
     fitted: dict[str, float] = {}
     stderr: dict[str, float] = {}
     notes: dict[str, str] = {}
@@ -652,6 +708,86 @@ def _fit_engine(traces: list[TraceData]) -> FitResult:
         held=held,
         residuals=residual_summary(traces, fitted),
         start=start,
+        refit=refit,
+    )
+
+
+def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
+    """One factor s on every host time term (scope host, in seconds) at once: values = start × s, the MAP
+    estimate of ln s with the prior N(0, MACHINE_PRIOR_WIDTH) (least squares over a grid's best start, s in
+    [1/8, 8] within every term's bounds); the terms' standard errors by the delta method. A term the runs'
+    scenarios disagree on, or at zero, is held (a factor on it would write one value for all, or change
+    nothing). Raises ScenarioError when no residual moves with the factor."""
+    from scipy.optimize import least_squares
+
+    from .config import ScenarioError
+
+    names = []
+    for n in candidates:
+        p = PARAMETERS[n]
+        if n in held or p.scope != "host":
+            continue
+        if p.unit != "s":
+            held[n] = "a ratio (the host terms' level while the link moves KV), not a time: the factor leaves it"
+            continue
+        if len({td.values0[n] for td in traces}) > 1:
+            held[n] = "the runs' scenarios disagree on it: a machine factor would write one value for all of them"
+        elif start[n] == 0.0:
+            held[n] = "zero in the runs' scenarios: a factor leaves it at zero"
+        else:
+            names.append(n)
+    kinds = set().union(*(kinds_of[n] for n in names)) if names else set()
+    x0 = np.array([start[n] for n in names])
+
+    def data(u: float) -> np.ndarray:
+        return _weighted_residuals(traces, names, x0 * math.exp(u), kinds, base)
+
+    def slope(u: float) -> np.ndarray:  # d data / d ln s
+        x = x0 * math.exp(u)
+        return _weighted_residuals(traces, names, x, kinds, base, jac=True)[1] @ x
+
+    if not names or not np.any(np.abs(data(math.log(2.0)) - data(0.0)) > 1e-12):
+        raise ScenarioError(
+            "--refit machine: no residual of these runs moves with the host terms (none waits on the CPU at "
+            "these values, or the scenarios give them none): nothing fits a machine factor"
+        )
+    his = [PARAMETERS[n].bounds[1] / start[n] for n in names]
+    lo, hi = math.log(1 / 8), math.log(min([8.0, *his]))
+    grid = np.linspace(lo, hi, 33)
+    cost = [float(np.sum(np.square(data(u))) + (u / MACHINE_PRIOR_WIDTH) ** 2) for u in grid]
+    u0 = float(grid[int(np.argmin(cost))])
+    res = least_squares(
+        lambda u: np.append(data(float(u[0])), u[0] / MACHINE_PRIOR_WIDTH),
+        [u0],
+        jac=lambda u: np.append(slope(float(u[0])), 1 / MACHINE_PRIOR_WIDTH)[:, None],  # pyright: ignore[reportArgumentType]
+        bounds=([lo], [hi]),
+        method="trf",
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+    )
+    u = float(res.x[0])
+    ju = slope(u)
+    sd_u = 1.0 / math.sqrt(float(ju @ ju) + 1 / MACHINE_PRIOR_WIDTH**2)
+    s = math.exp(u)
+    fitted = {n: start[n] * s for n in names}
+    stderr = {n: start[n] * s * sd_u for n in names}
+    notes = {n: f"the start {_fmt(start[n])} s × the machine factor {s:.4f}" for n in names}
+    return FitResult(
+        values={n: fitted.get(n, start[n]) for n in candidates},
+        fitted=fitted,
+        stderr=stderr,
+        notes=notes,
+        held=held,
+        residuals=residual_summary(traces, fitted),
+        start=start,
+        refit="machine",
+        factor={
+            "value": s,
+            "stderr": s * sd_u,
+            "prior": {"centre": 1.0, "width": MACHINE_PRIOR_WIDTH, "of": "ln(value)"},
+            "terms": names,
+        },
     )
 
 
@@ -748,18 +884,26 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
             "note": p.meaning,
         }
         if n in fit.fitted:
-            rec["stderr"] = float(fit.stderr[n])
-            if n in fit.notes:
+            rec["stderr"] = float(fit.stderr[n]) if n in fit.stderr else None
+            if n in fit.carried:
+                rec["note"] += CARRIED_PREFIX + f"{fit.base}; " + fit.held.get(n, "")
+            elif n in fit.notes:
                 rec["note"] += "; " + fit.notes[n]
         else:
             rec["note"] += HELD_PREFIX + fit.held.get(n, "")
         params[n] = rec
+    about: dict = {"method": FIT_METHOD, "residuals": fit.residuals, "traces": len(traces)}
+    if fit.refit != "all" or fit.base is not None:
+        about["refit"] = fit.refit
+        about["base"] = fit.base
+    if fit.factor is not None:
+        about[MACHINE_FACTOR] = fit.factor
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "engine": engine_description(traces),
         "parameters": params,
-        "fit": {"method": FIT_METHOD, "residuals": fit.residuals, "traces": len(traces)},
+        "fit": about,
         "provenance": {
             "index": index,
             "command": command,
@@ -821,6 +965,19 @@ def format_fit(doc: dict) -> str:
 
     params = doc["parameters"]
     out = []
+    about = doc["fit"]
+    factor = about.get(MACHINE_FACTOR)
+    if factor is not None:
+        where = "the base calibration" if about.get("base") else "the runs' scenarios"
+        out.append(
+            f"machine host factor {factor['value']:.4f} ± {factor['stderr']:.2g} (prior 1 ×÷ "
+            f"{math.exp(factor['prior']['width']):.3g}): each of the {len(factor['terms'])} host time terms below is "
+            f"its value in {where} times it"
+        )
+
+    def carried(r: dict) -> bool:
+        return CARRIED_PREFIX in r.get("note", "")
+
     for scope, title in SCOPES:
         rows = [
             [
@@ -832,7 +989,7 @@ def format_fit(doc: dict) -> str:
                 r.get("shape", ""),
             ]
             for n, r in params.items()
-            if r["fitted"] and r.get("scope", "gpu") == scope
+            if r["fitted"] and not carried(r) and r.get("scope", "gpu") == scope
         ]
         if rows:
             out.append(
@@ -857,7 +1014,13 @@ def format_fit(doc: dict) -> str:
         for k, v in doc["fit"]["residuals"].items()
     ]
     out.append(render(table(["residual", "items", "rms before", "rms after", "mean before", "mean after"], res)))
-    far = [(n, r, prior_distance(r)) for n, r in params.items() if r["fitted"]]
+    kept = [(n, r) for n, r in params.items() if carried(r)]
+    if kept:
+        out.append(
+            f"carried from the base calibration {about.get('base')} (--refit {about.get('refit')}; not refitted):"
+        )
+        out += [f"  {n} = {r['value']:.4g} {r['unit']}" for n, r in kept]
+    far = [(n, r, prior_distance(r)) for n, r in params.items() if r["fitted"] and not carried(r)]
     far = [(n, r, z) for n, r, z in far if z > FAR_FROM_PRIOR]
     if far:
         out.append(

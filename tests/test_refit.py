@@ -1,0 +1,175 @@
+"""A calibration refitted for a new machine (calibrate --traces INDEX --base FILE --refit machine|host|all,
+simulator/calibrate.py): runs the simulator made on a "machine" whose every host time term is a known factor of
+a base calibration's, GPU and link terms the base's. The machine refit recovers the factor from three runs and
+from a single one, writes the base's GPU and link terms through, and the file it writes predicts another
+configuration on that machine as the truth does; --refit host fits the host terms one by one with the base's
+values as their priors' centres; a refit with nothing to move, or bad input, is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from simulated_runs import TRUE, raw_system, simulate, write_realrun
+from simulator.calibrate import CARRIED_PREFIX, MACHINE_FACTOR, engine_file, fit_engine, load_index, predict
+from simulator.config import ScenarioError
+from simulator.engine import PARAMETERS, read_engine_file
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTOR = 0.6  # the new machine's CPU: every host time term at 0.6 of the base's
+BASE = {n: (v, None) for n, v in TRUE.items()}  # the base calibration: what a fit on the first machine found
+
+
+def _host_times(values0: dict[str, float]) -> dict[str, float]:
+    """The new machine's truth: every nonzero host time term (the base's, else the scenario's) times FACTOR."""
+    merged = {**values0, **TRUE}
+    return {n: v * FACTOR for n, v in merged.items() if PARAMETERS[n].scope == "host" and PARAMETERS[n].unit == "s"}
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """Two configurations on the new machine (the 32-layer 8B at 10 Gbps, an 8-layer one at 2.5 Gbps), every
+    method, written as realrun traces; indexes of the first (all methods; FP16 alone) and of the second."""
+    folder = tmp_path_factory.mktemp("refit")
+    indexes = {}
+    for label, layers, gbps in (("big", None, 10), ("small", 8, 2.5)):
+        raw = raw_system(seed=5, layers=layers, gbps=gbps)
+        scen = folder / f"{label}.yaml"
+        scen.write_text(yaml.safe_dump(raw))
+        probe = folder / f"{label}_probe.csv"  # the scenario's own values, to build the truth from
+        pd.DataFrame([("none", scen.name)], columns=["trace", "scenario"]).to_csv(probe, index=False)
+        values0 = _scenario_values(scen)
+        truth = {**TRUE, **_host_times(values0)}
+        rows = []
+        for method, df, it in simulate(raw, truth):
+            write_realrun(folder / f"{label}_{method}", method, df, it)
+            rows.append((f"{label}_{method}", scen.name))
+        idx = pd.DataFrame(rows, columns=["trace", "scenario"])
+        indexes[label] = folder / f"index_{label}.csv"
+        idx.to_csv(indexes[label], index=False)
+        indexes[label + "_truth"] = truth
+        if label == "big":
+            indexes["big_fp16"] = folder / "index_big_fp16.csv"
+            idx[idx.trace == "big_baseline"].to_csv(indexes["big_fp16"], index=False)
+    return indexes
+
+
+def _scenario_values(scen: Path) -> dict[str, float]:
+    from simulator.fit_items import scenario_values
+    from simulator.load import load_scenario
+
+    return scenario_values(load_scenario(scen))
+
+
+def test_the_machine_factor_is_recovered_and_the_base_carried(machine):
+    traces = load_index(machine["big"])
+    fit = fit_engine(traces, "machine", BASE, "base.json")
+    s, sd = fit.factor["value"], fit.factor["stderr"]
+    assert s == pytest.approx(FACTOR, rel=0.01) and abs(s - FACTOR) <= 3 * sd + 1e-4, (s, sd)
+    truth = machine["big_truth"]
+    for n in fit.factor["terms"]:  # every host time term the runs' scenarios hold, scaled by the one factor
+        assert fit.fitted[n] == pytest.approx(truth[n], rel=0.01), n
+        assert n not in fit.carried and fit.stderr[n] == pytest.approx(fit.fitted[n] * sd / s)
+    assert "decode.host_serial_s_per_iteration" in fit.factor["terms"]
+    assert "prefill.host_issue_s_per_iteration" in fit.factor["terms"]  # held by the base (the scenario's): scaled
+    for n, v in TRUE.items():  # GPU and link terms: the base's, written through unchanged
+        if PARAMETERS[n].scope != "host":
+            assert n in fit.carried and fit.fitted[n] == v, n
+    # the busy-link level is a ratio, not a time: left
+    assert "not a time" in fit.held["network.link_busy_host_factor"]
+    # the residuals: the base's host times are 1/0.6 too long on this machine; after the refit, to rounding
+    it = fit.residuals["iteration"]
+    assert it["rms_pct_after"] < 0.3 and it["rms_pct_before"] > 3, it
+
+
+def test_one_run_is_enough_for_the_factor(machine):
+    """A user with a single benchmark run on the new machine: FP16's run alone gives the factor."""
+    fit = fit_engine(load_index(machine["big_fp16"]), "machine", BASE, "base.json")
+    assert fit.factor["value"] == pytest.approx(FACTOR, rel=0.02)
+
+
+def test_the_refit_file_predicts_another_configuration_on_that_machine(machine, tmp_path):
+    """The file written from the 32-layer runs prices the 8-layer, 2.5 Gbps configuration's items as the truth
+    does; the base alone prices its host terms 1/0.6 too long."""
+    traces = load_index(machine["big"])
+    fit = fit_engine(traces, "machine", BASE, "base.json")
+    doc = engine_file(fit, traces, str(machine["big"]), "test", "0")
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(doc))
+    values = read_engine_file(path, ScenarioError).fitted()
+    assert doc["fit"]["refit"] == "machine" and doc["fit"][MACHINE_FACTOR]["value"] == fit.factor["value"]
+    assert CARRIED_PREFIX in doc["parameters"]["prefill.prefill_efficiency"]["note"]
+    for td in load_index(machine["small"]):
+        blk = td.blocks["iteration"]
+        refit = predict(td, "iteration", {**td.values0, **values})
+        base = predict(td, "iteration", {**td.values0, **TRUE})
+        assert abs(refit.sum() / blk["meas"].sum() - 1) < 0.005, td.name
+        assert base.sum() / blk["meas"].sum() - 1 > 0.02, td.name
+
+
+def test_refit_host_fits_each_host_term_from_the_base(machine):
+    """--refit host: the host-scope terms one by one, priors centred on the base's values; GPU and link terms
+    held (the base's, carried)."""
+    traces = load_index(machine["big"])
+    fit = fit_engine(traces, "host", BASE, "base.json")
+    assert fit.factor is None
+    truth = machine["big_truth"]
+    n = "decode.host_serial_s_per_iteration"
+    assert n in fit.fitted and n not in fit.carried and fit.fitted[n] == pytest.approx(truth[n], rel=0.05)
+    for n in fit.fitted:
+        if n in TRUE and n not in fit.carried:
+            assert PARAMETERS[n].scope == "host" and fit.start[n] == TRUE[n], n  # the prior's centre: the base's
+    # one configuration does not tell the join time from the loop gap: held, so the base's value is written through
+    # (one factor for all host terms carries it to the machine: the test above)
+    assert (
+        "decode.join_s_per_request" in fit.carried
+        and fit.fitted["decode.join_s_per_request"] == TRUE["decode.join_s_per_request"]
+    )
+    assert fit.fitted["prefill.prefill_efficiency"] == TRUE["prefill.prefill_efficiency"]
+    assert "prefill.prefill_efficiency" in fit.carried
+    assert "fits the machine's (host) terms" in fit.held["prefill.prefill_efficiency"]
+
+
+def test_a_machine_refit_with_no_host_time_is_refused(machine):
+    """A base whose host time terms are all zero leaves nothing for a factor to scale: refused, not a factor of 1."""
+    traces = load_index(machine["big"])
+    zero = {n: (0.0, None) for n in traces[0].values0 if PARAMETERS[n].scope == "host" and PARAMETERS[n].unit == "s"}
+    with pytest.raises(ScenarioError, match="nothing fits a machine factor"):
+        fit_engine(traces, "machine", zero, "zero.json")
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *args], check=False, capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_calibrate_base_cli(machine, tmp_path):
+    base = tmp_path / "base.json"
+    fit = fit_engine(load_index(machine["big"]), "all")  # any valid file; its values are the base
+    base.write_text(json.dumps(engine_file(fit, load_index(machine["big"]), "i", "test", "0")))
+    out = tmp_path / "machine.json"
+    p = _cli("calibrate", "--traces", str(machine["big_fp16"]), "--base", str(base), "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["fit"]["refit"] == "machine" and doc["fit"]["base"] == str(base)  # machine: the default with --base
+    assert "--base" in doc["provenance"]["command"] and json.loads(out.read_text()) == doc
+    p = _cli("calibrate", "--traces", str(machine["big_fp16"]), "--base", str(base), "--out", str(out))
+    assert p.returncode == 0 and p.stdout.startswith("machine host factor"), p.stdout
+    for args, words in (
+        (["--base", str(tmp_path / "missing.json")], "missing.json"),
+        (["--base", str(machine["big"])], "index_big.csv"),  # not an engine calibration file
+        (["--refit", "gpu"], "--refit"),
+    ):
+        bad = tmp_path / "bad.json"
+        p = _cli("calibrate", "--traces", str(machine["big_fp16"]), "--out", str(bad), *args)
+        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not bad.exists(), p.stderr
+    p = _cli("calibrate", "--base", str(base))
+    assert p.returncode == 2 and "--traces" in p.stderr and "Traceback" not in p.stderr

@@ -122,10 +122,13 @@ def token_times(df: pd.DataFrame, it: pd.DataFrame, serial_s: float) -> list[np.
     return out
 
 
-def bench_lists(df: pd.DataFrame, it: pd.DataFrame | None, noise: float = 0.0, seed: int = 0) -> dict:
+def bench_lists(
+    df: pd.DataFrame, it: pd.DataFrame | None, noise: float = 0.0, seed: int = 0, serial_s: float | None = None
+) -> dict:
     """The per-request lists vLLM's and SGLang's benchmarks save (seconds), from a simulated run; each gap times
     lognormal noise of `noise` (the client's clock and the network), the latency their sum. Without the run's
-    iterations (`it` None: a run of several replicas), no gaps: every request one chunk after its first token."""
+    iterations (`it` None: a run of several replicas), no gaps: every request one chunk after its first token.
+    `serial_s`: the loop gap the run was made with (TRUE's unless given)."""
     rng = np.random.default_rng(seed)
     ttft = (df["first_token_s"] - df["arrival_s"]).to_numpy()
     if it is None:
@@ -137,7 +140,7 @@ def bench_lists(df: pd.DataFrame, it: pd.DataFrame | None, noise: float = 0.0, s
             "latencies": (df["finish_s"] - df["arrival_s"]).tolist(),
             "errors": [""] * len(df),
         }
-    times = token_times(df, it, TRUE["decode.host_serial_s_per_iteration"])
+    times = token_times(df, it, TRUE["decode.host_serial_s_per_iteration"] if serial_s is None else serial_s)
     itls = []
     for t in times:
         g = np.diff(t)
@@ -153,12 +156,19 @@ def bench_lists(df: pd.DataFrame, it: pd.DataFrame | None, noise: float = 0.0, s
     }
 
 
-def write_vllm(path: Path, df: pd.DataFrame, it: pd.DataFrame | None, rate: float, noise: float = 0.0) -> Path:
+def write_vllm(
+    path: Path,
+    df: pd.DataFrame,
+    it: pd.DataFrame | None,
+    rate: float,
+    noise: float = 0.0,
+    serial_s: float | None = None,
+) -> Path:
     """`vllm bench serve --save-result --save-detailed`'s JSON (vllm/benchmarks/serve.py): start_times on the
     client's perf_counter clock (an arbitrary origin)."""
     doc = {"backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct", "request_rate": rate, "burstiness": 1.0}
     doc["max_concurrency"] = None
-    doc.update(bench_lists(df, it, noise))
+    doc.update(bench_lists(df, it, noise, serial_s=serial_s))
     doc["start_times"] = (df["arrival_s"].to_numpy() + 1234.5).tolist()
     path.write_text(json.dumps(doc))
     return path
@@ -179,10 +189,12 @@ def write_sglang(path: Path, df: pd.DataFrame, it: pd.DataFrame, noise: float = 
     return path
 
 
-def write_aiperf(path: Path, df: pd.DataFrame, it: pd.DataFrame, noise: float = 0.0) -> Path:
+def write_aiperf(
+    path: Path, df: pd.DataFrame, it: pd.DataFrame, noise: float = 0.0, serial_s: float | None = None
+) -> Path:
     """AIPerf's profile_export.jsonl (docs/tutorials/working-with-profile-exports.md): one record per request,
     times in ms, the start in epoch ns; records in completion order, as the record processors write them."""
-    lists = bench_lists(df, it, noise)
+    lists = bench_lists(df, it, noise, serial_s=serial_s)
     recs = []
     for i in range(len(df)):
         start_ns = 1_759_813_207_000_000_000 + int(round(df["arrival_s"].iloc[i] * 1e9))

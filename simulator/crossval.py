@@ -61,7 +61,7 @@ HEADS = {
 def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | None, values: dict | None) -> dict:
     from .validate import validate
 
-    v = validate(trace_path, scenario_path, method=method, engine_values=values, items=td)
+    v = validate(trace_path, scenario_path, method=method, engine_values=values, items=td, host=False)
     out = {k: v.get(k) for k in TRACE_KEYS}
     out["dequantize_share_pct"] = v.get("dequantize_share_pct")
     return out

@@ -121,6 +121,22 @@ def _cadence(m: Measured, trace, scenario_path, s, items) -> dict | None:
     }
 
 
+def host_factor(td, s) -> dict | None:
+    """The one factor on every host time term that fits this run alone at the scenario's engine values (the
+    machine refit, calibrate --base --refit machine): far from 1, the run's machine spends more or less CPU time
+    than the scenario's host terms say. None where nothing in the run moves with the host terms."""
+    from .calibrate import fit_engine
+    from .config import ScenarioError
+    from .fit_items import scenario_values
+
+    try:
+        fit = fit_engine([td], "machine", {n: (v, None) for n, v in scenario_values(s).items()}, "the scenario")
+    except ScenarioError:
+        return None
+    assert fit.factor is not None
+    return {"value": float(fit.factor["value"]), "stderr": float(fit.factor["stderr"])}
+
+
 def validate(
     trace: str | Path,
     scenario_path: str | Path,
@@ -128,11 +144,13 @@ def validate(
     method: str | None = None,
     engine_values: dict[str, float] | None = None,
     items=None,
+    host: bool = True,
 ) -> dict:
     """Simulate the run's system and compare; `engine_values` (engine.PARAMETERS names) replace the scenario's
     engine parameters (a calibration fitted in memory: simulator/crossval.py), those the scenario's placement
     applies (engine.not_applied: the rest are listed in `notes`); `items`: the trace's fit items
-    (fit_items.load_trace_data, priced as here), if the caller has them, else priced from the run read here."""
+    (fit_items.load_trace_data, priced as here), if the caller has them, else priced from the run read here;
+    `host`: also the run's host factor (host_factor; a cross-validation, which does not show it, leaves it out)."""
     m = load_measured(trace, scenario_path, overrides, method)
     s, method, df, notes = m.scenario, m.config.output_name, m.requests, list(m.notes)
     if engine_values:
@@ -209,7 +227,12 @@ def validate(
         out["iteration_mean_error_pct"] = _err_pct(float(predicted_it.mean()), float(measured_it.mean()))
         rel = np.abs(predicted_it - measured_it) / np.maximum(measured_it, 1e-12)
         out["iteration_median_abs_error_pct"] = float(100 * np.median(rel))
+    if items is None:
+        from .fit_items import trace_data
+
+        items = trace_data(m, scenario_path, str(trace))
     cadence = _cadence(m, trace, scenario_path, s, items)
+    out["host_factor"] = host_factor(items, s) if host else None
     if cadence is not None:
         out["cadence_s"] = cadence
         out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])
@@ -294,6 +317,12 @@ def format_validation(v: dict) -> str:
                     f"{key.removesuffix('_s')}_mean_error_pct",
                 )
             )
+    if v.get("host_factor"):
+        h = v["host_factor"]
+        rows.append(
+            row("host factor (this run alone)", "", f"{h['value']:.3f} ± {h['stderr']:.2g}", "host_factor_none")
+        )
+        rows[-1][3] = ""
     title = f"validate {v['method']} on {v['trace']} ({v['requests']} requests) against {v['scenario']}"
     heads = ["metric", "measured", "simulated", "error"] + (["run-to-run"] if noise else [])
     text = render(table(heads, rows, title=title))
@@ -374,6 +403,7 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
                 "method": v["method"],
                 "requests": v["requests"],
                 **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
+                "host_factor": (v.get("host_factor") or {}).get("value"),
             }
         )
     return rows
@@ -384,7 +414,11 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
 
     steps = any(r.get(k) is not None for r in rows for k in STEP_KEYS)
     keys, heads = (SUMMARY_KEYS + STEP_KEYS, HEADS + STEP_HEADS) if steps else (SUMMARY_KEYS, HEADS)
-    body = [[r["trace"], *(_cell(k, r.get(k)) for k in keys)] for r in rows]
+    host = any(r.get("host_factor") is not None for r in rows)
+    body = [
+        [r["trace"], *(_cell(k, r.get(k)) for k in keys)] + ([_factor(r.get("host_factor"))] if host else [])
+        for r in rows
+    ]
     summary = []
     for label, fn in (("mean |error|", np.mean), ("max |error|", np.max)):
         vals = [
@@ -394,7 +428,19 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
         summary.append([label, *(_cell(k, None if v is None else float(v)) for k, v in zip(keys, vals))])
     if noise:
         summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in keys)])
-    text = render(table(["trace", *heads], body, footer_rows=summary))
+    if host:
+        summary = [r + [""] for r in summary]
+    text = render(table(["trace", *heads] + (["host ×"] if host else []), body, footer_rows=summary))
     if noise:
         text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"
+    if host:
+        text += (
+            "\nhost ×: the one factor on every host time term that fits each run alone at its scenario's values; far "
+            "from 1, that machine's CPU runs the engine loop faster (< 1) or slower than the scenario says (move a "
+            "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
+        )
     return text
+
+
+def _factor(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"

@@ -206,3 +206,18 @@ def test_calibrate_base_cli(machine, tmp_path):
         assert len(p.stderr.strip().splitlines()) == 1 and not bad.exists(), p.stderr
     p = _cli("calibrate", "--base", str(base))
     assert p.returncode == 2 and "--traces" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_validate_reports_the_host_factor_of_each_run(machine):
+    """validate prices each run and fits the one host factor that run alone implies at its scenario's values: the new
+    machine's runs at the base's values give 0.6; the index table shows it beside the errors."""
+    from simulator.measured import read_index
+    from simulator.validate import format_validation, format_validation_table, validate, validate_index
+
+    row = read_index(machine["big"])[0]
+    v = validate(row.trace_path, row.scenario_path, engine_values=TRUE)
+    assert v["host_factor"]["value"] == pytest.approx(FACTOR, rel=0.02), v["host_factor"]
+    assert "host factor (this run alone)" in format_validation(v)
+    assert validate(row.trace_path, row.scenario_path, engine_values=TRUE, host=False)["host_factor"] is None
+    table = format_validation_table(validate_index(machine["big"]))
+    assert "host ×" in table and "--refit machine" in table

@@ -588,13 +588,24 @@ def fit_engine(
         fit = _fit_engine(traces, refit)
     if base:
         fit.base = base_name
+        scale = fit.factor["value"] if fit.factor is not None else None
         for n, (v, se) in base.items():
-            if n in fit.values and n not in fit.fitted and n not in _placement_held(fit):
-                fit.fitted[n] = v
-                fit.values[n] = v
-                fit.carried.add(n)
-                if se is not None:
-                    fit.stderr[n] = se
+            if n not in fit.values:  # a method none of these runs has: its terms come through as the base has them,
+                # its host times scaled by the machine's factor (the same CPU runs its launches and packing)
+                p = PARAMETERS[n]
+                fit.start[n] = v
+                if scale is not None and p.scope == "host" and p.unit == "s":
+                    v, se = v * scale, None if se is None else se * scale
+                    fit.held[n] = f"no run of this method: the base's {_fmt(fit.start[n])} s × the machine factor"
+                else:
+                    fit.held[n] = "no run of this method"
+            elif n in fit.fitted or n in _placement_held(fit):
+                continue
+            fit.fitted[n] = v
+            fit.values[n] = v
+            fit.carried.add(n)
+            if se is not None:
+                fit.stderr[n] = se
     return fit
 
 

@@ -99,7 +99,14 @@ def test_the_machine_factor_is_recovered_and_the_base_carried(machine):
 def test_one_run_is_enough_for_the_factor(machine):
     """A user with a single benchmark run on the new machine: FP16's run alone gives the factor."""
     fit = fit_engine(load_index(machine["big_fp16"]), "machine", BASE, "base.json")
-    assert fit.factor["value"] == pytest.approx(FACTOR, rel=0.02)
+    s = fit.factor["value"]
+    assert s == pytest.approx(FACTOR, rel=0.02)
+    # the methods this run does not have keep the base's terms, their host times scaled by the factor: the file
+    # serves a HACK scenario on this machine too
+    n = "methods.hack.quantize_issue_s_per_layer"
+    assert n in fit.carried and fit.fitted[n] == pytest.approx(TRUE[n] * s) and "machine factor" in fit.held[n]
+    n = "methods.hack.decode_kernels_per_layer"
+    assert n in fit.carried and fit.fitted[n] == TRUE[n]
 
 
 def test_the_refit_file_predicts_another_configuration_on_that_machine(machine, tmp_path):

@@ -884,7 +884,7 @@ def _calibrate_engine(
     base_path: Path | None = None,
     refit: str | None = None,
 ) -> None:
-    from simulator.calibrate import REFITS, engine_file, fit_engine, format_fit, load_index
+    from simulator.calibrate import REFITS, base_mismatch, engine_file, fit_engine, format_fit, load_index
     from simulator.config import ScenarioError
     from simulator.engine import EngineFile, read_engine_file
     from simulator.files import strict_json
@@ -918,6 +918,9 @@ def _calibrate_engine(
     if refit != ("all" if base_path is None else "machine"):
         command += f" --refit {refit}"
     doc = engine_file(fit, traces, str(index), command, __version__)
+    mismatch = None if base_path is None else base_mismatch(engine.engine, traces)
+    if mismatch:
+        doc["fit"]["warnings"] = [mismatch]
     EngineFile.model_validate(doc)  # what a scenario will read back
     text = strict_json(doc) + "\n"
     tmp = out.with_name(f".{out.name}.tmp")
@@ -929,6 +932,8 @@ def _calibrate_engine(
         fail(f"{out}: cannot write the engine calibration file: {e.strerror or e}")
     say = Say(as_json, quiet)
     say.result(format_fit(doc), doc)
+    if mismatch and not quiet:
+        typer.echo(f"warning: {mismatch}", err=True)
     say(f"wrote {out}")
 
 

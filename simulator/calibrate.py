@@ -864,6 +864,30 @@ def engine_description(traces: list[TraceData]) -> str:
     return "; ".join(parts)
 
 
+def base_mismatch(base_engine: str, traces: list[TraceData]) -> str | None:
+    """A line when a base calibration (its `engine` description) was fitted on another GPU or decode mode than these
+    runs: its GPU terms are then carried to kernels they were not fitted on. None when they agree or either is
+    silent."""
+
+    def parts(text: str) -> dict[str, set[str]]:
+        out = {}
+        for item in text.split("; "):
+            key, _, vals = item.partition(" ")
+            if vals:
+                out[key] = set(vals.split("/"))
+        return out
+
+    base, here = parts(base_engine), parts(engine_description(traces))
+    for key in ("gpu", "decode_mode"):
+        if key in base and key in here and not base[key] & here[key]:
+            return (
+                f"the base calibration was fitted on {key} {'/'.join(sorted(base[key]))}, these runs have "
+                f"{'/'.join(sorted(here[key]))}: its GPU and link terms are carried as they are (--refit all fits them "
+                "here)"
+            )
+    return None
+
+
 FIT_METHOD = (
     "maximum a posteriori: scipy.optimize.least_squares (trf) within each parameter's bounds on the relative errors "
     f"of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "

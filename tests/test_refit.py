@@ -213,6 +213,14 @@ def test_calibrate_base_cli(machine, tmp_path):
         assert len(p.stderr.strip().splitlines()) == 1 and not bad.exists(), p.stderr
     p = _cli("calibrate", "--base", str(base))
     assert p.returncode == 2 and "--traces" in p.stderr and "Traceback" not in p.stderr
+    # a base fitted on another decode mode (or GPU) than these runs: said, in the file too; the refit still runs
+    other = json.loads(base.read_text())
+    assert other["engine"] == "decode_mode graphs"
+    other["engine"] = "gpu NVIDIA A100-SXM4-80GB; decode_mode eager"
+    base.write_text(json.dumps(other))
+    p = _cli("calibrate", "--traces", str(machine["big_fp16"]), "--base", str(base), "--out", str(out))
+    assert p.returncode == 0 and "warning: the base calibration was fitted on decode_mode eager" in p.stderr, p.stderr
+    assert json.loads(out.read_text())["fit"]["warnings"] == [p.stderr.strip().removeprefix("warning: ")]
 
 
 def test_validate_reports_the_host_factor_of_each_run(machine):

@@ -587,9 +587,14 @@ def fit_engine(
     with threadpool_limits(1):
         fit = _fit_engine(traces, refit)
     if base:
+        from .engine import not_applied_in
+
         fit.base = base_name
         scale = fit.factor["value"] if fit.factor is not None else None
+        unused = set.intersection(*(not_applied_in(td.placement) for td in traces)) if traces else set()
         for n, (v, se) in base.items():
+            if n in unused:  # the runs' placement does not use it: a file carrying it would be refused there
+                continue
             if n not in fit.values:  # a method none of these runs has: its terms come through as the base has them,
                 # its host times scaled by the machine's factor (the same CPU runs its launches and packing)
                 p = PARAMETERS[n]
@@ -599,7 +604,7 @@ def fit_engine(
                     fit.held[n] = f"no run of this method: the base's {_fmt(fit.start[n])} s × the machine factor"
                 else:
                     fit.held[n] = "no run of this method"
-            elif n in fit.fitted or n in _placement_held(fit):
+            elif n in fit.fitted:
                 continue
             fit.fitted[n] = v
             fit.values[n] = v
@@ -607,10 +612,6 @@ def fit_engine(
             if se is not None:
                 fit.stderr[n] = se
     return fit
-
-
-def _placement_held(fit: FitResult) -> set[str]:
-    return {n for n, why in fit.held.items() if why.startswith("placement ")}
 
 
 def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:

@@ -343,3 +343,12 @@ def test_a_fit_on_colocated_runs_holds_what_colocated_does_not_use(tmp_path):
     raw["calibration"] = {"engine": "engine.json"}
     (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(raw))
     assert load_scenario(tmp_path / "calibrated.yaml").placement == "colocated"
+    # a machine refit on them from a base fitted on disaggregated runs (prefill and link terms, HACK's prefill
+    # launches, a method they do not have) writes none of what colocated does not use: the file applies there
+    base = {n: (v, None) for n, v in TRUE.items()}
+    refit = fit_engine(traces, "machine", base, "base.json")
+    assert refit.factor is not None and not set(refit.fitted) & not_applied_in("colocated")
+    assert "methods.hack.prefill_issue_s_per_layer" not in refit.fitted
+    assert "methods.hack.quantize_issue_s_per_layer" in refit.fitted  # HACK's, scaled: colocated quantizes too
+    (tmp_path / "engine.json").write_text(json.dumps(engine_file(refit, traces, "index.csv", "test", "0")))
+    assert load_scenario(tmp_path / "calibrated.yaml").placement == "colocated"

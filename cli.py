@@ -791,7 +791,9 @@ def calibrate(
     extra kernels, join time, prefill efficiency and host time, link efficiency and latency, per-method
     implementation factors and launch floors) to realrun traces or vLLM, SGLang and AIPerf benchmark files, a
     MAP fit toward the kernels' prices with stated priors: what the runs do not constrain stays where the kernels
-    put it; a scenario uses the file through `calibration: {engine: FILE}`.
+    put it; a scenario uses the file through `calibration: {engine: FILE}`. With --base FILE a calibration moves to
+    another machine: by default one factor on every host time term, fitted to the runs given (one is enough), the
+    GPU and link terms kept.
 
     Derived profile (--derive GPU --out DIR): the measured H200 kernels split by the unit that spends their
     time and repriced at the GPU's rates (kernels_calibration/derive.py); use it with --profile DIR/profile.json."""

@@ -633,6 +633,13 @@ def validate(
         "configuration, beside the in-sample fit; the held-out errors are the ones to quote",
     ),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
+    base: Path | None = typer.Option(
+        None,
+        "--base",
+        help="with --cv: an engine calibration fitted elsewhere (calibrate --traces): each configuration predicted "
+        "by it with one machine factor on its host terms fitted to the other configurations of the same machine "
+        "(the index's optional column machine; without it, one machine), beside it alone and no fit",
+    ),
     noise: Path | None = typer.Option(
         None,
         "--noise",
@@ -658,8 +665,10 @@ def validate(
             spread = run_to_run_spread(noise)
         except ScenarioError as e:
             fail(f"--noise: {e}")
+    if base is not None and not cv:
+        fail("--base cross-validates a machine refit: give --cv with it")
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread)
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base)
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -710,10 +719,12 @@ def _validate_cv(
     quiet: bool,
     workers: int,
     noise: dict | None,
+    base: Path | None = None,
 ) -> None:
     from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
-    from simulator.crossval import cross_validate, format_cv
+    from simulator.crossval import cross_validate, cross_validate_machine, format_cv, format_cv_machine
+    from simulator.engine import read_engine_file
     from simulator.files import check_out_dir, strict_json
 
     if not many:
@@ -723,8 +734,13 @@ def _validate_cv(
     try:
         if out is not None:
             check_out_dir(out, ScenarioError)
+        engine = None if base is None else read_engine_file(base, ScenarioError)
         with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (crossval._map)
-            result = cross_validate(index, workers=workers, noise=noise)
+            if engine is not None:
+                fitted = {n: (r.value, r.stderr) for n, r in engine.parameters.items() if r.fitted}
+                result = cross_validate_machine(index, fitted, str(base), workers=workers, noise=noise)
+            else:
+                result = cross_validate(index, workers=workers, noise=noise)
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:
@@ -739,7 +755,7 @@ def _validate_cv(
         text = strict_json(result) + "\n"
         write_together(out, {"validation.json": lambda path: path.write_text(text)})
     say = Say(as_json, quiet)
-    say.result(format_cv(result), result)
+    say.result(format_cv_machine(result) if base is not None else format_cv(result), result)
     if out is not None:
         say(f"wrote {out}/validation.json")
 

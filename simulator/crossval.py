@@ -145,6 +145,129 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     return result
 
 
+MACHINE_SCHEMES = ("no_fit", "base", "machine_refit")
+MACHINE_HEADS = {"no_fit": "no fit", "base": "base alone", "machine_refit": "base + machine factor"}
+
+
+def cross_validate_machine(
+    index_csv: str | Path,
+    base: dict[str, tuple[float, float | None]],
+    base_name: str,
+    workers: int = 1,
+    noise: dict | None = None,
+) -> dict:
+    """How a calibration moved to the runs' machine carries across their configurations (calibrate --base
+    --refit machine): each configuration predicted by the base calibration with the one host factor fitted to the
+    other configurations recorded on the same machine (the index's `machine` column; without it, all runs are one
+    machine), beside the base alone and no fit. A configuration with no other on its machine has no machine
+    figure, and the notes say so. Per run the errors of each, their means, and per configuration the factor."""
+    from .measured import read_index
+
+    rows = read_index(index_csv)
+    traces = load_index(index_csv)
+    machine = [r.machine or "" for r in rows]
+    configs = sorted({td.configuration for td in traces})
+    base_values = {n: v for n, (v, _) in base.items()}
+    folds: dict[str, dict] = {}
+    notes: list[str] = []
+    for c in configs:
+        mine = {machine[i] for i, td in enumerate(traces) if td.configuration == c}
+        others = [td for i, td in enumerate(traces) if td.configuration != c and machine[i] in mine]
+        if not others:
+            notes.append(f"{c}: no other configuration recorded on its machine: no machine factor to carry")
+            continue
+        fit = fit_engine(others, "machine", base, base_name)
+        assert fit.factor is not None
+        folds[c] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
+    per_trace: list[dict[str, Any]] = [
+        {
+            "trace": td.name,
+            "scenario": td.scenario,
+            "configuration": td.configuration,
+            "machine": machine[i] or None,
+            "method": td.method,
+        }
+        for i, td in enumerate(traces)
+    ]
+    jobs: list[tuple] = []
+    where: list[tuple[int, str]] = []
+    for i, td in enumerate(traces):
+        for scheme, values in (
+            ("no_fit", None),
+            ("base", base_values),
+            ("machine_refit", folds.get(td.configuration, {}).get("values")),
+        ):
+            if scheme == "machine_refit" and values is None:
+                continue
+            jobs.append((td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, values))
+            where.append((i, scheme))
+    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
+        per_trace[i][scheme] = sc
+    for r in per_trace:
+        for scheme in MACHINE_SCHEMES:
+            r.setdefault(scheme, {})
+    result: dict[str, Any] = {"traces": len(traces), "index": str(index_csv), "base_calibration": base_name}
+    result["notes"] = notes
+    for scheme in MACHINE_SCHEMES:
+        if any(r[scheme] for r in per_trace):
+            result[scheme] = summarise(per_trace, scheme)
+    spread = (noise or {}).get("by_scenario", {})
+    configurations = []
+    for c in configs:
+        rs = [r for r in per_trace if r["configuration"] == c]
+        row: dict[str, Any] = {"configuration": c, "traces": len(rs), "machine": rs[0]["machine"]}
+        for scheme in MACHINE_SCHEMES:
+            vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
+            row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+        row["machine_factor"] = folds[c]["factor"] if c in folds else None
+        row["machine_factor_stderr"] = folds[c]["stderr"] if c in folds else None
+        if noise:
+            row["run_to_run_jct_mean_pct"] = spread.get(c, {}).get("jct_mean")
+        configurations.append(row)
+    result["configurations"] = configurations
+    result["per_trace"] = per_trace
+    if noise:
+        result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
+    return result
+
+
+def format_cv_machine(result: dict) -> str:
+    """Per configuration: its machine, the factor fitted on the machine's other configurations, and its mean |JCT
+    error| with no fit, the base alone and the base with the factor; then the means over the runs."""
+    from reports.terminal import render, table
+
+    def mag(x):
+        return "n/a" if x is None else f"{x:.1f}%"
+
+    noise = result.get("noise")
+    heads = ["configuration", "machine", "traces", "factor (from the others)"]
+    heads += [f"mean |JCT err| {MACHINE_HEADS[s]}" for s in MACHINE_SCHEMES]
+    heads += ["run-to-run (mean JCT)"] if noise else []
+    body = []
+    for c in result["configurations"]:
+        f = c["machine_factor"]
+        factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
+        row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
+        row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
+        if noise:
+            x = c.get("run_to_run_jct_mean_pct")
+            row.append("not recorded" if x is None else f"±{x:.1f}%")
+        body.append(row)
+    foot = []
+    for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|")):
+        line = [label, "", str(result["traces"]), ""]
+        line += [mag(result.get(s, {}).get(key)) for s in MACHINE_SCHEMES]
+        foot.append(line + ([""] if noise else []))
+    title = (
+        f"each configuration predicted by {result['base_calibration']} with a machine factor fitted on the other "
+        "configurations "
+        "of its machine"
+    )
+    lines = [render(table(heads, body, title=title, footer_rows=foot))]
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
 def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[dict]:
     """Per configuration: its runs' mean |JCT error| with no fit and held out by configuration, and whether the
     held-out fit is worse than none (the flag `validate --cv` raises); with `noise` (simulator/noise.py), the

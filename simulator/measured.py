@@ -192,10 +192,11 @@ class IndexRow(NamedTuple):
     scenario_path: Path
     method: str | None = None  # a benchmark file's method (realrun traces name theirs in meta.json)
     config: str | None = None  # a repeats index's group: recordings of one configuration, method and seed
+    machine: str | None = None  # the machine (host) the run was recorded on: validate --cv --base groups by it
 
 
 def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[IndexRow]:
-    """An index's rows (columns trace, scenario; optional method, config, and `require`d ones); relative paths
+    """An index's rows (columns trace, scenario; optional method, config, machine and `require`d ones); relative paths
     are tried against the current directory, then the index's folder, then hacksim's own folder (the shipped
     indexes name `scenarios/measured/...` as the repository has them, so they run from any folder)."""
     index_csv = Path(index_csv)
@@ -226,6 +227,8 @@ def read_index(index_csv: str | Path, require: tuple[str, ...] = ()) -> list[Ind
         return [None if (isinstance(v, float) and math.isnan(v)) else str(v) for v in idx[col]]
 
     return [
-        IndexRow(str(t), str(scen), where(str(t)), where(str(scen)), m, c)
-        for t, scen, m, c in zip(idx["trace"], idx["scenario"], optional("method"), optional("config"))
+        IndexRow(str(t), str(scen), where(str(t)), where(str(scen)), m, c, h)
+        for t, scen, m, c, h in zip(
+            idx["trace"], idx["scenario"], optional("method"), optional("config"), optional("machine")
+        )
     ]

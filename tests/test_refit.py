@@ -236,3 +236,34 @@ def test_validate_reports_the_host_factor_of_each_run(machine):
     assert validate(row.trace_path, row.scenario_path, engine_values=TRUE, host=False)["host_factor"] is None
     table = format_validation_table(validate_index(machine["big"]))
     assert "host ×" in table and "--refit machine" in table
+
+
+def test_cross_validation_of_the_machine_refit(machine, tmp_path):
+    """validate --cv --base: each configuration predicted by the base with the factor fitted on the other
+    configurations of its machine. Both configurations here ran on the new machine: with the factor each is priced as
+    it ran (to rounding of the recovered factor), the base alone prices them long; by the index's machine column, a
+    configuration alone on its machine has no factor to carry, and the result says so."""
+    from simulator.crossval import cross_validate_machine, format_cv_machine
+
+    both = tmp_path / "both.csv"
+    rows = pd.concat([pd.read_csv(machine["big"]), pd.read_csv(machine["small"])])
+    folder = machine["big"].parent
+    rows = rows.assign(trace=[str(folder / t) for t in rows.trace], scenario=[str(folder / s) for s in rows.scenario])
+    rows.to_csv(both, index=False)
+    r = cross_validate_machine(both, BASE, "base.json")
+    assert [c["machine_factor"] for c in r["configurations"]] == [pytest.approx(FACTOR, rel=0.02)] * 2
+    assert r["machine_refit"]["jct_mean_abs_error_pct"] < 1.0 < 2.0 < r["base"]["jct_mean_abs_error_pct"], r
+    assert "base + machine factor" in format_cv_machine(r) and not r["notes"]
+    rows.assign(machine=["a" if "big" in t else "b" for t in rows.trace]).to_csv(both, index=False)
+    r = cross_validate_machine(both, BASE, "base.json")
+    assert [c["machine_factor"] for c in r["configurations"]] == [None, None]
+    assert "machine_refit" not in r and len(r["notes"]) == 2 and "no other configuration" in r["notes"][0]
+    base_file = tmp_path / "base.json"
+    fit = fit_engine(load_index(machine["big"]), "all")
+    base_file.write_text(json.dumps(engine_file(fit, load_index(machine["big"]), "i", "test", "0")))
+    p = _cli("validate", str(both), "--cv", "--base", str(base_file), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["base_calibration"] == str(base_file) and {c["machine"] for c in doc["configurations"]} == {"a", "b"}
+    p = _cli("validate", str(both), "--base", str(base_file))
+    assert p.returncode == 2 and "--cv" in p.stderr and "Traceback" not in p.stderr

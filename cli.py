@@ -737,8 +737,9 @@ def _validate_cv(
         engine = None if base is None else read_engine_file(base, ScenarioError)
         with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (crossval._map)
             if engine is not None:
-                fitted = {n: (r.value, r.stderr) for n, r in engine.parameters.items() if r.fitted}
-                result = cross_validate_machine(index, fitted, str(base), workers=workers, noise=noise)
+                result = cross_validate_machine(
+                    index, engine.fitted_with_stderr(), str(base), workers=workers, noise=noise
+                )
             else:
                 result = cross_validate(index, workers=workers, noise=noise)
     except ScenarioError as e:
@@ -923,7 +924,7 @@ def _calibrate_engine(
             engine = read_engine_file(base_path, ScenarioError)
         except ScenarioError as e:
             fail(f"calibrate --base: {e}")
-        base = {n: (r.value, r.stderr) for n, r in engine.parameters.items() if r.fitted}
+        base = engine.fitted_with_stderr()
     _check_writable(out)  # before the fit: a fit of minutes must not end in a permission error
     try:
         traces = load_index(index)

@@ -587,11 +587,9 @@ def fit_engine(
     with threadpool_limits(1):
         fit = _fit_engine(traces, refit)
     if base:
-        from .engine import not_applied_in
-
         fit.base = base_name
         scale = fit.factor["value"] if fit.factor is not None else None
-        unused = set.intersection(*(not_applied_in(td.placement) for td in traces)) if traces else set()
+        unused = _unused_by({td.placement for td in traces})
         for n, (v, se) in base.items():
             if n in unused:  # the runs' placement does not use it: a file carrying it would be refused there
                 continue
@@ -614,9 +612,31 @@ def fit_engine(
     return fit
 
 
-def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
+def _unused_by(placements: set[str]) -> set[str]:
+    """The parameters none of these placements uses (engine.not_applied_in): a fit holds them, a refit writes none
+    of them through."""
     from .engine import not_applied_in
 
+    return set.intersection(*(not_applied_in(p) for p in placements)) if placements else set()
+
+
+def _result(traces, candidates, start, fitted, stderr, notes, held, refit: str, factor: dict | None = None):
+    """A FitResult: every candidate's value (the fitted ones, else the prior's centre) and the residuals before and
+    after, from what the fit found."""
+    return FitResult(
+        values={n: fitted.get(n, start[n]) for n in candidates},
+        fitted=fitted,
+        stderr=stderr,
+        notes=notes,
+        held=held,
+        residuals=residual_summary(traces, fitted),
+        start=start,
+        refit=refit,
+        factor=factor,
+    )
+
+
+def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
     families = sorted({td.family for td in traces})
     candidates = [n for n in PARAMETERS if not n.startswith("methods.") or n.split(".")[1] in families]
     graphs = all(td.meta.get("decode_mode") == "graphs" for td in traces)
@@ -625,9 +645,10 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
     base = [dict(td.values0) for td in traces]
     held: dict[str, str] = {}
     kinds_of = {n: {(i, k) for i, td in enumerate(traces) for k in depends(n, td)} for n in candidates}
+    unused = _unused_by(placements)
     active = []
     for n in candidates:
-        if all(n in not_applied_in(p) for p in placements):
+        if n in unused:
             held[n] = (
                 f"placement {'/'.join(sorted(placements))} does not use it (the replicas run prefill as chunks "
                 f"of decode iterations with the decode pool's settings, and move no KV)"
@@ -711,17 +732,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
         for n in names:
             fitted[n] = x[n]
             stderr[n] = sd[n]
-    values = {n: fitted.get(n, start[n]) for n in candidates}
-    return FitResult(
-        values=values,
-        fitted=fitted,
-        stderr=stderr,
-        notes=notes,
-        held=held,
-        residuals=residual_summary(traces, fitted),
-        start=start,
-        refit=refit,
-    )
+    return _result(traces, candidates, start, fitted, stderr, notes, held, refit)
 
 
 def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
@@ -785,22 +796,13 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     fitted = {n: start[n] * s for n in names}
     stderr = {n: start[n] * s * sd_u for n in names}
     notes = {n: f"the start {_fmt(start[n])} s × the machine factor {s:.4f}" for n in names}
-    return FitResult(
-        values={n: fitted.get(n, start[n]) for n in candidates},
-        fitted=fitted,
-        stderr=stderr,
-        notes=notes,
-        held=held,
-        residuals=residual_summary(traces, fitted),
-        start=start,
-        refit="machine",
-        factor={
-            "value": s,
-            "stderr": s * sd_u,
-            "prior": {"centre": 1.0, "width": MACHINE_PRIOR_WIDTH, "of": "ln(value)"},
-            "terms": names,
-        },
-    )
+    factor = {
+        "value": s,
+        "stderr": s * sd_u,
+        "prior": {"centre": 1.0, "width": MACHINE_PRIOR_WIDTH, "of": "ln(value)"},
+        "terms": names,
+    }
+    return _result(traces, candidates, start, fitted, stderr, notes, held, "machine", factor)
 
 
 def _why_flat(name: str) -> str:

@@ -211,18 +211,12 @@ def cross_validate_machine(
     for scheme in MACHINE_SCHEMES:
         if any(r[scheme] for r in per_trace):
             result[scheme] = summarise(per_trace, scheme)
-    spread = (noise or {}).get("by_scenario", {})
     configurations = []
     for c in configs:
-        rs = [r for r in per_trace if r["configuration"] == c]
-        row: dict[str, Any] = {"configuration": c, "traces": len(rs), "machine": rs[0]["machine"]}
-        for scheme in MACHINE_SCHEMES:
-            vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
-            row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+        row = _configuration_row(per_trace, c, MACHINE_SCHEMES, noise)
+        row["machine"] = next(r["machine"] for r in per_trace if r["configuration"] == c)
         row["machine_factor"] = folds[c]["factor"] if c in folds else None
         row["machine_factor_stderr"] = folds[c]["stderr"] if c in folds else None
-        if noise:
-            row["run_to_run_jct_mean_pct"] = spread.get(c, {}).get("jct_mean")
         configurations.append(row)
     result["configurations"] = configurations
     result["per_trace"] = per_trace
@@ -260,8 +254,7 @@ def format_cv_machine(result: dict) -> str:
         foot.append(line + ([""] if noise else []))
     title = (
         f"each configuration predicted by {result['base_calibration']} with a machine factor fitted on the other "
-        "configurations "
-        "of its machine"
+        "configurations of its machine"
     )
     lines = [render(table(heads, body, title=title, footer_rows=foot))]
     lines += [f"note: {n}" for n in result["notes"]]
@@ -275,17 +268,24 @@ def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[d
     (`run_to_run_jct_mean_pct`, None where not)."""
     out = []
     for c in sorted({r["configuration"] for r in per_trace}):
-        rs = [r for r in per_trace if r["configuration"] == c]
-        row: dict[str, Any] = {"configuration": c, "traces": len(rs)}
-        for scheme in SCHEMES:
-            vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
-            row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+        row = _configuration_row(per_trace, c, SCHEMES, noise)
         nf, ho = row["no_fit_jct_mean_abs_error_pct"], row["held_out_configuration_jct_mean_abs_error_pct"]
         row["worse_than_no_fit"] = bool(nf is not None and ho is not None and ho > nf)
-        if noise is not None:
-            row["run_to_run_jct_mean_pct"] = noise.get("by_scenario", {}).get(c, {}).get("jct_mean")
         out.append(row)
     return out
+
+
+def _configuration_row(per_trace: list[dict], c: str, schemes, noise: dict | None) -> dict[str, Any]:
+    """One configuration's runs: their count, each scheme's mean |JCT error| (None unless every run has one) and,
+    with `noise`, the run-to-run spread of mean JCT over that scenario's repeats (None where it has none)."""
+    rs = [r for r in per_trace if r["configuration"] == c]
+    row: dict[str, Any] = {"configuration": c, "traces": len(rs)}
+    for scheme in schemes:
+        vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
+        row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+    if noise is not None:
+        row["run_to_run_jct_mean_pct"] = noise.get("by_scenario", {}).get(c, {}).get("jct_mean")
+    return row
 
 
 def measured_dequantize_share_pct(trace: Path, reference: Path) -> float:

@@ -364,6 +364,10 @@ class EngineFile(BaseModel):
     def fitted(self) -> dict[str, float]:
         return {k: r.value for k, r in self.parameters.items() if r.fitted}
 
+    def fitted_with_stderr(self) -> dict[str, tuple[float, float | None]]:
+        """The fitted parameters as a refit's base (calibrate.fit_engine's `base`): name -> (value, stderr)."""
+        return {k: (r.value, r.stderr) for k, r in self.parameters.items() if r.fitted}
+
 
 def read_engine_file(path: str | Path, error: type[Exception]) -> EngineFile:
     """The checked file; a missing, unreadable or malformed one raises `error` in one line naming it."""

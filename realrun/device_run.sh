@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -45,6 +45,9 @@
 #   part dutylong: as duty through 3-second blocks at 0, 0.5, 0.5, 0.5, 0, 0, 0.25, 0.25, 0 (a sustained share as
 #             long as a saturated recording's, then its fall), with the GPU's clocks, temperature and power logged
 #             every 100 ms (smi.csv; the duty rows' unix_s lines them up) (~250 s).
+#   part dutysat: as dutylong through 3-second blocks at 0, then 0.5 for 24 s, then 0, 0 (a saturated recording's sustained
+#             share, longer than dutylong's 9 s: does the slowdown keep building, and on what time constant), the GPU's
+#             clocks, temperature and power logged every 100 ms (smi_dutysat.csv) (~200 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
@@ -245,6 +248,20 @@ elif [ "$PART" = dutylong ]; then
   SMI=$!
   step 270 dutylong_8b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_8b.csv" "${TR[@]}"
   step 270 dutylong_70b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_70b.csv" "${TR70[@]}"
+  kill "$SMI" 2>/dev/null
+elif [ "$PART" = dutysat ]; then
+  # issue 28: the third 50 % block of dutylong ran 1.5-3.8 points slower than the first two on every set and method
+  # (against the context's own growth): whether a sustained share keeps slowing the decode iterations (dutysat_*.csv,
+  # smi_dutysat.csv)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); DS=(--block-s 0.2); else
+    TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8"); DS=(--block-s 3)
+  fi
+  DS+=(--duty 0 0.5 0.5 0.5 0.5 0.5 0.5 0.5 0.5 0 0 --methods baseline hack --batches 32)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 100 > "$OUT/smi_dutysat.csv" 2>&1 &
+  SMI=$!
+  step 270 dutysat_8b python3 -m realrun.transient "${DS[@]}" --out "$OUT/dutysat_8b.csv" "${TR[@]}"
+  step 270 dutysat_70b python3 -m realrun.transient "${DS[@]}" --out "$OUT/dutysat_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
 elif [ "$PART" = mix ]; then
   # issue 28: does a batch of spread contexts (a recording's) cost more than its total prices (mix_*.csv)

@@ -83,16 +83,20 @@ def main(argv=None) -> int:
         import pandas as pd
 
         heads = {p: pd.read_csv(p, nrows=1, skipinitialspace=True).columns for p in a.fit}
-        xfer = [p for p in a.fit if "link_gbps" in heads[p]]
         smi = [p for p in a.fit if "timestamp" in heads[p]]
-        mix = [p for p in a.fit if "kind" in heads[p]]
-        rest = [p for p in a.fit if p not in xfer and p not in smi and p not in mix]
+        probes = [p for p in a.fit if p not in smi and {"max_context", "wall_s"} <= set(heads[p])]
+        for p in a.fit:  # another tool's file in the folder (realrun.prefillcal, realrun.placecal): not these fits'
+            if p not in smi and p not in probes:
+                print(f"skipped {p}: not a realrun.transient file", file=sys.stderr)
+        xfer = [p for p in probes if "link_gbps" in heads[p]]
+        mix = [p for p in probes if "kind" in heads[p]]
+        rest = [p for p in probes if p not in xfer and p not in mix]
         if mix:
             print(mix_excess(mix))
         tau = None
         if smi:  # the clock's fade, from the log and the duty runs beside it (their unix_s)
             clocked = [p for p in rest if "unix_s" in heads[p] and "block" in heads[p]]
-            fade = clock_time_constant(smi[0], clocked)
+            fade = clock_time_constant(smi, clocked)
             print(fade)
             tau = fade["after_prefill_clock_time_constant_s"]
         if rest:
@@ -595,21 +599,24 @@ def fit_transient(paths, clock_tau_s: float | None = None) -> dict:
     return out
 
 
-def clock_time_constant(smi_path, duty_paths) -> dict:
-    """decode.after_prefill_clock_time_constant_s from a GPU clock log (nvidia-smi every 100 ms, the device part
-    dutylong's smi.csv) and the duty runs it was taken beside (their unix_s): after the last prefill of every block
-    with prefills that a block at 0 follows, the SM clock's deficit below its top, by 0.1-s bins 0.1-0.5 s after the
-    prefill's end (the first 0.1 s still holds the prefill's own drop); tau from a straight line through the log of
-    the bins' means."""
+def clock_time_constant(smi_paths, duty_paths) -> dict:
+    """decode.after_prefill_clock_time_constant_s from GPU clock logs (nvidia-smi every 100 ms: the device parts
+    dutylong's smi.csv, dutysat's smi_dutysat.csv; one path or several) and the duty runs they were taken beside (their
+    unix_s): after the last prefill of every block with prefills that a block at 0 follows, the SM clock's deficit
+    below its top, by 0.1-s bins 0.1-0.5 s after the prefill's end (the first 0.1 s still holds the prefill's own
+    drop); tau from a straight line through the log of the bins' means. `blocks`: the blocks a log covers."""
     import numpy as np
     import pandas as pd
 
-    smi = pd.read_csv(smi_path, skipinitialspace=True)
-    smi.columns = [c.strip() for c in smi.columns]
-    clock = next(c for c in smi.columns if c.startswith("clocks.current.sm") or c.startswith("clocks.sm"))
-    when = pd.to_datetime(smi["timestamp"], format="%Y/%m/%d %H:%M:%S.%f").astype("datetime64[ns]")
-    unix = when.astype("int64").to_numpy() / 1e9
-    deficit = float(smi[clock].max()) - smi[clock].to_numpy(np.float64)
+    logs = []
+    for path in [smi_paths] if isinstance(smi_paths, (str, Path)) else smi_paths:
+        smi = pd.read_csv(path, skipinitialspace=True)
+        smi.columns = [c.strip() for c in smi.columns]
+        clock = next(c for c in smi.columns if c.startswith("clocks.current.sm") or c.startswith("clocks.sm"))
+        when = pd.to_datetime(smi["timestamp"], format="%Y/%m/%d %H:%M:%S.%f").astype("datetime64[ns]")
+        logs.append((when.astype("int64").to_numpy() / 1e9, smi[clock].to_numpy(np.float64)))
+    unix = np.concatenate([t for t, _ in logs])
+    deficit = max(float(c.max()) for _, c in logs) - np.concatenate([c for _, c in logs])
     dts, defs = [], []
     for path in duty_paths:
         d = pd.read_csv(path)
@@ -621,6 +628,8 @@ def clock_time_constant(smi_path, duty_paths) -> dict:
                 first = g[(g["block"] == blk) & (g["k"] == 1)]
                 end = float((first["unix_s"] - first["wall_s"]).max())
                 near = (unix > end) & (unix < end + 0.6)
+                if not near.any():  # no log beside this run
+                    continue
                 dts.append(unix[near] - end)
                 defs.append(deficit[near])
     if not dts:

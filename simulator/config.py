@@ -383,7 +383,7 @@ class PoolConfig(_Strict):
         description="decode, placement shared_gpu: the decode iterations right after a prefill on the shared GPU "
         "run longer, in all by this fraction of the prefill's time, that time saturating at "
         "after_prefill_saturation_s (a transient after the prefill's GEMMs; python -m realrun.transient "
-        "measures it: 0.0234 on the H200, realrun/traces/h200_transient); a later prefill restarts it",
+        "measures it: 0.0163 on the H200, realrun/traces/h200_transient); a later prefill restarts it",
     )
     after_prefill_saturation_s: float = Field(
         0.0,
@@ -391,16 +391,16 @@ class PoolConfig(_Strict):
         le=3600,
         description="decode, placement shared_gpu: the prefill time at which after_prefill_slowdown_fraction's "
         "extra time saturates: a prefill of P seconds leaves fraction x S x (1 - exp(-P / S)) behind (0: fraction "
-        "x P, no saturation); realrun.transient: 0.069 s on the H200 (after 0.2-0.9 s prefills the iterations run "
+        "x P, no saturation); realrun.transient: 0.086 s on the H200 (after 0.2-0.9 s prefills the iterations run "
         "about as much longer as after 0.07-0.1 s ones)",
     )
     after_prefill_decay_per_iteration: float = Field(
-        0.726,
+        0.719,
         ge=0,
         lt=1,
         description="decode, placement shared_gpu: the share of after_prefill_slowdown_fraction's extra time "
         "still ahead after each iteration (the k-th iteration after the prefill takes fraction x prefill time "
-        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.726 on the H200",
+        "x (1 - decay) x decay^(k-1)); realrun.transient: 0.719 on the H200",
     )
     after_prefill_clock_fraction: float = Field(
         0.0,
@@ -410,15 +410,15 @@ class PoolConfig(_Strict):
         "GEMMs, so the decode iterations run slower by a fraction that a prefill of P seconds raises by this x "
         "(1 - exp(-P / after_prefill_clock_time_constant_s)) (a lag toward this level while the prefill runs) and "
         "that fades with that time constant; the prefills' shares add. Measured by python -m realrun.transient "
-        "--fit: 0.0103 on the H200 (realrun/traces/h200_transient)",
+        "--fit: 0.0161 on the H200 (realrun/traces/h200_transient)",
     )
     after_prefill_clock_time_constant_s: float = Field(
-        0.129,
+        0.116,
         gt=0,
         le=60,
         description="decode, placement shared_gpu: how fast the clock slowdown after a prefill fades "
-        "(after_prefill_clock_fraction); the H200's SM clock recovers with 0.129 s after the last prefill "
-        "(realrun.transient.clock_time_constant on realrun/traces/h200_transient/smi.csv)",
+        "(after_prefill_clock_fraction); the H200's SM clock recovers with 0.116 s after the last prefill "
+        "(realrun.transient.clock_time_constant on the clock logs in realrun/traces/h200_transient)",
     )
     cuda_graphs: bool = Field(
         True,

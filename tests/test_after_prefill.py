@@ -11,6 +11,7 @@ the prefills' fractions adding. The timelines here are worked by hand.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any, cast
 
@@ -439,22 +440,27 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     assert got["windows"] == 12
 
 
-def test_the_committed_probe_runs_give_the_h200_scenarios_values():
-    """realrun.transient --fit on the committed files (realrun/traces/h200_transient) gives the five numbers the h200g
-    scenarios carry: they come from the probe, not from a trace."""
+def test_the_committed_probe_runs_give_the_h200_scenarios_values(capsys):
+    """realrun.transient --fit on every committed file (realrun/traces/h200_transient/*.csv, the scenarios' command)
+    gives the six numbers the h200g scenarios carry: they come from the probes, not from a trace. The files of other
+    tools in the folder (prefillcal, placecal) are named as skipped; both clock logs (dutylong's and dutysat's) are
+    read."""
     import glob
 
     import yaml
 
-    from realrun.transient import clock_time_constant
+    from realrun.transient import main
 
     root = Path(__file__).resolve().parent.parent
-    folder = root / "realrun/traces/h200_transient"
-    runs = sorted(glob.glob(str(folder / "transient_*.csv"))) + sorted(glob.glob(str(folder / "duty*.csv")))
-    runs += sorted(glob.glob(str(folder / "translong_*.csv")))
-    tau = clock_time_constant(folder / "smi.csv", sorted(glob.glob(str(folder / "dutylong_*.csv"))))
-    got = fit_transient(runs, tau["after_prefill_clock_time_constant_s"])
-    decode = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())["decode"]
+    files = sorted(glob.glob(str(root / "realrun/traces/h200_transient/*.csv")))
+    assert main(["--fit", *files]) == 0
+    out, err = capsys.readouterr()
+    assert "prefillcal.csv: not a realrun.transient file" in err and "placecal.csv" not in out
+    got = {}
+    for line in out.splitlines():
+        got.update(ast.literal_eval(line))
+    assert got["blocks"] == 12  # the blocks a clock log covers: dutylong's 8 and dutysat's 4
+    scen = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())
     for name in (
         "after_prefill_slowdown_fraction",
         "after_prefill_decay_per_iteration",
@@ -462,13 +468,10 @@ def test_the_committed_probe_runs_give_the_h200_scenarios_values():
         "after_prefill_clock_fraction",
         "after_prefill_clock_time_constant_s",
     ):
-        assert got[name] == decode[name], name
+        assert got[name] == scen["decode"][name], name
     # the CPU's time a pass through a prefill adds, from the files that time iterations on the host's clock
-    timed = sorted(glob.glob(str(folder / "duty*.csv"))) + sorted(glob.glob(str(folder / "translong_*.csv")))
-    prefill = yaml.safe_load((root / "scenarios/measured/h200g_8b_sat.yaml").read_text())["prefill"]
-    serial = prefill_pass_s(timed)
-    assert serial["settings"] == 14
-    assert round(serial["prefill.host_serial_s_per_iteration"], 4) == prefill["host_serial_s_per_iteration"]
+    assert got["settings"] == 27
+    assert round(got["prefill.host_serial_s_per_iteration"], 5) == scen["prefill"]["host_serial_s_per_iteration"]
 
 
 def test_prefill_pass_s_recovers_a_known_pass(tmp_path):

@@ -99,6 +99,9 @@ def main(argv=None) -> int:
             fade = clock_time_constant(smi, clocked)
             print(fade)
             tau = fade["after_prefill_clock_time_constant_s"]
+        duty = [p for p in rest if "block" in heads[p]]
+        if duty:
+            print(duty_excess(duty))
         if rest:
             print(fit_transient(rest, tau))
             timed = [p for p in rest if "unix_s" in heads[p] or "t_s" in heads[p]]
@@ -483,6 +486,28 @@ def _duty_summary(rows: list[dict]) -> str:
         far = [r["wall_s"] for r in w if r["k"] == 0 or r["k"] > 4] or [r["wall_s"] for r in w]
         out.append(f"{w[0]['duty']:g}: {statistics.mean(far) * 1e3:.3f} ms ({len(w)})")
     return "; ".join(out)
+
+
+def duty_excess(paths) -> dict[str, list[float]]:
+    """Per (file, set, method, batch) of duty files (--duty): each block's median iteration over the zero-duty blocks'
+    line in the context (%; the context grows a token per iteration, so a later block's iterations are longer with
+    no prefill at all), the iterations right after a prefill (k = 1-8) of a zero block left out of the line. Whether
+    a sustained share keeps slowing the decode (part dutysat: it does not)."""
+    import numpy as np
+    import pandas as pd
+
+    out: dict[str, list[float]] = {}
+    for path in paths:
+        d = pd.read_csv(path)
+        for (name, method, b), g in d.groupby(["set", "method", "batch_size"], sort=True):
+            quiet = g[(g["duty"] == 0) & ((g["k"] == 0) | (g["k"] > 8))]
+            line = np.polyfit(quiet["max_context"], quiet["wall_s"], 1)
+            blocks = g.groupby("block", sort=True)
+            out[f"{Path(path).stem} {name} {method} B{b}"] = [
+                round(100.0 * float((gb["wall_s"] / np.polyval(line, gb["max_context"]) - 1.0).median()), 1)
+                for _, gb in blocks
+            ]
+    return out
 
 
 LOOP_GAP_S = 0.0006  # the loop's own time between iterations (realrun.hostcal: 0.63 ms), where a file has no clock

@@ -514,7 +514,7 @@ def test_prefill_pass_s_recovers_a_known_pass(tmp_path):
 
 def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):
     """realrun.transient --fit takes every probe file at once (the scenario files' command): the mix runs give the
-    spread batch's excess over the uniform one (5 % here), the rest their fits."""
+    spread batch's excess over the uniform one (5 % here), the duty runs each block's excess, the rest their fits."""
     from realrun.transient import main, mix_excess
 
     rows = [
@@ -529,4 +529,54 @@ def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):
     _duty_run(0.02, 0.12, seed=4).to_csv(duty, index=False)
     assert main(["--fit", str(mix), str(duty)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "m:1 hack B8" in out[0] and "after_prefill_slowdown_fraction" in out[1]
+    assert "m:1 hack B8" in out[0] and "duty m:1 baseline B32" in out[1]
+    assert "after_prefill_slowdown_fraction" in out[2]
+
+
+def test_duty_excess_recovers_each_blocks_slowdown(tmp_path):
+    """A duty file whose iterations grow with the context (a line) and run 3 % over it through the two 0.5 blocks
+    (5 % in the iterations right after a prefill, which the zero blocks' line leaves out) gives 0 / 3 / 3 / 0."""
+    from realrun.transient import duty_excess
+
+    rows, ctx = [], 2048
+    for block, duty in enumerate((0.0, 0.5, 0.5, 0.0)):
+        for i in range(60):
+            k = (i % 6) + 1 if duty else (i + 1 if block == 3 and i < 4 else 0)
+            over = 0.05 if (duty and k == 1) or (block == 3 and 0 < k) else (0.03 if duty else 0.0)
+            wall = (0.008 + 1e-6 * ctx) * (1.0 + over)
+            rows.append(
+                dict(
+                    set="m:1",
+                    method="hack",
+                    batch_size=32,
+                    block=block,
+                    duty=duty,
+                    t_s=0.0,
+                    k=k,
+                    event_s=0.01,
+                    max_context=ctx,
+                    wall_s=wall,
+                )
+            )
+            ctx += 1
+    p = tmp_path / "duty.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    assert duty_excess([p]) == {"duty m:1 hack B32": [0.0, 3.0, 3.0, 0.0]}
+
+
+def test_a_sustained_share_of_prefill_does_not_build_up():
+    """The committed dutysat runs (24 s at 50 % prefill duty beside decode batches of 32): the FP16 iterations' slowdown
+    over the zero-duty line is as large in the last four 3-s blocks as in the first four (within a point: no slower
+    thermal term), and the zero-duty blocks after them are back on the line."""
+    import glob
+
+    from realrun.transient import duty_excess
+
+    root = Path(__file__).resolve().parent.parent
+    got = duty_excess(sorted(glob.glob(str(root / "realrun/traces/h200_transient/dutysat_*.csv"))))
+    for name in ("dutysat_8b llama-3.1-8b:32 baseline B32", "dutysat_70b llama-3.1-70b:8 baseline B32"):
+        blocks = got[name]
+        assert len(blocks) == 11
+        assert min(blocks[1:9]) > 1.0  # the power cap's slowdown holds through every 50 % block
+        assert abs(np.mean(blocks[5:9]) - np.mean(blocks[1:5])) < 1.0, blocks
+        assert max(abs(x) for x in blocks[9:]) < 0.5, blocks

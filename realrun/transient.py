@@ -501,6 +501,8 @@ def duty_excess(paths) -> dict[str, list[float]]:
         d = pd.read_csv(path)
         for (name, method, b), g in d.groupby(["set", "method", "batch_size"], sort=True):
             quiet = g[(g["duty"] == 0) & ((g["k"] == 0) | (g["k"] > 8))]
+            if quiet["max_context"].nunique() < 2:  # no zero-duty block to draw the line through
+                continue
             line = np.polyfit(quiet["max_context"], quiet["wall_s"], 1)
             blocks = g.groupby("block", sort=True)
             out[f"{Path(path).stem} {name} {method} B{b}"] = [

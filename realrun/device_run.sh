@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -48,6 +48,8 @@
 #   part dutysat: as dutylong through 3-second blocks at 0, then 0.5 for 24 s, then 0, 0 (a saturated recording's sustained
 #             share, longer than dutylong's 9 s: does the slowdown keep building, and on what time constant), the GPU's
 #             clocks, temperature and power logged every 100 ms (smi_dutysat.csv) (~200 s).
+#   part pbatch: smoke, then h200g_8b_pbatch r14 (prefill batches of up to 4 requests, 256-1,024-token prompts,
+#             32-160-token outputs, 25 Gbps, 150 requests, every method): a configuration never measured (~200 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
@@ -136,7 +138,7 @@ rec() {
   # shellcheck disable=SC2086  # METHODS is a word list
   step "$lim" "$label" python3 -m realrun --method $meths "${model[@]}" --link-gbps "$link" \
     --rate "$@" --requests "$n" --seed 1 --kv-capacity-gib "$kv" --prefill-host-memory-gib "$parked" \
-    "${sm[@]}" --max-decode-batch "${MAXB:-64}" --prefill-max-batch-requests 1 --time-limit-s $LIMIT_RUN --keep-going \
+    "${sm[@]}" --max-decode-batch "${MAXB:-64}" --prefill-max-batch-requests "${PFB:-1}" --time-limit-s $LIMIT_RUN --keep-going \
     --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}" "${REC_EXTRA[@]}"
 }
 smoke_or_stop() {
@@ -292,6 +294,11 @@ elif [ "$PART" = long ]; then
   [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
   MAXB=32  # the slot pool holds max batch x 16.7K tokens: 64 FP16 slots would not fit; 32 GiB of KV holds <= 31
   rec h200g_8b_long M8 40 8192 16384 64 256 32 16 420 40 1 "baseline kvquant hack" 1
+elif [ "$PART" = pbatch ]; then
+  # issue 28: a configuration never measured: prefill batches of several requests (every committed recording
+  # prefills one request at a time)
+  smoke_or_stop
+  PFB=4 rec h200g_8b_pbatch M8 25 256 1024 32 160 16 8 240 150 1 "baseline kvquant hack" 14
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

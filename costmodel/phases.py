@@ -21,8 +21,10 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   realrun/traces/h200_transient/prefillcal.csv) and, issued
   from the CPU, lasts at least the prefill pool's host_issue_s_* time; its quantize, dequantize and
   homomorphic-correction steps take ``*_factor`` times the profile's price, its own prefill launches add
-  ``method_prefill_issue_s_per_layer`` to the prefill host floor, its quantize step lasts at least
-  ``method_quantize_issue_s_per_layer`` per layer (launches issued one by one); the iteration a request joins
+  ``method_prefill_issue_s_per_layer`` per layer and request to the prefill host floor, its quantize step lasts at
+  least ``method_quantize_issue_s_per_layer`` per layer and request (launches issued one by one, for each request's
+  attention and KV: realrun/harness.py, Harness.prefill, loops over the batch's requests in every layer and over
+  them again to encode each one's KV into its send buffer); the iteration a request joins
   takes ``join_s_per_request`` longer per joining request (the simulator adds it: decode.py).
 * Attention by the calibration profile's kernel fits, in the profile's canonical units; prefill attention
   in the form the method picks for each prompt (FP16 FlashAttention, or HACK's homomorphic kernel).
@@ -192,8 +194,8 @@ class ReplicaCostModel:
     quantize_factor: float = 1.0  # the engine's quantize / dequantize / correction time over the
     dequantize_factor: float = 1.0  # profile's price
     approximation_factor: float = 1.0
-    method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer of the method's own prefill launches
-    method_quantize_issue_s_per_layer: float = 0.0  # CPU time per layer to issue its quantize and pack launches
+    method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer and request of the method's own prefill launches
+    method_quantize_issue_s_per_layer: float = 0.0  # CPU time per layer and request to issue its quantize and pack
     method_decode_kernels_per_layer: float = 0.0  # small kernels per decode layer the method runs beyond its fit
 
     # per-instance cost caches (prefill by batch, iterations by batch size, dense layers by token count)
@@ -651,7 +653,7 @@ class ReplicaCostModel:
             latency_s += (stages - 1) * self._stage_hop_s(tokens)
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
         encode_s = self._encode_s(
-            m.layers / stages, tokens - in_forward, packs_only=in_forward > 0 and in_forward == tokens
+            m.layers / stages, tokens - in_forward, packs_only=in_forward > 0 and in_forward == tokens, requests=n
         )
         if self.method.encode == "pq":
             encode_s = self._pq_construction_excess_s(tokens, latency_s)
@@ -661,7 +663,8 @@ class ReplicaCostModel:
 
     def prefill_host_s(self, batch_requests: int) -> float:
         """The shortest a prefill batch can take when the CPU issues its launches one by one (the prefill
-        pool's host_issue_s_*: per batch, per layer, per request); 0: no host model."""
+        pool's host_issue_s_*: per batch, per layer, per request; the method's own launches per layer and request,
+        each request's attention being issued apart); 0: no host model."""
         if not (
             self.host_issue_s_per_iteration
             or self.host_issue_s_per_layer
@@ -671,17 +674,19 @@ class ReplicaCostModel:
             return 0.0
         return (
             self.host_issue_s_per_iteration
-            + self.model.layers * (self.host_issue_s_per_layer + self.method_prefill_issue_s_per_layer)
+            + self.model.layers * (self.host_issue_s_per_layer + batch_requests * self.method_prefill_issue_s_per_layer)
             + batch_requests * self.host_issue_s_per_request
         )
 
     @overload
-    def _encode_s(self, layers: float, tokens: int, wire: bool = True, packs_only: bool = False) -> float: ...
+    def _encode_s(
+        self, layers: float, tokens: int, wire: bool = True, packs_only: bool = False, requests: int = 1
+    ) -> float: ...
     @overload
     def _encode_s(
-        self, layers: float, tokens: np.ndarray, wire: bool = True, packs_only: bool = False
+        self, layers: float, tokens: np.ndarray, wire: bool = True, packs_only: bool = False, requests: int = 1
     ) -> np.ndarray | float: ...
-    def _encode_s(self, layers, tokens, wire=True, packs_only=False):
+    def _encode_s(self, layers, tokens, wire=True, packs_only=False, requests=1):
         """The quantize step of `tokens` new tokens over `layers` layers as the engine runs it: the profile's
         kernel times the quantize factor, and at least the CPU time to issue its launches where the engine
         issues them one by one (method_quantize_issue_s_per_layer; 0: no floor). A method with no quantize
@@ -691,8 +696,9 @@ class ReplicaCostModel:
         may be a numpy array of token counts (_one_prompt_block; a method without a quantize kernel then gets
         the one number for every count).  `packs_only`: the KV was quantized inside the forward (a homomorphic
         prefill's attention reads the codes), so the step is the pack alone, as for a method without a quantize
-        kernel."""
-        issue_s = layers * self.method_quantize_issue_s_per_layer
+        kernel.  `requests`: the batch's requests, whose KV the engine encodes one by one (the floor is per layer and
+        request; the kernels' price is by the tokens)."""
+        issue_s = requests * layers * self.method_quantize_issue_s_per_layer
         if self.method.encode is None or packs_only:
             return issue_s if wire else 0.0
         gpu_s = layers * self._encode_layer_s(tokens) * self.quantize_factor

@@ -208,7 +208,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         mi = v.get(f"methods.{m}.prefill_issue_s_per_layer", 0.0)
         host = (
             v["prefill.host_issue_s_per_iteration"]
-            + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + mi)
+            + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + blk["requests"] * mi)
             + blk["requests"] * v["prefill.host_issue_s_per_request"]
         ) * f
         pred = np.maximum(gpu, host) + blk["rest"]
@@ -221,18 +221,19 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
                 f"methods.{m}.approximation": g * blk["approx0"],
                 "prefill.host_issue_s_per_iteration": h * f,
                 "prefill.host_issue_s_per_layer": h * blk["layers"] * f,
-                f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * f,
+                f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * blk["requests"] * f,
                 "prefill.host_issue_s_per_request": h * blk["requests"] * f,
             }
     else:  # quantize
         gpu = fq * blk["enc0"]
-        host = blk["layers"] * v[f"methods.{m}.quantize_issue_s_per_layer"] * f
+        per = blk["layers"] * blk.get("requests", 1.0)  # the floor is per layer and request (costmodel _encode_s)
+        host = per * v[f"methods.{m}.quantize_issue_s_per_layer"] * f
         pred = np.maximum(gpu, host)
         g = (gpu >= host).astype(float)
         host_s = (1 - g) * host
         d = {
             f"methods.{m}.quantize": g * blk["enc0"],
-            f"methods.{m}.quantize_issue_s_per_layer": (1 - g) * blk["layers"] * f,
+            f"methods.{m}.quantize_issue_s_per_layer": (1 - g) * per * f,
         }
     return pred, d, host_s
 

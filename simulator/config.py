@@ -892,16 +892,17 @@ class ImplementationFactors(_Strict):
         0.0,
         ge=0,
         le=3600,
-        description="CPU time per layer to issue the "
+        description="CPU time per layer and request to issue the "
         "method's own prefill kernels beyond the FP16 model's, where the engine "
-        "issues prefill from the CPU (adds to the prefill pool's host floor)",
+        "issues prefill from the CPU, each request's attention apart (adds to the prefill pool's host floor)",
     )
     quantize_issue_s_per_layer: float = Field(
         0.0,
         ge=0,
         le=3600,
-        description="CPU time per layer to issue the method's quantize and pack launches after prefill, where "
-        "the engine issues them from the CPU: the quantize step lasts at least this per layer",
+        description="CPU time per layer and request to issue the method's quantize and pack launches after prefill, "
+        "where the engine issues them from the CPU for each request's KV: the quantize step lasts at least this per "
+        "layer and request of its batch",
     )
     decode_kernels_per_layer: float = Field(
         0.0,

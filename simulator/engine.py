@@ -283,10 +283,10 @@ for _m in METHOD_REGISTRY:
         f"methods.{_m}.quantize_issue_s_per_layer",
         (0.0, 0.005),
         "s",
-        f"CPU time per layer to issue {_m}'s quantize and pack launches after prefill, where the engine issues "
+        f"CPU time per layer and request to issue {_m}'s quantize and pack launches after prefill, where the engine issues "
         f"them from the CPU (the quantize step lasts at least this)",
         scope="host",
-        shape="per layer per prefill batch (a floor on the quantize step)",
+        shape="per layer and request of a prefill batch (a floor on the quantize step)",
         prior_width=5e-4,
     )
     if _m != REFERENCE:  # the reference's own launches are the pool's prefill.host_issue_s_per_layer
@@ -294,10 +294,10 @@ for _m in METHOD_REGISTRY:
             f"methods.{_m}.prefill_issue_s_per_layer",
             (0.0, 0.005),
             "s",
-            f"CPU time per layer to issue {_m}'s own prefill kernels beyond the FP16 model's, where the engine "
+            f"CPU time per layer and request to issue {_m}'s own prefill kernels beyond the FP16 model's, where the engine "
             f"issues prefill from the CPU (adds to the prefill host floor)",
             scope="host",
-            shape="per layer per prefill batch (adds to the prefill floor)",
+            shape="per layer and request of a prefill batch (adds to the prefill floor)",
             prior_width=2e-4,  # twice fit_prefill_host's standard error of HACK's (0.093 ms)
         )
         PARAMETERS[f"methods.{_m}.decode_kernels_per_layer"] = Parameter(

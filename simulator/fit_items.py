@@ -497,6 +497,7 @@ def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
             "meas": measured_q,
             "enc0": enc0,
             "layers": pre.model.layers / pre.parallel.pipeline,
+            "requests": np.array([len(p) for p in prompts], dtype=np.float64),  # the floor is per request too
             # the step's level is set at its start (simulator/prefill.py, _busy_part): what is left of the
             # transfers in flight then once the forward pass is done; a transfer that starts during the step leaves
             # it as it is (in realrun none does: its transfers start after the quantize step)

@@ -1,0 +1,77 @@
+"""A prefill batch of several requests where the engine issues each request's attention and KV encode apart
+(realrun/harness.py, Harness.prefill): the method's own prefill launches and the quantize step's floor count per layer
+and request (costmodel/phases.py, prefill_host_s and _encode_s), and the fit prices its items the same way
+(simulator/calibrate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.calibrate import predict
+from simulator.fit_items import load_trace_data, scenario_values
+from simulator.load import load_scenario
+from simulator.measured import load_measured
+from simulator.resolve import resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "scenarios/measured/h200g_8b_pbatch.yaml"
+TRACES = ROOT / "realrun/traces/h200_pbatch"
+
+
+def _costs(method: str):
+    m = load_measured(TRACES / f"h200g_8b_pbatch_{method}_r14", SCENARIO)
+    pre, _ = resolve(m.scenario, str(SCENARIO)).costs(m.config)
+    return pre
+
+
+def test_the_floors_count_per_request():
+    """HACK's own prefill launches (0.641 ms a layer) come once per request: a batch of two short prompts waits on
+    the CPU 32 x 0.641 ms longer than one; the FP16 pack floor (0.0364 ms a layer) is per request too."""
+    s = load_scenario(SCENARIO)
+    hack = _costs("hack")
+    per_layer = s.calibration.implementation_factors["hack"].prefill_issue_s_per_layer
+    assert hack.prefill_host_s(2) - hack.prefill_host_s(1) == pytest.approx(32 * per_layer)
+    assert hack.prefill((200, 200)).latency_s == pytest.approx(hack.prefill_host_s(2))  # host-bound
+    base = _costs("baseline")
+    pack = s.calibration.implementation_factors["baseline"].quantize_issue_s_per_layer
+    assert base.prefill((300,)).encode_s == pytest.approx(32 * pack)
+    assert base.prefill((300, 300, 300)).encode_s == pytest.approx(3 * 32 * pack)
+
+
+def test_the_recording_encodes_per_request():
+    """In the recording the FP16 pack after a batch of two requests lasts about twice one request's (the harness
+    encodes each request's KV into its own send buffer), as the model prices it."""
+    r = pd.read_csv(TRACES / "h200g_8b_pbatch_baseline_r14/requests.csv")
+    g = r.groupby("prefill_start_s").agg(
+        n=("request_id", "size"), q=("quantize_end_s", "first"), p=("prefill_end_s", "first")
+    )
+    step = (g["q"] - g["p"]).groupby(g["n"]).median()
+    assert 1.6 < step[2] / step[1] < 2.4
+    base = _costs("baseline")
+    assert base.prefill((600, 600)).encode_s / base.prefill((600,)).encode_s == pytest.approx(2.0)
+
+
+def test_the_fit_prices_batched_items_as_the_model():
+    """The fit's quantize and prefill items of the batched recording, at the scenario's values and with the link idle,
+    are the cost model's floors: each batch's quantize item per request, HACK's prefill item with its own launches
+    per request."""
+    values = scenario_values(load_scenario(SCENARIO))
+    for method in ("baseline", "hack"):
+        td = load_trace_data(TRACES / f"h200g_8b_pbatch_{method}_r14", SCENARIO)
+        pre = _costs(method)
+        q = td.blocks["quantize"]
+        two = (q["requests"] == 2) & (q["busy_left_s"] == 0)
+        assert two.any()
+        got = predict(td, "quantize", values)
+        assert np.allclose(got[two], pre.prefill((300, 300)).encode_s)
+    # HACK's pairs prefilled with the link idle are host-bound: the floor with its own launches twice
+    td = load_trace_data(TRACES / "h200g_8b_pbatch_hack_r14", SCENARIO)
+    p = td.blocks["prefill"]
+    two = (p["requests"] == 2) & (p["busy_left_s"] == 0)
+    assert two.any()
+    got = predict(td, "prefill", values)
+    assert np.allclose(got[two], _costs("hack").prefill_host_s(2))

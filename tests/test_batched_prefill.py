@@ -75,3 +75,21 @@ def test_the_fit_prices_batched_items_as_the_model():
     assert two.any()
     got = predict(td, "prefill", values)
     assert np.allclose(got[two], _costs("hack").prefill_host_s(2))
+
+
+# The three batched-prefill recordings (a configuration no fit has seen): mean |JCT error| with no fit 8.3 % (FP16
+# -7.1, KVQuant-style -5.4, HACK -12.5 %; 11.0 % while the method's own prefill launches and the quantize floor counted
+# once per batch). Bound: achieved + 2. The engine fitted on h200_graphs gives 10.2 % there (it lowers the busy-link
+# prefill factor): docs/calibration.md, "Batched prefill".
+NO_FIT_PCT = 8.3 + 2
+
+
+def test_the_batched_recordings_with_no_fit():
+    from simulator.measured import read_index
+    from simulator.validate import validate
+
+    errors = [
+        abs(validate(r.trace_path, r.scenario_path)["jct_mean_error_pct"]) for r in read_index(TRACES / "index.csv")
+    ]
+    assert len(errors) == 3
+    assert sum(errors) / 3 <= NO_FIT_PCT, errors

@@ -137,6 +137,20 @@ def host_factor(td, s) -> dict | None:
     return {"value": float(fit.factor["value"]), "stderr": float(fit.factor["stderr"])}
 
 
+def prefill_share(df: pd.DataFrame) -> float | None:
+    """The share of a run's span (first arrival to last finish) its prefill batches hold, from each batch's start to
+    its quantize step's end (requests that started together count once); None without the phase timestamps. On a
+    shared GPU a running request's next token waits for them, so its time is about the loop's cadence / (1 - d): an
+    error of x % in the prefills' price moves TPOT and JCT by about x d / (1 - d) % (docs/calibration.md, "Where it
+    stands")."""
+    if not {"prefill_start_s", "quantize_end_s"} <= set(df.columns) or not len(df):
+        return None
+    batches = df.groupby("prefill_start_s", sort=False)["quantize_end_s"].first()
+    span = float(df["finish_s"].max() - df["arrival_s"].min())
+    held = float((batches.to_numpy() - batches.index.to_numpy()).sum())
+    return held / span if span > 0 else None
+
+
 def validate(
     trace: str | Path,
     scenario_path: str | Path,
@@ -205,6 +219,10 @@ def validate(
         if "dequantize_s" in sim.columns
         else None
     )
+    if s.placement == "shared_gpu":  # the prefills' hold on the shared GPU, and what it does to an error
+        d_meas, d_sim = prefill_share(df), prefill_share(sim)
+        if d_meas is not None and d_sim is not None:
+            out["prefill_share"] = {"measured": d_meas, "simulated": d_sim, "amplification": d_meas / (1.0 - d_meas)}
     iterations = m.iterations
     if iterations is not None and len(iterations):
         res = result.resolved  # the profiles and specs the simulation just used
@@ -317,6 +335,12 @@ def format_validation(v: dict) -> str:
                     f"{key.removesuffix('_s')}_mean_error_pct",
                 )
             )
+    if "prefill_share" in v:
+        d = v["prefill_share"]
+        rows.append(
+            row("prefill share of the GPU", f"{d['measured']:.3f}", f"{d['simulated']:.3f}", "prefill_share_none")
+        )
+        rows[-1][3] = ""
     if v.get("host_factor"):
         h = v["host_factor"]
         rows.append(
@@ -327,6 +351,12 @@ def format_validation(v: dict) -> str:
     heads = ["metric", "measured", "simulated", "error"] + (["run-to-run"] if noise else [])
     text = render(table(heads, rows, title=title))
     lines = [text] + [f"note: {n}" for n in v.get("notes", [])]
+    if v.get("prefill_share") and v["prefill_share"]["measured"] >= 0.3:
+        a = v["prefill_share"]["amplification"]
+        lines.append(
+            f"prefill share: the prefills hold the shared GPU {100 * v['prefill_share']['measured']:.0f} % of the run, "
+            f"so an error of x % in their price moves TPOT and JCT by about {a:.1f} x %"
+        )
     if noise:
         lines.append(
             f"run-to-run: the spread (1 sd) of the measured metric over repeated recordings ({noise['index']})"

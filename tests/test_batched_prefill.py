@@ -93,3 +93,28 @@ def test_the_batched_recordings_with_no_fit():
     ]
     assert len(errors) == 3
     assert sum(errors) / 3 <= NO_FIT_PCT, errors
+
+
+def test_prefill_share_counts_each_batch_once():
+    """validate's prefill share: the batches' time from start to quantize end over the run's span, a batch of two
+    requests counted once; on a committed shared-GPU run near saturation it is printed with its amplification."""
+    from simulator.validate import format_validation, prefill_share, validate
+
+    df = pd.DataFrame(
+        dict(
+            arrival_s=[0.0, 0.0, 1.0],
+            prefill_start_s=[0.0, 0.0, 1.0],
+            quantize_end_s=[0.5, 0.5, 1.5],
+            finish_s=[2.0, 3.0, 4.0],
+        )
+    )
+    assert prefill_share(df) == pytest.approx(1.0 / 4.0)
+    v = validate(
+        ROOT / "realrun/traces/h200_graphs/h200g_8b_sat_hack_r9",
+        ROOT / "scenarios/measured/h200g_8b_sat.yaml",
+        host=False,
+    )
+    d = v["prefill_share"]
+    assert 0.55 < d["measured"] < 0.65 and d["amplification"] == pytest.approx(d["measured"] / (1 - d["measured"]))
+    text = format_validation(v)
+    assert "prefill share of the GPU" in text and "moves TPOT and JCT by about 1.5 x %" in text

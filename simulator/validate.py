@@ -145,7 +145,7 @@ def prefill_share(df: pd.DataFrame) -> float | None:
     stands")."""
     if not {"prefill_start_s", "quantize_end_s"} <= set(df.columns) or not len(df):
         return None
-    batches = df.groupby("prefill_start_s", sort=False)["quantize_end_s"].first()
+    batches = df.groupby("prefill_start_s", sort=False)["quantize_end_s"].first().dropna()  # unfinished: none
     span = float(df["finish_s"].max() - df["arrival_s"].min())
     held = float((batches.to_numpy() - batches.index.to_numpy()).sum())
     return held / span if span > 0 else None

@@ -141,6 +141,12 @@ rec() {
     "${sm[@]}" --max-decode-batch "${MAXB:-64}" --prefill-max-batch-requests "${PFB:-1}" --time-limit-s $LIMIT_RUN --keep-going \
     --chunk-mib 1 --label "$label" --repeats "$reps" --out "$out" "${DEV[@]}" "${REC_EXTRA[@]}"
 }
+clock_log() {  # clock_log FILE: the GPU's clocks, temperature, power and throttle reasons every 100 ms into FILE, in the
+  # background until `kill "$SMI"`
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 100 > "$1" 2>&1 &
+  SMI=$!
+}
 smoke_or_stop() {
   step 60 smoke python3 -m realrun --method baseline kvquant hack "${SMOKE[@]}" --link-gbps 10 --rate 4 \
     --requests 3 --seed 5 --kv-capacity-gib 4 --time-limit-s 30 --max-decode-batch 8 --out "$WORK/smoke" "${DEV[@]}"
@@ -205,9 +211,7 @@ elif [ "$PART" = translong ]; then
     TR=(--sets "llama-3.1-8b:32" --prompts 1024 8192 16384 --gap 32 --cycles 4 --batches 32)
     TR70=(--sets "llama-3.1-70b:8" --prompts 1024 8192 16384 --gap 32 --cycles 4 --batches 32)
   fi
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
-    --format=csv,nounits -lms 100 > "$OUT/smi_translong.csv" 2>&1 &
-  SMI=$!
+  clock_log "$OUT/smi_translong.csv"
   step 280 translong_8b python3 -m realrun.transient --out "$OUT/translong_8b.csv" "${TR[@]}"
   step 280 translong_70b python3 -m realrun.transient --out "$OUT/translong_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
@@ -245,9 +249,7 @@ elif [ "$PART" = dutylong ]; then
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
   fi
   DL=(--duty 0 0.5 0.5 0.5 0 0 0.25 0.25 0 --block-s 3 --methods baseline hack --batches 32)
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
-    --format=csv,nounits -lms 100 > "$OUT/smi.csv" 2>&1 &
-  SMI=$!
+  clock_log "$OUT/smi.csv"
   step 270 dutylong_8b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_8b.csv" "${TR[@]}"
   step 270 dutylong_70b python3 -m realrun.transient "${DL[@]}" --out "$OUT/dutylong_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
@@ -259,9 +261,7 @@ elif [ "$PART" = dutysat ]; then
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8"); DS=(--block-s 3)
   fi
   DS+=(--duty 0 0.5 0.5 0.5 0.5 0.5 0.5 0.5 0.5 0 0 --methods baseline hack --batches 32)
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
-    --format=csv,nounits -lms 100 > "$OUT/smi_dutysat.csv" 2>&1 &
-  SMI=$!
+  clock_log "$OUT/smi_dutysat.csv"
   step 270 dutysat_8b python3 -m realrun.transient "${DS[@]}" --out "$OUT/dutysat_8b.csv" "${TR[@]}"
   step 270 dutysat_70b python3 -m realrun.transient "${DS[@]}" --out "$OUT/dutysat_70b.csv" "${TR70[@]}"
   kill "$SMI" 2>/dev/null
@@ -307,9 +307,7 @@ elif [ "$PART" = long70 ]; then
 elif [ "$PART" = prefill ]; then
   # issue 28: the prefill alone by prompt length, back to back and rested, with the GPU's clocks logged (smi.csv)
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then PF=(--smoke); else PF=(); fi
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
-    --format=csv,nounits -lms 100 > "$OUT/smi_prefill.csv" 2>&1 &
-  SMI=$!
+  clock_log "$OUT/smi_prefill.csv"
   step 300 prefillcal python3 -m realrun.prefillcal --out "$OUT/prefillcal.csv" "${PF[@]}"
   kill "$SMI" 2>/dev/null
 elif [ "$PART" = place ]; then

@@ -143,12 +143,14 @@ def prefill_share(df: pd.DataFrame) -> float | None:
     shared GPU a running request's next token waits for them, so its time is about the loop's cadence / (1 - d): an
     error of x % in the prefills' price moves TPOT and JCT by about x d / (1 - d) % (docs/calibration.md, "Where it
     stands")."""
+    from .fit_items import _prefill_batches
+
     if not {"prefill_start_s", "quantize_end_s"} <= set(df.columns) or not len(df):
         return None
-    batches = df.groupby("prefill_start_s", sort=False)["quantize_end_s"].first().dropna()  # unfinished: none
+    starts, ends, _ = _prefill_batches(df)
+    held = ends - starts
     span = float(df["finish_s"].max() - df["arrival_s"].min())
-    held = float((batches.to_numpy() - batches.index.to_numpy()).sum())
-    return held / span if span > 0 else None
+    return float(held[np.isfinite(held)].sum()) / span if span > 0 else None  # an unfinished batch: none
 
 
 def validate(

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -50,6 +50,9 @@
 #             clocks, temperature and power logged every 100 ms (smi_dutysat.csv) (~200 s).
 #   part pbatch: smoke, then h200g_8b_pbatch r14 (prefill batches of up to 4 requests, 256-1,024-token prompts,
 #             32-160-token outputs, 25 Gbps, 150 requests, every method): a configuration never measured (~200 s).
+#   part pbsession: smoke, then h200g_8b_pbatch r14 again (every method), h200g_8b_2.5gbps r7.5 and h200g_8b_sat r9
+#             (FP16 and HACK, once each) in the same session, so a machine factor fitted on the two known
+#             configurations can be tried on the batched one (~520 s; the budget guard cuts the last).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
@@ -299,6 +302,12 @@ elif [ "$PART" = pbatch ]; then
   # prefills one request at a time)
   smoke_or_stop
   PFB=4 rec h200g_8b_pbatch M8 25 256 1024 32 160 16 8 240 150 1 "baseline kvquant hack" 14
+elif [ "$PART" = pbsession ]; then
+  # issue 28: the batched-prefill configuration beside two known ones in one session (a machine factor that carries)
+  smoke_or_stop
+  PFB=4 rec h200g_8b_pbatch M8 25 256 1024 32 160 16 8 230 150 1 "baseline kvquant hack" 14
+  rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 150 150 1 "baseline hack" 7.5
+  rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline hack" 9
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

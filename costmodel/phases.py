@@ -197,6 +197,8 @@ class ReplicaCostModel:
     method_prefill_issue_s_per_layer: float = 0.0  # CPU time per layer and request of the method's own prefill launches
     method_quantize_issue_s_per_layer: float = 0.0  # CPU time per layer and request to issue its quantize and pack
     method_decode_kernels_per_layer: float = 0.0  # small kernels per decode layer the method runs beyond its fit
+    # decode: the share of the padding to the batch's longest context its attention pays for (priced_context)
+    attention_padding_share: float = 0.0
 
     # per-instance cost caches (prefill by batch, iterations by batch size, dense layers by token count)
     _memo: dict = field(default_factory=lambda: {"prefill": {}, "iteration": {}, "dense": {}}, init=False, repr=False)
@@ -815,6 +817,15 @@ class ReplicaCostModel:
         )
 
     # ---- decode ---------------------------------------------------------------------------
+    def priced_context(self, total_ctx_tokens, batch_size, longest_ctx_tokens):
+        """The context an iteration is priced at (IterationCost.time_s): its total S, plus, where the method's decode
+        attention sizes its split grid by the batch's longest context L (attention_padding_share > 0), that share of
+        the padding B x L - S (scalars or numpy arrays alike)."""
+        share = self.attention_padding_share
+        if not share:
+            return total_ctx_tokens
+        return total_ctx_tokens + share * (batch_size * longest_ctx_tokens - total_ctx_tokens)
+
     def iteration(self, batch_size: int) -> IterationCost:
         memo = self._memo["iteration"]
         c = memo.get(batch_size)

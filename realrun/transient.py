@@ -93,6 +93,8 @@ def main(argv=None) -> int:
         rest = [p for p in probes if p not in xfer and p not in mix]
         if mix:
             print(mix_excess(mix))
+            here = Path(__file__).resolve().parent.parent / "scenarios" / "measured"
+            print(padding_share(mix, scenario_per_ctx_s(here.glob("h200g_*.yaml"))))
         tau = None
         if smi:  # the clock's fade, from the log and the duty runs beside it (their unix_s)
             clocked = [p for p in rest if "unix_s" in heads[p] and "block" in heads[p]]
@@ -285,6 +287,71 @@ def mix_excess(paths) -> dict[str, float]:
 
     pct = _mix_means(pd.concat([pd.read_csv(p) for p in paths], ignore_index=True))["excess_pct"]
     return {f"{k[0]} {k[1]} B{k[2]}": round(float(v), 2) for k, v in pct.items()}
+
+
+def padding_share(paths, per_ctx_s) -> dict[str, dict]:
+    """calibration.implementation_factors.M.attention_padding_share from --mix runs: per set and method, the share of
+    the padding to the batch's longest context (B x longest - total context) that an iteration pays for at the
+    attention's price per context token, `per_ctx_s(set, method, batch)` (the cost model's IterationCost.per_ctx_s).
+    Per batch size x = that price x (the spread batch's mean padding - the uniform one's) and y = the spread batch's
+    mean iteration - the uniform one's (the same total context: only the padding differs); the share is the least
+    squares slope of y on x through the origin over the batch sizes, its standard error from their scatter about it.
+    `value` is what a scenario carries: the share, bounded to [0, 1], where it exceeds twice its standard error, else 0
+    (the probe does not resolve it from the kernel's price by the total context). A set `per_ctx_s` has no price for
+    (KeyError) gets a note instead."""
+    import numpy as np
+    import pandas as pd
+
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = d.assign(padding=d["batch_size"] * d["max_context"] - d["context_tokens"])
+    mean = d.groupby(["set", "method", "batch_size", "kind"])[["wall_s", "padding"]].mean().unstack("kind")
+    out = {}
+    for (set_name, method), g in mean.groupby(level=["set", "method"], sort=True):
+        batches = g.index.get_level_values("batch_size")
+        try:
+            price = np.array([per_ctx_s(set_name, method, int(b)) for b in batches])
+        except KeyError as e:  # no price for this set: nothing to scale the padding by
+            out[f"{set_name} {method}"] = {"share": None, "note": str(e.args[0])}
+            continue
+        x = price * (g[("padding", "spread")] - g[("padding", "uniform")]).to_numpy()
+        y = (g[("wall_s", "spread")] - g[("wall_s", "uniform")]).to_numpy()
+        share = float(x @ y / (x @ x))
+        resid = y - share * x
+        se = float(np.sqrt(resid @ resid / max(len(x) - 1, 1) / (x @ x))) if len(x) > 1 else float("inf")
+        out[f"{set_name} {method}"] = {
+            "share": round(share, 3),
+            "se": round(se, 3),
+            "per_batch": {int(b): round(float(yy / xx), 3) for b, xx, yy in zip(batches, x, y)},
+            "value": round(min(max(share, 0.0), 1.0), 2) if share > 2 * se else 0.0,
+        }
+    return out
+
+
+def scenario_per_ctx_s(scenarios):
+    """per_ctx_s for padding_share from scenario files (the committed scenarios/measured/h200g_*.yaml): for a set
+    "model:layers", the first scenario of that model and layer count; the decode iteration's price per context token
+    (decode, dequantization and correction) for the method of that name."""
+    from simulator.measured import load_scenario
+    from simulator.resolve import resolve
+
+    found: dict[str, tuple] = {}
+    paths = sorted(scenarios)
+
+    def price(set_name: str, method: str, batch: int) -> float:
+        if set_name not in found:
+            model, layers = set_name.split(":")
+            for path in paths:
+                s = load_scenario(path, [])
+                if s.model.name.lower() == model and s.model.layers == int(layers):
+                    found[set_name] = (s, resolve(s))
+                    break
+            else:
+                raise KeyError(f"no scenario of {set_name} among {len(paths)}")
+        s, res = found[set_name]
+        cfg = next(m for m in s.methods if m.name == method)
+        return res.costs(cfg)[1].iteration(batch).per_ctx_s
+
+    return price
 
 
 def _dropped_prefill(h, rid: int, tokens: int) -> float:

@@ -911,6 +911,15 @@ class ImplementationFactors(_Strict):
         description="small kernels per layer the method's decode step runs beyond its profiled kernel (e.g. its "
         "new token's quantize and pack run apart): each costs the decode pool's small-kernel time",
     )
+    attention_padding_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="the share of the padding to the batch's longest context that the method's decode attention pays "
+        "for, where its kernel sizes its split grid by the longest context: an iteration of B requests whose longest "
+        "context is L and total S is priced at S + share x (B x L - S) context tokens (0: by the total alone, as the "
+        "kernel profile times uniform batches); python -m realrun.transient --fit measures it from --mix runs",
+    )
 
 
 class CalibrationConfig(_Strict):

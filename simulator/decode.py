@@ -254,6 +254,12 @@ class DecodeReplica:
         self.iteration = 0  # replica iteration counter k
         self.batch = 0  # B
         self.ctx_offset = 0.0  # C = Σ (ctx_at_join - join_iteration)
+        # calibration.implementation_factors.M.attention_padding_share: the attention pays that share of the padding to
+        # the batch's longest context, B x (max offset + k) - S_k = B x max offset - C, the same over a segment; the
+        # running rows' offsets (ctx_at_join - join_iteration) by rid and a max-heap of them (stale entries skipped)
+        self.pad_share = getattr(cost, "attention_padding_share", 0.0)  # (a test's stand-in cost has none)
+        self._offsets: dict[int, float] = {}
+        self._offset_heap: list[tuple[float, int]] = []
         self.cum = [0.0, 0.0, 0.0, 0.0, 0.0]  # running decode, dequantize, approximation, fetch, preemption seconds
         self._seg: tuple | None = None  # running segment: (start_s, cost, iterations, on-arrival s)
         self._cut = False  # the segment was cut short for a joining request
@@ -350,7 +356,7 @@ class DecodeReplica:
         assert self._seg is not None  # called while a segment runs
         start_s, cost, n, pending_s = self._seg
         elapsed = self.loop.now - start_s
-        c, b, k = self.ctx_offset, self.batch, self.iteration
+        c, b, k = self._priced_c(), self.batch, self.iteration
         if self._transient_s or self._clock_s:  # iterations end later by their after-prefill shares: count up
             done = iterations_within(cost, max(0.0, elapsed - pending_s - self._after_s(n)), c, b, k)
             while done < n and pending_s + segment_time_s(cost, done + 1, c, b, k) + self._after_s(done + 1) <= elapsed:
@@ -378,6 +384,8 @@ class DecodeReplica:
         self.joining.clear()
         self.finish_heap.clear()
         self.batch, self.ctx_offset, self.slots_used = 0, 0.0, 0
+        self._offsets.clear()
+        self._offset_heap.clear()
         self.reserved_bytes = self.host_reserved_bytes = 0.0
         self._seg, self._cut, self.down = None, False, True
         self._left = 0
@@ -510,7 +518,7 @@ class DecodeReplica:
             pending_s += leave_s
             self.cum[0] += leave_s  # everyone in the batch waits for it: decode time
         cost = sched.cost() if chunks and sched is not None else self._iteration()
-        c, b, now = self.ctx_offset, self.batch, self.loop.now
+        c, b, now = self._priced_c(), self.batch, self.loop.now
         if self._clock:
             self._clock_segment(cost, now + pending_s, c, b, k)
         if joined and self.rec.ttft_at_decode:
@@ -574,6 +582,8 @@ class DecodeReplica:
 
     def _add_row(self, rid: int, k: int, context: int, finish: int) -> None:
         self.ctx_offset += context - k
+        if self.pad_share:
+            self._row_in(rid, context - k)
         self.batch += 1
         heapq.heappush(self.finish_heap, (finish, rid))
         if self.blocks is not None:
@@ -586,6 +596,8 @@ class DecodeReplica:
         _, j, c, fin = self.blocks.remove(rid)
         self.batch -= 1
         self.ctx_offset -= c - j
+        if self.pad_share:
+            self._offsets.pop(rid, None)
         self.reserved_bytes -= held
         return c + k - j, fin - k
 
@@ -629,6 +641,8 @@ class DecodeReplica:
             ) = self.cum
             context, finish = int(rec.join_context[rid]), k + int(rec.decode_iterations[rid])
             self.ctx_offset += context - k
+            if self.pad_share:
+                self._row_in(rid, context - k)
             heapq.heappush(heap, (finish, rid))
             if blocks is not None:
                 blocks.join(rid, k, context, finish)
@@ -650,6 +664,21 @@ class DecodeReplica:
         b = self.batch
         mean_ctx = (self.ctx_offset + b * self.iteration) / b
         return left * b / (b + left) * self.cost.placement_s(mean_ctx)
+
+    def _row_in(self, rid: int, offset: float) -> None:
+        self._offsets[rid] = offset
+        heapq.heappush(self._offset_heap, (-offset, rid))
+
+    def _priced_c(self) -> float:
+        """C as the iterations are priced: with an attention padding share, C + share x (B x max offset - C) (the
+        batch's longest context sets the attention's split grid: ReplicaCostModel.priced_context), else C."""
+        if not self.pad_share or not self.batch:
+            return self.ctx_offset
+        heap, offsets = self._offset_heap, self._offsets
+        while heap and offsets.get(heap[0][1]) != -heap[0][0]:  # left, or back since with another offset
+            heapq.heappop(heap)
+        longest = -heap[0][0] if heap else 0.0
+        return self.ctx_offset + self.pad_share * (self.batch * longest - self.ctx_offset)
 
     def _iteration(self) -> Iteration:
         """The cost model's decode iteration at the batch's size, as an `Iteration`: from a table by batch size
@@ -688,7 +717,7 @@ class DecodeReplica:
         self._clock_decay = r
 
     def _advance(self, n: int, cost: Iteration) -> None:
-        c, b, k = self.ctx_offset, self.batch, self.iteration
+        c, b, k = self._priced_c(), self.batch, self.iteration
         if self.rec.iteration_log is not None:  # off unless asked for: a row per iteration is not the hot path's
             seg = self._seg
             assert seg is not None  # a segment is advancing
@@ -706,6 +735,7 @@ class DecodeReplica:
                     self.after_prefill_decay,
                     self._clock_s,
                     self._clock_decay,
+                    c - self.ctx_offset,
                 )
             )
         cum = self.cum
@@ -746,6 +776,8 @@ class DecodeReplica:
             self._finished(rid, held)
             self._left += 1
             self.ctx_offset -= ctx_term
+            if self.pad_share:
+                self._offsets.pop(rid, None)
             self.batch -= 1
             freed += held
         if freed:
@@ -785,7 +817,7 @@ def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
     prefill on the shared GPU left one); a row ends before the CPU work between
     iterations (host_serial_s_per_iteration), which a trace's rows leave out."""
     rows = []
-    for start_s, pending_s, n, c, b, k, cost, serial, after_s, decay, clock_s, clock_decay in log:
+    for start_s, pending_s, n, c, b, k, cost, serial, after_s, decay, clock_s, clock_decay, pad in log:
         t = start_s
         for m in range(n):
             step = segment_time_s(cost, 1, c, b, k + m) + (pending_s if m == 0 else 0.0)
@@ -793,7 +825,7 @@ def iteration_rows(log: list) -> list[tuple[float, float, int, float]]:
                 step += after_s * (1.0 - decay) * decay**m
             if clock_s:  # ... and of the clock slowdown
                 step += clock_s * (1.0 - clock_decay) * clock_decay**m
-            rows.append((t, t + step - serial, b, c + b * (k + m)))
+            rows.append((t, t + step - serial, b, c - pad + b * (k + m)))
             t += step
     return rows
 

@@ -239,11 +239,26 @@ def iteration_features(
     }
 
 
+def longest_context(df: pd.DataFrame, start: np.ndarray, k: np.ndarray, join_extra_tokens: int = 1) -> np.ndarray:
+    """Per iteration the longest context in its batch: a request is in iterations k (the one it joins) to the last
+    one starting before its finish, its context at iteration i its prompt + join_extra_tokens + (i - k), as the
+    iteration rows count it (realrun: the tokens stored before the step and the new one)."""
+    last = np.searchsorted(start, df["finish_s"].to_numpy() - CSV_EPS_S, "left")
+    offset = np.full(len(start), -np.inf)
+    for a, z, off in zip(k, last, df["prompt_tokens"].to_numpy() + join_extra_tokens - k):
+        if 0 <= a < z:
+            np.maximum(offset[a:z], off, out=offset[a:z])
+    return np.where(np.isfinite(offset), offset + np.arange(len(start)), 0.0)
+
+
 def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens: int = 1) -> dict:
     start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
     b = it["batch_size"].to_numpy().astype(np.int64)
     ctx = it["context_tokens"].to_numpy().astype(np.float64)
     joins, k = _joins(df, start)
+    priced = ctx  # the context the iteration is priced at: with the attention's grid sized by the longest context
+    if dec.attention_padding_share:  # (ReplicaCostModel.priced_context), its share of the padding to it too
+        priced = dec.priced_context(ctx, b, longest_context(df, start, k, join_extra_tokens))
     place = np.zeros(len(it))  # the engine's KV copies (decode.kv_placement_gb_per_s), GPU seconds, as the replica's
     joined_ctx = np.zeros(len(it))  # the joiners' context in their first iteration (the simulator's join_context)
     if dec.kv_placement_bytes_per_s > 0:
@@ -265,7 +280,7 @@ def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens:
     # the cadence of iteration i, to the next one's start, where the engine went straight on
     keep = _evenly(np.flatnonzero(_straight_on(df, start, end, joins, b)))
     busy = link_busy_at(df, start[keep])
-    blk = iteration_features(dec, b[keep], ctx[keep], joins[keep], start[keep + 1] - start[keep], busy, leaves[keep])
+    blk = iteration_features(dec, b[keep], priced[keep], joins[keep], start[keep + 1] - start[keep], busy, leaves[keep])
     blk["place_s"] = place[keep]
     blk["all"] = len(it)
     blk["start"] = start[keep]
@@ -564,6 +579,7 @@ class Timeline:
         self._cum_p_last = np.concatenate([[0.0], np.cumsum(prompt[ol])])
         self._cum_o_last = np.concatenate([[0.0], np.cumsum(out[ol])])
         self._tokens = np.sort(np.concatenate(times))
+        self._times, self._prompt = times, prompt
 
     def batch(self, t: np.ndarray) -> np.ndarray:
         """Requests in decode at t: joined at or before t, last token after t."""
@@ -576,6 +592,27 @@ class Timeline:
         waiting = np.searchsorted(self._first, t, "right") - joined
         emitted = np.searchsorted(self._tokens, t, "right")
         return (self._cum_p_joined[joined] - self._cum_p_last[done]) + emitted - self._cum_o_last[done] - waiting
+
+    def longest(self, t: np.ndarray) -> np.ndarray:
+        """The longest context among the requests in decode at each t (any shape): prompt + tokens streamed by t."""
+        t = np.asarray(t, dtype=np.float64)
+        order = np.argsort(t.ravel(), kind="stable")
+        ts = t.ravel()[order]
+        out = np.zeros(len(ts))
+        lo, hi = np.searchsorted(ts, self.joined, "left"), np.searchsorted(ts, self.last, "left")
+        for r in np.flatnonzero(hi > lo):
+            a, z = lo[r], hi[r]
+            np.maximum(out[a:z], self._prompt[r] + np.searchsorted(self._times[r], ts[a:z], "right"), out=out[a:z])
+        res = np.empty_like(out)
+        res[order] = out
+        return res.reshape(t.shape)
+
+    def priced_context(self, dec, t: np.ndarray) -> np.ndarray:
+        """The context of the batch at each t as the decode iteration is priced (ReplicaCostModel.priced_context)."""
+        ctx = self.context(t)
+        if not dec.attention_padding_share:
+            return ctx
+        return dec.priced_context(ctx, np.maximum(self.batch(t), 1), self.longest(t))
 
     def in_prefill(self, a: np.ndarray, b: np.ndarray, skip: np.ndarray) -> np.ndarray:
         """Whether any request other than skip[i] was in prefill (sent, first token not yet out) during
@@ -624,7 +661,7 @@ def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
             iteration_features(
                 dec,
                 np.maximum(line.batch(mid), 1),
-                line.context(mid),
+                line.priced_context(dec, mid),
                 line.joins(a_i[keep], b_i[keep]),
                 b_i[keep] - a_i[keep],
             )
@@ -642,7 +679,7 @@ def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
                 iteration_features(
                     dec,
                     np.maximum(line.batch(samples), 1),
-                    line.context(samples).mean(axis=1),
+                    line.priced_context(dec, samples).mean(axis=1),
                     line.joins(line.joined[rest], line.last[rest]) / n,
                     (log.latency_s[rest] - log.ttft_s[rest]) / n,
                 )

@@ -137,6 +137,7 @@ class PoolLayout:
                 "method_prefill_issue_s_per_layer": impl.prefill_issue_s_per_layer if self.name == "prefill" else 0.0,
                 "method_quantize_issue_s_per_layer": impl.quantize_issue_s_per_layer,  # colocated: the chunks' encode
                 "method_decode_kernels_per_layer": impl.decode_kernels_per_layer,
+                "attention_padding_share": impl.attention_padding_share,
             }
         )
         return ReplicaCostModel(

@@ -233,12 +233,13 @@ def validate(
         # a trace's iteration rows run from one iteration's start to its end: the engine's work between
         # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows
         serial = dec.host_serial_s_per_iteration
-        predicted_it = np.array(
-            [
-                dec.iteration(int(b)).time_s(float(c)) - serial
-                for b, c in zip(iterations["batch_size"], iterations["context_tokens"])
-            ]
-        )
+        batch, ctx = iterations["batch_size"].to_numpy(), iterations["context_tokens"].to_numpy().astype(np.float64)
+        if dec.attention_padding_share:  # priced as the simulator prices them (ReplicaCostModel.priced_context)
+            from .fit_items import _joins, longest_context
+
+            starts = iterations["start_s"].to_numpy()
+            ctx = dec.priced_context(ctx, batch, longest_context(df, starts, _joins(df, starts)[1]))
+        predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) - serial for b, c in zip(batch, ctx)])
         out["iteration_s"] = {
             "measured_mean": float(measured_it.mean()),
             "predicted_mean": float(predicted_it.mean()),

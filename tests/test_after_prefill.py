@@ -514,7 +514,8 @@ def test_prefill_pass_s_recovers_a_known_pass(tmp_path):
 
 def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):
     """realrun.transient --fit takes every probe file at once (the scenario files' command): the mix runs give the
-    spread batch's excess over the uniform one (5 % here), the duty runs each block's excess, the rest their fits."""
+    spread batch's excess over the uniform one (5 % here) and the attention's padding share (none for a set no
+    scenario prices), the duty runs each block's excess, the rest their fits."""
     from realrun.transient import main, mix_excess
 
     rows = [
@@ -529,8 +530,8 @@ def test_mix_excess_and_fit_route_every_probe_file(tmp_path, capsys):
     _duty_run(0.02, 0.12, seed=4).to_csv(duty, index=False)
     assert main(["--fit", str(mix), str(duty)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "m:1 hack B8" in out[0] and "duty m:1 baseline B32" in out[1]
-    assert "after_prefill_slowdown_fraction" in out[2]
+    assert "m:1 hack B8" in out[0] and "'m:1 hack': {'share': None" in out[1] and "duty m:1 baseline B32" in out[2]
+    assert "after_prefill_slowdown_fraction" in out[3]
 
 
 def test_duty_excess_recovers_each_blocks_slowdown(tmp_path):

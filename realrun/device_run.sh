@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -53,6 +53,7 @@
 #   part pbsession: smoke, then h200g_8b_pbatch r14 again (every method), h200g_8b_2.5gbps r7.5 and h200g_8b_sat r9
 #             (FP16 and HACK, once each) in the same session, so a machine factor fitted on the two known
 #             configurations can be tried on the batched one (~520 s; the budget guard cuts the last).
+#   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
 #   part noise70b25 / noise8b25: smoke, then h200g_70b8l_2.5gbps r10 (span ~15 s) / h200g_8b_2.5gbps r7.5 (~20 s),
@@ -275,6 +276,17 @@ elif [ "$PART" = mix ]; then
   fi
   step 270 mix_8b python3 -m realrun.transient --mix --out "$OUT/mix_8b.csv" "${TR[@]}"
   step 270 mix_70b python3 -m realrun.transient --mix --out "$OUT/mix_70b.csv" "${TR70[@]}"
+elif [ "$PART" = mix2 ]; then
+  # issue 28: the mix probe again, with more batch sizes (the attention's padding share, realrun.transient --fit:
+  # the 8B's FP16 share sat at twice its standard error, the 8-layer 70B's were not resolved), and the 70B at twice the
+  # context (twice the padding per request)
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); TR70L=(--smoke); else
+    TR=(--sets "llama-3.1-8b:32" --batches 8 16 24 32 48); TR70=(--sets "llama-3.1-70b:8" --batches 8 16 24 32 48)
+    TR70L=(--sets "llama-3.1-70b:8" --batches 16 32 --context 4096)
+  fi
+  step 240 mix2_8b python3 -m realrun.transient --mix --out "$OUT/mix2_8b.csv" "${TR[@]}"
+  step 180 mix2_70b python3 -m realrun.transient --mix --out "$OUT/mix2_70b.csv" "${TR70[@]}"
+  step 120 mix2_70b_4k python3 -m realrun.transient --mix --out "$OUT/mix2_70b_4k.csv" "${TR70L[@]}"
 elif [ "$PART" = noise70b25 ]; then
   smoke_or_stop
   rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 300 150 3 "baseline hack" 10

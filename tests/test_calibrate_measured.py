@@ -44,28 +44,30 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # 0.0864 s, clock 0.0161, tau 0.116 s, the pass 0.34 ms): by configuration 3.9 -> 3.9 % (max 12.5 -> 12.4 %), by trace
 # 3.7 -> 3.7 % (max 12.8 -> 12.7 %).
 # The decode attention's share of the padding to the batch's longest context (attention_padding_share, measured by
-# realrun.transient --mix: the 8B's HACK 0.26, KVQuant-style 0.09; not fitted): by configuration 3.9 -> 3.4 % (max
-# 12.4 -> 9.8 %), by trace 3.7 -> 3.3 % (max 12.7 -> 10.4 %); no fit 5.7 -> 5.1 %.
+# realrun.transient --mix, not fitted): with the first session's probe (the 8B's HACK 0.26, KVQuant-style 0.09) by
+# configuration 3.9 -> 3.4 % (max 12.4 -> 9.8 %), by trace 3.7 -> 3.3 % (max 12.7 -> 10.4 %); with both sessions'
+# (8B 0.05 / 0.12 / 0.19, the 70B-8L's KVQuant-style 0.09 and HACK 0.82) by configuration 3.5 % (max 10.7 %), by trace
+# 3.4 % (max 11.2 %); no fit 5.7 -> 5.1 %.
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.3 + 2,
-    "jct_max_abs_error_pct": 10.4 + 2,
+    "jct_mean_abs_error_pct": 3.4 + 2,
+    "jct_max_abs_error_pct": 11.2 + 2,
     "tpot_p50_mean_abs_error_pct": 3.5 + 2,
     "ttft_p50_mean_abs_error_pct": 6.3 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 3.4 + 2,
-    "jct_max_abs_error_pct": 9.8 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.5 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
+    "jct_mean_abs_error_pct": 3.5 + 2,
+    "jct_max_abs_error_pct": 10.7 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.8 + 2,
 }
 TRACES_WITHIN_10PCT = 26 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
-# Held out, since the attention's padding share (the scenarios carry the probe's, so no fit improves too: 8b_mem 5.0 ->
-# 3.8 %), two: 70b8l_2.5gbps, 2.5 against 2.0 % (by 0.5 points; the fit's HACK decode kernels per layer, shared by the
-# two models, fall from 2.4 to 1.1 now the 8B's padding is priced, and the 70B-8L's HACK runs shorter), and 8b_mem, 4.5
-# against 3.8 % (by 0.8 points; its recordings spread +-4.8 %: a fold without it fits KVQuant-style's dequantization
-# 1.06, which prices its memory-bound KVQuant-style decode +6.4 and +9.5 %). Before it, since a pass through a prefill costs the CPU its serial time (the scenarios carry the probes' 0.40 ms, so no
+# Held out, since the attention's padding share (both sessions' probe; the scenarios carry it, so no fit moves too),
+# one: 70b8l_2.5gbps, 2.5 against 2.0 % (by 0.5 points; its recordings spread +-5.3 %; the fit's HACK decode kernels
+# per layer, shared by the two models, fall now the padding is priced). With the first session's probe alone, two:
+# that one and 8b_mem, 4.5 against 3.8 % (a fold without it fitted KVQuant-style's dequantization 1.06, pricing its
+# memory-bound KVQuant-style decode +6.4 and +9.5 %; no fit 4.6 % now). Before it, since a pass through a prefill costs the CPU its serial time (the scenarios carry the probes' 0.40 ms, so no
 # fit improves too), one: 70b8l_2.5gbps, 2.3 against 2.0 % (by 0.3 points; its recordings spread +-5.3 %); 8b_2.5gbps
 # 5.7 against 5.8 %. Since the prefill efficiency leaves HACK's homomorphic attention at its profiled price
 # (docs/calibration.md, "Long prompts"), 8b_2.5gbps was predicted worse than with no fit too: 5.86 against 5.71 % (by 0.15 points; its
@@ -78,7 +80,7 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps", "h200g_8b_mem"]
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps"]
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +126,13 @@ def test_dequantization_share_of_the_kvquant_traces(cv):
 # 70B-8L HACK at 25 req/s over 40 Gbps), mean |JCT error| over the two: no fit 8.2 %, the engine fitted on all 27
 # graph-mode traces 7.3 % (-4.6 and -10.1 %; 7.4 % before the after-prefill terms saturated; 7.1 % before the KV
 # copies: the 70B run's 200 joins at the fit's lower join time). Since the pass through a prefill: no fit 7.1 %, fitted
-# 6.9 %. Since the attention's padding share: no fit 6.8 % (-3.2 / -10.4 %), fitted 7.6 % (-5.6 / -9.6 %): the fit is
-# worse than none there by 0.8 points, a known miss: the 8B HACK at batches of 4-5 (8b_light), where the padding is
-# small, has its step's GPU time priced 4.0 % short by the fit (1.8 % before), whose HACK decode kernels per layer fell
-# from 2.4 to 1.1 once the larger batches' padding was priced. Bounds: achieved + 2, and the fit at most 1 point worse
-# than no fit there (it was at least as good before).
+# 6.9 %. Since the attention's padding share: no fit 6.9 % (-3.5 / -10.2 %), fitted 7.5 % (-5.4 / -9.5 %): the fit is
+# worse than none there by 0.6 points, a known miss: the 8B HACK at batches of 4-5 (8b_light), where the padding is
+# small, has its step's GPU time priced about 4 % short by the fit (1.8 % before), whose HACK decode kernels per layer
+# fell once the larger batches' padding was priced. Bounds: achieved + 2, and the fit at most 1 point worse than no fit
+# there (it was at least as good before).
 NEW_CONFIGS = ROOT / "realrun/traces/h200_steps/index_new_configs.csv"
-NEW_CONFIGS_FITTED_PCT = 7.6 + 2
+NEW_CONFIGS_FITTED_PCT = 7.5 + 2
 NEW_CONFIGS_FIT_OVER_NONE_PP = 1.0
 
 
@@ -160,11 +162,10 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
 # saturate (realrun.transient after 0.2-0.9 s prefills: the linear forms priced the iterations after these prompts'
 # prefills up to 9x too long): the 8B no fit -0.4, -3.4, +2.7 % (mean 2.2 %), fitted -0.5, +0.2, +7.7 % (mean 2.8 %);
 # the 70B no fit -2.0, -3.1, -3.3 % (mean 2.8 %), fitted -0.8, -0.3, +0.5 % (mean 0.5 %). With the attention's
-# padding share (the 8B's HACK 0.26, KVQuant-style 0.09): the 8B no fit -0.4, -2.3, +5.7 % (mean 2.8 %), fitted -0.7,
-# -0.5, +9.0 % (mean 3.4 %); the 70B no fit -1.9, -3.0, -3.1 % (mean 2.7 %), fitted -0.2, -0.2, +0.5 % (mean 0.3 %).
-# Bounds: achieved + 2.
+# padding share (both sessions' probe): the 8B no fit -0.3, -2.1, +5.4 % (mean 2.6 %), fitted -0.7, -0.7, +8.7 % (mean
+# 3.4 %); the 70B no fit -1.9, -2.8, -3.0 % (mean 2.6 %), fitted -0.3, -0.6, +0.8 % (mean 0.6 %). Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
-LONG_PCT = {"8b": (2.8 + 2, 3.4 + 2), "70b8l": (2.8 + 2, 0.5 + 2)}  # (no fit, fitted) mean |JCT error|
+LONG_PCT = {"8b": (2.6 + 2, 3.4 + 2), "70b8l": (2.6 + 2, 0.6 + 2)}  # (no fit, fitted) mean |JCT error|
 
 
 def test_long_prompts_against_no_fit(cv):
@@ -192,7 +193,7 @@ def test_long_prompts_against_no_fit(cv):
 # The step-timed recordings (realrun/traces/h200_steps, realrun --step-times: CUDA events and the host's timing around
 # every step, 2026-12-04 17:00-17:40): the four in committed configurations give a machine factor of 1.26 (that build
 # spends more CPU per step), which carries to the two in configurations never recorded: mean |JCT error| 6.9 -> 2.6 %
-# (-4.6 / -9.2 -> -2.1 / -3.1 %); with the attention's padding share 1.26 again, 7.6 -> 3.3 % (-3.0 / -3.7 %). Bound:
+# (-4.6 / -9.2 -> -2.1 / -3.1 %); with the attention's padding share 1.26 again, 7.5 -> 3.3 % (-2.9 / -3.6 %). Bound:
 # achieved + 2.
 STEPS_KNOWN = ROOT / "realrun/traces/h200_steps/index.csv"
 STEPS_NEW_MACHINE_PCT = 3.3 + 2
@@ -221,11 +222,11 @@ def test_a_machine_refit_carries_to_the_new_configurations(cv):
 # time term fitted on the other configurations of its session (calibrate --base --refit machine). Mean |JCT error|
 # no fit 7.8 %, the h200_graphs calibration alone 6.0 %, with the factor 3.4 % (max 26.6 / 23.2 / 18.3 %); the fast
 # session's 8b_2.5gbps 13.8 -> 1.6 % (factor 0.672) and 70b8l_2.5gbps 7.7 -> 3.3 % (0.683); the other sessions' factors
-# 0.96-1.04. With the attention's padding share: 7.1 / 5.7 / 3.2 % (max 26.6 / 20.8 / 16.2 %), the fast session 12.8 ->
-# 1.8 % and 7.3 -> 3.1 %. Bounds: achieved + 2, and the factor at least 2 points better than the calibration alone.
+# 0.96-1.04. With the attention's padding share: 7.2 / 5.8 / 3.3 % (max 26.7 / 21.2 / 16.8 %), the fast session 12.9 ->
+# 1.7 % and 7.3 -> 3.1 %. Bounds: achieved + 2, and the factor at least 2 points better than the calibration alone.
 REPEATS = ROOT / "realrun/traces/h200_repeats/index.csv"
-MACHINE_CV_PCT = 3.2 + 2
-FAST_SESSION_PCT = {"h200g_8b_2.5gbps": 1.8 + 2, "h200g_70b8l_2.5gbps": 3.3 + 2}
+MACHINE_CV_PCT = 3.3 + 2
+FAST_SESSION_PCT = {"h200g_8b_2.5gbps": 1.7 + 2, "h200g_70b8l_2.5gbps": 3.3 + 2}
 
 
 def test_the_machine_refit_cross_validated_on_the_repeats(cv):
@@ -247,11 +248,11 @@ def test_the_machine_refit_cross_validated_on_the_repeats(cv):
 
 # A third session (realrun/traces/h200_pbsession, 2026-12-05): two committed configurations (8b_2.5gbps, 8b_sat; FP16
 # and HACK) beside the batched-prefill one no fit has seen (8b_pbatch, recorded a second time). Each configuration
-# predicted with the factor from the session's other two: mean |JCT error| 9.4 % against 13.5 % with the h200_graphs
-# calibration alone (no fit 12.3 %); 8b_pbatch 19.8 -> 14.9 % (factor 1.10). Bounds: achieved + 2, and the factor
+# predicted with the factor from the session's other two: mean |JCT error| 9.5 % against 13.5 % with the h200_graphs
+# calibration alone (no fit 12.3 %); 8b_pbatch 19.9 -> 14.8 % (factor 1.10). Bounds: achieved + 2, and the factor
 # better than the calibration alone on every configuration.
 PBSESSION = ROOT / "realrun/traces/h200_pbsession/index.csv"
-PBSESSION_PCT = 9.4 + 2
+PBSESSION_PCT = 9.5 + 2
 
 
 def test_the_machine_refit_carries_to_a_batched_prefill_configuration(cv):

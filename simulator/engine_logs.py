@@ -11,7 +11,9 @@ the file has them, the times the client sent each request. The formats and the f
 | `aiperf` | AIPerf / GenAI-Perf's successor `profile_export.jsonl`, one record per request (docs/tutorials/working-with-profile-exports.md, ai-dynamo/aiperf 13992db) | `metrics.input_sequence_length`, `output_sequence_length`, `time_to_first_token`, `request_latency`, `inter_chunk_latency` (each `{value, unit}`), `error` | `metadata.request_start_ns` |
 
 A request that failed (a non-empty `errors` entry, an AIPerf `error` or a cancelled record) or produced no token
-is not a request the engine served and is left out. The vLLM and SGLang benchmarks send every request at once
+is not a request the engine served and is left out. Benchmarks derived from vLLM's that name the end-to-end
+latencies `e2els`, or keep only the successful requests in the per-request lists and the failures' messages in a
+shorter `errors`, are read so, and the output says which. The vLLM and SGLang benchmarks send every request at once
 when `request_rate` is infinite and `max_concurrency` is not set (their `get_request` does not sleep), so their
 send times are known to be 0 then; otherwise a file without send times says nothing about when each request was
 sent. What a file lacks is listed in `RequestLog.notes` and said in `validate`'s and `calibrate`'s output: there
@@ -157,11 +159,21 @@ def _bench(path: Path, records: list[tuple[int, object]], fmt: str) -> RequestLo
             f"--save-detailed; SGLang: --output-details)"
         )
     n = _list_len(where, doc, "input_lens")
-    for key in ("output_lens", "ttfts", "itls", "latencies", "errors", "start_times"):
+    if doc.get("latencies") is None and doc.get("e2els") is not None:  # some derived benchmarks' name for them
+        doc = {**doc, "latencies": doc["e2els"]}
+        notes.append("latencies from e2els (the end-to-end latencies under another name)")
+    for key in ("output_lens", "ttfts", "itls", "latencies", "start_times"):
         if (key in BENCH_KEYS or doc.get(key) is not None) and _list_len(where, doc, key) != n:
             raise ScenarioError(f"{where}: {key} has {len(doc[key])} entries for {n} requests (input_lens)")
+    errors = [""] * n
+    if doc.get("errors") is not None:
+        k = _list_len(where, doc, "errors")
+        if k == n:
+            errors = doc["errors"]
+        elif k:  # every other list has one entry per request: these are failed requests those lists leave out (some
+            # derived benchmarks keep only the successful ones there), so the requests listed were all served
+            notes.append(f"errors lists {k} failed requests apart from the {n} the per-request lists hold, all served")
     check = RowChecker(f"{where}:", ScenarioError, lines=np.arange(n) + 1, unit="request")
-    errors = doc.get("errors") or [""] * n
     served = np.array([not e for e in errors], dtype=bool)
     prompt = check.counts(np.asarray(doc["input_lens"], dtype=object), "input_lens", 1)
     output = check.counts(np.asarray(doc["output_lens"], dtype=object), "output_lens", 0)

@@ -58,6 +58,23 @@ def test_vllm_detailed_result_in_send_order_failed_requests_left_out(tmp_path):
     )
 
 
+def test_derived_benchmarks_e2els_and_failures_kept_apart(tmp_path):
+    """A benchmark derived from vLLM's that writes the latencies as `e2els` and lists only the served requests, with the
+    failures' messages apart in a shorter `errors`: the same requests as the served two of VLLM, and notes saying so."""
+    keep = [0, 2]
+    doc = {k: [VLLM[k][i] for i in keep] for k in ("input_lens", "output_lens", "ttfts", "itls", "start_times")}
+    doc |= {"model_id": "m", "request_rate": 2.0, "e2els": [VLLM["latencies"][i] for i in keep], "errors": ["Timeout"]}
+    path = tmp_path / "derived.json"
+    path.write_text(json.dumps(doc))
+    log = read_engine_log(path)
+    ref = tmp_path / "vllm.json"
+    ref.write_text(json.dumps(VLLM))
+    want = read_engine_log(ref)
+    assert log.format == "vllm" and log.prompt_tokens.tolist() == want.prompt_tokens.tolist()
+    assert log.latency_s.tolist() == want.latency_s.tolist() and log.send_s.tolist() == want.send_s.tolist()
+    assert any("e2els" in n for n in log.notes) and any("1 failed requests apart" in n for n in log.notes)
+
+
 def test_sglang_reads_the_last_run_and_derives_what_it_lacks(tmp_path):
     """SGLang appends one JSON line per run and saves no latencies and no send times: the last run is read,
     each latency is its TTFT plus its gaps, and at request_rate inf with no max_concurrency every request was

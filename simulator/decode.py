@@ -257,7 +257,7 @@ class DecodeReplica:
         # calibration.implementation_factors.M.attention_padding_share: the attention pays that share of the padding to
         # the batch's longest context, B x (max offset + k) - S_k = B x max offset - C, the same over a segment; the
         # running rows' offsets (ctx_at_join - join_iteration) by rid and a max-heap of them (stale entries skipped)
-        self.pad_share = getattr(cost, "attention_padding_share", 0.0)  # (a test's stand-in cost has none)
+        self.pad_share = cost.attention_padding_share
         self._offsets: dict[int, float] = {}
         self._offset_heap: list[tuple[float, int]] = []
         self.cum = [0.0, 0.0, 0.0, 0.0, 0.0]  # running decode, dequantize, approximation, fetch, preemption seconds

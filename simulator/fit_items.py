@@ -251,14 +251,25 @@ def longest_context(df: pd.DataFrame, start: np.ndarray, k: np.ndarray, join_ext
     return np.where(np.isfinite(offset), offset + np.arange(len(start)), 0.0)
 
 
+def priced_contexts(
+    df: pd.DataFrame, start: np.ndarray, batch: np.ndarray, ctx: np.ndarray, dec, k=None, join_extra_tokens: int = 1
+) -> np.ndarray:
+    """The iterations' contexts as the decode replica prices them: with the attention's grid sized by the longest
+    context (ReplicaCostModel.priced_context), its share of the padding to it too; else the totals as they are. `k`:
+    the iteration each request joins (_joins), where the caller has it."""
+    if not dec.attention_padding_share:
+        return ctx
+    if k is None:
+        k = _joins(df, start)[1]
+    return dec.priced_context(ctx, batch, longest_context(df, start, k, join_extra_tokens))
+
+
 def _iteration_block(df: pd.DataFrame, it: pd.DataFrame, dec, join_extra_tokens: int = 1) -> dict:
     start, end = it["start_s"].to_numpy(), it["end_s"].to_numpy()
     b = it["batch_size"].to_numpy().astype(np.int64)
     ctx = it["context_tokens"].to_numpy().astype(np.float64)
     joins, k = _joins(df, start)
-    priced = ctx  # the context the iteration is priced at: with the attention's grid sized by the longest context
-    if dec.attention_padding_share:  # (ReplicaCostModel.priced_context), its share of the padding to it too
-        priced = dec.priced_context(ctx, b, longest_context(df, start, k, join_extra_tokens))
+    priced = priced_contexts(df, start, b, ctx, dec, k, join_extra_tokens)
     place = np.zeros(len(it))  # the engine's KV copies (decode.kv_placement_gb_per_s), GPU seconds, as the replica's
     joined_ctx = np.zeros(len(it))  # the joiners' context in their first iteration (the simulator's join_context)
     if dec.kv_placement_bytes_per_s > 0:

@@ -233,12 +233,10 @@ def validate(
         # a trace's iteration rows run from one iteration's start to its end: the engine's work between
         # iterations (host_serial_s_per_iteration) is in the simulated cadence but not in the rows
         serial = dec.host_serial_s_per_iteration
-        batch, ctx = iterations["batch_size"].to_numpy(), iterations["context_tokens"].to_numpy().astype(np.float64)
-        if dec.attention_padding_share:  # priced as the simulator prices them (ReplicaCostModel.priced_context)
-            from .fit_items import _joins, longest_context
+        from .fit_items import priced_contexts
 
-            starts = iterations["start_s"].to_numpy()
-            ctx = dec.priced_context(ctx, batch, longest_context(df, starts, _joins(df, starts)[1]))
+        batch, ctx = iterations["batch_size"].to_numpy(), iterations["context_tokens"].to_numpy().astype(np.float64)
+        ctx = priced_contexts(df, iterations["start_s"].to_numpy(), batch, ctx, dec)  # as the simulator prices them
         predicted_it = np.array([dec.iteration(int(b)).time_s(float(c)) - serial for b, c in zip(batch, ctx)])
         out["iteration_s"] = {
             "measured_mean": float(measured_it.mean()),
@@ -340,10 +338,11 @@ def format_validation(v: dict) -> str:
             )
     if "prefill_share" in v:
         d = v["prefill_share"]
+        # a share, no error: the error column empty, the spread column as for a metric without one
         rows.append(
-            row("prefill share of the GPU", f"{d['measured']:.3f}", f"{d['simulated']:.3f}", "prefill_share_none")
+            ["prefill share of the GPU", f"{d['measured']:.3f}", f"{d['simulated']:.3f}", ""]
+            + (["n/a"] if noise else [])
         )
-        rows[-1][3] = ""
     if v.get("host_factor"):
         h = v["host_factor"]
         rows.append(

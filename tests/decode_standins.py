@@ -22,6 +22,7 @@ class FixedCost:
         self.kv_placement_bytes_per_s = 0.0
         self.placement_s_per_token = 0.0  # what placement_s charges per context token (with a rate set)
         self.host_serial_s_per_iteration = serial_s
+        self.attention_padding_share = 0.0  # decode priced by the total context
         self._it = IterationCost(fixed_s, 0.0, 0.0, 0.0, 0.0)
 
     def placement_s(self, context_tokens: float) -> float:

@@ -6,7 +6,8 @@ grids by the longest context (max_len), so a batch spread over contexts costs mo
 (realrun.transient --mix). The cost model prices an iteration of B requests, total context S and longest L at
 S + share x (B x L - S) (ReplicaCostModel.priced_context); the decode replica keeps B x L - S per segment (every
 context grows by one per iteration), the fit's items take L from the trace's requests (fit_items.longest_context) or a
-benchmark file's token times (Timeline.longest). The timelines here are worked by hand; the repricing of simulated
+benchmark file's token times (Timeline.longest, worked by hand in tests/test_engine_logs.py). The timelines here are
+worked by hand; the repricing of simulated
 traces with the shares set (tests/test_calibrate.py, whose scenario carries them) checks the replica and the items
 agree to rounding.
 """
@@ -27,8 +28,7 @@ from costmodel.phases import IterationCost
 from decode_standins import FixedCost, Listener, records
 from realrun.transient import padding_share, scenario_per_ctx_s
 from simulator.decode import DecodeReplica
-from simulator.engine_logs import RequestLog
-from simulator.fit_items import Timeline, longest_context
+from simulator.fit_items import longest_context
 from simulator.measured import load_scenario
 from simulator.resolve import resolve
 
@@ -93,26 +93,6 @@ def test_longest_context_from_a_traces_requests():
     df = pd.DataFrame({"prompt_tokens": [100, 300], "decode_start_s": [0.0, 1.0], "finish_s": [2.5, 3.5]})
     start = np.array([0.0, 1.0, 2.0, 3.0])
     assert longest_context(df, start, np.array([0, 1])).tolist() == [101.0, 301.0, 302.0, 303.0]
-
-
-def test_longest_context_from_a_benchmark_files_token_times():
-    """Request 0 (100 prompt tokens) streams at 1.0, 2.0 and 3.0 s, request 1 (500) at 1.5 and 2.5 s, each in decode
-    from its first token to its last: at 1.2 s only request 0 (101), at 2.0 s both (501), at 2.7 s request 0 (102)."""
-    times = [np.array([1.0, 2.0, 3.0]), np.array([1.5, 2.5])]
-    log = RequestLog(
-        path="x",
-        format="vllm",
-        prompt_tokens=np.array([100, 500]),
-        output_tokens=np.array([3, 2]),
-        ttft_s=np.array([1.0, 1.5]),
-        latency_s=np.array([3.0, 2.5]),
-        send_s=np.array([0.0, 0.0]),
-        sends_known=True,
-        itl_s=[np.diff(t) for t in times],
-    )
-    line = Timeline(log, times)
-    assert line.longest(np.array([1.2, 2.0, 2.7])).tolist() == [101.0, 501.0, 102.0]
-    assert line.longest(np.array([[2.0, 1.2]])).tolist() == [[501.0, 101.0]]  # any shape (TPOT samples)
 
 
 def _mix_rows(share: float, price_s: float, noise_s: float = 0.0, seed: int = 0) -> pd.DataFrame:

@@ -159,8 +159,8 @@ def test_a_malformed_benchmark_file_is_one_line(tmp_path, change, message):
 
 def test_the_rebuilt_timeline_counts_the_batch_and_its_context_by_hand():
     """Two requests: A (prompt 100) streams tokens at 1.0, 1.1, 1.2; B (prompt 50) at 1.05, 1.15. At 1.12 both
-    are in decode: batch 2, context 100 + 2 (A's tokens so far: 1.0, 1.1) + 50 + 1 (B's: 1.05) = 153; at 1.17
-    B is done: batch 1, context 100 + 2."""
+    are in decode: batch 2, context 100 + 2 (A's tokens so far: 1.0, 1.1) + 50 + 1 (B's: 1.05) = 153, the longest
+    102; at 1.17 B is done: batch 1, context 100 + 2."""
     from simulator.engine_logs import RequestLog
 
     log = RequestLog(
@@ -179,6 +179,10 @@ def test_the_rebuilt_timeline_counts_the_batch_and_its_context_by_hand():
     line = Timeline(log, times)
     assert line.batch(np.array([1.12, 1.17])).tolist() == [2, 1]
     assert line.context(np.array([1.12, 1.17])).tolist() == [153, 102]
+    # the longest context in decode (an attention padding share prices it): A alone at 1.02 (100 + 1), then A's
+    # 100 + 2 over B's 50 + 1; any shape (a TPOT item's samples)
+    assert line.longest(np.array([1.02, 1.12, 1.17])).tolist() == [101, 102, 102]
+    assert line.longest(np.array([[1.12, 1.02]])).tolist() == [[102, 101]]
     assert line.joins(np.array([1.0]), np.array([1.06])).tolist() == [1]
     # ttft_at prefill: A joins one gap before its second token (1.1 - 0.1 = 1.0), B (two tokens, one gap) one
     # gap before its second (1.15 - 0.1 = 1.05); had B joined only at 1.14, then at 1.12 it would be waiting

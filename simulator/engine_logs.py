@@ -6,18 +6,20 @@ the file has them, the times the client sent each request. The formats and the f
 
 | format | file | per request | send times |
 |---|---|---|---|
-| `vllm` | `vllm bench serve --save-result --save-detailed` JSON (vllm/benchmarks/serve.py, vLLM 009e6d4) | `input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`, `errors` (s) | `start_times` (time.perf_counter) |
-| `sglang` | `python -m sglang.bench_serving --output-file F --output-details` JSONL, one run per line as the benchmark appends them; the last is read (python/sglang/bench_serving.py, SGLang 0033168) | `input_lens`, `output_lens`, `ttfts`, `itls`, `errors` (s); the latency is ttft + the gaps | none |
-| `aiperf` | AIPerf / GenAI-Perf's successor `profile_export.jsonl`, one record per request (docs/tutorials/working-with-profile-exports.md, ai-dynamo/aiperf 13992db) | `metrics.input_sequence_length`, `output_sequence_length`, `time_to_first_token`, `request_latency`, `inter_chunk_latency` (each `{value, unit}`), `error` | `metadata.request_start_ns` |
+| `vllm` | `vllm bench serve --save-result --save-detailed` JSON, or with `--append-result` one run per line (the last is read) (vllm/benchmarks/serve.py, vLLM 009e6d4) | `input_lens`, `output_lens`, `ttfts`, `itls`, `latencies`, `errors` (s) | `start_times` (time.perf_counter) |
+| `sglang` | `python -m sglang.bench_serving` (now also `python -m sglang.benchmark.serving`) `--output-file F --output-details` JSONL, one run per line as the benchmark appends them; the last is read (python/sglang/bench_serving.py, SGLang 0033168; python/sglang/benchmark/serving.py, SGLang 00f9ec4) | `input_lens`, `output_lens`, `ttfts`, `itls`, `errors` (s); the latency is ttft + the gaps | none |
+| `aiperf` | AIPerf / GenAI-Perf's successor `profile_export.jsonl`, one record per request (docs/tutorials/working-with-profile-exports.md, ai-dynamo/aiperf 13992db; src/aiperf/common/metric_records_wire.py, 017c63d) | `metrics.input_sequence_length`, `output_sequence_length`, `time_to_first_token`, `request_latency`, `inter_chunk_latency` (each `{value, unit}`; the last only with `--export-per-chunk-data` since src/aiperf/post_processors/record_export_jsonl_writer.py at 017c63d), `error` | `metadata.request_start_ns` |
 
 A request that failed (a non-empty `errors` entry, an AIPerf `error` or a cancelled record) or produced no token
 is not a request the engine served and is left out. Benchmarks derived from vLLM's that name the end-to-end
 latencies `e2els`, or keep only the successful requests in the per-request lists and the failures' messages in a
 shorter `errors`, are read so, and the output says which. The vLLM and SGLang benchmarks send every request at once
 when `request_rate` is infinite and `max_concurrency` is not set (their `get_request` does not sleep), so their
-send times are known to be 0 then; otherwise a file without send times says nothing about when each request was
-sent. What a file lacks is listed in `RequestLog.notes` and said in `validate`'s and `calibrate`'s output: there
-the send times come from the scenario's arrival process and the file is left out of a fit (simulator/fit_items.py).
+send times are known to be 0 then; but not SGLang's trace replays (`request_rate` "trace", or the mooncake dataset,
+which ignores the rate) nor its chat backends, whose multi-turn conversations send each round after the previous
+reply. Otherwise a file without send times says nothing about when each request was sent. What a file lacks is
+listed in `RequestLog.notes` and said in `validate`'s and `calibrate`'s output: there the send times come from the
+scenario's arrival process and the file is left out of a fit (simulator/fit_items.py).
 
 Each value is checked as every trace's rows are (simulator/trace_rows.py): a malformed file is one line naming
 the file, the field and the request's position (for vLLM's and SGLang's lists) or line (JSON Lines).
@@ -42,6 +44,9 @@ TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec"
 # the keys a bench dict (vLLM, SGLang) must have to describe requests
 BENCH_KEYS = ("input_lens", "output_lens", "ttfts")
 MAX_LOG_BYTES = 2**30  # a run's file carries every generated text: tens of MB for thousands of requests
+# SGLang's chat backends: the only ones that replay a multi-turn conversation, round after round
+# (MULTI_TURN_BACKENDS in python/sglang/benchmark/serving.py, SGLang 00f9ec4)
+SGLANG_MULTI_TURN_BACKENDS = ("sglang-oai-chat", "vllm-chat", "lmdeploy-chat")
 
 
 @dataclass
@@ -130,13 +135,13 @@ def _json_records(path: Path, text: str) -> list[tuple[int, object]]:
 
 
 def _detect(path: Path, records: list[tuple[int, object]]) -> str:
-    first = records[0][1]
+    first, last = records[0][1], records[-1][1]
     if isinstance(first, dict) and "metrics" in first and "metadata" in first:
         return "aiperf"
-    if isinstance(first, dict) and any(k in first for k in BENCH_KEYS):
-        # vLLM writes one JSON document with latencies (and start_times); SGLang appends one line per run
+    if isinstance(last, dict) and any(k in last for k in BENCH_KEYS):
+        # both append one line per run (vLLM with --append-result); the last is read, and only vLLM's has these
         vllm = ("latencies", "start_times", "tokenizer_id", "endpoint_type", "model_id")
-        return "vllm" if len(records) == 1 and any(k in first for k in vllm) else "sglang"
+        return "vllm" if any(k in last for k in vllm) else "sglang"
     raise ScenarioError(
         f"{path}: not a benchmark result this reads: expected a vLLM `bench serve --save-result --save-detailed` "
         f"JSON, an SGLang `bench_serving --output-details` JSONL or an AIPerf profile_export.jsonl"
@@ -196,17 +201,19 @@ def _bench(path: Path, records: list[tuple[int, object]], fmt: str) -> RequestLo
         not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
     ):
         raise ScenarioError(f"{where}: max_concurrency: {concurrency!r} is not a whole number >= 1")
+    paced = _paced(doc, fmt)
     if doc.get("start_times") is not None:
         send = check.times(np.asarray(doc["start_times"], dtype=object), "start_times")
         known, how = True, "start_times"
-    elif rate is not None and math.isinf(rate) and concurrency is None:
+    elif rate is not None and math.isinf(rate) and concurrency is None and not paced:
         send, known, how = np.zeros(n), True, "0: request_rate inf and no max_concurrency (all sent at once)"
     else:
         send, known, how = np.full(n, np.nan), False, ""
         notes.append(
             "no per-request send times ("
-            + ("request_rate " + _fmt_rate(rate) if rate is not None else "no request_rate")
+            + ("request_rate " + _fmt_rate(rate) if rate is not None else _rate_text(doc))
             + (f", max_concurrency {concurrency}" if concurrency is not None else "")
+            + (f"; {paced}" if paced else "")
             + "): they come from the scenario's arrival process, and the run is left out of a fit"
         )
     if known:
@@ -239,6 +246,8 @@ def _rate(where: str, doc: dict) -> float | None:
         return None
     if isinstance(r, str) and r.strip().lower() in ("inf", "infinity"):
         return math.inf
+    if isinstance(r, str) and r.strip().lower() == "trace":  # SGLang's replay at a trace's timestamps: no one rate
+        return None
     if isinstance(r, bool) or not isinstance(r, (int, float)):
         raise ScenarioError(f"{where}: request_rate: {str(r)[:40]!r} is not a number of requests per second or 'inf'")
     if not r > 0:
@@ -248,6 +257,22 @@ def _rate(where: str, doc: dict) -> float | None:
 
 def _fmt_rate(rate: float | None) -> str:
     return "inf" if rate is not None and math.isinf(rate) else f"{rate:g} req/s"
+
+
+def _rate_text(doc: dict) -> str:
+    """The file's request_rate when it is not a rate (`_rate` gave None)."""
+    return "no request_rate" if doc.get("request_rate") is None else f"request_rate {doc['request_rate']}"
+
+
+def _paced(doc: dict, fmt: str) -> str:
+    """Why a run's requests may not all have been sent at once whatever its request_rate ('' when none)."""
+    if fmt != "sglang":
+        return ""
+    if doc.get("request_rate") == "trace" or doc.get("dataset_name") == "mooncake":
+        return "replayed at the trace's timestamps"
+    if doc.get("backend") in SGLANG_MULTI_TURN_BACKENDS:
+        return f"backend {doc['backend']} sends a multi-turn conversation's rounds one after another"
+    return ""
 
 
 # ---- AIPerf: one record per request ----------------------------------------------------------------
@@ -300,7 +325,10 @@ def _aiperf(path: Path, records: list[tuple[int, object]]) -> RequestLog:
             "and the run is left out of a fit"
         )
     if not any(len(g) for g in itl):
-        notes.append("no inter_chunk_latency: decode is fitted from each request's TPOT only")
+        notes.append(
+            "no inter_chunk_latency (AIPerf writes it with --export-per-chunk-data): decode is fitted from each "
+            "request's TPOT only"
+        )
     return _log(path, "aiperf", p, o, t, lat, s, known, itl, np.asarray(keep, dtype=bool), None, None, {}, notes)
 
 

@@ -104,6 +104,80 @@ def test_sglang_reads_the_last_run_and_derives_what_it_lacks(tmp_path):
     assert any("no per-request send times (request_rate 4 req/s)" in n for n in log.notes)
 
 
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (
+            {"request_rate": "trace", "dataset_name": "mooncake"},
+            "request_rate trace; replayed at the trace's timestamps",
+        ),
+        ({"dataset_name": "mooncake"}, "request_rate inf; replayed at the trace's timestamps"),
+        ({"backend": "sglang-oai-chat"}, "request_rate inf; backend sglang-oai-chat sends a multi-turn conversation"),
+    ],
+)
+def test_sglang_paced_runs_have_no_send_times(tmp_path, change, why):
+    """SGLang's newer benchmark (python/sglang/benchmark/serving.py) writes request_rate "trace" for a trace replay,
+    replays the mooncake dataset at its timestamps whatever the rate, and on its chat backends sends each round of
+    a multi-turn conversation after the previous reply: at request_rate inf none of these was sent all at once."""
+    run = {
+        "backend": "sglang",
+        "dataset_name": "random",
+        "request_rate": float("inf"),
+        "max_concurrency": None,
+        "input_lens": [50, 60],
+        "output_lens": [3, 2],
+        "ttfts": [0.05, 0.07],
+        "itls": [[0.01, 0.02], [0.04]],
+        "generated_texts": ["abc", "de"],
+        "errors": ["", ""],
+    }
+    path = tmp_path / "sglang.jsonl"
+    path.write_text(json.dumps({**run, **change}) + "\n")
+    log = read_engine_log(path)
+    assert log.format == "sglang" and not log.sends_known and np.isnan(log.send_s).all()
+    assert log.latency_s.tolist() == pytest.approx([0.08, 0.11])
+    assert any(f"no per-request send times ({why}" in n for n in log.notes), log.notes
+
+
+def test_vllm_appended_runs_are_vllm(tmp_path):
+    """`vllm bench serve --append-result` appends one JSON line per run, as SGLang does: the last run is read, and
+    its keys (latencies, start_times, model_id) say it is vLLM's."""
+    earlier = {k: v for k, v in VLLM.items() if k not in ("input_lens", "output_lens", "ttfts", "itls", "errors")}
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps(earlier) + "\n" + json.dumps(VLLM))
+    log = read_engine_log(path)
+    assert log.format == "vllm" and log.sends_known and log.send_s.tolist() == [0.0, 0.5]
+    assert any("read the last (line 2)" in n for n in log.notes)
+
+
+def test_aiperf_default_export_without_per_chunk_data(tmp_path):
+    """AIPerf's newer exporter leaves out list-valued metrics (inter_chunk_latency) unless --export-per-chunk-data,
+    and omits defaults (a served record's error and was_cancelled); warmup and cancelled records are left out."""
+
+    def rec(start_ns, phase="profiling", **meta):
+        metrics = {
+            "input_sequence_length": {"value": 20, "unit": "tokens"},
+            "time_to_first_token": {"value": 12.5, "unit": "ms"},
+            "request_latency": {"value": 40.0, "unit": "ms"},
+            "output_sequence_length": {"value": 3, "unit": "tokens"},
+            "inter_token_latency": {"value": 13.75, "unit": "ms"},
+        }
+        return {
+            "metadata": {"session_num": 0, "request_start_ns": start_ns, "benchmark_phase": phase, **meta},
+            "metrics": metrics,
+        }
+
+    cancelled = rec(1_200_000_000, was_cancelled=True)
+    cancelled |= {"metrics": {"error_isl": {"value": 20, "unit": "tokens"}}, "error": {"code": 499, "message": "x"}}
+    lines = [rec(1_000_000_000, phase="warmup"), rec(2_000_000_000), cancelled, rec(1_500_000_000)]
+    path = tmp_path / "profile_export.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    log = read_engine_log(path)
+    assert log.format == "aiperf" and log.send_s.tolist() == pytest.approx([0.0, 0.5])
+    assert log.ttft_s.tolist() == pytest.approx([0.0125, 0.0125]) and all(len(g) == 0 for g in log.itl_s)
+    assert any("--export-per-chunk-data" in n for n in log.notes)
+
+
 def test_aiperf_records_in_completion_order_units_and_failures(tmp_path):
     def rec(start_ns, isl, osl, ttft_ms, lat_ms, icl, error=None, phase="profiling"):
         return {

@@ -7,9 +7,11 @@ and the scenario put it (the scenario's value where the traces' scenarios agree,
 stated width (engine.Parameter.prior_width). The fit is the maximum a posteriori estimate, a regularised least
 squares (scipy.optimize.least_squares, trust-region reflective, within each parameter's physical bounds) of
 
-    Σ_traces Σ_kinds mean_items((predicted − measured) / measured)² / DATA_SIGMA²  +  Σ_params (prior deviation)²
+    Σ_traces Σ_kinds mean_items((predicted − measured) / price)² / DATA_SIGMA²  +  Σ_params (prior deviation)²
 
-with the prior deviation (value − mean) / width, or ln(value / mean) / width for a factor. Each trace weighs the
+with the prior deviation (value − mean) / width, or ln(value / mean) / width for a factor; an item's price is the
+cost model's time for it where the fit last settled, held while it moves and renewed IRLS_STEPS times (item_scales:
+relative to the measured time instead, a noisy term would come out under its mean). Each trace weighs the
 same in each kind of item (the mean over its items): the items of one run are not independent, and a trace's
 systematic error on a kind is taken as one observation with the run-to-run spread DATA_SIGMA. The kinds:
 
@@ -72,6 +74,8 @@ from .resolve import REPO_ROOT
 # A trace's systematic relative error on one kind of item, the unit of the data term: the run-to-run spread of
 # repeated recordings (issue 28: 1-7 % in mean JCT on the H200; simulator/noise.py measures it per metric).
 DATA_SIGMA = 0.05
+# the fit's weights renewed at its optimum this many times (item_scales): the items' prices settle in two or three
+IRLS_STEPS = 3
 KINDS = ("iteration", "prefill", "quantize", "transfer", "handoff")
 HELD_PREFIX = "; held at the prior's centre: "
 FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
@@ -358,6 +362,7 @@ def _weighted_residuals(
     kinds: set[tuple[int, str]],
     base: list[dict[str, float]],
     jac: Literal[False] = False,
+    scales: dict | None = None,
 ) -> np.ndarray: ...
 
 
@@ -369,6 +374,7 @@ def _weighted_residuals(
     kinds: set[tuple[int, str]],
     base: list[dict[str, float]],
     jac: Literal[True],
+    scales: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
@@ -379,31 +385,50 @@ def _weighted_residuals(
     kinds: set[tuple[int, str]],
     base: list[dict[str, float]],
     jac: bool = False,
+    scales: dict | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """The data term's residuals: relative errors of the items of `kinds` ((trace index, kind) pairs), each trace
-    and kind weighted 1/sqrt(its items), in units of DATA_SIGMA, at the parameters `names` = x over each trace's
-    values `base`; with jac, (residuals, Jacobian items x names)."""
+    """The data term's residuals: the errors of the items of `kinds` ((trace index, kind) pairs) relative to each
+    item's scale (`scales[trace index, kind]`, item_scales; without it its measured time), each trace and kind
+    weighted 1/sqrt(its items), in units of DATA_SIGMA, at the parameters `names` = x over each trace's values
+    `base`; with jac, (residuals, Jacobian items x names)."""
     out, rows = [], []
-    for idx, td in enumerate(traces):
-        v = dict(base[idx])
-        v.update(zip(names, x))
-        for kind in KINDS:
-            if (idx, kind) not in kinds:
-                continue
-            meas = td.blocks[kind]["meas"]
-            if not len(meas):
-                continue
-            w = 1.0 / meas / math.sqrt(len(meas)) / DATA_SIGMA
-            if jac:
-                pred, d = predict(td, kind, v, tuple(names))
-                rows.append(np.column_stack([d[n] * w for n in names]))
-            else:
-                pred = predict(td, kind, v)
-            out.append((pred - meas) * w)
+    for idx, td, kind, v, meas in _item_blocks(traces, names, x, kinds, base):
+        w = 1.0 / (meas if scales is None else scales[idx, kind]) / math.sqrt(len(meas)) / DATA_SIGMA
+        if jac:
+            pred, d = predict(td, kind, v, tuple(names))
+            rows.append(np.column_stack([d[n] * w for n in names]))
+        else:
+            pred = predict(td, kind, v)
+        out.append((pred - meas) * w)
     r = np.concatenate(out) if out else np.zeros(0)
     if not jac:
         return r
     return r, (np.vstack(rows) if rows else np.zeros((0, len(names))))
+
+
+def item_scales(
+    traces: list[TraceData], names: list[str], x: np.ndarray, kinds: set[tuple[int, str]], base: list[dict[str, float]]
+) -> dict[tuple[int, str], np.ndarray]:
+    """Each item's scale in the data term: its price at `x`, held fixed while the fit moves (the measured time where
+    the price is not a positive part of it). An item's error relative to its own measured time would pull a noisy
+    term low: the value that minimises squared relative errors sits under the items' mean by about twice their
+    variance in logs. Weights that do not move with the item's own measurement have no such pull (IRLS_STEPS)."""
+    out = {}
+    for idx, td, kind, v, meas in _item_blocks(traces, names, x, kinds, base):
+        p = np.asarray(predict(td, kind, v), dtype=float)
+        out[idx, kind] = np.where(np.isfinite(p) & (p > 0.05 * meas), p, meas)
+    return out
+
+
+def _item_blocks(traces, names, x, kinds, base):
+    """(trace index, trace, kind, its values with `names` = x, the kind's measured items) for each (trace, kind) of
+    `kinds` that has items."""
+    for idx, td in enumerate(traces):
+        v = dict(base[idx])
+        v.update(zip(names, x))
+        for kind in KINDS:
+            if (idx, kind) in kinds and len(td.blocks[kind]["meas"]):
+                yield idx, td, kind, v, td.blocks[kind]["meas"]
 
 
 def prior_residuals(names: list[str], x: np.ndarray, centre: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -507,33 +532,42 @@ def _map_fit(
     lo, hi = _bounds(names)
     scale = np.array([prior_sd(n, start[n]) for n in names])
 
-    def fun(x):
-        return np.concatenate([_weighted_residuals(traces, names, x, kinds, base), prior_residuals(names, x, start)[0]])
-
-    def jac(x):
-        j = _weighted_residuals(traces, names, x, kinds, base, jac=True)[1]
-        return np.vstack([j, np.diag(prior_residuals(names, x, start)[1])])
-
-    res = min(
-        (
-            least_squares(
-                fun,
-                x,
-                jac=jac,  # pyright: ignore[reportArgumentType]  (scipy: a callable, typed by its default "2-point")
-                bounds=(lo, hi),
-                x_scale=scale,
-                method="trf",
-                tr_solver="exact",
-                xtol=1e-10,
-                ftol=1e-10,
-                gtol=1e-10,
-                max_nfev=500,
+    def solve(x0: np.ndarray, sc: dict):
+        def fun(x):
+            return np.concatenate(
+                [_weighted_residuals(traces, names, x, kinds, base, scales=sc), prior_residuals(names, x, start)[0]]
             )
-            for x in _starts(traces, names, start, warm)
-        ),
-        key=lambda r: r.cost,
-    )
-    j_data = _weighted_residuals(traces, names, res.x, kinds, base, jac=True)[1]
+
+        def jac(x):
+            j = _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1]
+            return np.vstack([j, np.diag(prior_residuals(names, x, start)[1])])
+
+        return least_squares(
+            fun,
+            x0,
+            jac=jac,  # pyright: ignore[reportArgumentType]  (scipy: a callable, typed by its default "2-point")
+            bounds=(lo, hi),
+            x_scale=scale,
+            method="trf",
+            tr_solver="exact",
+            xtol=1e-10,
+            ftol=1e-10,
+            gtol=1e-10,
+            max_nfev=500,
+        )
+
+    def reweighted(x0: np.ndarray):
+        """Iteratively reweighted: the items' scales at the last optimum (item_scales), IRLS_STEPS times."""
+        x, out = x0, None
+        for _ in range(IRLS_STEPS):
+            sc = item_scales(traces, names, x, kinds, base)
+            r = solve(x, sc)
+            x, out = r.x, (r, sc)
+        assert out is not None
+        return out
+
+    res, sc = min((reweighted(x) for x in _starts(traces, names, start, warm)), key=lambda rs: rs[0].cost)
+    j_data = _weighted_residuals(traces, names, res.x, kinds, base, jac=True, scales=sc)[1]
     sd = posterior_sd(j_data, prior_residuals(names, res.x, start)[1])
     flat = {n for i, n in enumerate(names) if not np.any(j_data[:, i] != 0)}
     return dict(zip(names, res.x.tolist())), dict(zip(names, sd.tolist())), flat, j_data
@@ -762,13 +796,14 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
             names.append(n)
     kinds = set().union(*(kinds_of[n] for n in names)) if names else set()
     x0 = np.array([start[n] for n in names])
+    sc: dict | None = None  # the items' scales (item_scales), renewed at each optimum below
 
     def data(u: float) -> np.ndarray:
-        return _weighted_residuals(traces, names, x0 * math.exp(u), kinds, base)
+        return _weighted_residuals(traces, names, x0 * math.exp(u), kinds, base, scales=sc)
 
     def slope(u: float) -> np.ndarray:  # d data / d ln s
         x = x0 * math.exp(u)
-        return _weighted_residuals(traces, names, x, kinds, base, jac=True)[1] @ x
+        return _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1] @ x
 
     if not names or not np.any(np.abs(data(math.log(2.0)) - data(0.0)) > 1e-12):
         raise ScenarioError(
@@ -779,18 +814,20 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     lo, hi = math.log(1 / 8), math.log(min([8.0, *his]))
     grid = np.linspace(lo, hi, 33)
     cost = [float(np.sum(np.square(data(u))) + (u / MACHINE_PRIOR_WIDTH) ** 2) for u in grid]
-    u0 = float(grid[int(np.argmin(cost))])
-    res = least_squares(
-        lambda u: np.append(data(float(u[0])), u[0] / MACHINE_PRIOR_WIDTH),
-        [u0],
-        jac=lambda u: np.append(slope(float(u[0])), 1 / MACHINE_PRIOR_WIDTH)[:, None],  # pyright: ignore[reportArgumentType]
-        bounds=([lo], [hi]),
-        method="trf",
-        xtol=1e-12,
-        ftol=1e-12,
-        gtol=1e-12,
-    )
-    u = float(res.x[0])
+    u = float(grid[int(np.argmin(cost))])
+    for _ in range(IRLS_STEPS):
+        sc = item_scales(traces, names, x0 * math.exp(u), kinds, base)
+        res = least_squares(
+            lambda v: np.append(data(float(v[0])), v[0] / MACHINE_PRIOR_WIDTH),
+            [u],
+            jac=lambda v: np.append(slope(float(v[0])), 1 / MACHINE_PRIOR_WIDTH)[:, None],  # pyright: ignore[reportArgumentType]
+            bounds=([lo], [hi]),
+            method="trf",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
+        )
+        u = float(res.x[0])
     ju = slope(u)
     sd_u = 1.0 / math.sqrt(float(ju @ ju) + 1 / MACHINE_PRIOR_WIDTH**2)
     s = math.exp(u)
@@ -893,8 +930,8 @@ def base_mismatch(base_engine: str, traces: list[TraceData]) -> str | None:
 
 
 FIT_METHOD = (
-    "maximum a posteriori: scipy.optimize.least_squares (trf) within each parameter's bounds on the relative errors "
-    f"of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
+    "maximum a posteriori: scipy.optimize.least_squares (trf) within each parameter's bounds on the errors, relative "
+    f"to each item's price (reweighted {IRLS_STEPS} times at the optimum), of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
     f"durations, each trace weighted equally per kind, in units of a trace's run-to-run spread {DATA_SIGMA:g}, plus "
     "each parameter's deviation from its prior (centre: the scenarios' value, else neutral; width: "
     "engine.Parameter.prior_width, of ln(value) for a factor); fitted where the posterior sd is at most "

@@ -48,21 +48,28 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # configuration 3.9 -> 3.4 % (max 12.4 -> 9.8 %), by trace 3.7 -> 3.3 % (max 12.7 -> 10.4 %); with both sessions'
 # (8B 0.05 / 0.12 / 0.19, the 70B-8L's KVQuant-style 0.09 and HACK 0.82) by configuration 3.5 % (max 10.7 %), by trace
 # 3.4 % (max 11.2 %); no fit 5.7 -> 5.1 %.
+# Each item's error relative to its price, renewed at the optimum (calibrate.item_scales), where it was relative to
+# its own measured time (which fits a noisy term under its mean): in-sample 3.1 -> 3.1 % (max 10.5 -> 8.3 %), by
+# trace 3.4 -> 3.8 % (max 11.2 -> 9.9 %), by configuration 3.5 -> 4.1 % (max 10.7 -> 12.0 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.4 + 2,
-    "jct_max_abs_error_pct": 11.2 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.5 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.3 + 2,
+    "jct_mean_abs_error_pct": 3.8 + 2,
+    "jct_max_abs_error_pct": 9.9 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 3.5 + 2,
-    "jct_max_abs_error_pct": 10.7 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.8 + 2,
+    "jct_mean_abs_error_pct": 4.1 + 2,
+    "jct_max_abs_error_pct": 12.0 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.1 + 2,
+    "ttft_p50_mean_abs_error_pct": 8.3 + 2,
 }
-TRACES_WITHIN_10PCT = 26 - 2
+TRACES_WITHIN_10PCT = 27 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
+# Held out, since each item's error is relative to its price (calibrate.item_scales), two: 8b_2.5gbps, 6.9 against
+# 5.7 % (by 1.1 points; its recordings spread +-11.3 %), and 8b_mem, 6.6 against 4.6 % (by 2.0 points, +-4.8 %): the
+# unbiased fit prices their FP16 and KVQuant-style runs long (8b_mem KVQuant-style r8.5 +12 %), where the low pull of
+# errors relative to the measured times had offset terms priced long there; 70b8l_2.5gbps is now 1.5 against 2.0 %.
 # Held out, since the attention's padding share (both sessions' probe; the scenarios carry it, so no fit moves too),
 # one: 70b8l_2.5gbps, 2.5 against 2.0 % (by 0.5 points; its recordings spread +-5.3 %; the fit's HACK decode kernels
 # per layer, shared by the two models, fall now the padding is priced). With the first session's probe alone, two:
@@ -80,7 +87,7 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_2.5gbps"]
+WORSE_THAN_NO_FIT: list[str] = ["h200g_8b_2.5gbps", "h200g_8b_mem"]
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +136,11 @@ def test_dequantization_share_of_the_kvquant_traces(cv):
 # 6.9 %. Since the attention's padding share: no fit 6.9 % (-3.5 / -10.2 %), fitted 7.5 % (-5.4 / -9.5 %): the fit is
 # worse than none there by 0.6 points, a known miss: the 8B HACK at batches of 4-5 (8b_light), where the padding is
 # small, has its step's GPU time priced about 4 % short by the fit (1.8 % before), whose HACK decode kernels per layer
-# fell once the larger batches' padding was priced. Bounds: achieved + 2, and the fit at most 1 point worse than no fit
-# there (it was at least as good before).
+# fell once the larger batches' padding was priced. Since each item's error is relative to its price: fitted 6.0 %
+# (-4.7 / -7.3 %), better than no fit again. Bounds: achieved + 2, and the fit no worse than no fit.
 NEW_CONFIGS = ROOT / "realrun/traces/h200_steps/index_new_configs.csv"
-NEW_CONFIGS_FITTED_PCT = 7.5 + 2
-NEW_CONFIGS_FIT_OVER_NONE_PP = 1.0
+NEW_CONFIGS_FITTED_PCT = 6.0 + 2
+NEW_CONFIGS_FIT_OVER_NONE_PP = 0.0
 
 
 def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
@@ -163,9 +170,11 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
 # prefills up to 9x too long): the 8B no fit -0.4, -3.4, +2.7 % (mean 2.2 %), fitted -0.5, +0.2, +7.7 % (mean 2.8 %);
 # the 70B no fit -2.0, -3.1, -3.3 % (mean 2.8 %), fitted -0.8, -0.3, +0.5 % (mean 0.5 %). With the attention's
 # padding share (both sessions' probe): the 8B no fit -0.3, -2.1, +5.4 % (mean 2.6 %), fitted -0.7, -0.7, +8.7 % (mean
-# 3.4 %); the 70B no fit -1.9, -2.8, -3.0 % (mean 2.6 %), fitted -0.3, -0.6, +0.8 % (mean 0.6 %). Bounds: achieved + 2.
+# 3.4 %); the 70B no fit -1.9, -2.8, -3.0 % (mean 2.6 %), fitted -0.3, -0.6, +0.8 % (mean 0.6 %). With each item's
+# error relative to its price: the 8B fitted +0.0, +0.3, +10.0 % (mean 3.4 %), the 70B +0.4, +0.7, +2.5 % (mean 1.2 %).
+# Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
-LONG_PCT = {"8b": (2.6 + 2, 3.4 + 2), "70b8l": (2.6 + 2, 0.6 + 2)}  # (no fit, fitted) mean |JCT error|
+LONG_PCT = {"8b": (2.6 + 2, 3.4 + 2), "70b8l": (2.6 + 2, 1.2 + 2)}  # (no fit, fitted) mean |JCT error|
 
 
 def test_long_prompts_against_no_fit(cv):
@@ -193,10 +202,10 @@ def test_long_prompts_against_no_fit(cv):
 # The step-timed recordings (realrun/traces/h200_steps, realrun --step-times: CUDA events and the host's timing around
 # every step, 2026-12-04 17:00-17:40): the four in committed configurations give a machine factor of 1.26 (that build
 # spends more CPU per step), which carries to the two in configurations never recorded: mean |JCT error| 6.9 -> 2.6 %
-# (-4.6 / -9.2 -> -2.1 / -3.1 %); with the attention's padding share 1.26 again, 7.5 -> 3.3 % (-2.9 / -3.6 %). Bound:
-# achieved + 2.
+# (-4.6 / -9.2 -> -2.1 / -3.1 %); with the attention's padding share 1.26 again, 7.5 -> 3.3 % (-2.9 / -3.6 %); with
+# each item's error relative to its price 1.18, 6.0 -> 2.7 % (-2.8 / -2.6 %). Bound: achieved + 2.
 STEPS_KNOWN = ROOT / "realrun/traces/h200_steps/index.csv"
-STEPS_NEW_MACHINE_PCT = 3.3 + 2
+STEPS_NEW_MACHINE_PCT = 2.7 + 2
 
 
 def test_a_machine_refit_carries_to_the_new_configurations(cv):
@@ -223,10 +232,12 @@ def test_a_machine_refit_carries_to_the_new_configurations(cv):
 # no fit 7.8 %, the h200_graphs calibration alone 6.0 %, with the factor 3.4 % (max 26.6 / 23.2 / 18.3 %); the fast
 # session's 8b_2.5gbps 13.8 -> 1.6 % (factor 0.672) and 70b8l_2.5gbps 7.7 -> 3.3 % (0.683); the other sessions' factors
 # 0.96-1.04. With the attention's padding share: 7.2 / 5.8 / 3.3 % (max 26.7 / 21.2 / 16.8 %), the fast session 12.9 ->
-# 1.7 % and 7.3 -> 3.1 %. Bounds: achieved + 2, and the factor at least 2 points better than the calibration alone.
+# 1.7 % and 7.3 -> 3.1 %. With each item's error relative to its price (the factor's fit too): 7.2 / 6.4 / 2.9 % (max
+# 26.7 / 29.9 / 11.8 %), the fast session 18.6 -> 2.1 % (factor 0.645) and 8.9 -> 3.3 % (0.632). Bounds: achieved + 2,
+# and the factor at least 2 points better than the calibration alone.
 REPEATS = ROOT / "realrun/traces/h200_repeats/index.csv"
-MACHINE_CV_PCT = 3.3 + 2
-FAST_SESSION_PCT = {"h200g_8b_2.5gbps": 1.7 + 2, "h200g_70b8l_2.5gbps": 3.3 + 2}
+MACHINE_CV_PCT = 2.9 + 2
+FAST_SESSION_PCT = {"h200g_8b_2.5gbps": 2.1 + 2, "h200g_70b8l_2.5gbps": 3.3 + 2}
 
 
 def test_the_machine_refit_cross_validated_on_the_repeats(cv):
@@ -249,10 +260,13 @@ def test_the_machine_refit_cross_validated_on_the_repeats(cv):
 # A third session (realrun/traces/h200_pbsession, 2026-12-05): two committed configurations (8b_2.5gbps, 8b_sat; FP16
 # and HACK) beside the batched-prefill one no fit has seen (8b_pbatch, recorded a second time). Each configuration
 # predicted with the factor from the session's other two: mean |JCT error| 9.5 % against 13.5 % with the h200_graphs
-# calibration alone (no fit 12.3 %); 8b_pbatch 19.9 -> 14.8 % (factor 1.10). Bounds: achieved + 2, and the factor
-# better than the calibration alone on every configuration.
+# calibration alone (no fit 12.3 %); 8b_pbatch 19.9 -> 14.8 % (factor 1.10). With each item's error relative to its
+# price: 7.0 % against 9.1 % alone; 8b_pbatch 14.3 -> 9.9 % (1.075), 8b_sat 8.4 -> 5.9 % (1.091), but 8b_2.5gbps
+# 2.1 -> 3.9 % (1.127, from the other two: the calibration alone is already within its +-11.3 %). Bounds: achieved + 2,
+# and the factor better than the calibration alone on the session's mean and on the configurations but 8b_2.5gbps.
 PBSESSION = ROOT / "realrun/traces/h200_pbsession/index.csv"
-PBSESSION_PCT = 9.5 + 2
+PBSESSION_PCT = 7.0 + 2
+PBSESSION_FACTOR_NOT_BETTER = {"h200g_8b_2.5gbps"}
 
 
 def test_the_machine_refit_carries_to_a_batched_prefill_configuration(cv):
@@ -262,6 +276,8 @@ def test_the_machine_refit_carries_to_a_batched_prefill_configuration(cv):
     r = cross_validate_machine(PBSESSION, base, "h200_graphs", workers=2)
     assert r["traces"] == 7 and not r["notes"]
     assert r["machine_refit"]["jct_mean_abs_error_pct"] <= PBSESSION_PCT, r["machine_refit"]
+    assert r["machine_refit"]["jct_mean_abs_error_pct"] < r["base"]["jct_mean_abs_error_pct"], r
     for c in r["configurations"]:
         assert 1.0 < c["machine_factor"] < 1.25, c
-        assert c["machine_refit_jct_mean_abs_error_pct"] < c["base_jct_mean_abs_error_pct"], c
+        better = c["machine_refit_jct_mean_abs_error_pct"] < c["base_jct_mean_abs_error_pct"]
+        assert better == (c["configuration"] not in PBSESSION_FACTOR_NOT_BETTER), c

@@ -10,10 +10,10 @@ squares (scipy.optimize.least_squares, trust-region reflective, within each para
     Σ_traces Σ_kinds mean_items((predicted − measured) / price)² / DATA_SIGMA²  +  Σ_params (prior deviation)²
 
 with the prior deviation (value − mean) / width, or ln(value / mean) / width for a factor; an item's price is the
-cost model's time for it where the fit last settled, held while it moves and renewed IRLS_STEPS times (item_scales:
-relative to the measured time instead, a noisy term would come out under its mean). Each trace weighs the
-same in each kind of item (the mean over its items): the items of one run are not independent, and a trace's
-systematic error on a kind is taken as one observation with the run-to-run spread DATA_SIGMA. The kinds:
+cost model's time for it where the fit starts, held while it moves and renewed at the optimum (item_scales,
+IRLS_STEPS solves; relative to the measured time instead, a noisy term would come out under its mean). Each trace
+weighs the same in each kind of item (the mean over its items): the items of one run are not independent, and a
+trace's systematic error on a kind is taken as one observation with the run-to-run spread DATA_SIGMA. The kinds:
 
 * every decode iteration's cadence (realrun) or inter-token latency (benchmark files): the cost model's
   ``IterationCost.time_s`` for the batch size and context (loop gap included) plus the join time of the
@@ -74,8 +74,9 @@ from .resolve import REPO_ROOT
 # A trace's systematic relative error on one kind of item, the unit of the data term: the run-to-run spread of
 # repeated recordings (issue 28: 1-7 % in mean JCT on the H200; simulator/noise.py measures it per metric).
 DATA_SIGMA = 0.05
-# the fit's weights renewed at its optimum this many times (item_scales): the items' prices settle in two or three
-IRLS_STEPS = 3
+# solves per fit, the items' prices (item_scales) taken where the fit starts, then renewed at each optimum: on the
+# h200_graphs traces a third solve moves no parameter by more than 3e-5 of itself (the first alone: 0.15 %)
+IRLS_STEPS = 2
 KINDS = ("iteration", "prefill", "quantize", "transfer", "handoff")
 HELD_PREFIX = "; held at the prior's centre: "
 FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
@@ -931,7 +932,7 @@ def base_mismatch(base_engine: str, traces: list[TraceData]) -> str | None:
 
 FIT_METHOD = (
     "maximum a posteriori: scipy.optimize.least_squares (trf) within each parameter's bounds on the errors, relative "
-    f"to each item's price (reweighted {IRLS_STEPS} times at the optimum), of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
+    f"to each item's price (taken where the fit starts, renewed at each optimum: {IRLS_STEPS} solves), of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
     f"durations, each trace weighted equally per kind, in units of a trace's run-to-run spread {DATA_SIGMA:g}, plus "
     "each parameter's deviation from its prior (centre: the scenarios' value, else neutral; width: "
     "engine.Parameter.prior_width, of ln(value) for a factor); fitted where the posterior sd is at most "

@@ -861,8 +861,10 @@ def _fmt(x: float) -> str:
 
 
 def residual_summary(traces: list[TraceData], fitted: dict[str, float]) -> dict:
-    """Per residual kind: RMS and mean relative error over the traces at the scenarios' values and with
-    the fitted ones (each trace weighted equally)."""
+    """Per residual kind, over the traces at the scenarios' values and with the fitted ones (each trace weighted
+    equally): the RMS and mean of the items' relative errors, and the error of their total (the trace's summed price
+    against its summed measured time: what the fit matches; of items that spread, the mean relative error sits above
+    it)."""
     out = {}
     for kind in KINDS:
         before, after, n = [], [], 0
@@ -871,17 +873,16 @@ def residual_summary(traces: list[TraceData], fitted: dict[str, float]) -> dict:
                 continue
             meas = td.blocks[kind]["meas"]
             n += len(meas)
-            before.append((predict(td, kind, td.values0) - meas) / meas)
-            after.append((predict(td, kind, {**td.values0, **fitted}) - meas) / meas)
+            before.append((predict(td, kind, td.values0), meas))
+            after.append((predict(td, kind, {**td.values0, **fitted}), meas))
         if before:
-            out[kind] = {
-                "items": n,
-                "traces": len(before),
-                "rms_pct_before": round(100 * float(np.mean([np.sqrt(np.mean(r**2)) for r in before])), 3),
-                "rms_pct_after": round(100 * float(np.mean([np.sqrt(np.mean(r**2)) for r in after])), 3),
-                "mean_pct_before": round(100 * float(np.mean([np.mean(r) for r in before])), 3),
-                "mean_pct_after": round(100 * float(np.mean([np.mean(r) for r in after])), 3),
-            }
+            out[kind] = {"items": n, "traces": len(before)}
+            for when, rows in (("before", before), ("after", after)):
+                rel = [(p - m) / m for p, m in rows]
+                out[kind][f"rms_pct_{when}"] = round(100 * float(np.mean([np.sqrt(np.mean(r**2)) for r in rel])), 3)
+                out[kind][f"mean_pct_{when}"] = round(100 * float(np.mean([np.mean(r) for r in rel])), 3)
+                total = [float(np.sum(p)) / float(np.sum(m)) - 1 for p, m in rows]
+                out[kind][f"total_pct_{when}"] = round(100 * float(np.mean(total)), 3)
     return out
 
 
@@ -1087,10 +1088,13 @@ def format_fit(doc: dict) -> str:
             f"{v['rms_pct_after']:.1f}%",
             f"{v['mean_pct_before']:+.1f}%",
             f"{v['mean_pct_after']:+.1f}%",
+            f"{v['total_pct_before']:+.1f}%" if "total_pct_before" in v else "",
+            f"{v['total_pct_after']:+.1f}%" if "total_pct_after" in v else "",
         ]
         for k, v in doc["fit"]["residuals"].items()
     ]
-    out.append(render(table(["residual", "items", "rms before", "rms after", "mean before", "mean after"], res)))
+    heads = ["residual", "items", "rms before", "rms after", "mean before", "mean after", "total before", "total after"]
+    out.append(render(table(heads, res)))
     kept = [(n, r) for n, r in params.items() if carried(r)]
     if kept:
         out.append(

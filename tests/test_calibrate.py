@@ -204,7 +204,8 @@ def test_each_methods_launch_floor_is_fitted_apart_from_the_others():
 
 
 def test_the_files_residuals_by_hand():
-    """residual_summary: per kind, the relative errors' RMS and mean per trace, averaged over the traces (each
+    """residual_summary: per kind, the relative errors' RMS and mean per trace and the error of the trace's total,
+    averaged over the traces (each
     weighs the same), before (the scenarios' values) and after the fit. Quantize items priced at the kernel's
     enc0 (factor 1, no launch floor): trace a, enc0 1 ms against 0.8 and 1.25 ms measured: +25 % and -20 %
     (mean 2.5 %, RMS sqrt((0.0625 + 0.04) / 2) = 22.638 %); trace b, 2 ms against 2.5 ms: -20 %. Before: mean
@@ -223,6 +224,9 @@ def test_the_files_residuals_by_hand():
     assert q["rms_pct_before"] == pytest.approx(21.319, abs=1e-3)
     assert q["mean_pct_after"] == pytest.approx(9.5, abs=1e-3)
     assert q["rms_pct_after"] == pytest.approx(19.734, abs=1e-3)
+    # the totals: a 2 ms against 2.05 ms (-2.439 %), b 2 against 2.5 ms (-20 %): -11.220 %; at 1.2: a +17.073 %, b -4 %
+    assert q["total_pct_before"] == pytest.approx(-11.220, abs=1e-3)
+    assert q["total_pct_after"] == pytest.approx(6.537, abs=1e-3)
 
 
 def test_a_host_bound_prefills_slope_in_the_per_request_issue_time_is_its_requests():

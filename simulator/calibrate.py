@@ -933,7 +933,8 @@ def base_mismatch(base_engine: str, traces: list[TraceData]) -> str | None:
 
 FIT_METHOD = (
     "maximum a posteriori: scipy.optimize.least_squares (trf) within each parameter's bounds on the errors, relative "
-    f"to each item's price (taken where the fit starts, renewed at each optimum: {IRLS_STEPS} solves), of iteration cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
+    f"to each item's price (taken where the fit starts, renewed at each optimum: {IRLS_STEPS} solves), of iteration "
+    "cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
     f"durations, each trace weighted equally per kind, in units of a trace's run-to-run spread {DATA_SIGMA:g}, plus "
     "each parameter's deviation from its prior (centre: the scenarios' value, else neutral; width: "
     "engine.Parameter.prior_width, of ln(value) for a factor); fitted where the posterior sd is at most "

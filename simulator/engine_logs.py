@@ -246,7 +246,7 @@ def _rate(where: str, doc: dict) -> float | None:
         return None
     if isinstance(r, str) and r.strip().lower() in ("inf", "infinity"):
         return math.inf
-    if isinstance(r, str) and r.strip().lower() == "trace":  # SGLang's replay at a trace's timestamps: no one rate
+    if _trace_rate(r):  # SGLang's replay at a trace's timestamps: no one rate
         return None
     if isinstance(r, bool) or not isinstance(r, (int, float)):
         raise ScenarioError(f"{where}: request_rate: {str(r)[:40]!r} is not a number of requests per second or 'inf'")
@@ -259,6 +259,11 @@ def _fmt_rate(rate: float | None) -> str:
     return "inf" if rate is not None and math.isinf(rate) else f"{rate:g} req/s"
 
 
+def _trace_rate(r: object) -> bool:
+    """request_rate "trace": SGLang's benchmark replaying a trace at its own timestamps."""
+    return isinstance(r, str) and r.strip().lower() == "trace"
+
+
 def _rate_text(doc: dict) -> str:
     """The file's request_rate when it is not a rate (`_rate` gave None)."""
     return "no request_rate" if doc.get("request_rate") is None else f"request_rate {doc['request_rate']}"
@@ -268,7 +273,7 @@ def _paced(doc: dict, fmt: str) -> str:
     """Why a run's requests may not all have been sent at once whatever its request_rate ('' when none)."""
     if fmt != "sglang":
         return ""
-    if doc.get("request_rate") == "trace" or doc.get("dataset_name") == "mooncake":
+    if _trace_rate(doc.get("request_rate")) or doc.get("dataset_name") == "mooncake":
         return "replayed at the trace's timestamps"
     if doc.get("backend") in SGLANG_MULTI_TURN_BACKENDS:
         return f"backend {doc['backend']} sends a multi-turn conversation's rounds one after another"

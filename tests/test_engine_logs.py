@@ -75,21 +75,25 @@ def test_derived_benchmarks_e2els_and_failures_kept_apart(tmp_path):
     assert any("e2els" in n for n in log.notes) and any("1 failed requests apart" in n for n in log.notes)
 
 
+# one SGLang run of two requests at request_rate inf (every request sent at once), as bench_serving writes it
+SGLANG = {
+    "backend": "sglang",
+    "request_rate": float("inf"),
+    "max_concurrency": None,
+    "input_lens": [50, 60],
+    "output_lens": [3, 2],
+    "ttfts": [0.05, 0.07],
+    "itls": [[0.01, 0.02], [0.04]],
+    "errors": ["", ""],
+}
+
+
 def test_sglang_reads_the_last_run_and_derives_what_it_lacks(tmp_path):
     """SGLang appends one JSON line per run and saves no latencies and no send times: the last run is read,
     each latency is its TTFT plus its gaps, and at request_rate inf with no max_concurrency every request was
     sent at once (0); with a finite rate the send times are unknown, and the notes say so."""
     first = {"input_lens": [7], "output_lens": [2], "ttfts": [1.0], "itls": [[1.0]], "errors": [""]}
-    run = {
-        "backend": "sglang",
-        "request_rate": float("inf"),
-        "max_concurrency": None,
-        "input_lens": [50, 60],
-        "output_lens": [3, 2],
-        "ttfts": [0.05, 0.07],
-        "itls": [[0.01, 0.02], [0.04]],
-        "errors": ["", ""],
-    }
+    run = dict(SGLANG)
     path = tmp_path / "sglang.jsonl"
     path.write_text(json.dumps(first) + "\n" + json.dumps(run) + "\n")
     log = read_engine_log(path)
@@ -119,18 +123,7 @@ def test_sglang_paced_runs_have_no_send_times(tmp_path, change, why):
     """SGLang's newer benchmark (python/sglang/benchmark/serving.py) writes request_rate "trace" for a trace replay,
     replays the mooncake dataset at its timestamps whatever the rate, and on its chat backends sends each round of
     a multi-turn conversation after the previous reply: at request_rate inf none of these was sent all at once."""
-    run = {
-        "backend": "sglang",
-        "dataset_name": "random",
-        "request_rate": float("inf"),
-        "max_concurrency": None,
-        "input_lens": [50, 60],
-        "output_lens": [3, 2],
-        "ttfts": [0.05, 0.07],
-        "itls": [[0.01, 0.02], [0.04]],
-        "generated_texts": ["abc", "de"],
-        "errors": ["", ""],
-    }
+    run = {**SGLANG, "dataset_name": "random", "generated_texts": ["abc", "de"]}
     path = tmp_path / "sglang.jsonl"
     path.write_text(json.dumps({**run, **change}) + "\n")
     log = read_engine_log(path)

@@ -630,7 +630,9 @@ def validate(
         "--cv",
         help="with an index: cross-validate an engine calibration (calibrate "
         "--traces): each trace predicted by a fit without it, and by a fit without its "
-        "configuration, beside the in-sample fit; the held-out errors are the ones to quote",
+        "configuration, beside the in-sample fit; the held-out errors are the ones to quote (an index naming each "
+        "run's machine: a held-out run on a machine the fit has other runs of is priced with that machine's host "
+        "factor)",
     ),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
     base: Path | None = typer.Option(
@@ -810,7 +812,8 @@ def calibrate(
     MAP fit toward the kernels' prices with stated priors: what the runs do not constrain stays where the kernels
     put it; a scenario uses the file through `calibration: {engine: FILE}`. With --base FILE a calibration moves to
     another machine: by default one factor on every host time term, fitted to the runs given (one is enough), the
-    GPU and link terms kept.
+    GPU and link terms kept. An index naming each run's machine (column machine) is fitted with one such factor per
+    machine beside the shared terms, which are then the machines' typical CPU.
 
     Derived profile (--derive GPU --out DIR): the measured H200 kernels split by the unit that spends their
     time and repriced at the GPU's rates (kernels_calibration/derive.py); use it with --profile DIR/profile.json."""

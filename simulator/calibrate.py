@@ -91,6 +91,20 @@ MACHINE_FACTOR = "machine_host_factor"
 MACHINE_PRIOR_WIDTH = math.log(2.0)  # of ln(factor): one sd is a CPU twice as fast or half as fast
 
 
+# The host time terms (scope host, in seconds): what a faster or slower CPU runs proportionally faster or slower.
+HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and p.unit == "s")
+# A fit on runs of several machines (the index's column machine): rounds of the shared fit at the machines' factors
+# and the factors at the shared fit's values (block coordinate descent of one MAP objective), then the final fit
+MACHINE_ROUNDS = 2
+
+
+def on_machine(values: dict[str, float], factor: float) -> dict[str, float]:
+    """`values` with every host time term times a machine's factor (HOST_TIMES)."""
+    if factor == 1.0:
+        return values
+    return {n: v * factor if n in HOST_TIMES else v for n, v in values.items()}
+
+
 def prior_sd(name: str, at: float) -> float:
     """The prior's standard deviation in the parameter's unit, near `at` for a factor (a width in ln)."""
     p = PARAMETERS[name]
@@ -346,6 +360,7 @@ class FitResult:
     base: str | None = None  # the base calibration's path, with --base
     carried: set[str] = field(default_factory=set)  # base-fitted parameters written through unrefitted
     factor: dict | None = None  # refit machine: the factor's value, stderr, prior and the terms it scales
+    machines: dict[str, dict] = field(default_factory=dict)  # runs of several machines: each one's host factor
 
 
 def _start_value(name: str, traces: list[TraceData]) -> float:
@@ -397,7 +412,8 @@ def _weighted_residuals(
         w = 1.0 / (meas if scales is None else scales[idx, kind]) / math.sqrt(len(meas)) / DATA_SIGMA
         if jac:
             pred, d = predict(td, kind, v, tuple(names))
-            rows.append(np.column_stack([d[n] * w for n in names]))
+            f = td.host_factor
+            rows.append(np.column_stack([d[n] * (w * f if n in HOST_TIMES else w) for n in names]))
         else:
             pred = predict(td, kind, v)
         out.append((pred - meas) * w)
@@ -427,6 +443,7 @@ def _item_blocks(traces, names, x, kinds, base):
     for idx, td in enumerate(traces):
         v = dict(base[idx])
         v.update(zip(names, x))
+        v = on_machine(v, td.host_factor)
         for kind in KINDS:
             if (idx, kind) in kinds and len(td.blocks[kind]["meas"]):
                 yield idx, td, kind, v, td.blocks[kind]["meas"]
@@ -621,7 +638,11 @@ def fit_engine(
             replace(td, values0={**td.values0, **{n: v for n, v in values.items() if n in td.values0}}) for td in traces
         ]
     with threadpool_limits(1):
-        fit = _fit_engine(traces, refit)
+        machines = sorted({td.machine for td in traces if td.machine})
+        if refit != "machine" and len(machines) > 1:
+            fit = _fit_machines(traces, refit, machines)
+        else:
+            fit = _fit_engine(traces, refit)
     if base:
         fit.base = base_name
         scale = fit.factor["value"] if fit.factor is not None else None
@@ -771,6 +792,41 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
     return _result(traces, candidates, start, fitted, stderr, notes, held, refit)
 
 
+def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> FitResult:
+    """The engine fitted to runs of several machines (the index's column machine): the shared parameters with each
+    machine's host time terms times its factor, and each factor (prior N(0, MACHINE_PRIOR_WIDTH) on its ln) at the
+    shared values, in MACHINE_ROUNDS rounds, then the shared fit at the last factors. The factors are normalised to a
+    geometric mean of 1 over the machines, so the shared host terms are those of the machines' typical CPU: what a
+    run on a machine the fit has not seen is priced with. A run without a machine takes the factor 1."""
+    factors = dict.fromkeys(machines, 1.0)
+    for _ in range(MACHINE_ROUNDS):
+        fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
+        raw = {m: _machine_factor([td for td in traces if td.machine == m], fit.values) for m in machines}
+        mid = math.exp(float(np.mean([math.log(f) for f in raw.values()])))
+        factors = {m: f / mid for m, f in raw.items()}
+    fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
+    fit.machines = {m: {"factor": factors[m], "traces": sum(td.machine == m for td in traces)} for m in machines}
+    return fit
+
+
+def _machine_factor(traces: list[TraceData], values: dict[str, float]) -> float:
+    """One machine's factor on the host time terms at the shared `values`: the MAP estimate of its ln with the prior
+    N(0, MACHINE_PRIOR_WIDTH), over every item of its runs (1 where none moves with the host terms)."""
+    from scipy.optimize import least_squares
+
+    base = [{**td.values0, **{n: v for n, v in values.items() if n in td.values0}} for td in traces]
+    kinds = {(i, k) for i, td in enumerate(traces) for k in KINDS if k in td.blocks and len(td.blocks[k]["meas"])}
+    none = np.zeros(0)
+    sc = item_scales(traces, [], none, kinds, base)
+
+    def r(u: np.ndarray) -> np.ndarray:
+        at = [replace(td, host_factor=math.exp(float(u[0]))) for td in traces]
+        return np.append(_weighted_residuals(at, [], none, kinds, base, scales=sc), u[0] / MACHINE_PRIOR_WIDTH)
+
+    res = least_squares(r, [0.0], bounds=([math.log(1 / 8)], [math.log(8.0)]), method="trf", diff_step=1e-3)
+    return math.exp(float(res.x[0]))
+
+
 def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     """One factor s on every host time term (scope host, in seconds) at once: values = start × s, the MAP
     estimate of ln s with the prior N(0, MACHINE_PRIOR_WIDTH) (least squares over a grid's best start, s in
@@ -874,7 +930,7 @@ def residual_summary(traces: list[TraceData], fitted: dict[str, float]) -> dict:
             meas = td.blocks[kind]["meas"]
             n += len(meas)
             before.append((predict(td, kind, td.values0), meas))
-            after.append((predict(td, kind, {**td.values0, **fitted}), meas))
+            after.append((predict(td, kind, on_machine({**td.values0, **fitted}, td.host_factor)), meas))
         if before:
             out[kind] = {"items": n, "traces": len(before)}
             for when, rows in (("before", before), ("after", after)):
@@ -977,6 +1033,13 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
         about["base"] = fit.base
     if fit.factor is not None:
         about[MACHINE_FACTOR] = fit.factor
+    if fit.machines:
+        about["machines"] = {
+            "about": "runs of several machines (the index's column machine): each machine's factor on every host time "
+            "term; the parameters' host time terms are the machines' typical CPU (factors' geometric mean 1), what a "
+            "scenario is priced with; move the file to one machine with calibrate --base FILE --refit machine",
+            "factors": fit.machines,
+        }
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
@@ -1018,7 +1081,7 @@ def load_index(index_csv: str | Path) -> list[TraceData]:
     from .measured import read_index
 
     return [
-        load_trace_data(r.trace_path, r.scenario_path, r.trace, r.scenario, method=r.method)
+        replace(load_trace_data(r.trace_path, r.scenario_path, r.trace, r.scenario, method=r.method), machine=r.machine)
         for r in read_index(index_csv)
     ]
 
@@ -1052,6 +1115,13 @@ def format_fit(doc: dict) -> str:
             f"machine host factor {factor['value']:.4f} ± {factor['stderr']:.2g} (prior 1 ×÷ "
             f"{math.exp(factor['prior']['width']):.3g}): each of the {len(factor['terms'])} host time terms below is "
             f"its value in {where} times it"
+        )
+    machines = about.get("machines")
+    if machines:
+        out.append(
+            "runs of several machines: one factor each on the host time terms below (those of the machines' typical "
+            "CPU, factors' geometric mean 1): "
+            + ", ".join(f"{m} {r['factor']:.3f} ({r['traces']} runs)" for m, r in machines["factors"].items())
         )
 
     def carried(r: dict) -> bool:

@@ -28,7 +28,7 @@ import pandas as pd
 
 from costmodel.methods import REFERENCE
 
-from .calibrate import fit_engine, fit_values, load_index
+from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index
 from .config import ScenarioError
 from .fit_items import TraceData
 
@@ -116,9 +116,10 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     for i, td in enumerate(traces):
         jobs.append((td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, None))
         where.append((i, "no_fit"))
-    for (scheme, out), values in zip(plan, fits):
+    for (scheme, out), (values, machines) in zip(plan, fits):
         for i in out if out else range(len(traces)):
-            jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, values))
+            at = machine_values(values, machines, traces[i])
+            jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((i, scheme))
     scores = _map(_score_job, jobs, workers)
     for (i, scheme), sc in zip(where, scores):
@@ -139,7 +140,9 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     result["worse_than_no_fit"] = worse
     result["per_trace"] = per_trace
     result["dequantize_share"] = dequantize_shares(traces, rows, per_trace)
-    result["in_sample_fit"] = {n: {"value": v} for n, v in fits[0].items()}
+    result["in_sample_fit"] = {n: {"value": v} for n, v in fits[0][0].items()}
+    if fits[0][1]:
+        result["in_sample_machines"] = fits[0][1]
     if noise:
         result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
     return result
@@ -353,9 +356,26 @@ def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]
     return out
 
 
-def _fit_without(args) -> dict[str, float]:
+def _fit_without(args) -> tuple[dict[str, float], dict[str, float]]:
+    """The fit without the runs `out`: its values, and each machine's host factor where the runs name machines."""
     traces, out = args
-    return fit_values(fit_engine([td for i, td in enumerate(traces) if i not in out]))
+    fit = fit_engine([td for i, td in enumerate(traces) if i not in out])
+    return fit_values(fit), {m: r["factor"] for m, r in fit.machines.items()}
+
+
+def machine_values(values: dict[str, float], machines: dict[str, float], td: TraceData) -> dict[str, float]:
+    """A fit's values for a run: on a machine the fit has a factor for, every host time term times it (the fitted
+    ones and the run's scenario's own); else the fit's values as they are (a machine it has not seen: its typical
+    CPU)."""
+    f = machines.get(td.machine or "")
+    if f is None:
+        return values
+    out = dict(values)
+    for n in HOST_TIMES:
+        v = values.get(n, td.values0.get(n))
+        if v:
+            out[n] = v * f
+    return out
 
 
 def _score_job(args) -> dict:
@@ -494,6 +514,14 @@ def format_cv(result: dict) -> str:
         parts.append(
             f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
             + ", ".join(how_much(n) for n in result["worse_than_no_fit"])
+        )
+    machines = result.get("in_sample_machines")
+    if machines:
+        parts.append(
+            "runs of several machines (the index's column machine): each fit gives every machine it has runs of a "
+            "factor on the host time terms, and a held-out run on such a machine is priced with it (in-sample: "
+            + ", ".join(f"{m} {f:.3f}" for m, f in machines.items())
+            + "); a machine the fit has none of gets its typical CPU (factor 1)"
         )
     parts += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(parts)

@@ -85,6 +85,8 @@ class TraceData:
     placement: str = "separate"
     notes: list[str] = field(default_factory=list)  # what the run lacks, and what it gives the fit instead
     link_gbps: float = 0.0  # the link's line rate: the busy host factor grows with it (network.link_busy_host_factor)
+    machine: str | None = None  # the machine (host) it was recorded on: the index's column machine
+    host_factor: float = 1.0  # the fit's factor on its machine's host time terms (calibrate, machines)
 
 
 def scenario_values(s) -> dict[str, float]:

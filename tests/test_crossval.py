@@ -41,6 +41,7 @@ def _spy(monkeypatch, traces: list[TraceData]) -> None:
     class Fit:
         def __init__(self, used):
             self.fitted = {"network.latency_s": float(sum(2 ** int(td.name[1:]) for td in used))}
+            self.machines: dict = {}
 
     monkeypatch.setattr(crossval, "fit_engine", lambda used: Fit(used))
 

@@ -267,3 +267,64 @@ def test_cross_validation_of_the_machine_refit(machine, tmp_path):
     assert doc["base_calibration"] == str(base_file) and {c["machine"] for c in doc["configurations"]} == {"a", "b"}
     p = _cli("validate", str(both), "--base", str(base_file))
     assert p.returncode == 2 and "--cv" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.fixture(scope="module")
+def two_machines(machine, tmp_path_factory):
+    """The two configurations of `machine` recorded on the base's machine too (every host time term the truth's,
+    FACTOR times the new machine's): one index of the four with the column machine, and the same without it."""
+    folder = machine["big"].parent
+    rows = []
+    for label in ("big", "small"):
+        for r in pd.read_csv(machine[label]).itertuples():
+            rows.append((r.trace, r.scenario, "new"))
+        raw = yaml.safe_load((folder / f"{label}.yaml").read_text())
+        for method, df, it in simulate(raw, TRUE):
+            write_realrun(folder / f"old_{label}_{method}", method, df, it)
+            rows.append((f"old_{label}_{method}", f"{label}.yaml", "old"))
+    idx = pd.DataFrame(rows, columns=["trace", "scenario", "machine"])
+    idx.to_csv(folder / "index_two.csv", index=False)
+    idx.drop(columns="machine").to_csv(folder / "index_two_one.csv", index=False)
+    return {"two": folder / "index_two.csv", "one": folder / "index_two_one.csv"}
+
+
+def test_runs_of_two_machines_are_fitted_with_a_factor_each(two_machines):
+    """Runs of two machines (the index's column machine): one set of shared terms and a factor per machine on the
+    host time terms, normalised to a geometric mean of 1 (the shared terms: the machines' typical CPU). The factors'
+    ratio is the machines' (FACTOR), and the iterations are priced within 1 % rms at their machine's factor; without
+    the column one set of host terms serves both machines and misses each by several times that."""
+    fit = fit_engine(load_index(two_machines["two"]))
+    f = {m: r["factor"] for m, r in fit.machines.items()}
+    assert set(f) == {"old", "new"} and f["new"] / f["old"] == pytest.approx(FACTOR, rel=0.02), f
+    assert f["new"] * f["old"] == pytest.approx(1.0)
+    n = "decode.host_serial_s_per_iteration"
+    # the old machine's own over its factor (the shared terms trade a few % among themselves: the join time, the
+    # extra kernels)
+    assert fit.fitted[n] == pytest.approx(TRUE[n] / f["old"], rel=0.05)
+    assert fit.residuals["iteration"]["rms_pct_after"] < 1.0, fit.residuals["iteration"]
+    one = fit_engine(load_index(two_machines["one"]))
+    assert (
+        not one.machines
+        and one.residuals["iteration"]["rms_pct_after"] > 4 * fit.residuals["iteration"]["rms_pct_after"]
+    )
+
+
+def test_a_held_out_configuration_is_priced_at_its_machines_factor(two_machines):
+    """validate --cv's held-out configuration on a machine the fold knows from its other configurations: the fold's
+    values times that machine's factor price its host-bound steps (the quantize step's launch floor) as the truth
+    does; the shared values alone (a machine the fit has not seen: its typical CPU) miss them by the machine's
+    distance from typical (1 / 0.775 or 1 / 1.29 here). The iterations' GPU terms extrapolate from 32 layers at
+    10 Gbps to 8 at 2.5 (not identified by the fold), so they are not the test."""
+    from simulator.crossval import _fit_without, machine_values
+
+    traces = load_index(two_machines["two"])
+    out = tuple(i for i, td in enumerate(traces) if td.scenario == "small.yaml")
+    values, machines = _fit_without((traces, out))
+    assert set(machines) == {"old", "new"}
+    for i in out:
+        td = traces[i]
+        meas = td.blocks["quantize"]["meas"].sum()
+        at = predict(td, "quantize", {**td.values0, **machine_values(values, machines, td)}).sum()
+        shared = predict(td, "quantize", {**td.values0, **values}).sum()
+        assert abs(at / meas - 1) < 0.005, td.name
+        assert abs(shared / meas - 1) > 0.15, td.name

@@ -47,6 +47,9 @@ kernels put it, and a prompt length, layer count or link the runs never saw is p
 not by a factor fitted elsewhere. The count of extra kernels is rounded to a whole number and the rest refitted.
 Standard errors are those posterior deviations.
 
+Runs of several machines (the index's column machine) are fitted with one factor per machine on every host time
+term beside the shared parameters, normalised to a geometric mean of 1 (`_fit_machines`): the shared host terms are
+the machines' typical CPU, and each machine's factor is in FitResult.machines.
 A refit on a base calibration (`fit_engine(traces, refit, base)`, calibrate --base FILE --refit ...) moves a
 calibration to another machine: the base's fitted values become the traces' scenarios' own, and `refit` says what
 is fitted from there: every parameter ("all"), the host-scope ones ("host", GPU and link terms held), or one factor
@@ -801,7 +804,7 @@ def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> F
     factors = dict.fromkeys(machines, 1.0)
     for _ in range(MACHINE_ROUNDS):
         fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
-        raw = {m: _machine_factor([td for td in traces if td.machine == m], fit.values) for m in machines}
+        raw = {m: _machine_factor([td for td in traces if td.machine == m], fit.fitted) for m in machines}
         mid = math.exp(float(np.mean([math.log(f) for f in raw.values()])))
         factors = {m: f / mid for m, f in raw.items()}
     fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
@@ -810,8 +813,9 @@ def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> F
 
 
 def _machine_factor(traces: list[TraceData], values: dict[str, float]) -> float:
-    """One machine's factor on the host time terms at the shared `values`: the MAP estimate of its ln with the prior
-    N(0, MACHINE_PRIOR_WIDTH), over every item of its runs (1 where none moves with the host terms)."""
+    """One machine's factor on the host time terms at the shared fitted `values` (the rest each run's scenario's own,
+    as the fit holds them): the MAP estimate of its ln with the prior N(0, MACHINE_PRIOR_WIDTH), over every item of
+    its runs (1 where none moves with the host terms)."""
     from scipy.optimize import least_squares
 
     base = [{**td.values0, **{n: v for n, v in values.items() if n in td.values0}} for td in traces]

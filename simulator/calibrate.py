@@ -655,9 +655,8 @@ def fit_engine(
                 continue
             if n not in fit.values:  # a method none of these runs has: its terms come through as the base has them,
                 # its host times scaled by the machine's factor (the same CPU runs its launches and packing)
-                p = PARAMETERS[n]
                 fit.start[n] = v
-                if scale is not None and p.scope == "host" and p.unit == "s":
+                if scale is not None and n in HOST_TIMES:
                     v, se = v * scale, None if se is None else se * scale
                     fit.held[n] = f"no run of this method: the base's {_fmt(fit.start[n])} s × the machine factor"
                 else:
@@ -801,13 +800,17 @@ def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> F
     shared values, in MACHINE_ROUNDS rounds, then the shared fit at the last factors. The factors are normalised to a
     geometric mean of 1 over the machines, so the shared host terms are those of the machines' typical CPU: what a
     run on a machine the fit has not seen is priced with. A run without a machine takes the factor 1."""
+
+    def shared(factors: dict[str, float]) -> FitResult:
+        return _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
+
     factors = dict.fromkeys(machines, 1.0)
     for _ in range(MACHINE_ROUNDS):
-        fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
-        raw = {m: _machine_factor([td for td in traces if td.machine == m], fit.fitted) for m in machines}
+        fitted = shared(factors).fitted
+        raw = {m: _machine_factor([td for td in traces if td.machine == m], fitted) for m in machines}
         mid = math.exp(float(np.mean([math.log(f) for f in raw.values()])))
         factors = {m: f / mid for m, f in raw.items()}
-    fit = _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
+    fit = shared(factors)
     fit.machines = {m: {"factor": factors[m], "traces": sum(td.machine == m for td in traces)} for m in machines}
     return fit
 

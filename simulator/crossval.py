@@ -28,7 +28,7 @@ import pandas as pd
 
 from costmodel.methods import REFERENCE
 
-from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index
+from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index, on_machine
 from .config import ScenarioError
 from .fit_items import TraceData
 
@@ -370,12 +370,8 @@ def machine_values(values: dict[str, float], machines: dict[str, float], td: Tra
     f = machines.get(td.machine or "")
     if f is None:
         return values
-    out = dict(values)
-    for n in HOST_TIMES:
-        v = values.get(n, td.values0.get(n))
-        if v:
-            out[n] = v * f
-    return out
+    own = {n: td.values0[n] for n in HOST_TIMES if td.values0.get(n)}  # the nonzero ones the fit did not write
+    return on_machine({**own, **values}, f)
 
 
 def _score_job(args) -> dict:

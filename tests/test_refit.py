@@ -19,6 +19,7 @@ import yaml
 from simulated_runs import TRUE, raw_system, simulate, write_aiperf, write_realrun, write_vllm
 from simulator.calibrate import (
     CARRIED_PREFIX,
+    HOST_TIMES,
     MACHINE_FACTOR,
     MACHINE_PRIOR_WIDTH,
     engine_file,
@@ -37,7 +38,7 @@ BASE = {n: (v, None) for n, v in TRUE.items()}  # the base calibration: what a f
 def _host_times(values0: dict[str, float]) -> dict[str, float]:
     """The new machine's truth: every nonzero host time term (the base's, else the scenario's) times FACTOR."""
     merged = {**values0, **TRUE}
-    return {n: v * FACTOR for n, v in merged.items() if PARAMETERS[n].scope == "host" and PARAMETERS[n].unit == "s"}
+    return {n: v * FACTOR for n, v in merged.items() if n in HOST_TIMES}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,7 @@ def test_refit_host_fits_each_host_term_from_the_base(machine):
 def test_a_machine_refit_with_no_host_time_is_refused(machine):
     """A base whose host time terms are all zero leaves nothing for a factor to scale: refused, not a factor of 1."""
     traces = load_index(machine["big"])
-    zero = {n: (0.0, None) for n in traces[0].values0 if PARAMETERS[n].scope == "host" and PARAMETERS[n].unit == "s"}
+    zero = {n: (0.0, None) for n in traces[0].values0 if n in HOST_TIMES}
     with pytest.raises(ScenarioError, match="nothing fits a machine factor"):
         fit_engine(traces, "machine", zero, "zero.json")
 

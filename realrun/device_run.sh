@@ -348,7 +348,7 @@ elif [ "$PART" = h100 ]; then
   # with the H100 profile derived from the H200's (kernels_calibration/profiles/h100) and the H200-fitted engine
   smoke_or_stop
   rec h100g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 7.5
-  rec h100g_8b_small M8 50 256 2048 32 256 16 16 110 80 1 "baseline kvquant hack" 5
+  rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5  # 110 s cut its HACK run (2026-12-05)
   rec h100g_8b_mem M8 50 1024 3072 192 448 8 16 150 150 1 "baseline kvquant hack" 6
   rec h100g_70b8l_1gbps M70 1 128 640 32 128 16 8 120 150 1 "baseline kvquant hack" 8
 elif [ "$PART" = long70 ]; then

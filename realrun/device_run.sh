@@ -59,7 +59,7 @@
 #             their first recordings, then h200g_70b8l_dq r8.8, every method once (~550 s; the budget guard cuts the last).
 #   part h100 (on an H100): smoke, then h100g_8b_2.5gbps r7.5, h100g_8b_small r5 (80 requests), h100g_8b_mem r6 and
 #             h100g_70b8l_1gbps r8, every method once: the h200g configurations that fit 80 GB, on a GPU never measured.
-#   part h100b (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_70b8l_dq r6 and h100g_8b_light r2
+#   part h100b (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_70b8l_dq r5.5 and h100g_8b_light r2
 #             (40 requests), every method once: a second H100 session, two configurations no H100 run has (~500 s).
 #   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
@@ -355,11 +355,12 @@ elif [ "$PART" = h100 ]; then
   rec h100g_70b8l_1gbps M70 1 128 640 32 128 16 8 120 150 1 "baseline kvquant hack" 8
 elif [ "$PART" = h100b ]; then
   # issue 28: a second H100 session: 8b_small again (FP16 and KVQuant-style as in the first, HACK, which the first
-  # cut) beside two configurations no H100 run has: 70b8l_dq at 6 req/s (the simulator puts the H100's JCT there
-  # where the H200's is at 7.3) and 8b_light at 2 req/s (40 requests)
+  # cut) beside two configurations no H100 run has: 70b8l_dq at 5.5 req/s (the simulator puts the H100's JCT there
+  # where the H200's is at 6.5-7; the first H100 session's 8b_mem ran more loaded than simulated) and 8b_light at 2 req/s
+  # (40 requests)
   smoke_or_stop
   rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5
-  rec h100g_70b8l_dq M70 25 2048 4096 128 320 24 16 160 150 1 "baseline kvquant hack" 6
+  rec h100g_70b8l_dq M70 25 2048 4096 128 320 24 16 160 150 1 "baseline kvquant hack" 5.5
   rec h100g_8b_light M8 40 1024 3072 192 448 32 16 140 40 1 "baseline kvquant hack" 2
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured

@@ -160,28 +160,30 @@ def cross_validate_machine(
     noise: dict | None = None,
 ) -> dict:
     """How a calibration moved to the runs' machine carries across their configurations (calibrate --base
-    --refit machine): each configuration predicted by the base calibration with the one host factor fitted to the
-    other configurations recorded on the same machine (the index's `machine` column; without it, all runs are one
-    machine), beside the base alone and no fit. A configuration with no other on its machine has no machine
-    figure, and the notes say so. Per run the errors of each, their means, and per configuration the factor."""
+    --refit machine): each configuration's runs on a machine predicted by the base calibration with the one host
+    factor fitted to the other configurations recorded on that machine (the index's `machine` column; without it,
+    all runs are one machine), beside the base alone and no fit. A configuration recorded on several machines is a
+    row per machine, each run priced with its own machine's factor. A configuration with no other on its machine
+    has no machine figure there, and the notes say so. Per run the errors of each, their means, and per
+    configuration and machine the factor."""
     from .measured import read_index
 
     rows = read_index(index_csv)
     traces = load_index(index_csv)
     machine = [r.machine or "" for r in rows]
-    configs = sorted({td.configuration for td in traces})
+    pairs = sorted({(td.configuration, machine[i]) for i, td in enumerate(traces)})
     base_values = {n: v for n, (v, _) in base.items()}
-    folds: dict[str, dict] = {}
+    folds: dict[tuple[str, str], dict] = {}
     notes: list[str] = []
-    for c in configs:
-        mine = {machine[i] for i, td in enumerate(traces) if td.configuration == c}
-        others = [td for i, td in enumerate(traces) if td.configuration != c and machine[i] in mine]
+    for c, m in pairs:
+        others = [td for i, td in enumerate(traces) if td.configuration != c and machine[i] == m]
         if not others:
-            notes.append(f"{c}: no other configuration recorded on its machine: no machine factor to carry")
+            on = f" on {m}" if m else ""
+            notes.append(f"{c}{on}: no other configuration recorded on its machine: no machine factor to carry")
             continue
         fit = fit_engine(others, "machine", base, base_name)
         assert fit.factor is not None
-        folds[c] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
+        folds[c, m] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
     per_trace: list[dict[str, Any]] = [
         {
             "trace": td.name,
@@ -198,7 +200,7 @@ def cross_validate_machine(
         for scheme, values in (
             ("no_fit", None),
             ("base", base_values),
-            ("machine_refit", folds.get(td.configuration, {}).get("values")),
+            ("machine_refit", folds.get((td.configuration, machine[i]), {}).get("values")),
         ):
             if scheme == "machine_refit" and values is None:
                 continue
@@ -215,11 +217,11 @@ def cross_validate_machine(
         if any(r[scheme] for r in per_trace):
             result[scheme] = summarise(per_trace, scheme)
     configurations = []
-    for c in configs:
-        row = _configuration_row(per_trace, c, MACHINE_SCHEMES, noise)
-        row["machine"] = next(r["machine"] for r in per_trace if r["configuration"] == c)
-        row["machine_factor"] = folds[c]["factor"] if c in folds else None
-        row["machine_factor_stderr"] = folds[c]["stderr"] if c in folds else None
+    for c, m in pairs:
+        row = _configuration_row([r for r in per_trace if (r["machine"] or "") == m], c, MACHINE_SCHEMES, noise)
+        row["machine"] = m or None
+        row["machine_factor"] = folds[c, m]["factor"] if (c, m) in folds else None
+        row["machine_factor_stderr"] = folds[c, m]["stderr"] if (c, m) in folds else None
         configurations.append(row)
     result["configurations"] = configurations
     result["per_trace"] = per_trace

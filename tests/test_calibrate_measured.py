@@ -312,16 +312,20 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
     assert abs(it["total_pct_after"]) < 1.0, it
 
 
-# A GPU and a host no fit has seen (realrun/traces/h100: one H100 80 GB session, 2026-12-05, four of the h200g
-# configurations that fit its memory, every method; h100g_8b_small's HACK run was cut by the call's time limit):
-# priced with the H100 profile derived from the H200's (kernels_calibration/profiles/h100), the calibration over
-# every H200 session, and each configuration's host factor from the session's other three (validate --cv --base).
-# Mean |JCT error| no fit 6.5 % (max 15.2 %), the H200 calibration alone 5.3 % (11.9 %), with the factor 3.9 %
-# (9.9 %); every configuration better with the factor than with no fit; factors 1.10-1.27 (this host's CPU is
-# slower than the H200 sessions' typical one). Bounds: achieved + 2, the factor better than no fit in every
-# configuration and than the calibration alone on the mean.
-H100 = ROOT / "realrun/traces/h100/index.csv"
-H100_PCT = {"jct_mean_abs_error_pct": 3.9 + 2, "jct_max_abs_error_pct": 9.9 + 2}
+# A GPU and a host no fit has seen (realrun/traces/index_h100.csv: two H100 80 GB sessions, 2026-12-05 12:34 and 14:35,
+# realrun/traces/h100 and h100b; six of the h200g configurations that fit its memory, every method; h100g_8b_small in
+# both sessions, its HACK run in the second only): priced with the H100 profile derived from the H200's
+# (kernels_calibration/profiles/h100), the calibration over every H200 session, and each configuration's host factor
+# from its session's other configurations (validate --cv --base; a configuration of two sessions is a row for each).
+# Mean |JCT error| no fit 4.9 % (max 15.2 %), the H200 calibration alone 3.8 % (11.9 %), with the factor 3.3 % (9.9 %);
+# factors 1.10-1.27 (these hosts' CPUs are slower than the H200 sessions' typical one). With the factor every
+# configuration and session is better than with no fit but 8b_small in the second session (1.6 -> 4.5 %: the factor
+# from 70b8l_dq and 8b_light, 1.23, prices its host terms long; the two sessions' 8b_small runs differ by 2.4 % (FP16)
+# and 6.5 % (KVQuant-style) in mean JCT). Bounds: achieved + 2, the factor better than the calibration alone and than
+# no fit on the mean, and than no fit in every row but that one.
+H100 = ROOT / "realrun/traces/index_h100.csv"
+H100_PCT = {"jct_mean_abs_error_pct": 3.3 + 2, "jct_max_abs_error_pct": 9.9 + 2}
+H100_FACTOR_NOT_BETTER = {("h100g_8b_small", "h100-2026-12-05-1435")}
 
 
 def test_the_h200_calibration_carries_to_an_h100(all_fit):
@@ -329,11 +333,14 @@ def test_the_h200_calibration_carries_to_an_h100(all_fit):
 
     base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
     r = cross_validate_machine(H100, base, "index_all", workers=2)
-    assert r["traces"] == 11 and not r["notes"]
+    assert r["traces"] == 20 and not r["notes"]
     for k, bound in H100_PCT.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]
     assert r["machine_refit"]["jct_mean_abs_error_pct"] < r["base"]["jct_mean_abs_error_pct"], r
     assert r["machine_refit"]["jct_mean_abs_error_pct"] < r["no_fit"]["jct_mean_abs_error_pct"], r
-    for c in r["configurations"]:
+    rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
+    assert len(rows) == 7 and len({c for c, _ in rows}) == 6, sorted(rows)
+    for key, c in rows.items():
         assert 1.0 < c["machine_factor"] < 1.4, c
-        assert c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"], c
+        better = c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"]
+        assert better == (key not in H100_FACTOR_NOT_BETTER), c

@@ -259,6 +259,21 @@ def test_cross_validation_of_the_machine_refit(machine, tmp_path):
     r = cross_validate_machine(both, BASE, "base.json")
     assert [c["machine_factor"] for c in r["configurations"]] == [None, None]
     assert "machine_refit" not in r and len(r["notes"]) == 2 and "no other configuration" in r["notes"][0]
+    # a configuration recorded on two machines is a row per machine, each run priced with its own machine's factor:
+    # "big" alone on machine a (no factor there), again on b beside "small" (the factor from "small")
+    big = rows[rows.trace.str.contains("big")]
+    pd.concat([big.assign(machine="a"), rows.assign(machine="b")]).to_csv(both, index=False)
+    r = cross_validate_machine(both, BASE, "base.json")
+    got = [(c["configuration"], c["machine"], c["traces"], c["machine_factor"]) for c in r["configurations"]]
+    n_big = len(big)
+    assert got == [
+        ("big", "a", n_big, None),
+        ("big", "b", n_big, pytest.approx(FACTOR, rel=0.02)),
+        ("small", "b", len(rows) - n_big, pytest.approx(FACTOR, rel=0.02)),
+    ], got
+    assert r["notes"] == ["big on a: no other configuration recorded on its machine: no machine factor to carry"]
+    priced = {(t["machine"], bool(t["machine_refit"])) for t in r["per_trace"] if t["configuration"] == "big"}
+    assert priced == {("a", False), ("b", True)}, priced
     base_file = tmp_path / "base.json"
     fit = fit_engine(load_index(machine["big"]), "all")
     base_file.write_text(json.dumps(engine_file(fit, load_index(machine["big"]), "i", "test", "0")))

@@ -222,12 +222,24 @@ def cross_validate_machine(
         row["machine"] = m or None
         row["machine_factor"] = folds[c, m]["factor"] if (c, m) in folds else None
         row["machine_factor_stderr"] = folds[c, m]["stderr"] if (c, m) in folds else None
-        configurations.append(row)
+        configurations.append(_against_no_fit(row))
     result["configurations"] = configurations
+    result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
     result["per_trace"] = per_trace
     if noise:
         result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
     return result
+
+
+def _against_no_fit(row: dict) -> dict:
+    """A (configuration, machine) row of cross_validate_machine with what predicts it (`predicted_by`: the base with
+    its machine's factor where the machine has one, else the base alone) and whether that is worse than no fit."""
+    final = row["machine_refit_jct_mean_abs_error_pct"]
+    row["predicted_by"] = "machine_refit" if final is not None else "base"
+    final = final if final is not None else row["base_jct_mean_abs_error_pct"]
+    none = row["no_fit_jct_mean_abs_error_pct"]
+    row["worse_than_no_fit"] = final is not None and none is not None and final > none
+    return row
 
 
 def format_cv_machine(result: dict) -> str:
@@ -242,6 +254,7 @@ def format_cv_machine(result: dict) -> str:
     heads = ["configuration", "machine", "traces", "factor (from the others)"]
     heads += [f"mean |JCT err| {MACHINE_HEADS[s]}" for s in MACHINE_SCHEMES]
     heads += ["run-to-run (mean JCT)"] if noise else []
+    heads += [""]
     body = []
     for c in result["configurations"]:
         f = c["machine_factor"]
@@ -251,17 +264,33 @@ def format_cv_machine(result: dict) -> str:
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
             row.append("not recorded" if x is None else f"±{x:.1f}%")
+        row.append("WORSE than no fit" if c.get("worse_than_no_fit") else "")
         body.append(row)
     foot = []
     for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|")):
         line = [label, "", str(result["traces"]), ""]
         line += [mag(result.get(s, {}).get(key)) for s in MACHINE_SCHEMES]
-        foot.append(line + ([""] if noise else []))
+        foot.append(line + ([""] if noise else []) + [""])
     title = (
         f"each configuration predicted by {result['base_calibration']} with a machine factor fitted on the other "
         "configurations of its machine"
     )
     lines = [render(table(heads, body, title=title, footer_rows=foot))]
+    worse = [c for c in result["configurations"] if c.get("worse_than_no_fit")]
+    if worse:
+
+        def how_much(c: dict) -> str:
+            d = c[f"{c['predicted_by']}_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
+            on = f" on {c['machine']}" if c["machine"] else ""
+            how = "" if c["predicted_by"] == "machine_refit" else ", the base alone"
+            spread = c.get("run_to_run_jct_mean_pct")
+            noise_text = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
+            return f"{c['configuration']}{on} (by {d:.1f} points{how}{noise_text})"
+
+        lines.append(
+            f"flag: {len(worse)} of {len(result['configurations'])} configurations (a row per machine) are predicted "
+            "worse than with no fit: " + ", ".join(how_much(c) for c in worse)
+        )
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 

@@ -354,3 +354,4 @@ def test_the_h200_calibration_carries_to_an_h100(all_fit):
         assert 0.7 < c["machine_factor"] < 1.4, c
         better = c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"]
         assert better == (key not in H100_FACTOR_NOT_BETTER), c
+    assert {tuple(x) for x in r["worse_than_no_fit"]} == H100_FACTOR_NOT_BETTER  # what validate's output flags

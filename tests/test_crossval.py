@@ -188,3 +188,51 @@ def test_fold_list_makes_no_held_out_fold_without_runs_to_fit():
     assert crossval.folds(one) == [("in_sample", ())]
     two = _traces()[:2]  # two runs of one configuration
     assert crossval.folds(two) == [("in_sample", ()), ("held_out", (0,)), ("held_out", (1,))]
+
+
+def test_a_machine_row_predicted_worse_than_no_fit_is_flagged():
+    """validate --cv --base: a (configuration, machine) row whose prediction (the base with its machine's factor, or
+    the base alone where its machine has no other configuration) is worse than no fit is flagged, by how much and
+    beside its run-to-run spread."""
+
+    def row(c, m, none, base, refit, spread=None):
+        return crossval._against_no_fit(
+            {
+                "configuration": c,
+                "machine": m,
+                "traces": 3,
+                "no_fit_jct_mean_abs_error_pct": none,
+                "base_jct_mean_abs_error_pct": base,
+                "machine_refit_jct_mean_abs_error_pct": refit,
+                "machine_factor": None if refit is None else 1.1,
+                "machine_factor_stderr": None if refit is None else 0.01,
+                "run_to_run_jct_mean_pct": spread,
+            }
+        )
+
+    rows = [
+        row("a", "m1", 2.0, 2.5, 1.0),  # the factor beats no fit though the base alone does not
+        row("a", "m2", 2.0, 1.5, 3.2, spread=4.0),  # the factor is worse than no fit
+        row("b", "m1", 5.0, 6.0, None),  # no factor on its machine: the base alone, worse
+        row("c", "m3", 4.0, 3.0, None),
+    ]
+    assert [(r["predicted_by"], r["worse_than_no_fit"]) for r in rows] == [
+        ("machine_refit", False),
+        ("machine_refit", True),
+        ("base", True),
+        ("base", False),
+    ]
+    result = {
+        "traces": 12,
+        "base_calibration": "engine.json",
+        "configurations": rows,
+        "notes": [],
+        "noise": {"index": "r.csv", "spread_pct": {"jct_mean": 4.0}},
+    }
+    text = crossval.format_cv_machine(result)
+    flagged = [x.split()[:2] for x in text.splitlines() if x.endswith("WORSE than no fit")]
+    assert flagged == [["a", "m2"], ["b", "m1"]], text
+    flag = text.splitlines()[-1]
+    assert flag.startswith("flag: 2 of 4 configurations"), flag
+    assert "a on m2 (by 1.2 points; its recordings' mean JCT spreads ±4.0 % run to run)" in flag, flag
+    assert "b on m1 (by 1.0 points, the base alone)" in flag, flag

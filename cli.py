@@ -603,6 +603,10 @@ def report(
         typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
 
 
+# validate --cv --folds: the held-out fits each value asks for (simulator/crossval.py FOLDS)
+CV_FOLDS = {"both": ("trace", "configuration"), "configuration": ("configuration",), "trace": ("trace",)}
+
+
 @app.command()
 def validate(
     trace: Path = typer.Argument(
@@ -635,6 +639,12 @@ def validate(
         "factor)",
     ),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
+    folds: str = typer.Option(
+        "both",
+        "--folds",
+        help="with --cv: the held-out fits, by trace and by configuration (both), or one of them: configuration "
+        "(the headline, one fit per configuration: on 104 runs of 13 configurations 14 fits instead of 118) or trace",
+    ),
     base: Path | None = typer.Option(
         None,
         "--base",
@@ -669,8 +679,15 @@ def validate(
             fail(f"--noise: {e}")
     if base is not None and not cv:
         fail("--base cross-validates a machine refit: give --cv with it")
+    by = CV_FOLDS.get(folds)
+    if by is None:
+        fail(f"--folds: {folds}: one of {', '.join(CV_FOLDS)}")
+    if folds != "both" and not cv:
+        fail("--folds chooses validate --cv's held-out fits: give --cv with it")
+    if folds != "both" and base is not None:
+        fail("--folds: --cv --base fits one machine factor per configuration and machine, no folds to choose")
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base)
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by)
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -722,6 +739,7 @@ def _validate_cv(
     workers: int,
     noise: dict | None,
     base: Path | None = None,
+    by: tuple[str, ...] = ("trace", "configuration"),
 ) -> None:
     from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
@@ -743,7 +761,7 @@ def _validate_cv(
                     index, engine.fitted_with_stderr(), str(base), workers=workers, noise=noise
                 )
             else:
-                result = cross_validate(index, workers=workers, noise=noise)
+                result = cross_validate(index, workers=workers, noise=noise, by=by)
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:

@@ -81,14 +81,18 @@ def summarise(per_trace: list[dict], scheme: str) -> dict:
     return out
 
 
-def folds(traces: list[TraceData]) -> list[tuple[str, tuple[int, ...]]]:
-    """(scheme, the runs left out) of every fit: in-sample leaves none out; a fold is made only where the fit
-    has runs left to learn from (module doc)."""
+FOLDS = ("trace", "configuration")  # what validate --cv holds out by default: each run, then each configuration
+
+
+def folds(traces: list[TraceData], by: tuple[str, ...] = FOLDS) -> list[tuple[str, tuple[int, ...]]]:
+    """(scheme, the runs left out) of every fit: in-sample leaves none out; then, of `by`, a fold per run
+    ("trace") and per configuration ("configuration"), each made only where the fit has runs left to learn from
+    (module doc)."""
     out: list[tuple[str, tuple[int, ...]]] = [("in_sample", ())]
-    if len(traces) > 1:
+    if len(traces) > 1 and "trace" in by:
         out += [("held_out", (i,)) for i in range(len(traces))]
     configs = sorted({td.configuration for td in traces})
-    if len(configs) > 1:
+    if len(configs) > 1 and "configuration" in by:
         out += [
             ("held_out_configuration", tuple(i for i, td in enumerate(traces) if td.configuration == c))
             for c in configs
@@ -96,16 +100,23 @@ def folds(traces: list[TraceData]) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None = None) -> dict:
+def cross_validate(
+    index_csv: str | Path, workers: int = 1, noise: dict | None = None, by: tuple[str, ...] = FOLDS
+) -> dict:
     """No fit, in-sample (one fit on every run), held out (each run predicted by a fit without it) and held out
     by configuration (each configuration's runs predicted by a fit without any of them): per run the errors of
-    each, their means, and per configuration no fit against the held-out fit (module doc).  `workers` > 1 fits
-    and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside the figures."""
+    each, their means, and per configuration no fit against the held-out fit (module doc).  `by` names the
+    held-out folds to fit (FOLDS; by configuration alone: one fit per configuration instead of one per run too).
+    `workers` > 1 fits and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside
+    the figures."""
     from .measured import read_index
 
+    unknown = [b for b in by if b not in FOLDS]
+    if unknown or not by:
+        raise ScenarioError(f"folds: {', '.join(unknown) or 'none'}: each of {', '.join(FOLDS)} (one or both)")
     rows = read_index(index_csv)
     traces = load_index(index_csv)
-    plan = folds(traces)
+    plan = folds(traces, by)
     fits = _map(_fit_without, [(traces, out) for _, out in plan], workers)
     per_trace: list[dict[str, Any]] = [
         {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
@@ -131,9 +142,13 @@ def cross_validate(index_csv: str | Path, workers: int = 1, noise: dict | None =
     for scheme in SCHEMES:
         if any(r[scheme] for r in per_trace):
             result[scheme] = summarise(per_trace, scheme)
-    if "held_out" not in result:
+    if "trace" not in by:
+        result["notes"].append("held out (trace): not fitted (folds by configuration only)")
+    elif "held_out" not in result:
         result["notes"].append("held out (trace): needs two runs or more (a fit without the only run has no data)")
-    if "held_out_configuration" not in result:
+    if "configuration" not in by:
+        result["notes"].append("held out (configuration): not fitted (folds by trace only)")
+    elif "held_out_configuration" not in result:
         result["notes"].append("held out (configuration): needs two configurations or more (runs of two scenarios)")
     result["configurations"] = by_configuration(per_trace, noise)
     worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]

@@ -70,6 +70,45 @@ def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
         assert r["held_out_configuration"]["jct_mean_error_pct"] == everyone - same, r["trace"]
 
 
+def test_folds_by_configuration_alone_fit_once_per_configuration(monkeypatch):
+    """validate --cv --folds configuration: the in-sample fit and one per configuration, no fit per run; the
+    held-out-configuration predictions are the same as with both, and the result says what was not fitted."""
+    _spy(monkeypatch, _traces())
+    fitted = []
+    fit = crossval.fit_engine
+    monkeypatch.setattr(crossval, "fit_engine", lambda used: fitted.append(len(used)) or fit(used))
+    both = crossval.cross_validate("index.csv", workers=1)
+    assert len(fitted) == 1 + len(CONFIGS) + len(set(CONFIGS))
+    fitted.clear()
+    only = crossval.cross_validate("index.csv", workers=1, by=("configuration",))
+    assert sorted(fitted) == sorted([len(CONFIGS)] + [len(CONFIGS) - CONFIGS.count(c) for c in set(CONFIGS)])
+    assert "held_out" not in only and only["notes"] == ["held out (trace): not fitted (folds by configuration only)"]
+    for a, b in zip(both["per_trace"], only["per_trace"]):
+        assert a["held_out_configuration"] == b["held_out_configuration"] and b["held_out"] == {}
+    drop = "held_out_jct_mean_abs_error_pct"
+    assert [c.pop(drop) for c in only["configurations"]] == [None] * len(set(CONFIGS))
+    assert only["configurations"] == [{k: v for k, v in c.items() if k != drop} for c in both["configurations"]]
+    assert "held out (trace)" not in crossval.format_cv(only).splitlines()[1]
+    with pytest.raises(crossval.ScenarioError, match="folds: run"):
+        crossval.cross_validate("index.csv", by=("run",))
+
+
+def test_validate_folds_refuses_what_it_cannot_do(tmp_path):
+    """--folds: an unknown value, without --cv, or with --base: one line naming the option, exit 2."""
+    index = ROOT / "realrun/traces/h200_graphs/index.csv"
+    cases = (
+        (["--cv", "--folds", "runs"], "--folds: runs: one of both, configuration, trace"),
+        (["--folds", "configuration"], "--folds chooses validate --cv's held-out fits: give --cv with it"),
+        (["--cv", "--folds", "trace", "--base", str(tmp_path / "e.json")], "--folds: --cv --base fits one machine"),
+    )
+    for extra, said in cases:
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "validate", str(index), *extra], capture_output=True, text=True
+        )
+        assert p.returncode == 2 and p.stderr.strip().startswith("error: " + said), (extra, p.stderr)
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_runs_of_one_configuration_have_no_held_out_configuration_and_say_why(monkeypatch):
     """Two runs of one scenario: each is held out from a fit on the other, but no configuration can be (a fit
     without the only one has no data): the result says so, and carries the run-to-run spread it was given."""

@@ -643,7 +643,7 @@ def validate(
         "both",
         "--folds",
         help="with --cv: the held-out fits, by trace and by configuration (both), or one of them: configuration "
-        "(the headline, one fit per configuration: on 104 runs of 13 configurations 14 fits instead of 118) or trace",
+        "(the headline: one fit per configuration, none per run) or trace",
     ),
     base: Path | None = typer.Option(
         None,

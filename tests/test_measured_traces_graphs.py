@@ -11,8 +11,6 @@ docs/calibration.md, "Measured runs on a GPU".
 from __future__ import annotations
 
 import csv
-import json
-import math
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import yaml
 
 from realrun.hostcal import fit_host, fit_prefill_host, fit_quantize_host
 from simulator.validate import validate_index
+from tests.recorded_runs import check_recorded_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_graphs"
@@ -53,7 +52,6 @@ BOUNDS = {
     "h200g_8b_sat_kvquant_r11": (8, 9),
     "h200g_8b_sat_kvquant_r9": (11, 7),
 }
-PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
 
 def _index():
@@ -66,27 +64,9 @@ def test_every_trace_is_complete_with_provenance():
     assert len(idx) >= 24
     methods = set()
     for row in idx:
-        folder = TRACES / row["trace"]
-        meta = json.loads((folder / "meta.json").read_text())
-        assert all(meta[k] for k in PROVENANCE), row["trace"]
-        assert meta["decode_mode"] == "graphs" and meta["placement"] == "shared_gpu"
-        assert meta["gpu"] == "NVIDIA H200" and "complete=True" in meta["notes"]
-        assert (ROOT / row["scenario"]).exists()
-        with open(folder / "requests.csv") as f:
-            reqs = list(csv.DictReader(f))
-        assert len(reqs) == meta["requests"] >= 150
-        assert all(math.isfinite(float(r["finish_s"])) for r in reqs)
-        with open(folder / "iterations.csv") as f:
-            its = list(csv.DictReader(f))
-        assert sum(int(i["batch_size"]) for i in its) == sum(int(r["output_tokens"]) - 1 for r in reqs)
+        meta = check_recorded_run(TRACES / row["trace"], ROOT / row["scenario"])
+        assert meta["gpu"] == "NVIDIA H200" and meta["requests"] >= 150
         methods.add(meta["method"])
-        # the scenario describes the recorded system
-        scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
-        assert scen["placement"] == "shared_gpu"
-        assert scen["decode"]["kv_capacity_gib"] * (1 << 30) == meta["kv_capacity_bytes"]
-        assert scen["decode"]["max_batch_requests"] == meta["max_decode_batch"]
-        assert scen["network"]["bandwidth_gbps"] == meta["link_gbps"]
-        assert scen["prefill"]["host_memory_gib"] * (1 << 30) == meta["prefill_host_memory_bytes"]
     assert methods == {"baseline", "kvquant", "hack"}
 
 

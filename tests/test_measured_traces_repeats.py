@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from simulator.validate import validate_index
+from tests.recorded_runs import PROVENANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_repeats"
@@ -77,7 +78,6 @@ BOUNDS = {
     "h200g_8b_2.5gbps_kvquant_r7.5": (15, 7),
 }
 ISSUE_27 = ("_70b8l_1gbps_", "_8b_kvsat_", "_8b_small_")  # the configurations issue 27's goal was set on
-PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
 
 def _index() -> list[dict]:

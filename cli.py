@@ -738,8 +738,8 @@ def _validate_cv(
     quiet: bool,
     workers: int,
     noise: dict | None,
-    base: Path | None = None,
-    by: tuple[str, ...] = ("trace", "configuration"),
+    base: Path | None,
+    by: tuple[str, ...],
 ) -> None:
     from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError

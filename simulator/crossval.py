@@ -257,6 +257,15 @@ def _against_no_fit(row: dict) -> dict:
     return row
 
 
+def _worse_by(c: dict, name: str, scheme: str, how: str = "") -> str:
+    """A configuration row predicted worse than with no fit, for the flag: by how many points `scheme` misses more,
+    and its recordings' run-to-run spread where known."""
+    d = c[f"{scheme}_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
+    spread = c.get("run_to_run_jct_mean_pct")
+    noise = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
+    return f"{name} (by {d:.1f} points{how}{noise})"
+
+
 def format_cv_machine(result: dict) -> str:
     """Per configuration: its machine, the factor fitted on the machine's other configurations, and its mean |JCT
     error| with no fit, the base alone and the base with the factor; then the means over the runs."""
@@ -295,12 +304,9 @@ def format_cv_machine(result: dict) -> str:
     if worse:
 
         def how_much(c: dict) -> str:
-            d = c[f"{c['predicted_by']}_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
             on = f" on {c['machine']}" if c["machine"] else ""
             how = "" if c["predicted_by"] == "machine_refit" else ", the base alone"
-            spread = c.get("run_to_run_jct_mean_pct")
-            noise_text = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
-            return f"{c['configuration']}{on} (by {d:.1f} points{how}{noise_text})"
+            return _worse_by(c, f"{c['configuration']}{on}", c["predicted_by"], how)
 
         lines.append(
             f"flag: {len(worse)} of {len(result['configurations'])} configurations (a row per machine) are predicted "
@@ -546,16 +552,9 @@ def format_cv(result: dict) -> str:
     if result["worse_than_no_fit"]:
         by_name = {c["configuration"]: c for c in result["configurations"]}
 
-        def how_much(name: str) -> str:
-            c = by_name[name]
-            d = c["held_out_configuration_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
-            spread = c.get("run_to_run_jct_mean_pct")
-            noise = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
-            return f"{name} (by {d:.1f} points{noise})"
-
         parts.append(
             f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
-            + ", ".join(how_much(n) for n in result["worse_than_no_fit"])
+            + ", ".join(_worse_by(by_name[n], n, "held_out_configuration") for n in result["worse_than_no_fit"])
         )
     machines = result.get("in_sample_machines")
     if machines:

@@ -7,8 +7,9 @@ part repriced at the target GPU's rate for that unit.
     python cli.py calibrate --derive GPU --out DIR    # any catalog GPU, or a YAML file with a GPU's spec
 
 Writes <out>/<key>/profile.json (source "derived", derived_from "h200") for every catalog GPU but the
-source (``TARGETS``), or for the GPUs named; ``derive_for`` takes any GPU's full field set (a short spec
-completed by costmodel/specs.py), so a GPU outside the catalog is derived the same way.
+measured ones (``TARGETS``: not the H200, the source, nor the H100, measured since), or for the GPUs named;
+``derive_for`` takes any GPU's full field set (a short spec completed by costmodel/specs.py), so a GPU outside
+the catalog is derived the same way.
 
 How each number is derived (also written into provenance.notes):
 * every GPU figure comes from catalog/data/gpus.yaml (``catalog_peaks``, recorded under "catalog"; a test
@@ -70,7 +71,11 @@ PEAK_FIELDS = (
     "sustained_clock_ghz",
 )
 SOURCE = "h200"
-TARGETS = tuple(k for k in catalog.load("gpus") if k != SOURCE)  # every catalog GPU but the measured one
+# GPUs whose profile was measured on the GPU itself (profiles/<key>/profile.json, source "measured"): not derived.
+# derive(src, key) still computes one for them, which tests/kernels/test_derive_h100.py checks against the H100's
+# measured rows.
+MEASURED = (SOURCE, "h100")
+TARGETS = tuple(k for k in catalog.load("gpus") if k not in MEASURED)  # every catalog GPU but the measured ones
 GLUON_MIN_SM = 90  # the Gluon kernels (gluon_decode.py) run on Hopper and later
 # profile keys measured on a Gluon kernel at the H200, each with a "<key>_triton" fit of its Triton twin
 GLUON_KERNELS = ("decode_attn.dequant_fused", "decode_attn.hack", "decode_attn.hack_no_se", "decode_attn.hack_no_rqe")
@@ -308,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         print_reference(src)
         return 0
     targets = tuple(args.gpu or TARGETS)
-    # the H200 split by the same rule (its repricing is the identity) shows which units spend its time
-    profiles = {key: derive(src, key) for key in (SOURCE,) + targets}
+    # the H200 split by the same rule (its repricing is the identity) shows which units spend its time; the table
+    # also shows what the derivation gives a measured GPU (the H100), next to its measured profile's figures
+    shown = targets if args.gpu else tuple(k for k in catalog.load("gpus") if k != SOURCE)
+    profiles = {key: derive(src, key) for key in (SOURCE,) + shown}
     if not args.table:
         for key in targets:
             write_profile(profiles[key], args.out / key)

@@ -1,5 +1,5 @@
-"""The decode step replayed as a CUDA graph, measured kernel by kernel on the H200 (python -m realrun.stepprof ->
-kernels_calibration/profiles/h200/stepprof_*.csv), against the cost model's decode iteration.
+"""The decode step replayed as a CUDA graph, measured kernel by kernel on the H200 and on an H100 (python -m
+realrun.stepprof -> kernels_calibration/profiles/<gpu>/stepprof_*.csv), against the cost model's decode iteration.
 
 The small kernels of a captured step (norms, RoPE, SiLU, products, residual adds, index writes, copies) cost what
 they cost inside the graph, not a launch each: the profile's `elementwise.in_graph_overhead_s` is fitted from the
@@ -29,17 +29,26 @@ FILES = {  # step profile -> the measured scenario of that model shape (its deco
 }
 
 
-def _rows(name: str) -> list[dict]:
-    with (H200 / name).open() as f:
+H100 = ROOT / "kernels_calibration/profiles/h100"
+H100_FILES = {  # the same steps on H100 80 GB (2026-12-05), priced by the H100's measured profile (the *_large not in it)
+    "stepprof_8b.csv": "h100g_8b_small.yaml",
+    "stepprof_8b_large.csv": "h100g_8b_small.yaml",
+    "stepprof_70b8l.csv": "h100g_70b8l_dq.yaml",
+    "stepprof_70b8l_large.csv": "h100g_70b8l_dq.yaml",
+}
+
+
+def _rows(name: str, folder: Path = H200) -> list[dict]:
+    with (folder / name).open() as f:
         return list(csv.DictReader(f))
 
 
-def _errors() -> list[tuple[str, str, int, float]]:
+def _errors(files: dict[str, str] = FILES, folder: Path = H200) -> list[tuple[str, str, int, float]]:
     out = []
-    for name, scen in FILES.items():
+    for name, scen in files.items():
         s = load_scenario(ROOT / "scenarios/measured" / scen)
         res = resolve(s)
-        for row in (r for r in _rows(name) if r["kind"] == "step"):
+        for row in (r for r in _rows(name, folder) if r["kind"] == "step"):
             method = next(m for m in s.methods if m.output_name == row["method"])
             dec = res.costs(method)[1]
             b = int(row["batch"])
@@ -100,6 +109,24 @@ def test_step_replays_within_5_percent_from_batch_2_to_64():
             assert abs(err) <= 5.5, (name, method, b, err)
     above_1 = [abs(err) for _, _, b, err in errs if b > 1]
     assert sum(above_1) / len(above_1) <= 3.5  # achieved 2.7 %
+
+
+def test_h100_step_replays_priced_by_its_measured_profile():
+    """On an H100 (kernels_calibration/profiles/h100, measured there) the same comparison: within 4 % for every method
+    and shape at batches 2-64 (achieved -2.8 to +3.8 %; the large files, batches 16-64 at 2K / 3K contexts, on another
+    H100 than the profile's, -2.6 to +2.8 %) but the HACK GQA-4 kernel at batches 8-16 and 1K contexts (+6.4 / +10.3 %,
+    the H200's +4.8 / +11.5 % pattern); batch 1 +0.1 to +8.6 %. Mean |error| above batch 1: 1.6 %."""
+    errs = _errors(H100_FILES, H100)
+    assert len(errs) == 21 + 15 + 21 + 12
+    for name, method, b, err in errs:
+        if b == 1:
+            assert abs(err) <= 10, (name, method, b, err)
+        elif name == "stepprof_8b.csv" and method == "hack" and b >= 8:
+            assert abs(err) <= 12.5, (name, method, b, err)
+        else:
+            assert abs(err) <= 4, (name, method, b, err)
+    above_1 = [abs(err) for _, _, b, err in errs if b > 1]
+    assert sum(above_1) / len(above_1) <= 2.2
 
 
 def test_launch_priced_small_kernels_would_miss_the_small_batches():

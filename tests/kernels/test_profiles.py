@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_calibration.derive import TARGETS, catalog_peaks, derive
+from kernels_calibration.derive import MEASURED, TARGETS, catalog_peaks, derive
 from kernels_calibration.profile import build_profile, fit
 
 # seconds per unit are 1e-15 to 1e-12: pytest.approx's default absolute tolerance (1e-12) would pass anything
@@ -61,12 +61,12 @@ def test_build_profile_picks_faster_fp16_per_shape():
     assert '"fp16_triton": 1' in prof["provenance"]["notes"]
 
 
-@pytest.mark.parametrize("key", ("h200",) + TARGETS)
+@pytest.mark.parametrize("key", MEASURED + TARGETS)
 def test_committed_profiles_hold_the_contract(key):
     prof = json.loads((PROFILES / key / "profile.json").read_text())
     assert prof["schema_version"] == 1 and prof["gpu"] == key
-    assert prof["source"] == ("measured" if key == "h200" else "derived")
-    assert prof["derived_from"] == (None if key == "h200" else "h200")
+    assert prof["source"] == ("measured" if key in MEASURED else "derived")
+    assert prof["derived_from"] == (None if key in MEASURED else "h200")
     for k in REQUIRED:
         fit_ = prof["kernels"][k]
         assert fit_["overhead_s"] >= 0 and fit_["s_per_unit"] > 0
@@ -197,13 +197,14 @@ def test_roofline_prices_kernels_like_the_derivation():
 
 
 def test_docs_table_is_what_derive_computes():
-    """The HACK/FP16 table of docs/methods.md ("Derived profiles") is derive.py's output for the committed profiles."""
+    """The HACK/FP16 table of docs/methods.md ("Derived profiles") is derive.py's output for every catalog GPU (the
+    H100's derived row included: its measured one is tests/kernels/test_derive_h100.py's)."""
     import re
 
     from kernels_calibration.derive import ratio_rows
 
     src = json.loads((PROFILES / "h200" / "profile.json").read_text())
-    rows = {r["gpu"]: r for r in ratio_rows({k: derive(src, k) for k in ("h200",) + TARGETS})}
+    rows = {r["gpu"]: r for r in ratio_rows({k: derive(src, k) for k in MEASURED + TARGETS})}
     page = (PROFILES.parents[1] / "docs" / "methods.md").read_text()
     found = 0
     for line in page.splitlines():
@@ -237,8 +238,9 @@ def _same_profile(new, old, path=""):
         assert new == old and type(new) is type(old), (path, new, old)
 
 
-def test_committed_h200_profile_refits_exactly_from_its_committed_rows(tmp_path):
-    """profiles/h200/profile.json carries its own provenance and is what its recorded command makes of
+@pytest.mark.parametrize("key", MEASURED)
+def test_committed_measured_profile_refits_exactly_from_its_committed_rows(tmp_path, key):
+    """profiles/<key>/profile.json carries its own provenance and is what its recorded command makes of
     the files it names: they lie beside it with the recorded hashes and row counts, and running the
     command again gives the same profile, field for field (the solver's fitted floats to its last-bit
     rounding, SOLVER_ULPS), provenance included.  No hand edits."""
@@ -247,7 +249,7 @@ def test_committed_h200_profile_refits_exactly_from_its_committed_rows(tmp_path)
 
     from kernels_calibration.profile import ROOT, main
 
-    h200 = PROFILES / "h200"
+    h200 = PROFILES / key
     old = json.loads((h200 / "profile.json").read_text())
     prov = old["provenance"]
     for key in ("gpu_name", "driver", "torch", "triton", "git_rev", "date", "command", "fitted_from", "row_revisions"):

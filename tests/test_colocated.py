@@ -394,3 +394,26 @@ def test_one_engine_on_one_gpu_is_the_decode_pool_alone():
 def test_bad_colocated_settings_name_the_field(changes, message):
     with pytest.raises(ScenarioError, match=message):
         scenario(**changes)
+
+
+def test_the_serving_docs_table_is_what_the_scenario_gives():
+    """docs/serving.md's table for scenarios/colocated_vs_disaggregated.yaml (mean JCT / TTFT / TPOT, separate and
+    colocated) is what fresh runs print: figures in a page no example test reads went stale once (the H100's profile
+    changed under them)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "serving.md").read_text()
+    label = {"FP16": "baseline", "CacheGen": "cachegen", "KVQuant": "kvquant", "FP8": "fp8", "FP4": "fp4",
+             "HACK": "hack", "PQCache": "pqcache", "HCAttention": "hcattention"}  # fmt: skip
+    num = r"([\d.]+) s / ([\d.]+) s / ([\d.]+) ms"
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(rf"^\| (\w+) \| {num} \| {num} \|$", page, re.M)}
+    assert set(rows) == set(label), sorted(rows)
+    for i, sets in enumerate(([], ["placement=colocated"])):
+        summary = run_scenario(load_scenario(root / "scenarios/colocated_vs_disaggregated.yaml", sets)).summary
+        for name, key in label.items():
+            m = summary["methods"][key]
+            got = rows[name][3 * i : 3 * i + 3]
+            want = (f"{m['jct_s']['mean']:.2f}", f"{m['ttft_s']['mean']:.2f}", f"{1e3 * m['tpot_s']['mean']:.1f}")
+            assert tuple(got) == want, (name, sets, got, want)

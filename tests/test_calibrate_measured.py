@@ -158,6 +158,33 @@ def test_the_fit_carries_to_configurations_no_fit_has_seen(cv):
     assert mean_fitted <= mean_none + NEW_CONFIGS_FIT_OVER_NONE_PP, (fitted, none)
 
 
+# Every configuration of the committed graph-mode recordings that the 27 do not have (realrun/traces/index_all.csv's
+# seven others, 31 runs in eight sessions: 8b_kvsat, 8b_small, 8b_light, 8b_long, 70b8l_long, 70b8l_40gbps,
+# 8b_pbatch), predicted by the engine fitted on the 27 as one machine: mean |JCT error| no fit 5.6 %, fitted 4.4 %
+# (max 29.0 -> 22.5 %); better in five of the seven configurations, worse in 8b_light (3.5 -> 4.7 %) and 8b_long (2.6
+# -> 3.4 %), the two one session alone recorded. The issue had found the fit on the 27 worse than no fit on new
+# configurations (6.6 against 6.2 %). Bounds: achieved + 1.5, and better than no fit on the mean.
+OTHER_CONFIGS_FITTED_PCT = 4.4 + 1.5
+
+
+def test_the_fit_on_the_27_carries_to_every_other_committed_configuration(cv):
+    from simulator.measured import read_index
+    from simulator.validate import validate
+
+    values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
+    known = {row.scenario_path.stem for row in read_index(INDEX)}
+    fitted, none = [], []
+    for row in read_index(ALL):
+        if row.scenario_path.stem in known:
+            continue
+        fitted.append(abs(validate(row.trace_path, row.scenario_path, engine_values=values)["jct_mean_error_pct"]))
+        none.append(abs(validate(row.trace_path, row.scenario_path)["jct_mean_error_pct"]))
+    assert len(fitted) == 31 and len(known) == 6
+    mean_fitted, mean_none = sum(fitted) / len(fitted), sum(none) / len(none)
+    assert mean_fitted <= OTHER_CONFIGS_FITTED_PCT, (mean_fitted, mean_none)
+    assert mean_fitted < mean_none, (mean_fitted, mean_none)
+
+
 # Configurations no fit has seen, long prompts (realrun/traces/h200_long, every method). The 8B at 8-16K tokens, 1
 # req/s: no fit FP16 +0.4, KVQuant-style -2.2, HACK +4.4 % (mean 2.3 %); the engine fitted on the 27 traces -0.0,
 # +1.3, +9.2 % (mean 3.5 %; -0.1, +1.4, +13.3 % while the prefill efficiency, 0.947 from prompts of up to 4K tokens,

@@ -249,11 +249,21 @@ def test_committed_measured_profile_refits_exactly_from_its_committed_rows(tmp_p
 
     from kernels_calibration.profile import ROOT, main
 
-    h200 = PROFILES / key
-    old = json.loads((h200 / "profile.json").read_text())
+    folder = PROFILES / key
+    old = json.loads((folder / "profile.json").read_text())
     prov = old["provenance"]
-    for key in ("gpu_name", "driver", "torch", "triton", "git_rev", "date", "command", "fitted_from", "row_revisions"):
-        assert prov.get(key), key
+    for field in (
+        "gpu_name",
+        "driver",
+        "torch",
+        "triton",
+        "git_rev",
+        "date",
+        "command",
+        "fitted_from",
+        "row_revisions",
+    ):
+        assert prov.get(field), field
     assert set(prov["fitted_from"]) == {
         "profile_rows.csv",
         "dense_rows.csv",
@@ -262,7 +272,7 @@ def test_committed_measured_profile_refits_exactly_from_its_committed_rows(tmp_p
         "peaks.json",
     }
     for name, rec in prov["fitted_from"].items():
-        data = (h200 / name).read_bytes()
+        data = (folder / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == rec["sha256"], name
         if "rows" in rec:
             assert rec["rows"] == data.decode().strip().count("\n"), name

@@ -864,7 +864,7 @@ def calibrate(
 def _derive_profile(gpu: str, out: Path | None, extra: list[str], quiet: bool) -> None:
     """calibrate --derive: a derived profile for a catalog GPU or a GPU spec file."""
     import catalog
-    from kernels_calibration.derive import HERE, SOURCE, derive_for, peaks_of, write_profile
+    from kernels_calibration.derive import HERE, MEASURED, SOURCE, derive_for, peaks_of, write_profile
     from simulator.config import GPUConfig, ScenarioError, first_error, read_yaml
     from simulator.resolve import gpu_fields
 
@@ -912,6 +912,12 @@ def _derive_profile(gpu: str, out: Path | None, extra: list[str], quiet: bool) -
     if not quiet:
         for name, d in derived.items():
             typer.echo(f"derived {name} = {d['value']} ({d['rule']})", err=True)
+        if key in MEASURED:
+            typer.echo(
+                f"note: {key} has a measured profile ({(HERE / key / 'profile.json').relative_to(HERE.parents[1])}), "
+                "which its pools use; this is what derive.py gives it",
+                err=True,
+            )
         typer.echo(f"wrote {path} (use it with --profile {path} or calibration.decode_profile)")
 
 

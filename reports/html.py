@@ -31,7 +31,8 @@ Progress = Callable[[int, int, str], None]
 
 SOURCE_TEXT = {
     "measured": "timed on this GPU by kernels_calibration",
-    "derived": "scaled from a profile measured on another GPU, by the catalog's peak ratios",
+    "derived": "scaled from a profile measured on another GPU, each kernel's time split by unit and repriced at this "
+    "GPU's rates (checked on the H100: 6.6 % median error per kernel, against 4.7 % for a fit to its own rows)",
     "roofline": "no profile for this GPU: datasheet peaks times named efficiency factors (least certain)",
 }
 

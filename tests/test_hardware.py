@@ -163,6 +163,12 @@ def test_calibrate_derives_a_profile_for_any_gpu(tmp_path):
     assert json.loads((tmp_path / "rtx4090" / "profile.json").read_text()) == json.loads(
         json.dumps(derive(src, "rtx4090"))
     )
+    assert "measured profile" not in r.stderr
+    # a GPU with a measured profile (the H100) still derives, and says which profile its pools use
+    r = _cli("calibrate", "--derive", "h100", "--out", tmp_path / "h100")
+    assert r.returncode == 0, r.stderr
+    assert "note: h100 has a measured profile (kernels_calibration/profiles/h100/profile.json)" in r.stderr
+    assert json.loads((tmp_path / "h100" / "profile.json").read_text()) == json.loads(json.dumps(derive(src, "h100")))
     spec = tmp_path / "rtx3090.yaml"
     spec.write_text(json.dumps(dict(SHORT, name="rtx3090")))
     r = _cli("calibrate", "--derive", spec, "--out", tmp_path / "mine")

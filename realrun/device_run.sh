@@ -347,7 +347,8 @@ elif [ "$PART" = again1 ] || [ "$PART" = again2 ]; then
   fi
 elif [ "$PART" = h100 ]; then
   # issue 28: a GPU and host no fit has seen (an H100 of 80 GB: configurations whose slot pool and KV fit it), priced
-  # with the H100 profile derived from the H200's (kernels_calibration/profiles/h100) and the H200-fitted engine
+  # with the H100 profile (kernels_calibration/profiles/h100: derived from the H200's when these ran, measured
+  # since) and the H200-fitted engine
   smoke_or_stop
   rec h100g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 7.5
   rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5  # 110 s cut its HACK run (2026-12-05)

@@ -461,18 +461,9 @@ def gqa_group(row: dict) -> int:
     return int(row["q_heads"]) // max(int(row["kv_heads"]), 1)
 
 
-def build_profile(
-    rows: list[dict],
-    peaks: dict,
-    prov: dict,
-    gpu: str = "h200",
-    command: str | None = None,
-    fitted_from: dict | None = None,
-) -> dict:
-    """The profile of `rows` (one per kernel and shape) and `peaks`; prov: the peaks measurement's
-    provenance (GPU, driver, versions, git revision, date).  command and fitted_from (file name ->
-    file_record: the rows, dense rows and peaks files, which lie beside a committed profile.json) make
-    the profile's own provenance; every row carries its own revision, summarized in row_revisions."""
+def kernel_points(rows: list[dict]) -> dict[str, list[tuple[float, float, bool]]]:
+    """Per profile kernel key, the (units, seconds, held out) points of `rows` its fit is made from (the fastest
+    row per shape where several kernels or configurations ran it; empty where none did)."""
 
     def pts(
         phase, kernels, pi=None, key_of=lambda r: (r["batch"], r["context_len"], r["q_heads"]), bits=None, group=None
@@ -495,30 +486,44 @@ def build_profile(
             for r in best.values()
         ]
 
-    kernels: dict = {}
+    out: dict[str, list[tuple[float, float, bool]]] = {}
     # the contract's decode units are at GQA group 8; rows at another group g fit decode_attn.<key>_gqa<g>
     other_groups = sorted({gqa_group(r) for r in rows if r["phase"] == "decode"} - {PROFILED_GROUP})
     for name, key in DECODE_KEYS.items():
         pi = 64 if name not in ("fp8",) else None
-        kernels[f"decode_attn.{key}"] = fit(pts("decode", {name}, pi, group=PROFILED_GROUP))
+        out[f"decode_attn.{key}"] = pts("decode", {name}, pi, group=PROFILED_GROUP)
         for g in other_groups:
-            kernels[f"decode_attn.{key}_gqa{g}"] = fit(pts("decode", {name}, pi, group=g))
-    kernels["decode_attn.fp16"] = fit(pts("decode", {"fp16_triton", "torch_sdpa_fp16"}, group=PROFILED_GROUP))
+            out[f"decode_attn.{key}_gqa{g}"] = pts("decode", {name}, pi, group=g)
+    out["decode_attn.fp16"] = pts("decode", {"fp16_triton", "torch_sdpa_fp16"}, group=PROFILED_GROUP)
     for pi in (32, 128):
-        p = pts("decode", {"hack"}, pi)
-        if p:
-            kernels[f"decode_attn.hack_pi{pi}"] = fit(p)
-    kernels["prefill_attn.fp16"] = fit(pts("prefill", {"fp16_triton", "torch_sdpa_fp16"}))
-    kernels["prefill_attn.hack"] = fit(pts("prefill", {"hack"}, 64))
-    kernels["quantize.kv"] = fit(pts("quantize", {"quantize"}))
-    kernels["dequantize.kv"] = fit(pts("dequantize", {"dequantize"}))
+        out[f"decode_attn.hack_pi{pi}"] = pts("decode", {"hack"}, pi)
+    out["prefill_attn.fp16"] = pts("prefill", {"fp16_triton", "torch_sdpa_fp16"})
+    out["prefill_attn.hack"] = pts("prefill", {"hack"}, 64)
+    out["quantize.kv"] = pts("quantize", {"quantize"})
+    out["dequantize.kv"] = pts("dequantize", {"dequantize"})
     # scoring (head_dim 128): pq_score's partition column is D / M channels per sub-space
-    kernels["score.pq"] = fit(pts("score", {"pq_score"}, 64))
-    kernels["score.pq_m8"] = fit(pts("score", {"pq_score"}, 16))
-    kernels["score.quantized_keys"] = fit(pts("score", {"qk_score"}, 64, bits=4))
-    kernels["score.quantized_keys_2bit"] = fit(pts("score", {"qk_score"}, 64, bits=2))
-    kernels["select.topk"] = fit(pts("score", {"topk"}))
-    kernels = {k: v for k, v in kernels.items() if v is not None}
+    out["score.pq"] = pts("score", {"pq_score"}, 64)
+    out["score.pq_m8"] = pts("score", {"pq_score"}, 16)
+    out["score.quantized_keys"] = pts("score", {"qk_score"}, 64, bits=4)
+    out["score.quantized_keys_2bit"] = pts("score", {"qk_score"}, 64, bits=2)
+    out["select.topk"] = pts("score", {"topk"})
+    return out
+
+
+def build_profile(
+    rows: list[dict],
+    peaks: dict,
+    prov: dict,
+    gpu: str = "h200",
+    command: str | None = None,
+    fitted_from: dict | None = None,
+) -> dict:
+    """The profile of `rows` (one per kernel and shape) and `peaks`; prov: the peaks measurement's
+    provenance (GPU, driver, versions, git revision, date).  command and fitted_from (file name ->
+    file_record: the rows, dense rows and peaks files, which lie beside a committed profile.json) make
+    the profile's own provenance; every row carries its own revision, summarized in row_revisions."""
+
+    kernels = {k: f for k, p in kernel_points(rows).items() if (f := fit(p)) is not None}
     faster = {}
     for phase in ("decode", "prefill"):
         wins = {"fp16_triton": 0, "torch_sdpa_fp16": 0}

@@ -30,23 +30,8 @@ def _src() -> dict:
 
 def _measured_points() -> dict[str, list[tuple[float, float, bool]]]:
     """Per profile kernel key, the (units, seconds, held out) points its measured fit was made from."""
-    rows = profile_mod.read_rows(H100 / "profile_rows.csv")
-    peaks = json.loads((H100 / "peaks.json").read_text())
-    points: dict[int, list] = {}
-    fit = profile_mod.fit
-
-    def recording(pts):
-        out = fit(pts)
-        if out is not None:
-            points[id(out)] = pts
-        return out
-
-    profile_mod.fit = recording
-    try:
-        prof = profile_mod.build_profile(rows, peaks["peaks"], peaks["provenance"], gpu="h100")
-    finally:
-        profile_mod.fit = fit
-    return {k: points[id(v)] for k, v in prof["kernels"].items()}
+    points = profile_mod.kernel_points(profile_mod.read_rows(H100 / "profile_rows.csv"))
+    return {k: p for k, p in points.items() if p}
 
 
 def _abs_errors(f: dict, pts) -> list[float]:

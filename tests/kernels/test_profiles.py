@@ -252,18 +252,8 @@ def test_committed_measured_profile_refits_exactly_from_its_committed_rows(tmp_p
     folder = PROFILES / key
     old = json.loads((folder / "profile.json").read_text())
     prov = old["provenance"]
-    for field in (
-        "gpu_name",
-        "driver",
-        "torch",
-        "triton",
-        "git_rev",
-        "date",
-        "command",
-        "fitted_from",
-        "row_revisions",
-    ):
-        assert prov.get(field), field
+    for k in ("gpu_name", "driver", "torch", "triton", "git_rev", "date", "command", "fitted_from", "row_revisions"):
+        assert prov.get(k), k
     assert set(prov["fitted_from"]) == {
         "profile_rows.csv",
         "dense_rows.csv",

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -61,6 +61,9 @@
 #             h100g_70b8l_1gbps r8, every method once: the h200g configurations that fit 80 GB, on a GPU never measured.
 #   part h100b (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_70b8l_dq r5.5 and h100g_8b_light r2
 #             (40 requests), every method once: a second H100 session, two configurations no H100 run has (~500 s).
+#   part h100f (on an H100): smoke, then h100g_8b_sat r8, h100g_70b8l_2.5gbps r9 and h100g_8b_kvsat r2 (60 requests),
+#             every method once: three configurations no H100 run has, at the rates where the simulator puts the
+#             H100's mean JCT near the H200 recordings' (~380 s).
 #   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
@@ -363,6 +366,13 @@ elif [ "$PART" = h100b ]; then
   rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5
   rec h100g_70b8l_dq M70 25 2048 4096 128 320 24 16 160 150 1 "baseline kvquant hack" 5.5
   rec h100g_8b_light M8 40 1024 3072 192 448 32 16 140 40 1 "baseline kvquant hack" 2
+elif [ "$PART" = h100f ]; then
+  # issue 28: configurations the H100 sessions have not recorded, so the H200-fitted engine is tried on settings new
+  # to this GPU and host (rates: the simulator's H100 mean JCT against the H200's at its recorded rate, FP16)
+  smoke_or_stop
+  rec h100g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline kvquant hack" 8
+  rec h100g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 130 150 1 "baseline kvquant hack" 9
+  rec h100g_8b_kvsat M8 50 2048 6144 192 448 5 16 170 60 1 "baseline kvquant hack" 2
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

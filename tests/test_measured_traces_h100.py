@@ -1,4 +1,4 @@
-"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e; listed in realrun/traces/index_h100.csv):
+"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f; listed in realrun/traces/index_h100.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
 method and seed. How the H200 calibration carries to them: tests/test_calibrate_measured.py."""
@@ -21,17 +21,19 @@ SESSIONS = {  # folder: the session named in the index (its device call's start,
     "h100c": "h100-2026-12-05-1626",
     "h100d": "h100-2026-12-05-1635",
     "h100e": "h100-2026-12-05-1649",
+    "h100f": "h100-2026-12-05-1937",
 }
 
 
 def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenario():
     index = rows(TRACES / "index_h100.csv")
-    assert len(index) == 53 and Counter(r["trace"].split("/")[0] for r in index) == {
+    assert len(index) == 62 and Counter(r["trace"].split("/")[0] for r in index) == {
         "h100": 11,
         "h100b": 9,
         "h100c": 12,
         "h100d": 9,
         "h100e": 12,
+        "h100f": 9,
     }
     for row in index:
         assert row["machine"] == SESSIONS[row["trace"].split("/")[0]], row

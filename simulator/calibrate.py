@@ -834,14 +834,52 @@ def _machine_factor(traces: list[TraceData], values: dict[str, float]) -> float:
     return math.exp(float(res.x[0]))
 
 
+def _machine_u(traces, names, x0, kinds, base, lo, hi) -> tuple[float, float] | None:
+    """ln s of one factor s on the host time terms `names` (x0 at s = 1) over the items `kinds` of `traces`, and its
+    posterior sd: the MAP estimate with the prior N(0, MACHINE_PRIOR_WIDTH), least squares from a grid's best start
+    within [lo, hi], the items' scales renewed at each optimum (IRLS_STEPS). None where no residual moves with it."""
+    from scipy.optimize import least_squares
+
+    sc: dict | None = None  # the items' scales (item_scales), renewed at each optimum below
+
+    def data(u: float) -> np.ndarray:
+        return _weighted_residuals(traces, names, x0 * math.exp(u), kinds, base, scales=sc)
+
+    def slope(u: float) -> np.ndarray:  # d data / d ln s
+        x = x0 * math.exp(u)
+        return _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1] @ x
+
+    if not names or not np.any(np.abs(data(math.log(2.0)) - data(0.0)) > 1e-12):
+        return None
+    grid = np.linspace(lo, hi, 33)
+    cost = [float(np.sum(np.square(data(u))) + (u / MACHINE_PRIOR_WIDTH) ** 2) for u in grid]
+    u = float(grid[int(np.argmin(cost))])
+    for _ in range(IRLS_STEPS):
+        sc = item_scales(traces, names, x0 * math.exp(u), kinds, base)
+        res = least_squares(
+            lambda v: np.append(data(float(v[0])), v[0] / MACHINE_PRIOR_WIDTH),
+            [u],
+            jac=lambda v: np.append(slope(float(v[0])), 1 / MACHINE_PRIOR_WIDTH)[:, None],  # pyright: ignore[reportArgumentType]
+            bounds=([lo], [hi]),
+            method="trf",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
+        )
+        u = float(res.x[0])
+    ju = slope(u)
+    return u, 1.0 / math.sqrt(float(ju @ ju) + 1 / MACHINE_PRIOR_WIDTH**2)
+
+
 def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     """One factor s on every host time term (scope host, in seconds) at once: values = start × s, the MAP
     estimate of ln s with the prior N(0, MACHINE_PRIOR_WIDTH) (least squares over a grid's best start, s in
-    [1/8, 8] within every term's bounds); the terms' standard errors by the delta method. A term the runs'
+    [1/8, 8] within every term's bounds). Its standard error is the larger of the fit's and the spread of the runs'
+    own factors (each run fitted alone, `factor["runs"]`) over √runs: where the runs of one machine disagree more than
+    their items' noise says (their host items miss differently), that spread is what the next run moves it by; the
+    terms' standard errors follow by the delta method. A term the runs'
     scenarios disagree on, or at zero, is held (a factor on it would write one value for all, or change
     nothing). Raises ScenarioError when no residual moves with the factor."""
-    from scipy.optimize import least_squares
-
     from .config import ScenarioError
 
     names = []
@@ -860,50 +898,36 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
             names.append(n)
     kinds = set().union(*(kinds_of[n] for n in names)) if names else set()
     x0 = np.array([start[n] for n in names])
-    sc: dict | None = None  # the items' scales (item_scales), renewed at each optimum below
-
-    def data(u: float) -> np.ndarray:
-        return _weighted_residuals(traces, names, x0 * math.exp(u), kinds, base, scales=sc)
-
-    def slope(u: float) -> np.ndarray:  # d data / d ln s
-        x = x0 * math.exp(u)
-        return _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1] @ x
-
-    if not names or not np.any(np.abs(data(math.log(2.0)) - data(0.0)) > 1e-12):
+    his = [PARAMETERS[n].bounds[1] / start[n] for n in names]
+    lo, hi = math.log(1 / 8), math.log(min([8.0, *his]))
+    found = _machine_u(traces, names, x0, kinds, base, lo, hi)
+    if found is None:
         raise ScenarioError(
             "--refit machine: no residual of these runs moves with the host terms (none waits on the CPU at "
             "these values, or the scenarios give them none): nothing fits a machine factor"
         )
-    his = [PARAMETERS[n].bounds[1] / start[n] for n in names]
-    lo, hi = math.log(1 / 8), math.log(min([8.0, *his]))
-    grid = np.linspace(lo, hi, 33)
-    cost = [float(np.sum(np.square(data(u))) + (u / MACHINE_PRIOR_WIDTH) ** 2) for u in grid]
-    u = float(grid[int(np.argmin(cost))])
-    for _ in range(IRLS_STEPS):
-        sc = item_scales(traces, names, x0 * math.exp(u), kinds, base)
-        res = least_squares(
-            lambda v: np.append(data(float(v[0])), v[0] / MACHINE_PRIOR_WIDTH),
-            [u],
-            jac=lambda v: np.append(slope(float(v[0])), 1 / MACHINE_PRIOR_WIDTH)[:, None],  # pyright: ignore[reportArgumentType]
-            bounds=([lo], [hi]),
-            method="trf",
-            xtol=1e-12,
-            ftol=1e-12,
-            gtol=1e-12,
-        )
-        u = float(res.x[0])
-    ju = slope(u)
-    sd_u = 1.0 / math.sqrt(float(ju @ ju) + 1 / MACHINE_PRIOR_WIDTH**2)
-    s = math.exp(u)
+    u, sd_u = found
+    # each run alone: the spread of their factors is what one more run would move the factor by (the runs of one
+    # machine disagree more than their items' noise says where their host items miss differently)
+    runs = []
+    if len(traces) > 1:
+        for i, td in enumerate(traces):
+            one = _machine_u([td], names, x0, {(0, k) for j, k in kinds if j == i}, [base[i]], lo, hi)
+            if one is not None:
+                runs.append(one[0])
+    sd_runs = float(np.std(runs, ddof=1)) / math.sqrt(len(runs)) if len(runs) > 1 else 0.0
+    s, sd = math.exp(u), max(sd_u, sd_runs)
     fitted = {n: start[n] * s for n in names}
-    stderr = {n: start[n] * s * sd_u for n in names}
+    stderr = {n: start[n] * s * sd for n in names}
     notes = {n: f"the start {_fmt(start[n])} s × the machine factor {s:.4f}" for n in names}
     factor = {
         "value": s,
-        "stderr": s * sd_u,
+        "stderr": s * sd,
         "prior": {"centre": 1.0, "width": MACHINE_PRIOR_WIDTH, "of": "ln(value)"},
         "terms": names,
     }
+    if runs:
+        factor["runs"] = [round(math.exp(r), 4) for r in runs]
     return _result(traces, candidates, start, fitted, stderr, notes, held, "machine", factor)
 
 
@@ -1122,6 +1146,11 @@ def format_fit(doc: dict) -> str:
             f"machine host factor {factor['value']:.4f} ± {factor['stderr']:.2g} (prior 1 ×÷ "
             f"{math.exp(factor['prior']['width']):.3g}): each of the {len(factor['terms'])} host time terms below is "
             f"its value in {where} times it"
+            + (
+                f"; the runs alone give {min(factor['runs']):.3f}–{max(factor['runs']):.3f}"
+                if len(factor.get("runs", ())) > 1
+                else ""
+            )
         )
     machines = about.get("machines")
     if machines:

@@ -110,6 +110,34 @@ def test_one_run_is_enough_for_the_factor(machine):
     assert n in fit.carried and fit.fitted[n] == TRUE[n]
 
 
+def test_runs_that_disagree_widen_the_factor(machine, tmp_path):
+    """Runs of one 'machine' that disagree on its host (three made at 0.6 of the base's host times, three at the base's
+    own): the factor lands between, each run alone gives its own, and the factor's standard error is their spread
+    over the square root of the runs, not the items' noise (which the runs that agree show)."""
+    import math
+
+    import numpy as np
+
+    raw = raw_system(seed=5, gbps=10)  # the "big" configuration, its runs made on the base's machine
+    scen = tmp_path / "big.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    truth = {**TRUE, **{n: v for n, v in {**_scenario_values(scen), **TRUE}.items() if n in HOST_TIMES}}
+    rows = []
+    for method, df, it in simulate(raw, truth):
+        write_realrun(tmp_path / f"base_{method}", method, df, it)
+        rows.append((f"base_{method}", scen.name))
+    idx = tmp_path / "index.csv"
+    pd.DataFrame(rows, columns=["trace", "scenario"]).to_csv(idx, index=False)
+    agree = fit_engine(load_index(machine["big"]), "machine", BASE, "base.json")
+    both = fit_engine(load_index(machine["big"]) + load_index(idx), "machine", BASE, "base.json")
+    assert agree.factor["runs"] == pytest.approx([FACTOR] * 3, rel=0.02)
+    assert both.factor["runs"] == pytest.approx([FACTOR] * 3 + [1.0] * 3, rel=0.02)
+    s, sd = both.factor["value"], both.factor["stderr"]
+    assert FACTOR + 0.05 < s < 0.95
+    spread = float(np.std(np.log(both.factor["runs"]), ddof=1)) / math.sqrt(6)
+    assert sd == pytest.approx(s * spread, rel=1e-3) and sd > 5 * agree.factor["stderr"], (sd, agree.factor)
+
+
 def test_the_refit_file_predicts_another_configuration_on_that_machine(machine, tmp_path):
     """The file written from the 32-layer runs prices the 8-layer, 2.5 Gbps configuration's items as the truth
     does; the base alone prices its host terms 1/0.6 too long."""

@@ -877,9 +877,9 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     [1/8, 8] within every term's bounds). Its standard error is the larger of the fit's and the spread of the runs'
     own factors (each run fitted alone, `factor["runs"]`) over √runs: where the runs of one machine disagree more than
     their items' noise says (their host items miss differently), that spread is what the next run moves it by; the
-    terms' standard errors follow by the delta method. A term the runs'
-    scenarios disagree on, or at zero, is held (a factor on it would write one value for all, or change
-    nothing). Raises ScenarioError when no residual moves with the factor."""
+    terms' standard errors follow by the delta method. A term the runs' scenarios disagree on, or at zero, is held
+    (a factor on it would write one value for all, or change nothing). Raises ScenarioError when no residual moves
+    with the factor."""
     from .config import ScenarioError
 
     names = []
@@ -907,9 +907,7 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
             "these values, or the scenarios give them none): nothing fits a machine factor"
         )
     u, sd_u = found
-    # each run alone: the spread of their factors is what one more run would move the factor by (the runs of one
-    # machine disagree more than their items' noise says where their host items miss differently)
-    runs = []
+    runs = []  # ln of each run's own factor
     if len(traces) > 1:
         for i, td in enumerate(traces):
             one = _machine_u([td], names, x0, {(0, k) for j, k in kinds if j == i}, [base[i]], lo, hi)

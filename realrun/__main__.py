@@ -74,6 +74,12 @@ def main(argv=None) -> int:
         "(folders <label>_<method>_r<rate>_rep<k>): the run-to-run spread",
     )
     ap.add_argument(
+        "--pin-threads",
+        action="store_true",
+        help="shared_gpu: the loop and the link thread each on a CPU of its own (the first two this process may "
+        "use) for every run; default: wherever the OS puts them",
+    )
+    ap.add_argument(
         "--step-times",
         action="store_true",
         help="shared_gpu: time each decode iteration's parts (host issue; KV placement and the step graph on the GPU "
@@ -82,6 +88,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
+    if a.repeats > 1 and a.placement == "separate":
+        ap.error("--repeats is for --placement shared_gpu")
+    if a.pin_threads and a.placement == "separate":
+        ap.error("--pin-threads is for --placement shared_gpu")
     import torch  # after argparse: --help stays fast
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -124,8 +134,6 @@ def main(argv=None) -> int:
                     log=lambda s: print(s, flush=True),
                 )
         return 0
-    if a.repeats > 1 and a.placement == "separate":
-        ap.error("--repeats is for --placement shared_gpu")
     from .runner import run_set
 
     written = run_set(
@@ -155,6 +163,7 @@ def main(argv=None) -> int:
         log=lambda s: print(s, flush=True),
         repeats=a.repeats,
         step_times=a.step_times,
+        pin_threads=a.pin_threads,
     )
     return 0 if len(written) == len(a.method) * len(a.rate) * a.repeats else 1
 

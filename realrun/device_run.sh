@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -64,6 +64,10 @@
 #   part h100f (on an H100): smoke, then h100g_8b_sat r8, h100g_70b8l_2.5gbps r9 and h100g_8b_kvsat r2 (60 requests),
 #             every method once: three configurations no H100 run has, at the rates where the simulator puts the
 #             H100's mean JCT near the H200 recordings' (~380 s).
+#   part pin (on an H100): smoke, then h100g_8b_sat r8 HACK three times back to back with the threads where the OS puts
+#             them, three times with the loop and the link thread pinned to a CPU each (--pin-threads), then KVQuant-style
+#             the same (~470 s): is the host steps' run-to-run spread (HACK's packing step in two modes, 4.5 and 7 ms,
+#             in stretches) the OS's placement of the threads.
 #   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
@@ -373,6 +377,15 @@ elif [ "$PART" = h100f ]; then
   rec h100g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline kvquant hack" 8
   rec h100g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 130 150 1 "baseline kvquant hack" 9
   rec h100g_8b_kvsat M8 50 2048 6144 192 448 5 16 170 60 1 "baseline kvquant hack" 2
+elif [ "$PART" = pin ]; then
+  # issue 28: the run-to-run spread of the host steps with the threads pinned and not
+  smoke_or_stop
+  for m in hack kvquant; do
+    rec h100g_8b_sat M8 40 1024 3072 32 160 32 16 140 150 3 "$m" 8
+    REC_EXTRA=(--pin-threads)
+    rec h100g_8b_satpin M8 40 1024 3072 32 160 32 16 140 150 3 "$m" 8
+    REC_EXTRA=()
+  done
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

@@ -52,6 +52,7 @@ What shares what (the matching simulator scenario must describe exactly this):
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ class RunConfig:
     seed: int = 0
     time_limit_s: float = 600.0  # abort a run that never drains (an unstable rate)
     step_times: bool = False  # time each iteration's parts on the GPU (CUDA events): Harness.step_rows
+    pin_cpus: tuple[int, int] | None = (
+        None  # (the loop's CPU, the link thread's CPU) for the run; None: the OS places them
+    )
 
 
 @dataclass
@@ -314,7 +318,16 @@ class Harness:
         self.t0 = time.perf_counter()
         self._sync()
         self.t0 = time.perf_counter()
-        link = Link(cfg.link_gbps, lambda: time.perf_counter() - self.t0, self.device, cfg.chunk_bytes)
+        link = Link(
+            cfg.link_gbps,
+            lambda: time.perf_counter() - self.t0,
+            self.device,
+            cfg.chunk_bytes,
+            cpu=None if cfg.pin_cpus is None else cfg.pin_cpus[1],
+        )
+        old_cpus = os.sched_getaffinity(0) if cfg.pin_cpus is not None else None
+        if cfg.pin_cpus is not None:  # after the link thread started: it must not inherit the loop's one CPU
+            os.sched_setaffinity(0, {cfg.pin_cpus[0]})
         arrivals = collections.deque(sorted(workload, key=lambda r: (r.arrival_s, r.request_id)))
         prefill_q: collections.deque[_Req] = collections.deque()
         admit_q: collections.deque[_Req] = collections.deque()
@@ -398,6 +411,8 @@ class Harness:
         finally:
             link.close()
             sys.setswitchinterval(old_switch)
+            if old_cpus is not None:
+                os.sched_setaffinity(0, old_cpus)
         rows = []
         everyone = (
             done

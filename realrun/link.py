@@ -24,6 +24,7 @@ thread unstarted until `start()`: transfers submitted before it begin at one ins
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import time
@@ -54,6 +55,7 @@ class Link:
         chunk_bytes: int = CHUNK_BYTES,
         sleep: Callable[[float], None] = time.sleep,
         start: bool = True,
+        cpu: int | None = None,
     ):
         if gbps <= 0:
             raise ValueError("link rate must be > 0 Gbps")
@@ -62,6 +64,7 @@ class Link:
         self.sleep = sleep
         self.device = device
         self.chunk = chunk_bytes
+        self.cpu = cpu  # the one CPU the thread runs on (os.sched_setaffinity); None: wherever the OS puts it
         self.cuda = device.type == "cuda"
         self._in: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
@@ -109,6 +112,8 @@ class Link:
         tr.offset = b
 
     def _run(self) -> None:
+        if self.cpu is not None:
+            os.sched_setaffinity(0, {self.cpu})  # 0: this thread (Linux)
         active: collections.deque[Transfer] = collections.deque()
         wire_s = 0.0
         while not self._stop.is_set():

@@ -11,6 +11,7 @@ of 64 (split counts are the kernels' own choice, a function of the longest conte
 from __future__ import annotations
 
 import csv
+import os
 import platform
 import shlex
 import sys
@@ -148,6 +149,12 @@ def _notes(h: Harness, complete: bool, prompt_range, output_range, work, prefill
             "(numpy default_rng(seed): gaps, then prompts, then outputs)",
             f"link: pacer at link_gbps, round-robin {cfg.chunk_bytes} B chunks GPU->pinned host->GPU on its own "
             "CUDA stream, efficiency 1.0, no added latency",
+            "threads: "
+            + (
+                "placed by the OS"
+                if cfg.pin_cpus is None
+                else f"the loop on CPU {cfg.pin_cpus[0]}, the link thread on CPU {cfg.pin_cpus[1]} (--pin-threads)"
+            ),
             f"wire bytes per prompt token at the mean prompt ({p_mean}) = {meth.wire_bytes(p_mean) / p_mean:.1f}",
             "KV reserved at admission = final prompt+output tokens in the method's format"
             + (f" + a full {meth.pi}-token FP16 V tail" if meth.quantized else ""),
@@ -244,6 +251,14 @@ def _one_run(
     return path
 
 
+def pin_cpus() -> tuple[int, int]:
+    """The CPUs a pinned run puts its loop and its link thread on: the first two this process may run on."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise ValueError(f"--pin-threads needs two CPUs; this process may use {len(cpus)}")
+    return cpus[0], cpus[1]
+
+
 def run_set(
     model_name: str,
     layers: int | None,
@@ -272,12 +287,14 @@ def run_set(
     log=print,
     repeats: int = 1,
     step_times: bool = False,
+    pin_threads: bool = False,
 ) -> list[Path]:
     """Each method in turn on one model (weights built once): its warm-up, then one run per rate, `repeats`
     times back to back (the same workload and seed; the spread between them is the run-to-run noise of one
     process's runs, not of separate processes or machines). Trace folders are named
     <label>_<method>_r<rate>[_rep<k>] (label: <model>-L<layers>_<link>gbps); with one method, one rate and one
-    repeat the trace is `out` itself.  pack(): called after each trace is written."""
+    repeat the trace is `out` itself.  pack(): called after each trace is written.  pin_threads: each run's loop and
+    link thread on two CPUs of their own (the first two this process may use; pin_cpus)."""
     shape = model_shape(model_name, layers)
     dev = torch.device(device)
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)
@@ -300,6 +317,7 @@ def run_set(
             decode_mode=decode_mode,
             prefill_host_memory_bytes=prefill_host_memory_gib * GIB,
             step_times=step_times,
+            pin_cpus=pin_cpus() if pin_threads else None,
             **kw,
         )
         h = None

@@ -8,6 +8,7 @@ wall clock and time.sleep drive the same pacer (a transfer never ends early, and
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
@@ -207,3 +208,20 @@ def test_wall_clock_smoke():
     expect_s = n * 8 / (RATE_GBPS * 1e9)
     assert expect_s * (1 - 1e-9) <= tr.end_s - tr.start_s < expect_s + 5.0
     assert torch.equal(tr.src, tr.dst)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
+def test_a_link_given_a_cpu_runs_its_thread_there():
+    """Link(cpu=c): the link thread puts itself on CPU c (the harness's --pin-threads); the caller's CPUs stay."""
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    clock = SimClock()
+    link = Link(RATE_GBPS, clock, torch.device("cpu"), chunk_bytes=CHUNK, sleep=clock.sleep, cpu=cpu)
+    try:
+        link.submit(_transfer("a", CHUNK))
+        link.done.get(timeout=WAIT_S)  # the thread has run: it pinned itself before taking the transfer
+        assert link.thread.native_id is not None
+        assert os.sched_getaffinity(link.thread.native_id) == {cpu}
+    finally:
+        link.close()
+    assert os.sched_getaffinity(0) == before

@@ -4,6 +4,7 @@ timestamps, FIFO memory admission within capacity, reproducible workload, decode
 import csv
 import json
 import math
+import os
 
 import pytest
 
@@ -221,3 +222,25 @@ def test_cli_single_run_writes_the_trace_into_out(tmp_path):
     assert (meta["method"], meta["model"], meta["layers"], meta["requests"]) == ("baseline", "tiny", 1, 2)
     assert meta["kv_capacity_bytes"] == (1 << 29)
     assert len(_read(out / "requests.csv")[1]) == 2
+
+
+CAN_PIN = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+
+
+@pytest.mark.skipif(not CAN_PIN, reason="needs os.sched_setaffinity and two CPUs")
+def test_a_pinned_run_says_where_its_threads_ran_and_gives_the_cpus_back(tmp_path):
+    """--pin-threads: the loop and the link thread each on one CPU of its own for the run (the first two this process
+    may use), said in meta.json's notes; the loop's CPUs are what they were afterwards."""
+    from realrun.__main__ import main
+
+    before = os.sched_getaffinity(0)
+    first, second = sorted(before)[:2]
+    out = tmp_path / "trace"
+    args = ["--method", "baseline", "--model", "tiny", "--layers", "1", "--rate", "50", "--link-gbps", "1"]
+    args += ["--requests", "2", "--seed", "0", "--kv-capacity-gib", "0.5", "--out", str(out), "--device", "cpu"]
+    assert main([*args, "--prompt-range", "20", "40", "--output-range", "2", "3", "--pin-threads"]) == 0
+    notes = json.loads((out / "meta.json").read_text())["notes"]
+    assert f"threads: the loop on CPU {first}, the link thread on CPU {second} (--pin-threads)" in notes
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(SystemExit):
+        main([*args, "--pin-threads", "--placement", "separate"])

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--pin-threads",
         action="store_true",
-        help="shared_gpu: the loop and the link thread each on a CPU of its own (the first two this process may "
+        help="shared_gpu: the loop and the link thread each on a CPU of its own (the last two this process may "
         "use) for every run; default: wherever the OS puts them",
     )
     ap.add_argument(

@@ -252,11 +252,12 @@ def _one_run(
 
 
 def pin_cpus() -> tuple[int, int]:
-    """The CPUs a pinned run puts its loop and its link thread on: the first two this process may run on."""
+    """The CPUs a pinned run puts its loop and its link thread on: the last two this process may run on (the first
+    ones are where Linux tends to take its interrupts and housekeeping)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise ValueError(f"--pin-threads needs two CPUs; this process may use {len(cpus)}")
-    return cpus[0], cpus[1]
+    return cpus[-2], cpus[-1]
 
 
 def run_set(
@@ -294,7 +295,7 @@ def run_set(
     process's runs, not of separate processes or machines). Trace folders are named
     <label>_<method>_r<rate>[_rep<k>] (label: <model>-L<layers>_<link>gbps); with one method, one rate and one
     repeat the trace is `out` itself.  pack(): called after each trace is written.  pin_threads: each run's loop and
-    link thread on two CPUs of their own (the first two this process may use; pin_cpus)."""
+    link thread on two CPUs of their own (the last two this process may use; pin_cpus)."""
     shape = model_shape(model_name, layers)
     dev = torch.device(device)
     model = RandomLlama(shape, dev, seed=seed, max_positions=prompt_range[1] + output_range[1] + 64)

@@ -86,9 +86,8 @@ class RunConfig:
     seed: int = 0
     time_limit_s: float = 600.0  # abort a run that never drains (an unstable rate)
     step_times: bool = False  # time each iteration's parts on the GPU (CUDA events): Harness.step_rows
-    pin_cpus: tuple[int, int] | None = (
-        None  # (the loop's CPU, the link thread's CPU) for the run; None: the OS places them
-    )
+    # (the loop's CPU, the link thread's CPU) for the run (--pin-threads); None: the OS places them
+    pin_cpus: tuple[int, int] | None = None
 
 
 @dataclass

@@ -92,6 +92,8 @@ def main(argv=None) -> int:
         ap.error("--repeats is for --placement shared_gpu")
     if a.pin_threads and a.placement == "separate":
         ap.error("--pin-threads is for --placement shared_gpu")
+    if a.pin_threads and len(os.sched_getaffinity(0)) < 2:
+        ap.error(f"--pin-threads needs two CPUs; this process may use {len(os.sched_getaffinity(0))}")
     import torch  # after argparse: --help stays fast
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -28,7 +28,7 @@ import pandas as pd
 
 from costmodel.methods import REFERENCE
 
-from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index, on_machine
+from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index, on_machine, prior_sd
 from .config import ScenarioError
 from .fit_items import TraceData
 
@@ -151,6 +151,10 @@ def cross_validate(
     elif "held_out_configuration" not in result:
         result["notes"].append("held out (configuration): needs two configurations or more (runs of two scenarios)")
     result["configurations"] = by_configuration(per_trace, noise)
+    for (scheme, out), (values, _) in zip(plan, fits):
+        if scheme == "held_out_configuration":
+            row = next(c for c in result["configurations"] if c["configuration"] == traces[out[0]].configuration)
+            row["moved_without_it"] = moved_without(fits[0][0], values, [traces[i] for i in out])
     worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]
     result["worse_than_no_fit"] = worse
     result["per_trace"] = per_trace
@@ -328,6 +332,32 @@ def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[d
         row["worse_than_no_fit"] = bool(nf is not None and ho is not None and ho > nf)
         out.append(row)
     return out
+
+
+MOVED_LEAST_SD = 0.5  # a parameter that moves less than this share of its prior's width is not listed
+MOVED_MOST = 3  # at most this many per configuration, the largest moves first
+
+
+def moved_without(in_sample: dict[str, float], held_out: dict[str, float], runs: list[TraceData]) -> list[dict]:
+    """What a configuration alone tells the fit: the parameters its runs are priced with (every engine-wide one and
+    their methods' own) whose value in the fit without it differs from the in-sample fit's by at least
+    MOVED_LEAST_SD of the prior's width, the largest first (at most MOVED_MOST). A parameter a fit holds is priced
+    at the runs' scenario's own value, so one fitted in-sample and held without the configuration shows as a move
+    back to the scenario's value. Values are the shared ones (runs of several machines: before a machine's
+    factor). Where a held-out configuration is predicted worse than no fit, these are what to record more of."""
+    own = runs[0].values0
+    families = {td.family for td in runs}
+    out = []
+    for name in sorted(set(in_sample) | set(held_out)):
+        head, *rest = name.split(".")
+        if name not in own or (head == "methods" and rest[0] not in families):
+            continue
+        a, b = in_sample.get(name, own[name]), held_out.get(name, own[name])
+        sd = prior_sd(name, a if a else b)
+        if sd > 0 and abs(b - a) >= MOVED_LEAST_SD * sd:
+            out.append({"name": name, "in_sample": a, "held_out": b, "shift_prior_sd": round((b - a) / sd, 2)})
+    out.sort(key=lambda m: -abs(m["shift_prior_sd"]))
+    return out[:MOVED_MOST]
 
 
 def _configuration_row(per_trace: list[dict], c: str, schemes, noise: dict | None) -> dict[str, Any]:
@@ -556,6 +586,20 @@ def format_cv(result: dict) -> str:
             f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
             + ", ".join(_worse_by(by_name[n], n, "held_out_configuration") for n in result["worse_than_no_fit"])
         )
+    moved = [c for c in result["configurations"] if c.get("moved_without_it")]
+    if moved:
+        parts.append(
+            f"what only each configuration shows the fit (parameters that move by {MOVED_LEAST_SD} of their prior's "
+            "width or more when its runs leave it, in-sample -> held out):"
+        )
+        for c in moved:
+            parts.append(
+                f"  {c['configuration']}: "
+                + ", ".join(
+                    f"{m['name']} {m['in_sample']:.4g} -> {m['held_out']:.4g} ({m['shift_prior_sd']:+.1f} sd)"
+                    for m in c["moved_without_it"]
+                )
+            )
     machines = result.get("in_sample_machines")
     if machines:
         parts.append(

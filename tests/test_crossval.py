@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,68 @@ def test_a_machine_row_predicted_worse_than_no_fit_is_flagged():
     assert flag.startswith("flag: 2 of 4 configurations"), flag
     assert "a on m2 (by 1.2 points; its recordings' mean JCT spreads ±4.0 % run to run)" in flag, flag
     assert "b on m1 (by 1.0 points, the base alone)" in flag, flag
+
+
+def test_what_only_a_configuration_shows_is_the_parameters_its_absence_moves():
+    """moved_without: the parameters a held-out configuration is priced with whose value moves by at least half
+    their prior's width without it, largest first, at most three; a parameter held without it moves back to its
+    scenario's value; another method's parameters are not the configuration's."""
+    own = {
+        "network.latency_s": 0.0,  # prior width 1 ms
+        "decode.join_s_per_request": 0.0006,  # prior width 1 ms
+        "prefill.host_issue_s_per_layer": 0.00033,  # prior width 0.2 ms
+        "decode.leave_s_per_request": 0.0002,
+        "methods.hack.quantize_issue_s_per_layer": 0.000153,  # prior width 0.5 ms
+        "methods.kvquant.quantize_issue_s_per_layer": 0.000358,
+    }
+    runs = [
+        TraceData(name=f"t{i}", scenario="a.yaml", configuration="a", method=m, family=m, values0=own)
+        for i, m in enumerate(("baseline", "hack"))
+    ]
+    in_sample = {
+        "network.latency_s": 0.0003,
+        "decode.join_s_per_request": 0.0005,
+        "prefill.host_issue_s_per_layer": 0.0005,  # fitted in-sample, held without the configuration
+        "decode.leave_s_per_request": 0.0002,
+        "methods.hack.quantize_issue_s_per_layer": 0.0002,
+        "methods.kvquant.quantize_issue_s_per_layer": 0.0001,
+    }
+    held_out = {
+        "network.latency_s": 0.0015,  # +1.2 sd
+        "decode.join_s_per_request": 0.00095,  # +0.45 sd: under the threshold
+        "decode.leave_s_per_request": 0.0002,  # unmoved
+        "methods.hack.quantize_issue_s_per_layer": 0.0009,  # +1.4 sd
+        "methods.kvquant.quantize_issue_s_per_layer": 0.0009,  # +1.6 sd, but no run of this configuration is KVQuant
+    }
+    moved = crossval.moved_without(in_sample, held_out, runs)
+    assert [m["name"] for m in moved] == [
+        "methods.hack.quantize_issue_s_per_layer",
+        "network.latency_s",
+        "prefill.host_issue_s_per_layer",
+    ]
+    assert [m["shift_prior_sd"] for m in moved] == [1.4, 1.2, -0.85]
+    back = moved[2]
+    assert back["in_sample"] == 0.0005 and back["held_out"] == own["prefill.host_issue_s_per_layer"]
+    # a fourth move, larger than the others, pushes the smallest out: at most MOVED_MOST
+    held_out["decode.join_s_per_request"] = 0.003
+    moved = crossval.moved_without(in_sample, held_out, runs)
+    assert len(moved) == crossval.MOVED_MOST == 3
+    assert moved[0]["name"] == "decode.join_s_per_request"
+    assert "prefill.host_issue_s_per_layer" not in [m["name"] for m in moved]
+
+
+def test_each_held_out_configuration_says_what_its_absence_moved(monkeypatch):
+    """validate --cv: each configuration's row carries the parameters its fold moved (the spied fits write a bit mask
+    of the runs they saw into network.latency_s, so without a configuration the value drops by its runs' bits), and
+    the text lists them under the table."""
+    traces = [replace(td, values0={"network.latency_s": 0.0}) for td in _traces()]
+    _spy(monkeypatch, traces)
+    result = crossval.cross_validate("index.csv", workers=1, by=("configuration",))
+    everyone = 2 ** len(CONFIGS) - 1
+    for c in result["configurations"]:
+        same = sum(2**j for j, x in enumerate(CONFIGS) if x == c["configuration"])
+        (m,) = c["moved_without_it"]
+        assert (m["name"], m["in_sample"], m["held_out"]) == ("network.latency_s", everyone, everyone - same)
+    text = crossval.format_cv(result)
+    assert "what only each configuration shows the fit" in text
+    assert f"  c: network.latency_s {everyone} -> {everyone - 32}" in text

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -68,6 +68,11 @@
 #             them, three times with the loop and the link thread pinned to a CPU each (--pin-threads), then KVQuant-style
 #             the same (~470 s): is the host steps' run-to-run spread (HACK's packing step in two modes, 4.5 and 7 ms,
 #             in stretches) the OS's placement of the threads.
+#   part midlink: smoke, then h200g_8b_sat25 r8 (8b_sat's workload at 25 Gbps: FP16's link ~78 % busy, simulated) and
+#             h200g_8b_short10 r12 (8b_2.5gbps's short prompts at 10 Gbps: host-bound 32-layer prefills beside a faster
+#             link, FP16's link ~36 % busy), every method once: the busy link's host factor between the 2.5 and 40-50 Gbps
+#             recordings, and the 32-layer prefill's host floor, the two things `validate --cv` finds only one or two
+#             configurations pin down (~350 s).
 #   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
@@ -386,6 +391,13 @@ elif [ "$PART" = pin ]; then
     rec h100g_8b_satpin M8 40 1024 3072 32 160 32 16 140 150 3 "$m" 8
     REC_EXTRA=()
   done
+elif [ "$PART" = midlink ]; then
+  # issue 28: what validate --cv says only one or two configurations show the fit: the busy link's growth with the line
+  # rate (only 8b_sat at 40 Gbps and 8b_mem at 50 put a fast link under the host terms) and the 32-layer prefill's host
+  # floor (only 8b_2.5gbps has host-bound 32-layer prefills); rates set from the simulator before any run
+  smoke_or_stop
+  rec h200g_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" 8
+  rec h200g_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -73,6 +73,8 @@
 #             link, FP16's link ~36 % busy), every method once: the busy link's host factor between the 2.5 and 40-50 Gbps
 #             recordings, and the 32-layer prefill's host floor, the two things `validate --cv` finds only one or two
 #             configurations pin down (~350 s).
+#   part midlink100 (on an H100): the same two configurations on an H100: h100g_8b_sat25 r7 and h100g_8b_short10 r12
+#             (rates where the simulator puts FP16's mean JCT on the H100 near the H200 ones') (~350 s).
 #   part mix2: the mix runs again at batches 8-48 on both models, and the 70B at 4,096-token contexts (~450 s).
 #   part mix: realrun.transient --mix, B requests of 2,048 tokens each against B spread over 1,024-3,072 (the same
 #             total), 64 iterations each, link idle: the 32-layer 8B and the 8-layer 70B, every method, B = 8, 16, 32.
@@ -398,6 +400,11 @@ elif [ "$PART" = midlink ]; then
   smoke_or_stop
   rec h200g_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" 8
   rec h200g_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
+elif [ "$PART" = midlink100 ]; then
+  # issue 28: part midlink's two configurations on an H100
+  smoke_or_stop
+  rec h100g_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" 7
+  rec h100g_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

@@ -340,24 +340,28 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
     assert abs(it["total_pct_after"]) < 1.0, it
 
 
-# A GPU and hosts no fit has seen (realrun/traces/index_h100.csv: six H100 80 GB sessions, each on a machine of its
-# own, 2026-12-05 12:34, 14:35, 16:26, 16:35, 16:49 and 19:37, realrun/traces/h100, h100b, h100c, h100d, h100e, h100f;
-# the third to fifth record the first two's configurations again, the sixth three configurations no other H100 session
-# has; nine of the h200g configurations that fit its memory, every method, 62 runs): priced with the H100's measured
-# profile (kernels_calibration/profiles/h100, measured on another H100 the same day), the calibration over every H200
-# session, and each configuration's host factor from its session's other configurations (validate --cv --base; a
-# configuration of several sessions is a row for each). Mean |JCT error| no fit 4.0 % (max 16.4 %), the H200
-# calibration alone 3.9 % (15.4 %), with the factor 4.1 % (27.3 %), against a run-to-run spread of mean JCT across
-# the sessions of 5.0 % (realrun/traces/index_h100_sessions.csv). Over the first five sessions' 53 runs the factor gave
-# 3.3 % (13.9 %); in the sixth the two configurations beside 8b_sat put its factor at 1.35 (its own runs sit near 1 at
-# the calibration's values: their decode iterations within -1.2..+1.6 %) and 8b_sat, near saturation, comes out
-# +17.6 % (no fit 2.8 %, the calibration alone 3.4 %). Its factor's standard error says so: 1.35 +- 0.20, the spread
-# of its six runs' own factors (0.95-2.47: the 70B's FP16 2.47) over the root of six, where every other row's is
-# 0.03-0.11. The factor beats no fit in 10 of the 21 (configuration, session) rows. Bounds: achieved + 2, the
-# calibration alone better than no fit on the mean, which rows the factor beats no fit in, and which rows' factors come
-# from runs that disagree (standard error over 0.15).
+# A GPU and hosts no fit has seen (realrun/traces/index_h100.csv: seven H100 80 GB sessions, each on a machine of its
+# own, 2026-12-05 12:34, 14:35, 16:26, 16:35, 16:49, 19:37 and 21:36, realrun/traces/h100, h100b, h100c, h100d, h100e,
+# h100f, h100_midlink with h100_pin; the third to fifth record the first two's configurations again, the sixth three
+# configurations no other H100 session has, the seventh two configurations never recorded on any GPU (8b_sat's
+# workload at 25 Gbps, 8b_2.5gbps's at 10) and 8b_sat again (HACK and KVQuant-style three times each); eleven
+# configurations, every method, 74 runs): priced with the H100's measured profile (kernels_calibration/profiles/h100,
+# measured on another H100 the same day), the calibration over every H200 session, and each configuration's host
+# factor from its session's other configurations (validate --cv --base; a configuration of several sessions is a row
+# for each). Mean |JCT error| no fit 4.8 % (max 30.2 %), the H200 calibration alone 6.2 % (50.8 %), with the factor
+# 3.9 % (27.3 %), against a run-to-run spread of mean JCT across the sessions of 5.2 %
+# (realrun/traces/index_h100_sessions.csv). The seventh session's host runs the engine's host terms about a third
+# faster than the H200 hosts the calibration was fitted on (factors 0.67-0.71 from each configuration's two
+# session-mates): the calibration alone prices its host-bound short prefills long (8b_short10 30.4 % against 16.8 %
+# with no fit), and its factor brings its three rows to 2.9, 1.0 and 4.7 %. Over the first six sessions' 62 runs:
+# no fit 4.0 %, the calibration alone 3.9 %, with the factor 4.1 % (27.3 %: in the sixth the two configurations beside
+# 8b_sat put its factor at 1.35 where its own runs sit near 1, and 8b_sat, near saturation, comes out +17.6 %; its
+# factor's standard error says so: 1.35 +- 0.20, the spread of its six runs' own factors over the root of six, where
+# every other row's is 0.02-0.11). The factor beats no fit in 13 of the 24 (configuration, session) rows. Bounds:
+# achieved + 2, the factor better than no fit and no fit better than the calibration alone on the mean, which rows the
+# factor beats no fit in, and which rows' factors come from runs that disagree (standard error over 0.15).
 H100 = ROOT / "realrun/traces/index_h100.csv"
-H100_PCT = {"jct_mean_abs_error_pct": 4.1 + 2, "jct_max_abs_error_pct": 27.3 + 2}
+H100_PCT = {"jct_mean_abs_error_pct": 3.9 + 2, "jct_max_abs_error_pct": 27.3 + 2}
 H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1626"),
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1649"),
@@ -379,14 +383,15 @@ def test_the_h200_calibration_carries_to_an_h100(all_fit):
 
     base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
     r = cross_validate_machine(H100, base, "index_all", workers=2)
-    assert r["traces"] == 62 and not r["notes"]
+    assert r["traces"] == 74 and not r["notes"]
     for k, bound in H100_PCT.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]
-    assert r["base"]["jct_mean_abs_error_pct"] < r["no_fit"]["jct_mean_abs_error_pct"], r
+    mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base")}
+    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the seventh session's fast host
     rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
-    assert len(rows) == 21 and len({c for c, _ in rows}) == 9, sorted(rows)
+    assert len(rows) == 24 and len({c for c, _ in rows}) == 11, sorted(rows)
     for key, c in rows.items():
-        assert 0.7 < c["machine_factor"] < 1.4, c
+        assert 0.6 < c["machine_factor"] < 1.4, c
         assert (c["machine_factor_stderr"] > 0.15) == (key in H100_FACTOR_RUNS_DISAGREE), c
         better = c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"]
         assert better == (key not in H100_FACTOR_NOT_BETTER), c

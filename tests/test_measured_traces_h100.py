@@ -1,4 +1,5 @@
-"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f; listed in realrun/traces/index_h100.csv):
+"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin; listed in
+realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
 method and seed. How the H200 calibration carries to them: tests/test_calibrate_measured.py."""
@@ -22,18 +23,22 @@ SESSIONS = {  # folder: the session named in the index (its device call's start,
     "h100d": "h100-2026-12-05-1635",
     "h100e": "h100-2026-12-05-1649",
     "h100f": "h100-2026-12-05-1937",
+    "h100_midlink": "h100-2026-12-05-2136",
+    "h100_pin": "h100-2026-12-05-2136",  # the same machine, the next device call
 }
 
 
 def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenario():
     index = rows(TRACES / "index_h100.csv")
-    assert len(index) == 62 and Counter(r["trace"].split("/")[0] for r in index) == {
+    assert len(index) == 74 and Counter(r["trace"].split("/")[0] for r in index) == {
         "h100": 11,
         "h100b": 9,
         "h100c": 12,
         "h100d": 9,
         "h100e": 12,
         "h100f": 9,
+        "h100_midlink": 6,
+        "h100_pin": 6,  # its unpinned runs; the pinned ones are in its own index
     }
     for row in index:
         assert row["machine"] == SESSIONS[row["trace"].split("/")[0]], row
@@ -51,9 +56,23 @@ def test_the_sessions_index_groups_one_configuration_method_and_seed():
     groups: dict[str, list[dict]] = {}
     for row in rows(TRACES / "index_h100_sessions.csv"):
         groups.setdefault(row["config"], []).append(row)
-    assert len(groups) == 18 and all(len(g) >= 2 for g in groups.values())
+    assert len(groups) == 20 and all(len(g) >= 2 for g in groups.values())
     for config, group in groups.items():
         metas = [json.loads((TRACES / r["trace"] / "meta.json").read_text()) for r in group]
         same = {(m["method"], m["rate_rps"], m["requests"], m["seed"], m["model"], m["layers"]) for m in metas}
         assert len(same) == 1 and len({r["scenario"] for r in group}) == 1, config
         assert len({r["trace"].split("/")[0] for r in group}) == len(group), config  # one recording per session
+
+
+def test_the_pinned_runs_say_where_their_threads_ran():
+    """realrun/traces/h100_pin: h100g_8b_sat r8 HACK and KVQuant-style three times each with the threads where the OS
+    put them and three times with --pin-threads, complete, described by the 8b_sat scenario, each saying where its
+    threads ran."""
+    index = rows(TRACES / "h100_pin" / "index.csv")
+    assert len(index) == 12
+    for row in index:
+        meta = check_recorded_run(TRACES / "h100_pin" / row["trace"], ROOT / row["scenario"])
+        pinned = "satpin" in row["trace"]
+        assert ("(--pin-threads)" in meta["notes"]) == pinned, row["trace"]
+        assert ("threads: placed by the OS" in meta["notes"]) == (not pinned), row["trace"]
+        assert row["machine"] == SESSIONS["h100_pin"]

@@ -340,28 +340,30 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
     assert abs(it["total_pct_after"]) < 1.0, it
 
 
-# A GPU and hosts no fit has seen (realrun/traces/index_h100.csv: seven H100 80 GB sessions, each on a machine of its
-# own, 2026-12-05 12:34, 14:35, 16:26, 16:35, 16:49, 19:37 and 21:36, realrun/traces/h100, h100b, h100c, h100d, h100e,
-# h100f, h100_midlink with h100_pin; the third to fifth record the first two's configurations again, the sixth three
-# configurations no other H100 session has, the seventh two configurations never recorded on any GPU (8b_sat's
-# workload at 25 Gbps, 8b_2.5gbps's at 10) and 8b_sat again (HACK and KVQuant-style three times each); eleven
-# configurations, every method, 74 runs): priced with the H100's measured profile (kernels_calibration/profiles/h100,
-# measured on another H100 the same day), the calibration over every H200 session, and each configuration's host
-# factor from its session's other configurations (validate --cv --base; a configuration of several sessions is a row
-# for each). Mean |JCT error| no fit 4.8 % (max 30.2 %), the H200 calibration alone 6.2 % (50.8 %), with the factor
-# 3.9 % (27.3 %), against a run-to-run spread of mean JCT across the sessions of 5.2 %
-# (realrun/traces/index_h100_sessions.csv). The seventh session's host runs the engine's host terms about a third
-# faster than the H200 hosts the calibration was fitted on (factors 0.67-0.71 from each configuration's two
-# session-mates): the calibration alone prices its host-bound short prefills long (8b_short10 30.4 % against 16.8 %
-# with no fit), and its factor brings its three rows to 2.9, 1.0 and 4.7 %. Over the first six sessions' 62 runs:
-# no fit 4.0 %, the calibration alone 3.9 %, with the factor 4.1 % (27.3 %: in the sixth the two configurations beside
-# 8b_sat put its factor at 1.35 where its own runs sit near 1, and 8b_sat, near saturation, comes out +17.6 %; its
-# factor's standard error says so: 1.35 +- 0.20, the spread of its six runs' own factors over the root of six, where
-# every other row's is 0.02-0.11). The factor beats no fit in 13 of the 24 (configuration, session) rows. Bounds:
-# achieved + 2, the factor better than no fit and no fit better than the calibration alone on the mean, which rows the
-# factor beats no fit in, and which rows' factors come from runs that disagree (standard error over 0.15).
+# A GPU and hosts no fit has seen (realrun/traces/index_h100.csv: eight H100 80 GB sessions, each on a machine of its
+# own, 2026-12-05 12:34, 14:35, 16:26, 16:35, 16:49, 19:37, 21:36 and 22:03, realrun/traces/h100, h100b, h100c, h100d,
+# h100e, h100f, h100_midlink with h100_pin, h100_midlink2; the third to fifth record the first two's configurations
+# again, the sixth three configurations no other H100 session has, the seventh and eighth two configurations never
+# recorded on any GPU (8b_sat's workload at 25 Gbps, 8b_2.5gbps's at 10), the seventh 8b_sat again (HACK and
+# KVQuant-style three times each); eleven configurations, every method, 80 runs): priced with the H100's measured
+# profile (kernels_calibration/profiles/h100, measured on another H100 the same day), the calibration over every H200
+# session, and each configuration's host factor from its session's other configurations (validate --cv --base; a
+# configuration of several sessions is a row for each). Mean |JCT error| no fit 4.8 % (max 30.2 %), the H200
+# calibration alone 6.4 % (50.8 %), with the factor 4.3 % (27.3 %), against a run-to-run spread of mean JCT across
+# the sessions of 5.6 % (realrun/traces/index_h100_sessions.csv). The seventh session's host runs the engine's host
+# terms about a third faster than the H200 hosts the calibration was fitted on (factors 0.67-0.71 from each
+# configuration's two session-mates): the calibration alone prices its host-bound short prefills long (8b_short10
+# 30.4 % against 16.8 % with no fit), and its factor brings its three rows to 2.9, 1.0 and 4.7 %. In the eighth the
+# two configurations disagree (8b_short10's runs put 8b_sat25's factor at 0.75, 8b_sat25's put 8b_short10's at 1.00),
+# and 8b_short10 comes out 16.4 % against 4.5 % with no fit. Over the first six sessions' 62 runs: no fit 4.0 %, the
+# calibration alone 3.9 %, with the factor 4.1 % (27.3 %: in the sixth the two configurations beside 8b_sat put its
+# factor at 1.35 where its own runs sit near 1, and 8b_sat, near saturation, comes out +17.6 %; its factor's
+# standard error says so: 1.35 +- 0.20, the spread of its six runs' own factors over the root of six, where every
+# other row's is 0.02-0.11). The factor beats no fit in 14 of the 26 (configuration, session) rows. Bounds: achieved
+# + 2, the factor better than no fit and no fit better than the calibration alone on the mean, which rows the factor
+# beats no fit in, and which rows' factors come from runs that disagree (standard error over 0.15).
 H100 = ROOT / "realrun/traces/index_h100.csv"
-H100_PCT = {"jct_mean_abs_error_pct": 3.9 + 2, "jct_max_abs_error_pct": 27.3 + 2}
+H100_PCT = {"jct_mean_abs_error_pct": 4.3 + 2, "jct_max_abs_error_pct": 27.3 + 2}
 H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1626"),
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1649"),
@@ -372,6 +374,7 @@ H100_FACTOR_NOT_BETTER = {
     ("h100g_8b_light", "h100-2026-12-05-1435"),
     ("h100g_8b_mem", "h100-2026-12-05-1649"),
     ("h100g_8b_sat", "h100-2026-12-05-1937"),
+    ("h100g_8b_short10", "h100-2026-12-05-2203"),
     ("h100g_8b_small", "h100-2026-12-05-1435"),
     ("h100g_8b_small", "h100-2026-12-05-1649"),
 }
@@ -383,13 +386,13 @@ def test_the_h200_calibration_carries_to_an_h100(all_fit):
 
     base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
     r = cross_validate_machine(H100, base, "index_all", workers=2)
-    assert r["traces"] == 74 and not r["notes"]
+    assert r["traces"] == 80 and not r["notes"]
     for k, bound in H100_PCT.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]
     mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base")}
-    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the seventh session's fast host
+    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the seventh session's fast host, mostly
     rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
-    assert len(rows) == 24 and len({c for c, _ in rows}) == 11, sorted(rows)
+    assert len(rows) == 26 and len({c for c, _ in rows}) == 11, sorted(rows)
     for key, c in rows.items():
         assert 0.6 < c["machine_factor"] < 1.4, c
         assert (c["machine_factor_stderr"] > 0.15) == (key in H100_FACTOR_RUNS_DISAGREE), c

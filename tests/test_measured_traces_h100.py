@@ -1,4 +1,4 @@
-"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin; listed in
+"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin, h100_midlink2; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
@@ -25,12 +25,13 @@ SESSIONS = {  # folder: the session named in the index (its device call's start,
     "h100f": "h100-2026-12-05-1937",
     "h100_midlink": "h100-2026-12-05-2136",
     "h100_pin": "h100-2026-12-05-2136",  # the same machine, the next device call
+    "h100_midlink2": "h100-2026-12-05-2203",
 }
 
 
 def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenario():
     index = rows(TRACES / "index_h100.csv")
-    assert len(index) == 74 and Counter(r["trace"].split("/")[0] for r in index) == {
+    assert len(index) == 80 and Counter(r["trace"].split("/")[0] for r in index) == {
         "h100": 11,
         "h100b": 9,
         "h100c": 12,
@@ -39,6 +40,7 @@ def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenari
         "h100f": 9,
         "h100_midlink": 6,
         "h100_pin": 6,  # its unpinned runs; the pinned ones are in its own index
+        "h100_midlink2": 6,
     }
     for row in index:
         assert row["machine"] == SESSIONS[row["trace"].split("/")[0]], row
@@ -56,7 +58,7 @@ def test_the_sessions_index_groups_one_configuration_method_and_seed():
     groups: dict[str, list[dict]] = {}
     for row in rows(TRACES / "index_h100_sessions.csv"):
         groups.setdefault(row["config"], []).append(row)
-    assert len(groups) == 20 and all(len(g) >= 2 for g in groups.values())
+    assert len(groups) == 26 and all(len(g) >= 2 for g in groups.values())
     for config, group in groups.items():
         metas = [json.loads((TRACES / r["trace"] / "meta.json").read_text()) for r in group]
         same = {(m["method"], m["rate_rps"], m["requests"], m["seed"], m["model"], m["layers"]) for m in metas}

@@ -5,7 +5,8 @@ one (leave one trace out) and on all but one configuration (the runs of one scen
 workload), and simulates each run with the calibration fitted without it. Beside them, each
 run is simulated with no fit at all (the scenario's own values: the kernels' prices and the scenario's engine
 terms). The held-out-configuration figures are the ones to quote: they say how a calibration carries to a
-setting it was not fitted on; a configuration whose held-out fit predicts it worse than no fit is flagged.
+setting it was not fitted on; a configuration whose held-out fit predicts it worse than no fit is flagged, and each
+configuration's row names the parameters that move most without it (`moved_without`: what only it shows the fit).
 
 A scheme is scored only where a fit without the run exists: with one run there is no leave-one-out fit, with one
 configuration no leave-one-configuration-out fit, and the result says so (`notes`) rather than show the no-fit

@@ -26,9 +26,14 @@ run: $(VENV)/.core-installed $(VENV)/.compiled
 # skipped and the simulator runs as Python. The stamp is remade when a simulator source changes.
 MYPY_VERSION := 2.4.1
 compiled: $(VENV)/.compiled
-$(VENV)/.compiled: $(VENV)/.core-installed $(wildcard simulator/*.py) scripts/build_compiled.py
-	-$(PY) -m pip install -q 'mypy==$(MYPY_VERSION)'
+$(VENV)/.compiled: $(VENV)/.mypy-installed $(wildcard simulator/*.py) scripts/build_compiled.py
 	$(PY) -m scripts.build_compiled
+	touch $@
+
+# mypy (and mypy_extensions, which simulator/timers.py and columns.py import where it is there) before the build and
+# before pyright, so lint sees the same packages on a fresh clone as after a build
+$(VENV)/.mypy-installed: $(VENV)/.core-installed
+	-$(PY) -m pip install -q 'mypy==$(MYPY_VERSION)'
 	touch $@
 
 # Two pytest-xdist workers (CI has two cores), each test file on one worker (module fixtures built once).
@@ -43,7 +48,7 @@ test: lint docs $(VENV)/.compiled
 
 # ruff (lint and format check) over the tree, then pyright (basic mode, [tool.pyright] in pyproject.toml) with the
 # venv's packages; part of `make test`, so CI runs it. pyright runs on the Node.js wheel its nodejs extra installs.
-lint: $(VENV)/.test-installed
+lint: $(VENV)/.test-installed $(VENV)/.mypy-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pyright --pythonpath $(PY)

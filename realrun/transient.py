@@ -29,7 +29,12 @@ block), event_s (the last prefill's time), max_context, wall_s.
 rate and cycle, a short transfer (10 ms of wire) then 16 iterations, a long one (300 ms) then 48, and 16 with
 none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps, cycle, event, k, since_start_s
 (the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
-iteration's end to this one's start: the loop's own time), max_context, wall_s.
+iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0).
+With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each length (start to KV encoded, its KV
+dropped, as the transient probe's) with the link idle and, right after, with a long transfer 10 ms into its wire
+time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds; busy stays 1 only where
+the transfer was still in flight when the prefill ended): what the link thread does to a prefill's launches, the
+prefill floor's level while the link moves KV (fit_xfer_prefill).
 
 `--mix` measures instead whether a batch's spread of contexts costs more than its total (mix.csv): per batch size,
 B requests of `--context` tokens each and B spread evenly over 0.5-1.5 x that (the same total), 64 iterations each
@@ -41,8 +46,9 @@ decode.after_prefill_decay_per_iteration from the transient and duty files (fit_
 (smi.csv, the device part dutylong's), also decode.after_prefill_clock_time_constant_s from it (clock_time_constant)
 and decode.after_prefill_clock_fraction; from the files that time iterations on the host's clock (duty, translong) the
 CPU's time a pass through a prefill adds, prefill.host_serial_s_per_iteration (prefill_pass_s);
-network.link_busy_host_factor and _per_gbps from the xfer files (fit_xfer); and from the mix files the spread
-batches' excess (mix_excess).
+network.link_busy_host_factor and _per_gbps from the xfer files (fit_xfer), and network.link_busy_prefill_host_factor
+and _per_gbps from their prefill rows (fit_xfer_prefill); and from the mix files the spread batches' excess
+(mix_excess).
 """
 
 from __future__ import annotations
@@ -77,6 +83,13 @@ def main(argv=None) -> int:
     ap.add_argument("--block-s", type=float, default=2.0)
     ap.add_argument("--duty-prompt", type=int, default=2048)
     ap.add_argument("--xfer-gbps", nargs="+", type=float, default=None, help="transfer windows at these rates")
+    ap.add_argument(
+        "--xfer-prefill",
+        nargs="+",
+        type=int,
+        default=[],
+        help="with --xfer-gbps: also time prefills of these lengths with the link idle and busy (module doc)",
+    )
     ap.add_argument("--mix", action="store_true", help="uniform against spread contexts at the same sum (module doc)")
     a = ap.parse_args(argv)
     if a.fit:
@@ -111,8 +124,11 @@ def main(argv=None) -> int:
                 print(prefill_pass_s(timed))
             except ValueError:  # no file times a pass through a prefill against a plain one
                 pass
-        if xfer:
-            print(fit_xfer(xfer))
+        for fit in (fit_xfer, fit_xfer_prefill) if xfer else ():
+            try:
+                print(fit(xfer))
+            except ValueError as e:  # the files have no such rows (fit_xfer_prefill: --xfer-prefill not given)
+                print(f"{fit.__name__}: {e}", file=sys.stderr)
         return 0
     if a.out is None:
         ap.error("--out is required (or --fit)")
@@ -136,6 +152,8 @@ def main(argv=None) -> int:
     total_iters = cycles * per_cycle + 4 * len(prompts) + 8  # the warm-up's iterations too
     if a.xfer_gbps:
         total_iters = len(a.xfer_gbps) * cycles * (16 + 48 + 16) + 16
+        if a.smoke and a.xfer_prefill:
+            a.xfer_prefill = [40]
     elif a.mix:  # the spread batch's longest request starts at 1.5 x the context
         total_iters = MIX_ITERATIONS + context // 2 + 8
     elif duties is not None:  # at most an iteration per 4 ms
@@ -429,6 +447,10 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
     run = _fixed_batch(h, b, context, [])
     for _ in range(8):
         h.decode_iteration([])
+    next_id = b
+    for tokens in a.xfer_prefill:  # warm each prefill length (Triton compiles, allocator)
+        _dropped_prefill(h, next_id, tokens)
+        next_id += 1
     last_end = [h.now()]
     old_switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as Harness.run: the link thread gets the GIL back within ~0.5 ms
@@ -473,6 +495,7 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                                 gap_s=s0 - last_end[0],
                                 max_context=max(r.stored for r in run),
                                 wall_s=s1 - s0,
+                                prompt_tokens=0,
                             )
                         )
                         last_end[0] = s1
@@ -480,18 +503,58 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                         link.done.get(timeout=5.0)
                         in_flight = False
                     last_end[0] = h.now()
+                for tokens in a.xfer_prefill:  # a prefill with the link idle, then one 10 ms into a long transfer
+                    for busy in (False, True):
+                        start = None
+                        if busy:
+                            n = sizes["long"]
+                            tr = Transfer("prefill", buf[:n], dst[:n])
+                            link.submit(tr)
+                            start = tr.start_s
+                            time.sleep(0.010)  # past the start's burst
+                        s0 = h.now()
+                        took = _dropped_prefill(h, next_id, tokens)
+                        next_id += 1
+                        still = busy and link.done.empty()
+                        rows.append(
+                            dict(
+                                set=set_name,
+                                method=method,
+                                batch_size=len(run),
+                                link_gbps=gbps,
+                                cycle=cycle,
+                                event="prefill",
+                                k=0,
+                                since_start_s=(s0 - start) if start is not None else -1.0,
+                                busy=int(still),
+                                gap_s=0.0,
+                                max_context=max(r.stored for r in run),
+                                wall_s=took,
+                                prompt_tokens=tokens,
+                            )
+                        )
+                        if busy:
+                            link.done.get(timeout=5.0)
+                    last_end[0] = h.now()
         finally:
             link.close()
     sys.setswitchinterval(old_switch)
 
 
 def _xfer_summary(rows: list[dict]) -> str:
-    """Per rate: the median loop gap (ms) with no transfer, busy in the first 10 ms of one, busy later."""
+    """Per rate: the median loop gap (ms) with no transfer, busy in the first 10 ms of one, busy later; and with
+    prefill rows the median prefill idle and busy."""
     import statistics
 
     out = []
     for g in sorted({r["link_gbps"] for r in rows}):
-        w = [r for r in rows if r["link_gbps"] == g and r["k"] > 1]
+        pre = [r for r in rows if r["link_gbps"] == g and r["event"] == "prefill"]
+        if pre:
+            idle = [r["wall_s"] for r in pre if r["since_start_s"] < 0]
+            busy = [r["wall_s"] for r in pre if r["since_start_s"] >= 0 and r["busy"]]
+            med = [statistics.median(x) * 1e3 if x else float("nan") for x in (idle, busy)]
+            out.append(f"{g:g} Gbps prefill idle {med[0]:.2f} / busy {med[1]:.2f} ms")
+        w = [r for r in rows if r["link_gbps"] == g and r["k"] > 1 and r["event"] != "prefill"]
         idle = [r["gap_s"] for r in w if not r["busy"]]
         first = [r["gap_s"] for r in w if r["busy"] and 0 <= r["since_start_s"] < 0.010]
         later = [r["gap_s"] for r in w if r["busy"] and r["since_start_s"] >= 0.010]
@@ -777,6 +840,10 @@ def prefill_pass_s(paths) -> dict:
     return {"prefill.host_serial_s_per_iteration": float(x.mean()), "stderr": sd, "settings": len(x)}
 
 
+HOST_BOUND_TOKENS = 512  # fit_xfer_prefill: prompts this short wait on the host's launches (the 32-layer 8B's and the
+# 8-layer 70B's on the H200 and the H100: realrun.hostcal.fit_prefill_host's runs)
+
+
 def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
     """network.link_busy_host_factor (a) and link_busy_host_factor_per_gbps (b) from xfer runs: per (set, method,
     rate, cycle) the mean cadence (an iteration's wall time and the loop gap before it) of the iterations that start
@@ -789,7 +856,7 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
     import pandas as pd
 
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
-    d = d[d["k"] > 1].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
+    d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
     rates, extra = [], []
     for (_, _, rate, _), x in d.groupby(["set", "method", "link_gbps", "cycle"]):
         quiet = x[x["event"] == "none"]["cadence_s"]
@@ -812,6 +879,41 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
         ],
         "extra_s_per_iteration": [round(float(coef[0]), 6), round(float(coef[1]), 7)],
         "windows": len(y),
+    }
+
+
+def fit_xfer_prefill(paths) -> dict:
+    """network.link_busy_prefill_host_factor (a) and its _per_gbps (b) from the xfer files' prefill rows: per (set,
+    method, prompt length, rate, cycle) the prefill's time with a long transfer in flight over the same cycle's with
+    the link idle (pairs whose transfer ended before the prefill did left out); least squares of ratio = a + b x rate
+    over the pairs of the prompt lengths whose idle prefill waits on the host (prompt_tokens at most `HOST_BOUND_TOKENS`:
+    the simulator multiplies the prefill's host floor, not its GPU time, by a + b x rate). With standard errors and
+    the mean ratio per rate."""
+    import numpy as np
+    import pandas as pd
+
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    if "prompt_tokens" not in d.columns:
+        raise ValueError("no prefill rows (python -m realrun.transient --xfer-prefill)")
+    d = d[(d["event"] == "prefill") & (d["prompt_tokens"] <= HOST_BOUND_TOKENS)]
+    rates, ratios = [], []
+    for (_, _, _, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
+        idle, busy = x[x["since_start_s"] < 0]["wall_s"], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)]["wall_s"]
+        if len(idle) and len(busy):
+            rates.append(float(rate))
+            ratios.append(float(busy.mean() / idle.mean()))
+    if len(set(rates)) < 2:
+        raise ValueError("prefill pairs at two rates or more are needed")
+    x, y = np.array(rates), np.array(ratios)
+    a = np.c_[np.ones(len(x)), x]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    cov = float(np.sum((y - a @ coef) ** 2)) / max(len(y) - 2, 1) * np.linalg.inv(a.T @ a)
+    return {
+        "link_busy_prefill_host_factor": round(float(coef[0]), 3),
+        "link_busy_prefill_host_factor_per_gbps": round(float(coef[1]), 4),
+        "stderr": [round(float(np.sqrt(cov[0, 0])), 3), round(float(np.sqrt(cov[1, 1])), 4)],
+        "mean_ratio_by_gbps": {f"{g:g}": round(float(y[x == g].mean()), 3) for g in sorted(set(rates))},
+        "pairs": len(y),
     }
 
 

@@ -440,6 +440,61 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     assert got["windows"] == 12
 
 
+def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):
+    """xfer runs with prefill rows (realrun.transient --xfer-prefill): host-bound prefills of 128 and 384 tokens (12
+    and 14 ms idle) slowed by 1.05 + 0.008 x the link's Gbps with a long transfer in flight, 1 % noise; a 2,048-token
+    prefill (GPU-bound, not slowed) and a pair whose transfer ended first (busy 0) are left out; the decode rows
+    do not enter. The fit gives a and b within their errors, one pair per (prompt, rate, cycle)."""
+    from realrun.transient import fit_xfer, fit_xfer_prefill
+
+    rng = np.random.default_rng(7)
+    rows = []
+
+    def row(rate, cycle, event, since, busy, wall, tokens, k=0):
+        rows.append(
+            dict(
+                set="m:1",
+                method="hack",
+                batch_size=8,
+                link_gbps=rate,
+                cycle=cycle,
+                event=event,
+                k=k,
+                since_start_s=since,
+                busy=busy,
+                gap_s=0.0003,
+                max_context=2048,
+                wall_s=wall,
+                prompt_tokens=tokens,
+            )
+        )
+
+    for rate in (2.5, 10.0, 25.0, 40.0):
+        for cycle in range(3):
+            for k in range(1, 17):  # decode rows: a quiet window and a busy one, the busy 0.63 ms x 0.02/Gbps longer
+                row(rate, cycle, "none", -1.0, 0, 0.0085 * (1 + 0.01 * rng.standard_normal()), 0, k)
+                row(rate, cycle, "long", 0.01 + k * 0.009, 1, 0.0085 + 0.00063 * 0.02 * rate, 0, k)
+            for tokens, idle_s in ((128, 0.012), (384, 0.014), (2048, 0.060)):
+                busy_s = idle_s * (1.05 + 0.008 * rate) if tokens <= 512 else idle_s
+                row(rate, cycle, "prefill", -1.0, 0, idle_s * (1 + 0.01 * rng.standard_normal()), tokens)
+                row(rate, cycle, "prefill", 0.010, 1, busy_s * (1 + 0.01 * rng.standard_normal()), tokens)
+    row(40.0, 0, "prefill", 0.010, 0, 1.0, 128)  # its transfer ended before the prefill did: not a busy prefill
+    p = tmp_path / "x.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    got = fit_xfer_prefill([p])
+    a_se, b_se = got["stderr"]
+    assert got["pairs"] == 4 * 3 * 2
+    assert abs(got["link_busy_prefill_host_factor"] - 1.05) <= 3 * a_se + 1e-3
+    assert abs(got["link_busy_prefill_host_factor_per_gbps"] - 0.008) <= 3 * b_se + 1e-4
+    assert got["mean_ratio_by_gbps"]["40"] == pytest.approx(1.05 + 0.008 * 40, rel=0.02)
+    # the prefill rows stay out of the decode loop's fit
+    assert fit_xfer([p])["link_busy_host_factor_per_gbps"] == pytest.approx(0.02, abs=2e-3)
+    # files without prefill rows: one line saying so
+    pd.DataFrame([r for r in rows if r["event"] != "prefill"]).drop(columns="prompt_tokens").to_csv(p, index=False)
+    with pytest.raises(ValueError, match="no prefill rows"):
+        fit_xfer_prefill([p])
+
+
 def test_the_committed_probe_runs_give_the_h200_scenarios_values(capsys):
     """realrun.transient --fit on every committed file (realrun/traces/h200_transient/*.csv, the scenarios' command)
     gives the six numbers the h200g scenarios carry: they come from the probes, not from a trace. The files of other

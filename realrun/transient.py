@@ -896,12 +896,13 @@ def fit_xfer_prefill(paths) -> dict:
     if "prompt_tokens" not in d.columns:
         raise ValueError("no prefill rows (python -m realrun.transient --xfer-prefill)")
     d = d[(d["event"] == "prefill") & (d["prompt_tokens"] <= HOST_BOUND_TOKENS)]
-    rates, ratios = [], []
-    for (_, _, _, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
+    rates, ratios, keys = [], [], []
+    for (set_name, _, tokens, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
         idle, busy = x[x["since_start_s"] < 0]["wall_s"], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)]["wall_s"]
         if len(idle) and len(busy):
             rates.append(float(rate))
             ratios.append(float(busy.mean() / idle.mean()))
+            keys.append(f"{set_name} {tokens}")
     if len(set(rates)) < 2:
         raise ValueError("prefill pairs at two rates or more are needed")
     x, y = np.array(rates), np.array(ratios)
@@ -913,6 +914,7 @@ def fit_xfer_prefill(paths) -> dict:
         "link_busy_prefill_host_factor_per_gbps": round(float(coef[1]), 4),
         "stderr": [round(float(np.sqrt(cov[0, 0])), 3), round(float(np.sqrt(cov[1, 1])), 4)],
         "mean_ratio_by_gbps": {f"{g:g}": round(float(y[x == g].mean()), 3) for g in sorted(set(rates))},
+        "mean_ratio_by_set_and_prompt": {k: round(float(y[np.array(keys) == k].mean()), 3) for k in sorted(set(keys))},
         "pairs": len(y),
     }
 

@@ -84,10 +84,10 @@
 #   part xfer: realrun.transient --xfer-gbps 2.5 10 40, the loop beside transfers on the harness's own paced link
 #             (short ones of 10 ms of wire, long ones of 300 ms, none), no prefill: the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~150 s).
-#   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 --xfer-prefill 128 384, part xfer's windows plus, per
+#   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
-#             method at batch 8, 3 cycles (~250 s).
+#             method at batch 8, 3 cycles (~300 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 #   part steps: smoke, then h200g_8b_sat r9 (FP16, HACK), h200g_8b_mem r8.5 (HACK), h200g_70b8l_2.5gbps r10 (HACK),
@@ -333,9 +333,9 @@ elif [ "$PART" = xferpre ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")
   fi
-  step 240 xferpre_8b python3 -m realrun.transient --xfer-gbps 2.5 10 25 40 --xfer-prefill 128 384 --batches 8 \
+  step 240 xferpre_8b python3 -m realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384 --batches 8 \
     --cycles 3 --out "$OUT/xferpre_8b.csv" "${TR[@]}"
-  step 240 xferpre_70b python3 -m realrun.transient --xfer-gbps 2.5 10 25 40 --xfer-prefill 128 384 --batches 8 \
+  step 240 xferpre_70b python3 -m realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384 --batches 8 \
     --cycles 3 --out "$OUT/xferpre_70b.csv" "${TR70[@]}"
 elif [ "$PART" = long ]; then
   # issue 28: a configuration never measured, long prompts (8-16K tokens): does the calibration carry there

@@ -866,20 +866,25 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
             extra.append(float(busy.mean() - quiet.mean()))
     if len(set(rates)) < 2:
         raise ValueError("xfer runs at two rates or more are needed")
-    x, y = np.array(rates), np.array(extra)
-    a = np.c_[np.ones(len(x)), x]
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    cov = float(np.sum((y - a @ coef) ** 2)) / max(len(y) - 2, 1) * np.linalg.inv(a.T @ a)
+    y = np.array(extra)
+    coef, se = _line(np.array(rates), y)
     return {
         "link_busy_host_factor": round(1.0 + float(coef[0]) / host_serial_s, 3),
         "link_busy_host_factor_per_gbps": round(float(coef[1]) / host_serial_s, 4),
-        "stderr": [
-            round(float(np.sqrt(cov[0, 0])) / host_serial_s, 3),
-            round(float(np.sqrt(cov[1, 1])) / host_serial_s, 4),
-        ],
+        "stderr": [round(float(se[0]) / host_serial_s, 3), round(float(se[1]) / host_serial_s, 4)],
         "extra_s_per_iteration": [round(float(coef[0]), 6), round(float(coef[1]), 7)],
         "windows": len(y),
     }
+
+
+def _line(x, y):
+    """Least squares of y = c0 + c1 x: the coefficients and their standard errors (from the scatter about it)."""
+    import numpy as np
+
+    a = np.c_[np.ones(len(x)), x]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    cov = float(np.sum((y - a @ coef) ** 2)) / max(len(y) - 2, 1) * np.linalg.inv(a.T @ a)
+    return coef, np.sqrt(np.diag(cov))
 
 
 def fit_xfer_prefill(paths) -> dict:
@@ -906,13 +911,11 @@ def fit_xfer_prefill(paths) -> dict:
     if len(set(rates)) < 2:
         raise ValueError("prefill pairs at two rates or more are needed")
     x, y = np.array(rates), np.array(ratios)
-    a = np.c_[np.ones(len(x)), x]
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    cov = float(np.sum((y - a @ coef) ** 2)) / max(len(y) - 2, 1) * np.linalg.inv(a.T @ a)
+    coef, se = _line(x, y)
     return {
         "link_busy_prefill_host_factor": round(float(coef[0]), 3),
         "link_busy_prefill_host_factor_per_gbps": round(float(coef[1]), 4),
-        "stderr": [round(float(np.sqrt(cov[0, 0])), 3), round(float(np.sqrt(cov[1, 1])), 4)],
+        "stderr": [round(float(se[0]), 3), round(float(se[1]), 4)],
         "mean_ratio_by_gbps": {f"{g:g}": round(float(y[x == g].mean()), 3) for g in sorted(set(rates))},
         "mean_ratio_by_set_and_prompt": {k: round(float(y[np.array(keys) == k].mean()), 3) for k in sorted(set(keys))},
         "pairs": len(y),

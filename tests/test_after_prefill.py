@@ -400,6 +400,14 @@ def test_a_fitted_engine_with_it_is_refused_off_a_shared_gpu(tmp_path):
     assert "decode.after_prefill_slowdown_fraction" in msg and "placement separate" in msg and "\n" not in msg
 
 
+def _xfer_row(rate, cycle, event, since_s, busy, wall_s, **more) -> dict:
+    """One row as realrun.transient --xfer-gbps writes it (set m:1, method baseline, batch 32 unless `more` says)."""
+    row = dict(set="m:1", method="baseline", batch_size=32, link_gbps=rate, cycle=cycle, event=event, k=0)
+    row.update(since_start_s=since_s, busy=busy, gap_s=0.0003, max_context=2048, wall_s=wall_s)
+    row.update(more)
+    return row
+
+
 def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     """xfer runs made with 0.63 ms of host time per iteration slowed by 0.02 x the link's Gbps while a transfer is
     in flight (past its first 10 ms), 1 % noise: the fit gives a = 1 and b = 0.02 within their errors."""
@@ -415,22 +423,7 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
                     busy = int(event == "long" or (event == "short" and since < 0.010))
                     extra = 0.00063 * 0.02 * rate if busy and since >= 0.010 else 0.0
                     wall = (0.0085 + extra) * (1 + 0.01 * rng.standard_normal())
-                    rows.append(
-                        dict(
-                            set="m:1",
-                            method="baseline",
-                            batch_size=32,
-                            link_gbps=rate,
-                            cycle=cycle,
-                            event=event,
-                            k=k,
-                            since_start_s=since,
-                            busy=busy,
-                            gap_s=0.0003,
-                            max_context=2048,
-                            wall_s=wall,
-                        )
-                    )
+                    rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, batch_size=32))
     p = tmp_path / "x.csv"
     pd.DataFrame(rows).to_csv(p, index=False)
     got = fit_xfer([p])
@@ -451,23 +444,7 @@ def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):
     rows = []
 
     def row(rate, cycle, event, since, busy, wall, tokens, k=0):
-        rows.append(
-            dict(
-                set="m:1",
-                method="hack",
-                batch_size=8,
-                link_gbps=rate,
-                cycle=cycle,
-                event=event,
-                k=k,
-                since_start_s=since,
-                busy=busy,
-                gap_s=0.0003,
-                max_context=2048,
-                wall_s=wall,
-                prompt_tokens=tokens,
-            )
-        )
+        rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, method="hack", prompt_tokens=tokens))
 
     for rate in (2.5, 10.0, 25.0, 40.0):
         for cycle in range(3):

@@ -840,8 +840,7 @@ def prefill_pass_s(paths) -> dict:
     return {"prefill.host_serial_s_per_iteration": float(x.mean()), "stderr": sd, "settings": len(x)}
 
 
-HOST_BOUND_TOKENS = 512  # fit_xfer_prefill: prompts this short wait on the host's launches (the 32-layer 8B's and the
-# 8-layer 70B's on the H200 and the H100: realrun.hostcal.fit_prefill_host's runs)
+HOST_BOUND = ("baseline",)  # fit_xfer_prefill: the method whose prefill rows time the host floor alone (module doc)
 
 
 def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
@@ -890,35 +889,54 @@ def _line(x, y):
 def fit_xfer_prefill(paths) -> dict:
     """network.link_busy_prefill_host_factor (a) and its _per_gbps (b) from the xfer files' prefill rows: per (set,
     method, prompt length, rate, cycle) the prefill's time with a long transfer in flight over the same cycle's with
-    the link idle (pairs whose transfer ended before the prefill did left out); least squares of ratio = a + b x rate
-    over the pairs of the prompt lengths whose idle prefill waits on the host (prompt_tokens at most `HOST_BOUND_TOKENS`:
-    the simulator multiplies the prefill's host floor, not its GPU time, by a + b x rate). With standard errors and
-    the mean ratio per rate."""
+    the link idle (pairs whose transfer ended before the prefill did left out), and a least-squares line ratio =
+    a + b x rate through each (set, method, prompt length)'s pairs (`lines`). The simulator multiplies the prefill's
+    host floor by a + b x rate, not its GPU time nor its quantize step (that takes the general pair), so the value is
+    the line of the pairs that time the floor alone (`HOST_BOUND`: the set with the most layers, FP16, the shortest
+    prompt: its 32 layers wait on the host's launches, and FP16's quantize step is the packing of its KV, a millisecond
+    or so; the 2-bit formats' steps and the 8-layer 70B's GPU time are in the others' timings). With standard errors,
+    the mean ratio per rate, and the pairs."""
     import numpy as np
     import pandas as pd
 
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     if "prompt_tokens" not in d.columns:
         raise ValueError("no prefill rows (python -m realrun.transient --xfer-prefill)")
-    d = d[(d["event"] == "prefill") & (d["prompt_tokens"] <= HOST_BOUND_TOKENS)]
-    rates, ratios, keys = [], [], []
-    for (set_name, _, tokens, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
+    d = d[d["event"] == "prefill"]
+    pairs: dict[tuple, list[tuple[float, float]]] = {}
+    for (set_name, method, tokens, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
         idle, busy = x[x["since_start_s"] < 0]["wall_s"], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)]["wall_s"]
         if len(idle) and len(busy):
-            rates.append(float(rate))
-            ratios.append(float(busy.mean() / idle.mean()))
-            keys.append(f"{set_name} {tokens}")
-    if len(set(rates)) < 2:
+            pairs.setdefault((set_name, method, int(tokens)), []).append(
+                (float(rate), float(busy.mean() / idle.mean()))
+            )
+    lines = {}
+    for key, xy in sorted(pairs.items()):
+        x, y = np.array(xy).T
+        if len(set(x)) < 2:
+            continue
+        coef, se = _line(x, y)
+        lines[" ".join(map(str, key))] = {
+            "a": round(float(coef[0]), 3),
+            "b": round(float(coef[1]), 4),
+            "stderr": [round(float(se[0]), 3), round(float(se[1]), 4)],
+            "mean_ratio_by_gbps": {f"{g:g}": round(float(y[x == g].mean()), 3) for g in sorted(set(x))},
+            "pairs": len(y),
+        }
+    if not lines:
         raise ValueError("prefill pairs at two rates or more are needed")
-    x, y = np.array(rates), np.array(ratios)
-    coef, se = _line(x, y)
+    layers = max(int(k[0].rsplit(":", 1)[1]) for k in pairs)
+    bound = [k for k in pairs if int(k[0].rsplit(":", 1)[1]) == layers and k[1] == HOST_BOUND[0]]
+    if not bound:
+        raise ValueError(f"no {HOST_BOUND[0]} prefill rows in the set with the most layers ({layers})")
+    key = min(bound, key=lambda k: k[2])
+    v = lines[" ".join(map(str, key))]
     return {
-        "link_busy_prefill_host_factor": round(float(coef[0]), 3),
-        "link_busy_prefill_host_factor_per_gbps": round(float(coef[1]), 4),
-        "stderr": [round(float(se[0]), 3), round(float(se[1]), 4)],
-        "mean_ratio_by_gbps": {f"{g:g}": round(float(y[x == g].mean()), 3) for g in sorted(set(rates))},
-        "mean_ratio_by_set_and_prompt": {k: round(float(y[np.array(keys) == k].mean()), 3) for k in sorted(set(keys))},
-        "pairs": len(y),
+        "link_busy_prefill_host_factor": v["a"],
+        "link_busy_prefill_host_factor_per_gbps": v["b"],
+        "stderr": v["stderr"],
+        "from": " ".join(map(str, key)),
+        "lines": lines,
     }
 
 

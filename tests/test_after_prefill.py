@@ -434,40 +434,51 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
 
 
 def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):
-    """xfer runs with prefill rows (realrun.transient --xfer-prefill): host-bound prefills of 128 and 384 tokens (12
-    and 14 ms idle) slowed by 1.05 + 0.008 x the link's Gbps with a long transfer in flight, 1 % noise; a 2,048-token
-    prefill (GPU-bound, not slowed) and a pair whose transfer ended first (busy 0) are left out; the decode rows
-    do not enter. The fit gives a and b within their errors, one pair per (prompt, rate, cycle)."""
+    """xfer runs with prefill rows (realrun.transient --xfer-prefill): on a 32-layer set FP16's 128-token prefill
+    (12 ms idle, host-bound) slowed by 1.05 + 0.008 x the link's Gbps with a long transfer in flight, its 384-token
+    one less (1.02 + 0.004), HACK's more, an 8-layer set's not at all; 1 % noise; a pair whose transfer ended first
+    (busy 0) is left out and the decode rows do not enter. The value is the 32-layer set's FP16 line at its shortest
+    prompt, within its errors; every (set, method, prompt) has its own line."""
     from realrun.transient import fit_xfer, fit_xfer_prefill
 
     rng = np.random.default_rng(7)
     rows = []
-
-    def row(rate, cycle, event, since, busy, wall, tokens, k=0):
-        rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, method="hack", prompt_tokens=tokens))
-
+    truth = {  # (set, method, prompt): idle seconds, a, b
+        ("m:32", "baseline", 128): (0.012, 1.05, 0.008),
+        ("m:32", "baseline", 384): (0.015, 1.02, 0.004),
+        ("m:32", "hack", 128): (0.028, 1.10, 0.016),
+        ("m:8", "baseline", 128): (0.008, 1.0, 0.0),
+    }
     for rate in (2.5, 10.0, 25.0, 40.0):
         for cycle in range(3):
             for k in range(1, 17):  # decode rows: a quiet window and a busy one, the busy 0.63 ms x 0.02/Gbps longer
-                row(rate, cycle, "none", -1.0, 0, 0.0085 * (1 + 0.01 * rng.standard_normal()), 0, k)
-                row(rate, cycle, "long", 0.01 + k * 0.009, 1, 0.0085 + 0.00063 * 0.02 * rate, 0, k)
-            for tokens, idle_s in ((128, 0.012), (384, 0.014), (2048, 0.060)):
-                busy_s = idle_s * (1.05 + 0.008 * rate) if tokens <= 512 else idle_s
-                row(rate, cycle, "prefill", -1.0, 0, idle_s * (1 + 0.01 * rng.standard_normal()), tokens)
-                row(rate, cycle, "prefill", 0.010, 1, busy_s * (1 + 0.01 * rng.standard_normal()), tokens)
-    row(40.0, 0, "prefill", 0.010, 0, 1.0, 128)  # its transfer ended before the prefill did: not a busy prefill
+                rows.append(_xfer_row(rate, cycle, "none", -1.0, 0, 0.0085 * (1 + 0.01 * rng.standard_normal()), k=k))
+                rows.append(_xfer_row(rate, cycle, "long", 0.01 + k * 0.009, 1, 0.0085 + 0.00063 * 0.02 * rate, k=k))
+            for (set_name, method, tokens), (idle_s, a, b) in truth.items():
+                for since, busy, wall in ((-1.0, 0, idle_s), (0.010, 1, idle_s * (a + b * rate))):
+                    wall *= 1 + 0.01 * rng.standard_normal()
+                    rows.append(
+                        _xfer_row(
+                            rate, cycle, "prefill", since, busy, wall, set=set_name, method=method, prompt_tokens=tokens
+                        )
+                    )
+    # its transfer ended before the prefill did: not a busy prefill
+    rows.append(_xfer_row(40.0, 0, "prefill", 0.010, 0, 1.0, set="m:32", prompt_tokens=128))
     p = tmp_path / "x.csv"
-    pd.DataFrame(rows).to_csv(p, index=False)
+    pd.DataFrame([{"prompt_tokens": 0, **r} for r in rows]).to_csv(p, index=False)
     got = fit_xfer_prefill([p])
     a_se, b_se = got["stderr"]
-    assert got["pairs"] == 4 * 3 * 2
+    assert got["from"] == "m:32 baseline 128"
     assert abs(got["link_busy_prefill_host_factor"] - 1.05) <= 3 * a_se + 1e-3
     assert abs(got["link_busy_prefill_host_factor_per_gbps"] - 0.008) <= 3 * b_se + 1e-4
-    assert got["mean_ratio_by_gbps"]["40"] == pytest.approx(1.05 + 0.008 * 40, rel=0.02)
+    assert set(got["lines"]) == {" ".join(map(str, k)) for k in truth}
+    assert got["lines"]["m:32 baseline 128"]["pairs"] == 4 * 3
+    assert got["lines"]["m:32 hack 128"]["b"] == pytest.approx(0.016, abs=0.002)
+    assert got["lines"]["m:8 baseline 128"]["b"] == pytest.approx(0.0, abs=0.001)
     # the prefill rows stay out of the decode loop's fit
     assert fit_xfer([p])["link_busy_host_factor_per_gbps"] == pytest.approx(0.02, abs=2e-3)
     # files without prefill rows: one line saying so
-    pd.DataFrame([r for r in rows if r["event"] != "prefill"]).drop(columns="prompt_tokens").to_csv(p, index=False)
+    pd.DataFrame([r for r in rows if r["event"] != "prefill"]).to_csv(p, index=False)
     with pytest.raises(ValueError, match="no prefill rows"):
         fit_xfer_prefill([p])
 

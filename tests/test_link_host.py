@@ -268,6 +268,30 @@ def test_the_measured_scenarios_take_the_hostcal_fit():
             assert net[f"{names}_per_gbps"] == pytest.approx(part[f"{names}_per_gbps"], rel=0.02), path.name
 
 
+def test_the_h100_scenarios_take_the_h100_probes_prefill_level():
+    """The h100g_* scenarios' prefill floor level while the link moves KV is realrun.transient's fit_xfer_prefill on the
+    H100 host's committed probe runs (realrun/traces/h100_transient: the harness's own link, not hostcal's second one),
+    the other host terms' level the H200 host's hostcal fit: not a fit to any trace."""
+    import yaml
+
+    from realrun.transient import fit_xfer_prefill
+
+    root = Path(__file__).resolve().parent.parent
+    probe = fit_xfer_prefill(sorted((root / "realrun/traces/h100_transient").glob("xferpre*.csv")))
+    assert probe["from"] == "llama-3.1-8b:32 baseline 128"
+    # below hostcal's 1.35 at a link rate near 0, by far more than either's error
+    assert probe["link_busy_prefill_host_factor"] + 3 * probe["stderr"][0] < 1.35
+    host = fit_link_host(sorted((root / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
+    paths = sorted((root / "scenarios/measured").glob("h100g_*.yaml"))
+    assert len(paths) == 11
+    for path in paths:
+        net = yaml.safe_load(path.read_text())["network"]
+        for name in ("link_busy_prefill_host_factor", "link_busy_prefill_host_factor_per_gbps"):
+            assert net[name] == pytest.approx(probe[name], rel=0.02), path.name
+        for name in ("link_busy_host_factor", "link_busy_host_factor_per_gbps"):
+            assert net[name] == pytest.approx(host[name], rel=0.02), path.name
+
+
 # ---- calibrate: the busy level as two host parameters ---------------------------------------------------------
 def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold():
     """On a recorded trace (8b_sat HACK at 40 Gbps, realrun: one process), an item that starts with a transfer in

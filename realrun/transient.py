@@ -29,12 +29,13 @@ block), event_s (the last prefill's time), max_context, wall_s.
 rate and cycle, a short transfer (10 ms of wire) then 16 iterations, a long one (300 ms) then 48, and 16 with
 none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps, cycle, event, k, since_start_s
 (the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
-iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0).
+iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0), forward_s (0).
 With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each length (start to KV encoded, its KV
 dropped, as the transient probe's) with the link idle and, right after, with a long transfer 10 ms into its wire
-time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds; busy stays 1 only where
-the transfer was still in flight when the prefill ended): what the link thread does to a prefill's launches, the
-prefill floor's level while the link moves KV (fit_xfer_prefill).
+time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds with its quantize step,
+forward_s without it; busy stays 1 only where the transfer was still in flight when the prefill ended): what the
+link thread does to a prefill's launches, the prefill floor's level while the link moves KV (fit_xfer_prefill; the
+files of 2026-12-06 have no forward_s, and the fit then reads wall_s).
 
 `--mix` measures instead whether a batch's spread of contexts costs more than its total (mix.csv): per batch size,
 B requests of `--context` tokens each and B spread evenly over 0.5-1.5 x that (the same total), 64 iterations each
@@ -372,15 +373,17 @@ def scenario_per_ctx_s(scenarios):
     return price
 
 
-def _dropped_prefill(h, rid: int, tokens: int) -> float:
+def _dropped_prefill(h, rid: int, tokens: int, parts: list[float] | None = None) -> float:
     """A prefill of `tokens` through the harness's own path, its KV dropped (no transfer, no join): its seconds
-    from start to KV encoded."""
+    from start to KV encoded; `parts` (if given) gets the forward's seconds alone, start to prefill end."""
     from .harness import _Req
     from .workload import Request
 
     r = _Req(Request(rid, 0.0, tokens, 1))
     h.prefill([r])
     r.send = None
+    if parts is not None:
+        parts.append(r.t["prefill_end_s"] - r.t["prefill_start_s"])
     return r.t["quantize_end_s"] - r.t["prefill_start_s"]
 
 
@@ -496,6 +499,7 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                                 max_context=max(r.stored for r in run),
                                 wall_s=s1 - s0,
                                 prompt_tokens=0,
+                                forward_s=0.0,
                             )
                         )
                         last_end[0] = s1
@@ -513,7 +517,8 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                             start = tr.start_s
                             time.sleep(0.010)  # past the start's burst
                         s0 = h.now()
-                        took = _dropped_prefill(h, next_id, tokens)
+                        forward: list[float] = []
+                        took = _dropped_prefill(h, next_id, tokens, forward)
                         next_id += 1
                         still = busy and link.done.empty()
                         rows.append(
@@ -531,6 +536,7 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                                 max_context=max(r.stored for r in run),
                                 wall_s=took,
                                 prompt_tokens=tokens,
+                                forward_s=forward[0],
                             )
                         )
                         if busy:
@@ -894,8 +900,9 @@ def fit_xfer_prefill(paths) -> dict:
     host floor by a + b x rate, not its GPU time nor its quantize step (that takes the general pair), so the value is
     the line of the pairs that time the floor alone (`HOST_BOUND`: the set with the most layers, FP16, the shortest
     prompt: its 32 layers wait on the host's launches, and FP16's quantize step is the packing of its KV, a millisecond
-    or so; the 2-bit formats' steps and the 8-layer 70B's GPU time are in the others' timings). With standard errors,
-    the mean ratio per rate, and the pairs."""
+    or so; the 2-bit formats' steps and the 8-layer 70B's GPU time are in the others' timings). The forward's own
+    seconds (forward_s) where the files have them, else the prefill's with its quantize step (wall_s): `timing` says
+    which. With standard errors, the mean ratio per rate, and the pairs."""
     import numpy as np
     import pandas as pd
 
@@ -903,9 +910,10 @@ def fit_xfer_prefill(paths) -> dict:
     if "prompt_tokens" not in d.columns:
         raise ValueError("no prefill rows (python -m realrun.transient --xfer-prefill)")
     d = d[d["event"] == "prefill"]
+    col = "forward_s" if "forward_s" in d.columns else "wall_s"  # the forward alone, without the quantize step
     pairs: dict[tuple, list[tuple[float, float]]] = {}
     for (set_name, method, tokens, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
-        idle, busy = x[x["since_start_s"] < 0]["wall_s"], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)]["wall_s"]
+        idle, busy = x[x["since_start_s"] < 0][col], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)][col]
         if len(idle) and len(busy):
             pairs.setdefault((set_name, method, int(tokens)), []).append(
                 (float(rate), float(busy.mean() / idle.mean()))
@@ -936,6 +944,7 @@ def fit_xfer_prefill(paths) -> dict:
         "link_busy_prefill_host_factor_per_gbps": v["b"],
         "stderr": v["stderr"],
         "from": " ".join(map(str, key)),
+        "timing": col,
         "lines": lines,
     }
 

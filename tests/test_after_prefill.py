@@ -475,8 +475,19 @@ def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):
     assert got["lines"]["m:32 baseline 128"]["pairs"] == 4 * 3
     assert got["lines"]["m:32 hack 128"]["b"] == pytest.approx(0.016, abs=0.002)
     assert got["lines"]["m:8 baseline 128"]["b"] == pytest.approx(0.0, abs=0.001)
+    assert got["timing"] == "wall_s"
     # the prefill rows stay out of the decode loop's fit
     assert fit_xfer([p])["link_busy_host_factor_per_gbps"] == pytest.approx(0.02, abs=2e-3)
+    # with the forward's own seconds (forward_s) the fit reads them: a quantize step of 10 ms that the link does
+    # not slow (wall_s = forward_s + 0.010) no longer dilutes the ratio
+    frame = pd.DataFrame([{"prompt_tokens": 0, **r} for r in rows])
+    frame["forward_s"] = frame["wall_s"]
+    frame.loc[frame["event"] == "prefill", "wall_s"] += 0.010
+    frame.to_csv(p, index=False)
+    got = fit_xfer_prefill([p])
+    assert got["timing"] == "forward_s"
+    assert abs(got["link_busy_prefill_host_factor_per_gbps"] - 0.008) <= 3 * got["stderr"][1] + 1e-4
+    assert fit_xfer_prefill([p])["lines"]["m:32 baseline 128"]["b"] > 0.006
     # files without prefill rows: one line saying so
     pd.DataFrame([r for r in rows if r["event"] != "prefill"]).to_csv(p, index=False)
     with pytest.raises(ValueError, match="no prefill rows"):

@@ -405,18 +405,15 @@ elif [ "$PART" = pin ]; then
     rec h100g_8b_satpin M8 40 1024 3072 32 160 32 16 140 150 3 "$m" 8
     REC_EXTRA=()
   done
-elif [ "$PART" = midlink ]; then
+elif [ "$PART" = midlink ] || [ "$PART" = midlink100 ]; then
   # issue 28: what validate --cv says only one or two configurations show the fit: the busy link's growth with the line
   # rate (only 8b_sat at 40 Gbps and 8b_mem at 50 put a fast link under the host terms) and the 32-layer prefill's host
-  # floor (only 8b_2.5gbps has host-bound 32-layer prefills); rates set from the simulator before any run
+  # floor (only 8b_2.5gbps has host-bound 32-layer prefills); rates set from the simulator before any run (midlink100:
+  # the same two on an H100, 8B at 25 Gbps at 7 req/s where the H200's runs at 8)
   smoke_or_stop
-  rec h200g_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" 8
-  rec h200g_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
-elif [ "$PART" = midlink100 ]; then
-  # issue 28: part midlink's two configurations on an H100
-  smoke_or_stop
-  rec h100g_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" 7
-  rec h100g_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
+  if [ "$PART" = midlink ]; then G=h200g; R25=8; else G=h100g; R25=7; fi
+  rec ${G}_8b_sat25 M8 25 1024 3072 32 160 32 16 170 150 1 "baseline kvquant hack" $R25
+  rec ${G}_8b_short10 M8 10 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 12
 elif [ "$PART" = long70 ]; then
   # issue 28: long prompts on the other model shape (8 layers of the 70B), never measured
   smoke_or_stop

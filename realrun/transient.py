@@ -858,12 +858,11 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
     per iteration, by a + b x rate while the link moves KV). With standard errors; a below 1 is reported as
     estimated (the scenario field is bounded at 1)."""
     import numpy as np
-    import pandas as pd
 
-    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = _read_runs(paths)
     d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
     rates, extra = [], []
-    for (_, _, rate, _), x in d.groupby(["set", "method", "link_gbps", "cycle"]):
+    for (_, _, _, rate, _), x in d.groupby(["run", "set", "method", "link_gbps", "cycle"]):
         quiet = x[x["event"] == "none"]["cadence_s"]
         busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
         if len(quiet) and len(busy) >= 5:
@@ -880,6 +879,20 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
         "extra_s_per_iteration": [round(float(coef[0]), 6), round(float(coef[1]), 7)],
         "windows": len(y),
     }
+
+
+def _read_runs(paths):
+    """The rows of every file, each file a run of its own (column run: its place in `paths`; the fits pair rows
+    within a run's cycles, never one run's idle rows with another's busy ones), and each row's time to pair (column
+    timed_s: the forward alone, forward_s, where the file has it, else wall_s; column timing says which)."""
+    import pandas as pd
+
+    frames = []
+    for i, p in enumerate(paths):
+        f = pd.read_csv(p)
+        col = "forward_s" if "forward_s" in f.columns else "wall_s"
+        frames.append(f.assign(run=i, timed_s=f[col], timing=col))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _line(x, y):
@@ -901,19 +914,20 @@ def fit_xfer_prefill(paths) -> dict:
     the line of the pairs that time the floor alone (`HOST_BOUND`: the set with the most layers, FP16, the shortest
     prompt: its 32 layers wait on the host's launches, and FP16's quantize step is the packing of its KV, a millisecond
     or so; the 2-bit formats' steps and the 8-layer 70B's GPU time are in the others' timings). The forward's own
-    seconds (forward_s) where the files have them, else the prefill's with its quantize step (wall_s): `timing` says
-    which. With standard errors, the mean ratio per rate, and the pairs."""
+    seconds (forward_s) where a file has them, else the prefill's with its quantize step (wall_s): `timing` says
+    which. Each file is a run of its own: its pairs are its own cycles' (_read_runs). With standard errors, the mean
+    ratio per rate, and the pairs."""
     import numpy as np
-    import pandas as pd
 
-    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = _read_runs(paths)
     if "prompt_tokens" not in d.columns:
         raise ValueError("no prefill rows (python -m realrun.transient --xfer-prefill)")
     d = d[d["event"] == "prefill"]
-    col = "forward_s" if "forward_s" in d.columns else "wall_s"  # the forward alone, without the quantize step
     pairs: dict[tuple, list[tuple[float, float]]] = {}
-    for (set_name, method, tokens, rate, _), x in d.groupby(["set", "method", "prompt_tokens", "link_gbps", "cycle"]):
-        idle, busy = x[x["since_start_s"] < 0][col], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)][col]
+    for (_, set_name, method, tokens, rate, _), x in d.groupby(
+        ["run", "set", "method", "prompt_tokens", "link_gbps", "cycle"]
+    ):
+        idle, busy = x[x["since_start_s"] < 0]["timed_s"], x[(x["since_start_s"] >= 0) & (x["busy"] == 1)]["timed_s"]
         if len(idle) and len(busy):
             pairs.setdefault((set_name, method, int(tokens)), []).append(
                 (float(rate), float(busy.mean() / idle.mean()))
@@ -944,7 +958,7 @@ def fit_xfer_prefill(paths) -> dict:
         "link_busy_prefill_host_factor_per_gbps": v["b"],
         "stderr": v["stderr"],
         "from": " ".join(map(str, key)),
-        "timing": col,
+        "timing": "+".join(sorted(set(d["timing"]))),
         "lines": lines,
     }
 

@@ -494,6 +494,36 @@ def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):
         fit_xfer_prefill([p])
 
 
+def test_the_xfer_fits_pair_rows_within_each_file(tmp_path):
+    """Two files are two runs (realrun.transient --fit on several): their cycles share numbers, but a pair is one
+    run's busy prefill over that run's idle one, never across runs, and each file is timed by its own columns. Run A
+    (forward_s, its wall_s 1 s: never read) 10 ms idle and 12 ms busy, run B (wall_s only) 20 and 22: the ratios
+    are 1.2 and 1.1, their mean 1.15 (pooled rows would give 34 / 30 = 1.133); the decode fit counts each run's
+    windows."""
+    from realrun.transient import fit_xfer, fit_xfer_prefill
+
+    paths = []
+    for name, (idle_s, busy_s), timed in (("a", (0.010, 0.012), "forward_s"), ("b", (0.020, 0.022), "wall_s")):
+        rows = []
+        for rate in (10.0, 40.0):
+            for k in range(1, 9):
+                rows.append(_xfer_row(rate, 0, "none", -1.0, 0, 0.0085, k=k))
+                rows.append(_xfer_row(rate, 0, "long", 0.01 + k * 0.009, 1, 0.0085 + 0.00063 * 0.02 * rate, k=k))
+            for since, busy, t in ((-1.0, 0, idle_s), (0.010, 1, busy_s)):
+                more = {"forward_s": t} if timed == "forward_s" else {}
+                wall = 1.0 if timed == "forward_s" else t
+                rows.append(_xfer_row(rate, 0, "prefill", since, busy, wall, set="m:32", prompt_tokens=128, **more))
+        p = tmp_path / f"{name}.csv"
+        pd.DataFrame([{"prompt_tokens": 0, **r} for r in rows]).to_csv(p, index=False)
+        paths.append(p)
+    got = fit_xfer_prefill(paths)
+    line = got["lines"]["m:32 baseline 128"]
+    assert line["pairs"] == 4
+    assert line["mean_ratio_by_gbps"] == {"10": 1.15, "40": 1.15}
+    assert got["timing"] == "forward_s+wall_s"
+    assert fit_xfer(paths)["windows"] == 4
+
+
 def test_the_committed_probe_runs_give_the_h200_scenarios_values(capsys):
     """realrun.transient --fit on every committed file (realrun/traces/h200_transient/*.csv, the scenarios' command)
     gives the six numbers the h200g scenarios carry: they come from the probes, not from a trace. The files of other

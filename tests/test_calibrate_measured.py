@@ -51,21 +51,29 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # Each item's error relative to its price, renewed at the optimum (calibrate.item_scales), where it was relative to
 # its own measured time (which fits a noisy term under its mean): in-sample 3.1 -> 3.1 % (max 10.5 -> 8.3 %), by
 # trace 3.4 -> 3.7 % (max 11.2 -> 9.9 %), by configuration 3.5 -> 4.1 % (max 10.7 -> 12.0 %).
+# The busy link's host levels from the harness's own link (realrun.transient's xfer and xferpre probes on the H200 host:
+# the loop 1.026 + 0.0142 per Gbps, the prefill floor 1.0 + 0.0149, where hostcal's second link gave 1.31 + 0.0258 and
+# 1.35 + 0.0100; the 27 fit 1.09 + 0.0136 from hostcal's prior, 1.08 + 0.0116 from the probes'): by configuration 4.1 -> 4.1 % (max 12.0 -> 11.9 %, p50 TTFT 8.4
+# -> 7.7 %), by trace 3.7 -> 3.7 % (max 9.9 -> 9.8 %); no fit 5.1 -> 5.9 % (max 16.9 -> 19.1 %, 8b_sat HACK r9: the
+# higher levels had covered part of what the fit puts in the prefill's efficiency and floors).
 HELD_OUT = {
     "jct_mean_abs_error_pct": 3.7 + 2,
-    "jct_max_abs_error_pct": 9.9 + 2,
+    "jct_max_abs_error_pct": 9.8 + 2,
     "tpot_p50_mean_abs_error_pct": 3.8 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.5 + 2,
 }
 HELD_OUT_CONFIGURATION = {
     "jct_mean_abs_error_pct": 4.1 + 2,
-    "jct_max_abs_error_pct": 12.0 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.2 + 2,
-    "ttft_p50_mean_abs_error_pct": 8.4 + 2,
+    "jct_max_abs_error_pct": 11.9 + 2,
+    "tpot_p50_mean_abs_error_pct": 4.4 + 2,
+    "ttft_p50_mean_abs_error_pct": 7.7 + 2,
 }
 TRACES_WITHIN_10PCT = 27 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
 DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_kvquant_r8.8": 0.0 + 2}
+# Held out, since the busy link's levels come from the harness's own link (the probes above), three: 70b8l_1gbps, 2.6
+# against 2.1 % (by 0.5 points; its recordings spread +-3.0 %: its no fit, at 1 Gbps, gains most from the lower level),
+# 8b_2.5gbps, 6.4 against 5.6 % (by 0.8; +-10.4 %), and 8b_mem, 6.5 against 3.6 % (by 2.8; +-3.6 %).
 # Held out, since each item's error is relative to its price (calibrate.item_scales), two: 8b_2.5gbps, 6.9 against
 # 5.7 % (by 1.1 points; its recordings spread +-11.3 %), and 8b_mem, 6.6 against 4.6 % (by 2.0 points, +-4.8 %): the
 # unbiased fit prices their FP16 and KVQuant-style runs long (8b_mem KVQuant-style r8.5 +12 %), where the low pull of
@@ -87,7 +95,7 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_8b_2.5gbps", "h200g_8b_mem"]
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_1gbps", "h200g_8b_2.5gbps", "h200g_8b_mem"]
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +371,11 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
 # + 2, the factor better than no fit and no fit better than the calibration alone on the mean, which rows the factor
 # beats no fit in, and which rows' factors come from runs that disagree (standard error over 0.15).
 H100 = ROOT / "realrun/traces/index_h100.csv"
-H100_PCT = {"jct_mean_abs_error_pct": 4.3 + 2, "jct_max_abs_error_pct": 27.3 + 2}
+# Since the h100g scenarios carry the H100 probes' busy-link levels (the loop's 1.28 + 0.0089 per Gbps where hostcal's
+# H200 runs gave 1.31 + 0.0258; the prefill floor's 1.047 + 0.0148): no fit 4.8 % (max 29.6 %), the calibration alone
+# 6.4 % (51.0 %), with the factor 4.3 % (27.0 %); 8b_mem at 16:26 turns worse with the factor (6.2 against 4.9 %) and
+# 8b_small at 14:35 better (3.4 against 3.9 %).
+H100_PCT = {"jct_mean_abs_error_pct": 4.3 + 2, "jct_max_abs_error_pct": 27.0 + 2}
 H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1626"),
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1649"),
@@ -372,10 +384,10 @@ H100_FACTOR_NOT_BETTER = {
     ("h100g_8b_2.5gbps", "h100-2026-12-05-1626"),
     ("h100g_8b_kvsat", "h100-2026-12-05-1937"),
     ("h100g_8b_light", "h100-2026-12-05-1435"),
+    ("h100g_8b_mem", "h100-2026-12-05-1626"),
     ("h100g_8b_mem", "h100-2026-12-05-1649"),
     ("h100g_8b_sat", "h100-2026-12-05-1937"),
     ("h100g_8b_short10", "h100-2026-12-05-2203"),
-    ("h100g_8b_small", "h100-2026-12-05-1435"),
     ("h100g_8b_small", "h100-2026-12-05-1649"),
 }
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
@@ -399,3 +411,28 @@ def test_the_h200_calibration_carries_to_an_h100(all_fit):
         better = c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"]
         assert better == (key not in H100_FACTOR_NOT_BETTER), c
     assert {tuple(x) for x in r["worse_than_no_fit"]} == H100_FACTOR_NOT_BETTER  # what validate's output flags
+
+
+# A session no fit has seen on the H200 (realrun/traces/h200_midlink, 2026-12-06: 8b_sat25 and 8b_short10, never
+# recorded on an H200 before), priced by the calibration over every earlier session: that session's host ran the host
+# terms at 0.6-0.7 of the calibration's, so the calibration alone is off by 22.3 % (max 41.2 %) where no fit is by
+# 12.0 % (22.2 %), a known miss this test pins; the factor from the session's other configuration brings it to 3.8 %
+# (8.8 %) (docs/calibration.md, "Two configurations the H200 had not recorded"). Bounds: achieved + 2, the factor better
+# than no fit, better than the calibration alone, in each configuration.
+H200_MIDLINK = ROOT / "realrun/traces/h200_midlink/index.csv"
+H200_MIDLINK_PCT = {"jct_mean_abs_error_pct": 3.8 + 2, "jct_max_abs_error_pct": 8.8 + 2}
+
+
+def test_a_new_h200_session_is_priced_with_its_host_factor(all_fit):
+    from simulator.crossval import cross_validate_machine
+
+    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
+    r = cross_validate_machine(H200_MIDLINK, base, "index_all", workers=2)
+    assert r["traces"] == 6 and not r["notes"]
+    for k, bound in H200_MIDLINK_PCT.items():
+        assert r["machine_refit"][k] <= bound, r["machine_refit"]
+    mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base")}
+    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the session's fast host
+    for c in r["configurations"]:
+        assert c["machine_factor"] < 0.8, c
+        assert c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"], c

@@ -22,7 +22,10 @@ from tests.recorded_runs import check_recorded_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "realrun/traces/h200_graphs"
-# trace: (|mean decode error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2
+# trace: (|mean decode error|, |mean decode-iteration error|) bounds in percent: achieved, rounded up, + 2. Since the
+# busy link's host levels are the probe's of the harness's own link (2026-12-06; hostcal's second link had slowed the
+# host more), FP16's decode at 25-40 Gbps is priced shorter: dq r8.8 -7.1 %, 8b_sat r11 -11.2 %, r9 -5.3 % (bounds 7, 8
+# and 4 before); the fit, which agrees with the probe's level, moves the prefill's efficiency and floors instead.
 BOUNDS = {
     "h200g_70b8l_1gbps_baseline_r8": (8, 6),
     "h200g_70b8l_1gbps_hack_r8": (5, 7),
@@ -31,7 +34,7 @@ BOUNDS = {
     "h200g_70b8l_2.5gbps_hack_r10": (6, 9),
     "h200g_70b8l_2.5gbps_kvquant_r10": (3, 9),
     "h200g_70b8l_dq_baseline_r7.3": (4, 10),
-    "h200g_70b8l_dq_baseline_r8.8": (7, 11),
+    "h200g_70b8l_dq_baseline_r8.8": (10, 11),
     "h200g_70b8l_dq_hack_r7.3": (8, 12),
     "h200g_70b8l_dq_hack_r8.8": (11, 15),
     "h200g_70b8l_dq_kvquant_r7.3": (5, 10),
@@ -45,8 +48,8 @@ BOUNDS = {
     "h200g_8b_mem_hack_r8.5": (5, 6),
     "h200g_8b_mem_kvquant_r7.5": (3, 5),
     "h200g_8b_mem_kvquant_r8.5": (4, 4),
-    "h200g_8b_sat_baseline_r11": (8, 8),
-    "h200g_8b_sat_baseline_r9": (4, 6),
+    "h200g_8b_sat_baseline_r11": (14, 8),
+    "h200g_8b_sat_baseline_r9": (8, 6),
     "h200g_8b_sat_hack_r11": (13, 12),
     "h200g_8b_sat_hack_r9": (22, 11),
     "h200g_8b_sat_kvquant_r11": (8, 9),

@@ -7,6 +7,7 @@
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
 #          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre
+#          | cpustate
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -88,6 +89,9 @@
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
 #             method at batch 8, 3 cycles (~300 s).
+#   part cpustate: realrun.cpustate three times, 30 s each in a process of its own: a pure-Python loop and the
+#             KVQuant-style quantize step of 32 layers, step after step, with the CPU, migrations and steal (does
+#             the host's CPU run at one speed?) (~110 s).
 #   part kvsat: smoke, h200g_8b_kvsat r2.5 60 requests span ~24 s + drain (FP16's decode memory saturated),
 #             FP16 and HACK three times, KVQuant-style once.
 #   part steps: smoke, then h200g_8b_sat r9 (FP16, HACK), h200g_8b_mem r8.5 (HACK), h200g_70b8l_2.5gbps r10 (HACK),
@@ -337,6 +341,11 @@ elif [ "$PART" = xferpre ]; then
     --cycles 3 --out "$OUT/xferpre_8b.csv" "${TR[@]}"
   step 240 xferpre_70b python3 -m realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384 --batches 8 \
     --cycles 3 --out "$OUT/xferpre_70b.csv" "${TR70[@]}"
+elif [ "$PART" = cpustate ]; then
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then CS=(--seconds 1 --no-gpu); else CS=(--seconds 30); fi
+  for i in 1 2 3; do
+    step 60 "cpustate$i" python3 -m realrun.cpustate --out "$OUT/cpustate.csv" --tag "run$i" "${CS[@]}"
+  done
 elif [ "$PART" = long ]; then
   # issue 28: a configuration never measured, long prompts (8-16K tokens): does the calibration carry there
   smoke_or_stop

@@ -71,9 +71,10 @@ def _quantize_step():
 
 
 def measure(seconds: float, tag: str, gpu: bool = True) -> list[dict]:
+    """Steps for `seconds` (at least one, however loaded the machine: the file always gets a row)."""
     step = _quantize_step() if gpu else None
     rows, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    while not rows or time.perf_counter() < end:
         cpu, steal = _cpu_now(), _steal_ticks()
         t0 = time.perf_counter()
         if step is not None:

@@ -34,8 +34,8 @@ With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each l
 dropped, as the transient probe's) with the link idle and, right after, with a long transfer 10 ms into its wire
 time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds with its quantize step,
 forward_s without it; busy stays 1 only where the transfer was still in flight when the prefill ended): what the
-link thread does to a prefill's launches, the prefill floor's level while the link moves KV (fit_xfer_prefill; the
-files of 2026-12-06 have no forward_s, and the fit then reads wall_s).
+link thread does to a prefill's launches, the prefill floor's level while the link moves KV (fit_xfer_prefill; files
+without forward_s, the first two H100 runs', are timed by wall_s).
 
 `--mix` measures instead whether a batch's spread of contexts costs more than its total (mix.csv): per batch size,
 B requests of `--context` tokens each and B spread evenly over 0.5-1.5 x that (the same total), 64 iterations each

@@ -53,8 +53,8 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # trace 3.4 -> 3.7 % (max 11.2 -> 9.9 %), by configuration 3.5 -> 4.1 % (max 10.7 -> 12.0 %).
 # The busy link's host levels from the harness's own link (realrun.transient's xfer and xferpre probes on the H200 host:
 # the loop 1.026 + 0.0142 per Gbps, the prefill floor 1.0 + 0.0149, where hostcal's second link gave 1.31 + 0.0258 and
-# 1.35 + 0.0100; the 27 fit 1.09 + 0.0136 from hostcal's prior, 1.08 + 0.0116 from the probes'): by configuration 4.1 -> 4.1 % (max 12.0 -> 11.9 %, p50 TTFT 8.4
-# -> 7.7 %), by trace 3.7 -> 3.7 % (max 9.9 -> 9.8 %); no fit 5.1 -> 5.9 % (max 16.9 -> 19.1 %, 8b_sat HACK r9: the
+# 1.35 + 0.0100; the 27 fit 1.09 + 0.0136 from hostcal's prior, 1.08 + 0.0116 from the probes'): by configuration 4.1
+# -> 4.1 % (max 12.0 -> 11.9 %, p50 TTFT 8.4 -> 7.7 %), by trace 3.7 -> 3.7 % (max 9.9 -> 9.8 %); no fit 5.1 -> 5.9 % (max 16.9 -> 19.1 %, 8b_sat HACK r9: the
 # higher levels had covered part of what the fit puts in the prefill's efficiency and floors).
 HELD_OUT = {
     "jct_mean_abs_error_pct": 3.7 + 2,
@@ -393,16 +393,24 @@ H100_FACTOR_NOT_BETTER = {
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
 
 
-def test_the_h200_calibration_carries_to_an_h100(all_fit):
+def _priced_with_machine_factors(all_fit, index: Path, traces: int, bounds: dict[str, float]) -> dict:
+    """validate --cv --base on `index` with the calibration over every H200 session: `traces` runs, no notes, the
+    factor's figures within `bounds`, and on the mean the factor better than no fit, no fit better than the
+    calibration alone (the sessions' hosts run faster than the calibration's, mostly)."""
     from simulator.crossval import cross_validate_machine
 
     base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(H100, base, "index_all", workers=2)
-    assert r["traces"] == 80 and not r["notes"]
-    for k, bound in H100_PCT.items():
+    r = cross_validate_machine(index, base, "index_all", workers=2)
+    assert r["traces"] == traces and not r["notes"]
+    for k, bound in bounds.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]
     mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base")}
-    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the seventh session's fast host, mostly
+    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean
+    return r
+
+
+def test_the_h200_calibration_carries_to_an_h100(all_fit):
+    r = _priced_with_machine_factors(all_fit, H100, 80, H100_PCT)  # the seventh session's fast host, mostly
     rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
     assert len(rows) == 26 and len({c for c, _ in rows}) == 11, sorted(rows)
     for key, c in rows.items():
@@ -424,15 +432,7 @@ H200_MIDLINK_PCT = {"jct_mean_abs_error_pct": 3.8 + 2, "jct_max_abs_error_pct": 
 
 
 def test_a_new_h200_session_is_priced_with_its_host_factor(all_fit):
-    from simulator.crossval import cross_validate_machine
-
-    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(H200_MIDLINK, base, "index_all", workers=2)
-    assert r["traces"] == 6 and not r["notes"]
-    for k, bound in H200_MIDLINK_PCT.items():
-        assert r["machine_refit"][k] <= bound, r["machine_refit"]
-    mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base")}
-    assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean  # the session's fast host
+    r = _priced_with_machine_factors(all_fit, H200_MIDLINK, 6, H200_MIDLINK_PCT)  # the session's fast host
     for c in r["configurations"]:
         assert c["machine_factor"] < 0.8, c
         assert c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"], c

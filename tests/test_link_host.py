@@ -23,6 +23,8 @@ from simulator.decode import DecodeReplica, iteration_rows
 from simulator.link import EndpointHost
 from simulator.run import run_scenario
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _decode_timeline(idle: FixedCost, busy: FixedCost, transfer: tuple[float, float] | None):
     """One request (10 decode iterations) joins at 0; another request's transfer is in flight over `transfer`."""
@@ -253,61 +255,58 @@ def test_parse_accepts_the_measured_fields():
     assert parse_scenario(raw, "t").network.link_busy_host_factor == 1.33
 
 
-def test_the_h200_scenarios_take_the_h200_probes_levels():
-    """The h200g_* scenarios' busy-link host factors are realrun.transient's fits on the H200 host's committed probe
-    runs (realrun/traces/h200_transient/xfer*.csv: the harness's own link moving KV beside decode windows and short
-    prefills): the decode loop's pair (fit_xfer) for the host terms, the 32-layer FP16 prefill's (fit_xfer_prefill) for
-    the prefill floor, its level at the field's floor of 1 where the estimate is below it; not a fit to any trace.
-    hostcal's lumped runs (a second link kept busy) put both levels higher, by more than the probes' errors."""
-    import yaml
-
+def _probe_levels(folder: str, pattern: str):
+    """realrun.transient's fits on a folder's committed probe runs (the harness's own link moving KV beside decode
+    windows and short prefills): the decode loop's (fit_xfer), the prefill floor's (fit_xfer_prefill), and the four
+    scenario fields they give, each level at the field's floor of 1 where the estimate is below it."""
     from realrun.transient import fit_xfer, fit_xfer_prefill
 
-    root = Path(__file__).resolve().parent.parent
-    files = sorted((root / "realrun/traces/h200_transient").glob("xfer*.csv"))
+    files = sorted((ROOT / folder).glob(pattern))
     loop, pre = fit_xfer(files), fit_xfer_prefill(files)
-    assert loop["windows"] == 240 and pre["from"] == "llama-3.1-8b:32 baseline 128" and pre["timing"] == "forward_s"
+    assert pre["from"] == "llama-3.1-8b:32 baseline 128"
     want = {
         "link_busy_host_factor": max(1.0, loop["link_busy_host_factor"]),
         "link_busy_host_factor_per_gbps": loop["link_busy_host_factor_per_gbps"],
         "link_busy_prefill_host_factor": max(1.0, pre["link_busy_prefill_host_factor"]),
         "link_busy_prefill_host_factor_per_gbps": pre["link_busy_prefill_host_factor_per_gbps"],
     }
-    host = fit_link_host(sorted((root / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
-    assert host["link_busy_host_factor"] > loop["link_busy_host_factor"] + 3 * loop["stderr"][0]
-    assert (
-        host["prefill"]["link_busy_prefill_host_factor"] > pre["link_busy_prefill_host_factor"] + 3 * pre["stderr"][0]
-    )
-    paths = sorted((root / "scenarios/measured").glob("h200g_*.yaml"))
-    assert len(paths) == 15
+    return loop, pre, want
+
+
+def _scenarios_carry(prefix: str, count: int, want: dict[str, float]) -> None:
+    import yaml
+
+    paths = sorted((ROOT / "scenarios/measured").glob(f"{prefix}_*.yaml"))
+    assert len(paths) == count
     for path in paths:
         net = yaml.safe_load(path.read_text())["network"]
         for name, value in want.items():
             assert net[name] == pytest.approx(value, rel=0.02), (path.name, name)
 
 
+def test_the_h200_scenarios_take_the_h200_probes_levels():
+    """The h200g_* scenarios' busy-link host factors are realrun.transient's fits on the H200 host's committed probe
+    runs (realrun/traces/h200_transient/xfer*.csv): the decode loop's pair for the host terms, the 32-layer FP16
+    prefill's for the prefill floor; not a fit to any trace. hostcal's lumped runs (a second link kept busy) put both
+    levels higher, by more than the probes' errors."""
+    loop, pre, want = _probe_levels("realrun/traces/h200_transient", "xfer*.csv")
+    assert loop["windows"] == 240 and pre["timing"] == "forward_s"
+    host = fit_link_host(sorted((ROOT / "realrun/traces/h200_repeats").glob("hostcal_link*.csv")))
+    assert host["link_busy_host_factor"] > loop["link_busy_host_factor"] + 3 * loop["stderr"][0]
+    assert (
+        host["prefill"]["link_busy_prefill_host_factor"] > pre["link_busy_prefill_host_factor"] + 3 * pre["stderr"][0]
+    )
+    _scenarios_carry("h200g", 15, want)
+
+
 def test_the_h100_scenarios_take_the_h100_probes_levels():
     """The h100g_* scenarios' busy-link host factors are realrun.transient's fits on the H100 hosts' committed probe
     runs (realrun/traces/h100_transient, three): the decode loop's pair for the host terms, the prefill floor's own;
     not a fit to any trace."""
-    import yaml
-
-    from realrun.transient import fit_xfer, fit_xfer_prefill
-
-    root = Path(__file__).resolve().parent.parent
-    files = sorted((root / "realrun/traces/h100_transient").glob("xferpre*.csv"))
-    loop, pre = fit_xfer(files), fit_xfer_prefill(files)
-    assert pre["from"] == "llama-3.1-8b:32 baseline 128"
+    _, pre, want = _probe_levels("realrun/traces/h100_transient", "xferpre*.csv")
     # below hostcal's 1.35 at a link rate near 0, by far more than either's error
     assert pre["link_busy_prefill_host_factor"] + 3 * pre["stderr"][0] < 1.35
-    paths = sorted((root / "scenarios/measured").glob("h100g_*.yaml"))
-    assert len(paths) == 11
-    for path in paths:
-        net = yaml.safe_load(path.read_text())["network"]
-        for name in ("link_busy_prefill_host_factor", "link_busy_prefill_host_factor_per_gbps"):
-            assert net[name] == pytest.approx(pre[name], rel=0.02), path.name
-        for name in ("link_busy_host_factor", "link_busy_host_factor_per_gbps"):
-            assert net[name] == pytest.approx(loop[name], rel=0.02), path.name
+    _scenarios_carry("h100g", 11, want)
 
 
 # ---- calibrate: the busy level as two host parameters ---------------------------------------------------------

@@ -10,7 +10,9 @@ spread"). This probe times, step after step for S seconds on the thread the OS g
 
 Per step it also writes the CPU the thread ran on at the start and the end (`/proc/self/stat`), and the machine's
 steal ticks over the step (`/proc/stat`: time the hypervisor gave another guest). Rows are appended to CSV (columns
-tag, t_s, py_s, quant_s, cpu, cpu_end, steal_ticks), so several processes' runs share one file. `summarise(paths)`
+tag, t_s, wall_s, py_s, quant_s, cpu, cpu_end, steal_ticks; wall_s the step's start by the wall clock, to set beside
+a recording's `wall_start_s` and `wall_end_s` in its meta.json), so several processes' runs share one file; SIGTERM
+ends a run after its step and still writes it (device_run.sh HOSTPROBE=1: the probe in the background of a part). `summarise(paths)`
 (no GPU) gives per tag the two speeds' medians, the share of steps at the slow one, and the correlation of the two
 timings step by step. Run on the H200 host by device part `cpustate`.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import signal
 import sys
 import time
 from pathlib import Path
@@ -70,12 +73,14 @@ def _quantize_step():
     return step
 
 
-def measure(seconds: float, tag: str, gpu: bool = True) -> list[dict]:
-    """Steps for `seconds` (at least one, however loaded the machine: the file always gets a row)."""
+def measure(seconds: float, tag: str, gpu: bool = True, stop=lambda: False) -> list[dict]:
+    """Steps for `seconds` or until `stop()` (at least one, however loaded the machine: the file always gets a
+    row)."""
     step = _quantize_step() if gpu else None
     rows, end = [], time.perf_counter() + seconds
-    while not rows or time.perf_counter() < end:
+    while not rows or (time.perf_counter() < end and not stop()):
         cpu, steal = _cpu_now(), _steal_ticks()
+        wall = time.time()
         t0 = time.perf_counter()
         if step is not None:
             step()
@@ -86,6 +91,7 @@ def measure(seconds: float, tag: str, gpu: bool = True) -> list[dict]:
             dict(
                 tag=tag,
                 t_s=t0,
+                wall_s=wall,
                 py_s=t2 - t1,
                 quant_s=(t1 - t0) if step is not None else float("nan"),
                 cpu=cpu,
@@ -144,7 +150,9 @@ def main(argv=None) -> int:
         return 0
     if a.out is None:
         ap.error("--out is required (or --summarise)")
-    rows = measure(a.seconds, a.tag, gpu=not a.no_gpu)
+    stopped = []  # SIGTERM (a background probe's end, device part HOSTPROBE=1): finish the step, write the rows
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    rows = measure(a.seconds, a.tag, gpu=not a.no_gpu, stop=lambda: bool(stopped))
     new = not a.out.exists()
     with open(a.out, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

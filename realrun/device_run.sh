@@ -89,6 +89,8 @@
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
 #             method at batch 8, 3 cycles (~300 s).
+#   HOSTPROBE=1 (any part): realrun.cpustate's pure-Python loop in the background for the whole part, into
+#             $OUT/cpustate_bg.csv (the host's speed beside each recording's wall-clock span in its meta.json).
 #   part cpustate: realrun.cpustate three times, 30 s each in a process of its own: a pure-Python loop and the
 #             KVQuant-style quantize step of 32 layers, step after step, with the CPU, migrations and steal (does
 #             the host's CPU run at one speed?) (~110 s).
@@ -189,6 +191,12 @@ smoke_or_stop() {
   fi
 }
 
+if [ "${HOSTPROBE:-0}" = 1 ]; then  # the host CPU's speed beside the part (realrun.cpustate, the pure-Python loop alone,
+  # on whichever CPU the OS gives it; wall_s beside each recording's wall_start_s/wall_end_s), until the part ends
+  python3 -m realrun.cpustate --no-gpu --seconds 3600 --tag "bg_$PART" --out "$OUT/cpustate_bg.csv" > /dev/null 2>&1 &
+  PROBE=$!
+  trap 'kill -TERM "$PROBE" 2>/dev/null; wait "$PROBE"' EXIT  # it writes its rows when told to stop
+fi
 if [ "$PART" = noise ]; then
   # issue 27/28: small decode batches, the host time with and without link traffic, and repeated recordings
   # (realrun/traces/h200_repeats/): each (method, rate) three times back to back in one process, same seed.

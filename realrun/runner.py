@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
@@ -200,7 +201,9 @@ def _one_run(
     h.moves.clear()
     h.step_rows.clear()
     getattr(h.method, "quantize_events", []).clear()
+    wall_start_s = time.time()
     rows, iters, complete = h.run(work)
+    wall_end_s = time.time()
     meta = {
         "method": cfg.method,
         "model": shape.name,
@@ -219,6 +222,8 @@ def _one_run(
         "decode_mode": cfg.decode_mode,
         "placement": "shared_gpu",
         **env,
+        "wall_start_s": round(wall_start_s, 3),  # the run's span by the wall clock (beside a host probe's wall_s)
+        "wall_end_s": round(wall_end_s, 3),
         "notes": _notes(h, complete, prompt_range, output_range, work, prefill_max_batch_tokens),
     }
     write_trace(path, rows, iters, meta)

@@ -52,6 +52,9 @@ META_KEYS = [
     "command",
     "notes",
 ]
+# written where the writer knows them: the run's span by the wall clock (realrun.runner; beside a host probe's wall_s,
+# realrun.cpustate)
+OPTIONAL_META_KEYS = ["wall_start_s", "wall_end_s"]
 
 
 def _fmt(v):
@@ -63,8 +66,8 @@ def _fmt(v):
 def write_trace(out: Path, requests: list[tuple], iterations: list[tuple], meta: dict) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if sorted(meta) != sorted(META_KEYS):
-        raise ValueError(f"meta keys {sorted(meta)} != {sorted(META_KEYS)}")
+    if sorted(k for k in meta if k not in OPTIONAL_META_KEYS) != sorted(META_KEYS):
+        raise ValueError(f"meta keys {sorted(meta)} != {sorted(META_KEYS)} (+ optional {OPTIONAL_META_KEYS})")
     with open(out / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(REQUEST_COLUMNS)
@@ -75,5 +78,5 @@ def write_trace(out: Path, requests: list[tuple], iterations: list[tuple], meta:
         w.writerow(ITERATION_COLUMNS)
         for row in iterations:
             w.writerow([_fmt(v) for v in row])
-    (out / "meta.json").write_text(json.dumps({k: meta[k] for k in META_KEYS}, indent=1) + "\n")
+    (out / "meta.json").write_text(json.dumps({k: meta[k] for k in META_KEYS + OPTIONAL_META_KEYS if k in meta}, indent=1) + "\n")
     return out

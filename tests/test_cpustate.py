@@ -42,6 +42,10 @@ def test_measure_times_the_python_loop_without_a_gpu(tmp_path):
     rows = measure(0.05, "cpu", gpu=False)
     assert rows and all(r["py_s"] > 0 and math.isnan(r["quant_s"]) for r in rows)
     assert all(r["cpu"] >= 0 and r["steal_ticks"] >= 0 for r in rows)
+    assert all(r["wall_s"] > 1.7e9 for r in rows)  # the wall clock, beside a recording's wall_start_s
+    calls = []
+    rows = measure(3600.0, "cpu", gpu=False, stop=lambda: calls.append(1) or len(calls) >= 2)
+    assert len(rows) == 2  # stop() (SIGTERM in main) ends it after the step under way; the rows are kept
     out = tmp_path / "c.csv"
     assert main(["--seconds", "0.05", "--no-gpu", "--out", str(out), "--tag", "x"]) == 0
     assert main(["--seconds", "0.05", "--no-gpu", "--out", str(out), "--tag", "y"]) == 0

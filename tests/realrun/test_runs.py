@@ -12,7 +12,7 @@ from realrun.check import check
 from realrun.kvformats import METHODS
 from realrun.model import model_shape
 from realrun.runner import run_set
-from realrun.trace import ITERATION_COLUMNS, META_KEYS, REQUEST_COLUMNS
+from realrun.trace import ITERATION_COLUMNS, META_KEYS, OPTIONAL_META_KEYS, REQUEST_COLUMNS
 from realrun.workload import poisson_workload
 
 N = 5
@@ -65,7 +65,8 @@ def test_trace_files_have_the_exact_columns(traces):
         assert _read(path / "requests.csv")[0] == REQUEST_COLUMNS
         assert _read(path / "iterations.csv")[0] == ITERATION_COLUMNS
         meta = json.loads((path / "meta.json").read_text())
-        assert list(meta) == META_KEYS
+        assert list(meta) == META_KEYS + OPTIONAL_META_KEYS
+        assert 0 < meta["wall_end_s"] - meta["wall_start_s"] < 600  # the run's span by the wall clock
         assert meta["method"] == method and meta["requests"] == N and meta["layers"] == 2
         assert "complete=True" in meta["notes"]
 

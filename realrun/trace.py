@@ -78,5 +78,7 @@ def write_trace(out: Path, requests: list[tuple], iterations: list[tuple], meta:
         w.writerow(ITERATION_COLUMNS)
         for row in iterations:
             w.writerow([_fmt(v) for v in row])
-    (out / "meta.json").write_text(json.dumps({k: meta[k] for k in META_KEYS + OPTIONAL_META_KEYS if k in meta}, indent=1) + "\n")
+    (out / "meta.json").write_text(
+        json.dumps({k: meta[k] for k in META_KEYS + OPTIONAL_META_KEYS if k in meta}, indent=1) + "\n"
+    )
     return out

@@ -136,6 +136,38 @@ def summarise(paths) -> dict:
     return out
 
 
+def beside_runs(probe_csv, trace_dirs) -> list[dict]:
+    """Per recording (a realrun trace directory whose meta.json has wall_start_s and wall_end_s), the probe's steps
+    within its span: how many, the pure-Python loop's median (ms) and the share of steps at the slow speed (above the
+    midpoint of the whole file's 5th and 95th percentiles, as `summarise`)."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    d = pd.read_csv(probe_csv)
+    py = d["py_s"].to_numpy(dtype=float)
+    lo, hi = np.percentile(py, [5, 95])
+    cut = (lo + hi) / 2
+    wall = d["wall_s"].to_numpy(dtype=float)
+    out = []
+    for tdir in trace_dirs:
+        meta = json.loads((Path(tdir) / "meta.json").read_text())
+        if "wall_start_s" not in meta:
+            continue
+        inside = (wall >= meta["wall_start_s"]) & (wall <= meta["wall_end_s"])
+        x = py[inside]
+        out.append(
+            {
+                "trace": Path(tdir).name,
+                "steps": int(inside.sum()),
+                "py_median_ms": round(float(np.median(x)) * 1e3, 3) if len(x) else float("nan"),
+                "slow_share": round(float((x > cut).mean()), 3) if len(x) else float("nan"),
+            }
+        )
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -143,7 +175,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="run")
     ap.add_argument("--no-gpu", action="store_true", help="time the pure-Python loop alone")
     ap.add_argument("--summarise", nargs="+", type=Path, help="print the summary of these files; runs nothing")
+    ap.add_argument(
+        "--beside",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="PROBE.csv TRACE_DIR...: the probe's steps within each recording's wall-clock span; runs nothing",
+    )
     a = ap.parse_args(argv)
+    if a.beside:
+        for row in beside_runs(a.beside[0], a.beside[1:]):
+            print(row)
+        return 0
     if a.summarise:
         for tag, row in summarise(a.summarise).items():
             print(tag, row)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from realrun.cpustate import main, measure, summarise
+from realrun.cpustate import beside_runs, main, measure, summarise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +64,22 @@ def test_the_h200_hosts_cpu_ran_at_two_speeds():
         assert 0.2 < row["py_s"]["slow_share"] < 0.8
         assert row["correlation"] > 0.7
         assert row["migrations"] == 0 and row["steal_ticks"] <= 1
+
+
+def test_beside_runs_takes_the_probe_steps_within_each_recordings_span(tmp_path):
+    """Two recordings' wall-clock spans over a probe whose loop is fast (1 ms) for 10 s, then slow (2 ms): the first
+    sees only fast steps, the second three quarters slow; a meta.json without the span is left out."""
+    wall = 1.8e9 + np.arange(0, 20, 0.01)
+    py = np.where(wall < 1.8e9 + 10, 0.001, 0.002)
+    pd.DataFrame(
+        dict(tag="bg", t_s=wall - 1.8e9, wall_s=wall, py_s=py, quant_s=float("nan"), cpu=1, cpu_end=1, steal_ticks=0)
+    ).to_csv(tmp_path / "p.csv", index=False)
+    for name, span in (("a", (1.8e9 + 1, 1.8e9 + 5)), ("b", (1.8e9 + 8, 1.8e9 + 16)), ("c", None)):
+        (tmp_path / name).mkdir()
+        meta = {"method": "hack"} if span is None else {"wall_start_s": span[0], "wall_end_s": span[1]}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    got = beside_runs(tmp_path / "p.csv", [tmp_path / n for n in "abc"])
+    assert [g["trace"] for g in got] == ["a", "b"]
+    assert got[0]["slow_share"] == 0 and got[0]["py_median_ms"] == pytest.approx(1.0)
+    assert got[1]["slow_share"] == pytest.approx(0.75, abs=0.01) and got[1]["py_median_ms"] == pytest.approx(2.0)
+    assert got[0]["steps"] == pytest.approx(400, abs=2)

@@ -83,3 +83,15 @@ def test_beside_runs_takes_the_probe_steps_within_each_recordings_span(tmp_path)
     assert got[0]["slow_share"] == 0 and got[0]["py_median_ms"] == pytest.approx(1.0)
     assert got[1]["slow_share"] == pytest.approx(0.75, abs=0.01) and got[1]["py_median_ms"] == pytest.approx(2.0)
     assert got[0]["steps"] == pytest.approx(400, abs=2)
+
+
+def test_a_second_cpu_saw_the_h200_hosts_two_speeds_beside_the_recordings():
+    """realrun/traces/h200_midlink2: the probe in the background of the recordings (another CPU than the engine's, as
+    the OS placed it) ran the loop at two speeds 1.5x or more apart, each of the six runs with a share of slow steps
+    between 0.1 and 0.9; the share does not order the runs' host factors (docs/calibration.md)."""
+    folder = ROOT / "realrun/traces/h200_midlink2"
+    got = summarise([folder / "cpustate_bg_midlink.csv"])["bg_midlink"]
+    assert got["py_s"]["slow_ms"] >= 1.5 * got["py_s"]["fast_ms"] and got["migrations"] == 0
+    runs = sorted(p.parent for p in folder.glob("h200g_*/meta.json"))
+    beside = beside_runs(folder / "cpustate_bg_midlink.csv", runs)
+    assert len(beside) == 6 and all(r["steps"] > 300 and 0.1 < r["slow_share"] < 0.9 for r in beside), beside

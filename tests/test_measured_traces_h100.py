@@ -1,4 +1,5 @@
-"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin, h100_midlink2; listed in
+"""The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin, h100_midlink2,
+h100_probe; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
@@ -26,12 +27,13 @@ SESSIONS = {  # folder: the session named in the index (its device call's start,
     "h100_midlink": "h100-2026-12-05-2136",
     "h100_pin": "h100-2026-12-05-2136",  # the same machine, the next device call
     "h100_midlink2": "h100-2026-12-05-2203",
+    "h100_probe": "h100-2026-12-06-0330",  # three device calls on one machine, the host probe beside each
 }
 
 
 def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenario():
     index = rows(TRACES / "index_h100.csv")
-    assert len(index) == 80 and Counter(r["trace"].split("/")[0] for r in index) == {
+    assert len(index) == 107 and Counter(r["trace"].split("/")[0] for r in index) == {
         "h100": 11,
         "h100b": 9,
         "h100c": 12,
@@ -41,6 +43,7 @@ def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenari
         "h100_midlink": 6,
         "h100_pin": 6,  # its unpinned runs; the pinned ones are in its own index
         "h100_midlink2": 6,
+        "h100_probe": 27,
     }
     for row in index:
         assert row["machine"] == SESSIONS[row["trace"].split("/")[0]], row
@@ -58,7 +61,7 @@ def test_the_sessions_index_groups_one_configuration_method_and_seed():
     groups: dict[str, list[dict]] = {}
     for row in rows(TRACES / "index_h100_sessions.csv"):
         groups.setdefault(row["config"], []).append(row)
-    assert len(groups) == 26 and all(len(g) >= 2 for g in groups.values())
+    assert len(groups) == 33 and all(len(g) >= 2 for g in groups.values())
     for config, group in groups.items():
         metas = [json.loads((TRACES / r["trace"] / "meta.json").read_text()) for r in group]
         same = {(m["method"], m["rate_rps"], m["requests"], m["seed"], m["model"], m["layers"]) for m in metas}
@@ -78,3 +81,24 @@ def test_the_pinned_runs_say_where_their_threads_ran():
         assert ("(--pin-threads)" in meta["notes"]) == pinned, row["trace"]
         assert ("threads: placed by the OS" in meta["notes"]) == (not pinned), row["trace"]
         assert row["machine"] == SESSIONS["h100_pin"]
+
+
+def test_the_host_probe_held_one_speed_beside_the_ninth_sessions_runs():
+    """realrun/traces/h100_probe: realrun.cpustate's pure-Python loop in the background of each device call
+    (cpustate_bg_PART.csv) beside the 27 recordings' wall-clock spans: every run has probe steps within its span, and
+    in each the loop's median is 0.87-0.92 ms: on this machine another CPU held one speed through the session, while
+    one host factor (0.65-0.69, tests/test_calibrate_measured.py) fits every configuration."""
+    from realrun.cpustate import beside_runs
+
+    folder = TRACES / "h100_probe"
+    runs = sorted(p.parent for p in folder.glob("h100g_*/meta.json"))
+    assert len(runs) == 27
+    seen = {}
+    for probe in sorted(folder.glob("cpustate_bg_*.csv")):
+        for row in beside_runs(probe, runs):
+            if row["steps"]:
+                assert row["trace"] not in seen, row
+                seen[row["trace"]] = row
+    assert len(seen) == 27
+    for row in seen.values():
+        assert row["steps"] > 400 and 0.87 < row["py_median_ms"] < 0.92, row

@@ -914,6 +914,7 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
             if one is not None:
                 runs.append(one[0])
     sd_runs = float(np.std(runs, ddof=1)) / math.sqrt(len(runs)) if len(runs) > 1 else 0.0
+    own = _configuration_factors(traces, names, x0, kinds, base, lo, hi)
     s, sd = math.exp(u), max(sd_u, sd_runs)
     fitted = {n: start[n] * s for n in names}
     stderr = {n: start[n] * s * sd for n in names}
@@ -926,7 +927,37 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
     }
     if runs:
         factor["runs"] = [round(math.exp(r), 4) for r in runs]
+    if own:
+        factor["configurations"] = {c: round(math.exp(v), 4) for c, v in own.items()}
+    if len(own) > 1:
+        factor["between_configurations_sd"] = round(float(np.std(list(own.values()), ddof=1)), 4)
     return _result(traces, candidates, start, fitted, stderr, notes, held, "machine", factor)
+
+
+def _configuration_factors(traces, names, x0, kinds, base, lo, hi) -> dict[str, float]:
+    """Where the runs span two or more configurations, ln of each configuration's own factor (its runs fitted
+    together, as _machine_u): whether one factor describes the machine, or its configurations disagree on the host
+    (they load it differently: host-bound short prefills against a GPU-bound loop), in which case the spread between
+    them, not the runs' noise, is what a configuration the runs do not have would move it by."""
+    configs = sorted({td.configuration for td in traces})
+    out: dict[str, float] = {}
+    if len(configs) < 2:
+        return out
+    for c in configs:
+        idx = [i for i, td in enumerate(traces) if td.configuration == c]
+        at = {i: j for j, i in enumerate(idx)}
+        one = _machine_u(
+            [traces[i] for i in idx],
+            names,
+            x0,
+            {(at[i], k) for i, k in kinds if i in at},
+            [base[i] for i in idx],
+            lo,
+            hi,
+        )
+        if one is not None:
+            out[c] = one[0]
+    return out
 
 
 def _why_flat(name: str) -> str:
@@ -1150,6 +1181,14 @@ def format_fit(doc: dict) -> str:
                 else ""
             )
         )
+        own = factor.get("configurations", {})
+        if len(own) > 1:
+            out.append(
+                "each configuration's runs alone: "
+                + ", ".join(f"{c} {v:.3f}" for c, v in own.items())
+                + f" (spread ×÷ {math.exp(factor['between_configurations_sd']):.3g} between them: what a configuration "
+                "these runs do not have may move the factor by, where they load the host differently)"
+            )
     machines = about.get("machines")
     if machines:
         out.append(

@@ -18,6 +18,7 @@ them at once (`_map`).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -203,7 +204,17 @@ def cross_validate_machine(
             continue
         fit = fit_engine(others, "machine", base, base_name)
         assert fit.factor is not None
-        folds[c, m] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
+        own = fit_engine(
+            [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m], "machine", base, base_name
+        )
+        assert own.factor is not None
+        folds[c, m] = {
+            "values": dict(fit.fitted),
+            "factor": fit.factor["value"],
+            "stderr": fit.factor["stderr"],
+            "own": own.factor["value"],
+            "own_stderr": own.factor["stderr"],
+        }
     per_trace: list[dict[str, Any]] = [
         {
             "trace": td.name,
@@ -242,6 +253,14 @@ def cross_validate_machine(
         row["machine"] = m or None
         row["machine_factor"] = folds[c, m]["factor"] if (c, m) in folds else None
         row["machine_factor_stderr"] = folds[c, m]["stderr"] if (c, m) in folds else None
+        # what the configuration's own runs give (a diagnostic: the prediction does not use it), and whether its
+        # session-mates' factor is more than twice their joint standard error from it on ln
+        f = folds.get((c, m))
+        row["machine_factor_own"] = f["own"] if f else None
+        row["machine_factor_own_stderr"] = f["own_stderr"] if f else None
+        row["factor_disagrees"] = bool(f) and abs(math.log(f["own"] / f["factor"])) > 2 * math.hypot(
+            f["stderr"] / f["factor"], f["own_stderr"] / f["own"]
+        )
         configurations.append(_against_no_fit(row))
     result["configurations"] = configurations
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
@@ -280,7 +299,7 @@ def format_cv_machine(result: dict) -> str:
         return "n/a" if x is None else f"{x:.1f}%"
 
     noise = result.get("noise")
-    heads = ["configuration", "machine", "traces", "factor (from the others)"]
+    heads = ["configuration", "machine", "traces", "factor (from the others)", "its own runs'"]
     heads += [f"mean |JCT err| {MACHINE_HEADS[s]}" for s in MACHINE_SCHEMES]
     heads += ["run-to-run (mean JCT)"] if noise else []
     heads += [""]
@@ -288,7 +307,9 @@ def format_cv_machine(result: dict) -> str:
     for c in result["configurations"]:
         f = c["machine_factor"]
         factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
-        row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
+        own = c.get("machine_factor_own")
+        own = "n/a" if own is None else f"{own:.3f}" + (" (disagree)" if c.get("factor_disagrees") else "")
+        row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor, own]
         row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
@@ -297,7 +318,7 @@ def format_cv_machine(result: dict) -> str:
         body.append(row)
     foot = []
     for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|")):
-        line = [label, "", str(result["traces"]), ""]
+        line = [label, "", str(result["traces"]), "", ""]
         line += [mag(result.get(s, {}).get(key)) for s in MACHINE_SCHEMES]
         foot.append(line + ([""] if noise else []) + [""])
     title = (
@@ -316,6 +337,18 @@ def format_cv_machine(result: dict) -> str:
         lines.append(
             f"flag: {len(worse)} of {len(result['configurations'])} configurations (a row per machine) are predicted "
             "worse than with no fit: " + ", ".join(how_much(c) for c in worse)
+        )
+    split = [c for c in result["configurations"] if c.get("factor_disagrees")]
+    if split:
+        lines.append(
+            f"flag: {len(split)} configuration(s) whose own runs put the host factor elsewhere than their machine's "
+            "other configurations do (beyond twice their joint standard error): "
+            + ", ".join(
+                f"{c['configuration']}{' on ' + c['machine'] if c['machine'] else ''} ({c['machine_factor_own']:.3f} "
+                f"against {c['machine_factor']:.3f})"
+                for c in split
+            )
+            + ": the machine's configurations load its host differently, and one factor carries the others' to it"
         )
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)

@@ -267,6 +267,47 @@ def test_validate_reports_the_host_factor_of_each_run(machine):
     assert "host ×" in table and "--refit machine" in table
 
 
+def test_configurations_that_disagree_on_the_host_are_told(machine, tmp_path):
+    """One machine's runs of two configurations that load its host differently: "big" made at 0.6 of the base's host
+    times, "small" (8 layers at 2.5 Gbps) at the base's own. The refit gives each configuration's own factor (its
+    truth) and their spread, calibrate prints them, and validate --cv --base flags each row: the factor from the other
+    configuration is not its own."""
+    import math
+
+    from simulator.calibrate import format_fit
+    from simulator.crossval import cross_validate_machine, format_cv_machine
+
+    raw = raw_system(seed=5, layers=8, gbps=2.5)
+    scen = tmp_path / "small.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    truth = {**TRUE, **{n: v for n, v in {**_scenario_values(scen), **TRUE}.items() if n in HOST_TIMES}}
+    rows = []
+    for method, df, it in simulate(raw, truth):
+        write_realrun(tmp_path / f"small_{method}", method, df, it)
+        rows.append((str(tmp_path / f"small_{method}"), str(scen)))
+    big = pd.read_csv(machine["big"])
+    folder = machine["big"].parent
+    rows += [(str(folder / tr), str(folder / sc)) for tr, sc in zip(big.trace, big.scenario)]
+    idx = tmp_path / "index.csv"
+    pd.DataFrame(rows, columns=["trace", "scenario"]).assign(machine="m").to_csv(idx, index=False)
+    fit = fit_engine(load_index(idx), "machine", BASE, "base.json")
+    own = fit.factor["configurations"]
+    assert own == {"big": pytest.approx(FACTOR, rel=0.02), "small": pytest.approx(1.0, rel=0.02)}, own
+    assert fit.factor["between_configurations_sd"] == pytest.approx(abs(math.log(FACTOR)) / math.sqrt(2), rel=0.05)
+    text = format_fit(engine_file(fit, load_index(idx), "index.csv", "test", "0"))
+    assert "each configuration's runs alone: big 0.6" in text, text
+    r = cross_validate_machine(idx, BASE, "base.json")
+    got = {
+        c["configuration"]: (c["machine_factor"], c["machine_factor_own"], c["factor_disagrees"])
+        for c in r["configurations"]
+    }
+    assert got == {
+        "big": (pytest.approx(1.0, rel=0.02), pytest.approx(FACTOR, rel=0.02), True),
+        "small": (pytest.approx(FACTOR, rel=0.02), pytest.approx(1.0, rel=0.02), True),
+    }, got
+    assert "put the host factor elsewhere" in format_cv_machine(r)
+
+
 def test_cross_validation_of_the_machine_refit(machine, tmp_path):
     """validate --cv --base: each configuration predicted by the base with the factor fitted on the other
     configurations of its machine. Both configurations here ran on the new machine: with the factor each is priced as
@@ -281,6 +322,8 @@ def test_cross_validation_of_the_machine_refit(machine, tmp_path):
     rows.to_csv(both, index=False)
     r = cross_validate_machine(both, BASE, "base.json")
     assert [c["machine_factor"] for c in r["configurations"]] == [pytest.approx(FACTOR, rel=0.02)] * 2
+    assert [c["machine_factor_own"] for c in r["configurations"]] == [pytest.approx(FACTOR, rel=0.02)] * 2
+    assert not any(c["factor_disagrees"] for c in r["configurations"])
     assert r["machine_refit"]["jct_mean_abs_error_pct"] < 1.0 < 2.0 < r["base"]["jct_mean_abs_error_pct"], r
     assert "base + machine factor" in format_cv_machine(r) and not r["notes"]
     rows.assign(machine=["a" if "big" in t else "b" for t in rows.trace]).to_csv(both, index=False)

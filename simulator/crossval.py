@@ -299,7 +299,7 @@ def format_cv_machine(result: dict) -> str:
         return "n/a" if x is None else f"{x:.1f}%"
 
     noise = result.get("noise")
-    heads = ["configuration", "machine", "traces", "factor (from the others)", "its own runs'"]
+    heads = ["configuration", "machine", "traces", "factor (from the others)"]
     heads += [f"mean |JCT err| {MACHINE_HEADS[s]}" for s in MACHINE_SCHEMES]
     heads += ["run-to-run (mean JCT)"] if noise else []
     heads += [""]
@@ -307,9 +307,7 @@ def format_cv_machine(result: dict) -> str:
     for c in result["configurations"]:
         f = c["machine_factor"]
         factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
-        own = c.get("machine_factor_own")
-        own = "n/a" if own is None else f"{own:.3f}" + (" (disagree)" if c.get("factor_disagrees") else "")
-        row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor, own]
+        row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
         row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
@@ -318,7 +316,7 @@ def format_cv_machine(result: dict) -> str:
         body.append(row)
     foot = []
     for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|")):
-        line = [label, "", str(result["traces"]), "", ""]
+        line = [label, "", str(result["traces"]), ""]
         line += [mag(result.get(s, {}).get(key)) for s in MACHINE_SCHEMES]
         foot.append(line + ([""] if noise else []) + [""])
     title = (

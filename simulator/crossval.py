@@ -204,17 +204,18 @@ def cross_validate_machine(
             continue
         fit = fit_engine(others, "machine", base, base_name)
         assert fit.factor is not None
-        own = fit_engine(
-            [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m], "machine", base, base_name
-        )
-        assert own.factor is not None
-        folds[c, m] = {
-            "values": dict(fit.fitted),
-            "factor": fit.factor["value"],
-            "stderr": fit.factor["stderr"],
-            "own": own.factor["value"],
-            "own_stderr": own.factor["stderr"],
-        }
+        folds[c, m] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
+        try:  # what its own runs give: a diagnostic (none where no item of its runs moves with the host terms)
+            own = fit_engine(
+                [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m],
+                "machine",
+                base,
+                base_name,
+            ).factor
+        except ScenarioError:
+            own = None
+        if own is not None:
+            folds[c, m].update(own=own["value"], own_stderr=own["stderr"])
     per_trace: list[dict[str, Any]] = [
         {
             "trace": td.name,
@@ -255,10 +256,10 @@ def cross_validate_machine(
         row["machine_factor_stderr"] = folds[c, m]["stderr"] if (c, m) in folds else None
         # what the configuration's own runs give (a diagnostic: the prediction does not use it), and whether its
         # session-mates' factor is more than twice their joint standard error from it on ln
-        f = folds.get((c, m))
-        row["machine_factor_own"] = f["own"] if f else None
-        row["machine_factor_own_stderr"] = f["own_stderr"] if f else None
-        row["factor_disagrees"] = bool(f) and abs(math.log(f["own"] / f["factor"])) > 2 * math.hypot(
+        f = folds.get((c, m), {})
+        row["machine_factor_own"] = f.get("own")
+        row["machine_factor_own_stderr"] = f.get("own_stderr")
+        row["factor_disagrees"] = "own" in f and abs(math.log(f["own"] / f["factor"])) > 2 * math.hypot(
             f["stderr"] / f["factor"], f["own_stderr"] / f["own"]
         )
         configurations.append(_against_no_fit(row))

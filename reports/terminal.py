@@ -203,11 +203,18 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
+def _natural_width(renderable) -> int:
+    """The columns `renderable` takes when nothing is cut (a table's widest cells and its padding)."""
+    wide = Console(file=io.StringIO(), width=100_000)
+    return wide.measure(renderable).maximum
+
+
 def render(*renderables, stream=None) -> str:
-    """Text of rich renderables as a terminal of `stream`'s width would show it, or PLAIN_WIDTH wide
-    and without colour when `stream` (stdout by default) is not a terminal."""
+    """Text of rich renderables as a terminal of `stream`'s width would show it, or without colour and PLAIN_WIDTH
+    wide, or wider where a table needs it so that no column is cut, when `stream` (stdout by default) is not a
+    terminal."""
     target = Console(file=stream if stream is not None else sys.stdout)
-    width = target.width if target.is_terminal else PLAIN_WIDTH
+    width = target.width if target.is_terminal else max([PLAIN_WIDTH, *(_natural_width(r) for r in renderables)])
     buf = io.StringIO()
     console = Console(
         file=buf,

@@ -461,7 +461,7 @@ def test_a_new_h200_session_is_priced_with_its_host_factor(all_fit):
 
 
 # The same part on another H200 machine two hours later (realrun/traces/h200_midlink2, 2026-12-06 03:56, the host probe
-# beside it): mean JCT 3-10 % off the first session's, and the two configurations disagree on the host, as the H100s'
+# beside it): mean JCT -3 to +10 % off the first session's, and the two configurations disagree on the host, as the H100s'
 # eighth session's did: 8b_short10's runs put 8b_sat25's factor at 0.64, 8b_sat25's put 8b_short10's at 0.82. No fit
 # 8.9 % (max 25.8 %), the calibration alone 17.0 % (45.4 %), with the factor 8.8 % (19.1 %), 8b_sat25 worse with it
 # than with no fit (5.2 against 2.7 %). Bounds: achieved + 2; the calibration alone worse than no fit (a known miss),

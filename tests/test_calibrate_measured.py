@@ -441,6 +441,13 @@ def test_a_session_of_nine_configurations_shares_one_host_factor(all_fit):
     for c in r["configurations"]:
         assert 0.6 < c["machine_factor"] < 0.75 and c["machine_factor_stderr"] < 0.05, c
         assert c["machine_refit_jct_mean_abs_error_pct"] < c["no_fit_jct_mean_abs_error_pct"], c
+    # each configuration's own runs (the diagnostic): the two of short prompts, whose 32-layer prefills wait on the
+    # host, give 0.60 where their eight session-mates give 0.69, and are flagged; the others agree
+    split = {c["configuration"]: c["machine_factor_own"] for c in r["configurations"] if c["factor_disagrees"]}
+    assert split == {
+        "h100g_8b_2.5gbps": pytest.approx(0.60, abs=0.03),
+        "h100g_8b_short10": pytest.approx(0.60, abs=0.03),
+    }
 
 
 # A session no fit has seen on the H200 (realrun/traces/h200_midlink, 2026-12-06: 8b_sat25 and 8b_short10, never
@@ -485,4 +492,5 @@ def test_a_second_h200_session_of_the_two_configurations_disagrees_on_its_host(a
     assert r["base"]["jct_mean_abs_error_pct"] > r["no_fit"]["jct_mean_abs_error_pct"] + 5
     f = {c["configuration"]: c["machine_factor"] for c in r["configurations"]}
     assert f["h200g_8b_sat25"] < 0.7 and f["h200g_8b_short10"] > 0.75, f
+    assert all(c["factor_disagrees"] for c in r["configurations"])  # each one's own runs give the other's factor
     assert [tuple(x) for x in r["worse_than_no_fit"]] == [("h200g_8b_sat25", "h200-2026-12-06-0355")]

@@ -336,10 +336,17 @@ def _profile_html(run: RunData) -> str:
             for k, v in (eng.get("fitted") or {}).items()
             if isinstance(v, dict) and v.get("stderr") is not None
         )
+        left = eng.get("not_applied") or []
+        kept = (
+            f"; not applied (calibration.engine_scopes {', '.join(eng.get('scopes') or [])}), the scenario's own: "
+            + ", ".join(left)
+            if left
+            else ""
+        )
         rows.append(
             f"<tr><td>engine</td><td>–</td><td>{_esc(eng.get('engine') or '–')}</td><td>–</td>"
             f"<td><code>{_esc(eng.get('path') or '–')}</code></td>"
-            f"<td style='white-space:normal'>{_esc('fitted to measured runs: ' + fitted)}</td></tr>"
+            f"<td style='white-space:normal'>{_esc('fitted to measured runs: ' + fitted + kept)}</td></tr>"
         )
     return (
         '<div class="scroll"><table id="table-profiles" class="left"><thead><tr><th>role</th><th>GPU</th><th>source</th>'

@@ -936,11 +936,27 @@ class CalibrationConfig(_Strict):
         "loop-gap time, extra kernels, join time, prefill efficiency and host time, link "
         "efficiency and latency, implementation_factors); kernel profiles stay as they are",
     )
+    engine_scopes: list[Literal["host", "gpu", "link"]] = Field(
+        default_factory=lambda: ["host", "gpu", "link"],
+        min_length=1,
+        description="which of the engine file's fitted parameters apply, by scope: host (that machine's CPU "
+        "time: loop gap, launches, floors, the busy link's levels), gpu (kernel factors, prefill efficiency, "
+        "extra kernels) and link (efficiency, latency). On another machine with no runs of its own, ['gpu', "
+        "'link'] carries what carries and keeps the scenario's host terms (measured there, e.g. realrun.hostcal); "
+        "a machine refit (calibrate --base --refit machine) on runs there is better than either",
+    )
     implementation_factors: dict[str, ImplementationFactors] = Field(
         default_factory=dict,
         description="per method name (baseline, kvquant, hack, ...): the engine's time for its "
         "quantize, dequantize and approximation steps over the profile's price",
     )
+
+    @field_validator("engine_scopes")
+    @classmethod
+    def _unique_scopes(cls, v: list) -> list:
+        if len(set(v)) != len(v):
+            raise ValueError(f"a scope named twice: {list(v)}")
+        return v
 
     @field_validator("implementation_factors")
     @classmethod

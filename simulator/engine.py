@@ -446,7 +446,9 @@ def apply_engine_file(scenario, folder: Path, source: str):
         engine = read_engine_file(path, ScenarioError)
     except ScenarioError as e:
         raise ScenarioError(f"{source}: calibration.engine: {e}") from None
-    skip = sorted(not_applied(scenario, engine.fitted()), key=list(PARAMETERS).index)
+    scopes = scenario.calibration.engine_scopes
+    values = {n: v for n, v in engine.fitted().items() if PARAMETERS[n].scope in scopes}
+    skip = sorted(not_applied(scenario, values), key=list(PARAMETERS).index)
     if skip:
         why = (
             "only shared_gpu runs a prefill on a decode replica's GPU between its iterations"
@@ -458,18 +460,24 @@ def apply_engine_file(scenario, folder: Path, source: str):
             f"{source}: calibration.engine: {path.name} fitted {skip[0]}, which placement {scenario.placement} "
             f"does not use ({why}); fit the engine on runs of this placement"
         )
-    out = apply_values(scenario, engine.fitted())
+    out = apply_values(scenario, values)
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
 
 
-def engine_summary(path: str) -> dict:
-    """What profiles.json and the report say about the engine file a run used."""
+def engine_summary(path: str, scopes=("host", "gpu", "link")) -> dict:
+    """What profiles.json and the report say about the engine file a run used: what it fitted that the run applied
+    (calibration.engine_scopes), what it fitted that the run left at the scenario's (`not_applied`), what it held."""
     engine = read_engine_file(path, ValueError)
+    fitted = {k: r for k, r in engine.parameters.items() if r.fitted}
     return {
         "path": str(path),
         "engine": engine.engine,
+        "scopes": list(scopes),
         "fitted": {
-            k: {"value": r.value, "stderr": r.stderr, "unit": r.unit} for k, r in engine.parameters.items() if r.fitted
+            k: {"value": r.value, "stderr": r.stderr, "unit": r.unit}
+            for k, r in fitted.items()
+            if PARAMETERS[k].scope in scopes
         },
+        "not_applied": sorted(k for k in fitted if PARAMETERS[k].scope not in scopes),
         "held": sorted(k for k, r in engine.parameters.items() if not r.fitted),
     }

@@ -728,7 +728,7 @@ class ScenarioResult:
         if self.scenario.calibration.engine is not None:  # the engine calibration file the scenario applied
             from .engine import engine_summary
 
-            eng = engine_summary(self.scenario.calibration.engine)
+            eng = engine_summary(self.scenario.calibration.engine, self.scenario.calibration.engine_scopes)
             if Path(eng["path"]).resolve().is_relative_to(REPO_ROOT):
                 eng["path"] = str(Path(eng["path"]).resolve().relative_to(REPO_ROOT))
             out["engine"] = eng

@@ -349,6 +349,41 @@ def test_engine_file_round_trips_into_a_scenario(simulated, fitted, tmp_path):
     assert "methods.hack.approximation" in eng["held"]
 
 
+def test_engine_scopes_apply_only_the_named_scopes(simulated, fitted, tmp_path):
+    """calibration.engine_scopes [gpu, link]: the file's kernel and link terms replace the scenario's, its host terms
+    (another machine's CPU time) do not, and the run's profiles say which it left; a bad list is one line naming
+    the field."""
+    indexes, traces = simulated
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(engine_file(fitted, traces, str(indexes["all"]), "test", "0")))
+    raw = raw_system()
+    scen = tmp_path / "scoped.yaml"
+    raw["calibration"] = {"engine": "engine.json", "engine_scopes": ["gpu", "link"]}
+    scen.write_text(yaml.safe_dump(raw))
+    s = load_scenario(scen)
+    plain = load_scenario_raw(raw_system(), tmp_path)
+    assert s.network.efficiency == pytest.approx(fitted.fitted["network.efficiency"])  # link: applied
+    assert s.prefill.prefill_efficiency == pytest.approx(fitted.fitted["prefill.prefill_efficiency"])  # gpu: applied
+    host = "decode.host_serial_s_per_iteration"
+    assert fitted.fitted[host] != pytest.approx(plain.decode.host_serial_s_per_iteration)
+    assert s.decode.host_serial_s_per_iteration == plain.decode.host_serial_s_per_iteration  # host: the scenario's
+    eng = run_scenario(s, source=str(scen), methods=["kvquant"]).profiles()["engine"]
+    assert eng["scopes"] == ["gpu", "link"] and host in eng["not_applied"] and host not in eng["fitted"]
+    assert "network.efficiency" in eng["fitted"]
+    for bad, says in ((["gpu", "gpu"], "named twice"), ([], "at least 1"), (["cpu"], "'host', 'gpu' or 'link'")):
+        raw["calibration"]["engine_scopes"] = bad
+        scen.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ScenarioError) as e:
+            load_scenario(scen)
+        assert "calibration.engine_scopes" in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+
+
+def load_scenario_raw(raw: dict, folder: Path):
+    path = folder / "plain.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_scenario(path)
+
+
 def test_a_fit_the_placement_would_ignore_is_refused(simulated, fitted, tmp_path):
     """Placement colocated runs prefill as chunks of decode iterations with the decode pool's settings and has
     no link: a file that fitted prefill efficiency would change nothing there, so it is refused, naming it."""

@@ -204,7 +204,12 @@ def cross_validate_machine(
             continue
         fit = fit_engine(others, "machine", base, base_name)
         assert fit.factor is not None
-        folds[c, m] = {"values": dict(fit.fitted), "factor": fit.factor["value"], "stderr": fit.factor["stderr"]}
+        folds[c, m] = {
+            "values": dict(fit.fitted),
+            "factor": fit.factor["value"],
+            "stderr": fit.factor["stderr"],
+            "between_sd": fit.factor.get("between_configurations_sd"),  # the others' own factors' spread on ln
+        }
         try:  # what its own runs give: a diagnostic (none where no item of its runs moves with the host terms)
             own = fit_engine(
                 [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m],
@@ -259,6 +264,7 @@ def cross_validate_machine(
         f = folds.get((c, m), {})
         row["machine_factor_own"] = f.get("own")
         row["machine_factor_own_stderr"] = f.get("own_stderr")
+        row["machine_factor_between_sd"] = f.get("between_sd")  # None where one other configuration gave it
         row["factor_disagrees"] = "own" in f and abs(math.log(f["own"] / f["factor"])) > 2 * math.hypot(
             f["stderr"] / f["factor"], f["own_stderr"] / f["own"]
         )

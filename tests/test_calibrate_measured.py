@@ -444,6 +444,7 @@ def test_a_session_of_nine_configurations_shares_one_host_factor(all_fit):
     # each configuration's own runs (the diagnostic): the two of short prompts, whose 32-layer prefills wait on the
     # host, give 0.60 where their eight session-mates give 0.69, and are flagged; the others agree
     split = {c["configuration"]: c["machine_factor_own"] for c in r["configurations"] if c["factor_disagrees"]}
+    assert all(0 < c["machine_factor_between_sd"] < 0.2 for c in r["configurations"])  # eight others each
     assert split == {
         "h100g_8b_2.5gbps": pytest.approx(0.60, abs=0.03),
         "h100g_8b_short10": pytest.approx(0.60, abs=0.03),
@@ -493,4 +494,5 @@ def test_a_second_h200_session_of_the_two_configurations_disagrees_on_its_host(a
     f = {c["configuration"]: c["machine_factor"] for c in r["configurations"]}
     assert f["h200g_8b_sat25"] < 0.7 and f["h200g_8b_short10"] > 0.75, f
     assert all(c["factor_disagrees"] for c in r["configurations"])  # each one's own runs give the other's factor
+    assert all(c["machine_factor_between_sd"] is None for c in r["configurations"])  # one other: no spread to give
     assert [tuple(x) for x in r["worse_than_no_fit"]] == [("h200g_8b_sat25", "h200-2026-12-06-0355")]

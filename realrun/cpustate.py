@@ -103,6 +103,14 @@ def measure(seconds: float, tag: str, gpu: bool = True, stop=lambda: False) -> l
     return rows
 
 
+def _slow_cut(x):
+    """The timing above which a step is at the slow speed: the midpoint of the timings' 5th and 95th percentiles."""
+    import numpy as np
+
+    lo, hi = np.percentile(x, [5, 95])
+    return (lo + hi) / 2
+
+
 def summarise(paths) -> dict:
     """Per tag: steps, CPUs, migrations and steal; the pure-Python loop's two speeds (the medians of the steps below
     and above the midpoint of its 5th and 95th percentiles) and the share of steps at the slow one; the same for the
@@ -123,8 +131,7 @@ def summarise(paths) -> dict:
             x = g[col].to_numpy(dtype=float)
             if np.isnan(x).all():
                 continue
-            lo, hi = np.percentile(x, [5, 95])
-            cut = (lo + hi) / 2
+            cut = _slow_cut(x)
             row[col] = {
                 "fast_ms": round(float(np.median(x[x <= cut])) * 1e3, 3),
                 "slow_ms": round(float(np.median(x[x > cut])) * 1e3, 3) if (x > cut).any() else None,
@@ -139,7 +146,7 @@ def summarise(paths) -> dict:
 def beside_runs(probe_csv, trace_dirs) -> list[dict]:
     """Per recording (a realrun trace directory whose meta.json has wall_start_s and wall_end_s), the probe's steps
     within its span: how many, the pure-Python loop's median (ms) and the share of steps at the slow speed (above the
-    midpoint of the whole file's 5th and 95th percentiles, as `summarise`)."""
+    midpoint of the whole file's 5th and 95th percentiles, `_slow_cut`, as `summarise`)."""
     import json
 
     import numpy as np
@@ -147,8 +154,7 @@ def beside_runs(probe_csv, trace_dirs) -> list[dict]:
 
     d = pd.read_csv(probe_csv)
     py = d["py_s"].to_numpy(dtype=float)
-    lo, hi = np.percentile(py, [5, 95])
-    cut = (lo + hi) / 2
+    cut = _slow_cut(py)
     wall = d["wall_s"].to_numpy(dtype=float)
     out = []
     for tdir in trace_dirs:

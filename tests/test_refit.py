@@ -69,6 +69,19 @@ def machine(tmp_path_factory):
     return indexes
 
 
+def _runs_on_the_base_machine(raw: dict, folder: Path, label: str) -> list[tuple[str, str]]:
+    """Every method's run of the scenario `raw` made on the base's own machine (its host times the base's, else the
+    scenario's), written as realrun traces LABEL_METHOD beside LABEL.yaml in `folder`: (trace, scenario) paths."""
+    scen = folder / f"{label}.yaml"
+    scen.write_text(yaml.safe_dump(raw))
+    truth = {**TRUE, **{n: v for n, v in {**_scenario_values(scen), **TRUE}.items() if n in HOST_TIMES}}
+    rows = []
+    for method, df, it in simulate(raw, truth):
+        write_realrun(folder / f"{label}_{method}", method, df, it)
+        rows.append((str(folder / f"{label}_{method}"), str(scen)))
+    return rows
+
+
 def _scenario_values(scen: Path) -> dict[str, float]:
     from simulator.fit_items import scenario_values
     from simulator.load import load_scenario
@@ -118,14 +131,7 @@ def test_runs_that_disagree_widen_the_factor(machine, tmp_path):
 
     import numpy as np
 
-    raw = raw_system(seed=5, gbps=10)  # the "big" configuration, its runs made on the base's machine
-    scen = tmp_path / "big.yaml"
-    scen.write_text(yaml.safe_dump(raw))
-    truth = {**TRUE, **{n: v for n, v in {**_scenario_values(scen), **TRUE}.items() if n in HOST_TIMES}}
-    rows = []
-    for method, df, it in simulate(raw, truth):
-        write_realrun(tmp_path / f"base_{method}", method, df, it)
-        rows.append((f"base_{method}", scen.name))
+    rows = _runs_on_the_base_machine(raw_system(seed=5, gbps=10), tmp_path, "big")  # the "big" configuration
     idx = tmp_path / "index.csv"
     pd.DataFrame(rows, columns=["trace", "scenario"]).to_csv(idx, index=False)
     agree = fit_engine(load_index(machine["big"]), "machine", BASE, "base.json")
@@ -277,14 +283,7 @@ def test_configurations_that_disagree_on_the_host_are_told(machine, tmp_path):
     from simulator.calibrate import format_fit
     from simulator.crossval import cross_validate_machine, format_cv_machine
 
-    raw = raw_system(seed=5, layers=8, gbps=2.5)
-    scen = tmp_path / "small.yaml"
-    scen.write_text(yaml.safe_dump(raw))
-    truth = {**TRUE, **{n: v for n, v in {**_scenario_values(scen), **TRUE}.items() if n in HOST_TIMES}}
-    rows = []
-    for method, df, it in simulate(raw, truth):
-        write_realrun(tmp_path / f"small_{method}", method, df, it)
-        rows.append((str(tmp_path / f"small_{method}"), str(scen)))
+    rows = _runs_on_the_base_machine(raw_system(seed=5, layers=8, gbps=2.5), tmp_path, "small")
     big = pd.read_csv(machine["big"])
     folder = machine["big"].parent
     rows += [(str(folder / tr), str(folder / sc)) for tr, sc in zip(big.trace, big.scenario)]

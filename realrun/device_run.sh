@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | graphs1 | graphs2
 #          | cpustate
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
@@ -58,6 +58,10 @@
 #             h200g_8b_mem r8.5, h200g_8b_2.5gbps r7.5 and h200g_8b_small r5 (80 requests), every method once (~500 s);
 #             again2: h200g_8b_light r2 (40 requests) and h200g_8b_long r1 (40 requests, batches to 32), step-timed as
 #             their first recordings, then h200g_70b8l_dq r8.8, every method once (~550 s; the budget guard cuts the last).
+#   part graphs1 / graphs2 (two calls on one warm machine, one session): smoke, then graphs1: h200g_8b_sat r9,
+#             h200g_8b_mem r8.5 and h200g_8b_2.5gbps r7.5; graphs2: h200g_70b8l_dq r8.8, h200g_70b8l_1gbps r8 and
+#             h200g_70b8l_2.5gbps r10; every method once (~450 / ~400 s): the six h200_graphs configurations in one
+#             session, so each is priced with a machine factor from the other five.
 #   part h100 (on an H100): smoke, then h100g_8b_2.5gbps r7.5, h100g_8b_small r5 (80 requests), h100g_8b_mem r6 and
 #             h100g_70b8l_1gbps r8, every method once: the h200g configurations that fit 80 GB, on a GPU never measured.
 #   part h100b (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_70b8l_dq r5.5 and h100g_8b_light r2
@@ -387,6 +391,18 @@ elif [ "$PART" = again1 ] || [ "$PART" = again2 ]; then
     MAXB=32 rec h200g_8b_long M8 40 8192 16384 64 256 32 16 330 40 1 "baseline kvquant hack" 1
     REC_EXTRA=()
     rec h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 120 150 1 "baseline kvquant hack" 8.8
+  fi
+elif [ "$PART" = graphs1 ] || [ "$PART" = graphs2 ]; then
+  # issue 28: every h200_graphs configuration in one device session (the H200's counterpart of h100_probe)
+  smoke_or_stop
+  if [ "$PART" = graphs1 ]; then
+    rec h200g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline kvquant hack" 9
+    rec h200g_8b_mem M8 50 1024 3072 192 448 8 16 150 150 1 "baseline kvquant hack" 8.5
+    rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 120 150 1 "baseline kvquant hack" 7.5
+  else
+    rec h200g_70b8l_dq M70 25 2048 4096 128 320 24 16 130 150 1 "baseline kvquant hack" 8.8
+    rec h200g_70b8l_1gbps M70 1 128 640 32 128 16 8 130 150 1 "baseline kvquant hack" 8
+    rec h200g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 120 150 1 "baseline kvquant hack" 10
   fi
 elif [ "$PART" = h100 ]; then
   # issue 28: a GPU and host no fit has seen (an H100 of 80 GB: configurations whose slot pool and KV fit it), priced

@@ -377,13 +377,17 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
 # realrun/traces/h100_probe2: nine configurations again on another machine, 30 runs, a host the probe timed at about
 # twice the ninth's) brings 137 runs: no fit 5.1 % (max 32.2 %), the calibration alone 6.6 % (54.1 %), with the factor
 # 3.6 % (27.0 %), against a run-to-run spread of mean JCT across the sessions of 6.6 %; three of its nine rows worse
-# with the factor than with no fit (test below).
+# with the factor than with no fit (test below). The eleventh (06:22, realrun/traces/h100_probe3: four configurations,
+# 12 runs, both calls cut short by the session's device time), whose configurations give each other 0.93-1.02, is
+# worse with the factor in three of its four (8b_2.5gbps 9.2 against 4.0 %, 8b_sat 7.0 against 3.0 %, 8b_small 2.0
+# against 1.2 %): over all 149 runs no fit 4.9 % (max 32.2 %), the calibration alone 6.5 % (54.1 %), with the factor
+# 3.8 % (27.0 %), run to run +-6.5 %.
 H100 = ROOT / "realrun/traces/index_h100.csv"
 # Since the h100g scenarios carry the H100 probes' busy-link levels (the loop's 1.28 + 0.0089 per Gbps where hostcal's
 # H200 runs gave 1.31 + 0.0258; the prefill floor's 1.047 + 0.0148): no fit 4.8 % (max 29.6 %), the calibration alone
 # 6.4 % (51.0 %), with the factor 4.3 % (27.0 %); 8b_mem at 16:26 turns worse with the factor (6.2 against 4.9 %) and
 # 8b_small at 14:35 better (3.4 against 3.9 %).
-H100_PCT = {"jct_mean_abs_error_pct": 3.6 + 2, "jct_max_abs_error_pct": 27.0 + 2}
+H100_PCT = {"jct_mean_abs_error_pct": 3.8 + 2, "jct_max_abs_error_pct": 27.0 + 2}
 H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1626"),
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1649"),
@@ -400,6 +404,9 @@ H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_dq", "h100-2026-12-06-0554"),
     ("h100g_8b_mem", "h100-2026-12-06-0554"),
     ("h100g_8b_small", "h100-2026-12-06-0554"),
+    ("h100g_8b_2.5gbps", "h100-2026-12-06-0622"),
+    ("h100g_8b_sat", "h100-2026-12-06-0622"),
+    ("h100g_8b_small", "h100-2026-12-06-0622"),
 }
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
 
@@ -421,9 +428,9 @@ def _priced_with_machine_factors(all_fit, index: Path, traces: int, bounds: dict
 
 
 def test_the_h200_calibration_carries_to_an_h100(all_fit):
-    r = _priced_with_machine_factors(all_fit, H100, 137, H100_PCT)  # the seventh and ninth sessions' fast hosts
+    r = _priced_with_machine_factors(all_fit, H100, 149, H100_PCT)  # the seventh and ninth sessions' fast hosts
     rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
-    assert len(rows) == 44 and len({c for c, _ in rows}) == 11, sorted(rows)
+    assert len(rows) == 48 and len({c for c, _ in rows}) == 11, sorted(rows)
     for key, c in rows.items():
         assert 0.6 < c["machine_factor"] < 1.4, c
         assert (c["machine_factor_stderr"] > 0.15) == (key in H100_FACTOR_RUNS_DISAGREE), c

@@ -1,5 +1,5 @@
 """The H100 recordings (realrun/traces/h100, h100b, h100c, h100d, h100e, h100f, h100_midlink, h100_pin, h100_midlink2,
-h100_probe, h100_probe2; listed in
+h100_probe, h100_probe2, h100_probe3; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
@@ -29,28 +29,28 @@ SESSIONS = {  # folder: the session named in the index (its device call's start,
     "h100_midlink2": "h100-2026-12-05-2203",
     "h100_probe": "h100-2026-12-06-0330",  # three device calls on one machine, the host probe beside each
     "h100_probe2": "h100-2026-12-06-0554",  # the same parts on another machine (h100, h100b, h100f), the probe beside
+    "h100_probe3": "h100-2026-12-06-0622",  # parts h100f and h100 cut short: four configurations, the probe beside
 }
 
 
 def test_every_h100_run_is_complete_with_provenance_and_described_by_its_scenario():
     index = rows(TRACES / "index_h100.csv")
-    assert (
-        len(index) == 137
-        and Counter(r["trace"].split("/")[0] for r in index)
-        == {
-            "h100": 11,
-            "h100b": 9,
-            "h100c": 12,
-            "h100d": 9,
-            "h100e": 12,
-            "h100f": 9,
-            "h100_midlink": 6,
-            "h100_pin": 6,  # its unpinned runs; the pinned ones are in its own index
-            "h100_midlink2": 6,
-            "h100_probe": 27,
-            "h100_probe2": 30,  # 8b_small twice: the folders ending _rep1 are its second recording, not in the sessions index
-        }
-    )
+    # h100_probe2 recorded 8b_small twice: the folders ending _rep1 are its second recording, not in the sessions index
+    assert len(index) == 149
+    assert Counter(r["trace"].split("/")[0] for r in index) == {
+        "h100": 11,
+        "h100b": 9,
+        "h100c": 12,
+        "h100d": 9,
+        "h100e": 12,
+        "h100f": 9,
+        "h100_midlink": 6,
+        "h100_pin": 6,  # its unpinned runs; the pinned ones are in its own index
+        "h100_midlink2": 6,
+        "h100_probe": 27,
+        "h100_probe2": 30,
+        "h100_probe3": 12,
+    }
     for row in index:
         assert row["machine"] == SESSIONS[row["trace"].split("/")[0]], row
         meta = check_recorded_run(TRACES / row["trace"], ROOT / row["scenario"])
@@ -129,3 +129,24 @@ def test_the_host_probe_ran_about_twice_as_slow_in_the_tenth_session():
     assert len(seen) == 30
     for row in seen.values():
         assert row["steps"] > 400 and 1.5 < row["py_median_ms"] < 1.9, row
+
+
+def test_the_host_probe_orders_three_sessions_as_their_host_factors():
+    """The probe's loop median within each run, session by session (h100_probe, h100_probe3, h100_probe2), against
+    the host factor the session's configurations give each other (0.65-0.69, 0.93-1.02, 1.12-1.17 of the H200
+    calibration's host terms, tests/test_calibrate_measured.py): the sessions' medians are ordered as their factors."""
+    from realrun.cpustate import beside_runs
+
+    medians = {}
+    for session in ("h100_probe", "h100_probe3", "h100_probe2"):
+        folder = TRACES / session
+        runs = sorted(p.parent for p in folder.glob("h100g_*/meta.json"))
+        got = [
+            row["py_median_ms"]
+            for probe in sorted(folder.glob("cpustate_bg_*.csv"))
+            for row in beside_runs(probe, runs)
+            if row["steps"]
+        ]
+        assert len(got) == len(runs), session
+        medians[session] = sorted(got)[len(got) // 2]
+    assert medians["h100_probe"] < 1.0 < medians["h100_probe3"] < medians["h100_probe2"] < 2.0, medians

@@ -89,22 +89,29 @@ def test_the_pinned_runs_say_where_their_threads_ran():
         assert row["machine"] == SESSIONS["h100_pin"]
 
 
-def test_the_host_probe_held_one_speed_beside_the_ninth_sessions_runs():
-    """realrun/traces/h100_probe: realrun.cpustate's pure-Python loop in the background of each device call
-    (cpustate_bg_PART.csv) beside the 27 recordings' wall-clock spans: every run has probe steps within its span, and
-    in each the loop's median is 0.87-0.92 ms: on this machine another CPU held one speed through the session, while
-    one host factor (0.65-0.69, tests/test_calibrate_measured.py) fits every configuration."""
+def _probe_beside_each_run(session: str) -> dict[str, dict]:
+    """realrun.cpustate.beside_runs over a session's probe files (cpustate_bg_PART.csv, one per device call): each
+    recording's row from the one probe whose steps fall in its wall-clock span; every recording has one."""
     from realrun.cpustate import beside_runs
 
-    folder = TRACES / "h100_probe"
+    folder = TRACES / session
     runs = sorted(p.parent for p in folder.glob("h100g_*/meta.json"))
-    assert len(runs) == 27
-    seen = {}
+    seen: dict[str, dict] = {}
     for probe in sorted(folder.glob("cpustate_bg_*.csv")):
         for row in beside_runs(probe, runs):
             if row["steps"]:
                 assert row["trace"] not in seen, row
                 seen[row["trace"]] = row
+    assert len(seen) == len(runs), session
+    return seen
+
+
+def test_the_host_probe_held_one_speed_beside_the_ninth_sessions_runs():
+    """realrun/traces/h100_probe: realrun.cpustate's pure-Python loop in the background of each device call
+    (cpustate_bg_PART.csv) beside the 27 recordings' wall-clock spans: every run has probe steps within its span, and
+    in each the loop's median is 0.87-0.92 ms: on this machine another CPU held one speed through the session, while
+    one host factor (0.65-0.69, tests/test_calibrate_measured.py) fits every configuration."""
+    seen = _probe_beside_each_run("h100_probe")
     assert len(seen) == 27
     for row in seen.values():
         assert row["steps"] > 400 and 0.87 < row["py_median_ms"] < 0.92, row
@@ -115,17 +122,7 @@ def test_the_host_probe_ran_about_twice_as_slow_in_the_tenth_session():
     1.5-1.9 ms in every run (the ninth session's 0.87-0.92 ms), and the host factor the session's configurations give
     each other is 1.12-1.17 (the ninth's 0.65-0.69, tests/test_calibrate_measured.py): between two sessions the probe
     moves with the host terms, where within one it does not order the runs (docs/calibration.md)."""
-    from realrun.cpustate import beside_runs
-
-    folder = TRACES / "h100_probe2"
-    runs = sorted(p.parent for p in folder.glob("h100g_*/meta.json"))
-    assert len(runs) == 30
-    seen = {}
-    for probe in sorted(folder.glob("cpustate_bg_*.csv")):
-        for row in beside_runs(probe, runs):
-            if row["steps"]:
-                assert row["trace"] not in seen, row
-                seen[row["trace"]] = row
+    seen = _probe_beside_each_run("h100_probe2")
     assert len(seen) == 30
     for row in seen.values():
         assert row["steps"] > 400 and 1.5 < row["py_median_ms"] < 1.9, row
@@ -135,18 +132,8 @@ def test_the_host_probe_orders_three_sessions_as_their_host_factors():
     """The probe's loop median within each run, session by session (h100_probe, h100_probe3, h100_probe2), against
     the host factor the session's configurations give each other (0.65-0.69, 0.93-1.02, 1.12-1.17 of the H200
     calibration's host terms, tests/test_calibrate_measured.py): the sessions' medians are ordered as their factors."""
-    from realrun.cpustate import beside_runs
-
     medians = {}
     for session in ("h100_probe", "h100_probe3", "h100_probe2"):
-        folder = TRACES / session
-        runs = sorted(p.parent for p in folder.glob("h100g_*/meta.json"))
-        got = [
-            row["py_median_ms"]
-            for probe in sorted(folder.glob("cpustate_bg_*.csv"))
-            for row in beside_runs(probe, runs)
-            if row["steps"]
-        ]
-        assert len(got) == len(runs), session
-        medians[session] = sorted(got)[len(got) // 2]
+        got = sorted(row["py_median_ms"] for row in _probe_beside_each_run(session).values())
+        medians[session] = got[len(got) // 2]
     assert medians["h100_probe"] < 1.0 < medians["h100_probe3"] < medians["h100_probe2"] < 2.0, medians

@@ -650,7 +650,8 @@ def validate(
         "--base",
         help="with --cv: an engine calibration fitted elsewhere (calibrate --traces): each configuration predicted "
         "by it with one machine factor on its host terms fitted to the other configurations of the same machine "
-        "(the index's optional column machine; without it, one machine), beside it alone and no fit",
+        "(the index's optional column machine; without it, one machine), beside it alone, its kernel and link "
+        "terms alone (calibration.engine_scopes [gpu, link]) and no fit",
     ),
     noise: Path | None = typer.Option(
         None,

@@ -169,8 +169,13 @@ def cross_validate(
     return result
 
 
-MACHINE_SCHEMES = ("no_fit", "base", "machine_refit")
-MACHINE_HEADS = {"no_fit": "no fit", "base": "base alone", "machine_refit": "base + machine factor"}
+MACHINE_SCHEMES = ("no_fit", "base_gpu_link", "base", "machine_refit")
+MACHINE_HEADS = {
+    "no_fit": "no fit",
+    "base_gpu_link": "base's gpu+link terms",  # calibration.engine_scopes [gpu, link]: the scenario's host terms
+    "base": "base alone",
+    "machine_refit": "base + machine factor",
+}
 
 
 def cross_validate_machine(
@@ -185,8 +190,10 @@ def cross_validate_machine(
     factor fitted to the other configurations recorded on that machine (the index's `machine` column; without it,
     all runs are one machine), beside the base alone and no fit. A configuration recorded on several machines is a
     row per machine, each run priced with its own machine's factor. A configuration with no other on its machine
-    has no machine figure there, and the notes say so. Per run the errors of each, their means, and per
+    has no machine figure there, and the notes say so. Beside them the base's kernel and link terms alone on the
+    scenarios' host terms (calibration.engine_scopes [gpu, link]). Per run the errors of each, their means, and per
     configuration and machine the factor."""
+    from .engine import PARAMETERS
     from .measured import read_index
 
     rows = read_index(index_csv)
@@ -194,6 +201,9 @@ def cross_validate_machine(
     machine = [r.machine or "" for r in rows]
     pairs = sorted({(td.configuration, machine[i]) for i, td in enumerate(traces)})
     base_values = {n: v for n, (v, _) in base.items()}
+    # the base's kernel and link terms alone (calibration.engine_scopes [gpu, link]): what a machine with no runs of
+    # its own can take from it while keeping the scenario's host terms
+    gpu_link = {n: v for n, v in base_values.items() if PARAMETERS[n].scope in ("gpu", "link")}
     folds: dict[tuple[str, str], dict] = {}
     notes: list[str] = []
     for c, m in pairs:
@@ -236,6 +246,7 @@ def cross_validate_machine(
     for i, td in enumerate(traces):
         for scheme, values in (
             ("no_fit", None),
+            ("base_gpu_link", gpu_link),
             ("base", base_values),
             ("machine_refit", folds.get((td.configuration, machine[i]), {}).get("values")),
         ):
@@ -315,7 +326,7 @@ def format_cv_machine(result: dict) -> str:
         f = c["machine_factor"]
         factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
         row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
-        row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
+        row += [mag(c.get(f"{s}_jct_mean_abs_error_pct")) for s in MACHINE_SCHEMES]
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
             row.append("not recorded" if x is None else f"±{x:.1f}%")

@@ -242,6 +242,7 @@ def test_a_machine_row_predicted_worse_than_no_fit_is_flagged():
                 "machine": m,
                 "traces": 3,
                 "no_fit_jct_mean_abs_error_pct": none,
+                "base_gpu_link_jct_mean_abs_error_pct": base + 0.5,
                 "base_jct_mean_abs_error_pct": base,
                 "machine_refit_jct_mean_abs_error_pct": refit,
                 "machine_factor": None if refit is None else 1.1,
@@ -270,6 +271,7 @@ def test_a_machine_row_predicted_worse_than_no_fit_is_flagged():
         "noise": {"index": "r.csv", "spread_pct": {"jct_mean": 4.0}},
     }
     text = crossval.format_cv_machine(result)
+    assert "mean |JCT err| base's gpu+link terms" in text.splitlines()[1], text  # the column beside the base alone
     flagged = [x.split()[:2] for x in text.splitlines() if x.endswith("WORSE than no fit")]
     assert flagged == [["a", "m2"], ["b", "m1"]], text
     flag = text.splitlines()[-1]

@@ -193,7 +193,7 @@ def cross_validate_machine(
     has no machine figure there, and the notes say so. Beside them the base's kernel and link terms alone on the
     scenarios' host terms (calibration.engine_scopes [gpu, link]). Per run the errors of each, their means, and per
     configuration and machine the factor."""
-    from .engine import PARAMETERS
+    from .engine import in_scopes
     from .measured import read_index
 
     rows = read_index(index_csv)
@@ -203,7 +203,7 @@ def cross_validate_machine(
     base_values = {n: v for n, (v, _) in base.items()}
     # the base's kernel and link terms alone (calibration.engine_scopes [gpu, link]): what a machine with no runs of
     # its own can take from it while keeping the scenario's host terms
-    gpu_link = {n: v for n, v in base_values.items() if PARAMETERS[n].scope in ("gpu", "link")}
+    gpu_link = in_scopes(base_values, ("gpu", "link"))
     folds: dict[tuple[str, str], dict] = {}
     notes: list[str] = []
     for c, m in pairs:
@@ -326,7 +326,7 @@ def format_cv_machine(result: dict) -> str:
         f = c["machine_factor"]
         factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
         row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
-        row += [mag(c.get(f"{s}_jct_mean_abs_error_pct")) for s in MACHINE_SCHEMES]
+        row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
             row.append("not recorded" if x is None else f"±{x:.1f}%")

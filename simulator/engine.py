@@ -447,7 +447,7 @@ def apply_engine_file(scenario, folder: Path, source: str):
     except ScenarioError as e:
         raise ScenarioError(f"{source}: calibration.engine: {e}") from None
     scopes = scenario.calibration.engine_scopes
-    values = {n: v for n, v in engine.fitted().items() if PARAMETERS[n].scope in scopes}
+    values = in_scopes(engine.fitted(), scopes)
     skip = sorted(not_applied(scenario, values), key=list(PARAMETERS).index)
     if skip:
         why = (
@@ -464,20 +464,23 @@ def apply_engine_file(scenario, folder: Path, source: str):
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
 
 
+def in_scopes(values: dict, scopes) -> dict:
+    """The entries of `values` (keyed by engine.PARAMETERS name) whose parameter's scope is one of `scopes`: what
+    calibration.engine_scopes applies of an engine file."""
+    return {n: v for n, v in values.items() if PARAMETERS[n].scope in scopes}
+
+
 def engine_summary(path: str, scopes=("host", "gpu", "link")) -> dict:
     """What profiles.json and the report say about the engine file a run used: what it fitted that the run applied
     (calibration.engine_scopes), what it fitted that the run left at the scenario's (`not_applied`), what it held."""
     engine = read_engine_file(path, ValueError)
     fitted = {k: r for k, r in engine.parameters.items() if r.fitted}
+    applied = in_scopes(fitted, scopes)
     return {
         "path": str(path),
         "engine": engine.engine,
         "scopes": list(scopes),
-        "fitted": {
-            k: {"value": r.value, "stderr": r.stderr, "unit": r.unit}
-            for k, r in fitted.items()
-            if PARAMETERS[k].scope in scopes
-        },
-        "not_applied": sorted(k for k in fitted if PARAMETERS[k].scope not in scopes),
+        "fitted": {k: {"value": r.value, "stderr": r.stderr, "unit": r.unit} for k, r in applied.items()},
+        "not_applied": sorted(k for k in fitted if k not in applied),
         "held": sorted(k for k, r in engine.parameters.items() if not r.fitted),
     }

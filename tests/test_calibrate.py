@@ -361,7 +361,8 @@ def test_engine_scopes_apply_only_the_named_scopes(simulated, fitted, tmp_path):
     raw["calibration"] = {"engine": "engine.json", "engine_scopes": ["gpu", "link"]}
     scen.write_text(yaml.safe_dump(raw))
     s = load_scenario(scen)
-    plain = load_scenario_raw(raw_system(), tmp_path)
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(raw_system()))
+    plain = load_scenario(tmp_path / "plain.yaml")
     assert s.network.efficiency == pytest.approx(fitted.fitted["network.efficiency"])  # link: applied
     assert s.prefill.prefill_efficiency == pytest.approx(fitted.fitted["prefill.prefill_efficiency"])  # gpu: applied
     host = "decode.host_serial_s_per_iteration"
@@ -376,12 +377,6 @@ def test_engine_scopes_apply_only_the_named_scopes(simulated, fitted, tmp_path):
         with pytest.raises(ScenarioError) as e:
             load_scenario(scen)
         assert "calibration.engine_scopes" in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
-
-
-def load_scenario_raw(raw: dict, folder: Path):
-    path = folder / "plain.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return load_scenario(path)
 
 
 def test_a_fit_the_placement_would_ignore_is_refused(simulated, fitted, tmp_path):

@@ -202,12 +202,12 @@ OTHER_SESSIONS_PCT = {"all": 8.2 + 1, "gpu_link": 6.8 + 1}
 
 
 def test_the_fits_kernel_and_link_terms_carry_to_other_sessions(cv):
-    from simulator.engine import PARAMETERS
+    from simulator.engine import in_scopes
     from simulator.measured import read_index
     from simulator.validate import validate
 
     values = {name: r["value"] for name, r in cv["in_sample_fit"].items()}
-    gpu_link = {n: v for n, v in values.items() if PARAMETERS[n].scope in ("gpu", "link")}
+    gpu_link = in_scopes(values, ("gpu", "link"))  # what calibration.engine_scopes [gpu, link] applies
     rows = [r for r in read_index(ALL) if "h200_graphs" not in r.trace_path.parts]
     for extra in ("h200_midlink", "h200_midlink2"):
         rows += read_index(ROOT / "realrun/traces" / extra / "index.csv")

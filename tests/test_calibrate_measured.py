@@ -410,7 +410,12 @@ def test_one_fit_over_every_session_gives_each_its_host_factor(all_fit):
 # 12 runs, both calls cut short by the session's device time), whose configurations give each other 0.93-1.02, is
 # worse with the factor in three of its four (8b_2.5gbps 9.2 against 4.0 %, 8b_sat 7.0 against 3.0 %, 8b_small 2.0
 # against 1.2 %): over all 149 runs no fit 4.9 % (max 32.2 %), the calibration alone 6.5 % (54.1 %), with the factor
-# 3.8 % (27.0 %), run to run +-6.5 %.
+# 3.8 % (27.0 %), run to run +-6.5 %. The twelfth (07:57, realrun/traces/h100_probe4: the nine configurations again on
+# another machine, four of them twice, 39 runs), whose configurations give each other 1.05-1.09, is worse with the
+# factor in five of its nine (test below): over all 188 runs no fit 4.5 % (max 32.2 %), the calibration's gpu and link
+# terms alone 4.6 % (28.4 %), the calibration alone 5.7 % (54.1 %), with the factor 3.8 % (27.0 %), p50 TPOT / TTFT
+# 4.0 / 6.7 % (no fit 4.6 / 9.0 %), run to run +-6.0 % (p50 TPOT / TTFT +-5.8 / +-8.9 %); 23 of the 57 rows worse with
+# the factor than with no fit.
 H100 = ROOT / "realrun/traces/index_h100.csv"
 # Since the h100g scenarios carry the H100 probes' busy-link levels (the loop's 1.28 + 0.0089 per Gbps where hostcal's
 # H200 runs gave 1.31 + 0.0258; the prefill floor's 1.047 + 0.0148): no fit 4.8 % (max 29.6 %), the calibration alone
@@ -436,6 +441,11 @@ H100_FACTOR_NOT_BETTER = {
     ("h100g_8b_2.5gbps", "h100-2026-12-06-0622"),
     ("h100g_8b_sat", "h100-2026-12-06-0622"),
     ("h100g_8b_small", "h100-2026-12-06-0622"),
+    ("h100g_70b8l_2.5gbps", "h100-2026-12-06-0757"),
+    ("h100g_70b8l_dq", "h100-2026-12-06-0757"),
+    ("h100g_8b_2.5gbps", "h100-2026-12-06-0757"),
+    ("h100g_8b_mem", "h100-2026-12-06-0757"),
+    ("h100g_8b_small", "h100-2026-12-06-0757"),
 }
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
 
@@ -454,15 +464,15 @@ def _priced_with_machine_factors(all_fit, index: Path, traces: int, bounds: dict
     mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base", "base_gpu_link")}
     assert mean["machine_refit"] < mean["no_fit"] < mean["base"], mean
     # the calibration's kernel and link terms on the scenarios' host terms: within half a point of no fit or better
-    # (index_h100 5.2 against 4.9 %, h100_probe 7.6 against 8.0, h200_midlink 11.2 against 12.0)
+    # (index_h100 4.6 against 4.5 %, h100_probe 7.6 against 8.0, h200_midlink 11.2 against 12.0)
     assert mean["base_gpu_link"] < mean["no_fit"] + 0.5, mean
     return r
 
 
 def test_the_h200_calibration_carries_to_an_h100(all_fit):
-    r = _priced_with_machine_factors(all_fit, H100, 149, H100_PCT)  # the seventh and ninth sessions' fast hosts
+    r = _priced_with_machine_factors(all_fit, H100, 188, H100_PCT)  # the seventh and ninth sessions' fast hosts
     rows = {(c["configuration"], c["machine"]): c for c in r["configurations"]}
-    assert len(rows) == 48 and len({c for c, _ in rows}) == 11, sorted(rows)
+    assert len(rows) == 57 and len({c for c, _ in rows}) == 11, sorted(rows)
     for key, c in rows.items():
         assert 0.6 < c["machine_factor"] < 1.4, c
         assert (c["machine_factor_stderr"] > 0.15) == (key in H100_FACTOR_RUNS_DISAGREE), c
@@ -520,6 +530,43 @@ def test_a_slower_session_of_the_same_nine_configurations(all_fit):
     for c in r["configurations"]:
         assert 1.05 < c["machine_factor"] < 1.25 and c["machine_factor_stderr"] < 0.05, c
     assert {c for c, _ in r["worse_than_no_fit"]} == {"h100g_70b8l_dq", "h100g_8b_mem", "h100g_8b_small"}
+
+
+# The nine configurations on a fourth probed H100 machine (realrun/traces/h100_probe4, 2026-12-06 07:57, four device
+# calls: 8b_small, 8b_sat, 70b8l_2.5gbps and 8b_kvsat recorded twice, 39 runs), whose host the probe timed as slow as the
+# tenth's (median 1.745 against 1.757 ms) while its configurations give each other 1.048-1.088 (the tenth's 1.12-1.17),
+# the eight others agreeing on each (+- 0.026-0.030): no fit 3.0 % (max 11.1 %), the calibration's gpu and link terms
+# alone 2.5 % (8.8 %), the calibration alone 2.8 % (9.9 %), with the factor 3.7 % (12.7 %). The factor is worse than no
+# fit on the mean, as in the eleventh session, and in five of the nine: 70b8l_2.5gbps (1.2 against 1.0 %), 70b8l_dq (7.9
+# against 3.8 %, outside its +-3.7 % run to run; the gpu and link terms alone give it 7.5 %), 8b_2.5gbps (7.9 against
+# 2.0 %), 8b_mem (5.5 against 2.5 %) and 8b_small (4.5 against 3.6 %), whose own runs put the factor at 0.94 where its
+# eight session-mates give 1.088 (flagged). Bounds: achieved + 2; the gpu and link terms alone within half a point of no
+# fit or better; the factor worse than no fit on the mean, a known miss this test pins, and in which configurations.
+H100_PROBE4 = ROOT / "realrun/traces/h100_probe4/index.csv"
+
+
+def test_a_twelfth_session_where_the_factor_does_not_carry(all_fit):
+    from simulator.crossval import cross_validate_machine
+
+    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
+    r = cross_validate_machine(H100_PROBE4, base, "index_all", workers=2)
+    assert r["traces"] == 39 and not r["notes"] and len(r["configurations"]) == 9
+    assert r["machine_refit"]["jct_mean_abs_error_pct"] <= 3.7 + 2
+    assert r["machine_refit"]["jct_max_abs_error_pct"] <= 12.7 + 2
+    mean = {s: r[s]["jct_mean_abs_error_pct"] for s in ("machine_refit", "no_fit", "base_gpu_link")}
+    assert mean["base_gpu_link"] < mean["no_fit"] + 0.5, mean  # 2.5 against 3.0 %
+    assert mean["no_fit"] < mean["machine_refit"], mean  # 3.0 against 3.7 %: the known miss
+    for c in r["configurations"]:
+        assert 1.0 < c["machine_factor"] < 1.15 and c["machine_factor_stderr"] < 0.05, c
+    split = {c["configuration"]: c["machine_factor_own"] for c in r["configurations"] if c["factor_disagrees"]}
+    assert split == {"h100g_8b_small": pytest.approx(0.94, abs=0.03)}
+    assert {c for c, _ in r["worse_than_no_fit"]} == {
+        "h100g_70b8l_2.5gbps",
+        "h100g_70b8l_dq",
+        "h100g_8b_2.5gbps",
+        "h100g_8b_mem",
+        "h100g_8b_small",
+    }
 
 
 # A session no fit has seen on the H200 (realrun/traces/h200_midlink, 2026-12-06: 8b_sat25 and 8b_short10, never

@@ -603,6 +603,13 @@ def report(
         typer.echo(f"wrote {len(paths)} images under {run_dir / 'figures'}")
 
 
+PRIOR_SCALE_HELP = (
+    "every prior width times this (a positive number; 1: the widths as stated), or auto: the scale of "
+    "0.25, 0.5, 1 whose fits without each configuration predict its runs best (one cross-validation: a fit per "
+    "configuration and scale)"
+)
+
+
 # validate --cv --folds: the held-out fits each value asks for (simulator/crossval.py FOLDS)
 CV_FOLDS = {"both": ("trace", "configuration"), "configuration": ("configuration",), "trace": ("trace",)}
 
@@ -659,6 +666,12 @@ def validate(
         help="a repeats index (columns trace, scenario, config; rows sharing config are recordings of one "
         "configuration and seed): print each metric's run-to-run spread beside its error",
     ),
+    prior_scale: str | None = typer.Option(
+        None,
+        "--prior-scale",
+        help="with --cv: the fits' prior scale as calibrate --prior-scale takes it; auto is chosen nested, for each "
+        "held-out configuration from the others alone (default 1)",
+    ),
 ) -> None:
     """Simulate the configuration of a measured run (a realrun TRACE, or a vLLM, SGLang or AIPerf benchmark
     file) and report the simulator's errors."""
@@ -687,8 +700,13 @@ def validate(
         fail("--folds chooses validate --cv's held-out fits: give --cv with it")
     if folds != "both" and base is not None:
         fail("--folds: --cv --base fits one machine factor per configuration and machine, no folds to choose")
+    if prior_scale is not None and not cv:
+        fail("--prior-scale sets validate --cv's fits: give --cv with it")
+    if prior_scale is not None and base is not None:
+        fail("--prior-scale: --cv --base fits one machine factor, on its own prior; the scale has nothing to set")
+    scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by)
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by, scale)
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -741,6 +759,7 @@ def _validate_cv(
     noise: dict | None,
     base: Path | None,
     by: tuple[str, ...],
+    prior_scale: float | str = 1.0,
 ) -> None:
     from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
@@ -762,7 +781,7 @@ def _validate_cv(
                     index, engine.fitted_with_stderr(), str(base), workers=workers, noise=noise
                 )
             else:
-                result = cross_validate(index, workers=workers, noise=noise, by=by)
+                result = cross_validate(index, workers=workers, noise=noise, by=by, prior_scale=prior_scale)
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:
@@ -818,6 +837,10 @@ def calibrate(
         "host-scope terms, GPU and link ones held), machine (one factor on every host time term: a CPU faster or "
         "slower than the base's; the default with --base, identifiable from a single run)",
     ),
+    prior_scale: str | None = typer.Option(None, "--prior-scale", help="with --traces: " + PRIOR_SCALE_HELP),
+    workers: int = typer.Option(
+        1, "--workers", min=1, max=64, help="with --prior-scale auto: fit its cross-validation in this many processes"
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -839,10 +862,12 @@ def calibrate(
     errors_as_json(as_json)
     if traces is not None and derive is not None:
         fail("calibrate: --traces and --derive are separate jobs; give one")
-    if traces is None and (base is not None or refit is not None):
-        fail(f"calibrate: {'--base' if base is not None else '--refit'} refits an engine calibration: give --traces")
+    if traces is None and (base is not None or refit is not None or prior_scale is not None):
+        given = "--base" if base is not None else "--refit" if refit is not None else "--prior-scale"
+        fail(f"calibrate: {given} sets an engine calibration's fit: give --traces")
     if traces is not None:
-        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet, base, refit)
+        scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
+        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet, base, refit, scale, workers)
         return
     if derive is not None:
         _derive_profile(derive, out, list(ctx.args), quiet)
@@ -922,6 +947,19 @@ def _derive_profile(gpu: str, out: Path | None, extra: list[str], quiet: bool) -
         typer.echo(f"wrote {path} (use it with --profile {path} or calibration.decode_profile)")
 
 
+def _prior_scale(text: str) -> float | str:
+    """--prior-scale: auto, or a positive number (refused in one line otherwise)."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        fail(f"--prior-scale: {text!r}: a positive number or auto")
+    return value
+
+
 def _calibrate_engine(
     index: Path,
     out: Path | None,
@@ -930,7 +968,10 @@ def _calibrate_engine(
     quiet: bool,
     base_path: Path | None = None,
     refit: str | None = None,
+    prior_scale: float | str = 1.0,
+    workers: int = 1,
 ) -> None:
+    from planning.executor import Interrupted, stop_on_signals
     from simulator.calibrate import REFITS, base_mismatch, engine_file, fit_engine, format_fit, load_index
     from simulator.config import ScenarioError
     from simulator.engine import EngineFile, read_engine_file
@@ -946,6 +987,10 @@ def _calibrate_engine(
         refit = "all" if base_path is None else "machine"
     if refit not in REFITS:
         fail(f"calibrate --refit: {refit!r} is not one of {', '.join(REFITS)}")
+    if prior_scale != 1.0 and refit == "machine":
+        fail("calibrate --prior-scale: --refit machine fits one factor on its own prior; the scale has nothing to set")
+    if prior_scale == "auto" and base_path is not None:
+        fail("calibrate --prior-scale auto: its cross-validation fits the scenarios' values; give a number with --base")
     base = None
     if base_path is not None:
         try:
@@ -954,17 +999,32 @@ def _calibrate_engine(
             fail(f"calibrate --base: {e}")
         base = engine.fitted_with_stderr()
     _check_writable(out)  # before the fit: a fit of minutes must not end in a permission error
+    choice = None
     try:
         traces = load_index(index)
-        fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path))
+        if prior_scale == "auto":
+            from simulator.crossval import choose_prior_scale
+
+            with stop_on_signals():  # the cross-validation's workers end with us (crossval._map)
+                choice = choose_prior_scale(index, workers)
+            prior_scale = float(choice.pop("value"))
+        assert not isinstance(prior_scale, str)
+        fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path), prior_scale)
     except ScenarioError as e:
         fail(str(e))
+    except Interrupted as e:
+        typer.echo(f"calibrate: interrupted by {e.name}; nothing written", err=True)
+        os._exit(128 + e.signum)  # as validate --cv: the pool's manager thread must not hold the exit
     command = f"calibrate --traces {index} --out {out}"
     if base_path is not None:
         command += f" --base {base_path}"
     if refit != ("all" if base_path is None else "machine"):
         command += f" --refit {refit}"
-    doc = engine_file(fit, traces, str(index), command, __version__)
+    if choice is not None:
+        command += " --prior-scale auto"
+    elif prior_scale != 1.0:
+        command += f" --prior-scale {prior_scale:g}"
+    doc = engine_file(fit, traces, str(index), command, __version__, choice)
     mismatch = None if base_path is None else base_mismatch(engine.engine, traces)
     if mismatch:
         doc["fit"]["warnings"] = [mismatch]

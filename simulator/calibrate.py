@@ -84,6 +84,11 @@ KINDS = ("iteration", "prefill", "quantize", "transfer", "handoff")
 HELD_PREFIX = "; held at the prior's centre: "
 FAR_FROM_PRIOR = 2.0  # format_fit lists a fitted parameter this many prior widths or more from its centre
 IDENTIFIED = 0.5  # fitted when the posterior sd is at most this fraction of the prior's
+# The prior widths times one scale: the grid `calibrate --prior-scale auto` chooses from by leave-one-configuration-out
+# (crossval.choose_prior_scale). The widths (engine.PARAMETERS) state how far each kernel-derived value may be off;
+# how far the fit should trust runs of a few configurations over them is a property of the runs, which only runs
+# the fit has not seen can measure. 1 is the stated widths; narrower scales pull harder toward the kernels.
+PRIOR_SCALES = (0.25, 0.5, 1.0)
 CARRIED_PREFIX = "; carried from the base calibration, not refitted: "
 # What a refit on a base calibration fits (calibrate --base FILE --refit ...): every parameter (all), the
 # machine's terms (host: each host-scope parameter, priors centred on the base's values), or one factor on every
@@ -108,10 +113,12 @@ def on_machine(values: dict[str, float], factor: float) -> dict[str, float]:
     return {n: v * factor if n in HOST_TIMES else v for n, v in values.items()}
 
 
-def prior_sd(name: str, at: float) -> float:
-    """The prior's standard deviation in the parameter's unit, near `at` for a factor (a width in ln)."""
+def prior_sd(name: str, at: float, prior_scale: float = 1.0) -> float:
+    """The prior's standard deviation in the parameter's unit, near `at` for a factor (a width in ln), with every
+    width times `prior_scale` (PRIOR_SCALES)."""
     p = PARAMETERS[name]
-    return p.prior_width * max(abs(at), 1e-12) if p.log_prior else p.prior_width
+    w = p.prior_width * prior_scale
+    return w * max(abs(at), 1e-12) if p.log_prior else w
 
 
 # ---- predictions from engine parameters (as ReplicaCostModel and the Link apply them) ----------------
@@ -364,6 +371,7 @@ class FitResult:
     carried: set[str] = field(default_factory=set)  # base-fitted parameters written through unrefitted
     factor: dict | None = None  # refit machine: the factor's value, stderr, prior and the terms it scales
     machines: dict[str, dict] = field(default_factory=dict)  # runs of several machines: each one's host factor
+    prior_scale: float = 1.0  # every prior width times this (PRIOR_SCALES)
 
 
 def _start_value(name: str, traces: list[TraceData]) -> float:
@@ -452,18 +460,22 @@ def _item_blocks(traces, names, x, kinds, base):
                 yield idx, td, kind, v, td.blocks[kind]["meas"]
 
 
-def prior_residuals(names: list[str], x: np.ndarray, centre: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """The prior term: each parameter's deviation from its centre in prior widths, and its derivative."""
+def prior_residuals(
+    names: list[str], x: np.ndarray, centre: dict[str, float], prior_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The prior term: each parameter's deviation from its centre in prior widths (each times `prior_scale`), and
+    its derivative."""
     r, dr = np.zeros(len(names)), np.zeros(len(names))
     for i, n in enumerate(names):
         p = PARAMETERS[n]
+        w = p.prior_width * prior_scale
         if p.log_prior:
             xi = max(float(x[i]), 1e-12)
-            r[i] = math.log(xi / centre[n]) / p.prior_width
-            dr[i] = 1.0 / (xi * p.prior_width)
+            r[i] = math.log(xi / centre[n]) / w
+            dr[i] = 1.0 / (xi * w)
         else:
-            r[i] = (float(x[i]) - centre[n]) / p.prior_width
-            dr[i] = 1.0 / p.prior_width
+            r[i] = (float(x[i]) - centre[n]) / w
+            dr[i] = 1.0 / w
     return r, dr
 
 
@@ -544,24 +556,27 @@ def _bounds(names) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _map_fit(
-    traces, names, start, base, kinds, warm: dict[str, float] | None = None
+    traces, names, start, base, kinds, warm: dict[str, float] | None = None, prior_scale: float = 1.0
 ) -> tuple[dict[str, float], dict[str, float], set[str], np.ndarray]:
     """The MAP estimate of `names` from each of _starts (the lower objective wins). Returns values, posterior
     standard deviations, the parameters no data residual moves there, and the data Jacobian there."""
     from scipy.optimize import least_squares
 
     lo, hi = _bounds(names)
-    scale = np.array([prior_sd(n, start[n]) for n in names])
+    scale = np.array([prior_sd(n, start[n], prior_scale) for n in names])
 
     def solve(x0: np.ndarray, sc: dict):
         def fun(x):
             return np.concatenate(
-                [_weighted_residuals(traces, names, x, kinds, base, scales=sc), prior_residuals(names, x, start)[0]]
+                [
+                    _weighted_residuals(traces, names, x, kinds, base, scales=sc),
+                    prior_residuals(names, x, start, prior_scale)[0],
+                ]
             )
 
         def jac(x):
             j = _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1]
-            return np.vstack([j, np.diag(prior_residuals(names, x, start)[1])])
+            return np.vstack([j, np.diag(prior_residuals(names, x, start, prior_scale)[1])])
 
         return least_squares(
             fun,
@@ -589,7 +604,7 @@ def _map_fit(
 
     res, sc = min((reweighted(x) for x in _starts(traces, names, start, warm)), key=lambda rs: rs[0].cost)
     j_data = _weighted_residuals(traces, names, res.x, kinds, base, jac=True, scales=sc)[1]
-    sd = posterior_sd(j_data, prior_residuals(names, res.x, start)[1])
+    sd = posterior_sd(j_data, prior_residuals(names, res.x, start, prior_scale)[1])
     flat = {n for i, n in enumerate(names) if not np.any(j_data[:, i] != 0)}
     return dict(zip(names, res.x.tolist())), dict(zip(names, sd.tolist())), flat, j_data
 
@@ -624,17 +639,21 @@ def fit_engine(
     refit: str = "all",
     base: dict[str, tuple[float, float | None]] | None = None,
     base_name: str | None = None,
+    prior_scale: float = 1.0,
 ) -> FitResult:
     """Fit every engine parameter the traces identify (module doc); hold the rest at the prior's centre.
     With `base` (a calibration's fitted parameters: name -> (value, stderr)), those values are the traces'
     scenarios' own before the fit (where it starts, the priors' centres, the residuals' "before"); `refit`
     (REFITS) says what is fitted: every parameter, the host-scope ones, or one machine factor on every host
-    time term; what a refit holds that the base fitted is written through (carried).
+    time term; what a refit holds that the base fitted is written through (carried). `prior_scale` multiplies every
+    parameter's prior width (PRIOR_SCALES: crossval.choose_prior_scale picks one by held-out configurations).
     BLAS runs single-threaded: the matrices are small, and threads only contend (with a process pool too)."""
     from threadpoolctl import threadpool_limits
 
     if refit not in REFITS:
         raise ValueError(f"refit must be one of {', '.join(REFITS)}, got {refit!r}")
+    if not prior_scale > 0:
+        raise ValueError(f"prior_scale must be positive, got {prior_scale!r}")
     if base:
         values = {n: v for n, (v, _) in base.items()}
         traces = [
@@ -643,9 +662,10 @@ def fit_engine(
     with threadpool_limits(1):
         machines = sorted({td.machine for td in traces if td.machine})
         if refit != "machine" and len(machines) > 1:
-            fit = _fit_machines(traces, refit, machines)
+            fit = _fit_machines(traces, refit, machines, prior_scale)
         else:
-            fit = _fit_engine(traces, refit)
+            fit = _fit_engine(traces, refit, prior_scale)
+    fit.prior_scale = prior_scale
     if base:
         fit.base = base_name
         scale = fit.factor["value"] if fit.factor is not None else None
@@ -695,7 +715,7 @@ def _result(traces, candidates, start, fitted, stderr, notes, held, refit: str, 
     )
 
 
-def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
+def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float = 1.0) -> FitResult:
     families = sorted({td.family for td in traces})
     candidates = [n for n in PARAMETERS if not n.startswith("methods.") or n.split(".")[1] in families]
     graphs = all(td.meta.get("decode_mode") == "graphs" for td in traces)
@@ -732,7 +752,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
             continue
         # a parameter that moves no residual where the fit starts (e.g. host issue time while every
         # iteration is GPU-bound, or a factor on a step the cost model gives no time) cannot be fitted
-        h = prior_sd(n, start[n]) * 0.5
+        h = prior_sd(n, start[n], prior_scale) * 0.5
         probe = np.array([start[n]])
         _lo, hi = PARAMETERS[n].bounds
         step = h if start[n] + h <= hi else -h
@@ -756,9 +776,16 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
         x: dict[str, float] = {}
         sd: dict[str, float] = {}
         while names:
-            x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm)
+            x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm, prior_scale)
             warm = x
-            ratio = {n: sd[n] / prior_sd(n, x[n]) for n in names}
+            # identified: the runs constrain it to at most IDENTIFIED of the stated width (the posterior sd with the
+            # stated priors, whatever the scale: which parameters the runs pin down is theirs, the scale only sets
+            # how hard the rest is pulled toward the kernels)
+            sd1 = sd
+            if prior_scale != 1.0:
+                slope = prior_residuals(names, np.array([x[n] for n in names]), start)[1]
+                sd1 = dict(zip(names, posterior_sd(j_data, slope).tolist()))
+            ratio = {n: sd1[n] / prior_sd(n, x[n]) for n in names}
             unidentified = {n: r for n, r in ratio.items() if r > IDENTIFIED}
             if not unidentified:
                 break
@@ -769,7 +796,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
                 held[worst] = COLLINEAR
             else:
                 held[worst] = (
-                    f"the traces do not constrain it: posterior sd {_fmt(sd[worst])} against the prior's "
+                    f"the traces do not constrain it: posterior sd {_fmt(sd1[worst])} against the prior's "
                     f"{_fmt(prior_sd(worst, x[worst]))} (fitted needs at most {IDENTIFIED:g} of it)"
                 )
             names.remove(worst)
@@ -784,7 +811,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
                 rest = [k for k in names if k != n]
                 base = [{**b, n: whole} for b in base]
                 if rest:
-                    x2, sd2, _, _ = _map_fit(traces, rest, start, base, kinds, warm=x)
+                    x2, sd2, _, _ = _map_fit(traces, rest, start, base, kinds, warm=x, prior_scale=prior_scale)
                     x.update(x2)
                     sd.update(sd2)
                 x[n] = whole
@@ -794,7 +821,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all") -> FitResult:
     return _result(traces, candidates, start, fitted, stderr, notes, held, refit)
 
 
-def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> FitResult:
+def _fit_machines(traces: list[TraceData], refit: str, machines: list[str], prior_scale: float = 1.0) -> FitResult:
     """The engine fitted to runs of several machines (the index's column machine): the shared parameters with each
     machine's host time terms times its factor, and each factor (prior N(0, MACHINE_PRIOR_WIDTH) on its ln) at the
     shared values, in MACHINE_ROUNDS rounds, then the shared fit at the last factors. The factors are normalised to a
@@ -802,7 +829,8 @@ def _fit_machines(traces: list[TraceData], refit: str, machines: list[str]) -> F
     run on a machine the fit has not seen is priced with. A run without a machine takes the factor 1."""
 
     def shared(factors: dict[str, float]) -> FitResult:
-        return _fit_engine([replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces], refit)
+        at = [replace(td, host_factor=factors.get(td.machine or "", 1.0)) for td in traces]
+        return _fit_engine(at, refit, prior_scale)
 
     factors = dict.fromkeys(machines, 1.0)
     for _ in range(MACHINE_ROUNDS):
@@ -1058,10 +1086,12 @@ FIT_METHOD = (
 )
 
 
-def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: str, version: str) -> dict:
+def engine_file(
+    fit: FitResult, traces: list[TraceData], index: str, command: str, version: str, prior_choice: dict | None = None
+) -> dict:
     """The engine calibration file (engine.EngineFile) for a fit: every candidate parameter with its value,
     standard error, whether it was fitted, its scope and shape and prior, the residuals, and where it all came
-    from."""
+    from; with `prior_choice` (crossval.choose_prior_scale), how the priors' scale was chosen."""
     import scipy
 
     params = {}
@@ -1075,7 +1105,11 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
             "bounds": list(p.bounds),
             "scope": p.scope,
             "shape": p.shape,
-            "prior": {"centre": fit.start[n], "width": p.prior_width, "of": "ln(value)" if p.log_prior else "value"},
+            "prior": {
+                "centre": fit.start[n],
+                "width": p.prior_width * fit.prior_scale,
+                "of": "ln(value)" if p.log_prior else "value",
+            },
             "note": p.meaning,
         }
         if n in fit.fitted:
@@ -1088,6 +1122,8 @@ def engine_file(fit: FitResult, traces: list[TraceData], index: str, command: st
             rec["note"] += HELD_PREFIX + fit.held.get(n, "")
         params[n] = rec
     about: dict = {"method": FIT_METHOD, "residuals": fit.residuals, "traces": len(traces)}
+    if fit.prior_scale != 1.0 or prior_choice is not None:
+        about["prior_scale"] = {"value": fit.prior_scale, **(prior_choice or {"chosen_by": "given (--prior-scale)"})}
     if fit.refit != "all" or fit.base is not None:
         about["refit"] = fit.refit
         about["base"] = fit.base
@@ -1189,6 +1225,11 @@ def format_fit(doc: dict) -> str:
                 + f" (spread ×÷ {math.exp(factor['between_configurations_sd']):.3g} between them: what a configuration "
                 "these runs do not have may move the factor by, where they load the host differently)"
             )
+    ps = about.get("prior_scale")
+    if ps is not None:
+        grid = ps.get("held_out_jct_mean_abs_error_pct")
+        how = "" if grid is None else ": " + ", ".join(f"x{s} {e:.2f} %" for s, e in grid.items())
+        out.append(f"prior widths x{ps['value']:g} (the stated widths times it), {ps['chosen_by']}{how}")
     machines = about.get("machines")
     if machines:
         out.append(

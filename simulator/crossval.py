@@ -30,7 +30,7 @@ import pandas as pd
 
 from costmodel.methods import REFERENCE
 
-from .calibrate import HOST_TIMES, fit_engine, fit_values, load_index, on_machine, prior_sd
+from .calibrate import HOST_TIMES, PRIOR_SCALES, fit_engine, fit_values, load_index, on_machine, prior_sd
 from .config import ScenarioError
 from .fit_items import TraceData
 
@@ -103,14 +103,21 @@ def folds(traces: list[TraceData], by: tuple[str, ...] = FOLDS) -> list[tuple[st
 
 
 def cross_validate(
-    index_csv: str | Path, workers: int = 1, noise: dict | None = None, by: tuple[str, ...] = FOLDS
+    index_csv: str | Path,
+    workers: int = 1,
+    noise: dict | None = None,
+    by: tuple[str, ...] = FOLDS,
+    prior_scale: float | str = 1.0,
 ) -> dict:
     """No fit, in-sample (one fit on every run), held out (each run predicted by a fit without it) and held out
     by configuration (each configuration's runs predicted by a fit without any of them): per run the errors of
     each, their means, and per configuration no fit against the held-out fit (module doc).  `by` names the
     held-out folds to fit (FOLDS; by configuration alone: one fit per configuration instead of one per run too).
     `workers` > 1 fits and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside
-    the figures."""
+    the figures. `prior_scale` multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as
+    calibrate --prior-scale auto does, nested: for each held-out configuration from the other configurations alone
+    (choose_prior_scales), for the in-sample fit and the folds by trace from every run (not nested: a choice per
+    run would cost a cross-validation per run; the notes say so)."""
     from .measured import read_index
 
     unknown = [b for b in by if b not in FOLDS]
@@ -119,7 +126,16 @@ def cross_validate(
     rows = read_index(index_csv)
     traces = load_index(index_csv)
     plan = folds(traces, by)
-    fits = _map(_fit_without, [(traces, out) for _, out in plan], workers)
+    if prior_scale == "auto":
+        nested = [(s, out) for s, out in plan if s != "held_out"]
+        choice = dict(zip(nested, _choose_scales(traces, rows, [_kept(traces, out) for _, out in nested], workers)))
+        every = choice["in_sample", ()]["value"]
+        scales = [choice[s, out]["value"] if (s, out) in choice else every for s, out in plan]
+    else:
+        if isinstance(prior_scale, str) or not prior_scale > 0:
+            raise ScenarioError(f"prior scale: {prior_scale!r}: a positive number or auto")
+        choice, scales = {}, [float(prior_scale)] * len(plan)
+    fits = _map(_fit_without, [(traces, out, sc) for (_, out), sc in zip(plan, scales)], workers)
     per_trace: list[dict[str, Any]] = [
         {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
         for td in traces
@@ -152,11 +168,20 @@ def cross_validate(
         result["notes"].append("held out (configuration): not fitted (folds by trace only)")
     elif "held_out_configuration" not in result:
         result["notes"].append("held out (configuration): needs two configurations or more (runs of two scenarios)")
+    result["prior_scale"] = {"value": scales[0], **({"chosen": choice["in_sample", ()]} if choice else {})}
+    if choice and "held_out" in result:
+        result["notes"].append(
+            f"held out (trace): the prior scale chosen on every run ({scales[0]:g}), not nested (the configurations' "
+            "folds are)"
+        )
     result["configurations"] = by_configuration(per_trace, noise)
-    for (scheme, out), (values, _) in zip(plan, fits):
+    for (scheme, out), (values, _), sc in zip(plan, fits, scales):
         if scheme == "held_out_configuration":
             row = next(c for c in result["configurations"] if c["configuration"] == traces[out[0]].configuration)
             row["moved_without_it"] = moved_without(fits[0][0], values, [traces[i] for i in out])
+            if choice:  # nested: chosen without this configuration
+                row["prior_scale"] = sc
+                row["prior_scale_grid"] = choice[scheme, out].get("held_out_jct_mean_abs_error_pct")
     worse = [c["configuration"] for c in result["configurations"] if c.get("worse_than_no_fit")]
     result["worse_than_no_fit"] = worse
     result["per_trace"] = per_trace
@@ -489,10 +514,76 @@ def dequantize_shares(traces: list[TraceData], rows: list, per_trace: list[dict]
 
 
 def _fit_without(args) -> tuple[dict[str, float], dict[str, float]]:
-    """The fit without the runs `out`: its values, and each machine's host factor where the runs name machines."""
-    traces, out = args
-    fit = fit_engine([td for i, td in enumerate(traces) if i not in out])
+    """The fit without the runs `out` (with every prior width times `scale`): its values, and each machine's host
+    factor where the runs name machines."""
+    traces, out, scale = args
+    fit = fit_engine([td for i, td in enumerate(traces) if i not in out], prior_scale=scale)
     return fit_values(fit), {m: r["factor"] for m, r in fit.machines.items()}
+
+
+def _kept(traces: list[TraceData], out: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(i for i in range(len(traces)) if i not in out)
+
+
+def choose_prior_scale(index_csv: str | Path, workers: int = 1, grid: tuple[float, ...] = PRIOR_SCALES) -> dict:
+    """The prior scale (calibrate.PRIOR_SCALES) a calibration on every run of an index should use: the one whose
+    fits without each configuration predict that configuration's runs best (choose_prior_scales)."""
+    from .measured import read_index
+
+    rows = read_index(index_csv)
+    traces = load_index(index_csv)
+    return _choose_scales(traces, rows, [tuple(range(len(traces)))], workers, grid)[0]
+
+
+def _choose_scales(
+    traces: list[TraceData], rows: list, subsets: list[tuple[int, ...]], workers: int, grid=PRIOR_SCALES
+) -> list[dict]:
+    """For each subset of the runs (indices), the scale of `grid` whose leave-one-configuration-out fits within the
+    subset give its runs the least mean |JCT error| (each run predicted by the fit without its configuration, as
+    held out by configuration scores them; ties to the wider priors): how far the fit should trust these runs over
+    the kernels' prices, measured on configurations it did not see. A subset of one configuration has nothing to
+    hold out and keeps the stated widths (1). Every fit and simulation of every subset runs in one pool."""
+    plan: list[tuple[int, float, tuple[int, ...]]] = []  # (subset, scale, the runs held out)
+    for k, sub in enumerate(subsets):
+        configs = sorted({traces[i].configuration for i in sub})
+        if len(configs) < 2:
+            continue
+        for s in grid:
+            plan += [(k, s, tuple(i for i in sub if traces[i].configuration == c)) for c in configs]
+    fits = _map(_fit_without, [(traces, _out_of(subsets[k], out, len(traces)), s) for k, s, out in plan], workers)
+    jobs, where = [], []
+    for (k, s, out), (values, machines) in zip(plan, fits):
+        for i in out:
+            at = machine_values(values, machines, traces[i])
+            jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
+            where.append((k, s))
+    errors: dict[tuple[int, float], list[float]] = {}
+    for key, sc in zip(where, _map(_score_job, jobs, workers)):
+        e = sc.get("jct_mean_error_pct")
+        errors.setdefault(key, []).append(math.inf if e is None else abs(e))
+    chosen: list[dict] = []
+    for k, sub in enumerate(subsets):
+        configs = sorted({traces[i].configuration for i in sub})
+        if len(configs) < 2:
+            chosen.append({"value": 1.0, "chosen_by": "one configuration: none to hold out, the stated prior widths"})
+            continue
+        mean = {s: float(np.mean(errors[k, s])) for s in grid}
+        best = min(sorted(grid, reverse=True), key=lambda s: round(mean[s], 3))
+        chosen.append(
+            {
+                "value": best,
+                "chosen_by": f"leave-one-configuration-out over {len(configs)} configurations ({len(sub)} runs): the "
+                "scale whose fits without each configuration predict its runs' mean JCT best",
+                "held_out_jct_mean_abs_error_pct": {f"{s:g}": round(mean[s], 3) for s in grid},
+            }
+        )
+    return chosen
+
+
+def _out_of(sub: tuple[int, ...], held: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """The runs a fit within `sub` without `held` leaves out of all n: everything outside sub, and held."""
+    keep = set(sub) - set(held)
+    return tuple(i for i in range(n) if i not in keep)
 
 
 def machine_values(values: dict[str, float], machines: dict[str, float], td: TraceData) -> dict[str, float]:
@@ -650,6 +741,7 @@ def format_cv(result: dict) -> str:
                     for m in c["moved_without_it"]
                 )
             )
+    parts += _prior_scale_lines(result)
     machines = result.get("in_sample_machines")
     if machines:
         parts.append(
@@ -660,3 +752,22 @@ def format_cv(result: dict) -> str:
         )
     parts += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(parts)
+
+
+def _prior_scale_lines(result: dict) -> list[str]:
+    """validate --cv's prior scale: what the in-sample fit used and, chosen (auto), the grid's held-out errors and
+    each held-out configuration's own choice (nested: made without it)."""
+    ps = result.get("prior_scale", {"value": 1.0})
+    chosen = ps.get("chosen")
+    if chosen is None:
+        return [] if ps["value"] == 1.0 else [f"prior scale: every prior width times {ps['value']:g}"]
+    grid = chosen.get("held_out_jct_mean_abs_error_pct")
+    how = "" if grid is None else " (" + ", ".join(f"x{s}: {e:.2f} %" for s, e in grid.items()) + ")"
+    lines = [f"prior scale (auto): {ps['value']:g} in-sample, {chosen['chosen_by']}{how}"]
+    nested = [c for c in result["configurations"] if "prior_scale" in c]
+    if nested:
+        lines.append(
+            "  held out by configuration, each chosen without it (nested): "
+            + ", ".join(f"{c['configuration']} {c['prior_scale']:g}" for c in nested)
+        )
+    return lines

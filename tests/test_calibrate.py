@@ -533,3 +533,113 @@ def test_a_parameter_pulled_far_from_its_prior_is_listed():
     text = format_fit(doc)
     assert "network.link_busy_host_factor: 1.33 -> 1.004, 3.3 widths" in text
     assert "methods.hack.quantize: 1 ->" not in text
+
+
+def test_a_narrower_prior_pulls_toward_the_kernels_and_identifies_the_same_parameters(simulated, fitted):
+    """Every prior width times 0.25 (calibrate --prior-scale): the runs identify as many parameters (which ones is
+    a property of the runs against the stated widths); together the fitted ones lie nearer their priors' centres
+    (in stated widths: one parameter may move out while others move in, as a ridge path does), with smaller
+    posterior sds, and the file states the widths it used."""
+    _, traces = simulated
+    narrow = fit_engine(traces, prior_scale=0.25)
+    # as many; a near-collinear pair (KVQuant's dequantize factor and its decode kernels per layer) may swap which
+    # of the two is held, as their posterior ratios sit close and the optimum moves
+    assert len(narrow.fitted) == len(fitted.fitted) and len(set(narrow.fitted) ^ set(fitted.fitted)) <= 2
+    common = sorted(set(fitted.fitted) & set(narrow.fitted))
+
+    def widths_from_centre(fit) -> float:  # the fit's distance from the kernels' values in stated prior widths
+        return math.hypot(*(prior_distance_of(n, fit.values[n], fit.start[n]) for n in common))
+
+    assert widths_from_centre(narrow) < 0.9 * widths_from_centre(fitted)  # 3.50 against 4.29 widths
+    assert np.median([narrow.stderr[n] / fitted.stderr[n] for n in common]) < 0.9
+    doc = engine_file(narrow, traces, "index.csv", "calibrate", "test")
+    rec = doc["parameters"]["network.efficiency"]
+    assert rec["prior"]["width"] == pytest.approx(0.25 * PARAMETERS["network.efficiency"].prior_width)
+    assert doc["fit"]["prior_scale"] == {"value": 0.25, "chosen_by": "given (--prior-scale)"}
+    assert "prior_scale" not in engine_file(fitted, traces, "index.csv", "calibrate", "test")["fit"]
+    with pytest.raises(ValueError, match="prior_scale"):
+        fit_engine(traces, prior_scale=0.0)
+
+
+def prior_distance_of(name: str, value: float, centre: float) -> float:
+    p = PARAMETERS[name]
+    return math.log(value / centre) / p.prior_width if p.log_prior else (value - centre) / p.prior_width
+
+
+def test_the_prior_scale_is_the_grids_least_held_out_error_ties_to_the_wider(simulated, monkeypatch):
+    """crossval._choose_scales by hand: each (scale, held-out configuration) fit stubbed to give its runs an error
+    set per scale; the choice is the scale whose held-out runs' mean |JCT error| is least, a tie goes to the wider
+    priors, and a subset of one configuration keeps the stated widths."""
+    from simulator import crossval
+    from simulator.measured import read_index
+
+    indexes, _ = simulated
+    traces, rows = load_index(indexes["two"]), read_index(indexes["two"])
+    assert len({td.configuration for td in traces}) == 2
+    errors = {0.25: 4.0, 0.5: -3.0, 1.0: 3.5}
+    monkeypatch.setattr(crossval, "_fit_without", lambda args: ({"scale": args[2]}, {}))
+    monkeypatch.setattr(crossval, "_score_job", lambda args: {"jct_mean_error_pct": errors[args[4]["scale"]]})
+    every, first = crossval._choose_scales(traces, rows, [tuple(range(6)), (0, 1, 2)], 1)
+    assert every["value"] == 0.5 and every["held_out_jct_mean_abs_error_pct"] == {"0.25": 4.0, "0.5": 3.0, "1": 3.5}
+    assert first == {"value": 1.0, "chosen_by": "one configuration: none to hold out, the stated prior widths"}
+    errors[1.0] = 3.0
+    assert crossval._choose_scales(traces, rows, [tuple(range(6))], 1)[0]["value"] == 1.0
+
+
+def test_prior_scale_auto_in_calibrate_and_nested_in_validate_cv(simulated, tmp_path):
+    """calibrate --prior-scale auto writes the scale it chose with the held-out error of each; validate --cv
+    --prior-scale auto chooses the in-sample fit's scale on every run and each held-out configuration's without it
+    (here one configuration is left: the stated widths). A bad scale, or one where nothing uses it, is one line,
+    exit 2."""
+    indexes, _ = simulated
+    out = tmp_path / "engine.json"
+    p = _cli("calibrate", "--traces", str(indexes["two"]), "--out", str(out), "--prior-scale", "auto", "--json")
+    assert p.returncode == 0, p.stderr
+    ps = json.loads(out.read_text())["fit"]["prior_scale"]
+    grid = ps["held_out_jct_mean_abs_error_pct"]
+    assert set(grid) == {"0.25", "0.5", "1"} and ps["value"] in (0.25, 0.5, 1.0)
+    assert grid[f"{ps['value']:g}"] == min(grid.values()) and "2 configurations (6 runs)" in ps["chosen_by"]
+    p = _cli("validate", str(indexes["two"]), "--cv", "--folds", "configuration", "--prior-scale", "auto", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert (
+        r["prior_scale"]["value"] == ps["value"]
+        and r["prior_scale"]["chosen"]["held_out_jct_mean_abs_error_pct"] == grid
+    )
+    assert [c["prior_scale"] for c in r["configurations"]] == [1.0, 1.0]
+    text = _cli("validate", str(indexes["two"]), "--cv", "--folds", "configuration", "--prior-scale", "0.5").stdout
+    assert "every prior width times 0.5" in text
+    for args in (
+        ("validate", str(indexes["two"]), "--cv", "--prior-scale", "0"),
+        ("validate", str(indexes["two"]), "--cv", "--prior-scale", "nan"),
+        ("validate", str(indexes["two"]), "--prior-scale", "0.5"),
+        ("calibrate", "--traces", str(indexes["two"]), "--out", str(tmp_path / "x.json"), "--prior-scale", "wide"),
+        (
+            "calibrate",
+            "--traces",
+            str(indexes["two"]),
+            "--out",
+            str(tmp_path / "x.json"),
+            "--base",
+            str(out),
+            "--prior-scale",
+            "0.5",
+        ),
+        (
+            "calibrate",
+            "--traces",
+            str(indexes["two"]),
+            "--out",
+            str(tmp_path / "x.json"),
+            "--base",
+            str(out),
+            "--refit",
+            "all",
+            "--prior-scale",
+            "auto",
+        ),
+    ):
+        p = _cli(*args)
+        assert p.returncode == 2 and "--prior-scale" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "x.json").exists()

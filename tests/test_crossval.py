@@ -44,7 +44,7 @@ def _spy(monkeypatch, traces: list[TraceData]) -> None:
             self.fitted = {"network.latency_s": float(sum(2 ** int(td.name[1:]) for td in used))}
             self.machines: dict = {}
 
-    monkeypatch.setattr(crossval, "fit_engine", lambda used: Fit(used))
+    monkeypatch.setattr(crossval, "fit_engine", lambda used, prior_scale=1.0: Fit(used))
 
     def score(td, trace_path, scenario_path, method, values):
         mask = -1.0 if values is None else values["network.latency_s"]
@@ -77,7 +77,7 @@ def test_folds_by_configuration_alone_fit_once_per_configuration(monkeypatch):
     _spy(monkeypatch, _traces())
     fitted = []
     fit = crossval.fit_engine
-    monkeypatch.setattr(crossval, "fit_engine", lambda used: fitted.append(len(used)) or fit(used))
+    monkeypatch.setattr(crossval, "fit_engine", lambda used, prior_scale=1.0: fitted.append(len(used)) or fit(used))
     both = crossval.cross_validate("index.csv", workers=1)
     assert len(fitted) == 1 + len(CONFIGS) + len(set(CONFIGS))
     fitted.clear()
@@ -343,3 +343,32 @@ def test_each_held_out_configuration_says_what_its_absence_moved(monkeypatch):
     text = crossval.format_cv(result)
     assert "what only each configuration shows the fit" in text
     assert f"  c: network.latency_s {everyone} -> {everyone - 32}" in text
+
+
+def test_the_nested_prior_scale_is_chosen_without_the_held_out_configuration(monkeypatch):
+    """validate --cv --prior-scale auto: each held-out configuration's scale comes from fits that never saw its runs.
+    The stubbed fits favour the narrow priors (0.25) whenever they were given configuration c's run and the wide ones
+    (1) otherwise, so a choice made with c's run anywhere in it lands on 0.25: the in-sample choice and those made
+    without a or b do; the one made without c lands on 1."""
+    _spy(monkeypatch, _traces())
+
+    class Fit:
+        def __init__(self, used, prior_scale):
+            self.fitted = {"saw_c": float(any(td.configuration == "c" for td in used)), "scale": prior_scale}
+            self.machines: dict = {}
+
+    monkeypatch.setattr(crossval, "fit_engine", lambda used, prior_scale=1.0: Fit(used, prior_scale))
+    rank = {0.25: 1.0, 0.5: 2.0, 1.0: 3.0}
+
+    def score(td, trace_path, scenario_path, method, values):
+        if values is None:
+            return {"jct_mean_error_pct": 5.0, "ttft_p50_error_pct": 0.0, "tpot_p50_error_pct": 0.0}
+        e = rank[values["scale"]] if values["saw_c"] else 4.0 - rank[values["scale"]]
+        return {"jct_mean_error_pct": e, "ttft_p50_error_pct": 0.0, "tpot_p50_error_pct": 0.0}
+
+    monkeypatch.setattr(crossval, "_score", score)
+    r = crossval.cross_validate("index.csv", workers=1, by=("configuration",), prior_scale="auto")
+    assert r["prior_scale"]["value"] == 0.25
+    assert {c["configuration"]: c["prior_scale"] for c in r["configurations"]} == {"a": 0.25, "b": 0.25, "c": 1.0}
+    with pytest.raises(crossval.ScenarioError, match="prior scale"):
+        crossval.cross_validate("index.csv", workers=1, prior_scale=-1.0)

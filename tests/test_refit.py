@@ -405,7 +405,7 @@ def test_a_held_out_configuration_is_priced_at_its_machines_factor(two_machines)
 
     traces = load_index(two_machines["two"])
     out = tuple(i for i, td in enumerate(traces) if td.scenario == "small.yaml")
-    values, machines = _fit_without((traces, out))
+    values, machines = _fit_without((traces, out, 1.0))
     assert set(machines) == {"old", "new"}
     for i in out:
         td = traces[i]

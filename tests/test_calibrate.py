@@ -609,35 +609,14 @@ def test_prior_scale_auto_in_calibrate_and_nested_in_validate_cv(simulated, tmp_
     assert [c["prior_scale"] for c in r["configurations"]] == [1.0, 1.0]
     text = _cli("validate", str(indexes["two"]), "--cv", "--folds", "configuration", "--prior-scale", "0.5").stdout
     assert "every prior width times 0.5" in text
+    cal = ("calibrate", "--traces", str(indexes["two"]), "--out", str(tmp_path / "x.json"))
     for args in (
         ("validate", str(indexes["two"]), "--cv", "--prior-scale", "0"),
         ("validate", str(indexes["two"]), "--cv", "--prior-scale", "nan"),
         ("validate", str(indexes["two"]), "--prior-scale", "0.5"),
-        ("calibrate", "--traces", str(indexes["two"]), "--out", str(tmp_path / "x.json"), "--prior-scale", "wide"),
-        (
-            "calibrate",
-            "--traces",
-            str(indexes["two"]),
-            "--out",
-            str(tmp_path / "x.json"),
-            "--base",
-            str(out),
-            "--prior-scale",
-            "0.5",
-        ),
-        (
-            "calibrate",
-            "--traces",
-            str(indexes["two"]),
-            "--out",
-            str(tmp_path / "x.json"),
-            "--base",
-            str(out),
-            "--refit",
-            "all",
-            "--prior-scale",
-            "auto",
-        ),
+        (*cal, "--prior-scale", "wide"),
+        (*cal, "--base", str(out), "--prior-scale", "0.5"),  # a machine refit: the scale has nothing to set
+        (*cal, "--base", str(out), "--refit", "all", "--prior-scale", "auto"),
     ):
         p = _cli(*args)
         assert p.returncode == 2 and "--prior-scale" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)

@@ -723,7 +723,7 @@ def validate(
         fail(str(e))
     doc: list[dict] | dict = result
     if spread is not None:
-        noise_doc = {"index": spread["index"], "spread_pct": spread["spread_pct"], "range_pct": spread["range_pct"]}
+        noise_doc = {k: spread.get(k) for k in ("index", "spread_pct", "range_pct", "host_gauge")}
         doc = {"traces": result, "noise": noise_doc} if isinstance(result, list) else {**result, "noise": noise_doc}
     text = strict_json(doc) + "\n"
     if out is not None:  # written before the result is printed: a failed write prints no result

@@ -33,6 +33,7 @@ from costmodel.methods import REFERENCE
 from .calibrate import HOST_TIMES, PRIOR_SCALES, fit_engine, fit_values, load_index, on_machine, prior_sd
 from .config import ScenarioError
 from .fit_items import TraceData
+from .noise import host_gauge_line
 
 CV_KEYS = {
     "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
@@ -190,7 +191,7 @@ def cross_validate(
     if fits[0][1]:
         result["in_sample_machines"] = fits[0][1]
     if noise:
-        result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
+        result["noise"] = {k: noise.get(k) for k in ("index", "spread_pct", "host_gauge")}
     return result
 
 
@@ -309,7 +310,7 @@ def cross_validate_machine(
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
     result["per_trace"] = per_trace
     if noise:
-        result["noise"] = {"index": noise["index"], "spread_pct": noise["spread_pct"]}
+        result["noise"] = {k: noise.get(k) for k in ("index", "spread_pct", "host_gauge")}
     return result
 
 
@@ -391,6 +392,7 @@ def format_cv_machine(result: dict) -> str:
             )
             + ": the machine's configurations load its host differently, and one factor carries the others' to it"
         )
+    lines += [x for x in [host_gauge_line(noise)] if x]
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
@@ -750,6 +752,7 @@ def format_cv(result: dict) -> str:
             + ", ".join(f"{m} {f:.3f}" for m, f in machines.items())
             + "); a machine the fit has none of gets its typical CPU (factor 1)"
         )
+    parts += [x for x in [host_gauge_line(result.get("noise"))] if x]
     parts += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(parts)
 

@@ -17,6 +17,13 @@ part's mean, the decode iteration's mean), `run_to_run_spread` computes from the
 
 An error smaller than about twice the spread is inside the noise: a simulator cannot be shown to do better than
 the measurement repeats. `validate --noise INDEX` prints the spread beside each error figure.
+
+Where the recordings time a host-bound step (realrun's quantize step: kernel launches, at a floor of host time per
+layer), `host_gauge` says how much of mean JCT's run-to-run spread is the host's speed during each recording: the
+pooled correlation of each recording's relative deviation in mean JCT with its deviation in the step's mean (both
+from its configuration's mean), the least-squares slope through the origin, and the spread of mean JCT left once the
+gauge is known (100 · sqrt(Σ (y − b x)² / (dof − 1))): the floor a prediction could reach with the run's own host
+speed, against the floor without it. None where no recording has the step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy as np
 from .config import ScenarioError
 
 QUANTILES = ("mean", "p50", "p90", "p99")
+HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (module doc)
 
 
 def measured_values(trace: str | Path) -> dict[str, float]:
@@ -102,10 +110,55 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
         configurations[c] = {"traces": [r.trace for r in group], "metrics": metrics}
     spread = _pooled(deviations, dof)
     return {
+        "host_gauge": host_gauge(configurations),
         "index": str(index_csv),
         "configurations": configurations,
         "spread_pct": spread,
         "range_pct": ranges,
         "single_recordings": single,
         "by_scenario": {sc: _pooled(devs, dofs) for sc, (devs, dofs) in sorted(by_scenario.items())},
+    }
+
+
+def host_gauge_line(noise: dict | None) -> str | None:
+    """One line for people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains (None
+    without a repeats index or a gauge)."""
+    g = (noise or {}).get("host_gauge")
+    if not g:
+        return None
+    return (
+        f"host during a run: each recording's quantize steps (host-bound kernel launches) move with its mean JCT, "
+        f"correlation {g['correlation']:.2f} over {g['recordings']} recordings; run to run ±{g['spread_pct']:.1f} %, "
+        f"±{g['spread_given_gauge_pct']:.1f} % once a run's own host speed is known"
+    )
+
+
+def host_gauge(configurations: dict, gauge: str = HOST_GAUGE, metric: str = "jct_mean") -> dict | None:
+    """How much of `metric`'s run-to-run spread the recordings' own host-bound step explains (module doc), over the
+    configurations whose recordings all have both (run_to_run_spread's `configurations`)."""
+    x: list[float] = []
+    y: list[float] = []
+    dof = 0
+    for c in configurations.values():
+        m = c["metrics"]
+        if gauge not in m or metric not in m:
+            continue
+        g, v = np.array(m[gauge]["values"]), np.array(m[metric]["values"])
+        x += (g / g.mean() - 1.0).tolist()
+        y += (v / v.mean() - 1.0).tolist()
+        dof += len(v) - 1
+    xs, ys = np.array(x), np.array(y)
+    if dof < 2 or not float(xs @ xs) > 0 or not float(ys @ ys) > 0:
+        return None
+    slope = float(xs @ ys / (xs @ xs))
+    left = ys - slope * xs
+    return {
+        "gauge": gauge,
+        "metric": metric,
+        "recordings": len(ys),
+        "degrees_of_freedom": dof,
+        "correlation": round(float(xs @ ys / math.sqrt(float(xs @ xs) * float(ys @ ys))), 4),
+        "slope": round(slope, 4),
+        "spread_pct": round(100.0 * math.sqrt(float(ys @ ys) / dof), 4),
+        "spread_given_gauge_pct": round(100.0 * math.sqrt(float(left @ left) / (dof - 1)), 4),
     }

@@ -44,6 +44,7 @@ import pandas as pd
 
 from .config import ScenarioError
 from .measured import Measured, load_measured, read_index
+from .noise import host_gauge_line
 from .run import run_scenario
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -363,6 +364,7 @@ def format_validation(v: dict) -> str:
         lines.append(
             f"run-to-run: the spread (1 sd) of the measured metric over repeated recordings ({noise['index']})"
         )
+        lines += [x for x in [host_gauge_line(noise)] if x]
     return "\n".join(lines)
 
 
@@ -465,6 +467,7 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     text = render(table(["trace", *heads] + (["host ×"] if host else []), body, footer_rows=summary))
     if noise:
         text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"
+        text += "".join(f"\n{x}" for x in [host_gauge_line(noise)] if x)
     if host:
         text += (
             "\nhost ×: the one factor on every host time term that fits each run alone at its scenario's values; far "

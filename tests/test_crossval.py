@@ -122,7 +122,7 @@ def test_runs_of_one_configuration_have_no_held_out_configuration_and_say_why(mo
     result = crossval.cross_validate("index.csv", workers=1, noise=noise)
     assert "held_out" in result and "held_out_configuration" not in result
     assert result["notes"] == ["held out (configuration): needs two configurations or more (runs of two scenarios)"]
-    assert result["noise"] == {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5}}
+    assert result["noise"] == {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5}, "host_gauge": None}
 
 
 def test_a_configuration_predicted_worse_than_no_fit_is_flagged():

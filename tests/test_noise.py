@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from simulator.config import ScenarioError
-from simulator.noise import run_to_run_spread
+from simulator.noise import host_gauge_line, run_to_run_spread
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,3 +150,38 @@ def test_the_spread_per_scenario_pools_its_configurations(tmp_path):
     assert sorted(s["by_scenario"]) == ["s", "t"]
     assert s["by_scenario"]["s"]["jct_mean"] == pytest.approx(100 * math.sqrt((0.01 + 0.01) / 4), abs=1e-3)
     assert s["by_scenario"]["t"]["jct_mean"] == pytest.approx(100 * 0.1 / 1.1, abs=1e-3)
+
+
+def test_the_host_gauge_by_hand(tmp_path):
+    """host_gauge: a's recordings' quantize steps deviate 0, +20, -20 % and their mean JCT 0, +10, -10 %; b's steps
+    do not move while its JCT is 2.0 and 2.2 (±1/21). Slope through the origin Σxy / Σx² = 0.04 / 0.08 = 0.5,
+    correlation 0.04 / sqrt(0.08 · (0.02 + 2/441)) = 0.9029; spread 100 sqrt(0.024535 / 3) = 9.0435 % over 3
+    degrees of freedom, and given the gauge only b's ±1/21 are left: 100 sqrt((2/441) / 2) = 4.7619 %. Recordings
+    without a host-bound step (quantize_end_s = prefill_end_s) give none."""
+    from simulator.noise import host_gauge
+
+    def rec(jct, q):
+        return {"metrics": {"jct_mean": {"values": jct}, "quantize_mean": {"values": q}}}
+
+    g = host_gauge({"a": rec([1.0, 1.1, 0.9], [0.010, 0.012, 0.008]), "b": rec([2.0, 2.2], [0.02, 0.02])})
+    assert g is not None
+    assert (g["recordings"], g["degrees_of_freedom"], g["slope"]) == (5, 3, 0.5)
+    assert g["correlation"] == pytest.approx(0.9029, abs=1e-4)
+    assert g["spread_pct"] == pytest.approx(9.0435, abs=1e-3)
+    assert g["spread_given_gauge_pct"] == pytest.approx(4.7619, abs=1e-3)
+    assert run_to_run_spread(_repeats(tmp_path))["host_gauge"] is None
+
+
+def test_the_host_during_a_run_is_most_of_the_run_to_run_spread():
+    """The H200 recordings repeated across sessions (realrun/traces/h200_repeats/index_sessions.csv: 73 recordings,
+    52 degrees of freedom): each recording's quantize steps, a host-bound launch floor, move with its mean JCT,
+    correlation 0.85, so the ±7.5 % run to run is ±3.9 % once a run's own host speed is known (docs/calibration.md,
+    the noise floor). Bounds: correlation above 0.8, the spread given the gauge under 0.6 of the spread."""
+    s = run_to_run_spread(ROOT / "realrun/traces/h200_repeats/index_sessions.csv")
+    g = s["host_gauge"]
+    assert g["recordings"] == 73 and g["spread_pct"] == pytest.approx(s["spread_pct"]["jct_mean"])
+    assert g["correlation"] > 0.8 and g["slope"] > 0
+    assert g["spread_given_gauge_pct"] < 0.6 * g["spread_pct"]
+    line = host_gauge_line(s)
+    assert line is not None and f"correlation {g['correlation']:.2f} over 73 recordings" in line
+    assert host_gauge_line(None) is None

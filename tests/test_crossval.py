@@ -370,5 +370,8 @@ def test_the_nested_prior_scale_is_chosen_without_the_held_out_configuration(mon
     r = crossval.cross_validate("index.csv", workers=1, by=("configuration",), prior_scale="auto")
     assert r["prior_scale"]["value"] == 0.25
     assert {c["configuration"]: c["prior_scale"] for c in r["configurations"]} == {"a": 0.25, "b": 0.25, "c": 1.0}
+    both = crossval.cross_validate("index.csv", workers=1, prior_scale="auto")  # the folds by trace: not nested
+    assert both["held_out"] and any("chosen on every run (0.25), not nested" in n for n in both["notes"])
+    assert "each chosen without it (nested): a 0.25, b 0.25, c 1" in crossval.format_cv(both)
     with pytest.raises(crossval.ScenarioError, match="prior scale"):
         crossval.cross_validate("index.csv", workers=1, prior_scale=-1.0)

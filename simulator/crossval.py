@@ -33,7 +33,7 @@ from costmodel.methods import REFERENCE
 from .calibrate import HOST_TIMES, PRIOR_SCALES, fit_engine, fit_values, load_index, on_machine, prior_sd
 from .config import ScenarioError
 from .fit_items import TraceData
-from .noise import host_gauge_line
+from .validate import host_gauge_line
 
 CV_KEYS = {
     "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),

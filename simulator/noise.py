@@ -120,19 +120,6 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     }
 
 
-def host_gauge_line(noise: dict | None) -> str | None:
-    """One line for people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains (None
-    without a repeats index or a gauge)."""
-    g = (noise or {}).get("host_gauge")
-    if not g:
-        return None
-    return (
-        f"host during a run: each recording's quantize steps (host-bound kernel launches) move with its mean JCT, "
-        f"correlation {g['correlation']:.2f} over {g['recordings']} recordings; run to run ±{g['spread_pct']:.1f} %, "
-        f"±{g['spread_given_gauge_pct']:.1f} % once a run's own host speed is known"
-    )
-
-
 def host_gauge(configurations: dict, gauge: str = HOST_GAUGE, metric: str = "jct_mean") -> dict | None:
     """How much of `metric`'s run-to-run spread the recordings' own host-bound step explains (module doc), over the
     configurations whose recordings all have both (run_to_run_spread's `configurations`)."""

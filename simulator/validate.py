@@ -44,7 +44,6 @@ import pandas as pd
 
 from .config import ScenarioError
 from .measured import Measured, load_measured, read_index
-from .noise import host_gauge_line
 from .run import run_scenario
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -366,6 +365,19 @@ def format_validation(v: dict) -> str:
         )
         lines += [x for x in [host_gauge_line(noise)] if x]
     return "\n".join(lines)
+
+
+def host_gauge_line(noise: dict | None) -> str | None:
+    """One line for people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains (None
+    without a repeats index or a gauge)."""
+    g = (noise or {}).get("host_gauge")
+    if not g:
+        return None
+    return (
+        f"host during a run: each recording's quantize steps (host-bound kernel launches) move with its mean JCT, "
+        f"correlation {g['correlation']:.2f} over {g['recordings']} recordings; run to run ±{g['spread_pct']:.1f} %, "
+        f"±{g['spread_given_gauge_pct']:.1f} % once a run's own host speed is known"
+    )
 
 
 def spread_of(noise: dict | None, error_key: str) -> float | None:

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from simulator.config import ScenarioError
-from simulator.noise import host_gauge_line, run_to_run_spread
+from simulator.noise import run_to_run_spread
+from simulator.validate import host_gauge_line
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -117,7 +117,7 @@ def cross_validate(
     `workers` > 1 fits and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside
     the figures. `prior_scale` multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as
     calibrate --prior-scale auto does, nested: for each held-out configuration from the other configurations alone
-    (choose_prior_scales), for the in-sample fit and the folds by trace from every run (not nested: a choice per
+    (_choose_scales), for the in-sample fit and the folds by trace from every run (not nested: a choice per
     run would cost a cross-validation per run; the notes say so)."""
     from .measured import read_index
 
@@ -529,7 +529,7 @@ def _kept(traces: list[TraceData], out: tuple[int, ...]) -> tuple[int, ...]:
 
 def choose_prior_scale(index_csv: str | Path, workers: int = 1, grid: tuple[float, ...] = PRIOR_SCALES) -> dict:
     """The prior scale (calibrate.PRIOR_SCALES) a calibration on every run of an index should use: the one whose
-    fits without each configuration predict that configuration's runs best (choose_prior_scales)."""
+    fits without each configuration predict that configuration's runs best (_choose_scales)."""
     from .measured import read_index
 
     rows = read_index(index_csv)

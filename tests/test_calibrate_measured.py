@@ -450,14 +450,20 @@ H100_FACTOR_NOT_BETTER = {
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
 
 
+def _with_index_all(all_fit, index: Path) -> dict:
+    """validate --cv --base on `index` with the calibration over every H200 session (all_fit) as the base."""
+    from simulator.crossval import cross_validate_machine
+
+    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
+    return cross_validate_machine(index, base, "index_all", workers=2)
+
+
 def _priced_with_machine_factors(all_fit, index: Path, traces: int, bounds: dict[str, float]) -> dict:
     """validate --cv --base on `index` with the calibration over every H200 session: `traces` runs, no notes, the
     factor's figures within `bounds`, and on the mean the factor better than no fit, no fit better than the
     calibration alone (the sessions' hosts run faster than the calibration's, mostly)."""
-    from simulator.crossval import cross_validate_machine
 
-    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(index, base, "index_all", workers=2)
+    r = _with_index_all(all_fit, index)
     assert r["traces"] == traces and not r["notes"]
     for k, bound in bounds.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]
@@ -518,10 +524,8 @@ H100_PROBE2 = ROOT / "realrun/traces/h100_probe2/index.csv"
 
 
 def test_a_slower_session_of_the_same_nine_configurations(all_fit):
-    from simulator.crossval import cross_validate_machine
 
-    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(H100_PROBE2, base, "index_all", workers=2)
+    r = _with_index_all(all_fit, H100_PROBE2)
     assert r["traces"] == 30 and not r["notes"] and len(r["configurations"]) == 9
     assert r["machine_refit"]["jct_mean_abs_error_pct"] <= 3.1 + 2
     assert r["machine_refit"]["jct_max_abs_error_pct"] <= 10.8 + 2
@@ -546,10 +550,8 @@ H100_PROBE4 = ROOT / "realrun/traces/h100_probe4/index.csv"
 
 
 def test_a_twelfth_session_where_the_factor_does_not_carry(all_fit):
-    from simulator.crossval import cross_validate_machine
 
-    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(H100_PROBE4, base, "index_all", workers=2)
+    r = _with_index_all(all_fit, H100_PROBE4)
     assert r["traces"] == 39 and not r["notes"] and len(r["configurations"]) == 9
     assert r["machine_refit"]["jct_mean_abs_error_pct"] <= 3.7 + 2
     assert r["machine_refit"]["jct_max_abs_error_pct"] <= 12.7 + 2
@@ -597,14 +599,12 @@ H200_MIDLINK2_PCT = {"jct_mean_abs_error_pct": 8.8 + 2, "jct_max_abs_error_pct":
 
 
 def test_a_second_h200_session_of_the_two_configurations_disagrees_on_its_host(all_fit):
-    from simulator.crossval import cross_validate_machine
     from tests.recorded_runs import check_recorded_run, rows
 
     for row in rows(H200_MIDLINK2):
         meta = check_recorded_run(H200_MIDLINK2.parent / row["trace"], ROOT / row["scenario"])
         assert meta["gpu"] == "NVIDIA H200" and meta["wall_end_s"] > meta["wall_start_s"]
-    base = {n: (v, all_fit.stderr.get(n)) for n, v in all_fit.fitted.items()}
-    r = cross_validate_machine(H200_MIDLINK2, base, "index_all", workers=2)
+    r = _with_index_all(all_fit, H200_MIDLINK2)
     assert r["traces"] == 6 and not r["notes"]
     for k, bound in H200_MIDLINK2_PCT.items():
         assert r["machine_refit"][k] <= bound, r["machine_refit"]

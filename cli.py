@@ -1006,7 +1006,7 @@ def _calibrate_engine(
             from simulator.crossval import choose_prior_scale
 
             with stop_on_signals():  # the cross-validation's workers end with us (crossval._map)
-                choice = choose_prior_scale(index, workers)
+                choice = choose_prior_scale(index, traces, workers)
             prior_scale = float(choice.pop("value"))
         assert not isinstance(prior_scale, str)
         fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path), prior_scale)

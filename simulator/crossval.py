@@ -527,14 +527,15 @@ def _kept(traces: list[TraceData], out: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(i for i in range(len(traces)) if i not in out)
 
 
-def choose_prior_scale(index_csv: str | Path, workers: int = 1, grid: tuple[float, ...] = PRIOR_SCALES) -> dict:
+def choose_prior_scale(
+    index_csv: str | Path, traces: list[TraceData], workers: int = 1, grid: tuple[float, ...] = PRIOR_SCALES
+) -> dict:
     """The prior scale (calibrate.PRIOR_SCALES) a calibration on every run of an index should use: the one whose
-    fits without each configuration predict that configuration's runs best (_choose_scales)."""
+    fits without each configuration predict that configuration's runs best (_choose_scales). `traces`: the index's
+    runs as calibrate.load_index priced them (the caller's, not priced again)."""
     from .measured import read_index
 
-    rows = read_index(index_csv)
-    traces = load_index(index_csv)
-    return _choose_scales(traces, rows, [tuple(range(len(traces)))], workers, grid)[0]
+    return _choose_scales(traces, read_index(index_csv), [tuple(range(len(traces)))], workers, grid)[0]
 
 
 def _choose_scales(

@@ -1,0 +1,121 @@
+"""python -m realrun.prefillprof --out FILE.csv: a prefill's time split into the GPU's work and the host's exposed part.
+
+realrun issues a prefill eagerly, op by op from Python (harness.py, Harness.prefill), and the cost model prices it as
+the longer of the GPU's work and the CPU's issue floor (costmodel/phases.py, `_prefill`: max(GPU, host)), which
+holds where the CPU, once ahead, stays ahead. This measures how far that holds, per prompt length: the same forward
+(embedding, RoPE tables, every layer's projections, FP16 attention and MLP, the LM head and the greedy token, as
+Harness.prefill runs them for FP16 and KVQuant-style KV, without the encode) timed three ways, back to back on one
+GPU: eager (sync to sync, as a recording times its prefill), the CPU's part of it (from the start to its last
+launch, before the closing sync), and the same forward captured once as a CUDA graph and replayed (the GPU's work
+with no host in between). eager - graph is the time the GPU waited on the CPU; where the CPU could run ahead it is
+about max(0, issue - graph). Columns: set (model:layers), tokens, rep, eager_s, issue_s, graph_s (the replay's
+median over --replays, the same on every rep of a length). Random weights: timing only. Nothing here reads a
+measured trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .probes import parse_sets, probe_device, write_rows
+
+
+def forward(model, ids: torch.Tensor, rot) -> torch.Tensor:
+    """Harness.prefill's forward for one request and FP16 prefill attention (the encode left out)."""
+    x = model.embed[ids]
+    for lw in model.layers:
+        q, k, v = model.qkv(lw, x, rot)
+        qi = q.transpose(0, 1)[None].contiguous()
+        ki = k.transpose(0, 1)[None].contiguous()
+        vi = v.transpose(0, 1)[None].contiguous()
+        o = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+        x = model.finish_layer(lw, x, o[0].transpose(0, 1).reshape(ids.numel(), -1))
+    return model.next_token(x[-1:])  # Harness.prefill indexes by a list: a slice is the same row, graph-capturable
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m realrun.prefillprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, no graphs")
+    ap.add_argument("--sets", default="llama-3.1-70b:8;llama-3.1-8b:32;llama-3.1-8b:8", help="model:layers;...")
+    ap.add_argument("--tokens", nargs="+", type=int, default=[128, 192, 256, 384, 512, 768, 1024, 2048])
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--replays", type=int, default=10)
+    a = ap.parse_args(argv)
+    dev = probe_device("prefillprof", a.smoke)
+    if dev is None:
+        return 2
+    from .model import RandomLlama, model_shape
+
+    sets, tokens, repeats = parse_sets(a.sets), a.tokens, a.repeats
+    if a.smoke:
+        sets, tokens, repeats = [("tiny", 1)], [40, 90], 2
+    cuda = dev.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    rows: list[dict] = []
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    for model_name, layers in sets:
+        model = RandomLlama(model_shape(model_name, layers), dev, seed=1, max_positions=max(tokens) + 8)
+        for p in tokens:
+            ids = torch.randint(0, model.shape.vocab, (p,), generator=torch.Generator().manual_seed(p)).to(dev)
+            pos = torch.arange(p, device=dev)
+            forward(model, ids, model.rope_tables(pos))  # warm: cuBLAS and SDPA plans
+            sync()
+            graph_s = float("nan")
+            if cuda:
+                stream = torch.cuda.Stream(dev)
+                stream.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(stream):
+                    forward(model, ids, model.rope_tables(pos))
+                torch.cuda.current_stream(dev).wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    forward(model, ids, model.rope_tables(pos))
+                times = []
+                for _ in range(a.replays):
+                    ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                    ev[0].record()
+                    g.replay()
+                    ev[1].record()
+                    sync()
+                    times.append(ev[0].elapsed_time(ev[1]) / 1e3)
+                graph_s = sorted(times)[len(times) // 2]
+                del g
+            for rep in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                forward(model, ids, model.rope_tables(pos))
+                t1 = time.perf_counter()
+                sync()
+                t2 = time.perf_counter()
+                rows.append(
+                    dict(set=f"{model_name}:{layers}", tokens=p, rep=rep, eager_s=t2 - t0, issue_s=t1 - t0, graph_s=graph_s)
+                )
+            mine = sorted(r["eager_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)
+            iss = sorted(r["issue_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)
+            print(
+                f"{model_name}:{layers} {p}: eager {mine[len(mine) // 2] * 1e3:.2f} ms, issue "
+                f"{iss[len(iss) // 2] * 1e3:.2f} ms, graph {graph_s * 1e3:.2f} ms",
+                flush=True,
+            )
+            write_rows(a.out, rows)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+    write_rows(a.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

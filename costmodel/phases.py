@@ -21,7 +21,9 @@ What is modelled (per GPU of a replica laid out as TP × PP):
   realrun/traces/h200_transient/prefillcal.csv) and, issued
   from the CPU, lasts at least the prefill pool's host_issue_s_* time; its quantize, dequantize and
   homomorphic-correction steps take ``*_factor`` times the profile's price, its own prefill launches add
-  ``method_prefill_issue_s_per_layer`` per layer and request to the prefill host floor, its quantize step lasts at
+  ``method_prefill_issue_s_per_layer`` per layer and request to the prefill host floor (and a batch issued eagerly
+  exposes ``host_exposed_s_per_iteration`` + ``host_exposed_s_per_layer`` per layer of CPU time even where its GPU
+  work is the longer: ``max(GPU + exposed, host)``), its quantize step lasts at
   least ``method_quantize_issue_s_per_layer`` per layer and request (launches issued one by one, for each request's
   attention and KV: realrun/harness.py, Harness.prefill, loops over the batch's requests in every layer and over
   them again to encode each one's KV into its send buffer); the iteration a request joins
@@ -176,6 +178,10 @@ class ReplicaCostModel:
     host_issue_s_per_layer: float = 0.0
     host_issue_s_per_request: float = 0.0
     host_serial_s_per_iteration: float = 0.0  # CPU work between iterations while the GPU idles
+    # prefill, issued eagerly: CPU time the GPU cannot overlap even where its work is the longer (the batch's first
+    # launches before any GPU work is queued, the closing sync; per layer, the gaps between eagerly issued kernels)
+    host_exposed_s_per_iteration: float = 0.0
+    host_exposed_s_per_layer: float = 0.0
     extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
     # decode iterations replayed as CUDA graphs (vLLM without --enforce-eager, SGLang): small kernels cost the
     # in-graph overhead (_small_kernel_s); False prices every kernel as launched
@@ -459,8 +465,9 @@ class ReplicaCostModel:
             per_batch = k.batch[1] = (self._lm_head_s(1) / self.prefill_efficiency, self.prefill_host_s(1))
         lm_head_s, host_s = per_batch
         stages = self.parallel.pipeline
-        stage_s = k.layers_per_stage * layer_s + lm_head_s / stages
-        latency_s = m.layers * layer_s + lm_head_s
+        exposed = self.host_exposed_s_per_iteration
+        stage_s = k.layers_per_stage * (layer_s + self.host_exposed_s_per_layer) + lm_head_s / stages + exposed
+        latency_s = m.layers * (layer_s + self.host_exposed_s_per_layer) + lm_head_s + exposed
         if stages > 1:
             latency_s = latency_s + (stages - 1) * self._stage_hop_s(L)
         stage_s, latency_s = np.maximum(stage_s, host_s / stages), np.maximum(latency_s, host_s)
@@ -649,8 +656,9 @@ class ReplicaCostModel:
             per_batch = k.batch[n] = (self._lm_head_s(n) / self.prefill_efficiency, self.prefill_host_s(n))
         lm_head_s, host_s = per_batch
         stages = self.parallel.pipeline
-        stage_s = k.layers_per_stage * layer_s + lm_head_s / stages
-        latency_s = m.layers * layer_s + lm_head_s
+        exposed = self.host_exposed_s_per_iteration
+        stage_s = k.layers_per_stage * (layer_s + self.host_exposed_s_per_layer) + lm_head_s / stages + exposed
+        latency_s = m.layers * (layer_s + self.host_exposed_s_per_layer) + lm_head_s + exposed
         if stages > 1:
             latency_s += (stages - 1) * self._stage_hop_s(tokens)
         stage_s, latency_s = max(stage_s, host_s / stages), max(latency_s, host_s)
@@ -797,6 +805,8 @@ class ReplicaCostModel:
             self.host_issue_s_per_layer,
             self.host_issue_s_per_request,
             self.host_serial_s_per_iteration,
+            self.host_exposed_s_per_iteration,
+            self.host_exposed_s_per_layer,
             self.join_s_per_request,
             self.leave_s_per_request,
             self.method_prefill_issue_s_per_layer,
@@ -810,6 +820,8 @@ class ReplicaCostModel:
             host_issue_s_per_layer=self.host_issue_s_per_layer * floor,
             host_issue_s_per_request=self.host_issue_s_per_request * floor,
             host_serial_s_per_iteration=self.host_serial_s_per_iteration * factor,
+            host_exposed_s_per_iteration=self.host_exposed_s_per_iteration * floor,
+            host_exposed_s_per_layer=self.host_exposed_s_per_layer * floor,
             join_s_per_request=self.join_s_per_request * factor,
             leave_s_per_request=self.leave_s_per_request * factor,
             method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * floor,

@@ -11,6 +11,9 @@ with no host in between). eager - graph is the time the GPU waited on the CPU; w
 about max(0, issue - graph). Columns: set (model:layers), tokens, rep, eager_s, issue_s, graph_s (the replay's
 median over --replays, the same on every rep of a length). Random weights: timing only. Nothing here reads a
 measured trace.
+
+`python -m realrun.prefillprof --fit FILE.csv ...` (a column `run` tells runs of one file apart) fits the prefill
+pool's host_exposed_s_per_iteration and host_exposed_s_per_layer (`fit_exposed`).
 """
 
 from __future__ import annotations
@@ -38,17 +41,85 @@ def forward(model, ids: torch.Tensor, rot) -> torch.Tensor:
     return model.next_token(x[-1:])  # Harness.prefill indexes by a list: a slice is the same row, graph-capturable
 
 
+# A length enters the fit where its prefill is GPU-bound (the replay at least this many times the CPU's part: the
+# CPU runs ahead) and short enough that the replays and the eager repeats, run one after the other, meet the same
+# clocks (a prefill of tens of milliseconds holds the GPU in its power cap, realrun.prefillcal)
+GPU_BOUND_RATIO = 1.2
+MAX_GRAPH_S = 0.030
+
+
+def fit_exposed(paths) -> dict:
+    """The prefill pool's exposed host time from prefillprof CSVs: per (file, run, set, tokens) the medians of
+    eager_s and issue_s and the replay's graph_s; where GPU-bound (graph_s >= GPU_BOUND_RATIO x issue_s, graph_s <=
+    MAX_GRAPH_S), eager - graph = per batch + layers x per layer, by least squares over the lengths of every run
+    pooled. Returns the two terms, their standard errors, the rows used and each run's own pair."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for i, path in enumerate(paths):
+        d = pd.read_csv(path)
+        d["run"] = f"{i}:" + (d["run"].astype(str) if "run" in d.columns else "")
+        frames.append(d)
+    d = pd.concat(frames, ignore_index=True)
+    m = (
+        d.groupby(["run", "set", "tokens"])
+        .agg(eager=("eager_s", "median"), issue=("issue_s", "median"), graph=("graph_s", "median"))
+        .reset_index()
+    )
+    m["layers"] = m["set"].str.split(":").str[1].astype(float)
+    m = m[(m.graph >= GPU_BOUND_RATIO * m.issue) & (m.graph <= MAX_GRAPH_S)]
+    if len(m) < 3 or m["layers"].nunique() < 2:
+        raise ValueError("fit_exposed needs GPU-bound prefills at two layer counts or more")
+
+    def lstsq(g):
+        a = np.c_[np.ones(len(g)), g["layers"].to_numpy()]
+        y = (g["eager"] - g["graph"]).to_numpy()
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        r = y - a @ coef
+        dof = max(len(y) - 2, 1)
+        cov = np.linalg.inv(a.T @ a) * float(r @ r) / dof
+        return coef, np.sqrt(np.diag(cov))
+
+    coef, se = lstsq(m)
+    runs = {}
+    for run, g in m.groupby("run"):
+        if g["layers"].nunique() >= 2:
+            c, _ = lstsq(g)
+            runs[run] = {"per_iteration_s": float(c[0]), "per_layer_s": float(c[1]), "rows": len(g)}
+    return {
+        "host_exposed_s_per_iteration": float(coef[0]),
+        "host_exposed_s_per_layer": float(coef[1]),
+        "stderr_per_iteration_s": float(se[0]),
+        "stderr_per_layer_s": float(se[1]),
+        "rows": len(m),
+        "runs": runs,
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m realrun.prefillprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", nargs="+", type=Path, help="fit the exposed host terms to these CSVs and print them")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny model, no graphs")
     ap.add_argument("--sets", default="llama-3.1-70b:8;llama-3.1-8b:32;llama-3.1-8b:8", help="model:layers;...")
     ap.add_argument("--tokens", nargs="+", type=int, default=[128, 192, 256, 384, 512, 768, 1024, 2048])
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--replays", type=int, default=10)
     a = ap.parse_args(argv)
+    if a.fit:
+        import json
+
+        try:
+            print(json.dumps(fit_exposed(a.fit), indent=1))
+        except (OSError, KeyError, ValueError) as e:
+            print(f"prefillprof --fit: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if a.out is None:
+        ap.error("--out is required (or --fit)")
     dev = probe_device("prefillprof", a.smoke)
     if dev is None:
         return 2
@@ -100,7 +171,14 @@ def main(argv=None) -> int:
                 sync()
                 t2 = time.perf_counter()
                 rows.append(
-                    dict(set=f"{model_name}:{layers}", tokens=p, rep=rep, eager_s=t2 - t0, issue_s=t1 - t0, graph_s=graph_s)
+                    dict(
+                        set=f"{model_name}:{layers}",
+                        tokens=p,
+                        rep=rep,
+                        eager_s=t2 - t0,
+                        issue_s=t1 - t0,
+                        graph_s=graph_s,
+                    )
                 )
             mine = sorted(r["eager_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)
             iss = sorted(r["issue_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)

@@ -240,13 +240,17 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
             + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + blk["requests"] * mi)
             + blk["requests"] * v["prefill.host_issue_s_per_request"]
         ) * f
-        pred = np.maximum(gpu, host) + blk["rest"]
+        # an eagerly issued batch's CPU time the GPU cannot overlap (costmodel/phases.py, `_prefill`)
+        exposed = (v["prefill.host_exposed_s_per_iteration"] + blk["layers"] * v["prefill.host_exposed_s_per_layer"]) * f
+        pred = np.maximum(gpu + exposed, host) + blk["rest"]
         if wrt:
-            g = (gpu >= host).astype(float)
+            g = (gpu + exposed >= host).astype(float)
             h = 1.0 - g
-            host_s = h * host
+            host_s = h * host + g * exposed
             d = {
                 "prefill.prefill_efficiency": -g * model / eff**2,
+                "prefill.host_exposed_s_per_iteration": g * f,
+                "prefill.host_exposed_s_per_layer": g * blk["layers"] * f,
                 f"methods.{m}.approximation": g * blk["approx0"],
                 "prefill.host_issue_s_per_iteration": h * f,
                 "prefill.host_issue_s_per_layer": h * blk["layers"] * f,

@@ -367,6 +367,23 @@ class PoolConfig(_Strict):
     host_issue_s_per_request: float = Field(
         0.0, ge=0, le=3600, description="CPU issue time per request of a decode iteration (or prefill batch)"
     )
+    host_exposed_s_per_iteration: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="prefill issued eagerly (launch by launch from the CPU): CPU time of a prefill batch the GPU "
+        "cannot overlap even where its own work is the longer (the first launches before any GPU work is queued, "
+        "the closing sync): the batch lasts max(GPU time + this + host_exposed_s_per_layer x layers, host floor) "
+        "(python -m realrun.prefillprof: the eager forward against the same forward replayed as a CUDA graph); "
+        "on the decode pool, the prefills a colocated replica runs",
+    )
+    host_exposed_s_per_layer: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="prefill issued eagerly: per layer, the GPU's time between eagerly issued kernels that a "
+        "graph replay does not have (see host_exposed_s_per_iteration)",
+    )
     host_serial_s_per_iteration: float = Field(
         0.0,
         ge=0,
@@ -1172,6 +1189,12 @@ class Scenario(_Strict):
             )
         if self.prefill.data_parallel > 1:
             raise ValueError("prefill.data_parallel: data-parallel engines are modelled on the decode pool only")
+        for name in ("host_exposed_s_per_iteration", "host_exposed_s_per_layer"):
+            if getattr(self.decode, name) and self.placement != "colocated":
+                raise ValueError(
+                    f"decode.{name}: a prefill's exposed CPU time; give it on the prefill pool (the decode pool's "
+                    f"applies to the prefills of placement colocated only, not {self.placement})"
+                )
         slowdowns = ("after_prefill_slowdown_fraction", "after_prefill_saturation_s", "after_prefill_clock_fraction")
         for name in slowdowns:
             if getattr(self.prefill, name):

@@ -206,6 +206,26 @@ PARAMETERS: dict[str, Parameter] = {
             prior_width=5e-4,  # as the decode loop's gap: a Python loop's bookkeeping, a fraction of a millisecond
         ),
         Parameter(
+            "prefill.host_exposed_s_per_iteration",
+            (0.0, 0.02),
+            "s",
+            "CPU time of an eagerly issued prefill batch the GPU cannot overlap even where its work is the longer "
+            "(the first launches before any GPU work is queued, the closing sync)",
+            scope="host",
+            shape="per prefill batch (adds to its GPU time)",
+            # python -m realrun.prefillprof on two H100 hosts: 0.29-0.52 ms by run; the spread between hosts
+            prior_width=2e-4,
+        ),
+        Parameter(
+            "prefill.host_exposed_s_per_layer",
+            (0.0, 0.001),
+            "s",
+            "per layer of an eagerly issued prefill batch, the GPU's time between kernels a graph replay does not have",
+            scope="host",
+            shape="per layer per prefill batch (adds to its GPU time)",
+            prior_width=1e-5,  # realrun.prefillprof: 0.009-0.028 ms by run
+        ),
+        Parameter(
             "network.efficiency",
             (0.05, 1.0),
             "fraction",

@@ -88,6 +88,8 @@ class HostCosts:
     issue_s_per_layer: float = 0.0
     issue_s_per_request: float = 0.0
     serial_s_per_iteration: float = 0.0
+    exposed_s_per_iteration: float = 0.0  # a prefill's CPU time the GPU cannot overlap (pool.host_exposed_s_*)
+    exposed_s_per_layer: float = 0.0
     extra_kernels_per_layer: int = 0
     decode_graphs: bool = False  # decode iterations replayed as CUDA graphs (pool.cuda_graphs)
 
@@ -156,6 +158,8 @@ class PoolLayout:
             host_issue_s_per_layer=h.issue_s_per_layer,
             host_issue_s_per_request=h.issue_s_per_request,
             host_serial_s_per_iteration=h.serial_s_per_iteration,
+            host_exposed_s_per_iteration=h.exposed_s_per_iteration,
+            host_exposed_s_per_layer=h.exposed_s_per_layer,
             extra_kernels_per_layer=h.extra_kernels_per_layer,
             decode_graphs=h.decode_graphs,
             max_batch_requests=self.max_batch_requests,
@@ -457,6 +461,8 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         issue_s_per_layer=pool.host_issue_s_per_layer,
         issue_s_per_request=pool.host_issue_s_per_request,
         serial_s_per_iteration=pool.host_serial_s_per_iteration,
+        exposed_s_per_iteration=pool.host_exposed_s_per_iteration,
+        exposed_s_per_layer=pool.host_exposed_s_per_layer,
         extra_kernels_per_layer=pool.extra_kernels_per_layer if decode else 0,
         decode_graphs=pool.cuda_graphs and decode,
     )

@@ -56,17 +56,21 @@ INDEX = ROOT / "realrun/traces/h200_graphs/index.csv"
 # 1.35 + 0.0100; the 27 fit 1.09 + 0.0136 from hostcal's prior, 1.08 + 0.0116 from the probes'): by configuration 4.1
 # -> 4.1 % (max 12.0 -> 11.9 %, p50 TTFT 8.4 -> 7.7 %), by trace 3.7 -> 3.7 % (max 9.9 -> 9.8 %); no fit 5.1 -> 5.9 % (max 16.9 -> 19.1 %, 8b_sat HACK r9: the
 # higher levels had covered part of what the fit puts in the prefill's efficiency and floors).
+# The eager prefill's exposed host time (prefill.host_exposed_s_*: 0.42 ms + 0.0166 ms per layer from
+# realrun.prefillprof, the eager forward against its CUDA-graph replay on two H100 hosts; not fitted to any trace): by
+# configuration 4.1 -> 3.4 % (max 11.9 -> 11.5 %, p50 TTFT 7.7 -> 7.1 %, p50 TPOT 4.4 -> 3.7 %), by trace 3.7 -> 3.4 %
+# (max 9.8 -> 10.6 %), in-sample 3.1 -> 2.6 %; no fit 5.9 -> 5.1 % (max 19.1 -> 16.6 %, p50 TTFT 13.8 -> 11.0 %).
 HELD_OUT = {
-    "jct_mean_abs_error_pct": 3.7 + 2,
-    "jct_max_abs_error_pct": 9.8 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
+    "jct_mean_abs_error_pct": 3.4 + 2,
+    "jct_max_abs_error_pct": 10.6 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.6 + 2,
     "ttft_p50_mean_abs_error_pct": 6.5 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 4.1 + 2,
-    "jct_max_abs_error_pct": 11.9 + 2,
-    "tpot_p50_mean_abs_error_pct": 4.4 + 2,
-    "ttft_p50_mean_abs_error_pct": 7.7 + 2,
+    "jct_mean_abs_error_pct": 3.4 + 2,
+    "jct_max_abs_error_pct": 11.5 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
+    "ttft_p50_mean_abs_error_pct": 7.1 + 2,
 }
 TRACES_WITHIN_10PCT = 27 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
@@ -227,7 +231,7 @@ def test_the_fits_kernel_and_link_terms_carry_to_other_sessions(cv):
 # +1.3, +9.2 % (mean 3.5 %; -0.1, +1.4, +13.3 % while the prefill efficiency, 0.947 from prompts of up to 4K tokens,
 # divided HACK's homomorphic attention too, which realrun.prefillcal finds at its profiled price: HACK's prefill does
 # not pull the clock into the power cap as FP16's does). HACK's prefill is still priced 2.9 % long there (its GEMMs
-# take the efficiency): a known gap, pinned (HACK fitted more than 3 points above no fit), so fixing it has to change
+# take the efficiency): a known gap, pinned (HACK fitted more than 2 points above no fit), so fixing it has to change
 # this test. 8 layers of the 70B at 6-12K tokens, 1.5 req/s (recorded after that change): no fit -1.5, -2.7, -2.8 %
 # (mean 2.3 %), fitted -0.2, +0.2, +1.4 % (mean 0.6 %; HACK +4.1 % before it). Then the after-prefill terms
 # saturate (realrun.transient after 0.2-0.9 s prefills: the linear forms priced the iterations after these prompts'
@@ -236,7 +240,9 @@ def test_the_fits_kernel_and_link_terms_carry_to_other_sessions(cv):
 # padding share (both sessions' probe): the 8B no fit -0.3, -2.1, +5.4 % (mean 2.6 %), fitted -0.7, -0.7, +8.7 % (mean
 # 3.4 %); the 70B no fit -1.9, -2.8, -3.0 % (mean 2.6 %), fitted -0.3, -0.6, +0.8 % (mean 0.6 %). With each item's
 # error relative to its price: the 8B fitted +0.0, +0.3, +10.0 % (mean 3.4 %), the 70B +0.4, +0.7, +2.5 % (mean 1.2 %).
-# Bounds: achieved + 2.
+# With the eager prefill's exposed host time (prefill.host_exposed_s_*, realrun.prefillprof): the 8B no fit -1.1,
+# -2.2, +5.3 % (mean 2.9 %), fitted -1.4, -1.4, +7.9 % (mean 3.6 %): HACK's gap to no fit 4.7 -> 2.6 points; the 70B
+# no fit -2.5, -2.9, -3.1 % (mean 2.8 %), fitted -0.8, -0.8, +0.4 % (mean 0.7 %). Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
 LONG_PCT = {"8b": (2.6 + 2, 3.4 + 2), "70b8l": (2.6 + 2, 1.2 + 2)}  # (no fit, fitted) mean |JCT error|
 
@@ -259,7 +265,7 @@ def test_long_prompts_against_no_fit(cv):
         assert len(mine) == 3, model
         assert sum(abs(none[k]) for k in mine) / 3 <= bound_none, (model, none)
         assert sum(abs(fitted[k]) for k in mine) / 3 <= bound_fitted, (model, fitted)
-    assert fitted[("8b", "hack")] > none[("8b", "hack")] + 3, (fitted, none)  # the gap above
+    assert fitted[("8b", "hack")] > none[("8b", "hack")] + 2, (fitted, none)  # the gap above
     assert abs(fitted[("70b8l", "hack")]) <= abs(none[("70b8l", "hack")]), (fitted, none)
 
 
@@ -420,31 +426,36 @@ H100 = ROOT / "realrun/traces/index_h100.csv"
 # Since the h100g scenarios carry the H100 probes' busy-link levels (the loop's 1.28 + 0.0089 per Gbps where hostcal's
 # H200 runs gave 1.31 + 0.0258; the prefill floor's 1.047 + 0.0148): no fit 4.8 % (max 29.6 %), the calibration alone
 # 6.4 % (51.0 %), with the factor 4.3 % (27.0 %); 8b_mem at 16:26 turns worse with the factor (6.2 against 4.9 %) and
-# 8b_small at 14:35 better (3.4 against 3.9 %).
+# 8b_small at 14:35 better (3.4 against 3.9 %). With the eager prefill's exposed host time in the h100g and h200g
+# scenarios (prefill.host_exposed_s_*, realrun.prefillprof): over the 188 runs no fit 4.7 % (max 32.2 %), the
+# calibration's gpu and link terms alone 4.6 % (28.4 %), the calibration alone 5.6 % (53.6 %), with the factor 3.7 %
+# (27.4 %), p50 TPOT / TTFT 3.9 / 6.2 % (no fit 4.9 / 7.8 %); 24 of the 57 rows worse with the factor than with no
+# fit, seven rows having changed sides, each by at most 0.4 points.
 H100_PCT = {"jct_mean_abs_error_pct": 3.8 + 2, "jct_max_abs_error_pct": 27.0 + 2}
 H100_FACTOR_NOT_BETTER = {
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1626"),
     ("h100g_70b8l_1gbps", "h100-2026-12-05-1649"),
+    ("h100g_70b8l_1gbps", "h100-2026-12-06-0554"),
     ("h100g_70b8l_2.5gbps", "h100-2026-12-05-1937"),
-    ("h100g_70b8l_dq", "h100-2026-12-05-1635"),
+    ("h100g_70b8l_dq", "h100-2026-12-06-0554"),
+    ("h100g_70b8l_dq", "h100-2026-12-06-0757"),
     ("h100g_8b_2.5gbps", "h100-2026-12-05-1626"),
+    ("h100g_8b_2.5gbps", "h100-2026-12-06-0622"),
+    ("h100g_8b_2.5gbps", "h100-2026-12-06-0757"),
     ("h100g_8b_kvsat", "h100-2026-12-05-1937"),
     ("h100g_8b_light", "h100-2026-12-05-1435"),
-    ("h100g_8b_mem", "h100-2026-12-05-1626"),
     ("h100g_8b_mem", "h100-2026-12-05-1649"),
-    ("h100g_8b_sat", "h100-2026-12-05-1937"),
-    ("h100g_8b_short10", "h100-2026-12-05-2203"),
-    ("h100g_8b_small", "h100-2026-12-05-1649"),
-    ("h100g_70b8l_dq", "h100-2026-12-06-0554"),
     ("h100g_8b_mem", "h100-2026-12-06-0554"),
-    ("h100g_8b_small", "h100-2026-12-06-0554"),
-    ("h100g_8b_2.5gbps", "h100-2026-12-06-0622"),
-    ("h100g_8b_sat", "h100-2026-12-06-0622"),
-    ("h100g_8b_small", "h100-2026-12-06-0622"),
-    ("h100g_70b8l_2.5gbps", "h100-2026-12-06-0757"),
-    ("h100g_70b8l_dq", "h100-2026-12-06-0757"),
-    ("h100g_8b_2.5gbps", "h100-2026-12-06-0757"),
     ("h100g_8b_mem", "h100-2026-12-06-0757"),
+    ("h100g_8b_sat", "h100-2026-12-05-1937"),
+    ("h100g_8b_sat", "h100-2026-12-06-0622"),
+    ("h100g_8b_sat", "h100-2026-12-06-0757"),
+    ("h100g_8b_sat25", "h100-2026-12-05-2203"),
+    ("h100g_8b_short10", "h100-2026-12-05-2203"),
+    ("h100g_8b_small", "h100-2026-12-05-1435"),
+    ("h100g_8b_small", "h100-2026-12-05-1649"),
+    ("h100g_8b_small", "h100-2026-12-06-0554"),
+    ("h100g_8b_small", "h100-2026-12-06-0622"),
     ("h100g_8b_small", "h100-2026-12-06-0757"),
 }
 H100_FACTOR_RUNS_DISAGREE = {("h100g_8b_sat", "h100-2026-12-05-1937"), ("h100g_8b_kvsat", "h100-2026-12-05-1937")}
@@ -518,8 +529,9 @@ def test_a_session_of_nine_configurations_shares_one_host_factor(all_fit):
 # agreeing on each (+- 0.031-0.035): no fit 3.5 % (max 20.2 %), the calibration alone 2.9 % (14.8 %), with the factor
 # 3.1 % (10.8 %); the factor is better than no fit in six of the nine and worse in 70b8l_dq (3.2 against 1.3 %),
 # 8b_mem (4.9 against 0.8 %) and 8b_small (3.6 against 2.5 %), each inside its configuration's run-to-run spread
-# (+-2.8, +-7.5, +-5.1 %). On a slow host the scenarios' own host terms (hostcal's) are near right already.
-# Bounds: achieved + 2.
+# (+-2.8, +-7.5, +-5.1 %). On a slow host the scenarios' own host terms (hostcal's) are near right already. With the
+# eager prefill's exposed host time: no fit 3.3 % (19.6 %), the calibration alone 2.9 % (14.9 %), with the factor 3.0 %
+# (10.6 %); 70b8l_1gbps turns worse with the factor too (1.9 against 1.8 %). Bounds: achieved + 2.
 H100_PROBE2 = ROOT / "realrun/traces/h100_probe2/index.csv"
 
 
@@ -533,7 +545,12 @@ def test_a_slower_session_of_the_same_nine_configurations(all_fit):
     assert r["base_gpu_link"]["jct_mean_abs_error_pct"] < r["no_fit"]["jct_mean_abs_error_pct"] + 0.5  # 3.6 vs 3.5 %
     for c in r["configurations"]:
         assert 1.05 < c["machine_factor"] < 1.25 and c["machine_factor_stderr"] < 0.05, c
-    assert {c for c, _ in r["worse_than_no_fit"]} == {"h100g_70b8l_dq", "h100g_8b_mem", "h100g_8b_small"}
+    assert {c for c, _ in r["worse_than_no_fit"]} == {
+        "h100g_70b8l_1gbps",
+        "h100g_70b8l_dq",
+        "h100g_8b_mem",
+        "h100g_8b_small",
+    }
 
 
 # The nine configurations on a fourth probed H100 machine (realrun/traces/h100_probe4, 2026-12-06 07:57, four device
@@ -544,8 +561,12 @@ def test_a_slower_session_of_the_same_nine_configurations(all_fit):
 # fit on the mean, as in the eleventh session, and in five of the nine: 70b8l_2.5gbps (1.2 against 1.0 %), 70b8l_dq (7.9
 # against 3.8 %, outside its +-3.7 % run to run; the gpu and link terms alone give it 7.5 %), 8b_2.5gbps (7.9 against
 # 2.0 %), 8b_mem (5.5 against 2.5 %) and 8b_small (4.5 against 3.6 %), whose own runs put the factor at 0.94 where its
-# eight session-mates give 1.088 (flagged). Bounds: achieved + 2; the gpu and link terms alone within half a point of no
-# fit or better; the factor worse than no fit on the mean, a known miss this test pins, and in which configurations.
+# eight session-mates give 1.088 (flagged). With the eager prefill's exposed host time: no fit 3.1 % (9.3 %), the gpu
+# and link terms alone 2.5 % (8.0 %), the calibration alone 2.7 % (9.3 %), with the factor 3.7 % (12.2 %); worse than no
+# fit in 70b8l_dq (6.9 against 4.3 %), 8b_2.5gbps (7.8 against 2.0 %), 8b_mem (5.4 against 3.1 %), 8b_sat (5.1 against
+# 5.0 %) and 8b_small (4.6 against 4.1 %); 70b8l_2.5gbps now better (1.4 against 1.6 %). Bounds: achieved + 2; the gpu
+# and link terms alone within half a point of no fit or better; the factor worse than no fit on the mean, a known miss
+# this test pins, and in which configurations.
 H100_PROBE4 = ROOT / "realrun/traces/h100_probe4/index.csv"
 
 
@@ -563,10 +584,10 @@ def test_a_twelfth_session_where_the_factor_does_not_carry(all_fit):
     split = {c["configuration"]: c["machine_factor_own"] for c in r["configurations"] if c["factor_disagrees"]}
     assert split == {"h100g_8b_small": pytest.approx(0.94, abs=0.03)}
     assert {c for c, _ in r["worse_than_no_fit"]} == {
-        "h100g_70b8l_2.5gbps",
         "h100g_70b8l_dq",
         "h100g_8b_2.5gbps",
         "h100g_8b_mem",
+        "h100g_8b_sat",
         "h100g_8b_small",
     }
 
@@ -618,10 +639,11 @@ def test_a_second_h200_session_of_the_two_configurations_disagrees_on_its_host(a
 
 def test_narrower_priors_carry_better_to_held_out_configurations(cv):
     """calibrate --prior-scale on the 27 graph-mode traces: every prior width times 0.25 predicts the held-out
-    configurations' runs at 3.57 % mean |JCT error| against 4.13 % at the stated widths (the cv fixture's figure,
-    the same folds), which is why --prior-scale auto chooses 0.25 here (docs/calibration.md; nested, each
-    configuration's scale chosen without it: 3.6 %, max 10.8 %, from `validate --cv --folds configuration
-    --prior-scale auto`, too slow for this suite). Bound: achieved + 0.3."""
+    configurations' runs at 3.20 % mean |JCT error| against 3.44 % at the stated widths (the cv fixture's figure,
+    the same folds; 3.57 against 4.13 % before the eager prefill's exposed host time), which is why --prior-scale auto
+    chooses 0.25 here (docs/calibration.md; nested, each configuration's scale chosen without it, from `validate --cv
+    --folds configuration --prior-scale auto`, too slow for this suite). Bound: achieved + 0.3; the gap, 0.24
+    points, kept to at least 0.15."""
     from simulator.calibrate import load_index
     from simulator.crossval import _choose_scales
     from simulator.measured import read_index
@@ -629,5 +651,5 @@ def test_narrower_priors_carry_better_to_held_out_configurations(cv):
     traces = load_index(INDEX)
     (narrow,) = _choose_scales(traces, read_index(INDEX), [tuple(range(len(traces)))], 2, grid=(0.25,))
     at_quarter = narrow["held_out_jct_mean_abs_error_pct"]["0.25"]
-    assert at_quarter <= 3.57 + 0.3
-    assert at_quarter < cv["held_out_configuration"]["jct_mean_abs_error_pct"] - 0.3
+    assert at_quarter <= 3.20 + 0.3
+    assert at_quarter < cv["held_out_configuration"]["jct_mean_abs_error_pct"] - 0.15

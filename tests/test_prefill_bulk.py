@@ -20,8 +20,8 @@ from simulator.step_price import Prefill, PrefillPrices
 
 FORMS = tuple(PREFILL_KERNELS)  # a form's code is its index
 
-# what a replica can change about a one-prompt price: the engine's factors and floors, the host issue floor, PQCache's
-# host CPUs, pipeline stages (the hop, the stage share of the LM head)
+# what a replica can change about a one-prompt price: the engine's factors and floors, the host issue floor and the
+# exposed host time, PQCache's host CPUs, pipeline stages (the hop, the stage share of the LM head)
 SETTINGS = {
     "plain": {"host_vcpus": 8},
     "engine": {
@@ -32,9 +32,16 @@ SETTINGS = {
         "method_prefill_issue_s_per_layer": 3e-5,
         "host_issue_s_per_layer": 1e-5,
         "host_issue_s_per_iteration": 0.05,  # the floor holds short prompts (a few thousand tokens)
+        "host_exposed_s_per_iteration": 4e-4,  # an eager batch's exposed CPU time, beside the GPU's
+        "host_exposed_s_per_layer": 1.7e-5,
         "host_vcpus": 4,
     },
-    "pipeline": {"pipeline": 2, "host_vcpus": 2},
+    "pipeline": {
+        "pipeline": 2,
+        "host_vcpus": 2,
+        "host_exposed_s_per_iteration": 4e-4,
+        "host_exposed_s_per_layer": 1.7e-5,
+    },
 }
 
 

@@ -241,7 +241,9 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
             + blk["requests"] * v["prefill.host_issue_s_per_request"]
         ) * f
         # an eagerly issued batch's CPU time the GPU cannot overlap (costmodel/phases.py, `_prefill`)
-        exposed = (v["prefill.host_exposed_s_per_iteration"] + blk["layers"] * v["prefill.host_exposed_s_per_layer"]) * f
+        exposed = (
+            v["prefill.host_exposed_s_per_iteration"] + blk["layers"] * v["prefill.host_exposed_s_per_layer"]
+        ) * f
         pred = np.maximum(gpu + exposed, host) + blk["rest"]
         if wrt:
             g = (gpu + exposed >= host).astype(float)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .probes import parse_sets, probe_device, write_rows
+from .probes import parse_sets, print_fit, probe_device, write_rows
 
 SETS = "llama-3.1-8b:32;llama-3.1-8b:8;llama-3.1-70b:8"
 BUSY_CYCLES = 2_000_000  # torch.cuda._sleep before the timed call: about 1 ms of GPU time at the H200's clocks
@@ -51,12 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--launch-batch", type=int, default=4)
     a = ap.parse_args(argv)
     if a.fit:
-        try:
-            print(format_fit(fit(a.fit)))
-        except (OSError, KeyError, ValueError) as e:
-            print(f"placecal --fit: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return print_fit("placecal", lambda: format_fit(fit(a.fit)))
     if a.out is None:
         ap.error("--out is required (or --fit)")
     dev = probe_device("placecal", a.smoke)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .probes import parse_sets, probe_device, write_rows
+from .probes import parse_sets, print_fit, probe_device, write_rows
 
 
 def forward(model, ids: torch.Tensor, rot) -> torch.Tensor:
@@ -112,12 +112,7 @@ def main(argv=None) -> int:
     if a.fit:
         import json
 
-        try:
-            print(json.dumps(fit_exposed(a.fit), indent=1))
-        except (OSError, KeyError, ValueError) as e:
-            print(f"prefillprof --fit: {e}", file=sys.stderr)
-            return 2
-        return 0
+        return print_fit("prefillprof", lambda: json.dumps(fit_exposed(a.fit), indent=1))
     if a.out is None:
         ap.error("--out is required (or --fit)")
     dev = probe_device("prefillprof", a.smoke)

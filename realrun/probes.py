@@ -39,3 +39,14 @@ def write_rows(path: Path, rows: list[dict]) -> None:
         w.writeheader()
         w.writerows(rows)
     tmp.replace(path)
+
+
+def print_fit(prog: str, compute) -> int:
+    """A probe's --fit: print what `compute()` returns (exit 0), or one line naming the probe and why not (exit 2)."""
+    try:
+        text = compute()
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{prog} --fit: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0

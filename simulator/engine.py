@@ -213,7 +213,7 @@ PARAMETERS: dict[str, Parameter] = {
             "(the first launches before any GPU work is queued, the closing sync)",
             scope="host",
             shape="per prefill batch (adds to its GPU time)",
-            # python -m realrun.prefillprof on two H100 hosts: 0.29-0.52 ms by run; the spread between hosts
+            # python -m realrun.prefillprof on three H100 hosts: 0.29-0.78 ms by run; the spread between hosts
             prior_width=2e-4,
         ),
         Parameter(
@@ -223,7 +223,7 @@ PARAMETERS: dict[str, Parameter] = {
             "per layer of an eagerly issued prefill batch, the GPU's time between kernels a graph replay does not have",
             scope="host",
             shape="per layer per prefill batch (adds to its GPU time)",
-            prior_width=1e-5,  # realrun.prefillprof: 0.009-0.028 ms by run
+            prior_width=1e-5,  # realrun.prefillprof: 0.006-0.028 ms by run
         ),
         Parameter(
             "network.efficiency",

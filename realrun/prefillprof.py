@@ -14,6 +14,13 @@ measured trace.
 
 `python -m realrun.prefillprof --fit FILE.csv ...` (a column `run` tells runs of one file apart) fits the prefill
 pool's host_exposed_s_per_iteration and host_exposed_s_per_layer (`fit_exposed`).
+
+`--first-seen N`: what a prompt length the process has not run before costs. realrun's prompts are drawn from a
+range, so nearly every prefill of a recording has a length no earlier one had; realrun builds the attention's cuDNN
+plan of every length before the run (runner.prime_prefill_attention), nothing else. This draws N lengths from each
+set's range (--first-seen-range, seeded), builds their attention plans the same way, then runs the eager forward
+once at each (first) and once more at each (again). Columns: set, seen (first / again), tokens, eager_s, issue_s.
+`first_seen_summary` gives per set the medians and first - again.
 """
 
 from __future__ import annotations
@@ -97,6 +104,54 @@ def fit_exposed(paths) -> dict:
     }
 
 
+def first_seen(model, dev, lengths: list[int]) -> list[dict]:
+    """The eager forward at each length for the first time (its attention plan already built), then again."""
+    sh = model.shape
+    for p in lengths:  # as runner.prime_prefill_attention
+        q = torch.zeros((1, sh.q_heads, p, sh.head_dim), dtype=torch.float16, device=dev)
+        kv = torch.zeros((1, sh.kv_heads, p, sh.head_dim), dtype=torch.float16, device=dev)
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    rows = []
+    for seen in ("first", "again"):
+        for p in lengths:
+            ids = torch.randint(0, sh.vocab, (p,), generator=torch.Generator().manual_seed(p)).to(dev)
+            pos = torch.arange(p, device=dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            forward(model, ids, model.rope_tables(pos))
+            t1 = time.perf_counter()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t2 = time.perf_counter()
+            rows.append(dict(seen=seen, tokens=p, eager_s=t2 - t0, issue_s=t1 - t0))
+    return rows
+
+
+def first_seen_summary(paths) -> dict:
+    """Per (file, run, set) of --first-seen rows: the medians of eager_s and issue_s at first sight and again, and
+    first - again."""
+    import pandas as pd
+
+    out = {}
+    for i, path in enumerate(paths):
+        d = pd.read_csv(path)
+        keys = ["run", "set"] if "run" in d.columns else ["set"]
+        for key, g in d.groupby(keys):
+            med = g.groupby("seen")[["eager_s", "issue_s"]].median()
+            name = f"{i}:" + ":".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+            out[name] = {
+                "lengths": int((g.seen == "first").sum()),
+                "first_eager_s": float(med.loc["first", "eager_s"]),
+                "again_eager_s": float(med.loc["again", "eager_s"]),
+                "first_issue_s": float(med.loc["first", "issue_s"]),
+                "again_issue_s": float(med.loc["again", "issue_s"]),
+                "extra_eager_s": float(med.loc["first", "eager_s"] - med.loc["again", "eager_s"]),
+                "extra_issue_s": float(med.loc["first", "issue_s"] - med.loc["again", "issue_s"]),
+            }
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m realrun.prefillprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,7 +163,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", nargs="+", type=int, default=[128, 192, 256, 384, 512, 768, 1024, 2048])
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument(
+        "--first-seen", type=int, default=0, metavar="N", help="time N lengths never run before, then again"
+    )
+    ap.add_argument(
+        "--first-seen-range", nargs=2, type=int, default=[128, 640], metavar=("LO", "HI"), help="their lengths' range"
+    )
+    ap.add_argument("--first-seen-fit", nargs="+", type=Path, help="summarise --first-seen CSVs and print it")
     a = ap.parse_args(argv)
+    if a.first_seen_fit:
+        import json
+
+        return print_fit("prefillprof", lambda: json.dumps(first_seen_summary(a.first_seen_fit), indent=1))
     if a.fit:
         import json
 
@@ -131,6 +197,31 @@ def main(argv=None) -> int:
 
     rows: list[dict] = []
     a.out.parent.mkdir(parents=True, exist_ok=True)
+    if a.first_seen:
+        import random
+
+        lo, hi = (20, 100) if a.smoke else a.first_seen_range
+        n = min(a.first_seen, hi - lo)
+        for model_name, layers in sets:
+            model = RandomLlama(model_shape(model_name, layers), dev, seed=1, max_positions=hi + 8)
+            for p in (lo, hi):  # warm: the kernels and plans of the range's ends
+                forward(
+                    model, torch.zeros(p, dtype=torch.int64, device=dev), model.rope_tables(torch.arange(p, device=dev))
+                )
+            lengths = random.Random(layers).sample(range(lo + 1, hi), n)
+            mine = [dict(set=f"{model_name}:{layers}", **r) for r in first_seen(model, dev, lengths)]
+            rows += mine
+            for seen in ("first", "again"):
+                e = sorted(r["eager_s"] for r in mine if r["seen"] == seen)
+                i = sorted(r["issue_s"] for r in mine if r["seen"] == seen)
+                print(
+                    f"{model_name}:{layers} {seen}: eager {e[len(e) // 2] * 1e3:.2f} ms, issue {i[len(i) // 2] * 1e3:.2f} ms"
+                )
+            write_rows(a.out, rows)
+            del model
+            if cuda:
+                torch.cuda.empty_cache()
+        return 0
     for model_name, layers in sets:
         model = RandomLlama(model_shape(model_name, layers), dev, seed=1, max_positions=max(tokens) + 8)
         for p in tokens:

@@ -163,3 +163,43 @@ def test_exposed_time_on_a_decode_pool_is_refused_unless_it_runs_prefills():
     with pytest.raises(ScenarioError, match="decode.host_exposed_s_per_iteration: a prefill's exposed CPU time"):
         scenario(**{"decode.host_exposed_s_per_iteration": 4e-4})
     assert scenario(**{"prefill.host_exposed_s_per_iteration": 4e-4}).prefill.host_exposed_s_per_iteration == 4e-4
+
+
+def test_first_seen_lengths_are_summarised_per_set(tmp_path):
+    """--first-seen rows: per set the medians at first sight and again and their difference (synthetic: 2 ms more
+    eager and 1.5 ms more CPU the first time); the committed run shows every set slower at first sight."""
+    from realrun.prefillprof import first_seen_summary
+
+    rows = [
+        dict(
+            set="70b:8",
+            seen=seen,
+            tokens=t,
+            eager_s=0.010 + (0.002 if seen == "first" else 0) + 1e-6 * t,
+            issue_s=0.003 + (0.0015 if seen == "first" else 0),
+        )
+        for seen in ("first", "again")
+        for t in (150, 300, 450)
+    ]
+    f = tmp_path / "fs.csv"
+    pd.DataFrame(rows).to_csv(f, index=False)
+    (s,) = first_seen_summary([f]).values()
+    assert s["lengths"] == 3
+    assert s["extra_eager_s"] == pytest.approx(0.002) and s["extra_issue_s"] == pytest.approx(0.0015)
+    committed = first_seen_summary([ROOT / "kernels_calibration/profiles/h100/prefillprof_firstseen.csv"])
+    assert len(committed) == 5 and all(s["lengths"] == 60 for s in committed.values())
+    assert all(s["extra_eager_s"] > 5e-4 and s["extra_issue_s"] > 5e-4 for s in committed.values())
+
+
+def test_the_first_seen_probe_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "fs.csv"
+    r = subprocess.run(
+        [sys.executable, "-m", "realrun.prefillprof", "--smoke", "--first-seen", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    d = pd.read_csv(out)
+    assert list(d.columns) == ["set", "seen", "tokens", "eager_s", "issue_s"]
+    assert (d.seen == "first").sum() == (d.seen == "again").sum() == 3

@@ -26,6 +26,7 @@ once at each (first) and once more at each (again). Columns: set, seen (first / 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -172,15 +173,13 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seen-fit", nargs="+", type=Path, help="summarise --first-seen CSVs and print it")
     a = ap.parse_args(argv)
     if a.first_seen_fit:
-        import json
-
         return print_fit("prefillprof", lambda: json.dumps(first_seen_summary(a.first_seen_fit), indent=1))
     if a.fit:
-        import json
-
         return print_fit("prefillprof", lambda: json.dumps(fit_exposed(a.fit), indent=1))
     if a.out is None:
-        ap.error("--out is required (or --fit)")
+        ap.error("--out is required (or --fit, --first-seen-fit)")
+    if a.first_seen and not 0 < a.first_seen_range[0] < a.first_seen_range[1]:
+        ap.error("--first-seen-range: LO and HI with 0 < LO < HI")
     dev = probe_device("prefillprof", a.smoke)
     if dev is None:
         return 2

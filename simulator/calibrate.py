@@ -640,6 +640,16 @@ def collinear(j: np.ndarray, i: int) -> bool:
 COLLINEAR = "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
 
 
+def collinear_partners(j: np.ndarray, i: int, names: list[str]) -> list[str]:
+    """The other parameters whose data columns make up column i (collinear): held at its prior's centre, column i's
+    error there is carried by these, which the traces then fit to the sum."""
+    col = j[:, i] / np.linalg.norm(j[:, i])
+    keep = [k for k in range(j.shape[1]) if k != i and np.linalg.norm(j[:, k]) > 0]
+    basis = j[:, keep] / np.linalg.norm(j[:, keep], axis=0)
+    coef = np.linalg.lstsq(basis, col, rcond=None)[0]
+    return [names[k] for k, c in zip(keep, coef) if abs(c) > 1e-6]
+
+
 def fit_engine(
     traces: list[TraceData],
     refit: str = "all",
@@ -775,6 +785,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
     fitted: dict[str, float] = {}
     stderr: dict[str, float] = {}
     notes: dict[str, str] = {}
+    joint: dict[str, list[str]] = {}  # a fitted parameter -> the collinear ones held beside it
     for group in _components(active, traces):
         kinds = set().union(*(kinds_of[n] for n in group))
         names = list(group)
@@ -799,7 +810,10 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             if worst in flat:
                 held[worst] = "no residual moves with it at the optimum (" + _why_flat(worst) + ")"
             elif collinear(j_data, names.index(worst)):
-                held[worst] = COLLINEAR
+                partners = collinear_partners(j_data, names.index(worst), names)
+                held[worst] = COLLINEAR + (f": with {', '.join(partners)}" if partners else "")
+                for other in partners:
+                    joint.setdefault(other, []).append(worst)
             else:
                 held[worst] = (
                     f"the traces do not constrain it: posterior sd {_fmt(sd1[worst])} against the prior's "
@@ -824,6 +838,12 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
         for n in names:
             fitted[n] = x[n]
             stderr[n] = sd[n]
+    for n, others in joint.items():
+        if n in fitted:  # its standard error is the traces' on the sum: an error in the others' centres is in it too
+            note = (
+                f"fitted jointly with {', '.join(others)}, held at the prior's centre: an error there is carried here"
+            )
+            notes[n] = notes[n] + "; " + note if n in notes else note
     return _result(traces, candidates, start, fitted, stderr, notes, held, refit)
 
 

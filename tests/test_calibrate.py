@@ -622,3 +622,17 @@ def test_prior_scale_auto_in_calibrate_and_nested_in_validate_cv(simulated, tmp_
         assert p.returncode == 2 and "--prior-scale" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_parameter_held_as_collinear_names_its_partners_and_they_say_so():
+    """Column 2 is columns 0 + 1 (and not column 3): held at its prior's centre, its partners 0 and 1 are the ones
+    fitted to the sum, and an error in its centre is carried by them (the fit notes it on each)."""
+    from simulator.calibrate import collinear, collinear_partners
+
+    rng = np.random.default_rng(3)
+    a, b, c = rng.normal(size=(3, 20))
+    j = np.column_stack([a, b, 2 * a + 3 * b, c])
+    names = ["p0", "p1", "p2", "p3"]
+    assert collinear(j, 2)
+    assert collinear_partners(j, 2, names) == ["p0", "p1"]
+    assert not collinear(j, 3)

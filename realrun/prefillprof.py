@@ -44,7 +44,7 @@ def forward(model, ids: torch.Tensor, rot) -> torch.Tensor:
         qi = q.transpose(0, 1)[None].contiguous()
         ki = k.transpose(0, 1)[None].contiguous()
         vi = v.transpose(0, 1)[None].contiguous()
-        o = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+        o = _sdpa(qi, ki, vi)
         x = model.finish_layer(lw, x, o[0].transpose(0, 1).reshape(ids.numel(), -1))
     return model.next_token(x[-1:])  # Harness.prefill indexes by a list: a slice is the same row, graph-capturable
 
@@ -105,27 +105,40 @@ def fit_exposed(paths) -> dict:
     }
 
 
+def _sdpa(q, k, v):
+    """The forward's FP16 prefill attention (kvformats.Method.prefill_attention)."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _eager(model, ids: torch.Tensor, pos: torch.Tensor, dev) -> tuple[float, float]:
+    """One eager forward, sync to sync as a recording times its prefill: (its seconds, its CPU part's: the start to
+    the last launch)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    forward(model, ids, model.rope_tables(pos))
+    t1 = time.perf_counter()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0, t1 - t0
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
 def first_seen(model, dev, lengths: list[int]) -> list[dict]:
     """The eager forward at each length for the first time (its attention plan already built), then again."""
-    sh = model.shape
-    for p in lengths:  # as runner.prime_prefill_attention
-        q = torch.zeros((1, sh.q_heads, p, sh.head_dim), dtype=torch.float16, device=dev)
-        kv = torch.zeros((1, sh.kv_heads, p, sh.head_dim), dtype=torch.float16, device=dev)
-        torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+    from .runner import prime_attention
+
+    prime_attention(model.shape, dev, _sdpa, lengths)
     rows = []
     for seen in ("first", "again"):
         for p in lengths:
-            ids = torch.randint(0, sh.vocab, (p,), generator=torch.Generator().manual_seed(p)).to(dev)
-            pos = torch.arange(p, device=dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            forward(model, ids, model.rope_tables(pos))
-            t1 = time.perf_counter()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t2 = time.perf_counter()
-            rows.append(dict(seen=seen, tokens=p, eager_s=t2 - t0, issue_s=t1 - t0))
+            ids = torch.randint(0, model.shape.vocab, (p,), generator=torch.Generator().manual_seed(p)).to(dev)
+            eager_s, issue_s = _eager(model, ids, torch.arange(p, device=dev), dev)
+            rows.append(dict(seen=seen, tokens=p, eager_s=eager_s, issue_s=issue_s))
     return rows
 
 
@@ -211,11 +224,9 @@ def main(argv=None) -> int:
             mine = [dict(set=f"{model_name}:{layers}", **r) for r in first_seen(model, dev, lengths)]
             rows += mine
             for seen in ("first", "again"):
-                e = sorted(r["eager_s"] for r in mine if r["seen"] == seen)
-                i = sorted(r["issue_s"] for r in mine if r["seen"] == seen)
-                print(
-                    f"{model_name}:{layers} {seen}: eager {e[len(e) // 2] * 1e3:.2f} ms, issue {i[len(i) // 2] * 1e3:.2f} ms"
-                )
+                e = _median(r["eager_s"] for r in mine if r["seen"] == seen)
+                i = _median(r["issue_s"] for r in mine if r["seen"] == seen)
+                print(f"{model_name}:{layers} {seen}: eager {e * 1e3:.2f} ms, issue {i * 1e3:.2f} ms")
             write_rows(a.out, rows)
             del model
             if cuda:
@@ -246,30 +257,25 @@ def main(argv=None) -> int:
                     ev[1].record()
                     sync()
                     times.append(ev[0].elapsed_time(ev[1]) / 1e3)
-                graph_s = sorted(times)[len(times) // 2]
+                graph_s = _median(times)
                 del g
+            mine = []
             for rep in range(repeats):
-                sync()
-                t0 = time.perf_counter()
-                forward(model, ids, model.rope_tables(pos))
-                t1 = time.perf_counter()
-                sync()
-                t2 = time.perf_counter()
-                rows.append(
+                eager_s, issue_s = _eager(model, ids, pos, dev)
+                mine.append(
                     dict(
                         set=f"{model_name}:{layers}",
                         tokens=p,
                         rep=rep,
-                        eager_s=t2 - t0,
-                        issue_s=t1 - t0,
+                        eager_s=eager_s,
+                        issue_s=issue_s,
                         graph_s=graph_s,
                     )
                 )
-            mine = sorted(r["eager_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)
-            iss = sorted(r["issue_s"] for r in rows if r["set"] == f"{model_name}:{layers}" and r["tokens"] == p)
+            rows += mine
             print(
-                f"{model_name}:{layers} {p}: eager {mine[len(mine) // 2] * 1e3:.2f} ms, issue "
-                f"{iss[len(iss) // 2] * 1e3:.2f} ms, graph {graph_s * 1e3:.2f} ms",
+                f"{model_name}:{layers} {p}: eager {_median(r['eager_s'] for r in mine) * 1e3:.2f} ms, issue "
+                f"{_median(r['issue_s'] for r in mine) * 1e3:.2f} ms, graph {graph_s * 1e3:.2f} ms",
                 flush=True,
             )
             write_rows(a.out, rows)

@@ -91,12 +91,16 @@ def prime_prefill_attention(h: Harness, lengths: list[int]) -> None:
     prefill and the methods after it ran on the cached plans (found with hostcal --profile-first:
     aten::_cudnn_attention_forward, 29 ms of CPU per call).  Priming gives every method the warm
     cache a serving engine has for the lengths it has seen."""
-    s, dev = h.model.shape, h.device
-    for p in lengths:
-        q = torch.zeros((1, s.q_heads, p, s.head_dim), dtype=torch.float16, device=dev)
-        kv = torch.zeros((1, s.kv_heads, p, s.head_dim), dtype=torch.float16, device=dev)
-        h.method.prefill_attention(q, kv, kv)
+    prime_attention(h.model.shape, h.device, h.method.prefill_attention, lengths)
     h._sync()
+
+
+def prime_attention(shape, dev, attention, lengths: list[int]) -> None:
+    """prime_prefill_attention's calls: `attention(q, k, v)` once at each length, on zeros of the model's shape."""
+    for p in lengths:
+        q = torch.zeros((1, shape.q_heads, p, shape.head_dim), dtype=torch.float16, device=dev)
+        kv = torch.zeros((1, shape.kv_heads, p, shape.head_dim), dtype=torch.float16, device=dev)
+        attention(q, kv, kv)
 
 
 PREFILL_ATTENTION = {

@@ -626,27 +626,24 @@ def collinear(j: np.ndarray, i: int) -> bool:
     """Whether data column i lies in the span of the others (to 1e-9 of its unit-scaled norm): the traces cannot
     tell the parameter apart from the others, only the prior can (a per-layer term beside a per-batch one when
     every trace has the same layers)."""
-    col = j[:, i]
-    norm = float(np.linalg.norm(col))
-    others = np.delete(j, i, axis=1)
-    others = others[:, np.linalg.norm(others, axis=0) > 0]
-    if norm == 0 or not others.shape[1]:
-        return False
-    basis = others / np.linalg.norm(others, axis=0)
-    coef = np.linalg.lstsq(basis, col / norm, rcond=None)[0]
-    return bool(np.linalg.norm(col / norm - basis @ coef) < 1e-9)
+    return collinear_partners(j, i, [str(k) for k in range(j.shape[1])]) is not None
 
 
 COLLINEAR = "these traces cannot tell it apart from the other parameters (collinear Jacobian columns)"
 
 
-def collinear_partners(j: np.ndarray, i: int, names: list[str]) -> list[str]:
-    """The other parameters whose data columns make up column i (collinear): held at its prior's centre, column i's
-    error there is carried by these, which the traces then fit to the sum."""
-    col = j[:, i] / np.linalg.norm(j[:, i])
+def collinear_partners(j: np.ndarray, i: int, names: list[str]) -> list[str] | None:
+    """Where column i is collinear (`collinear`), the other parameters whose data columns make it up: held at its
+    prior's centre, column i's error there is carried by these, which the traces then fit to the sum; else None."""
+    norm = float(np.linalg.norm(j[:, i]))
     keep = [k for k in range(j.shape[1]) if k != i and np.linalg.norm(j[:, k]) > 0]
+    if norm == 0 or not keep:
+        return None
+    col = j[:, i] / norm
     basis = j[:, keep] / np.linalg.norm(j[:, keep], axis=0)
     coef = np.linalg.lstsq(basis, col, rcond=None)[0]
+    if not np.linalg.norm(col - basis @ coef) < 1e-9:
+        return None
     return [names[k] for k, c in zip(keep, coef) if abs(c) > 1e-6]
 
 
@@ -807,10 +804,10 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             if not unidentified:
                 break
             worst = max(unidentified, key=lambda k: (k in flat, unidentified[k]))
+            partners = None if worst in flat else collinear_partners(j_data, names.index(worst), names)
             if worst in flat:
                 held[worst] = "no residual moves with it at the optimum (" + _why_flat(worst) + ")"
-            elif collinear(j_data, names.index(worst)):
-                partners = collinear_partners(j_data, names.index(worst), names)
+            elif partners is not None:
                 held[worst] = COLLINEAR + (f": with {', '.join(partners)}" if partners else "")
                 for other in partners:
                     joint.setdefault(other, []).append(worst)

@@ -678,7 +678,7 @@ def validate(
     errors_as_json(as_json)
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
-    from simulator.noise import run_to_run_spread
+    from simulator.noise import noise_summary, run_to_run_spread
     from simulator.validate import format_validation, format_validation_table, validate_index
     from simulator.validate import validate as run_validate
 
@@ -723,7 +723,7 @@ def validate(
         fail(str(e))
     doc: list[dict] | dict = result
     if spread is not None:
-        noise_doc = {k: spread.get(k) for k in ("index", "spread_pct", "range_pct", "host_gauge")}
+        noise_doc = noise_summary(spread, ("index", "spread_pct", "range_pct", "host_gauge"))
         doc = {"traces": result, "noise": noise_doc} if isinstance(result, list) else {**result, "noise": noise_doc}
     text = strict_json(doc) + "\n"
     if out is not None:  # written before the result is printed: a failed write prints no result

@@ -33,7 +33,8 @@ from costmodel.methods import REFERENCE
 from .calibrate import HOST_TIMES, PRIOR_SCALES, fit_engine, fit_values, load_index, on_machine, prior_sd
 from .config import ScenarioError
 from .fit_items import TraceData
-from .validate import host_gauge_line
+from .noise import noise_summary
+from .validate import host_gauge_lines
 
 CV_KEYS = {
     "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
@@ -191,7 +192,7 @@ def cross_validate(
     if fits[0][1]:
         result["in_sample_machines"] = fits[0][1]
     if noise:
-        result["noise"] = {k: noise.get(k) for k in ("index", "spread_pct", "host_gauge")}
+        result["noise"] = noise_summary(noise)
     return result
 
 
@@ -310,7 +311,7 @@ def cross_validate_machine(
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
     result["per_trace"] = per_trace
     if noise:
-        result["noise"] = {k: noise.get(k) for k in ("index", "spread_pct", "host_gauge")}
+        result["noise"] = noise_summary(noise)
     return result
 
 
@@ -392,7 +393,7 @@ def format_cv_machine(result: dict) -> str:
             )
             + ": the machine's configurations load its host differently, and one factor carries the others' to it"
         )
-    lines += [x for x in [host_gauge_line(noise)] if x]
+    lines += host_gauge_lines(noise)
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
 
@@ -753,7 +754,7 @@ def format_cv(result: dict) -> str:
             + ", ".join(f"{m} {f:.3f}" for m, f in machines.items())
             + "); a machine the fit has none of gets its typical CPU (factor 1)"
         )
-    parts += [x for x in [host_gauge_line(result.get("noise"))] if x]
+    parts += host_gauge_lines(result.get("noise"))
     parts += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(parts)
 

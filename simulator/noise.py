@@ -149,3 +149,9 @@ def host_gauge(configurations: dict, gauge: str = HOST_GAUGE, metric: str = "jct
         "spread_pct": round(100.0 * math.sqrt(float(ys @ ys) / dof), 4),
         "spread_given_gauge_pct": round(100.0 * math.sqrt(float(left @ left) / (dof - 1)), 4),
     }
+
+
+def noise_summary(noise: dict, keys: tuple[str, ...] = ("index", "spread_pct", "host_gauge")) -> dict:
+    """What a result carries of a repeats index's run-to-run spread (simulator/noise.py): where it came from, each
+    metric's spread, the host gauge."""
+    return {k: noise.get(k) for k in keys}

@@ -363,21 +363,21 @@ def format_validation(v: dict) -> str:
         lines.append(
             f"run-to-run: the spread (1 sd) of the measured metric over repeated recordings ({noise['index']})"
         )
-        lines += [x for x in [host_gauge_line(noise)] if x]
+        lines += host_gauge_lines(noise)
     return "\n".join(lines)
 
 
-def host_gauge_line(noise: dict | None) -> str | None:
-    """One line for people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains (None
+def host_gauge_lines(noise: dict | None) -> list[str]:
+    """For people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains, one line (none
     without a repeats index or a gauge)."""
     g = (noise or {}).get("host_gauge")
     if not g:
-        return None
-    return (
+        return []
+    return [
         f"host during a run: each recording's quantize steps (host-bound kernel launches) move with its mean JCT, "
         f"correlation {g['correlation']:.2f} over {g['recordings']} recordings; run to run ±{g['spread_pct']:.1f} %, "
         f"±{g['spread_given_gauge_pct']:.1f} % once a run's own host speed is known"
-    )
+    ]
 
 
 def spread_of(noise: dict | None, error_key: str) -> float | None:
@@ -479,7 +479,7 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     text = render(table(["trace", *heads] + (["host ×"] if host else []), body, footer_rows=summary))
     if noise:
         text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"
-        text += "".join(f"\n{x}" for x in [host_gauge_line(noise)] if x)
+        text += "".join("\n" + x for x in host_gauge_lines(noise))
     if host:
         text += (
             "\nhost ×: the one factor on every host time term that fits each run alone at its scenario's values; far "

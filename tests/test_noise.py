@@ -14,7 +14,7 @@ import pytest
 
 from simulator.config import ScenarioError
 from simulator.noise import run_to_run_spread
-from simulator.validate import host_gauge_line
+from simulator.validate import host_gauge_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,6 +187,6 @@ def test_the_host_during_a_run_is_most_of_the_run_to_run_spread():
     h100 = run_to_run_spread(ROOT / "realrun/traces/index_h100_sessions.csv")["host_gauge"]  # twelve H100 sessions
     assert h100["recordings"] == 169 and h100["correlation"] > 0.75  # 0.80: ±6.0 % -> ±3.7 %
     assert h100["spread_given_gauge_pct"] < 0.7 * h100["spread_pct"]
-    line = host_gauge_line(s)
+    (line,) = host_gauge_lines(s)
     assert line is not None and f"correlation {g['correlation']:.2f} over 73 recordings" in line
-    assert host_gauge_line(None) is None
+    assert host_gauge_lines(None) == []

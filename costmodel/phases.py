@@ -182,6 +182,9 @@ class ReplicaCostModel:
     # launches before any GPU work is queued, the closing sync; per layer, the gaps between eagerly issued kernels)
     host_exposed_s_per_iteration: float = 0.0
     host_exposed_s_per_layer: float = 0.0
+    # prefill: CPU time a batch of a token count the replica's process has not run before adds to its time (the
+    # GEMMs' kernel choice for a new row count, the kernels it loads); the replica (simulator/prefill.py) charges it
+    host_first_seen_s_per_iteration: float = 0.0
     extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
     # decode iterations replayed as CUDA graphs (vLLM without --enforce-eager, SGLang): small kernels cost the
     # in-graph overhead (_small_kernel_s); False prices every kernel as launched
@@ -793,8 +796,8 @@ class ReplicaCostModel:
     # ---- the host's level -------------------------------------------------------------------
     def with_host_factor(self, factor: float, prefill_floor_factor: float | None = None) -> ReplicaCostModel:
         """The same replica with every host term `factor` times longer: the decode issue terms and loop gap, the
-        join, the prefill floor (per batch, layer, request, and the method's own per layer) and the quantize
-        step's floor. Where the host shares its interpreter with a link endpoint that is moving KV (realrun's link
+        join, the prefill floor (per batch, layer, request, and the method's own per layer; its exposed and first-seen
+        time) and the quantize step's floor. Where the host shares its interpreter with a link endpoint that is moving KV (realrun's link
         thread takes the GIL for every chunk), the same CPU work takes longer (simulator/link.py, EndpointHost).
         `prefill_floor_factor` (a prefill replica's, where given): the prefill floor's own factor instead (its
         terms are host_issue_s_* and the method's prefill issue there). The GPU terms are the same. Itself when
@@ -807,6 +810,7 @@ class ReplicaCostModel:
             self.host_serial_s_per_iteration,
             self.host_exposed_s_per_iteration,
             self.host_exposed_s_per_layer,
+            self.host_first_seen_s_per_iteration,
             self.join_s_per_request,
             self.leave_s_per_request,
             self.method_prefill_issue_s_per_layer,
@@ -822,6 +826,7 @@ class ReplicaCostModel:
             host_serial_s_per_iteration=self.host_serial_s_per_iteration * factor,
             host_exposed_s_per_iteration=self.host_exposed_s_per_iteration * floor,
             host_exposed_s_per_layer=self.host_exposed_s_per_layer * floor,
+            host_first_seen_s_per_iteration=self.host_first_seen_s_per_iteration * floor,
             join_s_per_request=self.join_s_per_request * factor,
             leave_s_per_request=self.leave_s_per_request * factor,
             method_prefill_issue_s_per_layer=self.method_prefill_issue_s_per_layer * floor,

@@ -122,6 +122,9 @@ def prior_sd(name: str, at: float, prior_scale: float = 1.0) -> float:
 
 
 # ---- predictions from engine parameters (as ReplicaCostModel and the Link apply them) ----------------
+FIRST_SEEN = "prefill.host_first_seen_s_per_iteration"
+
+
 def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] = ()):
     """Predicted seconds of every measured item of one kind at engine parameter values v (every name);
     with `wrt`, also {name: d prediction / d value} for those names (exact: the model is linear in each
@@ -235,10 +238,13 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         eff = v["prefill.prefill_efficiency"]
         gpu = model / eff + (blk["gpu0"] - model) + (fa - 1.0) * blk["approx0"] + blk["hop"]
         mi = v.get(f"methods.{m}.prefill_issue_s_per_layer", 0.0)
+        # a batch of a token count its process had not run: the CPU's first-seen time on its floor
+        first = blk.get("first_seen", 0.0)
         host = (
             v["prefill.host_issue_s_per_iteration"]
             + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + blk["requests"] * mi)
             + blk["requests"] * v["prefill.host_issue_s_per_request"]
+            + first * v[FIRST_SEEN]
         ) * f
         # an eagerly issued batch's CPU time the GPU cannot overlap (costmodel/phases.py, `_prefill`)
         exposed = (
@@ -258,6 +264,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
                 "prefill.host_issue_s_per_layer": h * blk["layers"] * f,
                 f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * blk["requests"] * f,
                 "prefill.host_issue_s_per_request": h * blk["requests"] * f,
+                FIRST_SEEN: h * first * f,
             }
     else:  # quantize
         gpu = fq * blk["enc0"]

@@ -384,6 +384,15 @@ class PoolConfig(_Strict):
         description="prefill issued eagerly: per layer, the GPU's time between eagerly issued kernels that a "
         "graph replay does not have (see host_exposed_s_per_iteration)",
     )
+    host_first_seen_s_per_iteration: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="prefill pool: CPU time a prefill batch adds when its process has not run a batch of that many "
+        "tokens before (the GEMMs' kernel choice for a new row count, the kernels it loads: cuBLAS keeps both per "
+        "shape for the process's life); each replica remembers the counts it has run, from its start (python -m "
+        "realrun.prefillprof --first-seen)",
+    )
     host_serial_s_per_iteration: float = Field(
         0.0,
         ge=0,
@@ -1195,6 +1204,11 @@ class Scenario(_Strict):
                     f"decode.{name}: a prefill's exposed CPU time; give it on the prefill pool (the decode pool's "
                     f"applies to the prefills of placement colocated only, not {self.placement})"
                 )
+        if self.decode.host_first_seen_s_per_iteration:
+            raise ValueError(
+                "decode.host_first_seen_s_per_iteration: a prefill replica's; give it on the prefill pool (a "
+                "colocated replica's prefills do not model it)"
+            )
         slowdowns = ("after_prefill_slowdown_fraction", "after_prefill_saturation_s", "after_prefill_clock_fraction")
         for name in slowdowns:
             if getattr(self.prefill, name):

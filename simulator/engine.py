@@ -226,6 +226,17 @@ PARAMETERS: dict[str, Parameter] = {
             prior_width=1e-5,  # realrun.prefillprof: 0.006-0.028 ms by run
         ),
         Parameter(
+            "prefill.host_first_seen_s_per_iteration",
+            (0.0, 0.02),
+            "s",
+            "CPU time a prefill batch adds when its process has not run a batch of that many tokens before (the "
+            "GEMMs' kernel choice for a new row count, the kernels it loads)",
+            scope="host",
+            shape="per prefill batch of a token count not run before (adds to its time)",
+            # python -m realrun.prefillprof --first-seen: 0.6-4.7 ms by set and host (medians)
+            prior_width=1e-3,
+        ),
+        Parameter(
             "network.efficiency",
             (0.05, 1.0),
             "fraction",

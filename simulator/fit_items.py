@@ -183,7 +183,9 @@ def trace_data(
         backlog = _backlog_block(df)
         if backlog["count"]:
             td.blocks["handoff"] = backlog
-    td.blocks["prefill"], quantize = _prefill_blocks(df, pre)
+    td.blocks["prefill"], quantize = _prefill_blocks(df, pre, m.seen_before is not None)
+    if m.seen_before:
+        td.notes.append(f"no prefill item pays the first-seen time: {m.seen_before} ran these prompts")
     if quantize is not None:
         td.blocks["quantize"] = quantize
     net = s.network
@@ -478,9 +480,11 @@ def prefill_block(
     pre,
     rest: np.ndarray | None = None,
     busy_left_s: np.ndarray | None = None,
+    first_seen: np.ndarray | None = None,
 ) -> dict:
     """Prefill items: batches of these prompts measured `meas` seconds, each plus `rest` seconds the fit holds;
-    `busy_left_s`: the seconds each starts with transfers in flight (until the last of them ends)."""
+    `busy_left_s`: the seconds each starts with transfers in flight (until the last of them ends); `first_seen`:
+    1 where the batch's token count had not run in its process before (first_seen_batches)."""
     costs = [pre.prefill(p) for p in prompts]
     hop = (pre.parallel.pipeline - 1) * np.array([pre._stage_hop_s(sum(p)) for p in prompts])
     latency0 = np.array([c.latency_s for c in costs])
@@ -499,17 +503,32 @@ def prefill_block(
         "rest": np.zeros(len(prompts)) if rest is None else rest,
         # seconds from its start until the transfers in flight then have all ended (0: none in flight)
         "busy_left_s": np.zeros(len(prompts)) if busy_left_s is None else busy_left_s,
+        "first_seen": np.zeros(len(prompts)) if first_seen is None else first_seen.astype(np.float64),
     }
 
 
-def _prefill_blocks(df: pd.DataFrame, pre) -> tuple[dict, dict | None]:
+def first_seen_batches(tokens, seen_before: bool = False) -> np.ndarray:
+    """Per batch, in the order they ran, 1 where no earlier batch of the process had its token count (the prefill
+    replica's memory, simulator/prefill.py: prefill.host_first_seen_s_per_iteration); all 0 where the process had
+    run the same prompts before the trace (measured.earlier_run)."""
+    seen: set[int] = set()
+    out = np.zeros(len(tokens))
+    for i, t in enumerate(tokens):
+        if not seen_before and int(t) not in seen:
+            out[i] = 1.0
+        seen.add(int(t))
+    return out
+
+
+def _prefill_blocks(df: pd.DataFrame, pre, seen_before: bool = False) -> tuple[dict, dict | None]:
     """Per prefill batch (the requests that started together): duration and quantize step."""
     g = df.groupby("prefill_start_s", sort=True)
     first = g.head(1).sort_values("prefill_start_s")
     prompts = [tuple(int(p) for p in grp["prompt_tokens"]) for _, grp in g]
     took_s = (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy()
     busy_left_s = link_busy_left(df, first["prefill_start_s"].to_numpy())
-    prefill = prefill_block(prompts, took_s, pre, busy_left_s=busy_left_s)
+    seen = first_seen_batches([sum(p) for p in prompts], seen_before)
+    prefill = prefill_block(prompts, took_s, pre, busy_left_s=busy_left_s, first_seen=seen)
     quantize = None
     measured_q = (first["quantize_end_s"] - first["prefill_end_s"]).to_numpy()
     # no quantize kernel after the forward (FP16; a homomorphic prefill, whose forward quantized): a step the trace
@@ -725,7 +744,11 @@ def _log_blocks(td: TraceData, log: RequestLog, s, pre, dec, own) -> None:
     if s.ttft_at == "decode":
         own_pre, own_dec = own
         rest_s = np.array([_to_first_token_s(s, own_pre, own_dec, p[0]) for p in prompts])
-    td.blocks["prefill"] = prefill_block(prompts, log.ttft_s[rows], pre, rest_s)
+    # a prompt length no request sent before had (one prefill replica: every earlier prompt ran there)
+    by_send = np.argsort(log.send_s, kind="stable")
+    seen = np.zeros(len(log))
+    seen[by_send] = first_seen_batches(np.asarray(log.prompt_tokens)[by_send])
+    td.blocks["prefill"] = prefill_block(prompts, log.ttft_s[rows], pre, rest_s, first_seen=seen[rows])
     td.notes.append(f"prefill: the first-token times of the {len(rows)} requests that found the engine idle")
 
 

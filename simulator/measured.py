@@ -70,6 +70,8 @@ class Measured:
     log: RequestLog | None = None
     notes: list[str] = field(default_factory=list)
     workdir: tempfile.TemporaryDirectory | None = None  # holds a benchmark file's requests as the workload CSV
+    # a realrun trace whose process had run the same prompts before (earlier_run): every prefill's token count seen
+    seen_before: str | None = None
 
 
 def load_measured(
@@ -93,7 +95,37 @@ def load_measured(
     cfg = _method(s, method, scenario_path)
     check_meta(meta, s, req_path.parent / "meta.json", scenario_path)
     found = [req_path.parent / f for f in ("requests.csv", "iterations.csv", "meta.json")]
-    return Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f.exists()])
+    m = Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f.exists()])
+    m.seen_before = earlier_run(meta, req_path.parent.name)
+    return m
+
+
+def earlier_run(meta: dict, name: str) -> str | None:
+    """Which run of the same process ran this trace's prompts before it, from meta.json's command (realrun's
+    runner.run_set: each method in turn, per method each rate, per rate `--repeats` runs, all on the workload of one
+    seed, so the same prompt lengths) and the trace folder's name (<label>_<method>_r<rate>[_rep<k>]); None where it
+    was the first (or the command does not say)."""
+    words = str(meta.get("command", "")).split()
+
+    def values(flag: str) -> list[str]:
+        if flag not in words:
+            return []
+        rest = words[words.index(flag) + 1 :]
+        return rest[: next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
+
+    methods, rates = values("--method"), values("--rate")
+    method, rate = meta.get("method"), meta.get("rate_rps")
+    if methods and method in methods and methods[0] != method:
+        return f"{methods[0]}, the process's first method"
+    try:
+        if rates and rate is not None and float(rates[0]) != float(rate) and float(rate) in map(float, rates):
+            return f"{method} at {float(rates[0]):g} req/s, the process's first rate"
+    except ValueError:
+        return None
+    rep = name.rsplit("_rep", 1)
+    if len(rep) == 2 and rep[1].isdigit() and int(rep[1]) > 1:
+        return f"{rep[0]}_rep1"
+    return None
 
 
 def _load_log(trace: Path, scenario_path, overrides, method: str | None) -> Measured:

@@ -120,6 +120,9 @@ class PrefillReplica:
         self.link_busy = False
         self.endpoint: EndpointHost | None = None  # its process, with the transfers in flight
         self._prices: dict[ReplicaCostModel, PrefillPrices] = {}  # one-prompt batches' prices (_one_prompt_prices)
+        # the token counts of the batches its process has run (cost.host_first_seen_s_per_iteration: a batch of a
+        # count not run before pays it; a recovered replica is a new process)
+        self.seen_tokens: set[int] = set()
 
     def enqueue(self, rid: int) -> None:
         """Queue a request; the caller kicks the replica once every same-instant arrival is queued."""
@@ -250,10 +253,16 @@ class PrefillReplica:
             cost = self._one_prompt_prices().one_prompt(prompts[0])
         else:
             cost = prefill_of(self.cost.prefill(prompts, cached))
+        first = self._first_seen(prompts, cached)
+        if first:
+            cost = _with_first_seen(self.cost, cost, len(prompts))
         forms = cost.forms
         latency_s, encode_s, busy_s = cost.latency_s, cost.encode_s, cost.stage_s + cost.encode_s
         if levels is not None and self.link_busy and self.endpoint is not None:
-            latency_s, encode_s, busy_s = self._busy_part(prefill_of(levels[0].prefill(prompts, cached)), cost)
+            idle = prefill_of(levels[0].prefill(prompts, cached))
+            if first:
+                idle = _with_first_seen(levels[0], idle, len(prompts))
+            latency_s, encode_s, busy_s = self._busy_part(idle, cost)
         # the CPU's work after the step while the GPU waits (prefill.host_serial_s_per_iteration, at the level of the
         # step's start): the replica, and on a shared GPU the decode, wait for it; the KV is encoded before it
         busy_s += self.cost.host_serial_s_per_iteration
@@ -300,6 +309,17 @@ class PrefillReplica:
         if prices is None:
             prices = self._prices[self.cost] = PrefillPrices(self.cost)
         return prices
+
+    def _first_seen(self, prompts: tuple[int, ...], cached: tuple[int, ...] | None) -> bool:
+        """Whether the step pays cost.host_first_seen_s_per_iteration: its process has not run a batch of this many
+        new tokens before (the count is remembered)."""
+        if not self.cost.host_first_seen_s_per_iteration:
+            return False
+        tokens = sum(prompts) - (sum(cached) if cached else 0)
+        if tokens in self.seen_tokens:
+            return False
+        self.seen_tokens.add(tokens)
+        return True
 
     def _busy_part(self, idle: Prefill, busy: Prefill) -> tuple[float, float, float]:
         """A step that starts while transfers are in flight runs at the busy level until the last of them arrives
@@ -352,6 +372,7 @@ class PrefillReplica:
 
     def recover(self) -> None:
         self.down = False
+        self.seen_tokens.clear()  # a new process: its library caches are empty
         self.try_start()
 
     def _next(self) -> None:
@@ -391,6 +412,16 @@ class PrefillReplica:
 _STEP_END: Final = 0
 _ENCODED: Final = 1
 _FREE: Final = 2
+
+
+def _with_first_seen(model: ReplicaCostModel, c: Prefill, requests: int) -> Prefill:
+    """A batch of a token count its process has not run: the CPU's first-seen time (the GEMMs' kernel choice for a
+    new row count) on the host floor, max(GPU, floor + first-seen), as calibrate.predict prices it. Where the GPU's
+    work is the longer by more than that, the CPU's extra time hides behind it (realrun's first runs of 1-4K-token
+    prompts are no slower than the repeats)."""
+    floor_s = model.prefill_host_s(requests) + model.host_first_seen_s_per_iteration
+    stage_s = max(c.stage_s, floor_s / model.parallel.pipeline)
+    return Prefill(stage_s, max(c.latency_s, floor_s), c.approximation_s, c.encode_s, c.forms)
 
 
 class _StepTimer(Timer):

@@ -176,6 +176,9 @@ def validate(
         if skip:
             notes.append(f"not applied (placement {s.placement}): {', '.join(sorted(skip))}")
         s = apply_values(s, {k: v for k, v in engine_values.items() if k not in skip})
+    if m.seen_before and s.prefill.host_first_seen_s_per_iteration:
+        s = s.model_copy(update={"prefill": s.prefill.model_copy(update={"host_first_seen_s_per_iteration": 0.0})})
+        notes.append(f"no prefill pays prefill.host_first_seen_s_per_iteration: {m.seen_before} ran these prompts")
     result = run_scenario(s, source=str(scenario_path), methods=[method])
     sim = result.requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     # Both sides through the same timestamp definitions: the trace cannot split decode into

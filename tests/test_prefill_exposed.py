@@ -187,7 +187,7 @@ def test_first_seen_lengths_are_summarised_per_set(tmp_path):
     assert s["lengths"] == 3
     assert s["extra_eager_s"] == pytest.approx(0.002) and s["extra_issue_s"] == pytest.approx(0.0015)
     committed = first_seen_summary([ROOT / "kernels_calibration/profiles/h100/prefillprof_firstseen.csv"])
-    assert len(committed) == 10 and all(s["lengths"] == 60 for s in committed.values())  # two hosts
+    assert len(committed) == 14 and all(s["lengths"] == 60 for s in committed.values())  # three hosts
     assert all(s["extra_eager_s"] > 5e-4 and s["extra_issue_s"] > 5e-4 for s in committed.values())
 
 

@@ -629,6 +629,22 @@ def posterior_sd(j_data: np.ndarray, prior_slope: np.ndarray) -> np.ndarray:
     return np.sqrt(np.maximum(np.diag(np.linalg.inv(h)), 0.0))
 
 
+def marginal_sd(
+    traces, names: list[str], x: dict[str, float], held: list[str], start, base, kinds, prior_scale: float = 1.0
+) -> dict[str, float]:
+    """The posterior standard deviations of the fitted `names` at x with the parameters `held` (fixed at their prior
+    centres, `start`: collinear with others, or too loosely constrained to fit) taken as free under their priors
+    instead (the Laplace approximation over both, read for `names`): a fitted parameter that carries a held partner's
+    share of a collinear column is as uncertain as that partner's prior, which the fit's own errors, conditional on
+    the held values, leave out. Chains of holds (one held with partners later held themselves) are all in `held`."""
+    full = list(names) + [h for h in held if h not in names]
+    xf = np.array([x[n] for n in names] + [start[h] for h in full[len(names) :]], dtype=float)
+    sc = item_scales(traces, full, xf, kinds, base)
+    j_full = _weighted_residuals(traces, full, xf, kinds, base, jac=True, scales=sc)[1]
+    sd = posterior_sd(j_full, prior_residuals(full, xf, start, prior_scale)[1])
+    return dict(zip(names, sd[: len(names)].tolist()))
+
+
 def collinear(j: np.ndarray, i: int) -> bool:
     """Whether data column i lies in the span of the others (to 1e-9 of its unit-scaled norm): the traces cannot
     tell the parameter apart from the others, only the prior can (a per-layer term beside a per-batch one when
@@ -796,6 +812,9 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
         warm = None
         x: dict[str, float] = {}
         sd: dict[str, float] = {}
+        # held in this group where residuals move with them (collinear, or too loosely constrained): their priors
+        # enter the fitted ones' errors (marginal_sd)
+        held_moving: list[str] = []
         while names:
             x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm, prior_scale)
             warm = x
@@ -816,6 +835,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                 held[worst] = "no residual moves with it at the optimum (" + _why_flat(worst) + ")"
             elif partners is not None:
                 held[worst] = COLLINEAR + (f": with {', '.join(partners)}" if partners else "")
+                held_moving.append(worst)
                 for other in partners:
                     joint.setdefault(other, []).append(worst)
             else:
@@ -823,6 +843,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                     f"the traces do not constrain it: posterior sd {_fmt(sd1[worst])} against the prior's "
                     f"{_fmt(prior_sd(worst, x[worst]))} (fitted needs at most {IDENTIFIED:g} of it)"
                 )
+                held_moving.append(worst)
             names.remove(worst)
         if not names:
             continue
@@ -839,13 +860,16 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                     x.update(x2)
                     sd.update(sd2)
                 x[n] = whole
+        if held_moving:  # the fitted ones' errors with the held ones free under their priors (marginal)
+            sd = {**sd, **marginal_sd(traces, names, x, held_moving, start, base, kinds, prior_scale)}
         for n in names:
             fitted[n] = x[n]
             stderr[n] = sd[n]
     for n, others in joint.items():
-        if n in fitted:  # its standard error is the traces' on the sum: an error in the others' centres is in it too
+        if n in fitted:  # its value is the traces' sum less the others' centres: their prior widths are in its error
             note = (
-                f"fitted jointly with {', '.join(others)}, held at the prior's centre: an error there is carried here"
+                f"fitted jointly with {', '.join(others)}, held at the prior's centre: an error there is carried "
+                f"here, and its standard error includes their prior widths"
             )
             notes[n] = notes[n] + "; " + note if n in notes else note
     return _result(traces, candidates, start, fitted, stderr, notes, held, refit)

@@ -636,3 +636,25 @@ def test_a_parameter_held_as_collinear_names_its_partners_and_they_say_so():
     assert collinear(j, 2)
     assert collinear_partners(j, 2, names) == ["p0", "p1"]
     assert not collinear(j, 3)
+
+
+def test_a_fitted_parameters_error_includes_the_priors_of_those_held_beside_it(simulated):
+    """calibrate.marginal_sd: realrun's prefill batches hold one request each, so the prefill floor per batch and per
+    request are the same data column c. Fitted alone, the per-request floor's variance is 1 / (k + a) (k = c'c, a and
+    b the two priors' precisions); with the per-batch one free under its prior beside it, the runs fix only their sum
+    and it is (k + b) / ((k + a)(k + b) - k^2), larger, and never below what the two priors alone allow."""
+    from simulator.calibrate import _start_value, depends, marginal_sd, prior_sd
+
+    _, traces = simulated
+    req, batch = "prefill.host_issue_s_per_request", "prefill.host_issue_s_per_iteration"
+    start = {n: _start_value(n, traces) for n in (req, batch)}
+    base = [dict(td.values0) for td in traces]
+    kinds = {(i, k) for i, td in enumerate(traces) for k in depends(req, td)}
+    x = {req: 0.03}  # a floor above every prefill's GPU time: each item moves with it
+    alone = marginal_sd(traces, [req], x, [], start, base, kinds)[req]
+    both = marginal_sd(traces, [req], x, [batch], start, base, kinds)[req]
+    a, b = prior_sd(req, start[req]) ** -2, prior_sd(batch, start[batch]) ** -2
+    k = alone**-2 - a
+    assert k > 0.1 * a  # the runs do constrain the sum
+    assert both == pytest.approx(math.sqrt((k + b) / ((k + a) * (k + b) - k * k)), rel=1e-6)
+    assert both > alone and both > 1 / math.sqrt(a + b)

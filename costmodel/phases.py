@@ -182,8 +182,8 @@ class ReplicaCostModel:
     # launches before any GPU work is queued, the closing sync; per layer, the gaps between eagerly issued kernels)
     host_exposed_s_per_iteration: float = 0.0
     host_exposed_s_per_layer: float = 0.0
-    # prefill: CPU time a batch of a token count the replica's process has not run before adds to its time (the
-    # GEMMs' kernel choice for a new row count, the kernels it loads); the replica (simulator/prefill.py) charges it
+    # prefill: CPU time a batch of a token count the replica's process has not run before adds to its host floor
+    # (cuBLAS's kernel choice for a new GEMM row count); the replica (simulator/prefill.py) charges it
     host_first_seen_s_per_iteration: float = 0.0
     extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
     # decode iterations replayed as CUDA graphs (vLLM without --enforce-eager, SGLang): small kernels cost the

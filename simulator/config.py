@@ -389,8 +389,8 @@ class PoolConfig(_Strict):
         ge=0,
         le=3600,
         description="prefill pool: CPU time a prefill batch adds when its process has not run a batch of that many "
-        "tokens before (the GEMMs' kernel choice for a new row count, the kernels it loads: cuBLAS keeps both per "
-        "shape for the process's life); each replica remembers the counts it has run, from its start (python -m "
+        "tokens before (cuBLAS's kernel choice for a new GEMM row count, kept per shape for "
+        "the process's life); each replica remembers the counts it has run, from its start (python -m "
         "realrun.prefillprof --first-seen)",
     )
     host_serial_s_per_iteration: float = Field(

@@ -229,10 +229,10 @@ PARAMETERS: dict[str, Parameter] = {
             "prefill.host_first_seen_s_per_iteration",
             (0.0, 0.02),
             "s",
-            "CPU time a prefill batch adds when its process has not run a batch of that many tokens before (the "
-            "GEMMs' kernel choice for a new row count, the kernels it loads)",
+            "CPU time a prefill batch adds to its host floor when its process has not run a batch of that many tokens "
+            "before (cuBLAS's kernel choice for a new GEMM row count)",
             scope="host",
-            shape="per prefill batch of a token count not run before (adds to its time)",
+            shape="per prefill batch of a token count not run before (on its host floor)",
             # python -m realrun.prefillprof --first-seen: 0.6-4.7 ms by set and host (medians)
             prior_width=1e-3,
         ),

@@ -184,8 +184,6 @@ def trace_data(
         if backlog["count"]:
             td.blocks["handoff"] = backlog
     td.blocks["prefill"], quantize = _prefill_blocks(df, pre, m.seen_before is not None)
-    if m.seen_before:
-        td.notes.append(f"no prefill item pays the first-seen time: {m.seen_before} ran these prompts")
     if quantize is not None:
         td.blocks["quantize"] = quantize
     net = s.network

@@ -111,7 +111,6 @@ def test_calibrate_flags_a_recordings_first_seen_batches_and_prices_them_on_the_
     flags = base.blocks["prefill"]["first_seen"]
     assert 0.8 * len(flags) < flags.sum() < len(flags)  # lengths of a 512-token range, 150 prompts: a few repeats
     assert not after.blocks["prefill"]["first_seen"].any()
-    assert any("first-seen" in n for n in after.notes)
     v = dict(base.values0)
     assert v[FIRST_SEEN] == 0.00163  # the scenario's, from the probe
     on, off = predict(base, "prefill", v), predict(base, "prefill", {**v, FIRST_SEEN: 0.0})

@@ -797,8 +797,9 @@ class ReplicaCostModel:
     def with_host_factor(self, factor: float, prefill_floor_factor: float | None = None) -> ReplicaCostModel:
         """The same replica with every host term `factor` times longer: the decode issue terms and loop gap, the
         join, the prefill floor (per batch, layer, request, and the method's own per layer; its exposed and first-seen
-        time) and the quantize step's floor. Where the host shares its interpreter with a link endpoint that is moving KV (realrun's link
-        thread takes the GIL for every chunk), the same CPU work takes longer (simulator/link.py, EndpointHost).
+        time) and the quantize step's floor. Where the host shares its interpreter with a link endpoint that is
+        moving KV (realrun's link thread takes the GIL for every chunk), the same CPU work takes longer
+        (simulator/link.py, EndpointHost).
         `prefill_floor_factor` (a prefill replica's, where given): the prefill floor's own factor instead (its
         terms are host_issue_s_* and the method's prefill issue there). The GPU terms are the same. Itself when
         the factors are 1 or it has no host terms."""

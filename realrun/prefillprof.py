@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -175,11 +176,9 @@ def fit_first_seen(paths) -> dict:
     extra = sorted(s["extra_eager_s"] for s in per_set.values())
     if not extra:
         raise ValueError("no --first-seen rows")
-    n = len(extra)
-    median = extra[n // 2] if n % 2 else 0.5 * (extra[n // 2 - 1] + extra[n // 2])
     return {
-        "host_first_seen_s_per_iteration": median,
-        "sets": n,
+        "host_first_seen_s_per_iteration": statistics.median(extra),
+        "sets": len(extra),
         "min_s": extra[0],
         "max_s": extra[-1],
         "per_set": per_set,

@@ -239,7 +239,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         gpu = model / eff + (blk["gpu0"] - model) + (fa - 1.0) * blk["approx0"] + blk["hop"]
         mi = v.get(f"methods.{m}.prefill_issue_s_per_layer", 0.0)
         # a batch of a token count its process had not run: the CPU's first-seen time on its floor
-        first = blk.get("first_seen", 0.0)
+        first = blk.get("first_seen", 0.0)  # a block made by hand may lack it (as model0)
         host = (
             v["prefill.host_issue_s_per_iteration"]
             + blk["layers"] * (v["prefill.host_issue_s_per_layer"] + blk["requests"] * mi)

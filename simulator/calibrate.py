@@ -23,8 +23,9 @@ trace's systematic error on a kind is taken as one observation with the run-to-r
   request that found the engine idle;
 * every quantize step: the profile's kernel times the method's quantize factor, at least its CPU issue floor
   per layer (quantize_issue_s_per_layer);
-* every transfer's duration: the link's fluid max-min sharing replayed from the measured transfer starts with the
-  priced wire bytes, at line rate × efficiency, plus the latency.
+* every transfer's duration: the link's fluid max-min sharing (or, with network.round_robin_chunk_bytes, its
+  round robin of chunks) replayed from the measured transfer starts with the priced wire bytes, at line rate ×
+  efficiency, plus the latency.
 
 Where a transfer was in flight at an item's start, its host terms (the loop gap, issue and joins; the prefill and
 quantize floors) take network.link_busy_host_factor + link_busy_host_factor_per_gbps × the line rate, as the
@@ -72,6 +73,7 @@ import numpy as np
 
 from .engine import FACTOR_STEPS, KIND, PARAMETERS, SCHEMA_VERSION
 from .fit_items import TraceData, load_trace_data
+from .link import round_robin_s
 from .resolve import REPO_ROOT
 
 # A trace's systematic relative error on one kind of item, the unit of the data term: the run-to-run spread of
@@ -301,15 +303,29 @@ def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_
 
 
 def _predict_transfer(blk: dict, v: dict[str, float], wrt: tuple[str, ...]):
+    chunk = blk.get("chunk_bytes", 0)  # a hand-built block may lack it: fluid sharing
+
     def at(eff: float, lat: float) -> np.ndarray:
-        return processor_sharing_s(blk["start"], blk["bytes"], blk["line_bytes_per_s"] * eff) + lat
+        rate = blk["line_bytes_per_s"] * eff
+        if chunk:  # the simulator's round-robin link itself (simulator/link.py), kept for the last rate asked
+            last = blk.get("round_robin_at")
+            if last is None or last[0] != rate:
+                last = (rate, np.array(round_robin_s(blk["start"].tolist(), blk["bytes"].tolist(), rate, chunk)))
+                blk["round_robin_at"] = last
+            return last[1] + lat
+        return processor_sharing_s(blk["start"], blk["bytes"], rate) + lat
 
     eff = v["network.efficiency"]
     pred = at(eff, v["network.latency_s"])
     if not wrt:
         return pred
     d: dict[str, np.ndarray] = {}
-    if "network.efficiency" in wrt:
+    if "network.efficiency" in wrt and chunk:
+        # the link is busy through every transfer's life, so its time is the bytes sent meanwhile over the rate: -t /
+        # eff, the order of the chunks held (the order jumps as the rate moves a start across a chunk's end, which a
+        # difference quotient would take for the slope)
+        d["network.efficiency"] = -(pred - v["network.latency_s"]) / eff
+    elif "network.efficiency" in wrt:
         h = 1e-6 * eff
         d["network.efficiency"] = (at(eff + h, 0.0) - at(eff - h, 0.0)) / (2 * h)
     d["network.latency_s"] = np.ones_like(pred)

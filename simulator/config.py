@@ -649,6 +649,14 @@ class NetworkConfig(_Strict):
     per_flow_gbps: Unlimited | None = Field(
         default=None, description="cap on one transfer (AWS: 5 Gbps per TCP flow outside a placement group, 10 inside)"
     )
+    round_robin_chunk_bytes: int = Field(
+        default=0,
+        ge=0,
+        le=2**40,
+        description="send the transfers in flight one chunk of this many bytes at a time, round robin, each chunk at "
+        "the line rate (realrun's link thread, realrun/link.py: --chunk-mib); with several in flight they finish "
+        "nearer to first come, first served than fair sharing gives. 0 (the default): fluid fair sharing",
+    )
     stream_layers: bool = Field(
         default=False,
         description="send each layer's KV as soon as it is prefilled, so the transfer overlaps the rest of prefill",

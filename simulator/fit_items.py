@@ -194,7 +194,7 @@ def trace_data(
         and net.per_flow_gbps is None
         and math.isfinite(network_bandwidth_gbps(s))
     ):
-        td.blocks["transfer"] = _transfer_block(df, pre, network_bandwidth_gbps(s))
+        td.blocks["transfer"] = _transfer_block(df, pre, network_bandwidth_gbps(s), s.network.round_robin_chunk_bytes)
     return td
 
 
@@ -551,7 +551,7 @@ def _prefill_blocks(df: pd.DataFrame, pre, seen_before: bool = False) -> tuple[d
     return prefill, quantize
 
 
-def _transfer_block(df: pd.DataFrame, pre, line_gbps: float) -> dict:
+def _transfer_block(df: pd.DataFrame, pre, line_gbps: float, chunk_bytes: int = 0) -> dict:
     moved = (df["transfer_end_s"] > df["transfer_start_s"]).to_numpy()
     d = df.loc[moved].sort_values("transfer_start_s", kind="stable")
     return {
@@ -559,6 +559,7 @@ def _transfer_block(df: pd.DataFrame, pre, line_gbps: float) -> dict:
         "meas": (d["transfer_end_s"] - d["transfer_start_s"]).to_numpy(),
         "bytes": np.array([pre.wire_bytes(int(p)) for p in d["prompt_tokens"]]),
         "line_bytes_per_s": line_gbps * 1e9 / 8,
+        "chunk_bytes": chunk_bytes,  # network.round_robin_chunk_bytes: 0, fluid fair sharing
     }
 
 

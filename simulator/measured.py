@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,6 +214,20 @@ def check_meta(meta: dict, s, meta_path: Path, scenario_path) -> None:
                 f"{meta_path}: {key} {got!r} contradicts {scenario_path}'s {where} {want!r}: validate a trace "
                 f"against the scenario of the system that recorded it"
             )
+    chunk = link_chunk_bytes(meta)
+    if chunk is not None and chunk != s.network.round_robin_chunk_bytes:
+        raise ScenarioError(
+            f"{meta_path}: the link sent round-robin chunks of {chunk} B (notes) where {scenario_path}'s "
+            f"network.round_robin_chunk_bytes is {s.network.round_robin_chunk_bytes}: validate a trace against the "
+            f"scenario of the system that recorded it"
+        )
+
+
+def link_chunk_bytes(meta: dict) -> int | None:
+    """The chunk realrun's link thread sent round robin (meta.json's notes: "round-robin N B chunks",
+    realrun/harness.py); None where the notes do not say."""
+    found = re.search(r"round-robin (\d+) B chunks", str(meta.get("notes", "")))
+    return int(found.group(1)) if found else None
 
 
 class IndexRow(NamedTuple):

@@ -198,6 +198,7 @@ class NetworkLayout:
     routes: dict[tuple[int, int], int]  # (prefill replica, decode replica) -> index into links
     flow_cap_bytes_per_s: float  # one transfer's cap (math.inf: none)
     stream_layers: bool
+    round_robin_chunk_bytes: int = 0  # network.round_robin_chunk_bytes: 0, fluid fair sharing
 
 
 @dataclass(frozen=True)
@@ -526,6 +527,7 @@ def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:
         routes=routes,
         flow_cap_bytes_per_s=math.inf if net.per_flow_gbps is None else net.per_flow_gbps * 1e9 / 8,
         stream_layers=net.stream_layers,
+        round_robin_chunk_bytes=net.round_robin_chunk_bytes,
     )
 
 

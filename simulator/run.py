@@ -38,7 +38,7 @@ from .config import Scenario, ScenarioError
 from .connectors import P2P_BUFFER_BYTES, P2P_POOL_GIB, P2PPush
 from .decode import DecodeReplica
 from .faults import STRANDED, FaultInjector
-from .link import EndpointHost, Link
+from .link import EndpointHost, Link, RoundRobinLink
 from .overload import is_stable, utilisation
 from .prefill import PrefillReplica
 from .prefix_cache import PrefixCaching
@@ -236,7 +236,13 @@ class MethodRun:
         link_objs = []
         for spec in net.links:
             log = columns.RowLog(3)  # (time_s, active_flows, throughput_bytes_per_s)
-            link_objs.append(Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log))
+            if net.round_robin_chunk_bytes:
+                link: Link = RoundRobinLink(
+                    env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, net.round_robin_chunk_bytes, log
+                )
+            else:
+                link = Link(env, spec.name, spec.capacity_bytes_per_s, spec.latency_s, log)
+            link_objs.append(link)
             rec.link_logs[spec.name] = log
             self.link_capacity_gbps[spec.name] = spec.capacity_gbps
         # an engine of a data-parallel decode replica reaches prefill over its replica's links

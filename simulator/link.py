@@ -179,13 +179,18 @@ class Link:
 
     def abort(self, rids: set[int]) -> list[int]:
         """Drop the transfers of these requests (their bytes are lost); returns the requests dropped."""
+        gone = self._cancel(rids)
+        self.flows = [f for f in self.flows if not f.cancelled]
+        self._reschedule()
+        return [f.rid for f in gone]
+
+    def _cancel(self, rids: set[int]) -> list[Flow]:
+        """Up to now, then mark the flows of these requests cancelled (those waiting out their latency leave)."""
         self._advance()
         gone = [f for f in self.flows if f.rid in rids] + [self.waiting.pop(r) for r in rids if r in self.waiting]
         for f in gone:
             f.cancelled = True
-        self.flows = [f for f in self.flows if not f.cancelled]
-        self._reschedule()
-        return [f.rid for f in gone]
+        return gone
 
     def drain_end_s(self) -> float:
         """When the last transfer on the link now arrives if no other starts and the capacity holds: its flows
@@ -270,6 +275,10 @@ class Link:
             (done if drained(f, now) else left).append(f)
         self.flows = left
         self._reschedule()
+        self._deliver(done, now)
+
+    def _deliver(self, done: list[Flow], now: float) -> None:
+        """The flows drained now: each arrives after the latency (or at its not-before time), or now."""
         latency_s = self.latency_s
         for f in done:
             finish = max(now, f.not_before_s) + latency_s
@@ -490,10 +499,7 @@ class RoundRobinLink(Link):
         return max(end, max(last, max(f.not_before_s for f in self.flows)) + self.latency_s)
 
     def abort(self, rids: set[int]) -> list[int]:
-        self._advance()
-        gone = [f for f in self.flows if f.rid in rids] + [self.waiting.pop(r) for r in rids if r in self.waiting]
-        for f in gone:
-            f.cancelled = True
+        gone = self._cancel(rids)
         if any(f.cancelled for f in self.flows):
             flows, pos, j = self.flows, self.pos, self.joined
             serving, joined = flows[pos], flows[pos + 1 : pos + 1 + j]
@@ -535,15 +541,7 @@ class RoundRobinLink(Link):
                 break
             self._next_chunk_after_drained()
         self._reschedule()
-        latency_s = self.latency_s
-        for f in done:
-            finish = max(now, f.not_before_s) + latency_s
-            if finish <= now:
-                f.end.arrived(f.rid, now)
-            else:
-                self.waiting[f.rid] = f
-                f.finish_s = finish
-                self._arrival_timer(f, finish, finish - now)
+        self._deliver(done, now)
 
     def _next_chunk_after_drained(self) -> None:
         """The flow in service sent its last chunk: it leaves the cycle, which goes on with the flow after it (past

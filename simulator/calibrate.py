@@ -307,12 +307,8 @@ def _predict_transfer(blk: dict, v: dict[str, float], wrt: tuple[str, ...]):
 
     def at(eff: float, lat: float) -> np.ndarray:
         rate = blk["line_bytes_per_s"] * eff
-        if chunk:  # the simulator's round-robin link itself (simulator/link.py), kept for the last rate asked
-            last = blk.get("round_robin_at")
-            if last is None or last[0] != rate:
-                last = (rate, np.array(round_robin_s(blk["start"].tolist(), blk["bytes"].tolist(), rate, chunk)))
-                blk["round_robin_at"] = last
-            return last[1] + lat
+        if chunk:  # the simulator's round-robin link itself (simulator/link.py)
+            return np.array(round_robin_s(blk["start"].tolist(), blk["bytes"].tolist(), rate, chunk)) + lat
         return processor_sharing_s(blk["start"], blk["bytes"], rate) + lat
 
     eff = v["network.efficiency"]

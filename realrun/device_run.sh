@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | graphs1 | graphs2
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | graphs1 | graphs2
 #          | cpustate
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
@@ -89,6 +89,10 @@
 #   part xfer: realrun.transient --xfer-gbps 2.5 10 40, the loop beside transfers on the harness's own paced link
 #             (short ones of 10 ms of wire, long ones of 300 ms, none), no prefill: the 32-layer 8B and the 8-layer 70B,
 #             FP16 and HACK at batch 32 (~150 s).
+#   part xferwide: realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100, part xfer's windows on the 32-layer 8B,
+#             FP16 and HACK at batch 32, with 1 MiB chunks and again with 4 MiB (--xfer-chunk-mib): the busy link's
+#             extra host time per iteration past 50 Gbps, whether it goes with the rate or with the chunks per
+#             second, and whether the link keeps its rate (transfer_s) (~300 s).
 #   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
@@ -345,6 +349,12 @@ elif [ "$PART" = xfer ]; then
     --out "$OUT/xfer_8b.csv" "${TR[@]}"
   step 200 xfer_70b python3 -m realrun.transient --xfer-gbps 2.5 10 40 --methods baseline hack --batches 32 \
     --out "$OUT/xfer_70b.csv" "${TR70[@]}"
+elif [ "$PART" = xferwide ]; then
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); else TR=(--sets "llama-3.1-8b:32"); fi
+  for mib in 1 4; do
+    step 240 "xferwide_8b_${mib}m" python3 -m realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100 \
+      --xfer-chunk-mib "$mib" --methods baseline hack --batches 32 --out "$OUT/xferwide_8b_${mib}m.csv" "${TR[@]}"
+  done
 elif [ "$PART" = xferpre ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")

@@ -29,8 +29,9 @@ block), event_s (the last prefill's time), max_context, wall_s.
 rate and cycle, a short transfer (10 ms of wire) then 16 iterations, a long one (300 ms) then 48, and 16 with
 none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps, cycle, event, k, since_start_s
 (the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
-iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0), forward_s (0).
-With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each length (start to KV encoded, its KV
+iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0), forward_s (0),
+chunk_bytes (the link's chunk, `--xfer-chunk-mib`), transfer_s (the window's transfer from submit to its end on the
+link's clock; -1 where none; files before them have neither: 1 MiB chunks). With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each length (start to KV encoded, its KV
 dropped, as the transient probe's) with the link idle and, right after, with a long transfer 10 ms into its wire
 time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds with its quantize step,
 forward_s without it; busy stays 1 only where the transfer was still in flight when the prefill ended): what the
@@ -90,6 +91,12 @@ def main(argv=None) -> int:
         type=int,
         default=[],
         help="with --xfer-gbps: also time prefills of these lengths with the link idle and busy (module doc)",
+    )
+    ap.add_argument(
+        "--xfer-chunk-mib",
+        type=float,
+        default=1.0,
+        help="with --xfer-gbps: the link's chunk in MiB (the h200g recordings' --chunk-mib 1; realrun's default is 4)",
     )
     ap.add_argument("--mix", action="store_true", help="uniform against spread contexts at the same sum (module doc)")
     a = ap.parse_args(argv)
@@ -460,7 +467,8 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
 
     for gbps in rates:
         bytes_per_s = gbps * 1e9 / 8
-        link = Link(gbps, lambda: time.perf_counter() - h.t0, h.device, 1 << 20)
+        chunk = int(a.xfer_chunk_mib * (1 << 20))
+        link = Link(gbps, lambda: time.perf_counter() - h.t0, h.device, chunk)
         try:
             sizes = {"short": max(1 << 20, int(bytes_per_s * 0.010)), "long": int(bytes_per_s * 0.300)}
             if a.smoke:
@@ -471,6 +479,7 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                 for event, count in (("short", 16), ("long", 48), ("none", 16)):
                     start = None
                     in_flight = False
+                    first = len(rows)
                     if event != "none":
                         n = sizes[event]
                         tr = Transfer(event, buf[:n], dst[:n])
@@ -500,12 +509,17 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                                 wall_s=s1 - s0,
                                 prompt_tokens=0,
                                 forward_s=0.0,
+                                chunk_bytes=chunk,
+                                transfer_s=-1.0,
                             )
                         )
                         last_end[0] = s1
                     while in_flight:  # the rest of a long transfer before the next window
                         link.done.get(timeout=5.0)
                         in_flight = False
+                    if event != "none":  # the window's transfer, start to end on the link's clock
+                        for row in rows[first:]:
+                            row["transfer_s"] = tr.end_s - tr.start_s
                     last_end[0] = h.now()
                 for tokens in a.xfer_prefill:  # a prefill with the link idle, then one 10 ms into a long transfer
                     for busy in (False, True):
@@ -537,6 +551,8 @@ def _measure_xfer(h, set_name: str, method: str, b: int, context: int, rates, cy
                                 wall_s=took,
                                 prompt_tokens=tokens,
                                 forward_s=forward[0],
+                                chunk_bytes=chunk,
+                                transfer_s=-1.0,
                             )
                         )
                         if busy:

@@ -3,7 +3,7 @@ h100_probe, h100_probe2, h100_probe3, h100_probe4; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
-method and seed. How the H200 calibration carries to them: tests/test_calibrate_measured.py."""
+method and seed. How the H200 calibration carries to them: tests/test_calibrate_measured_sessions.py."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_the_host_probe_held_one_speed_beside_the_ninth_sessions_runs():
     """realrun/traces/h100_probe: realrun.cpustate's pure-Python loop in the background of each device call
     (cpustate_bg_PART.csv) beside the 27 recordings' wall-clock spans: every run has probe steps within its span, and
     in each the loop's median is 0.87-0.92 ms: on this machine another CPU held one speed through the session, while
-    one host factor (0.65-0.69, tests/test_calibrate_measured.py) fits every configuration."""
+    one host factor (0.65-0.69, tests/test_calibrate_measured_sessions.py) fits every configuration."""
     seen = _probe_beside_each_run("h100_probe")
     assert len(seen) == 27
     for row in seen.values():
@@ -123,8 +123,8 @@ def test_the_host_probe_held_one_speed_beside_the_ninth_sessions_runs():
 def test_the_host_probe_ran_about_twice_as_slow_in_the_tenth_session():
     """realrun/traces/h100_probe2: the probe beside the 30 recordings of another H100 machine. Its loop's median is
     1.5-1.9 ms in every run (the ninth session's 0.87-0.92 ms), and the host factor the session's configurations give
-    each other is 1.12-1.17 (the ninth's 0.65-0.69, tests/test_calibrate_measured.py): between two sessions the probe
-    moves with the host terms, where within one it does not order the runs (docs/calibration.md)."""
+    each other is 1.12-1.17 (the ninth's 0.65-0.69, tests/test_calibrate_measured_sessions.py): between two sessions
+    the probe moves with the host terms, where within one it does not order the runs (docs/calibration.md)."""
     seen = _probe_beside_each_run("h100_probe2")
     assert len(seen) == 30
     for row in seen.values():
@@ -145,8 +145,9 @@ def test_the_host_probe_orders_four_sessions_as_their_host_factors():
     """The probe's loop median within each run, session by session (h100_probe 0.897, h100_probe3 1.606, h100_probe4
     1.745, h100_probe2 1.757 ms), against the host factor the session's configurations give each other (0.65-0.69,
     0.93-1.02, 1.05-1.09, 1.12-1.17 of the H200 calibration's host terms, about 0.67, 0.97, 1.06, 1.14;
-    tests/test_calibrate_measured.py): the sessions' medians are ordered as their factors. The probe orders sessions
-    but is no precise predictor: the twelfth's and the tenth's medians differ by under 1 %, their factors by about 7 %."""
+    tests/test_calibrate_measured_sessions.py): the sessions' medians are ordered as their factors. The probe orders
+    sessions but is no precise predictor: the twelfth's and the tenth's medians differ by under 1 %, their factors by
+    about 7 %."""
     medians = {}
     for session in ("h100_probe", "h100_probe3", "h100_probe4", "h100_probe2"):
         got = sorted(row["py_median_ms"] for row in _probe_beside_each_run(session).values())

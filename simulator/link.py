@@ -22,6 +22,7 @@ but waits out its latency is cancelled too).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -559,21 +560,54 @@ class RoundRobinLink(Link):
 
 def round_robin_s(start: list[float], size: list[float], rate: float, chunk_bytes: float) -> list[float]:
     """Durations of transfers on one `RoundRobinLink` of `rate` bytes/s without caps or latency, each starting at
-    start[i] (sorted) with size[i] bytes: the link itself run on a clock of its own (calibrate prices a recording's
-    transfers with it, as the simulator moves them)."""
-    from .timers import call_in, run
+    start[i] with size[i] bytes (calibrate prices a recording's transfers with it, as the simulator moves them).
 
-    env = simpy.Environment()
-    link = RoundRobinLink(env, "fit", rate, 0.0, chunk_bytes)
-    end = [math.nan] * len(start)
-
-    def done(i: int, t: float) -> None:
-        end[i] = t
-
-    def starter(i: int, n: float) -> Callable[[object], None]:
-        return lambda _timer: link.start(i, n, math.inf, done)
-
-    for i, (t0, n) in enumerate(zip(start, size)):
-        call_in(env, t0, starter(i, n))
-    run(env)
+    With one rate for every flow the link is realrun's thread itself, walked on its wire clock: each chunk ends
+    chunk / rate after the last (or after the start of a transfer that found the link idle); at its end the served
+    transfer goes back to the cycle's end unless done, then the transfers started by then join after it. Between
+    changes (a start, a finish) whole rounds in which every transfer sends a full chunk and none its last, and that end
+    before the next start, are sent at once. tests/test_link_round_robin.py holds it to a chunk-by-chunk transcription
+    of realrun's thread and to the simulator's `RoundRobinLink`."""
+    n = len(start)
+    order = sorted(range(n), key=lambda i: start[i])
+    left = [float(x) for x in size]
+    end = [math.nan] * n
+    cycle: deque[int] = deque()
+    c = float(chunk_bytes)
+    chunk_s = c / rate
+    wire = 0.0
+    nxt = 0  # the next transfer to start, in start order
+    changed = True
+    while nxt < n or cycle:
+        if not cycle:  # idle: the next start finds the link free
+            i = order[nxt]
+            nxt += 1
+            wire = max(wire, start[i])
+            cycle.append(i)
+            changed = True
+        while nxt < n and start[order[nxt]] <= wire:
+            cycle.append(order[nxt])
+            nxt += 1
+            changed = True
+        if changed:
+            changed = False
+            fewest = math.inf
+            for j in cycle:
+                fewest = min(fewest, left[j])
+            rounds = math.floor(fewest / c) - 1
+            if rounds > 0 and nxt < n:  # every round's last chunk ends before the next start
+                rounds = min(rounds, math.ceil((start[order[nxt]] - wire) / (len(cycle) * chunk_s)) - 1)
+            if rounds > 0:
+                for j in cycle:
+                    left[j] -= rounds * c
+                wire += rounds * len(cycle) * chunk_s
+        i = cycle.popleft()
+        take = min(c, left[i])
+        left[i] -= take
+        wire += take / rate
+        if left[i] <= 0:
+            end[i] = wire
+            changed = True
+        else:
+            cycle.append(i)
     return [e - s for e, s in zip(end, start)]

@@ -31,12 +31,13 @@ none; the batch fixed, no prefill.  Columns: set, method, batch_size, link_gbps,
 (the iteration's start from the transfer's), busy (a transfer in flight at the start), gap_s (from the previous
 iteration's end to this one's start: the loop's own time), max_context, wall_s, prompt_tokens (0), forward_s (0),
 chunk_bytes (the link's chunk, `--xfer-chunk-mib`), transfer_s (the window's transfer from submit to its end on the
-link's clock; -1 where none; files before them have neither: 1 MiB chunks). With `--xfer-prefill TOKENS...` each rate's cycle also times a prefill of each length (start to KV encoded, its KV
-dropped, as the transient probe's) with the link idle and, right after, with a long transfer 10 ms into its wire
-time (event prefill, busy 0 / 1, prompt_tokens the length, wall_s the prefill's seconds with its quantize step,
-forward_s without it; busy stays 1 only where the transfer was still in flight when the prefill ended): what the
-link thread does to a prefill's launches, the prefill floor's level while the link moves KV (fit_xfer_prefill; files
-without forward_s, the first two H100 runs', are timed by wall_s).
+link's clock; -1 where none; files before them have neither: 1 MiB chunks). With `--xfer-prefill TOKENS...` each
+rate's cycle also times a prefill of each length (start to KV encoded, its KV dropped, as the transient probe's)
+with the link idle and, right after, with a long transfer 10 ms into its wire time (event prefill, busy 0 / 1,
+prompt_tokens the length, wall_s the prefill's seconds with its quantize step, forward_s without it; busy stays 1
+only where the transfer was still in flight when the prefill ended): what the link thread does to a prefill's
+launches, the prefill floor's level while the link moves KV (fit_xfer_prefill; files without forward_s, the first
+two H100 runs', are timed by wall_s).
 
 `--mix` measures instead whether a batch's spread of contexts costs more than its total (mix.csv): per batch size,
 B requests of `--context` tokens each and B spread evenly over 0.5-1.5 x that (the same total), 64 iterations each

@@ -92,7 +92,7 @@
 #   part xferwide: realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100, part xfer's windows on the 32-layer 8B,
 #             FP16 at batch 32 with 1 MiB chunks and again with 4 MiB (--xfer-chunk-mib): the busy link's extra
 #             host time per iteration past 50 Gbps, whether it goes with the rate or with the chunks per second, and
-#             whether the link keeps its rate (transfer_s) (~250 s).
+#             whether the link keeps its rate (transfer_s) (~250 s; XW_RATES="R ..." other rates).
 #   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
@@ -351,9 +351,10 @@ elif [ "$PART" = xfer ]; then
     --out "$OUT/xfer_70b.csv" "${TR70[@]}"
 elif [ "$PART" = xferwide ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); else TR=(--sets "llama-3.1-8b:32"); fi
-  step 150 xferwide_8b_1m python3 -m realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100 \
+  read -r -a XW <<< "${XW_RATES:-1 2.5 5 10 25 40 60 80 100}"
+  step 150 xferwide_8b_1m python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
     --xfer-chunk-mib 1 --methods baseline --batches 32 --out "$OUT/xferwide_8b_1m.csv" "${TR[@]}"
-  step 150 xferwide_8b_4m python3 -m realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100 \
+  step 150 xferwide_8b_4m python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
     --xfer-chunk-mib 4 --methods baseline --batches 32 --out "$OUT/xferwide_8b_4m.csv" "${TR[@]}"
 elif [ "$PART" = xferpre ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else

@@ -901,15 +901,24 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
 def _read_runs(paths):
     """The rows of every file, each file a run of its own (column run: its place in `paths`; the fits pair rows
     within a run's cycles, never one run's idle rows with another's busy ones), and each row's time to pair (column
-    timed_s: the forward alone, forward_s, where the file has it, else wall_s; column timing says which)."""
+    timed_s: the forward alone, forward_s, where the file has it, else wall_s; column timing says which). The files
+    must share one link chunk (column chunk_bytes; 1 MiB in files without it), else ValueError: the link thread does
+    its work a chunk at a time, so the busy factor's slope per Gbps may differ by chunk, and a fit over two sizes
+    would mix what may be two lines."""
     import pandas as pd
 
     frames = []
     for i, p in enumerate(paths):
         f = pd.read_csv(p)
         col = "forward_s" if "forward_s" in f.columns else "wall_s"
+        if "chunk_bytes" not in f.columns:  # the files before --xfer-chunk-mib: 1 MiB chunks
+            f = f.assign(chunk_bytes=1 << 20)
         frames.append(f.assign(run=i, timed_s=f[col], timing=col))
-    return pd.concat(frames, ignore_index=True)
+    d = pd.concat(frames, ignore_index=True)
+    chunks = sorted(set(d["chunk_bytes"].astype(int)))
+    if len(chunks) > 1:
+        raise ValueError(f"xfer runs with several link chunks ({chunks} B): fit each chunk's files apart")
+    return d
 
 
 def _line(x, y):

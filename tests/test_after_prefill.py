@@ -431,6 +431,11 @@ def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     assert abs(got["link_busy_host_factor"] - 1.0) <= 3 * a_se + 1e-3
     assert abs(got["link_busy_host_factor_per_gbps"] - 0.02) <= 3 * b_se + 1e-4
     assert got["windows"] == 12
+    other = tmp_path / "x4.csv"  # the same windows with 4 MiB chunks (realrun.transient --xfer-chunk-mib 4)
+    pd.DataFrame(rows).assign(chunk_bytes=4 << 20).to_csv(other, index=False)
+    assert fit_xfer([other])["windows"] == 12
+    with pytest.raises(ValueError, match="several link chunks"):  # a file before the column: 1 MiB chunks
+        fit_xfer([p, other])
 
 
 def test_fit_xfer_prefill_recovers_the_prefill_floors_busy_level(tmp_path):

@@ -269,14 +269,19 @@ class Link:
             return
         self._advance()
         now = self.loop.now
+        done = self._take_drained(now)
+        self._reschedule()
+        self._deliver(done, now)
+
+    def _take_drained(self, now: float) -> list[Flow]:
+        """The flows drained by now, taken off the link."""
         done: list[Flow] = []
         left: list[Flow] = []
         drained = self._drained
         for f in self.flows:
             (done if drained(f, now) else left).append(f)
         self.flows = left
-        self._reschedule()
-        self._deliver(done, now)
+        return done
 
     def _deliver(self, done: list[Flow], now: float) -> None:
         """The flows drained now: each arrives after the latency (or at its not-before time), or now."""
@@ -528,21 +533,17 @@ class RoundRobinLink(Link):
             return
         self.loop.set_in(_Drained(self, self._version), max(dt, 0.0))
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
-            return
-        self._advance()
-        now = self.loop.now
+    def _take_drained(self, now: float) -> list[Flow]:
+        """The flow in service if it sent its last chunk, and after it each next one that has (one drains at a
+        time: the others wait for their turns)."""
         done: list[Flow] = []
         while self.flows and self._serving_drained():
-            f = self.flows[self.pos]
-            done.append(f)
+            done.append(self.flows[self.pos])
             if len(self.flows) == 1:
                 self.flows = []
                 break
             self._next_chunk_after_drained()
-        self._reschedule()
-        self._deliver(done, now)
+        return done
 
     def _next_chunk_after_drained(self) -> None:
         """The flow in service sent its last chunk: it leaves the cycle, which goes on with the flow after it (past

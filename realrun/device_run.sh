@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | graphs1 | graphs2
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | order8b | graphs1 | graphs2
 #          | cpustate
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
@@ -92,7 +92,9 @@
 #   part xferwide: realrun.transient --xfer-gbps 1 2.5 5 10 25 40 60 80 100, part xfer's windows on the 32-layer 8B,
 #             FP16 at batch 32 with 1 MiB chunks and again with 4 MiB (--xfer-chunk-mib): the busy link's extra
 #             host time per iteration past 50 Gbps, whether it goes with the rate or with the chunks per second, and
-#             whether the link keeps its rate (transfer_s) (~250 s; XW_RATES="R ..." other rates).
+#             whether the link keeps its rate (transfer_s) (~250 s; XW_RATES="R ..." other rates, XW_CHUNKS="MIB ..."
+#             other chunk sizes, one file each).
+#   part order8b: smoke, then h200g_8b_2.5gbps r7.5 150 requests with HACK first, KVQuant-style, FP16 last (~150 s).
 #   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
@@ -352,10 +354,15 @@ elif [ "$PART" = xfer ]; then
 elif [ "$PART" = xferwide ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); else TR=(--sets "llama-3.1-8b:32"); fi
   read -r -a XW <<< "${XW_RATES:-1 2.5 5 10 25 40 60 80 100}"
-  step 150 xferwide_8b_1m python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
-    --xfer-chunk-mib 1 --methods baseline --batches 32 --out "$OUT/xferwide_8b_1m.csv" "${TR[@]}"
-  step 150 xferwide_8b_4m python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
-    --xfer-chunk-mib 4 --methods baseline --batches 32 --out "$OUT/xferwide_8b_4m.csv" "${TR[@]}"
+  for c in ${XW_CHUNKS:-1 4}; do
+    step 150 "xferwide_8b_${c}m" python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
+      --xfer-chunk-mib "$c" --methods baseline --batches 32 --out "$OUT/xferwide_8b_${c}m.csv" "${TR[@]}"
+  done
+elif [ "$PART" = order8b ]; then
+  # issue 28: the method-order check on the H200 at the host-bound short prompts (h100_order is the 70B's, on an
+  # H100): h200g_8b_2.5gbps with HACK first and FP16 last, the reverse of h200_graphs' order
+  smoke_or_stop
+  rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 150 150 1 "hack kvquant baseline" 7.5
 elif [ "$PART" = xferpre ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")

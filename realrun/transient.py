@@ -57,6 +57,7 @@ and _per_gbps from their prefill rows (fit_xfer_prefill); and from the mix files
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -133,11 +134,19 @@ def main(argv=None) -> int:
                 print(prefill_pass_s(timed))
             except ValueError:  # no file times a pass through a prefill against a plain one
                 pass
-        for fit in (fit_xfer, fit_xfer_prefill) if xfer else ():
-            try:
-                print(fit(xfer))
-            except ValueError as e:  # the files have no such rows (fit_xfer_prefill: --xfer-prefill not given)
-                print(f"{fit.__name__}: {e}", file=sys.stderr)
+        by_chunk: dict[int, list] = {}  # the busy factor's fits take one chunk's files at a time (_read_runs)
+        for p in xfer:  # a file of one run: one chunk (1 MiB in files before the column)
+            f = pd.read_csv(p, usecols=lambda c: c == "chunk_bytes", nrows=1)
+            by_chunk.setdefault(int(f["chunk_bytes"].iloc[0]) if len(f.columns) else 1 << 20, []).append(p)
+        for c, files in sorted(by_chunk.items()):
+            for fit in (fit_xfer, fit_xfer_prefill):
+                try:
+                    got = fit(files)
+                    print(f"{c / (1 << 20):g} MiB chunks: {got}" if len(by_chunk) > 1 else got)
+                except ValueError as e:  # the files have no such rows (fit_xfer_prefill: --xfer-prefill not given)
+                    print(f"{fit.__name__}: {e}", file=sys.stderr)
+        if len(by_chunk) > 1:
+            print(fit_xfer_chunks(xfer))
         return 0
     if a.out is None:
         ap.error("--out is required (or --fit)")
@@ -898,7 +907,80 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
     }
 
 
-def _read_runs(paths):
+def fit_xfer_chunks(paths, ref_chunk_bytes: int = 1 << 20, max_gbps: float | None = None) -> dict:
+    """network.link_busy_host_factor_chunk_share and link_busy_host_factor_max_chunks_per_s from xfer runs at two
+    link chunks or more (--xfer-chunk-mib): each window's extra host time per iteration (fit_xfer's) by least
+    squares of extra = c0 + c_bytes x rate (Gbps) + c_chunks x min(chunks per second, K) (thousands), K chosen on a
+    grid by the least squared residual (`ceiling_interval_kchunks_s`: the grid's K within 4 residual variances of the
+    best, about two standard errors; inf where that holds no ceiling at all). The share of the per-Gbps growth at
+    `ref_chunk_bytes` (the chunk the scenarios' growths were measured with) that goes with chunks per second, below
+    the ceiling, is c_chunks x its kchunks/s per Gbps over the whole growth there. Windows at rates above `max_gbps`
+    left out where given, and iterations over twice their window's median (a host hiccup). With standard errors
+    (at the chosen K), each chunk's own line (fit_xfer's, extra per Gbps in ms) and the residual rms."""
+    import numpy as np
+
+    d = _read_runs(paths, one_chunk=False)
+    if max_gbps is not None:
+        d = d[d["link_gbps"] <= max_gbps]
+    d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
+    rows = []
+    for (_, _, _, rate, _, chunk), x in d.groupby(["run", "set", "method", "link_gbps", "cycle", "chunk_bytes"]):
+        x = x[x["cadence_s"] <= 2.0 * x["cadence_s"].median()]  # a host hiccup (60 ms among 9 ms ones) left out
+        quiet = x[x["event"] == "none"]["cadence_s"]
+        busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
+        if len(quiet) and len(busy) >= 5:
+            rows.append(
+                (float(rate), float(rate) * 1e9 / 8 / float(chunk) / 1e3, int(chunk), busy.mean() - quiet.mean())
+            )
+    if len({r[2] for r in rows}) < 2:
+        raise ValueError("xfer runs at two link chunks or more are needed (--xfer-chunk-mib)")
+    rate, kcps, chunk, extra = (np.array(c) for c in zip(*rows))
+
+    def solve(ceiling: float):
+        a = np.c_[np.ones(len(rate)), rate, np.minimum(kcps, ceiling)]
+        coef, *_ = np.linalg.lstsq(a, extra, rcond=None)
+        return a, coef, float(np.sum((extra - a @ coef) ** 2))
+
+    grid = [float(k) for k in np.round(np.geomspace(0.5, 20.0, 49), 3)] + [math.inf]
+    sse = {k: solve(k)[2] for k in grid}
+    best = min(grid, key=lambda k: (sse[k], -k))
+    var = sse[best] / max(len(extra) - 4, 1)
+    near = [k for k in grid if sse[k] - sse[best] <= 4 * var]
+    if math.inf in near:  # no ceiling fits as well, within about two standard errors: none
+        best = math.inf
+    a, coef, best_sse = solve(best)
+    cov = var * np.linalg.inv(a.T @ a)
+    per_gbps = 1e9 / 8 / ref_chunk_bytes / 1e3  # kchunks/s per Gbps at the reference chunk
+    growth = coef[1] + coef[2] * per_gbps
+    grad = np.array([0.0, -coef[2] * per_gbps, coef[1] * per_gbps]) / growth**2  # d share / d coef
+    lines = {}
+    for c in sorted(set(chunk.tolist())):
+        m = chunk == c
+        if len(set(rate[m].tolist())) >= 2:
+            lc, lse = _line(rate[m], extra[m])
+            lines[f"{c / (1 << 20):g} MiB"] = {
+                "ms_per_gbps": round(float(lc[1]) * 1e3, 5),
+                "se": round(float(lse[1]) * 1e3, 5),
+            }
+    return {
+        "link_busy_host_factor_chunk_share": round(float(coef[2] * per_gbps / growth), 3),
+        "stderr": round(float(np.sqrt(grad @ cov @ grad)), 3),
+        "link_busy_host_factor_max_chunks_per_s": best * 1e3,
+        "ceiling_interval_kchunks_s": [min(near), max(near)],
+        "ref_chunk_bytes": ref_chunk_bytes,
+        "extra_ms": {
+            "intercept": round(float(coef[0]) * 1e3, 4),
+            "per_gbps": round(float(coef[1]) * 1e3, 5),
+            "per_kchunk_s": round(float(coef[2]) * 1e3, 5),
+            "stderr": [round(float(x) * 1e3, 5) for x in np.sqrt(np.diag(cov))],
+        },
+        "lines": lines,
+        "rms_ms": round(float(np.sqrt(best_sse / len(extra))) * 1e3, 4),
+        "windows": len(extra),
+    }
+
+
+def _read_runs(paths, one_chunk: bool = True):
     """The rows of every file, each file a run of its own (column run: its place in `paths`; the fits pair rows
     within a run's cycles, never one run's idle rows with another's busy ones), and each row's time to pair (column
     timed_s: the forward alone, forward_s, where the file has it, else wall_s; column timing says which). The files
@@ -916,7 +998,7 @@ def _read_runs(paths):
         frames.append(f.assign(run=i, timed_s=f[col], timing=col))
     d = pd.concat(frames, ignore_index=True)
     chunks = sorted(set(d["chunk_bytes"].astype(int)))
-    if len(chunks) > 1:
+    if one_chunk and len(chunks) > 1:
         raise ValueError(f"xfer runs with several link chunks ({chunks} B): fit each chunk's files apart")
     return d
 

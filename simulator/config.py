@@ -28,6 +28,10 @@ class ScenarioError(ValueError):
     """A scenario that cannot be run; the message is one line, naming file and field."""
 
 
+# network.link_busy_host_factor_chunk_share's and _max_chunks_per_s's defaults: the H200 host's (realrun.transient
+# fit_xfer_chunks on realrun/traces/h200_xferwide)
+CHUNK_SHARE = 0.766
+MAX_CHUNKS_PER_S = 4644.0
 MAX_REQUESTS = 10**8  # a sanity bound; what fits this machine's memory is checked before a run
 
 
@@ -705,6 +709,32 @@ class NetworkConfig(_Strict):
         le=0.2,
         description="how the host factor while the link is busy grows with the link's rate, per Gbps (its chunks "
         "come that much more often); see link_busy_host_factor",
+    )
+    link_busy_host_factor_chunk_bytes: int = Field(
+        default=0,
+        ge=0,
+        le=2**40,
+        description="the round-robin chunk the per-Gbps growths (link_busy_host_factor_per_gbps, "
+        "link_busy_prefill_host_factor_per_gbps) were measured with; where round_robin_chunk_bytes sends another "
+        "chunk, link_busy_host_factor_chunk_share of each growth scales by this / round_robin_chunk_bytes (the link "
+        "thread's host work goes mostly with chunks per second, not bytes: realrun.transient fit_xfer_chunks). "
+        "0 (the default), or a fluid link: the growths hold as given",
+    )
+    link_busy_host_factor_chunk_share: float = Field(
+        default=CHUNK_SHARE,
+        ge=0.0,
+        le=1.0,
+        description="the share of the per-Gbps growths that goes with the link's chunks per second, the rest with "
+        "its bytes (see link_busy_host_factor_chunk_bytes); the default is the H200 host's, realrun.transient "
+        "fit_xfer_chunks on realrun/traces/h200_xferwide",
+    )
+    link_busy_host_factor_max_chunks_per_s: float = Field(
+        default=MAX_CHUNKS_PER_S,
+        gt=0,
+        description="the chunk rate past which the chunk share of the growths stops growing (the link thread's host "
+        "work per second levels off; the bytes' share goes on), with link_busy_host_factor_chunk_bytes set; "
+        "the default is the H200 host's, realrun.transient fit_xfer_chunks on realrun/traces/h200_xferwide; "
+        ".inf: no ceiling",
     )
     link_busy_prefill_host_factor: float | None = Field(
         default=None,

@@ -62,7 +62,7 @@ from .decode import clock_share, transient_amplitude_s
 from .engine import PARAMETERS, apply_values
 from .engine_logs import RequestLog
 from .measured import Measured, load_measured
-from .resolve import link_busy_prefill_factors, network_bandwidth_gbps, resolve
+from .resolve import link_busy_gbps, link_busy_prefill_factors, network_bandwidth_gbps, resolve
 
 MAX_ITERATIONS = 200  # decode items per trace in the fit, evenly spaced (consecutive ones are not independent)
 TPOT_SAMPLES = 16  # times in a request's decode its TPOT item averages the batch and context over
@@ -149,7 +149,7 @@ def trace_data(
         placement=s.placement,
         notes=list(m.notes),
     )
-    rate = network_bandwidth_gbps(s)
+    rate = link_busy_gbps(s)  # the busy factor's growth multiplies it (by chunk where measured at another)
     td.link_gbps = rate if math.isfinite(rate) else 0.0
     for f in m.files:
         td.files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()

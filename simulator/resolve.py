@@ -269,14 +269,34 @@ def network_bandwidth_gbps(s: Scenario) -> float:
     return float(inst.network_gbps)
 
 
+def link_busy_gbps(s: Scenario) -> float:
+    """What the busy link's per-Gbps growths multiply: the line rate (the rate realrun paces its chunks at), less
+    where network.link_busy_host_factor_chunk_bytes says which chunk the growths were measured with: their chunk
+    share then takes the rate at that chunk which sends as many chunks per second as the link does
+    (round_robin_chunk_bytes; a fluid link: the measured chunk), up to link_busy_host_factor_max_chunks_per_s, and
+    their bytes' share the line rate."""
+    n, gbps = s.network, network_bandwidth_gbps(s)
+    ref = n.link_busy_host_factor_chunk_bytes
+    if not ref or not math.isfinite(gbps):
+        return gbps
+    sent = n.round_robin_chunk_bytes or ref
+    chunk_gbps = gbps * ref / sent if sent != ref else gbps
+    ceiling_gbps = n.link_busy_host_factor_max_chunks_per_s * ref * 8 / 1e9
+    if sent == ref and gbps <= ceiling_gbps:
+        return gbps
+    share = n.link_busy_host_factor_chunk_share
+    return gbps * (1.0 - share) + share * min(chunk_gbps, ceiling_gbps)
+
+
 def link_busy_host_factor(s: Scenario) -> float:
     """The factor on the host terms of a process while a transfer to or from it is in flight (simulator/link.py,
     EndpointHost): network.link_busy_host_factor + link_busy_host_factor_per_gbps x the link's line rate (Gbps: the
-    rate realrun paces its chunks at); 1: the host does not share its process with the link (the default)."""
+    rate realrun paces its chunks at; scaled by chunk where the growth was measured at another, link_busy_gbps);
+    1: the host does not share its process with the link (the default)."""
     n = s.network
     if n.link_busy_host_factor == 1.0 and n.link_busy_host_factor_per_gbps == 0.0:
         return 1.0
-    return n.link_busy_host_factor + n.link_busy_host_factor_per_gbps * network_bandwidth_gbps(s)
+    return n.link_busy_host_factor + n.link_busy_host_factor_per_gbps * link_busy_gbps(s)
 
 
 def link_busy_prefill_factors(n) -> tuple[float, float]:
@@ -293,7 +313,7 @@ def link_busy_prefill_host_factor(s: Scenario) -> float:
     a, b = link_busy_prefill_factors(s.network)
     if a == 1.0 and b == 0.0:
         return 1.0
-    return a + b * network_bandwidth_gbps(s)
+    return a + b * link_busy_gbps(s)
 
 
 def interconnect_kind(pool: PoolConfig) -> str:

@@ -12,6 +12,7 @@ the prefills' fractions adding. The timelines here are worked by hand.
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -670,3 +671,50 @@ def test_a_sustained_share_of_prefill_does_not_build_up():
         assert min(blocks[1:9]) > 1.0  # the power cap's slowdown holds through every 50 % block
         assert abs(np.mean(blocks[5:9]) - np.mean(blocks[1:5])) < 1.0, blocks
         assert max(abs(x) for x in blocks[9:]) < 0.5, blocks
+
+
+def _xfer_chunk_runs(tmp_path, rates, ceiling_kchunks_s: float) -> list:
+    """xfer runs at 1 and 4 MiB chunks whose extra host time per iteration is 0.002 ms per Gbps (bytes) plus 0.04 ms
+    per thousand chunks a second up to `ceiling_kchunks_s`, 0.3 % noise and one 60 ms hiccup."""
+    rng = np.random.default_rng(7)
+    paths = []
+    for mib in (1, 4):
+        rows = []
+        for rate in rates:
+            kcps = min(rate * 1e9 / 8 / (mib << 20) / 1e3, ceiling_kchunks_s)
+            for cycle in range(4):
+                for event, count in (("short", 16), ("long", 48), ("none", 16)):
+                    for k in range(1, count + 1):
+                        since = (k - 1) * 0.009 if event != "none" else -1.0
+                        busy = int(event == "long" or (event == "short" and since < 0.010))
+                        extra = 1e-3 * (0.002 * rate + 0.04 * kcps) if busy and since >= 0.010 else 0.0
+                        wall = (0.0085 + extra) * (1 + 0.003 * rng.standard_normal())
+                        if (rate, cycle, event, k) == (rates[0], 0, "none", 3):
+                            wall = 0.060  # a host hiccup: left out
+                        rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, chunk_bytes=mib << 20))
+        paths.append(tmp_path / f"x{mib}_{ceiling_kchunks_s}.csv")
+        pd.DataFrame(rows).to_csv(paths[-1], index=False)
+    return paths
+
+
+def test_fit_xfer_chunks_splits_the_growth_between_chunks_and_bytes(tmp_path):
+    """Runs without a ceiling: the fit gives both terms, the chunk share at 1 MiB (0.04 x 0.1192 / (0.002 + 0.04 x
+    0.1192) = 0.705) within its errors and no ceiling; runs whose chunk term stops at 3,000 chunks a second (60 and
+    100 Gbps added): the ceiling's interval holds 3,000. One chunk alone is refused."""
+    from realrun.transient import fit_xfer_chunks
+
+    paths = _xfer_chunk_runs(tmp_path, (5.0, 10.0, 25.0, 40.0), math.inf)
+    got = fit_xfer_chunks(paths)
+    share = 0.04 * 0.11920929 / (0.002 + 0.04 * 0.11920929)
+    assert abs(got["link_busy_host_factor_chunk_share"] - share) <= 3 * got["stderr"] + 0.01 and got["stderr"] < 0.05
+    per_gbps_se, per_kchunk_se = got["extra_ms"]["stderr"][1:]
+    assert abs(got["extra_ms"]["per_gbps"] - 0.002) <= 3 * per_gbps_se + 1e-5
+    assert abs(got["extra_ms"]["per_kchunk_s"] - 0.04) <= 3 * per_kchunk_se + 1e-4
+    assert got["link_busy_host_factor_max_chunks_per_s"] == math.inf
+    assert got["windows"] == 32 and set(got["lines"]) == {"1 MiB", "4 MiB"}
+    capped = fit_xfer_chunks(_xfer_chunk_runs(tmp_path, (5.0, 10.0, 25.0, 40.0, 60.0, 100.0), 3.0))
+    low, high = capped["ceiling_interval_kchunks_s"]
+    assert low <= 3.0 <= high < 6.0
+    assert abs(capped["link_busy_host_factor_chunk_share"] - share) <= 3 * capped["stderr"] + 0.01
+    with pytest.raises(ValueError, match="two link chunks"):
+        fit_xfer_chunks(paths[:1])

@@ -8,6 +8,7 @@ the first transfer to or from it starts and the last one ends. The timelines her
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -312,7 +313,8 @@ def test_the_h100_scenarios_take_the_h100_probes_levels():
 # ---- calibrate: the busy level as two host parameters ---------------------------------------------------------
 def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold():
     """On a recorded trace (8b_sat HACK at 40 Gbps, realrun: one process), an item that starts with a transfer in
-    flight has (part of) its host time times a + b x 40; an idle one none. calibrate.predict's derivatives in a and b
+    flight has (part of) its host time times a + b x 39.2 (40 Gbps past the chunk rate's ceiling: link_busy_gbps); an
+    idle one none. calibrate.predict's derivatives in a and b
     match central differences."""
     from simulator.calibrate import predict
     from simulator.fit_items import load_trace_data
@@ -321,7 +323,9 @@ def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold(
     td = load_trace_data(
         root / "realrun/traces/h200_graphs/h200g_8b_sat_hack_r9", root / "scenarios/measured/h200g_8b_sat.yaml"
     )
-    assert td.link_gbps == 40.0
+    # 40 Gbps of 1 MiB chunks, 4,768 a second: the chunks' share (0.766) at the ceiling's 4,644 a second
+    gbps = 40.0 * (1 - 0.766) + 0.766 * 4644 * (1 << 20) * 8 / 1e9
+    assert td.link_gbps == pytest.approx(gbps, rel=1e-12)
     v = dict(td.values0)
     for kind in ("iteration", "prefill", "quantize"):
         # the prefill floor takes its own pair (network.link_busy_prefill_host_factor), every other host term this one
@@ -339,11 +343,11 @@ def test_calibrate_prices_busy_items_at_the_busy_level_and_its_derivatives_hold(
         for n, h in zip(names, (1e-4, 1e-6)):
             fd = (predict(td, kind, {**v, n: v[n] + h}) - predict(td, kind, {**v, n: v[n] - h})) / (2 * h)
             assert d[n] == pytest.approx(fd, rel=1e-5, abs=1e-9), (kind, n)
-    # by hand, an iteration: the loop gap 0.63 ms and the joins' 0.61 ms each take (1.026 + 0.0142 x 40) = 1.59 x
+    # by hand, an iteration: the loop gap 0.63 ms and the joins' 0.61 ms each take (1.026 + 0.0142 x 39.2) = 1.58 x
     names = ("network.link_busy_host_factor", "network.link_busy_host_factor_per_gbps")
     blk = td.blocks["iteration"]
     i = int(np.flatnonzero(blk["busy"] == 1)[0])
-    extra = (1.026 + 0.0142 * 40 - 1) * (0.00063 + 0.00061 * blk["joins"][i])
+    extra = (1.026 + 0.0142 * gbps - 1) * (0.00063 + 0.00061 * blk["joins"][i])
     off = predict(td, "iteration", {**v, names[0]: 1.0, names[1]: 0.0})
     assert predict(td, "iteration", v)[i] - off[i] == pytest.approx(extra, rel=1e-9)
 
@@ -397,3 +401,49 @@ def test_fit_link_host_with_one_busy_load_gives_the_factor_alone(tmp_path):
     assert fit["link_busy_host_factor_per_gbps"] == 0.0
     assert fit["prefill"]["items"] == 1
     assert fit["prefill"]["link_busy_prefill_host_factor"] == pytest.approx(1.5, rel=1e-9)
+
+
+def test_the_busy_growth_follows_the_chunks_the_link_sends():
+    """network.link_busy_host_factor_chunk_bytes: growths measured at 1 MiB chunks, priced for a link sending 4 MiB
+    ones, keep their bytes' share and a quarter of their chunks' share, by hand; past the chunk rate ceiling the
+    chunks' share stays at the ceiling's rate; the same chunk below it, or the field at 0, leave the line rate."""
+    import yaml
+
+    from simulator.resolve import link_busy_gbps, link_busy_host_factor, link_busy_prefill_host_factor
+
+    raw = yaml.safe_load((ROOT / "scenarios/measured/h200g_8b_sat.yaml").read_text())
+    net = raw["network"]  # 40 Gbps
+    net.update(round_robin_chunk_bytes=4 << 20, link_busy_host_factor_chunk_bytes=1 << 20)
+    net.update(link_busy_host_factor_chunk_share=0.8, link_busy_host_factor_max_chunks_per_s=6000.0)
+    s = parse_scenario(raw, "t")
+    gbps = 40 * (0.2 + 0.8 / 4)
+    assert link_busy_gbps(s) == pytest.approx(gbps, rel=1e-12)
+    a, b = net["link_busy_host_factor"], net["link_busy_host_factor_per_gbps"]
+    assert link_busy_host_factor(s) == pytest.approx(a + b * gbps, rel=1e-12)
+    pa, pb = net["link_busy_prefill_host_factor"], net["link_busy_prefill_host_factor_per_gbps"]
+    assert link_busy_prefill_host_factor(s) == pytest.approx(pa + pb * gbps, rel=1e-12)
+
+    def at(**change) -> float:
+        return link_busy_gbps(parse_scenario({**raw, "network": {**net, **change}}, "t"))
+
+    assert at(round_robin_chunk_bytes=1 << 20) == 40  # 4,768 chunks a second: under the ceiling
+    ceiling_gbps = 6000 * (1 << 20) * 8 / 1e9  # 50.3 Gbps of 1 MiB chunks
+    assert at(round_robin_chunk_bytes=1 << 20, bandwidth_gbps=100) == pytest.approx(100 * 0.2 + 0.8 * ceiling_gbps)
+    assert at(round_robin_chunk_bytes=0, bandwidth_gbps=100) == pytest.approx(100 * 0.2 + 0.8 * ceiling_gbps)
+    assert at(bandwidth_gbps=100) == pytest.approx(100 * (0.2 + 0.8 / 4))  # 2,980 chunks a second of 4 MiB
+    assert at(link_busy_host_factor_chunk_bytes=0, bandwidth_gbps=100) == 100
+
+
+def test_the_chunk_fields_defaults_are_the_h200_probes():
+    """network.link_busy_host_factor_chunk_share's and _max_chunks_per_s's defaults are realrun.transient's
+    fit_xfer_chunks on the committed H200 probe (realrun/traces/h200_xferwide: the 32-layer 8B's decode loop beside
+    transfers at 1-100 Gbps in 1 and 4 MiB chunks), not a fit to any trace."""
+    from realrun.transient import fit_xfer_chunks
+    from simulator.config import NetworkConfig
+
+    got = fit_xfer_chunks(sorted((ROOT / "realrun/traces/h200_xferwide").glob("xferwide*.csv")))
+    fields = NetworkConfig.model_fields
+    assert fields["link_busy_host_factor_chunk_share"].default == got["link_busy_host_factor_chunk_share"]
+    assert fields["link_busy_host_factor_max_chunks_per_s"].default == got["link_busy_host_factor_max_chunks_per_s"]
+    low, high = got["ceiling_interval_kchunks_s"]
+    assert high < math.inf and got["stderr"] < 0.15  # the probe does constrain both

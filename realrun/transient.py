@@ -885,15 +885,8 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
     estimated (the scenario field is bounded at 1)."""
     import numpy as np
 
-    d = _read_runs(paths)
-    d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
-    rates, extra = [], []
-    for (_, _, _, rate, _), x in d.groupby(["run", "set", "method", "link_gbps", "cycle"]):
-        quiet = x[x["event"] == "none"]["cadence_s"]
-        busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
-        if len(quiet) and len(busy) >= 5:
-            rates.append(float(rate))
-            extra.append(float(busy.mean() - quiet.mean()))
+    windows = _xfer_windows(_read_runs(paths), drop_hiccups=False)
+    rates, extra = [w[0] for w in windows], [w[2] for w in windows]
     if len(set(rates)) < 2:
         raise ValueError("xfer runs at two rates or more are needed")
     y = np.array(extra)
@@ -905,6 +898,24 @@ def fit_xfer(paths, host_serial_s: float = 0.00063) -> dict:
         "extra_s_per_iteration": [round(float(coef[0]), 6), round(float(coef[1]), 7)],
         "windows": len(y),
     }
+
+
+def _xfer_windows(d, drop_hiccups: bool) -> list[tuple[float, int, float]]:
+    """Per (run, set, method, rate, cycle, chunk) of xfer rows: the rate, the chunk and the extra host time per
+    iteration, the mean cadence (an iteration's wall time and the loop gap before it) of the iterations that start
+    10 ms or more into a long transfer less that of the cycle's iterations with no transfer (the start's burst left
+    out; windows with fewer than 5 such iterations dropped). `drop_hiccups`: iterations over twice their window's
+    median cadence (one of 60 ms among 9 ms ones) left out first."""
+    d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
+    out = []
+    for (_, _, _, rate, _, chunk), x in d.groupby(["run", "set", "method", "link_gbps", "cycle", "chunk_bytes"]):
+        if drop_hiccups:
+            x = x[x["cadence_s"] <= 2.0 * x["cadence_s"].median()]
+        quiet = x[x["event"] == "none"]["cadence_s"]
+        busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
+        if len(quiet) and len(busy) >= 5:
+            out.append((float(rate), int(chunk), float(busy.mean() - quiet.mean())))
+    return out
 
 
 def fit_xfer_chunks(paths, ref_chunk_bytes: int = 1 << 20, max_gbps: float | None = None) -> dict:
@@ -922,19 +933,11 @@ def fit_xfer_chunks(paths, ref_chunk_bytes: int = 1 << 20, max_gbps: float | Non
     d = _read_runs(paths, one_chunk=False)
     if max_gbps is not None:
         d = d[d["link_gbps"] <= max_gbps]
-    d = d[(d["k"] > 1) & (d["event"] != "prefill")].assign(cadence_s=lambda x: x["wall_s"] + x["gap_s"])
-    rows = []
-    for (_, _, _, rate, _, chunk), x in d.groupby(["run", "set", "method", "link_gbps", "cycle", "chunk_bytes"]):
-        x = x[x["cadence_s"] <= 2.0 * x["cadence_s"].median()]  # a host hiccup (60 ms among 9 ms ones) left out
-        quiet = x[x["event"] == "none"]["cadence_s"]
-        busy = x[(x["busy"] == 1) & (x["since_start_s"] >= 0.010)]["cadence_s"]
-        if len(quiet) and len(busy) >= 5:
-            rows.append(
-                (float(rate), float(rate) * 1e9 / 8 / float(chunk) / 1e3, int(chunk), busy.mean() - quiet.mean())
-            )
-    if len({r[2] for r in rows}) < 2:
+    windows = _xfer_windows(d, drop_hiccups=True)
+    if len({w[1] for w in windows}) < 2:
         raise ValueError("xfer runs at two link chunks or more are needed (--xfer-chunk-mib)")
-    rate, kcps, chunk, extra = (np.array(c) for c in zip(*rows))
+    rate, chunk, extra = (np.array(c, dtype=float) for c in zip(*windows))
+    kcps = rate * 1e9 / 8 / chunk / 1e3
 
     def solve(ceiling: float):
         a = np.c_[np.ones(len(rate)), rate, np.minimum(kcps, ceiling)]

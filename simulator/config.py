@@ -717,8 +717,9 @@ class NetworkConfig(_Strict):
         description="the round-robin chunk the per-Gbps growths (link_busy_host_factor_per_gbps, "
         "link_busy_prefill_host_factor_per_gbps) were measured with; where round_robin_chunk_bytes sends another "
         "chunk, link_busy_host_factor_chunk_share of each growth scales by this / round_robin_chunk_bytes (the link "
-        "thread's host work goes mostly with chunks per second, not bytes: realrun.transient fit_xfer_chunks). "
-        "0 (the default), or a fluid link: the growths hold as given",
+        "thread's host work goes mostly with chunks per second, not bytes: realrun.transient fit_xfer_chunks), up to "
+        "link_busy_host_factor_max_chunks_per_s (a fluid link counts as sending this chunk). 0 (the default): the "
+        "growths hold as given at any rate and chunk",
     )
     link_busy_host_factor_chunk_share: float = Field(
         default=CHUNK_SHARE,
@@ -728,9 +729,8 @@ class NetworkConfig(_Strict):
         "its bytes (see link_busy_host_factor_chunk_bytes); the default is the H200 host's, realrun.transient "
         "fit_xfer_chunks on realrun/traces/h200_xferwide",
     )
-    link_busy_host_factor_max_chunks_per_s: float = Field(
+    link_busy_host_factor_max_chunks_per_s: Unlimited = Field(
         default=MAX_CHUNKS_PER_S,
-        gt=0,
         description="the chunk rate past which the chunk share of the growths stops growing (the link thread's host "
         "work per second levels off; the bytes' share goes on), with link_busy_host_factor_chunk_bytes set; "
         "the default is the H200 host's, realrun.transient fit_xfer_chunks on realrun/traces/h200_xferwide; "

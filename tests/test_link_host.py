@@ -432,6 +432,7 @@ def test_the_busy_growth_follows_the_chunks_the_link_sends():
     assert at(round_robin_chunk_bytes=0, bandwidth_gbps=100) == pytest.approx(100 * 0.2 + 0.8 * ceiling_gbps)
     assert at(bandwidth_gbps=100) == pytest.approx(100 * (0.2 + 0.8 / 4))  # 2,980 chunks a second of 4 MiB
     assert at(link_busy_host_factor_chunk_bytes=0, bandwidth_gbps=100) == 100
+    assert at(round_robin_chunk_bytes=1 << 20, bandwidth_gbps=100, link_busy_host_factor_max_chunks_per_s=".inf") == 100
 
 
 def test_the_chunk_fields_defaults_are_the_h200_probes():

@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     if a.fit:
         import pandas as pd
 
-        heads = {p: pd.read_csv(p, nrows=1, skipinitialspace=True).columns for p in a.fit}
+        first = {p: pd.read_csv(p, nrows=1, skipinitialspace=True) for p in a.fit}  # each file's first row
+        heads = {p: f.columns for p, f in first.items()}
         smi = [p for p in a.fit if "timestamp" in heads[p]]
         probes = [p for p in a.fit if p not in smi and {"max_context", "wall_s"} <= set(heads[p])]
         for p in a.fit:  # another tool's file in the folder (realrun.prefillcal, realrun.placecal): not these fits'
@@ -136,8 +137,8 @@ def main(argv=None) -> int:
                 pass
         by_chunk: dict[int, list] = {}  # the busy factor's fits take one chunk's files at a time (_read_runs)
         for p in xfer:  # a file of one run: one chunk (1 MiB in files before the column)
-            f = pd.read_csv(p, usecols=lambda c: c == "chunk_bytes", nrows=1)
-            by_chunk.setdefault(int(f["chunk_bytes"].iloc[0]) if len(f.columns) else 1 << 20, []).append(p)
+            f = first[p]
+            by_chunk.setdefault(int(f["chunk_bytes"].iloc[0]) if "chunk_bytes" in f else 1 << 20, []).append(p)
         for c, files in sorted(by_chunk.items()):
             for fit in (fit_xfer, fit_xfer_prefill):
                 try:

@@ -280,12 +280,11 @@ def link_busy_gbps(s: Scenario) -> float:
     if not ref or not math.isfinite(gbps):
         return gbps
     sent = n.round_robin_chunk_bytes or ref
-    chunk_gbps = gbps * ref / sent if sent != ref else gbps
     ceiling_gbps = n.link_busy_host_factor_max_chunks_per_s * ref * 8 / 1e9
-    if sent == ref and gbps <= ceiling_gbps:
+    if sent == ref and gbps <= ceiling_gbps:  # as measured: the line rate itself
         return gbps
     share = n.link_busy_host_factor_chunk_share
-    return gbps * (1.0 - share) + share * min(chunk_gbps, ceiling_gbps)
+    return gbps * (1.0 - share) + share * min(gbps * ref / sent, ceiling_gbps)
 
 
 def link_busy_host_factor(s: Scenario) -> float:

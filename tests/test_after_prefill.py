@@ -409,22 +409,30 @@ def _xfer_row(rate, cycle, event, since_s, busy, wall_s, **more) -> dict:
     return row
 
 
+def _xfer_windows_rows(rng, rates, extra_s, noise: float, **more) -> list[dict]:
+    """A run's decode windows as realrun.transient --xfer-gbps writes them: per rate, four cycles of a short transfer
+    (16 iterations), a long one (48) and none (16), 8.5 ms an iteration plus extra_s(rate) where it starts 10 ms or more
+    into a transfer, times (1 + noise x a normal draw)."""
+    rows = []
+    for rate in rates:
+        for cycle in range(4):
+            for event, count in (("short", 16), ("long", 48), ("none", 16)):
+                for k in range(1, count + 1):
+                    since = (k - 1) * 0.009 if event != "none" else -1.0
+                    busy = int(event == "long" or (event == "short" and since < 0.010))
+                    extra = extra_s(rate) if busy and since >= 0.010 else 0.0
+                    wall = (0.0085 + extra) * (1 + noise * rng.standard_normal())
+                    rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, **more))
+    return rows
+
+
 def test_fit_xfer_recovers_the_busy_link_slope(tmp_path):
     """xfer runs made with 0.63 ms of host time per iteration slowed by 0.02 x the link's Gbps while a transfer is
     in flight (past its first 10 ms), 1 % noise: the fit gives a = 1 and b = 0.02 within their errors."""
     from realrun.transient import fit_xfer
 
     rng = np.random.default_rng(5)
-    rows = []
-    for rate in (2.5, 10.0, 40.0):
-        for cycle in range(4):
-            for event, count in (("short", 16), ("long", 48), ("none", 16)):
-                for k in range(1, count + 1):
-                    since = (k - 1) * 0.009 if event != "none" else -1.0
-                    busy = int(event == "long" or (event == "short" and since < 0.010))
-                    extra = 0.00063 * 0.02 * rate if busy and since >= 0.010 else 0.0
-                    wall = (0.0085 + extra) * (1 + 0.01 * rng.standard_normal())
-                    rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, batch_size=32))
+    rows = _xfer_windows_rows(rng, (2.5, 10.0, 40.0), lambda rate: 0.00063 * 0.02 * rate, 0.01)
     p = tmp_path / "x.csv"
     pd.DataFrame(rows).to_csv(p, index=False)
     got = fit_xfer([p])
@@ -679,19 +687,13 @@ def _xfer_chunk_runs(tmp_path, rates, ceiling_kchunks_s: float) -> list:
     rng = np.random.default_rng(7)
     paths = []
     for mib in (1, 4):
-        rows = []
-        for rate in rates:
-            kcps = min(rate * 1e9 / 8 / (mib << 20) / 1e3, ceiling_kchunks_s)
-            for cycle in range(4):
-                for event, count in (("short", 16), ("long", 48), ("none", 16)):
-                    for k in range(1, count + 1):
-                        since = (k - 1) * 0.009 if event != "none" else -1.0
-                        busy = int(event == "long" or (event == "short" and since < 0.010))
-                        extra = 1e-3 * (0.002 * rate + 0.04 * kcps) if busy and since >= 0.010 else 0.0
-                        wall = (0.0085 + extra) * (1 + 0.003 * rng.standard_normal())
-                        if (rate, cycle, event, k) == (rates[0], 0, "none", 3):
-                            wall = 0.060  # a host hiccup: left out
-                        rows.append(_xfer_row(rate, cycle, event, since, busy, wall, k=k, chunk_bytes=mib << 20))
+
+        def extra_s(rate: float, mib: int = mib) -> float:
+            return 1e-3 * (0.002 * rate + 0.04 * min(rate * 1e9 / 8 / (mib << 20) / 1e3, ceiling_kchunks_s))
+
+        rows = _xfer_windows_rows(rng, rates, extra_s, 0.003, chunk_bytes=mib << 20)
+        hiccup = next(r for r in rows if (r["link_gbps"], r["cycle"], r["event"], r["k"]) == (rates[0], 0, "none", 3))
+        hiccup["wall_s"] = 0.060  # a host hiccup: left out
         paths.append(tmp_path / f"x{mib}_{ceiling_kchunks_s}.csv")
         pd.DataFrame(rows).to_csv(paths[-1], index=False)
     return paths

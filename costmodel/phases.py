@@ -185,6 +185,8 @@ class ReplicaCostModel:
     # prefill: CPU time a batch of a token count the replica's process has not run before adds to its host floor
     # (cuBLAS's kernel choice for a new GEMM row count); the replica (simulator/prefill.py) charges it
     host_first_seen_s_per_iteration: float = 0.0
+    # where the batch's GPU work (T s) is the longer, exp(-T / this) of that time still adds to it (0: none)
+    host_first_seen_fade_s: float = 0.0
     extra_kernels_per_layer: int = 0  # engine-specific small kernels per decode layer (copies, gathers)
     # decode iterations replayed as CUDA graphs (vLLM without --enforce-eager, SGLang): small kernels cost the
     # in-graph overhead (_small_kernel_s); False prices every kernel as launched

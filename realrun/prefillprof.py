@@ -21,7 +21,8 @@ plan of every length before the run (runner.prime_prefill_attention), nothing el
 set's range (--first-seen-range, seeded), builds their attention plans the same way, then runs the eager forward
 once at each (first) and once more at each (again). Columns: set, seen (first / again), tokens, eager_s, issue_s.
 `first_seen_summary` gives per set the medians and first - again; `--first-seen-fit` (`fit_first_seen`) their median
-over sets, the prefill pool's host_first_seen_s_per_iteration.
+over sets, the prefill pool's host_first_seen_s_per_iteration; `--first-seen-fade-fit` (`fit_first_seen_fade`) how that
+time hides behind a forward whose GPU work is the longer, host_first_seen_fade_s.
 """
 
 from __future__ import annotations
@@ -185,6 +186,75 @@ def fit_first_seen(paths) -> dict:
     }
 
 
+FADE_GRID_S = tuple(0.005 * 1.02**i for i in range(200))  # 5 ms to 0.26 s
+
+
+def _first_seen_pairs(paths):
+    """Per (file, run, set, length) of --first-seen rows: the eager forward's and its CPU part's extra at first
+    sight (first - again) and the eager time again; a column `group` names the set."""
+    import pandas as pd
+
+    frames = []
+    for i, path in enumerate(paths):
+        d = pd.read_csv(path)
+        if "run" not in d.columns:
+            d = d.assign(run="")
+        d = d.assign(group=[f"{i}:{r}:{s}" for r, s in zip(d["run"], d["set"])])
+        cols = ["group", "tokens", "eager_s", "issue_s"]
+        first, again = d[d.seen == "first"][cols], d[d.seen == "again"][cols]
+        frames.append(first.merge(again, on=["group", "tokens"], suffixes=("_first", "_again")))
+    j = pd.concat(frames, ignore_index=True)
+    return j.assign(
+        extra_eager_s=j.eager_s_first - j.eager_s_again,
+        extra_issue_s=j.issue_s_first - j.issue_s_again,
+    )
+
+
+def fit_first_seen_fade(paths, boot: int = 200, seed: int = 0) -> dict:
+    """The prefill pool's host_first_seen_fade_s: where the forward is GPU-bound (again, its eager time at least 1.2
+    times its CPU part, as fit_exposed), the share of the CPU's first-seen extra that lengthens it falls with the
+    forward's time T as exp(-T / fade): the fade minimising the summed absolute residual of extra eager - extra CPU
+    x exp(-T / fade) over the lengths (robust: one length's hiccup of a few ms is common), on a grid of 2 % steps;
+    with the 2.5-97.5 % range of a bootstrap over the sets (lengths of one set are not independent)."""
+    import numpy as np
+
+    j = _first_seen_pairs(paths)
+    j = j[j.eager_s_again >= 1.2 * j.issue_s_again]
+    if j.empty:
+        raise ValueError("no GPU-bound --first-seen lengths")
+    grid = np.array(FADE_GRID_S)
+    groups = sorted(j.group.unique())
+    by = {g: j[j.group == g] for g in groups}
+
+    def best(parts) -> float:
+        de = np.concatenate([p.extra_eager_s.to_numpy() for p in parts])
+        di = np.concatenate([p.extra_issue_s.to_numpy() for p in parts])
+        t = np.concatenate([p.eager_s_again.to_numpy() for p in parts])
+        l1 = np.abs(de[None, :] - di[None, :] * np.exp(-t[None, :] / grid[:, None])).sum(axis=1)
+        return float(grid[int(np.argmin(l1))])
+
+    rng = np.random.default_rng(seed)
+    draws = [best([by[g] for g in rng.choice(groups, len(groups))]) for _ in range(boot)]
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    bins = [0.0, 0.012, 0.02, 0.04, 0.08, float("inf")]
+    t = j.eager_s_again.to_numpy()
+    shares = {}
+    for a, b in zip(bins, bins[1:]):
+        sel = j[(t >= a) & (t < b)]
+        if len(sel):  # the summed extra eager time over the summed extra CPU time, by the forward's time
+            shares[f"{a * 1e3:g}-{b * 1e3:g} ms"] = {
+                "lengths": len(sel),
+                "shown_share": float(sel.extra_eager_s.sum() / sel.extra_issue_s.sum()),
+            }
+    return {
+        "host_first_seen_fade_s": best([by[g] for g in groups]),
+        "range_s": [float(lo), float(hi)],
+        "lengths": len(j),
+        "sets": len(groups),
+        "by_forward_time": shares,
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m realrun.prefillprof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,7 +275,15 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--first-seen-fit", nargs="+", type=Path, help="fit the first-seen time to these --first-seen CSVs and print it"
     )
+    ap.add_argument(
+        "--first-seen-fade-fit",
+        nargs="+",
+        type=Path,
+        help="fit how the first-seen time hides behind a GPU-bound forward to these --first-seen CSVs and print it",
+    )
     a = ap.parse_args(argv)
+    if a.first_seen_fade_fit:
+        return print_fit("prefillprof", lambda: json.dumps(fit_first_seen_fade(a.first_seen_fade_fit), indent=1))
     if a.first_seen_fit:
         return print_fit("prefillprof", lambda: json.dumps(fit_first_seen(a.first_seen_fit), indent=1))
     if a.fit:

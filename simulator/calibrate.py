@@ -252,21 +252,29 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         exposed = (
             v["prefill.host_exposed_s_per_iteration"] + blk["layers"] * v["prefill.host_exposed_s_per_layer"]
         ) * f
-        pred = np.maximum(gpu + exposed, host) + blk["rest"]
+        # where the GPU's work T is the longer, exp(-T / fade) of the first-seen time adds to it (prefill.py,
+        # `_with_first_seen`)
+        fade_s = blk.get("first_seen_fade_s", 0.0)
+        t_gpu = gpu + exposed
+        shown = first * v[FIRST_SEEN] * f
+        x = np.exp(-t_gpu / fade_s) if fade_s > 0.0 else np.zeros_like(t_gpu)
+        pred = np.maximum(t_gpu + shown * x, host) + blk["rest"]
         if wrt:
-            g = (gpu + exposed >= host).astype(float)
+            g = (t_gpu + shown * x >= host).astype(float)
             h = 1.0 - g
-            host_s = h * host + g * exposed
+            # d pred / d T on the GPU's side: the shown share falls as T grows
+            gs = g * (1.0 - shown * x / fade_s) if fade_s > 0.0 else g
+            host_s = h * host + gs * exposed + g * shown * x
             d = {
-                "prefill.prefill_efficiency": -g * model / eff**2,
-                "prefill.host_exposed_s_per_iteration": g * f,
-                "prefill.host_exposed_s_per_layer": g * blk["layers"] * f,
-                f"methods.{m}.approximation": g * blk["approx0"],
+                "prefill.prefill_efficiency": -gs * model / eff**2,
+                "prefill.host_exposed_s_per_iteration": gs * f,
+                "prefill.host_exposed_s_per_layer": gs * blk["layers"] * f,
+                f"methods.{m}.approximation": gs * blk["approx0"],
                 "prefill.host_issue_s_per_iteration": h * f,
                 "prefill.host_issue_s_per_layer": h * blk["layers"] * f,
                 f"methods.{m}.prefill_issue_s_per_layer": h * blk["layers"] * blk["requests"] * f,
                 "prefill.host_issue_s_per_request": h * blk["requests"] * f,
-                FIRST_SEEN: h * first * f,
+                FIRST_SEEN: (h + g * x) * first * f,
             }
     else:  # quantize
         gpu = fq * blk["enc0"]

@@ -397,6 +397,15 @@ class PoolConfig(_Strict):
         "the process's life); each replica remembers the counts it has run, from its start (python -m "
         "realrun.prefillprof --first-seen)",
     )
+    host_first_seen_fade_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="prefill pool: where a first-seen batch's GPU work is the longer, the share of "
+        "host_first_seen_s_per_iteration it still adds, exp(-its time / this): the kernel choices stall the CPU between "
+        "launches while the GPU has little queued, hidden more as the batch's kernels grow (python -m "
+        "realrun.prefillprof --first-seen-fit); 0: none (the CPU's extra time counts on the host floor only)",
+    )
     host_serial_s_per_iteration: float = Field(
         0.0,
         ge=0,
@@ -1242,11 +1251,12 @@ class Scenario(_Strict):
                     f"decode.{name}: a prefill's exposed CPU time; give it on the prefill pool (the decode pool's "
                     f"applies to the prefills of placement colocated only, not {self.placement})"
                 )
-        if self.decode.host_first_seen_s_per_iteration:
-            raise ValueError(
-                "decode.host_first_seen_s_per_iteration: a prefill replica's; give it on the prefill pool (a "
-                "colocated replica's prefills do not model it)"
-            )
+        for name in ("host_first_seen_s_per_iteration", "host_first_seen_fade_s"):
+            if getattr(self.decode, name):
+                raise ValueError(
+                    f"decode.{name}: a prefill replica's; give it on the prefill pool (a colocated replica's "
+                    "prefills do not model it)"
+                )
         slowdowns = ("after_prefill_slowdown_fraction", "after_prefill_saturation_s", "after_prefill_clock_fraction")
         for name in slowdowns:
             if getattr(self.prefill, name):

@@ -502,6 +502,7 @@ def prefill_block(
         # seconds from its start until the transfers in flight then have all ended (0: none in flight)
         "busy_left_s": np.zeros(len(prompts)) if busy_left_s is None else busy_left_s,
         "first_seen": np.zeros(len(prompts)) if first_seen is None else first_seen.astype(np.float64),
+        "first_seen_fade_s": float(pre.host_first_seen_fade_s),
     }
 
 

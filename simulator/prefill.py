@@ -25,6 +25,7 @@ counter.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -415,13 +416,19 @@ _FREE: Final = 2
 
 
 def _with_first_seen(model: ReplicaCostModel, c: Prefill, requests: int) -> Prefill:
-    """A batch of a token count its process has not run: the CPU's first-seen time (the GEMMs' kernel choice for a
-    new row count) on the host floor, max(GPU, floor + first-seen), as calibrate.predict prices it. Where the GPU's
-    work is the longer by more than that, the CPU's extra time hides behind it (realrun's first runs of 1-4K-token
-    prompts are no slower than the repeats)."""
-    floor_s = model.prefill_host_s(requests) + model.host_first_seen_s_per_iteration
-    stage_s = max(c.stage_s, floor_s / model.parallel.pipeline)
-    return Prefill(stage_s, max(c.latency_s, floor_s), c.approximation_s, c.encode_s, c.forms)
+    """A batch of a token count its process has not run: the CPU's first-seen time F (the GEMMs' kernel choice for a
+    new row count) on the host floor, and where the GPU's work T is the longer, exp(-T / fade) of it on that too:
+    max(T + F exp(-T / fade), floor + F), as calibrate.predict prices it. The choices stall the CPU between launches
+    while the GPU has little queued, so a short batch shows most of F and one whose kernels run long hides it
+    (realrun's first runs of 1-4K-token prompts are no slower than the repeats); fade 0: on the floor only."""
+    first_s = model.host_first_seen_s_per_iteration
+    floor_s = model.prefill_host_s(requests) + first_s
+    fade_s = model.host_first_seen_fade_s
+    # c.latency_s is max(T, floor): where the floor is the longer, T + F exp(-T / fade) stays under floor + F
+    shown_s = first_s * math.exp(-c.latency_s / fade_s) if fade_s > 0.0 else 0.0
+    stages = model.parallel.pipeline
+    stage_s = max(c.stage_s + shown_s / stages, floor_s / stages)
+    return Prefill(stage_s, max(c.latency_s + shown_s, floor_s), c.approximation_s, c.encode_s, c.forms)
 
 
 class _StepTimer(Timer):

@@ -91,6 +91,7 @@ class HostCosts:
     exposed_s_per_iteration: float = 0.0  # a prefill's CPU time the GPU cannot overlap (pool.host_exposed_s_*)
     exposed_s_per_layer: float = 0.0
     first_seen_s_per_iteration: float = 0.0  # a prefill batch of a token count not run before (pool.host_first_seen_*)
+    first_seen_fade_s: float = 0.0  # the GPU time over which that extra hides (pool.host_first_seen_fade_s)
     extra_kernels_per_layer: int = 0
     decode_graphs: bool = False  # decode iterations replayed as CUDA graphs (pool.cuda_graphs)
 
@@ -162,6 +163,7 @@ class PoolLayout:
             host_exposed_s_per_iteration=h.exposed_s_per_iteration,
             host_exposed_s_per_layer=h.exposed_s_per_layer,
             host_first_seen_s_per_iteration=h.first_seen_s_per_iteration,
+            host_first_seen_fade_s=h.first_seen_fade_s,
             extra_kernels_per_layer=h.extra_kernels_per_layer,
             decode_graphs=h.decode_graphs,
             max_batch_requests=self.max_batch_requests,
@@ -486,6 +488,7 @@ def _pool(name: str, pool: PoolConfig, profile_choice: str, network_gbps: float,
         exposed_s_per_iteration=pool.host_exposed_s_per_iteration,
         exposed_s_per_layer=pool.host_exposed_s_per_layer,
         first_seen_s_per_iteration=pool.host_first_seen_s_per_iteration,
+        first_seen_fade_s=pool.host_first_seen_fade_s,
         extra_kernels_per_layer=pool.extra_kernels_per_layer if decode else 0,
         decode_graphs=pool.cuda_graphs and decode,
     )

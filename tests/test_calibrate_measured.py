@@ -67,17 +67,22 @@ ALL = ROOT / "realrun/traces/index_all.csv"
 # 3.4 % (max 11.4 -> 10.9 %, p50 TTFT 6.6 -> 6.4 %), by trace 3.4 -> 3.5 % (max 10.6 -> 11.8 %, 8b_2.5gbps
 # KVQuant-style; p50 TTFT 6.1 -> 6.9 %, p50 TPOT 3.5 -> 3.7 %), in-sample 2.6 -> 2.6 % (max 7.8 -> 8.2 %); no fit 5.1
 # -> 5.1 % (p50 TTFT 10.9 -> 10.6 %).
+# The share of that time a GPU-bound batch shows, exp(-T / 46 ms) (prefill.host_first_seen_fade_s, from
+# realrun.prefillprof --first-seen-fade-fit; with the link's round robin and chunk-rate ceiling before it): by
+# configuration 3.3 -> 3.5 % (max 10.8 -> 10.3 %, p50 TTFT 6.6 -> 6.0 %, p50 TPOT 3.6 -> 3.7 %), by trace 3.4 -> 3.5 %
+# (max 11.8 -> 12.3 %, p50 TTFT 6.2 -> 6.1 %, p50 TPOT 3.6 -> 3.8 %), in-sample 2.5 -> 2.6 %; no fit 5.0 -> 5.0 % (p50
+# TTFT 10.9 -> 10.4 %).
 HELD_OUT = {
     "jct_mean_abs_error_pct": 3.5 + 2,
-    "jct_max_abs_error_pct": 11.8 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.9 + 2,
+    "jct_max_abs_error_pct": 12.3 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.1 + 2,
 }
 HELD_OUT_CONFIGURATION = {
-    "jct_mean_abs_error_pct": 3.4 + 2,
-    "jct_max_abs_error_pct": 10.9 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.6 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.4 + 2,
+    "jct_mean_abs_error_pct": 3.5 + 2,
+    "jct_max_abs_error_pct": 10.3 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.0 + 2,
 }
 TRACES_WITHIN_10PCT = 27 - 2
 # the KVQuant-style dequantization traces: |predicted - measured share of JCT| in pp, achieved + 2
@@ -106,7 +111,11 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # 8.2 %, while a prefill took the busy level for its whole length; 6.9 against 5.6 % once the scenarios carried
 # hostcal's quantize floors, until the prefill floors' priors were set from hostcal's standard errors.) Any other
 # configuration turning worse fails, and so does this one turning better (the list is exact).
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_1gbps", "h200g_8b_2.5gbps", "h200g_8b_mem"]
+# Since the share of the first-seen time a GPU-bound batch shows, four: 70b8l_1gbps 2.5 against 1.9 %, 70b8l_2.5gbps 1.5
+# against 1.5 % (by less than 0.05 points), 8b_2.5gbps 6.2 against 5.6 % and 8b_mem 5.4 against 4.3 %, each inside its
+# run-to-run spread (the fit takes the FP16 prefills' new time back by a faster prefill, which HACK's makes up by a
+# larger homomorphic correction: docs/calibration.md, "How much of it shows behind a GPU-bound batch").
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_1gbps", "h200g_70b8l_2.5gbps", "h200g_8b_2.5gbps", "h200g_8b_mem"]
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +258,9 @@ def test_the_fits_kernel_and_link_terms_carry_to_other_sessions(cv):
 # error relative to its price: the 8B fitted +0.0, +0.3, +10.0 % (mean 3.4 %), the 70B +0.4, +0.7, +2.5 % (mean 1.2 %).
 # With the eager prefill's exposed host time (prefill.host_exposed_s_*, realrun.prefillprof): the 8B no fit -1.1,
 # -2.2, +5.3 % (mean 2.9 %), fitted -1.4, -1.4, +7.9 % (mean 3.6 %): HACK's gap to no fit 4.7 -> 2.6 points; the 70B
-# no fit -2.5, -2.9, -3.1 % (mean 2.8 %), fitted -0.8, -0.8, +0.4 % (mean 0.7 %). Bounds: achieved + 2.
+# no fit -2.5, -2.9, -3.1 % (mean 2.8 %), fitted -0.8, -0.8, +0.4 % (mean 0.7 %). With the share of the first-seen
+# time a GPU-bound batch shows: the 8B fitted -1.8, -2.3, +7.2 % against HACK's +5.3 % with no fit (gap 1.9 points;
+# the fit's larger homomorphic correction, docs/calibration.md). Bounds: achieved + 2.
 LONG = ROOT / "realrun/traces/h200_long/index.csv"
 LONG_PCT = {"8b": (2.6 + 2, 3.4 + 2), "70b8l": (2.6 + 2, 1.2 + 2)}  # (no fit, fitted) mean |JCT error|
 
@@ -272,7 +283,7 @@ def test_long_prompts_against_no_fit(cv):
         assert len(mine) == 3, model
         assert sum(abs(none[k]) for k in mine) / 3 <= bound_none, (model, none)
         assert sum(abs(fitted[k]) for k in mine) / 3 <= bound_fitted, (model, fitted)
-    assert fitted[("8b", "hack")] > none[("8b", "hack")] + 2, (fitted, none)  # the gap above
+    assert fitted[("8b", "hack")] > none[("8b", "hack")] + 1.5, (fitted, none)  # the gap above
     assert abs(fitted[("70b8l", "hack")]) <= abs(none[("70b8l", "hack")]), (fitted, none)
 
 

@@ -57,17 +57,19 @@ def _trace():
 
 def test_calibrate_prices_the_exposed_time_as_the_cost_model_and_its_derivatives_hold():
     """On a recorded run with GPU-bound prefills (8b_mem, 1-3K-token prompts, 32 layers), every prefill item is
-    priced (a + 32 b) x its floor level longer than with the terms at 0; the derivatives match central differences."""
-    from simulator.calibrate import predict
+    priced (a + 32 b) x its floor level longer than with the terms at 0 (the first-seen time, whose shown share
+    falls as the batch lengthens, at 0); the derivatives, with it, match central differences."""
+    from simulator.calibrate import FIRST_SEEN, predict
 
     td = _trace()
     v = dict(td.values0)
     a, b = v["prefill.host_exposed_s_per_iteration"], v["prefill.host_exposed_s_per_layer"]
     assert (a, b) == (0.00049, 0.0000145)  # the scenario's
+    plain = {**v, FIRST_SEEN: 0.0}
     off = predict(
-        td, "prefill", {**v, "prefill.host_exposed_s_per_iteration": 0.0, "prefill.host_exposed_s_per_layer": 0.0}
+        td, "prefill", {**plain, "prefill.host_exposed_s_per_iteration": 0.0, "prefill.host_exposed_s_per_layer": 0.0}
     )
-    on = predict(td, "prefill", v)
+    on = predict(td, "prefill", plain)
     idle = td.blocks["prefill"]["busy_left_s"] == 0  # a transfer in flight scales host terms (test_link_host)
     assert idle.sum() > 20
     assert on[idle] - off[idle] == pytest.approx(np.full(idle.sum(), a + 32 * b), rel=1e-9)

@@ -6,7 +6,7 @@
 # $OUT/realrun.log and the part's own files.
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
-#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | order8b | graphs1 | graphs2
+#          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | firstseen | order8b | graphs1 | graphs2
 #          | cpustate
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
@@ -94,6 +94,9 @@
 #             host time per iteration past 50 Gbps, whether it goes with the rate or with the chunks per second, and
 #             whether the link keeps its rate (transfer_s) (~250 s; XW_RATES="R ..." other rates, XW_CHUNKS="MIB ..."
 #             other chunk sizes, one file each).
+#   part firstseen: realrun.prefillprof --first-seen 40 at 128-640, 640-1536 and 2048-4096 tokens on the 8-layer 70B and
+#             the 32-layer 8B, each range in a process of its own: the first-seen prefill time and how much of it a
+#             GPU-bound forward shows, on this GPU's host (~150 s).
 #   part order8b: smoke, then h200g_8b_2.5gbps r7.5 150 requests with HACK first, KVQuant-style, FP16 last (~150 s).
 #   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
@@ -357,6 +360,15 @@ elif [ "$PART" = xferwide ]; then
   for c in ${XW_CHUNKS:-1 4}; do
     step 150 "xferwide_8b_${c}m" python3 -m realrun.transient --xfer-gbps "${XW[@]}" \
       --xfer-chunk-mib "$c" --methods baseline --batches 32 --out "$OUT/xferwide_8b_${c}m.csv" "${TR[@]}"
+  done
+elif [ "$PART" = firstseen ]; then
+  # the first-seen prefill time on this GPU's host: each range in a process of its own (the kernel choices are kept
+  # per process), the 8-layer 70B and the 32-layer 8B, 40 lengths each, first sight then again
+  if [ "${REALRUN_SMOKE:-0}" = 1 ]; then FS=(--smoke --first-seen 3); else FS=(--first-seen 40 --sets "llama-3.1-70b:8;llama-3.1-8b:32"); fi
+  for r in "128 640" "640 1536" "2048 4096"; do
+    read -r lo hi <<< "$r"
+    step 120 "firstseen_${lo}_${hi}" python3 -m realrun.prefillprof "${FS[@]}" --first-seen-range "$lo" "$hi" \
+      --out "$OUT/prefillprof_firstseen_${lo}_${hi}.csv"
   done
 elif [ "$PART" = order8b ]; then
   # issue 28: the method-order check on the H200 at the host-bound short prompts (h100_order is the 70B's, on an

@@ -235,10 +235,20 @@ def test_the_fade_is_recovered_from_synthetic_lengths_and_the_scenarios_carry_th
     assert fit["sets"] == 3 and fit["lengths"] == 180
     assert fit["range_s"][0] <= fit["host_first_seen_fade_s"] <= fit["range_s"][1]
     assert fit["host_first_seen_fade_s"] == pytest.approx(0.030, rel=0.15)
-    probes = sorted((ROOT / "kernels_calibration/profiles/h100").glob("prefillprof_firstseen*.csv"))
-    assert len(probes) == 2
+    h100 = ROOT / "kernels_calibration/profiles/h100"
+    probes = [h100 / "prefillprof_firstseen.csv", h100 / "prefillprof_firstseen_lengths.csv"]
+    assert len(list(h100.glob("prefillprof_firstseen*.csv"))) == 3  # and the eighth host's replicate
     committed = fit_first_seen_fade(probes)
     assert committed["sets"] == 22 and committed["range_s"][0] < 0.046 < committed["range_s"][1]
+    replicate = fit_first_seen_fade(
+        [h100 / "prefillprof_firstseen_host8.csv"], boot=50
+    )  # alone, agrees within its range
+    assert (
+        replicate["sets"] == 6
+        and replicate["range_s"][0] < committed["host_first_seen_fade_s"] < replicate["range_s"][1]
+    )
+    pooled = fit_first_seen_fade([*probes, h100 / "prefillprof_firstseen_host8.csv"], boot=20)
+    assert pooled["host_first_seen_fade_s"] == pytest.approx(committed["host_first_seen_fade_s"], rel=0.05)
     shares = [b["shown_share"] for b in committed["by_forward_time"].values()]
     assert shares[0] > 0.8 and shares[0] > shares[1] > shares[2]  # the shown share falls with the forward's time
     carried = 0

@@ -404,7 +404,7 @@ class PoolConfig(_Strict):
         description="prefill pool: where a first-seen batch's GPU work is the longer, the share of "
         "host_first_seen_s_per_iteration it still adds, exp(-its time / this): the kernel choices stall the CPU between "
         "launches while the GPU has little queued, hidden more as the batch's kernels grow (python -m "
-        "realrun.prefillprof --first-seen-fit); 0: none (the CPU's extra time counts on the host floor only)",
+        "realrun.prefillprof --first-seen-fade-fit); 0: none (the CPU's extra time counts on the host floor only)",
     )
     host_serial_s_per_iteration: float = Field(
         0.0,

@@ -71,7 +71,7 @@ from typing import Literal, overload
 
 import numpy as np
 
-from .engine import FACTOR_STEPS, KIND, PARAMETERS, SCHEMA_VERSION
+from .engine import FACTOR_STEPS, KIND, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, SCHEMA_VERSION
 from .fit_items import TraceData, load_trace_data
 from .link import round_robin_s
 from .resolve import REPO_ROOT
@@ -115,12 +115,30 @@ def on_machine(values: dict[str, float], factor: float) -> dict[str, float]:
     return {n: v * factor if n in HOST_TIMES else v for n, v in values.items()}
 
 
-def prior_sd(name: str, at: float, prior_scale: float = 1.0) -> float:
+def prior_sd(name: str, at: float, prior_scale: float = 1.0, widths: dict[str, float] | None = None) -> float:
     """The prior's standard deviation in the parameter's unit, near `at` for a factor (a width in ln), with every
-    width times `prior_scale` (PRIOR_SCALES)."""
+    width (the fit's `widths`, prior_widths, else the stated one) times `prior_scale` (PRIOR_SCALES)."""
     p = PARAMETERS[name]
-    w = p.prior_width * prior_scale
+    w = (widths or {}).get(name, p.prior_width) * prior_scale
     return w * max(abs(at), 1e-12) if p.log_prior else w
+
+
+def prior_widths(names, traces: list[TraceData]) -> dict[str, float]:
+    """Each parameter's prior width for a fit on `traces`: the stated one (engine.Parameter.prior_width), except a
+    method's step factor where every run of that method executed the kernels its pools' measured profiles priced
+    (TraceData.kernels_profiled: realrun runs kernels_calibration/kernels as they are), which is
+    engine.PROFILED_FACTOR_PRIOR_WIDTH: there the kernels were measured, not guessed at, and a factor 2 would let
+    the fit spend a kernel's time on what other terms got wrong."""
+    out = {}
+    for n in names:
+        head, *rest = n.split(".")
+        w = PARAMETERS[n].prior_width
+        if head == "methods" and rest[1] in FACTOR_STEPS:
+            runs = [td for td in traces if td.family == rest[0]]
+            if runs and all(td.kernels_profiled for td in runs):
+                w = PROFILED_FACTOR_PRIOR_WIDTH
+        out[n] = w
+    return out
 
 
 # ---- predictions from engine parameters (as ReplicaCostModel and the Link apply them) ----------------
@@ -405,6 +423,7 @@ class FitResult:
     factor: dict | None = None  # refit machine: the factor's value, stderr, prior and the terms it scales
     machines: dict[str, dict] = field(default_factory=dict)  # runs of several machines: each one's host factor
     prior_scale: float = 1.0  # every prior width times this (PRIOR_SCALES)
+    widths: dict[str, float] = field(default_factory=dict)  # each candidate's prior width (prior_widths), unscaled
 
 
 def _start_value(name: str, traces: list[TraceData]) -> float:
@@ -494,14 +513,18 @@ def _item_blocks(traces, names, x, kinds, base):
 
 
 def prior_residuals(
-    names: list[str], x: np.ndarray, centre: dict[str, float], prior_scale: float = 1.0
+    names: list[str],
+    x: np.ndarray,
+    centre: dict[str, float],
+    prior_scale: float = 1.0,
+    widths: dict[str, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The prior term: each parameter's deviation from its centre in prior widths (each times `prior_scale`), and
-    its derivative."""
+    """The prior term: each parameter's deviation from its centre in prior widths (the fit's `widths`, else the
+    stated ones, each times `prior_scale`), and its derivative."""
     r, dr = np.zeros(len(names)), np.zeros(len(names))
     for i, n in enumerate(names):
         p = PARAMETERS[n]
-        w = p.prior_width * prior_scale
+        w = (widths or {}).get(n, p.prior_width) * prior_scale
         if p.log_prior:
             xi = max(float(x[i]), 1e-12)
             r[i] = math.log(xi / centre[n]) / w
@@ -589,27 +612,34 @@ def _bounds(names) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _map_fit(
-    traces, names, start, base, kinds, warm: dict[str, float] | None = None, prior_scale: float = 1.0
+    traces,
+    names,
+    start,
+    base,
+    kinds,
+    warm: dict[str, float] | None = None,
+    prior_scale: float = 1.0,
+    widths: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], dict[str, float], set[str], np.ndarray]:
     """The MAP estimate of `names` from each of _starts (the lower objective wins). Returns values, posterior
     standard deviations, the parameters no data residual moves there, and the data Jacobian there."""
     from scipy.optimize import least_squares
 
     lo, hi = _bounds(names)
-    scale = np.array([prior_sd(n, start[n], prior_scale) for n in names])
+    scale = np.array([prior_sd(n, start[n], prior_scale, widths) for n in names])
 
     def solve(x0: np.ndarray, sc: dict):
         def fun(x):
             return np.concatenate(
                 [
                     _weighted_residuals(traces, names, x, kinds, base, scales=sc),
-                    prior_residuals(names, x, start, prior_scale)[0],
+                    prior_residuals(names, x, start, prior_scale, widths)[0],
                 ]
             )
 
         def jac(x):
             j = _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=sc)[1]
-            return np.vstack([j, np.diag(prior_residuals(names, x, start, prior_scale)[1])])
+            return np.vstack([j, np.diag(prior_residuals(names, x, start, prior_scale, widths)[1])])
 
         return least_squares(
             fun,
@@ -637,7 +667,7 @@ def _map_fit(
 
     res, sc = min((reweighted(x) for x in _starts(traces, names, start, warm)), key=lambda rs: rs[0].cost)
     j_data = _weighted_residuals(traces, names, res.x, kinds, base, jac=True, scales=sc)[1]
-    sd = posterior_sd(j_data, prior_residuals(names, res.x, start, prior_scale)[1])
+    sd = posterior_sd(j_data, prior_residuals(names, res.x, start, prior_scale, widths)[1])
     flat = {n for i, n in enumerate(names) if not np.any(j_data[:, i] != 0)}
     return dict(zip(names, res.x.tolist())), dict(zip(names, sd.tolist())), flat, j_data
 
@@ -650,7 +680,15 @@ def posterior_sd(j_data: np.ndarray, prior_slope: np.ndarray) -> np.ndarray:
 
 
 def marginal_sd(
-    traces, names: list[str], x: dict[str, float], held: list[str], start, base, kinds, prior_scale: float = 1.0
+    traces,
+    names: list[str],
+    x: dict[str, float],
+    held: list[str],
+    start,
+    base,
+    kinds,
+    prior_scale: float = 1.0,
+    widths: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The posterior standard deviations of the fitted `names` at x with the parameters `held` (fixed at their prior
     centres, `start`: collinear with others, or too loosely constrained to fit) taken as free under their priors
@@ -661,7 +699,7 @@ def marginal_sd(
     xf = np.array([x[n] for n in names] + [start[h] for h in full[len(names) :]], dtype=float)
     sc = item_scales(traces, full, xf, kinds, base)
     j_full = _weighted_residuals(traces, full, xf, kinds, base, jac=True, scales=sc)[1]
-    sd = posterior_sd(j_full, prior_residuals(full, xf, start, prior_scale)[1])
+    sd = posterior_sd(j_full, prior_residuals(full, xf, start, prior_scale, widths)[1])
     return dict(zip(names, sd[: len(names)].tolist()))
 
 
@@ -768,6 +806,7 @@ def _result(traces, candidates, start, fitted, stderr, notes, held, refit: str, 
         start=start,
         refit=refit,
         factor=factor,
+        widths=prior_widths(candidates, traces),
     )
 
 
@@ -777,6 +816,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
     graphs = all(td.meta.get("decode_mode") == "graphs" for td in traces)
     placements = {td.placement for td in traces}
     start = {n: _start_value(n, traces) for n in candidates}
+    widths = prior_widths(candidates, traces)
     base = [dict(td.values0) for td in traces]
     held: dict[str, str] = {}
     kinds_of = {n: {(i, k) for i, td in enumerate(traces) for k in depends(n, td)} for n in candidates}
@@ -808,7 +848,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             continue
         # a parameter that moves no residual where the fit starts (e.g. host issue time while every
         # iteration is GPU-bound, or a factor on a step the cost model gives no time) cannot be fitted
-        h = prior_sd(n, start[n], prior_scale) * 0.5
+        h = prior_sd(n, start[n], prior_scale, widths) * 0.5
         probe = np.array([start[n]])
         _lo, hi = PARAMETERS[n].bounds
         step = h if start[n] + h <= hi else -h
@@ -836,16 +876,16 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
         # enter the fitted ones' errors (marginal_sd)
         held_moving: list[str] = []
         while names:
-            x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm, prior_scale)
+            x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm, prior_scale, widths)
             warm = x
             # identified: the runs constrain it to at most IDENTIFIED of the stated width (the posterior sd with the
             # stated priors, whatever the scale: which parameters the runs pin down is theirs, the scale only sets
             # how hard the rest is pulled toward the kernels)
             sd1 = sd
             if prior_scale != 1.0:
-                slope = prior_residuals(names, np.array([x[n] for n in names]), start)[1]
+                slope = prior_residuals(names, np.array([x[n] for n in names]), start, widths=widths)[1]
                 sd1 = dict(zip(names, posterior_sd(j_data, slope).tolist()))
-            ratio = {n: sd1[n] / prior_sd(n, x[n]) for n in names}
+            ratio = {n: sd1[n] / prior_sd(n, x[n], widths=widths) for n in names}
             unidentified = {n: r for n, r in ratio.items() if r > IDENTIFIED}
             if not unidentified:
                 break
@@ -861,7 +901,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             else:
                 held[worst] = (
                     f"the traces do not constrain it: posterior sd {_fmt(sd1[worst])} against the prior's "
-                    f"{_fmt(prior_sd(worst, x[worst]))} (fitted needs at most {IDENTIFIED:g} of it)"
+                    f"{_fmt(prior_sd(worst, x[worst], widths=widths))} (fitted needs at most {IDENTIFIED:g} of it)"
                 )
                 held_moving.append(worst)
             names.remove(worst)
@@ -876,12 +916,14 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                 rest = [k for k in names if k != n]
                 base = [{**b, n: whole} for b in base]
                 if rest:
-                    x2, sd2, _, _ = _map_fit(traces, rest, start, base, kinds, warm=x, prior_scale=prior_scale)
+                    x2, sd2, _, _ = _map_fit(
+                        traces, rest, start, base, kinds, warm=x, prior_scale=prior_scale, widths=widths
+                    )
                     x.update(x2)
                     sd.update(sd2)
                 x[n] = whole
         if held_moving:  # the fitted ones' errors with the held ones free under their priors (marginal)
-            sd = {**sd, **marginal_sd(traces, names, x, held_moving, start, base, kinds, prior_scale)}
+            sd = {**sd, **marginal_sd(traces, names, x, held_moving, start, base, kinds, prior_scale, widths)}
         for n in names:
             fitted[n] = x[n]
             stderr[n] = sd[n]
@@ -1155,7 +1197,8 @@ FIT_METHOD = (
     "cadences or inter-token latencies, prefill (or idle first-token), quantize and transfer "
     f"durations, each trace weighted equally per kind, in units of a trace's run-to-run spread {DATA_SIGMA:g}, plus "
     "each parameter's deviation from its prior (centre: the scenarios' value, else neutral; width: "
-    "engine.Parameter.prior_width, of ln(value) for a factor); fitted where the posterior sd is at most "
+    "engine.Parameter.prior_width, of ln(value) for a factor; a method's step factor engine.PROFILED_FACTOR_PRIOR_WIDTH "
+    "where its runs executed the kernels the measured profile priced); fitted where the posterior sd is at most "
     f"{IDENTIFIED:g} of the prior's, else held at the centre; standard errors: the posterior sd"
 )
 
@@ -1181,7 +1224,7 @@ def engine_file(
             "shape": p.shape,
             "prior": {
                 "centre": fit.start[n],
-                "width": p.prior_width * fit.prior_scale,
+                "width": fit.widths.get(n, p.prior_width) * fit.prior_scale,
                 "of": "ln(value)" if p.log_prior else "value",
             },
             "note": p.meaning,

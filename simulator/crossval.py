@@ -30,7 +30,16 @@ import pandas as pd
 
 from costmodel.methods import REFERENCE
 
-from .calibrate import HOST_TIMES, PRIOR_SCALES, fit_engine, fit_values, load_index, on_machine, prior_sd
+from .calibrate import (
+    HOST_TIMES,
+    PRIOR_SCALES,
+    fit_engine,
+    fit_values,
+    load_index,
+    on_machine,
+    prior_sd,
+    prior_widths,
+)
 from .config import ScenarioError
 from .fit_items import TraceData
 from .noise import noise_summary
@@ -425,13 +434,14 @@ def moved_without(in_sample: dict[str, float], held_out: dict[str, float], runs:
     factor). Where a held-out configuration is predicted worse than no fit, these are what to record more of."""
     own = runs[0].values0
     families = {td.family for td in runs}
+    widths = prior_widths(own, runs)
     out = []
     for name in sorted(set(in_sample) | set(held_out)):
         head, *rest = name.split(".")
         if name not in own or (head == "methods" and rest[0] not in families):
             continue
         a, b = in_sample.get(name, own[name]), held_out.get(name, own[name])
-        sd = prior_sd(name, a if a else b)
+        sd = prior_sd(name, a if a else b, widths=widths)
         if sd > 0 and abs(b - a) >= MOVED_LEAST_SD * sd:
             out.append({"name": name, "in_sample": a, "held_out": b, "shift_prior_sd": round((b - a) / sd, 2)})
     out.sort(key=lambda m: -abs(m["shift_prior_sd"]))

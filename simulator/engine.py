@@ -77,6 +77,13 @@ class Parameter:
 # one (FACTOR_PRIOR_WIDTH). Host terms (scope "host") belong to the machine and engine build that was measured;
 # GPU and link terms carry to another run of the same kernels on the same GPU and link.
 FACTOR_PRIOR_WIDTH = math.log(2.0)
+# A method's step factor where the runs executed the very kernels the pool's measured profile priced (realrun runs
+# kernels_calibration/kernels as they are, on the GPU the profile was measured on): its prefill with HACK's
+# homomorphic attention ran at the profiled price within 1-4 % rested and back to back (realrun.prefillcal), and the
+# decode step within 1.2-3.5 % on average of its per-kernel price, its parts within about 10 % (realrun.stepprof;
+# docs/calibration.md, "A factor on the kernels the profile measured"). One sd is 10 %: what is left to a factor there
+# is the clock and the cache state, not another implementation (calibrate.prior_widths applies it).
+PROFILED_FACTOR_PRIOR_WIDTH = math.log(1.1)
 PARAMETERS: dict[str, Parameter] = {
     p.name: p
     for p in (

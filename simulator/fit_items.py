@@ -87,6 +87,9 @@ class TraceData:
     link_gbps: float = 0.0  # the link's line rate: the busy host factor grows with it (network.link_busy_host_factor)
     machine: str | None = None  # the machine (host) it was recorded on: the index's column machine
     host_factor: float = 1.0  # the fit's factor on its machine's host time terms (calibrate, machines)
+    # the run executed the kernels its pools' measured profiles priced (realrun on a measured profile): its method
+    # factors' priors are engine.PROFILED_FACTOR_PRIOR_WIDTH wide (calibrate.prior_widths)
+    kernels_profiled: bool = False
 
 
 def scenario_values(s) -> dict[str, float]:
@@ -149,6 +152,7 @@ def trace_data(
         placement=s.placement,
         notes=list(m.notes),
     )
+    td.kernels_profiled = m.source == "realrun" and pre.profile.source == dec.profile.source == "measured"
     rate = link_busy_gbps(s)  # the busy factor's growth multiplies it (by chunk where measured at another)
     td.link_gbps = rate if math.isfinite(rate) else 0.0
     for f in m.files:

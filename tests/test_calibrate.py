@@ -28,9 +28,10 @@ from simulator.calibrate import (
     load_index,
     posterior_sd,
     predict,
+    prior_widths,
 )
 from simulator.config import ScenarioError
-from simulator.engine import FACTOR_PRIOR_WIDTH, PARAMETERS, read_engine_file
+from simulator.engine import FACTOR_PRIOR_WIDTH, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, read_engine_file
 from simulator.fit_items import TraceData
 from simulator.load import load_scenario
 from simulator.run import run_scenario
@@ -119,7 +120,7 @@ def test_fit_recovers_known_parameters_within_their_posterior_sd(simulated, fitt
         if PARAMETERS[name].integer:  # a count, rounded: within three posterior sds of the truth, and whole
             assert value == round(value) and abs(value - true) <= 3 * fit.stderr[name], (name, value, true)
             continue
-        assert 0 < sd <= 0.5 * PARAMETERS[name].prior_width * (true if PARAMETERS[name].log_prior else 1), name
+        assert 0 < sd <= 0.5 * fit.widths[name] * (true if PARAMETERS[name].log_prior else 1), name
         assert abs(value - true) <= 3 * sd, (name, value, true, sd)
     for name, why in fit.held.items():
         assert fit.values[name] == fit.start[name] == traces[0].values0[name], name
@@ -139,6 +140,35 @@ def test_priors_hold_what_the_runs_do_not_constrain(simulated, fitted):
     assert share < 0.03
     assert fitted.values["methods.hack.approximation"] == 1.0
     assert "do not constrain" in fitted.held["methods.hack.approximation"]
+
+
+def test_a_step_factor_on_the_profiled_kernels_has_the_narrow_prior(simulated, fitted):
+    """Runs that executed the kernels their pools' measured profile priced (realrun traces on the H200's measured
+    profile, as these simulated ones are) give their methods' step factors PROFILED_FACTOR_PRIOR_WIDTH; a run of
+    the method from elsewhere (an engine's benchmark file: another implementation) gives that method the stated
+    width back, and terms that are not step factors keep theirs. The engine file states the width used."""
+    _, traces = simulated
+    assert all(td.kernels_profiled for td in traces)
+    names = [
+        "methods.hack.approximation",
+        "methods.kvquant.dequantize",
+        "methods.kvquant.quantize",
+        "methods.kvquant.quantize_issue_s_per_layer",
+        "prefill.prefill_efficiency",
+    ]
+    w = prior_widths(names, traces)
+    assert w["methods.hack.approximation"] == w["methods.kvquant.dequantize"] == PROFILED_FACTOR_PRIOR_WIDTH
+    assert w["methods.kvquant.quantize"] == PROFILED_FACTOR_PRIOR_WIDTH < FACTOR_PRIOR_WIDTH
+    for n in names[3:]:
+        assert w[n] == PARAMETERS[n].prior_width, n
+    kvquant = next(td for td in traces if td.family == "kvquant")
+    elsewhere = TraceData(**{**kvquant.__dict__, "source": "vllm", "kernels_profiled": False})
+    w2 = prior_widths(names, [*traces, elsewhere])
+    assert w2["methods.kvquant.dequantize"] == w2["methods.kvquant.quantize"] == FACTOR_PRIOR_WIDTH
+    assert w2["methods.hack.approximation"] == PROFILED_FACTOR_PRIOR_WIDTH  # HACK's runs are all profiled
+    doc = engine_file(fitted, traces, "index.csv", "calibrate", "test")
+    assert doc["parameters"]["methods.hack.approximation"]["prior"]["width"] == PROFILED_FACTOR_PRIOR_WIDTH
+    assert doc["parameters"]["network.efficiency"]["prior"]["width"] == PARAMETERS["network.efficiency"].prior_width
 
 
 def _quantize_trace(

@@ -72,15 +72,19 @@ ALL = ROOT / "realrun/traces/index_all.csv"
 # configuration 3.3 -> 3.5 % (max 10.8 -> 10.3 %, p50 TTFT 6.6 -> 6.0 %, p50 TPOT 3.6 -> 3.7 %), by trace 3.4 -> 3.5 %
 # (max 11.8 -> 12.3 %, p50 TTFT 6.2 -> 6.1 %, p50 TPOT 3.6 -> 3.8 %), in-sample 2.5 -> 2.6 %; no fit 5.0 -> 5.0 % (p50
 # TTFT 10.9 -> 10.4 %).
+# The method factors' narrow prior where the runs executed the profiled kernels (engine.PROFILED_FACTOR_PRIOR_WIDTH,
+# 10 % for realrun on a measured profile, ln 2 before; KVQuant-style's dequantization, fitted 0.97 before, is held at 1):
+# by configuration 3.5 -> 3.5 % (max 10.3 -> 9.9 %, p50 TTFT 6.0 -> 6.0 %, p50 TPOT 3.7 -> 3.7 %), by trace 3.5 -> 3.5 %
+# (max 12.3 -> 12.4 %, p50 TTFT 6.1 -> 6.3 %, p50 TPOT 3.8 -> 3.7 %), in-sample 2.6 -> 2.7 %.
 HELD_OUT = {
     "jct_mean_abs_error_pct": 3.5 + 2,
-    "jct_max_abs_error_pct": 12.3 + 2,
-    "tpot_p50_mean_abs_error_pct": 3.8 + 2,
-    "ttft_p50_mean_abs_error_pct": 6.1 + 2,
+    "jct_max_abs_error_pct": 12.4 + 2,
+    "tpot_p50_mean_abs_error_pct": 3.7 + 2,
+    "ttft_p50_mean_abs_error_pct": 6.3 + 2,
 }
 HELD_OUT_CONFIGURATION = {
     "jct_mean_abs_error_pct": 3.5 + 2,
-    "jct_max_abs_error_pct": 10.3 + 2,
+    "jct_max_abs_error_pct": 9.9 + 2,
     "tpot_p50_mean_abs_error_pct": 3.7 + 2,
     "ttft_p50_mean_abs_error_pct": 6.0 + 2,
 }
@@ -115,7 +119,10 @@ DEQUANTIZE_SHARE_PP = {"h200g_70b8l_dq_kvquant_r7.3": 0.2 + 2, "h200g_70b8l_dq_k
 # against 1.5 % (by less than 0.05 points), 8b_2.5gbps 6.2 against 5.6 % and 8b_mem 5.4 against 4.3 %, each inside its
 # run-to-run spread (the fit takes the FP16 prefills' new time back by a faster prefill, which HACK's makes up by a
 # larger homomorphic correction: docs/calibration.md, "How much of it shows behind a GPU-bound batch").
-WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_1gbps", "h200g_70b8l_2.5gbps", "h200g_8b_2.5gbps", "h200g_8b_mem"]
+# Since the method factors' prior is 10 % wide on the profiled kernels, three: 70b8l_1gbps 2.5 against 1.9 %, 8b_2.5gbps
+# 6.2 against 5.6 % and 8b_mem 5.3 against 4.3 %; 70b8l_2.5gbps 1.2 against 1.5 %. What moves when each leaves the fit is
+# the busy link's host factor (its level and its growth per Gbps), not a kernel term.
+WORSE_THAN_NO_FIT: list[str] = ["h200g_70b8l_1gbps", "h200g_8b_2.5gbps", "h200g_8b_mem"]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import yaml
 from simulated_runs import TRUE, raw_system, simulate, write_aiperf, write_sglang, write_vllm
 from simulator.calibrate import fit_engine, load_index
 from simulator.config import ScenarioError, parse_scenario
-from simulator.engine import PARAMETERS, apply_values
+from simulator.engine import FACTOR_PRIOR_WIDTH, PARAMETERS, apply_values
 from simulator.engine_logs import read_engine_log
 from simulator.fit_items import Timeline, joined_at, token_times
 from simulator.validate import validate
@@ -348,7 +348,9 @@ def test_a_fit_from_per_request_timings_recovers_the_engine(tmp_path, fmt):
     link and quantize parameters have no item in such a file."""
     traces = load_index(_runs(tmp_path, fmt, noise=0.03))
     assert all(td.source == fmt for td in traces) and all("iteration" in td.blocks for td in traces)
+    assert not any(td.kernels_profiled for td in traces)  # another engine's kernels: the stated factor widths
     fit = fit_engine(traces)
+    assert fit.widths["methods.kvquant.dequantize"] == FACTOR_PRIOR_WIDTH
     assert "decode.host_serial_s_per_iteration" in fit.fitted, fit.held
     for name, value in fit.fitted.items():
         true = TRUE.get(name, traces[0].values0[name])

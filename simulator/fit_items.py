@@ -87,9 +87,24 @@ class TraceData:
     link_gbps: float = 0.0  # the link's line rate: the busy host factor grows with it (network.link_busy_host_factor)
     machine: str | None = None  # the machine (host) it was recorded on: the index's column machine
     host_factor: float = 1.0  # the fit's factor on its machine's host time terms (calibrate, machines)
-    # the run executed the kernels its pools' measured profiles priced (realrun on a measured profile): its method
-    # factors' priors are engine.PROFILED_FACTOR_PRIOR_WIDTH wide (calibrate.prior_widths)
+    # the run executed the kernels its pools' measured profiles priced (ran_profiled_kernels): its method factors'
+    # priors are engine.PROFILED_FACTOR_PRIOR_WIDTH wide (calibrate.prior_widths)
     kernels_profiled: bool = False
+
+
+# how realrun records its command in meta.json (realrun/runner.py environment: the CLI, or a library call)
+REALRUN_COMMANDS = ("python -m realrun", "realrun.runner.")
+
+
+def ran_profiled_kernels(source: str, meta: dict, profiles) -> bool:
+    """Whether a run executed the kernels its pools' profiles priced: recorded by realrun (its meta's command; realrun
+    runs kernels_calibration/kernels as they are) on the GPU every pool's profile was measured on (the meta's gpu is
+    the measured profile's provenance gpu_name). A trace in realrun's format from another pipeline, one without that
+    provenance, or one priced with a derived or roofline profile is not."""
+    if source != "realrun" or not str(meta.get("command", "")).startswith(REALRUN_COMMANDS):
+        return False
+    gpu = meta.get("gpu")
+    return bool(gpu) and all(p.source == "measured" and p.provenance.get("gpu_name") == gpu for p in profiles)
 
 
 def scenario_values(s) -> dict[str, float]:
@@ -152,7 +167,7 @@ def trace_data(
         placement=s.placement,
         notes=list(m.notes),
     )
-    td.kernels_profiled = m.source == "realrun" and pre.profile.source == dec.profile.source == "measured"
+    td.kernels_profiled = ran_profiled_kernels(m.source, m.meta, (pre.profile, dec.profile))
     rate = link_busy_gbps(s)  # the busy factor's growth multiplies it (by chunk where measured at another)
     td.link_gbps = rate if math.isfinite(rate) else 0.0
     for f in m.files:

@@ -6,6 +6,7 @@ refused where the placement would ignore it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -32,7 +33,7 @@ from simulator.calibrate import (
 )
 from simulator.config import ScenarioError
 from simulator.engine import FACTOR_PRIOR_WIDTH, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, read_engine_file
-from simulator.fit_items import TraceData
+from simulator.fit_items import TraceData, load_trace_data, ran_profiled_kernels
 from simulator.load import load_scenario
 from simulator.run import run_scenario
 
@@ -142,13 +143,33 @@ def test_priors_hold_what_the_runs_do_not_constrain(simulated, fitted):
     assert "do not constrain" in fitted.held["methods.hack.approximation"]
 
 
+def test_a_run_of_realrun_on_the_profiles_gpu_ran_the_profiled_kernels():
+    """A committed realrun trace (its meta's command is realrun's, its GPU the measured profile's) ran the kernels
+    its profile priced; the same meta against another GPU's profile, a derived profile, without realrun's command
+    (a trace in realrun's format from another pipeline, as the simulated ones here), or from a benchmark file, not."""
+    from costmodel.calibration import load_profile
+
+    trace = ROOT / "realrun/traces/h200_graphs/h200g_8b_sat_hack_r9"
+    meta = json.loads((trace / "meta.json").read_text())
+    h200 = load_profile(ROOT / "kernels_calibration/profiles/h200/profile.json")
+    h100 = load_profile(ROOT / "kernels_calibration/profiles/h100/profile.json")
+    assert ran_profiled_kernels("realrun", meta, (h200, h200))
+    assert not ran_profiled_kernels("realrun", meta, (h200, h100))
+    assert not ran_profiled_kernels("realrun", meta, (h200, dataclasses.replace(h200, source="derived")))
+    assert not ran_profiled_kernels("realrun", {k: v for k, v in meta.items() if k != "command"}, (h200, h200))
+    assert not ran_profiled_kernels("vllm", meta, (h200, h200))
+    td = load_trace_data(trace, ROOT / "scenarios/measured/h200g_8b_sat.yaml")
+    assert td.kernels_profiled
+
+
 def test_a_step_factor_on_the_profiled_kernels_has_the_narrow_prior(simulated, fitted):
-    """Runs that executed the kernels their pools' measured profile priced (realrun traces on the H200's measured
-    profile, as these simulated ones are) give their methods' step factors PROFILED_FACTOR_PRIOR_WIDTH; a run of
-    the method from elsewhere (an engine's benchmark file: another implementation) gives that method the stated
-    width back, and terms that are not step factors keep theirs. The engine file states the width used."""
+    """Runs that executed the kernels their pools' measured profiles priced give their methods' step factors
+    PROFILED_FACTOR_PRIOR_WIDTH; one run of the method from elsewhere gives that method the stated width back, and
+    terms that are not step factors keep theirs. The simulated runs here are realrun's format from another
+    pipeline (the simulator, its kernels off the profile by TRUE's factors): the stated widths. The engine file
+    states the width used."""
     _, traces = simulated
-    assert all(td.kernels_profiled for td in traces)
+    assert not any(td.kernels_profiled for td in traces)
     names = [
         "methods.hack.approximation",
         "methods.kvquant.dequantize",
@@ -156,17 +177,19 @@ def test_a_step_factor_on_the_profiled_kernels_has_the_narrow_prior(simulated, f
         "methods.kvquant.quantize_issue_s_per_layer",
         "prefill.prefill_efficiency",
     ]
-    w = prior_widths(names, traces)
+    assert prior_widths(names, traces) == {n: PARAMETERS[n].prior_width for n in names}
+    profiled = [dataclasses.replace(td, kernels_profiled=True) for td in traces]
+    w = prior_widths(names, profiled)
     assert w["methods.hack.approximation"] == w["methods.kvquant.dequantize"] == PROFILED_FACTOR_PRIOR_WIDTH
     assert w["methods.kvquant.quantize"] == PROFILED_FACTOR_PRIOR_WIDTH < FACTOR_PRIOR_WIDTH
     for n in names[3:]:
         assert w[n] == PARAMETERS[n].prior_width, n
-    kvquant = next(td for td in traces if td.family == "kvquant")
-    elsewhere = TraceData(**{**kvquant.__dict__, "source": "vllm", "kernels_profiled": False})
-    w2 = prior_widths(names, [*traces, elsewhere])
+    elsewhere = dataclasses.replace(next(td for td in traces if td.family == "kvquant"), source="vllm")
+    w2 = prior_widths(names, [*profiled, elsewhere])
     assert w2["methods.kvquant.dequantize"] == w2["methods.kvquant.quantize"] == FACTOR_PRIOR_WIDTH
     assert w2["methods.hack.approximation"] == PROFILED_FACTOR_PRIOR_WIDTH  # HACK's runs are all profiled
-    doc = engine_file(fitted, traces, "index.csv", "calibrate", "test")
+    assert fitted.widths["methods.hack.approximation"] == FACTOR_PRIOR_WIDTH
+    doc = engine_file(dataclasses.replace(fitted, widths=w), traces, "index.csv", "calibrate", "test")
     assert doc["parameters"]["methods.hack.approximation"]["prior"]["width"] == PROFILED_FACTOR_PRIOR_WIDTH
     assert doc["parameters"]["network.efficiency"]["prior"]["width"] == PARAMETERS["network.efficiency"].prior_width
 

@@ -793,9 +793,9 @@ def _unused_by(placements: set[str]) -> set[str]:
     return set.intersection(*(not_applied_in(p) for p in placements)) if placements else set()
 
 
-def _result(traces, candidates, start, fitted, stderr, notes, held, refit: str, factor: dict | None = None):
-    """A FitResult: every candidate's value (the fitted ones, else the prior's centre) and the residuals before and
-    after, from what the fit found."""
+def _result(traces, candidates, start, widths, fitted, stderr, notes, held, refit: str, factor: dict | None = None):
+    """A FitResult: every candidate's value (the fitted ones, else the prior's centre), the prior widths the fit used
+    (prior_widths) and the residuals before and after, from what the fit found."""
     return FitResult(
         values={n: fitted.get(n, start[n]) for n in candidates},
         fitted=fitted,
@@ -806,7 +806,7 @@ def _result(traces, candidates, start, fitted, stderr, notes, held, refit: str, 
         start=start,
         refit=refit,
         factor=factor,
-        widths=prior_widths(candidates, traces),
+        widths=widths,
     )
 
 
@@ -861,7 +861,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             continue
         active.append(n)
     if refit == "machine":
-        return _fit_machine(traces, candidates, start, base, held, kinds_of)
+        return _fit_machine(traces, candidates, start, widths, base, held, kinds_of)
     fitted: dict[str, float] = {}
     stderr: dict[str, float] = {}
     notes: dict[str, str] = {}
@@ -934,7 +934,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                 f"here, and its standard error includes their prior widths"
             )
             notes[n] = notes[n] + "; " + note if n in notes else note
-    return _result(traces, candidates, start, fitted, stderr, notes, held, refit)
+    return _result(traces, candidates, start, widths, fitted, stderr, notes, held, refit)
 
 
 def _fit_machines(traces: list[TraceData], refit: str, machines: list[str], prior_scale: float = 1.0) -> FitResult:
@@ -1015,7 +1015,7 @@ def _machine_u(traces, names, x0, kinds, base, lo, hi) -> tuple[float, float] | 
     return u, 1.0 / math.sqrt(float(ju @ ju) + 1 / MACHINE_PRIOR_WIDTH**2)
 
 
-def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
+def _fit_machine(traces, candidates, start, widths, base, held, kinds_of) -> FitResult:
     """One factor s on every host time term (scope host, in seconds) at once: values = start × s, the MAP
     estimate of ln s with the prior N(0, MACHINE_PRIOR_WIDTH) (least squares over a grid's best start, s in
     [1/8, 8] within every term's bounds). Its standard error is the larger of the fit's and the spread of the runs'
@@ -1075,7 +1075,7 @@ def _fit_machine(traces, candidates, start, base, held, kinds_of) -> FitResult:
         factor["configurations"] = {c: round(math.exp(v), 4) for c, v in own.items()}
     if len(own) > 1:
         factor["between_configurations_sd"] = round(float(np.std(list(own.values()), ddof=1)), 4)
-    return _result(traces, candidates, start, fitted, stderr, notes, held, "machine", factor)
+    return _result(traces, candidates, start, widths, fitted, stderr, notes, held, "machine", factor)
 
 
 def _configuration_factors(traces, names, x0, kinds, base, lo, hi) -> dict[str, float]:

@@ -24,6 +24,14 @@ pooled correlation of each recording's relative deviation in mean JCT with its d
 from its configuration's mean), the least-squares slope through the origin, and the spread of mean JCT left once the
 gauge is known (100 · sqrt(Σ (y − b x)² / (dof − 1))): the floor a prediction could reach with the run's own host
 speed, against the floor without it. None where no recording has the step.
+
+A method's mean JCT against the FP16 reference's (`validate --cv`'s comparison, simulator/crossval.py) has its own
+spread, `against_reference`: a realrun process records every method of one workload back to back on one host
+(meta.json's `date`, its start, is the same for them), so each process that recorded a method and the reference over
+the same requests (scenario, rate, seed, request count) gives one value, 100 · (JCT_method / JCT_reference − 1)
+over their recordings' means; where one workload and method were recorded by two processes or more, their values'
+pooled standard deviation in points, 100 · sqrt(Σ (g − ḡ)² / Σ (n − 1)), overall and per scenario. Benchmark files
+say nothing of the process that ran them and add none.
 """
 
 from __future__ import annotations
@@ -42,15 +50,21 @@ HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (module doc)
 def measured_values(trace: str | Path) -> dict[str, float]:
     """The measured value of every metric validate scores (simulator/validate.py), from the trace alone: a
     realrun trace or a benchmark file (per-request metrics only)."""
+    return measured_run(trace)[0]
+
+
+def measured_run(trace: str | Path) -> tuple[dict[str, float], dict]:
+    """measured_values and the run's meta.json (a realrun trace; {} for a benchmark file)."""
     from .engine_logs import is_engine_log, read_engine_log
     from .measured import load_trace
     from .validate import MEASURABLE_PARTS, _stats, measured_parts
 
     iterations = None
+    meta: dict = {}
     if is_engine_log(trace):
         df = read_engine_log(trace).frame()
     else:
-        df, iterations, _, _ = load_trace(trace)
+        df, iterations, meta, _ = load_trace(trace)
     parts = measured_parts(df)
     out: dict[str, float] = {}
     for metric in ("jct", "ttft", "tpot"):
@@ -62,7 +76,7 @@ def measured_values(trace: str | Path) -> dict[str, float]:
             out[f"{part}_mean"] = float(parts[part].mean())
     if iterations is not None and len(iterations):
         out["iteration_mean"] = float((iterations["end_s"] - iterations["start_s"]).mean())
-    return out
+    return out, meta
 
 
 def _pooled(deviations: dict[str, list[float]], dof: dict[str, int]) -> dict[str, float]:
@@ -81,6 +95,8 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     single = sorted(c for c, g in groups.items() if len(g) < 2)  # no degree of freedom: said, left out
     if len(single) == len(groups):
         raise ScenarioError(f"{index_csv}: every config has one recording: a run-to-run spread needs repeats")
+    runs = {r.trace: measured_run(r.trace_path) for r in rows}
+    against = against_reference_spread([(Path(str(r.scenario)).stem, *runs[r.trace]) for r in rows])
     groups = {c: g for c, g in groups.items() if c not in single}
     configurations = {}
     deviations: dict[str, list[float]] = {}
@@ -88,7 +104,7 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
     by_scenario: dict[str, tuple[dict[str, list[float]], dict[str, int]]] = {}
     ranges: dict[str, float] = {}
     for c, group in sorted(groups.items()):
-        values = [measured_values(r.trace_path) for r in group]
+        values = [runs[r.trace][0] for r in group]
         metrics = {}
         for key in sorted(set.intersection(*(set(v) for v in values))):
             x = np.array([v[key] for v in values], dtype=np.float64)
@@ -117,6 +133,52 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
         "range_pct": ranges,
         "single_recordings": single,
         "by_scenario": {sc: _pooled(devs, dofs) for sc, (devs, dofs) in sorted(by_scenario.items())},
+        "against_reference": against,
+    }
+
+
+# what makes one workload in a realrun meta.json (the requests), and the process that recorded it (its start)
+WORKLOAD_META = ("rate_rps", "seed", "requests")
+PROCESS_META = "date"
+
+
+def against_reference_spread(recordings: list[tuple[str, dict[str, float], dict]]) -> dict | None:
+    """The run-to-run spread, in points, of each method's mean JCT against the reference's (module doc), from
+    (scenario stem, measured values, meta.json) per recording; None where no workload and method were recorded
+    with the reference by two processes."""
+    from costmodel.methods import REFERENCE
+
+    cells: dict[tuple, dict[object, dict[str, list[float]]]] = {}
+    for stem, values, meta in recordings:
+        if "method" not in meta or PROCESS_META not in meta or "jct_mean" not in values:
+            continue
+        key = (stem, *(meta.get(k) for k in WORKLOAD_META))
+        cell = cells.setdefault(key, {}).setdefault(meta[PROCESS_META], {})
+        cell.setdefault(meta["method"], []).append(values["jct_mean"])
+    devs: dict[str, list[float]] = {}
+    dofs: dict[str, int] = {}
+    for key, by_process in sorted(cells.items(), key=repr):
+        methods = sorted({m for c in by_process.values() for m in c if m != REFERENCE})
+        for m in methods:
+            g = np.array(
+                [
+                    100.0 * (np.mean(c[m]) / np.mean(c[REFERENCE]) - 1.0)
+                    for c in by_process.values()
+                    if m in c and REFERENCE in c
+                ]
+            )
+            if len(g) < 2:
+                continue
+            devs.setdefault(key[0], []).extend((g - g.mean()).tolist())
+            dofs[key[0]] = dofs.get(key[0], 0) + len(g) - 1
+    if not dofs:
+        return None
+    every = [d for v in devs.values() for d in v]
+    return {
+        "reference": REFERENCE,
+        "spread_pts": round(math.sqrt(float(np.sum(np.square(every))) / sum(dofs.values())), 4),
+        "degrees_of_freedom": sum(dofs.values()),
+        "by_scenario": {sc: round(math.sqrt(float(np.sum(np.square(devs[sc]))) / dofs[sc]), 4) for sc in sorted(dofs)},
     }
 
 
@@ -151,7 +213,9 @@ def host_gauge(configurations: dict, gauge: str = HOST_GAUGE, metric: str = "jct
     }
 
 
-def noise_summary(noise: dict, keys: tuple[str, ...] = ("index", "spread_pct", "host_gauge")) -> dict:
+def noise_summary(
+    noise: dict, keys: tuple[str, ...] = ("index", "spread_pct", "host_gauge", "against_reference")
+) -> dict:
     """What a result carries of a repeats index's run-to-run spread (simulator/noise.py): where it came from, each
     metric's spread, the host gauge."""
     return {k: noise.get(k) for k in keys}

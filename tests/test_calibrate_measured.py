@@ -147,6 +147,28 @@ def test_no_held_out_configuration_is_predicted_worse_than_with_no_fit(cv):
     assert len(cv["configurations"]) == 6
 
 
+# each method's mean JCT against FP16's over the same requests (18 rows: HACK and KVQuant-style at each configuration
+# and rate), error in points, held out by configuration: achieved + 2 (docs/calibration.md, "A method against FP16")
+AGAINST_FP16_HELD_OUT_PTS = {"mean_abs_error_pts": 4.6 + 2, "max_abs_error_pts": 14.3 + 2}
+
+
+def test_each_method_against_fp16_held_out(cv):
+    """The comparison a user asks of the simulator, HACK or KVQuant-style against FP16 on the same requests: held out
+    by configuration within its bounds, and closer to the measured than no fit's (5.6 points mean, 26.2 max: the
+    scenarios' own values, no fit involved)."""
+    comp = cv["against_reference"]
+    assert len(comp["rows"]) == 18 and all(r["reference"] == "baseline" for r in comp["rows"])
+    held = comp["summary"]["held_out_configuration"]
+    assert held["rows"] == 18
+    for key, bound in AGAINST_FP16_HELD_OUT_PTS.items():
+        assert held[key] <= bound, (key, held[key])
+    none = comp["summary"]["no_fit"]
+    assert none["mean_abs_error_pts"] == pytest.approx(5.6, abs=0.1) and none["max_abs_error_pts"] == pytest.approx(
+        26.2, abs=0.1
+    )
+    assert held["mean_abs_error_pts"] < none["mean_abs_error_pts"]
+
+
 def test_held_out_is_what_a_fit_without_the_trace_predicts(cv):
     """Held out differs from in-sample (the trace left the fit), and every trace has all three."""
     differ = 0

@@ -31,6 +31,7 @@ def _traces() -> list[TraceData]:
 class _Row:
     def __init__(self, i: int):
         self.trace, self.trace_path, self.scenario_path, self.method = f"t{i}", Path(f"t{i}"), Path("s"), None
+        self.machine = None
 
 
 def _spy(monkeypatch, traces: list[TraceData]) -> None:
@@ -122,7 +123,12 @@ def test_runs_of_one_configuration_have_no_held_out_configuration_and_say_why(mo
     result = crossval.cross_validate("index.csv", workers=1, noise=noise)
     assert "held_out" in result and "held_out_configuration" not in result
     assert result["notes"] == ["held out (configuration): needs two configurations or more (runs of two scenarios)"]
-    assert result["noise"] == {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5}, "host_gauge": None}
+    assert result["noise"] == {
+        "index": "repeats.csv",
+        "spread_pct": {"jct_mean": 1.5},
+        "host_gauge": None,
+        "against_reference": None,
+    }
 
 
 def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
@@ -175,6 +181,76 @@ def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
     assert flag.endswith("a (by 0.3 points; its recordings' mean JCT spreads ±3.2 % run to run)") or flag.endswith(
         "a (by 0.3 points; its recordings' mean JCT spreads ±3.3 % run to run)"
     ), flag
+
+
+def test_each_method_against_the_reference_over_the_same_requests():
+    """A method's mean JCT against FP16's is taken within one workload on one host (crossval.workload_key): a realrun
+    run pairs with FP16's of the same process (meta date) and rate, a benchmark file with FP16's of its configuration
+    on its machine. a, process d1: FP16 measured 1.0 s (no fit 1.1, held out 1.0), HACK 1.5 (1.5, 1.6): measured +50 %,
+    no fit +36.36 % (−13.64 points), held out +60 % (+10); HACK's second run in process d2 has no FP16 beside it and
+    makes no row; b (benchmark files): KVQuant-style on m1 with FP16 there, 2.0 against 1.6 (two FP16 runs, mean of
+    1.5 and 1.7): +25 %; on m2 no FP16. A scheme that did not score every run of a row leaves it out."""
+
+    def trace(name, c, family, source="realrun", date=None):
+        meta = {"rate_rps": 5.0, "seed": 1, "requests": 10, "date": date} if source == "realrun" else {"date": "x"}
+        return TraceData(name, f"{c}.yaml", c, family, family, {}, meta=meta, source=source)
+
+    def scored(meas, no_fit, held):
+        return {
+            "no_fit": {"jct_mean_measured_s": meas, "jct_mean_simulated_s": no_fit},
+            "held_out_configuration": {}
+            if held is None
+            else {"jct_mean_measured_s": meas, "jct_mean_simulated_s": held},
+        }
+
+    traces = [
+        trace("f", "a", "baseline", date="d1"),
+        trace("h", "a", "hack", date="d1"),
+        trace("h2", "a", "hack", date="d2"),
+        trace("bf1", "b", "baseline", "vllm"),
+        trace("bf2", "b", "baseline", "vllm"),
+        trace("bk", "b", "kvquant", "vllm"),
+        trace("bk2", "b", "kvquant", "vllm"),
+    ]
+    machines = [None, None, None, "m1", "m1", "m1", "m2"]
+    per_trace = [
+        scored(1.0, 1.1, 1.0),
+        scored(1.5, 1.5, 1.6),
+        scored(9.0, 9.0, 9.0),
+        scored(1.5, 1.5, 1.5),
+        scored(1.7, 1.7, None),
+        scored(2.0, 2.0, 2.0),
+        scored(2.0, 2.0, 2.0),
+    ]
+    schemes = ("no_fit", "held_out_configuration")
+    noise = {"against_reference": {"spread_pts": 6.0, "by_scenario": {"a": 4.5}}}
+    comp = crossval.against_reference(per_trace, traces, machines, schemes, noise)
+    rows = {(r["configuration"], r["method"]): r for r in comp["rows"]}
+    assert set(rows) == {("a", "hack"), ("b", "kvquant")}
+    a, b = rows["a", "hack"], rows["b", "kvquant"]
+    assert a["runs"] == ["h"] and a["reference_runs"] == ["f"] and a["workload"]["date"] == "d1"
+    assert a["measured_pct"] == pytest.approx(50.0)
+    assert a["no_fit"] == {
+        "predicted_pct": pytest.approx(100 * (1.5 / 1.1 - 1), abs=1e-3),
+        "error_pts": pytest.approx(-13.636, abs=1e-3),
+    }
+    assert a["held_out_configuration"]["error_pts"] == pytest.approx(10.0)
+    assert a["run_to_run_pts"] == 4.5 and b["run_to_run_pts"] is None
+    assert b["machine"] == "m1" and b["reference_runs"] == ["bf1", "bf2"] and b["measured_pct"] == pytest.approx(25.0)
+    assert b["held_out_configuration"] is None  # bf2 has no held-out score
+    assert comp["summary"]["no_fit"] == {
+        "rows": 2,
+        "mean_abs_error_pts": pytest.approx(13.636 / 2, abs=1e-3),
+        "max_abs_error_pts": pytest.approx(13.636, abs=1e-3),
+    }
+    assert comp["summary"]["held_out_configuration"]["rows"] == 1 and comp["run_to_run_pts"] == 6.0
+    text = "\n".join(
+        crossval.format_against_reference({"against_reference": comp, "noise": {}}, schemes, crossval.HEADS)
+    )
+    line = next(x for x in text.splitlines() if x.startswith("a "))
+    assert "+50.0%" in line and "+36.4% (-13.6)" in line and "+60.0% (+10.0)" in line and "±4.5" in line
+    assert "not recorded" in next(x for x in text.splitlines() if x.startswith("b "))
+    assert crossval.format_against_reference({"against_reference": {"rows": []}}, schemes, crossval.HEADS) == []
 
 
 def _children(pid: int) -> set[int]:

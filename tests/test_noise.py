@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 JCT_S = {"a": [1.0, 1.1, 0.9], "b": [2.0, 2.0, 2.0], "c": [1.0, 1.2, 1.1]}
 
 
-def _recording(folder: Path, jct_s: float, n: int = 4) -> Path:
+def _recording(folder: Path, jct_s: float, n: int = 4, meta: dict | None = None) -> Path:
     """A realrun trace whose requests arrive 1 s apart, each prefilled at once in 0.1 s and finished jct_s after
-    its arrival, with 5 output tokens (TPOT = (jct − 0.1) / 4)."""
+    its arrival, with 5 output tokens (TPOT = (jct − 0.1) / 4); `meta`: its meta.json (default: FP16's method)."""
     folder.mkdir(parents=True)
     rows = []
     for i in range(n):
@@ -47,7 +47,7 @@ def _recording(folder: Path, jct_s: float, n: int = 4) -> Path:
             }
         )
     pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
-    (folder / "meta.json").write_text(json.dumps({"method": "baseline"}))
+    (folder / "meta.json").write_text(json.dumps(meta or {"method": "baseline"}))
     return folder
 
 
@@ -97,6 +97,48 @@ def test_a_configuration_recorded_once_gives_no_spread(tmp_path):
     df.drop(columns="config").to_csv(index, index=False)
     with pytest.raises(ScenarioError, match="needs columns trace, scenario, config"):
         run_to_run_spread(index)
+
+
+def test_the_spread_of_a_method_against_the_reference_by_hand(tmp_path):
+    """Each process that recorded HACK and FP16 over the same requests gives 100 · (JCT_hack / JCT_fp16 − 1) over its
+    recordings' means: 1.2 / 1.0 → +20, 1.5 / 1.0 → +50, (2.2 + 2.6) / 2 / 2.0 → +20; their sd, 17.32 points
+    (sqrt(((−10)² + 20² + (−10)²) / 2)). A workload one process recorded (another seed), a process without the
+    reference, and a recording whose meta names no process add nothing."""
+    work = {"rate_rps": 5.0, "seed": 1, "requests": 4}
+    runs = [  # (name, scenario, config, jct, method, process)
+        ("f1", "s.yaml", "fp16", 1.0, "baseline", "p1"),
+        ("h1", "s.yaml", "hack", 1.2, "hack", "p1"),
+        ("f2", "s.yaml", "fp16", 1.0, "baseline", "p2"),
+        ("h2", "s.yaml", "hack", 1.5, "hack", "p2"),
+        ("f3", "s.yaml", "fp16", 2.0, "baseline", "p3"),
+        ("h3a", "s.yaml", "hack", 2.2, "hack", "p3"),
+        ("h3b", "s.yaml", "hack", 2.6, "hack", "p3"),
+        ("h4", "s.yaml", "hack", 9.0, "hack", "p4"),  # no FP16 in its process
+        ("f5", "t.yaml", "t_fp16", 1.0, "baseline", "p5"),  # scenario t, one process: no spread
+        ("h5", "t.yaml", "t_hack", 1.1, "hack", "p5"),
+        ("h6", "t.yaml", "t_hack", 1.3, "hack", None),  # no process named
+    ]
+    rows = []
+    for name, scenario, config, jct, method, process in runs:
+        meta = {"method": method, **work, **({"date": process} if process else {})}
+        _recording(tmp_path / name, jct, meta=meta)
+        rows.append((name, scenario, config))
+    index = tmp_path / "repeats.csv"
+    pd.DataFrame(rows, columns=["trace", "scenario", "config"]).to_csv(index, index=False)
+    a = run_to_run_spread(index)["against_reference"]
+    assert a["reference"] == "baseline" and a["degrees_of_freedom"] == 2
+    assert a["spread_pts"] == pytest.approx(math.sqrt(300.0), abs=1e-3)
+    assert a["by_scenario"] == {"s": pytest.approx(math.sqrt(300.0), abs=1e-3)}
+    # another seed is another workload: its processes do not pool with the first's
+    df = pd.read_csv(index)
+    for name in ("f3", "h3a", "h3b"):
+        meta = json.loads((tmp_path / name / "meta.json").read_text())
+        (tmp_path / name / "meta.json").write_text(json.dumps({**meta, "seed": 2}))
+    b = run_to_run_spread(index)["against_reference"]
+    assert b["degrees_of_freedom"] == 1 and b["spread_pts"] == pytest.approx(math.sqrt(450.0), abs=1e-3)
+    # one process per workload: no spread of the comparison
+    df[df.trace.isin(["f1", "h1", "f2", "h3a", "h3b"])].to_csv(index, index=False)
+    assert run_to_run_spread(index)["against_reference"] is None
 
 
 def test_validate_prints_the_spread_beside_each_error(tmp_path):

@@ -47,14 +47,9 @@ QUANTILES = ("mean", "p50", "p90", "p99")
 HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (module doc)
 
 
-def measured_values(trace: str | Path) -> dict[str, float]:
-    """The measured value of every metric validate scores (simulator/validate.py), from the trace alone: a
-    realrun trace or a benchmark file (per-request metrics only)."""
-    return measured_run(trace)[0]
-
-
 def measured_run(trace: str | Path) -> tuple[dict[str, float], dict]:
-    """measured_values and the run's meta.json (a realrun trace; {} for a benchmark file)."""
+    """The measured value of every metric validate scores (simulator/validate.py), from the trace alone (a realrun
+    trace or a benchmark file: per-request metrics only), and the run's meta.json ({} for a benchmark file)."""
     from .engine_logs import is_engine_log, read_engine_log
     from .measured import load_trace
     from .validate import MEASURABLE_PARTS, _stats, measured_parts

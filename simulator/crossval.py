@@ -43,7 +43,7 @@ from .calibrate import (
 )
 from .config import ScenarioError
 from .fit_items import TraceData
-from .noise import PROCESS_META, WORKLOAD_META, noise_summary
+from .noise import PAIRED_BY, noise_summary
 from .validate import host_gauge_lines
 
 CV_KEYS = {
@@ -414,15 +414,11 @@ def format_cv_machine(result: dict) -> str:
 
 
 # ---- each method against the FP16 reference ------------------------------------------------------------------
-# a realrun trace's workload (its requests) and its process (meta.json: every method of a configuration is recorded
-# back to back in one process on one host, which starts at `date`)
-PAIRED_BY = (*WORKLOAD_META, PROCESS_META)
-
-
 def workload_key(td: TraceData, machine: str | None) -> tuple:
     """What pairs a run with the reference method's runs over the same requests on the same host: its configuration
-    and machine and, for a realrun trace, its rate, seed, request count and process (PAIRED_BY); a benchmark file's,
-    its configuration (the scenario says its workload) and machine."""
+    and machine and, for a realrun trace, its rate, seed, request count and process (noise.PAIRED_BY: every method of
+    a configuration is recorded back to back in one process on one host, which starts at meta.json's `date`); a
+    benchmark file's, its configuration (the scenario says its workload) and machine."""
     extra = tuple(td.meta.get(k) for k in PAIRED_BY) if td.source == "realrun" else ()
     return (td.configuration, machine or "", *extra)
 

@@ -135,6 +135,7 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
 # what makes one workload in a realrun meta.json (the requests), and the process that recorded it (its start)
 WORKLOAD_META = ("rate_rps", "seed", "requests")
 PROCESS_META = "date"
+PAIRED_BY = (*WORKLOAD_META, PROCESS_META)  # what pairs a realrun run with FP16's (simulator/crossval.py)
 
 
 def against_reference_spread(recordings: list[tuple[str, dict[str, float], dict]]) -> dict | None:

@@ -44,6 +44,7 @@ import pandas as pd
 
 from .config import ScenarioError
 from .measured import Measured, load_measured, read_index
+from .noise import PAIRED_BY
 from .run import run_scenario
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -188,7 +189,9 @@ def validate(
         "trace": str(trace),
         "scenario": str(scenario_path),
         "method": method,
+        "family": m.config.name,  # the method's registry name (costmodel.methods.REFERENCE: FP16's)
         "source": m.source,
+        "workload": {k: m.meta.get(k) for k in PAIRED_BY} if m.source == "realrun" else {},
         "requests": len(df),
         "notes": notes,
         "metrics": {},
@@ -441,15 +444,25 @@ STEP_HEADS = ("step GPU", "host serial")
 
 def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
     """Validate every trace an index lists (read_index).  One dict per trace: its name, scenario and the
-    SUMMARY_KEYS errors (and STEP_KEYS', None without steps.csv)."""
+    SUMMARY_KEYS errors (and STEP_KEYS', None without steps.csv), and what pairs it with FP16's runs of the same
+    workload (format_validation_table's comparison: configuration, machine, family, source, workload, the measured
+    and simulated mean JCT)."""
     rows = []
     for r in read_index(index_csv):
         v = validate(r.trace_path, r.scenario_path, overrides, r.method)
+        jct = v["metrics"]["jct_s"]
         rows.append(
             {
                 "trace": r.trace,
                 "scenario": r.scenario,
+                "configuration": Path(str(r.scenario)).stem,
+                "machine": r.machine,
                 "method": v["method"],
+                "family": v["family"],
+                "source": v["source"],
+                "workload": v["workload"],
+                "jct_mean_measured_s": jct["measured"]["mean"],
+                "jct_mean_simulated_s": jct["simulated"]["mean"],
                 "requests": v["requests"],
                 **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
                 "host_factor": (v.get("host_factor") or {}).get("value"),
@@ -489,7 +502,38 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
             "from 1, that machine's CPU runs the engine loop faster (< 1) or slower than the scenario says (move a "
             "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
         )
-    return text
+    return text + "".join("\n" + x for x in index_against_reference(rows, noise))
+
+
+def index_against_reference(rows: list[dict], noise: dict | None = None) -> list[str]:
+    """validate_index's rows as crossval.against_reference compares them (each method's mean JCT against FP16's over
+    the same requests on the same host, as the scenario prices it), its table; nothing where no row has FP16's beside
+    it (or the rows predate the comparison's fields)."""
+    from .crossval import against_reference, format_against_reference
+    from .fit_items import TraceData
+
+    if not rows or any("jct_mean_measured_s" not in r for r in rows):
+        return []
+    runs = [
+        TraceData(
+            name=r["trace"],
+            scenario=r["scenario"],
+            configuration=r["configuration"],
+            method=r["method"],
+            family=r["family"],
+            values0={},
+            meta=r["workload"],
+            source=r["source"],
+        )
+        for r in rows
+    ]
+    scores = [
+        {"no_fit": {"jct_mean_measured_s": r["jct_mean_measured_s"], "jct_mean_simulated_s": r["jct_mean_simulated_s"]}}
+        for r in rows
+    ]
+    comp = against_reference(scores, runs, [r["machine"] for r in rows], ("no_fit",), noise)
+    doc = {"against_reference": comp, **({"noise": noise} if noise else {})}
+    return format_against_reference(doc, ("no_fit",), {"no_fit": "simulated"})
 
 
 def _factor(x: float | None) -> str:

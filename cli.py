@@ -679,7 +679,7 @@ def validate(
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
     from simulator.noise import noise_summary, run_to_run_spread
-    from simulator.validate import format_validation, format_validation_table, validate_index
+    from simulator.validate import format_validation, format_validation_table, index_comparison, validate_index
     from simulator.validate import validate as run_validate
 
     if plotlyjs_refusal(plotlyjs):
@@ -731,8 +731,14 @@ def validate(
 
         def page(path: Path) -> None:
             if many:
+                rows = jsonable(result)
                 write_validation_index_report(
-                    jsonable(result), path, plotlyjs=plotlyjs, noise=spread, page_path=out / path.name
+                    rows,
+                    path,
+                    plotlyjs=plotlyjs,
+                    noise=spread,
+                    page_path=out / path.name,
+                    comparison=index_comparison(rows, spread),
                 )
             else:
                 write_validation_report(jsonable(doc), path, plotlyjs=plotlyjs, page_path=out / path.name)

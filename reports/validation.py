@@ -321,7 +321,36 @@ def _index_table(rows: list[dict], noise: dict | None = None) -> str:
     )
 
 
-def validation_index_page(rows: list[dict], noise: dict | None = None) -> Page:
+def _comparison_table(comp: dict, noise: dict | None) -> str:
+    """Each method's mean JCT against FP16's (simulator/validate.py, index_comparison): measured, simulated, the error in
+    points and, with repeats, the comparison's run-to-run spread."""
+
+    def pct(x: float | None) -> str:
+        return "–" if x is None else f"{x:+.1f} %"
+
+    machines = any(r["machine"] for r in comp["rows"])
+    head = "<th>configuration</th>" + ("<th>machine</th>" if machines else "") + "<th>req/s</th><th>method</th>"
+    head += "<th>measured</th><th>simulated</th><th>error (points)</th>" + ("<th>run to run</th>" if noise else "")
+    body = ""
+    for r in comp["rows"]:
+        rate, sim = r["workload"].get("rate_rps"), r["no_fit"]
+        body += f"<tr><td>{_esc(r['configuration'])}</td>" + (
+            f"<td>{_esc(r['machine'] or '')}</td>" if machines else ""
+        )
+        body += f"<td>{'' if rate is None else f'{rate:g}'}</td><td>{_esc(r['method'])}</td>"
+        body += f"<td>{pct(r['measured_pct'])}</td><td>{pct(sim and sim['predicted_pct'])}</td>"
+        body += f"<td>{'–' if sim is None else format(sim['error_pts'], '+.1f')}</td>"
+        if noise:
+            x = r["run_to_run_pts"]
+            body += f"<td>{'not recorded' if x is None else f'±{x:.1f}'}</td>"
+        body += "</tr>"
+    return (
+        f'<div class="scroll"><table id="table-against-reference"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def validation_index_page(rows: list[dict], noise: dict | None = None, comparison: dict | None = None) -> Page:
     def mean_abs(key):
         vals = [abs(r[key]) for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
@@ -349,6 +378,24 @@ def validation_index_page(rows: list[dict], noise: dict | None = None) -> Page:
             body_html=_index_table(rows, noise) + (_notes_html({"noise": noise}) if noise else ""),
         ),
     ]
+    comp = comparison  # simulator.validate.index_comparison: each method against FP16, where the index has both
+    if comp is not None:
+        s = comp["summary"]["no_fit"]
+        sections.append(
+            Section(
+                "against-fp16",
+                f"Each method against {comp['rows'][0]['reference']}",
+                f"Mean JCT against {comp['rows'][0]['reference']}'s over the same requests on the same host, in %; "
+                f"the simulated value misses by {s['mean_abs_error_pts']:.1f} points on average "
+                f"({s['max_abs_error_pts']:.1f} at worst)"
+                + (
+                    f", against a run-to-run spread of ±{comp['run_to_run_pts']:.1f} points."
+                    if comp.get("run_to_run_pts") is not None
+                    else "."
+                ),
+                body_html=_comparison_table(comp, noise),
+            )
+        )
     return Page(
         title=f"validation · {len(rows)} traces",
         heading=f"Validation over {len(rows)} traces",
@@ -367,5 +414,7 @@ def write_validation_index_report(
     plotlyjs: str | None = None,
     noise: dict | None = None,
     page_path: Path | None = None,
+    comparison: dict | None = None,
 ) -> Path:
-    return write_page(validation_index_page(rows, noise), path, plotlyjs=plotlyjs, page_path=page_path)
+    page = validation_index_page(rows, noise, comparison)
+    return write_page(page, path, plotlyjs=plotlyjs, page_path=page_path)

@@ -506,14 +506,25 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
 
 
 def index_against_reference(rows: list[dict], noise: dict | None = None) -> list[str]:
+    """index_comparison's table; nothing where no row has FP16's beside it."""
+    from .crossval import format_against_reference
+
+    comp = index_comparison(rows, noise)
+    if comp is None:
+        return []
+    doc = {"against_reference": comp, **({"noise": noise} if noise else {})}
+    return format_against_reference(doc, ("no_fit",), {"no_fit": "simulated"})
+
+
+def index_comparison(rows: list[dict], noise: dict | None = None) -> dict | None:
     """validate_index's rows as crossval.against_reference compares them (each method's mean JCT against FP16's over
-    the same requests on the same host, as the scenario prices it), its table; nothing where no row has FP16's beside
-    it (or the rows predate the comparison's fields)."""
-    from .crossval import against_reference, format_against_reference
+    the same requests on the same host, as the scenario prices it: the scheme `no_fit`); None where no row has FP16's
+    beside it (or the rows predate the comparison's fields)."""
+    from .crossval import against_reference
     from .fit_items import TraceData
 
     if not rows or any("jct_mean_measured_s" not in r for r in rows):
-        return []
+        return None
     runs = [
         TraceData(
             name=r["trace"],
@@ -532,8 +543,7 @@ def index_against_reference(rows: list[dict], noise: dict | None = None) -> list
         for r in rows
     ]
     comp = against_reference(scores, runs, [r["machine"] for r in rows], ("no_fit",), noise)
-    doc = {"against_reference": comp, **({"noise": noise} if noise else {})}
-    return format_against_reference(doc, ("no_fit",), {"no_fit": "simulated"})
+    return comp if comp["rows"] else None
 
 
 def _factor(x: float | None) -> str:

@@ -195,7 +195,7 @@ def test_decode_and_iteration_errors_per_trace(rows):
         assert abs(r["iteration_mean_error_pct"]) <= iteration, (name, r["iteration_mean_error_pct"])
 
 
-def test_each_method_against_fp16_as_the_scenarios_price_it(rows):
+def test_each_method_against_fp16_as_the_scenarios_price_it(rows, tmp_path):
     """`validate index.csv` (no fit) prints each method's mean JCT against FP16's over the same requests in the same
     process, measured and simulated: 18 comparisons on the 27 traces, 5.6 points off on average (26.2 at worst,
     `8b_sat` HACK r9: +79 % measured, +53 % priced), the same as `validate --cv`'s no-fit column
@@ -212,3 +212,12 @@ def test_each_method_against_fp16_as_the_scenarios_price_it(rows):
     sat9 = next(x for x in lines if x.startswith("h200g_8b_sat ") and " 9 " in x and "hack" in x)
     assert "+79.2%" in sat9 and "+52.9% (-26.2)" in sat9
     assert table[0] in format_validation_table(rows)
+    # the validation page (validate INDEX --out) has it as a section of its own
+    from reports.validation import write_validation_index_report
+    from simulator.validate import index_comparison
+
+    page = write_validation_index_report(
+        rows, tmp_path / "v.html", plotlyjs="plotly.min.js", comparison=index_comparison(rows)
+    ).read_text()
+    assert 'id="against-fp16"' in page and page.count("<tr>", page.index("table-against-reference")) == 19
+    assert "misses by 5.6 points on average (26.2 at worst)." in page

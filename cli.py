@@ -676,10 +676,11 @@ def validate(
     """Simulate the configuration of a measured run (a realrun TRACE, or a vLLM, SGLang or AIPerf benchmark
     file) and report the simulator's errors."""
     errors_as_json(as_json)
+    from simulator.comparison import index_comparison
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
     from simulator.noise import noise_summary, run_to_run_spread
-    from simulator.validate import format_validation, format_validation_table, index_comparison, validate_index
+    from simulator.validate import format_validation, format_validation_table, validate_index
     from simulator.validate import validate as run_validate
 
     if plotlyjs_refusal(plotlyjs):

@@ -322,7 +322,7 @@ def _index_table(rows: list[dict], noise: dict | None = None) -> str:
 
 
 def _comparison_table(comp: dict, noise: dict | None) -> str:
-    """Each method's mean JCT against FP16's (simulator/validate.py, index_comparison): measured, simulated, the error in
+    """Each method's mean JCT against FP16's (simulator/comparison.py, index_comparison): measured, simulated, the error in
     points and, with repeats, the comparison's run-to-run spread."""
 
     def pct(x: float | None) -> str:
@@ -378,7 +378,7 @@ def validation_index_page(rows: list[dict], noise: dict | None = None, compariso
             body_html=_index_table(rows, noise) + (_notes_html({"noise": noise}) if noise else ""),
         ),
     ]
-    comp = comparison  # simulator.validate.index_comparison: each method against FP16, where the index has both
+    comp = comparison  # simulator.comparison.index_comparison: each method against FP16, where the index has both
     if comp is not None:
         s = comp["summary"]["no_fit"]
         sections.append(

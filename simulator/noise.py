@@ -25,7 +25,7 @@ from its configuration's mean), the least-squares slope through the origin, and 
 gauge is known (100 · sqrt(Σ (y − b x)² / (dof − 1))): the floor a prediction could reach with the run's own host
 speed, against the floor without it. None where no recording has the step.
 
-A method's mean JCT against the FP16 reference's (`validate --cv`'s comparison, simulator/crossval.py) has its own
+A method's mean JCT against the FP16 reference's (`validate`'s comparison, simulator/comparison.py) has its own
 spread, `against_reference`: a realrun process records every method of one workload back to back on one host
 (meta.json's `date`, its start, is the same for them), so each process that recorded a method and the reference over
 the same requests (scenario, rate, seed, request count) gives one value, 100 · (JCT_method / JCT_reference − 1)
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .comparison import PROCESS_META, WORKLOAD_META
 from .config import ScenarioError
 
 QUANTILES = ("mean", "p50", "p90", "p99")
@@ -130,12 +131,6 @@ def run_to_run_spread(index_csv: str | Path) -> dict:
         "by_scenario": {sc: _pooled(devs, dofs) for sc, (devs, dofs) in sorted(by_scenario.items())},
         "against_reference": against,
     }
-
-
-# what makes one workload in a realrun meta.json (the requests), and the process that recorded it (its start)
-WORKLOAD_META = ("rate_rps", "seed", "requests")
-PROCESS_META = "date"
-PAIRED_BY = (*WORKLOAD_META, PROCESS_META)  # what pairs a realrun run with FP16's (simulator/crossval.py)
 
 
 def against_reference_spread(recordings: list[tuple[str, dict[str, float], dict]]) -> dict | None:

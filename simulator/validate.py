@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .comparison import PAIRED_BY, index_against_reference
 from .config import ScenarioError
 from .measured import Measured, load_measured, read_index
-from .noise import PAIRED_BY
 from .run import run_scenario
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -503,47 +503,6 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
             "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
         )
     return text + "".join("\n" + x for x in index_against_reference(rows, noise))
-
-
-def index_against_reference(rows: list[dict], noise: dict | None = None) -> list[str]:
-    """index_comparison's table; nothing where no row has FP16's beside it."""
-    from .crossval import format_against_reference
-
-    comp = index_comparison(rows, noise)
-    if comp is None:
-        return []
-    doc = {"against_reference": comp, **({"noise": noise} if noise else {})}
-    return format_against_reference(doc, ("no_fit",), {"no_fit": "simulated"})
-
-
-def index_comparison(rows: list[dict], noise: dict | None = None) -> dict | None:
-    """validate_index's rows as crossval.against_reference compares them (each method's mean JCT against FP16's over
-    the same requests on the same host, as the scenario prices it: the scheme `no_fit`); None where no row has FP16's
-    beside it (or the rows predate the comparison's fields)."""
-    from .crossval import against_reference
-    from .fit_items import TraceData
-
-    if not rows or any("jct_mean_measured_s" not in r for r in rows):
-        return None
-    runs = [
-        TraceData(
-            name=r["trace"],
-            scenario=r["scenario"],
-            configuration=r["configuration"],
-            method=r["method"],
-            family=r["family"],
-            values0={},
-            meta=r["workload"],
-            source=r["source"],
-        )
-        for r in rows
-    ]
-    scores = [
-        {"no_fit": {"jct_mean_measured_s": r["jct_mean_measured_s"], "jct_mean_simulated_s": r["jct_mean_simulated_s"]}}
-        for r in rows
-    ]
-    comp = against_reference(scores, runs, [r["machine"] for r in rows], ("no_fit",), noise)
-    return comp if comp["rows"] else None
 
 
 def _factor(x: float | None) -> str:

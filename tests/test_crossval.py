@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import crossval
+from simulator import comparison, crossval
 from simulator.fit_items import TraceData
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_a_configuration_predicted_worse_than_no_fit_is_flagged():
 
 
 def test_each_method_against_the_reference_over_the_same_requests():
-    """A method's mean JCT against FP16's is taken within one workload on one host (crossval.workload_key): a realrun
+    """A method's mean JCT against FP16's is taken within one workload on one host (comparison.workload_key): a realrun
     run pairs with FP16's of the same process (meta date) and rate, a benchmark file with FP16's of its configuration
     on its machine. a, process d1: FP16 measured 1.0 s (no fit 1.1, held out 1.0), HACK 1.5 (1.5, 1.6): measured +50 %,
     no fit +36.36 % (−13.64 points), held out +60 % (+10); HACK's second run in process d2 has no FP16 beside it and
@@ -224,7 +224,7 @@ def test_each_method_against_the_reference_over_the_same_requests():
     ]
     schemes = ("no_fit", "held_out_configuration")
     noise = {"against_reference": {"spread_pts": 6.0, "by_scenario": {"a": 4.5}}}
-    comp = crossval.against_reference(per_trace, traces, machines, schemes, noise)
+    comp = comparison.against_reference(per_trace, traces, machines, schemes, noise)
     rows = {(r["configuration"], r["method"]): r for r in comp["rows"]}
     assert set(rows) == {("a", "hack"), ("b", "kvquant")}
     a, b = rows["a", "hack"], rows["b", "kvquant"]
@@ -245,12 +245,12 @@ def test_each_method_against_the_reference_over_the_same_requests():
     }
     assert comp["summary"]["held_out_configuration"]["rows"] == 1 and comp["run_to_run_pts"] == 6.0
     text = "\n".join(
-        crossval.format_against_reference({"against_reference": comp, "noise": {}}, schemes, crossval.HEADS)
+        comparison.format_against_reference({"against_reference": comp, "noise": {}}, schemes, crossval.HEADS)
     )
     line = next(x for x in text.splitlines() if x.startswith("a "))
     assert "+50.0%" in line and "+36.4% (-13.6)" in line and "+60.0% (+10.0)" in line and "±4.5" in line
     assert "not recorded" in next(x for x in text.splitlines() if x.startswith("b "))
-    assert crossval.format_against_reference({"against_reference": {"rows": []}}, schemes, crossval.HEADS) == []
+    assert comparison.format_against_reference({"against_reference": {"rows": []}}, schemes, crossval.HEADS) == []
 
 
 def _children(pid: int) -> set[int]:

@@ -200,7 +200,8 @@ def test_each_method_against_fp16_as_the_scenarios_price_it(rows, tmp_path):
     process, measured and simulated: 18 comparisons on the 27 traces, 5.6 points off on average (26.2 at worst,
     `8b_sat` HACK r9: +79 % measured, +53 % priced), the same as `validate --cv`'s no-fit column
     (tests/test_calibrate_measured.py)."""
-    from simulator.validate import format_validation_table, index_against_reference
+    from simulator.comparison import index_against_reference
+    from simulator.validate import format_validation_table
 
     table = index_against_reference(rows)
     assert table and "against baseline's" in table[0]
@@ -214,7 +215,7 @@ def test_each_method_against_fp16_as_the_scenarios_price_it(rows, tmp_path):
     assert table[0] in format_validation_table(rows)
     # the validation page (validate INDEX --out) has it as a section of its own
     from reports.validation import write_validation_index_report
-    from simulator.validate import index_comparison
+    from simulator.comparison import index_comparison
 
     page = write_validation_index_report(
         rows, tmp_path / "v.html", plotlyjs="plotly.min.js", comparison=index_comparison(rows)

@@ -147,7 +147,7 @@ def index_against_reference(rows: list[dict], noise: dict | None = None) -> list
 
 
 def index_comparison(rows: list[dict], noise: dict | None = None) -> dict | None:
-    """validate_index's rows as crossval.against_reference compares them (each method's mean JCT against FP16's over
+    """validate_index's rows as against_reference compares them (each method's mean JCT against FP16's over
     the same requests on the same host, as the scenario prices it: the scheme `no_fit`); None where no row has FP16's
     beside it (or the rows predate the comparison's fields)."""
     if not rows or any("jct_mean_measured_s" not in r for r in rows):

@@ -879,8 +879,9 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
             x, sd, flat, j_data = _map_fit(traces, names, start, base, kinds, warm, prior_scale, widths)
             warm = x
             # identified: the runs constrain it to at most IDENTIFIED of the stated width (prior_widths: a profiled
-            # kernel's factor its narrower one; the posterior sd with those priors, whatever the scale: which parameters the runs pin down is theirs, the scale only sets
-            # how hard the rest is pulled toward the kernels)
+            # kernel's factor its narrower one; the posterior sd with those priors, whatever the scale: which
+            # parameters the runs pin down is theirs, the scale only sets how hard the rest is pulled toward the
+            # kernels)
             sd1 = sd
             if prior_scale != 1.0:
                 slope = prior_residuals(names, np.array([x[n] for n in names]), start, widths=widths)[1]

@@ -25,6 +25,11 @@ PROCESS_META = "date"
 PAIRED_BY = (*WORKLOAD_META, PROCESS_META)
 
 
+def against_pct(own_s: Sequence[float], reference_s: Sequence[float]) -> float:
+    """A method's mean JCT against the reference's, in %: 100 · (mean of its runs / mean of the reference's − 1)."""
+    return 100.0 * (float(np.mean(own_s)) / float(np.mean(reference_s)) - 1.0)
+
+
 def workload_key(td: TraceData, machine: str | None) -> tuple:
     """What pairs a run with the reference method's runs over the same requests on the same host: its configuration
     and machine and, for a realrun trace, its rate, seed, request count and process (PAIRED_BY: every method of
@@ -52,7 +57,7 @@ def against_reference(
         b = [per_trace[i][scheme].get(field) for i in ref]
         if any(x is None for x in a + b):
             return None
-        return 100.0 * (float(np.mean(a)) / float(np.mean(b)) - 1.0)
+        return against_pct(a, b)
 
     rows: list[dict[str, Any]] = []
     for key in sorted(groups, key=repr):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .comparison import PROCESS_META, WORKLOAD_META
+from .comparison import PROCESS_META, WORKLOAD_META, against_pct
 from .config import ScenarioError
 
 QUANTILES = ("mean", "p50", "p90", "p99")
@@ -151,13 +151,7 @@ def against_reference_spread(recordings: list[tuple[str, dict[str, float], dict]
     for key, by_process in sorted(cells.items(), key=repr):
         methods = sorted({m for c in by_process.values() for m in c if m != REFERENCE})
         for m in methods:
-            g = np.array(
-                [
-                    100.0 * (np.mean(c[m]) / np.mean(c[REFERENCE]) - 1.0)
-                    for c in by_process.values()
-                    if m in c and REFERENCE in c
-                ]
-            )
+            g = np.array([against_pct(c[m], c[REFERENCE]) for c in by_process.values() if m in c and REFERENCE in c])
             if len(g) < 2:
                 continue
             devs.setdefault(key[0], []).extend((g - g.mean()).tolist())

@@ -97,7 +97,8 @@
 #   part firstseen: realrun.prefillprof --first-seen 40 at 128-640, 640-1536 and 2048-4096 tokens on the 8-layer 70B and
 #             the 32-layer 8B, each range in a process of its own: the first-seen prefill time and how much of it a
 #             GPU-bound forward shows, on this GPU's host (~150 s).
-#   part order8b: smoke, then h200g_8b_2.5gbps r7.5 150 requests with HACK first, KVQuant-style, FP16 last (~150 s).
+#   part order8b: smoke, then h200g_8b_2.5gbps r7.5 150 requests with HACK first, KVQuant-style, FP16 last (~150 s;
+#             h100g_8b_2.5gbps on an H100: realrun/traces/h100_order8b).
 #   part xferpre: realrun.transient --xfer-gbps 2.5 10 25 40 50 --xfer-prefill 128 384, part xfer's windows plus, per
 #             rate and cycle, short prefills with the link idle and 10 ms into a long transfer on the harness's own
 #             link (the prefill floor's level while the link moves KV): the 32-layer 8B and the 8-layer 70B, every
@@ -374,7 +375,9 @@ elif [ "$PART" = order8b ]; then
   # issue 28: the method-order check on the H200 at the host-bound short prompts (h100_order is the 70B's, on an
   # H100): h200g_8b_2.5gbps with HACK first and FP16 last, the reverse of h200_graphs' order
   smoke_or_stop
-  rec h200g_8b_2.5gbps M8 2.5 128 384 32 128 16 8 150 150 1 "hack kvquant baseline" 7.5
+  # labelled for the GPU that came (the h100g scenario's flags are the same): a trace's name says its machine
+  lab=h200g; if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100; then lab=h100g; fi
+  rec ${lab}_8b_2.5gbps M8 2.5 128 384 32 128 16 8 150 150 1 "hack kvquant baseline" 7.5
 elif [ "$PART" = xferpre ]; then
   if [ "${REALRUN_SMOKE:-0}" = 1 ]; then TR=(--smoke); TR70=(--smoke); else
     TR=(--sets "llama-3.1-8b:32"); TR70=(--sets "llama-3.1-70b:8")

@@ -3,16 +3,19 @@ h100_probe, h100_probe2, h100_probe3, h100_probe4; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
-method and seed. How the H200 calibration carries to them: tests/test_calibrate_measured_sessions.py."""
+method and seed; the method-order check (realrun/traces/h100_order8b). How the H200 calibration carries to them:
+tests/test_calibrate_measured_sessions.py."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 
 import yaml
 
+from simulator.measured import earlier_run
 from tests.recorded_runs import check_recorded_run, rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +158,43 @@ def test_the_host_probe_orders_four_sessions_as_their_host_factors():
     assert (
         medians["h100_probe"] < 1.0 < medians["h100_probe3"] < medians["h100_probe4"] < medians["h100_probe2"] < 2.0
     ), medians
+
+
+def _prefill_ms(folder: Path) -> dict[str, float]:
+    return {
+        r["request_id"]: 1e3 * (float(r["prefill_end_s"]) - float(r["prefill_start_s"]))
+        for r in rows(folder / "requests.csv")
+    }
+
+
+def _fp16_less_kvquant_ms(fp16: Path, kvquant: Path) -> float:
+    """The median over requests of FP16's prefill less KVQuant-style's on the same prompt (the same forward)."""
+    a, b = _prefill_ms(fp16), _prefill_ms(kvquant)
+    return statistics.median(a[k] - b[k] for k in a)
+
+
+def test_the_first_runs_extra_prefill_time_follows_the_order_on_an_h100():
+    """realrun/traces/h100_order8b: 8b_2.5gbps with HACK first and FP16 last on two machines: FP16's prefill is
+    KVQuant-style's (the same forward) to 0.2 ms, where in the seven sessions that ran FP16 first it is 0.6 ms or more
+    longer (the first run's kernel choices, prefill.host_first_seen_s_per_iteration); validate reads the order."""
+    order = TRACES / "h100_order8b"
+    index = rows(order / "index.csv")
+    assert len(index) == 6 and {r["machine"] for r in index} == {"h100-2026-12-07-0816", "h100-2026-12-07-0820"}
+    for row in index:
+        meta = check_recorded_run(order / row["trace"], ROOT / row["scenario"])
+        assert meta["gpu"].startswith("NVIDIA H100") and "--method hack kvquant baseline" in meta["command"]
+        if meta["method"] != "hack":
+            assert earlier_run(meta, row["trace"]) == "hack, the process's first method"
+    prov = json.loads((order / "provenance.json").read_text())
+    assert prov["gpu"].startswith("NVIDIA H100") and "device_run.sh" in prov["command"]
+    last = [
+        _fp16_less_kvquant_ms(order / s / "h100g_8b_2.5gbps_baseline_r7.5", order / s / "h100g_8b_2.5gbps_kvquant_r7.5")
+        for s in ("s0816", "s0820")
+    ]
+    assert all(abs(d) < 0.2 for d in last), last
+    first = [
+        _fp16_less_kvquant_ms(TRACES / r["trace"], TRACES / r["trace"].replace("_baseline_", "_kvquant_"))
+        for r in rows(TRACES / "index_h100.csv")
+        if "h100g_8b_2.5gbps_baseline" in r["trace"]
+    ]
+    assert len(first) == 7 and min(first) > 0.6, first

@@ -328,13 +328,22 @@ def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_
     return pred, {name: d.get(name, zero) for name in wrt}
 
 
+_LINK_MEMO = "_round_robin_at_rate"  # a transfer block's (rate, durations) last walked (_predict_transfer)
+
+
 def _predict_transfer(blk: dict, v: dict[str, float], wrt: tuple[str, ...]):
     chunk = blk.get("chunk_bytes", 0)  # a hand-built block may lack it: fluid sharing
 
     def at(eff: float, lat: float) -> np.ndarray:
         rate = blk["line_bytes_per_s"] * eff
         if chunk:  # the simulator's round-robin link itself (simulator/link.py)
-            return np.array(round_robin_s(blk["start"].tolist(), blk["bytes"].tolist(), rate, chunk)) + lat
+            # the walk at the last rate asked is kept with the block: a fit that does not move the link's
+            # efficiency asks for the same rate at every step
+            memo = blk.get(_LINK_MEMO)
+            if memo is None or memo[0] != rate:
+                memo = (rate, np.array(round_robin_s(blk["start"].tolist(), blk["bytes"].tolist(), rate, chunk)))
+                blk[_LINK_MEMO] = memo
+            return memo[1] + lat
         return processor_sharing_s(blk["start"], blk["bytes"], rate) + lat
 
     eff = v["network.efficiency"]
@@ -470,20 +479,27 @@ def _weighted_residuals(
     item's scale (`scales[trace index, kind]`, item_scales; without it its measured time), each trace and kind
     weighted 1/sqrt(its items), in units of DATA_SIGMA, at the parameters `names` = x over each trace's values
     `base`; with jac, (residuals, Jacobian items x names)."""
-    out, rows = [], []
-    for idx, td, kind, v, meas in _item_blocks(traces, names, x, kinds, base):
+    blocks = list(_item_blocks(traces, names, x, kinds, base))
+    r = np.empty(sum(len(b[4]) for b in blocks))
+    # the Jacobian filled in place, column by column (one allocation, not a stack of per-block ones)
+    j = np.empty((len(r), len(names))) if jac else None
+    wrt, host = tuple(names), [n in HOST_TIMES for n in names]
+    row = 0
+    for idx, td, kind, v, meas in blocks:
         w = 1.0 / (meas if scales is None else scales[idx, kind]) / math.sqrt(len(meas)) / DATA_SIGMA
-        if jac:
-            pred, d = predict(td, kind, v, tuple(names))
-            f = td.host_factor
-            rows.append(np.column_stack([d[n] * (w * f if n in HOST_TIMES else w) for n in names]))
+        k = len(meas)
+        if j is not None:
+            pred, d = predict(td, kind, v, wrt)
+            wf = w * td.host_factor
+            for col, n in enumerate(names):
+                j[row : row + k, col] = d[n] * (wf if host[col] else w)
         else:
             pred = predict(td, kind, v)
-        out.append((pred - meas) * w)
-    r = np.concatenate(out) if out else np.zeros(0)
-    if not jac:
+        r[row : row + k] = (pred - meas) * w
+        row += k
+    if j is None:
         return r
-    return r, (np.vstack(rows) if rows else np.zeros((0, len(names))))
+    return r, j
 
 
 def item_scales(

@@ -7,7 +7,7 @@
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
 #          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | firstseen | order8b | graphs1 | graphs2
-#          | cpustate
+#          | cpustate | h100new
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -69,6 +69,9 @@
 #   part h100f (on an H100): smoke, then h100g_8b_sat r8, h100g_70b8l_2.5gbps r9 and h100g_8b_kvsat r2 (60 requests),
 #             every method once: three configurations no H100 run has, at the rates where the simulator puts the
 #             H100's mean JCT near the H200 recordings' (~380 s).
+#   part h100new (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_8b_pbatch r10 (prefill batches of up
+#             to 4) and h100g_70b8l_40gbps r20 (200 requests), every method once: two configurations no H100 run has,
+#             beside one every H100 session has (~360 s).
 #   part pin (on an H100): smoke, then h100g_8b_sat r8 HACK three times back to back with the threads where the OS puts
 #             them, three times with the loop and the link thread pinned to a CPU each (--pin-threads), then KVQuant-style
 #             the same (~470 s): is the host steps' run-to-run spread (HACK's packing step in two modes, 4.5 and 7 ms,
@@ -462,6 +465,15 @@ elif [ "$PART" = h100f ]; then
   rec h100g_8b_sat M8 40 1024 3072 32 160 32 16 150 150 1 "baseline kvquant hack" 8
   rec h100g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 130 150 1 "baseline kvquant hack" 9
   rec h100g_8b_kvsat M8 50 2048 6144 192 448 5 16 170 60 1 "baseline kvquant hack" 2
+elif [ "$PART" = h100new ]; then
+  # issue 28: two configurations no H100 run has, beside one every H100 session has (8b_small, the session's host
+  # factor): prefill batches of up to 4 requests (8b_pbatch) and the 8-layer 70B at 40 Gbps (70b8l_40gbps), at the
+  # rates where the simulator puts the H100's mean JCT near the H200 recordings' (FP16 1.23 s at 10 req/s; HACK 1.26 s
+  # at 20 req/s); the calibration fitted on index_h100 predicts them (~360 s)
+  smoke_or_stop
+  rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5
+  PFB=4 rec h100g_8b_pbatch M8 25 256 1024 32 160 16 8 190 150 1 "baseline kvquant hack" 10
+  rec h100g_70b8l_40gbps M70 40 512 1024 32 128 16 8 150 200 1 "baseline kvquant hack" 20
 elif [ "$PART" = pin ]; then
   # issue 28: the run-to-run spread of the host steps with the threads pinned and not
   smoke_or_stop

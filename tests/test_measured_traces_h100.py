@@ -3,7 +3,8 @@ h100_probe, h100_probe2, h100_probe3, h100_probe4; listed in
 realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
-method and seed; the method-order check (realrun/traces/h100_order8b). How the H200 calibration carries to them:
+method and seed; the method-order check (realrun/traces/h100_order8b); two configurations new to the H100
+(realrun/traces/h100_new). How the H200 calibration carries to them:
 tests/test_calibrate_measured_sessions.py."""
 
 from __future__ import annotations
@@ -198,3 +199,24 @@ def test_the_first_runs_extra_prefill_time_follows_the_order_on_an_h100():
         if "h100g_8b_2.5gbps_baseline" in r["trace"]
     ]
     assert len(first) == 7 and min(first) > 0.6, first
+
+
+def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one():
+    """realrun/traces/h100_new: 8b_pbatch and 70b8l_40gbps, which no other H100 session has, beside 8b_small, which
+    every one has (the session's host factor), twice on one machine (the second call's folders end _rep1)."""
+    new = TRACES / "h100_new"
+    index = rows(new / "index.csv")
+    assert len(index) == 9 and {r["machine"] for r in index} == {"h100-2026-12-07-0920"}
+    configs = {Path(r["scenario"]).stem for r in index}
+    assert configs == {"h100g_8b_small", "h100g_8b_pbatch", "h100g_70b8l_40gbps"}
+    known = {Path(r["scenario"]).stem for r in rows(TRACES / "index_h100.csv")}
+    assert configs - known == {"h100g_8b_pbatch", "h100g_70b8l_40gbps"}
+    for row in index:
+        for folder in (new / row["trace"], new / (row["trace"] + "_rep1")):
+            meta = check_recorded_run(folder, ROOT / row["scenario"])
+            assert meta["gpu"].startswith("NVIDIA H100"), folder
+            scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
+            assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
+            assert scen["prefill"]["max_batch_requests"] == meta["prefill_max_batch_requests"], folder
+    prov = json.loads((new / "provenance.json").read_text())
+    assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")

@@ -48,8 +48,10 @@ def iteration_parts(trace: str | Path):
     import pandas as pd
 
     trace = Path(trace)
-    files = ("iterations.csv", "requests.csv", "steps.csv")
-    return parts_of(*(pd.read_csv(trace / f) for f in files))
+    # the committed traces keep their iterations gzipped (simulator/measured.py, ITERATIONS_FILES)
+    its = trace / "iterations.csv"
+    its = its if its.exists() else trace / "iterations.csv.gz"
+    return parts_of(*(pd.read_csv(f) for f in (its, trace / "requests.csv", trace / "steps.csv")))
 
 
 def parts_of(iterations, requests, steps):

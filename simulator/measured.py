@@ -27,6 +27,16 @@ from .trace_rows import MEASURED_ITERATIONS, MEASURED_TRACE, check_trace_rows, r
 GIB = 2**30
 
 
+# a trace folder's decode iterations: as realrun writes them, or gzipped as the committed traces keep them (their
+# size in git, and what travels to a device machine)
+ITERATIONS_FILES = ("iterations.csv", "iterations.csv.gz")
+
+
+def iterations_file(folder: Path) -> Path | None:
+    """The trace folder's iterations file (ITERATIONS_FILES, the first there), or None."""
+    return next((folder / f for f in ITERATIONS_FILES if (folder / f).exists()), None)
+
+
 def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dict, Path]:
     """The trace's requests (checked row by row, see simulator.trace_rows), its iterations and meta."""
     path = Path(path)
@@ -37,9 +47,9 @@ def load_trace(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None, dic
     df = check_trace_rows(read_csv_table(req_path, ScenarioError), str(req_path), MEASURED_TRACE, ScenarioError)
     if "quantize_end_s" not in df.columns:
         df["quantize_end_s"] = df["prefill_end_s"]
-    it_path = folder / "iterations.csv"
+    it_path = iterations_file(folder)
     iterations = None
-    if it_path.exists():
+    if it_path is not None:
         iterations = read_csv_table(it_path, ScenarioError)
         if len(iterations):
             iterations = check_trace_rows(iterations, str(it_path), MEASURED_ITERATIONS, ScenarioError)
@@ -95,8 +105,8 @@ def load_measured(
     s = load_scenario(scenario_path, ov)
     cfg = _method(s, method, scenario_path)
     check_meta(meta, s, req_path.parent / "meta.json", scenario_path)
-    found = [req_path.parent / f for f in ("requests.csv", "iterations.csv", "meta.json")]
-    m = Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f.exists()])
+    found = [req_path.parent / "requests.csv", iterations_file(req_path.parent), req_path.parent / "meta.json"]
+    m = Measured("realrun", df, iterations, meta, s, cfg, [f for f in found if f is not None and f.exists()])
     m.seen_before = earlier_run(meta, req_path.parent.name)
     return m
 

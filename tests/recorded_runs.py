@@ -4,17 +4,20 @@ provenance, and described by the scenario its index names."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from pathlib import Path
 
 import yaml
 
+from simulator.measured import iterations_file
+
 PROVENANCE = ("gpu", "driver", "torch", "triton", "python", "date", "git_rev", "command")
 
 
 def rows(path: Path) -> list[dict]:
-    with open(path) as f:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         return list(csv.DictReader(f))
 
 
@@ -28,7 +31,9 @@ def check_recorded_run(folder: Path, scenario: Path) -> dict:
     assert meta["decode_mode"] == "graphs" and meta["placement"] == "shared_gpu", folder
     reqs = rows(folder / "requests.csv")
     assert len(reqs) == meta["requests"] and all(math.isfinite(float(r["finish_s"])) for r in reqs), folder
-    its = rows(folder / "iterations.csv")
+    its_file = iterations_file(folder)
+    assert its_file is not None, folder
+    its = rows(its_file)
     assert sum(int(i["batch_size"]) for i in its) == sum(int(r["output_tokens"]) - 1 for r in reqs), folder
     scen = yaml.safe_load(scenario.read_text())
     assert scen["placement"] == "shared_gpu", scenario

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from realrun.hostcal import fit_host
+from simulator.measured import iterations_file
 from simulator.validate import validate_index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def test_every_committed_trace_is_validated(rows):
     # 3 configurations x 3 methods x 2 rates
     assert {r["method"] for r in rows.values()} == {"baseline", "kvquant", "hack"}
     for name in BOUNDS:
-        assert (TRACES / name / "iterations.csv").exists() and (TRACES / name / "meta.json").exists()
+        assert iterations_file(TRACES / name) is not None and (TRACES / name / "meta.json").exists()
 
 
 @pytest.mark.parametrize("trace", sorted(BOUNDS))
@@ -130,3 +131,26 @@ def test_host_calibration_in_the_scenarios_comes_from_the_microbenchmark():
         dec = yaml.safe_load(scen.read_text())["decode"]
         for key in ("host_issue_s_per_iteration", "host_issue_s_per_layer", "host_serial_s_per_iteration"):
             assert dec[key] == pytest.approx(fit[key], rel=0.02), (scen.name, key)
+
+
+def test_a_trace_reads_its_iterations_plain_or_gzipped(tmp_path):
+    """The committed traces keep iterations.csv gzipped (simulator/measured.py, ITERATIONS_FILES); realrun writes it
+    plain: both read the same, and the plain file comes first where a folder has both."""
+    import gzip
+    import shutil
+
+    from simulator.measured import load_trace
+
+    src = ROOT / "realrun/traces/h200_graphs/h200g_8b_mem_baseline_r7.5"
+    gz = iterations_file(src)
+    assert gz is not None and gz.name == "iterations.csv.gz"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for f in ("requests.csv", "meta.json"):
+        shutil.copy(src / f, plain / f)
+    (plain / "iterations.csv").write_bytes(gzip.decompress(gz.read_bytes()))
+    a, b = load_trace(src), load_trace(plain)
+    assert a[1] is not None and len(a[1]) > 100 and a[1].equals(b[1]) and a[0].equals(b[0])
+    shutil.copy(gz, plain / "iterations.csv.gz")
+    (plain / "iterations.csv").write_text("iteration,start_s,end_s,batch_size,context_tokens,peak_memory_bytes\n")
+    assert iterations_file(plain) == plain / "iterations.csv" and len(load_trace(plain)[1]) == 0

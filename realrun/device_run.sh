@@ -71,7 +71,7 @@
 #             H100's mean JCT near the H200 recordings' (~380 s).
 #   part h100new (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_8b_pbatch r10 (prefill batches of up
 #             to 4) and h100g_70b8l_40gbps r20 (200 requests), every method once: two configurations no H100 run has,
-#             beside one every H100 session has (~360 s).
+#             beside one nine of the twelve earlier H100 sessions have (~360 s).
 #   part pin (on an H100): smoke, then h100g_8b_sat r8 HACK three times back to back with the threads where the OS puts
 #             them, three times with the loop and the link thread pinned to a CPU each (--pin-threads), then KVQuant-style
 #             the same (~470 s): is the host steps' run-to-run spread (HACK's packing step in two modes, 4.5 and 7 ms,
@@ -466,7 +466,7 @@ elif [ "$PART" = h100f ]; then
   rec h100g_70b8l_2.5gbps M70 2.5 512 1024 32 128 16 8 130 150 1 "baseline kvquant hack" 9
   rec h100g_8b_kvsat M8 50 2048 6144 192 448 5 16 170 60 1 "baseline kvquant hack" 2
 elif [ "$PART" = h100new ]; then
-  # issue 28: two configurations no H100 run has, beside one every H100 session has (8b_small, the session's host
+  # issue 28: two configurations no H100 run has, beside one most H100 sessions have (8b_small, the session's host
   # factor): prefill batches of up to 4 requests (8b_pbatch) and the 8-layer 70B at 40 Gbps (70b8l_40gbps), at the
   # rates where the simulator puts the H100's mean JCT near the H200 recordings' (FP16 1.23 s at 10 req/s; HACK 1.26 s
   # at 20 req/s); the calibration fitted on index_h100 predicts them (~360 s)

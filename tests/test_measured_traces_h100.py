@@ -203,7 +203,7 @@ def test_the_first_runs_extra_prefill_time_follows_the_order_on_an_h100():
 
 def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one():
     """realrun/traces/h100_new: 8b_pbatch and 70b8l_40gbps, which no other H100 session has, beside 8b_small, which
-    every one has (the session's host factor), twice on one machine (the second call's folders end _rep1)."""
+    nine of the twelve earlier ones have (the session's host factor), twice on one machine (the second call's folders end _rep1)."""
     new = TRACES / "h100_new"
     index = rows(new / "index.csv")
     assert len(index) == 9 and {r["machine"] for r in index} == {"h100-2026-12-07-0920"}

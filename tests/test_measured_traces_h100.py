@@ -4,7 +4,7 @@ realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
 method and seed; the method-order check (realrun/traces/h100_order8b); two configurations new to the H100
-(realrun/traces/h100_new). How the H200 calibration carries to them:
+(realrun/traces/h100_new, h100_new2). How the H200 calibration carries to them:
 tests/test_calibrate_measured_sessions.py."""
 
 from __future__ import annotations
@@ -220,3 +220,13 @@ def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one(
             assert scen["prefill"]["max_batch_requests"] == meta["prefill_max_batch_requests"], folder
     prov = json.loads((new / "provenance.json").read_text())
     assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")
+    # a second session on a fresh machine (realrun/traces/h100_new2), the 70B's HACK run cut by the call's budget
+    second = TRACES / "h100_new2"
+    index2 = rows(second / "index.csv")
+    assert len(index2) == 8 and {r["machine"] for r in index2} == {"h100-2026-12-07-1019"}
+    assert {Path(r["scenario"]).stem for r in index2} == configs
+    for row in index2:
+        meta = check_recorded_run(second / row["trace"], ROOT / row["scenario"])
+        assert meta["gpu"].startswith("NVIDIA H100") and meta["git_rev"] == "45a7af8", row
+    prov2 = json.loads((second / "provenance.json").read_text())
+    assert prov2["gpu"].startswith("NVIDIA H100") and prov2["command"].startswith("bash realrun/device_run.sh")

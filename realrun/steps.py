@@ -47,10 +47,10 @@ def iteration_parts(trace: str | Path):
     steps.csv."""
     import pandas as pd
 
+    from simulator.measured import iterations_file  # plain, or gzipped as the committed traces keep it
+
     trace = Path(trace)
-    # the committed traces keep their iterations gzipped (simulator/measured.py, ITERATIONS_FILES)
-    its = trace / "iterations.csv"
-    its = its if its.exists() else trace / "iterations.csv.gz"
+    its = iterations_file(trace) or trace / "iterations.csv"
     return parts_of(*(pd.read_csv(f) for f in (its, trace / "requests.csv", trace / "steps.csv")))
 
 

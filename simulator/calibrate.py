@@ -112,7 +112,10 @@ def on_machine(values: dict[str, float], factor: float) -> dict[str, float]:
     """`values` with every host time term times a machine's factor (HOST_TIMES)."""
     if factor == 1.0:
         return values
-    return {n: v * factor if n in HOST_TIMES else v for n, v in values.items()}
+    out = dict(values)  # the same keys in the same order; the fit calls this per trace at every step
+    for n in HOST_TIMES.intersection(values):
+        out[n] = values[n] * factor
+    return out
 
 
 def prior_sd(name: str, at: float, prior_scale: float = 1.0, widths: dict[str, float] | None = None) -> float:
@@ -149,38 +152,48 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
     """Predicted seconds of every measured item of one kind at engine parameter values v (every name);
     with `wrt`, also {name: d prediction / d value} for those names (exact: the model is linear in each
     parameter on either side of its max(GPU, host) floor; the link's efficiency by central differences)."""
-    blk = td.blocks[kind]
+    if kind == "transfer":
+        return _predict_transfer(td.blocks[kind], v, wrt)
+    pred, d = _predict_items(td.blocks[kind], kind, td.family, v, td.link_gbps, bool(wrt))
+    if not wrt:
+        return pred
+    zero = np.zeros_like(pred)
+    return pred, {name: d.get(name, zero) for name in wrt}
+
+
+def _predict_items(blk: dict, kind: str, m: str, v, gbps, jac: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """predict for an iteration, prefill, quantize or handoff block of method m, or for several such blocks fused
+    into one (_Fused: m is ANY_METHOD, and v's values, a block's scalars and `gbps`, the link's line rate, are arrays
+    of each item's where the blocks differ): (seconds, with `jac` the derivatives by name)."""
     # the host terms' factor: 1, or while a transfer is in flight (where the host shares its process with the link
     # endpoint) a + b x the link's rate (network.link_busy_host_factor, simulator/link.py); a prefill item's floor
     # takes the prefill floor's own pair (network.link_busy_prefill_host_factor)
     a_name = "network.link_busy_prefill_host_factor" if kind == "prefill" else "network.link_busy_host_factor"
     b_name = a_name + "_per_gbps"
-    fb = v[a_name] + v[b_name] * td.link_gbps
+    fb = v[a_name] + v[b_name] * gbps
     n = len(blk["meas"])
-    if kind == "transfer":
-        return _predict_transfer(blk, v, wrt)
     if kind == "handoff":
-        return _predict_handoff(blk, v, wrt, fb - 1.0, td.link_gbps)
+        return _predict_handoff(blk, v, jac, fb - 1.0, gbps)
     if kind == "iteration":  # at the level at its start (an iteration in progress keeps it: simulator/decode.py)
         busy = blk.get("busy")
         f = 1.0 + (np.zeros(n) if busy is None else busy) * (fb - 1.0)
-        pred, d, host_s = _predict_steps(td, kind, v, f, wrt)
+        pred, d, host_s = _predict_steps(blk, kind, m, v, f, jac)
         w_b = np.zeros(n) if busy is None else busy.astype(np.float64)
         unit = blk.get("after_prefill_unit_s")  # shared_gpu: the decode iterations after a prefill run longer
         if unit is not None:
             pred = pred + v["decode.after_prefill_slowdown_fraction"] * unit
-            if wrt:
+            if jac:
                 d["decode.after_prefill_slowdown_fraction"] = unit
     elif kind in ("prefill", "quantize") and not blk.get("busy_left_s", np.zeros(1)).any():  # all idle
         f = np.ones(n)
-        pred, d, host_s = _predict_steps(td, kind, v, f, wrt)
+        pred, d, host_s = _predict_steps(blk, kind, m, v, f, jac)
         w_b = np.zeros(n)
     elif kind in ("prefill", "quantize"):
         # at the busy level for the seconds the transfers in flight at its start last, at the idle one after
         # (simulator/prefill.py, `_busy_part`): T_b if that lasts T_b, else R + (1 - R / T_b) T_i
         left = blk["busy_left_s"]
-        t_i, d_i, _ = _predict_steps(td, kind, v, np.ones(n), wrt)
-        t_b, d_b, host_s = _predict_steps(td, kind, v, np.full(n, fb), wrt)
+        t_i, d_i, _ = _predict_steps(blk, kind, m, v, np.ones(n), jac)
+        t_b, d_b, host_s = _predict_steps(blk, kind, m, v, np.full(n, fb), jac)
         rest = blk["rest"] if kind == "prefill" else np.zeros(n)
         t_i, t_b = t_i - rest, t_b - rest
         whole = left >= t_b
@@ -192,20 +205,18 @@ def predict(td: TraceData, kind: str, v: dict[str, float], wrt: tuple[str, ...] 
         f = np.full(n, fb)
     else:
         raise ValueError(kind)
-    if not wrt:
-        return pred
+    if not jac:
+        return pred, {}
     # d (host_s x f) / d a = host_s / f on the busy part; b: the same times the rate
     per_a = w_b * np.divide(host_s, f, out=np.zeros_like(f), where=f > 0)
     d[a_name] = per_a
-    d[b_name] = per_a * td.link_gbps
-    zero = np.zeros_like(pred)
-    return pred, {name: d.get(name, zero) for name in wrt}
+    d[b_name] = per_a * gbps
+    return pred, d
 
 
-def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray, wrt: tuple[str, ...]):
-    """Iteration, prefill or quantize items with every host term times f[i]: (seconds, derivatives by name, the
-    host seconds that f multiplies where they count)."""
-    blk, m = td.blocks[kind], td.family
+def _predict_steps(blk: dict, kind: str, m: str, v, f: np.ndarray, jac: bool):
+    """Iteration, prefill or quantize items of method m (_predict_items) with every host term times f[i]: (seconds,
+    derivatives by name, the host seconds that f multiplies where they count)."""
     fq, fd, fa = (v[f"methods.{m}.{s}"] for s in FACTOR_STEPS)
     d: dict[str, np.ndarray] = {}
     host_s = np.zeros_like(f)
@@ -235,7 +246,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         pred = np.maximum(gpu, host) + join
         if "place_s" in blk:  # the engine's KV copies at a batch change: GPU time at the scenario's rate
             pred = pred + blk["place_s"]
-        if wrt:
+        if jac:
             g = (gpu >= host).astype(float)
             h = 1.0 - g
             host_s = serial + h * issue + join
@@ -277,14 +288,14 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
         shown = first * v[FIRST_SEEN] * f
         x = np.exp(-t_gpu / fade_s) if fade_s > 0.0 else np.zeros_like(t_gpu)
         pred = np.maximum(t_gpu + shown * x, host) + blk["rest"]
-        if wrt:
+        if jac:
             g = (t_gpu + shown * x >= host).astype(float)
             h = 1.0 - g
             # d pred / d T on the GPU's side: the shown share falls as T grows
             gs = g * (1.0 - shown * x / fade_s) if fade_s > 0.0 else g
             host_s = h * host + gs * exposed + g * shown * x
             d = {
-                "prefill.prefill_efficiency": -gs * model / eff**2,
+                "prefill.prefill_efficiency": -gs * model / _square(eff),
                 "prefill.host_exposed_s_per_iteration": gs * f,
                 "prefill.host_exposed_s_per_layer": gs * blk["layers"] * f,
                 f"methods.{m}.approximation": gs * blk["approx0"],
@@ -308,7 +319,7 @@ def _predict_steps(td: TraceData, kind: str, v: dict[str, float], f: np.ndarray,
     return pred, d, host_s
 
 
-def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_extra: float, gbps: float):
+def _predict_handoff(blk: dict, v, jac: bool, busy_extra, gbps):
     """What a pass of the loop through a prefill costs the CPU beyond a plain pass on a shared GPU (or, placement
     separate, the wait between a prefill batch's KV encoded and the next batch's start): the prefill batch's serial
     time, at the level of its start (a host term: network.link_busy_host_factor while a transfer is in flight;
@@ -316,16 +327,24 @@ def _predict_handoff(blk: dict, v: dict[str, float], wrt: tuple[str, ...], busy_
     serial = v["prefill.host_serial_s_per_iteration"]
     f_step = 1.0 + blk["busy_step"] * busy_extra
     pred = serial * f_step
-    if not wrt:
-        return pred
+    if not jac:
+        return pred, {}
     per_a = blk["busy_step"] * serial
-    d = {
+    return pred, {
         "prefill.host_serial_s_per_iteration": f_step,
         "network.link_busy_host_factor": per_a,
         "network.link_busy_host_factor_per_gbps": per_a * gbps,
     }
-    zero = np.zeros_like(pred)
-    return pred, {name: d.get(name, zero) for name in wrt}
+
+
+def _square(x):
+    """x**2 as Python computes it for a float (C pow, which differs from x * x in the last bit for about one value in
+    a thousand), elementwise for the array of a fused block (numpy's x**2 is x * x): a fused block prices its items
+    bit for bit as their own blocks do."""
+    if np.ndim(x) == 0:
+        return x**2
+    u, at = np.unique(x, return_inverse=True)
+    return np.array([e**2 for e in u.tolist()])[at]
 
 
 _LINK_MEMO = "_round_robin_at_rate"  # a transfer block's (rate, durations) last walked (_predict_transfer)
@@ -478,28 +497,18 @@ def _weighted_residuals(
     """The data term's residuals: the errors of the items of `kinds` ((trace index, kind) pairs) relative to each
     item's scale (`scales[trace index, kind]`, item_scales; without it its measured time), each trace and kind
     weighted 1/sqrt(its items), in units of DATA_SIGMA, at the parameters `names` = x over each trace's values
-    `base`; with jac, (residuals, Jacobian items x names)."""
-    blocks = list(_item_blocks(traces, names, x, kinds, base))
-    r = np.empty(sum(len(b[4]) for b in blocks))
-    # the Jacobian filled in place, column by column (one allocation, not a stack of per-block ones)
-    j = np.empty((len(r), len(names))) if jac else None
-    wrt, host = tuple(names), [n in HOST_TIMES for n in names]
-    row = 0
-    for idx, td, kind, v, meas in blocks:
-        w = 1.0 / (meas if scales is None else scales[idx, kind]) / math.sqrt(len(meas)) / DATA_SIGMA
-        k = len(meas)
-        if j is not None:
-            pred, d = predict(td, kind, v, wrt)
-            wf = w * td.host_factor
-            for col, n in enumerate(names):
-                j[row : row + k, col] = d[n] * (wf if host[col] else w)
-        else:
-            pred = predict(td, kind, v)
-        r[row : row + k] = (pred - meas) * w
-        row += k
-    if j is None:
+    `base`; with jac, (residuals, Jacobian items x names). Rows in _item_blocks' order, priced fused (_Fused)."""
+    fused = _fused(traces, kinds)
+    pred, dt = fused.predict(traces, names, x, base, jac)
+    scale = fused.meas if scales is None else fused.concat(scales)
+    w = 1.0 / scale / fused.sqrt_items / DATA_SIGMA
+    r = ((pred - fused.meas) * w)[fused.row_items]
+    if dt is None:
         return r
-    return r, j
+    wf = w * fused.concat({b: traces[b[0]].host_factor for b in fused.blocks})
+    for col, n in enumerate(names):
+        np.multiply(dt[col], wf if n in HOST_TIMES else w, out=dt[col])
+    return r, dt.T[fused.row_items]  # C-contiguous, as the solver's products were written for
 
 
 def item_scales(
@@ -509,23 +518,202 @@ def item_scales(
     the price is not a positive part of it). An item's error relative to its own measured time would pull a noisy
     term low: the value that minimises squared relative errors sits under the items' mean by about twice their
     variance in logs. Weights that do not move with the item's own measurement have no such pull (IRLS_STEPS)."""
-    out = {}
-    for idx, td, kind, v, meas in _item_blocks(traces, names, x, kinds, base):
-        p = np.asarray(predict(td, kind, v), dtype=float)
-        out[idx, kind] = np.where(np.isfinite(p) & (p > 0.05 * meas), p, meas)
-    return out
+    fused = _fused(traces, kinds)
+    p, _ = fused.predict(traces, names, x, base, False)
+    scale = np.where(np.isfinite(p) & (p > 0.05 * fused.meas), p, fused.meas)
+    return {b: scale[slice(*fused.span[b])] for b in fused.blocks}
 
 
-def _item_blocks(traces, names, x, kinds, base):
-    """(trace index, trace, kind, its values with `names` = x, the kind's measured items) for each (trace, kind) of
-    `kinds` that has items."""
-    for idx, td in enumerate(traces):
-        v = dict(base[idx])
-        v.update(zip(names, x))
-        v = on_machine(v, td.host_factor)
-        for kind in KINDS:
-            if (idx, kind) in kinds and len(td.blocks[kind]["meas"]):
-                yield idx, td, kind, v, td.blocks[kind]["meas"]
+def _item_blocks(traces: list[TraceData], kinds: set[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The (trace index, kind) pairs of `kinds` that have items, in the data term's row order (by trace, then
+    KINDS)."""
+    return [
+        (idx, kind)
+        for idx, td in enumerate(traces)
+        for kind in KINDS
+        if (idx, kind) in kinds and len(td.blocks[kind]["meas"])
+    ]
+
+
+# ---- the data term's blocks fused across traces -----------------------------------------------------
+ANY_METHOD = "*"  # a fused block's method: methods.*.x stands for each item's own method's x
+_REQUIRED = object()  # _ItemValues.get without a default
+
+
+def _same(vals: list) -> bool:
+    """Whether the values are all one value, bit for bit (a -0.0 beside a 0.0 is not)."""
+    first = vals[0]
+    return vals.count(first) == len(vals) and (first != 0 or len({math.copysign(1.0, v) for v in vals}) == 1)
+
+
+class _Group:
+    """The blocks of one kind whose formula (_predict_items) takes the same branches (_branches), concatenated into
+    one block: arrays end to end, a scalar as it is where the blocks share it, else repeated per item. Its items are
+    lo:hi of the fused blocks' (_Fused)."""
+
+    def __init__(self, kind: str, blocks: list[tuple[int, str]], traces: list[TraceData], span: dict):
+        self.kind = kind
+        self.traces = [i for i, _ in blocks]
+        self.families = [traces[i].family for i in self.traces]
+        blks = [traces[i].blocks[k] for i, k in blocks]
+        self.counts = np.array([len(blk["meas"]) for blk in blks], dtype=np.int64)
+        self.lo, self.hi = span[blocks[0]][0], span[blocks[-1]][1]
+        if len(blks) == 1:
+            self.blk = blks[0]
+        else:
+            self.blk = {}
+            for key, first in blks[0].items():
+                vals = [blk[key] for blk in blks]
+                self.blk[key] = np.concatenate(vals) if isinstance(first, np.ndarray) else self.per_block(vals)
+        self.names: dict[str, list[str]] = {}  # a name as each block's trace reads it (methods.*.x: its method's)
+        self.of_method: dict[str, np.ndarray | bool] = {}  # method -> whether each item is one of its
+
+    def per_block(self, vals: list):
+        """One value per block as the items' values: the value where the blocks share it, else each item's."""
+        return vals[0] if _same(vals) else np.repeat(np.array(vals, dtype=np.float64), self.counts)
+
+    def own(self, name: str) -> list[str]:
+        if name not in self.names:
+            tail = name.removeprefix(f"methods.{ANY_METHOD}.")
+            own = [f"methods.{m}.{tail}" for m in self.families] if tail != name else [name] * len(self.families)
+            self.names[name] = own
+        return self.names[name]
+
+    def column(self, name: str, d: dict[str, np.ndarray]):
+        """The items' derivative by `name` from the fused derivatives `d`: methods.<m>.x is methods.*.x on the items
+        of method m and 0 on the others (their own blocks' derivatives have no such name)."""
+        head, _, rest = name.partition(".")
+        if head != "methods":
+            return d.get(name, 0.0)
+        m, _, step = rest.partition(".")
+        dn = d.get(f"methods.{ANY_METHOD}.{step}")
+        if dn is None:
+            return 0.0
+        if m not in self.of_method:
+            mine = [f == m for f in self.families]
+            self.of_method[m] = all(mine) or (any(mine) and np.repeat(np.array(mine), self.counts))
+        mask = self.of_method[m]
+        if mask is True:
+            return dn
+        return 0.0 if mask is False else np.where(mask, dn, 0.0)
+
+
+class _ItemValues:
+    """Engine parameter values for a fused block's items, each its trace's (`values`, one dict per block), read as
+    predict reads its dict of values (v[name], v.get(name, default)): one value where the blocks share it, else an
+    array of each item's."""
+
+    def __init__(self, group: _Group, values: list[dict[str, float]]):
+        self.group, self.values = group, values
+        self.memo: dict[str, float | np.ndarray] = {}
+
+    def __getitem__(self, name: str):
+        if name not in self.memo:  # a formula reads some names twice (prefill's busy part prices both levels)
+            self.memo[name] = self.group.per_block([v[n] for v, n in zip(self.values, self.group.own(name))])
+        return self.memo[name]
+
+    def get(self, name: str, default=None):
+        return self.group.per_block([v.get(n, default) for v, n in zip(self.values, self.group.own(name))])
+
+
+def _branches(kind: str, blk: dict) -> tuple:
+    """What _predict_items branches on for a block (its keys; for prefill and quantize whether any item starts with a
+    transfer in flight; prefill's first-seen fade) and which of its values are arrays: blocks alike in these are
+    fused into one (_Group); a block whose arrays are not one value per item stays alone."""
+    n = len(blk["meas"])
+    shape = tuple(sorted((key, isinstance(a, np.ndarray)) for key, a in blk.items()))
+    if any(isinstance(a, np.ndarray) and a.shape != (n,) for a in blk.values()):
+        shape += (id(blk),)
+    busy = kind in ("prefill", "quantize") and bool(blk.get("busy_left_s", np.zeros(1)).any())
+    return kind, shape, busy, blk.get("first_seen_fade_s")
+
+
+class _Fused:
+    """The items of a fit's blocks (_item_blocks), priced a kind at a time rather than a trace at a time: per-call
+    overhead on a trace's few hundred items, not arithmetic, was the fit's time. The blocks alike in their formula's
+    branches are one _Group, priced in one pass of _predict_items with each item's trace's values (_ItemValues);
+    transfers, a walk of each trace's link, per trace (predict). Elementwise arithmetic gives each item the same
+    floats either way, so the residuals and Jacobian are bit for bit those of predict per block
+    (tests/test_calibrate.py). The items are priced group by group; `row_items` puts them back in _item_blocks'
+    order (the least-squares solver's SVD is not invariant to the rows' order at the last bit)."""
+
+    def __init__(self, traces: list[TraceData], blocks: list[tuple[int, str]]):
+        self.blocks = blocks
+        self.held = [traces[i].blocks[k] for i, k in blocks]  # while cached, the ids in its key stay theirs
+        alike: dict[tuple, list[int]] = {}
+        alone = []
+        for b, (_, kind) in enumerate(blocks):
+            if kind == "transfer":
+                alone.append(b)
+            else:
+                alike.setdefault(_branches(kind, self.held[b]), []).append(b)
+        self.span: dict[tuple[int, str], tuple[int, int]] = {}  # (trace, kind) -> its items lo:hi, as priced
+        lo = 0
+        for b in [b for members in alike.values() for b in members] + alone:
+            self.span[blocks[b]] = (lo, lo + len(self.held[b]["meas"]))
+            lo = self.span[blocks[b]][1]
+        self.groups = [
+            _Group(key[0], [blocks[b] for b in members], traces, self.span) for key, members in alike.items()
+        ]
+        self.alone = [blocks[b] for b in alone]
+        self.counts = np.array([hi - lo for lo, hi in self.span.values()], dtype=np.int64)
+        self.meas = self.concat(dict(zip(blocks, (blk["meas"] for blk in self.held))))
+        self.sqrt_items = self.concat({b: math.sqrt(hi - lo) for b, (lo, hi) in self.span.items()})
+        self.row_items = np.concatenate([np.arange(*self.span[b]) for b in blocks] or [np.zeros(0, dtype=np.int64)])
+        self.trace_ids = sorted({i for i, _ in blocks})
+
+    def concat(self, per_block: dict) -> np.ndarray:
+        """Each block's items' values (an array, or one value for all its items), in the order priced."""
+        if not self.span:
+            return np.zeros(0)
+        vals = [per_block[b] for b in self.span]
+        if isinstance(vals[0], np.ndarray):
+            return np.concatenate(vals)
+        return np.repeat(np.array(vals, dtype=np.float64), self.counts)
+
+    def predict(
+        self, traces: list[TraceData], names: list[str], x: np.ndarray, base: list[dict[str, float]], jac: bool
+    ):
+        """Every item's predicted seconds, and with jac their derivatives (names x items), in the order priced, at
+        `names` = x over each trace's `base` (the values predict is given per trace)."""
+        pred = np.empty(len(self.meas))
+        dt = np.empty((len(names), len(self.meas))) if jac else None
+        at = dict(zip(names, x))
+        values = {i: on_machine({**base[i], **at}, traces[i].host_factor) for i in self.trace_ids}
+        for g in self.groups:
+            v = _ItemValues(g, [values[i] for i in g.traces])
+            gbps = g.per_block([traces[i].link_gbps for i in g.traces])
+            pred[g.lo : g.hi], d = _predict_items(g.blk, g.kind, ANY_METHOD, v, gbps, jac)
+            if dt is not None:
+                for col, n in enumerate(names):
+                    dt[col, g.lo : g.hi] = g.column(n, d)
+        wrt = tuple(names)
+        for i, kind in self.alone:
+            lo, hi = self.span[i, kind]
+            if dt is None:
+                pred[lo:hi] = np.asarray(predict(traces[i], kind, values[i]))
+            else:
+                p, d = predict(traces[i], kind, values[i], wrt)
+                pred[lo:hi] = p
+                for col, n in enumerate(names):
+                    dt[col, lo:hi] = d[n]
+        return pred, dt
+
+
+_FUSED: dict[tuple, _Fused] = {}  # the last few fits' fused blocks, by the blocks' identity (_fused)
+_FUSED_KEPT = 8
+
+
+def _fused(traces: list[TraceData], kinds: set[tuple[int, str]]) -> _Fused:
+    """The blocks of `kinds` fused (_Fused), built once per fit and kept while the blocks are the same objects: a
+    trace's blocks are priced once (fit_items) and not changed after."""
+    blocks = _item_blocks(traces, kinds)
+    key = tuple((i, k, id(traces[i].blocks[k]), traces[i].family) for i, k in blocks)
+    fused = _FUSED.pop(key, None) or _Fused(traces, blocks)
+    _FUSED[key] = fused  # the most recently used last
+    while len(_FUSED) > _FUSED_KEPT:
+        del _FUSED[next(iter(_FUSED))]
+    return fused
 
 
 def prior_residuals(

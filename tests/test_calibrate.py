@@ -22,11 +22,14 @@ from scipy.optimize import brentq
 from simulated_runs import TRUE, raw_system, simulate, write_realrun
 from simulator.calibrate import (
     DATA_SIGMA,
+    HOST_TIMES,
+    KINDS,
     _weighted_residuals,
     engine_file,
     fit_engine,
     item_scales,
     load_index,
+    on_machine,
     posterior_sd,
     predict,
     prior_widths,
@@ -711,3 +714,54 @@ def test_a_fitted_parameters_error_includes_the_priors_of_those_held_beside_it(s
     assert k > 0.1 * a  # the runs do constrain the sum
     assert both == pytest.approx(math.sqrt((k + b) / ((k + a) * (k + b) - k * k)), rel=1e-6)
     assert both > alone and both > 1 / math.sqrt(a + b)
+
+
+def _per_block(traces, names, x, kinds, base):
+    """The data term as predict prices each (trace, kind) block on its own: the item scales, the residuals at those
+    scales and their Jacobian (calibrate._weighted_residuals before it fused the blocks across traces)."""
+    scales, rows, cols = {}, [], []
+    for idx, td in enumerate(traces):
+        v = on_machine({**base[idx], **dict(zip(names, x))}, td.host_factor)
+        for kind in KINDS:
+            if (idx, kind) not in kinds or not len(meas := td.blocks[kind]["meas"]):
+                continue
+            p = predict(td, kind, v)
+            scales[idx, kind] = np.where(np.isfinite(p) & (p > 0.05 * meas), p, meas)
+            w = 1.0 / scales[idx, kind] / math.sqrt(len(meas)) / DATA_SIGMA
+            pred, d = predict(td, kind, v, tuple(names))
+            rows.append((pred - meas) * w)
+            cols.append(np.column_stack([d[n] * (w * td.host_factor if n in HOST_TIMES else w) for n in names]))
+    return scales, np.concatenate(rows), np.vstack(cols)
+
+
+def test_the_fused_data_term_is_predicts_per_block_bit_for_bit():
+    """_weighted_residuals and item_scales price the blocks of every trace a kind at a time (calibrate._Fused); on
+    committed realrun traces each item's scale, residual and Jacobian row is predict's on its own trace's block, bit
+    for bit, in the same row order: with every kind or a few traces' iterations and prefills, at host factors and a
+    held value (prefill efficiency, squared in its derivative) that differ by trace, so items take arrays of values."""
+    rng = np.random.default_rng(7)
+    traces = [
+        dataclasses.replace(td, host_factor=float(rng.uniform(0.7, 1.4)))
+        for td in load_index(ROOT / "realrun/traces/h200_graphs/index.csv")
+    ]
+    families = {td.family for td in traces}
+    names = [
+        n
+        for n in PARAMETERS
+        if n != "prefill.prefill_efficiency" and (not n.startswith("methods.") or n.split(".")[1] in families)
+    ]
+    base = [{**td.values0, "prefill.prefill_efficiency": float(rng.uniform(0.8, 1.1))} for td in traces]
+    x = np.array([traces[0].values0[n] * rng.uniform(0.8, 1.2) + rng.uniform(0.0, 1e-4) for n in names])
+    every = {(i, k) for i, td in enumerate(traces) for k in td.blocks}
+    some = {(i, k) for i, k in every if i % 3 == 1 and k in ("iteration", "prefill")}
+    for kinds in (every, some):
+        scales, r, j = _per_block(traces, names, x, kinds, base)
+        fused = item_scales(traces, names, x, kinds, base)
+        assert list(fused) == list(scales)
+        assert all(np.array_equal(fused[b].view(np.int64), scales[b].view(np.int64)) for b in scales)
+        r1, j1 = _weighted_residuals(traces, names, x, kinds, base, jac=True, scales=fused)
+        assert np.array_equal(r1.view(np.int64), r.view(np.int64))
+        assert np.array_equal(j1.view(np.int64), j.view(np.int64)) and j1.flags.c_contiguous
+        assert np.array_equal(
+            _weighted_residuals(traces, names, x, kinds, base, scales=fused).view(np.int64), r.view(np.int64)
+        )

@@ -945,7 +945,9 @@ def fit_engine(
     (REFITS) says what is fitted: every parameter, the host-scope ones, or one machine factor on every host
     time term; what a refit holds that the base fitted is written through (carried). `prior_scale` multiplies every
     parameter's prior width (PRIOR_SCALES: crossval.choose_prior_scale picks one by held-out configurations).
-    BLAS runs single-threaded: the matrices are small, and threads only contend (with a process pool too)."""
+    BLAS runs single-threaded: the matrices are small, and threads only contend (with a process pool too); and a fit
+    is then the same to the last bit on a machine of any core count (a threaded SVD's sums are not)."""
+    import scipy.optimize  # noqa: F401  scipy's own BLAS, loaded before the limit: threadpoolctl limits only those loaded
     from threadpoolctl import threadpool_limits
 
     if refit not in REFITS:

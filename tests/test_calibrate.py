@@ -765,3 +765,28 @@ def test_the_fused_data_term_is_predicts_per_block_bit_for_bit():
         assert np.array_equal(
             _weighted_residuals(traces, names, x, kinds, base, scales=fused).view(np.int64), r.view(np.int64)
         )
+
+
+def test_the_fit_runs_every_blas_it_uses_on_one_thread():
+    """fit_engine limits BLAS to one thread (the same fit to the last bit on any core count): scipy's own BLAS, which
+    the solver's SVD runs on, is loaded before the limit, which covers only libraries loaded when it starts; a fresh
+    process, as a user's calibrate is."""
+    probe = (
+        "import json\n"
+        "from threadpoolctl import threadpool_info\n"
+        "import simulator.calibrate as c\n"
+        "def inside(traces, refit, prior_scale):\n"
+        "    limited = {p['filepath']: p['num_threads'] for p in threadpool_info()}\n"
+        "    from scipy.optimize import least_squares  # what the fit calls\n"
+        "    used = [p['filepath'] for p in threadpool_info()]\n"
+        "    print(json.dumps([limited, used]))\n"
+        "    raise SystemExit(0)\n"
+        "c._fit_engine = inside\n"
+        "c.fit_engine([])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1]
+    )
+    limited, used = json.loads(out.stdout)
+    assert all(path in limited for path in used), (limited, used)
+    assert all(n == 1 for n in limited.values()), limited

@@ -230,3 +230,14 @@ def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one(
         assert meta["gpu"].startswith("NVIDIA H100") and meta["git_rev"] == "45a7af8", row
     prov2 = json.loads((second / "provenance.json").read_text())
     assert prov2["gpu"].startswith("NVIDIA H100") and prov2["command"].startswith("bash realrun/device_run.sh")
+    # a third on another machine (realrun/traces/h100_new3), twice back to back as the first (_rep1: the second call)
+    third = TRACES / "h100_new3"
+    index3 = rows(third / "index.csv")
+    assert len(index3) == 9 and {r["machine"] for r in index3} == {"h100-2026-12-07-1157"}
+    assert {Path(r["scenario"]).stem for r in index3} == configs
+    for row in index3:
+        for folder in (third / row["trace"], third / (row["trace"] + "_rep1")):
+            meta = check_recorded_run(folder, ROOT / row["scenario"])
+            assert meta["gpu"].startswith("NVIDIA H100") and meta["git_rev"] == "30d967b", folder
+    prov3 = json.loads((third / "provenance.json").read_text())
+    assert prov3["gpu"].startswith("NVIDIA H100") and prov3["command"].startswith("bash realrun/device_run.sh")

@@ -335,8 +335,9 @@ def test_two_configurations_new_to_the_h100_with_the_sessions_factor(all_fit):
 # The same two beside 8b_small in a third session (realrun/traces/h100_new3, 2026-12-07 11:57, another machine) whose
 # host runs at about the calibration's speed (factors 0.91-0.98): no fit is already at 3.5 % (max 7.7 %) there, and the
 # calibration over every H200 session with the factor gives 3.7 % (9.8 %), 70b8l_40gbps and 8b_pbatch by 1.0 and 1.7
-# points worse than no fit (8b_pbatch's KVQuant-style run 7.7 % fast with no fit); the factor pays where the host
-# differs from the calibration's (docs/calibration.md, "The H100 calibration on configurations it has not seen").
+# points worse than no fit (8b_pbatch's KVQuant-style run priced 7.7 % short with no fit, its host slow); the factor
+# pays where the host differs from the calibration's (docs/calibration.md, "The H100 calibration on configurations it
+# has not seen").
 # Bounds: achieved + 2.
 H100_NEW3 = ROOT / "realrun/traces/h100_new3/index.csv"
 

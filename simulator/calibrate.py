@@ -452,6 +452,8 @@ class FitResult:
     machines: dict[str, dict] = field(default_factory=dict)  # runs of several machines: each one's host factor
     prior_scale: float = 1.0  # every prior width times this (PRIOR_SCALES)
     widths: dict[str, float] = field(default_factory=dict)  # each candidate's prior width (prior_widths), unscaled
+    # each fitted parameter's configurations by their share of the runs' information about it (support)
+    support: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _start_value(name: str, traces: list[TraceData]) -> float:
@@ -1072,6 +1074,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
     stderr: dict[str, float] = {}
     notes: dict[str, str] = {}
     joint: dict[str, list[str]] = {}  # a fitted parameter -> the collinear ones held beside it
+    support: dict[str, dict[str, float]] = {}
     for group in _components(active, traces):
         kinds = set().union(*(kinds_of[n] for n in group))
         names = list(group)
@@ -1134,6 +1137,7 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
         for n in names:
             fitted[n] = x[n]
             stderr[n] = sd[n]
+        support.update(_support(traces, kinds, names, j_data))
     for n, others in joint.items():
         if n in fitted:  # its value is the traces' sum less the others' centres: their prior widths are in its error
             note = (
@@ -1141,7 +1145,37 @@ def _fit_engine(traces: list[TraceData], refit: str = "all", prior_scale: float 
                 f"here, and its standard error includes their prior widths"
             )
             notes[n] = notes[n] + "; " + note if n in notes else note
-    return _result(traces, candidates, start, widths, fitted, stderr, notes, held, refit)
+    fit = _result(traces, candidates, start, widths, fitted, stderr, notes, held, refit)
+    fit.support = {n: support[n] for n in fitted if n in support}
+    return fit
+
+
+SUPPORT_SHOWN = 0.05  # support: the configurations with at least this share of a parameter's information
+PINNED_BY_ONE = 0.5  # format_fit names a parameter whose one configuration has at least this share
+
+
+def _support(
+    traces: list[TraceData], kinds: set[tuple[int, str]], names: list[str], j_data: np.ndarray
+) -> dict[str, dict[str, float]]:
+    """For each of `names`, the share of the runs' information about it (the sum of its squared data Jacobian
+    entries, j_data's column: rows in _item_blocks' order) that each configuration's runs give, largest first, those
+    of at least SUPPORT_SHOWN: a parameter one configuration pins down carries to settings unlike it only as far as
+    the model's shape does (what `validate --cv` measures by holding that configuration out)."""
+    blocks = _item_blocks(traces, kinds)
+    configs = np.repeat(
+        np.array([traces[i].configuration for i, _ in blocks], dtype=object),
+        [len(traces[i].blocks[k]["meas"]) for i, k in blocks],
+    )
+    out = {}
+    for col, n in enumerate(names):
+        info = np.square(j_data[:, col])
+        total = float(info.sum())
+        if not total > 0:
+            continue
+        share = {c: float(info[configs == c].sum()) / total for c in dict.fromkeys(configs.tolist())}
+        kept = sorted(((c, v) for c, v in share.items() if v >= SUPPORT_SHOWN), key=lambda cv: -cv[1])
+        out[n] = {c: round(v, 4) for c, v in kept}
+    return out
 
 
 def _fit_machines(traces: list[TraceData], refit: str, machines: list[str], prior_scale: float = 1.0) -> FitResult:
@@ -1438,6 +1472,8 @@ def engine_file(
         }
         if n in fit.fitted:
             rec["stderr"] = float(fit.stderr[n]) if n in fit.stderr else None
+            if n in fit.support and n not in fit.carried:
+                rec["support"] = fit.support[n]
             if n in fit.carried:
                 rec["note"] += CARRIED_PREFIX + f"{fit.base}; " + fit.held.get(n, "")
             elif n in fit.notes:
@@ -1610,6 +1646,16 @@ def format_fit(doc: dict) -> str:
             f"carried from the base calibration {about.get('base')} (--refit {about.get('refit')}; not refitted):"
         )
         out += [f"  {n} = {r['value']:.4g} {r['unit']}" for n, r in kept]
+    pinned = [
+        (n, r["support"]) for n, r in params.items() if r.get("support") and max(r["support"].values()) >= PINNED_BY_ONE
+    ]
+    if pinned and len({c for r in params.values() for c in r.get("support", {})}) > 1:  # of one configuration: all
+        out.append(
+            f"pinned down mostly by one configuration ({PINNED_BY_ONE:.0%} or more of the runs' information about it: a "
+            "setting unlike that one relies on this value carrying to it; validate --cv --folds configuration measures "
+            "whether it does):"
+        )
+        out += [f"  {n}: " + ", ".join(f"{c} {v:.0%}" for c, v in sup.items()) for n, sup in pinned]
     far = [(n, r, prior_distance(r)) for n, r in params.items() if r["fitted"] and not carried(r)]
     far = [(n, r, z) for n, r, z in far if z > FAR_FROM_PRIOR]
     if far:

@@ -368,6 +368,11 @@ class ParameterRecord(BaseModel):
     shape: str = Field("", description="what it scales with")
     prior: dict[str, Any] | None = Field(None, description="the fit's prior: centre, width, of value or ln(value)")
     note: str = ""
+    support: dict[str, float] | None = Field(
+        None,
+        description="a fitted parameter's configurations by their share of the runs' information about it (its squared "
+        "data Jacobian entries; those of at least 5 %): what pins it down",
+    )
 
 
 class EngineFile(BaseModel):

@@ -10,6 +10,7 @@ minutes as Python. The fit over every session's runs, and what it carries to: te
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -417,3 +418,34 @@ def test_narrower_priors_no_longer_carry_better_to_held_out_configurations(cv):
     at_quarter = narrow["held_out_jct_mean_abs_error_pct"]["0.25"]
     assert at_quarter <= 3.46 + 0.3
     assert at_quarter > cv["held_out_configuration"]["jct_mean_abs_error_pct"] - 0.05
+
+
+def test_each_fitted_parameter_says_which_configurations_pin_it_down(tmp_path):
+    """support: each configuration's share of the runs' information about a fitted parameter. On h200_graphs the
+    prefill's host floor per layer and the KVQuant-style prefill's own launches come from 8b_2.5gbps, the only
+    configuration whose 32-layer prefills all wait on the CPU (what validate --cv finds moving when it is held out); a
+    term every run's iterations inform (the decode loop's gap) from none above half. The file keeps it and calibrate
+    names the pinned ones."""
+    from simulator.calibrate import SUPPORT_SHOWN, engine_file, fit_engine, format_fit, load_index
+    from simulator.engine import read_engine_file
+
+    traces = load_index(INDEX)
+    fit = fit_engine(traces)
+    assert set(fit.support) == set(fit.fitted)
+    for name, share in fit.support.items():
+        assert all(v >= SUPPORT_SHOWN for v in share.values()) and sum(share.values()) <= 1.0 + 5e-4, (
+            name,
+            share,
+        )  # rounded to 4 places
+        assert list(share.values()) == sorted(share.values(), reverse=True), (name, share)
+    for name in ("prefill.host_issue_s_per_layer", "methods.kvquant.prefill_issue_s_per_layer"):
+        assert next(iter(fit.support[name])) == "h200g_8b_2.5gbps" and fit.support[name]["h200g_8b_2.5gbps"] > 0.8
+    assert max(fit.support["decode.host_serial_s_per_iteration"].values()) < 0.5
+    doc = engine_file(fit, traces, str(INDEX), "test", "0")
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(doc))
+    assert read_engine_file(path, ValueError).parameters["prefill.host_issue_s_per_layer"].support is not None
+    text = format_fit(doc)
+    pinned = text.split("pinned down mostly by one configuration")[1].split("held at the prior")[0]
+    assert "prefill.host_issue_s_per_layer: h200g_8b_2.5gbps" in pinned
+    assert "decode.host_serial_s_per_iteration" not in pinned

@@ -734,7 +734,7 @@ def _per_block(traces, names, x, kinds, base):
     return scales, np.concatenate(rows), np.vstack(cols)
 
 
-def test_the_fused_data_term_is_predicts_per_block_bit_for_bit():
+def test_the_fused_data_term_is_predict_per_block_bit_for_bit():
     """_weighted_residuals and item_scales price the blocks of every trace a kind at a time (calibrate._Fused); on
     committed realrun traces each item's scale, residual and Jacobian row is predict's on its own trace's block, bit
     for bit, in the same row order: with every kind or a few traces' iterations and prefills, at host factors and a

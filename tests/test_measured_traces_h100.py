@@ -201,43 +201,35 @@ def test_the_first_runs_extra_prefill_time_follows_the_order_on_an_h100():
     assert len(first) == 7 and min(first) > 0.6, first
 
 
+def _new_configurations_session(folder: Path, runs: int, machine: str, twice: bool, git_rev: str | None) -> set[str]:
+    """One H100 session of h100_new's configurations: `runs` runs of one `machine` in its index, each (and with `twice`
+    its second call's folder, ending _rep1) complete with provenance from an H100 (`git_rev` where given), described by
+    its h100g scenario, and the session's provenance; its configurations."""
+    index = rows(folder / "index.csv")
+    assert len(index) == runs and {r["machine"] for r in index} == {machine}
+    for row in index:
+        scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
+        assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
+        for run in (folder / row["trace"], *((folder / (row["trace"] + "_rep1"),) if twice else ())):
+            meta = check_recorded_run(run, ROOT / row["scenario"])
+            assert meta["gpu"].startswith("NVIDIA H100"), run
+            assert git_rev is None or meta["git_rev"] == git_rev, run
+            assert scen["prefill"]["max_batch_requests"] == meta["prefill_max_batch_requests"], run
+    prov = json.loads((folder / "provenance.json").read_text())
+    assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")
+    return {Path(r["scenario"]).stem for r in index}
+
+
 def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one():
     """realrun/traces/h100_new: 8b_pbatch and 70b8l_40gbps, which no other H100 session has, beside 8b_small, which
     nine of the twelve earlier ones have (the session's host factor), twice on one machine (the second call's folders end _rep1)."""
-    new = TRACES / "h100_new"
-    index = rows(new / "index.csv")
-    assert len(index) == 9 and {r["machine"] for r in index} == {"h100-2026-12-07-0920"}
-    configs = {Path(r["scenario"]).stem for r in index}
+    configs = _new_configurations_session(TRACES / "h100_new", 9, "h100-2026-12-07-0920", True, None)
     assert configs == {"h100g_8b_small", "h100g_8b_pbatch", "h100g_70b8l_40gbps"}
     known = {Path(r["scenario"]).stem for r in rows(TRACES / "index_h100.csv")}
     assert configs - known == {"h100g_8b_pbatch", "h100g_70b8l_40gbps"}
-    for row in index:
-        for folder in (new / row["trace"], new / (row["trace"] + "_rep1")):
-            meta = check_recorded_run(folder, ROOT / row["scenario"])
-            assert meta["gpu"].startswith("NVIDIA H100"), folder
-            scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
-            assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
-            assert scen["prefill"]["max_batch_requests"] == meta["prefill_max_batch_requests"], folder
-    prov = json.loads((new / "provenance.json").read_text())
-    assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")
     # a second session on a fresh machine (realrun/traces/h100_new2), the 70B's HACK run cut by the call's budget
-    second = TRACES / "h100_new2"
-    index2 = rows(second / "index.csv")
-    assert len(index2) == 8 and {r["machine"] for r in index2} == {"h100-2026-12-07-1019"}
-    assert {Path(r["scenario"]).stem for r in index2} == configs
-    for row in index2:
-        meta = check_recorded_run(second / row["trace"], ROOT / row["scenario"])
-        assert meta["gpu"].startswith("NVIDIA H100") and meta["git_rev"] == "45a7af8", row
-    prov2 = json.loads((second / "provenance.json").read_text())
-    assert prov2["gpu"].startswith("NVIDIA H100") and prov2["command"].startswith("bash realrun/device_run.sh")
+    second = _new_configurations_session(TRACES / "h100_new2", 8, "h100-2026-12-07-1019", False, "45a7af8")
+    assert second == configs
     # a third on another machine (realrun/traces/h100_new3), twice back to back as the first (_rep1: the second call)
-    third = TRACES / "h100_new3"
-    index3 = rows(third / "index.csv")
-    assert len(index3) == 9 and {r["machine"] for r in index3} == {"h100-2026-12-07-1157"}
-    assert {Path(r["scenario"]).stem for r in index3} == configs
-    for row in index3:
-        for folder in (third / row["trace"], third / (row["trace"] + "_rep1")):
-            meta = check_recorded_run(folder, ROOT / row["scenario"])
-            assert meta["gpu"].startswith("NVIDIA H100") and meta["git_rev"] == "30d967b", folder
-    prov3 = json.loads((third / "provenance.json").read_text())
-    assert prov3["gpu"].startswith("NVIDIA H100") and prov3["command"].startswith("bash realrun/device_run.sh")
+    third = _new_configurations_session(TRACES / "h100_new3", 9, "h100-2026-12-07-1157", True, "30d967b")
+    assert third == configs

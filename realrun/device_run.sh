@@ -7,7 +7,7 @@
 # usage (repository root): bash realrun/device_run.sh GIT_REV PART
 #   PART = 8b | 70b | 70b-traces (the h200_graphs set) | noise | kvsat (the h200_repeats set, below) | hostlink
 #          | transient | duty | noise70b25 | noise8b25 | xfer | dutylong | mix | place | long | long70 | prefill | translong | shortpre | dutysat | pbatch | pbsession | mix2 | again1 | again2 | h100 | h100b | h100f | pin | midlink | midlink100 | xferpre | xferwide | firstseen | order8b | graphs1 | graphs2
-#          | cpustate | h100new
+#          | cpustate | h100new | h100long
 #   REALRUN_SMOKE=1: the same steps on the CPU with the tiny model (plumbing check of this script).
 #
 # Trace durations: the simulator on each scenario (scenarios/measured/h200g_*.yaml) with realrun's own
@@ -72,6 +72,10 @@
 #   part h100new (on an H100): smoke, then h100g_8b_small r5 (80 requests), h100g_8b_pbatch r10 (prefill batches of up
 #             to 4) and h100g_70b8l_40gbps r20 (200 requests), every method once: two configurations no H100 run has,
 #             beside one nine of the twelve earlier H100 sessions have (~360 s).
+#   part h100long (on an H100): smoke, then h100g_8b_small r5 (80 requests: the session's host factor) and, with
+#             H100LONG=8b (default) h100g_8b_long r0.8 (40 requests, batches to 32), with H100LONG=70b h100g_70b8l_long
+#             r1.2 (60 requests), every method once, step-timed as part long: long prompts no H100 run has, at the
+#             rates where the simulator puts FP16's mean JCT on the H100 near the H200 recordings' (~350 s each).
 #   part pin (on an H100): smoke, then h100g_8b_sat r8 HACK three times back to back with the threads where the OS puts
 #             them, three times with the loop and the link thread pinned to a CPU each (--pin-threads), then KVQuant-style
 #             the same (~470 s): is the host steps' run-to-run spread (HACK's packing step in two modes, 4.5 and 7 ms,
@@ -474,6 +478,18 @@ elif [ "$PART" = h100new ]; then
   rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5
   PFB=4 rec h100g_8b_pbatch M8 25 256 1024 32 160 16 8 190 150 1 "baseline kvquant hack" 10
   rec h100g_70b8l_40gbps M70 40 512 1024 32 128 16 8 150 200 1 "baseline kvquant hack" 20
+elif [ "$PART" = h100long ]; then
+  # issue 28: long prompts (6-16K tokens) on the H100, never recorded there, beside 8b_small (the session's host factor);
+  # rates set from the simulator before any run (FP16 8b_long 3.49 s at 0.8 req/s against the H200's 3.29 s at 1;
+  # 70b8l_long 2.16 s at 1.2 against 1.92 s at 1.5)
+  smoke_or_stop
+  rec h100g_8b_small M8 50 256 2048 32 256 16 16 150 80 1 "baseline kvquant hack" 5
+  [ "${REALRUN_SMOKE:-0}" = 1 ] || REC_EXTRA=(--step-times)
+  if [ "${H100LONG:-8b}" = 70b ]; then
+    rec h100g_70b8l_long M70 25 6144 12288 64 256 24 16 330 60 1 "baseline kvquant hack" 1.2
+  else
+    MAXB=32 rec h100g_8b_long M8 40 8192 16384 64 256 32 16 330 40 1 "baseline kvquant hack" 0.8
+  fi
 elif [ "$PART" = pin ]; then
   # issue 28: the run-to-run spread of the host steps with the threads pinned and not
   smoke_or_stop

@@ -307,7 +307,7 @@ def test_the_h100_scenarios_take_the_h100_probes_levels():
     _, pre, want = _probe_levels("realrun/traces/h100_transient", "xferpre*.csv")
     # below hostcal's 1.35 at a link rate near 0, by far more than either's error
     assert pre["link_busy_prefill_host_factor"] + 3 * pre["stderr"][0] < 1.35
-    _scenarios_carry("h100g", 13, want)
+    _scenarios_carry("h100g", 15, want)
 
 
 # ---- calibrate: the busy level as two host parameters ---------------------------------------------------------

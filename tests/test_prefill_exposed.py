@@ -129,7 +129,7 @@ def test_the_realrun_scenarios_carry_the_committed_probes_fit():
         carried += 1
         assert pre["host_exposed_s_per_iteration"] == pytest.approx(fit["host_exposed_s_per_iteration"], rel=0.02)
         assert pre["host_exposed_s_per_layer"] == pytest.approx(fit["host_exposed_s_per_layer"], rel=0.02)
-    assert carried == 28
+    assert carried == 30
 
 
 def test_the_fit_cli_prints_it_and_refuses_a_bad_file_in_one_line(tmp_path):

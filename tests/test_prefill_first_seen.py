@@ -193,7 +193,7 @@ def test_the_scenarios_carry_the_probe_figure_and_the_fit_cli_prints_it(tmp_path
                 fit["host_first_seen_s_per_iteration"], rel=0.01
             )
             carried += 1
-    assert carried == 28
+    assert carried == 30
     r = subprocess.run(
         [sys.executable, "-m", "realrun.prefillprof", "--first-seen-fit", str(committed)],
         capture_output=True,
@@ -207,7 +207,7 @@ def test_the_scenarios_carry_the_probe_figure_and_the_fit_cli_prints_it(tmp_path
 def test_the_fade_is_recovered_from_synthetic_lengths_and_the_scenarios_carry_the_probes(tmp_path):
     """Synthetic --first-seen rows, three sets of GPU-bound forwards 5-120 ms long whose first sight costs the CPU
     1-3 ms and shows exp(-T / 30 ms) of it, with 0.3 ms of noise and a host-bound set that must be left out: the fit
-    finds 30 ms within its bootstrap range. The committed probes give the 28 realrun scenarios' 46 ms, and the CLI
+    finds 30 ms within its bootstrap range. The committed probes give the 30 realrun scenarios' 46 ms, and the CLI
     prints the same fit."""
     import pandas as pd
 
@@ -257,7 +257,7 @@ def test_the_fade_is_recovered_from_synthetic_lengths_and_the_scenarios_carry_th
         if "host_first_seen_s_per_iteration" in pre:
             assert pre["host_first_seen_fade_s"] == pytest.approx(committed["host_first_seen_fade_s"], abs=5e-4)
             carried += 1
-    assert carried == 28
+    assert carried == 30
     r = subprocess.run(
         [sys.executable, "-m", "realrun.prefillprof", "--first-seen-fade-fit", *map(str, probes)],
         capture_output=True,

@@ -482,6 +482,12 @@ def simulate(
     if not quiet:  # how the pools are priced: roofline, a profile for another GPU, derived GPU fields
         for line in result.resolved.warnings:
             typer.echo(f"warning: {line}", err=True)
+        if result.engine_outside:  # the engine calibration's fit is extrapolated here
+            typer.echo(
+                f"note: calibration.engine {Path(str(cfg.calibration.engine)).name}: this scenario lies outside the runs "
+                "it was fitted on (its prediction extrapolates the fit): " + "; ".join(result.engine_outside),
+                err=True,
+            )
     warning = overload_line(result.summary)
     if warning and not quiet:
         typer.echo(warning, err=True)
@@ -1031,7 +1037,9 @@ def _calibrate_engine(
         command += " --prior-scale auto"
     elif prior_scale != 1.0:
         command += f" --prior-scale {prior_scale:g}"
-    doc = engine_file(fit, traces, str(index), command, __version__, choice)
+    doc = engine_file(
+        fit, traces, str(index), command, __version__, choice, None if base_path is None else engine.domain
+    )
     mismatch = None if base_path is None else base_mismatch(engine.engine, traces)
     if mismatch:
         doc["fit"]["warnings"] = [mismatch]

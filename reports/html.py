@@ -343,6 +343,9 @@ def _profile_html(run: RunData) -> str:
             if left
             else ""
         )
+        beyond = eng.get("outside") or []
+        if beyond:  # simulator/domain.py: where this scenario extrapolates the fit
+            kept += "; this scenario lies outside the runs it was fitted on: " + "; ".join(beyond)
         rows.append(
             f"<tr><td>engine</td><td>–</td><td>{_esc(eng.get('engine') or '–')}</td><td>–</td>"
             f"<td><code>{_esc(eng.get('path') or '–')}</code></td>"

@@ -1445,12 +1445,21 @@ FIT_METHOD = (
 
 
 def engine_file(
-    fit: FitResult, traces: list[TraceData], index: str, command: str, version: str, prior_choice: dict | None = None
+    fit: FitResult,
+    traces: list[TraceData],
+    index: str,
+    command: str,
+    version: str,
+    prior_choice: dict | None = None,
+    base_domain: dict | None = None,
 ) -> dict:
     """The engine calibration file (engine.EngineFile) for a fit: every candidate parameter with its value,
-    standard error, whether it was fitted, its scope and shape and prior, the residuals, and where it all came
+    standard error, whether it was fitted, its scope and shape and prior, the residuals, the runs' domain
+    (simulator/domain.py; with a base calibration's `base_domain`, the union of both), and where it all came
     from; with `prior_choice` (crossval.choose_prior_scale), how the priors' scale was chosen."""
     import scipy
+
+    from .domain import domain_of, merge_domains
 
     params = {}
     for n, v in fit.values.items():
@@ -1502,6 +1511,7 @@ def engine_file(
         "engine": engine_description(traces),
         "parameters": params,
         "fit": about,
+        "domain": merge_domains(domain_of([td.setting for td in traces if td.setting]), base_domain),
         "provenance": {
             "index": index,
             "command": command,
@@ -1668,6 +1678,12 @@ def format_fit(doc: dict) -> str:
     out += [
         f"  {n} = {r['value']:.4g}: {r['note'].split(HELD_PREFIX)[-1]}" for n, r in params.items() if not r["fitted"]
     ]
+    from .domain import describe
+
+    where = describe(doc.get("domain") or {})
+    if where:  # a scenario outside these settings extrapolates the fit (simulate and validate say so)
+        out.append("fitted on runs of (5th-95th percentile lengths):")
+        out += [f"  {line}" for line in where]
     lacking = [(t["trace"], t.get("notes") or []) for t in doc["provenance"]["traces"]]
     if any(n for _, n in lacking):
         out.append("what the runs lack, and what they gave the fit instead:")

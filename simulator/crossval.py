@@ -193,6 +193,9 @@ def cross_validate(
         if scheme == "held_out_configuration":
             row = next(c for c in result["configurations"] if c["configuration"] == traces[out[0]].configuration)
             row["moved_without_it"] = moved_without(fits[0][0], values, [traces[i] for i in out])
+            row["outside_fit_runs"] = outside_runs(
+                [td for i, td in enumerate(traces) if i not in out], [traces[i] for i in out]
+            )
             if choice:  # nested: chosen without this configuration
                 row["prior_scale"] = sc
                 row["prior_scale_grid"] = choice[scheme, out].get("held_out_jct_mean_abs_error_pct")
@@ -429,6 +432,15 @@ def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[d
 
 MOVED_LEAST_SD = 0.5  # a parameter that moves less than this share of its prior's width is not listed
 MOVED_MOST = 3  # at most this many per configuration, the largest moves first
+
+
+def outside_runs(fitted_on: list[TraceData], runs: list[TraceData]) -> list[str]:
+    """Each way `runs` (a held-out configuration's) lie outside the settings of the runs a fit saw (domain.outside),
+    each said once."""
+    from .domain import domain_of, outside
+
+    dom = domain_of([td.setting for td in fitted_on if td.setting])
+    return list(dict.fromkeys(line for td in runs if td.setting for line in outside(dom, td.setting)))
 
 
 def moved_without(in_sample: dict[str, float], held_out: dict[str, float], runs: list[TraceData]) -> list[dict]:
@@ -747,6 +759,15 @@ def format_cv(result: dict) -> str:
             f"flag: the fit predicts {len(result['worse_than_no_fit'])} held-out configuration(s) worse than no fit: "
             + ", ".join(_worse_by(by_name[n], n, "held_out_configuration") for n in result["worse_than_no_fit"])
         )
+    beyond = [c for c in result["configurations"] if c.get("outside_fit_runs")]
+    if beyond:
+        parts.append(
+            "where each held-out configuration lies outside the runs its fit saw (simulator/domain.py: it extrapolates "
+            "the fit there; inside every range: "
+            + (", ".join(c["configuration"] for c in result["configurations"] if c not in beyond) or "none")
+            + "):"
+        )
+        parts += [f"  {c['configuration']}: " + "; ".join(c["outside_fit_runs"]) for c in beyond]
     moved = [c for c in result["configurations"] if c.get("moved_without_it")]
     if moved:
         parts.append(

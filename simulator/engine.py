@@ -385,6 +385,8 @@ class EngineFile(BaseModel):
     engine: str = ""
     parameters: dict[str, ParameterRecord]
     fit: dict[str, Any] = Field(default_factory=dict)
+    # the runs' settings (simulator/domain.py): where a scenario lies outside them its prediction extrapolates the fit
+    domain: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from .decode import clock_share, transient_amplitude_s
+from .domain import setting_of
 from .engine import PARAMETERS, apply_values
 from .engine_logs import RequestLog
 from .measured import Measured, load_measured
@@ -90,6 +91,9 @@ class TraceData:
     # the run executed the kernels its pools' measured profiles priced (ran_profiled_kernels): its method factors'
     # priors are engine.PROFILED_FACTOR_PRIOR_WIDTH wide (calibrate.prior_widths)
     kernels_profiled: bool = False
+    # what the fit's parameters are the slopes of: GPU, placement, model, method, link rate, prefill batch, lengths
+    # (simulator/domain.py): the calibration's domain is its runs' union
+    setting: dict = field(default_factory=dict)
 
 
 # how realrun records its command in meta.json (realrun/runner.py environment: the CLI, or a library call)
@@ -168,6 +172,7 @@ def trace_data(
         notes=list(m.notes),
     )
     td.kernels_profiled = ran_profiled_kernels(m.source, m.meta, (pre.profile, dec.profile))
+    td.setting = setting_of(s, m.requests["prompt_tokens"], m.requests["output_tokens"], [cfg.name])
     rate = link_busy_gbps(s)  # the busy factor's growth multiplies it (by chunk where measured at another)
     td.link_gbps = rate if math.isfinite(rate) else 0.0
     for f in m.files:

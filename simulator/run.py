@@ -663,6 +663,8 @@ class ScenarioResult:
     memory: pd.DataFrame
     links: pd.DataFrame
     runs: dict[str, MethodRun] = field(default_factory=dict, repr=False)
+    # where the scenario lies outside the runs its engine calibration was fitted on (simulator/domain.py)
+    engine_outside: list[str] = field(default_factory=list)
 
     def profiles(self) -> dict:
         def one(p: CalibrationProfile) -> dict:
@@ -735,6 +737,7 @@ class ScenarioResult:
             from .engine import engine_summary
 
             eng = engine_summary(self.scenario.calibration.engine, self.scenario.calibration.engine_scopes)
+            eng["outside"] = self.engine_outside
             if Path(eng["path"]).resolve().is_relative_to(REPO_ROOT):
                 eng["path"] = str(Path(eng["path"]).resolve().relative_to(REPO_ROOT))
             out["engine"] = eng
@@ -810,7 +813,12 @@ def run_scenario(
         if progress is not None:
             progress(cfg.output_name)
     summary = {"scenario": s.name, "seed": s.workload.seed, "requests": len(reqs), "methods": summaries}
-    return ScenarioResult(s, res, summary, _concat(frames), _concat(mems), _concat(lks), runs)
+    beyond = []
+    if s.calibration.engine is not None:
+        from .domain import scenario_outside
+
+        beyond = scenario_outside(s, {"prompt_tokens": reqs.prompt_tokens, "output_tokens": reqs.output_tokens})
+    return ScenarioResult(s, res, summary, _concat(frames), _concat(mems), _concat(lks), runs, beyond)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -73,7 +73,8 @@
 #             to 4) and h100g_70b8l_40gbps r20 (200 requests), every method once: two configurations no H100 run has,
 #             beside one nine of the twelve earlier H100 sessions have (~360 s).
 #   part h100long (on an H100): smoke, then h100g_8b_small r5 (80 requests: the session's host factor) and, with
-#             H100LONG=8b (default) h100g_8b_long r0.8 (40 requests, batches to 32), with H100LONG=70b h100g_70b8l_long
+#             H100LONG=8b (default) h100g_8b_long r0.8 (40 requests, batches to 16: 32 FP16 slots of 16.7K tokens do not
+#             fit the H100 beside the 32 GiB KV pool), with H100LONG=70b h100g_70b8l_long
 #             r1.2 (60 requests), every method once, step-timed as part long: long prompts no H100 run has, at the
 #             rates where the simulator puts FP16's mean JCT on the H100 near the H200 recordings' (~350 s each).
 #   part pin (on an H100): smoke, then h100g_8b_sat r8 HACK three times back to back with the threads where the OS puts
@@ -488,7 +489,7 @@ elif [ "$PART" = h100long ]; then
   if [ "${H100LONG:-8b}" = 70b ]; then
     rec h100g_70b8l_long M70 25 6144 12288 64 256 24 16 330 60 1 "baseline kvquant hack" 1.2
   else
-    MAXB=32 rec h100g_8b_long M8 40 8192 16384 64 256 32 16 330 40 1 "baseline kvquant hack" 0.8
+    MAXB=16 rec h100g_8b_long M8 40 8192 16384 64 256 32 16 330 40 1 "baseline kvquant hack" 0.8
   fi
 elif [ "$PART" = pin ]; then
   # issue 28: the run-to-run spread of the host steps with the threads pinned and not

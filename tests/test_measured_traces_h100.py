@@ -4,7 +4,7 @@ realrun/traces/index_h100.csv, h100_pin's pinned runs in its own index.csv):
 every run complete, with its provenance, described by its scenario, in the session its index names; and the
 across-session repeats index (realrun/traces/index_h100_sessions.csv) groups recordings of one configuration,
 method and seed; the method-order check (realrun/traces/h100_order8b); two configurations new to the H100
-(realrun/traces/h100_new, h100_new2). How the H200 calibration carries to them:
+(realrun/traces/h100_new, h100_new2, h100_new3); long prompts new to the H100 (realrun/traces/h100_long). How the H200 calibration carries to them:
 tests/test_calibrate_measured_sessions.py."""
 
 from __future__ import annotations
@@ -233,3 +233,29 @@ def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one(
     # a third on another machine (realrun/traces/h100_new3), twice back to back as the first (_rep1: the second call)
     third = _new_configurations_session(TRACES / "h100_new3", 9, "h100-2026-12-07-1157", True, "30d967b")
     assert third == configs
+
+
+def test_long_prompts_new_to_the_h100_are_recorded_beside_a_known_one():
+    """realrun/traces/h100_long: 8b_long (decode batches to 16) and 70b8l_long, which no other H100 session has, beside
+    8b_small (the session's host factor), three calls on one machine (8b_small's second and third end _rep1, _rep2)."""
+    folder = TRACES / "h100_long"
+    index = rows(folder / "index.csv")
+    assert len(index) == 9 and {r["machine"] for r in index} == {"h100-2026-12-07-1310"}
+    for row in index:
+        scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
+        assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
+        reps = ("_rep1", "_rep2") if "8b_small" in row["trace"] else ()
+        for run in (folder / row["trace"], *(folder / (row["trace"] + r) for r in reps)):
+            meta = check_recorded_run(run, ROOT / row["scenario"])
+            assert meta["gpu"].startswith("NVIDIA H100"), run
+            assert meta["max_decode_batch"] == scen["decode"]["max_batch_requests"], run
+            third = "8b_long" in run.name or run.name.endswith("_rep2")  # the third call: batches to 16
+            assert meta["git_rev"] == ("1d8ea25+maxb16" if third else "1d8ea25"), run
+            long = "_long_" in run.name
+            assert (run / "steps.csv").exists() == long, run  # the long ones step-timed, as the H200's
+    configs = {Path(r["scenario"]).stem for r in index}
+    assert configs == {"h100g_8b_small", "h100g_8b_long", "h100g_70b8l_long"}
+    known = {Path(r["scenario"]).stem for r in rows(TRACES / "index_h100.csv")}
+    assert configs - known == {"h100g_8b_long", "h100g_70b8l_long"}
+    prov = json.loads((folder / "provenance.json").read_text())
+    assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")

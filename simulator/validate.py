@@ -181,6 +181,11 @@ def validate(
         s = s.model_copy(update={"prefill": s.prefill.model_copy(update={"host_first_seen_s_per_iteration": 0.0})})
         notes.append(f"no prefill pays prefill.host_first_seen_s_per_iteration: {m.seen_before} ran these prompts")
     result = run_scenario(s, source=str(scenario_path), methods=[method])
+    if result.engine_outside:  # simulator/domain.py: the scenario's engine calibration is extrapolated here
+        notes.append(
+            f"calibration.engine {Path(str(s.calibration.engine)).name}: this run lies outside the runs it was fitted "
+            "on: " + "; ".join(result.engine_outside)
+        )
     sim = result.requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     # Both sides through the same timestamp definitions: the trace cannot split decode into
     # decode/dequantize/approximation, nor prefill from its homomorphic correction.

@@ -154,3 +154,21 @@ def test_a_fitted_calibration_s_domain_spans_its_runs(graphs):
     assert dom["link_gbps"] == [1.0, 40.0] and dom["methods"] == ["baseline", "hack", "kvquant"]
     lengths = np.array([t.setting["prompt_tokens"] for t in runs if t.setting["model"].startswith("llama-3.1-8b")])
     assert dom["models"]["llama-3.1-8b (32 layers)"]["prompt_tokens"] == [lengths[:, 0].min(), lengths[:, 1].max()]
+
+
+def test_validate_notes_where_the_run_lies_outside_its_scenario_s_engine_calibration(tmp_path):
+    from simulator.validate import validate
+
+    engine = tmp_path / "engine.json"
+    doc = {
+        "kind": "hacksim-engine-calibration",
+        "schema_version": 1,
+        "engine": "test",
+        "parameters": {},
+        "domain": domain_of([_setting(link_gbps=40.0, methods=["baseline", "hack", "kvquant"])]),
+    }
+    engine.write_text(json.dumps(doc))
+    trace = ROOT / "realrun/traces/h200_graphs/h200g_70b8l_1gbps_hack_r8"
+    v = validate(trace, ROOT / "scenarios/measured/h200g_70b8l_1gbps.yaml", [f"calibration.engine={engine}"])
+    note = next(n for n in v["notes"] if n.startswith("calibration.engine engine.json"))
+    assert "link 1 Gbps (the runs': 40 Gbps)" in note and "model llama-3.1-70b (8 layers)" in note

@@ -791,7 +791,12 @@ def _validate_cv(
         with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (crossval._map)
             if engine is not None:
                 result = cross_validate_machine(
-                    index, engine.fitted_with_stderr(), str(base), workers=workers, noise=noise
+                    index,
+                    engine.fitted_with_stderr(),
+                    str(base),
+                    workers=workers,
+                    noise=noise,
+                    base_domain=engine.domain,
                 )
             else:
                 result = cross_validate(index, workers=workers, noise=noise, by=by, prior_scale=prior_scale)

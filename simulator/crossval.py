@@ -227,6 +227,7 @@ def cross_validate_machine(
     base_name: str,
     workers: int = 1,
     noise: dict | None = None,
+    base_domain: dict | None = None,
 ) -> dict:
     """How a calibration moved to the runs' machine carries across their configurations (calibrate --base
     --refit machine): each configuration's runs on a machine predicted by the base calibration with the one host
@@ -235,7 +236,9 @@ def cross_validate_machine(
     row per machine, each run priced with its own machine's factor. A configuration with no other on its machine
     has no machine figure there, and the notes say so. Beside them the base's kernel and link terms alone on the
     scenarios' host terms (calibration.engine_scopes [gpu, link]). Per run the errors of each, their means, and per
-    configuration and machine the factor."""
+    configuration and machine the factor; with the base's `base_domain` (its file's domain), where each configuration
+    lies outside the runs the base was fitted on."""
+    from .domain import outside
     from .engine import in_scopes
     from .measured import read_index
 
@@ -322,6 +325,11 @@ def cross_validate_machine(
         row["factor_disagrees"] = "own" in f and abs(math.log(f["own"] / f["factor"])) > 2 * math.hypot(
             f["stderr"] / f["factor"], f["own_stderr"] / f["own"]
         )
+        if base_domain:  # simulator/domain.py: where the base's fit is extrapolated
+            runs = [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m and td.setting]
+            row["outside_base_runs"] = list(
+                dict.fromkeys(line for td in runs for line in outside(base_domain, td.setting))
+            )
         configurations.append(_against_no_fit(row))
     result["configurations"] = configurations
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
@@ -410,6 +418,17 @@ def format_cv_machine(result: dict) -> str:
             )
             + ": the machine's configurations load its host differently, and one factor carries the others' to it"
         )
+    beyond = [c for c in result["configurations"] if c.get("outside_base_runs")]
+    if beyond:
+        lines.append(
+            f"where each configuration lies outside the runs {result['base_calibration']} was fitted on "
+            "(simulator/domain.py: it extrapolates the base there):"
+        )
+        lines += [
+            f"  {c['configuration']}{' on ' + c['machine'] if c['machine'] else ''}: "
+            + "; ".join(c["outside_base_runs"])
+            for c in beyond
+        ]
     lines += format_against_reference(result, MACHINE_SCHEMES, MACHINE_HEADS)
     lines += host_gauge_lines(noise)
     lines += [f"note: {n}" for n in result["notes"]]

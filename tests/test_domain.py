@@ -172,3 +172,27 @@ def test_validate_notes_where_the_run_lies_outside_its_scenario_s_engine_calibra
     v = validate(trace, ROOT / "scenarios/measured/h200g_70b8l_1gbps.yaml", [f"calibration.engine={engine}"])
     note = next(n for n in v["notes"] if n.startswith("calibration.engine engine.json"))
     assert "link 1 Gbps (the runs': 40 Gbps)" in note and "model llama-3.1-70b (8 layers)" in note
+
+
+def test_validate_cv_with_a_base_names_where_each_configuration_leaves_the_base_s_runs():
+    from simulator.crossval import cross_validate_machine, format_cv_machine
+
+    dom = domain_of(
+        [
+            _setting(gpu="h100", link_gbps=40.0, methods=["baseline", "hack", "kvquant"]),
+            _setting(gpu="h100", link_gbps=50.0, prompt_tokens=[100, 2000], output_tokens=[30, 300]),
+        ]
+    )
+    r = cross_validate_machine(ROOT / "realrun/traces/h100_long/index.csv", {}, "base.json", base_domain=dom)
+    said = {c["configuration"]: c["outside_base_runs"] for c in r["configurations"]}
+    assert said["h100g_8b_small"] == []  # 50 Gbps, 0.4-1.9K-token prompts: inside
+    assert said["h100g_70b8l_long"] == [
+        "link 25 Gbps (the runs': 40-50 Gbps)",
+        "model llama-3.1-70b (8 layers) (the runs': llama-3.1-8b (32 layers))",
+    ]
+    assert len(said["h100g_8b_long"]) == 1 and "prompts of" in said["h100g_8b_long"][0]
+    text = format_cv_machine(r)
+    assert (
+        "lies outside the runs base.json was fitted on" in text
+        and "h100g_8b_small on" not in text.split("lies outside the runs")[1].split("each method")[0]
+    )

@@ -796,7 +796,7 @@ def _validate_cv(
                     str(base),
                     workers=workers,
                     noise=noise,
-                    base_domain=engine.domain,
+                    base_domain=engine.domain_dict(),
                 )
             else:
                 result = cross_validate(index, workers=workers, noise=noise, by=by, prior_scale=prior_scale)
@@ -1043,7 +1043,7 @@ def _calibrate_engine(
     elif prior_scale != 1.0:
         command += f" --prior-scale {prior_scale:g}"
     doc = engine_file(
-        fit, traces, str(index), command, __version__, choice, None if base_path is None else engine.domain
+        fit, traces, str(index), command, __version__, choice, None if base_path is None else engine.domain_dict()
     )
     mismatch = None if base_path is None else base_mismatch(engine.engine, traces)
     if mismatch:

@@ -1,13 +1,14 @@
 """What runs an engine calibration was fitted on, and where a scenario or a held-out configuration lies outside them.
 
-A fit carries to the regimes its runs include (docs/calibration.md, "Bars"): held out by configuration, the
-configurations a fit on the others predicts worse than no fit are each the only one of the set with some setting (the
-only 1 Gbps link, the only short prompts on the 32-layer 8B, the only 50 Gbps link and long outputs). Each run's
-*setting* is what the fit's parameters are the slopes of: the GPU, the placement, the model (name and layers), the
-method, the link's line rate, the prefill batch's request limit, and the prompt and output lengths the run served
-(its 5th to 95th percentile). The calibration's *domain* is their union (the categories seen; each number's range,
-the lengths per model); `outside` names each way a setting leaves it. Outside is not wrong: it says the prediction
-extrapolates the fit, which the held-out figures show is where a fit can be worse than the kernels alone.
+A fit carries to the regimes its runs include (docs/calibration.md, "Where a prediction extrapolates the fit"): held
+out by configuration on one H200 session (realrun/traces/h200_graphs), the configurations a fit on the others predicts
+worse than no fit are each the only one of the set with some setting (the only 1 Gbps link, the 8B's only short
+prompts, the only 50 Gbps link). Each run's *setting* is what the fit's parameters are the slopes of: the GPU, the
+placement, the model (name and layers), the method, the link's line rate, the prefill batch's request limit, and the
+prompt and output lengths the run served (its 5th to 95th percentile). The calibration's *domain* is their union (the
+categories seen; each number's range, the lengths per model); `outside` names each way a setting leaves it. Outside
+is not wrong: it says the prediction extrapolates the fit, where a fit can be worse than the kernels alone, and often
+is not (the H100's long prompts, outside every H100 fit, come out better with one).
 """
 
 from __future__ import annotations
@@ -164,13 +165,13 @@ def _requests(span) -> str:
     return f"{_range(span)} request" + ("s" if span[1] > 1 else "")
 
 
-def scenario_outside(scenario, requests) -> list[str]:
+def scenario_outside(scenario, requests, methods: list[str]) -> list[str]:
     """Where a scenario naming an engine calibration (calibration.engine, already applied: an absolute path) lies
-    outside the runs the calibration was fitted on; `requests` its workload's (columns prompt_tokens, output_tokens)."""
+    outside the runs the calibration was fitted on; `requests` its workload's (prompt_tokens, output_tokens), `methods`
+    the registry names of the methods run."""
     from .engine import read_engine_file
 
     if scenario.calibration.engine is None:
         return []
-    domain = read_engine_file(scenario.calibration.engine, ValueError).domain
-    methods = [m.name for m in scenario.methods]
+    domain = read_engine_file(scenario.calibration.engine, ValueError).domain_dict()
     return outside(domain, setting_of(scenario, requests["prompt_tokens"], requests["output_tokens"], methods))

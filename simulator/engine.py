@@ -375,6 +375,19 @@ class ParameterRecord(BaseModel):
     )
 
 
+class Domain(BaseModel):
+    """The settings of the runs a calibration was fitted on (simulator/domain.py), checked where a file is read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    gpus: list[str] = Field(default_factory=list)
+    placements: list[str] = Field(default_factory=list)
+    methods: list[str] = Field(default_factory=list)
+    link_gbps: tuple[float, float] | None = None
+    prefill_batch_requests: tuple[int, int] | None = None
+    models: dict[str, dict[Literal["prompt_tokens", "output_tokens"], tuple[int, int]]] = Field(default_factory=dict)
+
+
 class EngineFile(BaseModel):
     """The file's content, checked: parameter names known, fitted values inside their physical bounds."""
 
@@ -386,7 +399,7 @@ class EngineFile(BaseModel):
     parameters: dict[str, ParameterRecord]
     fit: dict[str, Any] = Field(default_factory=dict)
     # the runs' settings (simulator/domain.py): where a scenario lies outside them its prediction extrapolates the fit
-    domain: dict[str, Any] = Field(default_factory=dict)
+    domain: Domain | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -405,6 +418,10 @@ class EngineFile(BaseModel):
             if p.integer and rec.fitted and rec.value != int(rec.value):
                 raise ValueError(f"parameters.{name}: a count must be a whole number, got {rec.value}")
         return self
+
+    def domain_dict(self) -> dict[str, Any]:
+        """The domain as simulator/domain.py takes it (empty: a file written before domains)."""
+        return {} if self.domain is None else self.domain.model_dump(mode="json", exclude_none=True)
 
     def fitted(self) -> dict[str, float]:
         return {k: r.value for k, r in self.parameters.items() if r.fitted}

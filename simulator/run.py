@@ -817,7 +817,8 @@ def run_scenario(
     if s.calibration.engine is not None:
         from .domain import scenario_outside
 
-        beyond = scenario_outside(s, {"prompt_tokens": reqs.prompt_tokens, "output_tokens": reqs.output_tokens})
+        lengths = {"prompt_tokens": reqs.prompt_tokens, "output_tokens": reqs.output_tokens}
+        beyond = scenario_outside(s, lengths, [m.name for m in chosen])
     return ScenarioResult(s, res, summary, _concat(frames), _concat(mems), _concat(lks), runs, beyond)
 
 

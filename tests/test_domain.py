@@ -116,7 +116,7 @@ def test_calibrate_writes_the_domain_and_simulate_names_where_a_scenario_leaves_
         "provenance": {"traces": []},
     }
     engine.write_text(json.dumps(doc))
-    assert read_engine_file(engine, ValueError).domain == doc["domain"]
+    assert read_engine_file(engine, ValueError).domain_dict() == doc["domain"]
     out = tmp_path / "run"
     p = subprocess.run(
         [
@@ -196,3 +196,28 @@ def test_validate_cv_with_a_base_names_where_each_configuration_leaves_the_base_
         "lies outside the runs base.json was fitted on" in text
         and "h100g_8b_small on" not in text.split("lies outside the runs")[1].split("each method")[0]
     )
+
+
+def test_a_malformed_domain_is_refused_in_one_line_naming_the_field_and_the_file(tmp_path):
+    engine = tmp_path / "engine.json"
+    doc = {"kind": "hacksim-engine-calibration", "schema_version": 1, "parameters": {}, "domain": {"link_gbps": "fast"}}
+    engine.write_text(json.dumps(doc))
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "simulate",
+            "scenarios/measured/h200g_8b_sat.yaml",
+            "--requests",
+            "5",
+            "--set",
+            f"calibration.engine={engine}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "engine.json" in lines[0] and "domain.link_gbps" in lines[0], p.stderr

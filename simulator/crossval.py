@@ -357,7 +357,9 @@ def _worse_by(c: dict, name: str, scheme: str, how: str = "") -> str:
     d = c[f"{scheme}_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
     spread = c.get("run_to_run_jct_mean_pct")
     noise = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
-    return f"{name} (by {d:.1f} points{how}{noise})"
+    beyond = c.get("outside_fit_runs") or c.get("outside_base_runs")
+    where = "; it lies outside the runs its fit saw, listed below" if beyond else ""
+    return f"{name} (by {d:.1f} points{how}{noise}{where})"
 
 
 def format_cv_machine(result: dict) -> str:

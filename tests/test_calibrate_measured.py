@@ -146,6 +146,13 @@ def test_no_held_out_configuration_is_predicted_worse_than_with_no_fit(cv):
     miss WORSE_THAN_NO_FIT names."""
     assert cv["worse_than_no_fit"] == WORSE_THAN_NO_FIT, [c for c in cv["configurations"] if c["worse_than_no_fit"]]
     assert len(cv["configurations"]) == 6
+    # each of them lies outside the runs its fit saw (simulator/domain.py), and the flag says so
+    from simulator.crossval import format_cv
+
+    flag = next(line for line in format_cv(cv).splitlines() if line.startswith("flag: the fit predicts"))
+    for c in cv["configurations"]:
+        assert bool(c["outside_fit_runs"]) == (c["configuration"] not in ("h200g_70b8l_2.5gbps", "h200g_8b_sat")), c
+    assert flag.count("it lies outside the runs its fit saw") == len(WORSE_THAN_NO_FIT), flag
 
 
 # each method's mean JCT against FP16's over the same requests (18 rows: HACK and KVQuant-style at each configuration

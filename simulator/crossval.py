@@ -238,7 +238,7 @@ def cross_validate_machine(
     scenarios' host terms (calibration.engine_scopes [gpu, link]). Per run the errors of each, their means, and per
     configuration and machine the factor; with the base's `base_domain` (its file's domain), where each configuration
     lies outside the runs the base was fitted on."""
-    from .domain import outside
+    from .domain import outside_any
     from .engine import in_scopes
     from .measured import read_index
 
@@ -327,9 +327,7 @@ def cross_validate_machine(
         )
         if base_domain:  # simulator/domain.py: where the base's fit is extrapolated
             runs = [td for i, td in enumerate(traces) if td.configuration == c and machine[i] == m and td.setting]
-            row["outside_base_runs"] = list(
-                dict.fromkeys(line for td in runs for line in outside(base_domain, td.setting))
-            )
+            row["outside_base_runs"] = outside_any(base_domain, [td.setting for td in runs])
         configurations.append(_against_no_fit(row))
     result["configurations"] = configurations
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
@@ -458,10 +456,11 @@ MOVED_MOST = 3  # at most this many per configuration, the largest moves first
 def outside_runs(fitted_on: list[TraceData], runs: list[TraceData]) -> list[str]:
     """Each way `runs` (a held-out configuration's) lie outside the settings of the runs a fit saw (domain.outside),
     each said once."""
-    from .domain import domain_of, outside
+    from .domain import domain_of, outside_any
 
-    dom = domain_of([td.setting for td in fitted_on if td.setting])
-    return list(dict.fromkeys(line for td in runs if td.setting for line in outside(dom, td.setting)))
+    return outside_any(
+        domain_of([td.setting for td in fitted_on if td.setting]), [td.setting for td in runs if td.setting]
+    )
 
 
 def moved_without(in_sample: dict[str, float], held_out: dict[str, float], runs: list[TraceData]) -> list[dict]:

@@ -32,12 +32,7 @@ def setting_of(scenario, prompt_tokens, output_tokens, methods: list[str]) -> di
     had."""
     from .resolve import network_bandwidth_gbps
 
-    gpus = sorted(
-        {
-            scenario.prefill.gpu.preset or scenario.prefill.gpu.name,
-            scenario.decode.gpu.preset or scenario.decode.gpu.name,
-        }
-    )
+    gpus = sorted({pool.gpu.preset or pool.gpu.name for pool in (scenario.prefill, scenario.decode)})
     out: dict[str, Any] = {
         "gpu": "+".join(gpus),
         "placement": scenario.placement,
@@ -64,23 +59,24 @@ def _span(tokens) -> list[int]:
 
 def domain_of(settings: list[dict[str, Any]]) -> dict[str, Any]:
     """The union of runs' settings: each category's values seen, each number's range, the lengths per model."""
+    out: dict[str, Any] = {"gpus": [], "placements": [], "methods": [], "models": {}}
+    for one in settings:
+        out = merge_domains(out, _domain_of_one(one))
+    return out
+
+
+def _domain_of_one(setting: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "gpus": sorted({s["gpu"] for s in settings}),
-        "placements": sorted({s["placement"] for s in settings}),
-        "methods": sorted({m for s in settings for m in s["methods"]}),
-        "models": {},
+        "gpus": [setting["gpu"]],
+        "placements": [setting["placement"]],
+        "methods": list(setting["methods"]),
+        "models": {
+            setting["model"]: {k: list(setting[k]) for k in ("prompt_tokens", "output_tokens") if setting.get(k)}
+        },
     }
     for key in ("link_gbps", "prefill_batch_requests"):
-        vals = [s[key] for s in settings if s.get(key) is not None]
-        if vals:
-            out[key] = [min(vals), max(vals)]
-    for s in settings:
-        m = out["models"].setdefault(s["model"], {})
-        for key in ("prompt_tokens", "output_tokens"):
-            if s.get(key):
-                lo, hi = m.get(key, s[key])
-                m[key] = [min(lo, s[key][0]), max(hi, s[key][1])]
-    out["models"] = dict(sorted(out["models"].items()))
+        if setting.get(key) is not None:
+            out[key] = [setting[key], setting[key]]
     return out
 
 
@@ -111,6 +107,11 @@ def outside(domain: dict[str, Any], setting: dict[str, Any]) -> list[str]:
         if have and span and (have[0] < span[0] * (1 - LENGTH_SLACK) or have[1] > span[1] * (1 + LENGTH_SLACK)):
             out.append(f"{setting['model']} {what} of {_range(have, ' tokens')} (the runs': {_range(span, ' tokens')})")
     return out
+
+
+def outside_any(domain: dict[str, Any], settings: list[dict[str, Any]]) -> list[str]:
+    """Each way any of `settings` (a configuration's runs) lies outside `domain` (outside), each said once."""
+    return list(dict.fromkeys(line for one in settings for line in outside(domain, one)))
 
 
 def _range(span, unit: str = "") -> str:

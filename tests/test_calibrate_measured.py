@@ -131,6 +131,14 @@ def cv():
     return cross_validate(INDEX, workers=2)
 
 
+@pytest.fixture(scope="module")
+def graphs():
+    """The 27 graph-mode traces as calibrate prices them (not changed by a fit)."""
+    from simulator.calibrate import load_index
+
+    return load_index(INDEX)
+
+
 def test_held_out_errors_hold(cv):
     assert cv["traces"] == 27
     for key, bound in HELD_OUT.items():
@@ -408,7 +416,7 @@ def test_the_machine_refit_carries_to_a_batched_prefill_configuration(cv):
         assert better == (c["configuration"] not in PBSESSION_FACTOR_NOT_BETTER), c
 
 
-def test_narrower_priors_no_longer_carry_better_to_held_out_configurations(cv):
+def test_narrower_priors_no_longer_carry_better_to_held_out_configurations(cv, graphs):
     """calibrate --prior-scale on the 27 graph-mode traces: every prior width times 0.25 predicts the held-out
     configurations' runs at 3.46 % mean |JCT error| against 3.39 % at the stated widths (the cv fixture's figure, the
     same folds). Before the first-seen prefill time (prefill.host_first_seen_s_per_iteration) the quarter widths did
@@ -416,27 +424,25 @@ def test_narrower_priors_no_longer_carry_better_to_held_out_configurations(cv):
     held the fit away from what the model then lacked. So --prior-scale auto now chooses 1 here (docs/calibration.md;
     nested, each configuration's scale chosen without it, from `validate --cv --folds configuration --prior-scale
     auto`, too slow for this suite). Bound: achieved + 0.3, and not better than the stated widths by 0.05 or more."""
-    from simulator.calibrate import load_index
     from simulator.crossval import _choose_scales
     from simulator.measured import read_index
 
-    traces = load_index(INDEX)
-    (narrow,) = _choose_scales(traces, read_index(INDEX), [tuple(range(len(traces)))], 2, grid=(0.25,))
+    (narrow,) = _choose_scales(graphs, read_index(INDEX), [tuple(range(len(graphs)))], 2, grid=(0.25,))
     at_quarter = narrow["held_out_jct_mean_abs_error_pct"]["0.25"]
     assert at_quarter <= 3.46 + 0.3
     assert at_quarter > cv["held_out_configuration"]["jct_mean_abs_error_pct"] - 0.05
 
 
-def test_each_fitted_parameter_says_which_configurations_pin_it_down(tmp_path):
+def test_each_fitted_parameter_says_which_configurations_pin_it_down(tmp_path, graphs):
     """support: each configuration's share of the runs' information about a fitted parameter. On h200_graphs the
     prefill's host floor per layer and the KVQuant-style prefill's own launches come from 8b_2.5gbps, the only
     configuration whose 32-layer prefills all wait on the CPU (what validate --cv finds moving when it is held out); a
     term every run's iterations inform (the decode loop's gap) from none above half. The file keeps it and calibrate
     names the pinned ones."""
-    from simulator.calibrate import SUPPORT_SHOWN, engine_file, fit_engine, format_fit, load_index
+    from simulator.calibrate import SUPPORT_SHOWN, engine_file, fit_engine, format_fit
     from simulator.engine import read_engine_file
 
-    traces = load_index(INDEX)
+    traces = graphs
     fit = fit_engine(traces)
     assert set(fit.support) == set(fit.fitted)
     for name, share in fit.support.items():

@@ -4,16 +4,23 @@ scenario or a held-out configuration lies outside them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from simulator.domain import domain_of, merge_domains, outside
+from test_cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine_file(folder: Path, domain: dict) -> Path:
+    """An engine calibration that fits nothing and says its runs' `domain`."""
+    path = folder / "engine.json"
+    doc = {"kind": "hacksim-engine-calibration", "schema_version": 1, "engine": "test", "parameters": {}}
+    path.write_text(json.dumps({**doc, "domain": domain}))
+    return path
 
 
 def _setting(**kw):
@@ -106,36 +113,20 @@ def test_the_held_out_configurations_a_fit_predicts_worse_than_none_lie_outside_
 def test_calibrate_writes_the_domain_and_simulate_names_where_a_scenario_leaves_it(tmp_path):
     from simulator.engine import read_engine_file
 
-    engine = tmp_path / "engine.json"
-    doc = {
-        "kind": "hacksim-engine-calibration",
-        "schema_version": 1,
-        "engine": "test",
-        "parameters": {},
-        "domain": domain_of([_setting(link_gbps=40.0, methods=["baseline", "hack", "kvquant"])]),
-        "provenance": {"traces": []},
-    }
-    engine.write_text(json.dumps(doc))
-    assert read_engine_file(engine, ValueError).domain_dict() == doc["domain"]
+    domain = domain_of([_setting(link_gbps=40.0, methods=["baseline", "hack", "kvquant"])])
+    engine = _engine_file(tmp_path, domain)
+    assert read_engine_file(engine, ValueError).domain_dict() == domain
     out = tmp_path / "run"
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "cli.py"),
-            "simulate",
-            "scenarios/measured/h200g_8b_long.yaml",
-            "--requests",
-            "20",
-            "--set",
-            f"calibration.engine={engine}",
-            "--out",
-            str(out),
-            "--no-report",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
+    p = cli(
+        "simulate",
+        "scenarios/measured/h200g_8b_long.yaml",
+        "--requests",
+        20,
+        "--set",
+        f"calibration.engine={engine}",
+        "--out",
+        out,
+        "--no-report",
     )
     assert p.returncode == 0, p.stderr
     note = next(line for line in p.stderr.splitlines() if line.startswith("note: calibration.engine"))
@@ -159,15 +150,7 @@ def test_a_fitted_calibration_s_domain_spans_its_runs(graphs):
 def test_validate_notes_where_the_run_lies_outside_its_scenario_s_engine_calibration(tmp_path):
     from simulator.validate import validate
 
-    engine = tmp_path / "engine.json"
-    doc = {
-        "kind": "hacksim-engine-calibration",
-        "schema_version": 1,
-        "engine": "test",
-        "parameters": {},
-        "domain": domain_of([_setting(link_gbps=40.0, methods=["baseline", "hack", "kvquant"])]),
-    }
-    engine.write_text(json.dumps(doc))
+    engine = _engine_file(tmp_path, domain_of([_setting(link_gbps=40.0, methods=["baseline", "hack", "kvquant"])]))
     trace = ROOT / "realrun/traces/h200_graphs/h200g_70b8l_1gbps_hack_r8"
     v = validate(trace, ROOT / "scenarios/measured/h200g_70b8l_1gbps.yaml", [f"calibration.engine={engine}"])
     note = next(n for n in v["notes"] if n.startswith("calibration.engine engine.json"))
@@ -199,24 +182,9 @@ def test_validate_cv_with_a_base_names_where_each_configuration_leaves_the_base_
 
 
 def test_a_malformed_domain_is_refused_in_one_line_naming_the_field_and_the_file(tmp_path):
-    engine = tmp_path / "engine.json"
-    doc = {"kind": "hacksim-engine-calibration", "schema_version": 1, "parameters": {}, "domain": {"link_gbps": "fast"}}
-    engine.write_text(json.dumps(doc))
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "cli.py"),
-            "simulate",
-            "scenarios/measured/h200g_8b_sat.yaml",
-            "--requests",
-            "5",
-            "--set",
-            f"calibration.engine={engine}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
+    engine = _engine_file(tmp_path, {"link_gbps": "fast"})
+    p = cli(
+        "simulate", "scenarios/measured/h200g_8b_sat.yaml", "--requests", 5, "--set", f"calibration.engine={engine}"
     )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()

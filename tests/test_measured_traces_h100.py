@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -201,61 +202,62 @@ def test_the_first_runs_extra_prefill_time_follows_the_order_on_an_h100():
     assert len(first) == 7 and min(first) > 0.6, first
 
 
-def _new_configurations_session(folder: Path, runs: int, machine: str, twice: bool, git_rev: str | None) -> set[str]:
-    """One H100 session of h100_new's configurations: `runs` runs of one `machine` in its index, each (and with `twice`
-    its second call's folder, ending _rep1) complete with provenance from an H100 (`git_rev` where given), described by
-    its h100g scenario, and the session's provenance; its configurations."""
+def _new_configurations_session(
+    folder: Path, runs: int, machine: str, reps: Callable[[str], tuple[str, ...]] = lambda trace: ()
+) -> tuple[set[str], list[tuple[Path, dict]]]:
+    """One H100 session of configurations new to the H100: `runs` runs of one `machine` in its index, each (and the
+    folders of its later calls, the trace's name ending in each of `reps(trace)`) complete with provenance from an
+    H100, described by its h100g scenario, and the session's provenance; its configurations, and each run checked
+    with its meta."""
     index = rows(folder / "index.csv")
     assert len(index) == runs and {r["machine"] for r in index} == {machine}
+    checked = []
     for row in index:
         scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
         assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
-        for run in (folder / row["trace"], *((folder / (row["trace"] + "_rep1"),) if twice else ())):
+        for run in (folder / row["trace"], *(folder / (row["trace"] + r) for r in reps(row["trace"]))):
             meta = check_recorded_run(run, ROOT / row["scenario"])
             assert meta["gpu"].startswith("NVIDIA H100"), run
-            assert git_rev is None or meta["git_rev"] == git_rev, run
             assert scen["prefill"]["max_batch_requests"] == meta["prefill_max_batch_requests"], run
+            checked.append((run, meta))
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")
-    return {Path(r["scenario"]).stem for r in index}
+    return {Path(r["scenario"]).stem for r in index}, checked
+
+
+def _twice(trace: str) -> tuple[str, ...]:
+    return ("_rep1",)  # the second call's folder
 
 
 def test_the_two_configurations_new_to_the_h100_are_recorded_beside_a_known_one():
     """realrun/traces/h100_new: 8b_pbatch and 70b8l_40gbps, which no other H100 session has, beside 8b_small, which
     nine of the twelve earlier ones have (the session's host factor), twice on one machine (the second call's folders end _rep1)."""
-    configs = _new_configurations_session(TRACES / "h100_new", 9, "h100-2026-12-07-0920", True, None)
+    configs, _ = _new_configurations_session(TRACES / "h100_new", 9, "h100-2026-12-07-0920", _twice)
     assert configs == {"h100g_8b_small", "h100g_8b_pbatch", "h100g_70b8l_40gbps"}
     known = {Path(r["scenario"]).stem for r in rows(TRACES / "index_h100.csv")}
     assert configs - known == {"h100g_8b_pbatch", "h100g_70b8l_40gbps"}
     # a second session on a fresh machine (realrun/traces/h100_new2), the 70B's HACK run cut by the call's budget
-    second = _new_configurations_session(TRACES / "h100_new2", 8, "h100-2026-12-07-1019", False, "45a7af8")
-    assert second == configs
+    second, checked = _new_configurations_session(TRACES / "h100_new2", 8, "h100-2026-12-07-1019")
+    assert second == configs and all(meta["git_rev"] == "45a7af8" for _, meta in checked)
     # a third on another machine (realrun/traces/h100_new3), twice back to back as the first (_rep1: the second call)
-    third = _new_configurations_session(TRACES / "h100_new3", 9, "h100-2026-12-07-1157", True, "30d967b")
-    assert third == configs
+    third, checked = _new_configurations_session(TRACES / "h100_new3", 9, "h100-2026-12-07-1157", _twice)
+    assert third == configs and all(meta["git_rev"] == "30d967b" for _, meta in checked)
 
 
 def test_long_prompts_new_to_the_h100_are_recorded_beside_a_known_one():
     """realrun/traces/h100_long: 8b_long (decode batches to 16) and 70b8l_long, which no other H100 session has, beside
     8b_small (the session's host factor), three calls on one machine (8b_small's second and third end _rep1, _rep2)."""
-    folder = TRACES / "h100_long"
-    index = rows(folder / "index.csv")
-    assert len(index) == 9 and {r["machine"] for r in index} == {"h100-2026-12-07-1310"}
-    for row in index:
-        scen = yaml.safe_load((ROOT / row["scenario"]).read_text())
-        assert scen["prefill"]["gpu"] == scen["decode"]["gpu"] == "h100", row["scenario"]
-        reps = ("_rep1", "_rep2") if "8b_small" in row["trace"] else ()
-        for run in (folder / row["trace"], *(folder / (row["trace"] + r) for r in reps)):
-            meta = check_recorded_run(run, ROOT / row["scenario"])
-            assert meta["gpu"].startswith("NVIDIA H100"), run
-            assert meta["max_decode_batch"] == scen["decode"]["max_batch_requests"], run
-            third = "8b_long" in run.name or run.name.endswith("_rep2")  # the third call: batches to 16
-            assert meta["git_rev"] == ("1d8ea25+maxb16" if third else "1d8ea25"), run
-            long = "_long_" in run.name
-            assert (run / "steps.csv").exists() == long, run  # the long ones step-timed, as the H200's
-    configs = {Path(r["scenario"]).stem for r in index}
+    configs, checked = _new_configurations_session(
+        TRACES / "h100_long",
+        9,
+        "h100-2026-12-07-1310",
+        lambda trace: ("_rep1", "_rep2") if "8b_small" in trace else (),
+    )
+    assert len(checked) == 15
+    for run, meta in checked:
+        third = "8b_long" in run.name or run.name.endswith("_rep2")  # the third call: batches to 16
+        assert meta["git_rev"] == ("1d8ea25+maxb16" if third else "1d8ea25"), run
+        assert (run / "steps.csv").exists() == ("_long_" in run.name), run  # the long ones step-timed, as the H200's
     assert configs == {"h100g_8b_small", "h100g_8b_long", "h100g_70b8l_long"}
     known = {Path(r["scenario"]).stem for r in rows(TRACES / "index_h100.csv")}
     assert configs - known == {"h100g_8b_long", "h100g_70b8l_long"}
-    prov = json.loads((folder / "provenance.json").read_text())
-    assert prov["gpu"].startswith("NVIDIA H100") and prov["command"].startswith("bash realrun/device_run.sh")

@@ -43,7 +43,7 @@ from .calibrate import (
 from .comparison import against_reference, format_against_reference
 from .config import ScenarioError
 from .fit_items import TraceData
-from .noise import noise_summary
+from .noise import HOST_STEP, host_sensitivity, host_spread, noise_summary
 from .validate import host_gauge_lines
 
 CV_KEYS = {
@@ -64,6 +64,9 @@ TRACE_KEYS = (
     "cadence_mean_error_pct",
 )
 SCHEMES = ("no_fit", "in_sample", "held_out", "held_out_configuration")
+# each run priced with no fit on a faster and a slower host (factors on every host time term): its mean JCT's
+# elasticity in the host's speed
+HOST_SPEEDS = (1.0 / HOST_STEP, HOST_STEP)
 HEADS = {
     "no_fit": "no fit",
     "in_sample": "in-sample",
@@ -81,6 +84,39 @@ def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | N
     out["jct_mean_measured_s"], out["jct_mean_simulated_s"] = jct["measured"]["mean"], jct["simulated"]["mean"]
     out["dequantize_share_pct"] = v.get("dequantize_share_pct")
     return out
+
+
+def _host_jct(td: TraceData, trace_path: Path, scenario_path: Path, method: str | None, values: dict) -> float:
+    return _score(td, trace_path, scenario_path, method, values)["jct_mean_simulated_s"]
+
+
+def _host_job(args) -> float:
+    return _host_jct(*args)
+
+
+def _host_sensitivities(traces: list[TraceData], rows: list, workers: int) -> list[float]:
+    """Each run's mean JCT elasticity in its host's speed (noise.host_sensitivity): priced with no fit and every
+    host time term at each of HOST_SPEEDS."""
+    jobs = [
+        (td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, on_machine(td.values0, factor))
+        for i, td in enumerate(traces)
+        for factor in HOST_SPEEDS
+    ]
+    jct = _map(_host_job, jobs, workers)
+    return [round(host_sensitivity(fast, slow), 4) for fast, slow in zip(jct[0::2], jct[1::2])]
+
+
+def host_sensitivities(index_csv: str | Path, workers: int = 1) -> list[dict]:
+    """Per run of an index: how much its mean JCT moves with its host's speed with no fit (noise.host_sensitivity),
+    the elasticity `validate --cv` turns into each configuration's host spread."""
+    from .measured import read_index
+
+    rows, traces = read_index(index_csv), load_index(index_csv)
+    sens = _host_sensitivities(traces, rows, workers)
+    return [
+        {"trace": td.name, "configuration": td.configuration, "method": td.method, "host_sensitivity": x}
+        for td, x in zip(traces, sens)
+    ]
 
 
 def summarise(per_trace: list[dict], scheme: str) -> dict:
@@ -164,9 +200,12 @@ def cross_validate(
             at = machine_values(values, machines, traces[i])
             jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((i, scheme))
-    scores = _map(_score_job, jobs, workers)
-    for (i, scheme), sc in zip(where, scores):
+    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
+    host = host_spread(noise)
+    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
+        r["host_sensitivity"] = sens
+        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
     for r in per_trace:
         for scheme in SCHEMES:
             r.setdefault(scheme, {})
@@ -189,6 +228,7 @@ def cross_validate(
             "folds are)"
         )
     result["configurations"] = by_configuration(per_trace, noise)
+    result["host_speed"] = host
     for (scheme, out), (values, _), sc in zip(plan, fits, scales):
         if scheme == "held_out_configuration":
             row = next(c for c in result["configurations"] if c["configuration"] == traces[out[0]].configuration)
@@ -302,6 +342,10 @@ def cross_validate_machine(
             where.append((i, scheme))
     for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
+    host = host_spread(noise)
+    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
+        r["host_sensitivity"] = sens
+        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
     for r in per_trace:
         for scheme in MACHINE_SCHEMES:
             r.setdefault(scheme, {})
@@ -330,6 +374,7 @@ def cross_validate_machine(
             row["outside_base_runs"] = outside_any(base_domain, [td.setting for td in runs])
         configurations.append(_against_no_fit(row))
     result["configurations"] = configurations
+    result["host_speed"] = host
     result["worse_than_no_fit"] = [[c["configuration"], c["machine"]] for c in configurations if c["worse_than_no_fit"]]
     result["per_trace"] = per_trace
     result["against_reference"] = against_reference(per_trace, traces, machine, MACHINE_SCHEMES, noise)
@@ -349,12 +394,25 @@ def _against_no_fit(row: dict) -> dict:
     return row
 
 
+def host_speed_lines(host: dict | None) -> list[str]:
+    """What a result's `host speed alone` column is (none without one)."""
+    if not host:
+        return []
+    return [
+        f"host speed alone: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) "
+        f"moves each configuration's mean JCT by, from its runs priced with no fit and every host term x{HOST_STEP:g} "
+        f"and /{HOST_STEP:g} (simulator/noise.py): the host's share of the floor an error is held to"
+    ]
+
+
 def _worse_by(c: dict, name: str, scheme: str, how: str = "") -> str:
     """A configuration row predicted worse than with no fit, for the flag: by how many points `scheme` misses more,
     and its recordings' run-to-run spread where known."""
     d = c[f"{scheme}_jct_mean_abs_error_pct"] - c["no_fit_jct_mean_abs_error_pct"]
     spread = c.get("run_to_run_jct_mean_pct")
     noise = "" if spread is None else f"; its recordings' mean JCT spreads ±{spread:.1f} % run to run"
+    host = c.get("host_spread_jct_mean_pct")
+    noise += "" if host is None else f"; the host's speed alone moves it ±{host:.1f} %"
     beyond = c.get("outside_fit_runs") or c.get("outside_base_runs")
     where = "; it lies outside the runs its fit saw, listed below" if beyond else ""
     return f"{name} (by {d:.1f} points{how}{noise}{where})"
@@ -370,7 +428,9 @@ def format_cv_machine(result: dict) -> str:
 
     noise = result.get("noise")
     heads = ["configuration", "machine", "traces", "factor (from the others)"]
+    host = result.get("host_speed")
     heads += [f"mean |JCT err| {MACHINE_HEADS[s]}" for s in MACHINE_SCHEMES]
+    heads += ["host speed alone"] if host else []
     heads += ["run-to-run (mean JCT)"] if noise else []
     heads += [""]
     body = []
@@ -379,6 +439,9 @@ def format_cv_machine(result: dict) -> str:
         factor = "n/a" if f is None else f"{f:.3f} ± {c['machine_factor_stderr']:.2g}"
         row = [c["configuration"], c["machine"] or "(one)", str(c["traces"]), factor]
         row += [mag(c[f"{s}_jct_mean_abs_error_pct"]) for s in MACHINE_SCHEMES]
+        if host:
+            x = c.get("host_spread_jct_mean_pct")
+            row.append("n/a" if x is None else f"±{x:.1f}%")
         if noise:
             x = c.get("run_to_run_jct_mean_pct")
             row.append("not recorded" if x is None else f"±{x:.1f}%")
@@ -388,12 +451,13 @@ def format_cv_machine(result: dict) -> str:
     for key, label in (("jct_mean_abs_error_pct", "mean |JCT error|"), ("jct_max_abs_error_pct", "max |JCT error|")):
         line = [label, "", str(result["traces"]), ""]
         line += [mag(result.get(s, {}).get(key)) for s in MACHINE_SCHEMES]
-        foot.append(line + ([""] if noise else []) + [""])
+        foot.append(line + ([""] if host else []) + ([""] if noise else []) + [""])
     title = (
         f"each configuration predicted by {result['base_calibration']} with a machine factor fitted on the other "
         "configurations of its machine"
     )
     lines = [render(table(heads, body, title=title, footer_rows=foot))]
+    lines += host_speed_lines(host)
     worse = [c for c in result["configurations"] if c.get("worse_than_no_fit")]
     if worse:
 
@@ -494,6 +558,9 @@ def _configuration_row(per_trace: list[dict], c: str, schemes, noise: dict | Non
     for scheme in schemes:
         vals = [abs(r[scheme]["jct_mean_error_pct"]) for r in rs if r[scheme].get("jct_mean_error_pct") is not None]
         row[f"{scheme}_jct_mean_abs_error_pct"] = round(float(np.mean(vals)), 3) if len(vals) == len(rs) else None
+    host = [r["host_spread_jct_mean_pct"] for r in rs if r.get("host_spread_jct_mean_pct") is not None]
+    if host:  # the host's speed alone, over its runs (their RMS)
+        row["host_spread_jct_mean_pct"] = round(math.sqrt(float(np.mean(np.square(host)))), 3)
     if noise is not None:
         row["run_to_run_jct_mean_pct"] = noise.get("by_scenario", {}).get(c, {}).get("jct_mean")
     return row
@@ -705,6 +772,7 @@ def format_cv(result: dict) -> str:
 
     schemes = [s for s in SCHEMES if s in result]
     noise = result.get("noise")
+    host = result.get("host_speed")
     # TPOT and TTFT beside JCT: held out by trace where that exists, else in-sample
     other = "held_out" if "held_out" in result else "in_sample"
     body = []
@@ -757,21 +825,24 @@ def format_cv(result: dict) -> str:
             str(c["traces"]),
             mag(c["no_fit_jct_mean_abs_error_pct"]),
             mag(c["held_out_configuration_jct_mean_abs_error_pct"]),
+            *([] if host is None else [spread_text(c.get("host_spread_jct_mean_pct"))]),
             *([] if "noise" not in result else [spread_text(c.get("run_to_run_jct_mean_pct"))]),
             "WORSE than no fit" if c["worse_than_no_fit"] else "",
         ]
         for c in result["configurations"]
     ]
     spread_head = [] if "noise" not in result else ["run-to-run (mean JCT)"]
+    host_head = [] if host is None else ["host speed alone"]
     parts.append(
         render(
             table(
-                ["configuration", "traces", "mean |JCT err| no fit", "held out (config)", *spread_head, ""],
+                ["configuration", "traces", "mean |JCT err| no fit", "held out (config)", *host_head, *spread_head, ""],
                 configs,
                 title="each configuration predicted by a fit on the others, against no fit",
             )
         )
     )
+    parts += host_speed_lines(host)
     if result["worse_than_no_fit"]:
         by_name = {c["configuration"]: c for c in result["configurations"]}
 

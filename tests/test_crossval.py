@@ -5,6 +5,7 @@ SIGTERM ends the workers with the caller."""
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from simulator.fit_items import TraceData
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["a", "a", "b", "b", "b", "c"]
+HOST_TERM = "decode.host_serial_s_per_iteration"  # a host time term: the spy's host-speed JCT is it ** elasticity
 
 
 def _traces() -> list[TraceData]:
@@ -52,6 +54,8 @@ def _spy(monkeypatch, traces: list[TraceData]) -> None:
         return {"jct_mean_error_pct": mask, "ttft_p50_error_pct": 0.0, "tpot_p50_error_pct": 0.0}
 
     monkeypatch.setattr(crossval, "_score", score)
+    # a run on a faster or slower host (its host terms x a factor): its mean JCT is its host time ** its elasticity
+    monkeypatch.setattr(crossval, "_host_jct", lambda td, *a: a[-1].get(HOST_TERM, 1.0) ** td.meta.get("elasticity", 0))
     monkeypatch.setattr(crossval, "dequantize_shares", lambda *a: [])
 
 
@@ -70,6 +74,30 @@ def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
         assert r["held_out"]["jct_mean_error_pct"] == everyone - 2**i, r["trace"]
         # leave one configuration out: none of its runs, all of the others'
         assert r["held_out_configuration"]["jct_mean_error_pct"] == everyone - same, r["trace"]
+
+
+def test_each_configuration_carries_what_the_host_speed_alone_moves_it_by(monkeypatch):
+    """Each run is priced with no fit on a host 1.25x faster and 1.25x slower: its mean JCT's elasticity in the host's
+    time times the host's run-to-run spread (the repeats' own quantize step, else noise.HOST_SPEED_SPREAD_PCT) is its
+    host spread; a configuration's is its runs' RMS, in the table and in the flag."""
+    from simulator.noise import HOST_SPEED_SPREAD_PCT
+
+    traces = _traces()
+    for td, e in zip(traces, (0.2, 0.4, 0.0, 0.0, 0.3, 1.0)):
+        td.values0, td.meta = {HOST_TERM: 1.0}, {"elasticity": e}  # JCT = host time ** e
+    _spy(monkeypatch, traces)
+    r = crossval.cross_validate("index.csv", workers=1, by=("configuration",))
+    assert [t["host_sensitivity"] for t in r["per_trace"]] == pytest.approx([0.2, 0.4, 0.0, 0.0, 0.3, 1.0], abs=1e-4)
+    spread = {c["configuration"]: c["host_spread_jct_mean_pct"] for c in r["configurations"]}
+    h = HOST_SPEED_SPREAD_PCT
+    assert spread == pytest.approx({"a": h * math.sqrt(0.1), "b": h * 0.3 / math.sqrt(3), "c": h}, abs=2e-3)
+    assert r["host_speed"]["spread_pct"] == h
+    text = crossval.format_cv(r)
+    assert "host speed alone" in text and f"±{h:.1f}%" in text and f"(±{h:.1f} %, H200 device sessions'" in text
+    noise = {"index": "repeats.csv", "spread_pct": {"jct_mean": 1.5, "quantize_mean": 10.0}, "range_pct": {}}
+    own = crossval.cross_validate("index.csv", workers=1, by=("configuration",), noise=noise)
+    assert own["host_speed"] == {"spread_pct": 10.0, "from": "repeats.csv: its recordings' quantize mean"}
+    assert own["configurations"][2]["host_spread_jct_mean_pct"] == pytest.approx(10.0)
 
 
 def test_folds_by_configuration_alone_fit_once_per_configuration(monkeypatch):

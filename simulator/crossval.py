@@ -106,6 +106,16 @@ def _host_sensitivities(traces: list[TraceData], rows: list, workers: int) -> li
     return [round(host_sensitivity(fast, slow), 4) for fast, slow in zip(jct[0::2], jct[1::2])]
 
 
+def _add_host_spreads(per_trace: list[dict], traces: list[TraceData], rows: list, workers: int, noise) -> dict:
+    """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, noise.host_spread)
+    into its per_trace row; the host's spread used."""
+    host = host_spread(noise)
+    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
+        r["host_sensitivity"] = sens
+        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
+    return host
+
+
 def host_sensitivities(index_csv: str | Path, workers: int = 1) -> list[dict]:
     """Per run of an index: how much its mean JCT moves with its host's speed with no fit (noise.host_sensitivity),
     the elasticity `validate --cv` turns into each configuration's host spread."""
@@ -202,10 +212,7 @@ def cross_validate(
             where.append((i, scheme))
     for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
-    host = host_spread(noise)
-    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
-        r["host_sensitivity"] = sens
-        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
+    host = _add_host_spreads(per_trace, traces, rows, workers, noise)
     for r in per_trace:
         for scheme in SCHEMES:
             r.setdefault(scheme, {})
@@ -342,10 +349,7 @@ def cross_validate_machine(
             where.append((i, scheme))
     for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
-    host = host_spread(noise)
-    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
-        r["host_sensitivity"] = sens
-        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
+    host = _add_host_spreads(per_trace, traces, rows, workers, noise)
     for r in per_trace:
         for scheme in MACHINE_SCHEMES:
             r.setdefault(scheme, {})

@@ -43,7 +43,8 @@ from .calibrate import (
 from .comparison import against_reference, format_against_reference
 from .config import ScenarioError
 from .fit_items import TraceData
-from .noise import HOST_STEP, host_sensitivity, host_spread, noise_summary
+from .host_speed import HOST_STEP, host_sensitivity, host_spread
+from .noise import noise_summary
 from .validate import host_gauge_lines
 
 CV_KEYS = {
@@ -95,7 +96,7 @@ def _host_job(args) -> float:
 
 
 def _host_sensitivities(traces: list[TraceData], rows: list, workers: int) -> list[float]:
-    """Each run's mean JCT elasticity in its host's speed (noise.host_sensitivity): priced with no fit and every
+    """Each run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): priced with no fit and every
     host time term at each of HOST_SPEEDS."""
     jobs = [
         (td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, on_machine(td.values0, factor))
@@ -107,7 +108,7 @@ def _host_sensitivities(traces: list[TraceData], rows: list, workers: int) -> li
 
 
 def _add_host_spreads(per_trace: list[dict], traces: list[TraceData], rows: list, workers: int, noise) -> dict:
-    """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, noise.host_spread)
+    """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, host_speed.host_spread)
     into its per_trace row; the host's spread used."""
     host = host_spread(noise)
     for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
@@ -117,7 +118,7 @@ def _add_host_spreads(per_trace: list[dict], traces: list[TraceData], rows: list
 
 
 def host_sensitivities(index_csv: str | Path, workers: int = 1) -> list[dict]:
-    """Per run of an index: how much its mean JCT moves with its host's speed with no fit (noise.host_sensitivity),
+    """Per run of an index: how much its mean JCT moves with its host's speed with no fit (host_speed.host_sensitivity),
     the elasticity `validate --cv` turns into each configuration's host spread."""
     from .measured import read_index
 
@@ -405,7 +406,7 @@ def host_speed_lines(host: dict | None) -> list[str]:
     return [
         f"host speed alone: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) "
         f"moves each configuration's mean JCT by, from its runs priced with no fit and every host term x{HOST_STEP:g} "
-        f"and /{HOST_STEP:g} (simulator/noise.py): the host's share of the floor an error is held to"
+        f"and /{HOST_STEP:g} (simulator/host_speed.py): the host's share of the floor an error is held to"
     ]
 
 

@@ -25,10 +25,8 @@ from its configuration's mean), the least-squares slope through the origin, and 
 gauge is known (100 · sqrt(Σ (y − b x)² / (dof − 1))): the floor a prediction could reach with the run's own host
 speed, against the floor without it. None where no recording has the step.
 
-What the host's speed alone moves a configuration's mean JCT by, before any recording of it: the run priced with
-every host time term x 1.25 and / 1.25 gives the elasticity of its mean JCT in the host's time (`host_sensitivity`),
-and that times the host's run-to-run spread (`host_spread`: the repeats' own quantize step, else
-HOST_SPEED_SPREAD_PCT) is its predicted spread, the host's share of the floor (`validate --cv` per configuration).
+What the host's speed alone moves a run's mean JCT by, before any recording of it, is simulator/host_speed.py's: the
+quantize step's run-to-run spread here (HOST_GAUGE) is the host's speed spread it takes from a repeats index.
 
 A method's mean JCT against the FP16 reference's (`validate`'s comparison, simulator/comparison.py) has its own
 spread, `against_reference`: a realrun process records every method of one workload back to back on one host
@@ -48,15 +46,9 @@ import numpy as np
 
 from .comparison import PROCESS_META, WORKLOAD_META, against_pct
 from .config import ScenarioError
+from .host_speed import HOST_GAUGE
 
 QUANTILES = ("mean", "p50", "p90", "p99")
-HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (module doc)
-# The host's speed from one recording to the next, where no repeats index says it: the run-to-run spread of the
-# host-bound step's mean (HOST_GAUGE) pooled over realrun/traces/h200_repeats/index_sessions.csv, every H200
-# configuration recorded in two to four device sessions (tests/test_noise.py recomputes it; the H100 sessions'
-# index_h100_sessions.csv gives 20.8 %, one H200 session's back-to-back repeats 9.3 %).
-HOST_SPEED_SPREAD_PCT = 18.1
-HOST_STEP = 1.25  # host_sensitivity prices a run with every host time term x HOST_STEP and / HOST_STEP
 
 
 def measured_run(trace: str | Path) -> tuple[dict[str, float], dict]:
@@ -206,24 +198,6 @@ def host_gauge(configurations: dict, gauge: str = HOST_GAUGE, metric: str = "jct
         "slope": round(slope, 4),
         "spread_pct": round(100.0 * math.sqrt(float(ys @ ys) / dof), 4),
         "spread_given_gauge_pct": round(100.0 * math.sqrt(float(left @ left) / (dof - 1)), 4),
-    }
-
-
-def host_sensitivity(jct_fast_s: float, jct_slow_s: float, step: float = HOST_STEP) -> float:
-    """The elasticity of a run's mean JCT in its host's speed: d ln JCT / d ln (host time), from the run priced with
-    every host time term / step (`jct_fast_s`) and x step (`jct_slow_s`)."""
-    return math.log(jct_slow_s / jct_fast_s) / (2.0 * math.log(step))
-
-
-def host_spread(noise: dict | None) -> dict:
-    """The host's run-to-run speed spread a prediction is held to: the repeats index's own (its host-bound step's
-    pooled spread) where it times that step, else HOST_SPEED_SPREAD_PCT."""
-    own = (noise or {}).get("spread_pct", {}).get(HOST_GAUGE)
-    if noise and own is not None:
-        return {"spread_pct": own, "from": f"{noise['index']}: its recordings' {HOST_GAUGE.replace('_', ' ')}"}
-    return {
-        "spread_pct": HOST_SPEED_SPREAD_PCT,
-        "from": "H200 device sessions' quantize step (noise.HOST_SPEED_SPREAD_PCT)",
     }
 
 

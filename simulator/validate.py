@@ -44,6 +44,7 @@ import pandas as pd
 
 from .comparison import PAIRED_BY, index_against_reference
 from .config import ScenarioError
+from .host_speed import host_spread
 from .measured import Measured, load_measured, read_index
 from .run import run_scenario
 
@@ -120,6 +121,21 @@ def _cadence(m: Measured, trace, scenario_path, s, items) -> dict | None:
         "count": int(len(meas)),
         "median_abs_error_pct": float(100 * np.median(np.abs(pred - meas) / np.maximum(meas, 1e-12))),
     }
+
+
+def host_sensitivity_of(trace, scenario_path, overrides, method, values: dict, items) -> float:
+    """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): validated with `values` (its engine
+    values) and every host time term x and / host_speed.HOST_STEP."""
+    from .calibrate import on_machine
+    from .host_speed import HOST_STEP, host_sensitivity
+
+    fast, slow = (
+        validate(trace, scenario_path, overrides, method, engine_values=on_machine(values, f), items=items, host=False)[
+            "metrics"
+        ]["jct_s"]["simulated"]["mean"]
+        for f in (1.0 / HOST_STEP, HOST_STEP)
+    )
+    return round(host_sensitivity(fast, slow), 4)
 
 
 def host_factor(td, s) -> dict | None:
@@ -263,6 +279,12 @@ def validate(
         items = trace_data(m, scenario_path, str(trace))
     cadence = _cadence(m, trace, scenario_path, s, items)
     out["host_factor"] = host_factor(items, s) if host else None
+    if host:  # what the host's speed alone moves this run's mean JCT by (simulator/host_speed.py)
+        from .fit_items import scenario_values
+
+        out["host_sensitivity"] = host_sensitivity_of(
+            trace, scenario_path, overrides, method, scenario_values(s), items
+        )
     if cadence is not None:
         out["cadence_s"] = cadence
         out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])
@@ -354,6 +376,12 @@ def format_validation(v: dict) -> str:
             ["prefill share of the GPU", f"{d['measured']:.3f}", f"{d['simulated']:.3f}", ""]
             + (["n/a"] if noise else [])
         )
+    if v.get("host_sensitivity") is not None:
+        hs = host_spread(noise)
+        rows.append(
+            row("host speed alone (mean JCT)", "", f"±{v['host_sensitivity'] * hs['spread_pct']:.1f} %", "host_none")
+        )
+        rows[-1][3] = ""
     if v.get("host_factor"):
         h = v["host_factor"]
         rows.append(
@@ -375,7 +403,21 @@ def format_validation(v: dict) -> str:
             f"run-to-run: the spread (1 sd) of the measured metric over repeated recordings ({noise['index']})"
         )
         lines += host_gauge_lines(noise)
+    if v.get("host_sensitivity") is not None:
+        lines.append(host_speed_line(noise, "this run's"))
     return "\n".join(lines)
+
+
+def host_speed_line(noise: dict | None, whose: str) -> str:
+    """What `host speed alone` is, beside validate's errors."""
+    from .host_speed import HOST_STEP
+
+    hs = host_spread(noise)
+    return (
+        f"host speed alone: what the host's run-to-run speed spread (±{hs['spread_pct']:.1f} %, {hs['from']}) moves "
+        f"{whose} mean JCT by, from the run simulated with every host term x{HOST_STEP:g} and /{HOST_STEP:g} "
+        "(simulator/host_speed.py): the host's share of the floor its error is held to"
+    )
 
 
 def host_gauge_lines(noise: dict | None) -> list[str]:
@@ -471,6 +513,7 @@ def validate_index(index_csv: str | Path, overrides: list[str] | None = None) ->
                 "requests": v["requests"],
                 **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
                 "host_factor": (v.get("host_factor") or {}).get("value"),
+                "host_sensitivity": v.get("host_sensitivity"),
             }
         )
     return rows
@@ -482,8 +525,12 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     steps = any(r.get(k) is not None for r in rows for k in STEP_KEYS)
     keys, heads = (SUMMARY_KEYS + STEP_KEYS, HEADS + STEP_HEADS) if steps else (SUMMARY_KEYS, HEADS)
     host = any(r.get("host_factor") is not None for r in rows)
+    speed = any(r.get("host_sensitivity") is not None for r in rows)
+    spread = host_spread(noise)["spread_pct"]
     body = [
-        [r["trace"], *(_cell(k, r.get(k)) for k in keys)] + ([_factor(r.get("host_factor"))] if host else [])
+        [r["trace"], *(_cell(k, r.get(k)) for k in keys)]
+        + ([_factor(r.get("host_factor"))] if host else [])
+        + ([_spread(None if r.get("host_sensitivity") is None else r["host_sensitivity"] * spread)] if speed else [])
         for r in rows
     ]
     summary = []
@@ -495,9 +542,9 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
         summary.append([label, *(_cell(k, None if v is None else float(v)) for k, v in zip(keys, vals))])
     if noise:
         summary.append(["run-to-run spread", *(_spread(spread_of(noise, k)) for k in keys)])
-    if host:
-        summary = [r + [""] for r in summary]
-    text = render(table(["trace", *heads] + (["host ×"] if host else []), body, footer_rows=summary))
+    summary = [r + [""] * (host + speed) for r in summary]
+    extra = (["host ×"] if host else []) + (["host speed alone (mean JCT)"] if speed else [])
+    text = render(table(["trace", *heads] + extra, body, footer_rows=summary))
     if noise:
         text += f"\nrun-to-run spread: 1 sd of the measured metric over repeated recordings ({noise['index']})"
         text += "".join("\n" + x for x in host_gauge_lines(noise))
@@ -507,6 +554,8 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
             "from 1, that machine's CPU runs the engine loop faster (< 1) or slower than the scenario says (move a "
             "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
         )
+    if speed:
+        text += "\n" + host_speed_line(noise, "each run's")
     return text + "".join("\n" + x for x in index_against_reference(rows, noise))
 
 

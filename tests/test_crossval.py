@@ -78,9 +78,9 @@ def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
 
 def test_each_configuration_carries_what_the_host_speed_alone_moves_it_by(monkeypatch):
     """Each run is priced with no fit on a host 1.25x faster and 1.25x slower: its mean JCT's elasticity in the host's
-    time times the host's run-to-run spread (the repeats' own quantize step, else noise.HOST_SPEED_SPREAD_PCT) is its
+    time times the host's run-to-run spread (the repeats' own quantize step, else host_speed.HOST_SPEED_SPREAD_PCT) is its
     host spread; a configuration's is its runs' RMS, in the table and in the flag."""
-    from simulator.noise import HOST_SPEED_SPREAD_PCT
+    from simulator.host_speed import HOST_SPEED_SPREAD_PCT
 
     traces = _traces()
     for td, e in zip(traces, (0.2, 0.4, 0.0, 0.0, 0.3, 1.0)):

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from simulator.config import ScenarioError
-from simulator.noise import HOST_SPEED_SPREAD_PCT, host_sensitivity, host_spread, run_to_run_spread
+from simulator.host_speed import HOST_SPEED_SPREAD_PCT, host_sensitivity, host_spread
+from simulator.noise import run_to_run_spread
 from simulator.validate import host_gauge_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +226,7 @@ def sessions() -> dict:
 def test_the_host_speed_alone_predicts_each_configurations_spread(sessions):
     """Before any repeat: each configuration priced with no fit on a host 1.25x faster and slower gives its mean JCT's
     elasticity in the host's time, which times the host's spread across sessions (the quantize step's, 18.1 %:
-    noise.HOST_SPEED_SPREAD_PCT) predicts how far its mean JCT moves run to run. Over the 21 configurations of
+    host_speed.HOST_SPEED_SPREAD_PCT) predicts how far its mean JCT moves run to run. Over the 21 configurations of
     index_sessions.csv the prediction follows the measured spread (Pearson 0.77; H100 sessions 0.80: bound 0.6) and
     misses it by 2.5 points on average where one pooled figure misses by 4.1 (bound: under 0.8 of it); as the host's
     share of the floor, its pooled value stays under the measured one (5.6 against 7.5 %: docs/calibration.md)."""
@@ -278,3 +279,27 @@ def test_the_host_during_a_run_is_most_of_the_run_to_run_spread(sessions):
     (line,) = host_gauge_lines(s)
     assert line is not None and f"correlation {g['correlation']:.2f} over 73 recordings" in line
     assert host_gauge_lines(None) == []
+
+
+def test_validate_gives_each_run_the_host_s_share(tmp_path):
+    """validate (one run, or an index) prices each run on a host 1.25x faster and slower too: the same elasticity as
+    validate --cv's (crossval.host_sensitivities), a host-bound run's (32-layer short prompts, HACK) several times a
+    GPU-bound one's (the 70B's 8 layers, FP16), printed beside its errors as the host's speed spread times it."""
+    from simulator.crossval import host_sensitivities
+    from simulator.validate import format_validation, format_validation_table, validate, validate_index
+
+    runs = [
+        ("realrun/traces/h200_graphs/h200g_8b_2.5gbps_hack_r7.5", "scenarios/measured/h200g_8b_2.5gbps.yaml"),
+        ("realrun/traces/h200_graphs/h200g_70b8l_1gbps_baseline_r8", "scenarios/measured/h200g_70b8l_1gbps.yaml"),
+    ]
+    index = tmp_path / "index.csv"
+    index.write_text("trace,scenario\n" + "".join(f"{ROOT / t},{ROOT / s}\n" for t, s in runs))
+    cv = [r["host_sensitivity"] for r in host_sensitivities(index)]
+    rows = validate_index(index)
+    assert [r["host_sensitivity"] for r in rows] == pytest.approx(cv, abs=1e-4)
+    assert cv[0] > 3 * cv[1] > 0
+    v = validate(ROOT / runs[0][0], ROOT / runs[0][1])
+    line = next(x for x in format_validation(v).splitlines() if x.startswith("host speed alone (mean JCT)"))
+    assert f"±{v['host_sensitivity'] * HOST_SPEED_SPREAD_PCT:.1f} %" in line
+    table = format_validation_table(rows, {"index": "r.csv", "spread_pct": {"quantize_mean": 10.0}, "range_pct": {}})
+    assert f"±{10.0 * cv[1]:.1f}%" in table and "(±10.0 %, r.csv: its recordings' quantize mean)" in table

@@ -1,0 +1,38 @@
+"""What the host's speed alone moves a run's mean JCT by, before any recording of it.
+
+A run priced with every host time term (calibrate.HOST_TIMES: the loop gap, issue, join and leave times, the prefill's
+and the quantize step's floors) x HOST_STEP and / HOST_STEP gives the elasticity of its mean JCT in the host's time
+(`host_sensitivity`); that times the host's run-to-run speed spread (`host_spread`: a repeats index's own host-bound
+step, else HOST_SPEED_SPREAD_PCT) is the spread the host alone gives its mean JCT, the host's share of the floor an
+error is held to (simulator/noise.py; `validate` and `validate --cv` print it; docs/calibration.md, the noise floor).
+"""
+
+from __future__ import annotations
+
+import math
+
+HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (simulator/noise.py)
+# The host's speed from one recording to the next, where no repeats index says it: the run-to-run spread of the
+# host-bound step's mean (HOST_GAUGE) pooled over realrun/traces/h200_repeats/index_sessions.csv, every H200
+# configuration recorded in two to four device sessions (tests/test_noise.py recomputes it; the H100 sessions'
+# index_h100_sessions.csv gives 20.8 %, one H200 session's back-to-back repeats 9.3 %).
+HOST_SPEED_SPREAD_PCT = 18.1
+HOST_STEP = 1.25  # host_sensitivity prices a run with every host time term x HOST_STEP and / HOST_STEP
+
+
+def host_sensitivity(jct_fast_s: float, jct_slow_s: float, step: float = HOST_STEP) -> float:
+    """The elasticity of a run's mean JCT in its host's speed: d ln JCT / d ln (host time), from the run priced with
+    every host time term / step (`jct_fast_s`) and x step (`jct_slow_s`)."""
+    return math.log(jct_slow_s / jct_fast_s) / (2.0 * math.log(step))
+
+
+def host_spread(noise: dict | None) -> dict:
+    """The host's run-to-run speed spread a prediction is held to: the repeats index's own (its host-bound step's
+    pooled spread) where it times that step, else HOST_SPEED_SPREAD_PCT."""
+    own = (noise or {}).get("spread_pct", {}).get(HOST_GAUGE)
+    if noise and own is not None:
+        return {"spread_pct": own, "from": f"{noise['index']}: its recordings' {HOST_GAUGE.replace('_', ' ')}"}
+    return {
+        "spread_pct": HOST_SPEED_SPREAD_PCT,
+        "from": "H200 device sessions' quantize step (host_speed.HOST_SPEED_SPREAD_PCT)",
+    }

@@ -43,9 +43,9 @@ from .calibrate import (
 from .comparison import against_reference, format_against_reference
 from .config import ScenarioError
 from .fit_items import TraceData
-from .host_speed import HOST_STEP, host_sensitivity, host_spread
+from .host_speed import HOST_STEP, host_spread
 from .noise import noise_summary
-from .validate import host_gauge_lines
+from .validate import host_gauge_lines, run_host_sensitivity
 
 CV_KEYS = {
     "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
@@ -65,9 +65,6 @@ TRACE_KEYS = (
     "cadence_mean_error_pct",
 )
 SCHEMES = ("no_fit", "in_sample", "held_out", "held_out_configuration")
-# each run priced with no fit on a faster and a slower host (factors on every host time term): its mean JCT's
-# elasticity in the host's speed
-HOST_SPEEDS = (1.0 / HOST_STEP, HOST_STEP)
 HEADS = {
     "no_fit": "no fit",
     "in_sample": "in-sample",
@@ -87,31 +84,20 @@ def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | N
     return out
 
 
-def _host_jct(td: TraceData, trace_path: Path, scenario_path: Path, method: str | None, values: dict) -> float:
-    return _score(td, trace_path, scenario_path, method, values)["jct_mean_simulated_s"]
-
-
 def _host_job(args) -> float:
-    return _host_jct(*args)
+    return run_host_sensitivity(*args)
 
 
-def _host_sensitivities(traces: list[TraceData], rows: list, workers: int) -> list[float]:
-    """Each run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): priced with no fit and every
-    host time term at each of HOST_SPEEDS."""
-    jobs = [
-        (td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, on_machine(td.values0, factor))
-        for i, td in enumerate(traces)
-        for factor in HOST_SPEEDS
-    ]
-    jct = _map(_host_job, jobs, workers)
-    return [round(host_sensitivity(fast, slow), 4) for fast, slow in zip(jct[0::2], jct[1::2])]
+def _host_sensitivities(rows: list, workers: int) -> list[float]:
+    """Each run's mean JCT elasticity in its host's speed with no fit (validate.host_sensitivity_of)."""
+    return _map(_host_job, [(r.trace_path, r.scenario_path, r.method) for r in rows], workers)
 
 
 def _add_host_spreads(per_trace: list[dict], traces: list[TraceData], rows: list, workers: int, noise) -> dict:
     """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, host_speed.host_spread)
     into its per_trace row; the host's spread used."""
     host = host_spread(noise)
-    for r, sens in zip(per_trace, _host_sensitivities(traces, rows, workers)):
+    for r, sens in zip(per_trace, _host_sensitivities(rows, workers)):
         r["host_sensitivity"] = sens
         r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
     return host
@@ -123,7 +109,7 @@ def host_sensitivities(index_csv: str | Path, workers: int = 1) -> list[dict]:
     from .measured import read_index
 
     rows, traces = read_index(index_csv), load_index(index_csv)
-    sens = _host_sensitivities(traces, rows, workers)
+    sens = _host_sensitivities(rows, workers)
     return [
         {"trace": td.name, "configuration": td.configuration, "method": td.method, "host_sensitivity": x}
         for td, x in zip(traces, sens)

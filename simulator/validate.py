@@ -123,16 +123,45 @@ def _cadence(m: Measured, trace, scenario_path, s, items) -> dict | None:
     }
 
 
-def host_sensitivity_of(trace, scenario_path, overrides, method, values: dict, items) -> float:
-    """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): validated with `values` (its engine
-    values) and every host time term x and / host_speed.HOST_STEP."""
+def replayed(m: Measured, engine_values: dict[str, float] | None = None, notes: list[str] | None = None):
+    """The scenario validate simulates for a measured run: `m`'s, with `engine_values` where its placement uses them,
+    and no first-seen prefill time where the process ran these prompts before; what it changes said in `notes`."""
+    s, notes = m.scenario, notes if notes is not None else []
+    if engine_values:
+        from .engine import apply_values, not_applied
+
+        skip = not_applied(s, engine_values)
+        if skip:
+            notes.append(f"not applied (placement {s.placement}): {', '.join(sorted(skip))}")
+        s = apply_values(s, {k: v for k, v in engine_values.items() if k not in skip})
+    if m.seen_before and s.prefill.host_first_seen_s_per_iteration:
+        s = s.model_copy(update={"prefill": s.prefill.model_copy(update={"host_first_seen_s_per_iteration": 0.0})})
+        notes.append(f"no prefill pays prefill.host_first_seen_s_per_iteration: {m.seen_before} ran these prompts")
+    return s
+
+
+def run_host_sensitivity(trace, scenario_path, method: str | None = None) -> float:
+    """A measured run's host_sensitivity_of with no fit (validate --cv's, per run)."""
+    m = load_measured(trace, scenario_path, None, method)
+    return host_sensitivity_of(replayed(m), str(scenario_path), m.config.output_name)
+
+
+def host_sensitivity_of(s, source: str, method: str) -> float:
+    """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): its scenario `s` (as validate
+    replays it) simulated again with every host time term x and / host_speed.HOST_STEP."""
     from .calibrate import on_machine
+    from .engine import apply_values, not_applied
+    from .fit_items import scenario_values
     from .host_speed import HOST_STEP, host_sensitivity
 
+    values = scenario_values(s)
+    values = {k: v for k, v in values.items() if k not in not_applied(s, values)}
     fast, slow = (
-        validate(trace, scenario_path, overrides, method, engine_values=on_machine(values, f), items=items, host=False)[
-            "metrics"
-        ]["jct_s"]["simulated"]["mean"]
+        _stats(
+            measured_parts(
+                run_scenario(apply_values(s, on_machine(values, f)), source=source, methods=[method]).requests
+            )["jct"]
+        )["mean"]
         for f in (1.0 / HOST_STEP, HOST_STEP)
     )
     return round(host_sensitivity(fast, slow), 4)
@@ -185,17 +214,8 @@ def validate(
     (fit_items.load_trace_data, priced as here), if the caller has them, else priced from the run read here;
     `host`: also the run's host factor (host_factor; a cross-validation, which does not show it, leaves it out)."""
     m = load_measured(trace, scenario_path, overrides, method)
-    s, method, df, notes = m.scenario, m.config.output_name, m.requests, list(m.notes)
-    if engine_values:
-        from .engine import apply_values, not_applied
-
-        skip = not_applied(s, engine_values)
-        if skip:
-            notes.append(f"not applied (placement {s.placement}): {', '.join(sorted(skip))}")
-        s = apply_values(s, {k: v for k, v in engine_values.items() if k not in skip})
-    if m.seen_before and s.prefill.host_first_seen_s_per_iteration:
-        s = s.model_copy(update={"prefill": s.prefill.model_copy(update={"host_first_seen_s_per_iteration": 0.0})})
-        notes.append(f"no prefill pays prefill.host_first_seen_s_per_iteration: {m.seen_before} ran these prompts")
+    method, df, notes = m.config.output_name, m.requests, list(m.notes)
+    s = replayed(m, engine_values, notes)
     result = run_scenario(s, source=str(scenario_path), methods=[method])
     if result.engine_outside:  # simulator/domain.py: the scenario's engine calibration is extrapolated here
         notes.append(
@@ -280,11 +300,7 @@ def validate(
     cadence = _cadence(m, trace, scenario_path, s, items)
     out["host_factor"] = host_factor(items, s) if host else None
     if host:  # what the host's speed alone moves this run's mean JCT by (simulator/host_speed.py)
-        from .fit_items import scenario_values
-
-        out["host_sensitivity"] = host_sensitivity_of(
-            trace, scenario_path, overrides, method, scenario_values(s), items
-        )
+        out["host_sensitivity"] = host_sensitivity_of(s, str(scenario_path), method)
     if cadence is not None:
         out["cadence_s"] = cadence
         out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])

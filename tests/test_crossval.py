@@ -20,7 +20,6 @@ from simulator.fit_items import TraceData
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["a", "a", "b", "b", "b", "c"]
-HOST_TERM = "decode.host_serial_s_per_iteration"  # a host time term: the spy's host-speed JCT is it ** elasticity
 
 
 def _traces() -> list[TraceData]:
@@ -54,8 +53,9 @@ def _spy(monkeypatch, traces: list[TraceData]) -> None:
         return {"jct_mean_error_pct": mask, "ttft_p50_error_pct": 0.0, "tpot_p50_error_pct": 0.0}
 
     monkeypatch.setattr(crossval, "_score", score)
-    # a run on a faster or slower host (its host terms x a factor): its mean JCT is its host time ** its elasticity
-    monkeypatch.setattr(crossval, "_host_jct", lambda td, *a: a[-1].get(HOST_TERM, 1.0) ** td.meta.get("elasticity", 0))
+    # each run's mean JCT elasticity in its host's speed: its meta's, else 0
+    elasticity = {td.name: td.meta.get("elasticity", 0.0) for td in traces}
+    monkeypatch.setattr(crossval, "run_host_sensitivity", lambda trace_path, *a: elasticity[trace_path.name])
     monkeypatch.setattr(crossval, "dequantize_shares", lambda *a: [])
 
 
@@ -77,14 +77,14 @@ def test_each_held_out_prediction_comes_from_a_fit_without_it(spied):
 
 
 def test_each_configuration_carries_what_the_host_speed_alone_moves_it_by(monkeypatch):
-    """Each run is priced with no fit on a host 1.25x faster and 1.25x slower: its mean JCT's elasticity in the host's
-    time times the host's run-to-run spread (the repeats' own quantize step, else host_speed.HOST_SPEED_SPREAD_PCT) is its
-    host spread; a configuration's is its runs' RMS, in the table and in the flag."""
+    """Each run's mean JCT elasticity in its host's time (validate.run_host_sensitivity: no fit, on a host 1.25x faster
+    and slower) times the host's run-to-run spread (the repeats' own quantize step, else
+    host_speed.HOST_SPEED_SPREAD_PCT) is its host spread; a configuration's is its runs' RMS, in the table."""
     from simulator.host_speed import HOST_SPEED_SPREAD_PCT
 
     traces = _traces()
     for td, e in zip(traces, (0.2, 0.4, 0.0, 0.0, 0.3, 1.0)):
-        td.values0, td.meta = {HOST_TERM: 1.0}, {"elasticity": e}  # JCT = host time ** e
+        td.meta = {"elasticity": e}
     _spy(monkeypatch, traces)
     r = crossval.cross_validate("index.csv", workers=1, by=("configuration",))
     assert [t["host_sensitivity"] for t in r["per_trace"]] == pytest.approx([0.2, 0.4, 0.0, 0.0, 0.3, 1.0], abs=1e-4)

@@ -43,7 +43,7 @@ from .calibrate import (
 from .comparison import against_reference, format_against_reference
 from .config import ScenarioError
 from .fit_items import TraceData
-from .host_speed import HOST_STEP, host_spread
+from .host_speed import host_speed_line, host_spread
 from .noise import noise_summary
 from .validate import host_gauge_lines, run_host_sensitivity
 
@@ -387,13 +387,7 @@ def _against_no_fit(row: dict) -> dict:
 
 def host_speed_lines(host: dict | None) -> list[str]:
     """What a result's `host speed alone` column is (none without one)."""
-    if not host:
-        return []
-    return [
-        f"host speed alone: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) "
-        f"moves each configuration's mean JCT by, from its runs priced with no fit and every host term x{HOST_STEP:g} "
-        f"and /{HOST_STEP:g} (simulator/host_speed.py): the host's share of the floor an error is held to"
-    ]
+    return [host_speed_line(host, "each configuration's")] if host else []
 
 
 def _worse_by(c: dict, name: str, scheme: str, how: str = "") -> str:

@@ -36,3 +36,12 @@ def host_spread(noise: dict | None) -> dict:
         "spread_pct": HOST_SPEED_SPREAD_PCT,
         "from": "H200 device sessions' quantize step (host_speed.HOST_SPEED_SPREAD_PCT)",
     }
+
+
+def host_speed_line(host: dict, whose: str) -> str:
+    """What a `host speed alone` figure is, under a table of them: `host` is host_spread's, `whose` what it moves."""
+    return (
+        f"host speed alone: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) "
+        f"moves {whose} mean JCT by, simulated at its scenario's values with every host term x{HOST_STEP:g} and /{HOST_STEP:g} "
+        "(simulator/host_speed.py): the host's share of the floor an error is held to"
+    )

@@ -44,7 +44,7 @@ import pandas as pd
 
 from .comparison import PAIRED_BY, index_against_reference
 from .config import ScenarioError
-from .host_speed import host_spread
+from .host_speed import host_speed_line, host_spread
 from .measured import Measured, load_measured, read_index
 from .run import run_scenario
 
@@ -212,7 +212,8 @@ def validate(
     engine parameters (a calibration fitted in memory: simulator/crossval.py), those the scenario's placement
     applies (engine.not_applied: the rest are listed in `notes`); `items`: the trace's fit items
     (fit_items.load_trace_data, priced as here), if the caller has them, else priced from the run read here;
-    `host`: also the run's host factor (host_factor; a cross-validation, which does not show it, leaves it out)."""
+    `host`: also the run's host factor (host_factor) and its mean JCT's elasticity in its host's speed
+    (host_sensitivity_of); a cross-validation, which does not show them per run, leaves them out."""
     m = load_measured(trace, scenario_path, overrides, method)
     method, df, notes = m.config.output_name, m.requests, list(m.notes)
     s = replayed(m, engine_values, notes)
@@ -420,20 +421,8 @@ def format_validation(v: dict) -> str:
         )
         lines += host_gauge_lines(noise)
     if v.get("host_sensitivity") is not None:
-        lines.append(host_speed_line(noise, "this run's"))
+        lines.append(host_speed_line(host_spread(noise), "this run's"))
     return "\n".join(lines)
-
-
-def host_speed_line(noise: dict | None, whose: str) -> str:
-    """What `host speed alone` is, beside validate's errors."""
-    from .host_speed import HOST_STEP
-
-    hs = host_spread(noise)
-    return (
-        f"host speed alone: what the host's run-to-run speed spread (±{hs['spread_pct']:.1f} %, {hs['from']}) moves "
-        f"{whose} mean JCT by, from the run simulated with every host term x{HOST_STEP:g} and /{HOST_STEP:g} "
-        "(simulator/host_speed.py): the host's share of the floor its error is held to"
-    )
 
 
 def host_gauge_lines(noise: dict | None) -> list[str]:
@@ -571,7 +560,7 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
             "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
         )
     if speed:
-        text += "\n" + host_speed_line(noise, "each run's")
+        text += "\n" + host_speed_line(host_spread(noise), "each run's")
     return text + "".join("\n" + x for x in index_against_reference(rows, noise))
 
 

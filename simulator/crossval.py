@@ -93,7 +93,7 @@ def _host_sensitivities(rows: list, workers: int) -> list[float]:
     return _map(_host_job, [(r.trace_path, r.scenario_path, r.method) for r in rows], workers)
 
 
-def _add_host_spreads(per_trace: list[dict], traces: list[TraceData], rows: list, workers: int, noise) -> dict:
+def _add_host_spreads(per_trace: list[dict], rows: list, workers: int, noise) -> dict:
     """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, host_speed.host_spread)
     into its per_trace row; the host's spread used."""
     host = host_spread(noise)
@@ -108,11 +108,10 @@ def host_sensitivities(index_csv: str | Path, workers: int = 1) -> list[dict]:
     the elasticity `validate --cv` turns into each configuration's host spread."""
     from .measured import read_index
 
-    rows, traces = read_index(index_csv), load_index(index_csv)
-    sens = _host_sensitivities(rows, workers)
+    rows = read_index(index_csv)
     return [
-        {"trace": td.name, "configuration": td.configuration, "method": td.method, "host_sensitivity": x}
-        for td, x in zip(traces, sens)
+        {"trace": r.trace, "configuration": Path(r.scenario).stem, "host_sensitivity": x}
+        for r, x in zip(rows, _host_sensitivities(rows, workers))
     ]
 
 
@@ -199,7 +198,7 @@ def cross_validate(
             where.append((i, scheme))
     for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
-    host = _add_host_spreads(per_trace, traces, rows, workers, noise)
+    host = _add_host_spreads(per_trace, rows, workers, noise)
     for r in per_trace:
         for scheme in SCHEMES:
             r.setdefault(scheme, {})
@@ -336,7 +335,7 @@ def cross_validate_machine(
             where.append((i, scheme))
     for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
         per_trace[i][scheme] = sc
-    host = _add_host_spreads(per_trace, traces, rows, workers, noise)
+    host = _add_host_spreads(per_trace, rows, workers, noise)
     for r in per_trace:
         for scheme in MACHINE_SCHEMES:
             r.setdefault(scheme, {})

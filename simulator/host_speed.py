@@ -42,6 +42,6 @@ def host_speed_line(host: dict, whose: str) -> str:
     """What a `host speed alone` figure is, under a table of them: `host` is host_spread's, `whose` what it moves."""
     return (
         f"host speed alone: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) "
-        f"moves {whose} mean JCT by, simulated at its scenario's values with every host term x{HOST_STEP:g} and /{HOST_STEP:g} "
-        "(simulator/host_speed.py): the host's share of the floor an error is held to"
+        f"moves {whose} mean JCT by, simulated at its scenario's values with every host term x{HOST_STEP:g} and "
+        f"/{HOST_STEP:g} (simulator/host_speed.py): the host's share of the floor an error is held to"
     )

@@ -686,7 +686,7 @@ def validate(
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
     from simulator.noise import noise_summary, run_to_run_spread
-    from simulator.validate import format_validation, format_validation_table, validate_index
+    from simulator.validate import add_host_spread, format_validation, format_validation_table, validate_index
     from simulator.validate import validate as run_validate
 
     if plotlyjs_refusal(plotlyjs):
@@ -728,6 +728,9 @@ def validate(
             result = run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
+    host = add_host_spread(result, spread)  # each run's host speed alone, in % of its mean JCT
+    if host is not None and isinstance(result, dict):
+        result["host_speed"] = host
     doc: list[dict] | dict = result
     if spread is not None:
         noise_doc = noise_summary(spread, ("index", "spread_pct", "range_pct", "host_gauge"))
@@ -746,6 +749,7 @@ def validate(
                     noise=spread,
                     page_path=out / path.name,
                     comparison=index_comparison(rows, spread),
+                    host_speed=host,
                 )
             else:
                 write_validation_report(jsonable(doc), path, plotlyjs=plotlyjs, page_path=out / path.name)

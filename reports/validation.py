@@ -172,6 +172,8 @@ def _notes_html(v: dict) -> str:
             f"run-to-run spread: one standard deviation of the measured metric over repeated recordings of one "
             f"configuration and seed ({noise.get('index', '')}); an error within about twice it is inside the noise"
         )
+    if v.get("host_speed"):  # simulator.validate.add_host_spread
+        notes.append(v["host_speed"]["line"])
     return "".join(f"<p>{_esc(n)}</p>" for n in notes)
 
 
@@ -219,6 +221,8 @@ def validation_page(v: dict) -> Page:
                 _tone(v.get("kv_wait_mean_error_pct"), GOAL_PCT),
             )
         )
+    if v.get("host_spread_jct_mean_pct") is not None:  # beside the JCT error: the host's share of its floor
+        glance.insert(1, ("host speed alone (JCT mean)", f"±{v['host_spread_jct_mean_pct']:.1f}%", ""))
     if "iteration_mean_error_pct" in v:
         glance.append(
             (
@@ -300,11 +304,14 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
 
 def _index_table(rows: list[dict], noise: dict | None = None) -> str:
     keys = [k for k, _, _ in INDEX_METRICS]
+    speed = any(r.get("host_spread_jct_mean_pct") is not None for r in rows)  # simulator.validate.add_host_spread
     head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS) + "<th>KV wait (s)</th>"
+    head += "<th>host speed alone (JCT mean)</th>" if speed else ""
     body = "".join(
         f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
         + "".join(_error_cell(r.get(k), JCT_MEAN_GOAL_PCT if k == "jct_mean_error_pct" else GOAL_PCT) for k in keys)
         + _seconds_cell(r.get("kv_wait_error_s"))
+        + (_spread_cell(r.get("host_spread_jct_mean_pct")) if speed else "")
         + "</tr>"
         for r in rows
     )
@@ -313,7 +320,8 @@ def _index_table(rows: list[dict], noise: dict | None = None) -> str:
         foot = (
             "<tfoot><tr><td>run-to-run spread</td><td></td>"
             + "".join(_spread_cell(_spread(noise, k)) for k in keys)
-            + "<td></td></tr></tfoot>"
+            + "<td></td>" * (1 + speed)
+            + "</tr></tfoot>"
         )
     return (
         f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
@@ -350,7 +358,11 @@ def _comparison_table(comp: dict, noise: dict | None) -> str:
     )
 
 
-def validation_index_page(rows: list[dict], noise: dict | None = None, comparison: dict | None = None) -> Page:
+def validation_index_page(
+    rows: list[dict], noise: dict | None = None, comparison: dict | None = None, host_speed: dict | None = None
+) -> Page:
+    """`host_speed`: simulator.validate.add_host_spread's, the line under the table that says what each run's
+    `host speed alone` figure is."""
     def mean_abs(key):
         vals = [abs(r[key]) for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
@@ -375,7 +387,7 @@ def validation_index_page(rows: list[dict], noise: dict | None = None, compariso
             "Every trace",
             "JCT green within 5 %, the others within 10 %"
             + ("; the last row: each metric's run-to-run spread over repeated recordings." if noise else "."),
-            body_html=_index_table(rows, noise) + (_notes_html({"noise": noise}) if noise else ""),
+            body_html=_index_table(rows, noise) + _notes_html({"noise": noise, "host_speed": host_speed}),
         ),
     ]
     comp = comparison  # simulator.comparison.index_comparison: each method against FP16, where the index has both
@@ -415,6 +427,7 @@ def write_validation_index_report(
     noise: dict | None = None,
     page_path: Path | None = None,
     comparison: dict | None = None,
+    host_speed: dict | None = None,
 ) -> Path:
-    page = validation_index_page(rows, noise, comparison)
+    page = validation_index_page(rows, noise, comparison, host_speed)
     return write_page(page, path, plotlyjs=plotlyjs, page_path=page_path)

@@ -425,6 +425,21 @@ def format_validation(v: dict) -> str:
     return "\n".join(lines)
 
 
+def add_host_spread(result: dict | list[dict], noise: dict | None) -> dict | None:
+    """validate's result (one run's dict or an index's rows) with `host_spread_jct_mean_pct` beside each run's
+    `host_sensitivity`: what the host's run-to-run speed (host_speed.host_spread) alone moves its mean JCT by, in %.
+    Returns what the figures were computed from, the line that says so with them (for the pages), or None where no
+    run has an elasticity."""
+    runs = result if isinstance(result, list) else [result]
+    if all(r.get("host_sensitivity") is None for r in runs):
+        return None
+    host = host_spread(noise)
+    for r in runs:
+        if r.get("host_sensitivity") is not None:
+            r["host_spread_jct_mean_pct"] = round(r["host_sensitivity"] * host["spread_pct"], 2)
+    return {**host, "line": host_speed_line(host, "each run's" if isinstance(result, list) else "this run's")}
+
+
 def host_gauge_lines(noise: dict | None) -> list[str]:
     """For people: how much of mean JCT's run-to-run spread the recordings' host-bound step explains, one line (none
     without a repeats index or a gauge)."""

@@ -303,3 +303,32 @@ def test_validate_gives_each_run_the_host_s_share(tmp_path):
     assert f"±{v['host_sensitivity'] * HOST_SPEED_SPREAD_PCT:.1f} %" in line
     table = format_validation_table(rows, {"index": "r.csv", "spread_pct": {"quantize_mean": 10.0}, "range_pct": {}})
     assert f"±{10.0 * cv[1]:.1f}%" in table and "(±10.0 %, r.csv: its recordings' quantize mean)" in table
+
+
+def test_the_validation_pages_carry_each_run_s_host_share():
+    """validation.json and validation.html, one run's and an index's, carry what add_host_spread puts beside each
+    run's elasticity: the host's speed spread times it (the repeats' own where --noise gives one), and the line that
+    says what it is; a result without elasticities gets neither."""
+    from reports.validation import validation_index_page, validation_page
+    from simulator.validate import add_host_spread, validate
+
+    noise = {"index": "r.csv", "spread_pct": {"quantize_mean": 10.0}, "range_pct": {}}
+    rows = [{"trace": "a", "scenario": "s", "host_sensitivity": 0.31}, {"trace": "b", "scenario": "s"}]
+    host = add_host_spread(rows, noise)
+    assert host is not None and host["spread_pct"] == 10.0 and "moves each run's mean JCT" in host["line"]
+    assert rows[0]["host_spread_jct_mean_pct"] == pytest.approx(3.1) and "host_spread_jct_mean_pct" not in rows[1]
+    p = validation_index_page(rows, host_speed=host)
+    page = "".join(x.body_html for x in p.sections)
+    assert "<th>host speed alone (JCT mean)</th>" in page and "<td>±3.1%</td>" in page and "n/a" in page
+    assert "(±10.0 %, r.csv: its recordings&#x27; quantize mean)" in page
+    assert add_host_spread([{"trace": "c"}], noise) is None
+
+    v = validate(
+        ROOT / "realrun/traces/h200_graphs/h200g_70b8l_1gbps_hack_r8",
+        ROOT / "scenarios/measured/h200g_70b8l_1gbps.yaml",
+    )
+    v["host_speed"] = add_host_spread(v, None)
+    assert v["host_spread_jct_mean_pct"] == pytest.approx(v["host_sensitivity"] * HOST_SPEED_SPREAD_PCT, abs=0.01)
+    p = validation_page(v)
+    html = p.summary_html + "".join(x.body_html for x in p.sections)
+    assert f"±{v['host_spread_jct_mean_pct']:.1f}%" in html and "moves this run&#x27;s mean JCT" in html

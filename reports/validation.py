@@ -363,6 +363,7 @@ def validation_index_page(
 ) -> Page:
     """`host_speed`: simulator.validate.add_host_spread's, the line under the table that says what each run's
     `host speed alone` figure is."""
+
     def mean_abs(key):
         vals = [abs(r[key]) for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None

@@ -236,6 +236,7 @@ def format_table(summary: dict, placement: str = "separate") -> str:
 
     methods = summary["methods"]
     base = methods.get(REFERENCE)
+    host = summary.get("host_speed")  # simulate --host-spread (simulator/host_speed.py)
     rows = []
     for name, m in methods.items():
         b = m["breakdown_s"]
@@ -247,6 +248,7 @@ def format_table(summary: dict, placement: str = "separate") -> str:
                 name,
                 f"{m['completed']}",
                 _cell(m["jct_s"]["mean"], ".2f", "s"),
+                *([_cell(m["host_spread_jct_mean_pct"], ".1f", "%", "±")] if host else []),
                 _cell(m["jct_s"]["p90"], ".2f", "s"),
                 _cell(m["ttft_s"]["mean"], ".2f", "s"),
                 _cell(1e3 * _number(m["tpot_s"]["mean"]), ".1f"),
@@ -262,6 +264,7 @@ def format_table(summary: dict, placement: str = "separate") -> str:
         "method",
         "done",
         "JCT mean",
+        *(["± host"] if host else []),
         "p90",
         "TTFT",
         "TPOT ms",
@@ -273,7 +276,10 @@ def format_table(summary: dict, placement: str = "separate") -> str:
         "JCT vs base",
     ]
     title = f"scenario {summary['scenario']}: {summary['requests']} requests, seed {summary['seed']}"
-    return "\n".join([render(table(heads, rows, title=title)), *utilisation_lines(summary, placement)])
+    lines = [render(table(heads, rows, title=title)), *utilisation_lines(summary, placement)]
+    if host:
+        lines.append(host["line"])
+    return "\n".join(lines)
 
 
 # Each pool's share of a request's time: the breakdown parts spent waiting for it or in it. The KV waits
@@ -357,11 +363,11 @@ def utilisation_lines(summary: dict, placement: str = "separate") -> list[str]:
     return lines + [line]
 
 
-def _cell(v, spec: str, unit: str = "") -> str:
+def _cell(v, spec: str, unit: str = "", sign: str = "") -> str:
     """A table cell: `v` formatted, or `–` where there is no figure (no request completed: a mean over none is
     NaN in memory and null in summary.json)."""
     x = _number(v)
-    return f"{x:{spec}}{unit}" if math.isfinite(x) else "–"
+    return f"{sign}{x:{spec}}{unit}" if math.isfinite(x) else "–"
 
 
 def _number(v) -> float:
@@ -414,6 +420,12 @@ def simulate(
     plotlyjs: str | None = typer.Option(None, "--plotlyjs", help=PLOTLYJS_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": summary.json's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    host_spread: bool = typer.Option(
+        False,
+        "--host-spread",
+        help="also simulate every method on a host 1.25x faster and 1.25x slower: what the host's run-to-run speed "
+        "alone moves each mean JCT by (simulator/host_speed.py); three simulations instead of one",
+    ),
 ) -> None:
     """Simulate every KV method of SCENARIO and print the comparison."""
     errors_as_json(as_json)
@@ -453,9 +465,8 @@ def simulate(
             if out_dir is not None:
                 names = [m.output_name for m in cfg.methods] + [link.name for link in cfg.network.links or []]
                 writer = RunOutputs(out_dir, quote_text=any(ch in n for n in names for ch in ',"\r\n'), report=report)
-            with ProgressBar(
-                0 if quiet else len(chosen) if chosen else len(cfg.methods), "simulating", "methods"
-            ) as bar:
+            runs = (len(chosen) if chosen else len(cfg.methods)) * (3 if host_spread else 1)
+            with ProgressBar(0 if quiet else runs, "simulating", "methods") as bar:
                 result = run_scenario(
                     cfg,
                     source=str(scenario),
@@ -463,6 +474,11 @@ def simulate(
                     progress=lambda _name: bar.advance(),
                     sink=None if writer is None else writer.add,
                 )
+                if host_spread:  # before the outputs are written: summary.json carries them
+                    from simulator.host_speed import add_method_spreads, method_host_sensitivities
+
+                    x = method_host_sensitivities(cfg, str(scenario), chosen, lambda _name: bar.advance())
+                    add_method_spreads(result.summary, x)
             moved = [] if writer is None else writer.finish(result, report, plotlyjs)
         except BaseException as e:
             if writer is not None:

@@ -114,13 +114,20 @@ def _glance_html(run: RunData) -> str:
     def change(v, b):
         return (v - b) / b * 100 if b and math.isfinite(b) and math.isfinite(v) and b > 0 else math.nan
 
+    host = run.summary.get("host_speed")  # simulate --host-spread: what the host's speed alone moves each mean JCT by
     rows = []
     for m in run.methods:
         jct, mem, over = value(m, "jct_s", "mean"), value(m, "peak_decode_memory_bytes"), overhead(m)
         share = f"{100 * over / jct:.1f}% of JCT" if jct > 0 and math.isfinite(over) else ""
         vs_base = base is not None and m != base
+        spread = value(m, "host_spread_jct_mean_pct")
         rows.append(
             f"<tr><td>{_swatch(colours[m])}{_esc(method_label(m))}</td><td>{_esc(fmt_seconds(jct))}</td>"
+            + (
+                (f'<td class="d">±{spread:.1f}%</td>' if math.isfinite(spread) else '<td class="d">–</td>')
+                if host
+                else ""
+            )
             + (_change_cell(change(jct, value(base, "jct_s", "mean")), cls="d") if vs_base else '<td class="d"></td>')
             + f"<td>{_esc(fmt_bytes(mem))}</td>"
             + (
@@ -132,8 +139,10 @@ def _glance_html(run: RunData) -> str:
         )
     return (
         '<table class="glance" id="table-glance"><thead><tr><th>method</th><th>JCT mean</th>'
-        "<th>vs baseline</th><th>peak decode memory</th><th>vs baseline</th><th>dequantize + approximation</th>"
+        + ("<th>± host</th>" if host else "")
+        + "<th>vs baseline</th><th>peak decode memory</th><th>vs baseline</th><th>dequantize + approximation</th>"
         f"<th>per request</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + (f'<p class="glance-note">{_esc(host["line"])}</p>' if host and host.get("line") else "")
     )
 
 

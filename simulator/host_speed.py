@@ -10,6 +10,7 @@ error is held to (simulator/noise.py; `validate` and `validate --cv` print it; d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (simulator/noise.py)
 # The host's speed from one recording to the next, where no repeats index says it: the run-to-run spread of the
@@ -26,6 +27,36 @@ def host_sensitivity(jct_fast_s: float, jct_slow_s: float, step: float = HOST_ST
     return math.log(jct_slow_s / jct_fast_s) / (2.0 * math.log(step))
 
 
+def at_host_speed(s, factor: float):
+    """The scenario `s` with every host time term its placement applies (calibrate.HOST_TIMES) times `factor`: the
+    same scenario on a host `factor` x slower."""
+    from .calibrate import on_machine
+    from .engine import apply_values, not_applied
+    from .fit_items import scenario_values
+
+    values = scenario_values(s)
+    values = {k: v for k, v in values.items() if k not in not_applied(s, values)}
+    return apply_values(s, on_machine(values, factor))
+
+
+def method_host_sensitivities(
+    s, source: str, methods: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Each method's mean JCT elasticity in the host's speed (host_sensitivity), the scenario simulated again with
+    every host time term x and / HOST_STEP: `simulate --host-spread`. Empty where the scenario prices no host time."""
+    from .calibrate import HOST_TIMES
+    from .fit_items import scenario_values
+    from .run import run_scenario
+
+    if not any(v for n, v in scenario_values(s).items() if n in HOST_TIMES):  # no host time to move: nothing to price
+        return {}
+    fast, slow = (
+        run_scenario(at_host_speed(s, f), source=source, methods=methods, progress=progress).summary["methods"]
+        for f in (1.0 / HOST_STEP, HOST_STEP)
+    )
+    return {n: round(host_sensitivity(fast[n]["jct_s"]["mean"], slow[n]["jct_s"]["mean"]), 4) for n in fast}
+
+
 def host_spread(noise: dict | None) -> dict:
     """The host's run-to-run speed spread a prediction is held to: the repeats index's own (its host-bound step's
     pooled spread) where it times that step, else HOST_SPEED_SPREAD_PCT."""
@@ -36,6 +67,32 @@ def host_spread(noise: dict | None) -> dict:
         "spread_pct": HOST_SPEED_SPREAD_PCT,
         "from": "H200 device sessions' quantize step (host_speed.HOST_SPEED_SPREAD_PCT)",
     }
+
+
+def add_method_spreads(summary: dict, sensitivities: dict[str, float]) -> dict:
+    """`simulate --host-spread`: each method of `summary` (summary.json's) gets its `host_sensitivity` and
+    `host_spread_jct_mean_pct` (it times HOST_SPEED_SPREAD_PCT), the summary `host_speed` (what they were computed
+    from). Returns that."""
+    host = {**host_spread(None), "step": HOST_STEP, "priced": bool(sensitivities)}
+    for name, m in summary["methods"].items():
+        x = sensitivities.get(name)
+        m["host_sensitivity"] = x
+        m["host_spread_jct_mean_pct"] = None if x is None else round(x * host["spread_pct"], 2)
+    host["line"] = planning_host_line(host)
+    summary["host_speed"] = host
+    return host
+
+
+def planning_host_line(host: dict) -> str:
+    """Under `simulate --host-spread`'s table: what its `± host` column is."""
+    if not host["priced"]:
+        return "± host: n/a, the scenario prices no host time (every host time term of its engine is 0)"
+    return (
+        f"± host: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) alone moves "
+        f"each method's mean JCT by, every host time term x{host['step']:g} and /{host['step']:g} "
+        "(simulator/host_speed.py), one sd: a recording's mean JCT within about twice it of the simulated one is "
+        "inside what the host's speed alone moves it by"
+    )
 
 
 def host_speed_line(host: dict, whose: str) -> str:

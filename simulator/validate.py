@@ -149,19 +149,12 @@ def run_host_sensitivity(trace, scenario_path, method: str | None = None) -> flo
 def host_sensitivity_of(s, source: str, method: str) -> float:
     """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): its scenario `s` (as validate
     replays it) simulated again with every host time term x and / host_speed.HOST_STEP."""
-    from .calibrate import on_machine
-    from .engine import apply_values, not_applied
-    from .fit_items import scenario_values
-    from .host_speed import HOST_STEP, host_sensitivity
+    from .host_speed import HOST_STEP, at_host_speed, host_sensitivity
 
-    values = scenario_values(s)
-    values = {k: v for k, v in values.items() if k not in not_applied(s, values)}
     fast, slow = (
-        _stats(
-            measured_parts(
-                run_scenario(apply_values(s, on_machine(values, f)), source=source, methods=[method]).requests
-            )["jct"]
-        )["mean"]
+        _stats(measured_parts(run_scenario(at_host_speed(s, f), source=source, methods=[method]).requests)["jct"])[
+            "mean"
+        ]
         for f in (1.0 / HOST_STEP, HOST_STEP)
     )
     return round(host_sensitivity(fast, slow), 4)

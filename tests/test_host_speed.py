@@ -1,0 +1,53 @@
+"""`simulate --host-spread`: what the host's run-to-run speed alone moves each method's mean JCT by, in the terminal
+table, summary.json and report.html (simulator/host_speed.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.host_speed import HOST_SPEED_SPREAD_PCT, HOST_STEP, at_host_speed, host_sensitivity
+from simulator.load import load_scenario
+from simulator.run import run_scenario
+from tests.test_cli import here
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST_BOUND = ROOT / "scenarios/measured/h200g_8b_mem.yaml"  # the 32-layer 8B's short steps: host time matters
+
+
+def test_simulate_prices_each_method_on_a_faster_and_a_slower_host(tmp_path):
+    """Each method's figure is its mean JCT's elasticity in the host's time, from the scenario at every host time
+    term x and / 1.25 (recomputed here by hand), times the host's speed spread; summary.json and the report carry it,
+    and a run without the flag is as it was."""
+    out = tmp_path / "run"
+    r = here("simulate", HOST_BOUND, "--requests", "60", "--host-spread", "--out", out, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc == json.loads((out / "summary.json").read_text())
+    assert doc["host_speed"]["spread_pct"] == HOST_SPEED_SPREAD_PCT and doc["host_speed"]["priced"]
+
+    s = load_scenario(HOST_BOUND, ["workload.requests=60"])
+    fast, slow = (run_scenario(at_host_speed(s, f)).summary["methods"] for f in (1 / HOST_STEP, HOST_STEP))
+    for name, m in doc["methods"].items():
+        x = host_sensitivity(fast[name]["jct_s"]["mean"], slow[name]["jct_s"]["mean"])
+        assert m["host_sensitivity"] == pytest.approx(x, abs=1e-4) and 0.05 < x < 1, name
+        assert m["host_spread_jct_mean_pct"] == pytest.approx(x * HOST_SPEED_SPREAD_PCT, abs=0.01)
+        assert slow[name]["jct_s"]["mean"] > m["jct_s"]["mean"] > fast[name]["jct_s"]["mean"]
+    page = (out / "report.html").read_text()
+    assert "<th>± host</th>" in page and f"±{doc['methods']['hack']['host_spread_jct_mean_pct']:.1f}%" in page
+
+    plain = here("simulate", HOST_BOUND, "--requests", "60", "--json")
+    assert plain.returncode == 0 and "host_speed" not in json.loads(plain.stdout)
+    base = json.loads(plain.stdout)["methods"]["hack"]
+    assert base["jct_s"] == doc["methods"]["hack"]["jct_s"] and "host_sensitivity" not in base
+
+
+def test_a_scenario_without_host_time_says_so():
+    """The default scenario prices no host time: nothing for the host's speed to move, said in one line, no figure."""
+    r = here("simulate", "a10g_10gbps", "--requests", "30", "--methods", "baseline,hack", "--host-spread")
+    assert r.returncode == 0, r.stderr
+    head, *rows = [x for x in r.stdout.splitlines() if x.startswith(("method", "baseline", "hack"))]
+    assert "± host" in head and all(x.split()[3] == "–" for x in rows)
+    assert "± host: n/a, the scenario prices no host time" in r.stdout

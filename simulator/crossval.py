@@ -84,11 +84,11 @@ def _score(td: TraceData, trace_path: Path, scenario_path: Path, method: str | N
     return out
 
 
-def _host_job(args) -> float:
+def _host_job(args) -> float | None:
     return run_host_sensitivity(*args)
 
 
-def _host_sensitivities(rows: list, workers: int) -> list[float]:
+def _host_sensitivities(rows: list, workers: int) -> list[float | None]:
     """Each run's mean JCT elasticity in its host's speed with no fit (validate.host_sensitivity_of)."""
     return _map(_host_job, [(r.trace_path, r.scenario_path, r.method) for r in rows], workers)
 
@@ -99,7 +99,7 @@ def _add_host_spreads(per_trace: list[dict], rows: list, workers: int, noise) ->
     host = host_spread(noise)
     for r, sens in zip(per_trace, _host_sensitivities(rows, workers)):
         r["host_sensitivity"] = sens
-        r["host_spread_jct_mean_pct"] = round(sens * host["spread_pct"], 3)
+        r["host_spread_jct_mean_pct"] = None if sens is None else round(sens * host["spread_pct"], 3)
     return host
 
 

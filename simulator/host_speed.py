@@ -18,6 +18,7 @@ HOST_GAUGE = "quantize_mean"  # the recordings' host-bound step (simulator/noise
 # configuration recorded in two to four device sessions (tests/test_noise.py recomputes it; the H100 sessions'
 # index_h100_sessions.csv gives 20.8 %, one H200 session's back-to-back repeats 9.3 %).
 HOST_SPEED_SPREAD_PCT = 18.1
+NO_HOST_TIME = "the scenario prices no host time (every host time term of its engine is 0)"
 HOST_STEP = 1.25  # host_sensitivity prices a run with every host time term x HOST_STEP and / HOST_STEP
 
 
@@ -39,16 +40,23 @@ def at_host_speed(s, factor: float):
     return apply_values(s, on_machine(values, factor))
 
 
+def prices_host_time(s) -> bool:
+    """Whether the scenario's engine prices any host time (calibrate.HOST_TIMES): else the host's speed moves nothing
+    and a host figure would be a bare 0, so there is none."""
+    from .calibrate import HOST_TIMES
+    from .fit_items import scenario_values
+
+    return any(v for n, v in scenario_values(s).items() if n in HOST_TIMES)
+
+
 def method_host_sensitivities(
     s, source: str, methods: list[str] | None = None, progress: Callable[[str], None] | None = None
 ) -> dict[str, float]:
     """Each method's mean JCT elasticity in the host's speed (host_sensitivity), the scenario simulated again with
     every host time term x and / HOST_STEP: `simulate --host-spread`. Empty where the scenario prices no host time."""
-    from .calibrate import HOST_TIMES
-    from .fit_items import scenario_values
     from .run import run_scenario
 
-    if not any(v for n, v in scenario_values(s).items() if n in HOST_TIMES):  # no host time to move: nothing to price
+    if not prices_host_time(s):
         return {}
     fast, slow = (
         run_scenario(at_host_speed(s, f), source=source, methods=methods, progress=progress).summary["methods"]
@@ -86,7 +94,7 @@ def add_method_spreads(summary: dict, sensitivities: dict[str, float]) -> dict:
 def planning_host_line(host: dict) -> str:
     """Under `simulate --host-spread`'s table: what its `± host` column is."""
     if not host["priced"]:
-        return "± host: n/a, the scenario prices no host time (every host time term of its engine is 0)"
+        return f"± host: n/a, {NO_HOST_TIME}"
     return (
         f"± host: what the host's run-to-run speed spread (±{host['spread_pct']:.1f} %, {host['from']}) alone moves "
         f"each method's mean JCT by, every host time term x{host['step']:g} and /{host['step']:g} "

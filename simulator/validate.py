@@ -140,17 +140,20 @@ def replayed(m: Measured, engine_values: dict[str, float] | None = None, notes: 
     return s
 
 
-def run_host_sensitivity(trace, scenario_path, method: str | None = None) -> float:
+def run_host_sensitivity(trace, scenario_path, method: str | None = None) -> float | None:
     """A measured run's host_sensitivity_of with no fit (validate --cv's, per run)."""
     m = load_measured(trace, scenario_path, None, method)
     return host_sensitivity_of(replayed(m), str(scenario_path), m.config.output_name)
 
 
-def host_sensitivity_of(s, source: str, method: str) -> float:
+def host_sensitivity_of(s, source: str, method: str) -> float | None:
     """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): its scenario `s` (as validate
-    replays it) simulated again with every host time term x and / host_speed.HOST_STEP."""
-    from .host_speed import HOST_STEP, at_host_speed, host_sensitivity
+    replays it) simulated again with every host time term x and / host_speed.HOST_STEP. None where the scenario
+    prices no host time (host_speed.prices_host_time)."""
+    from .host_speed import HOST_STEP, at_host_speed, host_sensitivity, prices_host_time
 
+    if not prices_host_time(s):
+        return None
     fast, slow = (
         _stats(measured_parts(run_scenario(at_host_speed(s, f), source=source, methods=[method]).requests)["jct"])[
             "mean"
@@ -295,6 +298,10 @@ def validate(
     out["host_factor"] = host_factor(items, s) if host else None
     if host:  # what the host's speed alone moves this run's mean JCT by (simulator/host_speed.py)
         out["host_sensitivity"] = host_sensitivity_of(s, str(scenario_path), method)
+        if out["host_sensitivity"] is None:
+            from .host_speed import NO_HOST_TIME
+
+            out["notes"].append(f"host speed alone: n/a, {NO_HOST_TIME}")
     if cadence is not None:
         out["cadence_s"] = cadence
         out["cadence_mean_error_pct"] = _err_pct(cadence["predicted_mean"], cadence["measured_mean"])

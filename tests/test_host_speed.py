@@ -51,3 +51,31 @@ def test_a_scenario_without_host_time_says_so():
     head, *rows = [x for x in r.stdout.splitlines() if x.startswith(("method", "baseline", "hack"))]
     assert "± host" in head and all(x.split()[3] == "–" for x in rows)
     assert "± host: n/a, the scenario prices no host time" in r.stdout
+
+
+def test_validate_gives_no_host_figure_where_the_scenario_prices_no_host_time(tmp_path):
+    """A vLLM benchmark file validated against a scenario whose engine prices no host time: no elasticity (a bare 0
+    would read as 'the host moves nothing'), a note that says why, nothing on the page; against the system that made
+    it, a figure."""
+    import yaml
+
+    from reports.validation import validation_page
+    from simulator.host_speed import prices_host_time
+    from simulator.validate import add_host_spread, format_validation, validate
+    from tests.simulated_runs import TRUE, raw_system, simulate, write_vllm
+
+    raw = raw_system(n=30)
+    (_, df, it), *_ = simulate(raw, TRUE, ["baseline"])
+    bench = write_vllm(tmp_path / "bench.json", df, it, 6.0)
+    own = tmp_path / "system.yaml"
+    own.write_text(yaml.safe_dump({**raw, "methods": ["baseline"]}))
+    assert not prices_host_time(load_scenario(ROOT / "scenarios/a10g_10gbps.yaml"))
+    assert prices_host_time(load_scenario(own))
+
+    v = validate(bench, ROOT / "scenarios/a10g_10gbps.yaml", ["methods=[baseline]"])
+    assert v["host_sensitivity"] is None and add_host_spread(v, None) is None
+    assert "host speed alone: n/a, the scenario prices no host time" in "\n".join(v["notes"])
+    assert "host speed alone (mean JCT)" not in format_validation(v)
+    assert "±" not in validation_page(v).summary_html
+    mine = validate(bench, own)
+    assert mine["host_sensitivity"] > 0 and add_host_spread(mine, None) is not None

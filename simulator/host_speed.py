@@ -5,6 +5,8 @@ and the quantize step's floors) x HOST_STEP and / HOST_STEP gives the elasticity
 (`host_sensitivity`); that times the host's run-to-run speed spread (`host_spread`: a repeats index's own host-bound
 step, else HOST_SPEED_SPREAD_PCT) is the spread the host alone gives its mean JCT, the host's share of the floor an
 error is held to (simulator/noise.py; `validate` and `validate --cv` print it; docs/calibration.md, the noise floor).
+`simulate --host-spread` gives each method of a scenario the same figure before any run (method_host_sensitivities).
+A scenario whose engine prices no host time gets none (prices_host_time).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def prices_host_time(s) -> bool:
 
 def method_host_sensitivities(
     s, source: str, methods: list[str] | None = None, progress: Callable[[str], None] | None = None
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Each method's mean JCT elasticity in the host's speed (host_sensitivity), the scenario simulated again with
     every host time term x and / HOST_STEP: `simulate --host-spread`. Empty where the scenario prices no host time."""
     from .run import run_scenario
@@ -62,7 +64,12 @@ def method_host_sensitivities(
         run_scenario(at_host_speed(s, f), source=source, methods=methods, progress=progress).summary["methods"]
         for f in (1.0 / HOST_STEP, HOST_STEP)
     )
-    return {n: round(host_sensitivity(fast[n]["jct_s"]["mean"], slow[n]["jct_s"]["mean"]), 4) for n in fast}
+    out = {}
+    for n in fast:
+        a, b = fast[n]["jct_s"]["mean"], slow[n]["jct_s"]["mean"]  # None or NaN where no request completed
+        ok = all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in (a, b))
+        out[n] = round(host_sensitivity(a, b), 4) if ok else None
+    return out
 
 
 def host_spread(noise: dict | None) -> dict:
@@ -77,7 +84,7 @@ def host_spread(noise: dict | None) -> dict:
     }
 
 
-def add_method_spreads(summary: dict, sensitivities: dict[str, float]) -> dict:
+def add_method_spreads(summary: dict, sensitivities: dict[str, float | None]) -> dict:
     """`simulate --host-spread`: each method of `summary` (summary.json's) gets its `host_sensitivity` and
     `host_spread_jct_mean_pct` (it times HOST_SPEED_SPREAD_PCT), the summary `host_speed` (what they were computed
     from). Returns that."""

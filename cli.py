@@ -729,7 +729,7 @@ def validate(
         fail("--prior-scale: --cv --base fits one machine factor, on its own prior; the scale has nothing to set")
     scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by, scale)
+        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by, scale, plotlyjs)
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -793,6 +793,7 @@ def _validate_cv(
     base: Path | None,
     by: tuple[str, ...],
     prior_scale: float | str = 1.0,
+    plotlyjs: str | None = None,
 ) -> None:
     from planning.executor import Interrupted, stop_on_signals
     from simulator.config import ScenarioError
@@ -831,12 +832,32 @@ def _validate_cv(
         # (seen once in 18 runs of tests/test_crossval.py's SIGTERM test on a loaded machine: no exit in 120 s)
         os._exit(128 + e.signum)
     if out is not None:  # written before the result is printed: a failed write prints no result
+        from reports.validation import write_crossval_report  # plotly: only here
+        from simulator import crossval
+
         text = strict_json(result) + "\n"
-        write_together(out, {"validation.json": lambda path: path.write_text(text)})
+        if base is not None:
+            schemes, headline, notes = crossval.MACHINE_HEADS, "machine_refit", crossval.cv_machine_notes(result)
+        else:
+            schemes = {k: crossval.HEADS[k] for k in crossval.SCHEMES if k in result}
+            headline, notes = "held_out_configuration", crossval.cv_notes(result)
+
+        def page(path: Path) -> None:
+            write_crossval_report(
+                json.loads(text),
+                path,
+                schemes=schemes,
+                headline=headline if headline in schemes else list(schemes)[-1],
+                notes=notes,
+                plotlyjs=plotlyjs,
+                page_path=out / path.name,
+            )
+
+        write_together(out, {"validation.json": lambda path: path.write_text(text), "validation.html": page})
     say = Say(as_json, quiet)
     say.result(format_cv_machine(result) if base is not None else format_cv(result), result)
     if out is not None:
-        say(f"wrote {out}/validation.json")
+        say(f"wrote {out}/validation.json, validation.html")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

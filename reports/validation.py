@@ -432,3 +432,226 @@ def write_validation_index_report(
 ) -> Path:
     page = validation_index_page(rows, noise, comparison, host_speed)
     return write_page(page, path, plotlyjs=plotlyjs, page_path=page_path)
+
+
+# ---- validate --cv: held out by configuration, against no fit -------------------------------------------------------
+# no fit grey, the fit the goals are stated for ink, any other fit a blue
+NO_FIT_COLOUR, HEADLINE_COLOUR, CV_FIT_COLOURS = "#9ca3af", "#111827", ("#93c5fd", "#3b82f6", "#1e40af")
+
+
+def _cv_label(c: dict) -> str:
+    return c["configuration"].removeprefix("h200g_").removeprefix("h100g_") + (
+        f" · {c['machine']}" if c.get("machine") else ""
+    )
+
+
+def crossval_figure(result: dict, schemes: dict[str, str], headline: str) -> go.Figure:
+    """Per configuration: its runs' mean |JCT error| under each scheme (no fit first), the host's speed alone and,
+    with repeats, the measured run-to-run spread as markers: a bar under its marker is inside what the host alone
+    moves the configuration by."""
+    configs = result["configurations"]
+    names = [_cv_label(c) for c in configs]
+    fig = go.Figure()
+    fits = iter(CV_FIT_COLOURS)
+    for s, label in schemes.items():
+        colour = NO_FIT_COLOUR if s == "no_fit" else HEADLINE_COLOUR if s == headline else next(fits, None)
+        fig.add_bar(
+            name=label,
+            x=names,
+            y=[c.get(f"{s}_jct_mean_abs_error_pct") for c in configs],
+            marker_color=colour,
+            hovertemplate="%{x}<br>" + label + " %{y:.1f}%<extra></extra>",
+        )
+    for key, label, symbol in (
+        ("host_spread_jct_mean_pct", "host speed alone", "line-ew"),
+        ("run_to_run_jct_mean_pct", "run to run (measured)", "diamond-open"),
+    ):
+        ys = [c.get(key) for c in configs]
+        if any(y is not None for y in ys):
+            fig.add_scatter(
+                name=label,
+                x=names,
+                y=ys,
+                mode="markers",
+                marker=dict(
+                    symbol=symbol,
+                    size=26 if symbol == "line-ew" else 10,
+                    color="#dc2626",
+                    line=dict(width=2.5, color="#dc2626"),
+                ),
+                hovertemplate="%{x}<br>" + label + " ±%{y:.1f}%<extra></extra>",
+            )
+    fig.add_hline(y=JCT_MEAN_GOAL_PCT, line_dash="dot", line_color="#16a34a")
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=480,
+        font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        title=dict(text="Mean |JCT error| of each configuration's runs", x=0.01),
+        yaxis_title="mean |JCT error| (%)",
+        xaxis_tickangle=-25,
+        margin=dict(l=70, r=30, t=90, b=130),
+    )
+    return fig
+
+
+def _mag_cell(x: float | None, goal: float | None = None) -> str:
+    if x is None:
+        return '<td class="na">n/a</td>'
+    tone = "" if goal is None else f' class="{"better" if x <= goal else "worse"}"'
+    return f"<td{tone}>{x:.1f}%</td>"
+
+
+def _cv_configuration_table(result: dict, schemes: dict[str, str]) -> str:
+    configs = result["configurations"]
+    machines = any(c.get("machine") for c in configs)
+    host = any(c.get("host_spread_jct_mean_pct") is not None for c in configs)
+    noise = "noise" in result
+    head = "<th>configuration</th>" + ("<th>machine</th><th>factor (from the others)</th>" if machines else "")
+    head += "<th>traces</th>" + "".join(f"<th>{_esc(label)}</th>" for label in schemes.values())
+    head += ("<th>host speed alone</th>" if host else "") + ("<th>run to run</th>" if noise else "") + "<th></th>"
+    body = ""
+    for c in configs:
+        body += f"<tr><td>{_esc(c['configuration'])}</td>"
+        if machines:
+            f = c.get("machine_factor")
+            factor = "n/a" if f is None else f"{f:.3f} ± {c.get('machine_factor_stderr') or 0:.2g}"
+            body += f"<td>{_esc(c.get('machine') or '(one)')}</td><td>{_esc(factor)}</td>"
+        body += f"<td>{c['traces']}</td>"
+        body += "".join(_mag_cell(c.get(f"{s}_jct_mean_abs_error_pct"), JCT_MEAN_GOAL_PCT) for s in schemes)
+        if host:
+            body += _spread_cell(c.get("host_spread_jct_mean_pct"))
+        if noise:
+            x = c.get("run_to_run_jct_mean_pct")
+            body += "<td>not recorded</td>" if x is None else _spread_cell(x)
+        body += '<td class="worse">worse than no fit</td>' if c.get("worse_than_no_fit") else "<td></td>"
+        body += "</tr>"
+    foot = ""
+    for key, label, goal in (
+        ("jct_mean_abs_error_pct", "mean |JCT error|", JCT_MEAN_GOAL_PCT),
+        ("jct_max_abs_error_pct", "max |JCT error|", 2 * JCT_MEAN_GOAL_PCT),
+    ):
+        foot += f"<tr><td>{label}</td>" + ("<td></td><td></td>" if machines else "") + f"<td>{result['traces']}</td>"
+        foot += "".join(_mag_cell((result.get(s) or {}).get(key), goal) for s in schemes)
+        foot += "<td></td>" * (host + noise + 1) + "</tr>"
+    return (
+        f'<div class="scroll"><table id="table-cv-configurations"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+        f"<tfoot>{foot}</tfoot></table></div>"
+    )
+
+
+def _cv_trace_table(result: dict, schemes: dict[str, str]) -> str:
+    rows = result["per_trace"]
+    shown = [s for s in schemes if any(isinstance(r.get(s), dict) and r[s] for r in rows)]
+    host = any(r.get("host_spread_jct_mean_pct") is not None for r in rows)
+    head = "<th>trace</th><th>configuration</th>" + "".join(f"<th>{_esc(schemes[s])}</th>" for s in shown)
+    head += "<th>host speed alone</th>" if host else ""
+    body = "".join(
+        f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r['configuration'])}</td>"
+        + "".join(_error_cell((r.get(s) or {}).get("jct_mean_error_pct"), GOAL_PCT) for s in shown)
+        + (_spread_cell(r.get("host_spread_jct_mean_pct")) if host else "")
+        + "</tr>"
+        for r in rows
+    )
+    return (
+        f'<div class="scroll"><table id="table-cv-traces"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        "</div>"
+    )
+
+
+def _cv_against_table(comp: dict, schemes: dict[str, str]) -> str:
+    """Each method's mean JCT against FP16's (simulator/comparison.py), measured, and each scheme's error in points."""
+
+    def pts(x: dict | None) -> str:
+        return '<td class="na">–</td>' if not x else f"<td>{x['error_pts']:+.1f}</td>"
+
+    shown = [s for s in schemes if any(r.get(s) for r in comp["rows"])]
+    head = "<th>configuration</th><th>req/s</th><th>method</th><th>measured</th>"
+    head += "".join(f"<th>{_esc(schemes[s])} (points)</th>" for s in shown)
+    body = ""
+    for r in comp["rows"]:
+        rate = r["workload"].get("rate_rps")
+        where = r["configuration"] + (f" · {r['machine']}" if r.get("machine") else "")
+        body += f"<tr><td>{_esc(where)}</td><td>{'' if rate is None else f'{rate:g}'}</td><td>{_esc(r['method'])}</td>"
+        body += f"<td>{r['measured_pct']:+.1f} %</td>" + "".join(pts(r.get(s)) for s in shown) + "</tr>"
+    return (
+        f'<div class="scroll"><table id="table-cv-against-reference"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def crossval_page(result: dict, schemes: dict[str, str], headline: str, notes: list[str]) -> Page:
+    """validate --cv's page (and --cv --base's): `result` is its validation.json, `schemes` its error columns in
+    order (key -> label, no fit first), `headline` the scheme the goals are stated for, `notes` the lines the
+    terminal prints beside its tables (simulator.crossval.cv_notes, cv_machine_notes)."""
+    configs = result["configurations"]
+    top, none = result.get(headline) or {}, result.get("no_fit") or {}
+    worse = sum(bool(c.get("worse_than_no_fit")) for c in configs)
+    glance = [
+        (
+            f"mean |JCT error| {schemes[headline]}",
+            fmt_pct(top.get("jct_mean_abs_error_pct"), signed=False),
+            _tone(top.get("jct_mean_abs_error_pct"), JCT_MEAN_GOAL_PCT),
+        ),
+        (
+            f"max |JCT error| {schemes[headline]}",
+            fmt_pct(top.get("jct_max_abs_error_pct"), signed=False),
+            _tone(top.get("jct_max_abs_error_pct"), 2 * JCT_MEAN_GOAL_PCT),
+        ),
+        ("mean |JCT error| no fit", fmt_pct(none.get("jct_mean_abs_error_pct"), signed=False), ""),
+        ("max |JCT error| no fit", fmt_pct(none.get("jct_max_abs_error_pct"), signed=False), ""),
+        ("configurations worse than no fit", f"{worse} of {len(configs)}", "worse" if worse else "better"),
+    ]
+    sections = [
+        Section(
+            "configurations",
+            "Each configuration against no fit",
+            f"Each configuration's runs predicted by the fit without them ({schemes[headline]}) beside no fit, mean "
+            f"|JCT error|, green within {JCT_MEAN_GOAL_PCT:g} % (the totals' max within {2 * JCT_MEAN_GOAL_PCT:g} %); "
+            "the red marks: what the host's speed alone moves the configuration by and, with repeats, its measured "
+            "run-to-run spread.",
+            ("crossval",),
+            body_html=_cv_configuration_table(result, schemes) + "".join(f"<p>{_esc(n)}</p>" for n in notes),
+        ),
+        Section(
+            "traces",
+            "Every trace",
+            "Mean JCT error per run, (simulated − measured) / measured, green within 10 %.",
+            body_html=_cv_trace_table(result, schemes),
+        ),
+    ]
+    comp = result.get("against_reference")
+    if comp and comp.get("rows"):
+        sections.append(
+            Section(
+                "against-fp16",
+                f"Each method against {comp['rows'][0]['reference']}",
+                f"Mean JCT against {comp['rows'][0]['reference']}'s over the same requests on the same host, in %: "
+                "measured, and each prediction's error in points.",
+                body_html=_cv_against_table(comp, schemes),
+            )
+        )
+    return Page(
+        title=f"cross-validation · {result['traces']} traces",
+        heading=f"Cross-validated calibration over {result['traces']} traces",
+        description=f"index {result['index']}",
+        subtitles=("error = (simulated − measured) / measured",),
+        summary_html=_glance(glance),
+        sections=sections,
+        figures={"crossval": crossval_figure(result, schemes, headline)},
+        footer="Made by hacksim validate --cv from the traces and their scenarios.",
+    )
+
+
+def write_crossval_report(
+    result: dict,
+    path: str | Path,
+    *,
+    schemes: dict[str, str],
+    headline: str,
+    notes: list[str],
+    plotlyjs: str | None = None,
+    page_path: Path | None = None,
+) -> Path:
+    return write_page(crossval_page(result, schemes, headline, notes), path, plotlyjs=plotlyjs, page_path=page_path)

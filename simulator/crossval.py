@@ -440,8 +440,21 @@ def format_cv_machine(result: dict) -> str:
         f"each configuration predicted by {result['base_calibration']} with a machine factor fitted on the other "
         "configurations of its machine"
     )
-    lines = [render(table(heads, body, title=title, footer_rows=foot))]
-    lines += host_speed_lines(host)
+    lines = [render(table(heads, body, title=title, footer_rows=foot)), *_machine_flags(result)]
+    lines += format_against_reference(result, MACHINE_SCHEMES, MACHINE_HEADS)
+    lines += host_gauge_lines(noise)
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
+
+
+def cv_machine_notes(result: dict) -> list[str]:
+    """validate --cv --base's lines beside its tables (the flags, the host speed, the notes): the terminal's and the
+    page's."""
+    return [*_machine_flags(result), *host_gauge_lines(result.get("noise")), *(f"note: {n}" for n in result["notes"])]
+
+
+def _machine_flags(result: dict) -> list[str]:
+    lines = host_speed_lines(result.get("host_speed"))
     worse = [c for c in result["configurations"] if c.get("worse_than_no_fit")]
     if worse:
 
@@ -477,10 +490,7 @@ def format_cv_machine(result: dict) -> str:
             + "; ".join(c["outside_base_runs"])
             for c in beyond
         ]
-    lines += format_against_reference(result, MACHINE_SCHEMES, MACHINE_HEADS)
-    lines += host_gauge_lines(noise)
-    lines += [f"note: {n}" for n in result["notes"]]
-    return "\n".join(lines)
+    return lines
 
 
 def by_configuration(per_trace: list[dict], noise: dict | None = None) -> list[dict]:
@@ -826,7 +836,20 @@ def format_cv(result: dict) -> str:
             )
         )
     )
-    parts += host_speed_lines(host)
+    parts += _cv_flags(result)
+    parts += format_against_reference(result, SCHEMES, HEADS)
+    parts += _cv_tail(result)
+    return "\n".join(parts)
+
+
+def cv_notes(result: dict) -> list[str]:
+    """validate --cv's lines beside its tables (the flags, where each configuration lies, what moves without it, the
+    prior scale, the machines, the host speed, the notes): the terminal's and the page's."""
+    return [*_cv_flags(result), *_cv_tail(result)]
+
+
+def _cv_flags(result: dict) -> list[str]:
+    parts = host_speed_lines(result.get("host_speed"))
     if result["worse_than_no_fit"]:
         by_name = {c["configuration"]: c for c in result["configurations"]}
 
@@ -857,8 +880,11 @@ def format_cv(result: dict) -> str:
                     for m in c["moved_without_it"]
                 )
             )
-    parts += format_against_reference(result, SCHEMES, HEADS)
-    parts += _prior_scale_lines(result)
+    return parts
+
+
+def _cv_tail(result: dict) -> list[str]:
+    parts = _prior_scale_lines(result)
     machines = result.get("in_sample_machines")
     if machines:
         parts.append(
@@ -869,7 +895,7 @@ def format_cv(result: dict) -> str:
         )
     parts += host_gauge_lines(result.get("noise"))
     parts += [f"note: {n}" for n in result.get("notes", [])]
-    return "\n".join(parts)
+    return parts
 
 
 def _prior_scale_lines(result: dict) -> list[str]:

@@ -5,6 +5,8 @@ SIGTERM ends the workers with the caller."""
 
 from __future__ import annotations
 
+import html
+import json
 import math
 import signal
 import subprocess
@@ -479,3 +481,70 @@ def test_the_nested_prior_scale_is_chosen_without_the_held_out_configuration(mon
     assert "each chosen without it (nested): a 0.25, b 0.25, c 1" in crossval.format_cv(both)
     with pytest.raises(crossval.ScenarioError, match="prior scale"):
         crossval.cross_validate("index.csv", workers=1, prior_scale=-1.0)
+
+
+def _cv_result() -> dict:
+    """A validate --cv result of two configurations, one held out worse than no fit, as crossval writes it."""
+    per_trace = [
+        {"trace": "a1", "configuration": "a", "no_fit": {"jct_mean_error_pct": -3.0}},
+        {"trace": "a2", "configuration": "a", "no_fit": {"jct_mean_error_pct": 3.4}},
+        {"trace": "b1", "configuration": "b", "no_fit": {"jct_mean_error_pct": 10.0}},
+    ]
+    for r, held, host in zip(per_trace, (4.0, -3.0, 2.0), (1.5, 2.5, 7.0)):
+        r.update(
+            in_sample={"jct_mean_error_pct": held / 2}, held_out={}, held_out_configuration={"jct_mean_error_pct": held}
+        )
+        r["host_spread_jct_mean_pct"] = host
+    configurations = crossval.by_configuration(per_trace)
+    configurations[0]["host_spread_jct_mean_pct"], configurations[1]["host_spread_jct_mean_pct"] = 2.1, 7.0
+    return {
+        "traces": 3,
+        "index": "index.csv",
+        "notes": ["held out (trace): not fitted (folds by configuration only)"],
+        "per_trace": per_trace,
+        "configurations": configurations,
+        "worse_than_no_fit": ["a"],
+        "host_speed": {"spread_pct": 18.1, "from": "H200 device sessions' quantize step"},
+        **{s: crossval.summarise(per_trace, s) for s in ("no_fit", "in_sample", "held_out_configuration")},
+    }
+
+
+def test_the_cross_validation_page_shows_each_configuration_against_no_fit():
+    """validation.html of validate --cv: the headline figures, each configuration's mean |JCT error| per scheme with
+    the host's speed alone beside it and the flag, every run's error, and the lines the terminal prints beside its
+    tables (crossval.cv_notes: the same as format_cv's)."""
+    from reports.validation import crossval_page
+
+    result = _cv_result()
+    schemes = {k: crossval.HEADS[k] for k in crossval.SCHEMES if k in result}
+    notes = crossval.cv_notes(result)
+    text = crossval.format_cv(result)
+    assert notes and all(n in text for n in notes) and any(n.startswith("flag: the fit predicts 1") for n in notes)
+    page = crossval_page(result, schemes, "held_out_configuration", notes)
+    assert "3.0%" in page.summary_html and "1 of 2" in page.summary_html  # the runs: |4|, |-3| and |2| held out
+    body = "".join(s.body_html for s in page.sections)
+    table = body[body.index('id="table-cv-configurations"') : body.index("</table>")]
+    assert table.count("<tr>") == 1 + 2 + 2  # the head, a and b, mean and max
+    assert "worse than no fit" in table.split("<td>a</td>")[1].split("</tr>")[0]
+    assert "worse than no fit" not in table.split("<td>b</td>")[1].split("</tr>")[0]
+    assert "<td>±2.1%</td>" in table and "<td>±7.0%</td>" in table
+    assert 'id="table-cv-traces"' in body and body.count("<td>a1</td>") == 1 and "+4.0%" in body
+    assert all(html.escape(n) in body for n in notes)
+    fig = page.figures["crossval"]
+    assert [t.name for t in fig.data] == ["no fit", "in-sample", "held out (config)", "host speed alone"]
+    assert list(fig.data[2].y) == [3.5, 2.0] and list(fig.data[3].y) == [2.1, 7.0]
+
+
+def test_validate_cv_out_writes_its_page_beside_the_json(tmp_path, monkeypatch):
+    """validate --cv --out: validation.json and validation.html, the page drawn from the JSON that was written."""
+    from tests.test_cli import here
+
+    result = _cv_result()
+    monkeypatch.setattr(crossval, "cross_validate", lambda *a, **k: result)
+    out = tmp_path / "cv"
+    r = here("validate", ROOT / "realrun/traces/h200_graphs/index.csv", "--cv", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["validation.html", "validation.json"]
+    assert json.loads((out / "validation.json").read_text())["configurations"] == result["configurations"]
+    page = (out / "validation.html").read_text()
+    assert "Cross-validated calibration over 3 traces" in page and 'id="table-cv-configurations"' in page

@@ -849,6 +849,7 @@ def _validate_cv(
                 schemes=schemes,
                 headline=headline if headline in schemes else list(schemes)[-1],
                 notes=notes,
+                flags=headline in schemes,  # held out by configuration (or the machine refit): what the flag is on
                 plotlyjs=plotlyjs,
                 page_path=out / path.name,
             )

@@ -581,10 +581,11 @@ def _cv_against_table(comp: dict, schemes: dict[str, str]) -> str:
     )
 
 
-def crossval_page(result: dict, schemes: dict[str, str], headline: str, notes: list[str]) -> Page:
+def crossval_page(result: dict, schemes: dict[str, str], headline: str, notes: list[str], flags: bool = True) -> Page:
     """validate --cv's page (and --cv --base's): `result` is its validation.json, `schemes` its error columns in
     order (key -> label, no fit first), `headline` the scheme the goals are stated for, `notes` the lines the
-    terminal prints beside its tables (simulator.crossval.cv_notes, cv_machine_notes)."""
+    terminal prints beside its tables (simulator.crossval.cv_notes, cv_machine_notes); `flags` False where the
+    result has no prediction its worse-than-no-fit flags are about (folds by trace alone)."""
     configs = result["configurations"]
     top, none = result.get(headline) or {}, result.get("no_fit") or {}
     worse = sum(bool(c.get("worse_than_no_fit")) for c in configs)
@@ -601,8 +602,11 @@ def crossval_page(result: dict, schemes: dict[str, str], headline: str, notes: l
         ),
         ("mean |JCT error| no fit", fmt_pct(none.get("jct_mean_abs_error_pct"), signed=False), ""),
         ("max |JCT error| no fit", fmt_pct(none.get("jct_max_abs_error_pct"), signed=False), ""),
-        ("configurations worse than no fit", f"{worse} of {len(configs)}", "worse" if worse else "better"),
     ]
+    if flags:
+        glance.append(
+            ("configurations worse than no fit", f"{worse} of {len(configs)}", "worse" if worse else "better")
+        )
     sections = [
         Section(
             "configurations",
@@ -651,7 +655,9 @@ def write_crossval_report(
     schemes: dict[str, str],
     headline: str,
     notes: list[str],
+    flags: bool = True,
     plotlyjs: str | None = None,
     page_path: Path | None = None,
 ) -> Path:
-    return write_page(crossval_page(result, schemes, headline, notes), path, plotlyjs=plotlyjs, page_path=page_path)
+    page = crossval_page(result, schemes, headline, notes, flags)
+    return write_page(page, path, plotlyjs=plotlyjs, page_path=page_path)

@@ -533,6 +533,8 @@ def test_the_cross_validation_page_shows_each_configuration_against_no_fit():
     fig = page.figures["crossval"]
     assert [t.name for t in fig.data] == ["no fit", "in-sample", "held out (config)", "host speed alone"]
     assert list(fig.data[2].y) == [3.5, 2.0] and list(fig.data[3].y) == [2.1, 7.0]
+    # folds by trace alone: no held-out configuration for the flag to be about, no count of it
+    assert "worse than no fit" not in crossval_page(result, schemes, "in_sample", notes, flags=False).summary_html
 
 
 def test_validate_cv_out_writes_its_page_beside_the_json(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ from typing import Literal, overload
 
 import numpy as np
 
-from .engine import FACTOR_STEPS, KIND, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, SCHEMA_VERSION
+from .engine import FACTOR_STEPS, HOST_TIMES, KIND, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, SCHEMA_VERSION
 from .fit_items import TraceData, load_trace_data
 from .link import round_robin_s
 from .resolve import REPO_ROOT
@@ -102,7 +102,6 @@ MACHINE_PRIOR_WIDTH = math.log(2.0)  # of ln(factor): one sd is a CPU twice as f
 
 
 # The host time terms (scope host, in seconds): what a faster or slower CPU runs proportionally faster or slower.
-HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and p.unit == "s")
 # A fit on runs of several machines (the index's column machine): rounds of the shared fit at the machines' factors
 # and the factors at the shared fit's values (block coordinate descent of one MAP objective), then the final fit
 MACHINE_ROUNDS = 2

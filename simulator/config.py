@@ -1023,6 +1023,16 @@ class CalibrationConfig(_Strict):
         description="per method name (baseline, kvquant, hack, ...): the engine's time for its "
         "quantize, dequantize and approximation steps over the profile's price",
     )
+    host_speed_factor: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="this host's time for the engine's CPU work against the one the scenario's host terms (or "
+        "calibration.engine's) were measured on: every host time term (the loop gap, launch and issue times, join "
+        "and leave, the prefill's and the quantize step's floors) times this (1.25: a CPU 1.25x slower, 0.8: 1.25x "
+        "faster; a machine refit's factor, calibrate --base --refit machine, is one). Applied once, when the "
+        "scenario is read: the resolved scenario (scenario.json) holds the scaled terms and 1",
+    )
 
     @field_validator("engine_scopes")
     @classmethod

@@ -476,6 +476,32 @@ def apply_values(scenario, values: dict[str, float]):
     return scenario.model_copy(update=update) if update else scenario
 
 
+HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and p.unit == "s")
+
+
+def host_times(scenario) -> dict[str, float]:
+    """The scenario's host time terms (HOST_TIMES: the loop gap, launches and issue times, join and leave, the
+    prefill's and the quantize step's floors) its placement applies and that are not 0: what a host's speed moves."""
+    out = {}
+    for name in sorted(HOST_TIMES):
+        head, *rest = name.split(".")
+        if head == "methods":
+            f = scenario.calibration.implementation_factors.get(rest[0])
+            value = PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
+        else:
+            value = float(getattr(getattr(scenario, head), rest[0]))
+        if value:
+            out[name] = value
+    return {n: v for n, v in out.items() if n not in not_applied(scenario, out)}
+
+
+def on_host(scenario, factor: float):
+    """The scenario on a host `factor` x slower: every host time term (host_times) times `factor`."""
+    if factor == 1.0:
+        return scenario
+    return apply_values(scenario, {n: v * factor for n, v in host_times(scenario).items()})
+
+
 def not_applied_in(placement: str) -> set[str]:
     """The parameters a placement has no use for: with `colocated` every replica runs both phases configured as
     the decode pool (simulator/colocated.py), so the prefill pool's settings, a method's prefill launches on it

@@ -31,24 +31,19 @@ def host_sensitivity(jct_fast_s: float, jct_slow_s: float, step: float = HOST_ST
 
 
 def at_host_speed(s, factor: float):
-    """The scenario `s` with every host time term its placement applies (calibrate.HOST_TIMES) times `factor`: the
-    same scenario on a host `factor` x slower."""
-    from .calibrate import on_machine
-    from .engine import apply_values, not_applied
-    from .fit_items import scenario_values
+    """The scenario `s` on a host `factor` x slower: every host time term its placement applies times `factor`
+    (engine.on_host, what calibration.host_speed_factor does to a scenario when it is read)."""
+    from .engine import on_host
 
-    values = scenario_values(s)
-    values = {k: v for k, v in values.items() if k not in not_applied(s, values)}
-    return apply_values(s, on_machine(values, factor))
+    return on_host(s, factor)
 
 
 def prices_host_time(s) -> bool:
-    """Whether the scenario's engine prices any host time (calibrate.HOST_TIMES): else the host's speed moves nothing
+    """Whether the scenario's engine prices any host time (engine.host_times): else the host's speed moves nothing
     and a host figure would be a bare 0, so there is none."""
-    from .calibrate import HOST_TIMES
-    from .fit_items import scenario_values
+    from .engine import host_times
 
-    return any(v for n, v in scenario_values(s).items() if n in HOST_TIMES)
+    return bool(host_times(s))
 
 
 def method_host_sensitivities(

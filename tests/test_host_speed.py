@@ -79,3 +79,37 @@ def test_validate_gives_no_host_figure_where_the_scenario_prices_no_host_time(tm
     assert "±" not in validation_page(v).summary_html
     mine = validate(bench, own)
     assert mine["host_sensitivity"] > 0 and add_host_spread(mine, None) is not None
+
+
+def test_a_scenario_on_a_slower_host_scales_its_host_time_terms_once():
+    """calibration.host_speed_factor: every host time term its placement applies times the factor, nothing else
+    moved, applied once (the resolved scenario says 1, so reading it again changes nothing); it prices what
+    simulate --host-spread prices; a scenario with no host time is the same on any host."""
+    from simulator.config import parse_scenario
+    from simulator.engine import HOST_TIMES, host_times
+    from simulator.fit_items import scenario_values
+    from simulator.load import resolve_workload_files
+
+    plain = load_scenario(HOST_BOUND, ["workload.requests=40"])
+    slow = load_scenario(HOST_BOUND, ["workload.requests=40", "calibration.host_speed_factor=1.25"])
+    assert host_times(plain) and host_times(slow) == pytest.approx({n: 1.25 * v for n, v in host_times(plain).items()})
+    others = {n: v for n, v in scenario_values(plain).items() if n not in HOST_TIMES}
+    assert {n: v for n, v in scenario_values(slow).items() if n not in HOST_TIMES} == others
+    assert slow.calibration.host_speed_factor == 1.0
+    again = resolve_workload_files(parse_scenario(slow.model_dump(mode="json"), "again"), HOST_BOUND.parent, "again")
+    assert again == slow
+    jct = {
+        name: [run_scenario(s).summary["methods"][m]["jct_s"]["mean"] for m in ("baseline", "kvquant", "hack")]
+        for name, s in (("plain", plain), ("slow", slow), ("by hand", at_host_speed(plain, 1.25)))
+    }
+    assert jct["slow"] == jct["by hand"] and all(a > b for a, b in zip(jct["slow"], jct["plain"]))
+    a10g = ROOT / "scenarios/a10g_10gbps.yaml"
+    fast = load_scenario(a10g, ["workload.requests=20", "calibration.host_speed_factor=0.5"])
+    assert not host_times(fast) and fast == load_scenario(a10g, ["workload.requests=20"])
+
+
+def test_a_bad_host_speed_factor_is_one_line_naming_it():
+    for bad, why in (("0", "greater than 0"), ("-1", "greater than 0"), ("fast", "a valid number")):
+        r = here("simulate", HOST_BOUND, "--set", f"calibration.host_speed_factor={bad}")
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == f"error: {HOST_BOUND}: calibration.host_speed_factor: Input should be {why}"

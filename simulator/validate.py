@@ -571,8 +571,9 @@ def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:
     if host:
         text += (
             "\nhost ×: the one factor on every host time term that fits each run alone at its scenario's values; far "
-            "from 1, that machine's CPU runs the engine loop faster (< 1) or slower than the scenario says (move a "
-            "calibration there: calibrate --traces RUNS --base FILE --refit machine)"
+            "from 1, that machine's CPU runs the engine loop faster (< 1) or slower than the scenario says (put the "
+            "scenario there with calibration.host_speed_factor, or move a calibration there: calibrate --traces RUNS "
+            "--base FILE --refit machine)"
         )
     if speed:
         text += "\n" + host_speed_line(host_spread(noise), "each run's")

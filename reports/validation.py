@@ -305,24 +305,29 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
 def _index_table(rows: list[dict], noise: dict | None = None) -> str:
     keys = [k for k, _, _ in INDEX_METRICS]
     speed = any(r.get("host_spread_jct_mean_pct") is not None for r in rows)  # simulator.validate.add_host_spread
-    head = "".join(f"<th>{_esc(label)}</th>" for _, label, _ in INDEX_METRICS) + "<th>KV wait (s)</th>"
-    head += "<th>host speed alone (JCT mean)</th>" if speed else ""
+    # the host's speed alone beside the JCT error it is the floor of
+    heads = [label for _, label, _ in INDEX_METRICS]
+    heads[1:1] = ["host speed alone"] if speed else []
+    head = "".join(f"<th>{_esc(label)}</th>" for label in heads) + "<th>KV wait (s)</th>"
+
+    def cells(r: dict) -> list[str]:
+        out = [_error_cell(r.get(k), JCT_MEAN_GOAL_PCT if k == "jct_mean_error_pct" else GOAL_PCT) for k in keys]
+        out[1:1] = [_spread_cell(r.get("host_spread_jct_mean_pct"))] if speed else []
+        return out
+
     body = "".join(
-        f"<tr><td>{_esc(r['trace'])}</td><td>{_esc(r.get('scenario', ''))}</td>"
-        + "".join(_error_cell(r.get(k), JCT_MEAN_GOAL_PCT if k == "jct_mean_error_pct" else GOAL_PCT) for k in keys)
+        f"<tr><td>{_esc(r['trace'])}</td>"
+        f'<td title="{_esc(r.get("scenario", ""))}">{_esc(Path(str(r.get("scenario", ""))).name)}</td>'
+        + "".join(cells(r))
         + _seconds_cell(r.get("kv_wait_error_s"))
-        + (_spread_cell(r.get("host_spread_jct_mean_pct")) if speed else "")
         + "</tr>"
         for r in rows
     )
     foot = ""
     if noise:
-        foot = (
-            "<tfoot><tr><td>run-to-run spread</td><td></td>"
-            + "".join(_spread_cell(_spread(noise, k)) for k in keys)
-            + "<td></td>" * (1 + speed)
-            + "</tr></tfoot>"
-        )
+        spreads = [_spread_cell(_spread(noise, k)) for k in keys]
+        spreads[1:1] = ["<td></td>"] if speed else []
+        foot = "<tfoot><tr><td>run-to-run spread</td><td></td>" + "".join(spreads) + "<td></td></tr></tfoot>"
     return (
         f'<div class="scroll"><table id="table-validation-index"><thead><tr><th>trace</th><th>scenario</th>{head}'
         f"</tr></thead><tbody>{body}</tbody>{foot}</table></div>"

@@ -319,7 +319,7 @@ def test_the_validation_pages_carry_each_run_s_host_share():
     assert rows[0]["host_spread_jct_mean_pct"] == pytest.approx(3.1) and "host_spread_jct_mean_pct" not in rows[1]
     p = validation_index_page(rows, host_speed=host)
     page = "".join(x.body_html for x in p.sections)
-    assert "<th>host speed alone (JCT mean)</th>" in page and "<td>±3.1%</td>" in page and "n/a" in page
+    assert "<th>JCT mean</th><th>host speed alone</th>" in page and "<td>±3.1%</td>" in page and "n/a" in page
     assert "(±10.0 %, r.csv: its recordings&#x27; quantize mean)" in page
     assert add_host_spread([{"trace": "c"}], noise) is None
 

@@ -1030,8 +1030,8 @@ class CalibrationConfig(_Strict):
         description="this host's time for the engine's CPU work against the one the scenario's host terms (or "
         "calibration.engine's) were measured on: every host time term (the loop gap, launch and issue times, join "
         "and leave, the prefill's and the quantize step's floors) times this (1.25: a CPU 1.25x slower, 0.8: 1.25x "
-        "faster; a machine refit's factor, calibrate --base --refit machine, is one). Applied once, when the "
-        "scenario is read: the resolved scenario (scenario.json) holds the scaled terms and 1",
+        "faster; a machine refit's factor, calibrate --base --refit machine, is one). The terms stay as given "
+        "(and calibration.engine's as fitted) in the scenario and scenario.json; the pricing multiplies them",
     )
 
     @field_validator("engine_scopes")

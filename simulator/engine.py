@@ -447,8 +447,22 @@ def read_engine_file(path: str | Path, error: type[Exception]) -> EngineFile:
         raise error(first_error(str(path), e, "file")) from None
 
 
+HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and p.unit == "s")  # a host's speed scales
+
+
 def apply_values(scenario, values: dict[str, float]):
-    """The scenario with these engine parameters (PARAMETERS names) set: a new, frozen Scenario."""
+    """The scenario with these engine parameters (PARAMETERS names) set so that it prices them at `values`: a new,
+    frozen Scenario. A host time term (HOST_TIMES) is stored over the scenario's calibration.host_speed_factor,
+    which `priced` multiplies back (scenario_values and host_times give the priced values: a round trip is exact)."""
+    f = scenario.calibration.host_speed_factor
+    if f != 1.0:
+        values = {n: v / f if n in HOST_TIMES else v for n, v in values.items()}
+    return write_values(scenario, values)
+
+
+def write_values(scenario, values: dict[str, float]):
+    """The scenario with these engine parameters stored as given (a file's or the scenario's own values, before
+    the host's speed: apply_engine_file); apply_values is what a fit's or a repricing's values go through."""
     from .config import ImplementationFactors
 
     pools: dict[str, dict] = {"decode": {}, "prefill": {}}
@@ -476,12 +490,25 @@ def apply_values(scenario, values: dict[str, float]):
     return scenario.model_copy(update=update) if update else scenario
 
 
-HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and p.unit == "s")
+def priced(scenario):
+    """The scenario as it prices: every host time term times calibration.host_speed_factor, the factor 1 (what
+    resolve prices; the scenario itself, and scenario.json, keep the terms as given and the factor)."""
+    f = scenario.calibration.host_speed_factor
+    if f == 1.0:
+        return scenario
+    out = write_values(scenario, {n: v * f for n, v in _stored_host_times(scenario).items()})
+    return out.model_copy(update={"calibration": out.calibration.model_copy(update={"host_speed_factor": 1.0})})
 
 
 def host_times(scenario) -> dict[str, float]:
     """The scenario's host time terms (HOST_TIMES: the loop gap, launches and issue times, join and leave, the
-    prefill's and the quantize step's floors) its placement applies and that are not 0: what a host's speed moves."""
+    prefill's and the quantize step's floors) its placement applies and that are not 0, as it prices them (times
+    calibration.host_speed_factor): what a host's speed moves."""
+    f = scenario.calibration.host_speed_factor
+    return {n: v * f for n, v in _stored_host_times(scenario).items()}
+
+
+def _stored_host_times(scenario) -> dict[str, float]:
     out = {}
     for name in sorted(HOST_TIMES):
         head, *rest = name.split(".")
@@ -548,7 +575,7 @@ def apply_engine_file(scenario, folder: Path, source: str):
             f"{source}: calibration.engine: {path.name} fitted {skip[0]}, which placement {scenario.placement} "
             f"does not use ({why}); fit the engine on runs of this placement"
         )
-    out = apply_values(scenario, values)
+    out = write_values(scenario, values)  # the file's machine: the scenario's host_speed_factor scales it as priced
     return out.model_copy(update={"calibration": out.calibration.model_copy(update={"engine": str(path)})})
 
 

@@ -60,7 +60,7 @@ import pandas as pd
 
 from .decode import clock_share, transient_amplitude_s
 from .domain import setting_of
-from .engine import PARAMETERS, apply_values
+from .engine import PARAMETERS, apply_values, priced
 from .engine_logs import RequestLog
 from .measured import Measured, load_measured
 from .resolve import link_busy_gbps, link_busy_prefill_factors, network_bandwidth_gbps, resolve
@@ -112,7 +112,9 @@ def ran_profiled_kernels(source: str, meta: dict, profiles) -> bool:
 
 
 def scenario_values(s) -> dict[str, float]:
-    """Every engine parameter's value in the scenario."""
+    """Every engine parameter's value in the scenario, as it prices it (a host time term times
+    calibration.host_speed_factor: engine.priced; apply_values takes such values back)."""
+    s = priced(s)
     out = {}
     for name in PARAMETERS:
         head, *rest = name.split(".")

@@ -32,23 +32,13 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 def resolve_workload_files(scenario: Scenario, folder: Path, source: str) -> Scenario:
     """Trace paths made absolute against `folder` (the scenario file's), a trace's request count filled
-    in from the trace itself when the scenario gives none, the engine calibration file's fitted
-    parameters applied (`calibration.engine`, simulator/engine.py), then the host's speed
-    (`calibration.host_speed_factor`: the host time terms scaled, the factor set to 1 so that a resolved
-    scenario read again is the same)."""
+    in from the trace itself when the scenario gives none, and the engine calibration file's fitted
+    parameters applied (`calibration.engine`, simulator/engine.py)."""
     scenario = _workload_files(scenario, folder, source)
     if scenario.calibration.engine is not None:
         from .engine import apply_engine_file  # reads the file: only once the scenario is known to be valid
 
         scenario = apply_engine_file(scenario, folder, source)
-    factor = scenario.calibration.host_speed_factor
-    if factor != 1.0:
-        from .engine import on_host
-
-        scenario = on_host(scenario, factor)
-        scenario = scenario.model_copy(
-            update={"calibration": scenario.calibration.model_copy(update={"host_speed_factor": 1.0})}
-        )
     return scenario
 
 

@@ -554,7 +554,11 @@ def _network(s: Scenario, bandwidth_gbps: float, source: str) -> NetworkLayout:
 
 
 def resolve(s: Scenario, source: str = "scenario") -> Resolved:
-    """The scenario as the simulator and the cost model use it; bad input raises ScenarioError."""
+    """The scenario as the simulator and the cost model use it; bad input raises ScenarioError. Its host time terms
+    as priced: times calibration.host_speed_factor (engine.priced)."""
+    from .engine import priced
+
+    s = priced(s)
     bw = network_bandwidth_gbps(s)
     return Resolved(
         scenario=s,

@@ -405,6 +405,29 @@ def test_engine_file_round_trips_into_a_scenario(simulated, fitted, tmp_path):
     assert "methods.hack.approximation" in eng["held"]
 
 
+def test_a_host_speed_factor_scales_the_engine_file_s_host_terms_as_priced(simulated, fitted, tmp_path):
+    """calibration.host_speed_factor with an engine file: the scenario stores the file's host terms as fitted, the
+    pricing multiplies them (engine.priced, scenario_values); the run's scenario.json read again prices the same."""
+    from simulator.engine import host_times, priced
+    from simulator.fit_items import scenario_values
+
+    indexes, traces = simulated
+    (tmp_path / "engine.json").write_text(json.dumps(engine_file(fitted, traces, str(indexes["all"]), "test", "0")))
+    raw = raw_system()
+    raw["calibration"] = {"engine": "engine.json", "host_speed_factor": 1.2}
+    (tmp_path / "slow.yaml").write_text(yaml.safe_dump(raw))
+    s = load_scenario(tmp_path / "slow.yaml")
+    host = "decode.host_serial_s_per_iteration"
+    assert s.decode.host_serial_s_per_iteration == pytest.approx(fitted.fitted[host])  # stored: the file's
+    assert priced(s).decode.host_serial_s_per_iteration == pytest.approx(1.2 * fitted.fitted[host])
+    assert scenario_values(s)[host] == pytest.approx(1.2 * fitted.fitted[host]) == host_times(s)[host]
+    assert scenario_values(s)["network.efficiency"] == pytest.approx(fitted.fitted["network.efficiency"])
+    again_path = tmp_path / "again.yaml"
+    again_path.write_text(yaml.safe_dump(s.model_dump(mode="json")))  # a run's scenario.json, read as a scenario
+    again = load_scenario(again_path)
+    assert again == s and scenario_values(again) == scenario_values(s)
+
+
 def test_engine_scopes_apply_only_the_named_scopes(simulated, fitted, tmp_path):
     """calibration.engine_scopes [gpu, link]: the file's kernel and link terms replace the scenario's, its host terms
     (another machine's CPU time) do not, and the run's profiles say which it left; a bad list is one line naming

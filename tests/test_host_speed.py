@@ -81,12 +81,13 @@ def test_validate_gives_no_host_figure_where_the_scenario_prices_no_host_time(tm
     assert mine["host_sensitivity"] > 0 and add_host_spread(mine, None) is not None
 
 
-def test_a_scenario_on_a_slower_host_scales_its_host_time_terms_once():
-    """calibration.host_speed_factor: every host time term its placement applies times the factor, nothing else
-    moved, applied once (the resolved scenario says 1, so reading it again changes nothing); it prices what
-    simulate --host-spread prices; a scenario with no host time is the same on any host."""
+def test_a_scenario_on_a_slower_host_prices_its_host_time_terms_slower():
+    """calibration.host_speed_factor: every host time term its placement applies priced times the factor, nothing
+    else moved; the scenario keeps its terms and the factor (read again, the same), a round trip through
+    scenario_values and apply_values is exact; it prices what simulate --host-spread prices; a scenario with no
+    host time is the same on any host."""
     from simulator.config import parse_scenario
-    from simulator.engine import HOST_TIMES, host_times
+    from simulator.engine import HOST_TIMES, apply_values, host_times, priced
     from simulator.fit_items import scenario_values
     from simulator.load import resolve_workload_files
 
@@ -95,17 +96,21 @@ def test_a_scenario_on_a_slower_host_scales_its_host_time_terms_once():
     assert host_times(plain) and host_times(slow) == pytest.approx({n: 1.25 * v for n, v in host_times(plain).items()})
     others = {n: v for n, v in scenario_values(plain).items() if n not in HOST_TIMES}
     assert {n: v for n, v in scenario_values(slow).items() if n not in HOST_TIMES} == others
-    assert slow.calibration.host_speed_factor == 1.0
+    assert slow.calibration.host_speed_factor == 1.25 and slow.decode == plain.decode  # stored as given
+    assert priced(slow).calibration.host_speed_factor == 1.0 and host_times(priced(slow)) == host_times(slow)
+    assert scenario_values(apply_values(slow, scenario_values(slow))) == pytest.approx(scenario_values(slow), rel=1e-12)
     again = resolve_workload_files(parse_scenario(slow.model_dump(mode="json"), "again"), HOST_BOUND.parent, "again")
     assert again == slow
     jct = {
         name: [run_scenario(s).summary["methods"][m]["jct_s"]["mean"] for m in ("baseline", "kvquant", "hack")]
         for name, s in (("plain", plain), ("slow", slow), ("by hand", at_host_speed(plain, 1.25)))
     }
-    assert jct["slow"] == jct["by hand"] and all(a > b for a, b in zip(jct["slow"], jct["plain"]))
+    assert jct["slow"] == pytest.approx(jct["by hand"], rel=1e-12) and all(
+        a > b for a, b in zip(jct["slow"], jct["plain"])
+    )
     a10g = ROOT / "scenarios/a10g_10gbps.yaml"
     fast = load_scenario(a10g, ["workload.requests=20", "calibration.host_speed_factor=0.5"])
-    assert not host_times(fast) and fast == load_scenario(a10g, ["workload.requests=20"])
+    assert not host_times(fast) and priced(fast) == load_scenario(a10g, ["workload.requests=20"])
 
 
 def test_a_bad_host_speed_factor_is_one_line_naming_it():

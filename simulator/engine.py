@@ -453,7 +453,8 @@ HOST_TIMES = frozenset(n for n, p in PARAMETERS.items() if p.scope == "host" and
 def apply_values(scenario, values: dict[str, float]):
     """The scenario with these engine parameters (PARAMETERS names) set so that it prices them at `values`: a new,
     frozen Scenario. A host time term (HOST_TIMES) is stored over the scenario's calibration.host_speed_factor,
-    which `priced` multiplies back (scenario_values and host_times give the priced values: a round trip is exact)."""
+    which `priced` multiplies back (scenario_values and host_times give the priced values: a round trip holds to
+    rounding)."""
     f = scenario.calibration.host_speed_factor
     if f != 1.0:
         values = {n: v / f if n in HOST_TIMES else v for n, v in values.items()}

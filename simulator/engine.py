@@ -509,17 +509,18 @@ def host_times(scenario) -> dict[str, float]:
     return {n: v * f for n, v in _stored_host_times(scenario).items()}
 
 
+def stored_value(scenario, name: str) -> float:
+    """An engine parameter's value as the scenario stores it (a method without implementation factors: its neutral
+    value); fit_items.scenario_values gives them as priced."""
+    head, *rest = name.split(".")
+    if head == "methods":
+        f = scenario.calibration.implementation_factors.get(rest[0])
+        return PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
+    return float(getattr(getattr(scenario, head), rest[0]))
+
+
 def _stored_host_times(scenario) -> dict[str, float]:
-    out = {}
-    for name in sorted(HOST_TIMES):
-        head, *rest = name.split(".")
-        if head == "methods":
-            f = scenario.calibration.implementation_factors.get(rest[0])
-            value = PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
-        else:
-            value = float(getattr(getattr(scenario, head), rest[0]))
-        if value:
-            out[name] = value
+    out = {n: v for n in sorted(HOST_TIMES) if (v := stored_value(scenario, n))}
     return {n: v for n, v in out.items() if n not in not_applied(scenario, out)}
 
 

@@ -60,7 +60,7 @@ import pandas as pd
 
 from .decode import clock_share, transient_amplitude_s
 from .domain import setting_of
-from .engine import PARAMETERS, apply_values, priced
+from .engine import PARAMETERS, apply_values, priced, stored_value
 from .engine_logs import RequestLog
 from .measured import Measured, load_measured
 from .resolve import link_busy_gbps, link_busy_prefill_factors, network_bandwidth_gbps, resolve
@@ -117,17 +117,11 @@ def scenario_values(s) -> dict[str, float]:
     s = priced(s)
     out = {}
     for name in PARAMETERS:
-        head, *rest = name.split(".")
-        if head == "methods":
-            f = s.calibration.implementation_factors.get(rest[0])
-            out[name] = PARAMETERS[name].neutral if f is None else float(getattr(f, rest[1]))
-        elif head == "network" and rest[0].startswith("link_busy_prefill_host_factor"):
+        if name.startswith("network.link_busy_prefill_host_factor"):
             a, b = link_busy_prefill_factors(s.network)  # the general factor's where not given
-            out[name] = b if rest[0].endswith("_per_gbps") else a
-        elif head == "network":
-            out[name] = float(getattr(s.network, rest[0]))
+            out[name] = b if name.endswith("_per_gbps") else a
         else:
-            out[name] = float(getattr(getattr(s, head), rest[0]))
+            out[name] = stored_value(s, name)
     return out
 
 

@@ -1,8 +1,8 @@
 """What the host's speed alone moves a run's mean JCT by, before any recording of it.
 
-A run priced with every host time term (calibrate.HOST_TIMES: the loop gap, issue, join and leave times, the prefill's
-and the quantize step's floors) x HOST_STEP and / HOST_STEP gives the elasticity of its mean JCT in the host's time
-(`host_sensitivity`); that times the host's run-to-run speed spread (`host_spread`: a repeats index's own host-bound
+A run priced with every host time term (engine.HOST_TIMES: the loop gap, issue, join and leave times, the prefill's
+and the quantize step's floors) x HOST_STEP and / HOST_STEP (engine.on_host) gives the elasticity of its mean JCT in
+the host's time (`host_sensitivity`); that times the host's run-to-run speed spread (`host_spread`: a repeats index's own host-bound
 step, else HOST_SPEED_SPREAD_PCT) is the spread the host alone gives its mean JCT, the host's share of the floor an
 error is held to (simulator/noise.py; `validate` and `validate --cv` print it; docs/calibration.md, the noise floor).
 `simulate --host-spread` gives each method of a scenario the same figure before any run (method_host_sensitivities).
@@ -30,14 +30,6 @@ def host_sensitivity(jct_fast_s: float, jct_slow_s: float, step: float = HOST_ST
     return math.log(jct_slow_s / jct_fast_s) / (2.0 * math.log(step))
 
 
-def at_host_speed(s, factor: float):
-    """The scenario `s` on a host `factor` x slower: every host time term its placement applies times `factor`
-    (engine.on_host, what calibration.host_speed_factor does to a scenario when it is read)."""
-    from .engine import on_host
-
-    return on_host(s, factor)
-
-
 def prices_host_time(s) -> bool:
     """Whether the scenario's engine prices any host time (engine.host_times): else the host's speed moves nothing
     and a host figure would be a bare 0, so there is none."""
@@ -51,12 +43,13 @@ def method_host_sensitivities(
 ) -> dict[str, float | None]:
     """Each method's mean JCT elasticity in the host's speed (host_sensitivity), the scenario simulated again with
     every host time term x and / HOST_STEP: `simulate --host-spread`. Empty where the scenario prices no host time."""
+    from .engine import on_host
     from .run import run_scenario
 
     if not prices_host_time(s):
         return {}
     fast, slow = (
-        run_scenario(at_host_speed(s, f), source=source, methods=methods, progress=progress).summary["methods"]
+        run_scenario(on_host(s, f), source=source, methods=methods, progress=progress).summary["methods"]
         for f in (1.0 / HOST_STEP, HOST_STEP)
     )
     out = {}

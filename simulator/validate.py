@@ -150,14 +150,13 @@ def host_sensitivity_of(s, source: str, method: str) -> float | None:
     """The run's mean JCT elasticity in its host's speed (host_speed.host_sensitivity): its scenario `s` (as validate
     replays it) simulated again with every host time term x and / host_speed.HOST_STEP. None where the scenario
     prices no host time (host_speed.prices_host_time)."""
-    from .host_speed import HOST_STEP, at_host_speed, host_sensitivity, prices_host_time
+    from .engine import on_host
+    from .host_speed import HOST_STEP, host_sensitivity, prices_host_time
 
     if not prices_host_time(s):
         return None
     fast, slow = (
-        _stats(measured_parts(run_scenario(at_host_speed(s, f), source=source, methods=[method]).requests)["jct"])[
-            "mean"
-        ]
+        _stats(measured_parts(run_scenario(on_host(s, f), source=source, methods=[method]).requests)["jct"])["mean"]
         for f in (1.0 / HOST_STEP, HOST_STEP)
     )
     return round(host_sensitivity(fast, slow), 4)

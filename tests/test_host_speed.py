@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.host_speed import HOST_SPEED_SPREAD_PCT, HOST_STEP, at_host_speed, host_sensitivity
+from simulator.engine import on_host
+from simulator.host_speed import HOST_SPEED_SPREAD_PCT, HOST_STEP, host_sensitivity
 from simulator.load import load_scenario
 from simulator.run import run_scenario
 from tests.test_cli import here
@@ -29,7 +30,7 @@ def test_simulate_prices_each_method_on_a_faster_and_a_slower_host(tmp_path):
     assert doc["host_speed"]["spread_pct"] == HOST_SPEED_SPREAD_PCT and doc["host_speed"]["priced"]
 
     s = load_scenario(HOST_BOUND, ["workload.requests=60"])
-    fast, slow = (run_scenario(at_host_speed(s, f)).summary["methods"] for f in (1 / HOST_STEP, HOST_STEP))
+    fast, slow = (run_scenario(on_host(s, f)).summary["methods"] for f in (1 / HOST_STEP, HOST_STEP))
     for name, m in doc["methods"].items():
         x = host_sensitivity(fast[name]["jct_s"]["mean"], slow[name]["jct_s"]["mean"])
         assert m["host_sensitivity"] == pytest.approx(x, abs=1e-4) and 0.05 < x < 1, name
@@ -103,7 +104,7 @@ def test_a_scenario_on_a_slower_host_prices_its_host_time_terms_slower():
     assert again == slow
     jct = {
         name: [run_scenario(s).summary["methods"][m]["jct_s"]["mean"] for m in ("baseline", "kvquant", "hack")]
-        for name, s in (("plain", plain), ("slow", slow), ("by hand", at_host_speed(plain, 1.25)))
+        for name, s in (("plain", plain), ("slow", slow), ("by hand", on_host(plain, 1.25)))
     }
     assert jct["slow"] == pytest.approx(jct["by hand"], rel=1e-12) and all(
         a > b for a, b in zip(jct["slow"], jct["plain"])

@@ -272,6 +272,21 @@ def write_validation_report(
     return write_page(validation_page(v), path, plotlyjs=plotlyjs, page_path=page_path)
 
 
+def _bars_layout(title: str, yaxis_title: str, height: int, **kw) -> dict:
+    """The layout of the pages' error bars per trace and per configuration: grouped, plotly white, the legend across
+    the top right; `kw` the figure's own (tick angle, margins)."""
+    return dict(
+        barmode="group",
+        template="plotly_white",
+        height=height,
+        font=dict(family=FONT, size=13),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        title=dict(text=title, x=0.01),
+        yaxis_title=yaxis_title,
+        **kw,
+    )
+
+
 def validation_index_figure(rows: list[dict]) -> go.Figure:
     """Errors of many traces (simulator.validate.validate_index rows): one group of bars per trace,
     with the goal bands (mean JCT within 5 %, p50 TTFT/TPOT within 10 %) shaded."""
@@ -289,15 +304,13 @@ def validation_index_figure(rows: list[dict]) -> go.Figure:
     fig.add_hrect(y0=-10, y1=10, fillcolor="#16a34a", opacity=0.08, line_width=0)
     fig.add_hrect(y0=-5, y1=5, fillcolor="#16a34a", opacity=0.10, line_width=0)
     fig.update_layout(
-        barmode="group",
-        template="plotly_white",
-        height=560,
-        font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-        title=dict(text="Error per trace, (simulated − measured) / measured", x=0.01),
-        yaxis_title="error (%)",
-        xaxis_tickangle=-35,
-        margin=dict(l=70, r=30, t=90, b=170),
+        _bars_layout(
+            "Error per trace, (simulated − measured) / measured",
+            "error (%)",
+            height=560,
+            xaxis_tickangle=-35,
+            margin=dict(l=70, r=30, t=90, b=170),
+        )
     )
     return fig
 
@@ -488,15 +501,13 @@ def crossval_figure(result: dict, schemes: dict[str, str], headline: str) -> go.
             )
     fig.add_hline(y=JCT_MEAN_GOAL_PCT, line_dash="dot", line_color="#16a34a")
     fig.update_layout(
-        barmode="group",
-        template="plotly_white",
-        height=480,
-        font=dict(family=FONT, size=13),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
-        title=dict(text="Mean |JCT error| of each configuration's runs", x=0.01),
-        yaxis_title="mean |JCT error| (%)",
-        xaxis_tickangle=-25,
-        margin=dict(l=70, r=30, t=90, b=130),
+        _bars_layout(
+            "Mean |JCT error| of each configuration's runs",
+            "mean |JCT error| (%)",
+            height=480,
+            xaxis_tickangle=-25,
+            margin=dict(l=70, r=30, t=90, b=130),
+        )
     )
     return fig
 

@@ -43,6 +43,7 @@ from reports.terminal import (
     to_json,
 )
 from scenarios import resolve as resolve_example
+from simulator.process_pool import usable_cores
 
 try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
     from typer._click.exceptions import UsageError
@@ -667,7 +668,14 @@ def validate(
         "run's machine: a held-out run on a machine the fit has other runs of is priced with that machine's host "
         "factor)",
     ),
-    workers: int = typer.Option(1, "--workers", min=1, max=64, help="with --cv: fit the folds in this many processes"),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        max=64,
+        help="with --cv: fit the folds in this many processes (default: one per core; the results are the same at "
+        "any count)",
+    ),
     folds: str = typer.Option(
         "both",
         "--folds",
@@ -729,7 +737,21 @@ def validate(
         fail("--prior-scale: --cv --base fits one machine factor, on its own prior; the scale has nothing to set")
     scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
     if cv:
-        _validate_cv(trace, many, scenario, set_, out, as_json, quiet, workers, spread, base, by, scale, plotlyjs)
+        _validate_cv(
+            trace,
+            many,
+            scenario,
+            set_,
+            out,
+            as_json,
+            quiet,
+            workers or usable_cores(),
+            spread,
+            base,
+            by,
+            scale,
+            plotlyjs,
+        )
         return
     scenario = None if scenario is None else resolve_example(scenario)
     if not many and scenario is None:
@@ -898,8 +920,13 @@ def calibrate(
         "slower than the base's; the default with --base, identifiable from a single run)",
     ),
     prior_scale: str | None = typer.Option(None, "--prior-scale", help="with --traces: " + PRIOR_SCALE_HELP),
-    workers: int = typer.Option(
-        1, "--workers", min=1, max=64, help="with --prior-scale auto: fit its cross-validation in this many processes"
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        max=64,
+        help="with --prior-scale auto: fit its cross-validation in this many processes (default: one per core; the "
+        "choice is the same at any count)",
     ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -927,7 +954,7 @@ def calibrate(
         fail(f"calibrate: {given} sets an engine calibration's fit: give --traces")
     if traces is not None:
         scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
-        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet, base, refit, scale, workers)
+        _calibrate_engine(traces, out, list(ctx.args), as_json, quiet, base, refit, scale, workers or usable_cores())
         return
     if derive is not None:
         _derive_profile(derive, out, list(ctx.args), quiet)

@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from simulator.files import strict_json, unjson_inf
-from simulator.process_pool import end_now
+from simulator.process_pool import end_now, usable_cores
 
 from . import ROOT, PlanningError
 
@@ -243,14 +243,6 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 # ---- backends -------------------------------------------------------------------------------------
-def usable_cores() -> int:
-    """The cores this process may run on (a container's or `taskset`'s share, where the OS says)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 @dataclass
 class Stats:
     simulated: int = 0  # points actually simulated in this run

@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from .process_pool import usable_cores
+
 MAX_TEXT_BYTES = 4 * 2**20  # a scenario is ~2 KB; a sweep file a few KB
 MAX_YAML_NODES = 100_000  # after alias expansion; the shipped files have a few hundred
 MAX_YAML_DEPTH = 64  # nesting; the shipped files go 5 deep
@@ -246,7 +248,7 @@ CSV_SLICE_ROWS = 25_000  # rows formatted by one task: a few MB of text, enough 
 # requests.csv), and pyarrow does it without the GIL: slices of rows are formatted side by side on this many threads
 # (the cores this process may use, at most 4), and their text written in order, so the bytes are the same whatever
 # the number of threads.
-CSV_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+CSV_THREADS = min(4, usable_cores())
 _pool: ThreadPoolExecutor | None = None
 
 

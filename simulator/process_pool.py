@@ -1,9 +1,18 @@
-"""Ending a `concurrent.futures.ProcessPoolExecutor` at once (a signal, an error), shared by the sweep's executor
-(planning/executor.py) and cross-validation's folds (simulator/crossval.py)."""
+"""Ending a `concurrent.futures.ProcessPoolExecutor` at once (a signal, an error), and the cores a pool may use,
+shared by the sweep's executor (planning/executor.py) and cross-validation's folds (simulator/crossval.py)."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ProcessPoolExecutor
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s share, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def end_now(pool: ProcessPoolExecutor) -> None:

@@ -550,3 +550,23 @@ def test_validate_cv_out_writes_its_page_beside_the_json(tmp_path, monkeypatch):
     assert json.loads((out / "validation.json").read_text())["configurations"] == result["configurations"]
     page = (out / "validation.html").read_text()
     assert "Cross-validated calibration over 3 traces" in page and 'id="table-cv-configurations"' in page
+
+
+@pytest.mark.parametrize(("args", "expected"), [((), 3), (("--workers", "1"), 1), (("--workers", "5"), 5)])
+def test_validate_cv_fits_its_folds_one_process_per_core_unless_told(monkeypatch, args, expected):
+    """validate --cv without --workers hands cross_validate the cores this process may use; --workers N overrides
+    it."""
+    import cli as cli_module
+    from tests.test_cli import here
+
+    seen: dict = {}
+
+    def spy(*a, **k):
+        seen.update(k)
+        return _cv_result()
+
+    monkeypatch.setattr(crossval, "cross_validate", spy)
+    monkeypatch.setattr(cli_module, "usable_cores", lambda: 3)
+    r = here("validate", ROOT / "realrun/traces/h200_graphs/index.csv", "--cv", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    assert seen["workers"] == expected

@@ -802,6 +802,12 @@ def validate(
         say(f"wrote {out}/validation.json, validation.html")
 
 
+def _progress(quiet: bool):
+    """A cross-validation's progress display (simulator/crossval.py `_map`): a bar per step on stderr where it is a
+    terminal, none with --quiet."""
+    return lambda total, label, unit: ProgressBar(0 if quiet else total, label, unit)
+
+
 def _validate_cv(
     index: Path,
     many: bool,
@@ -840,9 +846,12 @@ def _validate_cv(
                     workers=workers,
                     noise=noise,
                     base_domain=engine.domain_dict(),
+                    progress=_progress(quiet),
                 )
             else:
-                result = cross_validate(index, workers=workers, noise=noise, by=by, prior_scale=prior_scale)
+                result = cross_validate(
+                    index, workers=workers, noise=noise, by=by, prior_scale=prior_scale, progress=_progress(quiet)
+                )
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:
@@ -1093,7 +1102,7 @@ def _calibrate_engine(
             from simulator.crossval import choose_prior_scale
 
             with stop_on_signals():  # the cross-validation's workers end with us (crossval._map)
-                choice = choose_prior_scale(index, traces, workers)
+                choice = choose_prior_scale(index, traces, workers, progress=_progress(quiet))
             prior_scale = float(choice.pop("value"))
         assert not isinstance(prior_scale, str)
         fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path), prior_scale)

@@ -22,6 +22,8 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,11 @@ from .fit_items import TraceData
 from .host_speed import host_speed_line, host_spread
 from .noise import noise_summary
 from .validate import host_gauge_lines, run_host_sensitivity
+
+# what _map tells a progress display: the count of items, a label and a unit; its context's advance() once per result
+Progress = Callable[[int, str, str], AbstractContextManager[Any]]
+FITTING = ("fitting the folds", "fits")
+SIMULATING = ("simulating the runs", "runs")
 
 CV_KEYS = {
     "jct_mean_abs_error_pct": ("jct_mean_error_pct", np.mean),
@@ -88,16 +95,17 @@ def _host_job(args) -> float | None:
     return run_host_sensitivity(*args)
 
 
-def _host_sensitivities(rows: list, workers: int) -> list[float | None]:
+def _host_sensitivities(rows: list, workers: int, progress: Progress | None = None) -> list[float | None]:
     """Each run's mean JCT elasticity in its host's speed with no fit (validate.host_sensitivity_of)."""
-    return _map(_host_job, [(r.trace_path, r.scenario_path, r.method) for r in rows], workers)
+    jobs = [(r.trace_path, r.scenario_path, r.method) for r in rows]
+    return _map(_host_job, jobs, workers, progress, ("host speed", "runs"))
 
 
-def _add_host_spreads(per_trace: list[dict], rows: list, workers: int, noise) -> dict:
+def _add_host_spreads(per_trace: list[dict], rows: list, workers: int, noise, progress: Progress | None = None) -> dict:
     """Each run's `host_sensitivity` and `host_spread_jct_mean_pct` (it times the host's spread, host_speed.host_spread)
     into its per_trace row; the host's spread used."""
     host = host_spread(noise)
-    for r, sens in zip(per_trace, _host_sensitivities(rows, workers)):
+    for r, sens in zip(per_trace, _host_sensitivities(rows, workers, progress)):
         r["host_sensitivity"] = sens
         r["host_spread_jct_mean_pct"] = None if sens is None else round(sens * host["spread_pct"], 3)
     return host
@@ -154,13 +162,14 @@ def cross_validate(
     noise: dict | None = None,
     by: tuple[str, ...] = FOLDS,
     prior_scale: float | str = 1.0,
+    progress: Progress | None = None,
 ) -> dict:
     """No fit, in-sample (one fit on every run), held out (each run predicted by a fit without it) and held out
     by configuration (each configuration's runs predicted by a fit without any of them): per run the errors of
     each, their means, and per configuration no fit against the held-out fit (module doc).  `by` names the
     held-out folds to fit (FOLDS; by configuration alone: one fit per configuration instead of one per run too).
     `workers` > 1 fits and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside
-    the figures. `prior_scale` multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as
+    the figures; `progress` (see _map) hears each fit and simulation as it ends. `prior_scale` multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as
     calibrate --prior-scale auto does, nested: for each held-out configuration from the other configurations alone
     (_choose_scales), for the in-sample fit and the folds by trace from every run (not nested: a choice per
     run would cost a cross-validation per run; the notes say so)."""
@@ -174,14 +183,15 @@ def cross_validate(
     plan = folds(traces, by)
     if prior_scale == "auto":
         nested = [(s, out) for s, out in plan if s != "held_out"]
-        choice = dict(zip(nested, _choose_scales(traces, rows, [_kept(traces, out) for _, out in nested], workers)))
+        kept = [_kept(traces, out) for _, out in nested]
+        choice = dict(zip(nested, _choose_scales(traces, rows, kept, workers, progress=progress)))
         every = choice["in_sample", ()]["value"]
         scales = [choice[s, out]["value"] if (s, out) in choice else every for s, out in plan]
     else:
         if isinstance(prior_scale, str) or not prior_scale > 0:
             raise ScenarioError(f"prior scale: {prior_scale!r}: a positive number or auto")
         choice, scales = {}, [float(prior_scale)] * len(plan)
-    fits = _map(_fit_without, [(traces, out, sc) for (_, out), sc in zip(plan, scales)], workers)
+    fits = _map(_fit_without, [(traces, out, sc) for (_, out), sc in zip(plan, scales)], workers, progress, FITTING)
     per_trace: list[dict[str, Any]] = [
         {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
         for td in traces
@@ -196,9 +206,9 @@ def cross_validate(
             at = machine_values(values, machines, traces[i])
             jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((i, scheme))
-    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
+    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers, progress, SIMULATING)):
         per_trace[i][scheme] = sc
-    host = _add_host_spreads(per_trace, rows, workers, noise)
+    host = _add_host_spreads(per_trace, rows, workers, noise, progress)
     for r in per_trace:
         for scheme in SCHEMES:
             r.setdefault(scheme, {})
@@ -261,6 +271,7 @@ def cross_validate_machine(
     workers: int = 1,
     noise: dict | None = None,
     base_domain: dict | None = None,
+    progress: Progress | None = None,
 ) -> dict:
     """How a calibration moved to the runs' machine carries across their configurations (calibrate --base
     --refit machine): each configuration's runs on a machine predicted by the base calibration with the one host
@@ -333,9 +344,9 @@ def cross_validate_machine(
                 continue
             jobs.append((td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, values))
             where.append((i, scheme))
-    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers)):
+    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers, progress, SIMULATING)):
         per_trace[i][scheme] = sc
-    host = _add_host_spreads(per_trace, rows, workers, noise)
+    host = _add_host_spreads(per_trace, rows, workers, noise, progress)
     for r in per_trace:
         for scheme in MACHINE_SCHEMES:
             r.setdefault(scheme, {})
@@ -638,18 +649,27 @@ def _kept(traces: list[TraceData], out: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def choose_prior_scale(
-    index_csv: str | Path, traces: list[TraceData], workers: int = 1, grid: tuple[float, ...] = PRIOR_SCALES
+    index_csv: str | Path,
+    traces: list[TraceData],
+    workers: int = 1,
+    grid: tuple[float, ...] = PRIOR_SCALES,
+    progress: Progress | None = None,
 ) -> dict:
     """The prior scale (calibrate.PRIOR_SCALES) a calibration on every run of an index should use: the one whose
     fits without each configuration predict that configuration's runs best (_choose_scales). `traces`: the index's
     runs as calibrate.load_index priced them (the caller's, not priced again)."""
     from .measured import read_index
 
-    return _choose_scales(traces, read_index(index_csv), [tuple(range(len(traces)))], workers, grid)[0]
+    return _choose_scales(traces, read_index(index_csv), [tuple(range(len(traces)))], workers, grid, progress)[0]
 
 
 def _choose_scales(
-    traces: list[TraceData], rows: list, subsets: list[tuple[int, ...]], workers: int, grid=PRIOR_SCALES
+    traces: list[TraceData],
+    rows: list,
+    subsets: list[tuple[int, ...]],
+    workers: int,
+    grid=PRIOR_SCALES,
+    progress: Progress | None = None,
 ) -> list[dict]:
     """For each subset of the runs (indices), the scale of `grid` whose leave-one-configuration-out fits within the
     subset give its runs the least mean |JCT error| (each run predicted by the fit without its configuration, as
@@ -663,7 +683,8 @@ def _choose_scales(
             continue
         for s in grid:
             plan += [(k, s, tuple(i for i in sub if traces[i].configuration == c)) for c in configs]
-    fits = _map(_fit_without, [(traces, _out_of(subsets[k], out, len(traces)), s) for k, s, out in plan], workers)
+    jobs_fit = [(traces, _out_of(subsets[k], out, len(traces)), s) for k, s, out in plan]
+    fits = _map(_fit_without, jobs_fit, workers, progress, ("prior scale: fitting", "fits"))
     jobs, where = [], []
     for (k, s, out), (values, machines) in zip(plan, fits):
         for i in out:
@@ -671,7 +692,7 @@ def _choose_scales(
             jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((k, s))
     errors: dict[tuple[int, float], list[float]] = {}
-    for key, sc in zip(where, _map(_score_job, jobs, workers)):
+    for key, sc in zip(where, _map(_score_job, jobs, workers, progress, ("prior scale: simulating", "runs"))):
         e = sc.get("jct_mean_error_pct")
         errors.setdefault(key, []).append(math.inf if e is None else abs(e))
     chosen: list[dict] = []
@@ -730,23 +751,35 @@ def _worker_init(parent_pid: int) -> None:
             os._exit(1)
 
 
-def _map(fn, items: list, workers: int) -> list:
-    """fn over items, in `workers` processes when > 1 (each fit single-threaded in its BLAS). Any exception in
-    the caller while they run (a signal turned into one) ends the workers before it goes on."""
-    if workers <= 1 or len(items) < 2:
-        return [fn(x) for x in items]
-    from concurrent.futures import ProcessPoolExecutor
+def _map(fn, items: list, workers: int, progress: Progress | None = None, what: tuple[str, str] = ("", "")) -> list:
+    """fn over items, in `workers` processes when > 1 (each fit single-threaded in its BLAS), in order. `progress`
+    (cli.py: a terminal progress bar) is called with the count and `what` (a label, a unit) and its context's
+    `advance()` once per result. Any exception in the caller while they run (a signal turned into one) ends the
+    workers before it goes on."""
+    with progress(len(items), *what) if progress is not None and items else nullcontext() as bar:
+        if workers <= 1 or len(items) < 2:
+            out = []
+            for x in items:
+                out.append(fn(x))
+                if bar is not None:
+                    bar.advance()
+            return out
+        from concurrent.futures import ProcessPoolExecutor
 
-    from simulator.process_pool import end_now
+        from simulator.process_pool import end_now
 
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
-    try:
-        out = list(pool.map(fn, items))
-    except BaseException:
-        end_now(pool)  # the workers ended, the manager thread joined: no traceback at exit
-        raise
-    pool.shutdown(wait=True)
-    return out
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+        try:
+            out = []
+            for r in pool.map(fn, items):
+                out.append(r)
+                if bar is not None:
+                    bar.advance()
+        except BaseException:
+            end_now(pool)  # the workers ended, the manager thread joined: no traceback at exit
+            raise
+        pool.shutdown(wait=True)
+        return out
 
 
 # ---- for people ------------------------------------------------------------------------------------

@@ -570,3 +570,34 @@ def test_validate_cv_fits_its_folds_one_process_per_core_unless_told(monkeypatch
     r = here("validate", ROOT / "realrun/traces/h200_graphs/index.csv", "--cv", "--json", *args)
     assert r.returncode == 0, r.stderr
     assert seen["workers"] == expected
+
+
+def test_progress_hears_each_fit_and_simulation_as_it_ends(monkeypatch):
+    """cross_validate's `progress`: one display per step, told its count, advanced once per result; the result is
+    the one without it."""
+    _spy(monkeypatch, _traces())
+    shown: list[list] = []
+
+    class Bar:
+        def __init__(self, total, label, unit):
+            self.row = [label, unit, total, 0]
+            shown.append(self.row)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def advance(self):
+            self.row[3] += 1
+
+    with_bar = crossval.cross_validate("index.csv", workers=1, progress=Bar)
+    assert with_bar == crossval.cross_validate("index.csv", workers=1)
+    fits = 1 + len(CONFIGS) + len(set(CONFIGS))  # in-sample, one per run, one per configuration
+    runs = len(CONFIGS) * 4  # no fit, in-sample and the two held-out schemes
+    assert shown == [
+        ["fitting the folds", "fits", fits, fits],
+        ["simulating the runs", "runs", runs, runs],
+        ["host speed", "runs", len(CONFIGS), len(CONFIGS)],
+    ]

@@ -673,8 +673,8 @@ def validate(
         "--workers",
         min=1,
         max=64,
-        help="with --cv: fit the folds in this many processes (default: one per core; the results are the same at "
-        "any count)",
+        help="with an index: validate its runs, and with --cv fit the folds, in this many processes (default: one "
+        "per core; the results are the same at any count)",
     ),
     folds: str = typer.Option(
         "both",
@@ -706,6 +706,7 @@ def validate(
     """Simulate the configuration of a measured run (a realrun TRACE, or a vLLM, SGLang or AIPerf benchmark
     file) and report the simulator's errors."""
     errors_as_json(as_json)
+    from planning.executor import Interrupted, stop_on_signals
     from simulator.comparison import index_comparison
     from simulator.config import ScenarioError
     from simulator.files import check_out_dir, jsonable, strict_json
@@ -760,12 +761,17 @@ def validate(
         if out is not None:
             check_out_dir(out, ScenarioError)
         if many:
-            result: list[dict] | dict = validate_index(trace, list(set_))
+            with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (process_pool.map_in_processes)
+                result: list[dict] | dict = validate_index(
+                    trace, list(set_), workers or usable_cores(), _progress(quiet)
+                )
         else:
             assert scenario is not None  # refused above
             result = run_validate(trace, scenario, list(set_), method)
     except ScenarioError as e:
         fail(str(e))
+    except Interrupted as e:
+        _interrupted("validate", e)
     host = add_host_spread(result, spread)  # each run's host speed alone, in % of its mean JCT
     if host is not None and isinstance(result, dict):
         result["host_speed"] = host
@@ -800,6 +806,18 @@ def validate(
         say.result(format_validation(doc if isinstance(doc, dict) else result), doc)
     if out is not None:
         say(f"wrote {out}/validation.json, validation.html")
+
+
+def _interrupted(command: str, e) -> NoReturn:
+    """A command whose process pool a signal stopped (planning.executor.stop_on_signals): one line, exit 128 + the
+    signal."""
+    typer.echo(f"{command}: interrupted by {e.name}; nothing written", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the workers are ended (process_pool.map_in_processes); exit without the interpreter's exit hooks, which join
+    # the process pool's manager thread with no bound: a signal landing while the pool starts can leave it waiting
+    # for ever (seen once in 18 runs of tests/test_crossval.py's SIGTERM test on a loaded machine: no exit in 120 s)
+    os._exit(128 + e.signum)
 
 
 def _progress(quiet: bool):
@@ -837,7 +855,7 @@ def _validate_cv(
         if out is not None:
             check_out_dir(out, ScenarioError)
         engine = None if base is None else read_engine_file(base, ScenarioError)
-        with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (crossval._map)
+        with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (process_pool.map_in_processes)
             if engine is not None:
                 result = cross_validate_machine(
                     index,
@@ -855,13 +873,7 @@ def _validate_cv(
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:
-        typer.echo(f"validate --cv: interrupted by {e.name}; nothing written", err=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # the workers are ended (crossval._map); exit without the interpreter's exit hooks, which join the process
-        # pool's manager thread with no bound: a signal landing while the pool starts can leave it waiting for ever
-        # (seen once in 18 runs of tests/test_crossval.py's SIGTERM test on a loaded machine: no exit in 120 s)
-        os._exit(128 + e.signum)
+        _interrupted("validate --cv", e)
     if out is not None:  # written before the result is printed: a failed write prints no result
         from reports.validation import write_crossval_report  # plotly: only here
         from simulator import crossval
@@ -1101,7 +1113,7 @@ def _calibrate_engine(
         if prior_scale == "auto":
             from simulator.crossval import choose_prior_scale
 
-            with stop_on_signals():  # the cross-validation's workers end with us (crossval._map)
+            with stop_on_signals():  # the cross-validation's workers end with us (process_pool.map_in_processes)
                 choice = choose_prior_scale(index, traces, workers, progress=_progress(quiet))
             prior_scale = float(choice.pop("value"))
         assert not isinstance(prior_scale, str)

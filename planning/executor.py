@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from simulator.files import strict_json, unjson_inf
-from simulator.process_pool import end_now, usable_cores
+from simulator.process_pool import end_now, usable_cores, worker_init
 
 from . import ROOT, PlanningError
 
@@ -218,28 +218,10 @@ def _no_tables(*_tables) -> None:
 
 
 def _warm_worker(parent_pid: int) -> None:
-    """Import the simulator once per worker, not once per point. Ctrl-C reaches the whole process
-    group; only the parent acts on it (it stops the workers), so a worker never dies mid-result.
-    On Linux a worker is also told to end when the parent dies, even by SIGKILL: no orphans."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent_pid)
+    """Import the simulator once per worker, not once per point; signals as process_pool.worker_init leaves them
+    (the parent stops the workers; a worker ends with it)."""
+    worker_init(parent_pid)
     import simulator.run  # noqa: F401
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 # ---- backends -------------------------------------------------------------------------------------

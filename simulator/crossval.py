@@ -13,17 +13,12 @@ configuration no leave-one-configuration-out fit, and the result says so (`notes
 prediction under a held-out name.
 
 Folds run in `workers` processes; a SIGTERM or Ctrl-C to the caller (cli.py turns it into an exception) ends
-them at once (`_map`).
+them at once (`process_pool.map_in_processes`).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import signal
-import sys
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +42,9 @@ from .config import ScenarioError
 from .fit_items import TraceData
 from .host_speed import host_speed_line, host_spread
 from .noise import noise_summary
+from .process_pool import Progress, map_in_processes
 from .validate import host_gauge_lines, run_host_sensitivity
 
-# what _map tells a progress display: the count of items, a label and a unit; its context's advance() once per result
-Progress = Callable[[int, str, str], AbstractContextManager[Any]]
 FITTING = ("fitting the folds", "fits")
 SIMULATING = ("simulating the runs", "runs")
 
@@ -98,7 +92,7 @@ def _host_job(args) -> float | None:
 def _host_sensitivities(rows: list, workers: int, progress: Progress | None = None) -> list[float | None]:
     """Each run's mean JCT elasticity in its host's speed with no fit (validate.host_sensitivity_of)."""
     jobs = [(r.trace_path, r.scenario_path, r.method) for r in rows]
-    return _map(_host_job, jobs, workers, progress, ("host speed", "runs"))
+    return map_in_processes(_host_job, jobs, workers, progress, ("host speed", "runs"))
 
 
 def _add_host_spreads(per_trace: list[dict], rows: list, workers: int, noise, progress: Progress | None = None) -> dict:
@@ -169,10 +163,11 @@ def cross_validate(
     each, their means, and per configuration no fit against the held-out fit (module doc).  `by` names the
     held-out folds to fit (FOLDS; by configuration alone: one fit per configuration instead of one per run too).
     `workers` > 1 fits and simulates in processes; `noise` (simulator/noise.py) adds the run-to-run spread beside
-    the figures; `progress` (see _map) hears each fit and simulation as it ends. `prior_scale` multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as
-    calibrate --prior-scale auto does, nested: for each held-out configuration from the other configurations alone
-    (_choose_scales), for the in-sample fit and the folds by trace from every run (not nested: a choice per
-    run would cost a cross-validation per run; the notes say so)."""
+    the figures; `progress` (process_pool.map_in_processes) hears each fit and simulation as it ends. `prior_scale`
+    multiplies every prior width (calibrate.PRIOR_SCALES); "auto" chooses it as calibrate --prior-scale auto does,
+    nested: for each held-out configuration from the other configurations alone (_choose_scales), for the in-sample
+    fit and the folds by trace from every run (not nested: a choice per run would cost a cross-validation per run;
+    the notes say so)."""
     from .measured import read_index
 
     unknown = [b for b in by if b not in FOLDS]
@@ -191,7 +186,9 @@ def cross_validate(
         if isinstance(prior_scale, str) or not prior_scale > 0:
             raise ScenarioError(f"prior scale: {prior_scale!r}: a positive number or auto")
         choice, scales = {}, [float(prior_scale)] * len(plan)
-    fits = _map(_fit_without, [(traces, out, sc) for (_, out), sc in zip(plan, scales)], workers, progress, FITTING)
+    fits = map_in_processes(
+        _fit_without, [(traces, out, sc) for (_, out), sc in zip(plan, scales)], workers, progress, FITTING
+    )
     per_trace: list[dict[str, Any]] = [
         {"trace": td.name, "scenario": td.scenario, "configuration": td.configuration, "method": td.method}
         for td in traces
@@ -206,7 +203,7 @@ def cross_validate(
             at = machine_values(values, machines, traces[i])
             jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((i, scheme))
-    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers, progress, SIMULATING)):
+    for (i, scheme), sc in zip(where, map_in_processes(_score_job, jobs, workers, progress, SIMULATING)):
         per_trace[i][scheme] = sc
     host = _add_host_spreads(per_trace, rows, workers, noise, progress)
     for r in per_trace:
@@ -344,7 +341,7 @@ def cross_validate_machine(
                 continue
             jobs.append((td, rows[i].trace_path, rows[i].scenario_path, rows[i].method, values))
             where.append((i, scheme))
-    for (i, scheme), sc in zip(where, _map(_score_job, jobs, workers, progress, SIMULATING)):
+    for (i, scheme), sc in zip(where, map_in_processes(_score_job, jobs, workers, progress, SIMULATING)):
         per_trace[i][scheme] = sc
     host = _add_host_spreads(per_trace, rows, workers, noise, progress)
     for r in per_trace:
@@ -684,7 +681,7 @@ def _choose_scales(
         for s in grid:
             plan += [(k, s, tuple(i for i in sub if traces[i].configuration == c)) for c in configs]
     jobs_fit = [(traces, _out_of(subsets[k], out, len(traces)), s) for k, s, out in plan]
-    fits = _map(_fit_without, jobs_fit, workers, progress, ("prior scale: fitting", "fits"))
+    fits = map_in_processes(_fit_without, jobs_fit, workers, progress, ("prior scale: fitting", "fits"))
     jobs, where = [], []
     for (k, s, out), (values, machines) in zip(plan, fits):
         for i in out:
@@ -692,7 +689,9 @@ def _choose_scales(
             jobs.append((traces[i], rows[i].trace_path, rows[i].scenario_path, rows[i].method, at))
             where.append((k, s))
     errors: dict[tuple[int, float], list[float]] = {}
-    for key, sc in zip(where, _map(_score_job, jobs, workers, progress, ("prior scale: simulating", "runs"))):
+    for key, sc in zip(
+        where, map_in_processes(_score_job, jobs, workers, progress, ("prior scale: simulating", "runs"))
+    ):
         e = sc.get("jct_mean_error_pct")
         errors.setdefault(key, []).append(math.inf if e is None else abs(e))
     chosen: list[dict] = []
@@ -733,53 +732,6 @@ def machine_values(values: dict[str, float], machines: dict[str, float], td: Tra
 
 def _score_job(args) -> dict:
     return _score(*args)
-
-
-def _worker_init(parent_pid: int) -> None:
-    """Only the parent acts on Ctrl-C (it reaches the whole process group) and ends the workers; a worker ends on
-    SIGTERM, and on Linux also when the parent dies, even by SIGKILL."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-
-def _map(fn, items: list, workers: int, progress: Progress | None = None, what: tuple[str, str] = ("", "")) -> list:
-    """fn over items, in `workers` processes when > 1 (each fit single-threaded in its BLAS), in order. `progress`
-    (cli.py: a terminal progress bar) is called with the count and `what` (a label, a unit) and its context's
-    `advance()` once per result. Any exception in the caller while they run (a signal turned into one) ends the
-    workers before it goes on."""
-    with progress(len(items), *what) if progress is not None and items else nullcontext() as bar:
-        if workers <= 1 or len(items) < 2:
-            out = []
-            for x in items:
-                out.append(fn(x))
-                if bar is not None:
-                    bar.advance()
-            return out
-        from concurrent.futures import ProcessPoolExecutor
-
-        from simulator.process_pool import end_now
-
-        pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
-        try:
-            out = []
-            for r in pool.map(fn, items):
-                out.append(r)
-                if bar is not None:
-                    bar.advance()
-        except BaseException:
-            end_now(pool)  # the workers ended, the manager thread joined: no traceback at exit
-            raise
-        pool.shutdown(wait=True)
-        return out
 
 
 # ---- for people ------------------------------------------------------------------------------------

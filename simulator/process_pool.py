@@ -1,10 +1,21 @@
-"""Ending a `concurrent.futures.ProcessPoolExecutor` at once (a signal, an error), and the cores a pool may use,
-shared by the sweep's executor (planning/executor.py) and cross-validation's folds (simulator/crossval.py)."""
+"""Process pools as the CLI's long commands run them: the cores a pool may use, a worker that leaves signals to its
+parent and ends with it, a map over items in order with a progress display, and ending a pool at once (a signal, an
+error). Shared by the sweep's executor (planning/executor.py), cross-validation's folds (simulator/crossval.py) and
+validate's index (simulator/validate.py)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+# what map_in_processes tells a progress display: the count of items, a label and a unit; its context's advance()
+# once per result (cli.py: reports.terminal.ProgressBar)
+Progress = Callable[[int, str, str], AbstractContextManager[Any]]
 
 
 def usable_cores() -> int:
@@ -33,3 +44,51 @@ def end_now(pool: ProcessPoolExecutor) -> None:
         p.join(timeout=5)
     if manager is not None:
         manager.join(timeout=10)
+
+
+def worker_init(parent_pid: int) -> None:
+    """A pool worker's start. Ctrl-C and a hangup reach the whole process group; only the parent acts on them (it
+    ends the workers), so a worker never dies mid-result. A worker ends on SIGTERM, and on Linux also when the parent
+    dies, even by SIGKILL: no orphans."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def map_in_processes(
+    fn, items: list, workers: int, progress: Progress | None = None, what: tuple[str, str] = ("", "")
+) -> list:
+    """fn over items, in order, in `workers` processes when > 1 (fn and the items picklable). `progress` is called
+    with the count and `what` (a label, a unit) and its context's `advance()` once per result. Any exception in the
+    caller while they run (a signal turned into one) ends the workers before it goes on."""
+    with progress(len(items), *what) if progress is not None and items else nullcontext() as bar:
+        if workers <= 1 or len(items) < 2:
+            out = []
+            for x in items:
+                out.append(fn(x))
+                if bar is not None:
+                    bar.advance()
+            return out
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=worker_init, initargs=(os.getpid(),))
+        try:
+            out = []
+            for r in pool.map(fn, items):
+                out.append(r)
+                if bar is not None:
+                    bar.advance()
+        except BaseException:
+            end_now(pool)  # the workers ended, the manager thread joined: no traceback at exit
+            raise
+        pool.shutdown(wait=True)
+        return out

@@ -46,6 +46,7 @@ from .comparison import PAIRED_BY, index_against_reference
 from .config import ScenarioError
 from .host_speed import host_speed_line, host_spread
 from .measured import Measured, load_measured, read_index
+from .process_pool import Progress, map_in_processes
 from .run import run_scenario
 
 MEASURABLE_PARTS = ("prefill_queue", "prefill", "quantize", "transfer_queue", "transfer", "decode_queue", "decode")
@@ -508,34 +509,38 @@ STEP_KEYS = ("step_gpu_mean_error_pct", "host_serial_mean_error_pct")
 STEP_HEADS = ("step GPU", "host serial")
 
 
-def validate_index(index_csv: str | Path, overrides: list[str] | None = None) -> list[dict]:
-    """Validate every trace an index lists (read_index).  One dict per trace: its name, scenario and the
-    SUMMARY_KEYS errors (and STEP_KEYS', None without steps.csv), and what pairs it with FP16's runs of the same
-    workload (format_validation_table's comparison: configuration, machine, family, source, workload, the measured
-    and simulated mean JCT)."""
-    rows = []
-    for r in read_index(index_csv):
-        v = validate(r.trace_path, r.scenario_path, overrides, r.method)
-        jct = v["metrics"]["jct_s"]
-        rows.append(
-            {
-                "trace": r.trace,
-                "scenario": r.scenario,
-                "configuration": Path(str(r.scenario)).stem,
-                "machine": r.machine,
-                "method": v["method"],
-                "family": v["family"],
-                "source": v["source"],
-                "workload": v["workload"],
-                "jct_mean_measured_s": jct["measured"]["mean"],
-                "jct_mean_simulated_s": jct["simulated"]["mean"],
-                "requests": v["requests"],
-                **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
-                "host_factor": (v.get("host_factor") or {}).get("value"),
-                "host_sensitivity": v.get("host_sensitivity"),
-            }
-        )
-    return rows
+def validate_index(
+    index_csv: str | Path, overrides: list[str] | None = None, workers: int = 1, progress: Progress | None = None
+) -> list[dict]:
+    """Validate every trace an index lists (read_index), in `workers` processes, `progress` told of each
+    (process_pool.map_in_processes).  One dict per trace: its name, scenario and the SUMMARY_KEYS errors (and
+    STEP_KEYS', None without steps.csv), and what pairs it with FP16's runs of the same workload
+    (format_validation_table's comparison: configuration, machine, family, source, workload, the measured and
+    simulated mean JCT)."""
+    jobs = [(r, overrides) for r in read_index(index_csv)]
+    return map_in_processes(_index_row, jobs, workers, progress, ("validating the runs", "runs"))
+
+
+def _index_row(job) -> dict:
+    r, overrides = job
+    v = validate(r.trace_path, r.scenario_path, overrides, r.method)
+    jct = v["metrics"]["jct_s"]
+    return {
+        "trace": r.trace,
+        "scenario": r.scenario,
+        "configuration": Path(str(r.scenario)).stem,
+        "machine": r.machine,
+        "method": v["method"],
+        "family": v["family"],
+        "source": v["source"],
+        "workload": v["workload"],
+        "jct_mean_measured_s": jct["measured"]["mean"],
+        "jct_mean_simulated_s": jct["simulated"]["mean"],
+        "requests": v["requests"],
+        **{k: v.get(k) for k in SUMMARY_KEYS + STEP_KEYS},
+        "host_factor": (v.get("host_factor") or {}).get("value"),
+        "host_sensitivity": v.get("host_sensitivity"),
+    }
 
 
 def format_validation_table(rows: list[dict], noise: dict | None = None) -> str:

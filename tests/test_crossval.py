@@ -601,3 +601,23 @@ def test_progress_hears_each_fit_and_simulation_as_it_ends(monkeypatch):
         ["simulating the runs", "runs", runs, runs],
         ["host speed", "runs", len(CONFIGS), len(CONFIGS)],
     ]
+
+
+@pytest.mark.parametrize(("args", "expected"), [((), 3), (("--workers", "2"), 2)])
+def test_validate_on_an_index_runs_one_process_per_core_unless_told(monkeypatch, args, expected):
+    """validate INDEX.csv (no --cv) hands validate_index the cores this process may use; --workers N overrides it."""
+    import cli as cli_module
+    import simulator.validate as validate_module
+    from tests.test_cli import here
+
+    seen: dict = {}
+
+    def spy(index, overrides, workers, progress):
+        seen["workers"] = workers
+        return []
+
+    monkeypatch.setattr(validate_module, "validate_index", spy)
+    monkeypatch.setattr(cli_module, "usable_cores", lambda: 3)
+    r = here("validate", ROOT / "realrun/traces/h200_graphs/index.csv", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    assert seen["workers"] == expected

@@ -222,3 +222,26 @@ def test_each_method_against_fp16_as_the_scenarios_price_it(rows, tmp_path):
     ).read_text()
     assert 'id="against-fp16"' in page and page.count("<tr>", page.index("table-against-reference")) == 19
     assert "misses by 5.6 points on average (26.2 at worst)." in page
+
+
+def test_validating_the_index_in_processes_gives_the_same_rows(rows):
+    """validate_index over two worker processes: the same rows, in the index's order, as one process gives, and a
+    progress display told each run as it ends."""
+    counted: list[list] = []
+
+    class Bar:
+        def __init__(self, total, label, unit):
+            self.row = [total, label, unit, 0]
+            counted.append(self.row)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def advance(self):
+            self.row[3] += 1
+
+    assert validate_index(TRACES / "index.csv", workers=2, progress=Bar) == rows
+    assert counted == [[len(rows), "validating the runs", "runs", len(rows)]]

@@ -946,8 +946,8 @@ def calibrate(
         "--workers",
         min=1,
         max=64,
-        help="with --prior-scale auto: fit its cross-validation in this many processes (default: one per core; the "
-        "choice is the same at any count)",
+        help="with --traces: read the runs, and with --prior-scale auto fit its cross-validation, in this many "
+        "processes (default: one per core; the results are the same at any count)",
     ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
@@ -1109,20 +1109,19 @@ def _calibrate_engine(
     _check_writable(out)  # before the fit: a fit of minutes must not end in a permission error
     choice = None
     try:
-        traces = load_index(index)
-        if prior_scale == "auto":
-            from simulator.crossval import choose_prior_scale
+        with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (process_pool.map_in_processes)
+            traces = load_index(index, workers, _progress(quiet))
+            if prior_scale == "auto":
+                from simulator.crossval import choose_prior_scale
 
-            with stop_on_signals():  # the cross-validation's workers end with us (process_pool.map_in_processes)
                 choice = choose_prior_scale(index, traces, workers, progress=_progress(quiet))
-            prior_scale = float(choice.pop("value"))
+                prior_scale = float(choice.pop("value"))
         assert not isinstance(prior_scale, str)
         fit = fit_engine(traces, refit, base, None if base_path is None else str(base_path), prior_scale)
     except ScenarioError as e:
         fail(str(e))
     except Interrupted as e:
-        typer.echo(f"calibrate: interrupted by {e.name}; nothing written", err=True)
-        os._exit(128 + e.signum)  # as validate --cv: the pool's manager thread must not hold the exit
+        _interrupted("calibrate", e)
     command = f"calibrate --traces {index} --out {out}"
     if base_path is not None:
         command += f" --base {base_path}"

@@ -74,6 +74,7 @@ import numpy as np
 from .engine import FACTOR_STEPS, HOST_TIMES, KIND, PARAMETERS, PROFILED_FACTOR_PRIOR_WIDTH, SCHEMA_VERSION
 from .fit_items import TraceData, load_trace_data
 from .link import round_robin_s
+from .process_pool import Progress, map_in_processes
 from .resolve import REPO_ROOT
 
 # A trace's systematic relative error on one kind of item, the unit of the data term: the run-to-run spread of
@@ -1540,15 +1541,19 @@ def engine_file(
     }
 
 
-def load_index(index_csv: str | Path) -> list[TraceData]:
-    """Every run an index lists (validate.read_index: trace, scenario; optional method), priced once; its
-    configuration is its scenario's name (an index's `config` column groups repeats: simulator/noise.py)."""
+def load_index(index_csv: str | Path, workers: int = 1, progress: Progress | None = None) -> list[TraceData]:
+    """Every run an index lists (validate.read_index: trace, scenario; optional method), priced once, in `workers`
+    processes, `progress` told of each (process_pool.map_in_processes); its configuration is its scenario's name (an
+    index's `config` column groups repeats: simulator/noise.py)."""
     from .measured import read_index
 
-    return [
-        replace(load_trace_data(r.trace_path, r.scenario_path, r.trace, r.scenario, method=r.method), machine=r.machine)
-        for r in read_index(index_csv)
-    ]
+    return map_in_processes(_load_row, read_index(index_csv), workers, progress, ("reading the runs", "runs"))
+
+
+def _load_row(r) -> TraceData:
+    return replace(
+        load_trace_data(r.trace_path, r.scenario_path, r.trace, r.scenario, method=r.method), machine=r.machine
+    )
 
 
 def fit_values(fit: FitResult) -> dict[str, float]:

@@ -174,7 +174,7 @@ def cross_validate(
     if unknown or not by:
         raise ScenarioError(f"folds: {', '.join(unknown) or 'none'}: each of {', '.join(FOLDS)} (one or both)")
     rows = read_index(index_csv)
-    traces = load_index(index_csv)
+    traces = load_index(index_csv, workers, progress)
     plan = folds(traces, by)
     if prior_scale == "auto":
         nested = [(s, out) for s, out in plan if s != "held_out"]
@@ -284,7 +284,7 @@ def cross_validate_machine(
     from .measured import read_index
 
     rows = read_index(index_csv)
-    traces = load_index(index_csv)
+    traces = load_index(index_csv, workers, progress)
     machine = [r.machine or "" for r in rows]
     pairs = sorted({(td.configuration, machine[i]) for i, td in enumerate(traces)})
     base_values = {n: v for n, (v, _) in base.items()}

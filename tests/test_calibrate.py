@@ -813,3 +813,43 @@ def test_the_fit_runs_every_blas_it_uses_on_one_thread():
     limited, used = json.loads(out.stdout)
     assert all(path in limited for path in used), (limited, used)
     assert all(n == 1 for n in limited.values()), limited
+
+
+def test_load_index_in_processes_gives_the_same_runs():
+    """load_index over two worker processes: the same TraceData, in the index's order, as one process, and a progress
+    display told each run as it is read."""
+    import dataclasses
+
+    from simulator.calibrate import load_index
+
+    index = ROOT / "realrun/traces/h200_graphs/index.csv"
+    counted: list[list] = []
+
+    class Bar:
+        def __init__(self, total, label, unit):
+            self.row = [total, label, unit, 0]
+            counted.append(self.row)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def advance(self):
+            self.row[3] += 1
+
+    one, two = load_index(index), load_index(index, workers=2, progress=Bar)
+    assert [td.name for td in two] == [td.name for td in one]
+    for a, b in zip(one, two):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if f.name == "blocks":
+                assert x.keys() == y.keys()
+                for k in x:
+                    assert x[k].keys() == y[k].keys()
+                    for c in x[k]:
+                        assert np.array_equal(np.asarray(x[k][c]), np.asarray(y[k][c])), (a.name, k, c)
+            else:
+                assert x == y, (a.name, f.name)
+    assert counted == [[len(one), "reading the runs", "runs", len(one)]]

@@ -40,7 +40,7 @@ class _Row:
 def _spy(monkeypatch, traces: list[TraceData]) -> None:
     """Fits that record which runs they were given (as a bit mask in a parameter value) and scores that read it
     back: the folds are checked without fitting or simulating anything."""
-    monkeypatch.setattr(crossval, "load_index", lambda index: traces)
+    monkeypatch.setattr(crossval, "load_index", lambda index, *a: traces)
     monkeypatch.setattr("simulator.measured.read_index", lambda index: [_Row(i) for i in range(len(traces))])
 
     class Fit:

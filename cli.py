@@ -821,8 +821,8 @@ def _interrupted(command: str, e) -> NoReturn:
 
 
 def _progress(quiet: bool):
-    """A cross-validation's progress display (simulator/crossval.py `_map`): a bar per step on stderr where it is a
-    terminal, none with --quiet."""
+    """The progress display of a command's process pool (process_pool.map_in_processes): a bar per step on stderr
+    where it is a terminal, none with --quiet."""
     return lambda total, label, unit: ProgressBar(0 if quiet else total, label, unit)
 
 

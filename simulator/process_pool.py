@@ -80,7 +80,10 @@ def map_in_processes(
                 if bar is not None:
                     bar.advance()
             return out
-        pool = ProcessPoolExecutor(max_workers=workers, initializer=worker_init, initargs=(os.getpid(),))
+        # no more processes than items: a fork-started pool starts all of them at once, and a core count can be 100+
+        pool = ProcessPoolExecutor(
+            max_workers=min(workers, len(items)), initializer=worker_init, initargs=(os.getpid(),)
+        )
         try:
             out = []
             for r in pool.map(fn, items):

@@ -292,12 +292,13 @@ def _children(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the worker processes")
-def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path):
-    """validate --cv --workers 2 on the committed traces, SIGTERM once its workers exist: it exits 128 + 15 with
-    one line and no traceback, and no worker outlives it."""
+@pytest.mark.parametrize("cv", [["--cv"], []], ids=["cv", "index"])
+def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path, cv):
+    """validate --cv --workers 2 on the committed traces, and validate of the index alone, SIGTERM once its workers
+    exist: it exits 128 + 15 with one line and no traceback, and no worker outlives it."""
     index = ROOT / "realrun/traces/h200_graphs/index.csv"
     p = subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(index), "--cv", "--workers", "2"],
+        [sys.executable, str(ROOT / "cli.py"), "validate", str(index), *cv, "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

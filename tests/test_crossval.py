@@ -292,13 +292,19 @@ def _children(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the worker processes")
-@pytest.mark.parametrize("cv", [["--cv"], []], ids=["cv", "index"])
-def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path, cv):
-    """validate --cv --workers 2 on the committed traces, and validate of the index alone, SIGTERM once its workers
-    exist: it exits 128 + 15 with one line and no traceback, and no worker outlives it."""
+@pytest.mark.parametrize("command", ["validate --cv", "validate", "calibrate"])
+def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path, command):
+    """validate --cv --workers 2 on the committed traces, validate of the index alone and calibrate --prior-scale
+    auto, SIGTERM once its workers exist: it exits 128 + 15 with one line and no traceback, no worker outlives it,
+    and calibrate writes no file."""
     index = ROOT / "realrun/traces/h200_graphs/index.csv"
+    args = {
+        "validate --cv": ["validate", str(index), "--cv"],
+        "validate": ["validate", str(index)],
+        "calibrate": ["calibrate", "--traces", str(index), "--out", str(tmp_path / "e.json"), "--prior-scale", "auto"],
+    }[command]
     p = subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "validate", str(index), *cv, "--workers", "2"],
+        [sys.executable, str(ROOT / "cli.py"), *args, "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -321,6 +327,7 @@ def test_sigterm_ends_the_workers_and_exits_143_without_a_traceback(tmp_path, cv
         time.sleep(0.2)
     alive = [w for w in workers if Path(f"/proc/{w}").exists() and "zombie" not in _state(w)]
     assert not alive, alive
+    assert not (tmp_path / "e.json").exists()
 
 
 def _state(pid: int) -> str:

@@ -634,6 +634,18 @@ PRIOR_SCALE_HELP = (
 
 
 # validate --cv --folds: the held-out fits each value asks for (simulator/crossval.py FOLDS)
+def _workers_option(what: str):
+    """`--workers N`: the processes a command spreads `what` over; None (the default) is one per core (usable_cores),
+    resolved where the command starts."""
+    return typer.Option(
+        None,
+        "--workers",
+        min=1,
+        max=64,
+        help=f"{what}, in this many processes (default: one per core; the results are the same at any count)",
+    )
+
+
 CV_FOLDS = {"both": ("trace", "configuration"), "configuration": ("configuration",), "trace": ("trace",)}
 
 
@@ -668,14 +680,7 @@ def validate(
         "run's machine: a held-out run on a machine the fit has other runs of is priced with that machine's host "
         "factor)",
     ),
-    workers: int | None = typer.Option(
-        None,
-        "--workers",
-        min=1,
-        max=64,
-        help="with an index: validate its runs, and with --cv fit the folds, in this many processes (default: one "
-        "per core; the results are the same at any count)",
-    ),
+    workers: int | None = _workers_option("with an index: validate its runs, and with --cv fit the folds"),
     folds: str = typer.Option(
         "both",
         "--folds",
@@ -737,6 +742,7 @@ def validate(
     if prior_scale is not None and base is not None:
         fail("--prior-scale: --cv --base fits one machine factor, on its own prior; the scale has nothing to set")
     scale = 1.0 if prior_scale is None else _prior_scale(prior_scale)
+    workers = workers or usable_cores()
     if cv:
         _validate_cv(
             trace,
@@ -746,7 +752,7 @@ def validate(
             out,
             as_json,
             quiet,
-            workers or usable_cores(),
+            workers,
             spread,
             base,
             by,
@@ -762,9 +768,7 @@ def validate(
             check_out_dir(out, ScenarioError)
         if many:
             with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the workers end with us (process_pool.map_in_processes)
-                result: list[dict] | dict = validate_index(
-                    trace, list(set_), workers or usable_cores(), _progress(quiet)
-                )
+                result: list[dict] | dict = validate_index(trace, list(set_), workers, _progress(quiet))
         else:
             assert scenario is not None  # refused above
             result = run_validate(trace, scenario, list(set_), method)
@@ -941,13 +945,8 @@ def calibrate(
         "slower than the base's; the default with --base, identifiable from a single run)",
     ),
     prior_scale: str | None = typer.Option(None, "--prior-scale", help="with --traces: " + PRIOR_SCALE_HELP),
-    workers: int | None = typer.Option(
-        None,
-        "--workers",
-        min=1,
-        max=64,
-        help="with --traces: read the runs, and with --prior-scale auto fit its cross-validation, in this many "
-        "processes (default: one per core; the results are the same at any count)",
+    workers: int | None = _workers_option(
+        "with --traces: read the runs, and with --prior-scale auto fit its cross-validation"
     ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ": the engine calibration file's content"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),

@@ -821,25 +821,11 @@ def test_load_index_in_processes_gives_the_same_runs():
     import dataclasses
 
     from simulator.calibrate import load_index
+    from tests.progress_spy import ProgressSpy
 
     index = ROOT / "realrun/traces/h200_graphs/index.csv"
-    counted: list[list] = []
-
-    class Bar:
-        def __init__(self, total, label, unit):
-            self.row = [total, label, unit, 0]
-            counted.append(self.row)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def advance(self):
-            self.row[3] += 1
-
-    one, two = load_index(index), load_index(index, workers=2, progress=Bar)
+    bar = ProgressSpy()
+    one, two = load_index(index), load_index(index, workers=2, progress=bar)
     assert [td.name for td in two] == [td.name for td in one]
     for a, b in zip(one, two):
         for f in dataclasses.fields(a):
@@ -852,4 +838,4 @@ def test_load_index_in_processes_gives_the_same_runs():
                         assert np.array_equal(np.asarray(x[k][c]), np.asarray(y[k][c])), (a.name, k, c)
             else:
                 assert x == y, (a.name, f.name)
-    assert counted == [[len(one), "reading the runs", "runs", len(one)]]
+    assert bar.shown == [[len(one), "reading the runs", "runs", len(one)]]

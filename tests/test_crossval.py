@@ -19,6 +19,7 @@ import pytest
 
 from simulator import comparison, crossval
 from simulator.fit_items import TraceData
+from tests.progress_spy import ProgressSpy
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ["a", "a", "b", "b", "b", "c"]
@@ -584,30 +585,15 @@ def test_progress_hears_each_fit_and_simulation_as_it_ends(monkeypatch):
     """cross_validate's `progress`: one display per step, told its count, advanced once per result; the result is
     the one without it."""
     _spy(monkeypatch, _traces())
-    shown: list[list] = []
-
-    class Bar:
-        def __init__(self, total, label, unit):
-            self.row = [label, unit, total, 0]
-            shown.append(self.row)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def advance(self):
-            self.row[3] += 1
-
-    with_bar = crossval.cross_validate("index.csv", workers=1, progress=Bar)
+    bar = ProgressSpy()
+    with_bar = crossval.cross_validate("index.csv", workers=1, progress=bar)
     assert with_bar == crossval.cross_validate("index.csv", workers=1)
     fits = 1 + len(CONFIGS) + len(set(CONFIGS))  # in-sample, one per run, one per configuration
     runs = len(CONFIGS) * 4  # no fit, in-sample and the two held-out schemes
-    assert shown == [
-        ["fitting the folds", "fits", fits, fits],
-        ["simulating the runs", "runs", runs, runs],
-        ["host speed", "runs", len(CONFIGS), len(CONFIGS)],
+    assert bar.shown == [
+        [fits, "fitting the folds", "fits", fits],
+        [runs, "simulating the runs", "runs", runs],
+        [len(CONFIGS), "host speed", "runs", len(CONFIGS)],
     ]
 
 

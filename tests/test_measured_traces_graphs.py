@@ -18,6 +18,7 @@ import yaml
 
 from realrun.hostcal import fit_host, fit_prefill_host, fit_quantize_host
 from simulator.validate import validate_index
+from tests.progress_spy import ProgressSpy
 from tests.recorded_runs import check_recorded_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,21 +228,6 @@ def test_each_method_against_fp16_as_the_scenarios_price_it(rows, tmp_path):
 def test_validating_the_index_in_processes_gives_the_same_rows(rows):
     """validate_index over two worker processes: the same rows, in the index's order, as one process gives, and a
     progress display told each run as it ends."""
-    counted: list[list] = []
-
-    class Bar:
-        def __init__(self, total, label, unit):
-            self.row = [total, label, unit, 0]
-            counted.append(self.row)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def advance(self):
-            self.row[3] += 1
-
-    assert validate_index(TRACES / "index.csv", workers=2, progress=Bar) == rows
-    assert counted == [[len(rows), "validating the runs", "runs", len(rows)]]
+    bar = ProgressSpy()
+    assert validate_index(TRACES / "index.csv", workers=2, progress=bar) == rows
+    assert bar.shown == [[len(rows), "validating the runs", "runs", len(rows)]]

@@ -6,35 +6,19 @@ from __future__ import annotations
 import os
 
 from simulator import process_pool
+from tests.progress_spy import ProgressSpy
 
 
 def _square(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
 
-class _Bar:
-    def __init__(self, shown: list, total: int, label: str, unit: str):
-        self.row = [total, label, unit, 0]
-        shown.append(self.row)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def advance(self):
-        self.row[3] += 1
-
-
 def test_results_come_in_order_with_a_step_each_in_processes_and_in_one():
     for workers in (1, 3):
-        shown: list = []
-        out = process_pool.map_in_processes(
-            _square, list(range(7)), workers, lambda *a, shown=shown: _Bar(shown, *a), ("squaring", "items")
-        )
+        bar = ProgressSpy()
+        out = process_pool.map_in_processes(_square, list(range(7)), workers, bar, ("squaring", "items"))
         assert [r for r, _ in out] == [x * x for x in range(7)]
-        assert shown == [[7, "squaring", "items", 7]]
+        assert bar.shown == [[7, "squaring", "items", 7]]
         if workers == 1:
             assert {p for _, p in out} == {os.getpid()}
         else:
@@ -55,6 +39,6 @@ def test_no_more_processes_than_items(monkeypatch):
 
 
 def test_nothing_to_do_shows_no_progress():
-    shown: list = []
-    assert process_pool.map_in_processes(_square, [], 4, lambda *a: _Bar(shown, *a)) == []
-    assert shown == []
+    bar = ProgressSpy()
+    assert process_pool.map_in_processes(_square, [], 4, bar) == []
+    assert bar.shown == []

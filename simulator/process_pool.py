@@ -5,12 +5,14 @@ validate's index (simulator/validate.py)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 # what map_in_processes tells a progress display: the count of items, a label and a unit; its context's advance()
@@ -18,12 +20,41 @@ from typing import Any
 Progress = Callable[[int, str, str], AbstractContextManager[Any]]
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (a container's or `taskset`'s share, where the OS says)."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """The cores this process may use: those it may run on (`taskset`, a cpuset), and no more than a CPU quota
+    allows (a container's `--cpus`, a Kubernetes limit: the cgroup's quota over its period, rounded up). A quota
+    is no affinity: a container limited to 2 CPUs of a 64-core host is shown all 64, and a pool of 64 processes
+    there runs each at a thirty-second of a core, its memory 64 times over."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        cores = len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
+    """The CPUs the cgroup's quota allows (quota / period), None where there is none or it cannot be read: cgroup
+    v2's `cpu.max` ("max 100000": none), else v1's `cpu.cfs_quota_us` (-1: none) and `cpu.cfs_period_us`, as a
+    container sees its own cgroup at the root (the kernel's Documentation/admin-guide/cgroup-v2.rst, "cpu.max", and
+    Documentation/scheduler/sched-bwc.rst for v1)."""
+    try:
+        v2 = root / "cpu.max"
+        if v2.is_file():
+            quota, period = v2.read_text().split()[:2]
+            return None if quota == "max" else _share(float(quota), float(period))
+        v1 = root / "cpu"
+        quota_us = float((v1 / "cpu.cfs_quota_us").read_text())
+        return None if quota_us < 0 else _share(quota_us, float((v1 / "cpu.cfs_period_us").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _share(quota: float, period: float) -> float | None:
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def end_now(pool: ProcessPoolExecutor) -> None:

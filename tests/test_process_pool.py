@@ -42,3 +42,29 @@ def test_nothing_to_do_shows_no_progress():
     bar = ProgressSpy()
     assert process_pool.map_in_processes(_square, [], 4, bar) == []
     assert bar.shown == []
+
+
+def _cgroup(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_a_cpu_quota_caps_the_cores(tmp_path, monkeypatch):
+    monkeypatch.setattr(process_pool.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    v2 = _cgroup(tmp_path / "v2", {"cpu.max": "200000 100000\n"})
+    assert process_pool.cgroup_cpu_quota(v2) == 2.0 and process_pool.usable_cores(v2) == 2
+    assert process_pool.usable_cores(_cgroup(tmp_path / "half", {"cpu.max": "150000 100000\n"})) == 2  # 1.5: up
+    assert process_pool.usable_cores(_cgroup(tmp_path / "tiny", {"cpu.max": "10000 100000\n"})) == 1
+    assert process_pool.usable_cores(_cgroup(tmp_path / "none", {"cpu.max": "max 100000\n"})) == 64
+    v1 = _cgroup(tmp_path / "v1", {"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"})
+    assert process_pool.usable_cores(v1) == 3
+    v1_none = _cgroup(tmp_path / "v1n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
+    assert process_pool.usable_cores(v1_none) == 64
+    # no cgroup files, or unreadable ones: the affinity alone
+    assert process_pool.usable_cores(tmp_path / "missing") == 64
+    assert process_pool.usable_cores(_cgroup(tmp_path / "bad", {"cpu.max": "lots\n"})) == 64
+    # a quota above the affinity leaves the affinity
+    monkeypatch.setattr(process_pool.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert process_pool.usable_cores(v1) == 2

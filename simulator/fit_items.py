@@ -345,15 +345,27 @@ def _straight_on(
     return no_prefill & (joins[nxt] < b[nxt])
 
 
+def _batch_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The prefill batches (the requests that started together) as df.groupby("prefill_start_s") gives them, without
+    its per-group frames: the rows by start, stably (a batch's rows in the trace's order; no start: in none), and
+    where each batch begins among them."""
+    starts = df["prefill_start_s"].to_numpy(np.float64)
+    rows = np.flatnonzero(~np.isnan(starts))
+    rows = rows[np.argsort(starts[rows], kind="stable")]
+    heads = np.flatnonzero(np.diff(starts[rows], prepend=np.nan) != 0) if len(rows) else rows
+    return rows, heads
+
+
 def _prefill_batches(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per prefill batch (the requests that started together), in order: its start, its quantize's end and its last
     request's arrival."""
-    g = df.groupby("prefill_start_s", sort=True)
-    first = g.head(1).sort_values("prefill_start_s")
+    rows, heads = _batch_rows(df)
+    first = rows[heads]
+    arrival = df["arrival_s"].to_numpy(np.float64)[rows]
     return (
-        first["prefill_start_s"].to_numpy(np.float64),
-        first["quantize_end_s"].to_numpy(np.float64),
-        np.asarray(g["arrival_s"].max(), dtype=np.float64),
+        df["prefill_start_s"].to_numpy(np.float64)[first],
+        df["quantize_end_s"].to_numpy(np.float64)[first],
+        np.fmax.reduceat(arrival, heads) if len(heads) else np.zeros(0),
     )
 
 
@@ -541,9 +553,10 @@ def first_seen_batches(tokens, seen_before: bool = False) -> np.ndarray:
 
 def _prefill_blocks(df: pd.DataFrame, pre, seen_before: bool = False) -> tuple[dict, dict | None]:
     """Per prefill batch (the requests that started together): duration and quantize step."""
-    g = df.groupby("prefill_start_s", sort=True)
-    first = g.head(1).sort_values("prefill_start_s")
-    prompts = [tuple(int(p) for p in grp["prompt_tokens"]) for _, grp in g]
+    rows, heads = _batch_rows(df)
+    first = df.iloc[rows[heads]]
+    tokens = df["prompt_tokens"].to_numpy()[rows]
+    prompts = [tuple(int(p) for p in grp) for grp in np.split(tokens, heads[1:])] if len(rows) else []
     took_s = (first["prefill_end_s"] - first["prefill_start_s"]).to_numpy()
     busy_left_s = link_busy_left(df, first["prefill_start_s"].to_numpy())
     seen = first_seen_batches([sum(p) for p in prompts], seen_before)

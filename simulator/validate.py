@@ -66,23 +66,29 @@ def measured_parts(df: pd.DataFrame) -> pd.DataFrame:
     """Per request JCT, TTFT and TPOT, and the breakdown parts the run resolves (with phase timestamps), by the
     simulator's definitions. TTFT ends at the first token (`first_token_s`, else the prefill's end); TPOT is the
     time from the first token to the last over the output tokens after the first (a one-token request has none)."""
-    out = pd.DataFrame(index=df.index)
-    first = df["first_token_s"] if "first_token_s" in df.columns else df["prefill_end_s"]
-    if all(c in df.columns for c in PHASE_COLUMNS):
-        t_start = np.maximum(df["transfer_start_s"], df["quantize_end_s"])
-        t_end = np.maximum(df["transfer_end_s"], df["quantize_end_s"])
-        out["prefill_queue"] = df["prefill_start_s"] - df["arrival_s"]
-        out["prefill"] = df["prefill_end_s"] - df["prefill_start_s"]
-        out["quantize"] = df["quantize_end_s"] - df["prefill_end_s"]
-        out["transfer_queue"] = t_start - df["quantize_end_s"]
+    # the columns it reads as arrays, and one frame built at the end rather than column by column (a tenth of the time)
+    c = {
+        k: df[k].to_numpy()
+        for k in ("arrival_s", *PHASE_COLUMNS, "first_token_s", "finish_s", "output_tokens")
+        if k in df.columns
+    }
+    out: dict[str, np.ndarray] = {}
+    first = c["first_token_s"] if "first_token_s" in c else c["prefill_end_s"]
+    if all(k in c for k in PHASE_COLUMNS):
+        t_start = np.maximum(c["transfer_start_s"], c["quantize_end_s"])
+        t_end = np.maximum(c["transfer_end_s"], c["quantize_end_s"])
+        out["prefill_queue"] = c["prefill_start_s"] - c["arrival_s"]
+        out["prefill"] = c["prefill_end_s"] - c["prefill_start_s"]
+        out["quantize"] = c["quantize_end_s"] - c["prefill_end_s"]
+        out["transfer_queue"] = t_start - c["quantize_end_s"]
         out["transfer"] = t_end - t_start
-        out["decode_queue"] = df["decode_start_s"] - t_end
-        out["decode"] = df["finish_s"] - df["decode_start_s"]
-    out["jct"] = df["finish_s"] - df["arrival_s"]
-    out["ttft"] = first - df["arrival_s"]
-    n = df["output_tokens"].to_numpy()
-    out["tpot"] = np.where(n > 1, (df["finish_s"] - first).to_numpy() / np.maximum(n - 1, 1), np.nan)
-    return out
+        out["decode_queue"] = c["decode_start_s"] - t_end
+        out["decode"] = c["finish_s"] - c["decode_start_s"]
+    out["jct"] = c["finish_s"] - c["arrival_s"]
+    out["ttft"] = first - c["arrival_s"]
+    n = c["output_tokens"]
+    out["tpot"] = np.where(n > 1, (c["finish_s"] - first) / np.maximum(n - 1, 1), np.nan)
+    return pd.DataFrame(out, index=df.index)
 
 
 def _stats(s: pd.Series) -> dict[str, float]:

@@ -532,3 +532,18 @@ def test_validate_refuses_a_fifo_at_once(tmp_path, where):
     os.mkfifo(fifo)
     line = assert_contract(invoke(*args, seconds=10), names=(str(fifo),))
     assert "not a regular file" in line
+
+
+def test_a_text_read_twice_gives_a_copy_and_a_bad_one_fails_each_time():
+    from simulator.files import parse_yaml
+
+    text = "a: &x [1, 2]\nb: *x\nc: {d: 1e-5}\n"
+    first = parse_yaml(text, "one.yaml", ScenarioError)
+    first["a"].append(3)
+    first["c"]["d"] = 0
+    second = parse_yaml(text, "two.yaml", ScenarioError)
+    assert second == {"a": [1, 2], "b": [1, 2], "c": {"d": 1e-5}}
+    assert second["a"] is second["b"]  # an alias is one object, as a fresh parse gives it
+    for source in ("one.yaml", "two.yaml"):  # the error names the file it came from, every time
+        with pytest.raises(ScenarioError, match=rf"^{source}: line 2 not valid YAML"):
+            parse_yaml("a: [1\n", source, ScenarioError)

@@ -118,3 +118,29 @@ def test_prefill_share_counts_each_batch_once():
     assert 0.55 < d["measured"] < 0.65 and d["amplification"] == pytest.approx(d["measured"] / (1 - d["measured"]))
     text = format_validation(v)
     assert "prefill share of the GPU" in text and "moves TPOT and JCT by about 1.5 x %" in text
+
+
+def test_the_batches_are_the_groups_of_requests_that_started_together():
+    """fit_items reads a trace's prefill batches as pandas' groupby on the start gives them (sorted by start, a
+    batch's requests in the trace's order, a request with no start in none), without building a frame per batch."""
+    from simulator.fit_items import _batch_rows, _prefill_batches
+
+    rng = np.random.default_rng(7)
+    for n in [0, 1, *rng.integers(2, 40, 60)]:
+        df = pd.DataFrame(
+            {
+                "prefill_start_s": rng.choice([0.0, -0.0, 1.0, 2.5, 3.0, np.nan], size=n),
+                "prompt_tokens": rng.integers(1, 100, n),
+                "arrival_s": rng.random(n),
+                "quantize_end_s": rng.random(n),
+            }
+        )
+        g = df.groupby("prefill_start_s", sort=True)
+        rows, heads = _batch_rows(df)
+        groups = np.split(df["prompt_tokens"].to_numpy()[rows], heads[1:]) if len(rows) else []
+        assert [list(x) for x in groups] == [list(grp["prompt_tokens"]) for _, grp in g]
+        first = g.head(1).sort_values("prefill_start_s")
+        assert list(df.index[rows[heads]]) == list(first.index)
+        want = (first["prefill_start_s"], first["quantize_end_s"], g["arrival_s"].max())
+        for got, ref in zip(_prefill_batches(df), want):
+            assert np.array_equal(got, np.asarray(ref, dtype=np.float64))

@@ -633,7 +633,6 @@ PRIOR_SCALE_HELP = (
 )
 
 
-# validate --cv --folds: the held-out fits each value asks for (simulator/crossval.py FOLDS)
 def _workers_option(what: str):
     """`--workers N`: the processes a command spreads `what` over; None (the default) is one per core (usable_cores),
     resolved where the command starts."""
@@ -646,6 +645,7 @@ def _workers_option(what: str):
     )
 
 
+# validate --cv --folds: the held-out fits each value asks for (simulator/crossval.py FOLDS)
 CV_FOLDS = {"both": ("trace", "configuration"), "configuration": ("configuration",), "trace": ("trace",)}
 
 

@@ -22,6 +22,7 @@ Every reader here turns a problem into one exception with a one-line message tha
 from __future__ import annotations
 
 import copy
+import functools
 import glob
 import json
 import math
@@ -187,24 +188,22 @@ def parse_override(item: str, error: type[Exception]) -> tuple[str, Any]:
 
 def parse_yaml(text: str, source: str, error: type[Exception]) -> Any:
     """YAML text -> Python data, aliases bounded; a problem raises `error` naming `source` and the line. A text
-    read before is not parsed again (_PARSED): a copy of what it gave."""
+    read before from the same source is not parsed again (_parsed_yaml): a copy of what it gave."""
     if len(text) > _PARSED_MAX_CHARS:
         return _parse_yaml(text, source, error)
-    parsed = _PARSED.pop(text, None)
-    if parsed is None:
-        parsed = _parse_yaml(text, source, error)
-    _PARSED[text] = parsed  # the most recently used last
-    while len(_PARSED) > _PARSED_KEPT:
-        del _PARSED[next(iter(_PARSED))]
-    return copy.deepcopy(parsed)
+    return copy.deepcopy(_parsed_yaml(text, source, error))
 
 
-# The last texts parse_yaml read, and what they gave. validate over an index reads each run's scenario, and the
-# scenarios are few: PyYAML's pure-Python parser took 50 ms a scenario (the measured ones are mostly comments), a
-# tenth of the time of validating a run, where a copy of the parsed content takes a fraction of a millisecond.
-_PARSED: dict[str, Any] = {}
-_PARSED_KEPT = 64
-_PARSED_MAX_CHARS = 2**18  # larger texts are parsed each time: the kept ones stay under 16 M characters
+# validate over an index reads each run's scenario, and the scenarios are few: PyYAML's pure-Python parser took 50 ms
+# a scenario (the measured ones are mostly comments), a tenth of the time of validating a run, where a copy of the
+# parsed content takes a fraction of a millisecond. Larger texts are parsed each time: the kept ones stay under 16 M
+# characters. A text that fails is not kept (lru_cache keeps results, not exceptions).
+_PARSED_MAX_CHARS = 2**18
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_yaml(text: str, source: str, error: type[Exception]) -> Any:
+    return _parse_yaml(text, source, error)
 
 
 def _parse_yaml(text: str, source: str, error: type[Exception]) -> Any:

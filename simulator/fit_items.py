@@ -352,7 +352,7 @@ def _batch_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     starts = df["prefill_start_s"].to_numpy(np.float64)
     rows = np.flatnonzero(~np.isnan(starts))
     rows = rows[np.argsort(starts[rows], kind="stable")]
-    heads = np.flatnonzero(np.diff(starts[rows], prepend=np.nan) != 0) if len(rows) else rows
+    heads = np.flatnonzero(np.diff(starts[rows], prepend=np.nan) != 0)
     return rows, heads
 
 
@@ -365,7 +365,7 @@ def _prefill_batches(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return (
         df["prefill_start_s"].to_numpy(np.float64)[first],
         df["quantize_end_s"].to_numpy(np.float64)[first],
-        np.fmax.reduceat(arrival, heads) if len(heads) else np.zeros(0),
+        np.fmax.reduceat(arrival, heads),
     )
 
 

@@ -541,7 +541,7 @@ def test_a_text_read_twice_gives_a_copy_and_a_bad_one_fails_each_time():
     first = parse_yaml(text, "one.yaml", ScenarioError)
     first["a"].append(3)
     first["c"]["d"] = 0
-    second = parse_yaml(text, "two.yaml", ScenarioError)
+    second = parse_yaml(text, "one.yaml", ScenarioError)  # the same file again: the kept result, copied
     assert second == {"a": [1, 2], "b": [1, 2], "c": {"d": 1e-5}}
     assert second["a"] is second["b"]  # an alias is one object, as a fresh parse gives it
     for source in ("one.yaml", "two.yaml"):  # the error names the file it came from, every time
